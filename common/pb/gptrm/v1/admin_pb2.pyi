@@ -1,0 +1,201 @@
+from common.pb.gptrm.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_NODE_JOINED: _ClassVar[EventKind]
+    EVENT_KIND_NODE_STATE: _ClassVar[EventKind]
+    EVENT_KIND_TASK_STATE: _ClassVar[EventKind]
+    EVENT_KIND_DECISION: _ClassVar[EventKind]
+    EVENT_KIND_LEADER: _ClassVar[EventKind]
+    EVENT_KIND_POLICY: _ClassVar[EventKind]
+    EVENT_KIND_SCALE_OUT: _ClassVar[EventKind]
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_NODE_JOINED: EventKind
+EVENT_KIND_NODE_STATE: EventKind
+EVENT_KIND_TASK_STATE: EventKind
+EVENT_KIND_DECISION: EventKind
+EVENT_KIND_LEADER: EventKind
+EVENT_KIND_POLICY: EventKind
+EVENT_KIND_SCALE_OUT: EventKind
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterObjectives(_message.Message):
+    __slots__ = ("util_mean", "util_std", "power_w", "gpu_mem_util", "energy_j")
+    UTIL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    UTIL_STD_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_UTIL_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    util_mean: float
+    util_std: float
+    power_w: float
+    gpu_mem_util: float
+    energy_j: float
+    def __init__(self, util_mean: _Optional[float] = ..., util_std: _Optional[float] = ..., power_w: _Optional[float] = ..., gpu_mem_util: _Optional[float] = ..., energy_j: _Optional[float] = ...) -> None: ...
+
+class CountEntry(_message.Message):
+    __slots__ = ("key", "count")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    count: int
+    def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("coordinator_id", "is_leader", "leader_id", "leader_address", "leader_epoch", "uptime_s", "nodes_by_state", "tasks_by_state", "objectives", "policy", "version", "stale", "gpus_total", "gpus_allocated")
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    NODES_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    coordinator_id: str
+    is_leader: bool
+    leader_id: str
+    leader_address: str
+    leader_epoch: int
+    uptime_s: float
+    nodes_by_state: _containers.RepeatedCompositeFieldContainer[CountEntry]
+    tasks_by_state: _containers.RepeatedCompositeFieldContainer[CountEntry]
+    objectives: ClusterObjectives
+    policy: _types_pb2.Policy
+    version: str
+    stale: bool
+    gpus_total: int
+    gpus_allocated: int
+    def __init__(self, coordinator_id: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., nodes_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., tasks_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., objectives: _Optional[_Union[ClusterObjectives, _Mapping]] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., version: _Optional[str] = ..., stale: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeView(_message.Message):
+    __slots__ = ("record", "state", "latest", "has_latest", "allocations", "task_ids", "last_seen_age_s", "dropped_samples_total")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    HAS_LATEST_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    record: _types_pb2.NodeRecord
+    state: _types_pb2.NodeState
+    latest: _types_pb2.TelemetrySample
+    has_latest: bool
+    allocations: _containers.RepeatedCompositeFieldContainer[_types_pb2.NodeAllocation]
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    last_seen_age_s: float
+    dropped_samples_total: int
+    def __init__(self, record: _Optional[_Union[_types_pb2.NodeRecord, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., latest: _Optional[_Union[_types_pb2.TelemetrySample, _Mapping]] = ..., has_latest: _Optional[bool] = ..., allocations: _Optional[_Iterable[_Union[_types_pb2.NodeAllocation, _Mapping]]] = ..., task_ids: _Optional[_Iterable[str]] = ..., last_seen_age_s: _Optional[float] = ..., dropped_samples_total: _Optional[int] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes", "stale")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
+    stale: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class NodeRef(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("states",)
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskState]
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "stale")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[_types_pb2.Task]
+    stale: bool
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_types_pb2.Task, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class TaskRef(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class SubmitTaskRequest(_message.Message):
+    __slots__ = ("spec", "request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.TaskSpec
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[_types_pb2.TaskSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StreamEventsRequest(_message.Message):
+    __slots__ = ("follow", "backlog")
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    follow: bool
+    backlog: int
+    def __init__(self, follow: _Optional[bool] = ..., backlog: _Optional[int] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("seq", "time_unix_s", "kind", "node_id", "task_id", "message", "fields")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time_unix_s: float
+    kind: EventKind
+    node_id: str
+    task_id: str
+    message: str
+    fields: _containers.ScalarMap[str, str]
+    def __init__(self, seq: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[_Union[EventKind, str]] = ..., node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., message: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...

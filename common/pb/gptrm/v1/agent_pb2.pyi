@@ -1,0 +1,209 @@
+from common.pb.gptrm.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentMessage(_message.Message):
+    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ACK_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    telemetry: TelemetryBatch
+    task_status: TaskStatus
+    decision_ack: DecisionAck
+    heartbeat: Heartbeat
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("inventory", "tasks", "boot_id")
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    inventory: _types_pb2.NodeInventory
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
+    boot_id: int
+    def __init__(self, inventory: _Optional[_Union[_types_pb2.NodeInventory, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., boot_id: _Optional[int] = ...) -> None: ...
+
+class TelemetryBatch(_message.Message):
+    __slots__ = ("samples", "dropped_samples_total")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[_types_pb2.TelemetrySample]
+    dropped_samples_total: int
+    def __init__(self, samples: _Optional[_Iterable[_Union[_types_pb2.TelemetrySample, _Mapping]]] = ..., dropped_samples_total: _Optional[int] = ...) -> None: ...
+
+class TaskStatus(_message.Message):
+    __slots__ = ("task_id", "state", "pids", "exit_code", "has_exit_code", "reason", "log_tail", "time_unix_s", "event_seq", "decision_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: _types_pb2.TaskState
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    exit_code: int
+    has_exit_code: bool
+    reason: str
+    log_tail: str
+    time_unix_s: float
+    event_seq: int
+    decision_id: str
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., pids: _Optional[_Iterable[int]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., time_unix_s: _Optional[float] = ..., event_seq: _Optional[int] = ..., decision_id: _Optional[str] = ...) -> None: ...
+
+class DecisionAck(_message.Message):
+    __slots__ = ("decision_id", "ok", "reason", "resulting_state", "task_id")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESULTING_STATE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    ok: bool
+    reason: str
+    resulting_state: _types_pb2.TaskState
+    task_id: str
+    def __init__(self, decision_id: _Optional[str] = ..., ok: _Optional[bool] = ..., reason: _Optional[str] = ..., resulting_state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("time_unix_s",)
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    time_unix_s: float
+    def __init__(self, time_unix_s: _Optional[float] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("welcome", "decision", "redirect", "event_ack")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ACK_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    decision: Decision
+    redirect: Redirect
+    event_ack: EventAck
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("node_id", "sampling_interval_s", "leader_epoch", "coordinator_id", "heartbeat_interval_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    sampling_interval_s: float
+    leader_epoch: int
+    coordinator_id: str
+    heartbeat_interval_s: float
+    def __init__(self, node_id: _Optional[str] = ..., sampling_interval_s: _Optional[float] = ..., leader_epoch: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class Redirect(_message.Message):
+    __slots__ = ("leader_address", "leader_id")
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    leader_address: str
+    leader_id: str
+    def __init__(self, leader_address: _Optional[str] = ..., leader_id: _Optional[str] = ...) -> None: ...
+
+class EventAck(_message.Message):
+    __slots__ = ("up_to_seq",)
+    UP_TO_SEQ_FIELD_NUMBER: _ClassVar[int]
+    up_to_seq: int
+    def __init__(self, up_to_seq: _Optional[int] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("decision_id", "leader_epoch", "start", "stop", "pause", "resume", "scale", "set_power_limit")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    SET_POWER_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    leader_epoch: int
+    start: StartTask
+    stop: StopTask
+    pause: PauseTask
+    resume: ResumeTask
+    scale: ScaleTask
+    set_power_limit: SetPowerLimit
+    def __init__(self, decision_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., pause: _Optional[_Union[PauseTask, _Mapping]] = ..., resume: _Optional[_Union[ResumeTask, _Mapping]] = ..., scale: _Optional[_Union[ScaleTask, _Mapping]] = ..., set_power_limit: _Optional[_Union[SetPowerLimit, _Mapping]] = ...) -> None: ...
+
+class StartTask(_message.Message):
+    __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    stop_grace_s: float
+    gpu_share: float
+    demand: _types_pb2.ResourceVector
+    def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ...) -> None: ...
+
+class StopTask(_message.Message):
+    __slots__ = ("task_id", "grace_s", "reason")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    grace_s: float
+    reason: str
+    def __init__(self, task_id: _Optional[str] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PauseTask(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class ResumeTask(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class ScaleTask(_message.Message):
+    __slots__ = ("task_id", "replicas")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    replicas: int
+    def __init__(self, task_id: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class SetPowerLimit(_message.Message):
+    __slots__ = ("gpu_index", "power_limit_w")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    power_limit_w: float
+    def __init__(self, gpu_index: _Optional[int] = ..., power_limit_w: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,468 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
+    TASK_STATE_PENDING: _ClassVar[TaskState]
+    TASK_STATE_SCHEDULED: _ClassVar[TaskState]
+    TASK_STATE_STARTING: _ClassVar[TaskState]
+    TASK_STATE_RUNNING: _ClassVar[TaskState]
+    TASK_STATE_SUCCEEDED: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
+    TASK_STATE_CANCELLED: _ClassVar[TaskState]
+    TASK_STATE_PAUSED: _ClassVar[TaskState]
+    TASK_STATE_PREEMPTED: _ClassVar[TaskState]
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
+    TASK_KIND_TRAINING: _ClassVar[TaskKind]
+    TASK_KIND_FINE_TUNING: _ClassVar[TaskKind]
+    TASK_KIND_INFERENCE: _ClassVar[TaskKind]
+
+class RestartPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESTART_POLICY_UNSPECIFIED: _ClassVar[RestartPolicy]
+    RESTART_POLICY_NEVER: _ClassVar[RestartPolicy]
+    RESTART_POLICY_ON_FAILURE: _ClassVar[RestartPolicy]
+    RESTART_POLICY_ALWAYS: _ClassVar[RestartPolicy]
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
+    NODE_STATE_READY: _ClassVar[NodeState]
+    NODE_STATE_NOT_READY: _ClassVar[NodeState]
+    NODE_STATE_LOST: _ClassVar[NodeState]
+    NODE_STATE_CORDONED: _ClassVar[NodeState]
+    NODE_STATE_DRAINING: _ClassVar[NodeState]
+TASK_STATE_UNSPECIFIED: TaskState
+TASK_STATE_PENDING: TaskState
+TASK_STATE_SCHEDULED: TaskState
+TASK_STATE_STARTING: TaskState
+TASK_STATE_RUNNING: TaskState
+TASK_STATE_SUCCEEDED: TaskState
+TASK_STATE_FAILED: TaskState
+TASK_STATE_CANCELLED: TaskState
+TASK_STATE_PAUSED: TaskState
+TASK_STATE_PREEMPTED: TaskState
+TASK_KIND_UNSPECIFIED: TaskKind
+TASK_KIND_TRAINING: TaskKind
+TASK_KIND_FINE_TUNING: TaskKind
+TASK_KIND_INFERENCE: TaskKind
+RESTART_POLICY_UNSPECIFIED: RestartPolicy
+RESTART_POLICY_NEVER: RestartPolicy
+RESTART_POLICY_ON_FAILURE: RestartPolicy
+RESTART_POLICY_ALWAYS: RestartPolicy
+NODE_STATE_UNSPECIFIED: NodeState
+NODE_STATE_READY: NodeState
+NODE_STATE_NOT_READY: NodeState
+NODE_STATE_LOST: NodeState
+NODE_STATE_CORDONED: NodeState
+NODE_STATE_DRAINING: NodeState
+
+class ResourceVector(_message.Message):
+    __slots__ = ("gpus", "gpu_mem_bytes", "cpu_cores", "mem_bytes", "disk_bytes")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    MEM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    gpus: float
+    gpu_mem_bytes: int
+    cpu_cores: float
+    mem_bytes: int
+    disk_bytes: int
+    def __init__(self, gpus: _Optional[float] = ..., gpu_mem_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., mem_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
+
+class ModelSpec(_message.Message):
+    __slots__ = ("name", "params_billions", "precision", "context_length", "batch_size", "layers", "hidden_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_BILLIONS_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    params_billions: float
+    precision: str
+    context_length: int
+    batch_size: int
+    layers: int
+    hidden_size: int
+    def __init__(self, name: _Optional[str] = ..., params_billions: _Optional[float] = ..., precision: _Optional[str] = ..., context_length: _Optional[int] = ..., batch_size: _Optional[int] = ..., layers: _Optional[int] = ..., hidden_size: _Optional[int] = ...) -> None: ...
+
+class QosSpec(_message.Message):
+    __slots__ = ("deadline_unix_s", "max_latency_ms", "min_tokens_per_s")
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    deadline_unix_s: float
+    max_latency_ms: float
+    min_tokens_per_s: float
+    def __init__(self, deadline_unix_s: _Optional[float] = ..., max_latency_ms: _Optional[float] = ..., min_tokens_per_s: _Optional[float] = ...) -> None: ...
+
+class Constraints(_message.Message):
+    __slots__ = ("gpu_model", "node_selector")
+    class NodeSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NODE_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    gpu_model: str
+    node_selector: _containers.ScalarMap[str, str]
+    def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class TaskSpec(_message.Message):
+    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    HAS_DEMAND_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    QOS_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    RESTART_POLICY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_GPU_SHARING_FIELD_NUMBER: _ClassVar[int]
+    STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: TaskKind
+    model: ModelSpec
+    demand: ResourceVector
+    has_demand: bool
+    replicas: int
+    nodes: int
+    gpus_per_node: int
+    priority: int
+    qos: QosSpec
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    restart_policy: RestartPolicy
+    max_restarts: int
+    labels: _containers.ScalarMap[str, str]
+    constraints: Constraints
+    allow_gpu_sharing: bool
+    stop_grace_s: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ...) -> None: ...
+
+class NodeAllocation(_message.Message):
+    __slots__ = ("node_id", "gpu_indices", "gpu_uuids", "demand", "gpu_share")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    demand: ResourceVector
+    gpu_share: float
+    def __init__(self, node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., gpu_share: _Optional[float] = ...) -> None: ...
+
+class Allocation(_message.Message):
+    __slots__ = ("task_id", "nodes", "leader_epoch", "decision_id", "created_unix_s")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeAllocation]
+    leader_epoch: int
+    decision_id: str
+    created_unix_s: float
+    def __init__(self, task_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAllocation, _Mapping]]] = ..., leader_epoch: _Optional[int] = ..., decision_id: _Optional[str] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
+
+class TaskStateChange(_message.Message):
+    __slots__ = ("state", "time_unix_s", "reason")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    state: TaskState
+    time_unix_s: float
+    reason: str
+    def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: TaskSpec
+    state: TaskState
+    reason: str
+    submit_unix_s: float
+    demand: ResourceVector
+    allocation: Allocation
+    exit_code: int
+    has_exit_code: bool
+    log_tail: str
+    history: _containers.RepeatedCompositeFieldContainer[TaskStateChange]
+    restarts: int
+    revision: int
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GpuInfo(_message.Message):
+    __slots__ = ("index", "uuid", "model", "mem_total_bytes", "power_limit_w", "power_min_w", "power_max_w", "power_default_w", "pci_bus_id", "topology_group", "mig_enabled")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_MIN_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_MAX_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_DEFAULT_W_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    model: str
+    mem_total_bytes: int
+    power_limit_w: float
+    power_min_w: float
+    power_max_w: float
+    power_default_w: float
+    pci_bus_id: str
+    topology_group: int
+    mig_enabled: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., mem_total_bytes: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., power_min_w: _Optional[float] = ..., power_max_w: _Optional[float] = ..., power_default_w: _Optional[float] = ..., pci_bus_id: _Optional[str] = ..., topology_group: _Optional[int] = ..., mig_enabled: _Optional[bool] = ...) -> None: ...
+
+class NodeInventory(_message.Message):
+    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    GPU_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    hostname: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    cpu_cores: int
+    mem_total_bytes: int
+    disk_total_bytes: int
+    labels: _containers.ScalarMap[str, str]
+    agent_version: str
+    simulated: bool
+    gpu_backend: str
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ...) -> None: ...
+
+class NodeRecord(_message.Message):
+    __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s")
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    inventory: NodeInventory
+    state: NodeState
+    cordoned: bool
+    draining: bool
+    reserved: ResourceVector
+    reserved_gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    registered_unix_s: float
+    last_seen_unix_s: float
+    def __init__(self, inventory: _Optional[_Union[NodeInventory, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., reserved: _Optional[_Union[ResourceVector, _Mapping]] = ..., reserved_gpu_indices: _Optional[_Iterable[int]] = ..., registered_unix_s: _Optional[float] = ..., last_seen_unix_s: _Optional[float] = ...) -> None: ...
+
+class Policy(_message.Message):
+    __slots__ = ("name", "threshold")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    threshold: float
+    def __init__(self, name: _Optional[str] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class LeaderRecord(_message.Message):
+    __slots__ = ("coordinator_id", "address", "epoch", "since_unix_s")
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    coordinator_id: str
+    address: str
+    epoch: int
+    since_unix_s: float
+    def __init__(self, coordinator_id: _Optional[str] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., since_unix_s: _Optional[float] = ...) -> None: ...
+
+class GpuProcess(_message.Message):
+    __slots__ = ("pid", "used_mem_bytes")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    USED_MEM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    used_mem_bytes: int
+    def __init__(self, pid: _Optional[int] = ..., used_mem_bytes: _Optional[int] = ...) -> None: ...
+
+class GpuSample(_message.Message):
+    __slots__ = ("index", "uuid", "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j", "temperature_c", "sm_clock_mhz", "mem_clock_mhz", "ecc_corrected_total", "ecc_uncorrected_total", "healthy", "health_reason", "processes", "mig_enabled", "simulated", "xid_last")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    UTIL_GPU_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEM_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    MEM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    ECC_CORRECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    XID_LAST_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    util_gpu: float
+    util_mem: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+    power_w: float
+    power_limit_w: float
+    energy_j: float
+    temperature_c: float
+    sm_clock_mhz: int
+    mem_clock_mhz: int
+    ecc_corrected_total: int
+    ecc_uncorrected_total: int
+    healthy: bool
+    health_reason: str
+    processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
+    mig_enabled: bool
+    simulated: bool
+    xid_last: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., util_gpu: _Optional[float] = ..., util_mem: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temperature_c: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., ecc_corrected_total: _Optional[int] = ..., ecc_uncorrected_total: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., mig_enabled: _Optional[bool] = ..., simulated: _Optional[bool] = ..., xid_last: _Optional[int] = ...) -> None: ...
+
+class DiskSample(_message.Message):
+    __slots__ = ("path", "total_bytes", "used_bytes", "read_bytes_total", "write_bytes_total")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    READ_BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WRITE_BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    total_bytes: int
+    used_bytes: int
+    read_bytes_total: int
+    write_bytes_total: int
+    def __init__(self, path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., read_bytes_total: _Optional[int] = ..., write_bytes_total: _Optional[int] = ...) -> None: ...
+
+class TaskUsage(_message.Message):
+    __slots__ = ("task_id", "cpu_util", "rss_bytes", "gpu_mem_bytes", "gpu_util_share", "power_share_w", "energy_share_j")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CPU_UTIL_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTIL_SHARE_FIELD_NUMBER: _ClassVar[int]
+    POWER_SHARE_W_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_SHARE_J_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    cpu_util: float
+    rss_bytes: int
+    gpu_mem_bytes: int
+    gpu_util_share: float
+    power_share_w: float
+    energy_share_j: float
+    def __init__(self, task_id: _Optional[str] = ..., cpu_util: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., gpu_mem_bytes: _Optional[int] = ..., gpu_util_share: _Optional[float] = ..., power_share_w: _Optional[float] = ..., energy_share_j: _Optional[float] = ...) -> None: ...
+
+class HostSample(_message.Message):
+    __slots__ = ("cpu_util", "load1", "load5", "load15", "mem_used_bytes", "mem_total_bytes", "disks", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w", "tasks")
+    CPU_UTIL_FIELD_NUMBER: _ClassVar[int]
+    LOAD1_FIELD_NUMBER: _ClassVar[int]
+    LOAD5_FIELD_NUMBER: _ClassVar[int]
+    LOAD15_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISKS_FIELD_NUMBER: _ClassVar[int]
+    NET_RX_BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NET_TX_BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CPU_POWER_W_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    cpu_util: float
+    load1: float
+    load5: float
+    load15: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+    disks: _containers.RepeatedCompositeFieldContainer[DiskSample]
+    net_rx_bytes_total: int
+    net_tx_bytes_total: int
+    cpu_power_w: float
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskUsage]
+    def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ...) -> None: ...
+
+class TelemetrySample(_message.Message):
+    __slots__ = ("time_unix_s", "gpus", "host", "simulated")
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    time_unix_s: float
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
+    host: HostSample
+    simulated: bool
+    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ...) -> None: ...

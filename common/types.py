@@ -1,0 +1,76 @@
+"""Plain domain types shared by agent and coordinator (STYLE.md §2).
+
+Protobuf types stay at the edges; these frozen dataclasses are what policies, the
+allocator, the monitor and the collectors work with.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "NodeState",
+    "TaskKind",
+    "TaskState",
+    "Utilization",
+    "TERMINAL_STATES",
+]
+
+Utilization = float
+"""A fraction in 0..1 of one resource dimension."""
+
+
+class TaskState(enum.IntEnum):
+    """Task life cycle; values equal ``gptrm.v1.TaskState``."""
+
+    PENDING = 1
+    SCHEDULED = 2
+    STARTING = 3
+    RUNNING = 4
+    SUCCEEDED = 5
+    FAILED = 6
+    CANCELLED = 7
+    PAUSED = 8
+    PREEMPTED = 9
+
+    @property
+    def label(self) -> str:
+        """Lower-case name used in tables, JSON and metrics labels."""
+        return self.name.lower()
+
+
+TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+class TaskKind(enum.IntEnum):
+    """What a task does; values equal ``gptrm.v1.TaskKind``."""
+
+    TRAINING = 1
+    FINE_TUNING = 2
+    INFERENCE = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def parse(cls, text: str) -> TaskKind:
+        """``training`` | ``fine-tuning`` | ``inference`` → member; ValueError otherwise."""
+        for member in cls:
+            if member.label == text.strip().lower().replace("_", "-"):
+                return member
+        raise ValueError(f"unknown task kind {text!r} (expected training, fine-tuning or inference)")
+
+
+class NodeState(enum.IntEnum):
+    """Node states; values equal ``gptrm.v1.NodeState``."""
+
+    READY = 1
+    NOT_READY = 2
+    LOST = 3
+    CORDONED = 4
+    DRAINING = 5
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")

