@@ -161,11 +161,12 @@ def _read_toml(path: str) -> dict[str, Any]:
 
 def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
     """The argparse parser for a config dataclass; every default is None so unset flags are visible."""
+    hints = typing.get_type_hints(cls)
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", metavar="FILE", default=None, help="TOML config file (env GPTRM_CONFIG)")
     for f in dataclasses.fields(cls):
         key = _key(f)
-        base = _base_type(f.type)
+        base = _base_type(hints[f.name])
         kwargs: dict[str, Any] = {"default": None, "dest": f.name}
         help_text = f"{f.metadata['help']} (default: {f.default if f.default is not dataclasses.MISSING else '-'}; env {_ENV_PREFIX}{key.upper()})"
         if base is bool:
@@ -194,6 +195,7 @@ def load_config(
     """
     env = os.environ if env is None else env
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
     by_key = {_key(f): f for f in fields.values()}
     parser = build_parser(cls, prog, description)
     ns = parser.parse_args(argv)
@@ -221,7 +223,7 @@ def load_config(
         f = fields[name]
         label = _key(f)
         try:
-            value = _convert(raw, f.type, from_text)
+            value = _convert(raw, hints[name], from_text)
         except ValueError as e:
             raise ConfigError(f"{label}: {e}, got {raw!r} (from {source})") from None
         choices = f.metadata.get("choices")

@@ -1,0 +1,58 @@
+"""The agent's configuration (flags, ``GPTRM_*`` env, TOML; see common.config)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.config import host_port, load_config, option, positive
+from common.paths import default_state_dir
+
+__all__ = ["AgentConfig", "load"]
+
+
+def _addresses(value: list[str]) -> str | None:
+    if not value:
+        return "needs at least one HOST:PORT"
+    for a in value:
+        problem = host_port(a)
+        if problem or not a:
+            return problem or "empty address"
+    return None
+
+
+def _positive_int(value: int) -> str | None:
+    return None if value > 0 else "must be a positive integer"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Every setting of ``gptrm-agent``."""
+
+    coordinator: list[str] = option(["127.0.0.1:7770"], "coordinator HOST:PORT[,HOST:PORT...]", check=_addresses,
+                                    metavar="HOST:PORT[,...]")
+    node_id: str = option("", "node name (default: hostname)")
+    gpu_backend: str = option("auto", "GPU telemetry backend", choices=("auto", "nvml", "simulated"))
+    simulate_gpus: str = option("8xH100-80GB", "simulated GPUs, e.g. 8xH100-80GB or 4xA100-40GB,2xL4-24GB")
+    interval_s: float = option(1.0, "sampling interval, seconds", flag="interval", check=positive)
+    batch_samples: int = option(1, "samples per telemetry message", check=_positive_int)
+    buffer_samples: int = option(900, "telemetry samples kept while disconnected (oldest dropped beyond)",
+                                 check=_positive_int)
+    data_paths: list[str] = option(["/"], "filesystems whose usage and I/O are reported")
+    labels: dict[str, str] = option({}, "node labels KEY=VALUE[,KEY=VALUE...]")
+    state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)")
+    backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
+    backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
+    task_user: str = option("", "run tasks as this unprivileged user (agent must run as root)")
+    runtime: str = option("process", "task runtime", choices=("process", "systemd-run"))
+    log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
+
+    @property
+    def node_name(self) -> str:
+        return self.node_id or socket.gethostname()
+
+
+def load(argv: Sequence[str] | None = None) -> AgentConfig:
+    """Parse ``argv`` + env + TOML into an :class:`AgentConfig` (raises ConfigError)."""
+    return load_config(AgentConfig, argv, prog="gptrm-agent", description="gptrm agent: GPU host telemetry and tasks")

@@ -1,0 +1,75 @@
+"""What the agent still has to tell the coordinator.
+
+Two queues with different guarantees:
+
+- task-status events are never dropped: each gets a sequence number and stays until the
+  coordinator acknowledges it (``EventAck``), and is re-sent after every reconnect;
+- telemetry is bounded: beyond ``max_samples`` the oldest sample is dropped and counted,
+  and the count travels with the next batch so the coordinator can report the gap.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+
+__all__ = ["Outbox"]
+
+
+class Outbox:
+    """Bounded telemetry buffer plus an acknowledged status-event log.
+
+    :param max_samples: telemetry samples kept while they cannot be sent.
+    """
+
+    def __init__(self, max_samples: int) -> None:
+        self._samples: collections.deque[types_pb2.TelemetrySample] = collections.deque(maxlen=max_samples)
+        self._events: collections.OrderedDict[int, agent_pb2.TaskStatus] = collections.OrderedDict()
+        self._seq = 0
+        self.dropped_total = 0
+
+    def add_sample(self, sample: types_pb2.TelemetrySample) -> None:
+        if len(self._samples) == self._samples.maxlen:
+            self.dropped_total += 1
+        self._samples.append(sample)
+
+    def take_samples(self, limit: int) -> list[types_pb2.TelemetrySample]:
+        """Remove and return up to ``limit`` samples, oldest first."""
+        n = min(limit, len(self._samples))
+        return [self._samples.popleft() for _ in range(n)]
+
+    def requeue_samples(self, samples: list[types_pb2.TelemetrySample]) -> None:
+        """Put back samples that could not be written, ahead of newer ones (still bounded)."""
+        for s in reversed(samples):
+            if len(self._samples) == self._samples.maxlen:
+                self.dropped_total += 1
+                continue
+            self._samples.appendleft(s)
+
+    @property
+    def pending_samples(self) -> int:
+        return len(self._samples)
+
+    def add_event(self, status: agent_pb2.TaskStatus) -> int:
+        """Queue a status event; returns its sequence number."""
+        self._seq += 1
+        status.event_seq = self._seq
+        self._events[self._seq] = status
+        return self._seq
+
+    def ack(self, up_to_seq: int) -> None:
+        """The coordinator has durably applied every event ≤ ``up_to_seq``."""
+        while self._events:
+            seq = next(iter(self._events))
+            if seq > up_to_seq:
+                break
+            del self._events[seq]
+
+    def events_after(self, seq: int) -> list[agent_pb2.TaskStatus]:
+        """Unacknowledged events with a sequence number above ``seq``, oldest first."""
+        return [e for s, e in self._events.items() if s > seq]
+
+    @property
+    def pending_events(self) -> int:
+        return len(self._events)

@@ -1,0 +1,48 @@
+"""systemd notification protocol (sd_notify) over ``$NOTIFY_SOCKET``: READY and WATCHDOG."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+__all__ = ["SystemdNotifier"]
+
+
+class SystemdNotifier:
+    """Sends sd_notify datagrams when run under systemd; does nothing otherwise.
+
+    Example::
+
+        notifier = SystemdNotifier()
+        notifier.notify("READY=1")
+        interval = notifier.watchdog_interval_s()   # None without WatchdogSec=
+    """
+
+    def __init__(self, environ: dict[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self._address = env.get("NOTIFY_SOCKET", "")
+        self._watchdog_usec = env.get("WATCHDOG_USEC", "")
+        if self._address.startswith("@"):
+            self._address = "\0" + self._address[1:]  # abstract namespace socket
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._address)
+
+    def notify(self, state: str) -> bool:
+        """Send one state line (``READY=1``, ``WATCHDOG=1``, ``STOPPING=1``, ``STATUS=...``)."""
+        if not self._address:
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(self._address)
+                s.sendall(state.encode())
+            except OSError:
+                return False
+        return True
+
+    def watchdog_interval_s(self) -> float | None:
+        """Half of systemd's watchdog timeout, or None when the watchdog is off."""
+        if not self._address or not self._watchdog_usec.isdigit():
+            return None
+        return int(self._watchdog_usec) / 1e6 / 2

@@ -1,0 +1,172 @@
+"""Node registry: who is connected, their inventory, and their state.
+
+States (derived, never set directly except cordon/drain):
+
+- READY: a stream is open and heartbeats arrive;
+- NOT_READY: no heartbeat for 3 heartbeat intervals (or the stream dropped, within the grace);
+- LOST: no stream for ``lost_grace_s``;
+- CORDONED / DRAINING: an admin's choice, shown while the node is otherwise healthy.
+
+Health wins over admin state in what is shown, because an operator looking at a LOST node
+needs to know it is lost more than that it was cordoned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from common.pb.gptrm.v1 import types_pb2
+from common.types import NodeState
+
+__all__ = ["NodeEntry", "NodeRegistry"]
+
+_MISSED_HEARTBEATS = 3
+
+
+@dataclass
+class NodeEntry:
+    """What the coordinator knows about one node."""
+
+    node_id: str
+    record: types_pb2.NodeRecord
+    slot: int
+    connected: bool = False
+    stream_id: int = 0
+    last_heartbeat: float = 0.0          # monotonic
+    disconnected_at: float = 0.0         # monotonic
+    last_seen_unix_s: float = 0.0
+    state: NodeState = NodeState.NOT_READY
+    dropped_samples_total: int = 0
+    outbox: object | None = None         # the stream's decision queue while connected
+    task_ids: set[str] = field(default_factory=set)
+
+    @property
+    def inventory(self) -> types_pb2.NodeInventory:
+        return self.record.inventory
+
+
+class NodeRegistry:
+    """In-memory node table; the leader persists records to etcd (nodes/<id>) on change.
+
+    :param heartbeat_interval_s: agents' heartbeat period.
+    :param lost_grace_s: how long a node may be without a stream before it is LOST.
+    :param now: monotonic clock (injected in tests).
+    """
+
+    def __init__(self, heartbeat_interval_s: float, lost_grace_s: float,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.lost_grace_s = lost_grace_s
+        self._now = now
+        self._nodes: dict[str, NodeEntry] = {}
+        self._next_slot = 0
+        self._next_stream = 0
+
+    def __iter__(self) -> Iterator[NodeEntry]:
+        return iter(list(self._nodes.values()))
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def get(self, node_id: str) -> NodeEntry | None:
+        return self._nodes.get(node_id)
+
+    def load(self, record: types_pb2.NodeRecord) -> NodeEntry:
+        """Add a node known from etcd (after a leader change); it counts as disconnected from now."""
+        entry = self._entry(record.inventory.node_id, record)
+        entry.disconnected_at = self._now()
+        entry.last_seen_unix_s = record.last_seen_unix_s
+        self._derive(entry)
+        return entry
+
+    def _entry(self, node_id: str, record: types_pb2.NodeRecord) -> NodeEntry:
+        entry = self._nodes.get(node_id)
+        if entry is None:
+            entry = NodeEntry(node_id, record, self._next_slot)
+            self._next_slot += 1
+            self._nodes[node_id] = entry
+        return entry
+
+    def connect(self, inventory: types_pb2.NodeInventory, outbox: object) -> tuple[NodeEntry, bool]:
+        """A node registered on a new stream; returns (entry, first time seen)."""
+        node_id = inventory.node_id
+        is_new = node_id not in self._nodes
+        old = self._nodes.get(node_id)
+        record = types_pb2.NodeRecord()
+        if old is not None:
+            record.CopyFrom(old.record)
+        record.inventory.CopyFrom(inventory)
+        now_unix = time.time()
+        if is_new or not record.registered_unix_s:
+            record.registered_unix_s = now_unix
+        record.last_seen_unix_s = now_unix
+        entry = self._entry(node_id, record)
+        entry.record = record
+        self._next_stream += 1
+        entry.stream_id = self._next_stream
+        entry.connected = True
+        entry.outbox = outbox
+        entry.last_heartbeat = self._now()
+        entry.last_seen_unix_s = now_unix
+        self._derive(entry)
+        return entry, is_new
+
+    def disconnect(self, node_id: str, stream_id: int) -> None:
+        """The stream ``stream_id`` of ``node_id`` ended (a newer stream is left alone)."""
+        entry = self._nodes.get(node_id)
+        if entry is None or entry.stream_id != stream_id:
+            return
+        entry.connected = False
+        entry.outbox = None
+        entry.disconnected_at = self._now()
+        self._derive(entry)
+
+    def heartbeat(self, entry: NodeEntry) -> None:
+        """Anything received on the stream counts as a heartbeat."""
+        entry.last_heartbeat = self._now()
+        entry.last_seen_unix_s = time.time()
+
+    def set_admin_state(self, node_id: str, *, cordoned: bool | None = None, draining: bool | None = None) -> NodeEntry:
+        entry = self._nodes[node_id]
+        if cordoned is not None:
+            entry.record.cordoned = cordoned
+        if draining is not None:
+            entry.record.draining = draining
+        self._derive(entry)
+        return entry
+
+    def _derive(self, entry: NodeEntry) -> NodeState:
+        now = self._now()
+        if not entry.connected and now - entry.disconnected_at >= self.lost_grace_s:
+            state = NodeState.LOST
+        elif not entry.connected or now - entry.last_heartbeat > _MISSED_HEARTBEATS * self.heartbeat_interval_s:
+            state = NodeState.NOT_READY
+        elif entry.record.draining:
+            state = NodeState.DRAINING
+        elif entry.record.cordoned:
+            state = NodeState.CORDONED
+        else:
+            state = NodeState.READY
+        entry.state = state
+        return state
+
+    def refresh(self) -> list[tuple[NodeEntry, NodeState]]:
+        """Re-derive every node's state; returns the (entry, old state) pairs that changed."""
+        changed = []
+        for entry in self._nodes.values():
+            old = entry.state
+            if self._derive(entry) != old:
+                changed.append((entry, old))
+        return changed
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for entry in self._nodes.values():
+            out[entry.state.label] = out.get(entry.state.label, 0) + 1
+        return out
+
+    def schedulable(self, entry: NodeEntry) -> bool:
+        """May new work be placed here?"""
+        return entry.state == NodeState.READY
