@@ -1,0 +1,70 @@
+"""Telemetry collectors, one per module, all behind :class:`Collector` (STYLE.md §5).
+
+The collectors, listed explicitly (nothing registers itself on import):
+
+- GPU backends, exactly one per agent, chosen at start-up by ``agent.sampler.open_gpu_backend``:
+  :mod:`agent.collectors.nvml` (real GPUs) or :mod:`agent.collectors.simulated`.
+- :mod:`agent.collectors.host`: CPU, load, memory, disks, network, per-task CPU and RSS.
+- :mod:`agent.collectors.power`: CPU package power from RAPL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.collectors.base import (
+    Collector,
+    DiskReading,
+    GpuBackend,
+    GpuDevice,
+    GpuProcessReading,
+    GpuReading,
+    HostReading,
+    PowerReading,
+    Sample,
+    TaskUsage,
+    telemetry_to_proto,
+)
+from agent.collectors.host import HostCollector, TaskPids
+from agent.collectors.nvml import NvmlCollector, open_nvml
+from agent.collectors.power import DEFAULT_POWERCAP_ROOT, RaplPowerCollector
+from agent.collectors.simulated import SimulatedGpus, parse_simulate_spec
+
+__all__ = [
+    "Collector",
+    "DiskReading",
+    "GpuBackend",
+    "GpuDevice",
+    "GpuProcessReading",
+    "GpuReading",
+    "HostCollector",
+    "HostReading",
+    "NvmlCollector",
+    "PowerReading",
+    "RaplPowerCollector",
+    "Sample",
+    "SimulatedGpus",
+    "TaskPids",
+    "TaskUsage",
+    "host_collectors",
+    "open_nvml",
+    "parse_simulate_spec",
+    "telemetry_to_proto",
+]
+
+
+def host_collectors(
+    *,
+    data_paths: Sequence[str] = (),
+    task_pids: TaskPids | None = None,
+    powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
+) -> list[Collector]:
+    """The collectors every agent runs besides its GPU backend, in the order they are read.
+
+    :param data_paths: directories whose disk usage and I/O are reported.
+    :param task_pids: returns ``{task_id: [root pids]}``; no per-task usage when None.
+    :param powercap_root: where RAPL lives (tests pass a temporary tree).
+    """
+    host = HostCollector(data_paths, task_pids) if task_pids is not None else HostCollector(data_paths)
+    return [host, RaplPowerCollector(powercap_root)]

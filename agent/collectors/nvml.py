@@ -1,0 +1,324 @@
+"""Real GPUs through NVML (``pynvml`` from nvidia-ml-py).
+
+``pynvml`` is imported inside :func:`open_nvml`, so this module imports on machines
+without NVML. Handles are opened once there; every tick :meth:`NvmlCollector.collect`
+reads each GPU's raw values (``_read_*``) and :func:`parse_gpu_reading` turns them into a
+:class:`GpuReading` with SI units.
+
+A field the GPU does not support is absent from the reading and never queried again on
+that GPU; a GPU that fell off the bus is reported ``healthy=False`` while the others are
+still sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import structlog
+
+from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading
+from common.errors import CollectorError, ValidationError
+
+__all__ = ["NAME", "NvmlCollector", "load_pynvml", "open_nvml", "parse_gpu_reading", "parse_topology_groups"]
+
+NAME = "nvml"
+
+Log = structlog.typing.FilteringBoundLogger
+RawGpu = Mapping[str, Any]
+"""Raw NVML results of one GPU by field name (see ``_FIELDS``); unsupported fields are missing."""
+
+# One entry per NVML query made every tick. Each takes (pynvml, handle).
+_FIELDS: dict[str, Callable[[Any, Any], Any]] = {
+    "utilization": lambda m, h: m.nvmlDeviceGetUtilizationRates(h),
+    "memory": lambda m, h: m.nvmlDeviceGetMemoryInfo(h),
+    "power_usage": lambda m, h: m.nvmlDeviceGetPowerUsage(h),
+    "power_limit": lambda m, h: m.nvmlDeviceGetEnforcedPowerLimit(h),
+    "energy": lambda m, h: m.nvmlDeviceGetTotalEnergyConsumption(h),
+    "temperature": lambda m, h: m.nvmlDeviceGetTemperature(h, m.NVML_TEMPERATURE_GPU),
+    "sm_clock": lambda m, h: m.nvmlDeviceGetClockInfo(h, m.NVML_CLOCK_SM),
+    "mem_clock": lambda m, h: m.nvmlDeviceGetClockInfo(h, m.NVML_CLOCK_MEM),
+    "ecc_corrected": lambda m, h: m.nvmlDeviceGetTotalEccErrors(
+        h, m.NVML_MEMORY_ERROR_TYPE_CORRECTED, m.NVML_VOLATILE_ECC
+    ),
+    "ecc_uncorrected": lambda m, h: m.nvmlDeviceGetTotalEccErrors(
+        h, m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, m.NVML_VOLATILE_ECC
+    ),
+    "processes": lambda m, h: m.nvmlDeviceGetComputeRunningProcesses(h),
+    "mig_mode": lambda m, h: m.nvmlDeviceGetMigMode(h),
+}
+
+
+def load_pynvml() -> ModuleType:
+    """Import ``pynvml``.
+
+    :raises CollectorError: when nvidia-ml-py is not installed.
+    """
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as e:
+        raise CollectorError(f"NVML unavailable: cannot import pynvml (nvidia-ml-py): {e}") from e
+
+
+def open_nvml(log: Log, module: ModuleType | None = None) -> NvmlCollector:
+    """Initialise NVML, open every GPU's handle and read the inventory.
+
+    Example::
+
+        gpus = open_nvml(log)
+        readings = gpus.collect()
+        gpus.close()
+
+    :param log: logger for GPU health changes.
+    :param module: the ``pynvml`` module (tests pass a fake); imported when None.
+    :returns: the collector, owning NVML until :meth:`NvmlCollector.close`.
+    :raises CollectorError: when pynvml is missing, the library is not found or nvmlInit fails.
+    """
+    nvml = module if module is not None else load_pynvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        raise CollectorError(f"NVML unavailable: nvmlInit failed: {e}") from e
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    except nvml.NVMLError as e:
+        _shutdown_quietly(nvml)
+        raise CollectorError(f"NVML unavailable: cannot open GPU handles: {e}") from e
+    devices = _read_inventory(nvml, handles)
+    log.info("nvml_opened", gpu_count=count, models=sorted({d.model for d in devices}))
+    return NvmlCollector(nvml, handles, devices, log)
+
+
+class NvmlCollector:
+    """The node's GPUs read through NVML; built by :func:`open_nvml`."""
+
+    name = NAME
+    backend = NAME
+    simulated = False
+
+    def __init__(self, nvml: Any, handles: list[Any], devices: list[GpuDevice], log: Log) -> None:
+        """:param nvml: the initialised ``pynvml`` module. :param handles: one per GPU index."""
+        self._nvml = nvml
+        self._handles = handles
+        self._devices = devices
+        self._log = log
+        self._unsupported: list[set[str]] = [set() for _ in handles]
+        self._unhealthy: dict[int, str] = {}
+        self._closed = False
+
+    def devices(self) -> list[GpuDevice]:
+        """The inventory, with each GPU's enforced power limit as last read."""
+        return list(self._devices)
+
+    def collect(self) -> list[GpuReading]:
+        """Read every GPU; a lost GPU yields an unhealthy reading, the others are unaffected."""
+        readings = []
+        for index, device in enumerate(self._devices):
+            try:
+                reading = parse_gpu_reading(index, device.uuid, self._read_gpu(index))
+            except self._nvml.NVMLError as e:
+                # Only "the GPU is gone" errors get here (see _read_gpu); report it, keep going.
+                reading = GpuReading(index=index, uuid=device.uuid, healthy=False, health_reason=f"gpu is lost: {e}")
+            self._track_health(reading)
+            if reading.power_limit_w is not None and reading.power_limit_w != device.power_limit_w:
+                self._devices[index] = dataclasses.replace(device, power_limit_w=reading.power_limit_w)
+            readings.append(reading)
+        return readings
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        """Set GPU ``index``'s power limit (needs root).
+
+        Example: ``gpus.set_power_limit(0, 350.0)``.
+
+        :raises ValidationError: when the index is unknown or ``watts`` is outside [min, max].
+        :raises CollectorError: when NVML refuses (no permission, not supported).
+        """
+        device = _checked_device(self._devices, index, watts)
+        try:
+            self._nvml.nvmlDeviceSetPowerManagementLimit(self._handles[index], round(watts * 1000))
+        except self._nvml.NVMLError as e:
+            raise CollectorError(f"setting the power limit of GPU {index} to {watts} W failed: {e}") from e
+        self._devices[index] = dataclasses.replace(device, power_limit_w=float(watts))
+
+    def close(self) -> None:
+        """Shut NVML down; calling it twice is harmless."""
+        if not self._closed:
+            self._closed = True
+            _shutdown_quietly(self._nvml)
+
+    def _read_gpu(self, index: int) -> dict[str, Any]:
+        """Raw values of every supported field of GPU ``index``.
+
+        :raises NVMLError: only GpuIsLost or ResetRequired; other failures drop the field.
+        """
+        nvml, handle, unsupported = self._nvml, self._handles[index], self._unsupported[index]
+        lost = (nvml.NVMLError_GpuIsLost, nvml.NVMLError_ResetRequired)
+        not_supported = (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound)
+        raw: dict[str, Any] = {}
+        for field, call in _FIELDS.items():
+            if field in unsupported:
+                continue
+            try:
+                raw[field] = call(nvml, handle)
+            except lost:
+                raise
+            except not_supported:
+                unsupported.add(field)
+                self._log.debug("gpu_field_marked_unsupported", gpu_index=index, field=field)
+            except nvml.NVMLError as e:
+                self._log.debug("gpu_field_failed", gpu_index=index, field=field, reason=str(e))
+        return raw
+
+    def _track_health(self, reading: GpuReading) -> None:
+        """Log a GPU's health only when it changes, not every tick."""
+        was = self._unhealthy.get(reading.index)
+        if not reading.healthy and was is None:
+            self._unhealthy[reading.index] = reading.health_reason
+            self._log.warning("gpu_lost", gpu_index=reading.index, gpu_uuid=reading.uuid, reason=reading.health_reason)
+        elif reading.healthy and was is not None:
+            del self._unhealthy[reading.index]
+            self._log.info("gpu_recovered", gpu_index=reading.index, gpu_uuid=reading.uuid)
+
+
+def parse_gpu_reading(index: int, uuid: str, raw: RawGpu) -> GpuReading:
+    """Turn raw NVML values into a reading: percent → 0..1, mW → W, mJ → J.
+
+    :param index: GPU index. :param uuid: GPU UUID.
+    :param raw: results by ``_FIELDS`` name; a missing key becomes a None field.
+    """
+    util, mem, mig = raw.get("utilization"), raw.get("memory"), raw.get("mig_mode")
+    procs = raw.get("processes") or []
+    return GpuReading(
+        index=index,
+        uuid=uuid,
+        util_gpu=util.gpu / 100.0 if util is not None else None,
+        util_mem=util.memory / 100.0 if util is not None else None,
+        mem_used_bytes=int(mem.used) if mem is not None else None,
+        mem_total_bytes=int(mem.total) if mem is not None else None,
+        power_w=_scaled(raw.get("power_usage"), 1000.0),
+        power_limit_w=_scaled(raw.get("power_limit"), 1000.0),
+        energy_j=_scaled(raw.get("energy"), 1000.0),
+        temperature_c=_scaled(raw.get("temperature"), 1.0),
+        sm_clock_mhz=raw.get("sm_clock"),
+        mem_clock_mhz=raw.get("mem_clock"),
+        ecc_corrected_total=raw.get("ecc_corrected"),
+        ecc_uncorrected_total=raw.get("ecc_uncorrected"),
+        mig_enabled=bool(mig[0]) if mig is not None else None,
+        processes=tuple(GpuProcessReading(pid=int(p.pid), used_mem_bytes=p.usedGpuMemory) for p in procs),
+    )
+
+
+def parse_topology_groups(count: int, linked: Mapping[tuple[int, int], bool | None]) -> list[int]:
+    """Group GPUs that share an NVLink domain or a PCIe switch.
+
+    :param count: number of GPUs.
+    :param linked: for pairs ``(i, j)`` with i < j: True when close, False when not, None unknown.
+    :returns: a group number per GPU (0, 1, ... in index order), all -1 when nothing is known.
+    """
+    if count > 1 and all(linked.get((i, j)) is None for i in range(count) for j in range(i + 1, count)):
+        return [-1] * count
+    parent = list(range(count))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for (i, j), close in linked.items():
+        if close:
+            parent[max(root(i), root(j))] = min(root(i), root(j))
+    numbers: dict[int, int] = {}
+    return [numbers.setdefault(root(i), len(numbers)) for i in range(count)]
+
+
+def _scaled(value: float | None, divisor: float) -> float | None:
+    return value / divisor if value is not None else None
+
+
+def _checked_device(devices: list[GpuDevice], index: int, watts: float) -> GpuDevice:
+    """The device at ``index`` once ``watts`` is known to be within its allowed range."""
+    if not 0 <= index < len(devices):
+        raise ValidationError("gpu_index", f"GPU {index} does not exist (this node has {len(devices)})")
+    device = devices[index]
+    if device.power_max_w > 0 and not device.power_min_w <= watts <= device.power_max_w:
+        raise ValidationError(
+            "power_limit_w",
+            f"{watts} W is outside GPU {index}'s range [{device.power_min_w}, {device.power_max_w}] W",
+        )
+    return device
+
+
+def _try(nvml: Any, call: Callable[[], Any]) -> Any:
+    """``call()``, or None when NVML cannot answer (inventory fields are best effort)."""
+    try:
+        return call()
+    except nvml.NVMLError:
+        return None
+
+
+def _read_inventory(nvml: Any, handles: list[Any]) -> list[GpuDevice]:
+    """Read the static facts of every GPU once, at open."""
+    groups = parse_topology_groups(len(handles), _read_links(nvml, handles))
+    return [_read_device(nvml, index, handle, groups[index]) for index, handle in enumerate(handles)]
+
+
+def _read_device(nvml: Any, index: int, handle: Any, topology_group: int) -> GpuDevice:
+    """One GPU's inventory entry; what NVML cannot tell is left at its default."""
+
+    def ask(function: str) -> Any:
+        return _try(nvml, lambda: getattr(nvml, function)(handle))
+
+    mem, pci, mig = ask("nvmlDeviceGetMemoryInfo"), ask("nvmlDeviceGetPciInfo"), ask("nvmlDeviceGetMigMode")
+    min_mw, max_mw = ask("nvmlDeviceGetPowerManagementLimitConstraints") or (0, 0)
+    return GpuDevice(
+        index=index,
+        uuid=_text(ask("nvmlDeviceGetUUID")) or f"GPU-unknown-{index}",
+        model=_text(ask("nvmlDeviceGetName")) or "unknown",
+        mem_total_bytes=int(mem.total) if mem is not None else 0,
+        power_limit_w=(ask("nvmlDeviceGetEnforcedPowerLimit") or 0) / 1000.0,
+        power_min_w=min_mw / 1000.0,
+        power_max_w=max_mw / 1000.0,
+        power_default_w=(ask("nvmlDeviceGetPowerManagementDefaultLimit") or 0) / 1000.0,
+        pci_bus_id=_text(pci.busId) if pci is not None else "",
+        topology_group=topology_group,
+        mig_enabled=bool(mig[0]) if mig is not None else False,
+    )
+
+
+def _read_links(nvml: Any, handles: list[Any]) -> dict[tuple[int, int], bool | None]:
+    """For each GPU pair: joined by NVLink or by a PCIe switch (no host bridge between)?"""
+    common_ancestor = getattr(nvml, "nvmlDeviceGetTopologyCommonAncestor", None)
+    p2p_status = getattr(nvml, "nvmlDeviceGetP2PStatus", None)
+    links: dict[tuple[int, int], bool | None] = {}
+    for i in range(len(handles)):
+        for j in range(i + 1, len(handles)):
+            a, b = handles[i], handles[j]
+            level = _try(nvml, lambda a=a, b=b: common_ancestor(a, b)) if common_ancestor else None
+            nvlink = (
+                _try(nvml, lambda a=a, b=b: p2p_status(a, b, nvml.NVML_P2P_CAPS_INDEX_NVLINK)) if p2p_status else None
+            )
+            if level is None and nvlink is None:
+                links[(i, j)] = None
+            else:
+                by_switch = level is not None and level <= nvml.NVML_TOPOLOGY_MULTIPLE
+                links[(i, j)] = by_switch or nvlink == nvml.NVML_P2P_STATUS_OK
+    return links
+
+
+def _text(value: str | bytes | None) -> str:
+    """pynvml returns str for most strings but bytes inside structs (``busId``)."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value or ""
+
+
+def _shutdown_quietly(nvml: Any) -> None:
+    """nvmlShutdown on the way out; a failure there changes nothing for the caller."""
+    try:
+        nvml.nvmlShutdown()
+    except nvml.NVMLError:
+        return

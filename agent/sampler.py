@@ -1,0 +1,293 @@
+"""The agent's sampling loop: every ``interval_s`` read all collectors into one TelemetrySample.
+
+The GPU backend (NVML or simulated) is chosen once, at start-up, by
+:func:`open_gpu_backend`; its handles stay open for the life of the process. Each tick
+the sampler times every collector, logs ``collector``/``duration_s``/``ok``, keeps going
+when one fails, attributes GPU usage to tasks and hands one ``types_pb2.TelemetrySample``
+to a callback.
+
+Example::
+
+    sampler = build_sampler(node_id="n1", gpu_backend="auto", simulate_spec="8xH100-80GB",
+                            interval_s=1.0, data_paths=["/var/lib/gptrm"],
+                            task_pids=runtime.task_pids, log=log)
+    register(sampler.inventory(), sampler.backend, sampler.simulated)
+    sampler.run(emit=outbox.append, stop=stop_event)   # returns once stop_event is set
+    sampler.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import structlog
+
+from agent.collectors import (
+    Collector,
+    GpuBackend,
+    GpuReading,
+    HostReading,
+    PowerReading,
+    Sample,
+    TaskPids,
+    TaskUsage,
+    host_collectors,
+    telemetry_to_proto,
+)
+from agent.collectors.nvml import open_nvml
+from agent.collectors.power import DEFAULT_POWERCAP_ROOT
+from agent.collectors.simulated import DEFAULT_SIMULATE_SPEC, SimulatedGpus
+from common.errors import CollectorError, ConfigError, NoData
+from common.pb.gptrm.v1 import types_pb2
+
+__all__ = ["BACKENDS", "Sampler", "attribute_gpu_usage", "build_sampler", "open_gpu_backend"]
+
+Log = structlog.typing.FilteringBoundLogger
+Emit = Callable[[types_pb2.TelemetrySample], object]
+"""Receives each tick's sample; must not block (append to a bounded queue)."""
+
+BACKENDS = ("auto", "nvml", "simulated")
+
+
+def open_gpu_backend(
+    backend: str,
+    simulate_spec: str,
+    log: Log,
+    *,
+    node_id: str = "local",
+    nvml_module: ModuleType | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> GpuBackend:
+    """Choose and open the GPU backend, once, as ``--gpu-backend`` says.
+
+    ``auto`` uses NVML when ``nvmlInit`` works and otherwise simulated GPUs, with a warning;
+    ``nvml`` fails fast; ``simulated`` never touches NVML.
+
+    :param backend: ``auto``, ``nvml`` or ``simulated``.
+    :param simulate_spec: GPUs to simulate (``8xH100-80GB``); empty means the default.
+    :param node_id: goes into simulated GPU UUIDs.
+    :param nvml_module: a ``pynvml`` replacement (tests); the real one when None.
+    :raises ConfigError: unknown backend, ``nvml`` without NVML, or a malformed spec, in one line.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"--gpu-backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend != "simulated":
+        try:
+            gpus = open_nvml(log, nvml_module)
+        except CollectorError as e:
+            if backend == "nvml":
+                raise ConfigError(f"--gpu-backend nvml: {e}") from e
+            log.warning(
+                "gpu_backend_fell_back",
+                backend="simulated",
+                reason=f"{e}; GPUs are SIMULATED ({simulate_spec or DEFAULT_SIMULATE_SPEC}), not real hardware",
+            )
+        else:
+            log.info("gpu_backend_chosen", backend=gpus.backend, gpu_count=len(gpus.devices()))
+            return gpus
+    spec = simulate_spec or DEFAULT_SIMULATE_SPEC
+    try:
+        sim = SimulatedGpus(spec, node_id, clock=clock)
+    except ValueError as e:
+        raise ConfigError(f"--simulate-gpus {spec!r}: {e}") from e
+    log.info("gpu_backend_chosen", backend=sim.backend, gpu_count=len(sim.devices()), simulated=True)
+    return sim
+
+
+def build_sampler(
+    *,
+    node_id: str,
+    gpu_backend: str,
+    simulate_spec: str,
+    interval_s: float,
+    log: Log,
+    data_paths: Sequence[str] = (),
+    task_pids: TaskPids | None = None,
+    powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
+) -> Sampler:
+    """Open the GPU backend and the host collectors and wire them into a :class:`Sampler`.
+
+    :raises ConfigError: see :func:`open_gpu_backend`.
+    """
+    log = log.bind(node_id=node_id)
+    gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id)
+    others = host_collectors(data_paths=data_paths, task_pids=task_pids, powercap_root=powercap_root)
+    return Sampler(gpus, others, interval_s=interval_s, log=log)
+
+
+class Sampler:
+    """Reads the GPU backend and the other collectors once per tick.
+
+    :param gpus: the backend from :func:`open_gpu_backend`; the sampler closes it.
+    :param collectors: the other collectors (host, power), read after the GPUs.
+    :param interval_s: seconds between ticks.
+    :param now: wall clock for sample timestamps. :param clock: monotonic clock for timing.
+    :param sleep: waits between ticks; by default the ``stop`` event given to :meth:`run`.
+    """
+
+    def __init__(
+        self,
+        gpus: GpuBackend,
+        collectors: Sequence[Collector] = (),
+        *,
+        interval_s: float = 1.0,
+        log: Log,
+        now: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] | None = None,
+    ) -> None:
+        if not interval_s > 0:
+            raise ConfigError(f"--interval {interval_s!r}: must be a positive number of seconds")
+        self._gpus = gpus
+        self._collectors: list[Collector] = [gpus, *collectors]
+        self._interval_s = interval_s
+        self._log = log
+        self._now = now
+        self._clock = clock
+        self._sleep = sleep
+        self._failing: dict[str, str] = {}
+        self._task_energy_j: dict[str, float] = {}
+        self._last_tick: float | None = None
+
+    @property
+    def backend(self) -> str:
+        """``nvml`` or ``simulated``, for ``NodeInventory.gpu_backend``."""
+        return self._gpus.backend
+
+    @property
+    def simulated(self) -> bool:
+        """True when the GPUs are simulated, for ``NodeInventory.simulated``."""
+        return self._gpus.simulated
+
+    @property
+    def gpus(self) -> GpuBackend:
+        """The backend, for power limits and (when simulated) task placement."""
+        return self._gpus
+
+    def inventory(self) -> list[types_pb2.GpuInfo]:
+        """The GPUs for ``NodeInventory.gpus``, with current power limits."""
+        return [d.to_proto() for d in self._gpus.devices()]
+
+    def sample_once(self) -> types_pb2.TelemetrySample:
+        """Read every collector now and build this tick's sample."""
+        gpus: list[GpuReading] = []
+        host: HostReading | None = None
+        cpu_power_w: float | None = None
+        for collector in self._collectors:
+            for reading in self._run(collector):
+                if isinstance(reading, GpuReading):
+                    gpus.append(reading)
+                elif isinstance(reading, HostReading):
+                    host = reading
+                elif isinstance(reading, PowerReading):
+                    cpu_power_w = reading.cpu_power_w
+        tick = self._clock()
+        elapsed = 0.0 if self._last_tick is None else tick - self._last_tick
+        self._last_tick = tick
+        if host is not None:
+            host = dataclasses.replace(host, tasks=self._with_energy(attribute_gpu_usage(host.tasks, gpus), elapsed))
+        return telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated)
+
+    def run(self, emit: Emit, stop: threading.Event) -> None:
+        """Sample every ``interval_s`` until ``stop`` is set, passing each sample to ``emit``.
+
+        Ticks stay on a fixed schedule; when a tick overruns, the missed ones are skipped
+        rather than sampled in a burst.
+        """
+        wait = self._sleep or stop.wait
+        next_tick = self._clock()
+        while not stop.is_set():
+            emit(self.sample_once())
+            next_tick += self._interval_s
+            late = self._clock() - next_tick
+            if late > 0:
+                skipped = math.ceil(late / self._interval_s)
+                next_tick += skipped * self._interval_s
+                self._log.debug("ticks_skipped", count=skipped, duration_s=late)
+            wait(max(0.0, next_tick - self._clock()))
+
+    def close(self) -> None:
+        """Close the GPU backend (``nvmlShutdown``)."""
+        self._gpus.close()
+
+    def _run(self, collector: Collector) -> Sequence[Sample]:
+        """One collector's readings; an empty list when it had nothing or failed."""
+        start = self._clock()
+        try:
+            readings = collector.collect()
+        except NoData as e:
+            duration_s = self._clock() - start
+            self._log.debug(
+                "collector_had_no_data", collector=collector.name, duration_s=duration_s, ok=True, reason=str(e)
+            )
+            return []
+        except Exception as e:  # the loop must outlive any collector bug (STYLE §5, §9)
+            self._report_failure(collector.name, e, self._clock() - start)
+            return []
+        duration_s = self._clock() - start
+        if self._failing.pop(collector.name, None) is not None:
+            self._log.info("collector_recovered", collector=collector.name, duration_s=duration_s, ok=True)
+        else:
+            self._log.debug("collector_ran", collector=collector.name, duration_s=duration_s, ok=True)
+        return readings
+
+    def _report_failure(self, name: str, error: Exception, duration_s: float) -> None:
+        """Warn when a collector starts failing or fails differently; repeats go to debug.
+
+        A collector that fails every tick would otherwise write a warning every second.
+        """
+        reason = str(error) if isinstance(error, CollectorError) else f"{type(error).__name__}: {error}"
+        level = self._log.debug if self._failing.get(name) == reason else self._log.warning
+        self._failing[name] = reason
+        level("collector_failed", collector=name, duration_s=duration_s, ok=False, reason=reason)
+
+    def _with_energy(self, tasks: Sequence[TaskUsage], elapsed_s: float) -> tuple[TaskUsage, ...]:
+        """Add each task's power share over the last tick to its running energy total."""
+        energy = {t.task_id: self._task_energy_j.get(t.task_id, 0.0) + t.power_share_w * elapsed_s for t in tasks}
+        self._task_energy_j = energy  # tasks that ended drop out here
+        return tuple(dataclasses.replace(t, energy_share_j=energy[t.task_id]) for t in tasks)
+
+
+def attribute_gpu_usage(tasks: Sequence[TaskUsage], gpus: Sequence[GpuReading]) -> tuple[TaskUsage, ...]:
+    """Give each task its share of the GPUs its processes run on.
+
+    On each GPU a task's share is its processes' part of the memory that all processes
+    there hold (an equal split by process count when no memory is known). The task gets
+    that share of the GPU's utilization and power, and all of its processes' memory.
+
+    :param tasks: per-task usage from the host collector, with every pid (children too).
+    :param gpus: this tick's GPU readings, with their compute processes.
+    :returns: the tasks with ``gpu_mem_bytes``, ``gpu_util_share`` and ``power_share_w`` set.
+    """
+    owner = {pid: t.task_id for t in tasks for pid in t.pids}
+    mem: dict[str, int] = {}
+    util: dict[str, float] = {}
+    power: dict[str, float] = {}
+    for gpu in gpus:
+        if not gpu.processes:
+            continue
+        total_mem = sum(p.used_mem_bytes or 0 for p in gpu.processes)
+        for proc in gpu.processes:
+            task_id = owner.get(proc.pid)
+            if task_id is None:
+                continue
+            used = proc.used_mem_bytes or 0
+            share = used / total_mem if total_mem > 0 else 1.0 / len(gpu.processes)
+            mem[task_id] = mem.get(task_id, 0) + used
+            util[task_id] = util.get(task_id, 0.0) + (gpu.util_gpu or 0.0) * share
+            power[task_id] = power.get(task_id, 0.0) + (gpu.power_w or 0.0) * share
+    return tuple(
+        dataclasses.replace(
+            t,
+            gpu_mem_bytes=mem.get(t.task_id, 0),
+            gpu_util_share=util.get(t.task_id, 0.0),
+            power_share_w=power.get(t.task_id, 0.0),
+        )
+        for t in tasks
+    )

@@ -1,0 +1,143 @@
+"""Agent sampling footprint: resident memory and CPU time per sample, against the budget.
+
+Runs the sampler at 1 Hz in a child process for ~20 s with (a) 8 simulated GPUs and
+(b) 8 GPUs behind the fake pynvml, and compares with two floors: a bare ``python`` and a
+``python`` that only imports grpc, protobuf, psutil, structlog and pynvml. The sampler
+child imports grpc as well, as the agent daemon does.
+
+    .venv/bin/python tests/bench/bench_agent.py [--seconds 20]
+    .venv/bin/python -m pytest tests/bench/bench_agent.py      # shorter run, asserts the budget
+
+Budget: ≤ 45 MB RSS and ≤ 1 % of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+RSS_BUDGET_MB = 45.0
+CPU_BUDGET_PCT = 1.0
+
+# The child: sample at 1 Hz for SECONDS, report on stdout, then wait until stdin closes so
+# the parent can measure the still-running process.
+DRIVER = r"""
+import json, os, sys, threading, time
+sys.path.insert(0, {repo!r})
+mode, seconds = sys.argv[1], float(sys.argv[2])
+import grpc  # the daemon imports it; count it in the footprint
+from common.logging import configure_logging, get_logger
+configure_logging("warning", json=True)
+pid = os.getpid()
+if mode == "nvml":
+    sys.path.insert(0, {fakes!r})
+    import fake_pynvml
+    gpus = fake_pynvml.make_gpus(8, util_gpu=80, power_mw=550_000, mem_used=60 << 30, processes=[(pid, 60 << 30)])
+    sys.modules["pynvml"] = fake_pynvml.FakeNvml(gpus)
+from agent.sampler import build_sampler
+sampler = build_sampler(node_id="bench", gpu_backend=mode, simulate_spec="8xH100-80GB", interval_s=1.0,
+                        log=get_logger("agent"), data_paths=["/"], task_pids=lambda: {{"t1": [pid]}})
+if mode == "simulated":
+    sampler.gpus.place("t1", range(8), util_per_gpu=0.8, mem_bytes_per_gpu=60 << 30, pids=[pid])
+marks = []
+def emit(sample):
+    sample.SerializeToString()
+    marks.append((time.monotonic(), time.process_time()))
+stop = threading.Event()
+threading.Timer(seconds, stop.set).start()
+sampler.run(emit, stop)
+print(json.dumps({{"marks": marks}}), flush=True)
+sys.stdin.read()
+"""
+
+FLOOR = "import grpc, google.protobuf, psutil, structlog, pynvml, sys; print('{}', flush=True); sys.stdin.read()"
+BARE = "import sys; print('{}', flush=True); sys.stdin.read()"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One measured process."""
+
+    label: str
+    rss_mb: float
+    cpu_ms_per_sample: float | None = None
+    cpu_pct_of_core: float | None = None
+    samples: int = 0
+
+
+def measure(label: str, argv: list[str]) -> Result:
+    """Run ``argv``, wait for its JSON report line, measure its RSS while it still runs."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        report = json.loads(proc.stdout.readline() or "{}")
+        rss_mb = psutil.Process(proc.pid).memory_info().rss / 1e6
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    marks = report.get("marks", [])
+    if len(marks) < 3:
+        return Result(label, rss_mb, samples=len(marks))
+    # From the 2nd sample on: imports and the first-tick set-up are over.
+    (wall0, cpu0), (wall1, cpu1) = marks[1], marks[-1]
+    per_sample_s = (cpu1 - cpu0) / (len(marks) - 2)
+    return Result(label, rss_mb, per_sample_s * 1000, 100 * (cpu1 - cpu0) / (wall1 - wall0), len(marks))
+
+
+def run_all(seconds: float) -> list[Result]:
+    """Measure the two floors and the sampler with both backends."""
+    driver = DRIVER.format(repo=str(REPO), fakes=str(REPO / "tests" / "unit" / "agent"))
+    return [
+        measure("bare interpreter (python -c, no imports)", [sys.executable, "-c", BARE]),
+        measure("floor: grpc+protobuf+psutil+structlog+pynvml", [sys.executable, "-c", FLOOR]),
+        measure("sampler, 8 simulated GPUs", [sys.executable, "-c", driver, "simulated", str(seconds)]),
+        measure("sampler, 8 GPUs via fake NVML", [sys.executable, "-c", driver, "nvml", str(seconds)]),
+    ]
+
+
+def table(results: list[Result]) -> str:
+    """The results as a fixed-width table with the budget verdict."""
+    lines = [f"{'process':<48} {'RSS MB':>8} {'samples':>8} {'CPU ms/sample':>14} {'% of a core':>12}  budget"]
+    for r in results:
+        cpu_ms = f"{r.cpu_ms_per_sample:.2f}" if r.cpu_ms_per_sample is not None else "-"
+        pct = f"{r.cpu_pct_of_core:.2f}" if r.cpu_pct_of_core is not None else "-"
+        verdict = ""
+        if r.cpu_pct_of_core is not None:
+            ok = r.rss_mb <= RSS_BUDGET_MB and r.cpu_pct_of_core <= CPU_BUDGET_PCT
+            verdict = "ok" if ok else "OVER"
+        lines.append(f"{r.label:<48} {r.rss_mb:>8.1f} {r.samples:>8} {cpu_ms:>14} {pct:>12}  {verdict}")
+    lines.append(f"budget: RSS <= {RSS_BUDGET_MB:.0f} MB, CPU <= {CPU_BUDGET_PCT:.0f} % of one core")
+    return "\n".join(lines)
+
+
+def test_sampler_within_budget() -> None:
+    """The sampler with 8 GPUs (simulated and NVML) stays within 45 MB RSS and 1 % of a core."""
+    results = run_all(seconds=8.0)
+    print(table(results))
+    for r in results[2:]:
+        assert r.samples >= 5, f"{r.label}: only {r.samples} samples"
+        assert r.rss_mb <= RSS_BUDGET_MB, f"{r.label}: {r.rss_mb:.1f} MB RSS"
+        assert r.cpu_pct_of_core is not None and r.cpu_pct_of_core <= CPU_BUDGET_PCT, f"{r.label}: {r.cpu_pct_of_core}"
+
+
+def main() -> None:
+    """Print the table for a ``--seconds`` long run of each sampler."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long each sampler runs")
+    args = parser.parse_args()
+    started = time.monotonic()
+    print(table(run_all(args.seconds)))
+    print(f"(took {time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""A stand-in for the ``pynvml`` module (nvidia-ml-py) with configurable GPUs.
+
+It has the functions the agent calls, the constants it passes, and the same exception
+scheme as the real module: ``NVMLError(value)`` builds the subclass for that code, and
+``NVMLError_NotSupported``, ``NVMLError_GpuIsLost``, ``NVMLError_LibraryNotFound`` ... carry
+the real codes. Use it in place of the module::
+
+    nvml = FakeNvml([FakeGpu(index=0), FakeGpu(index=1, lost=True)])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)   # or open_nvml(log, nvml)
+
+``FakeGpu.unsupported`` names NVML functions that raise NotSupported on that GPU,
+``FakeGpu.errors`` maps others to the error code they raise, ``FakeGpu.lost`` makes every
+call raise GpuIsLost, and ``FakeNvml.calls`` counts calls per (function, GPU index).
+"""
+
+# The function names must be pynvml's own (camelCase), so pep8-naming's N802 does not apply here.
+# ruff: noqa: N802
+
+from __future__ import annotations
+
+import string
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+# Same codes as pynvml.NVML_ERROR_*.
+NVML_ERROR_CODES = {
+    "UNINITIALIZED": 1,
+    "INVALID_ARGUMENT": 2,
+    "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4,
+    "ALREADY_INITIALIZED": 5,
+    "NOT_FOUND": 6,
+    "DRIVER_NOT_LOADED": 9,
+    "TIMEOUT": 10,
+    "LIBRARY_NOT_FOUND": 12,
+    "FUNCTION_NOT_FOUND": 13,
+    "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16,
+    "UNKNOWN": 999,
+}
+_MESSAGES = {3: "Not Supported", 12: "NVML Shared Library Not Found", 15: "GPU is lost", 4: "Insufficient Permissions"}
+
+
+class NVMLError(Exception):
+    """Like ``pynvml.NVMLError``: ``NVMLError(code)`` is an instance of the code's subclass."""
+
+    _value_class: dict[int, type[NVMLError]] = {}  # noqa: RUF012 - mirrors pynvml's class-level map
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._value_class.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+
+    def __str__(self) -> str:
+        return _MESSAGES.get(self.value, f"NVML Error with code {self.value}")
+
+
+def _make_error_classes() -> dict[str, type[NVMLError]]:
+    """``NVMLError_<CamelName>`` per code, named the way pynvml names them."""
+    classes = {}
+    for name, value in NVML_ERROR_CODES.items():
+        class_name = "NVMLError_" + string.capwords(name, "_").replace("_", "")
+
+        def new(cls: type[NVMLError], *args: Any, _value: int = value) -> NVMLError:
+            return NVMLError.__new__(cls, _value)
+
+        def init(self: NVMLError, *args: Any) -> None:
+            Exception.__init__(self, self.value)
+
+        cls = type(class_name, (NVMLError,), {"__new__": new, "__init__": init})
+        NVMLError._value_class[value] = cls
+        classes[class_name] = cls
+    return classes
+
+
+_ERRORS = _make_error_classes()
+NVMLError_NotSupported = _ERRORS["NVMLError_NotSupported"]
+NVMLError_GpuIsLost = _ERRORS["NVMLError_GpuIsLost"]
+NVMLError_LibraryNotFound = _ERRORS["NVMLError_LibraryNotFound"]
+NVMLError_FunctionNotFound = _ERRORS["NVMLError_FunctionNotFound"]
+NVMLError_NoPermission = _ERRORS["NVMLError_NoPermission"]
+NVMLError_ResetRequired = _ERRORS["NVMLError_ResetRequired"]
+NVMLError_Unknown = _ERRORS["NVMLError_Unknown"]
+
+
+@dataclass
+class FakeGpu:
+    """One fake GPU; raw NVML units (percent, mW, mJ, bytes)."""
+
+    index: int
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = ""
+    mem_total: int = 80 * (1 << 30)
+    mem_used: int = 0
+    util_gpu: int = 0
+    util_mem: int = 0
+    power_mw: int = 70_000
+    limit_mw: int = 700_000
+    min_limit_mw: int = 200_000
+    max_limit_mw: int = 700_000
+    default_limit_mw: int = 700_000
+    energy_mj: int = 0
+    temperature: int = 35
+    sm_clock: int = 345
+    mem_clock: int = 2619
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
+    mig_mode: int = 0
+    switch: int = 0
+    """GPUs with the same switch share a PCIe switch (NVML_TOPOLOGY_SINGLE)."""
+    nvlink: bool = False
+    """GPUs that both have nvlink=True are NVLink peers."""
+    unsupported: set[str] = field(default_factory=set)
+    """NVML function names that raise NotSupported on this GPU."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """NVML function name → the NVML error code it raises on this GPU."""
+    lost: bool = False
+    """Every call on this GPU raises GpuIsLost."""
+
+    def __post_init__(self) -> None:
+        self.uuid = self.uuid or f"GPU-fake-{self.index:04d}"
+
+
+@dataclass
+class _Handle:
+    index: int
+
+
+class FakeNvml:
+    """The module: constants, error classes and ``nvml*`` functions over ``gpus``.
+
+    :param gpus: the GPUs, index order. :param init_error: NVML code that nvmlInit raises.
+    """
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
+    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
+    NVMLError_NoPermission = NVMLError_NoPermission
+    NVMLError_ResetRequired = NVMLError_ResetRequired
+    NVMLError_Unknown = NVMLError_Unknown
+
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12
+    NVML_ERROR_GPU_IS_LOST = 15
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_AGGREGATE_ECC = 1
+    NVML_DEVICE_MIG_DISABLE = 0
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_TOPOLOGY_INTERNAL = 0
+    NVML_TOPOLOGY_SINGLE = 10
+    NVML_TOPOLOGY_MULTIPLE = 20
+    NVML_TOPOLOGY_HOSTBRIDGE = 30
+    NVML_TOPOLOGY_NODE = 40
+    NVML_TOPOLOGY_SYSTEM = 50
+    NVML_P2P_CAPS_INDEX_NVLINK = 2
+    NVML_P2P_STATUS_OK = 0
+    NVML_P2P_STATUS_NOT_SUPPORTED = 5
+
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.initialised = False
+        self.shutdowns = 0
+        self.calls: Counter[tuple[str, int]] = Counter()
+
+    # -- library ---------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+        self.initialised = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_CODES["INVALID_ARGUMENT"])
+        return _Handle(index)
+
+    def _gpu(self, function: str, handle: _Handle) -> FakeGpu:
+        """Count the call and raise what the GPU is configured to raise."""
+        if not self.initialised:
+            raise NVMLError(NVML_ERROR_CODES["UNINITIALIZED"])
+        self.calls[(function, handle.index)] += 1
+        gpu = self.gpus[handle.index]
+        if gpu.lost:
+            raise NVMLError_GpuIsLost()
+        if function in gpu.unsupported:
+            raise NVMLError_NotSupported()
+        if function in gpu.errors:
+            raise NVMLError(gpu.errors[function])
+        return gpu
+
+    # -- per device ------------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        return self._gpu("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+        return self._gpu("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> SimpleNamespace:
+        gpu = self._gpu("nvmlDeviceGetPciInfo", handle)
+        return SimpleNamespace(busId=f"00000000:{0x18 + gpu.index:02X}:00.0".encode(), bus=0x18 + gpu.index)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> SimpleNamespace:
+        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
+        return SimpleNamespace(total=gpu.mem_total, used=gpu.mem_used, free=gpu.mem_total - gpu.mem_used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> SimpleNamespace:
+        gpu = self._gpu("nvmlDeviceGetUtilizationRates", handle)
+        return SimpleNamespace(gpu=gpu.util_gpu, memory=gpu.util_mem)
+
+    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetEnforcedPowerLimit", handle).limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: _Handle) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        return [gpu.min_limit_mw, gpu.max_limit_mw]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetPowerManagementDefaultLimit", handle).default_limit_mw
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: _Handle, limit: int) -> None:
+        gpu = self._gpu("nvmlDeviceSetPowerManagementLimit", handle)
+        if not gpu.min_limit_mw <= limit <= gpu.max_limit_mw:
+            raise NVMLError(NVML_ERROR_CODES["INVALID_ARGUMENT"])
+        gpu.limit_mw = limit
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
+
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetTemperature", handle)
+        if sensor != self.NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_CODES["INVALID_ARGUMENT"])
+        return gpu.temperature
+
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetClockInfo", handle)
+        clocks = {self.NVML_CLOCK_SM: gpu.sm_clock, self.NVML_CLOCK_MEM: gpu.mem_clock}
+        if clock_type not in clocks:
+            raise NVMLError(NVML_ERROR_CODES["INVALID_ARGUMENT"])
+        return clocks[clock_type]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, error_type: int, counter_type: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
+        if counter_type != self.NVML_VOLATILE_ECC:
+            return 0
+        return gpu.ecc_uncorrected if error_type == self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else gpu.ecc_corrected
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[SimpleNamespace]:
+        gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in gpu.processes]
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetMigMode", handle)
+        return [gpu.mig_mode, gpu.mig_mode]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: _Handle, second: _Handle) -> int:
+        a = self._gpu("nvmlDeviceGetTopologyCommonAncestor", first)
+        b = self._gpu("nvmlDeviceGetTopologyCommonAncestor", second)
+        return self.NVML_TOPOLOGY_SINGLE if a.switch == b.switch else self.NVML_TOPOLOGY_SYSTEM
+
+    def nvmlDeviceGetP2PStatus(self, first: _Handle, second: _Handle, caps_index: int) -> int:
+        a = self._gpu("nvmlDeviceGetP2PStatus", first)
+        b = self._gpu("nvmlDeviceGetP2PStatus", second)
+        linked = caps_index == self.NVML_P2P_CAPS_INDEX_NVLINK and a.nvlink and b.nvlink
+        return self.NVML_P2P_STATUS_OK if linked else self.NVML_P2P_STATUS_NOT_SUPPORTED
+
+
+def make_gpus(count: int, **values: Any) -> list[FakeGpu]:
+    """``count`` identical GPUs with ``values`` overriding the defaults."""
+    return [FakeGpu(index=i, **values) for i in range(count)]
