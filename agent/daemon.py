@@ -1,0 +1,151 @@
+"""``gptrm-agent``: sample telemetry, stream it, carry out decisions.
+
+Object graph (built once in :func:`run`): config → GPU backend + collectors (sampler) →
+outbox → task runtime → coordinator stream. The sampler runs on its own thread at
+``--interval`` so a slow NVML call never stalls the stream; the stream and the runtime
+share the asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from common.errors import GptrmError
+from common.logging import configure_logging, get_logger
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+
+from agent import config as config_mod
+from agent.config import AgentConfig
+from agent.outbox import Outbox
+from agent.runtime import TaskRuntime
+from agent.sampler import build_sampler
+from agent.sdnotify import SystemdNotifier
+from agent.stream import AgentStream, Backoff
+
+__all__ = ["AGENT_VERSION", "main", "run"]
+
+AGENT_VERSION = "0.1.0"
+
+
+def _inventory(cfg: AgentConfig, sampler: object) -> types_pb2.NodeInventory:
+    disk_total = 0
+    for path in cfg.data_paths:
+        with contextlib.suppress(OSError):
+            disk_total += psutil.disk_usage(path).total
+    return types_pb2.NodeInventory(
+        node_id=cfg.node_name, hostname=socket.gethostname(), gpus=sampler.inventory(),  # type: ignore[attr-defined]
+        cpu_cores=psutil.cpu_count() or 0, mem_total_bytes=psutil.virtual_memory().total,
+        disk_total_bytes=disk_total, labels=cfg.labels, agent_version=AGENT_VERSION,
+        simulated=sampler.simulated, gpu_backend=sampler.backend,  # type: ignore[attr-defined]
+    )
+
+
+async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
+    """Run the agent until ``stop`` is set."""
+    log = get_logger("agent").bind(node_id=cfg.node_name)
+    loop = asyncio.get_running_loop()
+    state_dir = Path(cfg.state_dir).expanduser()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    outbox = Outbox(cfg.buffer_samples)
+    holder: dict[str, AgentStream] = {}
+
+    def kick() -> None:
+        if "stream" in holder:
+            holder["stream"].kick()
+
+    def emit_status(status: agent_pb2.TaskStatus) -> None:
+        outbox.add_event(status)
+        kick()
+
+    runtime_ref: dict[str, TaskRuntime] = {}
+    sampler = build_sampler(node_id=cfg.node_name, gpu_backend=cfg.gpu_backend, simulate_spec=cfg.simulate_gpus,
+                            interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
+                            task_pids=lambda: runtime_ref["rt"].task_pids() if "rt" in runtime_ref else {})
+    try:
+        runtime = TaskRuntime(state_dir, emit_status, sampler.gpus, task_user=cfg.task_user, runtime=cfg.runtime)
+        runtime_ref["rt"] = runtime
+        runtime.adopt()
+        inventory = _inventory(cfg, sampler)
+        boot_id = int.from_bytes(os.urandom(8), "big") >> 1
+        stream = AgentStream(
+            cfg.coordinator,
+            lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
+            outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples)
+        holder["stream"] = stream
+        log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
+                 gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s)
+
+        def emit_sample(sample: types_pb2.TelemetrySample) -> None:
+            loop.call_soon_threadsafe(_queue_sample, outbox, stream, sample)
+
+        sampler_stop = threading.Event()
+        sampler_thread = threading.Thread(target=sampler.run, args=(emit_sample, sampler_stop),
+                                          name="sampler", daemon=True)
+        sampler_thread.start()
+        notifier = SystemdNotifier()
+        notifier.notify("READY=1")
+        watchdog = asyncio.create_task(_watchdog(notifier, stream))
+        try:
+            await stream.run(stop)
+        finally:
+            notifier.notify("STOPPING=1")
+            watchdog.cancel()
+            sampler_stop.set()
+            await asyncio.to_thread(sampler_thread.join, 5)
+            await runtime.shutdown()
+            log.info("agent_stopped", pending_events=outbox.pending_events, dropped_samples=outbox.dropped_total)
+    finally:
+        sampler.close()
+
+
+def _queue_sample(outbox: Outbox, stream: AgentStream, sample: types_pb2.TelemetrySample) -> None:
+    outbox.add_sample(sample)
+    stream.kick()
+
+
+async def _watchdog(notifier: SystemdNotifier, stream: AgentStream) -> None:
+    interval = notifier.watchdog_interval_s()
+    if interval is None:
+        return
+    while True:
+        notifier.notify("WATCHDOG=1")
+        notifier.notify(f"STATUS={'connected' if stream.connected.is_set() else 'connecting'}")
+        await asyncio.sleep(interval)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``gptrm-agent``; configuration problems are one line on stderr."""
+    try:
+        cfg = config_mod.load(argv)
+    except GptrmError as e:
+        print(f"gptrm-agent: error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.log_level)
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(cfg, stop)
+
+    try:
+        asyncio.run(go())
+    except GptrmError as e:
+        print(f"gptrm-agent: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

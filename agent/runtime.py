@@ -1,0 +1,280 @@
+"""Task runtime: carries out placement decisions on this host.
+
+A task is started as its own process group (so stop/pause/resume reach every process it
+forks) under a small ``sh`` wrapper that records the exit code in a file: if the agent is
+down when the task ends, the restarted agent still reports the real exit code.
+``CUDA_VISIBLE_DEVICES`` holds the allocated GPUs' UUIDs. Decisions are idempotent by id:
+a re-delivered decision is acknowledged with its recorded outcome and never run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import agent_pb2
+from common.types import TaskState
+
+from agent.tasktable import TaskRecord, TaskTable
+
+__all__ = ["TaskRuntime"]
+
+_WRAPPER = '"$@"; code=$?; echo $code > "$0.tmp" && mv "$0.tmp" "$0"; exit $code'
+_LOG_TAIL_BYTES = 4096
+_POLL_S = 0.2
+Emit = Callable[[agent_pb2.TaskStatus], None]
+
+
+def _tail(path: str, limit: int = _LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(rec: TaskRecord) -> bool:
+    try:
+        p = psutil.Process(rec.pid)
+        return abs(p.create_time() - rec.create_time) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class TaskRuntime:
+    """Starts, stops, pauses and resumes task processes; reports their states.
+
+    :param state_dir: the agent's state directory (``tasks.json``, ``tasks/<id>/``).
+    :param emit: receives every task-status event (queued in the outbox, never dropped).
+    :param gpus: the GPU backend (simulated GPUs follow the tasks; power limits go here).
+    :param task_user: run tasks as this user (the agent must be root), or "" for the agent's user.
+    :param runtime: ``process`` or ``systemd-run`` (a transient scope with cgroup limits).
+    """
+
+    def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_user: str = "",
+                 runtime: str = "process") -> None:
+        self.state_dir = Path(state_dir)
+        self.table = TaskTable.load(self.state_dir / "tasks.json")
+        self._emit = emit
+        self._gpus = gpus
+        self._user = pwd.getpwnam(task_user) if task_user else None
+        if runtime == "systemd-run" and (not Path("/run/systemd/system").exists() or not shutil.which("systemd-run")):
+            raise GptrmError("--runtime systemd-run: systemd is not PID 1 or systemd-run is missing on this host")
+        self._runtime = runtime
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._watchers: dict[str, asyncio.Task] = {}
+        self._log = get_logger("agent").bind(component="runtime")
+
+    # ---- reporting --------------------------------------------------------------------------
+
+    def _report(self, rec: TaskRecord, state: TaskState, reason: str = "", *, exit_code: int | None = None,
+                decision_id: str = "") -> None:
+        rec.state = int(state)
+        status = agent_pb2.TaskStatus(task_id=rec.task_id, state=int(state), pids=[rec.pid], reason=reason,
+                                      time_unix_s=time.time(), decision_id=decision_id)
+        if exit_code is not None:
+            status.exit_code = exit_code
+            status.has_exit_code = True
+            status.log_tail = _tail(rec.log_path)
+        self._emit(status)
+
+    def statuses(self) -> list[agent_pb2.TaskStatus]:
+        """The whole task table, sent with every Register so the coordinator can reconcile."""
+        return [agent_pb2.TaskStatus(task_id=r.task_id, state=r.state, pids=[r.pid], decision_id=r.decision_id,
+                                     time_unix_s=time.time()) for r in self.table.tasks.values()]
+
+    def task_pids(self) -> dict[str, list[int]]:
+        """Root pid of every running task (for per-task CPU/RSS/GPU accounting)."""
+        return {r.task_id: [r.pid] for r in self.table.tasks.values()}
+
+    # ---- decisions --------------------------------------------------------------------------
+
+    async def handle(self, decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
+        """Carry out one decision at most once; re-delivery returns the recorded outcome."""
+        done = self.table.decisions.get(decision.decision_id)
+        if decision.decision_id and done is not None:
+            return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=bool(done["ok"]),
+                                         reason=str(done["reason"]), resulting_state=int(done["state"]),
+                                         task_id=str(done["task_id"]))
+        action = decision.WhichOneof("action")
+        try:
+            task_id, state = await getattr(self, f"_do_{action}")(decision)
+            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True, resulting_state=int(state),
+                                        task_id=task_id)
+        except (GptrmError, OSError, ValueError, KeyError) as e:
+            task_id = getattr(getattr(decision, action), "task_id", "") if action else ""
+            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=str(e), task_id=task_id)
+            self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id, reason=str(e))
+        if decision.decision_id:
+            self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
+                                                          "state": ack.resulting_state, "task_id": ack.task_id}
+            self.table.save()
+        return ack
+
+    def _known(self, task_id: str) -> TaskRecord:
+        rec = self.table.tasks.get(task_id)
+        if rec is None:
+            raise GptrmError(f"task {task_id!r} is not running on this node")
+        return rec
+
+    async def _do_start(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        st = decision.start
+        if st.task_id in self.table.tasks:
+            return st.task_id, TaskState(self.table.tasks[st.task_id].state)
+        if not st.argv:
+            raise GptrmError(f"task {st.task_id!r}: empty argv")
+        workdir = self.state_dir / "tasks" / st.task_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        log_path, exit_file = workdir / "output.log", workdir / "exit_code"
+        exit_file.unlink(missing_ok=True)
+        env = {**os.environ, **dict(st.env), "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids),
+               "GPTRM_TASK_ID": st.task_id, "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
+        argv = ["/bin/sh", "-c", _WRAPPER, str(exit_file), *st.argv]
+        if self._runtime == "systemd-run":
+            argv = ["systemd-run", "--scope", "--quiet", f"--unit=gptrm-task-{st.task_id}", "--collect", *argv]
+        self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
+                       gpu_indices=list(st.gpu_indices))
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir, env=env,
+                start_new_session=True, user=self._user.pw_uid if self._user else None,
+                group=self._user.pw_gid if self._user else None)
+        rec = TaskRecord(st.task_id, decision.decision_id, proc.pid, psutil.Process(proc.pid).create_time(),
+                         list(st.gpu_indices), list(st.gpu_uuids), str(log_path), str(exit_file),
+                         st.stop_grace_s or 10.0, int(TaskState.STARTING), time.time(), st.gpu_share or 1.0,
+                         st.demand.gpu_mem_bytes)
+        self.table.tasks[st.task_id] = rec
+        self.table.save()
+        self._procs[st.task_id] = proc
+        self._report(rec, TaskState.STARTING, decision_id=decision.decision_id)
+        self._follow_gpus(rec)
+        self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
+        self.table.save()
+        self._watchers[st.task_id] = asyncio.create_task(self._watch(rec))
+        return st.task_id, TaskState.RUNNING
+
+    def _follow_gpus(self, rec: TaskRecord) -> None:
+        place = getattr(self._gpus, "place", None)
+        if place is not None and rec.gpu_indices:
+            mem = rec.gpu_mem_bytes // max(1, len(rec.gpu_indices)) if rec.gpu_mem_bytes else 0
+            place(rec.task_id, rec.gpu_indices, min(1.0, 0.9 * rec.gpu_share), mem, [rec.pid])
+
+    async def _do_stop(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        rec = self._known(decision.stop.task_id)
+        grace = decision.stop.grace_s or rec.stop_grace_s
+        rec.stopping = True
+        self.table.save()
+        self._signal(rec, signal.SIGTERM)
+        self._signal(rec, signal.SIGCONT)   # a paused task must run to handle SIGTERM
+        watcher = self._watchers.get(rec.task_id)
+        if watcher is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(watcher), timeout=grace)
+            except asyncio.TimeoutError:
+                self._log.warning("task_killed", task_id=rec.task_id, reason=f"still alive after {grace}s grace")
+                self._signal(rec, signal.SIGKILL)
+                await watcher
+        return rec.task_id, TaskState.CANCELLED
+
+    async def _do_pause(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        rec = self._known(decision.pause.task_id)
+        self._signal(rec, signal.SIGSTOP)
+        self._report(rec, TaskState.PAUSED, decision_id=decision.decision_id)
+        self.table.save()
+        return rec.task_id, TaskState.PAUSED
+
+    async def _do_resume(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        rec = self._known(decision.resume.task_id)
+        self._signal(rec, signal.SIGCONT)
+        self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
+        self.table.save()
+        return rec.task_id, TaskState.RUNNING
+
+    async def _do_scale(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        rec = self._known(decision.scale.task_id)
+        raise GptrmError(f"task {rec.task_id!r}: replicas are scaled by the coordinator placing or stopping "
+                         "replica tasks, not in place on an agent")
+
+    async def _do_set_power_limit(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        spl = decision.set_power_limit
+        await asyncio.to_thread(self._gpus.set_power_limit, spl.gpu_index, spl.power_limit_w)
+        self._log.info("power_limit_set", gpu_index=spl.gpu_index, power_limit_w=spl.power_limit_w)
+        return "", TaskState.RUNNING
+
+    def _signal(self, rec: TaskRecord, sig: signal.Signals) -> None:
+        if not _alive(rec):
+            return
+        try:
+            os.killpg(rec.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    # ---- watching ---------------------------------------------------------------------------
+
+    async def _watch(self, rec: TaskRecord) -> None:
+        proc = self._procs.get(rec.task_id)
+        if proc is not None:
+            code = await proc.wait()
+        else:
+            while _alive(rec):
+                await asyncio.sleep(_POLL_S)
+            code = None
+        self._finish(rec, code)
+
+    def _finish(self, rec: TaskRecord, code: int | None) -> None:
+        recorded = _read_exit(rec.exit_file)
+        if recorded is not None:
+            code = recorded
+        remove = getattr(self._gpus, "remove", None)
+        if remove is not None:
+            remove(rec.task_id)
+        if rec.stopping:
+            state, reason = TaskState.CANCELLED, "stopped by the coordinator"
+        elif code == 0:
+            state, reason = TaskState.SUCCEEDED, ""
+        else:
+            state = TaskState.FAILED
+            reason = (f"exited with code {code}" if code is not None and code >= 0
+                      else f"killed by signal {-code}" if code is not None else "ended while the agent was down; "
+                      "exit code unknown")
+        self._log.info("task_exited", task_id=rec.task_id, exit_code=code, state=state.label)
+        self._report(rec, state, reason, exit_code=code if code is not None else -1)
+        self.table.tasks.pop(rec.task_id, None)
+        self._procs.pop(rec.task_id, None)
+        self._watchers.pop(rec.task_id, None)
+        self.table.save()
+
+    def adopt(self) -> None:
+        """After an agent restart: follow tasks still alive, report those that ended meanwhile."""
+        for rec in list(self.table.tasks.values()):
+            if _alive(rec):
+                self._log.info("task_adopted", task_id=rec.task_id, pid=rec.pid)
+                self._follow_gpus(rec)
+                self._watchers[rec.task_id] = asyncio.create_task(self._watch(rec))
+            else:
+                self._finish(rec, None)
+
+    async def shutdown(self) -> None:
+        """Stop watching (tasks keep running; a restarted agent adopts them)."""
+        for w in self._watchers.values():
+            w.cancel()
+
+
+def _read_exit(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,187 @@
+"""The agent's one bidirectional stream to the coordinator.
+
+On every connection the agent registers (inventory + full task table), waits for the
+coordinator's Welcome, re-sends every unacknowledged task-status event and the buffered
+telemetry oldest first, then keeps sending telemetry and heartbeats while it carries out
+decisions. A standby answers with a Redirect, which is followed at once; any other failure
+tries the next configured address after an exponential backoff with full jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+import grpc.aio
+
+from common.logging import get_logger
+from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
+
+from agent.outbox import Outbox
+
+__all__ = ["AgentStream", "Backoff"]
+
+DecisionHandler = Callable[[agent_pb2.Decision], Awaitable[agent_pb2.DecisionAck]]
+"""Carries out one decision and returns its acknowledgement."""
+
+TaskTable = Callable[[], list[agent_pb2.TaskStatus]]
+"""Returns the status of every task the agent runs (sent with Register)."""
+
+
+class Backoff:
+    """Exponential backoff with full jitter: delay n is uniform in [0, min(max, initial·2ⁿ)].
+
+    :param rng: injected for deterministic tests.
+    """
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        cap = min(self.max_s, self.initial_s * (2 ** min(self.attempt, 30)))
+        self.attempt += 1
+        return self._rng.uniform(cap / 2, cap)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class _Redirected(Exception):
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.address = address
+
+
+class AgentStream:
+    """Keeps the agent connected and its outbox flowing.
+
+    :param addresses: coordinator ``HOST:PORT`` list, tried in turn.
+    :param register: builds the Register message (inventory + task table) at each connect.
+    :param outbox: buffered telemetry and status events.
+    :param on_decision: handler for decisions pushed by the coordinator.
+    :param batch_samples: most samples per telemetry message.
+    """
+
+    def __init__(self, addresses: Sequence[str], register: Callable[[], agent_pb2.Register], outbox: Outbox,
+                 on_decision: DecisionHandler, backoff: Backoff, batch_samples: int = 1) -> None:
+        self.addresses = list(addresses)
+        self._register = register
+        self.outbox = outbox
+        self._on_decision = on_decision
+        self._backoff = backoff
+        self._batch = max(1, batch_samples)
+        self._wakeup = asyncio.Event()
+        self._acks: collections.deque[agent_pb2.DecisionAck] = collections.deque()
+        self._log = get_logger("agent").bind(component="agent_stream")
+        self.connected = asyncio.Event()
+        self.welcome: agent_pb2.Welcome | None = None
+        self.connects_total = 0
+        self._next = 0
+
+    def kick(self) -> None:
+        """Something was added to the outbox: send it now."""
+        self._wakeup.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, stream, reconnect until ``stop`` is set."""
+        redirect: str | None = None
+        while not stop.is_set():
+            address = redirect or self.addresses[self._next % len(self.addresses)]
+            redirect = None
+            try:
+                await self._session(address, stop)
+            except _Redirected as r:
+                self._log.info("redirected_to_leader", address=address, leader_address=r.address)
+                redirect = r.address if r.address else None
+                if redirect:
+                    continue
+            except (grpc.aio.AioRpcError, ConnectionError, asyncio.TimeoutError) as e:
+                code = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+                self._log.warning("stream_failed", address=address, reason=code, attempt=self._backoff.attempt)
+            finally:
+                self.connected.clear()
+            if stop.is_set():
+                break
+            self._next += 1
+            delay = self._backoff.next_delay()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _session(self, address: str, stop: asyncio.Event) -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            await call.write(agent_pb2.AgentMessage(register=self._register()))
+            first = await asyncio.wait_for(call.read(), timeout=10)
+            if first is grpc.aio.EOF:
+                raise ConnectionError("stream closed before welcome")
+            if first.HasField("redirect"):
+                raise _Redirected(first.redirect.leader_address)
+            if not first.HasField("welcome"):
+                raise ConnectionError("first coordinator message was not a welcome")
+            self.welcome = first.welcome
+            self.connects_total += 1
+            self._backoff.reset()
+            self.connected.set()
+            self._log.info("stream_connected", address=address, coordinator_id=first.welcome.coordinator_id,
+                           leader_epoch=first.welcome.leader_epoch)
+            reader = asyncio.create_task(self._read(call))
+            try:
+                await self._write(call, stop, reader)
+            finally:
+                reader.cancel()
+                call.cancel()
+            if reader.done() and not reader.cancelled() and reader.exception():
+                raise reader.exception()  # type: ignore[misc]
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reader: asyncio.Task) -> None:
+        sent_seq = 0
+        heartbeat_s = (self.welcome.heartbeat_interval_s if self.welcome else 0) or 1.0
+        last_beat = 0.0
+        while not stop.is_set() and not reader.done():
+            while self._acks:
+                await call.write(agent_pb2.AgentMessage(decision_ack=self._acks.popleft()))
+            for event in self.outbox.events_after(sent_seq):
+                await call.write(agent_pb2.AgentMessage(task_status=event))
+                sent_seq = event.event_seq
+            while self.outbox.pending_samples:
+                batch = self.outbox.take_samples(self._batch)
+                try:
+                    await call.write(agent_pb2.AgentMessage(telemetry=agent_pb2.TelemetryBatch(
+                        samples=batch, dropped_samples_total=self.outbox.dropped_total)))
+                except BaseException:
+                    self.outbox.requeue_samples(batch)
+                    raise
+            now = time.monotonic()
+            if now - last_beat >= heartbeat_s:
+                await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(time_unix_s=time.time())))
+                last_beat = now
+            self._wakeup.clear()
+            wait = asyncio.create_task(self._wakeup.wait())
+            await asyncio.wait({wait, reader}, timeout=max(0.0, heartbeat_s - (time.monotonic() - last_beat)),
+                               return_when=asyncio.FIRST_COMPLETED)
+            wait.cancel()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                raise ConnectionError("coordinator closed the stream")
+            which = msg.WhichOneof("body")
+            if which == "event_ack":
+                self.outbox.ack(msg.event_ack.up_to_seq)
+            elif which == "decision":
+                # Acks go through the writer: a gRPC call takes one write at a time.
+                self._acks.append(await self._on_decision(msg.decision))
+                self.kick()
+            elif which == "redirect":
+                raise _Redirected(msg.redirect.leader_address)
+

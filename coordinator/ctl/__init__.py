@@ -1,0 +1,1 @@
+"""gptrmctl: the coordinator's admin API on the command line (talks gRPC only)."""

@@ -1,0 +1,102 @@
+"""Task specs for ``gptrmctl submit``: from a YAML/JSON file or from flags.
+
+Both paths build the same mapping and hand it to the profiler's parser, which rejects
+unknown fields by name; the coordinator validates the values again before storing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.errors import ValidationError
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.ctl.transport import EXIT_USAGE, CtlError
+
+__all__ = ["add_submit_arguments", "spec_from_args", "spec_from_file"]
+
+
+def add_submit_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``gptrmctl submit``."""
+    p.add_argument("-f", "--file", help="task spec file (YAML or JSON); '-' reads standard input")
+    p.add_argument("--name", help="task name")
+    p.add_argument("--kind", default="inference", help="training | fine-tuning | inference")
+    p.add_argument("--model", dest="model_name", help="model name (the profiler learns per name)")
+    p.add_argument("--params-b", type=float, help="model parameters, billions")
+    p.add_argument("--precision", help="fp32 | bf16 | fp16 | fp8 | int8 | int4")
+    p.add_argument("--gpus", type=float, help="explicit GPUs per node (overrides the profile)")
+    p.add_argument("--gpu-mem-gib", type=float, help="explicit GPU memory per GPU, GiB")
+    p.add_argument("--cpu", type=float, help="explicit CPU cores")
+    p.add_argument("--mem-gib", type=float, help="explicit host memory, GiB")
+    p.add_argument("--nodes", type=int, help="gang size (nodes)")
+    p.add_argument("--priority", type=int, help="higher runs first")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--restart-policy", help="never | on-failure | always")
+    p.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL on stop")
+    p.add_argument("--request-id", help="idempotency key (a retried submit returns the same task)")
+    p.add_argument("argv", nargs="*", help="command to run, after --")
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise CtlError(f"{flag}: expected KEY=VALUE, got {item!r}", EXIT_USAGE)
+        out[k] = v
+    return out
+
+
+def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
+    """Build a spec from ``submit`` flags."""
+    if not args.argv:
+        raise CtlError("submit: give -f FILE or a command after --", EXIT_USAGE)
+    d: dict[str, Any] = {"name": args.name or Path(args.argv[0]).name, "kind": args.kind, "argv": list(args.argv)}
+    model = {k: v for k, v in (("name", args.model_name), ("params_billions", args.params_b),
+                               ("precision", args.precision)) if v is not None}
+    if model:
+        d["model"] = model
+    demand = {k: v for k, v in (("gpus", args.gpus), ("gpu_mem_gib", args.gpu_mem_gib), ("cpu_cores", args.cpu),
+                                ("mem_gib", args.mem_gib)) if v is not None}
+    if demand:
+        d["demand"] = demand
+    for key, value in (("nodes", args.nodes), ("priority", args.priority), ("restart_policy", args.restart_policy),
+                       ("stop_grace_s", args.stop_grace_s)):
+        if value is not None:
+            d[key] = value
+    if args.env:
+        d["env"] = _pairs(args.env, "--env")
+    if args.label:
+        d["labels"] = _pairs(args.label, "--label")
+    return _parse(d, "flags")
+
+
+def spec_from_file(path: str) -> types_pb2.TaskSpec:
+    """Read a YAML or JSON spec file ('-' for stdin)."""
+    import sys
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise CtlError(f"cannot read spec file {path!r}: {e.strerror}", EXIT_USAGE) from None
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise CtlError(f"spec file {path!r} is not valid YAML/JSON: {e}", EXIT_USAGE) from None
+    if not isinstance(doc, dict):
+        raise CtlError(f"spec file {path!r}: expected a mapping at the top level", EXIT_USAGE)
+    return _parse(doc, f"spec file {path!r}")
+
+
+def _parse(doc: dict[str, Any], source: str) -> types_pb2.TaskSpec:
+    from coordinator.profiler import spec_from_mapping
+
+    try:
+        return spec_from_mapping(doc)
+    except ValidationError as e:
+        raise CtlError(f"{source}: {e}", EXIT_USAGE) from None

@@ -1,0 +1,113 @@
+"""gptrmctl's connection to the coordinator: try each address, follow the leader.
+
+Exit codes (DESIGN.md): 1 refused request, 2 usage error, 3 no coordinator answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from common.pb.gptrm.v1 import admin_pb2_grpc
+
+__all__ = ["EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "CtlError", "Transport"]
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_NO_COORDINATOR = 3
+LEADER_METADATA_KEY = "gptrm-leader-address"
+
+T = TypeVar("T")
+
+
+class CtlError(Exception):
+    """A failure gptrmctl reports in one line and exits with ``code``."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _leader_hint(err: grpc.RpcError) -> str:
+    for key, value in (err.trailing_metadata() or ()):  # type: ignore[attr-defined]
+        if key == LEADER_METADATA_KEY:
+            return value
+    return ""
+
+
+class Transport:
+    """Calls Admin RPCs on the first coordinator that answers; writes follow the leader.
+
+    :param addresses: ``HOST:PORT`` candidates, tried in order.
+    :param timeout_s: per-call deadline.
+    """
+
+    def __init__(self, addresses: Sequence[str], timeout_s: float = 10.0) -> None:
+        self.addresses = [a for a in addresses if a]
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def stub(self, address: str) -> admin_pb2_grpc.AdminStub:
+        if address not in self._channels:
+            self._channels[address] = grpc.insecure_channel(address)
+        return admin_pb2_grpc.AdminStub(self._channels[address])
+
+    def call(self, method: str, request: Any, *, write: bool = False) -> Any:
+        """Unary call; a standby's redirect (FAILED_PRECONDITION + leader address) is followed once."""
+        return self._try_all(lambda stub: getattr(stub, method)(request, timeout=self.timeout_s), write=write)
+
+    def stream(self, method: str, request: Any) -> Any:
+        """Server-streaming call without a deadline (``events --follow``)."""
+        return self._try_all(lambda stub: getattr(stub, method)(request), write=False, streaming=True)
+
+    def _try_all(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, streaming: bool = False) -> T:
+        tried: list[str] = []
+        queue = list(self.addresses)
+        while queue:
+            address = queue.pop(0)
+            if address in tried:
+                continue
+            tried.append(address)
+            try:
+                result = fn(self.stub(address))
+                if streaming:
+                    result = _PeekedStream(result)
+                return result
+            except grpc.RpcError as err:
+                code = err.code()  # type: ignore[attr-defined]
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    hint = _leader_hint(err)
+                    if hint and hint not in tried:
+                        queue.insert(0, hint)
+                    continue
+                hint = _leader_hint(err)
+                if write and code == grpc.StatusCode.FAILED_PRECONDITION and hint and hint not in tried:
+                    queue.insert(0, hint)
+                    continue
+                raise CtlError(err.details() or code.name, EXIT_REFUSED) from None  # type: ignore[attr-defined]
+        raise CtlError(f"no coordinator answered at {', '.join(tried) or '(none given)'}", EXIT_NO_COORDINATOR)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+
+
+class _PeekedStream:
+    """A server stream whose first message was read, so connection errors surface in ``_try_all``."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._first: list[Any] = []
+        try:
+            self._first.append(next(call))
+        except StopIteration:
+            pass
+
+    def __iter__(self) -> Any:
+        yield from self._first
+        yield from self._call
+
+    def cancel(self) -> None:
+        self._call.cancel()

@@ -1,0 +1,134 @@
+"""``gptrm-coordinator``: wire the object graph once from the config and serve.
+
+Start-up order matters: etcd first (embedded or remote, checked reachable so a bad
+``--etcd`` is a one-line error), then the gRPC port (so a busy port fails before we
+campaign), then the election; shutdown runs in reverse and resigns the leader key so a
+standby takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from common.errors import GptrmError
+from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
+from common.logging import configure_logging, get_logger
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
+from coordinator import config as config_mod
+from coordinator.admin import AdminService
+from coordinator.config import CoordinatorConfig
+from coordinator.core import Coordinator
+from coordinator.gateway import AgentGatewayService
+from coordinator.metrics import serve_metrics
+from coordinator.sync import Election, Keys, Store, connect
+
+__all__ = ["main", "serve"]
+
+
+async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
+    """Run one coordinator replica until ``stop`` is set."""
+    log = get_logger("coordinator").bind(leader_id=cfg.replica_id)
+    etcd: EtcdCluster | None = None
+    endpoints = cfg.etcd_endpoints
+    if not endpoints:
+        etcd = EmbeddedEtcd(Path(cfg.state_dir).expanduser() / "etcd")
+        await asyncio.to_thread(etcd.start)
+        endpoints = etcd.endpoints
+        log.info("embedded_etcd_started", endpoints=endpoints, data_dir=str(etcd.data_dir))
+    try:
+        client = await asyncio.to_thread(connect, endpoints, cfg.etcd_timeout_s)
+        await _serve_with(cfg, client, stop, log)
+    finally:
+        if etcd is not None:
+            await asyncio.to_thread(etcd.stop)
+            log.info("embedded_etcd_stopped")
+
+
+async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Event, log: object) -> None:
+    from coordinator.scheduling import SchedulerLoop
+
+    keys = Keys(cfg.etcd_prefix)
+    holder: dict[str, Coordinator] = {}
+    election = Election(client, keys, cfg.replica_id, cfg.advertise_address, ttl_s=cfg.lease_ttl_s,
+                        on_lost=lambda reason: holder["core"].on_lost(reason),
+                        on_elected=lambda record: holder["core"].on_elected(record))
+    store = Store(client, keys, election)
+    core = Coordinator(cfg, store, election)
+    holder["core"] = core
+    core.scheduler = SchedulerLoop(cfg)
+    core.attach(asyncio.get_running_loop())
+
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(core), server)
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(core), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    services = (admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+                agent_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(services, server)
+    try:
+        server.add_insecure_port(cfg.listen)
+    except RuntimeError as e:
+        raise GptrmError(f"--listen {cfg.listen}: cannot bind ({e})") from None
+    await server.start()
+    for name in ("", *services[:2]):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    metrics_server = serve_metrics(core.metrics, cfg.metrics_listen) if cfg.metrics_listen else None
+    watcher = asyncio.create_task(core.watch_nodes())
+    election.start()
+    log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd)
+    try:
+        await stop.wait()
+    finally:
+        log.info("coordinator_stopping")
+        watcher.cancel()
+        await asyncio.to_thread(election.resign)
+        core.on_lost("shutdown")
+        await asyncio.sleep(0)
+        await health.enter_graceful_shutdown()
+        await server.stop(grace=1.0)
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        with contextlib.suppress(Exception):
+            client.close()  # type: ignore[attr-defined]
+        log.info("coordinator_stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``gptrm-coordinator``; bad config or etcd trouble is one line on stderr."""
+    try:
+        cfg = config_mod.load(argv)
+    except GptrmError as e:
+        print(f"gptrm-coordinator: error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.log_level)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, stop)
+
+    try:
+        asyncio.run(run())
+    except GptrmError as e:
+        print(f"gptrm-coordinator: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Integration fixtures: a :class:`Cluster` of real processes on the shared real etcd."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.etcd_embedded import EtcdCluster
+from tests.integration.harness import Cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd_server: EtcdCluster, etcd_prefix: str,
+            request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """Processes started by the test; stopped (and their logs printed on failure) afterwards."""
+    c = Cluster(tmp_path, etcd_server.endpoints, etcd_prefix)
+    yield c
+    c.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(c.logs())
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

@@ -1,0 +1,152 @@
+"""Real processes for integration tests: coordinators and agents on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from common.etcd_embedded import free_port
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
+
+T = TypeVar("T")
+BIN = Path(sys.executable).parent
+
+
+def wait_until(fn: Callable[[], T], timeout_s: float = 15.0, interval_s: float = 0.1, what: str = "condition") -> T:
+    """Poll ``fn`` until it returns something truthy; its value is returned."""
+    end = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = fn()
+            if last:
+                return last
+        except grpc.RpcError as e:
+            last = e
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}")
+
+
+@dataclass
+class Proc:
+    """A child process with its log file."""
+
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            self.proc.send_signal(sig)  # type: ignore[union-attr]
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.kill()  # type: ignore[union-attr]
+            self.proc.wait()  # type: ignore[union-attr]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Cluster:
+    """Coordinators and agents sharing one etcd (by endpoints and key prefix).
+
+    :param tmp: directory for state and logs.
+    :param etcd_endpoints: ``host:port`` list of a running etcd.
+    :param prefix: etcd key prefix, unique per test.
+    """
+
+    def __init__(self, tmp: Path, etcd_endpoints: list[str], prefix: str) -> None:
+        self.tmp = tmp
+        self.etcd = ",".join(f"http://{e}" for e in etcd_endpoints)
+        self.prefix = prefix
+        self.coordinators: dict[str, tuple[Proc, str, str]] = {}
+        self.agents: dict[str, Proc] = {}
+
+    def start_coordinator(self, name: str = "c1", *extra: str, port: int | None = None) -> str:
+        """Start (or restart on the same ports) coordinator ``name``; returns its address."""
+        if name in self.coordinators:
+            _, listen, metrics = self.coordinators[name]
+        else:
+            listen, metrics = f"127.0.0.1:{port or free_port()}", f"127.0.0.1:{free_port()}"
+        proc = Proc([str(BIN / "gptrm-coordinator"), "--listen", listen, "--metrics-listen", metrics,
+                     "--etcd", self.etcd, "--etcd-prefix", self.prefix, "--coordinator-id", name,
+                     "--state-dir", str(self.tmp / name), *extra], self.tmp / f"{name}.log").start()
+        self.coordinators[name] = (proc, listen, metrics)
+        return listen
+
+    def start_agent(self, node_id: str, *extra: str, coordinators: list[str] | None = None) -> Proc:
+        addrs = ",".join(coordinators or [a for _, a, _ in self.coordinators.values()])
+        proc = Proc([str(BIN / "gptrm-agent"), "--coordinator", addrs, "--node-id", node_id, "--gpu-backend",
+                     "simulated", "--simulate-gpus", "4xH100-80GB", "--state-dir", str(self.tmp / f"agent-{node_id}"),
+                     "--interval", "0.5", "--backoff-max", "1", *extra], self.tmp / f"agent-{node_id}.log").start()
+        self.agents[node_id] = proc
+        return proc
+
+    def address(self, name: str = "c1") -> str:
+        return self.coordinators[name][1]
+
+    def metrics_address(self, name: str = "c1") -> str:
+        return self.coordinators[name][2]
+
+    def proc(self, name: str) -> Proc:
+        return self.coordinators[name][0]
+
+    def admin(self, name: str = "c1") -> admin_pb2_grpc.AdminStub:
+        return admin_pb2_grpc.AdminStub(grpc.insecure_channel(self.address(name)))
+
+    def status(self, name: str = "c1") -> admin_pb2.ClusterStatus:
+        return self.admin(name).GetStatus(admin_pb2.GetStatusRequest(), timeout=2)
+
+    def wait_leader(self, name: str = "c1", timeout_s: float = 20.0) -> admin_pb2.ClusterStatus:
+        return wait_until(lambda: (s := self.status(name)).is_leader and s, timeout_s, what=f"{name} to lead")
+
+    def ctl(self, *args: str, timeout_s: float = 30.0, coordinator: str | None = None) -> subprocess.CompletedProcess:
+        addr = coordinator or ",".join(a for _, a, _ in self.coordinators.values())
+        return subprocess.run([str(BIN / "gptrmctl"), "--coordinator", addr, *args], capture_output=True,
+                              text=True, timeout=timeout_s)
+
+    def stop(self) -> None:
+        for p in self.agents.values():
+            p.stop()
+        for p, _, _ in self.coordinators.values():
+            p.stop()
+
+    def logs(self) -> str:
+        parts = [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p in self.agents.values()]
+        parts += [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p, _, _ in self.coordinators.values()]
+        return "\n".join(parts)
