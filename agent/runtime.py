@@ -30,7 +30,14 @@ from agent.tasktable import TaskRecord, TaskTable
 
 __all__ = ["TaskRuntime"]
 
-_WRAPPER = '"$@"; code=$?; echo $code > "$0.tmp" && mv "$0.tmp" "$0"; exit $code'
+# The wrapper outlives the task: its TERM trap is a handler, not "ignore", so the task
+# (which gets the group's SIGTERM itself) keeps the default disposition, and the wrapper
+# waits for the real exit status and records it even if the agent is gone by then.
+_WRAPPER = (
+    "trap : TERM INT; \"$@\" & c=$!; "
+    "while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; "
+    'echo $code > "$0.tmp" && mv "$0.tmp" "$0"; exit $code'
+)
 _LOG_TAIL_BYTES = 4096
 _POLL_S = 0.2
 Emit = Callable[[agent_pb2.TaskStatus], None]
