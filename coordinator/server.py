@@ -82,10 +82,13 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
         server.add_insecure_port(cfg.listen)
     except RuntimeError as e:
         raise GptrmError(f"--listen {cfg.listen}: cannot bind ({e})") from None
+    try:
+        metrics_server = serve_metrics(core.metrics, cfg.metrics_listen) if cfg.metrics_listen else None
+    except OSError as e:
+        raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
     await server.start()
     for name in ("", *services[:2]):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    metrics_server = serve_metrics(core.metrics, cfg.metrics_listen) if cfg.metrics_listen else None
     watcher = asyncio.create_task(core.watch_nodes())
     election.start()
     log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd)

@@ -1,0 +1,148 @@
+"""Several coordinator processes on one real etcd: election, failover, fencing, chaos."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+
+import grpc
+import pytest
+
+from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from tests.integration.harness import Cluster, wait_until
+
+_TERMINAL = {types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED, types_pb2.TASK_STATE_CANCELLED}
+
+
+def _leaders(c: Cluster, names: list[str]) -> list[str]:
+    out = []
+    for n in names:
+        if not c.proc(n).alive:
+            continue
+        try:
+            if c.status(n).is_leader:
+                out.append(n)
+        except grpc.RpcError:
+            pass
+    return out
+
+
+def _one_leader(c: Cluster, names: list[str], timeout_s: float = 20.0) -> str:
+    return wait_until(lambda: (ls := _leaders(c, names)) and len(ls) == 1 and ls[0], timeout_s, 0.05, "one leader")
+
+
+class TestElection:
+    def test_kill9_failover_within_ttl_plus_one(self, cluster: Cluster) -> None:
+        """With two replicas exactly one leads; after kill -9 of the leader the standby leads within TTL + 1 s."""
+        names = ["c1", "c2"]
+        for n in names:
+            cluster.start_coordinator(n)
+        leader = _one_leader(cluster, names)
+        for _ in range(20):   # polled repeatedly: never two leaders
+            assert len(_leaders(cluster, names)) == 1
+        survivor = next(n for n in names if n != leader)
+        cluster.proc(leader).kill()
+        killed = time.monotonic()
+        wait_until(lambda: _leaders(cluster, [survivor]) == [survivor], 10, 0.05, "standby to lead")
+        took = time.monotonic() - killed
+        assert took <= 3.0, f"failover took {took:.2f}s"
+        res = cluster.ctl("status", coordinator=cluster.address(survivor))
+        assert res.returncode == 0 and f"leader        {survivor}" in res.stdout
+
+    def test_clean_stop_takeover_within_one_second(self, cluster: Cluster) -> None:
+        """A leader that stops cleanly resigns, and one of two standbys leads within 1 s."""
+        names = ["c1", "c2", "c3"]
+        for n in names:
+            cluster.start_coordinator(n)
+        leader = _one_leader(cluster, names)
+        cluster.proc(leader).stop()
+        stopped = time.monotonic()
+        rest = [n for n in names if n != leader]
+        new = _one_leader(cluster, rest, timeout_s=10)
+        assert time.monotonic() - stopped <= 1.0 + 0.5   # 0.5 s allowance for process exit and polling
+        assert new in rest
+        status = cluster.status(next(n for n in rest if n != new))
+        assert status.leader_id == new and not status.is_leader
+
+    def test_standby_redirects_writes(self, cluster: Cluster) -> None:
+        """A standby refuses writes with the leader's address, and gptrmctl follows it."""
+        names = ["c1", "c2"]
+        for n in names:
+            cluster.start_coordinator(n)
+        leader = _one_leader(cluster, names)
+        standby = next(n for n in names if n != leader)
+        with pytest.raises(grpc.RpcError) as err:
+            cluster.admin(standby).SetPolicy(types_pb2.Policy(name="load-balancing", threshold=0.8), timeout=5)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert ("gptrm-leader-address", cluster.address(leader)) in tuple(err.value.trailing_metadata())
+        res = cluster.ctl("policy", "set", "load-balancing", "--threshold", "0.8",
+                          coordinator=cluster.address(standby))
+        assert res.returncode == 0, res.stderr
+        assert cluster.admin(leader).GetPolicy(admin_pb2.GetPolicyRequest(), timeout=5).name == "load-balancing"
+
+
+class TestFencing:
+    def test_paused_leader_cannot_write(self, cluster: Cluster) -> None:
+        """A leader stopped (SIGSTOP) past its lease is deposed; resumed, it commits nothing and steps down."""
+        names = ["c1", "c2"]
+        for n in names:
+            cluster.start_coordinator(n)
+        old = _one_leader(cluster, names)
+        new = next(n for n in names if n != old)
+        cluster.proc(old).signal(signal.SIGSTOP)
+        wait_until(lambda: _leaders(cluster, [new]) == [new], 10, 0.05, "standby to lead")
+        cluster.admin(new).SetPolicy(types_pb2.Policy(name="power-efficient", threshold=0.7), timeout=5)
+        cluster.proc(old).signal(signal.SIGCONT)
+        try:
+            cluster.admin(old).SetPolicy(types_pb2.Policy(name="round-robin", threshold=0.5), timeout=5)
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
+        wait_until(lambda: not cluster.status(old).is_leader, 5, 0.05, "old leader to step down")
+        policy = cluster.admin(new).GetPolicy(admin_pb2.GetPolicyRequest(), timeout=5)
+        assert (policy.name, round(policy.threshold, 2)) == ("power-efficient", 0.7)
+        assert _leaders(cluster, names) == [new]
+
+
+class TestChaos:
+    def test_twenty_leader_kills(self, cluster: Cluster) -> None:
+        """20 leader kills during continuous submits: every task exists once, no GPU is double-booked, states legal."""
+        names = ["c1", "c2", "c3"]
+        for n in names:
+            cluster.start_coordinator(n, "--task-grace", "60")
+        _one_leader(cluster, names)
+        cluster.start_agent("n1", coordinators=[cluster.address(n) for n in names])
+        cluster.start_agent("n2", coordinators=[cluster.address(n) for n in names])
+        submitted: dict[str, str] = {}   # request id → task id
+        kills = 0
+        while kills < 20:
+            for _ in range(3):
+                rid = uuid.uuid4().hex
+                res = None
+                for _attempt in range(100):
+                    res = cluster.ctl("-o", "json", "--timeout", "3", "submit", "--request-id", rid, "--gpus", "1",
+                                      "--gpu-mem-gib", "1", "--", "sleep", "0.3")
+                    if res.returncode == 0:
+                        break
+                    time.sleep(0.1)
+                assert res is not None and res.returncode == 0, res.stderr if res else ""
+                submitted[rid] = res.stdout
+            leader = _one_leader(cluster, names)
+            cluster.proc(leader).kill()
+            kills += 1
+            _one_leader(cluster, [n for n in names if n != leader])
+            cluster.start_coordinator(leader, "--task-grace", "60")
+        leader = _one_leader(cluster, names)
+        tasks = cluster.admin(leader).ListTasks(admin_pb2.ListTasksRequest(), timeout=10).tasks
+        assert len(tasks) == len(submitted) == 60
+        assert len({t.id for t in tasks}) == len(tasks)
+        legal = set(types_pb2.TaskState.values()) - {types_pb2.TASK_STATE_UNSPECIFIED}
+        assert all(t.state in legal for t in tasks)
+        held: dict[tuple[str, int], str] = {}
+        for t in tasks:
+            if t.state in _TERMINAL or t.state == types_pb2.TASK_STATE_PENDING:
+                continue
+            for na in t.allocation.nodes:
+                for i in na.gpu_indices:
+                    assert (na.node_id, i) not in held, f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
+                    held[(na.node_id, i)] = t.id
