@@ -32,7 +32,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.placement import PlacementEngine
 from coordinator.policies import POLICIES
 from coordinator.power_model import PowerModel
-from coordinator.profiler import Profiler, validate_spec
+from coordinator.profiler import Profiler, gpus_used, validate_spec
 from coordinator.registry import NodeEntry
 from coordinator.sync._records import add_reservation, remove_reservation
 
@@ -48,7 +48,7 @@ def _request(task: types_pb2.Task) -> Request:
     d, spec = task.demand, task.spec
     return Request(
         task_id=task.id,
-        demand=Resources(gpus=d.gpus, gpu_mem_bytes=int(d.gpu_mem_bytes * max(d.gpus, 0)), cpu_cores=d.cpu_cores,
+        demand=Resources(gpus=d.gpus, gpu_mem_bytes=d.gpu_mem_bytes * gpus_used(d.gpus), cpu_cores=d.cpu_cores,
                          mem_bytes=d.mem_bytes, disk_bytes=d.disk_bytes),
         nodes=max(1, spec.nodes), gpu_mem_per_gpu_bytes=d.gpu_mem_bytes, priority=spec.priority,
         submit_s=task.submit_unix_s, deadline_s=spec.qos.deadline_unix_s or None,
@@ -83,7 +83,7 @@ class SchedulerLoop:
         """Validate and profile a spec into a new PENDING task (nothing is stored yet)."""
         max_gpus = max((len(e.inventory.gpus) for e in core.registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
-        demand = self.profiler.profile(spec)
+        demand = self.profiler.profile(spec).to_proto()
         return types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=demand,
                               reason="waiting for the scheduler")
 
@@ -134,7 +134,7 @@ class SchedulerLoop:
                 used=Resources(gpus=r.gpus, gpu_mem_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                                mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
                 gpus=gpus, gpu_model=model, labels=dict(inv.labels), schedulable=core.registry.schedulable(e),
-                power=self.power.curve(e.node_id, model, len(inv.gpus))))
+                power=self.power.curve(e.node_id, model, len(inv.gpus), sum(g.mem_total_bytes for g in inv.gpus))))
         return ClusterSnapshot(nodes=tuple(n for n in nodes if n.schedulable), taken_at_s=time.time())
 
     async def cycle(self, core: Any) -> int:
@@ -174,7 +174,7 @@ class SchedulerLoop:
             alloc.nodes.append(types_pb2.NodeAllocation(
                 node_id=a.node_id, gpu_indices=list(a.gpu_indices), gpu_uuids=[uuids.get(i, "") for i in a.gpu_indices],
                 gpu_share=a.gpu_share,
-                demand=types_pb2.ResourceVector(gpus=d.gpus, gpu_mem_bytes=int(d.gpu_mem_bytes * max(n, 1)),
+                demand=types_pb2.ResourceVector(gpus=d.gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
                                                 cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
                                                 disk_bytes=d.disk_bytes)))
         return alloc

@@ -61,10 +61,14 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
                                ("precision", args.precision)) if v is not None}
     if model:
         d["model"] = model
-    demand = {k: v for k, v in (("gpus", args.gpus), ("gpu_mem_gib", args.gpu_mem_gib), ("cpu_cores", args.cpu),
-                                ("mem_gib", args.mem_gib)) if v is not None}
+    demand = {k: v for k, v in (("gpus", args.gpus),
+                                ("gpu_mem_bytes", None if args.gpu_mem_gib is None else f"{args.gpu_mem_gib}GiB"),
+                                ("cpu_cores", args.cpu),
+                                ("mem_bytes", None if args.mem_gib is None else f"{args.mem_gib}GiB")) if v is not None}
     if demand:
         d["demand"] = demand
+        if args.gpus is not None and 0 < args.gpus < 1:
+            d["allow_gpu_sharing"] = True
     for key, value in (("nodes", args.nodes), ("priority", args.priority), ("restart_policy", args.restart_policy),
                        ("stop_grace_s", args.stop_grace_s)):
         if value is not None:

@@ -105,7 +105,8 @@ class TestBadInput:
         assert res.returncode == 1 and "threshold" in res.stderr
         stub = cluster.admin()
         try:
-            stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=types_pb2.TaskSpec(name="x")), timeout=5)
+            stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=types_pb2.TaskSpec(
+                name="x", kind=types_pb2.TASK_KIND_INFERENCE)), timeout=5)
             raise AssertionError("empty argv accepted")
         except Exception as e:  # grpc.RpcError
             assert "argv" in e.details()  # type: ignore[attr-defined]

@@ -121,7 +121,7 @@ class TestChaos:
                 res = None
                 for _attempt in range(100):
                     res = cluster.ctl("-o", "json", "--timeout", "3", "submit", "--request-id", rid, "--gpus", "1",
-                                      "--gpu-mem-gib", "1", "--", "sleep", "0.3")
+                                      "--gpu-mem-gib", "1", "--cpu", "0.1", "--", "sleep", "0.3")
                     if res.returncode == 0:
                         break
                     time.sleep(0.1)

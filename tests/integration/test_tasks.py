@@ -44,7 +44,7 @@ class TestTaskLifecycle:
         cluster.start_agent("n1")
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         out = tmp_path / "cvd.txt"
-        ok = _submit(cluster, "--name", "ok", "--gpus", "2", "--gpu-mem-gib", "10", "--",
+        ok = _submit(cluster, "--name", "ok", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
                      "sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES" > {out}')
         t = wait_until(lambda: _state_is(cluster, ok, "succeeded", "failed"), what="ok to finish")
         assert t["state"] == "succeeded" and t["exit_code"] == 0
@@ -52,7 +52,7 @@ class TestTaskLifecycle:
         assert len(uuids) == 2 and all(u.startswith("GPU-sim-n1-") for u in uuids)
         assert [a["node_id"] for a in t["allocation"]] == ["n1"]
         assert [h["state"] for h in t["history"]] == ["pending", "scheduled", "starting", "running", "succeeded"]
-        bad = _submit(cluster, "--name", "bad", "--gpus", "1", "--gpu-mem-gib", "10", "--",
+        bad = _submit(cluster, "--name", "bad", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
                       "sh", "-c", "echo something went wrong >&2; exit 3")
         t = wait_until(lambda: _state_is(cluster, bad, "succeeded", "failed"), what="bad to finish")
         assert t["state"] == "failed" and t["exit_code"] == 3 and "something went wrong" in t["log_tail"]
@@ -64,7 +64,7 @@ class TestTaskLifecycle:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
-        tid = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "1", "--stop-grace-s", "1",
+        tid = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--stop-grace-s", "1",
                       "--", "sh", "-c", "trap '' TERM; while true; do sleep 0.1; done")
         t = wait_until(lambda: _state_is(cluster, tid, "running"), what="running")
         pids = t["pids"]
@@ -80,8 +80,8 @@ class TestTaskLifecycle:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         agent = cluster.start_agent("n1")
-        long = _submit(cluster, "--name", "long", "--gpus", "1", "--gpu-mem-gib", "1", "--", "sleep", "30")
-        short = _submit(cluster, "--name", "short", "--gpus", "1", "--gpu-mem-gib", "1", "--",
+        long = _submit(cluster, "--name", "long", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--", "sleep", "30")
+        short = _submit(cluster, "--name", "short", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
                         "sh", "-c", "sleep 2; exit 7")
         wait_until(lambda: _state_is(cluster, long, "running") and _state_is(cluster, short, "running"),
                    what="both running")
@@ -105,7 +105,7 @@ class TestCoordinatorRestart:
         addr = cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", "--buffer-samples", "5")
-        tids = [_submit(cluster, "--name", f"t{i}", "--gpus", "0.25", "--gpu-mem-gib", "1", "--",
+        tids = [_submit(cluster, "--name", f"t{i}", "--gpus", "0.25", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
                         "sh", "-c", f"sleep {2 + i * 0.3}; exit {i}") for i in range(4)]
         wait_until(lambda: all(_state_is(cluster, t, "running") for t in tids), what="all running")
         cluster.proc("c1").stop()

@@ -1,0 +1,41 @@
+"""etcd coordination for the coordinator: the only package that talks to etcd (STYLE.md §6).
+
+Example::
+
+    client = connect(["127.0.0.1:2379"], timeout_s=2.0)
+    keys = Keys()
+    election = Election(client, keys, "coord-a", "10.0.0.5:7070", ttl_s=2.0, on_lost=stop_acting)
+    election.start()
+    store = Store(client, keys, election)
+"""
+
+from coordinator.sync._records import add_reservation, remove_reservation
+from coordinator.sync.client import KV, EtcdClient, connect
+from coordinator.sync.election import Election
+from coordinator.sync.keys import DEFAULT_PREFIX, Keys
+from coordinator.sync.lease import Lease
+from coordinator.sync.lock import Lock
+from coordinator.sync.state_machine import LEGAL_TRANSITIONS, Conflict, allowed_from, check_transition, is_legal
+from coordinator.sync.store import ClusterState, CommitResult, PlacementCommit, Store
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "KV",
+    "LEGAL_TRANSITIONS",
+    "ClusterState",
+    "CommitResult",
+    "Conflict",
+    "Election",
+    "EtcdClient",
+    "Keys",
+    "Lease",
+    "Lock",
+    "PlacementCommit",
+    "Store",
+    "add_reservation",
+    "allowed_from",
+    "check_transition",
+    "connect",
+    "is_legal",
+    "remove_reservation",
+]

@@ -1,0 +1,123 @@
+"""Plain values and transaction builders for ``EtcdClient`` (what a key, a txn result and a watch event are)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from etcd3 import transactions
+
+__all__ = [
+    "KV",
+    "Compare",
+    "Op",
+    "TxnResult",
+    "WatchCallback",
+    "WatchEvent",
+    "cmp_create",
+    "cmp_exists",
+    "cmp_mod",
+    "cmp_value",
+    "kv_from_meta",
+    "kv_from_proto",
+    "op_delete",
+    "op_get",
+    "op_put",
+]
+
+Compare = transactions.BaseCompare
+"""One comparison of a transaction (build it with :func:`cmp_create`, :func:`cmp_mod`, :func:`cmp_value`)."""
+Op = transactions.Put | transactions.Get | transactions.Delete
+"""One operation of a transaction (build it with :func:`op_put`, :func:`op_get`, :func:`op_delete`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KV:
+    """One key as etcd stores it."""
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """Outcome of :meth:`EtcdClient.txn`.
+
+    :ivar succeeded: every comparison held, so the success branch ran.
+    :ivar revision: store revision after the transaction (0 when etcd did not say).
+    :ivar responses: one entry per operation of the branch that ran: the keys found for a get, None otherwise.
+    """
+
+    succeeded: bool
+    revision: int
+    responses: list[list[KV] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """A change of a watched key."""
+
+    kind: Literal["put", "delete"]
+    kv: KV
+
+
+WatchCallback = Callable[[list[WatchEvent] | None], None]
+"""Called on etcd's watch thread with the events of one response, or None when the watch broke."""
+
+
+def cmp_create(key: str, revision: int) -> Compare:
+    """Compare: the key's create revision equals ``revision`` (0: the key does not exist)."""
+    return transactions.Create(key) == revision
+
+
+def cmp_mod(key: str, revision: int) -> Compare:
+    """Compare: the key's last modification revision equals ``revision``."""
+    return transactions.Mod(key) == revision
+
+
+def cmp_exists(key: str) -> Compare:
+    """Compare: the key exists."""
+    return transactions.Version(key) > 0
+
+
+def cmp_value(key: str, value: bytes) -> Compare:
+    """Compare: the key holds exactly ``value``."""
+    return transactions.Value(key) == value
+
+
+def op_put(key: str, value: bytes, lease_id: int = 0) -> Op:
+    """Operation: write ``value`` at ``key``, bound to ``lease_id`` when non-zero."""
+    return transactions.Put(key, value, lease=lease_id or None)
+
+
+def op_get(key: str) -> Op:
+    """Operation: read ``key``; the result is a list of zero or one :class:`KV`."""
+    return transactions.Get(key)
+
+
+def op_delete(key: str) -> Op:
+    """Operation: delete ``key``."""
+    return transactions.Delete(key)
+
+
+def kv_from_meta(value: bytes, meta: object) -> KV:
+    """A :class:`KV` from etcd3's (value, KVMetadata) pair."""
+    key = meta.key  # type: ignore[attr-defined]
+    return KV(
+        key=key.decode() if isinstance(key, bytes) else str(key),
+        value=bytes(value),
+        create_revision=meta.create_revision,  # type: ignore[attr-defined]
+        mod_revision=meta.mod_revision,  # type: ignore[attr-defined]
+        version=meta.version,  # type: ignore[attr-defined]
+        lease_id=meta.lease_id,  # type: ignore[attr-defined]
+    )
+
+
+def kv_from_proto(kv: object) -> KV:
+    """A :class:`KV` from an etcd ``mvccpb.KeyValue`` (or etcd3's watch event, which proxies one)."""
+    return KV(kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision, kv.version, kv.lease)  # type: ignore[attr-defined]

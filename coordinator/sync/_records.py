@@ -1,0 +1,206 @@
+"""Pure helpers of ``Store``: value codecs, task updates, node reservations, placement batches."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from common.errors import CoordinationError, ValidationError
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.sync.client import KV
+from coordinator.sync.state_machine import Conflict, check_transition
+
+__all__ = [
+    "Prepared",
+    "add_reservation",
+    "append_history",
+    "apply_updates",
+    "batches",
+    "decode",
+    "decode_task",
+    "new_task_id",
+    "prepare_placement",
+    "remove_reservation",
+]
+
+M = TypeVar("M", bound=Message)
+_NOT_UPDATABLE = frozenset({"id", "state", "history", "revision"})
+_NODE_BYTES_ESTIMATE = 4096
+"""Room kept per node record in a batch's byte budget (records are read only when the batch commits)."""
+
+
+def new_task_id() -> str:
+    """A fresh task id: ``t-`` and 12 hex digits."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def decode(cls: type[M], kv: KV) -> M:
+    """Parse a stored value.
+
+    :raises CoordinationError: the value is not a serialized ``cls``.
+    """
+    try:
+        return cls.FromString(kv.value)
+    except DecodeError as e:
+        raise CoordinationError(f"etcd key {kv.key!r} does not hold a {cls.__name__}: {e}") from e
+
+
+def decode_task(kv: KV) -> types_pb2.Task:
+    """Parse a stored task and set ``revision`` to the key's mod revision."""
+    task = decode(types_pb2.Task, kv)
+    task.revision = kv.mod_revision
+    return task
+
+
+def append_history(task: types_pb2.Task, state: TaskState, reason: str, now_unix_s: float, limit: int) -> None:
+    """Set the state and reason and record the change; keeps the newest ``limit`` changes."""
+    task.state = int(state)
+    task.reason = reason
+    task.history.add(state=int(state), time_unix_s=now_unix_s, reason=reason)
+    if len(task.history) > limit:
+        del task.history[: len(task.history) - limit]
+
+
+def apply_updates(task: types_pb2.Task, updates: Mapping[str, object]) -> None:
+    """Set ``Task`` fields by name; ``exit_code`` also sets ``has_exit_code`` unless given.
+
+    :raises ValidationError: an unknown or protected field (id, state, history, revision), or a bad value.
+    """
+    fields = types_pb2.Task.DESCRIPTOR.fields_by_name
+    for name, value in updates.items():
+        field = fields.get(name)
+        if field is None or name in _NOT_UPDATABLE:
+            raise ValidationError(f"task.{name}", "is not a field an update may set")
+        try:
+            if field.is_repeated:
+                task.ClearField(name)
+                getattr(task, name).extend(value)  # type: ignore[call-overload]
+            elif field.message_type is not None:
+                getattr(task, name).CopyFrom(value)
+            else:
+                setattr(task, name, value)
+        except (TypeError, ValueError) as e:
+            raise ValidationError(f"task.{name}", f"bad value {value!r}: {e}") from e
+    if "exit_code" in updates and "has_exit_code" not in updates:
+        task.has_exit_code = True
+
+
+def _whole(na: types_pb2.NodeAllocation) -> bool:
+    return na.gpu_share <= 0 or na.gpu_share >= 1
+
+
+def add_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) -> None:
+    """Add one allocation's demand and GPU indices to a node's reservation.
+
+    ``reserved`` is the field-wise sum of ``NodeAllocation.demand``; ``reserved_gpu_indices``
+    is a sorted multiset (a GPU shared by k tasks appears k times).
+
+    :raises Conflict: a whole-GPU allocation asks for a GPU that is already reserved.
+    """
+    taken = sorted(set(record.reserved_gpu_indices) & set(na.gpu_indices)) if _whole(na) else []
+    if taken:
+        raise Conflict(f"node {na.node_id}: GPU {', '.join(map(str, taken))} already reserved")
+    r, d = record.reserved, na.demand
+    r.gpus = round(r.gpus + d.gpus, 9)
+    r.cpu_cores = round(r.cpu_cores + d.cpu_cores, 9)
+    r.gpu_mem_bytes += d.gpu_mem_bytes
+    r.mem_bytes += d.mem_bytes
+    r.disk_bytes += d.disk_bytes
+    merged = sorted([*record.reserved_gpu_indices, *na.gpu_indices])
+    record.ClearField("reserved_gpu_indices")
+    record.reserved_gpu_indices.extend(merged)
+
+
+def remove_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) -> None:
+    """Undo :func:`add_reservation`; never goes below zero."""
+    r, d = record.reserved, na.demand
+    r.gpus = max(round(r.gpus - d.gpus, 9), 0.0)
+    r.cpu_cores = max(round(r.cpu_cores - d.cpu_cores, 9), 0.0)
+    r.gpu_mem_bytes = max(r.gpu_mem_bytes - d.gpu_mem_bytes, 0)
+    r.mem_bytes = max(r.mem_bytes - d.mem_bytes, 0)
+    r.disk_bytes = max(r.disk_bytes - d.disk_bytes, 0)
+    left = list(record.reserved_gpu_indices)
+    for index in na.gpu_indices:
+        if index in left:
+            left.remove(index)
+    record.ClearField("reserved_gpu_indices")
+    record.reserved_gpu_indices.extend(left)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One placement ready to commit: the new task and allocation values, serialized."""
+
+    task_id: str
+    expected_revision: int
+    task: types_pb2.Task
+    allocation: types_pb2.Allocation
+    task_bytes: bytes
+    allocation_bytes: bytes
+    node_ids: tuple[str, ...]
+
+
+def prepare_placement(
+    task: types_pb2.Task,
+    expected_revision: int,
+    allocation: types_pb2.Allocation,
+    *,
+    epoch: int,
+    now_unix_s: float,
+    history_limit: int,
+) -> Prepared:
+    """Build the SCHEDULED task and its allocation record.
+
+    :raises IllegalTransition: the task is not PENDING.
+    :raises ValidationError: the allocation names no node.
+    """
+    check_transition(task.id, TaskState(task.state), TaskState.SCHEDULED)
+    if not allocation.nodes or any(not na.node_id for na in allocation.nodes):
+        raise ValidationError("allocation.nodes", f"task {task.id}: every allocation needs at least one node id")
+    alloc = types_pb2.Allocation()
+    alloc.CopyFrom(allocation)
+    alloc.task_id = task.id
+    alloc.leader_epoch = alloc.leader_epoch or epoch
+    alloc.created_unix_s = alloc.created_unix_s or now_unix_s
+    new = types_pb2.Task()
+    new.CopyFrom(task)
+    new.revision = 0
+    new.allocation.CopyFrom(alloc)
+    nodes = ", ".join(na.node_id for na in alloc.nodes)
+    append_history(new, TaskState.SCHEDULED, f"placed on {nodes}", now_unix_s, history_limit)
+    node_ids = tuple(dict.fromkeys(na.node_id for na in alloc.nodes))
+    return Prepared(
+        task.id, expected_revision, new, alloc, new.SerializeToString(), alloc.SerializeToString(), node_ids
+    )
+
+
+def batches(prepared: Sequence[Prepared], max_ops: int, max_bytes: int) -> Iterator[list[Prepared]]:
+    """Split placements into transactions that respect etcd's limits.
+
+    Per transaction: compares = 1 (fencing) + 2 per placement (task revision, allocation
+    absent) + 1 per distinct node; success ops = 2 per placement + 1 per distinct node; both
+    must stay within ``max_ops`` (etcd's ``--max-txn-ops``), and the values within ``max_bytes``
+    (under etcd's ``--max-request-bytes``). A placement too big on its own gets its own batch.
+    """
+    batch: list[Prepared] = []
+    nodes: set[str] = set()
+    size = 0
+    for p in prepared:
+        new_nodes = set(p.node_ids) - nodes
+        grown_ops = 1 + 2 * (len(batch) + 1) + len(nodes) + len(new_nodes)
+        grown_size = size + len(p.task_bytes) + len(p.allocation_bytes) + _NODE_BYTES_ESTIMATE * len(new_nodes)
+        if batch and (grown_ops > max_ops or grown_size > max_bytes):
+            yield batch
+            batch, nodes, size = [], set(), 0
+            new_nodes = set(p.node_ids)
+            grown_size = len(p.task_bytes) + len(p.allocation_bytes) + _NODE_BYTES_ESTIMATE * len(new_nodes)
+        batch.append(p)
+        nodes |= new_nodes
+        size = grown_size
+    if batch:
+        yield batch

@@ -1,0 +1,109 @@
+"""etcd key names: the only place that spells them (DESIGN.md, "etcd key space").
+
+Example::
+
+    keys = Keys()                      # prefix "/gptrm/v1/"
+    keys.leader                        # '/gptrm/v1/leader'
+    keys.task("t-1f3a")                # '/gptrm/v1/tasks/t-1f3a'
+    keys.name_of(keys.task("t-1f3a"), keys.tasks_prefix)   # 't-1f3a'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import ValidationError
+
+__all__ = ["DEFAULT_PREFIX", "Keys"]
+
+DEFAULT_PREFIX = "/gptrm/v1/"
+"""Prefix of every gptrm key unless the coordinator is configured otherwise."""
+
+
+def _check_name(kind: str, name: str) -> str:
+    # A "/" would let one id reach into another collection's range (tasks/a/b vs tasks/a).
+    if not name or "/" in name or any(ord(c) < 0x20 for c in name):
+        raise ValidationError(kind, f"{name!r} is not a valid name (non-empty, no '/', no control characters)")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Builds every etcd key gptrm uses, under one prefix.
+
+    :param prefix: common prefix; must start with ``/``; a missing trailing ``/`` is added.
+    :raises ValidationError: the prefix does not start with ``/``.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not self.prefix.startswith("/"):
+            raise ValidationError("etcd_prefix", f"{self.prefix!r} must start with '/'")
+        if not self.prefix.endswith("/"):
+            object.__setattr__(self, "prefix", self.prefix + "/")
+
+    @property
+    def leader(self) -> str:
+        """The lease-bound key the leading coordinator holds (value: ``LeaderRecord``)."""
+        return self.prefix + "leader"
+
+    @property
+    def policy(self) -> str:
+        """The placement policy in force (value: ``Policy``)."""
+        return self.prefix + "policy"
+
+    @property
+    def nodes_prefix(self) -> str:
+        """Prefix of every ``nodes/<id>`` key."""
+        return self.prefix + "nodes/"
+
+    @property
+    def tasks_prefix(self) -> str:
+        """Prefix of every ``tasks/<id>`` key."""
+        return self.prefix + "tasks/"
+
+    @property
+    def allocations_prefix(self) -> str:
+        """Prefix of every ``allocations/<task>`` key."""
+        return self.prefix + "allocations/"
+
+    @property
+    def locks_prefix(self) -> str:
+        """Prefix of every ``locks/<name>`` key."""
+        return self.prefix + "locks/"
+
+    @property
+    def requests_prefix(self) -> str:
+        """Prefix of every ``requests/<request_id>`` key (submit idempotency; value: task id)."""
+        return self.prefix + "requests/"
+
+    def node(self, node_id: str) -> str:
+        """``nodes/<node_id>`` (value: ``NodeRecord``)."""
+        return self.nodes_prefix + _check_name("node_id", node_id)
+
+    def task(self, task_id: str) -> str:
+        """``tasks/<task_id>`` (value: ``Task``)."""
+        return self.tasks_prefix + _check_name("task_id", task_id)
+
+    def allocation(self, task_id: str) -> str:
+        """``allocations/<task_id>`` (value: ``Allocation``)."""
+        return self.allocations_prefix + _check_name("task_id", task_id)
+
+    def lock(self, name: str) -> str:
+        """``locks/<name>`` (value: the holder's token)."""
+        return self.locks_prefix + _check_name("lock", name)
+
+    def request(self, request_id: str) -> str:
+        """``requests/<request_id>`` (value: the id of the task that request created)."""
+        return self.requests_prefix + _check_name("request_id", request_id)
+
+    @staticmethod
+    def name_of(key: str, collection_prefix: str) -> str:
+        """The id at the end of ``key`` in the collection ``collection_prefix``.
+
+        :raises ValueError: ``key`` is not directly inside that collection.
+        """
+        if not key.startswith(collection_prefix) or "/" in key[len(collection_prefix) :]:
+            raise ValueError(f"key {key!r} is not in {collection_prefix!r}")
+        return key[len(collection_prefix) :]

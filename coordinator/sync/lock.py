@@ -1,0 +1,179 @@
+"""A distributed lock for admin operations (drain, policy change, manual moves)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+
+from common.errors import CoordinationError
+from common.logging import get_logger
+from coordinator.sync.client import EtcdClient, WatchEvent, WatchHandle
+from coordinator.sync.keys import Keys
+from coordinator.sync.lease import Lease, claim_key, release_key
+
+__all__ = ["Lock"]
+
+
+class Lock:
+    """A mutex across processes: one holder of ``locks/<name>`` at a time.
+
+    Example::
+
+        with Lock(client, keys, "drain", ttl_s=10.0, holder="coord-a", timeout_s=5.0):
+            drain(node)                         # no other admin operation holds "drain"
+
+        lock = Lock(client, keys, "policy")
+        lock.acquire(timeout=5.0)    # CoordinationError: lock '/gptrm/v1/locks/policy' not acquired after 5.0s
+        try:
+            change_policy()
+        finally:
+            lock.release()
+
+    Acquire is the same recipe as ``Election``: a transaction that requires the key's create
+    revision to be 0 puts our token bound to a :class:`Lease`; waiters watch the key and try
+    again as soon as it is deleted. The lease is kept alive while we hold the lock, so an
+    operation may outlast ``ttl_s``; if the holder dies, the lock frees itself ``ttl_s`` later.
+    If the lease is lost while held (etcd unreachable for ~``ttl_s``), ``on_lost(reason)`` is
+    called and :attr:`held` turns False: the holder must assume someone else may now hold it.
+    Release deletes the key only while it still holds our token (a uuid).
+
+    Error handling: :meth:`acquire` raises ``CoordinationError`` on timeout (and
+    ``EtcdUnavailable`` when etcd does not answer); :meth:`release` never raises, since an
+    unreleased lock expires with its lease.
+
+    :param client: the etcd client.
+    :param keys: key names (the lock key is ``keys.lock(name)``).
+    :param name: lock name (``drain``, ``policy``, ...).
+    :param ttl_s: lease TTL: how long a dead holder blocks others.
+    :param holder: readable prefix of the token (e.g. the coordinator id), for operators.
+    :param timeout_s: how long ``with lock:`` waits to acquire (None: forever).
+    :param on_lost: called when the lock's lease is lost while held.
+    :param now: monotonic clock for timeouts and the lease deadline.
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: Keys,
+        name: str,
+        ttl_s: float = 10.0,
+        *,
+        holder: str = "",
+        timeout_s: float | None = 10.0,
+        on_lost: Callable[[str], None] | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client, self._key, self._ttl_s, self._now, self._on_lost = client, keys.lock(name), ttl_s, now, on_lost
+        self._token = f"{holder}:{uuid.uuid4().hex}".encode() if holder else uuid.uuid4().hex.encode()
+        self._lease: Lease | None = None
+        self._cancelled = threading.Event()
+        self._timeout_s = timeout_s
+        self._log = get_logger("sync").bind(key=self._key)
+
+    @property
+    def key(self) -> str:
+        """The etcd key of this lock."""
+        return self._key
+
+    @property
+    def held(self) -> bool:
+        """We acquired the lock and its lease is still alive (local view, no I/O)."""
+        lease = self._lease
+        return lease is not None and lease.alive
+
+    def is_acquired(self) -> bool:
+        """Ask etcd whether the lock key holds our token."""
+        kv = self._client.get(self._key)
+        return kv is not None and kv.value == self._token
+
+    def acquire(self, timeout: float | None = 10.0) -> None:
+        """Block until we hold the lock.
+
+        :param timeout: seconds to wait; None waits until acquired or :meth:`cancel` is called.
+        :raises CoordinationError: ``lock KEY not acquired after Ns``, or cancelled, or already held by us.
+        :raises EtcdUnavailable: etcd did not answer.
+        """
+        if self._lease is not None:
+            raise CoordinationError(f"lock {self._key!r} is already held by this Lock object")
+        self._cancelled.clear()
+        deadline = None if timeout is None else self._now() + timeout
+        freed = threading.Event()
+
+        def on_change(events: list[WatchEvent] | None) -> None:
+            if events is None or any(e.kind == "delete" for e in events):
+                freed.set()
+
+        watch: WatchHandle | None = None
+        try:
+            watch = self._client.watch(self._key, on_change)
+        except CoordinationError as e:  # polling below still works, only slower
+            self._log.warning("watch_failed", reason=str(e))
+        try:
+            attempt = 0
+            while not self._try_acquire():
+                attempt += 1
+                remaining = None if deadline is None else deadline - self._now()
+                if remaining is not None and remaining <= 0:
+                    raise CoordinationError(f"lock {self._key!r} not acquired after {timeout}s")
+                if self._cancelled.is_set():
+                    raise CoordinationError(f"lock {self._key!r}: acquire cancelled after {attempt} attempts")
+                freed.wait(min(remaining, 0.5) if remaining is not None else 0.5)
+                freed.clear()
+        finally:
+            if watch is not None:
+                watch.cancel()
+        self._log.info("lock_acquired", lease_id=self._lease.id if self._lease else None, attempt=attempt + 1)
+
+    def _try_acquire(self) -> bool:
+        if self._client.get(self._key) is not None:
+            return False  # held by someone: do not grant a lease just to be refused
+        lease = Lease(self._client, self._ttl_s, on_expired=self._lost, now=self._now)
+        lease_id = lease.acquire()
+        try:
+            won, _held = claim_key(self._client, self._key, self._token, lease_id)
+        except CoordinationError:
+            lease.release()
+            raise
+        if not won:
+            lease.release()
+            return False
+        self._lease = lease
+        return True
+
+    def _lost(self, reason: str) -> None:
+        self._log.warning("lock_lost", reason=reason)
+        if self._on_lost is not None:
+            self._on_lost(reason)
+
+    def release(self) -> bool:
+        """Delete the lock key if it still holds our token, and revoke our lease; never raises.
+
+        :returns: True when we held the lock and deleted its key.
+        """
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return False
+        try:
+            deleted = release_key(self._client, self._key, self._token)
+        except CoordinationError as e:
+            self._log.warning("lock_release_failed", lease_id=lease.id, reason=str(e))
+            deleted = False
+        lease.release()  # revoking also deletes the key if it is still bound to our lease
+        self._log.info("lock_released", lease_id=lease.id)
+        return deleted
+
+    def cancel(self) -> None:
+        """Make a pending :meth:`acquire` (on another thread) give up within half a second."""
+        self._cancelled.set()
+
+    def __enter__(self) -> Lock:
+        self.acquire(self._timeout_s)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()

@@ -1,0 +1,344 @@
+"""The leader's view of etcd: nodes, tasks, allocations and policy, every write fenced."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from common.errors import IllegalTransition, NotFound
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.sync import _records as rec
+from coordinator.sync._fenced import FencedWriter
+from coordinator.sync._placements import ATTEMPTS, CommitResult, PlacementCommit, Placements
+from coordinator.sync.client import EtcdClient, cmp_create, cmp_exists, cmp_mod, op_delete, op_get, op_put
+from coordinator.sync.election import Election
+from coordinator.sync.keys import Keys
+from coordinator.sync.state_machine import Conflict, check_transition
+
+__all__ = ["ClusterState", "CommitResult", "PlacementCommit", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """Everything a new leader recovers from, read at one etcd revision."""
+
+    nodes: dict[str, types_pb2.NodeRecord]
+    tasks: dict[str, types_pb2.Task]
+    allocations: dict[str, types_pb2.Allocation]
+    policy: types_pb2.Policy | None
+    revision: int
+
+
+class Store:
+    """Reads and fenced writes of the gptrm key space, safe to call from many threads.
+
+    Example::
+
+        store = Store(client, keys, election)
+        task = store.create_task(types_pb2.Task(spec=spec), request_id="req-42")   # PENDING
+        result = store.commit_placements([(task, task.revision, allocation)])      # SCHEDULED
+        task = store.transition(task.id, result.committed[task.id], TaskState.STARTING, "agent ack")
+
+    Every write goes through one helper (``FencedWriter.write``), which adds
+    ``leader create_revision == epoch`` to the transaction, so a deposed leader can write
+    nothing: its write raises ``Fenced`` and makes ``election`` step down. Writes made
+    without leadership raise ``NotLeader``. Reads need no leadership. etcd errors surface as
+    ``EtcdUnavailable`` (no member answered) or ``CoordinationError``.
+
+    :param client: the etcd client.
+    :param keys: key names.
+    :param election: supplies the fencing epoch and is told to step down when fenced.
+    :param wall: wall clock for history and allocation timestamps.
+    :param max_txn_ops: etcd's ``--max-txn-ops`` (default 128).
+    :param max_txn_bytes: value bytes per placement batch (etcd's ``--max-request-bytes`` is 1.5 MiB).
+    :param history_limit: state changes kept per task (oldest dropped first).
+    :param request_ttl_s: how long a submit's request id is remembered for idempotency.
+    :param id_factory: makes task ids.
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: Keys,
+        election: Election,
+        *,
+        wall: Callable[[], float] = time.time,
+        max_txn_ops: int = 128,
+        max_txn_bytes: int = 1024 * 1024,
+        history_limit: int = 100,
+        request_ttl_s: float = 24 * 3600.0,
+        id_factory: Callable[[], str] = rec.new_task_id,
+    ) -> None:
+        if max_txn_ops < 5:
+            raise ValueError(f"max_txn_ops {max_txn_ops} cannot hold one placement")
+        self._client, self._keys, self._election = client, keys, election
+        self._wall = wall
+        self._history_limit, self._request_ttl_s, self._new_id = history_limit, request_ttl_s, id_factory
+        self._writer = FencedWriter(client, keys, election, max_txn_ops)
+        self._placements = Placements(
+            client,
+            keys,
+            self._writer,
+            election,
+            wall=wall,
+            max_txn_ops=max_txn_ops,
+            max_txn_bytes=max_txn_bytes,
+            history_limit=history_limit,
+        )
+        self._request_lease = (0, 0.0)
+        self._request_lease_lock = threading.Lock()
+        self._log = get_logger("sync")
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def put_node(self, record: types_pb2.NodeRecord, *, keep_reservations: bool = True) -> types_pb2.NodeRecord:
+        """Create or replace ``nodes/<record.inventory.node_id>``.
+
+        :param keep_reservations: keep the stored ``reserved``/``reserved_gpu_indices`` (they are
+            owned by placements and releases); False writes the record's own (recovery).
+        :returns: the record as stored.
+        :raises ValidationError: the record has no node id.
+        :raises Conflict: the node kept changing under us.
+        """
+        node_id = record.inventory.node_id
+        key = self._keys.node(node_id)
+        for _attempt in range(ATTEMPTS):
+            new = types_pb2.NodeRecord()
+            new.CopyFrom(record)
+            kv = self._client.get(key)
+            if kv is not None and keep_reservations:
+                stored = rec.decode(types_pb2.NodeRecord, kv)
+                new.reserved.CopyFrom(stored.reserved)
+                new.ClearField("reserved_gpu_indices")
+                new.reserved_gpu_indices.extend(stored.reserved_gpu_indices)
+            guard = cmp_mod(key, kv.mod_revision) if kv is not None else cmp_create(key, 0)
+            if self._writer.write([guard], [op_put(key, new.SerializeToString())]).succeeded:
+                self._log.debug("node_stored", node_id=node_id)
+                return new
+        raise Conflict(f"node {node_id}: record kept changing ({ATTEMPTS} attempts)")
+
+    def get_node(self, node_id: str) -> types_pb2.NodeRecord:
+        """The stored node. :raises NotFound: no such node."""
+        kv = self._client.get(self._keys.node(node_id))
+        if kv is None:
+            raise NotFound(f"node {node_id!r} not found")
+        return rec.decode(types_pb2.NodeRecord, kv)
+
+    def list_nodes(self) -> list[types_pb2.NodeRecord]:
+        """Every stored node, by node id."""
+        kvs, _rev = self._client.range_prefix(self._keys.nodes_prefix)
+        return [rec.decode(types_pb2.NodeRecord, kv) for kv in kvs]
+
+    def delete_node(self, node_id: str) -> bool:
+        """Delete a node record (scale-in; the caller moves its tasks first); True when it existed."""
+        key = self._keys.node(node_id)
+        deleted = self._writer.write([cmp_exists(key)], [op_delete(key)]).succeeded
+        if deleted:
+            self._log.info("node_deleted", node_id=node_id)
+        return deleted
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    def create_task(self, task: types_pb2.Task, request_id: str = "") -> types_pb2.Task:
+        """Store a new PENDING task; idempotent per ``request_id``.
+
+        A retried submit (same ``request_id`` within ``request_ttl_s``) returns the task the first
+        one created instead of creating another. An empty ``task.id`` gets a fresh one.
+
+        :returns: the stored task with ``revision`` set.
+        :raises IllegalTransition: the task carries a state other than PENDING.
+        :raises Conflict: a task with that id already exists.
+        :raises NotFound: the request id is known but its task was deleted since.
+        """
+        new = types_pb2.Task()
+        new.CopyFrom(task)
+        new.id = new.id or self._new_id()
+        if new.state not in (0, TaskState.PENDING):
+            raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
+        new.revision = 0
+        new.submit_unix_s = new.submit_unix_s or self._wall()
+        rec.append_history(new, TaskState.PENDING, new.reason or "submitted", new.submit_unix_s, self._history_limit)
+        key, data = self._keys.task(new.id), new.SerializeToString()
+        compare, success, failure = [cmp_create(key, 0)], [op_put(key, data)], [op_get(key)]
+        if request_id:
+            rkey = self._keys.request(request_id)
+            compare.append(cmp_create(rkey, 0))
+            success.append(op_put(rkey, new.id.encode(), self._request_lease_id()))
+            failure.append(op_get(rkey))
+        result = self._writer.write(compare, success, failure)
+        if result.succeeded:
+            new.revision = result.revision
+            self._log.info("task_created", task_id=new.id, revision=new.revision, request_id=request_id)
+            return new
+        found_task = result.responses[0]
+        found_request = result.responses[1] if request_id else None
+        if found_request:
+            existing = found_request[0].value.decode()
+            self._log.info("task_submit_deduplicated", task_id=existing, request_id=request_id)
+            try:
+                return self.get_task(existing)
+            except NotFound:
+                raise NotFound(f"request {request_id!r} created task {existing!r}, which no longer exists") from None
+        revision = found_task[0].mod_revision if found_task else 0
+        raise Conflict(f"task {new.id}: already exists (revision {revision})")
+
+    def _request_lease_id(self) -> int:
+        # One lease per ~1/24 of the TTL carries every request key made meanwhile, so each key
+        # is remembered between 23/24 and all of request_ttl_s without a keep-alive per key.
+        with self._request_lease_lock:
+            lease_id, granted_at = self._request_lease
+            now = time.monotonic()
+            if not lease_id or now - granted_at > self._request_ttl_s / 24:
+                lease_id, _ttl = self._client.grant_lease(max(int(self._request_ttl_s), 1))
+                self._request_lease = (lease_id, now)
+            return lease_id
+
+    def get_task(self, task_id: str) -> types_pb2.Task:
+        """The stored task with ``revision`` = its mod revision. :raises NotFound: no such task."""
+        kv = self._client.get(self._keys.task(task_id))
+        if kv is None:
+            raise NotFound(f"task {task_id!r} not found")
+        return rec.decode_task(kv)
+
+    def list_tasks(self, states: Iterable[TaskState] | None = None) -> list[types_pb2.Task]:
+        """Every stored task (optionally only those in ``states``), by task id."""
+        wanted = None if states is None else {int(s) for s in states}
+        kvs, _rev = self._client.range_prefix(self._keys.tasks_prefix)
+        tasks = (rec.decode_task(kv) for kv in kvs)
+        return [t for t in tasks if wanted is None or t.state in wanted]
+
+    def get_allocation(self, task_id: str) -> types_pb2.Allocation | None:
+        """The task's committed allocation, or None."""
+        kv = self._client.get(self._keys.allocation(task_id))
+        return None if kv is None else rec.decode(types_pb2.Allocation, kv)
+
+    def transition(
+        self,
+        task_id: str,
+        expected_revision: int,
+        new_state: TaskState,
+        reason: str,
+        *,
+        release: bool = False,
+        **updates: object,
+    ) -> types_pb2.Task:
+        """Change a task's state if it is still at ``expected_revision`` and the state machine allows it.
+
+        Appends a ``TaskStateChange`` to the history and sets the given ``Task`` fields
+        (``exit_code=1, log_tail="..."``) in the same write.
+
+        :param release: also delete the task's allocation and free its node reservations, atomically.
+        :returns: the task as stored, with its new ``revision``.
+        :raises NotFound: no such task.
+        :raises Conflict: the task changed since ``expected_revision`` (``IllegalTransition`` subclass).
+        :raises IllegalTransition: the state machine forbids the change; SCHEDULED only comes from
+            :meth:`commit_placements`, which writes the allocation with it.
+        :raises ValidationError: an update names a field that cannot be set.
+        """
+        new_state = TaskState(new_state)
+        if new_state is TaskState.SCHEDULED:
+            raise IllegalTransition(f"task {task_id}: → SCHEDULED only through commit_placements (with an allocation)")
+
+        def mutate(task: types_pb2.Task) -> None:
+            check_transition(task_id, TaskState(task.state), new_state)
+            rec.apply_updates(task, updates)
+            rec.append_history(task, new_state, reason, self._wall(), self._history_limit)
+
+        return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned")
+
+    def update_task(self, task_id: str, expected_revision: int, **updates: object) -> types_pb2.Task:
+        """Set ``Task`` fields (pids, log_tail, ...) without a state change, compare-on-revision.
+
+        :raises NotFound, Conflict, ValidationError: as :meth:`transition`.
+        """
+        return self._rewrite_task(
+            task_id, expected_revision, lambda t: rec.apply_updates(t, updates), False, "task_updated"
+        )
+
+    def _rewrite_task(
+        self, task_id: str, expected: int, mutate: Callable[[types_pb2.Task], None], release: bool, event: str
+    ) -> types_pb2.Task:
+        key = self._keys.task(task_id)
+        for _attempt in range(ATTEMPTS):
+            current = self.get_task(task_id)
+            if current.revision != expected:
+                raise Conflict(f"task {task_id} changed: expected revision {expected}, found {current.revision}")
+            new = types_pb2.Task()
+            new.CopyFrom(current)
+            new.revision = 0
+            mutate(new)
+            data = new.SerializeToString()
+            compare, success = [cmp_mod(key, expected)], [op_put(key, data)]
+            if release:
+                more_compare, more_success = self._placements.release_ops(task_id)
+                compare += more_compare
+                success += more_success
+            result = self._writer.write(compare, success, [op_get(key)])
+            found = result.responses[0] if not result.succeeded else None
+            if result.succeeded or (found and found[0].value == data):  # the latter: our write, answer lost
+                new.revision = result.revision if result.succeeded else found[0].mod_revision  # type: ignore[index]
+                self._log.info(event, task_id=task_id, state=TaskState(new.state).name, revision=new.revision)
+                return new
+            if not found:
+                raise NotFound(f"task {task_id!r} not found")
+            if found[0].mod_revision != expected:
+                raise Conflict(f"task {task_id} changed: expected revision {expected}, found {found[0].mod_revision}")
+        raise Conflict(f"task {task_id}: its allocation's nodes kept changing ({ATTEMPTS} attempts)")
+
+    # -- allocations ----------------------------------------------------------------------------
+
+    def commit_placements(self, placements: Sequence[PlacementCommit]) -> CommitResult:
+        """Commit placements: each task → SCHEDULED, its ``allocations/<task>``, its nodes' reservations.
+
+        Placements are batched into as few transactions as etcd's limits allow (``max_txn_ops``
+        compares/ops and ``max_txn_bytes`` per transaction), all-or-nothing per batch. When a
+        batch's compares fail (a task changed, a node record changed, a GPU got taken), its
+        placements are retried one per transaction, so one stale task does not hold back the others.
+        The node reservation (``NodeRecord.reserved``, ``reserved_gpu_indices``) changes in the
+        same transaction as the task; a whole-GPU allocation of a GPU already reserved is refused.
+
+        :returns: which placements committed (task id → new revision) and why the others did not.
+        :raises NotLeader, Fenced: we do not lead (nothing was committed by this call after that).
+        """
+        return self._placements.commit(placements)
+
+    def release_allocation(self, task_id: str) -> bool:
+        """Delete ``allocations/<task_id>`` and subtract it from its nodes, in one fenced transaction.
+
+        :returns: False when the task has no allocation.
+        :raises Conflict: the allocation or its nodes kept changing under us.
+        """
+        return self._placements.release(task_id)
+
+    # -- policy and recovery -------------------------------------------------------------------
+
+    def get_policy(self) -> types_pb2.Policy | None:
+        """The stored placement policy, or None when none was ever set."""
+        kv = self._client.get(self._keys.policy)
+        return None if kv is None else rec.decode(types_pb2.Policy, kv)
+
+    def put_policy(self, policy: types_pb2.Policy) -> None:
+        """Store the placement policy (fenced)."""
+        self._writer.write([], [op_put(self._keys.policy, policy.SerializeToString())])
+        self._log.info("policy_stored", policy=policy.name, threshold=policy.threshold)
+
+    def load_all(self) -> ClusterState:
+        """Nodes, tasks (with revisions), allocations and policy, all read at one revision."""
+        k = self._keys
+        nodes, revision = self._client.range_prefix(k.nodes_prefix)
+        tasks, _ = self._client.range_prefix(k.tasks_prefix, revision=revision)
+        allocs, _ = self._client.range_prefix(k.allocations_prefix, revision=revision)
+        policy = [kv for kv in self._client.range_prefix(k.policy, revision=revision)[0] if kv.key == k.policy]
+        return ClusterState(
+            nodes={k.name_of(kv.key, k.nodes_prefix): rec.decode(types_pb2.NodeRecord, kv) for kv in nodes},
+            tasks={k.name_of(kv.key, k.tasks_prefix): rec.decode_task(kv) for kv in tasks},
+            allocations={
+                k.name_of(kv.key, k.allocations_prefix): rec.decode(types_pb2.Allocation, kv) for kv in allocs
+            },
+            policy=rec.decode(types_pb2.Policy, policy[0]) if policy else None,
+            revision=revision,
+        )

@@ -1,0 +1,181 @@
+"""Placement throughput: 10,000 queued requests on 5,000 nodes, per policy, production vs reference.
+
+Run with ``.venv/bin/python tests/bench/bench_scheduler.py [--nodes N] [--requests N] [--seed S]``.
+
+The cluster mixes H100/A100/L4 nodes, a third of them partly busy. The queue is drawn from a
+catalogue of task shapes such as the profiler produces (shared inference slices, 1-8 GPU
+inference and fine-tuning, 8-GPU training gangs), sized so that the queue asks for more than
+the cluster has: the first part of every run places, the tail is refused. Each row gives the
+overall rate and, separately, the placed and the refused decisions' rates, because the two
+cost very different amounts.
+
+Rates are decisions per CPU second of this process (``time.process_time``), so other work on a
+shared machine does not count against them; the engine is single-threaded.
+
+The literal reference (tests/unit/coordinator/reference_algorithms.py) sorts every node per
+request in Python; it is timed on the first ``--reference-requests`` requests of the same queue
+on the same cluster and its rate is extrapolated from that subset (as the output says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from common.scheduling import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, PowerCurve, Request, Resources  # noqa: E402
+from coordinator.placement import PlacementEngine  # noqa: E402
+from coordinator.policies import POLICIES  # noqa: E402
+
+GIB = 1024**3
+# (gpus, GPU model, GiB per GPU, idle W, max W per GPU, cores, host GiB, weight)
+NODE_TYPES = (
+    (8, "NVIDIA H100 80GB HBM3", 80, 70.0, 700.0, 192, 2048, 0.55),
+    (8, "NVIDIA A100-SXM4-80GB", 80, 50.0, 400.0, 128, 1024, 0.25),
+    (8, "NVIDIA A100-SXM4-40GB", 40, 50.0, 400.0, 96, 1024, 0.10),
+    (4, "NVIDIA L4", 24, 16.0, 72.0, 64, 512, 0.10),
+)
+# (gpus per node, GiB per GPU, cores, host GiB, disk GiB, gang nodes, sharing, weight)
+TASK_SHAPES = (
+    (0.25, 10, 2, 16, 20, 1, True, 0.15),
+    (0.5, 20, 4, 32, 40, 1, True, 0.15),
+    (1, 40, 8, 64, 100, 1, False, 0.20),
+    (1, 75, 8, 96, 200, 1, False, 0.10),
+    (2, 70, 16, 192, 300, 1, False, 0.10),
+    (4, 60, 32, 384, 500, 1, False, 0.10),
+    (8, 70, 64, 768, 1000, 1, False, 0.10),
+    (8, 75, 96, 1024, 2000, 2, False, 0.05),
+    (8, 75, 96, 1024, 2000, 4, False, 0.05),
+)
+
+
+def load_reference() -> ModuleType:
+    """Import the literal reference transcription from the unit tests."""
+    path = ROOT / "tests" / "unit" / "coordinator" / "reference_algorithms.py"
+    spec = importlib.util.spec_from_file_location("reference_algorithms", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reference_algorithms"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_cluster(rng: random.Random, n_nodes: int) -> ClusterSnapshot:
+    """A mixed cluster; about a third of the nodes already run whole-GPU work."""
+    nodes = []
+    weights = [t[-1] for t in NODE_TYPES]
+    for i in range(n_nodes):
+        gpus, model, gib, idle, peak, cores, host_gib, _ = rng.choices(NODE_TYPES, weights)[0]
+        busy = rng.choice((0, 0, 0, 0, 1, 2, 4)) if gpus == 8 else rng.choice((0, 0, 1))
+        slots = tuple(
+            GpuSlot(k, gib * GIB, 0 if k < busy else gib * GIB, 0.0 if k < busy else 1.0, k // 4)
+            for k in range(gpus)
+        )
+        nodes.append(
+            NodeSnapshot(
+                node_id=f"node-{i:05d}",
+                capacity=Resources(float(gpus), gpus * gib * GIB, float(cores), host_gib * GIB, 15_000 * GIB),
+                used=Resources(float(busy), busy * gib * GIB, 8.0 * busy, 64 * busy * GIB, 200 * busy * GIB),
+                gpus=slots,
+                gpu_model=model,
+                power=PowerCurve(idle_w=idle * gpus + 150.0, max_w=peak * gpus + 350.0),
+                powered_on=rng.random() < 0.9,
+            )
+        )
+    return ClusterSnapshot(nodes=tuple(nodes))
+
+
+def make_queue(rng: random.Random, n_requests: int) -> list[Request]:
+    """Requests drawn from the task-shape catalogue, in queue order."""
+    weights = [s[-1] for s in TASK_SHAPES]
+    queue = []
+    for k in range(n_requests):
+        gpus, gib, cores, host_gib, disk_gib, gang, sharing, _ = rng.choices(TASK_SHAPES, weights)[0]
+        whole = max(1, int(gpus))
+        queue.append(
+            Request(
+                task_id=f"task-{k:05d}",
+                demand=Resources(float(gpus), whole * gib * GIB, float(cores), host_gib * GIB, disk_gib * GIB),
+                nodes=gang,
+                gpu_mem_per_gpu_bytes=gib * GIB,
+                allow_sharing=sharing,
+                submit_s=float(k),
+            )
+        )
+    return queue
+
+
+def time_production(
+    cluster: ClusterSnapshot, queue: list[Request], policy: str, seed: int, threshold: float
+) -> tuple[float, int, float, int, float]:
+    """Seconds for the whole batch, plus the placed/refused counts and their seconds."""
+    engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
+    order = sorted(queue, key=lambda r: -r.compute_demand) if engine.policy.sorts_requests else queue
+    placed_s = refused_s = 0.0
+    placed = refused = 0
+    clock = time.process_time
+    for req in order:
+        start = clock()
+        decision = engine.place(req)
+        spent = clock() - start
+        if isinstance(decision, Placement):
+            placed, placed_s = placed + 1, placed_s + spent
+        else:
+            refused, refused_s = refused + 1, refused_s + spent
+    start = clock()
+    PlacementEngine.from_name(cluster, policy, threshold, seed=seed).place_batch(queue)
+    return clock() - start, placed, placed_s, refused, refused_s
+
+
+def time_reference(
+    reference: ModuleType, cluster: ClusterSnapshot, queue: list[Request], policy: str, threshold: float
+) -> float:
+    """Seconds the literal reference takes for ``queue``."""
+    start = time.process_time()
+    reference.reference_place(policy, cluster, queue, threshold, seed=1)
+    return time.process_time() - start
+
+
+def main() -> None:
+    """Print one row per policy."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--reference-requests", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--threshold", type=float, default=0.9)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    cluster = make_cluster(rng, args.nodes)
+    queue = make_queue(rng, args.requests)
+    reference = load_reference()
+    subset = queue[: args.reference_requests]
+    print(f"{args.requests} queued requests on {args.nodes} nodes, threshold {args.threshold:g}")
+    print(
+        f"reference rates are extrapolated from its first {len(subset)} requests on the same cluster "
+        "(it re-sorts every node for each request, so its rate barely depends on the queue length)"
+    )
+    header = f"{'policy':<16} {'decisions/s':>12} {'placed':>7} {'placed/s':>10} {'refused':>8} {'refused/s':>10}"
+    print(header + f" {'reference/s':>12} {'speed-up':>9}")
+    for policy in POLICIES:
+        total_s, placed, placed_s, refused, refused_s = time_production(
+            cluster, queue, policy, args.seed, args.threshold
+        )
+        rate = len(queue) / total_s
+        ref_rate = len(subset) / time_reference(reference, cluster, subset, policy, args.threshold)
+        print(
+            f"{policy:<16} {rate:>12,.0f} {placed:>7} {placed / max(placed_s, 1e-9):>10,.0f} "
+            f"{refused:>8} {refused / max(refused_s, 1e-9):>10,.0f} {ref_rate:>12,.0f} {rate / ref_rate:>8,.0f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

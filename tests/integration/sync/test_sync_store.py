@@ -1,0 +1,299 @@
+"""Store against a real etcd: fencing, the task state machine, idempotent submit, nodes, policy, recovery."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from common.errors import Fenced, IllegalTransition, NotFound, NotLeader, ValidationError
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.sync import LEGAL_TRANSITIONS, Conflict, Election, EtcdClient, Keys, Store
+
+MakeElection = Callable[..., Election]
+S = TaskState
+
+# How to bring a fresh task to each state (SCHEDULED is reached through commit_placements).
+PATHS: dict[TaskState, list[TaskState]] = {
+    S.PENDING: [],
+    S.SCHEDULED: [S.SCHEDULED],
+    S.STARTING: [S.SCHEDULED, S.STARTING],
+    S.RUNNING: [S.SCHEDULED, S.STARTING, S.RUNNING],
+    S.PAUSED: [S.SCHEDULED, S.STARTING, S.RUNNING, S.PAUSED],
+    S.PREEMPTED: [S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTED],
+    S.FAILED: [S.SCHEDULED, S.STARTING, S.RUNNING, S.FAILED],
+    S.SUCCEEDED: [S.SCHEDULED, S.STARTING, S.RUNNING, S.SUCCEEDED],
+    S.CANCELLED: [S.CANCELLED],
+}
+LEGAL_EDGES = sorted((src, dst) for src, dsts in LEGAL_TRANSITIONS.items() for dst in dsts if dst is not S.SCHEDULED)
+
+
+def drive(store: Store, task: types_pb2.Task, path: list[TaskState], alloc: types_pb2.Allocation) -> types_pb2.Task:
+    """Move a stored task along ``path``, committing ``alloc`` for the step to SCHEDULED."""
+    for state in path:
+        if state is S.SCHEDULED:
+            result = store.commit_placements([(task, task.revision, alloc)])
+            assert task.id in result.committed, result.rejected
+            task = store.get_task(task.id)
+        else:
+            task = store.transition(task.id, task.revision, state, f"to {state.name}")
+    return task
+
+
+@pytest.fixture
+def node(store: Store, make_node: Callable[..., types_pb2.NodeRecord]) -> types_pb2.NodeRecord:
+    """One stored node, n1."""
+    return store.put_node(make_node("n1"))
+
+
+class TestFencing:
+    """Fencing: a deposed leader's writes fail with Fenced and it steps down."""
+
+    def test_deposed_leader_writes_are_fenced(
+        self,
+        make_election: MakeElection,
+        sync_client: EtcdClient,
+        client_factory: Callable[[], EtcdClient],
+        keys: Keys,
+        make_task: Callable[..., types_pb2.Task],
+    ) -> None:
+        """After A's lease is revoked and B leads, A's write raises Fenced, A steps down, B writes fine."""
+        reasons: list[str] = []
+        # A long TTL: A's own refresh would notice the revoke only after ~3 s, so A still believes it leads.
+        a = make_election("coord-a", ttl_s=10.0, on_lost=reasons.append)
+        assert a.acquire(timeout=5.0)
+        store_a = Store(sync_client, keys, a)
+        task = store_a.create_task(make_task(), request_id="r-1")
+        client_factory().revoke_lease(a.lease_id)  # type: ignore[arg-type]  # as if A's lease expired
+        b = make_election("coord-b", client=client_factory())
+        assert b.wait_for_leadership(timeout=0.1) is False
+        b.start()
+        assert b.wait_for_leadership(timeout=3.0)
+        assert a.is_leader  # A has not noticed yet: only fencing stands between it and the data
+        with pytest.raises(Fenced, match="our epoch is"):
+            store_a.transition(task.id, task.revision, S.CANCELLED, "stale leader")
+        assert not a.is_leader
+        assert reasons and reasons[0].startswith("fenced")
+        with pytest.raises(NotLeader):
+            store_a.put_policy(types_pb2.Policy(name="load-balancing"))
+        store_b = Store(sync_client, keys, b)
+        assert store_b.get_task(task.id).state == S.PENDING
+        store_b.transition(task.id, task.revision, S.CANCELLED, "new leader")
+
+    def test_every_write_needs_leadership(
+        self, make_election: MakeElection, sync_client: EtcdClient, keys: Keys, make_node: Callable
+    ) -> None:
+        """A store whose election never won refuses writes with NotLeader but serves reads."""
+        standby = Store(sync_client, keys, make_election("coord-z"))
+        with pytest.raises(NotLeader):
+            standby.put_node(make_node("n1"))
+        with pytest.raises(NotLeader):
+            standby.put_policy(types_pb2.Policy(name="max-utilization"))
+        assert standby.list_nodes() == []
+
+
+class TestTransitions:
+    """transition(): the state machine, compare-on-revision, history and updates."""
+
+    @pytest.mark.parametrize(("src", "dst"), LEGAL_EDGES, ids=lambda s: s.name)
+    def test_legal_transition_commits(
+        self,
+        store: Store,
+        node: types_pb2.NodeRecord,
+        make_task: Callable,
+        make_allocation: Callable,
+        src: TaskState,
+        dst: TaskState,
+    ) -> None:
+        """Each legal transition (other than into SCHEDULED) commits and is recorded in the history."""
+        task = drive(store, store.create_task(make_task()), PATHS[src], make_allocation("n1", []))
+        assert task.state == src
+        moved = store.transition(task.id, task.revision, dst, "because")
+        assert moved.state == dst and moved.reason == "because"
+        assert moved.revision > task.revision
+        stored = store.get_task(task.id)
+        assert stored == moved
+        assert [h.state for h in stored.history] == [S.PENDING, *PATHS[src], dst]
+
+    @pytest.mark.parametrize(
+        ("src", "dst"),
+        [(S.RUNNING, S.PENDING), (S.SUCCEEDED, S.RUNNING), (S.PENDING, S.RUNNING), (S.CANCELLED, S.PENDING),
+         (S.FAILED, S.CANCELLED), (S.PAUSED, S.SUCCEEDED), (S.PREEMPTED, S.RUNNING)],
+        ids=lambda s: s.name,
+    )  # fmt: skip
+    def test_illegal_transition_is_refused(
+        self,
+        store: Store,
+        node: types_pb2.NodeRecord,
+        make_task: Callable,
+        make_allocation: Callable,
+        src: TaskState,
+        dst: TaskState,
+    ) -> None:
+        """An illegal transition raises IllegalTransition naming the task and both states, and writes nothing."""
+        task = drive(store, store.create_task(make_task()), PATHS[src], make_allocation("n1", []))
+        with pytest.raises(IllegalTransition, match=f"task {task.id}: {src.name} → {dst.name} is not allowed"):
+            store.transition(task.id, task.revision, dst, "nope")
+        assert store.get_task(task.id).revision == task.revision
+
+    def test_scheduled_only_through_commit_placements(self, store: Store, make_task: Callable) -> None:
+        """transition() refuses SCHEDULED, which must come with an allocation."""
+        task = store.create_task(make_task())
+        with pytest.raises(IllegalTransition, match="commit_placements"):
+            store.transition(task.id, task.revision, S.SCHEDULED, "no allocation")
+
+    def test_lost_revision_race_raises_conflict(self, store: Store, make_task: Callable) -> None:
+        """Of two writers holding the same revision, the second gets Conflict saying the task changed."""
+        task = store.create_task(make_task())
+        store.transition(task.id, task.revision, S.CANCELLED, "first")
+        with pytest.raises(Conflict, match=f"task {task.id} changed: expected revision {task.revision}"):
+            store.transition(task.id, task.revision, S.CANCELLED, "second")
+
+    def test_concurrent_writers_exactly_one_wins(self, store: Store, make_task: Callable) -> None:
+        """Eight threads racing to cancel the same revision: exactly one succeeds."""
+        task = store.create_task(make_task())
+
+        def cancel(i: int) -> bool:
+            try:
+                store.transition(task.id, task.revision, S.CANCELLED, f"writer {i}")
+            except Conflict:
+                return False
+            return True
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(cancel, range(8)))
+        assert outcomes.count(True) == 1
+
+    def test_updates_are_written_with_the_state(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """Field updates land in the same write; exit_code sets has_exit_code; bad fields are refused."""
+        task = drive(store, store.create_task(make_task()), PATHS[S.RUNNING], make_allocation("n1", []))
+        task = store.update_task(task.id, task.revision, pids=[101, 102], log_tail="step 10")
+        assert list(task.pids) == [101, 102]
+        failed = store.transition(task.id, task.revision, S.FAILED, "exit 3", exit_code=3, log_tail="boom")
+        stored = store.get_task(task.id)
+        assert (stored.exit_code, stored.has_exit_code, stored.log_tail) == (3, True, "boom")
+        assert stored.revision == failed.revision
+        with pytest.raises(ValidationError, match=r"task\.state"):
+            store.update_task(task.id, stored.revision, state=S.RUNNING)
+        requeued = store.transition(task.id, stored.revision, S.PENDING, "restart policy", restarts=1)
+        assert requeued.restarts == 1
+
+    def test_release_frees_the_allocation_with_the_transition(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """transition(release=True) deletes the allocation and frees the node reservation in one write."""
+        task = drive(store, store.create_task(make_task()), PATHS[S.RUNNING], make_allocation("n1", [2, 3]))
+        assert list(store.get_node("n1").reserved_gpu_indices) == [2, 3]
+        store.transition(task.id, task.revision, S.SUCCEEDED, "exit 0", release=True, exit_code=0)
+        assert store.get_allocation(task.id) is None
+        freed = store.get_node("n1")
+        assert list(freed.reserved_gpu_indices) == [] and freed.reserved.gpus == 0
+
+    def test_missing_task_is_not_found(self, store: Store) -> None:
+        """Transitions of an unknown task raise NotFound."""
+        with pytest.raises(NotFound, match="t-missing"):
+            store.transition("t-missing", 1, S.CANCELLED, "x")
+
+
+class TestCreateTask:
+    """create_task(): ids, PENDING, idempotency per request id."""
+
+    def test_new_task_is_pending_with_generated_id(self, store: Store, make_task: Callable) -> None:
+        """A submitted task gets a t- id, PENDING state, a submit time and one history entry."""
+        task = store.create_task(make_task())
+        assert task.id.startswith("t-") and task.state == S.PENDING
+        assert task.submit_unix_s > 0 and [h.state for h in task.history] == [S.PENDING]
+        assert store.get_task(task.id) == task
+
+    def test_retried_submit_returns_the_same_task(self, store: Store, make_task: Callable) -> None:
+        """The same request id twice yields one task; another request id yields another."""
+        first = store.create_task(make_task("a"), request_id="req-1")
+        again = store.create_task(make_task("a"), request_id="req-1")
+        other = store.create_task(make_task("a"), request_id="req-2")
+        assert again == first
+        assert other.id != first.id
+        assert len(store.list_tasks()) == 2
+
+    def test_concurrent_retries_create_one_task(self, store: Store, make_task: Callable) -> None:
+        """Eight threads submitting with one request id all get the same single task."""
+        barrier = threading.Barrier(8)
+
+        def submit(_i: int) -> str:
+            barrier.wait()
+            return store.create_task(make_task("x"), request_id="req-race").id
+
+        with ThreadPoolExecutor(8) as pool:
+            ids = set(pool.map(submit, range(8)))
+        assert len(ids) == 1
+        assert [t.id for t in store.list_tasks()] == list(ids)
+
+    def test_explicit_duplicate_id_conflicts(self, store: Store, make_task: Callable) -> None:
+        """Creating a task whose id exists (under a new request id) raises Conflict."""
+        task = make_task()
+        task.id = "t-fixed"
+        store.create_task(task, request_id="req-a")
+        with pytest.raises(Conflict, match="t-fixed"):
+            store.create_task(task, request_id="req-b")
+
+    def test_non_pending_task_is_refused(self, store: Store, make_task: Callable) -> None:
+        """A task submitted in another state than PENDING is refused."""
+        task = make_task()
+        task.state = S.RUNNING
+        with pytest.raises(IllegalTransition, match="must be PENDING"):
+            store.create_task(task)
+
+
+class TestNodesPolicyRecovery:
+    """Nodes, policy and load_all()."""
+
+    def test_put_node_keeps_reservations(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """A node update (heartbeat) keeps the reservation that placements own, unless told not to."""
+        task = store.create_task(make_task())
+        store.commit_placements([(task, task.revision, make_allocation("n1", [0]))])
+        beat = types_pb2.NodeRecord()
+        beat.CopyFrom(node)
+        beat.last_seen_unix_s = 123.0
+        stored = store.put_node(beat)
+        assert stored.last_seen_unix_s == 123.0 and list(stored.reserved_gpu_indices) == [0]
+        assert store.get_node("n1") == stored
+        reset = store.put_node(beat, keep_reservations=False)
+        assert list(reset.reserved_gpu_indices) == []
+
+    def test_nodes_listed_and_deleted(self, store: Store, make_node: Callable) -> None:
+        """Nodes list by id; delete removes one; a missing node is NotFound."""
+        for node_id in ("n2", "n1", "n3"):
+            store.put_node(make_node(node_id))
+        assert [n.inventory.node_id for n in store.list_nodes()] == ["n1", "n2", "n3"]
+        assert store.delete_node("n2") is True
+        assert store.delete_node("n2") is False
+        with pytest.raises(NotFound, match="'n2'"):
+            store.get_node("n2")
+
+    def test_policy_round_trip(self, store: Store) -> None:
+        """The policy is None until set, then reads back as stored."""
+        assert store.get_policy() is None
+        store.put_policy(types_pb2.Policy(name="power-efficient", threshold=0.8))
+        assert store.get_policy() == types_pb2.Policy(name="power-efficient", threshold=0.8)
+
+    def test_load_all_reads_everything_at_one_revision(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """load_all returns nodes, tasks with revisions, allocations and the policy."""
+        placed = store.create_task(make_task("placed"))
+        waiting = store.create_task(make_task("waiting"))
+        store.commit_placements([(placed, placed.revision, make_allocation("n1", [1]))])
+        store.put_policy(types_pb2.Policy(name="load-balancing", threshold=0.9))
+        state = store.load_all()
+        assert set(state.nodes) == {"n1"} and set(state.tasks) == {placed.id, waiting.id}
+        assert set(state.allocations) == {placed.id}
+        assert state.tasks[placed.id].state == S.SCHEDULED
+        assert state.tasks[placed.id].revision == store.get_task(placed.id).revision
+        assert state.policy is not None and state.policy.name == "load-balancing"
+        assert state.revision >= state.tasks[placed.id].revision
