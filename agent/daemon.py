@@ -20,10 +20,6 @@ from pathlib import Path
 
 import psutil
 
-from common.errors import GptrmError
-from common.logging import configure_logging, get_logger
-from common.pb.gptrm.v1 import agent_pb2, types_pb2
-
 from agent import config as config_mod
 from agent.config import AgentConfig
 from agent.outbox import Outbox
@@ -31,6 +27,9 @@ from agent.runtime import TaskRuntime
 from agent.sampler import build_sampler
 from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
+from common.errors import GptrmError
+from common.logging import configure_logging, get_logger
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
 
 __all__ = ["AGENT_VERSION", "main", "run"]
 

@@ -21,12 +21,11 @@ from typing import Any
 
 import psutil
 
+from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2
 from common.types import TaskState
-
-from agent.tasktable import TaskRecord, TaskTable
 
 __all__ = ["TaskRuntime"]
 
@@ -190,7 +189,7 @@ class TaskRuntime:
         if watcher is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(watcher), timeout=grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._log.warning("task_killed", task_id=rec.task_id, reason=f"still alive after {grace}s grace")
                 self._signal(rec, signal.SIGKILL)
                 await watcher

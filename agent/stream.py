@@ -18,10 +18,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 import grpc.aio
 
+from agent.outbox import Outbox
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
-
-from agent.outbox import Outbox
 
 __all__ = ["AgentStream", "Backoff"]
 
@@ -102,7 +101,7 @@ class AgentStream:
                 redirect = r.address if r.address else None
                 if redirect:
                     continue
-            except (grpc.aio.AioRpcError, ConnectionError, asyncio.TimeoutError) as e:
+            except (TimeoutError, grpc.aio.AioRpcError, ConnectionError) as e:
                 code = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
                 self._log.warning("stream_failed", address=address, reason=code, attempt=self._backoff.attempt)
             finally:
@@ -113,7 +112,7 @@ class AgentStream:
             delay = self._backoff.next_delay()
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _session(self, address: str, stop: asyncio.Event) -> None:

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from common.errors import ConfigError
 
-__all__ = ["ConfigSource", "load_config", "option", "positive", "non_negative", "unit_interval", "host_port"]
+__all__ = ["ConfigSource", "host_port", "load_config", "non_negative", "option", "positive", "unit_interval"]
 
 T = TypeVar("T")
 Check = Callable[[Any], str | None]

@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "TERMINAL_STATES",
     "NodeState",
     "TaskKind",
     "TaskState",
     "Utilization",
-    "TERMINAL_STATES",
 ]
 
 Utilization = float

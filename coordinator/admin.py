@@ -27,7 +27,7 @@ from coordinator.core import VERSION, Coordinator
 from coordinator.events import Event
 from coordinator.registry import NodeEntry
 
-__all__ = ["AdminService", "LEADER_METADATA_KEY"]
+__all__ = ["LEADER_METADATA_KEY", "AdminService"]
 
 LEADER_METADATA_KEY = "gptrm-leader-address"
 _EVENT_KINDS = {name: i for i, name in enumerate(
@@ -205,7 +205,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("threshold", f"must be in (0, 1], got {request.threshold}")
         return await self.core.set_policy(types_pb2.Policy(name=request.name, threshold=threshold))
 
-    async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Any):  # noqa: ANN201
+    async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Any):
         backlog = request.backlog or 100
         queue = self.core.events.subscribe() if request.follow else None
         try:

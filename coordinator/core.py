@@ -25,7 +25,7 @@ from coordinator.metrics import Metrics
 from coordinator.monitor import ResourceMonitor
 from coordinator.registry import NodeEntry, NodeRegistry
 
-__all__ = ["Coordinator", "VERSION"]
+__all__ = ["VERSION", "Coordinator"]
 
 VERSION = "0.1.0"
 

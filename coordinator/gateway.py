@@ -58,7 +58,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
         core = self.core
         try:
             first = await asyncio.wait_for(anext(request_iterator), timeout=_REGISTER_TIMEOUT_S)
-        except (StopAsyncIteration, asyncio.TimeoutError):
+        except (TimeoutError, StopAsyncIteration):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected a register message first")
         if first.WhichOneof("body") != "register":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be register")

@@ -97,7 +97,7 @@ class SchedulerLoop:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
             if core.stale:

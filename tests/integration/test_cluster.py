@@ -74,7 +74,7 @@ class TestRegistration:
 
 
 class TestBadInput:
-    def test_bad_config_is_one_line(self, tmp_path) -> None:  # noqa: ANN001
+    def test_bad_config_is_one_line(self, tmp_path) -> None:
         """Unknown key, wrong type and unreachable etcd each exit non-zero with one line, no traceback."""
         bad = tmp_path / "c.toml"
         cases = [('bogus = 1\n', "unknown key 'bogus'"), ('lease_ttl = "x"\n', "lease_ttl: expected a number")]

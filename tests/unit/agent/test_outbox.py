@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from common.pb.gptrm.v1 import agent_pb2, types_pb2
-
 from agent.outbox import Outbox
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
 
 
 def _sample(t: float) -> types_pb2.TelemetrySample:
