@@ -21,7 +21,7 @@ T = TypeVar("T")
 BIN = Path(sys.executable).parent
 
 
-def wait_until(fn: Callable[[], T], timeout_s: float = 15.0, interval_s: float = 0.1, what: str = "condition") -> T:
+def wait_until(fn: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.1, what: str = "condition") -> T:
     """Poll ``fn`` until it returns something truthy; its value is returned."""
     end = time.monotonic() + timeout_s
     last: Any = None

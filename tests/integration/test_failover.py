@@ -72,6 +72,7 @@ class TestElection:
             cluster.start_coordinator(n)
         leader = _one_leader(cluster, names)
         standby = next(n for n in names if n != leader)
+        wait_until(lambda: cluster.status(standby).leader_id == leader, 20, 0.1, "standby to see the leader")
         with pytest.raises(grpc.RpcError) as err:
             cluster.admin(standby).SetPolicy(types_pb2.Policy(name="load-balancing", threshold=0.8), timeout=5)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
