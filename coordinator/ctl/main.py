@@ -217,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=int, default=100)
     sp.set_defaults(fn=cmd_events)
+    from coordinator.simulator.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
     return p
 
 

@@ -1,0 +1,183 @@
+"""``gptrmctl simulate``: replay a job trace under several policies and write the results.
+
+gptrmctl registers the subcommand with :func:`add_simulate_parser`; the same flags run as
+``python -m coordinator.simulator``. Usage and input errors (unknown policy, malformed trace,
+bad numbers) raise :class:`coordinator.ctl.transport.CtlError` with exit code 2.
+
+Example::
+
+    gptrmctl simulate --jobs ../shared/traces/philly_jobs.csv --nodes ../shared/traces/philly_nodes.csv \\
+        --nodes-limit 100 --policies max-utilization,round-robin --power-down-after 600 --out /tmp/sim
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from common.errors import GptrmError
+from coordinator.ctl.transport import EXIT_USAGE, CtlError
+from coordinator.policies import POLICIES
+from coordinator.simulator.engine import SimConfig
+from coordinator.simulator.replay import (
+    ProgressBar,
+    ReplaySetup,
+    load,
+    markdown_table,
+    results_json,
+    run_policies,
+    write_outputs,
+)
+from coordinator.simulator.workload import NodeDefaults
+
+__all__ = ["DEFAULT_POLICIES", "add_simulate_arguments", "add_simulate_parser", "main", "run_simulate"]
+
+DEFAULT_POLICIES = ("max-utilization", "load-balancing", "power-efficient", "round-robin", "random", "first-fit")
+"""The three paper policies and the three baselines, in report order."""
+_LAST_SUBMIT = "last-submit"
+
+
+def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``simulate`` flags to a parser.
+
+    :param p: the parser.
+    """
+    d = NodeDefaults()
+    p.add_argument("--jobs", required=True, type=Path, help="jobs CSV (schema of shared/traces/README.md)")
+    p.add_argument("--nodes", required=True, type=Path, help="nodes CSV")
+    p.add_argument("--nodes-limit", type=int, help="replay on N nodes, evenly spaced in file order")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="cap on each dimension's utilization after placement (default 1.0: whole trace GPUs)")
+    p.add_argument("--power-down-after", type=float, metavar="SECONDS", help="power idle nodes down after this long")
+    p.add_argument("--wake-delay", type=float, default=120.0, metavar="SECONDS",
+                   help="power-on to ready time of a powered-down node (default 120)")
+    p.add_argument("--scale-out", action="store_true",
+                   help="elastic pool for Alg. 1-2: off nodes leave their view, a scale-out refusal powers one on")
+    p.add_argument("--keep-order", action="store_true", help="decide in queue order also for Alg. 1-3 (FIFO)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
+    p.add_argument("--measure-until", metavar="SECONDS|last-submit",
+                   help="stop the time-weighted metrics here (default: the last event)")
+    p.add_argument("--include-never-ran", action="store_true", help="keep openb pods with status Pending")
+    p.add_argument("--default-gpu-model", default=d.gpu_model, help="GPU model of nodes the trace does not name")
+    p.add_argument("--default-gpu-mem-gib", type=float, default=d.gpu_mem_gib, help="GPU memory where unknown")
+    p.add_argument("--default-cpu-per-gpu", type=float, default=d.cpu_cores_per_gpu, help="host cores per GPU")
+    p.add_argument("--default-mem-gib-per-gpu", type=float, default=d.mem_gib_per_gpu, help="host GiB per GPU")
+    p.add_argument("--host-idle-w", type=float, default=d.host_idle_w,
+                   help="constant host power per powered node added to the GPU power curve (default 0)")
+    p.add_argument("--exact-batches", action="store_true", help="reference mode: place_batch over the whole queue")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+
+
+def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``simulate`` on gptrmctl's subparsers.
+
+    :param subparsers: what ``ArgumentParser.add_subparsers()`` returned.
+    :returns: the new subparser.
+    """
+    sp: argparse.ArgumentParser = subparsers.add_parser("simulate", help="replay a job trace under several policies")
+    add_simulate_arguments(sp)
+    sp.set_defaults(fn=run_simulate)
+    return sp
+
+
+def _usage(message: str) -> CtlError:
+    """A usage/input error (exit code 2)."""
+    return CtlError(message, EXIT_USAGE)
+
+
+def _policies(text: str) -> list[str]:
+    """Parse and check the policy list."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if not names or unknown:
+        raise _usage(f"--policies: unknown {', '.join(unknown) or '(empty)'} (known: {', '.join(sorted(POLICIES))})")
+    return names
+
+
+def _configs(args: argparse.Namespace, names: Sequence[str], last_submit_s: float) -> list[SimConfig]:
+    """One replay configuration per policy, from the flags."""
+    until: float | None = None
+    if args.measure_until == _LAST_SUBMIT:
+        until = last_submit_s
+    elif args.measure_until is not None:
+        try:
+            until = float(args.measure_until)
+        except ValueError:
+            raise _usage(f"--measure-until: expected seconds or {_LAST_SUBMIT}, got {args.measure_until!r}") from None
+    if args.scale_out and args.power_down_after is None:
+        raise _usage("--scale-out needs --power-down-after (nodes leave the pool when powered down)")
+    try:
+        return [
+            SimConfig(
+                policy=name, threshold=args.threshold, seed=args.seed, power_down_after_s=args.power_down_after,
+                wake_delay_s=args.wake_delay, scale_out=args.scale_out, keep_order=args.keep_order,
+                exact_batches=args.exact_batches, measure_until_s=until, keep_series=not args.no_plots,
+            )
+            for name in names
+        ]
+    except ValueError as e:
+        raise _usage(str(e)) from e
+
+
+def run_simulate(transport: object, args: argparse.Namespace) -> None:
+    """Run ``simulate`` (the transport is not used: nothing talks to a coordinator).
+
+    :param transport: ignored.
+    :param args: parsed flags.
+    :raises CtlError: exit code 2 on usage or input errors.
+    """
+    names = _policies(args.policies)
+    if args.nodes_limit is not None and args.nodes_limit < 1:
+        raise _usage(f"--nodes-limit must be ≥ 1, got {args.nodes_limit}")
+    try:
+        defaults = NodeDefaults(
+            gpu_model=args.default_gpu_model, gpu_mem_gib=args.default_gpu_mem_gib,
+            cpu_cores_per_gpu=args.default_cpu_per_gpu, mem_gib_per_gpu=args.default_mem_gib_per_gpu,
+            host_idle_w=args.host_idle_w,
+        )  # fmt: skip
+        setup = ReplaySetup(args.jobs, args.nodes, args.nodes_limit, defaults, args.include_never_ran)
+        cluster, jobs = load(setup)
+    except (GptrmError, ValueError) as e:
+        raise _usage(str(e)) from e
+    if not jobs:
+        raise _usage(f"{args.jobs}: no jobs to replay")
+    configs = _configs(args, names, max(j.request.submit_s for j in jobs))
+    try:
+        results = run_policies(cluster, jobs, configs, progress=ProgressBar(sys.stderr))
+    except GptrmError as e:  # a bad threshold or seed surfaces when the policy is built
+        raise _usage(str(e)) from e
+    gpus = sum(n.capacity.gpus for n in cluster.nodes)
+    notes = [
+        f"- jobs: `{args.jobs}` ({len(jobs):,} replayed); nodes: `{args.nodes}`, {len(cluster.nodes)} nodes, "
+        f"{gpus:g} GPUs" + (f" (limit {args.nodes_limit}, evenly spaced)" if args.nodes_limit else ""),
+        f"- threshold {args.threshold:g}; power-down after {args.power_down_after}s; wake delay {args.wake_delay:g}s; "
+        f"scale-out {args.scale_out}; keep order {args.keep_order}; seed {args.seed}",
+    ]
+    write_outputs(args.out, results, title="Trace replay", notes=notes, plots=not args.no_plots)
+    sys.stdout.write(markdown_table(results_json(results)))
+    sys.stdout.write(f"wrote {args.out / 'results.json'}, {args.out / 'results.md'}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m coordinator.simulator``: the ``simulate`` flags without gptrmctl.
+
+    :param argv: arguments (default ``sys.argv[1:]``).
+    :returns: the exit code (0, or 2 on usage/input errors).
+    """
+    parser = argparse.ArgumentParser(prog="python -m coordinator.simulator", description="Replay a job trace.")
+    add_simulate_arguments(parser)
+    parser.set_defaults(fn=run_simulate)
+    try:
+        args = parser.parse_args(argv)
+        args.fn(None, args)
+    except CtlError as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return e.code
+    except SystemExit as e:  # --help, argparse usage errors
+        return int(e.code or 0)
+    return 0
