@@ -1,0 +1,157 @@
+"""Shared helpers of the process-level benchmarks (bench_ingest, bench_submit): not a test module.
+
+Child processes (embedded etcd, coordinator, agents, load generators) are started with
+their output in log files under a temporary directory and are always stopped by the
+caller's ``finally``; only loopback addresses are used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run from anywhere in the checkout
+
+from common.etcd_embedded import free_port  # noqa: E402
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc  # noqa: E402
+
+BIN = Path(sys.executable).parent
+T = TypeVar("T")
+
+__all__ = ["BIN", "REPO", "CpuMeter", "Proc", "coordinator_argv", "free_port", "percentile", "wait_leader",
+           "wait_until"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of ``values``; NaN when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def wait_until(fn: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
+    """Poll ``fn`` until it returns something truthy (gRPC errors count as not yet)."""
+    end = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < end:
+        try:
+            last = fn()
+            if last:
+                return last
+        except grpc.RpcError as e:
+            last = e
+        time.sleep(interval_s)
+    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}; last value: {last!r}")
+
+
+@dataclass
+class Proc:
+    """A child process whose stdout and stderr go to ``log_path``."""
+
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env}, cwd=REPO)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def coordinator_argv(listen: str, etcd_endpoints: Sequence[str], prefix: str, state_dir: Path, *,
+                     metrics_listen: str = "", profile_out: Path | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """Command line of a coordinator replica; with ``profile_out`` it runs under cProfile."""
+    if profile_out is not None:
+        head = [sys.executable, "-m", "cProfile", "-o", str(profile_out), "-m", "coordinator.server"]
+    else:
+        head = [str(BIN / "gptrm-coordinator")]
+    return [*head, "--listen", listen, "--metrics-listen", metrics_listen,
+            "--etcd", ",".join(f"http://{e}" for e in etcd_endpoints), "--etcd-prefix", prefix,
+            "--coordinator-id", "bench", "--state-dir", str(state_dir), *extra]
+
+
+def wait_leader(address: str, timeout_s: float = 30.0, proc: Proc | None = None) -> admin_pb2.ClusterStatus:
+    """Block until the coordinator at ``address`` leads; fails at once if ``proc`` exits."""
+    with grpc.insecure_channel(address) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+
+        def leading() -> admin_pb2.ClusterStatus | None:
+            if proc is not None and not proc.alive:
+                raise RuntimeError(f"the coordinator exited with {proc.proc.returncode}; its log:\n{proc.tail()}")
+            s = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=2)
+            return s if s.is_leader else None
+
+        return wait_until(leading, timeout_s, f"the coordinator at {address} to lead")
+
+
+class CpuMeter:
+    """CPU (% of one core) and RSS of a process between :meth:`start` and :meth:`read`.
+
+    Besides the whole process (all threads) it tracks the main thread alone: for an asyncio
+    server that is the event loop, which saturates at 100 % whatever the number of cores.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self._cpu0 = 0.0
+        self._main0 = 0.0
+        self._t0 = 0.0
+        self.main_pct = 0.0
+
+    def _cpu(self) -> tuple[float, float]:
+        t = self.proc.cpu_times()
+        main = next((th.user_time + th.system_time for th in self.proc.threads() if th.id == self.proc.pid), 0.0)
+        return t.user + t.system, main
+
+    def start(self) -> None:
+        (self._cpu0, self._main0), self._t0 = self._cpu(), time.monotonic()
+
+    def read(self) -> tuple[float, float]:
+        """(CPU % of one core since start, RSS MB now); the main thread's share goes to ``main_pct``."""
+        (cpu, main), now = self._cpu(), time.monotonic()
+        wall = max(1e-9, now - self._t0)
+        self.main_pct = 100.0 * (main - self._main0) / wall
+        return 100.0 * (cpu - self._cpu0) / wall, self.proc.memory_info().rss / 2**20

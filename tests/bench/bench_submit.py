@@ -1,0 +1,226 @@
+"""Benchmark: submit-to-RUNNING latency of short tasks on a local cluster.
+
+Run: ``.venv/bin/python tests/bench/bench_submit.py [--tasks 200] [--rate 10] [--agents 2]``.
+
+It starts a single-member embedded etcd, one ``gptrm-coordinator`` and ``--agents`` real
+``gptrm-agent`` processes (``--gpu-backend simulated --simulate-gpus 8xH100-80GB
+--interval 0.5``) on loopback, then submits ``--tasks`` tasks (``argv = sleep 0.5``, demand
+0.125 GPU and 1 GiB GPU memory per GPU, GPU sharing allowed) through the Admin
+``SubmitTask`` RPC at a steady ``--rate``. Latency = the time of the task's RUNNING entry in
+``Task.history`` (written by the coordinator when the agent reports the process started)
+minus the time the ``SubmitTask`` call returned; both clocks are this host's. The history
+also splits it (each entry is stamped by the coordinator when its etcd transaction runs):
+submit → SCHEDULED (from the task's submit time: queue, placement, etcd commit), SCHEDULED →
+STARTING (decision to the agent, fork/exec, durable task table, status back, one transaction)
+and STARTING → RUNNING (the agent's RUNNING event, one more transaction).
+
+Baselines in the same run: the round trip of a bare ``GetStatus`` RPC, the ``SubmitTask``
+RPC itself (it writes the task to etcd), and a local fork/exec of ``sleep 0`` through
+``sh -c`` as the agent's runtime does. ``--warmup`` tasks run first and are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_util import BIN, Proc, coordinator_argv, free_port, percentile, wait_leader, wait_until
+
+from common.etcd_embedded import EmbeddedEtcd
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+
+GIB = 1 << 30
+RUNNING = types_pb2.TASK_STATE_RUNNING
+SCHEDULED = types_pb2.TASK_STATE_SCHEDULED
+STARTING = types_pb2.TASK_STATE_STARTING
+TERMINAL = {types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED, types_pb2.TASK_STATE_CANCELLED}
+
+
+def spec(i: int, args: argparse.Namespace) -> types_pb2.TaskSpec:
+    demand = types_pb2.ResourceVector(gpus=args.gpus, gpu_mem_bytes=int(args.gpu_mem_gib * GIB),
+                                      cpu_cores=args.cpu_cores)
+    return types_pb2.TaskSpec(name=f"bench-{i}", kind=types_pb2.TASK_KIND_INFERENCE,
+                              argv=["sleep", f"{args.task_seconds:g}"], has_demand=True, demand=demand,
+                              allow_gpu_sharing=True)
+
+
+def history_time(task: types_pb2.Task, state: int) -> float | None:
+    return next((h.time_unix_s for h in task.history if h.state == state), None)
+
+
+def stats_line(name: str, values: list[float], unit: float = 1000.0, suffix: str = "ms") -> str:
+    if not values:
+        return f"{name:<38} (no values)"
+    return (f"{name:<38} n={len(values):<5} p50 {percentile(values, 50) * unit:8.1f}{suffix}  "
+            f"p99 {percentile(values, 99) * unit:8.1f}{suffix}  max {max(values) * unit:8.1f}{suffix}  "
+            f"mean {statistics.fmean(values) * unit:8.1f}{suffix}")
+
+
+def baseline_rpc(stub: admin_pb2_grpc.AdminStub, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def baseline_fork(n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(["sh", "-c", '"$@"', "sh", "sleep", "0"], check=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def submit_all(stub: admin_pb2_grpc.AdminStub, count: int, rate: float, args: argparse.Namespace,
+               first: int) -> tuple[dict[str, float], list[float], float]:
+    """Submit ``count`` tasks at ``rate``/s; returns ({task id: time the call returned}, RPC seconds, start time)."""
+    returned: dict[str, float] = {}
+    rpc: list[float] = []
+    start = time.time()
+    for i in range(count):
+        delay = start + i / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        t0 = time.time()
+        task = stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=spec(first + i, args), request_id=f"bench-{first + i}"),
+                               timeout=30)
+        t1 = time.time()
+        returned[task.id] = t1
+        rpc.append(t1 - t0)
+    return returned, rpc, start
+
+
+def wait_running(stub: admin_pb2_grpc.AdminStub, ids: set[str], timeout_s: float) -> dict[str, types_pb2.Task]:
+    """Wait until every task in ``ids`` has a RUNNING history entry (or ended); returns them."""
+    def done() -> dict[str, types_pb2.Task] | None:
+        tasks = {t.id: t for t in stub.ListTasks(admin_pb2.ListTasksRequest(), timeout=30).tasks if t.id in ids}
+        finished = [t for t in tasks.values() if history_time(t, RUNNING) is not None or t.state in TERMINAL]
+        return tasks if len(finished) == len(ids) else None
+
+    try:
+        return wait_until(done, timeout_s, "every task to reach RUNNING", interval_s=0.5)
+    except RuntimeError:
+        tasks = {t.id: t for t in stub.ListTasks(admin_pb2.ListTasksRequest(), timeout=30).tasks if t.id in ids}
+        stuck = [t for t in tasks.values() if history_time(t, RUNNING) is None]
+        print(f"warning: {len(stuck)} of {len(ids)} tasks never reached RUNNING within {timeout_s:.0f}s; e.g. "
+              + "; ".join(f"{t.id} {types_pb2.TaskState.Name(t.state)} {t.reason!r}" for t in stuck[:3]))
+        return tasks
+
+
+def run(args: argparse.Namespace, tmp: Path) -> None:
+    etcd = EmbeddedEtcd(tmp / "etcd")
+    procs: list[Proc] = []
+    try:
+        etcd.start()
+        listen = f"127.0.0.1:{free_port()}"
+        prefix = f"/bench/submit-{os.getpid()}-{int(time.time())}/"
+        coord = Proc(coordinator_argv(listen, etcd.endpoints, prefix, tmp / "coordinator",
+                                      extra=args.coordinator_args.split()), tmp / "coordinator.log").start()
+        procs.append(coord)
+        wait_leader(listen, 60.0, coord)
+        for a in range(args.agents):
+            procs.append(Proc([str(BIN / "gptrm-agent"), "--coordinator", listen, "--node-id", f"bench-agent-{a}",
+                               "--gpu-backend", "simulated", "--simulate-gpus", args.simulate_gpus,
+                               "--interval", str(args.interval), "--state-dir", str(tmp / f"agent-{a}"),
+                               "--backoff-max", "1"], tmp / f"agent-{a}.log").start())
+        with grpc.insecure_channel(listen) as channel:
+            stub = admin_pb2_grpc.AdminStub(channel)
+            wait_until(lambda: sum(1 for n in stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes
+                                   if n.state == types_pb2.NODE_STATE_READY and n.has_latest) >= args.agents,
+                       60.0, f"{args.agents} READY agents with telemetry")
+            print(f"cluster: embedded etcd, 1 coordinator, {args.agents} agent(s) × {args.simulate_gpus} simulated, "
+                  f"agent interval {args.interval:g}s; {os.cpu_count()} CPUs", flush=True)
+
+            status_rtt = baseline_rpc(stub, args.baseline_n)
+            fork = baseline_fork(args.baseline_n)
+
+            if args.warmup:
+                warm, _, _ = submit_all(stub, args.warmup, args.rate, args, first=0)
+                wait_running(stub, set(warm), 60.0)
+            returned, submit_rpc, started = submit_all(stub, args.tasks, args.rate, args, first=args.warmup)
+            tasks = wait_running(stub, set(returned), args.timeout)
+
+        latency, to_sched, sched_to_start, start_to_run, ran_at = [], [], [], [], []
+        for tid, t_ret in returned.items():
+            task = tasks.get(tid)
+            t_run = history_time(task, RUNNING) if task is not None else None
+            if t_run is None:
+                continue
+            latency.append(t_run - t_ret)
+            ran_at.append(t_run)
+            t_sched, t_start = history_time(task, SCHEDULED), history_time(task, STARTING)
+            if t_sched is not None and t_start is not None:
+                to_sched.append(t_sched - task.submit_unix_s)
+                sched_to_start.append(t_start - t_sched)
+                start_to_run.append(t_run - t_start)
+        submit_s = max(returned.values()) - started
+        span = max(ran_at) - started if ran_at else float("nan")
+
+        print(f"\nsubmit → RUNNING: {args.tasks} tasks (argv sleep {args.task_seconds:g}, {args.gpus:g} GPU + "
+              f"{args.gpu_mem_gib:g} GiB, sharing) at {args.rate:g}/s requested, "
+              f"{args.tasks / submit_s:.1f}/s achieved")
+        print(stats_line("submit return → RUNNING (history)", latency))
+        print(stats_line("  of which submit → SCHEDULED", to_sched))
+        print(stats_line("  of which SCHEDULED → STARTING", sched_to_start))
+        print(stats_line("  of which STARTING → RUNNING", start_to_run))
+        print(f"{'throughput':<38} {len(latency)} tasks RUNNING {span:.2f}s after the first submit = "
+              f"{len(latency) / span:.1f} tasks/s"
+              + (f"  ({args.tasks - len(latency)} never ran)" if len(latency) < args.tasks else ""))
+        print("baselines (same run):")
+        print(stats_line("  SubmitTask RPC (etcd write)", submit_rpc))
+        print(stats_line("  GetStatus RPC round trip", status_rtt))
+        print(stats_line("  fork/exec sh -c 'sleep 0'", fork))
+    finally:
+        for p in reversed(procs):
+            status = p.stop()
+            if status not in (0, None, -15):
+                print(f"{p.log_path.name} exited with {status}; tail:\n{p.tail(1500)}", file=sys.stderr)
+        etcd.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", type=int, default=200, help="tasks measured")
+    p.add_argument("--rate", type=float, default=10.0, help="submissions per second")
+    p.add_argument("--agents", type=int, default=2, help="agent processes")
+    p.add_argument("--simulate-gpus", default="8xH100-80GB")
+    p.add_argument("--interval", type=float, default=0.5, help="agent sampling interval, seconds")
+    p.add_argument("--task-seconds", type=float, default=0.5, help="each task runs sleep SECONDS")
+    p.add_argument("--gpus", type=float, default=0.125, help="GPUs per task")
+    p.add_argument("--gpu-mem-gib", type=float, default=1.0, help="GPU memory per GPU, GiB")
+    p.add_argument("--cpu-cores", type=float, default=0.1,
+                   help="host cores per task (0: the profiler's default of 1; simulated nodes report this host's "
+                        "real cores, 2 here, so only one such task per node fits under threshold 0.9)")
+    p.add_argument("--warmup", type=int, default=5, help="tasks run first, not counted")
+    p.add_argument("--baseline-n", type=int, default=200, help="samples of each baseline")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the last task to run")
+    p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
+    p.add_argument("--keep-dir", default="", help="keep state and logs in this directory instead of a temporary one")
+    args = p.parse_args()
+    if args.keep_dir:
+        Path(args.keep_dir).mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(args.keep_dir) if args.keep_dir
+          else tempfile.TemporaryDirectory(prefix="gptrm-bench-submit-")) as tmp:
+        try:
+            run(args, Path(tmp))
+        except BaseException:
+            for log in sorted(Path(tmp).glob("*.log")):
+                print(f"==== {log.name}\n{log.read_text(errors='replace')[-1500:]}", file=sys.stderr)
+            raise
+
+
+if __name__ == "__main__":
+    main()
