@@ -205,3 +205,24 @@ def feasible(req: Request, node: NodeSnapshot, threshold: float) -> str | None:
         or _dimension_reason(req, node, threshold)
         or gpu_fit_reason(req, [g.mem_free_bytes for g in node.gpus], [g.share_free for g in node.gpus])
     )
+
+
+class ThresholdPolicy:
+    """What every policy shares: the threshold filter of :func:`feasible`, and no memory of commits.
+
+    Subclasses set ``name``, ``sorts_requests`` and ``scale_out`` and define ``rank`` and
+    ``select``; a stateful one (round-robin's cursor) overrides :meth:`committed`.
+
+    :param args: validated arguments.
+    """
+
+    def __init__(self, args: PolicyArgs) -> None:
+        self.args = args
+        self.threshold = args.threshold
+
+    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
+        """Filter: see :func:`feasible`."""
+        return feasible(req, node, self.threshold)
+
+    def committed(self, indices: IntArray, n_nodes: int) -> None:
+        """Stateless: nothing to remember."""

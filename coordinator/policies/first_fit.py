@@ -11,7 +11,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.scheduling import NodeId, NodeSnapshot, Request
-from coordinator.policies._base import DEFAULT_THRESHOLD, BoolArray, IntArray, NodeArrays, PolicyArgs, feasible
+from coordinator.policies._base import (
+    DEFAULT_THRESHOLD,
+    BoolArray,
+    IntArray,
+    NodeArrays,
+    PolicyArgs,
+    ThresholdPolicy,
+    feasible,
+)
 
 __all__ = ["NAME", "FirstFit", "FirstFitArgs", "build", "feasible", "first_k", "rank"]
 
@@ -45,7 +53,7 @@ def rank(nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     return [n.node_id for n in nodes]
 
 
-class FirstFit:
+class FirstFit(ThresholdPolicy):
     """First-fit as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -55,14 +63,6 @@ class FirstFit:
     sorts_requests = False
     scale_out = False
 
-    def __init__(self, args: FirstFitArgs) -> None:
-        self.args = args
-        self.threshold = args.threshold
-
-    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
-        """Filter: see :func:`coordinator.policies._base.feasible`."""
-        return feasible(req, node, self.threshold)
-
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank`."""
         return rank(nodes)
@@ -70,9 +70,6 @@ class FirstFit:
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The first ``req.nodes`` feasible nodes."""
         return first_k(mask, req.nodes)
-
-    def committed(self, indices: IntArray, n_nodes: int) -> None:
-        """Stateless: nothing to remember."""
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> FirstFit:

@@ -19,6 +19,7 @@ from coordinator.policies._base import (
     IntArray,
     NodeArrays,
     PolicyArgs,
+    ThresholdPolicy,
     feasible,
     first_k_by_key,
 )
@@ -52,7 +53,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     return [n.node_id for n in sorted(nodes, key=lambda n: n.compute_util)]
 
 
-class LoadBalancing:
+class LoadBalancing(ThresholdPolicy):
     """Alg. 2 as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -62,14 +63,6 @@ class LoadBalancing:
     sorts_requests = True
     scale_out = True
 
-    def __init__(self, args: LoadBalancingArgs) -> None:
-        self.args = args
-        self.threshold = args.threshold
-
-    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
-        """Filter: see :func:`coordinator.policies._base.feasible`."""
-        return feasible(req, node, self.threshold)
-
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank`."""
         return rank(req, nodes)
@@ -77,9 +70,6 @@ class LoadBalancing:
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The ``req.nodes`` feasible nodes with the lowest compute utilization."""
         return first_k_by_key(rank_key(view.util), mask, req.nodes)
-
-    def committed(self, indices: IntArray, n_nodes: int) -> None:
-        """Stateless: nothing to remember."""
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> LoadBalancing:

@@ -19,6 +19,7 @@ from coordinator.policies._base import (
     IntArray,
     NodeArrays,
     PolicyArgs,
+    ThresholdPolicy,
     feasible,
     first_k_by_key,
 )
@@ -52,7 +53,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     return [n.node_id for n in sorted(nodes, key=lambda n: n.compute_util, reverse=True)]
 
 
-class MaxUtilization:
+class MaxUtilization(ThresholdPolicy):
     """Alg. 1 as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -62,14 +63,6 @@ class MaxUtilization:
     sorts_requests = True
     scale_out = True
 
-    def __init__(self, args: MaxUtilizationArgs) -> None:
-        self.args = args
-        self.threshold = args.threshold
-
-    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
-        """Filter: see :func:`coordinator.policies._base.feasible`."""
-        return feasible(req, node, self.threshold)
-
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank`."""
         return rank(req, nodes)
@@ -78,9 +71,6 @@ class MaxUtilization:
         """The ``req.nodes`` feasible nodes with the highest compute utilization."""
         # view.neg_util is rank_key(view.util), maintained by the engine as placements commit.
         return first_k_by_key(view.neg_util, mask, req.nodes)
-
-    def committed(self, indices: IntArray, n_nodes: int) -> None:
-        """Stateless: nothing to remember."""
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> MaxUtilization:

@@ -22,6 +22,7 @@ from coordinator.policies._base import (
     IntArray,
     NodeArrays,
     PolicyArgs,
+    ThresholdPolicy,
     feasible,
     first_k_by_key,
 )
@@ -80,7 +81,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     return [n.node_id for n in sorted(nodes, key=lambda n: power_increase(n, req.demand.gpus))]
 
 
-class PowerEfficient:
+class PowerEfficient(ThresholdPolicy):
     """Alg. 3 as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -90,14 +91,6 @@ class PowerEfficient:
     sorts_requests = True
     scale_out = False
 
-    def __init__(self, args: PowerEfficientArgs) -> None:
-        self.args = args
-        self.threshold = args.threshold
-
-    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
-        """Filter: see :func:`coordinator.policies._base.feasible`."""
-        return feasible(req, node, self.threshold)
-
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank`."""
         return rank(req, nodes)
@@ -105,9 +98,6 @@ class PowerEfficient:
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The ``req.nodes`` feasible nodes with the smallest estimated power increase."""
         return first_k_by_key(power_increase_w(view, req.demand.gpus), mask, req.nodes)
-
-    def committed(self, indices: IntArray, n_nodes: int) -> None:
-        """Stateless: nothing to remember."""
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> PowerEfficient:

@@ -15,7 +15,15 @@ import numpy as np
 
 from common.errors import ValidationError
 from common.scheduling import NodeId, NodeSnapshot, Request
-from coordinator.policies._base import DEFAULT_THRESHOLD, BoolArray, IntArray, NodeArrays, PolicyArgs, feasible
+from coordinator.policies._base import (
+    DEFAULT_THRESHOLD,
+    BoolArray,
+    IntArray,
+    NodeArrays,
+    PolicyArgs,
+    ThresholdPolicy,
+    feasible,
+)
 
 __all__ = ["NAME", "RandomArgs", "RandomPolicy", "build", "draw", "feasible", "rank"]
 
@@ -60,7 +68,7 @@ def rank(nodes: Sequence[NodeSnapshot], rng: np.random.Generator) -> list[NodeId
     return [nodes[int(i)].node_id for i in rng.permutation(len(nodes))]
 
 
-class RandomPolicy:
+class RandomPolicy(ThresholdPolicy):
     """Random placement as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -72,13 +80,8 @@ class RandomPolicy:
     scale_out = False
 
     def __init__(self, args: RandomArgs, rng: np.random.Generator) -> None:
-        self.args = args
-        self.threshold = args.threshold
+        super().__init__(args)
         self.rng = rng
-
-    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
-        """Filter: see :func:`coordinator.policies._base.feasible`."""
-        return feasible(req, node, self.threshold)
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank` (consumes randomness)."""
@@ -90,9 +93,6 @@ class RandomPolicy:
         if len(candidates) < req.nodes:
             return candidates.astype(np.int64)
         return candidates[draw(len(candidates), req.nodes, self.rng)].astype(np.int64)
-
-    def committed(self, indices: IntArray, n_nodes: int) -> None:
-        """Stateless apart from the RNG: nothing to remember."""
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> RandomPolicy:

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.scheduling import NodeId, NodeSnapshot, Request
-from coordinator.policies._base import DEFAULT_THRESHOLD, BoolArray, IntArray, NodeArrays, PolicyArgs, feasible
+from coordinator.policies._base import (
+    DEFAULT_THRESHOLD,
+    BoolArray,
+    IntArray,
+    NodeArrays,
+    PolicyArgs,
+    ThresholdPolicy,
+    feasible,
+)
 
 __all__ = ["NAME", "RoundRobin", "RoundRobinArgs", "build", "feasible", "next_cursor", "rank", "rotate"]
 
@@ -58,7 +66,7 @@ def rank(nodes: Sequence[NodeSnapshot], cursor: int) -> list[NodeId]:
     return [n.node_id for n in (*nodes[cursor:], *nodes[:cursor])]
 
 
-class RoundRobin:
+class RoundRobin(ThresholdPolicy):
     """Round-robin as a :class:`~coordinator.policies._base.Policy`; the cursor is its only state.
 
     :param args: validated arguments.
@@ -69,13 +77,8 @@ class RoundRobin:
     scale_out = False
 
     def __init__(self, args: RoundRobinArgs) -> None:
-        self.args = args
-        self.threshold = args.threshold
+        super().__init__(args)
         self.cursor = 0
-
-    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
-        """Filter: see :func:`coordinator.policies._base.feasible`."""
-        return feasible(req, node, self.threshold)
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank`."""
