@@ -8,13 +8,9 @@ caller's ``finally``; only loopback addresses are used.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,6 +23,7 @@ if str(REPO) not in sys.path:
 
 from common.etcd_embedded import free_port  # noqa: E402
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc  # noqa: E402
+from tests.integration.harness import Proc, wait_until  # noqa: E402
 
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -42,63 +39,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100.0 * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
-
-
-def wait_until(fn: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
-    """Poll ``fn`` until it returns something truthy (gRPC errors count as not yet)."""
-    end = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < end:
-        try:
-            last = fn()
-            if last:
-                return last
-        except grpc.RpcError as e:
-            last = e
-        time.sleep(interval_s)
-    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}; last value: {last!r}")
-
-
-@dataclass
-class Proc:
-    """A child process whose stdout and stderr go to ``log_path``."""
-
-    argv: list[str]
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> Proc:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env}, cwd=REPO)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout_s: float = 20.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit status."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
 
 def coordinator_argv(listen: str, etcd_endpoints: Sequence[str], prefix: str, state_dir: Path, *,
@@ -124,7 +64,7 @@ def wait_leader(address: str, timeout_s: float = 30.0, proc: Proc | None = None)
             s = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=2)
             return s if s.is_leader else None
 
-        return wait_until(leading, timeout_s, f"the coordinator at {address} to lead")
+        return wait_until(leading, timeout_s, what=f"the coordinator at {address} to lead")
 
 
 class CpuMeter:

@@ -111,8 +111,8 @@ def wait_running(stub: admin_pb2_grpc.AdminStub, ids: set[str], timeout_s: float
         return tasks if len(finished) == len(ids) else None
 
     try:
-        return wait_until(done, timeout_s, "every task to reach RUNNING", interval_s=0.5)
-    except RuntimeError:
+        return wait_until(done, timeout_s, interval_s=0.5, what="every task to reach RUNNING")
+    except AssertionError:  # wait_until timed out
         tasks = {t.id: t for t in stub.ListTasks(admin_pb2.ListTasksRequest(), timeout=30).tasks if t.id in ids}
         stuck = [t for t in tasks.values() if history_time(t, RUNNING) is None]
         print(f"warning: {len(stuck)} of {len(ids)} tasks never reached RUNNING within {timeout_s:.0f}s; e.g. "
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
             stub = admin_pb2_grpc.AdminStub(channel)
             wait_until(lambda: sum(1 for n in stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes
                                    if n.state == types_pb2.NODE_STATE_READY and n.has_latest) >= args.agents,
-                       60.0, f"{args.agents} READY agents with telemetry")
+                       60.0, what=f"{args.agents} READY agents with telemetry")
             print(f"cluster: embedded etcd, 1 coordinator, {args.agents} agent(s) × {args.simulate_gpus} simulated, "
                   f"agent interval {args.interval:g}s; {os.cpu_count()} CPUs", flush=True)
 

@@ -53,6 +53,11 @@ class Proc:
         return self
 
     @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -80,6 +85,9 @@ class Proc:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log()[-chars:]
 
 
 class Cluster:
