@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import socket
 import sys
 import threading
@@ -27,9 +26,9 @@ from agent.runtime import TaskRuntime
 from agent.sampler import build_sampler
 from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
-from common.errors import GptrmError
-from common.logging import configure_logging, get_logger
+from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.process import run_service
 
 __all__ = ["AGENT_VERSION", "main", "run"]
 
@@ -124,26 +123,7 @@ async def _watchdog(notifier: SystemdNotifier, stream: AgentStream) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``gptrm-agent``; configuration problems are one line on stderr."""
-    try:
-        cfg = config_mod.load(argv)
-    except GptrmError as e:
-        print(f"gptrm-agent: error: {e}", file=sys.stderr)
-        return 2
-    configure_logging(cfg.log_level)
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run(cfg, stop)
-
-    try:
-        asyncio.run(go())
-    except GptrmError as e:
-        print(f"gptrm-agent: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_service("gptrm-agent", config_mod.load, run, argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,8 +22,9 @@ from grpc_reflection.v1alpha import reflection
 
 from common.errors import GptrmError
 from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
-from common.logging import configure_logging, get_logger
+from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
+from common.process import run_service
 from coordinator import config as config_mod
 from coordinator.admin import AdminService
 from coordinator.config import CoordinatorConfig
@@ -111,26 +111,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``gptrm-coordinator``; bad config or etcd trouble is one line on stderr."""
-    try:
-        cfg = config_mod.load(argv)
-    except GptrmError as e:
-        print(f"gptrm-coordinator: error: {e}", file=sys.stderr)
-        return 2
-    configure_logging(cfg.log_level)
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop)
-
-    try:
-        asyncio.run(run())
-    except GptrmError as e:
-        print(f"gptrm-coordinator: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_service("gptrm-coordinator", config_mod.load, serve, argv)
 
 
 if __name__ == "__main__":

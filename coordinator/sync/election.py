@@ -33,7 +33,7 @@ class Election:
         election.start()                              # campaign (and watch) in the background
         if election.wait_for_leadership(timeout=5.0):
             store = Store(client, keys, election)     # its writes are fenced with election.epoch
-        ...
+            serve_as_leader(store)                    # act while leading
         election.resign()                             # clean shutdown: a standby takes over at once
 
     A candidate wins with a transaction that requires the leader key's create revision to be 0
