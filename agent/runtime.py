@@ -120,7 +120,7 @@ class TaskRuntime:
             task_id, state = await getattr(self, f"_do_{action}")(decision)
             ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True, resulting_state=int(state),
                                         task_id=task_id)
-        except (GptrmError, OSError, ValueError, KeyError) as e:
+        except (GptrmError, OSError, ValueError, KeyError, psutil.Error) as e:
             task_id = getattr(getattr(decision, action), "task_id", "") if action else ""
             ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=str(e), task_id=task_id)
             self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id, reason=str(e))
@@ -158,7 +158,7 @@ class TaskRuntime:
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir, env=env,
                 start_new_session=True, user=self._user.pw_uid if self._user else None,
                 group=self._user.pw_gid if self._user else None)
-        rec = TaskRecord(st.task_id, decision.decision_id, proc.pid, psutil.Process(proc.pid).create_time(),
+        rec = TaskRecord(st.task_id, decision.decision_id, proc.pid, _create_time(proc.pid),
                          list(st.gpu_indices), list(st.gpu_uuids), str(log_path), str(exit_file),
                          st.stop_grace_s or 10.0, int(TaskState.STARTING), time.time(), st.gpu_share or 1.0,
                          st.demand.gpu_mem_bytes)
@@ -277,6 +277,14 @@ class TaskRuntime:
         """Stop watching (tasks keep running; a restarted agent adopts them)."""
         for w in self._watchers.values():
             w.cancel()
+
+
+def _create_time(pid: int) -> float:
+    """The process's start time; a task that already exited (and was reaped) started just now."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return time.time()
 
 
 def _read_exit(path: str) -> int | None:

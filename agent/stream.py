@@ -104,6 +104,9 @@ class AgentStream:
             except (TimeoutError, grpc.aio.AioRpcError, ConnectionError) as e:
                 code = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
                 self._log.warning("stream_failed", address=address, reason=code, attempt=self._backoff.attempt)
+            except Exception as e:  # the daemon loop is a boundary: log, back off, reconnect
+                self._log.error("stream_failed", address=address, reason=repr(e), attempt=self._backoff.attempt,
+                                exc_info=True)
             finally:
                 self.connected.clear()
             if stop.is_set():
