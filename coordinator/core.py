@@ -140,7 +140,8 @@ class Coordinator:
 
     def leader_info(self) -> tuple[str, str, int]:
         """(leader id, leader address, epoch) as last observed."""
-        rec = self.election.leader()
+        # The election's own view (watch + campaigns) costs no etcd read; ask etcd only when it has none.
+        rec = self.election.observe() or self.election.leader()
         if rec is None:
             return "", "", 0
         return rec.coordinator_id, rec.address, rec.epoch

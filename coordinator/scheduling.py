@@ -34,7 +34,7 @@ from coordinator.policies import POLICIES
 from coordinator.power_model import PowerModel
 from coordinator.profiler import Profiler, gpus_used, validate_spec
 from coordinator.registry import NodeEntry
-from coordinator.sync._records import add_reservation, remove_reservation
+from coordinator.sync import add_reservation, remove_reservation
 
 __all__ = ["SchedulerLoop"]
 
@@ -188,13 +188,7 @@ class SchedulerLoop:
                 self._log.info("placement_not_committed", task_id=task.id, reason=str(result.rejected.get(task.id)))
                 await self._refresh_task(core, task.id)
                 continue
-            stored = types_pb2.Task()
-            stored.CopyFrom(task)
-            stored.state = int(TaskState.SCHEDULED)
-            stored.reason = ""
-            stored.allocation.CopyFrom(alloc)
-            stored.revision = result.committed[task.id]
-            stored.history.add(state=int(TaskState.SCHEDULED), time_unix_s=time.time())
+            stored = result.stored[task.id]
             core.tasks[task.id] = stored
             for na in alloc.nodes:
                 entry = core.registry.get(na.node_id)
