@@ -195,19 +195,19 @@ class TaskRuntime:
                 await watcher
         return rec.task_id, TaskState.CANCELLED
 
-    async def _do_pause(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
-        rec = self._known(decision.pause.task_id)
-        self._signal(rec, signal.SIGSTOP)
-        self._report(rec, TaskState.PAUSED, decision_id=decision.decision_id)
+    def _signal_and_report(self, decision: agent_pb2.Decision, task_id: str, sig: signal.Signals,
+                           state: TaskState) -> tuple[str, TaskState]:
+        rec = self._known(task_id)
+        self._signal(rec, sig)
+        self._report(rec, state, decision_id=decision.decision_id)
         self.table.save()
-        return rec.task_id, TaskState.PAUSED
+        return rec.task_id, state
+
+    async def _do_pause(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        return self._signal_and_report(decision, decision.pause.task_id, signal.SIGSTOP, TaskState.PAUSED)
 
     async def _do_resume(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
-        rec = self._known(decision.resume.task_id)
-        self._signal(rec, signal.SIGCONT)
-        self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
-        self.table.save()
-        return rec.task_id, TaskState.RUNNING
+        return self._signal_and_report(decision, decision.resume.task_id, signal.SIGCONT, TaskState.RUNNING)
 
     async def _do_scale(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
         rec = self._known(decision.scale.task_id)
