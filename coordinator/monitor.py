@@ -4,7 +4,8 @@ Each node keeps fixed-size ring buffers (numpy, preallocated once) of every GPU 
 field, so memory is bounded by ``history_s / interval`` samples whatever the ingest rate.
 Absent fields (NVML ``NotSupported``) are stored as NaN.
 
-After every batch the paper's objectives are recomputed over the active nodes:
+The paper's objectives over the active nodes reflect every batch received (recomputed,
+vectorised, by the first reader after a batch):
 
 - Eq. 1, mean compute utilization: ``U = (1/N) Σ_n u_n`` with ``u_n`` the mean GPU
   utilization of node n (host CPU utilization for a node without GPUs);
@@ -36,7 +37,11 @@ HOST_FIELDS = (
     "cpu_util", "load1", "mem_used_bytes", "mem_total_bytes", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w",
 )
 _G = {name: i for i, name in enumerate(GPU_FIELDS)}
-_OPTIONAL_HOST = {"cpu_power_w"}
+_WIDTH = len(GPU_FIELDS)
+# protobuf field number -> ring column, for reading a GpuSample with ListFields().
+_GPU_COLUMN = {types_pb2.GpuSample.DESCRIPTOR.fields_by_name[name].number: i for i, name in enumerate(GPU_FIELDS)}
+_UTIL, _POWER, _MEM_USED, _MEM_TOTAL, _ENERGY = (_G[f] for f in ("util_gpu", "power_w", "mem_used_bytes",
+                                                                  "mem_total_bytes", "energy_j"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +63,8 @@ class NodeHistory:
     :param capacity: samples kept (history seconds / sampling interval).
     """
 
-    __slots__ = ("_energy_start", "capacity", "count", "energy_delta_j", "energy_j", "gpu", "head", "host", "last_power_w",
+    __slots__ = ("_energy_start", "capacity", "count", "energy_delta_j", "energy_j", "gpu", "head", "host",
+                 "last_power_w",
                  "last_time", "n_gpus", "times")
 
     def __init__(self, n_gpus: int, capacity: int) -> None:
@@ -76,47 +82,60 @@ class NodeHistory:
         self._energy_start: float | None = None
 
     def append(self, sample: types_pb2.TelemetrySample) -> tuple[float, float, float, float]:
-        """Store one sample; returns (compute util, power W, GPU memory used, GPU memory total)."""
+        """Store one sample; returns (compute util, power W, GPU memory used, GPU memory total).
+
+        Hot path (one call per node per second): the set fields of each GPU are read with
+        ``ListFields`` (one C call per GPU), gathered into a flat list and copied into the
+        ring row in one numpy assignment; the node summary is summed from the same list.
+        """
         i = self.head
-        self.times[i] = sample.time_unix_s
-        row = self.gpu[i]
-        row.fill(np.nan)
+        t = sample.time_unix_s
+        self.times[i] = t
+        n, width = self.n_gpus, _WIDTH
+        flat = [math.nan] * (n * width)
+        column = _GPU_COLUMN.get
         for g in sample.gpus:
-            if g.index >= self.n_gpus:
+            idx = g.index
+            if idx >= n:
                 continue
-            r = row[g.index]
-            for name in GPU_FIELDS:
-                if g.HasField(name):
-                    r[_G[name]] = getattr(g, name)
+            base = idx * width
+            for fd, value in g.ListFields():
+                col = column(fd.number)
+                if col is not None:
+                    flat[base + col] = value
+        if n:
+            self.gpu[i] = np.asarray(flat, dtype=np.float32).reshape(n, width)
         h = sample.host
-        hrow = self.host[i]
-        for j, name in enumerate(HOST_FIELDS):
-            hrow[j] = getattr(h, name) if name not in _OPTIONAL_HOST or h.HasField(name) else np.nan
+        host = [h.cpu_util, h.load1, h.mem_used_bytes, h.mem_total_bytes, h.net_rx_bytes_total, h.net_tx_bytes_total,
+                h.cpu_power_w if h.HasField("cpu_power_w") else math.nan]
+        self.host[i] = host
         self.head = (i + 1) % self.capacity
         self.count = min(self.count + 1, self.capacity)
-        return self._summarize(sample.time_unix_s, row, hrow)
-
-    def _summarize(self, t: float, row: np.ndarray, hrow: np.ndarray) -> tuple[float, float, float, float]:
-        if self.n_gpus:
-            util = row[:, _G["util_gpu"]]
-            u = float(np.nanmean(util)) if not np.isnan(util).all() else 0.0
+        if n:
+            utils = [v for v in flat[_UTIL::width] if v == v]    # v == v: not NaN
+            u = sum(utils) / len(utils) if utils else 0.0
+            power = sum(v for v in flat[_POWER::width] if v == v)
+            mem_used = sum(v for v in flat[_MEM_USED::width] if v == v)
+            mem_total = sum(v for v in flat[_MEM_TOTAL::width] if v == v)
+            energy = flat[_ENERGY::width]
+            counters = None if any(v != v for v in energy) else sum(energy)
         else:
-            u = float(hrow[0]) if not math.isnan(hrow[0]) else 0.0
-        gpu_power = row[:, _G["power_w"]]
-        power = float(np.nansum(gpu_power)) + (0.0 if math.isnan(hrow[6]) else float(hrow[6]))
-        mem_used = float(np.nansum(row[:, _G["mem_used_bytes"]]))
-        mem_total = float(np.nansum(row[:, _G["mem_total_bytes"]]))
-        self._integrate(t, power, row[:, _G["energy_j"]])
+            u, power, mem_used, mem_total, counters = host[0], 0.0, 0.0, 0.0, None
+        if not math.isnan(host[6]):
+            power += host[6]
+        self._integrate(t, power, counters)
         return u, power, mem_used, mem_total
 
-    def _integrate(self, t: float, power: float, counters: np.ndarray) -> None:
+    def _integrate(self, t: float, power: float, counters: float | None) -> None:
+        """Energy since the first sample: from the summed NVML counters when every GPU has one
+        (``counters``), else the trapezoid rule over the node's power."""
         before = self.energy_j
         self._integrate_counters(t, power, counters)
         self.energy_delta_j = self.energy_j - before
 
-    def _integrate_counters(self, t: float, power: float, counters: np.ndarray) -> None:
-        if self.n_gpus and not np.isnan(counters).any():
-            total = float(counters.sum())
+    def _integrate_counters(self, t: float, power: float, counters: float | None) -> None:
+        if counters is not None:
+            total = counters
             if self._energy_start is None:
                 self._energy_start = total - self.energy_j
             self.energy_j = max(self.energy_j, total - self._energy_start)
@@ -158,7 +177,8 @@ class ResourceMonitor:
         self._mem_total = np.zeros(0)
         self._active = np.zeros(0, dtype=bool)
         self._energy_total = 0.0
-        self.objectives = ClusterObjectives()
+        self._objectives = ClusterObjectives()
+        self._stale = False
         self.samples_total = 0
         self.last_lag_s = 0.0
 
@@ -193,25 +213,38 @@ class ResourceMonitor:
         self.latest[node_id] = samples[-1]
         self.samples_total += len(samples)
         self.last_lag_s = max(0.0, self._now() - samples[-1].time_unix_s)
-        self._recompute()
+        self._stale = True
 
     def deactivate(self, node_id: str) -> None:
         """Leave a node out of the objectives (it stopped reporting)."""
         slot = self._slot.get(node_id)
         if slot is not None and self._active[slot]:
             self._active[slot] = False
+            self._stale = True
+
+    @property
+    def objectives(self) -> ClusterObjectives:
+        """The cluster objectives as of the latest batch.
+
+        Ingest only marks them stale; they are recomputed (vectorised over all nodes) by the
+        first reader after a batch, so a burst of thousands of batches between two reads
+        (Admin status, a scrape, the scheduler) costs one recompute, not thousands.
+        """
+        if self._stale:
             self._recompute()
+        return self._objectives
 
     def _recompute(self) -> None:
+        self._stale = False
         active = self._active
         n = int(active.sum())
         energy = self._energy_total
         if n == 0:
-            self.objectives = ClusterObjectives(energy_j=energy)
+            self._objectives = ClusterObjectives(energy_j=energy)
             return
         util = self._util[active]
         mem_total = float(self._mem_total[active].sum())
-        self.objectives = ClusterObjectives(
+        self._objectives = ClusterObjectives(
             util_mean=float(util.mean()),
             util_std=float(util.std()),
             power_w=float(self._power[active].sum()),

@@ -6,7 +6,8 @@ It starts a single-member embedded etcd and one ``gptrm-coordinator`` process on
 then one or more load-generator processes (this file with ``--role generator``) that run
 lightweight agent streams with ``grpc.aio``: each stream registers like a real agent (8
 simulated H100 GPUs), waits for the Welcome, then sends one ``TelemetrySample`` (every GPU
-field a simulated agent sends) plus one ``Heartbeat`` per second, the streams' start times
+field a simulated agent sends) per second (a real agent sends no separate heartbeat while its
+telemetry flows; ``--heartbeats`` adds one per second anyway), the streams' start times
 spread uniformly over the second. Several streams share one channel (HTTP/2 connection).
 Messages are pre-serialized once per stream and only the sample time is patched in, so the
 generator spends its CPU on gRPC, not on building protobufs.
@@ -37,7 +38,7 @@ answers ``GetNode`` from it, at ``--baseline-agents`` agents: the cost of the tr
 measurement themselves on this machine, which the coordinator's figures include.
 
 At the end it also times the coordinator's ``ResourceMonitor.ingest`` in-process (per 8-GPU
-sample, and the share spent recomputing the cluster objectives). ``--profile FILE`` runs the
+sample), and one recompute of the cluster objectives (done by the first reader after a batch). ``--profile FILE`` runs the
 coordinator under cProfile (``python -m cProfile -o FILE``; slower) and prints its top
 functions; ``--lag-trace FILE`` writes every lag sample to a CSV file.
 """
@@ -248,7 +249,7 @@ class Generator:
 
 
 async def generator_main(args: argparse.Namespace) -> None:
-    gen = Generator(args.target, args.streams_per_channel, args.interval, not args.no_heartbeats)
+    gen = Generator(args.target, args.streams_per_channel, args.interval, args.heartbeats)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -437,7 +438,7 @@ async def start_generators(args: argparse.Namespace, target: str, tmp: Path, tag
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, str(Path(__file__).resolve()), "--role", "generator", "--target", target,
                 "--streams-per-channel", str(args.streams_per_channel), "--interval", str(args.interval),
-                *(["--no-heartbeats"] if args.no_heartbeats else []),
+                *(["--heartbeats"] if args.heartbeats else []),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err)
         gens.append(GenProc(proc, log))
     return gens
@@ -606,7 +607,7 @@ def format_row(r: Row) -> str:
 
 def time_monitor_ingest(nodes: int, rounds: int = 3) -> tuple[float, float]:
     """In-process cost of the coordinator's ``ResourceMonitor.ingest`` for one 8-GPU sample, with ``nodes``
-    nodes reporting; returns (µs per sample, µs of that spent in the per-sample objectives recompute)."""
+    nodes reporting; returns (µs per sample, µs of one recompute of the objectives, which readers trigger)."""
     from coordinator.monitor import ResourceMonitor
 
     monitor = ResourceMonitor(900.0, 1.0)
@@ -646,7 +647,7 @@ def print_profile(path: Path, top: int) -> None:
 async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
     steps = [int(s) for s in args.steps.split(",") if s]
     rows: list[Row] = []
-    print(f"telemetry ingest: {GPUS} GPUs/agent, 1 sample + {'0' if args.no_heartbeats else '1'} heartbeat per agent "
+    print(f"telemetry ingest: {GPUS} GPUs/agent, 1 sample + {'1' if args.heartbeats else '0'} heartbeat per agent "
           f"per {args.interval:g}s, {args.generators} generator process(es), {args.streams_per_channel} "
           f"streams/channel, {os.cpu_count()} CPUs; lag probe {args.lag_nodes} nodes/s, window {args.window:g}s",
           flush=True)
@@ -712,9 +713,9 @@ async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
     if args.micro:
         for n in sorted({min(steps or [2000]), 2000, max(steps or [2000])}):
             us, rec = await asyncio.to_thread(time_monitor_ingest, n)
-            print(f"in-process ResourceMonitor.ingest at {n} nodes: {us:.0f} µs per 8-GPU sample (of which "
-                  f"{rec:.0f} µs recomputing the cluster objectives) = {us * n / 1e4:.0f}% of one core at {n} "
-                  "samples/s")
+            print(f"in-process ResourceMonitor.ingest at {n} nodes: {us:.0f} µs per 8-GPU sample = "
+                  f"{us * n / 1e4:.0f}% of one core at {n} samples/s; one recompute of the cluster objectives "
+                  f"(by the first reader after a batch) {rec:.0f} µs")
     if args.lag_trace:
         with open(args.lag_trace, "w") as fh:
             fh.write("server,agents,sample_time_unix_s,node,lag_s\n")
@@ -735,7 +736,8 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=1.0, help="sampling interval of every agent, seconds")
     p.add_argument("--generators", type=int, default=1, help="load-generator processes")
     p.add_argument("--streams-per-channel", type=int, default=20, help="agent streams per gRPC channel")
-    p.add_argument("--no-heartbeats", action="store_true", help="send telemetry only (agents also send heartbeats)")
+    p.add_argument("--heartbeats", action="store_true",
+                   help="also send one heartbeat per agent per second (agents skip it while telemetry flows)")
     p.add_argument("--lag-nodes", type=int, default=50, help="nodes probed for lag per second")
     p.add_argument("--poll-ms", type=float, default=10.0, help="shortest interval between GetNode polls")
     p.add_argument("--lag-timeout", type=float, default=5.0, help="seconds a probe waits for a new sample")
