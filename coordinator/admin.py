@@ -24,14 +24,14 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.types import NodeState
 from coordinator.core import VERSION, Coordinator
-from coordinator.events import Event
+from coordinator.events import KINDS, Event
 from coordinator.registry import NodeEntry
 
-__all__ = ["LEADER_METADATA_KEY", "AdminService"]
+__all__ = ["LEADER_METADATA_KEY", "REFUSED_METADATA_KEY", "AdminService"]
 
 LEADER_METADATA_KEY = "gptrm-leader-address"
-_EVENT_KINDS = {name: i for i, name in enumerate(
-    ("", "node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out"))}
+REFUSED_METADATA_KEY = "gptrm-refused"
+_EVENT_KINDS = {name: admin_pb2.EventKind.Value(f"EVENT_KIND_{name.upper()}") for name in KINDS}
 R = TypeVar("R")
 _log = get_logger("admin")
 
@@ -54,6 +54,9 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         except (IllegalTransition, Fenced) as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except EtcdUnavailable as e:
+            # UNAVAILABLE also means "no connection" to a client; the marker says this
+            # coordinator answered and refused (gptrmctl exits 1 with the reason, not 3).
+            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "etcd-unavailable"),))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable: {e}")
         raise AssertionError("unreachable")  # context.abort raises
 
@@ -98,7 +101,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         gpus_total = sum(len(e.inventory.gpus) for e in core.registry if e.state != NodeState.LOST)
         gpus_alloc = sum(len(e.record.reserved_gpu_indices) for e in core.registry)
         return admin_pb2.ClusterStatus(
-            coordinator_id=core.id, is_leader=core.leading, leader_id=leader_id, leader_address=address,
+            coordinator_id=core.id, is_leader=core.leading and core.election.is_leader, leader_id=leader_id,
+            leader_address=address,
             leader_epoch=epoch, uptime_s=time.monotonic() - core.started, version=VERSION, stale=core.stale,
             nodes_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(core.registry.counts().items())],
             tasks_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(core.task_counts().items())],
@@ -107,10 +111,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             policy=core.policy, gpus_total=gpus_total, gpus_allocated=gpus_alloc,
         )
 
+    async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:
+        """A standby's read from etcd (the leader's writes): (True, result); (False, None) on the
+        leader, or when etcd does not answer, and the caller serves its own memory (marked stale)."""
+        if self.core.leading or self.core.stale:
+            return False, None
+        try:
+            return True, await asyncio.to_thread(fn, *args)
+        except EtcdUnavailable:
+            return False, None
+
     @_rpc
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Any) -> admin_pb2.ListNodesResponse:
-        if not self.core.leading:
-            records = await asyncio.to_thread(self.core.store.list_nodes)
+        read, records = await self._from_etcd(self.core.store.list_nodes)
+        if read:
             return admin_pb2.ListNodesResponse(
                 nodes=[admin_pb2.NodeView(record=r, state=r.state or int(NodeState.NOT_READY)) for r in records])
         views = [self._view(e) for e in sorted(self.core.registry, key=lambda e: e.node_id)]
@@ -129,10 +143,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         for s in request.states:
             if s not in types_pb2.TaskState.values() or s == 0:
                 raise ValidationError("states", f"unknown task state {s}")
-        if self.core.leading:
-            tasks = list(self.core.tasks.values())
-        else:
-            tasks = await asyncio.to_thread(self.core.store.list_tasks)
+        read, stored = await self._from_etcd(self.core.store.list_tasks)
+        tasks = stored if read else list(self.core.tasks.values())
         wanted = set(request.states)
         tasks = [t for t in tasks if not wanted or t.state in wanted]
         tasks.sort(key=lambda t: (t.submit_unix_s, t.id))
@@ -141,12 +153,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_rpc
     async def GetTask(self, request: admin_pb2.GetTaskRequest, context: Any) -> types_pb2.Task:
         task_id = _require_id(request.task_id, "task_id")
-        if not self.core.leading:
-            task = await asyncio.to_thread(self.core.store.get_task, task_id)
-            if task is None:
-                raise NotFound(f"task {task_id!r} not found")
-            return task
-        return self.core.get_task(task_id)
+        read, task = await self._from_etcd(self.core.store.get_task, task_id)
+        if not read:
+            return self.core.get_task(task_id)
+        if task is None:
+            raise NotFound(f"task {task_id!r} not found")
+        return task
 
     @_rpc
     async def SubmitTask(self, request: admin_pb2.SubmitTaskRequest, context: Any) -> types_pb2.Task:

@@ -161,23 +161,61 @@ class Coordinator:
         return agent_pb2.CoordinatorMessage(redirect=agent_pb2.Redirect(leader_address=address, leader_id=leader_id))
 
     async def write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a fenced store write in a thread; etcd trouble marks our view stale."""
+        """Run a fenced store write in a thread; etcd trouble marks our view stale.
+
+        :raises NotLeader: this replica does not lead.
+        :raises EtcdUnavailable: etcd is known to be unreachable (refused at once, nothing is
+            half-applied) or stopped answering during the write.
+        """
         self.require_leader()
+        if self.stale:
+            raise EtcdUnavailable("etcd is unreachable: writes are refused until it answers again "
+                                  "(reads are served from memory, marked stale)")
         return await self.write_as_leader(fn, *args, **kwargs)
 
     async def write_as_leader(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Like :meth:`write` without the in-memory leader check (used during recovery); fencing still applies."""
         try:
             result = await asyncio.to_thread(fn, *args, **kwargs)
-        except EtcdUnavailable:
-            self.stale = True
-            self.metrics.etcd_up.set(0)
+        except EtcdUnavailable as e:
+            self._set_etcd_reachable(False, str(e))
             raise
-        if self.stale:
-            self._log.info("etcd_recovered")
-        self.stale = False
-        self.metrics.etcd_up.set(1)
+        self._set_etcd_reachable(True)
         return result
+
+    def _set_etcd_reachable(self, up: bool, reason: str = "") -> None:
+        if up == (not self.stale):
+            return
+        self.stale = not up
+        self.metrics.etcd_up.set(1 if up else 0)
+        if up:
+            self._log.info("etcd_recovered")
+            self.events.publish("etcd", "etcd reachable again: writes and scheduling resume")
+            if self.scheduler is not None:
+                self.scheduler.wake()
+        else:
+            self._log.warning("etcd_unreachable", reason=reason)
+            self.events.publish("etcd", f"etcd unreachable: scheduling and writes stop, reads are stale ({reason})")
+
+    async def watch_etcd(self, period_s: float = 0.5) -> None:
+        """Probe etcd (a read of the leader key) every ``period_s``, on every replica.
+
+        While it does not answer, this replica is *stale*: the scheduler pauses, writes are
+        refused with ``UNAVAILABLE``, and reads are served from memory with ``stale`` set. The
+        first answer clears it, with no operator action. (An outage longer than the lease TTL
+        also costs the leader its lease; it then steps down, and leads again after re-election.)
+        """
+        while True:
+            try:
+                await asyncio.to_thread(self.election.leader)
+            except EtcdUnavailable as e:
+                self._set_etcd_reachable(False, str(e))
+            except Exception as e:  # etcd answered with an error: it is reachable
+                self._log.warning("etcd_probe_failed", reason=str(e))
+                self._set_etcd_reachable(True)
+            else:
+                self._set_etcd_reachable(True)
+            await asyncio.sleep(period_s)
 
     # ---- nodes ------------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 __all__ = ["Event", "EventBus", "EventKind"]
 
 EventKind = str
-"""One of node_joined, node_state, task_state, decision, leader, policy, scale_out."""
+"""One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd."""
 
-KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out")
+KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,8 @@ class EventBus:
         self._seq = 0
         self._now = now
 
-    def publish(self, kind: EventKind, message: str, *, node_id: str = "", task_id: str = "", **fields: object) -> Event:
+    def publish(self, kind: EventKind, message: str, *, node_id: str = "", task_id: str = "",
+                **fields: object) -> Event:
         """Record an event and hand it to every subscriber (slow subscribers lose the oldest)."""
         if kind not in KINDS:
             raise ValueError(f"unknown event kind {kind!r}")

@@ -129,7 +129,9 @@ class Metrics:
         self.commit_latency = Histogram("gptrm_sync_commit_duration_seconds", "etcd commit of a placement batch",
                                         registry=r)
         self.is_leader = Gauge("gptrm_coordinator_leader", "1 while this replica leads", registry=r)
-        self.etcd_up = Gauge("gptrm_etcd_up", "1 while etcd answers", registry=r)
+        self.etcd_up = Gauge("gptrm_etcd_up", "1 while etcd answers (the coordinator starts only once it does)",
+                             registry=r)
+        self.etcd_up.set(1)
 
 
 def serve_metrics(metrics: Metrics, listen: str) -> object:

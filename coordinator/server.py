@@ -89,14 +89,15 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
     await server.start()
     for name in ("", *services[:2]):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    watcher = asyncio.create_task(core.watch_nodes())
+    watchers = [asyncio.create_task(core.watch_nodes()), asyncio.create_task(core.watch_etcd())]
     election.start()
     log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd)
     try:
         await stop.wait()
     finally:
         log.info("coordinator_stopping")
-        watcher.cancel()
+        for w in watchers:
+            w.cancel()
         await asyncio.to_thread(election.resign)
         core.on_lost("shutdown")
         await asyncio.sleep(0)

@@ -5,6 +5,7 @@ Exit codes (DESIGN.md): 1 refused request, 2 usage error, 3 no coordinator answe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -18,6 +19,8 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NO_COORDINATOR = 3
 LEADER_METADATA_KEY = "gptrm-leader-address"
+REFUSED_METADATA_KEY = "gptrm-refused"
+"""Set by a coordinator that answered UNAVAILABLE itself (etcd down), as opposed to no connection."""
 
 T = TypeVar("T")
 
@@ -30,11 +33,15 @@ class CtlError(Exception):
         self.code = code
 
 
-def _leader_hint(err: grpc.RpcError) -> str:
-    for key, value in (err.trailing_metadata() or ()):  # type: ignore[attr-defined]
-        if key == LEADER_METADATA_KEY:
+def _metadata(err: grpc.RpcError, key: str) -> str:
+    for k, value in (err.trailing_metadata() or ()):  # type: ignore[attr-defined]
+        if k == key:
             return value
     return ""
+
+
+def _leader_hint(err: grpc.RpcError) -> str:
+    return _metadata(err, LEADER_METADATA_KEY)
 
 
 class Transport:
@@ -64,6 +71,7 @@ class Transport:
 
     def _try_all(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, streaming: bool = False) -> T:
         tried: list[str] = []
+        refusal = ""
         queue = list(self.addresses)
         while queue:
             address = queue.pop(0)
@@ -78,6 +86,8 @@ class Transport:
             except grpc.RpcError as err:
                 code = err.code()  # type: ignore[attr-defined]
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    if _metadata(err, REFUSED_METADATA_KEY):
+                        refusal = err.details() or code.name  # type: ignore[attr-defined]
                     hint = _leader_hint(err)
                     if hint and hint not in tried:
                         queue.insert(0, hint)
@@ -87,6 +97,8 @@ class Transport:
                     queue.insert(0, hint)
                     continue
                 raise CtlError(err.details() or code.name, EXIT_REFUSED) from None  # type: ignore[attr-defined]
+        if refusal:
+            raise CtlError(refusal, EXIT_REFUSED)
         raise CtlError(f"no coordinator answered at {', '.join(tried) or '(none given)'}", EXIT_NO_COORDINATOR)
 
     def close(self) -> None:
@@ -100,10 +112,8 @@ class _PeekedStream:
     def __init__(self, call: Any) -> None:
         self._call = call
         self._first: list[Any] = []
-        try:
+        with contextlib.suppress(StopIteration):
             self._first.append(next(call))
-        except StopIteration:
-            pass
 
     def __iter__(self) -> Any:
         yield from self._first

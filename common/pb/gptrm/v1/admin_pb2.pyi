@@ -18,6 +18,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_LEADER: _ClassVar[EventKind]
     EVENT_KIND_POLICY: _ClassVar[EventKind]
     EVENT_KIND_SCALE_OUT: _ClassVar[EventKind]
+    EVENT_KIND_ETCD: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -26,6 +27,7 @@ EVENT_KIND_DECISION: EventKind
 EVENT_KIND_LEADER: EventKind
 EVENT_KIND_POLICY: EventKind
 EVENT_KIND_SCALE_OUT: EventKind
+EVENT_KIND_ETCD: EventKind
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
