@@ -10,6 +10,7 @@ a re-delivered decision is acknowledged with its recorded outcome and never run 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
 import shutil
@@ -127,7 +128,7 @@ class TaskRuntime:
         if decision.decision_id:
             self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
                                                           "state": ack.resulting_state, "task_id": ack.task_id}
-            self.table.save()
+        self.table.save()   # the decision's effect and its outcome in one atomic write
         return ack
 
     def _known(self, task_id: str) -> TaskRecord:
@@ -162,13 +163,14 @@ class TaskRuntime:
                          list(st.gpu_indices), list(st.gpu_uuids), str(log_path), str(exit_file),
                          st.stop_grace_s or 10.0, int(TaskState.STARTING), time.time(), st.gpu_share or 1.0,
                          st.demand.gpu_mem_bytes)
+        # No await from here until handle() saves the table (one fsync per start, with the
+        # pid, the RUNNING state and the decision's outcome together): an agent killed in
+        # between loses nothing it could have recorded.
         self.table.tasks[st.task_id] = rec
-        self.table.save()
         self._procs[st.task_id] = proc
         self._report(rec, TaskState.STARTING, decision_id=decision.decision_id)
         self._follow_gpus(rec)
         self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
-        self.table.save()
         self._watchers[st.task_id] = asyncio.create_task(self._watch(rec))
         return st.task_id, TaskState.RUNNING
 
@@ -200,8 +202,7 @@ class TaskRuntime:
         rec = self._known(task_id)
         self._signal(rec, sig)
         self._report(rec, state, decision_id=decision.decision_id)
-        self.table.save()
-        return rec.task_id, state
+        return rec.task_id, state   # handle() saves the table
 
     async def _do_pause(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
         return self._signal_and_report(decision, decision.pause.task_id, signal.SIGSTOP, TaskState.PAUSED)
@@ -223,10 +224,8 @@ class TaskRuntime:
     def _signal(self, rec: TaskRecord, sig: signal.Signals) -> None:
         if not _alive(rec):
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(rec.pid, sig)
-        except ProcessLookupError:
-            pass
 
     # ---- watching ---------------------------------------------------------------------------
 

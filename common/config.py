@@ -61,7 +61,8 @@ def option(
     :param choices: allowed values for strings.
     :param check: extra validation, see :data:`Check`.
     """
-    meta = {"help": help, "flag": flag, "choices": tuple(choices) if choices else None, "check": check, "metavar": metavar}
+    meta = {"help": help, "flag": flag, "choices": tuple(choices) if choices else None, "check": check,
+            "metavar": metavar}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -168,11 +169,14 @@ def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentPar
         key = _key(f)
         base = _base_type(hints[f.name])
         kwargs: dict[str, Any] = {"default": None, "dest": f.name}
-        help_text = f"{f.metadata['help']} (default: {f.default if f.default is not dataclasses.MISSING else '-'}; env {_ENV_PREFIX}{key.upper()})"
+        default = f.default if f.default is not dataclasses.MISSING else "-"
+        help_text = f"{f.metadata['help']} (default: {default}; env {_ENV_PREFIX}{key.upper()})"
         if base is bool:
-            parser.add_argument(f"--{key.replace('_', '-')}", action=argparse.BooleanOptionalAction, help=help_text, **kwargs)
+            parser.add_argument(f"--{key.replace('_', '-')}", action=argparse.BooleanOptionalAction, help=help_text,
+                                **kwargs)
             continue
-        parser.add_argument(f"--{key.replace('_', '-')}", metavar=f.metadata.get("metavar") or key.upper(), help=help_text, **kwargs)
+        parser.add_argument(f"--{key.replace('_', '-')}", metavar=f.metadata.get("metavar") or key.upper(),
+                            help=help_text, **kwargs)
     return parser
 
 

@@ -142,7 +142,8 @@ class EtcdCluster:
         m.log = self.data_dir / f"{m.name}.log"
         argv = self._argv(m, binary)
         if (m.data_dir / "member").exists():
-            argv = [a for a in argv if not a.startswith("--initial-cluster-state")] + ["--initial-cluster-state=existing"]
+            argv = [a for a in argv if not a.startswith("--initial-cluster-state")]
+            argv.append("--initial-cluster-state=existing")
         with m.log.open("ab") as log:
             # Own session: a Ctrl-C on the terminal reaches our process, which stops etcd in order.
             m.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -155,10 +156,10 @@ class EtcdCluster:
             if m.proc is not None and m.proc.poll() is not None:
                 tail = m.log.read_text(errors="replace")[-2000:] if m.log else ""
                 raise CoordinationError(f"embedded etcd {m.name} exited with code {m.proc.returncode}: {tail.strip()}")
-            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                with urllib.request.urlopen(f"{m.client_url}/health", timeout=1) as resp:
-                    if b'"health":"true"' in resp.read():
-                        return
+            with contextlib.suppress(OSError, urllib.error.URLError, ValueError), \
+                    urllib.request.urlopen(f"{m.client_url}/health", timeout=1) as resp:
+                if b'"health":"true"' in resp.read():
+                    return
             self._sleep(0.05)
         raise CoordinationError(f"embedded etcd {m.name} not healthy after {self.startup_timeout_s}s")
 
@@ -190,7 +191,7 @@ class EtcdCluster:
         self.stop()
 
 
-def EmbeddedEtcd(data_dir: Path | str, startup_timeout_s: float = 20.0) -> EtcdCluster:  # noqa: N802 - reads as a class
+def EmbeddedEtcd(data_dir: Path | str, startup_timeout_s: float = 20.0) -> EtcdCluster:  # reads as a class
     """A single-member :class:`EtcdCluster` whose data lives in ``data_dir``.
 
     The member's ports are chosen afresh on every start; its data is kept between starts.

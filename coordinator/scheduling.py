@@ -19,6 +19,7 @@ the request waits), under power-efficient it simply waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -95,10 +96,8 @@ class SchedulerLoop:
     async def run(self, core: Any) -> None:
         """Schedule while leading; a cycle runs on every wake-up and at least once a second."""
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
             self._wake.clear()
             if core.stale:
                 continue

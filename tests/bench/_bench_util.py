@@ -1,4 +1,4 @@
-"""Shared helpers of the process-level benchmarks (bench_ingest, bench_submit): not a test module.
+"""Shared helpers of the process-level benchmarks (bench_ingest, bench_submit, bench_failover): not a test module.
 
 Child processes (embedded etcd, coordinator, agents, load generators) are started with
 their output in log files under a temporary directory and are always stopped by the
@@ -42,7 +42,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def coordinator_argv(listen: str, etcd_endpoints: Sequence[str], prefix: str, state_dir: Path, *,
-                     metrics_listen: str = "", profile_out: Path | None = None, extra: Sequence[str] = ()) -> list[str]:
+                     metrics_listen: str = "", profile_out: Path | None = None, extra: Sequence[str] = (),
+                     coordinator_id: str = "bench") -> list[str]:
     """Command line of a coordinator replica; with ``profile_out`` it runs under cProfile."""
     if profile_out is not None:
         head = [sys.executable, "-m", "cProfile", "-o", str(profile_out), "-m", "coordinator.server"]
@@ -50,7 +51,7 @@ def coordinator_argv(listen: str, etcd_endpoints: Sequence[str], prefix: str, st
         head = [str(BIN / "gptrm-coordinator")]
     return [*head, "--listen", listen, "--metrics-listen", metrics_listen,
             "--etcd", ",".join(f"http://{e}" for e in etcd_endpoints), "--etcd-prefix", prefix,
-            "--coordinator-id", "bench", "--state-dir", str(state_dir), *extra]
+            "--coordinator-id", coordinator_id, "--state-dir", str(state_dir), *extra]
 
 
 def wait_leader(address: str, timeout_s: float = 30.0, proc: Proc | None = None) -> admin_pb2.ClusterStatus:

@@ -145,5 +145,6 @@ class TestChaos:
                 continue
             for na in t.allocation.nodes:
                 for i in na.gpu_indices:
-                    assert (na.node_id, i) not in held, f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
+                    assert (na.node_id, i) not in held, \
+                        f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
                     held[(na.node_id, i)] = t.id

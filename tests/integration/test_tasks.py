@@ -64,7 +64,8 @@ class TestTaskLifecycle:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
-        tid = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--stop-grace-s", "1",
+        tid = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
+                      "--stop-grace-s", "1",
                       "--", "sh", "-c", "trap '' TERM; while true; do sleep 0.1; done")
         t = wait_until(lambda: _state_is(cluster, tid, "running"), what="running")
         pids = t["pids"]
@@ -80,7 +81,8 @@ class TestTaskLifecycle:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         agent = cluster.start_agent("n1")
-        long = _submit(cluster, "--name", "long", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--", "sleep", "30")
+        long = _submit(cluster, "--name", "long", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
+                       "--", "sleep", "30")
         short = _submit(cluster, "--name", "short", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
                         "sh", "-c", "sleep 2; exit 7")
         wait_until(lambda: _state_is(cluster, long, "running") and _state_is(cluster, short, "running"),

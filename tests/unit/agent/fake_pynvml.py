@@ -14,7 +14,6 @@ call raise GpuIsLost, and ``FakeNvml.calls`` counts calls per (function, GPU ind
 """
 
 # The function names must be pynvml's own (camelCase), so pep8-naming's N802 does not apply here.
-# ruff: noqa: N802
 
 from __future__ import annotations
 
