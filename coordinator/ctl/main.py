@@ -27,6 +27,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
     print(render.dump_json(doc) if args.output == "json" else text)
+    if args.output != "json" and isinstance(doc, dict) and doc.get("stale"):
+        print("[stale] etcd is unreachable: this answer comes from the coordinator's memory", file=sys.stderr)
 
 
 def cmd_status(t: Transport, args: argparse.Namespace) -> None:

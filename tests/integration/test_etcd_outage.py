@@ -66,6 +66,8 @@ def _assert_outage_behaviour(c: Cluster, running: str) -> None:
     tasks = _json(c, "tasks")
     assert tasks["stale"] is True
     assert [t["task_id"] for t in tasks["tasks"]] == [running]
+    table = c.ctl("tasks")
+    assert table.returncode == 0 and running in table.stdout and "[stale]" in table.stderr, table
     nodes = _json(c, "nodes")
     assert nodes["stale"] is True and [n["node_id"] for n in nodes["nodes"]] == ["n1"]
     res = c.ctl("-o", "json", "submit", "--name", "during", "--gpus", "1", "--", "sleep", "1")
