@@ -108,8 +108,9 @@ class ProgressBar:
         self.width = width
         self._last = -1
         self.label = ""
-        # Not a terminal (a log file, CI): redraw every 10 % only, so the file stays short.
-        self.step = 1 if self.stream.isatty() else 10
+        # Not a terminal (a log file, CI): a line every 10 % instead of redrawing one line.
+        self.tty = self.stream.isatty()
+        self.step = 1 if self.tty else 10
 
     def start(self, label: str) -> None:
         """Begin a new bar.
@@ -126,19 +127,28 @@ class ProgressBar:
         :param fraction: done, 0..1.
         """
         percent = int(max(0.0, min(1.0, fraction)) * 100) // self.step * self.step
-        if percent == self._last:
-            return
+        if percent == self._last or (percent == 100 and not self.tty):
+            return   # off a terminal, finish() writes the 100 % line, with its note
         self._last = percent
-        filled = percent * self.width // 100
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {percent:3d}% {self.label}")
+        self._draw(percent)
+        if not self.tty:
+            self.stream.write("\n")
         self.stream.flush()
+
+    def _draw(self, percent: int) -> None:
+        filled = percent * self.width // 100
+        self.stream.write(f"{chr(13) if self.tty else ''}[{'#' * filled}{'.' * (self.width - filled)}] "
+                          f"{percent:3d}% {self.label}")
 
     def finish(self, note: str = "") -> None:
         """End the line.
 
         :param note: appended after the bar (e.g. the wall time).
         """
-        self.update(1.0)
+        if self.tty:
+            self.update(1.0)
+        else:
+            self._draw(100)
         self.stream.write(f" {note}\n")
         self.stream.flush()
 

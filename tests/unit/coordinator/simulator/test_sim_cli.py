@@ -92,7 +92,7 @@ class TestProgressBar:
     """ProgressBar draws a text bar on its stream."""
 
     def test_draws(self) -> None:
-        """A non-terminal stream gets a redraw every 10 % and a final line with the note."""
+        """A non-terminal stream gets a line every 10 %, the last one with the note."""
         stream = io.StringIO()
         bar = ProgressBar(stream, width=10)
         bar.start("run")
@@ -100,7 +100,26 @@ class TestProgressBar:
             bar.update(k / 100)
         bar.finish("1.0s")
         text = stream.getvalue()
-        assert text.count("\r") == 11 and text.endswith("[##########] 100% run 1.0s\n")
+        lines = text.splitlines()
+        assert "\r" not in text and len(lines) == 11
+        assert lines[0] == "[..........]   0% run" and lines[5] == "[#####.....]  50% run"
+        assert lines[-1] == "[##########] 100% run 1.0s"
+
+    def test_terminal_redraws_one_line(self) -> None:
+        """On a terminal the bar redraws in place (carriage returns) and ends with one newline."""
+
+        class Tty(io.StringIO):
+            def isatty(self) -> bool:
+                return True
+
+        stream = Tty()
+        bar = ProgressBar(stream, width=10)
+        bar.start("run")
+        for k in range(101):
+            bar.update(k / 100)
+        bar.finish("1.0s")
+        text = stream.getvalue()
+        assert text.count("\r") > 90 and text.count("\n") == 1 and text.endswith("\r[##########] 100% run 1.0s\n")
 
 
 class TestMarkdownTable:
