@@ -33,6 +33,10 @@ class PartialGpus:
         """How many GPUs are partly shared now."""
         return len(self._slots)
 
+    def has(self, node: int, slot: int) -> bool:
+        """Whether the GPU is in the index (partly shared)."""
+        return (node, slot) in self._where
+
     def update(self, node: int, slot: int, share_free: float, mem_free: float) -> None:
         """Record one GPU's state; it is indexed only while ``0 < share_free < 1``.
 

@@ -191,8 +191,11 @@ class ClusterState:
         free = sorted((m for m, s in zip(self.slot_mem[i], self.slot_share[i], strict=True) if s >= 1.0), reverse=True)
         self.whole_desc[:, i] = free + [-1.0] * (self.width - len(free))
         shares, mems = self.slot_share[i], self.slot_mem[i]
+        partial = self._partial
         for k in range(len(shares)) if slots is None else slots:
-            self._partial.update(i, k, shares[k], mems[k])
+            s = shares[k]
+            if 0.0 < s < 1.0 or partial.has(i, k):   # whole GPUs never enter the index
+                partial.update(i, k, s, mems[k])
         self._bounds_stale = True
 
     def refresh_bounds(self) -> None:
@@ -285,20 +288,21 @@ class ClusterState:
             mask &= self.headroom[k] >= demand[k]
         return mask
 
-    def feasible_mask(self, req: Request, demand: FloatArray, whole: int, exact: bool) -> BoolArray:
+    def feasible_mask(self, req: Request, values: tuple[float, int, float, int, int], whole: int,
+                      exact: bool) -> BoolArray:
         """Every node the shared filter accepts for the request (constraints, dimensions, GPUs).
 
         :param req: the request.
-        :param demand: its vector as an array, shape ``(5,)``.
+        :param values: ``req.demand.as_tuple()``.
         :param whole: ``req.whole_gpus``.
-        :param exact: ``is_exact(req.demand.as_tuple())``.
+        :param exact: ``is_exact(values)``.
         :returns: a fresh mask over nodes.
         """
         if self.exact and exact:
-            mask = self._binding_dims_mask(req.demand.as_tuple())
+            mask = self._binding_dims_mask(values)
         else:
             # General path: add and compare, rounding exactly like the reference.
-            mask = self.dimension_ok(req, demand).all(axis=0)
+            mask = self.dimension_ok(req, np.array(values, dtype=np.float64)).all(axis=0)
         static = self.static_mask(req)
         if static is not None:
             mask &= static

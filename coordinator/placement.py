@@ -47,6 +47,7 @@ __all__ = ["PlacementEngine", "describe_demand"]
 
 _GIB = 1024**3
 _SAMPLE_REASONS = 5
+_EXACT_MEMO = 4096  # distinct demand vectors remembered (the profiler produces few shapes)
 
 
 def describe_demand(req: Request) -> str:
@@ -76,6 +77,7 @@ class PlacementEngine:
         self.policy = policy
         self.state = ClusterState(snapshot, policy.threshold)
         self._refusals = RefusalMemo()
+        self._exact: dict[tuple[float, int, float, int, int], bool] = {}   # demand vector -> is_exact
 
     @classmethod
     def from_name(
@@ -126,12 +128,15 @@ class PlacementEngine:
         if hopeless is not None:
             return self._remember(req, whole, self._reject_hopeless(req, hopeless))
         values = req.demand.as_tuple()
-        exact = is_exact(values)
-        demand = np.array(values, dtype=np.float64)
-        mask = state.feasible_mask(req, demand, whole, exact)
+        exact = self._exact.get(values)
+        if exact is None:
+            exact = self._exact[values] = is_exact(values)
+            if len(self._exact) > _EXACT_MEMO:
+                self._exact.clear()
+        mask = state.feasible_mask(req, values, whole, exact)
         chosen = self.policy.select(state.view, mask, req) if req.nodes <= len(state.nodes) else mask[:0]
         if len(chosen) < req.nodes:
-            rejection = self._reject(req, demand, mask)
+            rejection = self._reject(req, np.array(values, dtype=np.float64), mask)
             state.refresh_bounds()
             return self._remember(req, whole, rejection)
         assignments = tuple(state.commit(i, req, whole, exact) for i in chosen.tolist())
