@@ -38,9 +38,10 @@ answers ``GetNode`` from it, at ``--baseline-agents`` agents: the cost of the tr
 measurement themselves on this machine, which the coordinator's figures include.
 
 At the end it also times the coordinator's ``ResourceMonitor.ingest`` in-process (per 8-GPU
-sample), and one recompute of the cluster objectives (done by the first reader after a batch). ``--profile FILE`` runs the
-coordinator under cProfile (``python -m cProfile -o FILE``; slower) and prints its top
-functions; ``--lag-trace FILE`` writes every lag sample to a CSV file.
+sample), and one recompute of the cluster objectives (done by the first reader after a
+batch). ``--profile FILE`` runs the coordinator under cProfile (``python -m cProfile -o
+FILE``; slower) and prints its top functions; ``--lag-trace FILE`` writes every lag sample
+to a CSV file.
 """
 
 from __future__ import annotations
