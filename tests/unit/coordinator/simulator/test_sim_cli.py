@@ -88,18 +88,22 @@ class TestSimulateCommand:
         assert "none.csv" in capsys.readouterr().err
 
 
+def _run_bar(stream: io.StringIO) -> str:
+    """Drive a 10-wide bar from 0 to 100 % in 1 % steps; what it wrote."""
+    bar = ProgressBar(stream, width=10)
+    bar.start("run")
+    for k in range(101):
+        bar.update(k / 100)
+    bar.finish("1.0s")
+    return stream.getvalue()
+
+
 class TestProgressBar:
     """ProgressBar draws a text bar on its stream."""
 
     def test_draws(self) -> None:
         """A non-terminal stream gets a line every 10 %, the last one with the note."""
-        stream = io.StringIO()
-        bar = ProgressBar(stream, width=10)
-        bar.start("run")
-        for k in range(101):
-            bar.update(k / 100)
-        bar.finish("1.0s")
-        text = stream.getvalue()
+        text = _run_bar(io.StringIO())
         lines = text.splitlines()
         assert "\r" not in text and len(lines) == 11
         assert lines[0] == "[..........]   0% run" and lines[5] == "[#####.....]  50% run"
@@ -112,13 +116,7 @@ class TestProgressBar:
             def isatty(self) -> bool:
                 return True
 
-        stream = Tty()
-        bar = ProgressBar(stream, width=10)
-        bar.start("run")
-        for k in range(101):
-            bar.update(k / 100)
-        bar.finish("1.0s")
-        text = stream.getvalue()
+        text = _run_bar(Tty())
         assert text.count("\r") > 90 and text.count("\n") == 1 and text.endswith("\r[##########] 100% run 1.0s\n")
 
 
