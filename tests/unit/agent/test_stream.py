@@ -1,0 +1,76 @@
+"""AgentStream against a real grpc.aio AgentGateway on loopback: heartbeats only when telemetry is silent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc.aio
+
+from agent.outbox import Outbox
+from agent.stream import AgentStream, Backoff
+from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+
+HEARTBEAT_S = 0.3
+
+
+class _Gateway(agent_pb2_grpc.AgentGatewayServicer):
+    """Welcomes the agent and records the kind of every message after Register."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    async def Connect(self, request_iterator: Any, context: Any) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        first = await anext(request_iterator)
+        assert first.WhichOneof("body") == "register"
+        yield agent_pb2.CoordinatorMessage(welcome=agent_pb2.Welcome(coordinator_id="test",
+                                                                     heartbeat_interval_s=HEARTBEAT_S))
+        async for msg in request_iterator:
+            self.kinds.append(msg.WhichOneof("body"))
+
+
+async def _stream_for(seconds: float, telemetry_every_s: float | None) -> list[str]:
+    server = grpc.aio.server()
+    gateway = _Gateway()
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    outbox = Outbox(100)
+
+    async def ack(decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
+        return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True)
+
+    stream = AgentStream([f"127.0.0.1:{port}"], lambda: agent_pb2.Register(), outbox, ack, Backoff(0.05, 0.1))
+    stop = asyncio.Event()
+    runner = asyncio.create_task(stream.run(stop))
+    try:
+        await asyncio.wait_for(stream.connected.wait(), 10)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if telemetry_every_s is not None:
+                outbox.add_sample(types_pb2.TelemetrySample(time_unix_s=time.time()))
+                stream.kick()
+            await asyncio.sleep(telemetry_every_s or 0.05)
+        await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        stream.kick()
+        await asyncio.wait_for(runner, 10)
+        await server.stop(None)
+    return gateway.kinds
+
+
+class TestHeartbeats:
+    def test_no_heartbeat_while_telemetry_flows(self) -> None:
+        """Telemetry more often than the heartbeat interval proves liveness: no separate heartbeats."""
+        kinds = asyncio.run(_stream_for(6 * HEARTBEAT_S, telemetry_every_s=HEARTBEAT_S / 3))
+        assert kinds.count("telemetry") >= 5
+        assert kinds.count("heartbeat") <= 1, kinds   # at most one, before the first sample
+
+    def test_heartbeats_when_telemetry_is_silent(self) -> None:
+        """With nothing to send, a heartbeat goes out every interval."""
+        kinds = asyncio.run(_stream_for(6 * HEARTBEAT_S, telemetry_every_s=None))
+        assert "telemetry" not in kinds
+        assert 2 <= kinds.count("heartbeat") <= 8, kinds   # ~6; loose for a loaded machine
