@@ -22,15 +22,14 @@ import grpc
 from common.errors import EtcdUnavailable, Fenced, IllegalTransition, NotFound, NotLeader, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import NodeState
 from coordinator.core import VERSION, Coordinator
 from coordinator.events import KINDS, Event
 from coordinator.registry import NodeEntry
 
-__all__ = ["LEADER_METADATA_KEY", "REFUSED_METADATA_KEY", "AdminService"]
+__all__ = ["AdminService"]
 
-LEADER_METADATA_KEY = "gptrm-leader-address"
-REFUSED_METADATA_KEY = "gptrm-refused"
 _EVENT_KINDS = {name: admin_pb2.EventKind.Value(f"EVENT_KIND_{name.upper()}") for name in KINDS}
 R = TypeVar("R")
 _log = get_logger("admin")

@@ -12,15 +12,13 @@ from typing import Any, TypeVar
 import grpc
 
 from common.pb.gptrm.v1 import admin_pb2_grpc
+from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 
 __all__ = ["EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "CtlError", "Transport"]
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NO_COORDINATOR = 3
-LEADER_METADATA_KEY = "gptrm-leader-address"
-REFUSED_METADATA_KEY = "gptrm-refused"
-"""Set by a coordinator that answered UNAVAILABLE itself (etcd down), as opposed to no connection."""
 
 T = TypeVar("T")
 
