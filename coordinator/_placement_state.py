@@ -101,8 +101,10 @@ class ClusterState:
         self._static: dict[tuple[str, frozenset[tuple[str, str]]], BoolArray] = {}
         magnitude = np.max(np.abs(np.concatenate((self.cap, self.used), axis=1)), axis=1, initial=1.0)
         self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
-        for i in range(len(nodes)):
-            self._refresh_node(i)
+        # Every node changed, in order (read by the shape cache): ``i`` after a commit on node i,
+        # which only ever takes room away, and ``~i`` after a release, which gives room back.
+        self.changes: list[int] = []
+        self._init_derived()
         self.refresh_bounds()
 
     def _init_dimensions(self, nodes: tuple[NodeSnapshot, ...], threshold: float) -> None:
@@ -112,15 +114,17 @@ class ClusterState:
         # Python mirrors of the per-node columns: committing reads and writes one node, and
         # Python floats round exactly like numpy float64, so both copies stay identical.
         self.used_cols: list[list[float]] = self.used.T.tolist()
-        self._used_dirty: set[int] = set()
+        self._dirty: set[int] = set()   # nodes whose numpy columns lag their Python mirrors (see _sync)
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
         self.schedulable_list = [node.schedulable for node in nodes]
         self.limit = np.where(self.schedulable, threshold * self.cap, -np.inf)
+        self.limit_cols: list[list[float]] = self.limit.T.tolist()
         # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
         hlimit = self.limit.copy()
         hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
         self.hlimit_cols: list[list[float]] = hlimit.T.tolist()
         self.headroom = hlimit - self.used
+        self.room_cols: list[list[float]] = self.headroom.T.tolist()
         # A lower bound on every schedulable node's headroom per dimension: a demand at or below
         # it fits everywhere in that dimension, so the filter skips the dimension. Commits only
         # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound.
@@ -158,28 +162,66 @@ class ClusterState:
         self.slot_topology = [[g.topology_group for g in node.gpus] for node in nodes]
         self._partial = PartialGpus(sum(len(node.gpus) for node in nodes))
         self.whole_desc = np.full(shape, -1.0)
+        self.free_desc: list[list[float]] = [[] for _ in nodes]   # whole_desc's columns as lists, unpadded
+
+    def _init_derived(self) -> None:
+        """What :meth:`_refresh_node` derives, for every node at once (same operations, same rounding)."""
+        view, n = self.view, len(self.nodes)
+        cap_gpus, used_gpus = self.cap[0], self.used[0]
+        util = np.zeros(n)
+        np.divide(used_gpus, cap_gpus, out=util, where=cap_gpus > 0)
+        view.util[:] = util
+        view.neg_util[:] = -util
+        view.used_gpus[:] = used_gpus
+        awake = np.array(self.powered_on, dtype=np.bool_) & np.any(self.used != 0, axis=0)
+        view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
+        pad = [-1.0] * self.width
+        for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
+            self.free_desc[i] = sorted((m for m, s in zip(mems, shares, strict=True) if s >= 1.0), reverse=True)
+            for k, s in enumerate(shares):
+                if 0.0 < s < 1.0:
+                    self._partial.update(i, k, s, mems[k])
+        if n:
+            columns = [free + pad[len(free) :] for free in self.free_desc]
+            self.whole_desc = np.ascontiguousarray(np.array(columns, dtype=np.float64).T)
 
     def used_array(self) -> FloatArray:
         """The ``(5, N)`` reservation array, brought up to date from the Python mirrors.
 
         :returns: the array (shared; do not modify).
         """
-        for i in self._used_dirty:
-            self.used[:, i] = self.used_cols[i]
-        self._used_dirty.clear()
+        self._sync()
         return self.used
 
-    def _refresh_node(self, i: int, slots: Iterable[int] | None = None) -> None:
+    def _sync(self) -> None:
+        """Write the columns of the nodes changed since the last call into the numpy arrays.
+
+        Commits update the Python mirrors only; the arrays the vectorised filter reads (``used``,
+        ``headroom``, ``whole_desc``) are brought up to date here, just before they are read.
+        """
+        if not self._dirty:
+            return
+        pad = [-1.0] * self.width
+        for i in self._dirty:
+            self.used[:, i] = self.used_cols[i]
+            self.headroom[:, i] = self.room_cols[i]
+            free = self.free_desc[i]
+            self.whole_desc[:, i] = free + pad[len(free) :]
+        self._dirty.clear()
+
+    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False) -> None:
         """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs).
 
         :param i: node index.
         :param slots: the GPU positions that changed (None: all of them).
+        :param grew: the node gained room (a release), rather than lost it (a commit).
         """
         view = self.view
         column = self.used_cols[i]
-        self._used_dirty.add(i)
-        room = [h - u for h, u in zip(self.hlimit_cols[i], column, strict=True)]
-        self.headroom[:, i] = room
+        self._dirty.add(i)
+        h = self.hlimit_cols[i]
+        room = self.room_cols[i] = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
+                                    h[4] - column[4]]
         if self.schedulable_list[i]:
             self.room_min = [min(a, b) for a, b in zip(self.room_min, room, strict=True)]
         cap_gpus = self.cap_gpus[i]
@@ -188,22 +230,22 @@ class ClusterState:
         view.util[i] = util
         view.neg_util[i] = -util
         view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
-        free = sorted((m for m, s in zip(self.slot_mem[i], self.slot_share[i], strict=True) if s >= 1.0), reverse=True)
-        self.whole_desc[:, i] = free + [-1.0] * (self.width - len(free))
         shares, mems = self.slot_share[i], self.slot_mem[i]
+        self.free_desc[i] = sorted((m for m, s in zip(mems, shares, strict=True) if s >= 1.0), reverse=True)
         partial = self._partial
         for k in range(len(shares)) if slots is None else slots:
             s = shares[k]
             if 0.0 < s < 1.0 or partial.has(i, k):   # whole GPUs never enter the index
                 partial.update(i, k, s, mems[k])
         self._bounds_stale = True
+        self.changes.append(~i if grew else i)
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
         if not self._bounds_stale:
             return
         self._bounds_stale = False
-        used = self.used_array()
+        used = self.used_array()   # also brings whole_desc up to date
         room = np.max(self.limit - used, axis=1, initial=-np.inf) if used.shape[1] else np.full(_DIMS, -1.0)
         self.room_bound = [float(r) + s for r, s in zip(room.tolist(), self.slack, strict=True)]
         if self.used.shape[1]:
@@ -253,6 +295,7 @@ class ClusterState:
         :param demand: its vector as an array, shape ``(5,)``.
         :returns: a ``(5, N)`` boolean array, valid until the next call.
         """
+        self._sync()
         if self.exact and is_exact(req.demand.as_tuple()):
             return np.greater_equal(self.headroom, demand[:, None], out=self._ok_buf)
         np.add(self.used_array(), demand[:, None], out=self._sum_buf)
@@ -265,6 +308,7 @@ class ClusterState:
         :param whole: ``req.whole_gpus``.
         :returns: a mask over nodes, or None.
         """
+        self._sync()
         per_gpu = req.gpu_mem_per_gpu_bytes
         if whole > 0:
             if whole > self.width:
@@ -298,6 +342,7 @@ class ClusterState:
         :param exact: ``is_exact(values)``.
         :returns: a fresh mask over nodes.
         """
+        self._sync()
         if self.exact and exact:
             mask = self._binding_dims_mask(values)
         else:
@@ -310,6 +355,40 @@ class ClusterState:
         if gpu is not None:
             mask &= gpu
         return mask
+
+    def fits(
+        self, i: int, values: tuple[float, int, float, int, int], whole: int, per_gpu: int, static: BoolArray | None
+    ) -> bool:
+        """Whether node ``i`` passes the filter now: the scalar form of :meth:`feasible_mask` for one node.
+
+        The dimensions are compared as the reference does (``used + demand <= limit``), which
+        the vectorised filter's exact-mode headroom comparison agrees with.
+
+        :param i: node index.
+        :param values: the demand vector.
+        :param whole: whole GPUs needed.
+        :param per_gpu: memory each GPU must have free.
+        :param static: :meth:`static_mask` for the request.
+        :returns: True when the request may go on the node.
+        """
+        if static is not None and not static[i]:
+            return False
+        u, lim = self.used_cols[i], self.limit_cols[i]
+        if not (
+            u[0] + values[0] <= lim[0]
+            and u[1] + values[1] <= lim[1]
+            and u[2] + values[2] <= lim[2]
+            and u[3] + values[3] <= lim[3]
+            and u[4] + values[4] <= lim[4]
+        ):
+            return False
+        if whole > 0:
+            free = self.free_desc[i]
+            return len(free) >= whole and free[whole - 1] >= per_gpu
+        share = values[0]
+        if share <= 0:
+            return True
+        return any(s >= share and m >= per_gpu for m, s in zip(self.slot_mem[i], self.slot_share[i], strict=True))
 
     def commit(self, i: int, req: Request, whole: int, exact: bool) -> NodeAssignment:
         """Reserve a request on node ``i``: choose its GPUs and update the arrays.
@@ -363,7 +442,7 @@ class ClusterState:
         self.exact = self.exact and is_exact(values)
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
         self.used_cols[i] = [0.0 if abs(x) < _CRUMB else x for x in column]
-        self._refresh_node(i)
+        self._refresh_node(i, grew=True)
         self.refresh_bounds()
 
     def gpu_slots(self, i: int) -> tuple[GpuSlot, ...]:

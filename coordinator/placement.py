@@ -40,8 +40,9 @@ import numpy as np
 from common.scheduling import DIMENSIONS, ClusterSnapshot, Decision, Placement, Rejection, Request
 from coordinator._placement_state import ClusterState, is_exact
 from coordinator._refusals import RefusalMemo
+from coordinator._shape_cache import ShapeCache
 from coordinator.policies import DEFAULT_THRESHOLD, Policy, build
-from coordinator.policies._base import BoolArray, FloatArray, constraint_reason, gpu_fit_reason
+from coordinator.policies._base import BoolArray, FloatArray, constraint_reason, first_k_keyed, gpu_fit_reason
 
 __all__ = ["PlacementEngine", "describe_demand"]
 
@@ -77,6 +78,7 @@ class PlacementEngine:
         self.policy = policy
         self.state = ClusterState(snapshot, policy.threshold)
         self._refusals = RefusalMemo()
+        self._shapes = ShapeCache(self.state, policy)
         self._exact: dict[tuple[float, int, float, int, int], bool] = {}   # demand vector -> is_exact
 
     @classmethod
@@ -133,8 +135,14 @@ class PlacementEngine:
             exact = self._exact[values] = is_exact(values)
             if len(self._exact) > _EXACT_MEMO:
                 self._exact.clear()
-        mask = state.feasible_mask(req, values, whole, exact)
-        chosen = self.policy.select(state.view, mask, req) if req.nodes <= len(state.nodes) else mask[:0]
+        entry = self._shapes.lookup(req, values, whole, exact)
+        mask = entry.mask
+        if req.nodes > len(state.nodes):
+            chosen = np.zeros(0, dtype=np.int64)
+        elif entry.keyed is not None:
+            chosen = first_k_keyed(entry.keyed, mask, req.nodes)
+        else:
+            chosen = self.policy.select(state.view, mask, req)
         if len(chosen) < req.nodes:
             rejection = self._reject(req, np.array(values, dtype=np.float64), mask)
             state.refresh_bounds()

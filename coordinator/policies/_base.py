@@ -28,12 +28,14 @@ __all__ = [
     "BoolArray",
     "FloatArray",
     "IntArray",
+    "KeyedPolicy",
     "NodeArrays",
     "Policy",
     "PolicyArgs",
     "constraint_reason",
     "feasible",
     "first_k_by_key",
+    "first_k_keyed",
     "gpu_fit_reason",
     "validate_threshold",
 ]
@@ -108,6 +110,9 @@ class Policy(Protocol):
     """True when the batch is processed by descending compute demand (Alg. 1-3), else in queue order."""
     scale_out: bool
     """True when a request no node can take asks the node provider for a new node."""
+    ranked_by_key: bool
+    """True when ``select`` takes the feasible nodes with the smallest ``key_array`` (ties: earlier
+    node), so the engine may keep the key per request shape and update it node by node."""
 
     def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
         """Short reason the request may not go on the node, None when it may."""
@@ -121,6 +126,29 @@ class Policy(Protocol):
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Note that the engine placed a request on these node indices (policy state, if any)."""
 
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Per-node sort key, smaller first (``ranked_by_key`` policies only)."""
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """``key_array(view, req)[i]``, computed for node ``i`` alone with the same rounding."""
+
+
+def first_k_keyed(keyed: FloatArray, mask: BoolArray, count: int) -> IntArray:
+    """The ``count`` feasible nodes with the smallest key, given the key with +inf on refused nodes.
+
+    :param keyed: the sort key on feasible nodes, +inf on the others.
+    :param mask: which nodes are feasible.
+    :param count: how many nodes the request needs.
+    :returns: up to ``count`` node indices, best first (fewer when fewer are feasible).
+    """
+    if count == 1:
+        # argmin returns the first of equal minima: the same tie-break as a stable sort.
+        best = int(keyed.argmin())
+        return np.array([best] if mask[best] else [], dtype=np.int64)
+    candidates = np.flatnonzero(mask)
+    order = np.argsort(keyed[candidates], kind="stable")
+    return candidates[order[:count]].astype(np.int64)
+
 
 def first_k_by_key(key: FloatArray, mask: BoolArray, count: int) -> IntArray:
     """The ``count`` feasible nodes with the smallest key; ties go to the earlier node.
@@ -130,13 +158,7 @@ def first_k_by_key(key: FloatArray, mask: BoolArray, count: int) -> IntArray:
     :param count: how many nodes the request needs.
     :returns: up to ``count`` node indices, best first (fewer when fewer are feasible).
     """
-    if count == 1:
-        # argmin returns the first of equal minima: the same tie-break as a stable sort.
-        best = int(np.argmin(np.where(mask, key, np.inf)))
-        return np.array([best] if mask[best] else [], dtype=np.int64)
-    candidates = np.flatnonzero(mask)
-    order = np.argsort(key[candidates], kind="stable")
-    return candidates[order[:count]].astype(np.int64)
+    return first_k_keyed(np.where(mask, key, np.inf), mask, count)
 
 
 def _dimension_reason(req: Request, node: NodeSnapshot, threshold: float) -> str | None:
@@ -216,6 +238,8 @@ class ThresholdPolicy:
     :param args: validated arguments.
     """
 
+    ranked_by_key = False
+
     def __init__(self, args: PolicyArgs) -> None:
         self.args = args
         self.threshold = args.threshold
@@ -226,3 +250,26 @@ class ThresholdPolicy:
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Stateless: nothing to remember."""
+
+
+class KeyedPolicy(ThresholdPolicy):
+    """A policy that tries nodes by ascending per-node key, ties in snapshot order (Alg. 1-3).
+
+    Subclasses define :meth:`key_array` and its one-node form :meth:`key_at`; ``select`` follows.
+
+    :param args: validated arguments.
+    """
+
+    ranked_by_key = True
+
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Per-node sort key, smaller first."""
+        raise NotImplementedError
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """``key_array(view, req)[i]`` for node ``i`` alone, with the same rounding."""
+        raise NotImplementedError
+
+    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
+        """The ``req.nodes`` feasible nodes with the smallest key."""
+        return first_k_by_key(self.key_array(view, req), mask, req.nodes)

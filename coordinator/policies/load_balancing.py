@@ -14,14 +14,11 @@ from dataclasses import dataclass
 from common.scheduling import NodeId, NodeSnapshot, Request
 from coordinator.policies._base import (
     DEFAULT_THRESHOLD,
-    BoolArray,
     FloatArray,
-    IntArray,
+    KeyedPolicy,
     NodeArrays,
     PolicyArgs,
-    ThresholdPolicy,
     feasible,
-    first_k_by_key,
 )
 
 __all__ = ["NAME", "LoadBalancing", "LoadBalancingArgs", "build", "feasible", "rank", "rank_key"]
@@ -53,7 +50,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     return [n.node_id for n in sorted(nodes, key=lambda n: n.compute_util)]
 
 
-class LoadBalancing(ThresholdPolicy):
+class LoadBalancing(KeyedPolicy):
     """Alg. 2 as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -67,9 +64,13 @@ class LoadBalancing(ThresholdPolicy):
         """Rank: see :func:`rank`."""
         return rank(req, nodes)
 
-    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
-        """The ``req.nodes`` feasible nodes with the lowest compute utilization."""
-        return first_k_by_key(rank_key(view.util), mask, req.nodes)
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Key: :func:`rank_key` of the compute utilization."""
+        return rank_key(view.util)
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """Key of node ``i``: its utilization."""
+        return view.util.item(i)
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> LoadBalancing:

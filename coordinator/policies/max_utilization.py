@@ -14,14 +14,11 @@ from dataclasses import dataclass
 from common.scheduling import NodeId, NodeSnapshot, Request
 from coordinator.policies._base import (
     DEFAULT_THRESHOLD,
-    BoolArray,
     FloatArray,
-    IntArray,
+    KeyedPolicy,
     NodeArrays,
     PolicyArgs,
-    ThresholdPolicy,
     feasible,
-    first_k_by_key,
 )
 
 __all__ = ["NAME", "MaxUtilization", "MaxUtilizationArgs", "build", "feasible", "rank", "rank_key"]
@@ -53,7 +50,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     return [n.node_id for n in sorted(nodes, key=lambda n: n.compute_util, reverse=True)]
 
 
-class MaxUtilization(ThresholdPolicy):
+class MaxUtilization(KeyedPolicy):
     """Alg. 1 as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -67,10 +64,13 @@ class MaxUtilization(ThresholdPolicy):
         """Rank: see :func:`rank`."""
         return rank(req, nodes)
 
-    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
-        """The ``req.nodes`` feasible nodes with the highest compute utilization."""
-        # view.neg_util is rank_key(view.util), maintained by the engine as placements commit.
-        return first_k_by_key(view.neg_util, mask, req.nodes)
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Key: :func:`rank_key` (``view.neg_util``, maintained by the engine as placements commit)."""
+        return view.neg_util
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """Key of node ``i``: its ``-util``."""
+        return view.neg_util.item(i)
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> MaxUtilization:

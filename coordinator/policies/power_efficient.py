@@ -17,14 +17,11 @@ from dataclasses import dataclass
 from common.scheduling import NodeId, NodeSnapshot, Request
 from coordinator.policies._base import (
     DEFAULT_THRESHOLD,
-    BoolArray,
     FloatArray,
-    IntArray,
+    KeyedPolicy,
     NodeArrays,
     PolicyArgs,
-    ThresholdPolicy,
     feasible,
-    first_k_by_key,
 )
 
 __all__ = [
@@ -81,7 +78,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     return [n.node_id for n in sorted(nodes, key=lambda n: power_increase(n, req.demand.gpus))]
 
 
-class PowerEfficient(ThresholdPolicy):
+class PowerEfficient(KeyedPolicy):
     """Alg. 3 as a :class:`~coordinator.policies._base.Policy`.
 
     :param args: validated arguments.
@@ -95,9 +92,15 @@ class PowerEfficient(ThresholdPolicy):
         """Rank: see :func:`rank`."""
         return rank(req, nodes)
 
-    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
-        """The ``req.nodes`` feasible nodes with the smallest estimated power increase."""
-        return first_k_by_key(power_increase_w(view, req.demand.gpus), mask, req.nodes)
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Key: the estimated power increase (:func:`power_increase_w`)."""
+        return power_increase_w(view, req.demand.gpus)
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """Key of node ``i``: :func:`power_increase_w` for that node alone, operation for operation."""
+        used = view.used_gpus.item(i) + req.demand.gpus
+        after = view.idle_w.item(i) + view.slope_w.item(i) * (used / view.cap_gpus_safe.item(i))
+        return after - view.before_w.item(i)
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> PowerEfficient:

@@ -89,7 +89,7 @@ class RandomPolicy(ThresholdPolicy):
 
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """``req.nodes`` random feasible nodes; none drawn when too few are feasible."""
-        candidates = np.flatnonzero(mask)
+        candidates = mask.nonzero()[0]
         if len(candidates) < req.nodes:
             return candidates.astype(np.int64)
         return candidates[draw(len(candidates), req.nodes, self.rng)].astype(np.int64)

@@ -41,6 +41,14 @@ def rotate(mask: BoolArray, cursor: int, count: int) -> IntArray:
     :param count: how many nodes are needed.
     :returns: up to ``count`` indices in walk order.
     """
+    if count == 1:
+        # argmax of a boolean slice is its first True: no list of every feasible node is built.
+        for offset, part in ((cursor, mask[cursor:]), (0, mask[:cursor])):
+            if len(part):
+                k = int(part.argmax())
+                if part[k]:
+                    return np.array([offset + k], dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)
     candidates = np.flatnonzero(mask)
     start = int(np.searchsorted(candidates, cursor))
     return np.concatenate((candidates[start:], candidates[:start]))[:count].astype(np.int64)

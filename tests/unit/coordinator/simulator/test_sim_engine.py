@@ -119,7 +119,7 @@ class TestProductionCode:
     """The simulator decides with the coordinator's own placement engine and policies."""
 
     def test_calls_the_policy_and_the_engine(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Alg. 1's ranking helper and PlacementEngine.place are the functions that decide."""
+        """Alg. 1's rank keys and PlacementEngine.place are the functions that decide."""
         calls: dict[str, int] = {"rank": 0, "place": 0, "rotate": 0}
 
         def counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,8 +129,9 @@ class TestProductionCode:
 
             return wrapper
 
-        monkeypatch.setattr(coordinator.policies.max_utilization, "first_k_by_key",
-                            counting("rank", coordinator.policies.max_utilization.first_k_by_key))
+        mu = coordinator.policies.max_utilization.MaxUtilization
+        monkeypatch.setattr(mu, "key_array", counting("rank", mu.key_array))
+        monkeypatch.setattr(mu, "key_at", counting("rank", mu.key_at))
         monkeypatch.setattr(coordinator.policies.round_robin, "rotate",
                             counting("rotate", coordinator.policies.round_robin.rotate))
         monkeypatch.setattr(coordinator.placement.PlacementEngine, "place",
