@@ -26,16 +26,12 @@ class PartialGpus:
         self._node = np.zeros(size, dtype=np.int64)
         self._share = np.zeros(size)
         self._mem = np.zeros(size)
-        self._where: dict[tuple[int, int], int] = {}
+        self.where: dict[tuple[int, int], int] = {}   # (node, slot) -> position, for every GPU indexed
         self._slots: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
         """How many GPUs are partly shared now."""
         return len(self._slots)
-
-    def has(self, node: int, slot: int) -> bool:
-        """Whether the GPU is in the index (partly shared)."""
-        return (node, slot) in self._where
 
     def update(self, node: int, slot: int, share_free: float, mem_free: float) -> None:
         """Record one GPU's state; it is indexed only while ``0 < share_free < 1``.
@@ -46,12 +42,12 @@ class PartialGpus:
         :param mem_free: its free memory in bytes.
         """
         key = (node, slot)
-        pos = self._where.get(key)
+        pos = self.where.get(key)
         if 0.0 < share_free < 1.0:
             if pos is None:
                 pos = len(self._slots)
                 self._slots.append(key)
-                self._where[key] = pos
+                self.where[key] = pos
                 self._node[pos] = node
             self._share[pos] = share_free
             self._mem[pos] = mem_free
@@ -59,10 +55,10 @@ class PartialGpus:
             last = len(self._slots) - 1
             moved = self._slots[last]
             self._slots[pos] = moved
-            self._where[moved] = pos
+            self.where[moved] = pos
             self._node[pos], self._share[pos], self._mem[pos] = self._node[last], self._share[last], self._mem[last]
             self._slots.pop()
-            del self._where[key]
+            del self.where[key]
 
     def mark(self, mask: BoolArray, share: float, mem: float) -> None:
         """Set ``mask[node]`` for every node with a partly shared GPU that holds ``share`` and ``mem``.

@@ -223,7 +223,10 @@ class ClusterState:
         room = self.room_cols[i] = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
                                     h[4] - column[4]]
         if self.schedulable_list[i]:
-            self.room_min = [min(a, b) for a, b in zip(self.room_min, room, strict=True)]
+            low = self.room_min
+            for k in range(_DIMS):
+                if room[k] < low[k]:
+                    low[k] = room[k]
         cap_gpus = self.cap_gpus[i]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
         view.used_gpus[i] = column[0]
@@ -231,11 +234,14 @@ class ClusterState:
         view.neg_util[i] = -util
         view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
         shares, mems = self.slot_share[i], self.slot_mem[i]
-        self.free_desc[i] = sorted((m for m, s in zip(mems, shares, strict=True) if s >= 1.0), reverse=True)
+        free = [m for m, s in zip(mems, shares, strict=True) if s >= 1.0]
+        free.sort(reverse=True)
+        self.free_desc[i] = free
         partial = self._partial
+        indexed = partial.where
         for k in range(len(shares)) if slots is None else slots:
             s = shares[k]
-            if 0.0 < s < 1.0 or partial.has(i, k):   # whole GPUs never enter the index
+            if 0.0 < s < 1.0 or (i, k) in indexed:   # whole GPUs never enter the index
                 partial.update(i, k, s, mems[k])
         self._bounds_stale = True
         self.changes.append(~i if grew else i)
@@ -253,14 +259,15 @@ class ClusterState:
         else:
             self.whole_bound = [-1.0] * self.width
 
-    def hopeless(self, req: Request, whole: int) -> str | None:
+    def hopeless(self, req: Request, values: tuple[float, int, float, int, int], whole: int) -> str | None:
         """A reason no node can possibly take the request, from the bounds alone (None: maybe one can).
 
         :param req: the request.
+        :param values: ``req.demand.as_tuple()``.
         :param whole: ``req.whole_gpus``.
         :returns: a short reason, or None.
         """
-        for name, d, bound in zip(DIMENSIONS, req.demand.as_tuple(), self.room_bound, strict=True):
+        for name, d, bound in zip(DIMENSIONS, values, self.room_bound, strict=True):
             if d > bound:
                 return f"{name} over threshold on every node"
         if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):
@@ -388,13 +395,19 @@ class ClusterState:
         share = values[0]
         if share <= 0:
             return True
+        free = self.free_desc[i]
+        if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
+            return True
         return any(s >= share and m >= per_gpu for m, s in zip(self.slot_mem[i], self.slot_share[i], strict=True))
 
-    def commit(self, i: int, req: Request, whole: int, exact: bool) -> NodeAssignment:
+    def commit(
+        self, i: int, req: Request, demand: tuple[float, int, float, int, int], whole: int, exact: bool
+    ) -> NodeAssignment:
         """Reserve a request on node ``i``: choose its GPUs and update the arrays.
 
         :param i: node index.
         :param req: the request.
+        :param demand: ``req.demand.as_tuple()``.
         :param whole: ``req.whole_gpus``.
         :param exact: ``is_exact(req.demand.as_tuple())``; False leaves the headroom shortcut for good.
         :returns: the node's part of the placement.
@@ -402,7 +415,6 @@ class ClusterState:
         """
         mem, share_free = self.slot_mem[i], self.slot_share[i]
         per_gpu = req.gpu_mem_per_gpu_bytes
-        demand = req.demand.as_tuple()
         positions = choose_gpu_indices(
             mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu
         )
@@ -414,7 +426,8 @@ class ClusterState:
         for k in positions:
             share_free[k] = max(share_free[k] - share, 0.0)
             mem[k] = max(mem[k] - per_gpu, 0)
-        self.used_cols[i] = [u + d for u, d in zip(self.used_cols[i], demand, strict=True)]
+        u = self.used_cols[i]
+        self.used_cols[i] = [u[0] + demand[0], u[1] + demand[1], u[2] + demand[2], u[3] + demand[3], u[4] + demand[4]]
         self._refresh_node(i, positions)
         ids = self.slot_ids[i]
         return NodeAssignment(

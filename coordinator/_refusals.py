@@ -40,15 +40,15 @@ class RefusalMemo:
     def __init__(self) -> None:
         self._refused: list[_Refused] = []
 
-    def find(self, req: Request, whole: int) -> Rejection | None:
+    def find(self, req: Request, demand: tuple[float, int, float, int, int], whole: int) -> Rejection | None:
         """A remembered rejection that implies this request is refused too.
 
         :param req: the request.
+        :param demand: ``req.demand.as_tuple()``.
         :param whole: ``req.whole_gpus``.
         :returns: the earlier rejection, or None.
         """
         constraints = None
-        demand = req.demand.as_tuple()
         for old in self._refused:
             # A shared (or GPU-less) request never dominates a whole-GPU one. The other way round
             # is fine: a whole free GPU with enough memory also satisfies any share, and the gpus

@@ -12,8 +12,8 @@ shape the engine keeps
 The cluster state appends the index of every node it changes to a log. Before a shape is used
 again, the nodes logged since its last use are re-checked one by one with the scalar filter
 (:meth:`ClusterState.fits`, the reference's own ``used + demand <= limit`` comparisons) and the
-policy's scalar key (``key_at``); when more nodes changed than that is worth, the entry is
-rebuilt with the vectorised filter instead. Either way the entry holds exactly what a full
+policy's scalar key (``key_at``); when more changes were logged than that is worth, the entry
+is rebuilt with the vectorised filter instead. Either way the entry holds exactly what a full
 vectorised pass would compute now, so decisions are unchanged; only their cost is.
 
 What a shape is: the demand vector, the whole-GPU count, the per-GPU memory and the
@@ -28,7 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from common.scheduling import Request
-from coordinator._placement_state import ClusterState
+from coordinator._placement_state import ClusterState, is_exact
 from coordinator.policies._base import BoolArray, FloatArray, Policy
 
 __all__ = ["ShapeCache", "ShapeEntry"]
@@ -47,14 +47,16 @@ class ShapeEntry:
     :param mask: feasible nodes.
     :param keyed: the policy's key on feasible nodes, +inf elsewhere (None: the policy has no key).
     :param seen: length of the change log when this entry was last brought up to date.
+    :param exact: :func:`~coordinator._placement_state.is_exact` of the shape's demand vector.
     """
 
-    __slots__ = ("keyed", "mask", "seen")
+    __slots__ = ("exact", "keyed", "mask", "seen")
 
-    def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int) -> None:
+    def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool) -> None:
         self.mask = mask
         self.keyed = keyed
         self.seen = seen
+        self.exact = exact
 
 
 class ShapeCache:
@@ -74,13 +76,12 @@ class ShapeCache:
         """How many shapes are remembered."""
         return len(self._entries)
 
-    def lookup(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool) -> ShapeEntry:
+    def lookup(self, req: Request, values: tuple[float, int, float, int, int], whole: int) -> ShapeEntry:
         """The request's shape entry, current as of now (built or brought up to date here).
 
         :param req: the request.
         :param values: ``req.demand.as_tuple()``.
         :param whole: ``req.whole_gpus``.
-        :param exact: ``is_exact(values)`` (passed on to the vectorised filter).
         :returns: the entry; its arrays belong to the cache (read them, do not modify them).
         """
         state = self._state
@@ -96,7 +97,7 @@ class ShapeCache:
         key = (values, whole, req.gpu_mem_per_gpu_bytes, constraints)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._build(req, values, whole, exact)
+            entry = self._build(req, values, whole, is_exact(values))
             self._entries[key] = entry
             if len(self._entries) > _ENTRIES:
                 self._entries.popitem(last=False)
@@ -105,32 +106,13 @@ class ShapeCache:
         pending = len(log) - entry.seen
         if pending == 0:
             return entry
-        if pending > 4 * self._replay_max:
-            self._rebuild(entry, req, values, whole, exact)
+        if pending > self._replay_max:
+            fresh = self._build(req, values, whole, entry.exact)
+            entry.mask, entry.keyed, entry.seen = fresh.mask, fresh.keyed, fresh.seen
             return entry
-        # A node refused before and only committed to since is still refused: commits take room
-        # away. Released nodes (logged as ``~i``) and nodes that were feasible are re-checked.
-        mask = entry.mask
-        changed: set[int] = set()
-        for x in log[entry.seen :]:
-            if x < 0:
-                changed.add(~x)
-            elif mask[x]:
-                changed.add(x)
-        if len(changed) > self._replay_max:
-            self._rebuild(entry, req, values, whole, exact)
-            return entry
-        if changed:
-            self._replay(entry, req, values, whole, changed)
+        self._replay(entry, req, values, whole, log[entry.seen :] if pending > 1 else (log[-1],))
         entry.seen = len(log)
         return entry
-
-    def _rebuild(
-        self, entry: ShapeEntry, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool
-    ) -> None:
-        """Replace an entry's arrays with a fresh vectorised build."""
-        fresh = self._build(req, values, whole, exact)
-        entry.mask, entry.keyed, entry.seen = fresh.mask, fresh.keyed, fresh.seen
 
     def _build(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool) -> ShapeEntry:
         """A fresh entry from the vectorised filter and the policy's key array."""
@@ -139,7 +121,7 @@ class ShapeCache:
         keyed = None
         if self._policy.ranked_by_key:
             keyed = np.where(mask, self._policy.key_array(state.view, req), np.inf)
-        return ShapeEntry(mask, keyed, len(state.changes))
+        return ShapeEntry(mask, keyed, len(state.changes), exact)
 
     def _replay(
         self,
@@ -147,19 +129,23 @@ class ShapeCache:
         req: Request,
         values: tuple[float, int, float, int, int],
         whole: int,
-        changed: set[int],
+        changed: list[int] | tuple[int],
     ) -> None:
-        """Re-check the nodes that changed since the entry was last current."""
+        """Re-check the nodes logged since the entry was last current (a node logged twice is checked twice).
+
+        A node the entry refused that was only committed to since is still refused (commits take
+        room away) and is skipped; released nodes (logged as ``~i``) and feasible ones are re-checked.
+        """
         state = self._state
         static = state.static_mask(req)
         per_gpu = req.gpu_mem_per_gpu_bytes
         mask, keyed = entry.mask, entry.keyed
-        fits = state.fits
-        if keyed is None:
-            for i in changed:
-                mask[i] = fits(i, values, whole, per_gpu, static)
-            return
-        key_at, view = self._policy.key_at, state.view
-        for i in changed:
-            ok = mask[i] = fits(i, values, whole, per_gpu, static)
-            keyed[i] = key_at(view, req, i) if ok else np.inf
+        fits, policy, view = state.fits, self._policy, state.view
+        for x in changed:
+            if x < 0:
+                x = ~x
+            elif not mask[x]:
+                continue
+            ok = mask[x] = fits(x, values, whole, per_gpu, static)
+            if keyed is not None:
+                keyed[x] = policy.key_at(view, req, x) if ok else np.inf

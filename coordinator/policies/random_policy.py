@@ -89,10 +89,14 @@ class RandomPolicy(ThresholdPolicy):
 
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """``req.nodes`` random feasible nodes; none drawn when too few are feasible."""
-        candidates = mask.nonzero()[0]
+        candidates = mask.nonzero()[0].astype(np.int64, copy=False)
         if len(candidates) < req.nodes:
-            return candidates.astype(np.int64)
-        return candidates[draw(len(candidates), req.nodes, self.rng)].astype(np.int64)
+            return candidates
+        if req.nodes == 1:
+            # draw(n, 1, rng) without building its array: the same single rng.integers(n) call.
+            k = int(self.rng.integers(len(candidates)))
+            return candidates[k : k + 1]
+        return candidates[draw(len(candidates), req.nodes, self.rng)]
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> RandomPolicy:

@@ -10,7 +10,10 @@ overall rate and, separately, the placed and the refused decisions' rates, becau
 cost very different amounts.
 
 Rates are decisions per CPU second of this process (``time.process_time``), so other work on a
-shared machine does not count against them; the engine is single-threaded.
+shared machine does not count against them; the engine is single-threaded. ``decisions/s`` is
+one ``place_batch`` call over the whole queue, engine construction from the snapshot included,
+the fastest of ``--repeat`` runs (each on a fresh engine); the placed/refused columns time each
+``place`` call of one separate run, so they leave out the batch's sort and garbage-collector pause.
 
 The literal reference (tests/unit/coordinator/reference_algorithms.py) sorts every node per
 request in Python; it is timed on the first ``--reference-requests`` requests of the same queue
@@ -36,6 +39,7 @@ from coordinator.placement import PlacementEngine  # noqa: E402
 from coordinator.policies import POLICIES  # noqa: E402
 
 GIB = 1024**3
+TARGET_RATE = 20_000  # decisions/s for 10,000 requests on 5,000 nodes
 # (gpus, GPU model, GiB per GPU, idle W, max W per GPU, cores, host GiB, weight)
 NODE_TYPES = (
     (8, "NVIDIA H100 80GB HBM3", 80, 70.0, 700.0, 192, 2048, 0.55),
@@ -114,9 +118,9 @@ def make_queue(rng: random.Random, n_requests: int) -> list[Request]:
 
 
 def time_production(
-    cluster: ClusterSnapshot, queue: list[Request], policy: str, seed: int, threshold: float
+    cluster: ClusterSnapshot, queue: list[Request], policy: str, seed: int, threshold: float, repeat: int
 ) -> tuple[float, int, float, int, float]:
-    """Seconds for the whole batch, plus the placed/refused counts and their seconds."""
+    """Seconds for the whole batch (best of ``repeat`` runs), plus the placed/refused counts and their seconds."""
     engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
     order = sorted(queue, key=lambda r: -r.compute_demand) if engine.policy.sorts_requests else queue
     placed_s = refused_s = 0.0
@@ -130,9 +134,12 @@ def time_production(
             placed, placed_s = placed + 1, placed_s + spent
         else:
             refused, refused_s = refused + 1, refused_s + spent
-    start = clock()
-    PlacementEngine.from_name(cluster, policy, threshold, seed=seed).place_batch(queue)
-    return clock() - start, placed, placed_s, refused, refused_s
+    best = float("inf")
+    for _ in range(repeat):
+        start = clock()
+        PlacementEngine.from_name(cluster, policy, threshold, seed=seed).place_batch(queue)
+        best = min(best, clock() - start)
+    return best, placed, placed_s, refused, refused_s
 
 
 def time_reference(
@@ -152,6 +159,7 @@ def main() -> None:
     parser.add_argument("--reference-requests", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--repeat", type=int, default=3, help="batch runs per policy; the fastest is reported")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     cluster = make_cluster(rng, args.nodes)
@@ -165,9 +173,10 @@ def main() -> None:
     )
     header = f"{'policy':<16} {'decisions/s':>12} {'placed':>7} {'placed/s':>10} {'refused':>8} {'refused/s':>10}"
     print(header + f" {'reference/s':>12} {'speed-up':>9}")
+    below = []
     for policy in POLICIES:
         total_s, placed, placed_s, refused, refused_s = time_production(
-            cluster, queue, policy, args.seed, args.threshold
+            cluster, queue, policy, args.seed, args.threshold, args.repeat
         )
         rate = len(queue) / total_s
         ref_rate = len(subset) / time_reference(reference, cluster, subset, policy, args.threshold)
@@ -175,6 +184,10 @@ def main() -> None:
             f"{policy:<16} {rate:>12,.0f} {placed:>7} {placed / max(placed_s, 1e-9):>10,.0f} "
             f"{refused:>8} {refused / max(refused_s, 1e-9):>10,.0f} {ref_rate:>12,.0f} {rate / ref_rate:>8,.0f}x"
         )
+        if rate < TARGET_RATE:
+            below.append(policy)
+    verdict = "met by every policy" if not below else f"missed by {', '.join(below)}"
+    print(f"target ≥ {TARGET_RATE:,} decisions/s: {verdict}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections import defaultdict
@@ -10,7 +11,7 @@ import pytest
 from reference_algorithms import reference_place
 from sched_builders import GIB, make_node, make_request, random_cluster, random_requests
 
-from common.scheduling import ClusterSnapshot, Placement, Rejection, Request, Resources
+from common.scheduling import ClusterSnapshot, Decision, Placement, Rejection, Request, Resources
 from coordinator.placement import PlacementEngine
 from coordinator.policies import POLICIES
 
@@ -239,6 +240,30 @@ class TestBatches:
             [make_request("small", gpus=1), make_request("big", gpus=4)], keep_order=True
         )
         assert isinstance(decisions[0], Placement) and isinstance(decisions[1], Rejection)
+
+    @pytest.mark.parametrize("enabled", [True, False])
+    def test_collector_paused_during_a_batch_and_restored(self, enabled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The cyclic collector is off while the batch decides and back as it was afterwards, even on error."""
+        seen: list[bool] = []
+        original = PlacementEngine.place
+
+        def place(engine: PlacementEngine, req: Request) -> Decision:
+            seen.append(gc.isenabled())
+            if req.task_id == "boom":
+                raise RuntimeError("boom")
+            return original(engine, req)
+
+        monkeypatch.setattr(PlacementEngine, "place", place)
+        engine = PlacementEngine.from_name(ClusterSnapshot(nodes=(make_node("a", gpus=4),)), "first-fit", 1.0)
+        (gc.enable if enabled else gc.disable)()
+        try:
+            engine.place_batch([make_request("one", gpus=1), make_request("two", gpus=1)])
+            assert seen == [False, False] and gc.isenabled() is enabled
+            with pytest.raises(RuntimeError):
+                engine.place_batch([make_request("boom", gpus=1)])
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
 
     def test_release_gives_room_back(self) -> None:
         """Releasing a placement restores the snapshot and lets a refused request through."""

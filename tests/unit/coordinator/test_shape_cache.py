@@ -102,7 +102,7 @@ class TestEntriesStayExact:
                     engine.release(done, done_req.gpu_mem_per_gpu_bytes)
                 req = rng.choice(shapes)
                 values = req.demand.as_tuple()
-                entry = engine._shapes.lookup(req, values, req.whole_gpus, is_exact(values))
+                entry = engine._shapes.lookup(req, values, req.whole_gpus)
                 mask, keyed = fresh_arrays(engine, req)
                 assert np.array_equal(entry.mask, mask), (seed, k)
                 if keyed is not None:
@@ -123,7 +123,7 @@ class TestEntriesStayExact:
         cache = engine._shapes
 
         def lookup() -> np.ndarray:
-            mask = cache.lookup(probe, values, 0, True).mask
+            mask = cache.lookup(probe, values, 0).mask
             assert np.array_equal(mask, fresh_arrays(engine, probe)[0])
             return mask
 
