@@ -15,7 +15,12 @@ which the demand is at most the smallest headroom of any node are not compared a
 Per-GPU state lives in Python lists per node (what the allocator reads when committing);
 ``whole_desc[k - 1]`` holds, per node, the k-th largest free memory among its fully free GPUs, so
 "k free GPUs with ≥ X bytes" is one comparison over a contiguous row, and partly shared GPUs are
-indexed apart (:class:`~coordinator._partial_gpus.PartialGpus`). Committing touches one column.
+indexed apart (:class:`~coordinator._partial_gpus.PartialGpus`).
+
+Committing or releasing updates one node's Python mirrors (``used_cols``, ``room_cols``,
+``free_desc``, the GPU lists) and logs the node in :attr:`ClusterState.changes`; the numpy
+columns follow lazily, just before the next vectorised read. :meth:`ClusterState.fits` is the
+filter for one node, which the shape cache uses to re-check the logged nodes.
 
 Two upper bounds make hopeless requests cheap: the largest headroom of each dimension over all
 nodes, and the largest k-th free GPU memory. Commits only shrink headroom, so a bound computed

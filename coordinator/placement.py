@@ -6,11 +6,14 @@ The pipeline for each request, in this order (STYLE.md §4):
    policies that follow the paper (Alg. 1-3) then take it by descending compute demand (a stable
    sort, so equal demands keep queue order); the baselines keep queue order.
 2. **demand** — the profiler already turned each task into a :class:`Request`.
-3. **filter** — every node at once, vectorised: constraints, every dimension ≤ threshold after
-   placement, and the right free GPUs. Cheapest first, and before ranking, because ranking only
-   needs to look at survivors.
-4. **rank/select** — the policy's ``select`` (an argmin/argmax over the masked key array).
-5. **allocate** — concrete GPU indices on the chosen node(s); the arrays are updated at once, so
+3. **filter** — every node: constraints, every dimension ≤ threshold after placement, and the
+   right free GPUs. Cheapest first, and before ranking, because ranking only needs to look at
+   survivors. The result is kept per request shape (:mod:`coordinator._shape_cache`): the first
+   request of a shape runs the vectorised filter over all nodes; later ones re-check only the
+   nodes committed to or released since, so one decision does not scan every node.
+4. **rank/select** — Alg. 1-3 rank by a per-node key that the same cache keeps (+inf on refused
+   nodes), so choosing is one ``argmin``; the baselines' ``select`` reads the cached mask.
+5. **allocate** — concrete GPU indices on the chosen node(s); the state is updated at once, so
    the next request of the same batch sees this reservation.
 
 Gang requests (``nodes > 1``) are all or nothing: either ``nodes`` distinct nodes pass the filter

@@ -11,9 +11,8 @@ import random
 
 import numpy as np
 import pytest
-from reference_algorithms import reference_place
 from sched_builders import GIB, make_request, random_cluster
-from test_placement import choices, gpu_cluster
+from test_placement import assert_matches_reference, gpu_cluster
 
 from common.scheduling import Placement, Request, Resources
 from coordinator import _shape_cache
@@ -63,10 +62,7 @@ class TestMatchesReference:
             rng = random.Random(50_000 + seed)
             cluster = random_cluster(rng, rng.randint(1, 40))
             requests = repeated_requests(rng, rng.randint(5, 80), catalogue(rng, rng.randint(2, 5)))
-            threshold = rng.choice((0.7, 0.9, 1.0))
-            expected = reference_place(policy, cluster, requests, threshold, seed=seed)
-            engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
-            assert choices(engine, requests) == expected, f"seed {seed}"
+            assert_matches_reference(policy, cluster, requests, rng.choice((0.7, 0.9, 1.0)), seed)
 
     @pytest.mark.parametrize("policy", POLICY_NAMES)
     def test_repeated_inexact_shapes(self, policy: str) -> None:
@@ -75,9 +71,7 @@ class TestMatchesReference:
             rng = random.Random(60_000 + seed)
             cluster = random_cluster(rng, rng.randint(4, 30))
             requests = repeated_requests(rng, 60, catalogue(rng, 3, inexact=True))
-            expected = reference_place(policy, cluster, requests, 0.85, seed=seed)
-            engine = PlacementEngine.from_name(cluster, policy, 0.85, seed=seed)
-            assert choices(engine, requests) == expected, f"seed {seed}"
+            assert_matches_reference(policy, cluster, requests, 0.85, seed)
 
 
 class TestEntriesStayExact:
