@@ -106,6 +106,10 @@ class ClusterState:
         self._static: dict[tuple[str, frozenset[tuple[str, str]]], BoolArray] = {}
         magnitude = np.max(np.abs(np.concatenate((self.cap, self.used), axis=1)), axis=1, initial=1.0)
         self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
+        # The most any node admits at all (its limit with nothing reserved): a demand above it
+        # waits until the threshold is raised, however much is released.
+        limit = np.max(self.limit, axis=1, initial=-np.inf) if len(nodes) else np.full(_DIMS, -np.inf)
+        self.limit_bound = [float(x) + s for x, s in zip(limit.tolist(), self.slack, strict=True)]
         # Every node changed, in order (read by the shape cache): ``i`` after a commit on node i,
         # which only ever takes room away, and ``~i`` after a release, which gives room back.
         self.changes: list[int] = []
@@ -272,7 +276,9 @@ class ClusterState:
         :param whole: ``req.whole_gpus``.
         :returns: a short reason, or None.
         """
-        for name, d, bound in zip(DIMENSIONS, values, self.room_bound, strict=True):
+        for name, d, bound, most in zip(DIMENSIONS, values, self.room_bound, self.limit_bound, strict=True):
+            if d > most:
+                return f"{name} over threshold on every node, even with nothing reserved on it"
             if d > bound:
                 return f"{name} over threshold on every node"
         if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):

@@ -201,6 +201,20 @@ class TestRejections:
         assert all(why == "gpus over threshold 0.9" for _, why in decision.node_reasons)
         assert engine.snapshot() == cluster
 
+    def test_reason_says_when_only_a_higher_threshold_helps(self) -> None:
+        """8 GPUs never fit 0.9 × 8: the reason says so, unlike a request that waits for room."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=8), make_node("b", gpus=8, used_gpus=2)))
+        engine = PlacementEngine.from_name(cluster, "max-utilization", 0.9)
+        never, later = make_request("never", gpus=8), make_request("later", gpus=7)
+        decision = engine.place(never)
+        assert isinstance(decision, Rejection)
+        assert "gpus over threshold on every node, even with nothing reserved on it" in decision.reason
+        assert isinstance(engine.place(later), Placement)
+        decision = engine.place(later)
+        assert isinstance(decision, Rejection)
+        assert "gpus over threshold" in decision.reason and "nothing reserved" not in decision.reason
+        assert isinstance(PlacementEngine.from_name(cluster, "max-utilization", 1.0).place(never), Placement)
+
     def test_gang_is_all_or_nothing(self) -> None:
         """A 3-node gang on a cluster where only 2 nodes qualify is refused and reserves nothing."""
         cluster = ClusterSnapshot(nodes=(make_node("a"), make_node("b"), make_node("c", used_gpus=8)))
