@@ -73,12 +73,13 @@ def describe_demand(req: Request) -> str:
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for one batch, then restore it as it was.
+    """Pause Python's cyclic garbage collector for one batch (or one state build), then restore it as it was.
 
     A batch allocates many small acyclic objects (decisions, tuples), which keeps triggering
     collections that walk every live object, the snapshot's included: about a tenth of a
-    batch's time. Nothing the engine creates forms a reference cycle, so reference counting
-    frees it all the same; collection resumes when the batch ends.
+    batch's time, and half of building the state of a large cluster. Nothing the engine
+    creates forms a reference cycle, so reference counting frees it all the same; collection
+    resumes when the work ends.
     """
     if not gc.isenabled():
         yield
@@ -99,7 +100,8 @@ class PlacementEngine:
 
     def __init__(self, snapshot: ClusterSnapshot, policy: Policy) -> None:
         self.policy = policy
-        self.state = ClusterState(snapshot, policy.threshold)
+        with _collector_paused():   # building the state allocates a few Python objects per node and GPU
+            self.state = ClusterState(snapshot, policy.threshold)
         self._refusals = RefusalMemo()
         self._shapes = ShapeCache(self.state, policy)
 
