@@ -1,20 +1,34 @@
 """Prometheus metrics of the coordinator (names ``gptrm_<subsystem>_<name>_<unit>``).
 
 Per-GPU and per-node gauges are produced at scrape time from the Resource Monitor's
-latest samples by a custom collector, so the telemetry hot path pays nothing for them
-however many GPUs report. Counters and histograms that the code updates live in
-:class:`Metrics`, built once per process on its own registry (no global state).
+latest samples, so the telemetry hot path pays nothing for them however many GPUs report.
+Counters and histograms that the code updates live in :class:`Metrics`, built once per
+process on its own registry (no global state).
+
+The per-GPU gauges are most of a large cluster's answer (9 per GPU: 144,000 lines at 2,000
+8-GPU nodes). prometheus-client would build a sample object and re-escape the labels for
+each; instead they are written straight as exposition lines, labels escaped once per GPU and
+values formatted by prometheus-client's own ``floatToGoString``, and appended to what
+prometheus-client renders for everything else. The HTTP endpoint keeps prometheus-client's
+behaviour: text or OpenMetrics by the Accept header, gzip when accepted, ``name[]`` filters.
 """
 
 from __future__ import annotations
 
+import gzip
 import math
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+import socket
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from coordinator.monitor import ResourceMonitor
@@ -36,8 +50,60 @@ _GPU_GAUGES = (
 )
 
 
+def _escape(value: str) -> str:
+    """A label value as the exposition formats quote it (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class _GpuGauges:
+    """The per-GPU gauges of every node's latest sample, rendered as exposition text.
+
+    :param monitor: the latest samples.
+    :param registry: GPU models from the inventories.
+    """
+
+    families = tuple(f"gptrm_gpu_{suffix}" for suffix, _, _, _ in _GPU_GAUGES)
+
+    def __init__(self, monitor: ResourceMonitor, registry: NodeRegistry) -> None:
+        self._monitor = monitor
+        self._registry = registry
+
+    def render(self, names: Collection[str] | None = None) -> str:
+        """The families in ``names`` (all when None), each with its HELP and TYPE lines.
+
+        :param names: metric names asked for (a ``name[]`` filter), or None.
+        :returns: exposition lines, valid in both the text format and OpenMetrics.
+        """
+        wanted = [(name, help_text, field, scale)
+                  for name, (_, help_text, field, scale) in zip(self.families, _GPU_GAUGES, strict=True)
+                  if names is None or name in names]
+        if not wanted:
+            return ""
+        outs: list[list[str]] = [[f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"]
+                                 for name, help_text, _, _ in wanted]
+        for node_id, sample in list(self._monitor.latest.items()):
+            entry = self._registry.get(node_id)
+            models = {g.index: g.model for g in entry.inventory.gpus} if entry else {}
+            node = _escape(node_id)
+            for g in sample.gpus:
+                # Labels in name order, as prometheus-client writes them.
+                labels = (f'{{gpu="{g.index}",model="{_escape(models.get(g.index, ""))}",node="{node}",'
+                          f'simulated="{"true" if g.simulated else "false"}"}} ')
+                for out, (name, _, field, scale) in zip(outs, wanted, strict=True):
+                    if g.HasField(field):
+                        out.append(f"{name}{labels}{floatToGoString(getattr(g, field) * scale)}\n")
+        return "".join(line for out in outs for line in out)
+
+
 class _TelemetryCollector(Collector):
-    """Turns the monitor's latest samples and the registry into gauges at scrape time."""
+    """Turns the monitor's latest samples and the registry into node and cluster gauges at scrape time."""
+
+    names = (
+        "gptrm_node_utilization_ratio", "gptrm_node_power_watts", "gptrm_node_cpu_utilization_ratio",
+        "gptrm_node_cpu_power_watts", "gptrm_node_memory_used_bytes", "gptrm_cluster_utilization_mean_ratio",
+        "gptrm_cluster_utilization_stddev_ratio", "gptrm_cluster_power_watts",
+        "gptrm_cluster_gpu_memory_utilization_ratio", "gptrm_cluster_energy_joules", "gptrm_tasks", "gptrm_nodes",
+    )
 
     def __init__(self, monitor: ResourceMonitor, registry: NodeRegistry,
                  task_counts: Callable[[], dict[str, int]]) -> None:
@@ -45,8 +111,11 @@ class _TelemetryCollector(Collector):
         self._registry = registry
         self._task_counts = task_counts
 
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The families :meth:`collect` yields (so that a ``name[]`` filter finds this collector)."""
+        return [GaugeMetricFamily(name, "") for name in self.names]
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield from self._gpu_families()
         yield from self._node_families()
         obj = self._monitor.objectives
         for name, help_text, value in (
@@ -66,19 +135,6 @@ class _TelemetryCollector(Collector):
         for state, count in sorted(self._registry.counts().items()):
             nodes.add_metric([state], count)
         yield nodes
-
-    def _gpu_families(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["node", "gpu", "model", "simulated"]
-        fams = [GaugeMetricFamily(f"gptrm_gpu_{suffix}", h, labels=labels) for suffix, h, _, _ in _GPU_GAUGES]
-        for node_id, sample in list(self._monitor.latest.items()):
-            entry = self._registry.get(node_id)
-            models = {g.index: g.model for g in entry.inventory.gpus} if entry else {}
-            for g in sample.gpus:
-                lv = [node_id, str(g.index), models.get(g.index, ""), "true" if g.simulated else "false"]
-                for fam, (_, _, field, scale) in zip(fams, _GPU_GAUGES, strict=True):
-                    if g.HasField(field):
-                        fam.add_metric(lv, getattr(g, field) * scale)
-        yield from fams
 
     def _node_families(self) -> Iterator[GaugeMetricFamily]:
         util = GaugeMetricFamily("gptrm_node_utilization_ratio", "node compute utilization (mean over GPUs)",
@@ -101,7 +157,7 @@ class _TelemetryCollector(Collector):
 
 
 class Metrics:
-    """Counters and histograms the coordinator updates, on a private registry.
+    """Counters and histograms the coordinator updates, on a private registry, and the scrape answer.
 
     :param monitor: source of per-GPU/per-node gauges and cluster objectives.
     :param registry: node registry (node counts by state, GPU models).
@@ -112,6 +168,7 @@ class Metrics:
                  task_counts: Callable[[], dict[str, int]]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_TelemetryCollector(monitor, registry, task_counts))
+        self._gpus = _GpuGauges(monitor, registry)
         r = self.registry
         self.streams = Gauge("gptrm_agent_streams", "open agent streams", registry=r)
         self.samples = Counter("gptrm_telemetry_samples_total", "telemetry samples ingested", registry=r)
@@ -134,8 +191,67 @@ class Metrics:
         self.etcd_up.set(1)
 
 
-def serve_metrics(metrics: Metrics, listen: str) -> object:
-    """Start the HTTP exposition server on ``HOST:PORT``; returns the server (``shutdown()`` to stop)."""
+    def exposition(self, accept: str = "", names: Iterable[str] | None = None) -> tuple[bytes, str]:
+        """One scrape's answer: every metric (or those in ``names``), in the format ``accept`` asks for.
+
+        :param accept: the request's Accept header (OpenMetrics when it asks for it, else text 0.0.4).
+        :param names: a ``name[]`` filter, or None for everything.
+        :returns: ``(body, content type)``.
+        """
+        encoder, content_type = choose_encoder(accept)
+        wanted = None if names is None else set(names)
+        output = encoder(self.registry if wanted is None else self.registry.restricted_registry(wanted))
+        gpus = self._gpus.render(wanted).encode()
+        if gpus:
+            eof = b"# EOF\n"   # OpenMetrics ends with it; the GPU families go before
+            output = output[: -len(eof)] + gpus + eof if output.endswith(eof) else output + gpus
+        return output, content_type
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Request handler that leaves access logging to nobody (scrapes come every few seconds)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing."""
+
+
+def _wsgi_app(metrics: Metrics) -> Callable[..., list[bytes]]:
+    """The /metrics endpoint: GET (any path), OPTIONS; gzip when the client accepts it."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        method = environ["REQUEST_METHOD"]
+        if method == "OPTIONS":
+            start_response("200 OK", [("Allow", "OPTIONS,GET")])
+            return [b""]
+        if method != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
+            return [f"# HTTP 405: {method}; use OPTIONS or GET\n".encode()]
+        params = parse_qs(environ.get("QUERY_STRING", ""))
+        body, content_type = metrics.exposition(environ.get("HTTP_ACCEPT", ""), params.get("name[]"))
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            body = gzip.compress(body, compresslevel=1)   # a fraction of level 9's CPU; still ~25x smaller
+            headers.append(("Content-Encoding", "gzip"))
+        headers.append(("Content-Length", str(len(body))))
+        start_response("200 OK", headers)
+        return [body]
+
+    return app
+
+
+def serve_metrics(metrics: Metrics, listen: str) -> ThreadingWSGIServer:
+    """Start the HTTP exposition server on ``HOST:PORT`` in a daemon thread.
+
+    :param metrics: what to serve.
+    :param listen: ``HOST:PORT`` (``[::]:PORT`` for IPv6; port 0 picks a free one).
+    :returns: the server (``server_address`` says where it listens; ``shutdown()`` stops it).
+    """
     host, _, port = listen.rpartition(":")
-    server, _thread = start_http_server(int(port), addr=host, registry=metrics.registry)
+    host = host.strip("[]") or "0.0.0.0"
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = make_server(host, int(port), _wsgi_app(metrics), Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

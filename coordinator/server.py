@@ -105,6 +105,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
         await server.stop(grace=1.0)
         if metrics_server is not None:
             metrics_server.shutdown()
+            metrics_server.server_close()
         with contextlib.suppress(Exception):
             client.close()  # type: ignore[attr-defined]
         log.info("coordinator_stopped")

@@ -448,8 +448,7 @@ async def start_generators(args: argparse.Namespace, target: str, tmp: Path, tag
 def scrape_samples(metrics_address: str, full: bool = False) -> tuple[float, float, float]:
     """(samples counter, time the answer arrived, seconds the scrape took).
 
-    Without ``full`` only the counter is asked for (``name[]=``), which spares the text formatting of
-    the per-GPU gauges but not their collection.
+    Without ``full`` only the counter is asked for (``name[]=``), which spares rendering the per-GPU gauges.
     """
     query = "" if full else f"?name[]={SAMPLES_METRIC.removesuffix('_total')}&name[]={SAMPLES_METRIC}"
     t0 = time.time()
