@@ -190,7 +190,6 @@ class Metrics:
                              registry=r)
         self.etcd_up.set(1)
 
-
     def exposition(self, accept: str = "", names: Iterable[str] | None = None) -> tuple[bytes, str]:
         """One scrape's answer: every metric (or those in ``names``), in the format ``accept`` asks for.
 
