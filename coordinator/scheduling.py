@@ -40,6 +40,7 @@ from coordinator.sync import add_reservation, remove_reservation
 __all__ = ["SchedulerLoop"]
 
 _SCALE_OUT_POLICIES = ("max-utilization", "load-balancing")
+_FORCED_CYCLE_S = 30.0   # a cycle runs at least this often even when nothing seems to have changed
 _ACTIVE = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED)
 _RESTART = {types_pb2.RESTART_POLICY_ON_FAILURE: (TaskState.FAILED,),
             types_pb2.RESTART_POLICY_ALWAYS: (TaskState.FAILED, TaskState.SUCCEEDED)}
@@ -73,6 +74,8 @@ class SchedulerLoop:
         self._reported: dict[str, set[str]] = {}      # node id → task ids its agent reported since we lead
         self._scale_out_sent: set[str] = set()
         self.cycles = 0
+        self.skipped = 0                                # cycles skipped: nothing changed since all waited
+        self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
 
     # ---- admission --------------------------------------------------------------------------
 
@@ -136,12 +139,38 @@ class SchedulerLoop:
                 power=self.power.curve(e.node_id, model, len(inv.gpus), sum(g.mem_total_bytes for g in inv.gpus))))
         return ClusterSnapshot(nodes=tuple(n for n in nodes if n.schedulable), taken_at_s=time.time())
 
+    def _inputs(self, core: Any) -> tuple:
+        """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
+        and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
+        leaves the set) and every node's state, admin flags, stream (inventory) and reservations.
+        Power curves only rank, so they are left out."""
+        policy = core.policy
+        tasks = tuple((t.id, t.state, t.revision) for t in core.tasks.values() if t.state not in TERMINAL_STATES)
+        nodes = []
+        for e in core.registry:
+            r = e.record.reserved
+            nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining,
+                          r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
+        return policy.name, policy.threshold, tasks, tuple(nodes)
+
     async def cycle(self, core: Any) -> int:
-        """One scheduling cycle; returns the number of placements committed."""
+        """One scheduling cycle; returns the number of placements committed.
+
+        When the last cycle placed nothing and none of its inputs changed since (:meth:`_inputs`),
+        it would refuse the same tasks for the same reasons, so it is skipped — apart from one
+        cycle every ``_FORCED_CYCLE_S`` as a safety net. Waiting tasks then cost a comparison per
+        second instead of a cluster snapshot and a placement batch.
+        """
         started = time.perf_counter()
         pending = [t for t in core.tasks.values() if t.state == TaskState.PENDING]
         if not pending:
+            self._idle = None
             return 0
+        inputs = self._inputs(core)
+        if self._idle is not None and self._idle[0] == inputs and started - self._idle[1] < _FORCED_CYCLE_S:
+            self.skipped += 1
+            return 0
+        self._idle = None
         requests = sorted((_request(t) for t in pending), key=queue_key)
         snapshot = self.snapshot(core)
         policy = core.policy
@@ -160,6 +189,8 @@ class SchedulerLoop:
         committed = await self._commit(core, commits) if commits else 0
         core.metrics.sched_latency.observe(time.perf_counter() - started)
         self.cycles += 1
+        if not commits:
+            self._idle = (inputs, started)
         return committed
 
     def _allocation(self, core: Any, task: types_pb2.Task, placement: Placement) -> types_pb2.Allocation:

@@ -1,0 +1,121 @@
+"""The leader's scheduling cycle (coordinator/scheduling.py): cycles that cannot change anything are skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator import scheduling
+from coordinator.config import CoordinatorConfig
+from coordinator.events import EventBus
+from coordinator.metrics import Metrics
+from coordinator.monitor import ResourceMonitor
+from coordinator.registry import NodeRegistry
+from coordinator.scheduling import SchedulerLoop
+
+GIB = 1024**3
+
+
+def inventory(node_id: str, gpus: int) -> types_pb2.NodeInventory:
+    """A node with ``gpus`` 80 GiB GPUs and plenty of host resources."""
+    return types_pb2.NodeInventory(
+        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
+        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB)
+              for i in range(gpus)],
+    )
+
+
+def pending(task_id: str, gpus: float) -> types_pb2.Task:
+    """A PENDING task with an explicit demand."""
+    return types_pb2.Task(
+        id=task_id, state=int(TaskState.PENDING), revision=1, submit_unix_s=1.0,
+        spec=types_pb2.TaskSpec(name=task_id, argv=["true"]),
+        demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=10 * GIB, cpu_cores=1.0, mem_bytes=GIB),
+    )
+
+
+Setup = tuple[SchedulerLoop, types.SimpleNamespace, list[int]]
+
+
+@pytest.fixture
+def setup() -> Setup:
+    """A loop over a core with one READY 4-GPU node and one task that needs 8 GPUs (it waits)."""
+    registry = NodeRegistry(1.0, 5.0)
+    registry.connect(inventory("n1", 4), outbox=None)
+    core = types.SimpleNamespace(
+        registry=registry, tasks={"t1": pending("t1", 8.0)}, events=EventBus(),
+        policy=types_pb2.Policy(name="max-utilization", threshold=0.9),
+        metrics=Metrics(ResourceMonitor(history_s=10, interval_s=1), registry, dict),
+    )
+    loop = SchedulerLoop(CoordinatorConfig())
+    snapshots: list[int] = []
+    original = loop.snapshot
+
+    def counting(c: types.SimpleNamespace) -> object:
+        snapshots.append(1)
+        return original(c)
+
+    loop.snapshot = counting  # type: ignore[method-assign]
+    return loop, core, snapshots
+
+
+def run(loop: SchedulerLoop, core: types.SimpleNamespace) -> int:
+    """One cycle, to completion."""
+    return asyncio.run(loop.cycle(core))
+
+
+class TestIdleCycles:
+    def test_unchanged_inputs_skip_the_cycle(self, setup: Setup) -> None:
+        """A second cycle over the same tasks and nodes builds no snapshot and decides nothing."""
+        loop, core, snapshots = setup
+        assert run(loop, core) == 0 and len(snapshots) == 1
+        assert "gpus" in core.tasks["t1"].reason
+        assert run(loop, core) == 0 and len(snapshots) == 1
+        assert loop.skipped == 1 and loop.cycles == 1
+
+    @pytest.mark.parametrize("change", ["new task", "task revision", "node cordoned", "node reconnected",
+                                        "reservation", "threshold", "policy"])
+    def test_any_input_change_runs_the_cycle(self, setup: Setup, change: str) -> None:
+        """Each input the decisions depend on makes the next cycle run again."""
+        loop, core, snapshots = setup
+        run(loop, core)
+        entry = core.registry.get("n1")
+        if change == "new task":
+            core.tasks["t2"] = pending("t2", 6.0)
+        elif change == "task revision":
+            core.tasks["t1"].revision = 2
+        elif change == "node cordoned":
+            core.registry.set_admin_state("n1", cordoned=True)
+        elif change == "node reconnected":
+            core.registry.connect(inventory("n1", 4), outbox=None)
+        elif change == "reservation":
+            entry.record.reserved.cpu_cores = 2.0
+        elif change == "threshold":
+            core.policy = types_pb2.Policy(name="max-utilization", threshold=0.8)
+        else:
+            core.policy = types_pb2.Policy(name="power-efficient", threshold=0.9)
+        assert run(loop, core) == 0
+        assert len(snapshots) == 2 and loop.skipped == 0
+
+    def test_forced_cycle_after_a_while(self, setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Even with nothing changed, a cycle runs once the forced interval has passed."""
+        loop, core, snapshots = setup
+        run(loop, core)
+        monkeypatch.setattr(scheduling, "_FORCED_CYCLE_S", 0.0)
+        run(loop, core)
+        assert len(snapshots) == 2 and loop.skipped == 0
+
+    def test_finished_tasks_do_not_count(self, setup: Setup) -> None:
+        """A task that had already finished changing again (say, its reason) does not wake the cycle."""
+        loop, core, snapshots = setup
+        done = pending("old", 1.0)
+        done.state = int(TaskState.SUCCEEDED)
+        core.tasks["old"] = done
+        run(loop, core)
+        core.tasks["old"].revision = 7
+        run(loop, core)
+        assert len(snapshots) == 1 and loop.skipped == 1
