@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.power_model import PowerModel
 
 __all__ = ["GPU_FIELDS", "HOST_FIELDS", "ClusterObjectives", "NodeHistory", "ResourceMonitor"]
 
@@ -63,9 +64,8 @@ class NodeHistory:
     :param capacity: samples kept (history seconds / sampling interval).
     """
 
-    __slots__ = ("_energy_start", "capacity", "count", "energy_delta_j", "energy_j", "gpu", "head", "host",
-                 "last_power_w",
-                 "last_time", "n_gpus", "times")
+    __slots__ = ("_energy_start", "capacity", "count", "energy_delta_j", "energy_j", "gpu", "gpu_point", "head",
+                 "host", "last_power_w", "last_time", "n_gpus", "times")
 
     def __init__(self, n_gpus: int, capacity: int) -> None:
         self.n_gpus = n_gpus
@@ -80,6 +80,8 @@ class NodeHistory:
         self.last_time = 0.0
         self.last_power_w = math.nan
         self._energy_start: float | None = None
+        # (mean GPU utilization, sum of GPU power) of the last sample, None when it lacked either.
+        self.gpu_point: tuple[float, float] | None = None
 
     def append(self, sample: types_pb2.TelemetrySample) -> tuple[float, float, float, float]:
         """Store one sample; returns (compute util, power W, GPU memory used, GPU memory total).
@@ -111,10 +113,14 @@ class NodeHistory:
         self.host[i] = host
         self.head = (i + 1) % self.capacity
         self.count = min(self.count + 1, self.capacity)
+        self.gpu_point = None
         if n:
             utils = [v for v in flat[_UTIL::width] if v == v]    # v == v: not NaN
             u = sum(utils) / len(utils) if utils else 0.0
-            power = sum(v for v in flat[_POWER::width] if v == v)
+            powers = [v for v in flat[_POWER::width] if v == v]
+            power = sum(powers)
+            if utils and powers:
+                self.gpu_point = (u, power)
             mem_used = sum(v for v in flat[_MEM_USED::width] if v == v)
             mem_total = sum(v for v in flat[_MEM_TOTAL::width] if v == v)
             energy = flat[_ENERGY::width]
@@ -163,9 +169,13 @@ class ResourceMonitor:
     :param history_s: seconds of history kept per node.
     :param interval_s: the agents' sampling interval (sets the ring size).
     :param now: wall clock (injected in tests).
+    :param power_model: fed every sample's (mean GPU utilization, summed GPU power), so that
+        Alg. 3's per-node power curves are fitted from the node's own telemetry; None: not fed.
     """
 
-    def __init__(self, history_s: float, interval_s: float, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, history_s: float, interval_s: float, now: Callable[[], float] = time.time,
+                 power_model: PowerModel | None = None) -> None:
+        self.power_model = power_model
         self.capacity = max(2, math.ceil(history_s / interval_s))
         self._now = now
         self._hist: dict[str, NodeHistory] = {}
@@ -205,9 +215,12 @@ class ResourceMonitor:
         if not samples:
             return
         hist, slot = self._ensure(node_id, n_gpus)
+        power_model = self.power_model
         for s in samples:
             u, p, mu, mt = hist.append(s)
             self._energy_total += hist.energy_delta_j
+            if power_model is not None and hist.gpu_point is not None:
+                power_model.observe(node_id, *hist.gpu_point)
         self._util[slot], self._power[slot], self._mem_used[slot], self._mem_total[slot] = u, p, mu, mt
         self._active[slot] = True
         self.latest[node_id] = samples[-1]

@@ -6,7 +6,10 @@ the datasheet one (per GPU, times the GPU count): H100 70/700 W, A100 50/400 W, 
 V100 35/300 W, T4 10/70 W, P100 30/250 W; an unknown model is guessed from its memory. Once a
 node has at least 30 ``(u, power)`` samples spanning at least 0.2 of utilization, an ordinary
 least-squares line through its most recent samples replaces the default (unless the fit is
-non-physical: a negative idle power or a non-increasing slope).
+non-physical: a negative idle power or a non-increasing slope). The coordinator's Resource
+Monitor feeds every telemetry sample in (the node's mean GPU utilization and the sum of its
+GPUs' power); a node's line is refitted once 30 new samples have arrived since the last fit, so
+a scheduling cycle reads cached curves instead of solving thousands of least-squares problems.
 
 Example::
 
@@ -17,13 +20,17 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
 
 from common.scheduling import PowerCurve
 
-__all__ = ["DATASHEET_W", "MIN_SAMPLES", "MIN_SPAN", "NodePowerFit", "PowerModel", "datasheet_curve", "fit_line"]
+__all__ = [
+    "DATASHEET_W", "MIN_SAMPLES", "MIN_SPAN", "REFIT_EVERY", "NodePowerFit", "PowerModel", "datasheet_curve",
+    "fit_line",
+]
 
 DATASHEET_W: dict[str, tuple[float, float]] = {
     "H100": (70.0, 700.0),
@@ -39,6 +46,7 @@ DATASHEET_W: dict[str, tuple[float, float]] = {
 _BY_MEMORY = ((80, "H100"), (40, "A100"), (24, "L4"), (16, "V100"), (0, "T4"))
 MIN_SAMPLES = 30
 MIN_SPAN = 0.2
+REFIT_EVERY = 30   # new samples between two fits of the same node
 _WINDOW = 2048
 _GIB = 1024**3
 
@@ -85,6 +93,9 @@ class NodePowerFit:
     def __init__(self, window: int = _WINDOW) -> None:
         self._util: deque[float] = deque(maxlen=window)
         self._power: deque[float] = deque(maxlen=window)
+        self._added = 0          # samples accepted so far
+        self._fitted_at = -1     # ``_added`` when the fit was last computed (-1: never)
+        self._fit: PowerCurve | None = None
 
     def add(self, util: float, power_w: float) -> None:
         """Add one sample (ignored when not finite or util outside 0..1).
@@ -92,17 +103,28 @@ class NodePowerFit:
         :param util: compute utilization, 0..1.
         :param power_w: measured power in watts.
         """
-        if np.isfinite(util) and np.isfinite(power_w) and 0.0 <= util <= 1.0 and power_w >= 0:
+        if math.isfinite(util) and math.isfinite(power_w) and 0.0 <= util <= 1.0 and power_w >= 0:
             self._util.append(float(util))
             self._power.append(float(power_w))
+            self._added += 1
 
     def curve(self) -> PowerCurve | None:
         """The fitted curve once there are enough samples over a wide enough range, else None.
+
+        The fit is computed when first asked for with enough samples and again once
+        :data:`REFIT_EVERY` new samples have arrived; in between the last one is returned.
 
         :returns: the fit or None.
         """
         if len(self._util) < MIN_SAMPLES:
             return None
+        if self._fitted_at < 0 or self._added - self._fitted_at >= REFIT_EVERY:
+            self._fitted_at = self._added
+            self._fit = self._compute()
+        return self._fit
+
+    def _compute(self) -> PowerCurve | None:
+        """Least squares over the window, when it spans enough utilization."""
         util = np.fromiter(self._util, dtype=np.float64, count=len(self._util))
         if float(np.ptp(util)) < MIN_SPAN:
             return None
@@ -122,7 +144,10 @@ class PowerModel:
         :param util: its compute utilization, 0..1 (mean over its GPUs).
         :param power_w: the sum of its GPUs' power, in watts.
         """
-        self._fits.setdefault(node_id, NodePowerFit()).add(util, power_w)
+        fit = self._fits.get(node_id)
+        if fit is None:
+            fit = self._fits[node_id] = NodePowerFit()
+        fit.add(util, power_w)
 
     def curve(self, node_id: str, gpu_model: str, gpus: int, mem_total_bytes: int = 0) -> PowerCurve:
         """The node's curve: the fit when usable, else the datasheet default.

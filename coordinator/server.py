@@ -67,6 +67,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
     core = Coordinator(cfg, store, election)
     holder["core"] = core
     core.scheduler = SchedulerLoop(cfg)
+    core.monitor.power_model = core.scheduler.power   # Alg. 3's curves are fitted from this node's telemetry
     core.attach(asyncio.get_running_loop())
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])

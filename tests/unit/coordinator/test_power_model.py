@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.pb.gptrm.v1 import types_pb2
 from common.scheduling import PowerCurve
-from coordinator.power_model import MIN_SAMPLES, PowerModel, datasheet_curve, fit_line
+from coordinator.monitor import ResourceMonitor
+from coordinator.power_model import MIN_SAMPLES, REFIT_EVERY, PowerModel, datasheet_curve, fit_line
 
 GIB = 1024**3
 
@@ -75,3 +77,39 @@ class TestFit:
             model.observe("n", float(u) + 2, 100.0)
             model.observe("n", float(u), -1.0)
         assert model.curve("n", "NVIDIA L4", 1) == datasheet_curve("NVIDIA L4", 1)
+
+
+class TestOnlineFit:
+    """Telemetry reaches the fit through the Resource Monitor; refits are spaced out."""
+
+    def test_refit_waits_for_new_samples(self) -> None:
+        """A changed line shows only once REFIT_EVERY new samples have arrived since the last fit."""
+        model, rng = PowerModel(), np.random.default_rng(3)
+        for u in rng.uniform(0, 1, MIN_SAMPLES):
+            model.observe("n", float(u), 500 + 3000 * float(u))
+        first = model.curve("n", "NVIDIA H100", 8)
+        assert first.idle_w == pytest.approx(500) and first.max_w == pytest.approx(3500)
+        for u in rng.uniform(0, 1, REFIT_EVERY - 1):
+            model.observe("n", float(u), 900 + 5000 * float(u))
+        assert model.curve("n", "NVIDIA H100", 8) == first
+        model.observe("n", 0.5, 900 + 5000 * 0.5)
+        refitted = model.curve("n", "NVIDIA H100", 8)
+        assert refitted != first and refitted.idle_w > first.idle_w and refitted.max_w > first.max_w
+
+    def test_monitor_feeds_gpu_power_and_utilization(self) -> None:
+        """Each sample's mean GPU utilization and summed GPU power (not the CPU package) are observed;
+        a sample without GPU power is not."""
+        model = PowerModel()
+        monitor = ResourceMonitor(history_s=60, interval_s=1, power_model=model)
+        rng = np.random.default_rng(5)
+        for t, u in enumerate(rng.uniform(0, 1, MIN_SAMPLES)):
+            sample = types_pb2.TelemetrySample(time_unix_s=float(t))
+            for i in range(2):   # two GPUs at the same utilization: 100 W idle and 400 W at full load each
+                sample.gpus.add(index=i, util_gpu=float(u), power_w=100 + 300 * float(u))
+            sample.host.cpu_power_w = 250.0
+            monitor.ingest("n", 2, [sample])
+        silent = types_pb2.TelemetrySample(time_unix_s=99.0)
+        silent.gpus.add(index=0, util_gpu=0.9)
+        monitor.ingest("n", 2, [silent])
+        curve = model.curve("n", "NVIDIA L4", 2)
+        assert curve.idle_w == pytest.approx(200) and curve.max_w == pytest.approx(800)
