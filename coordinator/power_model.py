@@ -108,6 +108,10 @@ class NodePowerFit:
             self._power.append(float(power_w))
             self._added += 1
 
+    def __len__(self) -> int:
+        """Samples in the window."""
+        return len(self._util)
+
     def curve(self) -> PowerCurve | None:
         """The fitted curve once there are enough samples over a wide enough range, else None.
 
@@ -158,9 +162,25 @@ class PowerModel:
         :param mem_total_bytes: memory of one of its GPUs (for unknown models).
         :returns: the curve.
         """
+        return self.explain(node_id, gpu_model, gpus, mem_total_bytes)[0]
+
+    def explain(
+        self, node_id: str, gpu_model: str, gpus: int, mem_total_bytes: int = 0
+    ) -> tuple[PowerCurve, str, int]:
+        """The node's curve with where it comes from, for operators (``gptrmctl nodes NODE``).
+
+        :param node_id: the node.
+        :param gpu_model: its GPU model name.
+        :param gpus: its GPU count.
+        :param mem_total_bytes: memory of one of its GPUs (for unknown models).
+        :returns: ``(curve, "fitted" or "datasheet", samples in the node's fit window)``.
+        """
         fit = self._fits.get(node_id)
         fitted = fit.curve() if fit is not None else None
-        return fitted if fitted is not None else datasheet_curve(gpu_model, gpus, mem_total_bytes)
+        samples = len(fit) if fit is not None else 0
+        if fitted is not None:
+            return fitted, "fitted", samples
+        return datasheet_curve(gpu_model, gpus, mem_total_bytes), "datasheet", samples
 
     def forget(self, node_id: str) -> None:
         """Drop a node's samples (it left the cluster or its hardware changed).

@@ -136,7 +136,8 @@ class SchedulerLoop:
                 used=Resources(gpus=r.gpus, gpu_mem_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                                mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
                 gpus=gpus, gpu_model=model, labels=dict(inv.labels), schedulable=core.registry.schedulable(e),
-                power=self.power.curve(e.node_id, model, len(inv.gpus), sum(g.mem_total_bytes for g in inv.gpus))))
+                power=self.power.curve(e.node_id, model, len(inv.gpus),
+                                       inv.gpus[0].mem_total_bytes if inv.gpus else 0)))
         return ClusterSnapshot(nodes=tuple(n for n in nodes if n.schedulable), taken_at_s=time.time())
 
     def _inputs(self, core: Any) -> tuple:

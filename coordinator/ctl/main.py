@@ -85,6 +85,10 @@ def _node_detail(v: admin_pb2.NodeView, d: dict[str, Any]) -> str:
         f"host          {d['cpu_cores']} cores, {render.fmt_bytes(d['mem_total_bytes'])} memory",
         f"tasks         {', '.join(d['task_ids']) or 'none'}",
     ]
+    curve = d["power_curve"]
+    if curve is not None:
+        origin = f"fitted from {curve['samples']} samples" if curve["source"] == "fitted" else "datasheet"
+        head.append(f"power curve   GPUs {curve['idle_w']:.0f} W idle, {curve['max_w']:.0f} W at full load ({origin})")
     rows = []
     for g in d["gpus"]:
         tm = g.get("telemetry", {})

@@ -100,6 +100,11 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "task_ids": list(v.task_ids),
         "allocations": [MessageToDict(a, preserving_proto_field_name=True) for a in v.allocations],
         "dropped_samples_total": v.dropped_samples_total,
+        "power_curve": (
+            {"idle_w": v.power_curve.idle_w, "max_w": v.power_curve.max_w, "source": v.power_curve.source,
+             "samples": v.power_curve.samples}
+            if v.HasField("power_curve") else None
+        ),
     }
 
 

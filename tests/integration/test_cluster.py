@@ -35,6 +35,10 @@ class TestRegistration:
         assert doc["is_leader"] and doc["leader_id"] == "c1" and doc["nodes_by_state"] == {"ready": 1}
         wait_until(lambda: stub.GetNode(admin_pb2.GetNodeRequest(node_id="gpu-node-1"), timeout=2).has_latest,
                    what="telemetry")
+        curve = json.loads(cluster.ctl("-o", "json", "nodes", "gpu-node-1").stdout)["power_curve"]
+        assert curve["source"] in ("datasheet", "fitted") and 0 < curve["idle_w"] < curve["max_w"]
+        assert curve["samples"] > 0   # the leader's power model is fed from this node's telemetry
+        assert "power curve   GPUs" in cluster.ctl("nodes", "gpu-node-1").stdout
 
     def test_states_ready_not_ready_lost_ready(self, cluster: Cluster) -> None:
         """A stopped agent's node goes NOT_READY then LOST, and READY again when it comes back."""

@@ -113,3 +113,16 @@ class TestOnlineFit:
         monitor.ingest("n", 2, [silent])
         curve = model.curve("n", "NVIDIA L4", 2)
         assert curve.idle_w == pytest.approx(200) and curve.max_w == pytest.approx(800)
+
+    def test_explain_says_where_the_curve_comes_from(self) -> None:
+        """Datasheet (with the sample count so far) until the fit is usable, then fitted."""
+        model = PowerModel()
+        assert model.explain("n", "NVIDIA L4", 2, 24 * GIB) == (datasheet_curve("NVIDIA L4", 2), "datasheet", 0)
+        for u in np.linspace(0, 1, MIN_SAMPLES - 1):
+            model.observe("n", float(u), 40 + 100 * float(u))
+        assert model.explain("n", "NVIDIA L4", 2)[1:] == ("datasheet", MIN_SAMPLES - 1)
+        model.observe("n", 0.5, 90.0)
+        curve, source, samples = model.explain("n", "NVIDIA L4", 2)
+        assert source == "fitted" and samples == MIN_SAMPLES
+        assert curve.idle_w == pytest.approx(40) and curve.max_w == pytest.approx(140)
+        assert model.curve("n", "NVIDIA L4", 2) == curve

@@ -92,7 +92,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeView(_message.Message):
-    __slots__ = ("record", "state", "latest", "has_latest", "allocations", "task_ids", "last_seen_age_s", "dropped_samples_total")
+    __slots__ = ("record", "state", "latest", "has_latest", "allocations", "task_ids", "last_seen_age_s", "dropped_samples_total", "power_curve")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LATEST_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class NodeView(_message.Message):
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_AGE_S_FIELD_NUMBER: _ClassVar[int]
     DROPPED_SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    POWER_CURVE_FIELD_NUMBER: _ClassVar[int]
     record: _types_pb2.NodeRecord
     state: _types_pb2.NodeState
     latest: _types_pb2.TelemetrySample
@@ -109,7 +110,20 @@ class NodeView(_message.Message):
     task_ids: _containers.RepeatedScalarFieldContainer[str]
     last_seen_age_s: float
     dropped_samples_total: int
-    def __init__(self, record: _Optional[_Union[_types_pb2.NodeRecord, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., latest: _Optional[_Union[_types_pb2.TelemetrySample, _Mapping]] = ..., has_latest: _Optional[bool] = ..., allocations: _Optional[_Iterable[_Union[_types_pb2.NodeAllocation, _Mapping]]] = ..., task_ids: _Optional[_Iterable[str]] = ..., last_seen_age_s: _Optional[float] = ..., dropped_samples_total: _Optional[int] = ...) -> None: ...
+    power_curve: PowerCurveView
+    def __init__(self, record: _Optional[_Union[_types_pb2.NodeRecord, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., latest: _Optional[_Union[_types_pb2.TelemetrySample, _Mapping]] = ..., has_latest: _Optional[bool] = ..., allocations: _Optional[_Iterable[_Union[_types_pb2.NodeAllocation, _Mapping]]] = ..., task_ids: _Optional[_Iterable[str]] = ..., last_seen_age_s: _Optional[float] = ..., dropped_samples_total: _Optional[int] = ..., power_curve: _Optional[_Union[PowerCurveView, _Mapping]] = ...) -> None: ...
+
+class PowerCurveView(_message.Message):
+    __slots__ = ("idle_w", "max_w", "source", "samples")
+    IDLE_W_FIELD_NUMBER: _ClassVar[int]
+    MAX_W_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    idle_w: float
+    max_w: float
+    source: str
+    samples: int
+    def __init__(self, idle_w: _Optional[float] = ..., max_w: _Optional[float] = ..., source: _Optional[str] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "stale")
