@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 
@@ -51,6 +52,7 @@ _WINDOW = 2048
 _GIB = 1024**3
 
 
+@functools.lru_cache(maxsize=1024)   # a cluster has few (model, count, memory) combinations; curves are frozen
 def datasheet_curve(gpu_model: str, gpus: int, mem_total_bytes: int = 0) -> PowerCurve:
     """The datasheet curve of a node with ``gpus`` GPUs of one model.
 

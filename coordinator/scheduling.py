@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from common.errors import GptrmError, IllegalTransition, NotFound, ValidationError
@@ -59,6 +60,28 @@ def _request(task: types_pb2.Task) -> Request:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _NodeStatic:
+    """What a node's snapshot takes from its inventory (see :meth:`SchedulerLoop.snapshot`).
+
+    :param check: (stream id, GPU count, cores, memory, disk): the inventory it was built from.
+    :param capacity: the node's capacity vector.
+    :param slots: ``(index, memory, topology group)`` per GPU (-1: topology unknown).
+    :param free: every GPU as a fully free slot.
+    :param model: the first GPU's model ("" without GPUs).
+    :param gpu_mem_bytes: one GPU's memory (for the datasheet power guess of unknown models).
+    :param labels: the node's labels (shared by snapshots; never modified).
+    """
+
+    check: tuple[int, int, int, int, int]
+    capacity: Resources
+    slots: tuple[tuple[int, int, int], ...]
+    free: tuple[GpuSlot, ...]
+    model: str
+    gpu_mem_bytes: int
+    labels: dict[str, str]
+
+
 class SchedulerLoop:
     """Everything the leader does with tasks.
 
@@ -76,6 +99,7 @@ class SchedulerLoop:
         self.cycles = 0
         self.skipped = 0                                # cycles skipped: nothing changed since all waited
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
+        self._statics: dict[str, _NodeStatic] = {}       # node id -> inventory-derived part of its snapshot
 
     # ---- admission --------------------------------------------------------------------------
 
@@ -110,35 +134,65 @@ class SchedulerLoop:
                 self._log.warning("schedule_cycle_failed", reason=str(e))
 
     def snapshot(self, core: Any) -> ClusterSnapshot:
-        """READY nodes with reservations and per-GPU free memory/share, in node-id order."""
-        per_gpu: dict[tuple[str, int], tuple[int, float]] = {}
+        """READY nodes with reservations and per-GPU free memory/share, in node-id order.
+
+        What a node's snapshot takes from its inventory (capacity, GPU slots, model, labels) is
+        built once per agent stream and reused; an idle node's all-free GPU tuple is reused too,
+        so a cycle only builds what reservations change.
+        """
+        usage: dict[str, dict[int, tuple[int, float]]] = {}
         for task in core.tasks.values():
             if task.state in TERMINAL_STATES or not task.allocation.nodes:
                 continue
             for na in task.allocation.nodes:
                 n = max(1, len(na.gpu_indices))
+                on_node = usage.setdefault(na.node_id, {})
                 for i in na.gpu_indices:
-                    mem, share = per_gpu.get((na.node_id, i), (0, 0.0))
-                    per_gpu[(na.node_id, i)] = (mem + na.demand.gpu_mem_bytes // n, share + (na.gpu_share or 1.0))
+                    mem, share = on_node.get(i, (0, 0.0))
+                    on_node[i] = (mem + na.demand.gpu_mem_bytes // n, share + (na.gpu_share or 1.0))
         nodes = []
+        schedulable = core.registry.schedulable
         for e in sorted(core.registry, key=lambda e: e.node_id):
-            inv, r = e.inventory, e.record.reserved
-            gpus = tuple(GpuSlot(g.index, g.mem_total_bytes,
-                                 max(0, g.mem_total_bytes - per_gpu.get((e.node_id, g.index), (0, 0.0))[0]),
-                                 max(0.0, 1.0 - per_gpu.get((e.node_id, g.index), (0, 0.0))[1]),
-                                 g.topology_group if g.topology_group else -1) for g in inv.gpus)
-            model = inv.gpus[0].model if inv.gpus else ""
+            if not schedulable(e):
+                continue
+            static = self._static_part(e)
+            taken = usage.get(e.node_id)
+            if taken is None:
+                gpus = static.free
+            else:
+                gpus = tuple(GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
+                                     max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group)
+                             for i, total, group in static.slots)
+            r = e.record.reserved
             nodes.append(NodeSnapshot(
-                node_id=e.node_id,
-                capacity=Resources(gpus=float(len(inv.gpus)), gpu_mem_bytes=sum(g.mem_total_bytes for g in inv.gpus),
-                                   cpu_cores=float(inv.cpu_cores), mem_bytes=inv.mem_total_bytes,
-                                   disk_bytes=inv.disk_total_bytes),
+                node_id=e.node_id, capacity=static.capacity,
                 used=Resources(gpus=r.gpus, gpu_mem_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                                mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
-                gpus=gpus, gpu_model=model, labels=dict(inv.labels), schedulable=core.registry.schedulable(e),
-                power=self.power.curve(e.node_id, model, len(inv.gpus),
-                                       inv.gpus[0].mem_total_bytes if inv.gpus else 0)))
-        return ClusterSnapshot(nodes=tuple(n for n in nodes if n.schedulable), taken_at_s=time.time())
+                gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
+                power=self.power.curve(e.node_id, static.model, len(static.slots), static.gpu_mem_bytes)))
+        return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
+
+    def _static_part(self, entry: NodeEntry) -> _NodeStatic:
+        """The inventory-derived part of a node's snapshot, rebuilt when the agent re-registers."""
+        inv = entry.inventory
+        check = (entry.stream_id, len(inv.gpus), inv.cpu_cores, inv.mem_total_bytes, inv.disk_total_bytes)
+        cached = self._statics.get(entry.node_id)
+        if cached is not None and cached.check == check:
+            return cached
+        slots = tuple((g.index, g.mem_total_bytes, g.topology_group) for g in inv.gpus)
+        static = _NodeStatic(
+            check=check,
+            capacity=Resources(gpus=float(len(slots)), gpu_mem_bytes=sum(total for _, total, _ in slots),
+                               cpu_cores=float(inv.cpu_cores), mem_bytes=inv.mem_total_bytes,
+                               disk_bytes=inv.disk_total_bytes),
+            slots=slots,
+            free=tuple(GpuSlot(i, total, total, 1.0, group) for i, total, group in slots),
+            model=inv.gpus[0].model if inv.gpus else "",
+            gpu_mem_bytes=slots[0][1] if slots else 0,
+            labels=dict(inv.labels),
+        )
+        self._statics[entry.node_id] = static
+        return static
 
     def _inputs(self, core: Any) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state

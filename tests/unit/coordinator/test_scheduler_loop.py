@@ -8,7 +8,8 @@ import types
 import pytest
 
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
+from common.scheduling import GpuSlot, NodeSnapshot, Resources
+from common.types import TERMINAL_STATES, TaskState
 from coordinator import scheduling
 from coordinator.config import CoordinatorConfig
 from coordinator.events import EventBus
@@ -119,3 +120,85 @@ class TestIdleCycles:
         core.tasks["old"].revision = 7
         run(loop, core)
         assert len(snapshots) == 1 and loop.skipped == 1
+
+
+def reference_snapshot(loop: SchedulerLoop, core: types.SimpleNamespace) -> tuple[NodeSnapshot, ...]:
+    """The snapshot built from scratch, node by node, from the registry and the unfinished tasks."""
+    nodes = []
+    for e in sorted(core.registry, key=lambda e: e.node_id):
+        if not core.registry.schedulable(e):
+            continue
+        inv, r = e.inventory, e.record.reserved
+        mem: dict[int, int] = {}
+        share: dict[int, float] = {}
+        for task in core.tasks.values():
+            if task.state in TERMINAL_STATES:
+                continue
+            for na in task.allocation.nodes:
+                if na.node_id == e.node_id:
+                    for i in na.gpu_indices:
+                        mem[i] = mem.get(i, 0) + na.demand.gpu_mem_bytes // max(1, len(na.gpu_indices))
+                        share[i] = share.get(i, 0.0) + (na.gpu_share or 1.0)
+        model = inv.gpus[0].model if inv.gpus else ""
+        nodes.append(NodeSnapshot(
+            node_id=e.node_id,
+            capacity=Resources(float(len(inv.gpus)), sum(g.mem_total_bytes for g in inv.gpus), float(inv.cpu_cores),
+                               inv.mem_total_bytes, inv.disk_total_bytes),
+            used=Resources(r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes),
+            gpus=tuple(GpuSlot(g.index, g.mem_total_bytes, max(0, g.mem_total_bytes - mem.get(g.index, 0)),
+                               max(0.0, 1.0 - share.get(g.index, 0.0)), g.topology_group) for g in inv.gpus),
+            gpu_model=model, labels=dict(inv.labels),
+            power=loop.power.curve(e.node_id, model, len(inv.gpus), inv.gpus[0].mem_total_bytes if inv.gpus else 0),
+        ))
+    return tuple(nodes)
+
+
+def running(task_id: str, node_id: str, gpu_indices: list[int], share: float = 1.0) -> types_pb2.Task:
+    """A RUNNING task holding GPUs on one node."""
+    task = pending(task_id, float(len(gpu_indices)))
+    task.state = int(TaskState.RUNNING)
+    task.allocation.nodes.add(node_id=node_id, gpu_indices=gpu_indices, gpu_share=share,
+                              demand=types_pb2.ResourceVector(gpu_mem_bytes=20 * GIB * len(gpu_indices)))
+    return task
+
+
+class TestSnapshot:
+    def test_matches_a_build_from_scratch_through_changes(self, setup: Setup) -> None:
+        """Cached inventory parts and idle GPU tuples never hide a change: allocations, finished
+        tasks, a re-registration with a different inventory, cordoning."""
+        loop, core, _ = setup
+        grouped = inventory("n2", 4)
+        for k, g in enumerate(grouped.gpus):
+            g.topology_group = k // 2   # two PCIe switches: groups 0 and 1
+        grouped.labels["zone"] = "a"
+        core.registry.connect(grouped, outbox=None)
+        core.registry.connect(types_pb2.NodeInventory(node_id="cpu-only", cpu_cores=32, mem_total_bytes=64 * GIB),
+                              outbox=None)
+
+        def check() -> None:
+            assert loop.snapshot(core).nodes == reference_snapshot(loop, core)
+
+        check()
+        core.tasks["r1"] = running("r1", "n2", [0, 1])
+        core.tasks["r2"] = running("r2", "n2", [2], share=0.25)
+        core.registry.get("n2").record.reserved.gpus = 2.25
+        check()
+        core.tasks["r1"].state = int(TaskState.SUCCEEDED)
+        check()
+        bigger = inventory("n1", 8)
+        bigger.labels["zone"] = "b"
+        core.registry.connect(bigger, outbox=None)
+        check()
+        core.registry.set_admin_state("n2", cordoned=True)
+        check()
+        assert [n.node_id for n in loop.snapshot(core).nodes] == ["cpu-only", "n1"]
+
+    def test_topology_group_zero_is_a_group(self, setup: Setup) -> None:
+        """GPUs in topology group 0 keep it (only -1 means unknown), so the allocator can keep a task in it."""
+        loop, core, _ = setup
+        grouped = inventory("n2", 4)
+        for k, g in enumerate(grouped.gpus):
+            g.topology_group = k // 2
+        core.registry.connect(grouped, outbox=None)
+        node = {n.node_id: n for n in loop.snapshot(core).nodes}["n2"]
+        assert [g.topology_group for g in node.gpus] == [0, 0, 1, 1]
