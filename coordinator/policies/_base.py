@@ -13,6 +13,7 @@ is the readable form of the same decision and is what the unit tables check.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -252,23 +253,24 @@ class ThresholdPolicy:
         """Stateless: nothing to remember."""
 
 
-class KeyedPolicy(ThresholdPolicy):
+class KeyedPolicy(ThresholdPolicy, ABC):
     """A policy that tries nodes by ascending per-node key, ties in snapshot order (Alg. 1-3).
 
-    Subclasses define :meth:`key_array` and its one-node form :meth:`key_at`; ``select`` follows.
+    An abstract base: subclasses define :meth:`key_array` and its one-node form :meth:`key_at`,
+    and ``select`` follows from them.
 
     :param args: validated arguments.
     """
 
     ranked_by_key = True
 
+    @abstractmethod
     def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
         """Per-node sort key, smaller first."""
-        raise NotImplementedError
 
+    @abstractmethod
     def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
         """``key_array(view, req)[i]`` for node ``i`` alone, with the same rounding."""
-        raise NotImplementedError
 
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The ``req.nodes`` feasible nodes with the smallest key."""
