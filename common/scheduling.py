@@ -252,6 +252,16 @@ class Request:
         return self.demand.gpus * self.nodes
 
     @property
+    def constraint_key(self) -> tuple[str, frozenset[tuple[str, str]]] | None:
+        """The request's constraints as one hashable value, None when it has none.
+
+        :returns: ``(GPU model lower-cased, node selector items)``, or None.
+        """
+        if not self.gpu_model and not self.node_selector:
+            return None
+        return self.gpu_model.lower(), frozenset(self.node_selector.items())
+
+    @property
     def whole_gpus(self) -> int:
         """Whole GPUs needed on each node (0 for a shared fraction or a CPU-only task).
 

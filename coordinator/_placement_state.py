@@ -291,9 +291,9 @@ class ClusterState:
         :param req: the request.
         :returns: a mask over nodes (treat it as read-only), or None when the request has no constraint.
         """
-        if not req.gpu_model and not req.node_selector:
+        key = req.constraint_key
+        if key is None:
             return None
-        key = (req.gpu_model.lower(), frozenset(req.node_selector.items()))
         mask = self._static.get(key)
         if mask is None:
             mask = np.zeros(len(self.nodes), dtype=np.bool_)

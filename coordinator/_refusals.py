@@ -21,7 +21,7 @@ _CAPACITY = 16
 class _Refused:
     """What a refused request needed, with the rejection it got."""
 
-    constraints: tuple[str, frozenset[tuple[str, str]]]
+    constraints: tuple[str, frozenset[tuple[str, str]]] | None
     demand: tuple[float, int, float, int, int]
     whole: int
     per_gpu: int
@@ -48,15 +48,13 @@ class RefusalMemo:
         :param whole: ``req.whole_gpus``.
         :returns: the earlier rejection, or None.
         """
-        constraints = None
+        constraints = req.constraint_key
         for old in self._refused:
             # A shared (or GPU-less) request never dominates a whole-GPU one. The other way round
             # is fine: a whole free GPU with enough memory also satisfies any share, and the gpus
             # dimension makes a shared request dominate only smaller shares.
             if whole < old.whole or req.gpu_mem_per_gpu_bytes < old.per_gpu or req.nodes < old.nodes:
                 continue
-            if constraints is None:
-                constraints = (req.gpu_model.lower(), frozenset(req.node_selector.items()))
             if old.constraints == constraints and _dominates(demand, old):
                 return old.rejection
         return None
@@ -69,7 +67,7 @@ class RefusalMemo:
         :param rejection: what it got.
         """
         entry = _Refused(
-            constraints=(req.gpu_model.lower(), frozenset(req.node_selector.items())),
+            constraints=req.constraint_key,
             demand=req.demand.as_tuple(),
             whole=whole,
             per_gpu=req.gpu_mem_per_gpu_bytes,

@@ -89,12 +89,7 @@ class ShapeCache:
         if len(log) > _LOG_MAX:
             log.clear()
             self._entries.clear()
-        constraints = (
-            (req.gpu_model.lower(), frozenset(req.node_selector.items()))
-            if req.gpu_model or req.node_selector
-            else None
-        )
-        key = (values, whole, req.gpu_mem_per_gpu_bytes, constraints)
+        key = (values, whole, req.gpu_mem_per_gpu_bytes, req.constraint_key)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._build(req, values, whole, is_exact(values))

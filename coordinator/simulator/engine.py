@@ -59,8 +59,7 @@ def shape_of(req: Request) -> Shape:
     :returns: a hashable key.
     """
     return (
-        req.demand.as_tuple(), req.nodes, req.gpu_mem_per_gpu_bytes, req.gpu_model.lower(),
-        frozenset(req.node_selector.items()), req.allow_sharing,
+        req.demand.as_tuple(), req.nodes, req.gpu_mem_per_gpu_bytes, req.constraint_key, req.allow_sharing,
     )  # fmt: skip
 
 
