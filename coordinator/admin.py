@@ -91,10 +91,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if task is not None:
                 view.allocations.extend(a for a in task.allocation.nodes if a.node_id == entry.node_id)
         scheduler = self.core.scheduler
-        gpus = entry.inventory.gpus
-        if scheduler is not None and gpus:
-            curve, source, samples = scheduler.power.explain(entry.node_id, gpus[0].model, len(gpus),
-                                                             gpus[0].mem_total_bytes)
+        if scheduler is not None and entry.inventory.gpus:
+            curve, source, samples = scheduler.power_curve(entry)
             view.power_curve.CopyFrom(admin_pb2.PowerCurveView(idle_w=curve.idle_w, max_w=curve.max_w,
                                                                source=source, samples=samples))
         return view

@@ -28,7 +28,16 @@ from typing import Any
 from common.errors import GptrmError, IllegalTransition, NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
-from common.scheduling import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources, queue_key
+from common.scheduling import (
+    ClusterSnapshot,
+    GpuSlot,
+    NodeSnapshot,
+    Placement,
+    PowerCurve,
+    Request,
+    Resources,
+    queue_key,
+)
 from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.config import CoordinatorConfig
 from coordinator.placement import PlacementEngine
@@ -169,8 +178,17 @@ class SchedulerLoop:
                 used=Resources(gpus=r.gpus, gpu_mem_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                                mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
                 gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
-                power=self.power.curve(e.node_id, static.model, len(static.slots), static.gpu_mem_bytes)))
+                power=self.power_curve(e)[0]))
         return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
+
+    def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:
+        """The node's GPU power curve as Alg. 3 sees it, with its source (see :meth:`PowerModel.explain`).
+
+        :param entry: the node.
+        :returns: ``(curve, "fitted" or "datasheet", samples in its fit window)``.
+        """
+        static = self._static_part(entry)
+        return self.power.explain(entry.node_id, static.model, len(static.slots), static.gpu_mem_bytes)
 
     def _static_part(self, entry: NodeEntry) -> _NodeStatic:
         """The inventory-derived part of a node's snapshot, rebuilt when the agent re-registers."""
