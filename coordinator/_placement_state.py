@@ -57,6 +57,13 @@ _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
 
 
+def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
+    """Free memory of a node's fully free GPUs, largest first (a ``free_desc`` entry)."""
+    free = [m for m, s in zip(mem_free, share_free, strict=True) if s >= 1.0]
+    free.sort(reverse=True)
+    return free
+
+
 def is_exact(values: tuple[float, int, float, int, int]) -> bool:
     """Whether a vector's float dimensions are dyadic (multiples of 2**-20) and its bytes whole.
 
@@ -184,15 +191,18 @@ class ClusterState:
         view.used_gpus[:] = used_gpus
         awake = np.array(self.powered_on, dtype=np.bool_) & np.any(self.used != 0, axis=0)
         view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
-        pad = [-1.0] * self.width
         for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
-            self.free_desc[i] = sorted((m for m, s in zip(mems, shares, strict=True) if s >= 1.0), reverse=True)
+            self.free_desc[i] = _free_whole(mems, shares)
             for k, s in enumerate(shares):
                 if 0.0 < s < 1.0:
                     self._partial.update(i, k, s, mems[k])
         if n:
-            columns = [free + pad[len(free) :] for free in self.free_desc]
+            columns = [self._padded(free) for free in self.free_desc]
             self.whole_desc = np.ascontiguousarray(np.array(columns, dtype=np.float64).T)
+
+    def _padded(self, free: list[float]) -> list[float]:
+        """A ``free_desc`` list as a ``whole_desc`` column: padded with -1 to the widest node."""
+        return free + [-1.0] * (self.width - len(free))
 
     def used_array(self) -> FloatArray:
         """The ``(5, N)`` reservation array, brought up to date from the Python mirrors.
@@ -210,12 +220,10 @@ class ClusterState:
         """
         if not self._dirty:
             return
-        pad = [-1.0] * self.width
         for i in self._dirty:
             self.used[:, i] = self.used_cols[i]
             self.headroom[:, i] = self.room_cols[i]
-            free = self.free_desc[i]
-            self.whole_desc[:, i] = free + pad[len(free) :]
+            self.whole_desc[:, i] = self._padded(self.free_desc[i])
         self._dirty.clear()
 
     def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False) -> None:
@@ -243,9 +251,7 @@ class ClusterState:
         view.neg_util[i] = -util
         view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
         shares, mems = self.slot_share[i], self.slot_mem[i]
-        free = [m for m, s in zip(mems, shares, strict=True) if s >= 1.0]
-        free.sort(reverse=True)
-        self.free_desc[i] = free
+        self.free_desc[i] = _free_whole(mems, shares)
         partial = self._partial
         indexed = partial.where
         for k in range(len(shares)) if slots is None else slots:
