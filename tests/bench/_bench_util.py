@@ -7,10 +7,12 @@ caller's ``finally``; only loopback addresses are used.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -29,7 +31,27 @@ BIN = Path(sys.executable).parent
 T = TypeVar("T")
 
 __all__ = ["BIN", "REPO", "CpuMeter", "Proc", "coordinator_argv", "free_port", "percentile", "wait_leader",
-           "wait_until"]
+           "wait_until", "work_dir"]
+
+
+@contextlib.contextmanager
+def work_dir(keep_dir: str, prefix: str) -> Iterator[Path]:
+    """Where a benchmark's processes keep state and logs: ``keep_dir`` when given, else a temporary
+    directory removed afterwards. When the benchmark fails, the tail of every log is printed first.
+
+    :param keep_dir: a directory to keep ("" for a temporary one).
+    :param prefix: the temporary directory's name prefix.
+    :returns: a context manager yielding the directory.
+    """
+    if keep_dir:
+        Path(keep_dir).mkdir(parents=True, exist_ok=True)
+    with contextlib.nullcontext(keep_dir) if keep_dir else tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        try:
+            yield Path(tmp)
+        except BaseException:
+            for log in sorted(Path(tmp).glob("*.log")):
+                print(f"==== {log.name}\n{log.read_text(errors='replace')[-1500:]}", file=sys.stderr)
+            raise
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -57,7 +57,6 @@ import re
 import signal
 import struct
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -68,7 +67,7 @@ import grpc.aio
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_util import CpuMeter, Proc, coordinator_argv, free_port, percentile, wait_leader
+from _bench_util import CpuMeter, Proc, coordinator_argv, free_port, percentile, wait_leader, work_dir
 
 from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
@@ -760,16 +759,8 @@ def main() -> None:
     elif args.role == "baseline-server":
         asyncio.run(baseline_main(args))
     else:
-        if args.keep_dir:
-            Path(args.keep_dir).mkdir(parents=True, exist_ok=True)
-        with (contextlib.nullcontext(args.keep_dir) if args.keep_dir
-              else tempfile.TemporaryDirectory(prefix="gptrm-bench-ingest-")) as tmp:
-            try:
-                asyncio.run(orchestrate(args, Path(tmp)))
-            except BaseException:
-                for log in sorted(Path(tmp).glob("*.log")):
-                    print(f"==== {log.name}\n{log.read_text(errors='replace')[-1500:]}", file=sys.stderr)
-                raise
+        with work_dir(args.keep_dir, "gptrm-bench-ingest-") as tmp:
+            asyncio.run(orchestrate(args, tmp))
 
 
 if __name__ == "__main__":

@@ -22,19 +22,17 @@ RPC itself (it writes the task to etcd), and a local fork/exec of ``sleep 0`` th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_util import BIN, Proc, coordinator_argv, free_port, percentile, wait_leader, wait_until
+from _bench_util import BIN, Proc, coordinator_argv, free_port, percentile, wait_leader, wait_until, work_dir
 
 from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
@@ -210,16 +208,8 @@ def main() -> None:
     p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
     p.add_argument("--keep-dir", default="", help="keep state and logs in this directory instead of a temporary one")
     args = p.parse_args()
-    if args.keep_dir:
-        Path(args.keep_dir).mkdir(parents=True, exist_ok=True)
-    with (contextlib.nullcontext(args.keep_dir) if args.keep_dir
-          else tempfile.TemporaryDirectory(prefix="gptrm-bench-submit-")) as tmp:
-        try:
-            run(args, Path(tmp))
-        except BaseException:
-            for log in sorted(Path(tmp).glob("*.log")):
-                print(f"==== {log.name}\n{log.read_text(errors='replace')[-1500:]}", file=sys.stderr)
-            raise
+    with work_dir(args.keep_dir, "gptrm-bench-submit-") as tmp:
+        run(args, tmp)
 
 
 if __name__ == "__main__":
