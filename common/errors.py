@@ -19,6 +19,7 @@ __all__ = [
     "NotFound",
     "NotLeader",
     "PlacementError",
+    "UsageError",
     "ValidationError",
 ]
 
@@ -87,3 +88,8 @@ class CollectorError(GptrmError):
 
 class NoData(GptrmError):
     """A collector has nothing to report this round; not a failure."""
+
+
+class UsageError(GptrmError):
+    """A command line asked for something impossible (a bad flag value, an unreadable input file);
+    command-line tools report it in one line with exit code 2."""

@@ -19,6 +19,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from structlog.typing import FilteringBoundLogger
 
 from common.errors import GptrmError
 from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
@@ -26,12 +27,11 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 from common.process import run_service
 from coordinator import config as config_mod
-from coordinator.admin import AdminService
+from coordinator.api import AdminService, AgentGatewayService
+from coordinator.app import build
 from coordinator.config import CoordinatorConfig
-from coordinator.core import Coordinator
-from coordinator.gateway import AgentGatewayService
-from coordinator.metrics import serve_metrics
-from coordinator.sync import Election, Keys, Store, connect
+from coordinator.monitor import serve_metrics
+from coordinator.sync import EtcdClient, connect
 
 __all__ = ["main", "serve"]
 
@@ -55,24 +55,12 @@ async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
             log.info("embedded_etcd_stopped")
 
 
-async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Event, log: object) -> None:
-    from coordinator.scheduling import SchedulerLoop
-
-    keys = Keys(cfg.etcd_prefix)
-    holder: dict[str, Coordinator] = {}
-    election = Election(client, keys, cfg.replica_id, cfg.advertise_address, ttl_s=cfg.lease_ttl_s,
-                        on_lost=lambda reason: holder["core"].on_lost(reason),
-                        on_elected=lambda record: holder["core"].on_elected(record))
-    store = Store(client, keys, election)
-    core = Coordinator(cfg, store, election)
-    holder["core"] = core
-    core.scheduler = SchedulerLoop(cfg)
-    core.monitor.power_model = core.scheduler.power   # Alg. 3's curves are fitted from this node's telemetry
-    core.attach(asyncio.get_running_loop())
-
+async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.Event,
+                      log: FilteringBoundLogger) -> None:
+    app = build(cfg, client)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(core), server)
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(core), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app), server)
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(app), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     services = (admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -84,23 +72,21 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
     except RuntimeError as e:
         raise GptrmError(f"--listen {cfg.listen}: cannot bind ({e})") from None
     try:
-        metrics_server = serve_metrics(core.metrics, cfg.metrics_listen) if cfg.metrics_listen else None
+        metrics_server = serve_metrics(app.metrics, cfg.metrics_listen) if cfg.metrics_listen else None
     except OSError as e:
         raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
     await server.start()
     for name in ("", *services[:2]):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    watchers = [asyncio.create_task(core.watch_nodes()), asyncio.create_task(core.watch_etcd())]
-    election.start()
+    background = app.start(asyncio.get_running_loop())
     log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd)
     try:
         await stop.wait()
     finally:
         log.info("coordinator_stopping")
-        for w in watchers:
+        for w in background:
             w.cancel()
-        await asyncio.to_thread(election.resign)
-        core.on_lost("shutdown")
+        await app.leadership.resign()
         await asyncio.sleep(0)
         await health.enter_graceful_shutdown()
         await server.stop(grace=1.0)
@@ -108,7 +94,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
             metrics_server.shutdown()
             metrics_server.server_close()
         with contextlib.suppress(Exception):
-            client.close()  # type: ignore[attr-defined]
+            client.close()
         log.info("coordinator_stopped")
 
 

@@ -8,9 +8,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from common.errors import UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.ctl import render
 from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, CtlError, Transport
+from coordinator.simulator.cli import add_simulate_parser
 
 __all__ = ["main"]
 
@@ -223,8 +225,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=int, default=100)
     sp.set_defaults(fn=cmd_events)
-    from coordinator.simulator.cli import add_simulate_parser
-
     add_simulate_parser(sub)
     return p
 
@@ -244,6 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CtlError as e:
         print(f"gptrmctl: {e}", file=sys.stderr)
         return e.code
+    except UsageError as e:
+        print(f"gptrmctl: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except Exception as e:  # the CLI boundary: one line unless --debug

@@ -98,7 +98,7 @@ def spec_from_file(path: str) -> types_pb2.TaskSpec:
 
 
 def _parse(doc: dict[str, Any], source: str) -> types_pb2.TaskSpec:
-    from coordinator.profiler import spec_from_mapping
+    from coordinator.profiler.profiler import spec_from_mapping
 
     try:
         return spec_from_mapping(doc)

@@ -15,11 +15,27 @@ Example::
 
 from __future__ import annotations
 
-from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
-from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series
-from coordinator.simulator.replay import ReplaySetup, load, run_policies, write_outputs
-from coordinator.simulator.trace import TraceError, TraceJob, TraceNode, read_jobs, read_nodes, select_nodes
-from coordinator.simulator.workload import NodeDefaults, build_cluster, build_jobs
+import importlib
+from typing import Any
+
+# Names are resolved on first use (PEP 562), so that ``gptrmctl`` can register the ``simulate``
+# subcommand from :mod:`coordinator.simulator.cli` without loading the engine and the scheduler.
+_HOMES = {
+    "SimConfig": "engine", "SimJob": "engine", "SimResult": "engine", "Simulator": "engine",
+    "JobRecord": "metrics", "MetricsRecorder": "metrics", "Series": "metrics",
+    "ReplaySetup": "replay", "load": "replay", "run_policies": "replay", "write_outputs": "replay",
+    "TraceError": "trace", "TraceJob": "trace", "TraceNode": "trace", "read_jobs": "trace", "read_nodes": "trace",
+    "select_nodes": "trace",
+    "NodeDefaults": "workload", "build_cluster": "workload", "build_jobs": "workload",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "JobRecord",

@@ -2,7 +2,9 @@
 
 gptrmctl registers the subcommand with :func:`add_simulate_parser`; the same flags run as
 ``python -m coordinator.simulator``. Usage and input errors (unknown policy, malformed trace,
-bad numbers) raise :class:`coordinator.ctl.transport.CtlError` with exit code 2.
+bad numbers) raise :class:`common.errors.UsageError`, which gptrmctl reports with exit code 2.
+This module imports the simulator itself only when a replay runs, so that building gptrmctl's
+parser stays cheap.
 
 Example::
 
@@ -16,22 +18,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from common.errors import GptrmError
-from coordinator.ctl.transport import EXIT_USAGE, CtlError
-from coordinator.policies import POLICIES
-from coordinator.simulator.engine import SimConfig
-from coordinator.simulator.replay import (
-    ProgressBar,
-    ReplaySetup,
-    load,
-    markdown_table,
-    results_json,
-    run_policies,
-    write_outputs,
-)
-from coordinator.simulator.workload import NodeDefaults
+from common.errors import GptrmError, UsageError
+from coordinator.simulator.node_defaults import NodeDefaults
+
+if TYPE_CHECKING:
+    from coordinator.simulator.engine import SimConfig
 
 __all__ = ["DEFAULT_POLICIES", "add_simulate_arguments", "add_simulate_parser", "main", "run_simulate"]
 
@@ -85,13 +78,15 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     return sp
 
 
-def _usage(message: str) -> CtlError:
+def _usage(message: str) -> UsageError:
     """A usage/input error (exit code 2)."""
-    return CtlError(message, EXIT_USAGE)
+    return UsageError(message)
 
 
 def _policies(text: str) -> list[str]:
     """Parse and check the policy list."""
+    from coordinator.scheduler.policies import POLICIES
+
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if not names or unknown:
@@ -101,6 +96,8 @@ def _policies(text: str) -> list[str]:
 
 def _configs(args: argparse.Namespace, names: Sequence[str], last_submit_s: float) -> list[SimConfig]:
     """One replay configuration per policy, from the flags."""
+    from coordinator.simulator.engine import SimConfig
+
     until: float | None = None
     if args.measure_until == _LAST_SUBMIT:
         until = last_submit_s
@@ -129,8 +126,17 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
 
     :param transport: ignored.
     :param args: parsed flags.
-    :raises CtlError: exit code 2 on usage or input errors.
+    :raises UsageError: on usage or input errors (exit code 2).
     """
+    from coordinator.simulator.replay import (
+        ProgressBar,
+        ReplaySetup,
+        load,
+        markdown_table,
+        results_json,
+        run_policies,
+        write_outputs,
+    )
     names = _policies(args.policies)
     if args.nodes_limit is not None and args.nodes_limit < 1:
         raise _usage(f"--nodes-limit must be ≥ 1, got {args.nodes_limit}")
@@ -175,9 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         args.fn(None, args)
-    except CtlError as e:
+    except UsageError as e:
         print(f"simulate: {e}", file=sys.stderr)
-        return e.code
+        return 2
     except SystemExit as e:  # --help, argparse usage errors
         return int(e.code or 0)
     return 0

@@ -1,10 +1,10 @@
 """The discrete-event loop: replay jobs against a simulated cluster in virtual time.
 
 Decisions come from the coordinator's own code: the pending queue is ordered by
-:func:`common.scheduling.queue_key`, and every placement is made by the production
-:class:`coordinator.placement.PlacementEngine` (policy filter and rank, then the Resource
+:func:`common.domain.queue_key`, and every placement is made by the production
+:class:`coordinator.scheduler.placement.engine.PlacementEngine` (policy filter and rank, then the Resource
 Allocator's GPU choice). The engine lives for the whole replay: placements reserve in it and
-finished jobs :meth:`~coordinator.placement.PlacementEngine.release` their reservations, so no
+finished jobs :meth:`~coordinator.scheduler.placement.engine.PlacementEngine.release` their reservations, so no
 snapshot is rebuilt per event (only when the elastic pool below changes).
 
 Events live in one ``heapq``. Everything that happens at one virtual time — completions,
@@ -21,7 +21,7 @@ pure arrivals therefore tries only the new shapes. Refusals consume no randomnes
 round-robin cursor, so the decisions equal those of ``place_batch`` over the whole queue;
 ``SimConfig(exact_batches=True)`` does exactly that, and the tests compare both.
 
-Power states (see :mod:`coordinator.simulator._power`): busy, idle, and off after
+Power states (see :mod:`coordinator.adaptor.power_states`): busy, idle, and off after
 ``power_down_after_s`` without work; work placed on an off node starts ``wake_delay_s`` later
 (a gang when its last node is up). With ``scale_out`` the policies that ask for new nodes
 (Alg. 1-2) see only powered nodes, and a scale-out refusal powers on the smallest off nodes
@@ -35,10 +35,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.scheduling import ClusterSnapshot, Placement, Rejection, Request, queue_key
-from coordinator.placement import PlacementEngine
-from coordinator.policies import feasible
-from coordinator.simulator._power import NodePower
+from common.domain import ClusterSnapshot, Placement, Rejection, Request, queue_key
+from coordinator.adaptor.power_states import NodePower
+from coordinator.scheduler.placement.engine import PlacementEngine
+from coordinator.scheduler.policies import feasible
 from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, summarize_jobs
 
 __all__ = ["SimConfig", "SimJob", "SimResult", "Simulator", "shape_of"]
@@ -49,7 +49,7 @@ _COMPLETE, _START, _ARRIVE, _POWER_DOWN = 0, 1, 2, 3
 Shape = tuple[Any, ...]
 """Everything about a request that the placement decision depends on, except its identity."""
 QueueKey = tuple[int, float, float, str]
-""":func:`common.scheduling.queue_key` of a request."""
+""":func:`common.domain.queue_key` of a request."""
 
 
 def shape_of(req: Request) -> Shape:
@@ -79,7 +79,7 @@ class SimJob:
 class SimConfig:
     """How to replay.
 
-    :param policy: policy name from :data:`coordinator.policies.POLICIES`.
+    :param policy: policy name from :data:`coordinator.scheduler.policies.POLICIES`.
     :param threshold: cap on each dimension's utilization after placement, in (0, 1]. 1.0 by
         default: at 0.9 an 8-GPU server could never take an 8-GPU trace job.
     :param seed: seed for the ``random`` policy.

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.scheduling import ModelSpecData, TaskSpecData
+from common.domain import ModelSpecData, TaskSpecData
 from common.types import TaskKind
-from coordinator.profiler import Profiler
+from coordinator.profiler.profiler import Profiler
 from coordinator.simulator.trace import TraceJob, TraceNode, write_jobs, write_nodes
 
 __all__ = ["SyntheticSpec", "generate", "generate_jobs", "generate_nodes", "llm_gpus", "main"]
@@ -160,7 +160,7 @@ def generate_jobs(spec: SyntheticSpec, rng: np.random.Generator) -> list[TraceJo
     is_llm = rng.random(n) < spec.llm_fraction
     kinds = _choice(rng, spec.llm_kinds, n)
     sizes = _choice(rng, spec.llm_params_b, n)
-    profiler = Profiler(gpu_mem_bytes=int(spec.gpu_mem_gib * 1024**3))
+    profiler = Profiler(gpu_model_mem_bytes=int(spec.gpu_mem_gib * 1024**3))
     width = max(spec.node_gpus)
     jobs = []
     for k in range(n):

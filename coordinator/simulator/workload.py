@@ -1,10 +1,10 @@
 """Trace rows → what the coordinator's own code takes: a :class:`ClusterSnapshot` and requests.
 
-Nodes get their power curve from :class:`coordinator.power_model.PowerModel` (datasheet
+Nodes get their power curve from :class:`coordinator.monitor.power_model.PowerModel` (datasheet
 defaults per GPU model; a model the trace does not name is guessed from its GPU memory) and
 fill what the trace leaves empty from :class:`NodeDefaults`.
 
-Jobs become requests through :meth:`coordinator.profiler.Profiler.request`, the path a real
+Jobs become requests through :meth:`coordinator.profiler.profiler.Profiler.request`, the path a real
 submission takes:
 
 * a trace job that only carries a GPU count is a spec with an explicit demand (GPUs per node,
@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from common.scheduling import (
+from common.domain import (
     ClusterSnapshot,
     GpuSlot,
     ModelSpecData,
@@ -35,43 +34,16 @@ from common.scheduling import (
     TaskSpecData,
 )
 from common.types import TaskKind
-from coordinator.power_model import PowerModel
-from coordinator.profiler import DEFAULT_GPU_MEM_BYTES, Profiler
+from coordinator.monitor.power_model import PowerModel
+from coordinator.profiler.profiler import DEFAULT_GPU_MEM_BYTES, Profiler
 from coordinator.simulator.engine import SimJob
+from coordinator.simulator.node_defaults import NodeDefaults
 from coordinator.simulator.trace import TraceJob, TraceNode
 
 __all__ = ["GIB", "NodeDefaults", "build_cluster", "build_jobs", "gang_split", "job_spec", "profiler_for"]
 
 GIB = 1024**3
 _CPU_ONLY_WIDTH = 4  # a CPU-only node is sized like a 4-GPU server's host
-
-
-@dataclass(frozen=True, slots=True)
-class NodeDefaults:
-    """What a node gets where the trace is silent.
-
-    :param gpu_model: GPU model name (Philly publishes none; its servers held P100s and P40s).
-    :param gpu_mem_gib: memory per GPU.
-    :param cpu_cores_per_gpu: host cores per GPU (a CPU-only node counts as 4 GPUs).
-    :param mem_gib_per_gpu: host memory per GPU.
-    :param disk_gib: local disk per node (neither trace says; LLM jobs ask for disk).
-    :param host_idle_w: constant host power per powered node (CPU package, fans) added to the
-        power model's GPU curve; 0 keeps the power model's GPU-only curve.
-    """
-
-    gpu_model: str = "NVIDIA Tesla P100-PCIE-16GB"
-    gpu_mem_gib: float = 16.0
-    cpu_cores_per_gpu: float = 8.0
-    mem_gib_per_gpu: float = 64.0
-    disk_gib: float = 4096.0
-    host_idle_w: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("gpu_mem_gib", "cpu_cores_per_gpu", "mem_gib_per_gpu"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"node default {name} must be > 0, got {getattr(self, name)!r}")
-        if self.disk_gib < 0 or self.host_idle_w < 0:
-            raise ValueError("node defaults disk_gib and host_idle_w must be ≥ 0")
 
 
 def _node(node: TraceNode, defaults: NodeDefaults, power: PowerModel) -> NodeSnapshot:
@@ -152,7 +124,7 @@ def profiler_for(nodes: Sequence[NodeSnapshot]) -> Profiler:
     :returns: the profiler.
     """
     sizes = [g.mem_total_bytes for n in nodes for g in n.gpus[:1]]
-    return Profiler(gpu_mem_bytes=min(sizes) if sizes else DEFAULT_GPU_MEM_BYTES)
+    return Profiler(gpu_model_mem_bytes=min(sizes) if sizes else DEFAULT_GPU_MEM_BYTES)
 
 
 def build_jobs(jobs: Sequence[TraceJob], cluster: ClusterSnapshot, profiler: Profiler | None = None) -> list[SimJob]:

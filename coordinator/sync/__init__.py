@@ -13,25 +13,29 @@ from coordinator.sync._records import add_reservation, remove_reservation
 from coordinator.sync.client import KV, EtcdClient, connect
 from coordinator.sync.election import Election
 from coordinator.sync.keys import DEFAULT_PREFIX, Keys
+from coordinator.sync.leadership import LeaderRole, Leadership
 from coordinator.sync.lease import Lease
-from coordinator.sync.lock import Lock
+from coordinator.sync.lock import AdminLocks, Lock
 from coordinator.sync.state_machine import LEGAL_TRANSITIONS, Conflict, allowed_from, check_transition, is_legal
-from coordinator.sync.store import ClusterState, CommitResult, PlacementCommit, Store
+from coordinator.sync.store import CommitResult, PlacementCommit, Store, StoredState
 
 __all__ = [
     "DEFAULT_PREFIX",
     "KV",
     "LEGAL_TRANSITIONS",
-    "ClusterState",
+    "AdminLocks",
     "CommitResult",
     "Conflict",
     "Election",
     "EtcdClient",
     "Keys",
+    "LeaderRole",
+    "Leadership",
     "Lease",
     "Lock",
     "PlacementCommit",
     "Store",
+    "StoredState",
     "add_reservation",
     "allowed_from",
     "check_transition",

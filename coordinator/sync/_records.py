@@ -9,9 +9,11 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from common.domain import Resources
 from common.errors import CoordinationError, ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
+from coordinator.allocator.reservations import NodeReservation, ReservationConflict
 from coordinator.sync.client import KV
 from coordinator.sync.state_machine import Conflict, check_transition
 
@@ -90,46 +92,42 @@ def apply_updates(task: types_pb2.Task, updates: Mapping[str, object]) -> None:
         task.has_exit_code = True
 
 
-def _whole(na: types_pb2.NodeAllocation) -> bool:
-    return na.gpu_share <= 0 or na.gpu_share >= 1
+def _demand(v: types_pb2.ResourceVector) -> Resources:
+    return Resources(gpus=v.gpus, gpu_mem_total_bytes=v.gpu_mem_bytes, cpu_cores=v.cpu_cores, mem_bytes=v.mem_bytes,
+                     disk_bytes=v.disk_bytes)
+
+
+def _reservation(record: types_pb2.NodeRecord) -> NodeReservation:
+    return NodeReservation(_demand(record.reserved), tuple(record.reserved_gpu_indices))
+
+
+def _store_reservation(record: types_pb2.NodeRecord, reservation: NodeReservation) -> None:
+    u, r = reservation.used, record.reserved
+    r.gpus, r.gpu_mem_bytes, r.cpu_cores = u.gpus, u.gpu_mem_total_bytes, u.cpu_cores
+    r.mem_bytes, r.disk_bytes = u.mem_bytes, u.disk_bytes
+    record.ClearField("reserved_gpu_indices")
+    record.reserved_gpu_indices.extend(reservation.gpu_indices)
 
 
 def add_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) -> None:
-    """Add one allocation's demand and GPU indices to a node's reservation.
+    """Add one allocation to a node record's reservation (the arithmetic is
+    :class:`~coordinator.allocator.reservations.NodeReservation`'s; this only (de)serializes).
 
-    ``reserved`` is the field-wise sum of ``NodeAllocation.demand``; ``reserved_gpu_indices``
-    is a sorted multiset (a GPU shared by k tasks appears k times).
+    ``reserved`` is the field-wise sum of ``NodeAllocation.demand`` (GPU memory as the total of the
+    allocation's GPUs); ``reserved_gpu_indices`` is a sorted multiset (a GPU shared by k tasks appears k times).
 
     :raises Conflict: a whole-GPU allocation asks for a GPU that is already reserved.
     """
-    taken = sorted(set(record.reserved_gpu_indices) & set(na.gpu_indices)) if _whole(na) else []
-    if taken:
-        raise Conflict(f"node {na.node_id}: GPU {', '.join(map(str, taken))} already reserved")
-    r, d = record.reserved, na.demand
-    r.gpus = round(r.gpus + d.gpus, 9)
-    r.cpu_cores = round(r.cpu_cores + d.cpu_cores, 9)
-    r.gpu_mem_bytes += d.gpu_mem_bytes
-    r.mem_bytes += d.mem_bytes
-    r.disk_bytes += d.disk_bytes
-    merged = sorted([*record.reserved_gpu_indices, *na.gpu_indices])
-    record.ClearField("reserved_gpu_indices")
-    record.reserved_gpu_indices.extend(merged)
+    try:
+        reservation = _reservation(record).add(na.node_id, _demand(na.demand), na.gpu_indices, na.gpu_share)
+    except ReservationConflict as e:
+        raise Conflict(str(e)) from None
+    _store_reservation(record, reservation)
 
 
 def remove_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) -> None:
     """Undo :func:`add_reservation`; never goes below zero."""
-    r, d = record.reserved, na.demand
-    r.gpus = max(round(r.gpus - d.gpus, 9), 0.0)
-    r.cpu_cores = max(round(r.cpu_cores - d.cpu_cores, 9), 0.0)
-    r.gpu_mem_bytes = max(r.gpu_mem_bytes - d.gpu_mem_bytes, 0)
-    r.mem_bytes = max(r.mem_bytes - d.mem_bytes, 0)
-    r.disk_bytes = max(r.disk_bytes - d.disk_bytes, 0)
-    left = list(record.reserved_gpu_indices)
-    for index in na.gpu_indices:
-        if index in left:
-            left.remove(index)
-    record.ClearField("reserved_gpu_indices")
-    record.reserved_gpu_indices.extend(left)
+    _store_reservation(record, _reservation(record).remove(_demand(na.demand), na.gpu_indices))
 
 
 @dataclass(frozen=True, slots=True)

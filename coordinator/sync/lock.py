@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 
 from common.errors import CoordinationError
@@ -14,7 +16,7 @@ from coordinator.sync.client import EtcdClient, WatchEvent, WatchHandle
 from coordinator.sync.keys import Keys
 from coordinator.sync.lease import Lease, claim_key, release_key
 
-__all__ = ["Lock"]
+__all__ = ["AdminLocks", "Lock"]
 
 
 class Lock:
@@ -177,3 +179,40 @@ class Lock:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+class AdminLocks:
+    """The named locks admin operations hold (``drain``, ``policy``), so that two replicas, or two
+    admins on one, never interleave the same kind of change.
+
+    Example::
+
+        locks = AdminLocks(client, keys, holder="coord-a")
+        async with locks.hold("policy"):
+            await change_policy()        # CoordinationError when another holder kept it for timeout_s
+
+    :param client: the etcd client.
+    :param keys: key names.
+    :param holder: readable prefix of each lock's token (the coordinator id).
+    :param ttl_s: lease TTL of each lock.
+    :param timeout_s: how long :meth:`hold` waits to acquire.
+    """
+
+    def __init__(self, client: EtcdClient, keys: Keys, *, holder: str, ttl_s: float = 10.0,
+                 timeout_s: float = 5.0) -> None:
+        self._client, self._keys, self._holder = client, keys, holder
+        self._ttl_s, self._timeout_s = ttl_s, timeout_s
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        """Hold ``locks/<name>`` for the body (blocking etcd calls run in a worker thread).
+
+        :raises CoordinationError: not acquired within ``timeout_s``.
+        :raises EtcdUnavailable: etcd did not answer.
+        """
+        lock = Lock(self._client, self._keys, name, self._ttl_s, holder=self._holder, timeout_s=self._timeout_s)
+        await asyncio.to_thread(lock.acquire, self._timeout_s)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(lock.release)

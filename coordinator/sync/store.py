@@ -19,11 +19,11 @@ from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
 from coordinator.sync.state_machine import Conflict, check_transition
 
-__all__ = ["ClusterState", "CommitResult", "PlacementCommit", "Store"]
+__all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState"]
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterState:
+class StoredState:
     """Everything a new leader recovers from, read at one etcd revision."""
 
     nodes: dict[str, types_pb2.NodeRecord]
@@ -326,14 +326,14 @@ class Store:
         self._writer.write([], [op_put(self._keys.policy, policy.SerializeToString())])
         self._log.info("policy_stored", policy=policy.name, threshold=policy.threshold)
 
-    def load_all(self) -> ClusterState:
+    def load_all(self) -> StoredState:
         """Nodes, tasks (with revisions), allocations and policy, all read at one revision."""
         k = self._keys
         nodes, revision = self._client.range_prefix(k.nodes_prefix)
         tasks, _ = self._client.range_prefix(k.tasks_prefix, revision=revision)
         allocs, _ = self._client.range_prefix(k.allocations_prefix, revision=revision)
         policy = [kv for kv in self._client.range_prefix(k.policy, revision=revision)[0] if kv.key == k.policy]
-        return ClusterState(
+        return StoredState(
             nodes={k.name_of(kv.key, k.nodes_prefix): rec.decode(types_pb2.NodeRecord, kv) for kv in nodes},
             tasks={k.name_of(kv.key, k.tasks_prefix): rec.decode_task(kv) for kv in tasks},
             allocations={

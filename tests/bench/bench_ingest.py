@@ -607,7 +607,7 @@ def format_row(r: Row) -> str:
 def time_monitor_ingest(nodes: int, rounds: int = 3) -> tuple[float, float]:
     """In-process cost of the coordinator's ``ResourceMonitor.ingest`` for one 8-GPU sample, with ``nodes``
     nodes reporting; returns (µs per sample, µs of one recompute of the objectives, which readers trigger)."""
-    from coordinator.monitor import ResourceMonitor
+    from coordinator.monitor.resources import ResourceMonitor
 
     monitor = ResourceMonitor(900.0, 1.0)
     now = time.time()

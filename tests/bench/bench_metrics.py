@@ -27,9 +27,9 @@ if str(ROOT) not in sys.path:
 from prometheus_client import generate_latest  # noqa: E402
 
 from common.pb.gptrm.v1 import types_pb2  # noqa: E402
-from coordinator.metrics import Metrics  # noqa: E402
-from coordinator.monitor import ResourceMonitor  # noqa: E402
-from coordinator.registry import NodeRegistry  # noqa: E402
+from coordinator.monitor.metrics import Metrics  # noqa: E402
+from coordinator.monitor.nodes import NodeRegistry  # noqa: E402
+from coordinator.monitor.resources import ResourceMonitor  # noqa: E402
 
 GPUS = 8
 

@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.scheduling import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, PowerCurve, Request, Resources  # noqa: E402
-from coordinator.placement import PlacementEngine  # noqa: E402
-from coordinator.policies import POLICIES  # noqa: E402
+from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, PowerCurve, Request, Resources  # noqa: E402
+from coordinator.scheduler.placement.engine import PlacementEngine  # noqa: E402
+from coordinator.scheduler.policies import POLICIES  # noqa: E402
 
 GIB = 1024**3
 TARGET_RATE = 20_000  # decisions/s for 10,000 requests on 5,000 nodes

@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import fake_pynvml
 import pytest
 import structlog
-from fake_pynvml import FakeNvml, make_gpus
 from structlog.testing import capture_logs
 
 from agent.collectors import NvmlCollector, SimulatedGpus
 from agent.sampler import build_sampler, open_gpu_backend
 from common.errors import ConfigError
+from tests.helpers import fake_pynvml
+from tests.helpers.fake_pynvml import FakeNvml, make_gpus
 
 Log = structlog.typing.FilteringBoundLogger
 LIBRARY_NOT_FOUND = fake_pynvml.NVML_ERROR_CODES["LIBRARY_NOT_FOUND"]

@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import structlog
-from fake_clock import FakeClock
 from structlog.testing import capture_logs
 
 from agent.collectors import GpuProcessReading, GpuReading, HostReading, PowerReading, Sample, TaskUsage
@@ -15,6 +14,7 @@ from agent.collectors.simulated import SimulatedGpus
 from agent.sampler import Sampler, attribute_gpu_usage
 from common.errors import CollectorError, NoData
 from common.pb.gptrm.v1 import types_pb2
+from tests.helpers.clock import FakeClock
 
 Log = structlog.typing.FilteringBoundLogger
 GIB = 1 << 30

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.scheduling import (
+from common.domain import (
     ClusterSnapshot,
     NodeSnapshot,
     PowerCurve,

@@ -6,14 +6,14 @@ import importlib
 import sys
 from types import SimpleNamespace
 
-import fake_pynvml
 import pytest
 import structlog
-from fake_pynvml import FakeGpu, FakeNvml, make_gpus
 from structlog.testing import capture_logs
 
 from agent.collectors.nvml import NvmlCollector, load_pynvml, open_nvml, parse_gpu_reading, parse_topology_groups
 from common.errors import CollectorError, ValidationError
+from tests.helpers import fake_pynvml
+from tests.helpers.fake_pynvml import FakeGpu, FakeNvml, make_gpus
 
 Log = structlog.typing.FilteringBoundLogger
 GIB = 1 << 30

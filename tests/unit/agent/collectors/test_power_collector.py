@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_clock import FakeClock
 
 from agent.collectors.power import RaplPowerCollector, energy_delta_uj, package_zones, parse_energy_uj
 from common.errors import NoData
+from tests.helpers.clock import FakeClock
 
 MAX_RANGE_UJ = 262_143_328_850
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from fake_clock import FakeClock
 
 from agent.collectors.simulated import (
     SimGpuSpec,
@@ -13,6 +12,7 @@ from agent.collectors.simulated import (
     simulated_power_w,
 )
 from common.errors import ValidationError
+from tests.helpers.clock import FakeClock
 
 GIB = 1 << 30
 

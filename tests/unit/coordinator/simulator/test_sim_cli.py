@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-from sim_builders import synthetic_trace, write_csv
 
-from coordinator.ctl.transport import CtlError
+from common.errors import UsageError
+from coordinator.ctl.main import main as gptrmctl
 from coordinator.simulator import report
 from coordinator.simulator.cli import add_simulate_parser, main, run_simulate
 from coordinator.simulator.replay import REQUIRED_KEYS, ProgressBar, markdown_table
+from tests.helpers.sim import synthetic_trace, write_csv
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -58,10 +59,10 @@ class TestSimulateCommand:
         jobs = write_csv(tmp_path / "jobs.csv", "job_id,submit_s,duration_s,gpus,gpu_share,cpu_cores,mem_gib,group,"
                          "status,orig_submit", ["a,0,10,1,1,,,g,,", "b,1,-5,1,1,,,g,,"])  # fmt: skip
         nodes = write_csv(tmp_path / "nodes.csv", "node_id,gpus,gpu_model,gpu_mem_gib,cpu_cores,mem_gib", ["m0,8,,,,"])
-        with pytest.raises(CtlError) as err:
+        with pytest.raises(UsageError) as err:
             run_simulate(None, parse("--jobs", str(jobs), "--nodes", str(nodes), "--out", str(tmp_path / "o")))
-        assert err.value.code == 2
         assert f"{jobs}:3: column 'duration_s': must be ≥ 0, got -5" in str(err.value)
+        assert gptrmctl(["simulate", "--jobs", str(jobs), "--nodes", str(nodes), "--out", str(tmp_path / "o")]) == 2
 
     @pytest.mark.parametrize(("flags", "message"), [
         (["--policies", "max-utilization,best-fit"], "unknown best-fit"),
@@ -74,9 +75,8 @@ class TestSimulateCommand:
         """Bad flags are usage errors (exit code 2) with a message naming the flag or value."""
         jobs, nodes = trace
         args = parse("--jobs", str(jobs), "--nodes", str(nodes), "--out", str(tmp_path / "o"), "--no-plots", *flags)
-        with pytest.raises(CtlError, match=message) as err:
+        with pytest.raises(UsageError, match=message):
             run_simulate(None, args)
-        assert err.value.code == 2
 
     def test_module_main(self, trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """python -m coordinator.simulator takes the same flags and returns 0, or 2 on a missing file."""

@@ -33,8 +33,8 @@ class TestGrafanaDashboard:
         assert any(re.search(rf"\b{metric}(_bucket)?\b", e) for e in expressions())
 
     def test_metrics_exist_in_the_coordinator(self) -> None:
-        """Every gptrm_ name the dashboard queries is defined by coordinator/metrics.py."""
-        source = (ROOT / "coordinator" / "metrics.py").read_text(encoding="utf-8")
+        """Every gptrm_ name the dashboard queries is defined by coordinator/monitor/metrics.py."""
+        source = (ROOT / "coordinator" / "monitor" / "metrics.py").read_text(encoding="utf-8")
         names = {n.removesuffix("_bucket") for e in expressions() for n in re.findall(r"gptrm_[a-z_]+", e)}
         defined = set(re.findall(r'"(gptrm_[a-z_]+)"', source))
         gauges = {f"gptrm_gpu_{s}" for s in re.findall(r'\("([a-z_]+)", "GPU', source)}

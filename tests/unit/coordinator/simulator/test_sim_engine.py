@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_builders import cluster, job, node, synthetic_trace
 
-import coordinator.placement
-import coordinator.policies.max_utilization
-import coordinator.policies.round_robin
+import coordinator.scheduler.placement.engine
+import coordinator.scheduler.policies.max_utilization
+import coordinator.scheduler.policies.round_robin
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
 from coordinator.simulator.replay import ReplaySetup, load
+from tests.helpers.sim import cluster, job, node, synthetic_trace
 
 POLICIES = ("max-utilization", "load-balancing", "power-efficient", "round-robin", "random", "first-fit")
 
@@ -129,13 +129,13 @@ class TestProductionCode:
 
             return wrapper
 
-        mu = coordinator.policies.max_utilization.MaxUtilization
+        mu = coordinator.scheduler.policies.max_utilization.MaxUtilization
         monkeypatch.setattr(mu, "key_array", counting("rank", mu.key_array))
         monkeypatch.setattr(mu, "key_at", counting("rank", mu.key_at))
-        monkeypatch.setattr(coordinator.policies.round_robin, "rotate",
-                            counting("rotate", coordinator.policies.round_robin.rotate))
-        monkeypatch.setattr(coordinator.placement.PlacementEngine, "place",
-                            counting("place", coordinator.placement.PlacementEngine.place))  # fmt: skip
+        monkeypatch.setattr(coordinator.scheduler.policies.round_robin, "rotate",
+                            counting("rotate", coordinator.scheduler.policies.round_robin.rotate))
+        engine = coordinator.scheduler.placement.engine.PlacementEngine
+        monkeypatch.setattr(engine, "place", counting("place", engine.place))
         jobs = [job(f"j{k}", 1 + k % 4, k, 50) for k in range(20)]
         result = Simulator(cluster(node("a", gpus=8), node("b", gpus=8)), jobs, SimConfig("max-utilization")).run()
         assert result.metrics["completed_jobs"] == 20

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sim_builders import write_csv
 
 from coordinator.simulator.trace import (
     TraceError,
@@ -17,6 +16,7 @@ from coordinator.simulator.trace import (
     write_jobs,
     write_nodes,
 )
+from tests.helpers.sim import write_csv
 
 JOBS_HEADER = "job_id,submit_s,duration_s,gpus,gpu_share,cpu_cores,mem_gib,group,status,orig_submit"
 NODES_HEADER = "node_id,gpus,gpu_model,gpu_mem_gib,cpu_cores,mem_gib"

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import coordinator.profiler
-from common.scheduling import Resources
+import coordinator.profiler.profiler
+from common.domain import Resources
 from coordinator.simulator.synthetic import SyntheticSpec, generate, llm_gpus
 from coordinator.simulator.trace import TraceJob, TraceNode
 from coordinator.simulator.workload import GIB, NodeDefaults, build_cluster, build_jobs, gang_split, job_spec
@@ -37,14 +37,15 @@ class TestSynthetic:
     def test_llm_rows_take_the_profilers_gpu_count(self) -> None:
         """An LLM row carries its kind and size, and the GPU count the profiler derives for it."""
         jobs, _ = generate(SyntheticSpec(n_jobs=200, llm_fraction=1.0, gpu_counts={1: 1.0}), np.random.default_rng(4))
-        profiler = coordinator.profiler.Profiler(gpu_mem_bytes=80 * GIB)
+        profiler = coordinator.profiler.profiler.Profiler(gpu_model_mem_bytes=80 * GIB)
         assert all(j.kind and j.params_b > 0 for j in jobs)
         for j in jobs[:20]:
             assert (j.gpus, j.gpu_share) == llm_gpus(profiler, j.kind, j.params_b, 8)
 
     def test_70b_training_is_a_gang(self) -> None:
         """Adam training of 70 B parameters (16 bytes each ≈ 1.1 TB) needs more than one 8×80 GiB server."""
-        gpus, share = llm_gpus(coordinator.profiler.Profiler(gpu_mem_bytes=80 * GIB), "training", 70.0, 8)
+        profiler = coordinator.profiler.profiler.Profiler(gpu_model_mem_bytes=80 * GIB)
+        gpus, share = llm_gpus(profiler, "training", 70.0, 8)
         assert gpus > 8 and share == 1.0
 
     def test_bad_spec(self) -> None:
@@ -101,13 +102,13 @@ class TestBuildJobs:
     def test_requests_come_from_the_profiler(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Profiler.request makes every request; an LLM job gets the profiler's per-GPU memory."""
         seen: list[str] = []
-        original = coordinator.profiler.Profiler.request
+        original = coordinator.profiler.profiler.Profiler.request
 
-        def recording(self: coordinator.profiler.Profiler, task_id: str, spec: Any, **kw: Any) -> Any:
+        def recording(self: coordinator.profiler.profiler.Profiler, task_id: str, spec: Any, **kw: Any) -> Any:
             seen.append(task_id)
             return original(self, task_id, spec, **kw)
 
-        monkeypatch.setattr(coordinator.profiler.Profiler, "request", recording)
+        monkeypatch.setattr(coordinator.profiler.profiler.Profiler, "request", recording)
         cluster = build_cluster([TraceNode("a", 8, "A100", 80.0, 128.0, 1024.0)])
         trace = [TraceJob("t", 0, 10, 2, 1.0, None, None), TraceJob("l", 5, 10, 1, 1.0, None, None, "", "",
                                                                     "fine-tuning", 7.0)]  # fmt: skip

@@ -1,0 +1,243 @@
+"""The Admin gRPC service: what gptrmctl calls. Errors become status codes here, once.
+
+- ValidationError → INVALID_ARGUMENT (the message names the field);
+- NotFound → NOT_FOUND;
+- NotLeader → FAILED_PRECONDITION, with the leader's address in trailing metadata
+  ``gptrm-leader-address`` so clients can follow it;
+- IllegalTransition / Fenced → FAILED_PRECONDITION;
+- EtcdUnavailable → UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from common.errors import (
+    CoordinationError,
+    EtcdUnavailable,
+    Fenced,
+    IllegalTransition,
+    NotFound,
+    NotLeader,
+    ValidationError,
+)
+from common.logging import get_logger
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
+from common.types import NodeState
+from coordinator.app import VERSION, App
+from coordinator.events import KINDS, Event
+from coordinator.monitor.nodes import NodeEntry
+
+__all__ = ["AdminService"]
+
+_EVENT_KINDS = {name: admin_pb2.EventKind.Value(f"EVENT_KIND_{name.upper()}") for name in KINDS}
+R = TypeVar("R")
+_log = get_logger("admin")
+
+
+def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """Translate gptrm errors into gRPC status codes; anything unexpected is INTERNAL, never a crash."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: AdminService, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except NotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except NotLeader as e:
+            if e.leader_address:
+                context.set_trailing_metadata(((LEADER_METADATA_KEY, e.leader_address),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except (IllegalTransition, Fenced) as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except EtcdUnavailable as e:
+            # UNAVAILABLE also means "no connection" to a client; the marker says this
+            # coordinator answered and refused (gptrmctl exits 1 with the reason, not 3).
+            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "etcd-unavailable"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable: {e}")
+        except CoordinationError as e:   # an admin lock held elsewhere for too long
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        raise AssertionError("unreachable")  # context.abort raises
+
+    return wrapper
+
+
+def _require_id(value: str, field: str) -> str:
+    if not value or not value.strip():
+        raise ValidationError(field, "must not be empty")
+    if len(value) > 253 or any(c.isspace() or c == "/" for c in value):
+        raise ValidationError(field, f"invalid id {value!r}")
+    return value
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    """Admin API over one replica's components.
+
+    :param app: the replica (``coordinator.app.build``).
+    """
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
+        view = admin_pb2.NodeView(record=entry.record, state=int(entry.state),
+                                  dropped_samples_total=entry.dropped_samples_total,
+                                  task_ids=sorted(entry.task_ids))
+        latest = self._app.monitor.latest.get(entry.node_id)
+        if latest is not None:
+            view.latest.CopyFrom(latest)
+            view.has_latest = True
+        if entry.last_seen_unix_s:
+            view.last_seen_age_s = max(0.0, time.time() - entry.last_seen_unix_s)
+        for tid in sorted(entry.task_ids):
+            task = self._app.tasks.tasks.get(tid)
+            if task is not None:
+                view.allocations.extend(a for a in task.allocation.nodes if a.node_id == entry.node_id)
+        if entry.inventory.gpus:
+            curve, source, samples = self._app.snapshots.power_curve(entry)
+            view.power_curve.CopyFrom(admin_pb2.PowerCurveView(idle_w=curve.idle_w, max_w=curve.max_w,
+                                                               source=source, samples=samples))
+        return view
+
+    @_rpc
+    async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: Any) -> admin_pb2.ClusterStatus:
+        app, leadership = self._app, self._app.leadership
+        leader_id, address, epoch = leadership.leader_info()
+        o = app.monitor.objectives
+        gpus_total = sum(len(e.inventory.gpus) for e in app.registry if e.state != NodeState.LOST)
+        gpus_alloc = sum(len(e.record.reserved_gpu_indices) for e in app.registry)
+        return admin_pb2.ClusterStatus(
+            coordinator_id=leadership.id, is_leader=leadership.is_leader, leader_id=leader_id,
+            leader_address=address,
+            leader_epoch=epoch, uptime_s=time.monotonic() - app.started, version=VERSION, stale=leadership.stale,
+            nodes_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(app.registry.counts().items())],
+            tasks_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(app.tasks.counts().items())],
+            objectives=admin_pb2.ClusterObjectives(util_mean=o.util_mean, util_std=o.util_std, power_w=o.power_w,
+                                                   gpu_mem_util=o.gpu_mem_util, energy_j=o.energy_j),
+            policy=app.policy.current, gpus_total=gpus_total, gpus_allocated=gpus_alloc,
+        )
+
+    async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:
+        """A standby's read from etcd (the leader's writes): (True, result); (False, None) on the
+        leader, or when etcd does not answer, and the caller serves its own memory (marked stale)."""
+        if self._app.leadership.leading or self._app.leadership.stale:
+            return False, None
+        try:
+            return True, await asyncio.to_thread(fn, *args)
+        except EtcdUnavailable:
+            return False, None
+
+    @_rpc
+    async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Any) -> admin_pb2.ListNodesResponse:
+        read, records = await self._from_etcd(self._app.store.list_nodes)
+        if read:
+            return admin_pb2.ListNodesResponse(
+                nodes=[admin_pb2.NodeView(record=r, state=r.state or int(NodeState.NOT_READY)) for r in records])
+        views = [self._view(e) for e in sorted(self._app.registry, key=lambda e: e.node_id)]
+        return admin_pb2.ListNodesResponse(nodes=views, stale=self._app.leadership.stale)
+
+    @_rpc
+    async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Any) -> admin_pb2.NodeView:
+        node_id = _require_id(request.node_id, "node_id")
+        entry = self._app.registry.get(node_id)
+        if entry is None:
+            raise NotFound(f"node {node_id!r} not found")
+        return self._view(entry)
+
+    @_rpc
+    async def ListTasks(self, request: admin_pb2.ListTasksRequest, context: Any) -> admin_pb2.ListTasksResponse:
+        for s in request.states:
+            if s not in types_pb2.TaskState.values() or s == 0:
+                raise ValidationError("states", f"unknown task state {s}")
+        read, stored = await self._from_etcd(self._app.store.list_tasks)
+        tasks = stored if read else list(self._app.tasks.tasks.values())
+        wanted = set(request.states)
+        tasks = [t for t in tasks if not wanted or t.state in wanted]
+        tasks.sort(key=lambda t: (t.submit_unix_s, t.id))
+        return admin_pb2.ListTasksResponse(tasks=tasks, stale=self._app.leadership.stale)
+
+    @_rpc
+    async def GetTask(self, request: admin_pb2.GetTaskRequest, context: Any) -> types_pb2.Task:
+        task_id = _require_id(request.task_id, "task_id")
+        read, task = await self._from_etcd(self._app.store.get_task, task_id)
+        if not read:
+            return self._app.tasks.get(task_id)
+        if task is None:
+            raise NotFound(f"task {task_id!r} not found")
+        return task
+
+    @_rpc
+    async def SubmitTask(self, request: admin_pb2.SubmitTaskRequest, context: Any) -> types_pb2.Task:
+        if not request.HasField("spec"):
+            raise ValidationError("spec", "is required")
+        if len(request.request_id) > 128:
+            raise ValidationError("request_id", "longer than 128 characters")
+        return await self._app.tasks.submit(request.spec, request.request_id)
+
+    @_rpc
+    async def CancelTask(self, request: admin_pb2.TaskRef, context: Any) -> types_pb2.Task:
+        return await self._app.tasks.cancel(_require_id(request.task_id, "task_id"))
+
+    @_rpc
+    async def PauseTask(self, request: admin_pb2.TaskRef, context: Any) -> types_pb2.Task:
+        return await self._app.tasks.pause(_require_id(request.task_id, "task_id"))
+
+    @_rpc
+    async def ResumeTask(self, request: admin_pb2.TaskRef, context: Any) -> types_pb2.Task:
+        return await self._app.tasks.resume(_require_id(request.task_id, "task_id"))
+
+    async def _node_op(self, request: admin_pb2.NodeRef, **state: bool) -> admin_pb2.NodeView:
+        node_id = _require_id(request.node_id, "node_id")
+        return self._view(await self._app.nodes.set_admin_state(node_id, **state))
+
+    @_rpc
+    async def DrainNode(self, request: admin_pb2.NodeRef, context: Any) -> admin_pb2.NodeView:
+        return await self._node_op(request, cordoned=True, draining=True)
+
+    @_rpc
+    async def CordonNode(self, request: admin_pb2.NodeRef, context: Any) -> admin_pb2.NodeView:
+        return await self._node_op(request, cordoned=True)
+
+    @_rpc
+    async def UncordonNode(self, request: admin_pb2.NodeRef, context: Any) -> admin_pb2.NodeView:
+        return await self._node_op(request, cordoned=False, draining=False)
+
+    @_rpc
+    async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: Any) -> types_pb2.Policy:
+        return self._app.policy.current
+
+    @_rpc
+    async def SetPolicy(self, request: types_pb2.Policy, context: Any) -> types_pb2.Policy:
+        if not request.name:
+            raise ValidationError("name", "must not be empty")
+        threshold = request.threshold or self._app.policy.current.threshold
+        if not math.isfinite(threshold) or not 0 < threshold <= 1:
+            raise ValidationError("threshold", f"must be in (0, 1], got {request.threshold}")
+        return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold))
+
+    async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Any):
+        backlog = request.backlog or 100
+        queue = self._app.events.subscribe() if request.follow else None
+        try:
+            for e in self._app.events.recent(min(backlog, 1000)):
+                yield _event_pb(e)
+            while queue is not None:
+                yield _event_pb(await queue.get())
+        finally:
+            if queue is not None:
+                self._app.events.unsubscribe(queue)
+
+
+def _event_pb(e: Event) -> admin_pb2.Event:
+    return admin_pb2.Event(seq=e.seq, time_unix_s=e.time_unix_s, kind=_EVENT_KINDS.get(e.kind, 0),
+                           node_id=e.node_id, task_id=e.task_id, message=e.message, fields=e.fields)

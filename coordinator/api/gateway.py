@@ -1,0 +1,127 @@
+"""The AgentGateway gRPC service: one bidirectional stream per agent.
+
+The first message must be a Register with a usable inventory; anything else ends the
+stream with INVALID_ARGUMENT (a malformed agent never crashes the coordinator). A standby
+answers with a Redirect to the leader and closes. On the leader, telemetry goes to the
+Resource Monitor, task-status events are applied in order and acknowledged with EventAck,
+and decisions queued for the node are written back on the same stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+
+import grpc
+from structlog.typing import FilteringBoundLogger
+
+from common.errors import GptrmError, ValidationError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
+from coordinator.app import App
+from coordinator.monitor.nodes import NodeEntry
+
+__all__ = ["AgentGatewayService", "validate_register"]
+
+_REGISTER_TIMEOUT_S = 10.0
+_MAX_GPUS = 1024
+
+
+def validate_register(reg: agent_pb2.Register) -> None:
+    """:raises ValidationError: naming the inventory field that is unusable."""
+    inv = reg.inventory
+    if not inv.node_id or len(inv.node_id) > 253 or any(c.isspace() or c == "/" for c in inv.node_id):
+        raise ValidationError("register.inventory.node_id", f"invalid node id {inv.node_id!r}")
+    if len(inv.gpus) > _MAX_GPUS:
+        raise ValidationError("register.inventory.gpus", f"{len(inv.gpus)} GPUs is more than {_MAX_GPUS}")
+    seen = set()
+    for i, g in enumerate(inv.gpus):
+        if g.index in seen:
+            raise ValidationError(f"register.inventory.gpus[{i}].index", f"duplicate GPU index {g.index}")
+        seen.add(g.index)
+        if g.index >= len(inv.gpus):
+            raise ValidationError(f"register.inventory.gpus[{i}].index", f"index {g.index} out of range")
+        if not math.isfinite(g.power_limit_w) or g.power_limit_w < 0:
+            raise ValidationError(f"register.inventory.gpus[{i}].power_limit_w", f"invalid {g.power_limit_w}")
+
+
+class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
+    """Agent streams of one replica.
+
+    :param app: the replica (``coordinator.app.build``).
+    """
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._log = get_logger("gateway")
+
+    async def Connect(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        app = self._app
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), timeout=_REGISTER_TIMEOUT_S)
+        except (TimeoutError, StopAsyncIteration):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected a register message first")
+        if first.WhichOneof("body") != "register":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be register")
+        try:
+            validate_register(first.register)
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not app.leadership.leading:
+            yield app.leadership.redirect_message()
+            return
+        outbox: asyncio.Queue[agent_pb2.CoordinatorMessage | None] = asyncio.Queue()
+        entry = await app.nodes.connected(first.register, outbox)
+        stream_id = entry.stream_id
+        yield agent_pb2.CoordinatorMessage(welcome=agent_pb2.Welcome(
+            node_id=entry.node_id, sampling_interval_s=app.cfg.sampling_interval_s, leader_epoch=app.leadership.epoch,
+            coordinator_id=app.cfg.replica_id, heartbeat_interval_s=app.cfg.heartbeat_interval_s))
+        reader = asyncio.create_task(self._read(entry, request_iterator, outbox))
+        try:
+            while True:
+                msg = await outbox.get()
+                if msg is None:
+                    break
+                yield msg
+        finally:
+            reader.cancel()
+            app.nodes.disconnected(entry, stream_id)
+
+    async def _read(self, entry: NodeEntry, requests: AsyncIterator[agent_pb2.AgentMessage],
+                    outbox: asyncio.Queue) -> None:
+        app = self._app
+        log = self._log.bind(node_id=entry.node_id)
+        try:
+            async for msg in requests:
+                which = msg.WhichOneof("body")
+                if which == "telemetry":
+                    app.nodes.telemetry(entry, msg.telemetry)
+                elif which == "heartbeat":
+                    app.registry.heartbeat(entry)
+                elif which == "task_status":
+                    app.registry.heartbeat(entry)
+                    await self._status(entry, msg.task_status, outbox, log)
+                elif which == "decision_ack":
+                    app.registry.heartbeat(entry)
+                    await app.reconciler.on_decision_ack(entry, msg.decision_ack)
+                else:
+                    log.warning("agent_message_ignored", reason=f"unexpected {which}")
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception as e:  # a bad message must end this stream, not the process
+            log.error("agent_stream_failed", reason=repr(e))
+        finally:
+            outbox.put_nowait(None)
+
+    async def _status(self, entry: NodeEntry, status: agent_pb2.TaskStatus, outbox: asyncio.Queue,
+                      log: FilteringBoundLogger) -> None:
+        try:
+            await self._app.reconciler.on_task_status(entry, status)
+        except GptrmError as e:
+            # Not applied (e.g. etcd down). Acks are cumulative, so end the stream: the agent
+            # reconnects and re-sends every unacknowledged event in order.
+            log.warning("task_status_not_applied", task_id=status.task_id, reason=str(e))
+            raise ConnectionAbortedError(f"task status {status.event_seq} not applied: {e}") from e
+        outbox.put_nowait(agent_pb2.CoordinatorMessage(event_ack=agent_pb2.EventAck(up_to_seq=status.event_seq)))

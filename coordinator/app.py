@@ -1,0 +1,149 @@
+"""The coordinator's object graph, built once, in dependency order, through constructors.
+
+Each paper component lives in its own package (Resource Monitor ``monitor/``, GPT Task Profiler
+``profiler/``, GPT Task Scheduler ``scheduler/``, Resource Allocator ``allocator/``, QoS Manager
+``qos/``, Resource Adaptor ``adaptor/``, Synchronizer ``sync/``); :func:`build` wires them, and
+:class:`LeaderDuties` is what this replica does when it wins or loses the leader key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from common.errors import EtcdUnavailable, Fenced, GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.adaptor.scale_out import ScaleOutRequests
+from coordinator.config import CoordinatorConfig
+from coordinator.dispatch import Dispatcher, Reconciler
+from coordinator.events import EventBus
+from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
+from coordinator.nodes import NodeService
+from coordinator.profiler import Profiler
+from coordinator.qos import RestartPolicy
+from coordinator.scheduler.cycle import SchedulerCycle
+from coordinator.scheduler.policy import PolicySetting
+from coordinator.scheduler.snapshot import SnapshotBuilder
+from coordinator.scheduler.wakeup import Wakeup
+from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
+from coordinator.sync.recovery import adopt_nodes, task_ids_by_node
+from coordinator.tasks import TaskTable
+
+__all__ = ["VERSION", "App", "LeaderDuties", "build"]
+
+VERSION = "0.1.0"
+
+
+class LeaderDuties:
+    """What this replica does when it wins the leader key, and stops when it loses it.
+
+    :param app: the replica's components.
+    """
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._running: list[asyncio.Task[None]] = []
+        self._log = get_logger("coordinator").bind(leader_id=app.cfg.replica_id)
+
+    async def take_over(self, record: types_pb2.LeaderRecord) -> bool:
+        """Rebuild the view from etcd at one revision; on failure give the lease up for another replica."""
+        app = self._app
+        try:
+            state = await asyncio.to_thread(app.store.load_all)
+        except (EtcdUnavailable, Fenced) as e:
+            self._log.warning("recovery_failed", reason=str(e))
+            app.leadership.step_down(f"recovery failed: {e}")
+            return False
+        if not app.leadership.election.is_leader:
+            return False
+        adopt_nodes(state, app.registry)
+        app.tasks.replace_all(state.tasks)
+        task_ids_by_node(app.tasks.tasks, app.registry)
+        if not app.policy.adopt(state.policy):
+            try:
+                await app.leadership.write_as_leader(app.store.put_policy, app.policy.current)
+            except GptrmError as e:  # retried at the next policy change
+                self._log.warning("policy_persist_failed", reason=str(e))
+        self._log.info("leader_view_recovered", epoch=record.epoch, nodes=len(state.nodes), tasks=len(state.tasks),
+                       revision=state.revision)
+        return True
+
+    def start_leading(self) -> None:
+        """Run the scheduler and, after the agents' grace, the reconcile of unreported tasks."""
+        self._running = [asyncio.create_task(self._app.cycle.run()),
+                         asyncio.create_task(self._app.reconciler.reconcile_after_grace())]
+
+    def stand_down(self, reason: str) -> None:
+        """Stop the leader's work and send every agent to the new leader."""
+        for t in self._running:
+            t.cancel()
+        self._running.clear()
+        redirect = self._app.leadership.redirect_message()
+        for entry in self._app.registry:
+            if entry.outbox is not None:
+                entry.outbox.put_nowait(redirect)
+                entry.outbox.put_nowait(None)
+
+
+@dataclass
+class App:
+    """One coordinator replica's components (see :func:`build`)."""
+
+    cfg: CoordinatorConfig
+    store: Store
+    leadership: Leadership
+    events: EventBus
+    registry: NodeRegistry
+    monitor: ResourceMonitor
+    power: PowerModel
+    profiler: Profiler
+    tasks: TaskTable
+    policy: PolicySetting
+    snapshots: SnapshotBuilder
+    metrics: Metrics
+    cycle: SchedulerCycle
+    reconciler: Reconciler
+    nodes: NodeService
+    wakeup: Wakeup
+    started: float = field(default_factory=time.monotonic)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
+        """Campaign for leadership and start what every replica runs (node states, the etcd probe)."""
+        self.leadership.start(LeaderDuties(self), loop)
+        return [asyncio.create_task(self.nodes.watch()),
+                asyncio.create_task(self.leadership.watch_etcd(on_recovered=self.wakeup.set))]
+
+
+def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
+    """Build the replica's object graph, each component from the ones it needs.
+
+    :param cfg: frozen configuration.
+    :param client: a connected etcd client.
+    :returns: the components, not started (see :meth:`App.start`).
+    """
+    keys = Keys(cfg.etcd_prefix)
+    events = EventBus()
+    leadership = Leadership(client, keys, cfg.replica_id, cfg.advertise_address, ttl_s=cfg.lease_ttl_s, events=events)
+    store = Store(client, keys, leadership.election)
+    locks = AdminLocks(client, keys, holder=cfg.replica_id)
+    wakeup = Wakeup()
+    registry = NodeRegistry(cfg.heartbeat_interval_s, cfg.lost_grace_s)
+    power = PowerModel()
+    monitor = ResourceMonitor(cfg.history_s, cfg.sampling_interval_s, power_model=power)   # Alg. 3's curves
+    profiler = Profiler()
+    dispatcher = Dispatcher(registry, leadership)
+    scale_out = ScaleOutRequests(events)
+    tasks = TaskTable(store, leadership, registry, monitor, profiler, dispatcher, scale_out, events, wakeup)
+    metrics = Metrics(monitor, registry, tasks.counts, leading=lambda: leadership.leading,
+                      etcd_up=lambda: not leadership.stale)
+    policy = PolicySetting(cfg.policy, cfg.threshold, store, leadership, locks, events, wakeup)
+    snapshots = SnapshotBuilder(power)
+    cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
+                           events, wakeup)
+    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events)
+    nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
+    return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
+               power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
+               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup)

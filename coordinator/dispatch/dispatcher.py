@@ -1,0 +1,77 @@
+"""Decisions from the leader to agents: start, stop, pause and resume, on each node's stream."""
+
+from __future__ import annotations
+
+import uuid
+
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.sync.leadership import Leadership
+
+__all__ = ["Dispatcher"]
+
+_DEFAULT_GRACE_S = 10.0
+
+
+class Dispatcher:
+    """Queues decisions on the agents' streams, stamped with the leader's epoch.
+
+    A decision goes only to a node with an open stream; agents act on a decision id at most once,
+    so re-sending after a reconnect is safe.
+
+    Example::
+
+        dispatcher.start(task)                           # one StartTask per node of the allocation
+        dispatcher.stop(task, reason="cancelled by an admin")
+
+    :param registry: the node table (each connected node's outbox).
+    :param leadership: the epoch to stamp on decisions.
+    """
+
+    def __init__(self, registry: NodeRegistry, leadership: Leadership) -> None:
+        self._registry = registry
+        self._leadership = leadership
+
+    def send(self, node_id: str, decision: agent_pb2.Decision) -> bool:
+        """Queue one decision for a node; False when the node has no open stream."""
+        entry = self._registry.get(node_id)
+        if entry is None or entry.outbox is None:
+            return False
+        decision.leader_epoch = self._leadership.epoch
+        entry.outbox.put_nowait(agent_pb2.CoordinatorMessage(decision=decision))
+        return True
+
+    def start(self, task: types_pb2.Task) -> None:
+        """Tell every node of the task's allocation to start its part."""
+        spec = task.spec
+        for na in task.allocation.nodes:
+            self.send(na.node_id, agent_pb2.Decision(
+                decision_id=f"{task.allocation.decision_id}/{na.node_id}",
+                start=agent_pb2.StartTask(task_id=task.id, gpu_indices=na.gpu_indices, gpu_uuids=na.gpu_uuids,
+                                          argv=spec.argv, env=spec.env,
+                                          stop_grace_s=spec.stop_grace_s or _DEFAULT_GRACE_S,
+                                          gpu_share=na.gpu_share, demand=na.demand)))
+
+    def stop(self, task: types_pb2.Task, reason: str) -> bool:
+        """Ask every node of the task's allocation to stop it (after its grace); True when any was told."""
+        sent = [self.send(na.node_id, agent_pb2.Decision(
+            decision_id=f"stop-{task.id}-{uuid.uuid4().hex[:6]}",
+            stop=agent_pb2.StopTask(task_id=task.id, grace_s=task.spec.stop_grace_s or _DEFAULT_GRACE_S,
+                                    reason=reason))) for na in task.allocation.nodes]
+        return any(sent)
+
+    def stop_unknown(self, node_id: str, task_id: str) -> None:
+        """Stop a task an agent runs that the cluster does not know (or knows as finished)."""
+        self.send(node_id, agent_pb2.Decision(
+            decision_id=f"stop-unknown-{task_id}-{uuid.uuid4().hex[:6]}",
+            stop=agent_pb2.StopTask(task_id=task_id, reason="unknown to the coordinator")))
+
+    def pause(self, task: types_pb2.Task) -> list[str]:
+        """Pause the task on every node; returns the nodes that could not be told."""
+        return [na.node_id for na in task.allocation.nodes if not self.send(na.node_id, agent_pb2.Decision(
+            decision_id=f"pause-{task.id}-{uuid.uuid4().hex[:6]}", pause=agent_pb2.PauseTask(task_id=task.id)))]
+
+    def resume(self, task: types_pb2.Task) -> list[str]:
+        """Resume the task on every node; returns the nodes that could not be told."""
+        return [na.node_id for na in task.allocation.nodes if not self.send(na.node_id, agent_pb2.Decision(
+            decision_id=f"resume-{task.id}-{uuid.uuid4().hex[:6]}", resume=agent_pb2.ResumeTask(task_id=task.id)))]

@@ -1,0 +1,114 @@
+"""What agents report, applied to the task table: registrations, task status events, refusals.
+
+A new leader knows from etcd what should run; agents know what does. On registration the two are
+compared (tasks the cluster does not know are stopped, placed tasks the agent never saw are
+started again), and after a grace every active task no agent reported is failed (and requeued
+when its restart policy allows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from common.errors import GptrmError, IllegalTransition
+from common.logging import get_logger
+from common.pb.gptrm.v1 import agent_pb2
+from common.types import TERMINAL_STATES, TaskState
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.events import EventBus
+from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.qos.restart import RestartPolicy
+
+if TYPE_CHECKING:
+    from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
+
+__all__ = ["Reconciler"]
+
+_ACTIVE = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED)
+
+
+class Reconciler:
+    """Applies agents' reports in order and reconciles after registrations and leader changes.
+
+    :param task_grace_s: how long a new leader waits for agents to report their tasks.
+    :param tasks: the task table.
+    :param registry: the node table.
+    :param dispatcher: decisions to agents.
+    :param restarts: the QoS Manager's restart policy.
+    :param events: the cluster event log.
+    """
+
+    def __init__(self, task_grace_s: float, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher,
+                 restarts: RestartPolicy, events: EventBus) -> None:
+        self._grace_s = task_grace_s
+        self._tasks, self._registry, self._dispatcher = tasks, registry, dispatcher
+        self._restarts, self._events = restarts, events
+        self._reported: dict[str, set[str]] = {}      # node id → task ids its agent reported since we lead
+        self._log = get_logger("scheduler")
+
+    async def on_agent_registered(self, entry: NodeEntry, register: agent_pb2.Register) -> None:
+        """Reconcile the agent's task table with ours, and re-send starts it has not seen."""
+        reported = {s.task_id for s in register.tasks}
+        self._reported.setdefault(entry.node_id, set()).update(reported)
+        for status in register.tasks:
+            task = self._tasks.tasks.get(status.task_id)
+            if task is None or task.state in TERMINAL_STATES:
+                self._log.warning("unknown_task_stopped", node_id=entry.node_id, task_id=status.task_id)
+                self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: not known "
+                                     "to the cluster", node_id=entry.node_id, task_id=status.task_id)
+                self._dispatcher.stop_unknown(entry.node_id, status.task_id)
+        for task in list(self._tasks.tasks.values()):
+            on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
+            if on_node and task.state == TaskState.SCHEDULED and task.id not in reported:
+                self._dispatcher.start(task)
+
+    async def on_decision_ack(self, entry: NodeEntry, ack: agent_pb2.DecisionAck) -> None:
+        """An agent refused a start: the task fails there (and is requeued when its policy allows)."""
+        if ack.ok or not ack.task_id:
+            return
+        task = self._tasks.tasks.get(ack.task_id)
+        if task is not None and task.state in (TaskState.SCHEDULED, TaskState.STARTING):
+            await self._restarts.fail(task, f"agent {entry.node_id} refused: {ack.reason}")
+
+    async def on_task_status(self, entry: NodeEntry, status: agent_pb2.TaskStatus) -> None:
+        """Apply one task-status event from an agent (in order, before it is acknowledged)."""
+        self._reported.setdefault(entry.node_id, set()).add(status.task_id)
+        task = self._tasks.tasks.get(status.task_id)
+        state = TaskState(status.state)
+        if task is None:
+            self._dispatcher.stop_unknown(entry.node_id, status.task_id)
+            return
+        if task.state == state or task.state in TERMINAL_STATES:
+            return   # re-delivered after a reconnect, or already final
+        updates: dict[str, object] = {"pids": list(status.pids)} if status.pids else {}
+        if status.has_exit_code:
+            updates.update(exit_code=status.exit_code, log_tail=status.log_tail[-4096:])
+        try:
+            if state == TaskState.RUNNING and task.state == TaskState.SCHEDULED:
+                await self._tasks.transition(task.id, TaskState.STARTING, "", **updates)
+            stored = await self._tasks.transition(task.id, state, status.reason, release=state in TERMINAL_STATES,
+                                                  **updates)
+        except IllegalTransition as e:
+            self._log.warning("task_status_rejected", task_id=task.id, node_id=entry.node_id, reason=str(e))
+            await self._tasks.refresh(task.id)
+            return
+        if state == TaskState.FAILED:
+            await self._restarts.after_end(stored)
+
+    async def reconcile_after_grace(self) -> None:
+        """A new leader waits for agents to report; active tasks nobody reports by then failed."""
+        self._reported = {e.node_id: set() for e in self._registry if e.connected}
+        await asyncio.sleep(self._grace_s)
+        for task in list(self._tasks.tasks.values()):
+            if task.state not in _ACTIVE or task.state == TaskState.SCHEDULED:
+                continue
+            nodes = [na.node_id for na in task.allocation.nodes]
+            if any(task.id in self._reported.get(n, set()) for n in nodes):
+                continue
+            self._log.warning("task_unreported", task_id=task.id, nodes=",".join(nodes))
+            try:
+                await self._restarts.fail(task, f"no agent reported it within {self._grace_s:.0f}s "
+                                          "after a leader change")
+            except GptrmError as e:
+                self._log.warning("task_reconcile_failed", task_id=task.id, reason=str(e))

@@ -1,0 +1,260 @@
+"""Prometheus metrics of the coordinator (names ``gptrm_<subsystem>_<name>_<unit>``).
+
+Per-GPU and per-node gauges are produced at scrape time from the Resource Monitor's
+latest samples, so the telemetry hot path pays nothing for them however many GPUs report.
+Counters and histograms that the code updates live in :class:`Metrics`, built once per
+process on its own registry (no global state).
+
+The per-GPU gauges are most of a large cluster's answer (9 per GPU: 144,000 lines at 2,000
+8-GPU nodes). prometheus-client would build a sample object and re-escape the labels for
+each; instead they are written straight as exposition lines, labels escaped once per GPU and
+values formatted by prometheus-client's own ``floatToGoString``, and appended to what
+prometheus-client renders for everything else. The HTTP endpoint keeps prometheus-client's
+behaviour: text or OpenMetrics by the Accept header, gzip when accepted, ``name[]`` filters.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import socket
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from coordinator.monitor.nodes import NodeRegistry
+    from coordinator.monitor.resources import ResourceMonitor
+
+__all__ = ["Metrics", "serve_metrics"]
+
+# (metric suffix, help, GpuSample field, scale)
+_GPU_GAUGES = (
+    ("power_watts", "GPU power draw", "power_w", 1.0),
+    ("power_limit_watts", "GPU enforced power limit", "power_limit_w", 1.0),
+    ("utilization_ratio", "GPU compute utilization (0..1)", "util_gpu", 1.0),
+    ("memory_utilization_ratio", "GPU memory controller utilization (0..1)", "util_mem", 1.0),
+    ("memory_used_bytes", "GPU memory used", "mem_used_bytes", 1.0),
+    ("memory_total_bytes", "GPU memory total", "mem_total_bytes", 1.0),
+    ("temperature_celsius", "GPU temperature", "temperature_c", 1.0),
+    ("sm_clock_hertz", "GPU SM clock", "sm_clock_mhz", 1e6),
+    ("energy_joules", "GPU energy counter since driver load", "energy_j", 1.0),
+)
+
+
+def _escape(value: str) -> str:
+    """A label value as the exposition formats quote it (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class _GpuGauges:
+    """The per-GPU gauges of every node's latest sample, rendered as exposition text.
+
+    :param monitor: the latest samples.
+    :param registry: GPU models from the inventories.
+    """
+
+    families = tuple(f"gptrm_gpu_{suffix}" for suffix, _, _, _ in _GPU_GAUGES)
+
+    def __init__(self, monitor: ResourceMonitor, registry: NodeRegistry) -> None:
+        self._monitor = monitor
+        self._registry = registry
+
+    def render(self, names: Collection[str] | None = None) -> str:
+        """The families in ``names`` (all when None), each with its HELP and TYPE lines.
+
+        :param names: metric names asked for (a ``name[]`` filter), or None.
+        :returns: exposition lines, valid in both the text format and OpenMetrics.
+        """
+        wanted = [(name, help_text, field, scale)
+                  for name, (_, help_text, field, scale) in zip(self.families, _GPU_GAUGES, strict=True)
+                  if names is None or name in names]
+        if not wanted:
+            return ""
+        outs: list[list[str]] = [[f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"]
+                                 for name, help_text, _, _ in wanted]
+        for node_id, sample in list(self._monitor.latest.items()):
+            entry = self._registry.get(node_id)
+            models = {g.index: g.model for g in entry.inventory.gpus} if entry else {}
+            node = _escape(node_id)
+            for g in sample.gpus:
+                # Labels in name order, as prometheus-client writes them.
+                labels = (f'{{gpu="{g.index}",model="{_escape(models.get(g.index, ""))}",node="{node}",'
+                          f'simulated="{"true" if g.simulated else "false"}"}} ')
+                for out, (name, _, field, scale) in zip(outs, wanted, strict=True):
+                    if g.HasField(field):
+                        out.append(f"{name}{labels}{floatToGoString(getattr(g, field) * scale)}\n")
+        return "".join(line for out in outs for line in out)
+
+
+class _TelemetryCollector(Collector):
+    """Turns the monitor's latest samples and the registry into node and cluster gauges at scrape time."""
+
+    names = (
+        "gptrm_node_utilization_ratio", "gptrm_node_power_watts", "gptrm_node_cpu_utilization_ratio",
+        "gptrm_node_cpu_power_watts", "gptrm_node_memory_used_bytes", "gptrm_cluster_utilization_mean_ratio",
+        "gptrm_cluster_utilization_stddev_ratio", "gptrm_cluster_power_watts",
+        "gptrm_cluster_gpu_memory_utilization_ratio", "gptrm_cluster_energy_joules", "gptrm_tasks", "gptrm_nodes",
+    )
+
+    def __init__(self, monitor: ResourceMonitor, registry: NodeRegistry,
+                 task_counts: Callable[[], dict[str, int]]) -> None:
+        self._monitor = monitor
+        self._registry = registry
+        self._task_counts = task_counts
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The families :meth:`collect` yields (so that a ``name[]`` filter finds this collector)."""
+        return [GaugeMetricFamily(name, "") for name in self.names]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._node_families()
+        obj = self._monitor.objectives
+        for name, help_text, value in (
+            ("gptrm_cluster_utilization_mean_ratio", "Eq. 1: mean compute utilization across nodes", obj.util_mean),
+            ("gptrm_cluster_utilization_stddev_ratio", "Eq. 2: std-dev of compute utilization across nodes",
+             obj.util_std),
+            ("gptrm_cluster_power_watts", "Eq. 3: total power of the cluster", obj.power_w),
+            ("gptrm_cluster_gpu_memory_utilization_ratio", "GPU memory used / total", obj.gpu_mem_util),
+            ("gptrm_cluster_energy_joules", "energy since the coordinator started", obj.energy_j),
+        ):
+            yield GaugeMetricFamily(name, help_text, value=value)
+        tasks = GaugeMetricFamily("gptrm_tasks", "tasks by state", labels=["state"])
+        for state, count in sorted(self._task_counts().items()):
+            tasks.add_metric([state], count)
+        yield tasks
+        nodes = GaugeMetricFamily("gptrm_nodes", "nodes by state", labels=["state"])
+        for state, count in sorted(self._registry.counts().items()):
+            nodes.add_metric([state], count)
+        yield nodes
+
+    def _node_families(self) -> Iterator[GaugeMetricFamily]:
+        util = GaugeMetricFamily("gptrm_node_utilization_ratio", "node compute utilization (mean over GPUs)",
+                                 labels=["node"])
+        power = GaugeMetricFamily("gptrm_node_power_watts", "node power (GPUs + CPU package)", labels=["node"])
+        cpu = GaugeMetricFamily("gptrm_node_cpu_utilization_ratio", "host CPU utilization", labels=["node"])
+        cpu_power = GaugeMetricFamily("gptrm_node_cpu_power_watts", "CPU package power (RAPL)", labels=["node"])
+        mem = GaugeMetricFamily("gptrm_node_memory_used_bytes", "host memory used", labels=["node"])
+        for node_id, sample in list(self._monitor.latest.items()):
+            current = self._monitor.node_current(node_id)
+            if current is None:
+                continue
+            util.add_metric([node_id], current[0])
+            power.add_metric([node_id], current[1])
+            cpu.add_metric([node_id], sample.host.cpu_util)
+            mem.add_metric([node_id], sample.host.mem_used_bytes)
+            if sample.host.HasField("cpu_power_w") and math.isfinite(sample.host.cpu_power_w):
+                cpu_power.add_metric([node_id], sample.host.cpu_power_w)
+        yield from (util, power, cpu, cpu_power, mem)
+
+
+class Metrics:
+    """Counters and histograms the coordinator updates, on a private registry, and the scrape answer.
+
+    :param monitor: source of per-GPU/per-node gauges and cluster objectives.
+    :param registry: node registry (node counts by state, GPU models).
+    :param task_counts: callable returning {state label: count}.
+    :param leading: whether this replica leads (``gptrm_coordinator_leader``).
+    :param etcd_up: whether etcd answers (``gptrm_etcd_up``).
+    """
+
+    def __init__(self, monitor: ResourceMonitor, registry: NodeRegistry,
+                 task_counts: Callable[[], dict[str, int]], *, leading: Callable[[], bool] = lambda: False,
+                 etcd_up: Callable[[], bool] = lambda: True) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_TelemetryCollector(monitor, registry, task_counts))
+        self._gpus = _GpuGauges(monitor, registry)
+        r = self.registry
+        self.streams = Gauge("gptrm_agent_streams", "open agent streams", registry=r)
+        self.samples = Counter("gptrm_telemetry_samples_total", "telemetry samples ingested", registry=r)
+        self.dropped = Counter("gptrm_telemetry_dropped_samples_total",
+                               "telemetry samples agents dropped while disconnected (as reported)", registry=r)
+        self.ingest_lag = Histogram("gptrm_telemetry_ingest_lag_seconds", "sample time to ingestion",
+                                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.sched_latency = Histogram("gptrm_scheduler_cycle_duration_seconds", "one scheduling cycle",
+                                       registry=r)
+        self.decision_latency = Histogram("gptrm_scheduler_decision_duration_seconds",
+                                          "time to place one task within a cycle",
+                                          buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5),
+                                          registry=r)
+        self.decisions = Counter("gptrm_scheduler_decisions_total", "placement decisions", ["outcome"], registry=r)
+        self.commit_latency = Histogram("gptrm_sync_commit_duration_seconds", "etcd commit of a placement batch",
+                                        registry=r)
+        self.is_leader = Gauge("gptrm_coordinator_leader", "1 while this replica leads", registry=r)
+        self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
+        self.etcd_up = Gauge("gptrm_etcd_up", "1 while etcd answers (the coordinator starts only once it does)",
+                             registry=r)
+        self.etcd_up.set_function(lambda: 1.0 if etcd_up() else 0.0)
+
+    def exposition(self, accept: str = "", names: Iterable[str] | None = None) -> tuple[bytes, str]:
+        """One scrape's answer: every metric (or those in ``names``), in the format ``accept`` asks for.
+
+        :param accept: the request's Accept header (OpenMetrics when it asks for it, else text 0.0.4).
+        :param names: a ``name[]`` filter, or None for everything.
+        :returns: ``(body, content type)``.
+        """
+        encoder, content_type = choose_encoder(accept)
+        wanted = None if names is None else set(names)
+        output = encoder(self.registry if wanted is None else self.registry.restricted_registry(wanted))
+        gpus = self._gpus.render(wanted).encode()
+        if gpus:
+            eof = b"# EOF\n"   # OpenMetrics ends with it; the GPU families go before
+            output = output[: -len(eof)] + gpus + eof if output.endswith(eof) else output + gpus
+        return output, content_type
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Request handler that leaves access logging to nobody (scrapes come every few seconds)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing."""
+
+
+def _wsgi_app(metrics: Metrics) -> Callable[..., list[bytes]]:
+    """The /metrics endpoint: GET (any path), OPTIONS; gzip when the client accepts it."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        method = environ["REQUEST_METHOD"]
+        if method == "OPTIONS":
+            start_response("200 OK", [("Allow", "OPTIONS,GET")])
+            return [b""]
+        if method != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
+            return [f"# HTTP 405: {method}; use OPTIONS or GET\n".encode()]
+        params = parse_qs(environ.get("QUERY_STRING", ""))
+        body, content_type = metrics.exposition(environ.get("HTTP_ACCEPT", ""), params.get("name[]"))
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            body = gzip.compress(body, compresslevel=1)   # a fraction of level 9's CPU; still ~25x smaller
+            headers.append(("Content-Encoding", "gzip"))
+        headers.append(("Content-Length", str(len(body))))
+        start_response("200 OK", headers)
+        return [body]
+
+    return app
+
+
+def serve_metrics(metrics: Metrics, listen: str) -> ThreadingWSGIServer:
+    """Start the HTTP exposition server on ``HOST:PORT`` in a daemon thread.
+
+    :param metrics: what to serve.
+    :param listen: ``HOST:PORT`` (``[::]:PORT`` for IPv6; port 0 picks a free one).
+    :returns: the server (``server_address`` says where it listens; ``shutdown()`` stops it).
+    """
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = make_server(host, int(port), _wsgi_app(metrics), Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

@@ -1,0 +1,168 @@
+"""Node lifecycle on the leader: agent streams come and go, telemetry flows in, admins cordon and drain.
+
+Drain, as in Slurm: the node is cordoned (nothing new lands on it) and marked draining; tasks that
+were placed there but have not started yet are handed back to the queue (``SCHEDULED →
+PREEMPTED → PENDING``), so they start elsewhere; tasks already running run to completion. When
+the node holds no task any more an event says it is drained, and ``gptrmctl uncordon`` returns
+it to service. Cordon, uncordon and drain take the ``drain`` etcd lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.errors import GptrmError, NotFound
+from common.logging import get_logger
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.types import NodeState, TaskState
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.dispatch.reconcile import Reconciler
+from coordinator.events import EventBus
+from coordinator.monitor.metrics import Metrics
+from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.monitor.resources import ResourceMonitor
+from coordinator.sync.leadership import Leadership
+from coordinator.sync.lock import AdminLocks
+from coordinator.sync.store import Store
+from coordinator.tasks import TaskTable
+
+__all__ = ["NodeService"]
+
+_DRAINED_BACK = "node drained before the task started: back in the queue"
+
+
+class NodeService:
+    """The leader's handling of nodes.
+
+    :param registry: the node table.
+    :param monitor: the Resource Monitor (telemetry history).
+    :param store: the fenced etcd store (``nodes/<id>``).
+    :param leadership: leader check and fenced writes.
+    :param locks: the admin locks (``drain``).
+    :param tasks: the task table (drain hands unstarted tasks back).
+    :param dispatcher: stops for tasks handed back.
+    :param reconciler: reconciles an agent's tasks when it registers.
+    :param metrics: stream, sample and drop counters.
+    :param events: the cluster event log.
+    """
+
+    def __init__(self, registry: NodeRegistry, monitor: ResourceMonitor, store: Store, leadership: Leadership,
+                 locks: AdminLocks, tasks: TaskTable, dispatcher: Dispatcher, reconciler: Reconciler,
+                 metrics: Metrics, events: EventBus) -> None:
+        self._registry, self._monitor, self._store, self._leadership = registry, monitor, store, leadership
+        self._locks, self._tasks, self._dispatcher, self._reconciler = locks, tasks, dispatcher, reconciler
+        self._metrics, self._events = metrics, events
+        self._drained: set[str] = set()   # draining nodes whose "drained" event went out
+        self._log = get_logger("coordinator")
+
+    # ---- agent streams ------------------------------------------------------------------------
+
+    async def connected(self, register: agent_pb2.Register, outbox: asyncio.Queue) -> NodeEntry:
+        """An agent registered on a new stream: record it, persist it, reconcile its tasks."""
+        inv = register.inventory
+        entry, is_new = self._registry.connect(inv, outbox)
+        self._metrics.streams.inc()
+        log = self._log.bind(node_id=inv.node_id)
+        log.info("node_registered", gpus=len(inv.gpus), simulated=inv.simulated, new=is_new)
+        if is_new:
+            self._events.publish("node_joined", f"node {inv.node_id} joined with {len(inv.gpus)} GPUs"
+                                 + (" (simulated)" if inv.simulated else ""), node_id=inv.node_id)
+        try:
+            await self._leadership.write(self._store.put_node, entry.record)
+        except GptrmError as e:
+            log.warning("node_persist_failed", reason=str(e))
+        await self._reconciler.on_agent_registered(entry, register)
+        return entry
+
+    def disconnected(self, entry: NodeEntry, stream_id: int) -> None:
+        """The stream ``stream_id`` of a node ended."""
+        self._metrics.streams.dec()
+        self._registry.disconnect(entry.node_id, stream_id)
+        self._log.info("node_disconnected", node_id=entry.node_id)
+
+    def telemetry(self, entry: NodeEntry, batch: agent_pb2.TelemetryBatch) -> None:
+        """Hot path: store samples (the monitor refreshes the objectives lazily)."""
+        self._registry.heartbeat(entry)
+        samples = batch.samples
+        if not samples:
+            return
+        self._monitor.ingest(entry.node_id, len(entry.inventory.gpus), samples)
+        self._metrics.samples.inc(len(samples))
+        self._metrics.ingest_lag.observe(self._monitor.last_lag_s)
+        if batch.dropped_samples_total > entry.dropped_samples_total:
+            self._metrics.dropped.inc(batch.dropped_samples_total - entry.dropped_samples_total)
+            entry.dropped_samples_total = batch.dropped_samples_total
+
+    async def watch(self, period_s: float = 0.5) -> None:
+        """Re-derive node states; publish and (while leading) persist changes."""
+        while True:
+            await asyncio.sleep(period_s)
+            for entry, old in self._registry.refresh():
+                self._log.info("node_state_changed", node_id=entry.node_id, old=old.label, new=entry.state.label)
+                self._events.publish("node_state", f"node {entry.node_id} {old.label} → {entry.state.label}",
+                                     node_id=entry.node_id, old=old.label, new=entry.state.label)
+                if entry.state in (NodeState.LOST, NodeState.NOT_READY) and not entry.connected:
+                    self._monitor.deactivate(entry.node_id)
+                if self._leadership.leading:
+                    entry.record.state = int(entry.state)
+                    entry.record.last_seen_unix_s = entry.last_seen_unix_s
+                    try:
+                        await self._leadership.write(self._store.put_node, entry.record)
+                    except GptrmError as e:  # logged, retried on the next change
+                        self._log.warning("node_persist_failed", node_id=entry.node_id, reason=str(e))
+            self._report_drained()
+
+    # ---- admin state --------------------------------------------------------------------------
+
+    async def set_admin_state(self, node_id: str, *, cordoned: bool | None = None,
+                              draining: bool | None = None) -> NodeEntry:
+        """Cordon, uncordon or drain a node under the ``drain`` lock; nothing is half-applied.
+
+        :raises NotFound: no such node.
+        :raises NotLeader: on a standby.
+        """
+        self._leadership.require_leader()
+        entry = self._registry.get(node_id)
+        if entry is None:
+            raise NotFound(f"node {node_id!r} not found")
+        async with self._locks.hold("drain"):
+            before = types_pb2.NodeRecord()
+            before.CopyFrom(entry.record)
+            self._registry.set_admin_state(node_id, cordoned=cordoned, draining=draining)
+            try:
+                await self._leadership.write(self._store.put_node, entry.record)
+            except Exception:
+                entry.record.CopyFrom(before)   # nothing half-applied
+                self._registry.refresh()
+                raise
+            self._drained.discard(node_id)
+            self._events.publish("node_state", f"node {node_id} cordoned={entry.record.cordoned} "
+                                 f"draining={entry.record.draining}", node_id=node_id)
+            if draining:
+                await self._drain(entry)
+        return entry
+
+    async def _drain(self, entry: NodeEntry) -> None:
+        """Hand back the node's placed-but-unstarted tasks; running ones run to completion."""
+        back = 0
+        for task_id in sorted(entry.task_ids):
+            task = self._tasks.tasks.get(task_id)
+            if task is None or task.state != TaskState.SCHEDULED:
+                continue
+            try:
+                self._dispatcher.stop(task, _DRAINED_BACK)
+                await self._tasks.transition(task_id, TaskState.PREEMPTED, _DRAINED_BACK, release=True)
+                await self._tasks.transition(task_id, TaskState.PENDING, _DRAINED_BACK)
+                back += 1
+            except GptrmError as e:
+                self._log.warning("drain_requeue_failed", node_id=entry.node_id, task_id=task_id, reason=str(e))
+        self._log.info("node_draining", node_id=entry.node_id, tasks=len(entry.task_ids), requeued=back)
+
+    def _report_drained(self) -> None:
+        """One event per drain when the draining node holds no task any more."""
+        for entry in self._registry:
+            if entry.record.draining and not entry.task_ids and entry.node_id not in self._drained:
+                self._drained.add(entry.node_id)
+                self._log.info("node_drained", node_id=entry.node_id)
+                self._events.publish("node_state", f"node {entry.node_id} drained: no task left; "
+                                     "`gptrmctl uncordon` returns it to service", node_id=entry.node_id)

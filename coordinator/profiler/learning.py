@@ -1,0 +1,49 @@
+"""Learning from finished tasks: what a task really used corrects the profiler's next estimate for its model."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.profiler.profiler import Profiler
+
+__all__ = ["UsageHistory", "learn_from_task"]
+
+
+class UsageHistory(Protocol):
+    """A node's telemetry history (``coordinator.monitor.NodeHistory``)."""
+
+    def series(self, field: str, gpu_index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(times, values) of one field, for one GPU."""
+
+
+def learn_from_task(profiler: Profiler, task: types_pb2.Task, history: UsageHistory | None) -> bool:
+    """Feed a finished task's peak GPU memory and mean utilization (since it started running, on its
+    first node's GPUs) to the profiler.
+
+    :param profiler: the profiler to correct.
+    :param task: the finished task.
+    :param history: telemetry of the task's first node, None when there is none.
+    :returns: True when the profiler learned something.
+    """
+    if not task.spec.model.name or not task.allocation.nodes or history is None:
+        return False
+    na = task.allocation.nodes[0]
+    if not na.gpu_indices:
+        return False
+    started = next((h.time_unix_s for h in task.history if h.state == TaskState.RUNNING), 0.0)
+    peak_mem, utils = 0.0, []
+    for i in na.gpu_indices:
+        times, mem = history.series("mem_used_bytes", i)
+        _, util = history.series("util_gpu", i)
+        window = times >= started
+        if window.any():
+            peak_mem = max(peak_mem, float(mem[window].max()))
+            utils.append(float(util[window].mean()))
+    if peak_mem <= 0 or not utils:
+        return False
+    profiler.observe(task.spec, int(peak_mem), sum(utils) / len(utils))
+    return True

@@ -1,0 +1,239 @@
+"""Task specs at the edge: protobuf ↔ plain data, YAML/JSON mappings → protobuf, validation.
+
+Re-exported by :mod:`coordinator.profiler.profiler`; this module holds the parts that touch
+``types_pb2`` so the profiler's arithmetic works on :class:`~common.domain.TaskSpecData`.
+
+On the wire ``demand.gpu_mem_bytes`` is **per GPU**; in :class:`~common.domain.Resources` it
+is the node total (per GPU × the GPUs the task uses on the node, one for a shared fraction).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from common.domain import ModelSpecData, QosData, Resources, TaskSpecData
+from common.errors import ValidationError
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskKind
+
+__all__ = ["PRECISIONS", "gpus_used", "spec_data", "spec_from_mapping", "spec_to_proto"]
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+"""Model precisions the profiler knows."""
+
+MAX_GPUS = 4096
+MAX_BYTES = 1024**5  # 1 PiB
+MAX_CPU_CORES = 65_536
+MAX_PARAMS_BILLIONS = 100_000.0
+MAX_CONTEXT = 10_000_000
+MAX_BATCH = 1_000_000
+MAX_NODES = 4096
+_RESTART = {"never": 1, "on-failure": 2, "always": 3}
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "pb": 1000**5,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5}  # fmt: skip
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def gpus_used(gpus: float) -> int:
+    """How many physical GPUs a per-node GPU demand occupies (one for a shared fraction).
+
+    :param gpus: the demand in GPUs.
+    :returns: ``ceil(gpus)`` for positive demands, else 0.
+    """
+    return math.ceil(gpus) if gpus > 0 and math.isfinite(gpus) else 0
+
+
+def _kind(value: int) -> TaskKind:
+    """Wire enum value → :class:`TaskKind`."""
+    try:
+        return TaskKind(value)
+    except ValueError:
+        raise ValidationError(
+            "spec.kind", f"unknown task kind {value} (expected training, fine-tuning or inference)"
+        ) from None
+
+
+def spec_data(spec: types_pb2.TaskSpec | TaskSpecData) -> TaskSpecData:
+    """The plain form of a spec (``from_proto``); a :class:`TaskSpecData` is returned as is.
+
+    :param spec: the wire spec.
+    :returns: the plain spec.
+    :raises ValidationError: on an unknown task kind.
+    """
+    if isinstance(spec, TaskSpecData):
+        return spec
+    m, d = spec.model, spec.demand
+    demand = None
+    if spec.has_demand:
+        demand = Resources(d.gpus, d.gpu_mem_bytes * max(1, gpus_used(d.gpus)), d.cpu_cores, d.mem_bytes, d.disk_bytes)
+    return TaskSpecData(
+        name=spec.name,
+        kind=_kind(spec.kind),
+        model=ModelSpecData(
+            m.name, m.params_billions, m.precision or "bf16", m.context_length, m.batch_size, m.layers, m.hidden_size
+        ),
+        demand=demand,
+        replicas=max(1, spec.replicas),
+        nodes=max(1, spec.nodes),
+        gpus_per_node=spec.gpus_per_node,
+        priority=spec.priority,
+        qos=QosData(spec.qos.deadline_unix_s, spec.qos.max_latency_ms, spec.qos.min_tokens_per_s),
+        argv=tuple(spec.argv),
+        env=dict(spec.env),
+        labels=dict(spec.labels),
+        gpu_model=spec.constraints.gpu_model,
+        node_selector=dict(spec.constraints.node_selector),
+        allow_gpu_sharing=spec.allow_gpu_sharing,
+    )
+
+
+def spec_to_proto(data: TaskSpecData) -> types_pb2.TaskSpec:
+    """The wire form of a plain spec (``to_proto``).
+
+    :param data: the plain spec.
+    :returns: a new ``TaskSpec`` message.
+    """
+    m = data.model
+    spec = types_pb2.TaskSpec(
+        name=data.name, kind=int(data.kind), replicas=data.replicas, nodes=data.nodes,
+        gpus_per_node=data.gpus_per_node, priority=data.priority, argv=list(data.argv), env=dict(data.env),
+        labels=dict(data.labels), allow_gpu_sharing=data.allow_gpu_sharing,
+        model=types_pb2.ModelSpec(
+            name=m.name, params_billions=m.params_billions, precision=m.precision, context_length=m.context_length,
+            batch_size=m.batch_size, layers=m.layers, hidden_size=m.hidden_size,
+        ),
+        qos=types_pb2.QosSpec(deadline_unix_s=data.qos.deadline_unix_s, max_latency_ms=data.qos.max_latency_ms,
+                              min_tokens_per_s=data.qos.min_tokens_per_s),
+        constraints=types_pb2.Constraints(gpu_model=data.gpu_model, node_selector=dict(data.node_selector)),
+    )  # fmt: skip
+    if data.demand is not None:
+        d = data.demand
+        per_gpu = d.gpu_mem_total_bytes // max(1, gpus_used(d.gpus))
+        spec.demand.CopyFrom(types_pb2.ResourceVector(
+            gpus=d.gpus, gpu_mem_bytes=per_gpu, cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes, disk_bytes=d.disk_bytes
+        ))  # fmt: skip
+        spec.has_demand = True
+    return spec
+
+
+# ---- YAML / JSON mappings -------------------------------------------------------------------
+
+
+def _size(value: Any, path: str) -> int:
+    """A byte count: an integer, or a string such as ``"80GiB"`` / ``"1.5 TB"``."""
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValidationError(path, f"not a size: {value!r} (e.g. 80GiB, 512MB, 1024)")
+        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    return _integer(value, path)
+
+
+def _integer(value: Any, path: str) -> int:
+    """An integer (a float is accepted when it is whole)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(path, f"expected an integer, got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValidationError(path, f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _enum(field: FieldDescriptor, value: Any, path: str) -> int:
+    """An enum from its label (``fine-tuning``, ``on-failure``) or wire name."""
+    if not isinstance(value, str):
+        raise ValidationError(path, f"expected a name, got {value!r}")
+    if field.enum_type.name == "TaskKind":
+        try:
+            return int(TaskKind.parse(value))
+        except ValueError as e:
+            raise ValidationError(path, str(e)) from None
+    label = value.strip().lower().replace("_", "-")
+    if field.enum_type.name == "RestartPolicy" and label in _RESTART:
+        return _RESTART[label]
+    names = {v.name.lower().replace("_", "-"): v.number for v in field.enum_type.values if v.number}
+    if label not in names:
+        raise ValidationError(path, f"unknown value {value!r}")
+    return names[label]
+
+
+def _scalar(field: FieldDescriptor, value: Any, path: str) -> Any:
+    """One scalar value of a field, type-checked."""
+    if field.type == FieldDescriptor.TYPE_STRING:
+        if not isinstance(value, str):
+            raise ValidationError(path, f"expected a string, got {value!r}")
+        return value
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        if not isinstance(value, bool):
+            raise ValidationError(path, f"expected true or false, got {value!r}")
+        return value
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return _enum(field, value, path)
+    if field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValidationError(path, f"expected a number, got {value!r}")
+        return float(value)
+    number = _size(value, path) if field.name.endswith("_bytes") else _integer(value, path)
+    unsigned = field.type in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64)
+    bits = 64 if field.type in (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_INT64) else 32
+    low, high = (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    if not low <= number <= high:
+        raise ValidationError(path, f"{number} is out of range [{low}, {high}]")
+    return number
+
+
+def _fill(message: Message, mapping: Mapping[str, Any], path: str) -> None:
+    """Copy a mapping into a message, rejecting unknown keys by their dotted path."""
+    descriptor: Descriptor = message.DESCRIPTOR
+    for key, value in mapping.items():
+        field = descriptor.fields_by_name.get(key) if isinstance(key, str) else None
+        where = f"{path}.{key}"
+        if field is None:
+            raise ValidationError(where, f"unknown field (known: {', '.join(sorted(descriptor.fields_by_name))})")
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            if not isinstance(value, Mapping):
+                raise ValidationError(where, f"expected a mapping of strings, got {value!r}")
+            target = getattr(message, key)
+            for k, v in value.items():
+                if not isinstance(k, str) or not isinstance(v, str | int | float) or isinstance(v, bool):
+                    raise ValidationError(f"{where}.{k}", f"expected a string value, got {v!r}")
+                target[k] = str(v)
+        elif field.message_type is not None:
+            if not isinstance(value, Mapping):
+                raise ValidationError(where, f"expected a mapping, got {value!r}")
+            _fill(getattr(message, key), value, where)
+            if key == "demand":
+                message.has_demand = True  # type: ignore[attr-defined]
+        elif field.is_repeated:
+            if not isinstance(value, list):
+                raise ValidationError(where, f"expected a list, got {value!r}")
+            getattr(message, key).extend(_scalar(field, v, f"{where}[{i}]") for i, v in enumerate(value))
+        else:
+            setattr(message, key, _scalar(field, value, where))
+
+
+def spec_from_mapping(mapping: Mapping[str, Any]) -> types_pb2.TaskSpec:
+    """Parse a YAML/JSON task spec (keys are the proto field names) into a ``TaskSpec``.
+
+    Enums take their labels (``kind: fine-tuning``, ``restart_policy: on-failure``); ``*_bytes``
+    fields also take sizes such as ``"80GiB"``; giving ``demand`` sets ``has_demand``. Only the
+    shape and types are checked here; :func:`validate_spec` checks the values.
+
+    Example::
+
+        spec = spec_from_mapping(yaml.safe_load(open("job.yaml")))
+
+    :param mapping: the parsed document.
+    :returns: the spec.
+    :raises ValidationError: naming the dotted path of an unknown key or a mistyped value.
+    """
+    if not isinstance(mapping, Mapping):
+        raise ValidationError("spec", f"expected a mapping, got {type(mapping).__name__}")
+    spec = types_pb2.TaskSpec()
+    _fill(spec, mapping, "spec")
+    return spec

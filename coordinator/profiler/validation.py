@@ -1,0 +1,113 @@
+"""Task spec validation: reject what cannot or must not be scheduled, naming the field.
+
+Re-exported by :mod:`coordinator.profiler.profiler` as :func:`validate_spec`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from common.domain import Resources, TaskSpecData
+from common.errors import ValidationError
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.profiler.taskspec import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_CONTEXT,
+    MAX_CPU_CORES,
+    MAX_GPUS,
+    MAX_NODES,
+    MAX_PARAMS_BILLIONS,
+    PRECISIONS,
+    gpus_used,
+    spec_data,
+)
+
+__all__ = ["validate_spec"]
+
+_INT32 = 2**31
+
+
+def _number(path: str, value: float, *, high: float, positive: bool = False) -> None:
+    """A finite number in ``[0, high]`` (``(0, high]`` when ``positive``)."""
+    if not math.isfinite(value):
+        raise ValidationError(path, f"must be a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise ValidationError(path, f"must be {'> 0' if positive else '≥ 0'}, got {value!r}")
+    if value > high:
+        raise ValidationError(path, f"{value!r} is absurdly large (limit {high:g})")
+
+
+def _validate_demand(demand: Resources, allow_sharing: bool, max_gpus_per_node: int) -> None:
+    """The explicit per-node demand vector."""
+    _number("spec.demand.gpus", demand.gpus, high=MAX_GPUS)
+    per_gpu = demand.gpu_mem_total_bytes / max(1, gpus_used(demand.gpus))
+    _number("spec.demand.gpu_mem_bytes", per_gpu, high=MAX_BYTES)
+    _number("spec.demand.cpu_cores", demand.cpu_cores, high=MAX_CPU_CORES)
+    _number("spec.demand.mem_bytes", demand.mem_bytes, high=MAX_BYTES)
+    _number("spec.demand.disk_bytes", demand.disk_bytes, high=MAX_BYTES)
+    if demand.is_zero():
+        raise ValidationError("spec.demand", "is all zero; give at least one positive dimension or leave it out")
+    if demand.gpus == 0 and demand.gpu_mem_total_bytes > 0:
+        raise ValidationError("spec.demand.gpu_mem_bytes", "GPU memory is requested without any GPU")
+    if demand.gpus > 1 and not float(demand.gpus).is_integer():
+        raise ValidationError("spec.demand.gpus", f"must be a whole number above 1, got {demand.gpus!r}")
+    if 0 < demand.gpus < 1 and not allow_sharing:
+        raise ValidationError("spec.demand.gpus", f"a fraction ({demand.gpus!r}) needs allow_gpu_sharing: true")
+    if max_gpus_per_node > 0 and demand.gpus > max_gpus_per_node:
+        raise ValidationError(
+            "spec.demand.gpus", f"{demand.gpus:g} GPUs per node, but no node has more than {max_gpus_per_node}"
+        )
+
+
+def _validate_model(spec: TaskSpecData) -> None:
+    """The model description the profiler reads (needed only without an explicit demand)."""
+    m = spec.model
+    _number("spec.model.params_billions", m.params_billions, high=MAX_PARAMS_BILLIONS, positive=spec.demand is None)
+    if m.precision.lower() not in PRECISIONS:
+        raise ValidationError("spec.model.precision", f"unknown precision {m.precision!r} (one of {PRECISIONS})")
+    _number("spec.model.context_length", m.context_length, high=MAX_CONTEXT)
+    _number("spec.model.batch_size", m.batch_size, high=MAX_BATCH)
+    _number("spec.model.layers", m.layers, high=100_000)
+    _number("spec.model.hidden_size", m.hidden_size, high=1_000_000)
+
+
+def _validate_shape(spec: TaskSpecData, max_gpus_per_node: int) -> None:
+    """Gang size, replicas, GPUs per node, priority."""
+    _number("spec.nodes", spec.nodes, high=MAX_NODES, positive=True)
+    _number("spec.replicas", spec.replicas, high=10_000, positive=True)
+    _number("spec.gpus_per_node", spec.gpus_per_node, high=MAX_GPUS)
+    if max_gpus_per_node > 0 and spec.gpus_per_node > max_gpus_per_node:
+        raise ValidationError(
+            "spec.gpus_per_node", f"{spec.gpus_per_node} GPUs per node, but no node has more than {max_gpus_per_node}"
+        )
+    if not -_INT32 <= spec.priority < _INT32:
+        raise ValidationError("spec.priority", f"{spec.priority} does not fit in 32 bits")
+
+
+def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: int) -> None:
+    """Check a task spec before it is queued; the first problem found is raised.
+
+    Refused: an unknown kind; an empty ``argv`` (or an empty program name); negative, NaN or
+    infinite numbers; zero where a positive value is needed (gang size, replicas, the model size
+    when no explicit demand is given, an all-zero demand); absurdly large values (more than 4096
+    GPUs, more than 1 PiB of any memory or disk, more than 100,000 B parameters); GPU memory
+    without GPUs; a fractional GPU above 1 or without ``allow_gpu_sharing``; more GPUs per node
+    than any node has; an unknown precision; negative QoS targets or grace period.
+
+    :param spec: the spec, wire or plain form.
+    :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
+        has registered yet).
+    :raises ValidationError: naming the dotted field (``spec.demand.gpus``) and the problem.
+    """
+    data = spec_data(spec)
+    if not data.argv or not data.argv[0].strip():
+        raise ValidationError("spec.argv", "must name the program to run")
+    _validate_shape(data, max_gpus_per_node)
+    _validate_model(data)
+    if data.demand is not None:
+        _validate_demand(data.demand, data.allow_gpu_sharing, max_gpus_per_node)
+    for name in ("deadline_unix_s", "max_latency_ms", "min_tokens_per_s"):
+        _number(f"spec.qos.{name}", getattr(data.qos, name), high=1e15)
+    if isinstance(spec, types_pb2.TaskSpec):
+        _number("spec.stop_grace_s", spec.stop_grace_s, high=86_400.0)

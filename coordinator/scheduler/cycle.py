@@ -1,0 +1,195 @@
+"""The scheduler cycle on the leader: queue → snapshot → policy → allocator → etcd → agents.
+
+One cycle, in this order (each step needs the previous one's output):
+
+1. queue: PENDING tasks ordered by priority, then deadline, then submit time;
+2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
+   every policy reads the same consistent view;
+3. placement: the production engine (policy filter + rank, then the Resource Allocator's
+   GPU choice) decides the whole batch;
+4. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED,
+   allocation, node reservation, all or nothing per placement);
+5. push: only committed placements become StartTask decisions on the agents' streams.
+
+Tasks that do not fit keep a human-readable reason; under max-utilization and
+load-balancing an unplaceable task also raises a scale-out request (the Resource Adaptor's),
+under power-efficient it simply waits.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from common.domain import Placement, Rejection
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TERMINAL_STATES, TaskState
+from coordinator.adaptor.scale_out import ScaleOutRequests
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.events import EventBus
+from coordinator.monitor.metrics import Metrics
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.scheduler.placement import PlacementEngine
+from coordinator.scheduler.policy import PolicySetting
+from coordinator.scheduler.queue import queue_key, request_for
+from coordinator.scheduler.snapshot import SnapshotBuilder
+from coordinator.scheduler.wakeup import Wakeup
+from coordinator.sync import add_reservation
+from coordinator.sync.leadership import Leadership
+from coordinator.sync.store import PlacementCommit, Store
+from coordinator.tasks import TaskTable
+
+__all__ = ["FORCED_CYCLE_S", "SchedulerCycle"]
+
+FORCED_CYCLE_S = 30.0
+"""A cycle runs at least this often even when nothing seems to have changed."""
+_PERIOD_S = 1.0
+
+
+class SchedulerCycle:
+    """Places pending tasks while this replica leads.
+
+    Example::
+
+        placed = await cycle.cycle()      # one cycle: snapshot, place, commit, push
+        await cycle.run()                 # while leading: a cycle per wake-up, at least once a second
+
+    :param tasks: the task table.
+    :param registry: the node table.
+    :param snapshots: builds each cycle's snapshot.
+    :param policy: the placement policy in force.
+    :param store: the fenced etcd store (placement commits).
+    :param leadership: fenced writes, the epoch and etcd health.
+    :param dispatcher: StartTask decisions for committed placements.
+    :param scale_out: the Resource Adaptor's scale-out requests.
+    :param metrics: decision, cycle and commit latencies.
+    :param events: the cluster event log.
+    :param wakeup: what wakes a cycle early.
+    """
+
+    def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
+                 store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOutRequests,
+                 metrics: Metrics, events: EventBus, wakeup: Wakeup) -> None:
+        self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
+        self._store, self._leadership, self._dispatcher = store, leadership, dispatcher
+        self._scale_out, self._metrics, self._events, self._wakeup = scale_out, metrics, events, wakeup
+        self._log = get_logger("scheduler")
+        self.cycles = 0
+        self.skipped = 0                                # cycles skipped: nothing changed since all waited
+        self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
+
+    async def run(self) -> None:
+        """Schedule while leading; a cycle runs on every wake-up and at least once a second."""
+        while True:
+            await self._wakeup.wait(_PERIOD_S)
+            if self._leadership.stale:
+                continue
+            try:
+                await self.cycle()
+            except GptrmError as e:
+                self._log.warning("schedule_cycle_failed", reason=str(e))
+
+    def _inputs(self) -> tuple:
+        """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
+        and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
+        leaves the set) and every node's state, admin flags, stream (inventory) and reservations.
+        Power curves only rank, so they are left out."""
+        policy = self._policy.current
+        tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.tasks.values() if t.state not in TERMINAL_STATES)
+        nodes = []
+        for e in self._registry:
+            r = e.record.reserved
+            nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining,
+                          r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
+        return policy.name, policy.threshold, tasks, tuple(nodes)
+
+    async def cycle(self) -> int:
+        """One scheduling cycle; returns the number of placements committed.
+
+        When the last cycle placed nothing and none of its inputs changed since (:meth:`_inputs`),
+        it would refuse the same tasks for the same reasons, so it is skipped — apart from one
+        cycle every ``FORCED_CYCLE_S`` as a safety net. Waiting tasks then cost a comparison per
+        second instead of a cluster snapshot and a placement batch.
+        """
+        started = time.perf_counter()
+        pending = [t for t in self._tasks.tasks.values() if t.state == TaskState.PENDING]
+        if not pending:
+            self._idle = None
+            return 0
+        inputs = self._inputs()
+        if self._idle is not None and self._idle[0] == inputs and started - self._idle[1] < FORCED_CYCLE_S:
+            self.skipped += 1
+            return 0
+        self._idle = None
+        requests = sorted((request_for(t) for t in pending), key=queue_key)
+        snapshot = self._snapshots.snapshot(self._tasks.tasks.values(), self._registry)
+        policy = self._policy.current
+        engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold)
+        decisions = engine.place_batch(requests)
+        self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
+        commits, by_id = [], {t.id: t for t in pending}
+        for decision in decisions:
+            task = by_id[decision.task_id]
+            if isinstance(decision, Placement):
+                commits.append((task, task.revision, self._allocation(task, decision)))
+                self._metrics.decisions.labels(outcome="placed").inc()
+            else:
+                self._metrics.decisions.labels(outcome="waiting").inc()
+                self._note_rejection(task, decision, policy.name)
+        committed = await self._commit(commits) if commits else 0
+        self._metrics.sched_latency.observe(time.perf_counter() - started)
+        self.cycles += 1
+        if not commits:
+            self._idle = (inputs, started)
+        return committed
+
+    def _allocation(self, task: types_pb2.Task, placement: Placement) -> types_pb2.Allocation:
+        alloc = types_pb2.Allocation(task_id=task.id, leader_epoch=self._leadership.epoch,
+                                     decision_id=f"d-{uuid.uuid4().hex[:12]}", created_unix_s=time.time())
+        d = task.demand
+        for a in placement.assignments:
+            entry = self._registry.get(a.node_id)
+            uuids = {g.index: g.uuid for g in entry.inventory.gpus} if entry else {}
+            n = len(a.gpu_indices)
+            alloc.nodes.append(types_pb2.NodeAllocation(
+                node_id=a.node_id, gpu_indices=list(a.gpu_indices), gpu_uuids=[uuids.get(i, "") for i in a.gpu_indices],
+                gpu_share=a.gpu_share,
+                # On the node, GPU memory is the total of its GPUs (Task.demand holds it per GPU).
+                demand=types_pb2.ResourceVector(gpus=d.gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
+                                                cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
+                                                disk_bytes=d.disk_bytes)))
+        return alloc
+
+    async def _commit(self, commits: list[PlacementCommit]) -> int:
+        t0 = time.perf_counter()
+        result = await self._leadership.write(self._store.commit_placements, commits)
+        self._metrics.commit_latency.observe(time.perf_counter() - t0)
+        policy = self._policy.current.name
+        for task, _rev, alloc in commits:
+            if task.id not in result.committed:
+                self._log.info("placement_not_committed", task_id=task.id, reason=str(result.rejected.get(task.id)))
+                await self._tasks.refresh(task.id)
+                continue
+            stored = result.stored[task.id]
+            self._tasks.tasks[task.id] = stored
+            for na in alloc.nodes:
+                entry = self._registry.get(na.node_id)
+                if entry is not None:
+                    add_reservation(entry.record, na)
+                    entry.task_ids.add(task.id)
+            self._scale_out.forget(task.id)
+            nodes = ", ".join(f"{na.node_id}:{list(na.gpu_indices)}" for na in alloc.nodes)
+            self._log.info("placement_committed", task_id=task.id, policy=policy, nodes=nodes,
+                           decision_id=alloc.decision_id)
+            self._events.publish("decision", f"task {task.id} placed on {nodes}", task_id=task.id,
+                                 policy=policy, decision_id=alloc.decision_id)
+            self._dispatcher.start(stored)
+        return len(result.committed)
+
+    def _note_rejection(self, task: types_pb2.Task, rejection: Rejection, policy: str) -> None:
+        if rejection.reason != task.reason:
+            task.reason = rejection.reason   # in memory; shown by `gptrmctl tasks`, not worth an etcd write per cycle
+        if rejection.scale_out:
+            self._scale_out.request(task.id, rejection.reason, policy=policy)

@@ -1,0 +1,495 @@
+"""The placement engine's indexed, vectorised copy of a :class:`ClusterSnapshot`.
+
+Per-dimension capacity, reservation and limit (``threshold × capacity``) live in ``(5, N)``
+float64 arrays, so the threshold filter for one request over every node is a few numpy calls
+deciding exactly what the reference's ``used + demand <= threshold * capacity`` decides. An
+unschedulable node gets a limit of ``-inf``, so no request passes it.
+
+The filter compares the demand with a precomputed **headroom** (``limit - used``, with the limit
+floored for the whole-byte dimensions) instead of adding and comparing. That is exact while every
+reservation and demand is *exact* (:func:`is_exact`: bytes whole, GPUs and cores multiples of
+2**-20, which shares of 1/16 and half cores are): the additions then never round. Any other
+value switches the state to the general ``used + demand <= limit`` path for good. Dimensions in
+which the demand is at most the smallest headroom of any node are not compared at all.
+
+Per-GPU state lives in Python lists per node (what the allocator reads when committing);
+``whole_desc[k - 1]`` holds, per node, the k-th largest free memory among its fully free GPUs, so
+"k free GPUs with ≥ X bytes" is one comparison over a contiguous row, and partly shared GPUs are
+indexed apart (:class:`~coordinator.scheduler.placement.partial_gpus.PartialGpus`).
+
+Committing or releasing updates one node's Python mirrors (``used_cols``, ``room_cols``,
+``free_desc``, the GPU lists) and logs the node in :attr:`PlacementState.changes`; the numpy
+columns follow lazily, just before the next vectorised read. :meth:`PlacementState.fits` is the
+filter for one node, which the shape cache uses to re-check the logged nodes.
+
+Two upper bounds make hopeless requests cheap: the largest headroom of each dimension over all
+nodes, and the largest k-th free GPU memory. Commits only shrink headroom, so a bound computed
+earlier stays an upper bound; it is refreshed whenever a request goes the full way and is refused.
+
+Byte counts are held as float64: exact below 2**53 bytes (8 PiB), far above any node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import replace
+
+import numpy as np
+
+from common.domain import DIMENSIONS, ClusterSnapshot, GpuSlot, NodeAssignment, NodeSnapshot, Request, Resources
+from common.errors import PlacementError
+from coordinator.allocator.gpus import choose_gpu_indices
+from coordinator.allocator.reservations import CRUMB, give_back_gpu, take_gpu
+from coordinator.scheduler.placement.partial_gpus import PartialGpus
+from coordinator.scheduler.policies.base import BoolArray, FloatArray, NodeArrays
+
+__all__ = ["PlacementState", "is_exact"]
+
+_DIMS = 5
+# Headroom ``limit - used`` is computed with rounding; a bound this much above it (relative to the
+# largest magnitude in the dimension) is safely above every demand the exact test would accept.
+_BOUND_SLACK = 2.0**-40
+_FLOAT_DIMS = (0, 2)  # gpus, cpu_cores: floats; the other three are whole bytes
+_BYTE_DIMS = (1, 3, 4)
+_DYADIC = 2.0**20  # float values that are multiples of 2**-20 (and below 2**32) add without rounding
+_DYADIC_MAX = 2.0**32
+_BYTES_MAX = 2.0**53
+
+
+def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
+    """Free memory of a node's fully free GPUs, largest first (a ``free_desc`` entry)."""
+    free = [m for m, s in zip(mem_free, share_free, strict=True) if s >= 1.0]
+    free.sort(reverse=True)
+    return free
+
+
+def is_exact(values: tuple[float, int, float, int, int]) -> bool:
+    """Whether a vector's float dimensions are dyadic (multiples of 2**-20) and its bytes whole.
+
+    For such values ``used + demand`` never rounds, and ``demand <= limit - used`` (the
+    precomputed headroom) decides exactly what ``used + demand <= limit`` decides; see
+    :class:`PlacementState`.
+
+    :param values: a vector in :data:`common.domain.DIMENSIONS` order.
+    :returns: True when the headroom shortcut is exact for it.
+    """
+    gpus, gpu_mem, cpu, mem, disk = values
+    for b in (gpu_mem, mem, disk):
+        if not (type(b) is int or float(b).is_integer()) or abs(b) >= _BYTES_MAX:
+            return False
+    return (
+        abs(gpus) < _DYADIC_MAX
+        and abs(cpu) < _DYADIC_MAX
+        and (gpus * _DYADIC).is_integer()
+        and (cpu * _DYADIC).is_integer()
+    )
+
+
+def _columns(nodes: tuple[NodeSnapshot, ...], attr: str) -> FloatArray:
+    """A ``(5, N)`` float64 array of ``node.<attr>`` vectors."""
+    rows = [getattr(node, attr).as_tuple() for node in nodes]
+    return np.array(rows, dtype=np.float64).reshape(len(nodes), _DIMS).T.copy()
+
+
+class PlacementState:
+    """Arrays for every node of a snapshot, updated in place as placements commit.
+
+    :param snapshot: the cluster at the start of the cycle (its node order is kept).
+    :param threshold: cap on each dimension's utilization after placement.
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot, threshold: float) -> None:
+        nodes = snapshot.nodes
+        self.nodes: list[NodeSnapshot] = list(nodes)
+        self.taken_at_s = snapshot.taken_at_s
+        self.index = {node.node_id: i for i, node in enumerate(nodes)}
+        self._init_dimensions(nodes, threshold)
+        self._init_power(nodes)
+        self._init_gpus(nodes)
+        self._bounds_stale = True
+        self._ok_buf = np.empty((_DIMS, len(nodes)), dtype=np.bool_)
+        self._sum_buf = np.empty((_DIMS, len(nodes)))
+        self._static: dict[tuple[str, frozenset[tuple[str, str]]], BoolArray] = {}
+        magnitude = np.max(np.abs(np.concatenate((self.cap, self.used), axis=1)), axis=1, initial=1.0)
+        self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
+        # The most any node admits at all (its limit with nothing reserved): a demand above it
+        # waits until the threshold is raised, however much is released.
+        limit = np.max(self.limit, axis=1, initial=-np.inf) if len(nodes) else np.full(_DIMS, -np.inf)
+        self.limit_bound = [float(x) + s for x, s in zip(limit.tolist(), self.slack, strict=True)]
+        # Every node changed, in order (read by the shape cache): ``i`` after a commit on node i,
+        # which only ever takes room away, and ``~i`` after a release, which gives room back.
+        self.changes: list[int] = []
+        self._init_derived()
+        self.refresh_bounds()
+
+    def _init_dimensions(self, nodes: tuple[NodeSnapshot, ...], threshold: float) -> None:
+        """Capacity, reservations, limits and headroom per dimension and node."""
+        self.cap = _columns(nodes, "capacity")
+        self.used = _columns(nodes, "used")
+        # Python mirrors of the per-node columns: committing reads and writes one node, and
+        # Python floats round exactly like numpy float64, so both copies stay identical.
+        self.used_cols: list[list[float]] = self.used.T.tolist()
+        self._dirty: set[int] = set()   # nodes whose numpy columns lag their Python mirrors (see _sync)
+        self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
+        self.schedulable_list = [node.schedulable for node in nodes]
+        self.limit = np.where(self.schedulable, threshold * self.cap, -np.inf)
+        self.limit_cols: list[list[float]] = self.limit.T.tolist()
+        # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
+        hlimit = self.limit.copy()
+        hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
+        self.hlimit_cols: list[list[float]] = hlimit.T.tolist()
+        self.headroom = hlimit - self.used
+        self.room_cols: list[list[float]] = self.headroom.T.tolist()
+        # A lower bound on every schedulable node's headroom per dimension: a demand at or below
+        # it fits everywhere in that dimension, so the filter skips the dimension. Commits only
+        # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound.
+        room = self.headroom[:, self.schedulable]
+        self.room_min = room.min(axis=1).tolist() if room.shape[1] else [math.inf] * _DIMS
+        self.exact = all(is_exact(node.used.as_tuple()) for node in nodes) and bool(
+            np.all(self.cap[list(_FLOAT_DIMS)] < _DYADIC_MAX)
+        )
+
+    def _init_power(self, nodes: tuple[NodeSnapshot, ...]) -> None:
+        """The per-node values policies rank by (see :class:`NodeArrays`)."""
+        n = len(nodes)
+        self.powered_on = [node.powered_on for node in nodes]
+        self.cap_gpus = self.cap[0].tolist()
+        self.idle = [node.power.idle_w for node in nodes]
+        self.slope = [node.power.max_w - node.power.idle_w for node in nodes]
+        self.view = NodeArrays(
+            util=np.zeros(n),
+            neg_util=np.zeros(n),
+            used_gpus=self.used[0].copy(),
+            cap_gpus_safe=np.where(self.cap[0] > 0, self.cap[0], 1.0),
+            idle_w=np.array(self.idle, dtype=np.float64),
+            slope_w=np.array(self.slope, dtype=np.float64),
+            before_w=np.zeros(n),
+        )
+
+    def _init_gpus(self, nodes: tuple[NodeSnapshot, ...]) -> None:
+        """Fill the per-GPU lists, the partly-shared index and ``whole_desc`` (padded with -1)."""
+        self.width = max((len(node.gpus) for node in nodes), default=0) or 1
+        shape = (self.width, len(nodes))
+        self.slot_ids = [[g.index for g in node.gpus] for node in nodes]
+        self.slot_total = [[g.mem_total_bytes for g in node.gpus] for node in nodes]
+        self.slot_mem = [[g.mem_free_bytes for g in node.gpus] for node in nodes]
+        self.slot_share = [[g.share_free for g in node.gpus] for node in nodes]
+        self.slot_topology = [[g.topology_group for g in node.gpus] for node in nodes]
+        self._partial = PartialGpus(sum(len(node.gpus) for node in nodes))
+        self.whole_desc = np.full(shape, -1.0)
+        self.free_desc: list[list[float]] = [[] for _ in nodes]   # whole_desc's columns as lists, unpadded
+
+    def _init_derived(self) -> None:
+        """What :meth:`_refresh_node` derives, for every node at once (same operations, same rounding)."""
+        view, n = self.view, len(self.nodes)
+        cap_gpus, used_gpus = self.cap[0], self.used[0]
+        util = np.zeros(n)
+        np.divide(used_gpus, cap_gpus, out=util, where=cap_gpus > 0)
+        view.util[:] = util
+        view.neg_util[:] = -util
+        view.used_gpus[:] = used_gpus
+        awake = np.array(self.powered_on, dtype=np.bool_) & np.any(self.used != 0, axis=0)
+        view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
+        for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
+            self.free_desc[i] = _free_whole(mems, shares)
+            for k, s in enumerate(shares):
+                if 0.0 < s < 1.0:
+                    self._partial.update(i, k, s, mems[k])
+        if n:
+            columns = [self._padded(free) for free in self.free_desc]
+            self.whole_desc = np.ascontiguousarray(np.array(columns, dtype=np.float64).T)
+
+    def _padded(self, free: list[float]) -> list[float]:
+        """A ``free_desc`` list as a ``whole_desc`` column: padded with -1 to the widest node."""
+        return free + [-1.0] * (self.width - len(free))
+
+    def used_array(self) -> FloatArray:
+        """The ``(5, N)`` reservation array, brought up to date from the Python mirrors.
+
+        :returns: the array (shared; do not modify).
+        """
+        self._sync()
+        return self.used
+
+    def _sync(self) -> None:
+        """Write the columns of the nodes changed since the last call into the numpy arrays.
+
+        Commits update the Python mirrors only; the arrays the vectorised filter reads (``used``,
+        ``headroom``, ``whole_desc``) are brought up to date here, just before they are read.
+        """
+        if not self._dirty:
+            return
+        for i in self._dirty:
+            self.used[:, i] = self.used_cols[i]
+            self.headroom[:, i] = self.room_cols[i]
+            self.whole_desc[:, i] = self._padded(self.free_desc[i])
+        self._dirty.clear()
+
+    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False) -> None:
+        """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs).
+
+        :param i: node index.
+        :param slots: the GPU positions that changed (None: all of them).
+        :param grew: the node gained room (a release), rather than lost it (a commit).
+        """
+        view = self.view
+        column = self.used_cols[i]
+        self._dirty.add(i)
+        h = self.hlimit_cols[i]
+        room = self.room_cols[i] = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
+                                    h[4] - column[4]]
+        if self.schedulable_list[i]:
+            low = self.room_min
+            for k in range(_DIMS):
+                if room[k] < low[k]:
+                    low[k] = room[k]
+        cap_gpus = self.cap_gpus[i]
+        util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
+        view.used_gpus[i] = column[0]
+        view.util[i] = util
+        view.neg_util[i] = -util
+        view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
+        shares, mems = self.slot_share[i], self.slot_mem[i]
+        self.free_desc[i] = _free_whole(mems, shares)
+        partial = self._partial
+        indexed = partial.where
+        for k in range(len(shares)) if slots is None else slots:
+            s = shares[k]
+            if 0.0 < s < 1.0 or (i, k) in indexed:   # whole GPUs never enter the index
+                partial.update(i, k, s, mems[k])
+        self._bounds_stale = True
+        self.changes.append(~i if grew else i)
+
+    def refresh_bounds(self) -> None:
+        """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
+        if not self._bounds_stale:
+            return
+        self._bounds_stale = False
+        used = self.used_array()   # also brings whole_desc up to date
+        room = np.max(self.limit - used, axis=1, initial=-np.inf) if used.shape[1] else np.full(_DIMS, -1.0)
+        self.room_bound = [float(r) + s for r, s in zip(room.tolist(), self.slack, strict=True)]
+        if self.used.shape[1]:
+            self.whole_bound = np.max(self.whole_desc, axis=1).tolist()
+        else:
+            self.whole_bound = [-1.0] * self.width
+
+    def hopeless(self, req: Request, values: tuple[float, int, float, int, int], whole: int) -> str | None:
+        """A reason no node can possibly take the request, from the bounds alone (None: maybe one can).
+
+        :param req: the request.
+        :param values: ``req.demand.as_tuple()``.
+        :param whole: ``req.whole_gpus``.
+        :returns: a short reason, or None.
+        """
+        for name, d, bound, most in zip(DIMENSIONS, values, self.room_bound, self.limit_bound, strict=True):
+            if d > most:
+                return f"{name} over threshold on every node, even with nothing reserved on it"
+            if d > bound:
+                return f"{name} over threshold on every node"
+        if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):
+            return f"no node has {whole} free GPUs"
+        return None
+
+    def static_mask(self, req: Request) -> BoolArray | None:
+        """Nodes that match the request's GPU model and node selector (cached); None without constraints.
+
+        :param req: the request.
+        :returns: a mask over nodes (treat it as read-only), or None when the request has no constraint.
+        """
+        key = req.constraint_key
+        if key is None:
+            return None
+        mask = self._static.get(key)
+        if mask is None:
+            mask = np.zeros(len(self.nodes), dtype=np.bool_)
+            for i, node in enumerate(self.nodes):
+                model_ok = not key[0] or key[0] in node.gpu_model.lower()
+                mask[i] = model_ok and all(node.labels.get(k) == v for k, v in key[1])
+            self._static[key] = mask
+        return mask
+
+    def dimension_ok(self, req: Request, demand: FloatArray) -> BoolArray:
+        """Per dimension and node: does ``used + demand <= limit`` hold? (a reused buffer).
+
+        When every value is exact (see :func:`is_exact`), ``demand <= headroom`` gives the same
+        answer with one comparison instead of an addition and a comparison.
+
+        :param req: the request.
+        :param demand: its vector as an array, shape ``(5,)``.
+        :returns: a ``(5, N)`` boolean array, valid until the next call.
+        """
+        self._sync()
+        if self.exact and is_exact(req.demand.as_tuple()):
+            return np.greater_equal(self.headroom, demand[:, None], out=self._ok_buf)
+        np.add(self.used_array(), demand[:, None], out=self._sum_buf)
+        return np.less_equal(self._sum_buf, self.limit, out=self._ok_buf)
+
+    def gpu_ok(self, req: Request, whole: int) -> BoolArray | None:
+        """Nodes whose GPUs can hold the request, None when it needs no GPU.
+
+        :param req: the request.
+        :param whole: ``req.whole_gpus``.
+        :returns: a mask over nodes, or None.
+        """
+        self._sync()
+        per_gpu = req.gpu_mem_per_gpu_bytes
+        if whole > 0:
+            if whole > self.width:
+                return np.zeros(len(self.nodes), dtype=np.bool_)
+            return self.whole_desc[whole - 1] >= per_gpu
+        share = req.demand.gpus
+        if share <= 0:
+            return None
+        # A fully free GPU holds any share, so only nodes with partly shared GPUs need a closer look.
+        ok = self.whole_desc[0] >= per_gpu
+        self._partial.mark(ok, share, per_gpu)
+        return ok
+
+    def _binding_dims_mask(self, demand: tuple[float, int, float, int, int]) -> BoolArray:
+        """Exact-mode filter over the dimensions where the demand exceeds :attr:`room_min`."""
+        dims = [k for k in range(_DIMS) if demand[k] > self.room_min[k]]
+        if not dims:
+            return self.schedulable.copy()
+        mask = self.headroom[dims[0]] >= demand[dims[0]]
+        for k in dims[1:]:
+            mask &= self.headroom[k] >= demand[k]
+        return mask
+
+    def feasible_mask(self, req: Request, values: tuple[float, int, float, int, int], whole: int,
+                      exact: bool) -> BoolArray:
+        """Every node the shared filter accepts for the request (constraints, dimensions, GPUs).
+
+        :param req: the request.
+        :param values: ``req.demand.as_tuple()``.
+        :param whole: ``req.whole_gpus``.
+        :param exact: ``is_exact(values)``.
+        :returns: a fresh mask over nodes.
+        """
+        self._sync()
+        if self.exact and exact:
+            mask = self._binding_dims_mask(values)
+        else:
+            # General path: add and compare, rounding exactly like the reference.
+            mask = self.dimension_ok(req, np.array(values, dtype=np.float64)).all(axis=0)
+        static = self.static_mask(req)
+        if static is not None:
+            mask &= static
+        gpu = self.gpu_ok(req, whole)
+        if gpu is not None:
+            mask &= gpu
+        return mask
+
+    def fits(
+        self, i: int, values: tuple[float, int, float, int, int], whole: int, per_gpu: int, static: BoolArray | None
+    ) -> bool:
+        """Whether node ``i`` passes the filter now: the scalar form of :meth:`feasible_mask` for one node.
+
+        The dimensions are compared as the reference does (``used + demand <= limit``), which
+        the vectorised filter's exact-mode headroom comparison agrees with.
+
+        :param i: node index.
+        :param values: the demand vector.
+        :param whole: whole GPUs needed.
+        :param per_gpu: memory each GPU must have free.
+        :param static: :meth:`static_mask` for the request.
+        :returns: True when the request may go on the node.
+        """
+        if static is not None and not static[i]:
+            return False
+        u, lim = self.used_cols[i], self.limit_cols[i]
+        if not (
+            u[0] + values[0] <= lim[0]
+            and u[1] + values[1] <= lim[1]
+            and u[2] + values[2] <= lim[2]
+            and u[3] + values[3] <= lim[3]
+            and u[4] + values[4] <= lim[4]
+        ):
+            return False
+        if whole > 0:
+            free = self.free_desc[i]
+            return len(free) >= whole and free[whole - 1] >= per_gpu
+        share = values[0]
+        if share <= 0:
+            return True
+        free = self.free_desc[i]
+        if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
+            return True
+        return any(s >= share and m >= per_gpu for m, s in zip(self.slot_mem[i], self.slot_share[i], strict=True))
+
+    def commit(
+        self, i: int, req: Request, demand: tuple[float, int, float, int, int], whole: int, exact: bool
+    ) -> NodeAssignment:
+        """Reserve a request on node ``i``: choose its GPUs and update the arrays.
+
+        :param i: node index.
+        :param req: the request.
+        :param demand: ``req.demand.as_tuple()``.
+        :param whole: ``req.whole_gpus``.
+        :param exact: ``is_exact(req.demand.as_tuple())``; False leaves the headroom shortcut for good.
+        :returns: the node's part of the placement.
+        :raises PlacementError: when the node's GPUs cannot hold it (the filter said they could).
+        """
+        mem, share_free = self.slot_mem[i], self.slot_share[i]
+        per_gpu = req.gpu_mem_per_gpu_bytes
+        positions = choose_gpu_indices(
+            mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu
+        )
+        if positions is None:
+            raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
+        share = 1.0 if whole > 0 else demand[0]
+        if not exact:
+            self.exact = False
+        for k in positions:
+            mem[k], share_free[k] = take_gpu(mem[k], share_free[k], per_gpu, share)
+        u = self.used_cols[i]
+        self.used_cols[i] = [u[0] + demand[0], u[1] + demand[1], u[2] + demand[2], u[3] + demand[3], u[4] + demand[4]]
+        self._refresh_node(i, positions)
+        ids = self.slot_ids[i]
+        return NodeAssignment(
+            node_id=self.nodes[i].node_id, gpu_indices=tuple(ids[k] for k in positions), gpu_share=share
+        )
+
+    def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
+        """Give back what :meth:`commit` reserved (a task ended).
+
+        :param assignment: the node's part of a placement.
+        :param demand: the vector reserved on the node.
+        :param per_gpu: memory reserved on each of its GPUs.
+        :raises PlacementError: when the node or one of its GPUs is not in this state.
+        """
+        i = self.index.get(assignment.node_id)
+        if i is None or not set(assignment.gpu_indices) <= set(self.slot_ids[i]):
+            raise PlacementError(f"node {assignment.node_id!r} or its GPUs {assignment.gpu_indices} are unknown")
+        mem, share_free = self.slot_mem[i], self.slot_share[i]
+        for gpu_index in assignment.gpu_indices:
+            k = self.slot_ids[i].index(gpu_index)
+            mem[k], share_free[k] = give_back_gpu(mem[k], share_free[k], per_gpu, assignment.gpu_share,
+                                                  self.slot_total[i][k])
+        values = demand.as_tuple()
+        self.exact = self.exact and is_exact(values)
+        column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
+        self.used_cols[i] = [0.0 if abs(x) < CRUMB else x for x in column]
+        self._refresh_node(i, grew=True)
+        self.refresh_bounds()
+
+    def gpu_slots(self, i: int) -> tuple[GpuSlot, ...]:
+        """Node ``i``'s GPUs with their current free memory and share.
+
+        :param i: node index.
+        :returns: the GPU slots.
+        """
+        return tuple(
+            replace(gpu, mem_free_bytes=int(self.slot_mem[i][k]), share_free=float(self.slot_share[i][k]))
+            for k, gpu in enumerate(self.nodes[i].gpus)
+        )
+
+    def node_snapshot(self, i: int) -> NodeSnapshot:
+        """Node ``i`` as a plain snapshot with its current reservations.
+
+        :param i: node index.
+        :returns: the node.
+        """
+        u = self.used_cols[i]
+        used = Resources(float(u[0]), int(u[1]), float(u[2]), int(u[3]), int(u[4]))
+        return replace(self.nodes[i], used=used, gpus=self.gpu_slots(i))

@@ -1,0 +1,277 @@
+"""What every placement policy shares: the threshold filter, the vectorised node view, the protocol.
+
+A policy is two steps (STYLE.md §3). The **filter** (:func:`feasible`) is the same for every
+policy here: a request may go on a node when, after placement, every resource dimension stays
+≤ ``threshold × capacity`` (paper Alg. 1-3), the node satisfies the request's constraints, and the
+node has GPUs that can hold it. The **rank** is what differs between policies.
+
+The placement engine keeps the cluster in numpy arrays (:class:`NodeArrays`) and asks the policy
+to ``select`` among the nodes its vectorised filter kept; the scalar ``feasible``/``rank`` pair
+is the readable form of the same decision and is what the unit tables check.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from common.domain import DIMENSIONS, NodeId, NodeSnapshot, Request
+from common.errors import ValidationError
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "BoolArray",
+    "FloatArray",
+    "IntArray",
+    "KeyedPolicy",
+    "NodeArrays",
+    "Policy",
+    "PolicyArgs",
+    "constraint_reason",
+    "feasible",
+    "first_k_by_key",
+    "first_k_keyed",
+    "gpu_fit_reason",
+    "validate_threshold",
+]
+
+DEFAULT_THRESHOLD = 0.9
+"""Default cap on every dimension's utilization after placement."""
+
+FloatArray = npt.NDArray[np.float64]
+"""A float64 array with one entry per node (or per dimension × node)."""
+BoolArray = npt.NDArray[np.bool_]
+"""A boolean mask with one entry per node."""
+IntArray = npt.NDArray[np.int64]
+"""An int64 array of node indices."""
+
+_GIB = 1024**3
+
+
+def validate_threshold(threshold: float) -> None:
+    """Check a policy threshold.
+
+    :param threshold: the cap on utilization after placement.
+    :raises ValidationError: unless ``0 < threshold ≤ 1`` and finite.
+    """
+    numeric = isinstance(threshold, int | float) and not isinstance(threshold, bool)
+    if not numeric or not math.isfinite(threshold) or not 0.0 < threshold <= 1.0:
+        raise ValidationError("policy.threshold", f"must be in (0, 1], got {threshold!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyArgs:
+    """Arguments every policy takes, validated when built.
+
+    :param threshold: cap on each dimension's utilization after placement, in (0, 1].
+    """
+
+    threshold: float = DEFAULT_THRESHOLD
+
+    def __post_init__(self) -> None:
+        validate_threshold(self.threshold)
+
+
+@dataclass(slots=True)
+class NodeArrays:
+    """The engine's vectorised view of the nodes that policies rank (one entry per node).
+
+    :param util: compute utilization ``used_gpus / capacity_gpus`` (0 without GPUs).
+    :param neg_util: ``-util``, kept alongside so descending-utilization ranks need no negation per request.
+    :param used_gpus: GPUs reserved.
+    :param cap_gpus_safe: GPU capacity with 0 replaced by 1 (the filter already drops GPU
+        requests on GPU-less nodes, so the substitute never reaches a choice).
+    :param idle_w: power curve intercept per node.
+    :param slope_w: ``max_w - idle_w`` per node.
+    :param before_w: predicted power now: ``idle + slope·util`` when awake, 0 when asleep
+        (powered off, or nothing allocated).
+    """
+
+    util: FloatArray
+    neg_util: FloatArray
+    used_gpus: FloatArray
+    cap_gpus_safe: FloatArray
+    idle_w: FloatArray
+    slope_w: FloatArray
+    before_w: FloatArray
+
+
+class Policy(Protocol):
+    """A placement policy: a filter, a rank, and a vectorised selection over :class:`NodeArrays`."""
+
+    name: str
+    threshold: float
+    sorts_requests: bool
+    """True when the batch is processed by descending compute demand (Alg. 1-3), else in queue order."""
+    scale_out: bool
+    """True when a request no node can take asks the node provider for a new node."""
+    ranked_by_key: bool
+    """True when ``select`` takes the feasible nodes with the smallest ``key_array`` (ties: earlier
+    node), so the engine may keep the key per request shape and update it node by node."""
+
+    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
+        """Short reason the request may not go on the node, None when it may."""
+
+    def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
+        """Node ids in the order this policy tries them."""
+
+    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
+        """Indices of up to ``req.nodes`` feasible nodes (``mask``), in choice order."""
+
+    def committed(self, indices: IntArray, n_nodes: int) -> None:
+        """Note that the engine placed a request on these node indices (policy state, if any)."""
+
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Per-node sort key, smaller first (``ranked_by_key`` policies only)."""
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """``key_array(view, req)[i]``, computed for node ``i`` alone with the same rounding."""
+
+
+def first_k_keyed(keyed: FloatArray, mask: BoolArray, count: int) -> IntArray:
+    """The ``count`` feasible nodes with the smallest key, given the key with +inf on refused nodes.
+
+    :param keyed: the sort key on feasible nodes, +inf on the others.
+    :param mask: which nodes are feasible.
+    :param count: how many nodes the request needs.
+    :returns: up to ``count`` node indices, best first (fewer when fewer are feasible).
+    """
+    if count == 1:
+        # argmin returns the first of equal minima: the same tie-break as a stable sort.
+        best = int(keyed.argmin())
+        return np.array([best] if mask[best] else [], dtype=np.int64)
+    candidates = np.flatnonzero(mask)
+    order = np.argsort(keyed[candidates], kind="stable")
+    return candidates[order[:count]].astype(np.int64)
+
+
+def first_k_by_key(key: FloatArray, mask: BoolArray, count: int) -> IntArray:
+    """The ``count`` feasible nodes with the smallest key; ties go to the earlier node.
+
+    :param key: one sort key per node (smaller is tried first).
+    :param mask: which nodes are feasible.
+    :param count: how many nodes the request needs.
+    :returns: up to ``count`` node indices, best first (fewer when fewer are feasible).
+    """
+    return first_k_keyed(np.where(mask, key, np.inf), mask, count)
+
+
+def _dimension_reason(req: Request, node: NodeSnapshot, threshold: float) -> str | None:
+    """The first dimension that would exceed ``threshold × capacity`` after placement."""
+    demand = req.demand.as_tuple()
+    used = node.used.as_tuple()
+    capacity = node.capacity.as_tuple()
+    for name, d, u, c in zip(DIMENSIONS, demand, used, capacity, strict=True):
+        # The same expression as the vectorised filter, so both round identically.
+        if not u + d <= threshold * c:
+            return f"{name} over threshold {threshold:g}"
+    return None
+
+
+def gpu_fit_reason(req: Request, mem_free: Sequence[float], share_free: Sequence[float]) -> str | None:
+    """Why a node's GPUs cannot hold the request (whole free GPUs, or a share), None when they can.
+
+    :param req: the request.
+    :param mem_free: free memory of each of the node's GPUs, in bytes.
+    :param share_free: free compute share of each of the node's GPUs, 0..1.
+    :returns: a short reason or None.
+    """
+    per_gpu = req.gpu_mem_per_gpu_bytes
+    whole = req.whole_gpus
+    if whole > 0:
+        free = sum(1 for m, s in zip(mem_free, share_free, strict=True) if s >= 1.0 and m >= per_gpu)
+        if free < whole:
+            return f"{free} free GPUs with ≥ {per_gpu / _GIB:.0f} GiB, needs {whole}"
+        return None
+    share = req.demand.gpus
+    if share > 0 and not any(s >= share and m >= per_gpu for m, s in zip(mem_free, share_free, strict=True)):
+        return f"no GPU with share {share:g} and {per_gpu / _GIB:.0f} GiB free"
+    return None
+
+
+def constraint_reason(req: Request, node: NodeSnapshot) -> str | None:
+    """Why the node does not satisfy the request's constraints, None when it does.
+
+    :param req: the request (GPU model substring, node selector).
+    :param node: the node.
+    :returns: a short reason or None.
+    """
+    if not node.schedulable:
+        return "not schedulable"
+    if req.gpu_model and req.gpu_model.lower() not in node.gpu_model.lower():
+        return f"gpu model {node.gpu_model!r} does not match {req.gpu_model!r}"
+    for key, value in req.node_selector.items():
+        if node.labels.get(key) != value:
+            return f"label {key}={value} missing"
+    return None
+
+
+def feasible(req: Request, node: NodeSnapshot, threshold: float) -> str | None:
+    """The filter shared by every policy: constraints, then every dimension ≤ threshold, then GPUs.
+
+    Constraints come first because they are the cheapest and the most decisive; the GPU check
+    comes last because only nodes with enough aggregate room can have the right free GPUs.
+
+    :param req: the request.
+    :param node: the node, as in this cycle's snapshot.
+    :param threshold: the cap on each dimension's utilization after placement.
+    :returns: a short reason the node is refused, or None when it is feasible.
+    """
+    return (
+        constraint_reason(req, node)
+        or _dimension_reason(req, node, threshold)
+        or gpu_fit_reason(req, [g.mem_free_bytes for g in node.gpus], [g.share_free for g in node.gpus])
+    )
+
+
+class ThresholdPolicy:
+    """What every policy shares: the threshold filter of :func:`feasible`, and no memory of commits.
+
+    Subclasses set ``name``, ``sorts_requests`` and ``scale_out`` and define ``rank`` and
+    ``select``; a stateful one (round-robin's cursor) overrides :meth:`committed`.
+
+    :param args: validated arguments.
+    """
+
+    ranked_by_key = False
+
+    def __init__(self, args: PolicyArgs) -> None:
+        self.args = args
+        self.threshold = args.threshold
+
+    def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
+        """Filter: see :func:`feasible`."""
+        return feasible(req, node, self.threshold)
+
+    def committed(self, indices: IntArray, n_nodes: int) -> None:
+        """Stateless: nothing to remember."""
+
+
+class KeyedPolicy(ThresholdPolicy, ABC):
+    """A policy that tries nodes by ascending per-node key, ties in snapshot order (Alg. 1-3).
+
+    An abstract base: subclasses define :meth:`key_array` and its one-node form :meth:`key_at`,
+    and ``select`` follows from them.
+
+    :param args: validated arguments.
+    """
+
+    ranked_by_key = True
+
+    @abstractmethod
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Per-node sort key, smaller first."""
+
+    @abstractmethod
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """``key_array(view, req)[i]`` for node ``i`` alone, with the same rounding."""
+
+    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
+        """The ``req.nodes`` feasible nodes with the smallest key."""
+        return first_k_by_key(self.key_array(view, req), mask, req.nodes)

@@ -1,0 +1,71 @@
+"""The placement policy in force: which of the registered policies, and its threshold."""
+
+from __future__ import annotations
+
+from common.errors import ValidationError
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.events import EventBus
+from coordinator.scheduler.policies import POLICIES
+from coordinator.scheduler.wakeup import Wakeup
+from coordinator.sync.leadership import Leadership
+from coordinator.sync.lock import AdminLocks
+from coordinator.sync.store import Store
+
+__all__ = ["PolicySetting"]
+
+
+class PolicySetting:
+    """The cluster's placement policy, persisted in etcd (``policy``) and read by every cycle.
+
+    A change takes the ``policy`` etcd lock, so two admins (or two replicas during a leader
+    change) never interleave their changes.
+
+    Example::
+
+        await setting.set(types_pb2.Policy(name="power-efficient", threshold=0.8))
+        setting.current.name     # "power-efficient"
+
+    :param name: the policy at start-up, until etcd holds one.
+    :param threshold: its threshold.
+    :param store: the fenced etcd store.
+    :param leadership: leader check and fenced writes.
+    :param locks: the admin locks.
+    :param events: the cluster event log.
+    :param wakeup: the scheduler's wake-up signal.
+    """
+
+    def __init__(self, name: str, threshold: float, store: Store, leadership: Leadership, locks: AdminLocks,
+                 events: EventBus, wakeup: Wakeup) -> None:
+        self.current = types_pb2.Policy(name=name, threshold=threshold)
+        self._store, self._leadership, self._locks = store, leadership, locks
+        self._events, self._wakeup = events, wakeup
+
+    @staticmethod
+    def validate(policy: types_pb2.Policy) -> None:
+        """:raises ValidationError: the name is not a registered policy."""
+        if policy.name not in POLICIES:
+            raise ValidationError("name", f"unknown policy {policy.name!r} (known: {', '.join(sorted(POLICIES))})")
+
+    async def set(self, policy: types_pb2.Policy) -> types_pb2.Policy:
+        """Validate, persist under the ``policy`` lock, and apply from the next cycle.
+
+        :raises ValidationError: unknown policy.
+        :raises NotLeader: on a standby.
+        :raises CoordinationError: the lock was held elsewhere too long.
+        """
+        self._leadership.require_leader()
+        self.validate(policy)
+        async with self._locks.hold("policy"):
+            await self._leadership.write(self._store.put_policy, policy)
+        self.current = policy
+        self._events.publish("policy", f"policy {policy.name} threshold {policy.threshold:.2f}",
+                             policy=policy.name, threshold=policy.threshold)
+        self._wakeup.set()
+        return policy
+
+    def adopt(self, stored: types_pb2.Policy | None) -> bool:
+        """Take the policy a new leader read from etcd; False when etcd had none (ours should be written)."""
+        if stored is None or not stored.name:
+            return False
+        self.current = stored
+        return True

@@ -1,0 +1,24 @@
+"""Queue order: a PENDING task becomes a placement :class:`~common.domain.Request`, sorted by :func:`queue_key`."""
+
+from __future__ import annotations
+
+from common.domain import Request, Resources, queue_key
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.profiler import gpus_used
+
+__all__ = ["queue_key", "request_for"]
+
+
+def request_for(task: types_pb2.Task) -> Request:
+    """The placement request of a task: its per-node demand vector (GPU memory as the node total,
+    from the per-GPU figure stored in ``Task.demand``), constraints and queue position."""
+    d, spec = task.demand, task.spec
+    return Request(
+        task_id=task.id,
+        demand=Resources(gpus=d.gpus, gpu_mem_total_bytes=d.gpu_mem_bytes * gpus_used(d.gpus), cpu_cores=d.cpu_cores,
+                         mem_bytes=d.mem_bytes, disk_bytes=d.disk_bytes),
+        nodes=max(1, spec.nodes), gpu_mem_per_gpu_bytes=d.gpu_mem_bytes, priority=spec.priority,
+        submit_s=task.submit_unix_s, deadline_s=spec.qos.deadline_unix_s or None,
+        gpu_model=spec.constraints.gpu_model, node_selector=dict(spec.constraints.node_selector),
+        allow_sharing=spec.allow_gpu_sharing,
+    )

@@ -1,0 +1,119 @@
+"""The cycle's snapshot: READY nodes with their reservations and per-GPU free memory and share.
+
+Every policy of a cycle reads this one snapshot, taken once at its start (STYLE.md §3), so that
+what the policies compare is consistent even while agents keep streaming.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Resources
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TERMINAL_STATES
+from coordinator.allocator.reservations import gpu_usage
+from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.monitor.power_model import PowerModel
+
+__all__ = ["SnapshotBuilder"]
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeStatic:
+    """What a node's snapshot takes from its inventory.
+
+    :param check: (stream id, GPU count, cores, memory, disk): the inventory it was built from.
+    :param capacity: the node's capacity vector.
+    :param slots: ``(index, memory, topology group)`` per GPU (-1: topology unknown).
+    :param free: every GPU as a fully free slot.
+    :param model: the first GPU's model ("" without GPUs).
+    :param gpu_mem_per_gpu_bytes: one GPU's memory (for the datasheet power guess of unknown models).
+    :param labels: the node's labels (shared by snapshots; never modified).
+    """
+
+    check: tuple[int, int, int, int, int]
+    capacity: Resources
+    slots: tuple[tuple[int, int, int], ...]
+    free: tuple[GpuSlot, ...]
+    model: str
+    gpu_mem_per_gpu_bytes: int
+    labels: dict[str, str]
+
+
+class SnapshotBuilder:
+    """Builds the cycle's :class:`~common.domain.ClusterSnapshot` from the leader's tables.
+
+    What a node's snapshot takes from its inventory (capacity, GPU slots, model, labels) is built
+    once per agent stream and reused; an idle node's all-free GPU tuple is reused too, so a cycle
+    only builds what reservations change.
+
+    :param power: the power model whose curves Alg. 3 ranks by.
+    """
+
+    def __init__(self, power: PowerModel) -> None:
+        self._power = power
+        self._statics: dict[str, _NodeStatic] = {}
+
+    def snapshot(self, tasks: Iterable[types_pb2.Task], registry: NodeRegistry) -> ClusterSnapshot:
+        """Schedulable nodes in node-id order, with what live allocations hold on each GPU."""
+        holdings: dict[str, list[tuple[list[int], int, float]]] = {}
+        for task in tasks:
+            if task.state in TERMINAL_STATES or not task.allocation.nodes:
+                continue
+            for na in task.allocation.nodes:
+                holdings.setdefault(na.node_id, []).append((na.gpu_indices, na.demand.gpu_mem_bytes, na.gpu_share))
+        nodes = []
+        schedulable = registry.schedulable
+        for e in sorted(registry, key=lambda e: e.node_id):
+            if not schedulable(e):
+                continue
+            static = self._static_part(e)
+            held = holdings.get(e.node_id)
+            if held is None:
+                gpus = static.free
+            else:
+                taken = gpu_usage(held)
+                gpus = tuple(GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
+                                     max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group)
+                             for i, total, group in static.slots)
+            r = e.record.reserved
+            nodes.append(NodeSnapshot(
+                node_id=e.node_id, capacity=static.capacity,
+                used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
+                               mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
+                gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
+                power=self.power_curve(e)[0]))
+        return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
+
+    def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:
+        """The node's GPU power curve as Alg. 3 sees it, with its source (see :meth:`PowerModel.explain`).
+
+        :param entry: the node.
+        :returns: ``(curve, "fitted" or "datasheet", samples in its fit window)``.
+        """
+        static = self._static_part(entry)
+        return self._power.explain(entry.node_id, static.model, len(static.slots), static.gpu_mem_per_gpu_bytes)
+
+    def _static_part(self, entry: NodeEntry) -> _NodeStatic:
+        """The inventory-derived part of a node's snapshot, rebuilt when the agent re-registers."""
+        inv = entry.inventory
+        check = (entry.stream_id, len(inv.gpus), inv.cpu_cores, inv.mem_total_bytes, inv.disk_total_bytes)
+        cached = self._statics.get(entry.node_id)
+        if cached is not None and cached.check == check:
+            return cached
+        slots = tuple((g.index, g.mem_total_bytes, g.topology_group) for g in inv.gpus)
+        static = _NodeStatic(
+            check=check,
+            capacity=Resources(gpus=float(len(slots)), gpu_mem_total_bytes=sum(total for _, total, _ in slots),
+                               cpu_cores=float(inv.cpu_cores), mem_bytes=inv.mem_total_bytes,
+                               disk_bytes=inv.disk_total_bytes),
+            slots=slots,
+            free=tuple(GpuSlot(i, total, total, 1.0, group) for i, total, group in slots),
+            model=inv.gpus[0].model if inv.gpus else "",
+            gpu_mem_per_gpu_bytes=slots[0][1] if slots else 0,
+            labels=dict(inv.labels),
+        )
+        self._statics[entry.node_id] = static
+        return static

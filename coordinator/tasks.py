@@ -1,0 +1,172 @@
+"""The leader's task table: admission, state changes through etcd, and the admin's task operations.
+
+Every state change is a fenced, compare-on-revision etcd transaction (``coordinator/sync``);
+memory follows only what etcd accepted. When a task ends, its reservations are released on the
+leader's node table, the profiler learns from what it used, and the scheduler is woken.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from common.errors import IllegalTransition, NotFound
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TERMINAL_STATES, NodeState, TaskState
+from coordinator.adaptor.scale_out import ScaleOutRequests
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.events import EventBus
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.monitor.resources import ResourceMonitor
+from coordinator.profiler import Profiler, validate_spec
+from coordinator.profiler.learning import learn_from_task
+from coordinator.scheduler.wakeup import Wakeup
+from coordinator.sync import remove_reservation
+from coordinator.sync.leadership import Leadership
+from coordinator.sync.store import Store
+
+__all__ = ["TaskTable"]
+
+_CANCELLED = "cancelled by an admin"
+
+
+class TaskTable:
+    """Every task this replica knows, and the only way their state changes.
+
+    Example::
+
+        task = await tasks.submit(spec, request_id="r-1")      # validated, profiled, stored PENDING
+        await tasks.transition(task.id, TaskState.CANCELLED, "cancelled by an admin", release=True)
+
+    :param store: the fenced etcd store.
+    :param leadership: leader check and fenced writes.
+    :param registry: the node table (reservations released when a task ends).
+    :param monitor: telemetry history the profiler learns from.
+    :param profiler: the GPT Task Profiler.
+    :param dispatcher: stop/pause/resume decisions to agents.
+    :param scale_out: scale-out requests, forgotten when a task ends.
+    :param events: the cluster event log.
+    :param wakeup: the scheduler's wake-up signal.
+    """
+
+    def __init__(self, store: Store, leadership: Leadership, registry: NodeRegistry, monitor: ResourceMonitor,
+                 profiler: Profiler, dispatcher: Dispatcher, scale_out: ScaleOutRequests, events: EventBus,
+                 wakeup: Wakeup) -> None:
+        self._store, self._leadership, self._registry = store, leadership, registry
+        self._monitor, self._profiler, self._dispatcher = monitor, profiler, dispatcher
+        self._scale_out, self._events, self._wakeup = scale_out, events, wakeup
+        self.tasks: dict[str, types_pb2.Task] = {}
+        self._log = get_logger("coordinator")
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> types_pb2.Task:
+        """:raises NotFound: no such task."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise NotFound(f"task {task_id!r} not found")
+        return task
+
+    def counts(self) -> dict[str, int]:
+        """Tasks by state label."""
+        out: dict[str, int] = {}
+        for t in list(self.tasks.values()):
+            label = TaskState(t.state).label if t.state else "unknown"
+            out[label] = out.get(label, 0) + 1
+        return out
+
+    def replace_all(self, tasks: dict[str, types_pb2.Task]) -> None:
+        """Take over the tasks read from etcd (a new leader's view)."""
+        self.tasks = dict(tasks)
+
+    async def refresh(self, task_id: str) -> None:
+        """Re-read one task from etcd after a lost compare (memory follows etcd)."""
+        try:
+            self.tasks[task_id] = await self._leadership.write_as_leader(self._store.get_task, task_id)
+        except NotFound:
+            self.tasks.pop(task_id, None)
+
+    # ---- admission and state changes ------------------------------------------------------------
+
+    async def submit(self, spec: types_pb2.TaskSpec, request_id: str) -> types_pb2.Task:
+        """Validate, profile and persist a new PENDING task (idempotent per ``request_id``).
+
+        :raises ValidationError: naming the spec field that is wrong.
+        :raises NotLeader: on a standby.
+        """
+        self._leadership.require_leader()
+        max_gpus = max((len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
+        validate_spec(spec, max_gpus_per_node=max_gpus)
+        task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=self._profiler.profile(spec).to_proto(),
+                              reason="waiting for the scheduler", id=f"t-{uuid.uuid4().hex[:10]}",
+                              submit_unix_s=time.time())
+        stored = await self._leadership.write(self._store.create_task, task, request_id)
+        self.tasks[stored.id] = stored
+        if stored.id == task.id:
+            self._log.info("task_submitted", task_id=stored.id, name=spec.name)
+            self._events.publish("task_state", f"task {stored.id} submitted", task_id=stored.id, state="pending")
+        self._wakeup.set()
+        return stored
+
+    async def transition(self, task_id: str, state: TaskState, reason: str = "", **updates: object) -> types_pb2.Task:
+        """Persist a state change of a task (compare-on-revision) and update memory.
+
+        :raises IllegalTransition: the state machine forbids it, or the task changed meanwhile.
+        """
+        task = self.get(task_id)
+        stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason, **updates)
+        self.tasks[task_id] = stored
+        self._events.publish("task_state", f"task {task_id} {TaskState(task.state).label} → {state.label}"
+                             + (f": {reason}" if reason else ""), task_id=task_id, state=state.label)
+        if state in TERMINAL_STATES:
+            self._finished(stored)
+        return stored
+
+    def _finished(self, task: types_pb2.Task) -> None:
+        for na in task.allocation.nodes:
+            entry = self._registry.get(na.node_id)
+            if entry is not None:
+                remove_reservation(entry.record, na)
+                entry.task_ids.discard(task.id)
+        first = task.allocation.nodes[0].node_id if task.allocation.nodes else ""
+        learn_from_task(self._profiler, task, self._monitor.history(first) if first else None)
+        self._scale_out.forget(task.id)
+        self._wakeup.set()
+
+    # ---- admin operations ---------------------------------------------------------------------
+
+    async def cancel(self, task_id: str) -> types_pb2.Task:
+        """Cancel a task: at once when nothing runs yet, else by stopping it on its agents (the
+        agents' final status ends it).
+
+        :raises IllegalTransition: the task already ended.
+        """
+        self._leadership.require_leader()
+        task = self.get(task_id)
+        if task.state in TERMINAL_STATES:
+            raise IllegalTransition(f"task {task_id}: already {TaskState(task.state).label}")
+        if task.state == TaskState.PENDING or not task.allocation.nodes:
+            return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
+        if not self._dispatcher.stop(task, _CANCELLED) or task.state == TaskState.SCHEDULED:
+            return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
+        task.reason = "cancelling: stop sent to the agent"
+        return task
+
+    async def pause(self, task_id: str) -> types_pb2.Task:
+        """SIGSTOP a RUNNING task on its agents (the agents report PAUSED)."""
+        return self._signal(task_id, "pause", TaskState.RUNNING)
+
+    async def resume(self, task_id: str) -> types_pb2.Task:
+        """SIGCONT a PAUSED task on its agents (the agents report RUNNING)."""
+        return self._signal(task_id, "resume", TaskState.PAUSED)
+
+    def _signal(self, task_id: str, kind: str, allowed: TaskState) -> types_pb2.Task:
+        self._leadership.require_leader()
+        task = self.get(task_id)
+        if task.state != allowed:
+            raise IllegalTransition(f"task {task_id}: cannot {kind} a {TaskState(task.state).label} task")
+        missing = self._dispatcher.pause(task) if kind == "pause" else self._dispatcher.resume(task)
+        if missing:
+            raise IllegalTransition(f"task {task_id}: node {missing[0]} is not connected")
+        return task

@@ -1,0 +1,202 @@
+"""The leader's scheduling cycle (coordinator/scheduler/cycle.py): cycles that cannot change anything are
+skipped, and the cycle's snapshot matches one built from scratch. The components are the real ones,
+built by ``coordinator.app.build`` on the test session's etcd."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from common.domain import GpuSlot, NodeSnapshot, Resources
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TERMINAL_STATES, TaskState
+from coordinator.app import App, build
+from coordinator.config import CoordinatorConfig
+from coordinator.scheduler import cycle as cycle_module
+from coordinator.sync import connect
+
+GIB = 1024**3
+
+
+def inventory(node_id: str, gpus: int) -> types_pb2.NodeInventory:
+    """A node with ``gpus`` 80 GiB GPUs and plenty of host resources."""
+    return types_pb2.NodeInventory(
+        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
+        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB)
+              for i in range(gpus)],
+    )
+
+
+def pending(task_id: str, gpus: float) -> types_pb2.Task:
+    """A PENDING task with an explicit demand."""
+    return types_pb2.Task(
+        id=task_id, state=int(TaskState.PENDING), revision=1, submit_unix_s=1.0,
+        spec=types_pb2.TaskSpec(name=task_id, argv=["true"]),
+        demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=10 * GIB, cpu_cores=1.0, mem_bytes=GIB),
+    )
+
+
+Setup = tuple[App, list[int]]
+
+
+@pytest.fixture
+def setup(etcd_server: EtcdCluster, etcd_prefix: str) -> Iterator[Setup]:
+    """A replica with one READY 4-GPU node and one task that needs 8 GPUs (it waits)."""
+    client = connect(etcd_server.endpoints, 2.0)
+    app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, policy="max-utilization", threshold=0.9), client)
+    app.registry.connect(inventory("n1", 4), outbox=None)
+    app.tasks.tasks["t1"] = pending("t1", 8.0)
+    snapshots: list[int] = []
+    original = app.snapshots.snapshot
+
+    def counting(*args: object) -> object:
+        snapshots.append(1)
+        return original(*args)
+
+    app.snapshots.snapshot = counting  # type: ignore[method-assign]
+    yield app, snapshots
+    client.close()
+
+
+def run(app: App) -> int:
+    """One cycle, to completion."""
+    return asyncio.run(app.cycle.cycle())
+
+
+class TestIdleCycles:
+    def test_unchanged_inputs_skip_the_cycle(self, setup: Setup) -> None:
+        """A second cycle over the same tasks and nodes builds no snapshot and decides nothing."""
+        app, snapshots = setup
+        assert run(app) == 0 and len(snapshots) == 1
+        assert "gpus" in app.tasks.tasks["t1"].reason
+        assert run(app) == 0 and len(snapshots) == 1
+        assert app.cycle.skipped == 1 and app.cycle.cycles == 1
+
+    @pytest.mark.parametrize("change", ["new task", "task revision", "node cordoned", "node reconnected",
+                                        "reservation", "threshold", "policy"])
+    def test_any_input_change_runs_the_cycle(self, setup: Setup, change: str) -> None:
+        """Each input the decisions depend on makes the next cycle run again."""
+        app, snapshots = setup
+        run(app)
+        entry = app.registry.get("n1")
+        if change == "new task":
+            app.tasks.tasks["t2"] = pending("t2", 6.0)
+        elif change == "task revision":
+            app.tasks.tasks["t1"].revision = 2
+        elif change == "node cordoned":
+            app.registry.set_admin_state("n1", cordoned=True)
+        elif change == "node reconnected":
+            app.registry.connect(inventory("n1", 4), outbox=None)
+        elif change == "reservation":
+            entry.record.reserved.cpu_cores = 2.0
+        elif change == "threshold":
+            app.policy.current = types_pb2.Policy(name="max-utilization", threshold=0.8)
+        else:
+            app.policy.current = types_pb2.Policy(name="power-efficient", threshold=0.9)
+        assert run(app) == 0
+        assert len(snapshots) == 2 and app.cycle.skipped == 0
+
+    def test_forced_cycle_after_a_while(self, setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Even with nothing changed, a cycle runs once the forced interval has passed."""
+        app, snapshots = setup
+        run(app)
+        monkeypatch.setattr(cycle_module, "FORCED_CYCLE_S", 0.0)
+        run(app)
+        assert len(snapshots) == 2 and app.cycle.skipped == 0
+
+    def test_finished_tasks_do_not_count(self, setup: Setup) -> None:
+        """A task that had already finished changing again (say, its reason) does not wake the cycle."""
+        app, snapshots = setup
+        done = pending("old", 1.0)
+        done.state = int(TaskState.SUCCEEDED)
+        app.tasks.tasks["old"] = done
+        run(app)
+        app.tasks.tasks["old"].revision = 7
+        run(app)
+        assert len(snapshots) == 1 and app.cycle.skipped == 1
+
+
+def reference_snapshot(app: App) -> tuple[NodeSnapshot, ...]:
+    """The snapshot built from scratch, node by node, from the registry and the unfinished tasks."""
+    nodes = []
+    for e in sorted(app.registry, key=lambda e: e.node_id):
+        if not app.registry.schedulable(e):
+            continue
+        inv, r = e.inventory, e.record.reserved
+        mem: dict[int, int] = {}
+        share: dict[int, float] = {}
+        for task in app.tasks.tasks.values():
+            if task.state in TERMINAL_STATES:
+                continue
+            for na in task.allocation.nodes:
+                if na.node_id == e.node_id:
+                    for i in na.gpu_indices:
+                        mem[i] = mem.get(i, 0) + na.demand.gpu_mem_bytes // max(1, len(na.gpu_indices))
+                        share[i] = share.get(i, 0.0) + (na.gpu_share or 1.0)
+        model = inv.gpus[0].model if inv.gpus else ""
+        nodes.append(NodeSnapshot(
+            node_id=e.node_id,
+            capacity=Resources(float(len(inv.gpus)), sum(g.mem_total_bytes for g in inv.gpus), float(inv.cpu_cores),
+                               inv.mem_total_bytes, inv.disk_total_bytes),
+            used=Resources(r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes),
+            gpus=tuple(GpuSlot(g.index, g.mem_total_bytes, max(0, g.mem_total_bytes - mem.get(g.index, 0)),
+                               max(0.0, 1.0 - share.get(g.index, 0.0)), g.topology_group) for g in inv.gpus),
+            gpu_model=model, labels=dict(inv.labels),
+            power=app.power.curve(e.node_id, model, len(inv.gpus), inv.gpus[0].mem_total_bytes if inv.gpus else 0),
+        ))
+    return tuple(nodes)
+
+
+def running(task_id: str, node_id: str, gpu_indices: list[int], share: float = 1.0) -> types_pb2.Task:
+    """A RUNNING task holding GPUs on one node."""
+    task = pending(task_id, float(len(gpu_indices)))
+    task.state = int(TaskState.RUNNING)
+    task.allocation.nodes.add(node_id=node_id, gpu_indices=gpu_indices, gpu_share=share,
+                              demand=types_pb2.ResourceVector(gpu_mem_bytes=20 * GIB * len(gpu_indices)))
+    return task
+
+
+class TestSnapshot:
+    def test_matches_a_build_from_scratch_through_changes(self, setup: Setup) -> None:
+        """Cached inventory parts and idle GPU tuples never hide a change: allocations, finished
+        tasks, a re-registration with a different inventory, cordoning."""
+        app, _ = setup
+        grouped = inventory("n2", 4)
+        for k, g in enumerate(grouped.gpus):
+            g.topology_group = k // 2   # two PCIe switches: groups 0 and 1
+        grouped.labels["zone"] = "a"
+        app.registry.connect(grouped, outbox=None)
+        app.registry.connect(types_pb2.NodeInventory(node_id="cpu-only", cpu_cores=32, mem_total_bytes=64 * GIB),
+                              outbox=None)
+
+        def check() -> None:
+            assert app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes == reference_snapshot(app)
+
+        check()
+        app.tasks.tasks["r1"] = running("r1", "n2", [0, 1])
+        app.tasks.tasks["r2"] = running("r2", "n2", [2], share=0.25)
+        app.registry.get("n2").record.reserved.gpus = 2.25
+        check()
+        app.tasks.tasks["r1"].state = int(TaskState.SUCCEEDED)
+        check()
+        bigger = inventory("n1", 8)
+        bigger.labels["zone"] = "b"
+        app.registry.connect(bigger, outbox=None)
+        check()
+        app.registry.set_admin_state("n2", cordoned=True)
+        check()
+        nodes = app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes
+        assert [n.node_id for n in nodes] == ["cpu-only", "n1"]
+
+    def test_topology_group_zero_is_a_group(self, setup: Setup) -> None:
+        """GPUs in topology group 0 keep it (only -1 means unknown), so the allocator can keep a task in it."""
+        app, _ = setup
+        grouped = inventory("n2", 4)
+        for k, g in enumerate(grouped.gpus):
+            g.topology_group = k // 2
+        app.registry.connect(grouped, outbox=None)
+        node = {n.node_id: n for n in app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes}["n2"]
+        assert [g.topology_group for g in node.gpus] == [0, 0, 1, 1]

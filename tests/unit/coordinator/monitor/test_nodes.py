@@ -1,0 +1,51 @@
+"""Node registry states."""
+
+from __future__ import annotations
+
+from common.pb.gptrm.v1 import types_pb2
+from common.types import NodeState
+from coordinator.monitor.nodes import NodeRegistry
+from tests.helpers.clock import FakeClock
+
+
+def _inv(node_id: str = "n1") -> types_pb2.NodeInventory:
+    return types_pb2.NodeInventory(node_id=node_id, gpus=[types_pb2.GpuInfo(index=0)])
+
+
+class TestNodeRegistry:
+    def test_ready_not_ready_lost_and_back(self) -> None:
+        """READY while heartbeats arrive, NOT_READY after 3 missed, LOST after the grace, READY on reconnect."""
+        clock = FakeClock(100.0)
+        reg = NodeRegistry(heartbeat_interval_s=1.0, lost_grace_s=30.0, now=clock)
+        entry, new = reg.connect(_inv(), outbox=object())
+        assert new and entry.state == NodeState.READY
+        clock.t += 3.5
+        assert [(e.node_id, old) for e, old in reg.refresh()] == [("n1", NodeState.READY)]
+        assert entry.state == NodeState.NOT_READY
+        reg.disconnect("n1", entry.stream_id)
+        clock.t += 29
+        reg.refresh()
+        assert entry.state == NodeState.NOT_READY
+        clock.t += 1
+        reg.refresh()
+        assert entry.state == NodeState.LOST
+        entry, new = reg.connect(_inv(), outbox=object())
+        assert not new and entry.state == NodeState.READY
+
+    def test_stale_stream_disconnect_is_ignored(self) -> None:
+        """The end of an old stream does not disconnect the node's newer stream."""
+        reg = NodeRegistry(1.0, 30.0, now=FakeClock(100.0))
+        old, _ = reg.connect(_inv(), outbox=object())
+        old_stream = old.stream_id
+        reg.connect(_inv(), outbox=object())
+        reg.disconnect("n1", old_stream)
+        assert reg.get("n1").connected
+
+    def test_cordon_and_drain_show_when_healthy(self) -> None:
+        """Admin states show on a healthy node and clear on uncordon."""
+        reg = NodeRegistry(1.0, 30.0, now=FakeClock(100.0))
+        reg.connect(_inv(), outbox=object())
+        assert reg.set_admin_state("n1", cordoned=True).state == NodeState.CORDONED
+        assert reg.set_admin_state("n1", draining=True).state == NodeState.DRAINING
+        assert reg.set_admin_state("n1", cordoned=False, draining=False).state == NodeState.READY
+        assert reg.counts() == {"ready": 1}

@@ -1,0 +1,313 @@
+"""Tests for the production placement engine (coordinator/placement.py)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+from collections import defaultdict
+
+import pytest
+
+from common.domain import ClusterSnapshot, Decision, Placement, Rejection, Request, Resources
+from coordinator.scheduler.placement.engine import PlacementEngine
+from coordinator.scheduler.policies import POLICIES
+from tests.helpers.builders import GIB, make_node, make_request, random_cluster, random_requests
+from tests.helpers.reference_algorithms import reference_place
+
+POLICY_NAMES = sorted(POLICIES)
+CASES_PER_POLICY = 1000
+
+
+def choices(engine: PlacementEngine, requests: list[Request]) -> dict[str, tuple[str, ...] | None]:
+    """Node ids per task (None when refused), from one batch."""
+    decisions = engine.place_batch(requests)
+    pairs = zip(requests, decisions, strict=True)
+    return {r.task_id: d.node_ids if isinstance(d, Placement) else None for r, d in pairs}
+
+
+def assert_matches_reference(
+    policy: str, cluster: ClusterSnapshot, requests: list[Request], threshold: float, seed: int
+) -> None:
+    """One batch on a fresh engine gets exactly the reference's nodes (or waits) for every request."""
+    expected = reference_place(policy, cluster, requests, threshold, seed=seed)
+    engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
+    assert choices(engine, requests) == expected, f"seed {seed}"
+
+
+class TestMatchesReference:
+    """The engine makes the reference's choices on inputs the reference understands."""
+
+    @pytest.mark.parametrize("policy", POLICY_NAMES)
+    def test_random_clusters(self, policy: str) -> None:
+        """On 1,000 random clusters and batches, every request gets the reference's nodes (or waits)."""
+        for seed in range(CASES_PER_POLICY):
+            rng = random.Random(seed)
+            cluster = random_cluster(rng, rng.randint(1, 16))
+            requests = random_requests(rng, rng.randint(1, 20))
+            assert_matches_reference(policy, cluster, requests, rng.choice((0.5, 0.7, 0.85, 0.9, 1.0)), seed)
+
+    @pytest.mark.parametrize("policy", POLICY_NAMES)
+    def test_saturated_clusters(self, policy: str) -> None:
+        """Long batches that fill the cluster (many refusals, shortcut paths) still match the reference."""
+        for seed in range(40):
+            rng = random.Random(10_000 + seed)
+            cluster = random_cluster(rng, rng.randint(2, 12))
+            assert_matches_reference(policy, cluster, random_requests(rng, 80, gang=seed % 2 == 0), 0.9, seed)
+
+    @pytest.mark.parametrize("policy", POLICY_NAMES)
+    def test_inexact_values_take_the_general_path(self, policy: str) -> None:
+        """Demands that are not multiples of 2**-20 (0.1 cores) are decided like the reference."""
+        for seed in range(30):
+            rng = random.Random(20_000 + seed)
+            cluster = random_cluster(rng, 8)
+            requests = [
+                Request(r.task_id, Resources(r.demand.gpus, r.demand.gpu_mem_total_bytes, 0.1 * rng.randint(1, 90),
+                                             r.demand.mem_bytes, r.demand.disk_bytes), nodes=r.nodes)
+                for r in random_requests(rng, 30)
+            ]  # fmt: skip
+            assert_matches_reference(policy, cluster, requests, 0.85, seed)
+
+
+def gpu_cluster(rng: random.Random, n_nodes: int) -> ClusterSnapshot:
+    """Nodes with topology groups, labels, two GPU models and some half-shared GPUs."""
+    nodes = []
+    for i in range(n_nodes):
+        gpus = rng.choice((2, 4, 8))
+        node = make_node(
+            f"g{i:02d}", gpus=gpus, used_gpus=rng.randint(0, gpus // 2), gpu_mem_gib=rng.choice((40, 80)),
+            cpu=64.0, used_cpu=float(rng.randint(0, 16)), topology=tuple(k // 2 for k in range(gpus)),
+            gpu_model=rng.choice(("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB")),
+            labels={"zone": rng.choice(("a", "b"))},
+        )  # fmt: skip
+        nodes.append(node)
+    return ClusterSnapshot(nodes=tuple(nodes))
+
+
+def gpu_requests(rng: random.Random, n: int) -> list[Request]:
+    """Whole-GPU, shared and CPU-only requests with per-GPU memory, constraints and gangs."""
+    out = []
+    for k in range(n):
+        sharing = rng.random() < 0.3
+        gpus = rng.choice((0.25, 0.5)) if sharing else float(rng.choice((0, 1, 2, 3, 4, 8)))
+        out.append(make_request(
+            f"r{k:03d}", gpus=gpus, per_gpu_gib=rng.choice((8, 20, 39, 70)) if gpus else 0,
+            cpu=float(rng.randint(1, 8)), mem_gib=rng.randint(1, 64),
+            nodes=1 if sharing else rng.choice((1, 1, 1, 2)), allow_sharing=sharing,
+            gpu_model=rng.choice(("", "", "H100")), node_selector=rng.choice(({}, {}, {"zone": "a"})),
+        ))  # fmt: skip
+    return out
+
+
+class TestInvariants:
+    """Properties that hold for every policy on GPU-level inputs the reference does not model."""
+
+    @pytest.mark.parametrize("policy", POLICY_NAMES)
+    def test_threshold_gpus_and_gangs(self, policy: str) -> None:
+        """No dimension exceeds threshold × capacity, no GPU is over-booked, gangs are all or nothing."""
+        for seed in range(60):
+            rng = random.Random(seed)
+            cluster, requests = gpu_cluster(rng, rng.randint(1, 10)), gpu_requests(rng, 40)
+            threshold = rng.choice((0.6, 0.9, 1.0))
+            engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
+            decisions = engine.place_batch(requests)
+            check_invariants(cluster, engine.snapshot(), requests, decisions, threshold)
+
+
+def check_invariants(
+    before: ClusterSnapshot, after: ClusterSnapshot, requests: list[Request], decisions: list, threshold: float
+) -> None:
+    """Assert the placement invariants for one batch."""
+    nodes = before.by_id()
+    added: dict[str, Resources] = defaultdict(Resources)
+    booked: dict[tuple[str, int], float] = defaultdict(float)
+    for req, decision in zip(requests, decisions, strict=True):
+        if isinstance(decision, Rejection):
+            continue
+        assert len(decision.assignments) == req.nodes
+        assert len(set(decision.node_ids)) == req.nodes
+        for a in decision.assignments:
+            node = nodes[a.node_id]
+            assert (not req.gpu_model or req.gpu_model in node.gpu_model) and node.schedulable
+            assert all(node.labels.get(k) == v for k, v in req.node_selector.items())
+            assert len(a.gpu_indices) == (req.whole_gpus or (1 if req.demand.gpus > 0 else 0))
+            added[a.node_id] = added[a.node_id].add(req.demand)
+            for g in a.gpu_indices:
+                booked[(a.node_id, g)] += a.gpu_share
+                assert nodes[a.node_id].gpus[g].mem_total_bytes >= req.gpu_mem_per_gpu_bytes
+    for node in after.nodes:
+        used = nodes[node.node_id].used.add(added[node.node_id])
+        for u, after_u, cap in zip(used.as_tuple(), node.used.as_tuple(), node.capacity.as_tuple(), strict=True):
+            assert math.isclose(u, after_u, abs_tol=1e-6)
+            if added[node.node_id].as_tuple() != (0, 0, 0, 0, 0):
+                assert u <= threshold * cap + 1e-9
+        for slot in node.gpus:
+            initially_taken = 1.0 - nodes[node.node_id].gpus[slot.index].share_free
+            assert initially_taken + booked[(node.node_id, slot.index)] <= 1.0 + 1e-9
+
+
+class TestMatchesScalarPipeline:
+    """The vectorised filter and selection agree with the readable feasible() + rank() per request."""
+
+    @pytest.mark.parametrize("policy", [p for p in POLICY_NAMES if p != "random"])
+    def test_gpu_level_inputs(self, policy: str) -> None:
+        """Shares, per-GPU memory, topology and constraints: the engine picks the scalar pipeline's nodes."""
+        for seed in range(40):
+            rng = random.Random(30_000 + seed)
+            engine = PlacementEngine.from_name(gpu_cluster(rng, rng.randint(1, 8)), policy, 0.9)
+            for req in gpu_requests(rng, 30):
+                by_id = engine.snapshot().by_id()
+                order = engine.policy.rank(req, list(by_id.values()))
+                ranked = [n for n in order if engine.policy.feasible(req, by_id[n]) is None]
+                expected = tuple(ranked[: req.nodes]) if len(ranked) >= req.nodes else None
+                decision = engine.place(req)
+                assert (decision.node_ids if isinstance(decision, Placement) else None) == expected, seed
+
+
+class TestReleases:
+    """After releases the engine decides like a fresh engine built from its snapshot."""
+
+    @pytest.mark.parametrize("policy", ["max-utilization", "power-efficient", "first-fit"])
+    def test_release_then_place(self, policy: str) -> None:
+        """Random placements and releases leave no stale bound, memo or GPU index behind."""
+        for seed in range(30):
+            rng = random.Random(40_000 + seed)
+            engine = PlacementEngine.from_name(gpu_cluster(rng, 6), policy, 0.9)
+            placed: list[tuple[Placement, Request]] = []
+            for req in gpu_requests(rng, 60):
+                if placed and rng.random() < 0.4:
+                    done, done_req = placed.pop(rng.randrange(len(placed)))
+                    engine.release(done, done_req.gpu_mem_per_gpu_bytes)
+                fresh = PlacementEngine.from_name(engine.snapshot(), policy, 0.9)
+                decision, expected = engine.place(req), fresh.place(req)
+                assert type(decision) is type(expected)
+                if isinstance(decision, Placement):
+                    assert decision.assignments == expected.assignments
+                    placed.append((decision, req))
+
+
+class TestRejections:
+    """Refusals carry a readable reason and per-node reasons, and reserve nothing."""
+
+    def test_reason_names_the_demand_and_threshold(self) -> None:
+        """A 4-GPU request on nodes with 2 free GPUs is refused with counts and node reasons."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=8, used_gpus=6), make_node("b", gpus=8, used_gpus=6)))
+        engine = PlacementEngine.from_name(cluster, "max-utilization", 0.9)
+        [decision] = engine.place_batch([make_request("t", gpus=4, per_gpu_gib=80)])
+        assert isinstance(decision, Rejection)
+        assert "4 free GPUs of ≥ 80 GiB" in decision.reason and "threshold 0.9" in decision.reason
+        assert decision.scale_out is True
+        assert [n for n, _ in decision.node_reasons] == ["a", "b"]
+        assert all(why == "gpus over threshold 0.9" for _, why in decision.node_reasons)
+        assert engine.snapshot() == cluster
+
+    def test_reason_says_when_only_a_higher_threshold_helps(self) -> None:
+        """8 GPUs never fit 0.9 × 8: the reason says so, unlike a request that waits for room."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=8), make_node("b", gpus=8, used_gpus=2)))
+        engine = PlacementEngine.from_name(cluster, "max-utilization", 0.9)
+        never, later = make_request("never", gpus=8), make_request("later", gpus=7)
+        decision = engine.place(never)
+        assert isinstance(decision, Rejection)
+        assert "gpus over threshold on every node, even with nothing reserved on it" in decision.reason
+        assert isinstance(engine.place(later), Placement)
+        decision = engine.place(later)
+        assert isinstance(decision, Rejection)
+        assert "gpus over threshold" in decision.reason and "nothing reserved" not in decision.reason
+        assert isinstance(PlacementEngine.from_name(cluster, "max-utilization", 1.0).place(never), Placement)
+
+    def test_gang_is_all_or_nothing(self) -> None:
+        """A 3-node gang on a cluster where only 2 nodes qualify is refused and reserves nothing."""
+        cluster = ClusterSnapshot(nodes=(make_node("a"), make_node("b"), make_node("c", used_gpus=8)))
+        engine = PlacementEngine.from_name(cluster, "load-balancing", 0.9)
+        [decision] = engine.place_batch([make_request("gang", gpus=4, nodes=3)])
+        assert isinstance(decision, Rejection) and "only 2 qualify" in decision.reason
+        assert engine.snapshot() == cluster
+
+    def test_dominated_request_is_refused_like_the_first(self) -> None:
+        """After a refusal, a request needing no less is refused with a reason pointing at the first."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=4, used_gpus=2, cpu=8),))
+        engine = PlacementEngine.from_name(cluster, "first-fit", 1.0)
+        first, second = engine.place_batch([make_request("x", gpus=2, cpu=9), make_request("y", gpus=2, cpu=10)])
+        assert isinstance(first, Rejection) and isinstance(second, Rejection)
+        assert "task x" in second.reason and second.node_reasons == first.node_reasons
+
+    def test_power_efficient_does_not_scale_out(self) -> None:
+        """Alg. 3 waits instead of asking for a new node."""
+        engine = PlacementEngine.from_name(ClusterSnapshot(nodes=(make_node("a", gpus=1),)), "power-efficient")
+        [decision] = engine.place_batch([make_request("t", gpus=2)])
+        assert isinstance(decision, Rejection) and decision.scale_out is False
+
+
+class TestBatches:
+    """Batch order, releases and snapshots."""
+
+    def test_decisions_align_with_input_order(self) -> None:
+        """Alg. 1 decides the 4-GPU request first but answers in the caller's order."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=4),))
+        small, big = make_request("small", gpus=1), make_request("big", gpus=4)
+        decisions = PlacementEngine.from_name(cluster, "max-utilization", 1.0).place_batch([small, big])
+        # Sorted by demand, "big" takes all 4 GPUs first; "small" then finds nothing.
+        assert [d.task_id for d in decisions] == ["small", "big"]
+        assert isinstance(decisions[0], Rejection) and isinstance(decisions[1], Placement)
+
+    def test_keep_order_decides_in_queue_order(self) -> None:
+        """With keep_order the first request in the queue is decided first."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=4),))
+        decisions = PlacementEngine.from_name(cluster, "max-utilization", 1.0).place_batch(
+            [make_request("small", gpus=1), make_request("big", gpus=4)], keep_order=True
+        )
+        assert isinstance(decisions[0], Placement) and isinstance(decisions[1], Rejection)
+
+    @pytest.mark.parametrize("enabled", [True, False])
+    def test_collector_paused_during_a_batch_and_restored(self, enabled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The cyclic collector is off while the batch decides and back as it was afterwards, even on error."""
+        seen: list[bool] = []
+        original = PlacementEngine.place
+
+        def place(engine: PlacementEngine, req: Request) -> Decision:
+            seen.append(gc.isenabled())
+            if req.task_id == "boom":
+                raise RuntimeError("boom")
+            return original(engine, req)
+
+        monkeypatch.setattr(PlacementEngine, "place", place)
+        engine = PlacementEngine.from_name(ClusterSnapshot(nodes=(make_node("a", gpus=4),)), "first-fit", 1.0)
+        (gc.enable if enabled else gc.disable)()
+        try:
+            engine.place_batch([make_request("one", gpus=1), make_request("two", gpus=1)])
+            assert seen == [False, False] and gc.isenabled() is enabled
+            with pytest.raises(RuntimeError):
+                engine.place_batch([make_request("boom", gpus=1)])
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+
+    def test_release_gives_room_back(self) -> None:
+        """Releasing a placement restores the snapshot and lets a refused request through."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=2, gpu_mem_gib=40),))
+        engine = PlacementEngine.from_name(cluster, "first-fit", 1.0)
+        placed = engine.place(make_request("one", gpus=0.5, per_gpu_gib=10, allow_sharing=True))
+        assert isinstance(placed, Placement) and placed.assignments[0].gpu_share == 0.5
+        assert isinstance(engine.place(make_request("two", gpus=2, per_gpu_gib=40)), Rejection)
+        engine.release(placed, 10 * GIB)
+        assert engine.snapshot() == cluster
+        assert isinstance(engine.place(make_request("two", gpus=2, per_gpu_gib=40)), Placement)
+
+    def test_unschedulable_and_constrained_nodes_are_skipped(self) -> None:
+        """Cordoned nodes, other GPU models and missing labels are filtered before ranking."""
+        cluster = ClusterSnapshot(nodes=(
+            make_node("cordoned", schedulable=False, labels={"zone": "a"}),
+            make_node("a100", gpu_model="NVIDIA A100-SXM4-80GB", labels={"zone": "a"}),
+            make_node("zone-b", labels={"zone": "b"}),
+            make_node("fits", labels={"zone": "a"}),
+        ))  # fmt: skip
+        req = make_request("t", gpus=1, gpu_model="h100", node_selector={"zone": "a"})
+        [decision] = PlacementEngine.from_name(cluster, "first-fit").place_batch([req])
+        assert isinstance(decision, Placement) and decision.node_ids == ("fits",)
+
+    def test_empty_cluster_refuses(self) -> None:
+        """With no nodes every request waits."""
+        [decision] = PlacementEngine.from_name(ClusterSnapshot(nodes=()), "random", seed=1).place_batch(
+            [make_request("t", gpus=1)]
+        )
+        assert isinstance(decision, Rejection)
