@@ -20,10 +20,11 @@ from pathlib import Path
 import psutil
 
 from agent import config as config_mod
+from agent.collectors import host_collectors
 from agent.config import AgentConfig
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
-from agent.sampler import build_sampler
+from agent.sampler import Sampler, open_gpu_backend
 from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
 from common.logging import get_logger
@@ -54,24 +55,12 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     state_dir = Path(cfg.state_dir).expanduser()
     state_dir.mkdir(parents=True, exist_ok=True)
-    outbox = Outbox(cfg.buffer_samples)
-    holder: dict[str, AgentStream] = {}
-
-    def kick() -> None:
-        if "stream" in holder:
-            holder["stream"].kick()
-
-    def emit_status(status: agent_pb2.TaskStatus) -> None:
-        outbox.add_event(status)
-        kick()
-
-    runtime_ref: dict[str, TaskRuntime] = {}
-    sampler = build_sampler(node_id=cfg.node_name, gpu_backend=cfg.gpu_backend, simulate_spec=cfg.simulate_gpus,
-                            interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
-                            task_pids=lambda: runtime_ref["rt"].task_pids() if "rt" in runtime_ref else {})
+    outbox = Outbox(cfg.buffer_samples)   # the stream sends as soon as something is added
+    gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name)
     try:
-        runtime = TaskRuntime(state_dir, emit_status, sampler.gpus, task_user=cfg.task_user, runtime=cfg.runtime)
-        runtime_ref["rt"] = runtime
+        runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_user=cfg.task_user, runtime=cfg.runtime)
+        sampler = Sampler(gpus, host_collectors(data_paths=cfg.data_paths, task_pids=runtime.task_pids),
+                          interval_s=cfg.interval_s, log=log)
         runtime.adopt()
         inventory = _inventory(cfg, sampler)
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
@@ -79,12 +68,11 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             cfg.coordinator,
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples)
-        holder["stream"] = stream
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s)
 
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:
-            loop.call_soon_threadsafe(_queue_sample, outbox, stream, sample)
+            loop.call_soon_threadsafe(outbox.add_sample, sample)
 
         sampler_stop = threading.Event()
         sampler_thread = threading.Thread(target=sampler.run, args=(emit_sample, sampler_stop),
@@ -103,12 +91,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             await runtime.shutdown()
             log.info("agent_stopped", pending_events=outbox.pending_events, dropped_samples=outbox.dropped_total)
     finally:
-        sampler.close()
-
-
-def _queue_sample(outbox: Outbox, stream: AgentStream, sample: types_pb2.TelemetrySample) -> None:
-    outbox.add_sample(sample)
-    stream.kick()
+        gpus.close()
 
 
 async def _watchdog(notifier: SystemdNotifier, stream: AgentStream) -> None:

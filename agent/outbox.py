@@ -10,6 +10,7 @@ Two queues with different guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
@@ -20,10 +21,13 @@ __all__ = ["Outbox"]
 class Outbox:
     """Bounded telemetry buffer plus an acknowledged status-event log.
 
+    Adding a sample or an event sets :attr:`wakeup`, which the stream waits on to send at once.
+
     :param max_samples: telemetry samples kept while they cannot be sent.
     """
 
     def __init__(self, max_samples: int) -> None:
+        self.wakeup = asyncio.Event()
         self._samples: collections.deque[types_pb2.TelemetrySample] = collections.deque(maxlen=max_samples)
         self._events: collections.OrderedDict[int, agent_pb2.TaskStatus] = collections.OrderedDict()
         self._seq = 0
@@ -33,6 +37,7 @@ class Outbox:
         if len(self._samples) == self._samples.maxlen:
             self.dropped_total += 1
         self._samples.append(sample)
+        self.wakeup.set()
 
     def take_samples(self, limit: int) -> list[types_pb2.TelemetrySample]:
         """Remove and return up to ``limit`` samples, oldest first."""
@@ -56,6 +61,7 @@ class Outbox:
         self._seq += 1
         status.event_seq = self._seq
         self._events[self._seq] = status
+        self.wakeup.set()
         return self._seq
 
     def ack(self, up_to_seq: int) -> None:

@@ -78,7 +78,7 @@ class AgentStream:
         self._on_decision = on_decision
         self._backoff = backoff
         self._batch = max(1, batch_samples)
-        self._wakeup = asyncio.Event()
+        self._wakeup = outbox.wakeup
         self._acks: collections.deque[agent_pb2.DecisionAck] = collections.deque()
         self._log = get_logger("agent").bind(component="agent_stream")
         self.connected = asyncio.Event()

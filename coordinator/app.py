@@ -127,7 +127,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     events = EventBus()
     leadership = Leadership(client, keys, cfg.replica_id, cfg.advertise_address, ttl_s=cfg.lease_ttl_s, events=events)
     store = Store(client, keys, leadership.election)
-    locks = AdminLocks(client, keys, holder=cfg.replica_id)
+    locks = AdminLocks(client, keys, holder=cfg.replica_id, timeout_s=cfg.lock_timeout_s)
     wakeup = Wakeup()
     registry = NodeRegistry(cfg.heartbeat_interval_s, cfg.lost_grace_s)
     power = PowerModel()

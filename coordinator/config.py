@@ -47,6 +47,8 @@ class CoordinatorConfig:
     history_s: float = option(900.0, "telemetry history kept per node, seconds", flag="history", check=positive)
     task_grace_s: float = option(30.0, "seconds a recovered RUNNING task may go unreported before it fails",
                                  flag="task_grace", check=non_negative)
+    lock_timeout_s: float = option(5.0, "how long drain and policy changes wait for their etcd lock, seconds",
+                                   flag="lock_timeout", check=positive)
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)
     threshold: float = option(0.9, "per-dimension utilization cap after placement", check=unit_interval)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))

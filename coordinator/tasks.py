@@ -119,16 +119,21 @@ class TaskTable:
         self.tasks[task_id] = stored
         self._events.publish("task_state", f"task {task_id} {TaskState(task.state).label} → {state.label}"
                              + (f": {reason}" if reason else ""), task_id=task_id, state=state.label)
+        if updates.get("release"):
+            self._release(task)   # etcd freed the reservations in the same transaction
         if state in TERMINAL_STATES:
             self._finished(stored)
         return stored
 
-    def _finished(self, task: types_pb2.Task) -> None:
+    def _release(self, task: types_pb2.Task) -> None:
         for na in task.allocation.nodes:
             entry = self._registry.get(na.node_id)
-            if entry is not None:
+            if entry is not None and task.id in entry.task_ids:
                 remove_reservation(entry.record, na)
                 entry.task_ids.discard(task.id)
+        self._wakeup.set()
+
+    def _finished(self, task: types_pb2.Task) -> None:
         first = task.allocation.nodes[0].node_id if task.allocation.nodes else ""
         learn_from_task(self._profiler, task, self._monitor.history(first) if first else None)
         self._scale_out.forget(task.id)

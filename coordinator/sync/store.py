@@ -247,6 +247,9 @@ class Store:
             check_transition(task_id, TaskState(task.state), new_state)
             rec.apply_updates(task, updates)
             rec.append_history(task, new_state, reason, self._wall(), self._history_limit)
+            if new_state is TaskState.PENDING:
+                # Back in the queue (restart, preemption, drain): it holds nothing until placed again.
+                task.ClearField("allocation")
 
         return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned")
 
