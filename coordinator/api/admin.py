@@ -40,6 +40,8 @@ __all__ = ["AdminService"]
 
 _EVENT_KINDS = {name: admin_pb2.EventKind.Value(f"EVENT_KIND_{name.upper()}") for name in KINDS}
 R = TypeVar("R")
+Ctx = grpc.aio.ServicerContext
+"""The servicer context gRPC passes to every method."""
 _log = get_logger("admin")
 
 
@@ -47,7 +49,7 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     """Translate gptrm errors into gRPC status codes; anything unexpected is INTERNAL, never a crash."""
 
     @functools.wraps(fn)
-    async def wrapper(self: AdminService, request: Any, context: grpc.aio.ServicerContext) -> R:
+    async def wrapper(self: AdminService, request: Any, context: Ctx) -> R:
         try:
             return await fn(self, request, context)
         except ValidationError as e:
@@ -110,7 +112,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return view
 
     @_rpc
-    async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ClusterStatus:
+    async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: Ctx) -> admin_pb2.ClusterStatus:
         app, leadership = self._app, self._app.leadership
         leader_id, address, epoch = leadership.leader_info()
         o = app.monitor.objectives
@@ -138,7 +140,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             return False, None
 
     @_rpc
-    async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ListNodesResponse:
+    async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Ctx) -> admin_pb2.ListNodesResponse:
         read, records = await self._from_etcd(self._app.store.list_nodes)
         if read:
             return admin_pb2.ListNodesResponse(
@@ -147,7 +149,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return admin_pb2.ListNodesResponse(nodes=views, stale=self._app.leadership.stale)
 
     @_rpc
-    async def GetNode(self, request: admin_pb2.GetNodeRequest, context: grpc.aio.ServicerContext) -> admin_pb2.NodeView:
+    async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:
         node_id = _require_id(request.node_id, "node_id")
         entry = self._app.registry.get(node_id)
         if entry is None:
@@ -155,7 +157,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return self._view(entry)
 
     @_rpc
-    async def ListTasks(self, request: admin_pb2.ListTasksRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ListTasksResponse:
+    async def ListTasks(self, request: admin_pb2.ListTasksRequest, context: Ctx) -> admin_pb2.ListTasksResponse:
         for s in request.states:
             if s not in types_pb2.TaskState.values() or s == 0:
                 raise ValidationError("states", f"unknown task state {s}")
@@ -167,7 +169,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return admin_pb2.ListTasksResponse(tasks=tasks, stale=self._app.leadership.stale)
 
     @_rpc
-    async def GetTask(self, request: admin_pb2.GetTaskRequest, context: grpc.aio.ServicerContext) -> types_pb2.Task:
+    async def GetTask(self, request: admin_pb2.GetTaskRequest, context: Ctx) -> types_pb2.Task:
         task_id = _require_id(request.task_id, "task_id")
         read, task = await self._from_etcd(self._app.store.get_task, task_id)
         if not read:
@@ -177,7 +179,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return task
 
     @_rpc
-    async def SubmitTask(self, request: admin_pb2.SubmitTaskRequest, context: grpc.aio.ServicerContext) -> types_pb2.Task:
+    async def SubmitTask(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Task:
         if not request.HasField("spec"):
             raise ValidationError("spec", "is required")
         if len(request.request_id) > 128:
@@ -185,15 +187,15 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await self._app.tasks.submit(request.spec, request.request_id)
 
     @_rpc
-    async def CancelTask(self, request: admin_pb2.TaskRef, context: grpc.aio.ServicerContext) -> types_pb2.Task:
+    async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
         return await self._app.tasks.cancel(_require_id(request.task_id, "task_id"))
 
     @_rpc
-    async def PauseTask(self, request: admin_pb2.TaskRef, context: grpc.aio.ServicerContext) -> types_pb2.Task:
+    async def PauseTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
         return await self._app.tasks.pause(_require_id(request.task_id, "task_id"))
 
     @_rpc
-    async def ResumeTask(self, request: admin_pb2.TaskRef, context: grpc.aio.ServicerContext) -> types_pb2.Task:
+    async def ResumeTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
         return await self._app.tasks.resume(_require_id(request.task_id, "task_id"))
 
     async def _node_op(self, request: admin_pb2.NodeRef, **state: bool) -> admin_pb2.NodeView:
@@ -201,23 +203,23 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return self._view(await self._app.nodes.set_admin_state(node_id, **state))
 
     @_rpc
-    async def DrainNode(self, request: admin_pb2.NodeRef, context: grpc.aio.ServicerContext) -> admin_pb2.NodeView:
+    async def DrainNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
         return await self._node_op(request, cordoned=True, draining=True)
 
     @_rpc
-    async def CordonNode(self, request: admin_pb2.NodeRef, context: grpc.aio.ServicerContext) -> admin_pb2.NodeView:
+    async def CordonNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
         return await self._node_op(request, cordoned=True)
 
     @_rpc
-    async def UncordonNode(self, request: admin_pb2.NodeRef, context: grpc.aio.ServicerContext) -> admin_pb2.NodeView:
+    async def UncordonNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
         return await self._node_op(request, cordoned=False, draining=False)
 
     @_rpc
-    async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: grpc.aio.ServicerContext) -> types_pb2.Policy:
+    async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: Ctx) -> types_pb2.Policy:
         return self._app.policy.current
 
     @_rpc
-    async def SetPolicy(self, request: types_pb2.Policy, context: grpc.aio.ServicerContext) -> types_pb2.Policy:
+    async def SetPolicy(self, request: types_pb2.Policy, context: Ctx) -> types_pb2.Policy:
         if not request.name:
             raise ValidationError("name", "must not be empty")
         threshold = request.threshold or self._app.policy.current.threshold
@@ -225,7 +227,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("threshold", f"must be in (0, 1], got {request.threshold}")
         return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold))
 
-    async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: grpc.aio.ServicerContext):
+    async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
         queue = self._app.events.subscribe() if request.follow else None
         try:
