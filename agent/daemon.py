@@ -23,7 +23,7 @@ from agent import config as config_mod
 from agent.config import AgentConfig
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
-from agent.sampler import build_sampler
+from agent.sampler import Sampler, build_sampler
 from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
 from common.logging import get_logger
@@ -35,16 +35,19 @@ __all__ = ["AGENT_VERSION", "main", "run"]
 AGENT_VERSION = "0.1.0"
 
 
-def _inventory(cfg: AgentConfig, sampler: object) -> types_pb2.NodeInventory:
+def _inventory(cfg: AgentConfig, sampler: Sampler) -> types_pb2.NodeInventory:
     disk_total = 0
     for path in cfg.data_paths:
         with contextlib.suppress(OSError):
             disk_total += psutil.disk_usage(path).total
+    shape = sampler.host_shape
+    cores = shape.cores if shape is not None else psutil.cpu_count() or 0
+    mem = shape.mem_bytes if shape is not None else psutil.virtual_memory().total
     return types_pb2.NodeInventory(
-        node_id=cfg.node_name, hostname=socket.gethostname(), gpus=sampler.inventory(),  # type: ignore[attr-defined]
-        cpu_cores=psutil.cpu_count() or 0, mem_total_bytes=psutil.virtual_memory().total,
+        node_id=cfg.node_name, hostname=socket.gethostname(), gpus=sampler.inventory(),
+        cpu_cores=cores, mem_total_bytes=mem,
         disk_total_bytes=disk_total, labels=cfg.labels, agent_version=AGENT_VERSION,
-        simulated=sampler.simulated, gpu_backend=sampler.backend,  # type: ignore[attr-defined]
+        simulated=sampler.simulated, gpu_backend=sampler.backend, host_simulated=shape is not None,
     )
 
 
@@ -68,6 +71,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     runtime_ref: dict[str, TaskRuntime] = {}
     sampler = build_sampler(node_id=cfg.node_name, gpu_backend=cfg.gpu_backend, simulate_spec=cfg.simulate_gpus,
                             interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
+                            simulate_host=cfg.simulate_host,
                             task_pids=lambda: runtime_ref["rt"].task_pids() if "rt" in runtime_ref else {})
     try:
         runtime = TaskRuntime(state_dir, emit_status, sampler.gpus, task_user=cfg.task_user, runtime=cfg.runtime)
@@ -81,6 +85,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples)
         holder["stream"] = stream
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
+                 host_simulated=inventory.host_simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s)
 
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:

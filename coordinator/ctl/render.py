@@ -86,6 +86,7 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "hostname": inv.hostname,
         "state": enum_label(types_pb2.NodeState, v.state),
         "simulated": inv.simulated,
+        "host_simulated": inv.host_simulated,
         "gpu_backend": inv.gpu_backend,
         "agent_version": inv.agent_version,
         "cordoned": v.record.cordoned,
