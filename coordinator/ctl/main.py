@@ -22,7 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
-        raise CtlError(f"{self.prog}: {message}", EXIT_USAGE)
+        # main() prefixes "gptrmctl: " to every error; name only the subcommand here ("submit: ...").
+        where = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        raise CtlError(f"{where}: {message}" if where else message, EXIT_USAGE)
 
 
 def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -163,7 +165,7 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
         p = t.call("GetPolicy", admin_pb2.GetPolicyRequest())
     else:
         p = t.call("SetPolicy", types_pb2.Policy(name=args.name, threshold=args.threshold or 0.0), write=True)
-    _out(args, {"name": p.name, "threshold": p.threshold}, f"policy {p.name} threshold {p.threshold:.2f}")
+    _out(args, render.policy_dict(p), f"policy {p.name} threshold {p.threshold:.2f}")
 
 
 def cmd_events(t: Transport, args: argparse.Namespace) -> None:

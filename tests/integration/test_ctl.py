@@ -1,0 +1,82 @@
+"""gptrmctl as a subprocess against a real cluster: exit codes, ``-o json`` against the schemas, human output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from common.etcd_embedded import free_port
+from tests.ctl_schema import validate
+from tests.integration.harness import BIN, Cluster, wait_until
+
+
+def _json(c: Cluster, *args: str) -> Any:
+    res = c.ctl("-o", "json", *args)
+    assert res.returncode == 0, f"{args}: {res.stderr}"
+    return json.loads(res.stdout)
+
+
+def _start(c: Cluster, *agent_args: str) -> None:
+    c.start_coordinator("c1")
+    c.wait_leader("c1")
+    c.start_agent("n1", *agent_args)
+    wait_until(lambda: (n := _json(c, "nodes")["nodes"]) and n[0]["host"] is not None, what="node with telemetry")
+
+
+def _submit(c: Cluster, *args: str) -> dict[str, Any]:
+    doc = _json(c, "submit", *args)
+    validate(doc, "task")
+    return doc
+
+
+class TestJsonContract:
+    def test_every_command_matches_its_schema(self, cluster: Cluster) -> None:
+        """Each command's -o json document validates against its schema, with numbers as numbers and zeros present."""
+        _start(cluster)
+        status = _json(cluster, "status")
+        validate(status, "status")
+        assert status["is_leader"] and isinstance(status["leader_epoch"], int)
+        nodes = _json(cluster, "nodes")
+        validate(nodes, "nodes")
+        node = _json(cluster, "nodes", "n1")
+        validate(node, "node")
+        gpu0 = node["gpus"][0]
+        assert gpu0["index"] == 0 and gpu0["telemetry"]["index"] == 0  # zero is present, not dropped
+        assert isinstance(gpu0["mem_total_bytes"], int) and gpu0["telemetry"]["ecc_corrected_total"] == 0
+        task = _submit(cluster, "--name", "j", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
+                       "sleep", "30")
+        assert task["kind"] == task["spec"]["kind"] == "unspecified"
+        assert isinstance(task["spec"]["demand"]["gpu_mem_bytes"], int)
+        wait_until(lambda: _json(cluster, "tasks", task["task_id"])["state"] == "running", what="running")
+        inference = _submit(cluster, "--name", "i", "--kind", "inference", "--gpus", "1", "--cpu", "0.1", "--",
+                            "sleep", "30")
+        assert inference["kind"] == inference["spec"]["kind"] == "inference"
+        validate(_json(cluster, "tasks"), "tasks")
+        validate(_json(cluster, "tasks", task["task_id"]), "task")
+        for verb in ("pause", "resume", "cancel"):
+            validate(_json(cluster, verb, task["task_id"]), "task")
+        for verb in ("cordon", "uncordon", "drain"):
+            validate(_json(cluster, verb, "n1"), "node")
+        validate(_json(cluster, "policy", "get"), "policy")
+        validate(_json(cluster, "policy", "set", "load-balancing", "--threshold", "0.8"), "policy")
+        res = cluster.ctl("-o", "json", "events")
+        assert res.returncode == 0, res.stderr
+        events = [json.loads(line) for line in res.stdout.splitlines()]
+        assert events
+        for e in events:
+            validate(e, "event")
+
+
+class TestExitCodes:
+    def test_refused_usage_and_no_coordinator(self, cluster: Cluster) -> None:
+        """1 for a refused request (reason on stderr), 2 for usage errors (program named once), 3 for no answer."""
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        res = cluster.ctl("tasks", "no-such-task")
+        assert res.returncode == 1 and "no-such-task" in res.stderr
+        res = cluster.ctl("no-such-command")
+        assert res.returncode == 2 and res.stderr.count("gptrmctl:") == 1
+        res = subprocess.run([str(BIN / "gptrmctl"), "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2",
+                              "status"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 3 and "no coordinator answered" in res.stderr
