@@ -1,40 +1,18 @@
-"""gptrmctl output: stable JSON documents and aligned human tables with units."""
+"""gptrmctl's JSON documents, one builder per kind (schemas in ``schemas/``; human text in ``human.py``)."""
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Sequence
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
-__all__ = [
-    "dump_json", "enum_label", "event_dict", "fmt_bytes", "node_dict", "policy_dict", "status_dict", "table",
-    "task_dict",
-]
-
-GIB = 1024**3
-
-
-def fmt_bytes(n: float) -> str:
-    """Human size with binary units."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Left-aligned columns separated by two spaces."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+__all__ = ["dump_json", "enum_label", "event_dict", "node_dict", "policy_dict", "status_dict", "task_dict"]
 
 
 def dump_json(doc: Any) -> str:
+    """One pretty-printed document with sorted keys."""
     return json.dumps(doc, indent=2, sort_keys=True)
 
 
@@ -124,14 +102,3 @@ def event_dict(e: admin_pb2.Event) -> dict[str, Any]:
 def policy_dict(p: types_pb2.Policy) -> dict[str, Any]:
     """The policy document (schema ``policy.json``)."""
     return {"name": p.name, "threshold": p.threshold}
-
-
-def age(unix_s: float) -> str:
-    """Seconds since ``unix_s`` as 12s / 5m / 3h / 2d."""
-    if not unix_s:
-        return "-"
-    d = max(0.0, time.time() - unix_s)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if d >= size:
-            return f"{d / size:.0f}{unit}"
-    return f"{d:.0f}s"

@@ -80,3 +80,35 @@ class TestExitCodes:
         res = subprocess.run([str(BIN / "gptrmctl"), "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2",
                               "status"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 3 and "no coordinator answered" in res.stderr
+
+
+class TestHumanOutput:
+    def test_tables_details_reasons_and_escaping(self, cluster: Cluster) -> None:
+        """Tables carry units, details print no Python dicts, reasons lead with the cause, names are escaped."""
+        _start(cluster)
+        nodes = cluster.ctl("nodes")
+        assert nodes.returncode == 0, nodes.stderr
+        header, row = nodes.stdout.splitlines()[:2]
+        assert header.split()[:3] == ["NODE", "STATE", "GPUS"] and "GiB" in row and " W" in row and "%" in row
+        detail = cluster.ctl("nodes", "n1").stdout
+        assert "56 cores, 1.0 TiB memory (SIMULATED host)" in detail and "(SIMULATED GPUs)" in detail
+        ok = _submit(cluster, "--name", "evil\x1b[31mred", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
+                     "--", "sleep", "30")
+        wait_until(lambda: _json(cluster, "tasks", ok["task_id"])["state"] == "running", what="running")
+        text = cluster.ctl("tasks", ok["task_id"]).stdout
+        assert "{" not in text and "'" not in text
+        assert "demand        1 GPU × 10.0 GiB, 0.1 cores, 0 B memory" in text
+        assert "kind          unspecified (profiled as inference)" in text
+        assert "\x1b" not in text and "evil\\x1b[31mred" in text
+        big = _submit(cluster, "--name", "big", "--gpus", "1", "--cpu", "1000", "--", "sleep", "30")
+        wait_until(lambda: _json(cluster, "tasks", big["task_id"])["reason"], what="a pending reason")
+        table = cluster.ctl("tasks").stdout
+        [line] = [ln for ln in table.splitlines() if ln.startswith(big["task_id"])]
+        reason = line[table.splitlines()[0].index("REASON"):]
+        assert reason.startswith("cpu_cores over threshold"), reason
+        assert "\x1b" not in table
+        wide = cluster.ctl("-o", "wide", "tasks").stdout
+        assert "KIND" in wide.splitlines()[0] and "unspecified" in wide and "1000 cores" in wide
+        assert "RESERVED" in cluster.ctl("-o", "wide", "nodes").stdout
+        cluster.ctl("cancel", ok["task_id"])
+        cluster.ctl("cancel", big["task_id"])
