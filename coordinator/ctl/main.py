@@ -108,6 +108,14 @@ def cmd_events(t: Transport, args: argparse.Namespace) -> None:
         stream.cancel()
 
 
+def cmd_top(t: Transport, args: argparse.Namespace) -> int:
+    from coordinator.ctl.top import run_top
+
+    if args.interval <= 0:
+        raise CtlError(f"top: --interval must be positive, got {args.interval}", EXIT_USAGE)
+    return run_top(t, args.interval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gptrmctl", description="Administer a gptrm cluster.")
     p.add_argument("--coordinator", default=os.environ.get("GPTRM_COORDINATOR", DEFAULT_COORDINATOR),
@@ -150,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=int, default=100)
     sp.set_defaults(fn=cmd_events)
+    sp = sub.add_parser("top", help="full-screen live view of nodes, GPUs and the queue (q quits)")
+    sp.add_argument("--interval", "-n", type=float, default=2.0, help="seconds between refreshes")
+    sp.set_defaults(fn=cmd_top)
     from coordinator.simulator.cli import add_simulate_parser
 
     add_simulate_parser(sub)
@@ -164,10 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         transport = Transport(args.coordinator.split(","), timeout_s=args.timeout)
         try:
-            args.fn(transport, args)
+            rc = args.fn(transport, args)
         finally:
             transport.close()
-        return 0
+        return int(rc or 0)
     except CtlError as e:
         print(f"gptrmctl: {e}", file=sys.stderr)
         return e.code
