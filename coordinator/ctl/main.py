@@ -58,14 +58,30 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
     _out(args, {"tasks": docs, "stale": resp.stale}, human.tasks_table(docs, wide=args.output == "wide"))
 
 
-def cmd_submit(t: Transport, args: argparse.Namespace) -> None:
+def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.spec import spec_from_args, spec_from_file
 
     spec = spec_from_file(args.file) if args.file else spec_from_args(args)
     request_id = args.request_id or os.urandom(8).hex()
     task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id), write=True)
     d = render.task_dict(task)
-    _out(args, d, f"task {task.id} submitted ({d['state']})")
+    if not args.wait:
+        _out(args, d, f"task {task.id} submitted ({d['state']})")
+        return 0
+    from coordinator.ctl.wait import EXIT_INTERRUPTED, exit_code_of, wait_for_task
+
+    if args.output != "json":
+        print(f"task {task.id} submitted; following it (Ctrl-C stops following, the task keeps going)",
+              file=sys.stderr)
+    try:
+        d = wait_for_task(t, task.id)
+    except KeyboardInterrupt:
+        print(f"stopped following task {task.id}; see gptrmctl tasks {task.id}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    code = exit_code_of(d)
+    _out(args, d, f"task {task.id} {d['state']}" + (f" with exit code {d['exit_code']}"
+                                                     if d["exit_code"] is not None else ""))
+    return code
 
 
 def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace], None]:
@@ -116,6 +132,17 @@ def cmd_top(t: Transport, args: argparse.Namespace) -> int:
     return run_top(t, args.interval)
 
 
+def cmd_completion(t: Transport, args: argparse.Namespace) -> None:
+    from coordinator.ctl.completion import completion_script, list_ids
+
+    if args.shell == "ids":
+        if args.what not in ("tasks", "nodes"):
+            raise CtlError("completion ids: expected tasks or nodes", EXIT_USAGE)
+        print("\n".join(list_ids(t, args.what)))
+        return
+    print(completion_script(build_parser(), args.shell), end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gptrmctl", description="Administer a gptrm cluster.")
     p.add_argument("--coordinator", default=os.environ.get("GPTRM_COORDINATOR", DEFAULT_COORDINATOR),
@@ -158,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=int, default=100)
     sp.set_defaults(fn=cmd_events)
+    sp = sub.add_parser("completion", help="shell completion script: completion bash|zsh")
+    sp.add_argument("shell", choices=("bash", "zsh", "ids"), help="bash or zsh ('ids' lists ids for the script)")
+    sp.add_argument("what", nargs="?", help=argparse.SUPPRESS)
+    sp.set_defaults(fn=cmd_completion)
     sp = sub.add_parser("top", help="full-screen live view of nodes, GPUs and the queue (q quits)")
     sp.add_argument("--interval", "-n", type=float, default=2.0, help="seconds between refreshes")
     sp.set_defaults(fn=cmd_top)

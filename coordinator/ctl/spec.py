@@ -39,6 +39,8 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-policy", help="never | on-failure | always")
     p.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL on stop")
     p.add_argument("--request-id", help="idempotency key (a retried submit returns the same task)")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the task to its final state (progress on stderr) and exit with its exit code")
     p.add_argument("argv", nargs="*", help="command to run, after --")
 
 

@@ -112,3 +112,53 @@ class TestHumanOutput:
         assert "RESERVED" in cluster.ctl("-o", "wide", "nodes").stdout
         cluster.ctl("cancel", ok["task_id"])
         cluster.ctl("cancel", big["task_id"])
+
+
+class TestSubmitWait:
+    def test_follows_to_final_state_and_exits_with_its_code(self, cluster: Cluster) -> None:
+        """submit --wait ends when the task does, with its exit code, progress on stderr and the task on stdout."""
+        _start(cluster)
+        res = cluster.ctl("-o", "json", "submit", "--wait", "--name", "w", "--gpus", "1", "--cpu", "0.1", "--",
+                          "sh", "-c", "sleep 1; exit 3")
+        assert res.returncode == 3, res.stderr
+        doc = json.loads(res.stdout)
+        validate(doc, "task")
+        assert doc["state"] == "failed" and doc["exit_code"] == 3
+        assert "failed" in res.stderr.splitlines()[-1]
+        res = cluster.ctl("submit", "--wait", "--name", "ok", "--gpus", "1", "--cpu", "0.1", "--", "true")
+        assert res.returncode == 0, res.stderr
+        assert "succeeded with exit code 0" in res.stdout and "succeeded" in res.stderr
+
+
+class TestCompletion:
+    def _complete(self, script: str, words: list[str]) -> list[str]:
+        """Run the bash completion function for ``words`` (the last one is being completed)."""
+        quoted = " ".join(f"'{w}'" for w in words)
+        call = f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; _gptrmctl"
+        prog = f'{script}\n{call}; printf "%s\\n" "${{COMPREPLY[@]}}"'
+        res = subprocess.run(["bash", "-c", prog], capture_output=True, text=True, timeout=60,
+                             env={"PATH": f"{BIN}:/usr/bin:/bin"})
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    def test_bash_commands_flags_and_ids(self, cluster: Cluster) -> None:
+        """The bash script completes commands, a command's flags, -o formats and the coordinator's task ids."""
+        _start(cluster)
+        res = cluster.ctl("completion", "bash")
+        assert res.returncode == 0 and "complete -F _gptrmctl gptrmctl" in res.stdout
+        script, addr = res.stdout, cluster.address()
+        assert self._complete(script, ["gptrmctl", "--coordinator", addr, "ca"]) == ["cancel"]
+        assert "--wait" in self._complete(script, ["gptrmctl", "submit", "--w"])
+        assert self._complete(script, ["gptrmctl", "-o", "w"]) == ["wide"]
+        tid = _submit(cluster, "--name", "c", "--gpus", "1", "--cpu", "0.1", "--", "sleep", "20")["task_id"]
+        assert tid in self._complete(script, ["gptrmctl", "--coordinator", addr, "cancel", ""])
+        assert self._complete(script, ["gptrmctl", "--coordinator", addr, "cordon", ""]) == ["-h", "--help", "n1"]
+        cluster.ctl("cancel", tid)
+
+    def test_zsh_script(self) -> None:
+        """The zsh script declares itself for gptrmctl and loads the same function through bashcompinit."""
+        res = subprocess.run([str(BIN / "gptrmctl"), "completion", "zsh"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and res.stdout.startswith("#compdef gptrmctl")
+        assert "bashcompinit" in res.stdout and "_gptrmctl()" in res.stdout
+        res = subprocess.run([str(BIN / "gptrmctl"), "completion", "fish"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and "completion: argument shell" in res.stderr
