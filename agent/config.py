@@ -6,6 +6,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, check_simulate_host
 from common.config import host_port, load_config, option, positive
 from common.paths import default_state_dir
 
@@ -35,6 +36,10 @@ class AgentConfig:
     node_id: str = option("", "node name (default: hostname)")
     gpu_backend: str = option("auto", "GPU telemetry backend", choices=("auto", "nvml", "simulated"))
     simulate_gpus: str = option("8xH100-80GB", "simulated GPUs, e.g. 8xH100-80GB or 4xA100-40GB,2xL4-24GB")
+    simulate_host: str = option(
+        "", "simulated host beside simulated GPUs: CORES:MEM_GIB, or 'real' for this machine "
+        f"(default: {CORES_PER_GPU} cores and {MEM_GIB_PER_GPU} GiB per simulated GPU)",
+        check=check_simulate_host, metavar="CORES:MEM_GIB")
     interval_s: float = option(1.0, "sampling interval, seconds", flag="interval", check=positive)
     batch_samples: int = option(1, "samples per telemetry message", check=_positive_int)
     buffer_samples: int = option(900, "telemetry samples kept while disconnected (oldest dropped beyond)",

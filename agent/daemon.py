@@ -20,11 +20,10 @@ from pathlib import Path
 import psutil
 
 from agent import config as config_mod
-from agent.collectors import host_collectors
 from agent.config import AgentConfig
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
-from agent.sampler import Sampler, open_gpu_backend
+from agent.sampler import Sampler, open_gpu_backend, sampler_for
 from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
 from common.logging import get_logger
@@ -36,16 +35,19 @@ __all__ = ["AGENT_VERSION", "main", "run"]
 AGENT_VERSION = "0.1.0"
 
 
-def _inventory(cfg: AgentConfig, sampler: object) -> types_pb2.NodeInventory:
+def _inventory(cfg: AgentConfig, sampler: Sampler) -> types_pb2.NodeInventory:
     disk_total = 0
     for path in cfg.data_paths:
         with contextlib.suppress(OSError):
             disk_total += psutil.disk_usage(path).total
+    shape = sampler.host_shape
+    cores = shape.cores if shape is not None else psutil.cpu_count() or 0
+    mem = shape.mem_bytes if shape is not None else psutil.virtual_memory().total
     return types_pb2.NodeInventory(
-        node_id=cfg.node_name, hostname=socket.gethostname(), gpus=sampler.inventory(),  # type: ignore[attr-defined]
-        cpu_cores=psutil.cpu_count() or 0, mem_total_bytes=psutil.virtual_memory().total,
+        node_id=cfg.node_name, hostname=socket.gethostname(), gpus=sampler.inventory(),
+        cpu_cores=cores, mem_total_bytes=mem,
         disk_total_bytes=disk_total, labels=cfg.labels, agent_version=AGENT_VERSION,
-        simulated=sampler.simulated, gpu_backend=sampler.backend,  # type: ignore[attr-defined]
+        simulated=sampler.simulated, gpu_backend=sampler.backend, host_simulated=shape is not None,
     )
 
 
@@ -59,8 +61,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name)
     try:
         runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_user=cfg.task_user, runtime=cfg.runtime)
-        sampler = Sampler(gpus, host_collectors(data_paths=cfg.data_paths, task_pids=runtime.task_pids),
-                          interval_s=cfg.interval_s, log=log)
+        sampler = sampler_for(gpus, interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
+                              task_pids=runtime.task_pids, simulate_host=cfg.simulate_host)
         runtime.adopt()
         inventory = _inventory(cfg, sampler)
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
@@ -69,6 +71,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples)
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
+                 host_simulated=inventory.host_simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s)
 
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:

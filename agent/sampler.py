@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
+import psutil
 import structlog
 
 from agent.collectors import (
@@ -33,6 +34,7 @@ from agent.collectors import (
     GpuBackend,
     GpuReading,
     HostReading,
+    HostShape,
     PowerReading,
     Sample,
     TaskPids,
@@ -43,10 +45,19 @@ from agent.collectors import (
 from agent.collectors.nvml import open_nvml
 from agent.collectors.power import DEFAULT_POWERCAP_ROOT
 from agent.collectors.simulated import DEFAULT_SIMULATE_SPEC, SimulatedGpus
+from agent.collectors.simulated_host import REAL_HOST, default_host_shape, parse_simulate_host
 from common.errors import CollectorError, ConfigError, NoData
 from common.pb.gptrm.v1 import types_pb2
 
-__all__ = ["BACKENDS", "Sampler", "attribute_gpu_usage", "build_sampler", "open_gpu_backend"]
+__all__ = [
+    "BACKENDS",
+    "Sampler",
+    "attribute_gpu_usage",
+    "build_sampler",
+    "choose_host_shape",
+    "open_gpu_backend",
+    "sampler_for",
+]
 
 Log = structlog.typing.FilteringBoundLogger
 Emit = Callable[[types_pb2.TelemetrySample], object]
@@ -110,15 +121,72 @@ def build_sampler(
     data_paths: Sequence[str] = (),
     task_pids: TaskPids | None = None,
     powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
+    simulate_host: str = "",
+    real_cores: int | None = None,
 ) -> Sampler:
     """Open the GPU backend and the host collectors and wire them into a :class:`Sampler`.
 
-    :raises ConfigError: see :func:`open_gpu_backend`.
+    :param simulate_host: ``--simulate-host`` (see :func:`choose_host_shape`).
+    :param real_cores: this machine's logical cores; psutil's count when None.
+    :raises ConfigError: see :func:`open_gpu_backend` and :func:`choose_host_shape`.
     """
     log = log.bind(node_id=node_id)
     gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id)
-    others = host_collectors(data_paths=data_paths, task_pids=task_pids, powercap_root=powercap_root)
-    return Sampler(gpus, others, interval_s=interval_s, log=log)
+    try:
+        return sampler_for(gpus, interval_s=interval_s, log=log, data_paths=data_paths, task_pids=task_pids,
+                           powercap_root=powercap_root, simulate_host=simulate_host, real_cores=real_cores)
+    except ConfigError:
+        gpus.close()
+        raise
+
+
+def sampler_for(
+    gpus: GpuBackend,
+    *,
+    interval_s: float,
+    log: Log,
+    data_paths: Sequence[str] = (),
+    task_pids: TaskPids | None = None,
+    powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
+    simulate_host: str = "",
+    real_cores: int | None = None,
+) -> Sampler:
+    """The host collectors and the :class:`Sampler` around a GPU backend that is already open
+    (the agent opens it first, because its task runtime applies power limits through it).
+
+    :raises ConfigError: see :func:`choose_host_shape`.
+    """
+    shape = choose_host_shape(gpus, simulate_host, log)
+    cores = real_cores if real_cores is not None else (psutil.cpu_count() or 1)
+    others = host_collectors(data_paths=data_paths, task_pids=task_pids, powercap_root=powercap_root,
+                             host_shape=shape, real_cores=cores)
+    return Sampler(gpus, others, interval_s=interval_s, log=log, host_shape=shape)
+
+
+def choose_host_shape(gpus: GpuBackend, simulate_host: str, log: Log) -> HostShape | None:
+    """The simulated host to report, or None to report this machine.
+
+    Simulated GPUs come with a simulated host: ``CORES:MEM_GIB`` when given, otherwise the
+    DGX-like default for their count; ``real`` keeps this machine's figures. Real GPUs always
+    come with the real host (a ``--simulate-host`` value is then ignored, with a warning).
+
+    :raises ConfigError: a malformed ``CORES:MEM_GIB``.
+    """
+    if not gpus.simulated:
+        if simulate_host not in ("", REAL_HOST):
+            log.warning("host_simulation_ignored", reason="the GPUs are real, so the host is reported as it is")
+        return None
+    if simulate_host == REAL_HOST:
+        return None
+    if simulate_host:
+        try:
+            shape = parse_simulate_host(simulate_host)
+        except ValueError as e:
+            raise ConfigError(f"--simulate-host: {e}") from e
+    else:
+        shape = default_host_shape(len(gpus.devices()))
+    log.info("host_simulated", cpu_cores=shape.cores, mem_total_bytes=shape.mem_bytes)
+    return shape
 
 
 class Sampler:
@@ -129,6 +197,7 @@ class Sampler:
     :param interval_s: seconds between ticks.
     :param now: wall clock for sample timestamps. :param clock: monotonic clock for timing.
     :param sleep: waits between ticks; by default the ``stop`` event given to :meth:`run`.
+    :param host_shape: the simulated host the collectors report, for the inventory; None for a real host.
     """
 
     def __init__(
@@ -141,10 +210,12 @@ class Sampler:
         now: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] | None = None,
+        host_shape: HostShape | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ConfigError(f"--interval {interval_s!r}: must be a positive number of seconds")
         self._gpus = gpus
+        self._host_shape = host_shape
         self._collectors: list[Collector] = [gpus, *collectors]
         self._interval_s = interval_s
         self._log = log
@@ -164,6 +235,11 @@ class Sampler:
     def simulated(self) -> bool:
         """True when the GPUs are simulated, for ``NodeInventory.simulated``."""
         return self._gpus.simulated
+
+    @property
+    def host_shape(self) -> HostShape | None:
+        """The simulated host's cores and memory, None when the host is reported as it is."""
+        return self._host_shape
 
     @property
     def gpus(self) -> GpuBackend:

@@ -43,8 +43,12 @@ TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CA
 
 
 class TaskKind(enum.IntEnum):
-    """What a task does; values equal ``gptrm.v1.TaskKind``."""
+    """What a task does; values equal ``gptrm.v1.TaskKind``.
 
+    ``UNSPECIFIED``: the spec did not say; shown as ``unspecified`` and profiled as inference.
+    """
+
+    UNSPECIFIED = 0
     TRAINING = 1
     FINE_TUNING = 2
     INFERENCE = 3
@@ -55,7 +59,7 @@ class TaskKind(enum.IntEnum):
 
     @classmethod
     def parse(cls, text: str) -> TaskKind:
-        """``training`` | ``fine-tuning`` | ``inference`` → member; ValueError otherwise."""
+        """``training`` | ``fine-tuning`` | ``inference`` | ``unspecified`` → member; ValueError otherwise."""
         for member in cls:
             if member.label == text.strip().lower().replace("_", "-"):
                 return member

@@ -4,6 +4,11 @@ Starts ``gptrm-coordinator`` (which starts its own embedded etcd) and ``gptrm-ag
 child processes with state under ``.gptrm/`` in the working directory, waits until the
 local node is visible through the Admin API, prints the gptrmctl commands to try, and on
 Ctrl-C stops the agent, then the coordinator (which stops etcd), in that order.
+
+The one local node is the whole cluster, so the placement threshold starts at 1.0: with the
+production default of 0.9 no more than 7 of its 8 GPUs could ever be reserved (every dimension
+stays ≤ threshold × capacity). Without NVML the agent simulates a whole DGX-like host (8×H100,
+112 cores, 2 TiB), so the printed example runs eight one-GPU tasks side by side.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
 
 LISTEN = os.environ.get("GPTRM_DEV_LISTEN", "127.0.0.1:7770")
 METRICS = os.environ.get("GPTRM_DEV_METRICS", "127.0.0.1:9470")
+THRESHOLD = "1.0"
 
 
 def _wait_for_node(deadline_s: float) -> str | None:
@@ -44,7 +50,7 @@ def main() -> int:
     started = time.monotonic()
     coord = subprocess.Popen([str(bin_dir / "gptrm-coordinator"), "--listen", LISTEN, "--metrics-listen", METRICS,
                               "--state-dir", str(state / "coordinator"), "--etcd", "embedded",
-                              "--coordinator-id", "dev-coordinator"], env=env)
+                              "--coordinator-id", "dev-coordinator", "--threshold", THRESHOLD], env=env)
     agent = subprocess.Popen([str(bin_dir / "gptrm-agent"), "--coordinator", LISTEN, "--gpu-backend",
                               os.environ.get("GPTRM_GPU_BACKEND", "auto"), "--state-dir", str(state / "agent"),
                               "--data-paths", str(Path.cwd())], env=env)
@@ -61,8 +67,9 @@ Try, in another terminal:
   {ctl} status
   {ctl} nodes
   {ctl} nodes {node}
-  {ctl} submit --name hello --gpus 1 --gpu-mem-gib 10 -- sh -c 'echo hello from $CUDA_VISIBLE_DEVICES; sleep 5'
+  {ctl} submit --name hello --gpus 1 --gpu-mem-gib 10 -- sh -c 'echo hello from $CUDA_VISIBLE_DEVICES; sleep 60'
   {ctl} tasks
+  {ctl} top
   {ctl} events --follow
   curl -s http://{METRICS}/metrics | grep ^gptrm_cluster
 Ctrl-C stops everything.

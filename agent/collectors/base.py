@@ -200,6 +200,8 @@ class HostReading:
     net_rx_bytes_total: int = 0
     net_tx_bytes_total: int = 0
     tasks: tuple[TaskUsage, ...] = ()
+    simulated: bool = False
+    """CPU and memory are relative to a simulated host (``--simulate-host``), not this machine."""
 
     def to_proto(self, cpu_power_w: float | None = None) -> types_pb2.HostSample:
         """This reading as a ``HostSample``; ``cpu_power_w`` comes from the power collector."""
@@ -214,6 +216,7 @@ class HostReading:
             net_rx_bytes_total=self.net_rx_bytes_total,
             net_tx_bytes_total=self.net_tx_bytes_total,
             tasks=[t.to_proto() for t in self.tasks],
+            simulated=self.simulated,
         )
         if cpu_power_w is not None:
             msg.cpu_power_w = cpu_power_w

@@ -10,7 +10,7 @@ from typing import Any
 
 from common.errors import UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from coordinator.ctl import render
+from coordinator.ctl import human, render
 from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, CtlError, Transport
 from coordinator.simulator.cli import add_simulate_parser
 
@@ -24,7 +24,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
-        raise CtlError(f"{self.prog}: {message}", EXIT_USAGE)
+        # main() prefixes "gptrmctl: " to every error; name only the subcommand here ("submit: ...").
+        where = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        raise CtlError(f"{where}: {message}" if where else message, EXIT_USAGE)
 
 
 def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -34,114 +36,54 @@ def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
 
 
 def cmd_status(t: Transport, args: argparse.Namespace) -> None:
-    s = t.call("GetStatus", admin_pb2.GetStatusRequest())
-    d = render.status_dict(s)
-    o = s.objectives
-    lines = [
-        f"coordinator   {s.coordinator_id} ({'leader' if s.is_leader else 'standby'}){' [stale]' if s.stale else ''}",
-        f"leader        {s.leader_id or '-'} at {s.leader_address or '-'} (epoch {s.leader_epoch})",
-        f"uptime        {s.uptime_s:.0f} s",
-        f"policy        {s.policy.name} (threshold {s.policy.threshold:.2f})",
-        f"nodes         {_counts(d['nodes_by_state'])}",
-        f"tasks         {_counts(d['tasks_by_state'])}",
-        f"gpus          {s.gpus_allocated}/{s.gpus_total} allocated",
-        f"utilization   mean {o.util_mean * 100:.1f} %  std-dev {o.util_std * 100:.1f} %  "
-        f"gpu memory {o.gpu_mem_util * 100:.1f} %",
-        f"power         {o.power_w:.0f} W  energy {o.energy_j / 3.6e6:.3f} kWh since start",
-    ]
-    _out(args, d, "\n".join(lines))
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+    d = render.status_dict(t.call("GetStatus", admin_pb2.GetStatusRequest()))
+    _out(args, d, human.status_text(d))
 
 
 def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
     if args.node:
-        v = t.call("GetNode", admin_pb2.GetNodeRequest(node_id=args.node))
-        d = render.node_dict(v)
-        _out(args, d, _node_detail(v, d))
+        d = render.node_dict(t.call("GetNode", admin_pb2.GetNodeRequest(node_id=args.node)))
+        _out(args, d, human.node_detail(d))
         return
     resp = t.call("ListNodes", admin_pb2.ListNodesRequest())
     docs = [render.node_dict(v) for v in resp.nodes]
-    rows = []
-    for v, d in zip(resp.nodes, docs, strict=True):
-        gpus = d["gpus"]
-        model = gpus[0]["model"] if gpus else "-"
-        util = [g["telemetry"].get("util_gpu", 0.0) for g in gpus if "telemetry" in g]
-        power = sum(g["telemetry"].get("power_w", 0.0) for g in gpus if "telemetry" in g)
-        rows.append([
-            d["node_id"], d["state"], f"{len(gpus)}x {model}" + (" (simulated)" if d["simulated"] else ""),
-            f"{sum(util) / len(util) * 100:.0f} %" if util else "-", f"{power:.0f} W" if util else "-",
-            len(d["task_ids"]), f"{v.last_seen_age_s:.1f}s",
-        ])
-    _out(args, {"nodes": docs, "stale": resp.stale},
-         render.table(["NODE", "STATE", "GPUS", "GPU UTIL", "GPU POWER", "TASKS", "LAST SEEN"], rows))
-
-
-def _node_detail(v: admin_pb2.NodeView, d: dict[str, Any]) -> str:
-    head = [
-        f"node          {d['node_id']} ({d['hostname']})",
-        f"state         {d['state']}{' cordoned' if d['cordoned'] else ''}{' draining' if d['draining'] else ''}",
-        f"gpu backend   {d['gpu_backend']}{' (SIMULATED GPUs)' if d['simulated'] else ''}",
-        f"host          {d['cpu_cores']} cores, {render.fmt_bytes(d['mem_total_bytes'])} memory",
-        f"tasks         {', '.join(d['task_ids']) or 'none'}",
-    ]
-    curve = d["power_curve"]
-    if curve is not None:
-        origin = f"fitted from {curve['samples']} samples" if curve["source"] == "fitted" else "datasheet"
-        head.append(f"power curve   GPUs {curve['idle_w']:.0f} W idle, {curve['max_w']:.0f} W at full load ({origin})")
-    rows = []
-    for g in d["gpus"]:
-        tm = g.get("telemetry", {})
-        rows.append([
-            g["index"], g["model"], f"{tm.get('util_gpu', 0) * 100:.0f} %" if "util_gpu" in tm else "-",
-            f"{render.fmt_bytes(int(tm.get('mem_used_bytes', 0)))} / {render.fmt_bytes(g['mem_total_bytes'])}",
-            f"{tm['power_w']:.0f} / {g['power_limit_w']:.0f} W" if "power_w" in tm else "-",
-            f"{tm['temperature_c']:.0f} C" if "temperature_c" in tm else "-",
-            "yes" if tm.get("healthy", True) else f"NO: {tm.get('health_reason', '')}",
-        ])
-    return "\n".join(head) + "\n\n" + render.table(["GPU", "MODEL", "UTIL", "MEMORY", "POWER", "TEMP", "HEALTHY"], rows)
+    _out(args, {"nodes": docs, "stale": resp.stale}, human.nodes_table(docs, wide=args.output == "wide"))
 
 
 def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
     if args.task:
-        task = t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task))
-        d = render.task_dict(task)
-        _out(args, d, _task_detail(d))
+        d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
+        _out(args, d, human.task_detail(d))
         return
     resp = t.call("ListTasks", admin_pb2.ListTasksRequest())
     docs = [render.task_dict(x) for x in resp.tasks]
-    rows = [[d["task_id"], d["name"], d["state"], d["priority"],
-             ",".join(f"{a['node_id']}:{'+'.join(map(str, a['gpu_indices']))}" for a in d["allocation"]) or "-",
-             render.age(d["submit_unix_s"]), d["reason"][:60]] for d in docs]
-    _out(args, {"tasks": docs, "stale": resp.stale},
-         render.table(["TASK", "NAME", "STATE", "PRIO", "PLACEMENT", "AGE", "REASON"], rows))
+    _out(args, {"tasks": docs, "stale": resp.stale}, human.tasks_table(docs, wide=args.output == "wide"))
 
 
-def _task_detail(d: dict[str, Any]) -> str:
-    lines = [
-        f"task          {d['task_id']} ({d['name']})",
-        f"state         {d['state']}" + (f": {d['reason']}" if d["reason"] else ""),
-        f"kind          {d['kind'] or '-'}  priority {d['priority']}",
-        f"demand        {d['demand']}",
-        "placement     " + (", ".join(f"{a['node_id']} gpus {a['gpu_indices']}" for a in d["allocation"]) or "-"),
-        f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
-        "history       " + " → ".join(h["state"] for h in d["history"]),
-    ]
-    if d["log_tail"]:
-        lines += ["log tail:", d["log_tail"].rstrip()]
-    return "\n".join(lines)
-
-
-def cmd_submit(t: Transport, args: argparse.Namespace) -> None:
+def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.spec import spec_from_args, spec_from_file
 
     spec = spec_from_file(args.file) if args.file else spec_from_args(args)
     request_id = args.request_id or os.urandom(8).hex()
     task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id), write=True)
     d = render.task_dict(task)
-    _out(args, d, f"task {task.id} submitted ({d['state']})")
+    if not args.wait:
+        _out(args, d, f"task {task.id} submitted ({d['state']})")
+        return 0
+    from coordinator.ctl.wait import EXIT_INTERRUPTED, exit_code_of, wait_for_task
+
+    if args.output != "json":
+        print(f"task {task.id} submitted; following it (Ctrl-C stops following, the task keeps going)",
+              file=sys.stderr)
+    try:
+        d = wait_for_task(t, task.id)
+    except KeyboardInterrupt:
+        print(f"stopped following task {task.id}; see gptrmctl tasks {task.id}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    code = exit_code_of(d)
+    _out(args, d, f"task {task.id} {d['state']}" + (f" with exit code {d['exit_code']}"
+                                                     if d["exit_code"] is not None else ""))
+    return code
 
 
 def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace], None]:
@@ -165,7 +107,7 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
         p = t.call("GetPolicy", admin_pb2.GetPolicyRequest())
     else:
         p = t.call("SetPolicy", types_pb2.Policy(name=args.name, threshold=args.threshold or 0.0), write=True)
-    _out(args, {"name": p.name, "threshold": p.threshold}, f"policy {p.name} threshold {p.threshold:.2f}")
+    _out(args, render.policy_dict(p), f"policy {p.name} threshold {p.threshold:.2f}")
 
 
 def cmd_events(t: Transport, args: argparse.Namespace) -> None:
@@ -177,18 +119,38 @@ def cmd_events(t: Transport, args: argparse.Namespace) -> None:
                 # One JSON object per line so a follower can parse as events arrive.
                 print(render.json.dumps(d, sort_keys=True), flush=True)
             else:
-                subject = d["node_id"] or d["task_id"]
-                print(f"{d['seq']:>6}  {render.age(d['time_unix_s']):>4}  {d['kind']:<11} {subject:<16} {d['message']}",
-                      flush=True)
+                subject = human.escape(d["node_id"] or d["task_id"])
+                print(f"{d['seq']:>6}  {human.age(d['time_unix_s']):>4}  {d['kind']:<11} {subject:<16} "
+                      f"{human.escape(d['message'])}", flush=True)
     except KeyboardInterrupt:
         stream.cancel()
+
+
+def cmd_top(t: Transport, args: argparse.Namespace) -> int:
+    from coordinator.ctl.top import run_top
+
+    if args.interval <= 0:
+        raise CtlError(f"top: --interval must be positive, got {args.interval}", EXIT_USAGE)
+    return run_top(t, args.interval)
+
+
+def cmd_completion(t: Transport, args: argparse.Namespace) -> None:
+    from coordinator.ctl.completion import completion_script, list_ids
+
+    if args.shell == "ids":
+        if args.what not in ("tasks", "nodes"):
+            raise CtlError("completion ids: expected tasks or nodes", EXIT_USAGE)
+        print("\n".join(list_ids(t, args.what)))
+        return
+    print(completion_script(build_parser(), args.shell), end="")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gptrmctl", description="Administer a gptrm cluster.")
     p.add_argument("--coordinator", default=os.environ.get("GPTRM_COORDINATOR", DEFAULT_COORDINATOR),
                    help="HOST:PORT[,HOST:PORT...] of coordinators (env GPTRM_COORDINATOR)")
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table",
+                   help="table, wide (more columns on list commands) or json (see README: the JSON contract)")
     p.add_argument("--timeout", type=float, default=10.0, help="per-request deadline, seconds")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -225,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=int, default=100)
     sp.set_defaults(fn=cmd_events)
+    sp = sub.add_parser("completion", help="shell completion script: completion bash|zsh")
+    sp.add_argument("shell", choices=("bash", "zsh", "ids"), help="bash or zsh ('ids' lists ids for the script)")
+    sp.add_argument("what", nargs="?", help=argparse.SUPPRESS)
+    sp.set_defaults(fn=cmd_completion)
+    sp = sub.add_parser("top", help="full-screen live view of nodes, GPUs and the queue (q quits)")
+    sp.add_argument("--interval", "-n", type=float, default=2.0, help="seconds between refreshes")
+    sp.set_defaults(fn=cmd_top)
     add_simulate_parser(sub)
     return p
 
@@ -237,10 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         transport = Transport(args.coordinator.split(","), timeout_s=args.timeout)
         try:
-            args.fn(transport, args)
+            rc = args.fn(transport, args)
         finally:
             transport.close()
-        return 0
+        return int(rc or 0)
     except CtlError as e:
         print(f"gptrmctl: {e}", file=sys.stderr)
         return e.code

@@ -24,7 +24,7 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``gptrmctl submit``."""
     p.add_argument("-f", "--file", help="task spec file (YAML or JSON); '-' reads standard input")
     p.add_argument("--name", help="task name")
-    p.add_argument("--kind", default="inference", help="training | fine-tuning | inference")
+    p.add_argument("--kind", help="training | fine-tuning | inference (default: unspecified, profiled as inference)")
     p.add_argument("--model", dest="model_name", help="model name (the profiler learns per name)")
     p.add_argument("--params-b", type=float, help="model parameters, billions")
     p.add_argument("--precision", help="fp32 | bf16 | fp16 | fp8 | int8 | int4")
@@ -39,6 +39,8 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-policy", help="never | on-failure | always")
     p.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL on stop")
     p.add_argument("--request-id", help="idempotency key (a retried submit returns the same task)")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the task to its final state (progress on stderr) and exit with its exit code")
     p.add_argument("argv", nargs="*", help="command to run, after --")
 
 
@@ -56,7 +58,9 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
     """Build a spec from ``submit`` flags."""
     if not args.argv:
         raise CtlError("submit: give -f FILE or a command after --", EXIT_USAGE)
-    d: dict[str, Any] = {"name": args.name or Path(args.argv[0]).name, "kind": args.kind, "argv": list(args.argv)}
+    d: dict[str, Any] = {"name": args.name or Path(args.argv[0]).name, "argv": list(args.argv)}
+    if args.kind is not None:
+        d["kind"] = args.kind
     model = {k: v for k, v in (("name", args.model_name), ("params_billions", args.params_b),
                                ("precision", args.precision)) if v is not None}
     if model:

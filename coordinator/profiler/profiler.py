@@ -24,6 +24,8 @@ spread evenly over the gang's nodes. Host side per node: 2 cores + 4 per GPU (2 
 memory ``16 GiB + W / nodes`` (checkpoint staging) + 8 GiB per GPU; disk ``10 GiB + W`` for
 inference, ``50 GiB + 2 · 16 · P / nodes`` for training (two checkpoints with optimizer state),
 ``50 GiB + W`` for fine-tuning. Every non-zero field of an explicit demand overrides the profile.
+A task that declares no kind (``unspecified``) is sized as inference (:func:`profiled_kind`); one
+without a model gets 1 CPU core and nothing else unless its explicit demand says more.
 
 Learning: :meth:`Profiler.observe` takes a finished task's measured peak GPU memory (per GPU)
 and mean GPU utilization; an exponentially weighted ratio (α = 0.3, clamped to 0.25..4) of
@@ -50,6 +52,7 @@ __all__ = [
     "TaskProfile",
     "estimate_gpu_memory_bytes",
     "model_shape",
+    "profiled_kind",
     "spec_data",
     "spec_from_mapping",
     "spec_to_proto",
@@ -137,6 +140,15 @@ def model_shape(params_billions: float, layers: int = 0, hidden_size: int = 0) -
     return layers, hidden_size
 
 
+def profiled_kind(kind: TaskKind) -> TaskKind:
+    """The kind a task is sized as: its own, or inference when it declared none.
+
+    Inference is the smallest footprint (weights + KV cache, no optimizer state), so an
+    undeclared task is not over-reserved; tasks that train should say so.
+    """
+    return TaskKind.INFERENCE if kind == TaskKind.UNSPECIFIED else kind
+
+
 def estimate_gpu_memory_bytes(spec: TaskSpecData) -> float:
     """GPU memory the whole task needs before overhead and correction (see the module docstring).
 
@@ -149,7 +161,7 @@ def estimate_gpu_memory_bytes(spec: TaskSpecData) -> float:
     layers, hidden = model_shape(m.params_billions, m.layers, m.hidden_size)
     context, batch = m.context_length or DEFAULT_CONTEXT, m.batch_size or 1
     weights = params * bpp
-    if spec.kind == TaskKind.INFERENCE:
+    if profiled_kind(spec.kind) == TaskKind.INFERENCE:
         return weights + 2 * layers * hidden * context * batch * bpp
     activations = ACTIVATION_BYTES * layers * hidden * context * batch
     if spec.kind == TaskKind.TRAINING:
@@ -175,7 +187,7 @@ def _host(spec: TaskSpecData, gpus: float, weights: float) -> tuple[float, int, 
     if spec.kind == TaskKind.TRAINING:
         disk = 50 * GIB + 2 * ADAM_BYTES_PER_PARAM * spec.model.params_billions * 1e9 / spec.nodes
     else:
-        disk = (10 if spec.kind == TaskKind.INFERENCE else 50) * GIB + weights
+        disk = (10 if profiled_kind(spec.kind) == TaskKind.INFERENCE else 50) * GIB + weights
     return cores, math.ceil(mem), math.ceil(disk)
 
 
@@ -256,7 +268,7 @@ class Profiler:
             self._predicted[data.model.name] = self._predicted_per_gpu(data)
             total *= self.correction(data.model.name)
         usable = self.gpu_model_mem_bytes - GPU_CONTEXT_BYTES
-        sharing = data.allow_gpu_sharing and data.kind == TaskKind.INFERENCE and data.nodes == 1
+        sharing = data.allow_gpu_sharing and profiled_kind(data.kind) == TaskKind.INFERENCE and data.nodes == 1
         if sharing and total <= usable / 2 and data.gpus_per_node == 0:
             fraction = max((total + GPU_CONTEXT_BYTES) / self.gpu_model_mem_bytes, self._util.get(data.model.name, 0.0))
             gpus = min(1.0, math.ceil(fraction / SHARE_STEP) * SHARE_STEP)

@@ -78,6 +78,15 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     return sp
 
 
+def _have_matplotlib() -> bool:
+    """Whether the plots can be drawn (matplotlib comes with the ``sim`` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _usage(message: str) -> UsageError:
     """A usage/input error (exit code 2)."""
     return UsageError(message)
@@ -138,6 +147,11 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
         write_outputs,
     )
     names = _policies(args.policies)
+    if not args.no_plots and not _have_matplotlib():
+        # Everything but the PNGs works without the [sim] extra; say so once and carry on.
+        print("gptrmctl simulate: plots skipped: matplotlib is not installed (pip install 'gptrm[sim]')",
+              file=sys.stderr)
+        args.no_plots = True
     if args.nodes_limit is not None and args.nodes_limit < 1:
         raise _usage(f"--nodes-limit must be ≥ 1, got {args.nodes_limit}")
     try:

@@ -275,7 +275,7 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., mem_total_bytes: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., power_min_w: _Optional[float] = ..., power_max_w: _Optional[float] = ..., power_default_w: _Optional[float] = ..., pci_bus_id: _Optional[str] = ..., topology_group: _Optional[int] = ..., mig_enabled: _Optional[bool] = ...) -> None: ...
 
 class NodeInventory(_message.Message):
-    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend")
+    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +293,7 @@ class NodeInventory(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     GPU_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    HOST_SIMULATED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
@@ -303,7 +304,8 @@ class NodeInventory(_message.Message):
     agent_version: str
     simulated: bool
     gpu_backend: str
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ...) -> None: ...
+    host_simulated: bool
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
     __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s")
@@ -430,7 +432,7 @@ class TaskUsage(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., cpu_util: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., gpu_mem_bytes: _Optional[int] = ..., gpu_util_share: _Optional[float] = ..., power_share_w: _Optional[float] = ..., energy_share_j: _Optional[float] = ...) -> None: ...
 
 class HostSample(_message.Message):
-    __slots__ = ("cpu_util", "load1", "load5", "load15", "mem_used_bytes", "mem_total_bytes", "disks", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w", "tasks")
+    __slots__ = ("cpu_util", "load1", "load5", "load15", "mem_used_bytes", "mem_total_bytes", "disks", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w", "tasks", "simulated")
     CPU_UTIL_FIELD_NUMBER: _ClassVar[int]
     LOAD1_FIELD_NUMBER: _ClassVar[int]
     LOAD5_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +444,7 @@ class HostSample(_message.Message):
     NET_TX_BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     CPU_POWER_W_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
     cpu_util: float
     load1: float
     load5: float
@@ -453,7 +456,8 @@ class HostSample(_message.Message):
     net_tx_bytes_total: int
     cpu_power_w: float
     tasks: _containers.RepeatedCompositeFieldContainer[TaskUsage]
-    def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ...) -> None: ...
+    simulated: bool
+    def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ..., simulated: _Optional[bool] = ...) -> None: ...
 
 class TelemetrySample(_message.Message):
     __slots__ = ("time_unix_s", "gpus", "host", "simulated")

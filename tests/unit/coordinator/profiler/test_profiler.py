@@ -233,13 +233,20 @@ class TestValidateSpec:
         assert info.value.field == "spec.demand.gpu_mem_bytes"
 
     def test_unknown_kind_in_proto(self) -> None:
-        """An unspecified or unknown kind number is refused."""
-        for kind in (0, 7):
-            spec = spec_from_mapping(VALID)
-            spec.kind = kind
-            with pytest.raises(ValidationError) as info:
-                validate_spec(spec, max_gpus_per_node=8)
-            assert info.value.field == "spec.kind"
+        """An unknown kind number is refused."""
+        spec = spec_from_mapping(VALID)
+        spec.kind = 7
+        with pytest.raises(ValidationError) as info:
+            validate_spec(spec, max_gpus_per_node=8)
+        assert info.value.field == "spec.kind"
+
+    def test_unspecified_kind_is_profiled_as_inference(self) -> None:
+        """A spec without a kind is accepted, stays unspecified, and gets the inference profile."""
+        undeclared = spec_from_mapping({k: v for k, v in VALID.items() if k != "kind"})
+        validate_spec(undeclared, max_gpus_per_node=8)
+        assert spec_data(undeclared).kind == TaskKind.UNSPECIFIED
+        profiler = Profiler()
+        assert profiler.profile(undeclared).demand == profiler.profile(spec_from_mapping(VALID)).demand
 
     def test_plain_spec_and_unknown_node_sizes(self) -> None:
         """A plain spec validates too; max_gpus_per_node ≤ 0 skips the node-size check."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,22 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 class TestSimulateCommand:
     """simulate writes results.json, results.md and plots, and reports input errors with exit code 2."""
+
+    def test_without_matplotlib(self, trace: tuple[Path, Path], tmp_path: Path) -> None:
+        """With matplotlib not importable, gptrmctl simulate writes the results, says once that plots need the
+        sim extra, and exits 0."""
+        jobs, nodes = trace
+        out = tmp_path / "out"
+        blocked = ("import sys; sys.modules['matplotlib'] = None; from coordinator.ctl.main import main; "
+                   "sys.exit(main(sys.argv[1:]))")
+        res = subprocess.run([sys.executable, "-c", blocked, "simulate", "--jobs", str(jobs), "--nodes", str(nodes),
+                              "--policies", "max-utilization", "--out", str(out)],
+                             capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[4])
+        assert res.returncode == 0, res.stderr
+        notices = [line for line in res.stderr.splitlines() if "matplotlib" in line]
+        assert notices == ["gptrmctl simulate: plots skipped: matplotlib is not installed (pip install 'gptrm[sim]')"]
+        assert json.loads((out / "results.json").read_text())["max-utilization"]
+        assert (out / "results.md").exists() and not list(out.glob("*.png"))
 
     def test_registers_with_gptrmctl(self) -> None:
         """add_simulate_parser sets fn=run_simulate on the subcommand."""

@@ -1,0 +1,263 @@
+"""gptrmctl's human output: units, ages, aligned tables, reasons that lead with their cause.
+
+Everything here reads the JSON documents of :mod:`coordinator.ctl.render`, so the tables
+show exactly what ``-o json`` prints. Text that comes from users or remote processes (task
+and node names, reasons, log tails) passes through :func:`escape` so that a control
+character in a name cannot move the cursor or recolour the terminal.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "age",
+    "demand_text",
+    "escape",
+    "fmt_bytes",
+    "fmt_duration",
+    "lead_with_cause",
+    "node_detail",
+    "nodes_table",
+    "status_text",
+    "table",
+    "task_detail",
+    "tasks_table",
+    "truncate",
+]
+
+GIB = 1024**3
+REASON_WIDTH = 72
+"""Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CAUSE = re.compile(r"^(?P<head>.*?)\s*\((?P<cause>[^()]*(?:\([^()]*\)[^()]*)*)\)\s*$", re.DOTALL)
+
+
+def escape(text: Any, *, keep_newlines: bool = False) -> str:
+    """``text`` with control characters written as ``\\xNN`` (newlines and tabs kept when asked)."""
+    def sub(m: re.Match[str]) -> str:
+        ch = m.group()
+        if keep_newlines and ch in "\n\t":
+            return ch
+        return f"\\x{ord(ch):02x}"
+
+    return _CONTROL.sub(sub, str(text))
+
+
+def truncate(text: str, width: int) -> str:
+    """Cut the tail of ``text`` to ``width`` characters, marking the cut with ``…``."""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def lead_with_cause(reason: str) -> str:
+    """Put a reason's cause first: ``no node with X (1 nodes: cpu_cores over threshold)`` →
+    ``1 nodes: cpu_cores over threshold — no node with X``, so a cut tail loses the detail, not the cause."""
+    m = _CAUSE.match(reason)
+    if m is None or not m["head"]:
+        return reason
+    return f"{m['cause']} — {m['head']}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Human size with binary units (``80.0 GiB``); ``-`` when unknown."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover - the loop returns at TiB
+
+
+def _pct(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio * 100:.0f} %"
+
+
+def _watts(w: float | None) -> str:
+    return "-" if w is None else f"{w:.0f} W"
+
+
+def fmt_duration(seconds: float) -> str:
+    """``42s``, ``5m``, ``3h``, ``2d``."""
+    d = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if d >= size:
+            return f"{d / size:.0f}{unit}"
+    return f"{d:.0f}s"
+
+
+def age(unix_s: float | None, now: Callable[[], float] = time.time) -> str:
+    """Time since ``unix_s`` (:func:`fmt_duration`); ``-`` when unset."""
+    return "-" if not unix_s else fmt_duration(now() - unix_s)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[int] = ()) -> str:
+    """Aligned columns separated by two spaces; columns in ``right`` (numbers) are right-aligned."""
+    cells = [[str(h) for h in headers]] + [[escape(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _plural(n: float, word: str) -> str:
+    return f"{n:g} {word}" + ("" if n == 1 else "s")
+
+
+def demand_text(d: Mapping[str, Any]) -> str:
+    """A ResourceVector document as ``1 GPU × 10.0 GiB, 1 core, 16.0 GiB memory, 10.0 GiB disk``."""
+    gpus = d.get("gpus") or 0
+    parts = []
+    if gpus:
+        per = f" × {fmt_bytes(d['gpu_mem_bytes'])}" if d.get("gpu_mem_bytes") else ""
+        parts.append(_plural(gpus, "GPU") + per)
+    parts.append(_plural(d.get("cpu_cores") or 0, "core"))
+    parts.append(f"{fmt_bytes(d.get('mem_bytes') or 0)} memory")
+    if d.get("disk_bytes"):
+        parts.append(f"{fmt_bytes(d['disk_bytes'])} disk")
+    return ", ".join(parts)
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+
+
+def status_text(d: Mapping[str, Any]) -> str:
+    """``gptrmctl status``."""
+    o, p = d["objectives"], d["policy"]
+    role = "leader" if d["is_leader"] else "standby"
+    return "\n".join([
+        f"coordinator   {escape(d['coordinator_id'])} ({role}){' [stale]' if d['stale'] else ''}",
+        f"leader        {escape(d['leader_id'] or '-')} at {d['leader_address'] or '-'} (epoch {d['leader_epoch']})",
+        f"uptime        {fmt_duration(d['uptime_s'])}",
+        f"policy        {escape(p['name'])} (threshold {p['threshold']:.2f})",
+        f"nodes         {escape(_counts(d['nodes_by_state']))}",
+        f"tasks         {escape(_counts(d['tasks_by_state']))}",
+        f"gpus          {d['gpus_allocated']}/{d['gpus_total']} allocated",
+        f"utilization   mean {_pct(o['util_mean'])} (Eq. 1)  std-dev {_pct(o['util_std'])} (Eq. 2)  "
+        f"gpu memory {_pct(o['gpu_mem_util'])}",
+        f"power         {_watts(o['power_w'])} (Eq. 3)  energy {(o['energy_j'] or 0) / 3.6e6:.3f} kWh since start",
+    ])
+
+
+def _node_gpu_summary(n: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """Mean GPU utilization, GPU memory used/total, GPU power, and the GPU description."""
+    gpus = n["gpus"]
+    tele = [g["telemetry"] for g in gpus if g["telemetry"] is not None]
+    util = [t["util_gpu"] for t in tele if t["util_gpu"] is not None]
+    used = sum(t["mem_used_bytes"] or 0 for t in tele)
+    total = sum(g["mem_total_bytes"] for g in gpus)
+    power = [t["power_w"] for t in tele if t["power_w"] is not None]
+    model = gpus[0]["model"] if gpus else "-"
+    what = f"{len(gpus)}x {model}" + (" (simulated)" if n["simulated"] else "")
+    return (_pct(sum(util) / len(util)) if util else "-", f"{fmt_bytes(used)} / {fmt_bytes(total)}" if tele else "-",
+            _watts(sum(power)) if power else "-", what)
+
+
+def nodes_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False) -> str:
+    """``gptrmctl nodes`` (``-o wide`` adds host, cores, memory, reservations and backend)."""
+    headers = ["NODE", "STATE", "GPUS", "GPU UTIL", "GPU MEMORY", "GPU POWER", "CPU", "TASKS", "LAST SEEN"]
+    if wide:
+        headers += ["HOSTNAME", "CORES", "MEMORY", "RESERVED", "BACKEND"]
+    rows = []
+    for n in docs:
+        util, mem, power, what = _node_gpu_summary(n)
+        host = n["host"]
+        row = [n["node_id"], n["state"], what, util, mem, power, _pct(host["cpu_util"]) if host else "-",
+               len(n["task_ids"]), fmt_duration(n["last_seen_age_s"]) + " ago"]
+        if wide:
+            r = n["reserved"]
+            sim = " (simulated)" if n["host_simulated"] else ""
+            row += [n["hostname"], f"{n['cpu_cores']}{sim}", fmt_bytes(n["mem_total_bytes"]),
+                    f"{r['gpus']:g} GPUs, {r['cpu_cores']:g} cores", n["gpu_backend"]]
+        rows.append(row)
+    return table(headers, rows, right=(3, 5, 7))
+
+
+def node_detail(d: Mapping[str, Any]) -> str:
+    """``gptrmctl nodes NODE``: the node, then one row per GPU."""
+    flags = (" cordoned" if d["cordoned"] else "") + (" draining" if d["draining"] else "")
+    host = d["host"]
+    sim_host = " (SIMULATED host)" if d["host_simulated"] else ""
+    r = d["reserved"]
+    head = [
+        f"node          {escape(d['node_id'])} ({escape(d['hostname'])})",
+        f"state         {d['state']}{flags}, last seen {fmt_duration(d['last_seen_age_s'])} ago",
+        f"gpu backend   {escape(d['gpu_backend'])}{' (SIMULATED GPUs)' if d['simulated'] else ''}",
+        f"host          {d['cpu_cores']} cores, {fmt_bytes(d['mem_total_bytes'])} memory{sim_host}",
+        "host now      " + (f"CPU {_pct(host['cpu_util'])}, memory {fmt_bytes(host['mem_used_bytes'])} used"
+                             + (f", CPU package {_watts(host['cpu_power_w'])}" if host["cpu_power_w"] else "")
+                             if host else "-"),
+        f"reserved      {demand_text(r)}",
+        f"tasks         {escape(', '.join(d['task_ids']) or 'none')}",
+    ]
+    curve = d["power_curve"]
+    if curve is not None:
+        origin = f"fitted from {curve['samples']} samples" if curve["source"] == "fitted" else "datasheet"
+        head.append(f"power curve   GPUs {_watts(curve['idle_w'])} idle, {_watts(curve['max_w'])} at full load "
+                    f"({origin})")
+    rows = []
+    for g in d["gpus"]:
+        t = g["telemetry"] or {}
+        healthy = t.get("healthy", True)
+        power = f"{t['power_w']:.0f} / {g['power_limit_w']:.0f} W" if t.get("power_w") is not None else "-"
+        rows.append([
+            g["index"], g["model"], _pct(t.get("util_gpu")),
+            f"{fmt_bytes(t.get('mem_used_bytes') or 0)} / {fmt_bytes(g['mem_total_bytes'])}", power,
+            f"{t['temperature_c']:.0f} C" if t.get("temperature_c") is not None else "-",
+            "yes" if healthy else f"NO: {t.get('health_reason', '')}",
+        ])
+    gpu_table = table(["GPU", "MODEL", "UTIL", "MEMORY", "POWER", "TEMP", "HEALTHY"], rows, right=(0, 2, 5))
+    return "\n".join(head) + "\n\n" + gpu_table
+
+
+def _placement(t: Mapping[str, Any]) -> str:
+    return ",".join(f"{a['node_id']}:{'+'.join(map(str, a['gpu_indices']))}" for a in t["allocation"]) or "-"
+
+
+def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
+                now: Callable[[], float] = time.time) -> str:
+    """``gptrmctl tasks`` (``-o wide`` adds kind, demand, exit code, restarts and the whole reason)."""
+    headers = ["TASK", "NAME", "STATE", "PRIO", "PLACEMENT", "AGE"]
+    if wide:
+        headers += ["KIND", "DEMAND", "EXIT", "RESTARTS"]
+    headers.append("REASON")
+    rows = []
+    for t in docs:
+        row = [t["task_id"], truncate(t["name"], 24), t["state"], t["priority"], _placement(t),
+               age(t["submit_unix_s"], now)]
+        reason = lead_with_cause(t["reason"])
+        if wide:
+            row += [t["kind"], demand_text(t["demand"]), "-" if t["exit_code"] is None else t["exit_code"],
+                    t["restarts"]]
+        row.append(reason if wide else truncate(reason, REASON_WIDTH))
+        rows.append(row)
+    return table(headers, rows, right=(3, 5))
+
+
+def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:
+    """``gptrmctl tasks TASK``."""
+    reason = lead_with_cause(d["reason"])
+    history = " → ".join(f"{h['state']} ({age(h['time_unix_s'], now)} ago)" for h in d["history"])
+    lines = [
+        f"task          {escape(d['task_id'])} ({escape(d['name'])})",
+        f"state         {d['state']}" + (f": {escape(reason)}" if reason else ""),
+        f"kind          {d['kind']}" + (" (profiled as inference)" if d["kind"] == "unspecified" else "")
+        + f"  priority {d['priority']}",
+        f"submitted     {age(d['submit_unix_s'], now)} ago",
+        f"demand        {demand_text(d['demand'])}",
+        "placement     " + (", ".join(f"{escape(a['node_id'])} GPUs {', '.join(map(str, a['gpu_indices']))}"
+                                      for a in d["allocation"]) or "-"),
+        f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
+        f"restarts      {d['restarts']}",
+        f"command       {escape(' '.join(d['spec']['argv']))}",
+        "history       " + (history or "-"),
+    ]
+    if d["log_tail"]:
+        lines += ["log tail:", escape(d["log_tail"].rstrip(), keep_newlines=True)]
+    return "\n".join(lines)

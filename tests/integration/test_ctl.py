@@ -1,0 +1,164 @@
+"""gptrmctl as a subprocess against a real cluster: exit codes, ``-o json`` against the schemas, human output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from common.etcd_embedded import free_port
+from tests.helpers.ctl_schema import validate
+from tests.integration.harness import BIN, Cluster, wait_until
+
+
+def _json(c: Cluster, *args: str) -> Any:
+    res = c.ctl("-o", "json", *args)
+    assert res.returncode == 0, f"{args}: {res.stderr}"
+    return json.loads(res.stdout)
+
+
+def _start(c: Cluster, *agent_args: str) -> None:
+    c.start_coordinator("c1")
+    c.wait_leader("c1")
+    c.start_agent("n1", *agent_args)
+    wait_until(lambda: (n := _json(c, "nodes")["nodes"]) and n[0]["host"] is not None, what="node with telemetry")
+
+
+def _submit(c: Cluster, *args: str) -> dict[str, Any]:
+    doc = _json(c, "submit", *args)
+    validate(doc, "task")
+    return doc
+
+
+class TestJsonContract:
+    def test_every_command_matches_its_schema(self, cluster: Cluster) -> None:
+        """Each command's -o json document validates against its schema, with numbers as numbers and zeros present."""
+        _start(cluster)
+        status = _json(cluster, "status")
+        validate(status, "status")
+        assert status["is_leader"] and isinstance(status["leader_epoch"], int)
+        nodes = _json(cluster, "nodes")
+        validate(nodes, "nodes")
+        node = _json(cluster, "nodes", "n1")
+        validate(node, "node")
+        gpu0 = node["gpus"][0]
+        assert gpu0["index"] == 0 and gpu0["telemetry"]["index"] == 0  # zero is present, not dropped
+        assert isinstance(gpu0["mem_total_bytes"], int) and gpu0["telemetry"]["ecc_corrected_total"] == 0
+        task = _submit(cluster, "--name", "j", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
+                       "sleep", "30")
+        assert task["kind"] == task["spec"]["kind"] == "unspecified"
+        assert isinstance(task["spec"]["demand"]["gpu_mem_bytes"], int)
+        wait_until(lambda: _json(cluster, "tasks", task["task_id"])["state"] == "running", what="running")
+        inference = _submit(cluster, "--name", "i", "--kind", "inference", "--gpus", "1", "--cpu", "0.1", "--",
+                            "sleep", "30")
+        assert inference["kind"] == inference["spec"]["kind"] == "inference"
+        validate(_json(cluster, "tasks"), "tasks")
+        validate(_json(cluster, "tasks", task["task_id"]), "task")
+        for verb in ("pause", "resume", "cancel"):
+            validate(_json(cluster, verb, task["task_id"]), "task")
+        for verb in ("cordon", "uncordon", "drain"):
+            validate(_json(cluster, verb, "n1"), "node")
+        validate(_json(cluster, "policy", "get"), "policy")
+        validate(_json(cluster, "policy", "set", "load-balancing", "--threshold", "0.8"), "policy")
+        res = cluster.ctl("-o", "json", "events")
+        assert res.returncode == 0, res.stderr
+        events = [json.loads(line) for line in res.stdout.splitlines()]
+        assert events
+        for e in events:
+            validate(e, "event")
+
+
+class TestExitCodes:
+    def test_refused_usage_and_no_coordinator(self, cluster: Cluster) -> None:
+        """1 for a refused request (reason on stderr), 2 for usage errors (program named once), 3 for no answer."""
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        res = cluster.ctl("tasks", "no-such-task")
+        assert res.returncode == 1 and "no-such-task" in res.stderr
+        res = cluster.ctl("no-such-command")
+        assert res.returncode == 2 and res.stderr.count("gptrmctl:") == 1
+        res = subprocess.run([str(BIN / "gptrmctl"), "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2",
+                              "status"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 3 and "no coordinator answered" in res.stderr
+
+
+class TestHumanOutput:
+    def test_tables_details_reasons_and_escaping(self, cluster: Cluster) -> None:
+        """Tables carry units, details print no Python dicts, reasons lead with the cause, names are escaped."""
+        _start(cluster)
+        nodes = cluster.ctl("nodes")
+        assert nodes.returncode == 0, nodes.stderr
+        header, row = nodes.stdout.splitlines()[:2]
+        assert header.split()[:3] == ["NODE", "STATE", "GPUS"] and "GiB" in row and " W" in row and "%" in row
+        detail = cluster.ctl("nodes", "n1").stdout
+        assert "56 cores, 1.0 TiB memory (SIMULATED host)" in detail and "(SIMULATED GPUs)" in detail
+        ok = _submit(cluster, "--name", "evil\x1b[31mred", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
+                     "--", "sleep", "30")
+        wait_until(lambda: _json(cluster, "tasks", ok["task_id"])["state"] == "running", what="running")
+        text = cluster.ctl("tasks", ok["task_id"]).stdout
+        assert "{" not in text and "'" not in text
+        assert "demand        1 GPU × 10.0 GiB, 0.1 cores, 0 B memory" in text
+        assert "kind          unspecified (profiled as inference)" in text
+        assert "\x1b" not in text and "evil\\x1b[31mred" in text
+        big = _submit(cluster, "--name", "big", "--gpus", "1", "--cpu", "1000", "--", "sleep", "30")
+        wait_until(lambda: _json(cluster, "tasks", big["task_id"])["reason"], what="a pending reason")
+        table = cluster.ctl("tasks").stdout
+        [line] = [ln for ln in table.splitlines() if ln.startswith(big["task_id"])]
+        reason = line[table.splitlines()[0].index("REASON"):]
+        assert reason.startswith("cpu_cores over threshold"), reason
+        assert "\x1b" not in table
+        wide = cluster.ctl("-o", "wide", "tasks").stdout
+        assert "KIND" in wide.splitlines()[0] and "unspecified" in wide and "1000 cores" in wide
+        assert "RESERVED" in cluster.ctl("-o", "wide", "nodes").stdout
+        cluster.ctl("cancel", ok["task_id"])
+        cluster.ctl("cancel", big["task_id"])
+
+
+class TestSubmitWait:
+    def test_follows_to_final_state_and_exits_with_its_code(self, cluster: Cluster) -> None:
+        """submit --wait ends when the task does, with its exit code, progress on stderr and the task on stdout."""
+        _start(cluster)
+        res = cluster.ctl("-o", "json", "submit", "--wait", "--name", "w", "--gpus", "1", "--cpu", "0.1", "--",
+                          "sh", "-c", "sleep 1; exit 3")
+        assert res.returncode == 3, res.stderr
+        doc = json.loads(res.stdout)
+        validate(doc, "task")
+        assert doc["state"] == "failed" and doc["exit_code"] == 3
+        assert "failed" in res.stderr.splitlines()[-1]
+        res = cluster.ctl("submit", "--wait", "--name", "ok", "--gpus", "1", "--cpu", "0.1", "--", "true")
+        assert res.returncode == 0, res.stderr
+        assert "succeeded with exit code 0" in res.stdout and "succeeded" in res.stderr
+
+
+class TestCompletion:
+    def _complete(self, script: str, words: list[str]) -> list[str]:
+        """Run the bash completion function for ``words`` (the last one is being completed)."""
+        quoted = " ".join(f"'{w}'" for w in words)
+        call = f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; _gptrmctl"
+        prog = f'{script}\n{call}; printf "%s\\n" "${{COMPREPLY[@]}}"'
+        res = subprocess.run(["bash", "-c", prog], capture_output=True, text=True, timeout=60,
+                             env={"PATH": f"{BIN}:/usr/bin:/bin"})
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    def test_bash_commands_flags_and_ids(self, cluster: Cluster) -> None:
+        """The bash script completes commands, a command's flags, -o formats and the coordinator's task ids."""
+        _start(cluster)
+        res = cluster.ctl("completion", "bash")
+        assert res.returncode == 0 and "complete -F _gptrmctl gptrmctl" in res.stdout
+        script, addr = res.stdout, cluster.address()
+        assert self._complete(script, ["gptrmctl", "--coordinator", addr, "ca"]) == ["cancel"]
+        assert "--wait" in self._complete(script, ["gptrmctl", "submit", "--w"])
+        assert self._complete(script, ["gptrmctl", "-o", "w"]) == ["wide"]
+        tid = _submit(cluster, "--name", "c", "--gpus", "1", "--cpu", "0.1", "--", "sleep", "20")["task_id"]
+        assert tid in self._complete(script, ["gptrmctl", "--coordinator", addr, "cancel", ""])
+        assert self._complete(script, ["gptrmctl", "--coordinator", addr, "cordon", ""]) == ["-h", "--help", "n1"]
+        cluster.ctl("cancel", tid)
+
+    def test_zsh_script(self) -> None:
+        """The zsh script declares itself for gptrmctl and loads the same function through bashcompinit."""
+        res = subprocess.run([str(BIN / "gptrmctl"), "completion", "zsh"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and res.stdout.startswith("#compdef gptrmctl")
+        assert "bashcompinit" in res.stdout and "_gptrmctl()" in res.stdout
+        res = subprocess.run([str(BIN / "gptrmctl"), "completion", "fish"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and "completion: argument shell" in res.stderr

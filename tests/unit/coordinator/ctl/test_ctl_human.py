@@ -1,0 +1,61 @@
+"""gptrmctl's human output helpers: escaping, truncation, causes first, units."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.ctl.human import demand_text, escape, fmt_duration, lead_with_cause, table, truncate
+
+GIB = 1 << 30
+
+
+class TestEscape:
+    def test_control_characters(self) -> None:
+        """ESC, BEL and C1 controls are written as \\xNN; plain text is untouched."""
+        assert escape("a\x1b[31mb\x07\x9b") == "a\\x1b[31mb\\x07\\x9b"
+        assert escape("naïve 名前") == "naïve 名前"
+
+    def test_newlines_kept_only_when_asked(self) -> None:
+        """Log tails keep their lines; table cells do not."""
+        assert escape("a\nb") == "a\\x0ab"
+        assert escape("a\nb\tc", keep_newlines=True) == "a\nb\tc"
+
+
+class TestLeadWithCause:
+    @pytest.mark.parametrize(("reason", "expected"), [
+        ("no node with 1 GPU under threshold 0.9 (1 nodes: cpu_cores over threshold)",
+         "1 nodes: cpu_cores over threshold — no node with 1 GPU under threshold 0.9"),
+        ("no node with X (task t1 (the first), needing no more, was refused)",
+         "task t1 (the first), needing no more, was refused — no node with X"),
+        ("node lost", "node lost"),
+        ("(only a cause)", "(only a cause)"),
+    ])
+    def test_cause_first(self, reason: str, expected: str) -> None:
+        """The trailing parenthesised cause moves to the front; reasons without one are unchanged."""
+        assert lead_with_cause(reason) == expected
+
+
+class TestCells:
+    def test_truncate_cuts_the_tail(self) -> None:
+        """Truncation keeps the start and marks the cut."""
+        assert truncate("cpu_cores over threshold — no node", 10) == "cpu_cores…"
+        assert truncate("short", 10) == "short"
+
+    def test_table_aligns_and_escapes(self) -> None:
+        """Columns line up, numbers right-aligned, and cells are escaped."""
+        out = table(["A", "N"], [["x\x1b", 5], ["long", 12]], right=(1,)).splitlines()
+        assert out == ["A       N", "x\\x1b   5", "long   12"]
+
+    @pytest.mark.parametrize(("demand", "text"), [
+        ({"gpus": 1, "gpu_mem_bytes": 10 * GIB, "cpu_cores": 1, "mem_bytes": 0, "disk_bytes": 0},
+         "1 GPU × 10.0 GiB, 1 core, 0 B memory"),
+        ({"gpus": 0.25, "gpu_mem_bytes": 0, "cpu_cores": 2, "mem_bytes": 16 * GIB, "disk_bytes": 10 * GIB},
+         "0.25 GPUs, 2 cores, 16.0 GiB memory, 10.0 GiB disk"),
+    ])
+    def test_demand_text(self, demand: dict, text: str) -> None:
+        """A demand reads as units, not a dict."""
+        assert demand_text(demand) == text
+
+    def test_durations(self) -> None:
+        """Ages use the largest whole unit."""
+        assert [fmt_duration(s) for s in (5, 90, 7200, 3 * 86400)] == ["5s", "2m", "2h", "3d"]
