@@ -36,6 +36,8 @@ class AgentConfig:
     gpu_backend: str = option("auto", "GPU telemetry backend", choices=("auto", "nvml", "simulated"))
     simulate_gpus: str = option("8xH100-80GB", "simulated GPUs, e.g. 8xH100-80GB or 4xA100-40GB,2xL4-24GB")
     interval_s: float = option(1.0, "sampling interval, seconds", flag="interval", check=positive)
+    qos_window_s: float = option(30.0, "window of a task's latency p95 and token rate from its own metrics, seconds",
+                                 flag="qos_window", check=positive)
     batch_samples: int = option(1, "samples per telemetry message", check=_positive_int)
     buffer_samples: int = option(900, "telemetry samples kept while disconnected (oldest dropped beyond)",
                                  check=_positive_int)

@@ -68,7 +68,9 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     runtime_ref: dict[str, TaskRuntime] = {}
     sampler = build_sampler(node_id=cfg.node_name, gpu_backend=cfg.gpu_backend, simulate_spec=cfg.simulate_gpus,
                             interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
-                            task_pids=lambda: runtime_ref["rt"].task_pids() if "rt" in runtime_ref else {})
+                            task_pids=lambda: runtime_ref["rt"].task_pids() if "rt" in runtime_ref else {},
+                            task_metrics=lambda: runtime_ref["rt"].metrics_targets() if "rt" in runtime_ref else {},
+                            qos_window_s=cfg.qos_window_s)
     try:
         runtime = TaskRuntime(state_dir, emit_status, sampler.gpus, task_user=cfg.task_user, runtime=cfg.runtime)
         runtime_ref["rt"] = runtime

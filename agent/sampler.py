@@ -36,6 +36,7 @@ from agent.collectors import (
     PowerReading,
     Sample,
     TaskPids,
+    TaskQosReading,
     TaskUsage,
     host_collectors,
     telemetry_to_proto,
@@ -43,6 +44,7 @@ from agent.collectors import (
 from agent.collectors.nvml import open_nvml
 from agent.collectors.power import DEFAULT_POWERCAP_ROOT
 from agent.collectors.simulated import DEFAULT_SIMULATE_SPEC, SimulatedGpus
+from agent.collectors.task_metrics import TaskMetricsCollector, TaskMetricsTargets
 from common.errors import CollectorError, ConfigError, NoData
 from common.pb.gptrm.v1 import types_pb2
 
@@ -110,14 +112,22 @@ def build_sampler(
     data_paths: Sequence[str] = (),
     task_pids: TaskPids | None = None,
     powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
+    task_metrics: TaskMetricsTargets | None = None,
+    qos_window_s: float = 30.0,
 ) -> Sampler:
     """Open the GPU backend and the host collectors and wire them into a :class:`Sampler`.
 
+    :param task_metrics: the running tasks' metrics endpoints; none are scraped when None.
+    :param qos_window_s: window of the tasks' latency percentiles and token rates.
     :raises ConfigError: see :func:`open_gpu_backend`.
     """
     log = log.bind(node_id=node_id)
     gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id)
     others = host_collectors(data_paths=data_paths, task_pids=task_pids, powercap_root=powercap_root)
+    if task_metrics is not None:
+        # The scrape timeout stays under the interval so a hanging endpoint is reported on the next tick.
+        others.append(TaskMetricsCollector(task_metrics, window_s=qos_window_s,
+                                           timeout_s=min(2.0, max(0.2, interval_s))))
     return Sampler(gpus, others, interval_s=interval_s, log=log)
 
 
@@ -179,6 +189,7 @@ class Sampler:
         gpus: list[GpuReading] = []
         host: HostReading | None = None
         cpu_power_w: float | None = None
+        task_qos: list[TaskQosReading] = []
         for collector in self._collectors:
             for reading in self._run(collector):
                 if isinstance(reading, GpuReading):
@@ -187,12 +198,15 @@ class Sampler:
                     host = reading
                 elif isinstance(reading, PowerReading):
                     cpu_power_w = reading.cpu_power_w
+                elif isinstance(reading, TaskQosReading):
+                    task_qos.append(reading)
         tick = self._clock()
         elapsed = 0.0 if self._last_tick is None else tick - self._last_tick
         self._last_tick = tick
         if host is not None:
             host = dataclasses.replace(host, tasks=self._with_energy(attribute_gpu_usage(host.tasks, gpus), elapsed))
-        return telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated)
+        return telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated,
+                                  task_qos=task_qos)
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
         """Sample every ``interval_s`` until ``stop`` is set, passing each sample to ``emit``.
@@ -213,7 +227,11 @@ class Sampler:
             wait(max(0.0, next_tick - self._clock()))
 
     def close(self) -> None:
-        """Close the GPU backend (``nvmlShutdown``)."""
+        """Close the GPU backend (``nvmlShutdown``) and any collector that has a ``close``."""
+        for collector in self._collectors[1:]:
+            close = getattr(collector, "close", None)
+            if close is not None:
+                close()
         self._gpus.close()
 
     def _run(self, collector: Collector) -> Sequence[Sample]:

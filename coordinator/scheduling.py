@@ -39,6 +39,7 @@ from common.scheduling import (
     queue_key,
 )
 from common.types import TERMINAL_STATES, NodeState, TaskState
+from coordinator._qos_spec import metrics_url_of
 from coordinator.config import CoordinatorConfig
 from coordinator.placement import PlacementEngine
 from coordinator.policies import POLICIES
@@ -339,7 +340,8 @@ class SchedulerLoop:
                 decision_id=f"{task.allocation.decision_id}/{na.node_id}",
                 start=agent_pb2.StartTask(task_id=task.id, gpu_indices=na.gpu_indices, gpu_uuids=na.gpu_uuids,
                                           argv=spec.argv, env=spec.env, stop_grace_s=spec.stop_grace_s or 10.0,
-                                          gpu_share=na.gpu_share, demand=na.demand)))
+                                          gpu_share=na.gpu_share, demand=na.demand,
+                                          metrics_url=metrics_url_of(spec), metrics_mapping=spec.metrics_mapping)))
 
     async def on_agent_registered(self, core: Any, entry: NodeEntry, register: agent_pb2.Register) -> None:
         """Reconcile the agent's task table with ours, and re-send starts it has not seen."""

@@ -6,6 +6,8 @@ The collectors, listed explicitly (nothing registers itself on import):
   :mod:`agent.collectors.nvml` (real GPUs) or :mod:`agent.collectors.simulated`.
 - :mod:`agent.collectors.host`: CPU, load, memory, disks, network, per-task CPU and RSS.
 - :mod:`agent.collectors.power`: CPU package power from RAPL.
+- :mod:`agent.collectors.task_metrics`: inference tasks' own Prometheus metrics (latency p95,
+  time to first token, tokens/s, queue depth), scraped off the sampler's thread.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from agent.collectors.base import (
     HostReading,
     PowerReading,
     Sample,
+    TaskQosReading,
     TaskUsage,
     telemetry_to_proto,
 )
@@ -30,6 +33,7 @@ from agent.collectors.host import HostCollector, TaskPids
 from agent.collectors.nvml import NvmlCollector, open_nvml
 from agent.collectors.power import DEFAULT_POWERCAP_ROOT, RaplPowerCollector
 from agent.collectors.simulated import SimulatedGpus, parse_simulate_spec
+from agent.collectors.task_metrics import MetricsTarget, TaskMetricsCollector, TaskMetricsTargets
 
 __all__ = [
     "Collector",
@@ -40,12 +44,16 @@ __all__ = [
     "GpuReading",
     "HostCollector",
     "HostReading",
+    "MetricsTarget",
     "NvmlCollector",
     "PowerReading",
     "RaplPowerCollector",
     "Sample",
     "SimulatedGpus",
+    "TaskMetricsCollector",
+    "TaskMetricsTargets",
     "TaskPids",
+    "TaskQosReading",
     "TaskUsage",
     "host_collectors",
     "open_nvml",
