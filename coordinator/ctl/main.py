@@ -127,6 +127,8 @@ def _task_detail(d: dict[str, Any]) -> str:
         f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
         "history       " + " → ".join(h["state"] for h in d["history"]),
     ]
+    if d["qos_reading"] is not None:
+        lines.append(f"qos           {render.qos_line(d['qos_reading'])}")
     if d["log_tail"]:
         lines += ["log tail:", d["log_tail"].rstrip()]
     return "\n".join(lines)

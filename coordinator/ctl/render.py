@@ -11,7 +11,7 @@ from google.protobuf.json_format import MessageToDict
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 
-__all__ = ["dump_json", "event_dict", "fmt_bytes", "node_dict", "status_dict", "table", "task_dict"]
+__all__ = ["dump_json", "event_dict", "fmt_bytes", "node_dict", "qos_line", "status_dict", "table", "task_dict"]
 
 GIB = 1024**3
 
@@ -132,7 +132,25 @@ def task_dict(t: types_pb2.Task) -> dict[str, Any]:
             for h in t.history
         ],
         "spec": spec,
+        "qos_reading": (MessageToDict(t.qos_reading, preserving_proto_field_name=True,
+                                      always_print_fields_with_no_presence=True)
+                        if t.HasField("qos_reading") else None),
     }
+
+
+def qos_line(reading: dict[str, Any] | None) -> str:
+    """A task's QoS reading in one line: ``p95 230 ms, ttft p95 41 ms, 1200 tok/s, 3 running, 0 waiting (30 s)``."""
+    if reading is None:
+        return "-"
+    if reading.get("metrics_unavailable"):
+        return f"metrics unavailable: {reading['metrics_unavailable']}"
+    parts = [f"{label} {reading[key] * 1000:.0f} ms" for key, label in (("latency_p95_s", "p95"),
+                                                                       ("ttft_p95_s", "ttft p95")) if key in reading]
+    if "tokens_per_s" in reading:
+        parts.append(f"{reading['tokens_per_s']:.0f} tok/s")
+    parts += [f"{reading[key]:.0f} {label}" for key, label in (("requests_running", "running"),
+                                                              ("requests_waiting", "waiting")) if key in reading]
+    return (", ".join(parts) or "no requests yet") + f" (over {reading.get('window_s', 0):.0f} s)"
 
 
 def event_dict(e: admin_pb2.Event) -> dict[str, Any]:
