@@ -41,6 +41,8 @@ class AgentConfig:
         f"(default: {CORES_PER_GPU} cores and {MEM_GIB_PER_GPU} GiB per simulated GPU)",
         check=check_simulate_host, metavar="CORES:MEM_GIB")
     interval_s: float = option(1.0, "sampling interval, seconds", flag="interval", check=positive)
+    qos_window_s: float = option(30.0, "window of a task's latency p95 and token rate from its own metrics, seconds",
+                                 flag="qos_window", check=positive)
     batch_samples: int = option(1, "samples per telemetry message", check=_positive_int)
     buffer_samples: int = option(900, "telemetry samples kept while disconnected (oldest dropped beyond)",
                                  check=_positive_int)

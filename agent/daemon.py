@@ -62,7 +62,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     try:
         runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_user=cfg.task_user, runtime=cfg.runtime)
         sampler = sampler_for(gpus, interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
-                              task_pids=runtime.task_pids, simulate_host=cfg.simulate_host)
+                              task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
+                              task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)
         runtime.adopt()
         inventory = _inventory(cfg, sampler)
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1

@@ -22,10 +22,12 @@ from typing import Any
 
 import psutil
 
+from agent.collectors.task_metrics import MetricsTarget
 from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
-from common.pb.gptrm.v1 import agent_pb2
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.qos import ROLES
 from common.types import TaskState
 
 __all__ = ["TaskRuntime"]
@@ -39,6 +41,7 @@ _WRAPPER = (
     'echo $code > "$0.tmp" && mv "$0.tmp" "$0"; exit $code'
 )
 _LOG_TAIL_BYTES = 4096
+_MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
 _POLL_S = 0.2
 Emit = Callable[[agent_pb2.TaskStatus], None]
 
@@ -107,6 +110,12 @@ class TaskRuntime:
         """Root pid of every running task (for per-task CPU/RSS/GPU accounting)."""
         return {r.task_id: [r.pid] for r in self.table.tasks.values()}
 
+    def metrics_targets(self) -> dict[str, MetricsTarget]:
+        """The metrics endpoint of every running task that declared one (read by the sampler's thread)."""
+        return {r.task_id: MetricsTarget.declared(r.metrics_url, r.metrics_flavour, r.metrics_names)
+                for r in list(self.table.tasks.values())
+                if r.metrics_url and r.state == int(TaskState.RUNNING) and not r.stopping}
+
     # ---- decisions --------------------------------------------------------------------------
 
     async def handle(self, decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
@@ -162,7 +171,9 @@ class TaskRuntime:
         rec = TaskRecord(st.task_id, decision.decision_id, proc.pid, _create_time(proc.pid),
                          list(st.gpu_indices), list(st.gpu_uuids), str(log_path), str(exit_file),
                          st.stop_grace_s or 10.0, int(TaskState.STARTING), time.time(), st.gpu_share or 1.0,
-                         st.demand.gpu_mem_bytes)
+                         st.demand.gpu_mem_bytes, metrics_url=st.metrics_url[:_MAX_METRICS_FIELD],
+                         metrics_flavour=st.metrics_mapping.flavour[:_MAX_METRICS_FIELD],
+                         metrics_names=_metric_overrides(st.metrics_mapping))
         # No await from here until handle() saves the table (one fsync per start, with the
         # pid, the RUNNING state and the decision's outcome together): an agent killed in
         # between loses nothing it could have recorded.
@@ -276,6 +287,11 @@ class TaskRuntime:
         """Stop watching (tasks keep running; a restarted agent adopts them)."""
         for w in self._watchers.values():
             w.cancel()
+
+
+def _metric_overrides(mapping: types_pb2.MetricsMapping) -> dict[str, str]:
+    """The role → name overrides of a StartTask's mapping (bounded; checked when scraped)."""
+    return {role: getattr(mapping, role)[:_MAX_METRICS_FIELD] for role in ROLES if getattr(mapping, role)}
 
 
 def _create_time(pid: int) -> float:

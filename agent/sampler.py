@@ -38,6 +38,7 @@ from agent.collectors import (
     PowerReading,
     Sample,
     TaskPids,
+    TaskQosReading,
     TaskUsage,
     host_collectors,
     telemetry_to_proto,
@@ -46,6 +47,7 @@ from agent.collectors.nvml import open_nvml
 from agent.collectors.power import DEFAULT_POWERCAP_ROOT
 from agent.collectors.simulated import DEFAULT_SIMULATE_SPEC, SimulatedGpus
 from agent.collectors.simulated_host import REAL_HOST, default_host_shape, parse_simulate_host
+from agent.collectors.task_metrics import TaskMetricsCollector, TaskMetricsTargets
 from common.errors import CollectorError, ConfigError, NoData
 from common.pb.gptrm.v1 import types_pb2
 
@@ -123,18 +125,23 @@ def build_sampler(
     powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
     simulate_host: str = "",
     real_cores: int | None = None,
+    task_metrics: TaskMetricsTargets | None = None,
+    qos_window_s: float = 30.0,
 ) -> Sampler:
     """Open the GPU backend and the host collectors and wire them into a :class:`Sampler`.
 
     :param simulate_host: ``--simulate-host`` (see :func:`choose_host_shape`).
     :param real_cores: this machine's logical cores; psutil's count when None.
+    :param task_metrics: the running tasks' metrics endpoints; none are scraped when None.
+    :param qos_window_s: window of the tasks' latency percentiles and token rates.
     :raises ConfigError: see :func:`open_gpu_backend` and :func:`choose_host_shape`.
     """
     log = log.bind(node_id=node_id)
     gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id)
     try:
         return sampler_for(gpus, interval_s=interval_s, log=log, data_paths=data_paths, task_pids=task_pids,
-                           powercap_root=powercap_root, simulate_host=simulate_host, real_cores=real_cores)
+                           powercap_root=powercap_root, simulate_host=simulate_host, real_cores=real_cores,
+                           task_metrics=task_metrics, qos_window_s=qos_window_s)
     except ConfigError:
         gpus.close()
         raise
@@ -150,6 +157,8 @@ def sampler_for(
     powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
     simulate_host: str = "",
     real_cores: int | None = None,
+    task_metrics: TaskMetricsTargets | None = None,
+    qos_window_s: float = 30.0,
 ) -> Sampler:
     """The host collectors and the :class:`Sampler` around a GPU backend that is already open
     (the agent opens it first, because its task runtime applies power limits through it).
@@ -160,6 +169,10 @@ def sampler_for(
     cores = real_cores if real_cores is not None else (psutil.cpu_count() or 1)
     others = host_collectors(data_paths=data_paths, task_pids=task_pids, powercap_root=powercap_root,
                              host_shape=shape, real_cores=cores)
+    if task_metrics is not None:
+        # The scrape timeout stays under the interval so a hanging endpoint is reported on the next tick.
+        others.append(TaskMetricsCollector(task_metrics, window_s=qos_window_s,
+                                           timeout_s=min(2.0, max(0.2, interval_s))))
     return Sampler(gpus, others, interval_s=interval_s, log=log, host_shape=shape)
 
 
@@ -255,6 +268,7 @@ class Sampler:
         gpus: list[GpuReading] = []
         host: HostReading | None = None
         cpu_power_w: float | None = None
+        task_qos: list[TaskQosReading] = []
         for collector in self._collectors:
             for reading in self._run(collector):
                 if isinstance(reading, GpuReading):
@@ -263,12 +277,15 @@ class Sampler:
                     host = reading
                 elif isinstance(reading, PowerReading):
                     cpu_power_w = reading.cpu_power_w
+                elif isinstance(reading, TaskQosReading):
+                    task_qos.append(reading)
         tick = self._clock()
         elapsed = 0.0 if self._last_tick is None else tick - self._last_tick
         self._last_tick = tick
         if host is not None:
             host = dataclasses.replace(host, tasks=self._with_energy(attribute_gpu_usage(host.tasks, gpus), elapsed))
-        return telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated)
+        return telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated,
+                                  task_qos=task_qos)
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
         """Sample every ``interval_s`` until ``stop`` is set, passing each sample to ``emit``.
@@ -289,7 +306,11 @@ class Sampler:
             wait(max(0.0, next_tick - self._clock()))
 
     def close(self) -> None:
-        """Close the GPU backend (``nvmlShutdown``)."""
+        """Close the GPU backend (``nvmlShutdown``) and any collector that has a ``close``."""
+        for collector in self._collectors[1:]:
+            close = getattr(collector, "close", None)
+            if close is not None:
+                close()
         self._gpus.close()
 
     def _run(self, collector: Collector) -> Sequence[Sample]:

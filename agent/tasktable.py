@@ -35,6 +35,9 @@ class TaskRecord:
     gpu_share: float = 1.0
     gpu_mem_bytes: int = 0
     stopping: bool = False
+    metrics_url: str = ""           # the task's own Prometheus endpoint, "" when it declared none
+    metrics_flavour: str = ""       # vllm | tgi | custom ("" → vllm)
+    metrics_names: dict[str, str] = field(default_factory=dict)   # role → metric name overrides
 
 
 @dataclass

@@ -386,6 +386,8 @@ class TaskSpecData:
     :param gpu_model: constraint: substring of the GPU model, "" for any.
     :param node_selector: constraint: node labels that must match exactly.
     :param allow_gpu_sharing: whether a fractional GPU share is acceptable.
+    :param preemptible: whether higher-priority work may preempt the task.
+    :param checkpoint_signal: signal name sent before a preemption stop, "" for the default (SIGUSR1).
     """
 
     name: str = ""
@@ -403,6 +405,8 @@ class TaskSpecData:
     gpu_model: str = ""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     allow_gpu_sharing: bool = False
+    preemptible: bool = True
+    checkpoint_signal: str = ""
 
 
 def queue_key(req: Request) -> tuple[int, float, float, str]:

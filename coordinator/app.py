@@ -133,7 +133,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     power = PowerModel()
     monitor = ResourceMonitor(cfg.history_s, cfg.sampling_interval_s, power_model=power)   # Alg. 3's curves
     profiler = Profiler()
-    dispatcher = Dispatcher(registry, leadership)
+    dispatcher = Dispatcher(registry, epoch=lambda: leadership.epoch)
     scale_out = ScaleOutRequests(events)
     tasks = TaskTable(store, leadership, registry, monitor, profiler, dispatcher, scale_out, events, wakeup)
     metrics = Metrics(monitor, registry, tasks.counts, leading=lambda: leadership.leading,

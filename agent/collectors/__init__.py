@@ -7,6 +7,8 @@ The collectors, listed explicitly (nothing registers itself on import):
   :mod:`agent.collectors.simulated_host` also reports a simulated host's cores and memory.
 - :mod:`agent.collectors.host`: CPU, load, memory, disks, network, per-task CPU and RSS.
 - :mod:`agent.collectors.power`: CPU package power from RAPL.
+- :mod:`agent.collectors.task_metrics`: inference tasks' own Prometheus metrics (latency p95,
+  time to first token, tokens/s, queue depth), scraped off the sampler's thread.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from agent.collectors.base import (
     HostReading,
     PowerReading,
     Sample,
+    TaskQosReading,
     TaskUsage,
     telemetry_to_proto,
 )
@@ -32,6 +35,7 @@ from agent.collectors.nvml import NvmlCollector, open_nvml
 from agent.collectors.power import DEFAULT_POWERCAP_ROOT, RaplPowerCollector
 from agent.collectors.simulated import SimulatedGpus, parse_simulate_spec
 from agent.collectors.simulated_host import HostShape, SimulatedHost, default_host_shape, parse_simulate_host
+from agent.collectors.task_metrics import MetricsTarget, TaskMetricsCollector, TaskMetricsTargets
 
 __all__ = [
     "Collector",
@@ -43,13 +47,17 @@ __all__ = [
     "HostCollector",
     "HostReading",
     "HostShape",
+    "MetricsTarget",
     "NvmlCollector",
     "PowerReading",
     "RaplPowerCollector",
     "Sample",
     "SimulatedGpus",
     "SimulatedHost",
+    "TaskMetricsCollector",
+    "TaskMetricsTargets",
     "TaskPids",
+    "TaskQosReading",
     "TaskUsage",
     "default_host_shape",
     "host_collectors",

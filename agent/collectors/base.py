@@ -23,6 +23,7 @@ __all__ = [
     "HostReading",
     "PowerReading",
     "Sample",
+    "TaskQosReading",
     "TaskUsage",
     "telemetry_to_proto",
 ]
@@ -230,7 +231,41 @@ class PowerReading:
     cpu_power_w: float
 
 
-Sample = GpuReading | HostReading | PowerReading
+@dataclass(frozen=True, slots=True)
+class TaskQosReading:
+    """What one task's own metrics endpoint says, derived over a sliding window.
+
+    A value is None when it could not be derived (no request finished in the window, the
+    server does not publish that metric, or the endpoint could not be read).
+    """
+
+    task_id: str
+    latency_p95_s: float | None = None
+    """End-to-end request latency, 95th percentile over the window."""
+    ttft_p95_s: float | None = None
+    """Time to first token, 95th percentile over the window."""
+    tokens_per_s: float | None = None
+    """Generated tokens per second over the window."""
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    window_s: float = 0.0
+    """Time the percentiles and the rate cover; 0 after a single scrape."""
+    metrics_unavailable: str = ""
+    """Why the endpoint could not be read this time; "" when it was."""
+    scraped_unix_s: float = 0.0
+
+    def to_proto(self) -> types_pb2.TaskQos:
+        """This reading as a ``TaskQos`` message; None values stay absent."""
+        msg = types_pb2.TaskQos(task_id=self.task_id, window_s=self.window_s,
+                                metrics_unavailable=self.metrics_unavailable, scraped_unix_s=self.scraped_unix_s)
+        for name in ("latency_p95_s", "ttft_p95_s", "tokens_per_s", "requests_running", "requests_waiting"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(msg, name, value)
+        return msg
+
+
+Sample = GpuReading | HostReading | PowerReading | TaskQosReading
 """Anything a collector returns; the sampler files each kind into its place in the tick."""
 
 
@@ -273,6 +308,7 @@ def telemetry_to_proto(
     cpu_power_w: float | None,
     *,
     simulated: bool,
+    task_qos: Sequence[TaskQosReading] = (),
 ) -> types_pb2.TelemetrySample:
     """One tick's readings as a ``TelemetrySample``.
 
@@ -281,12 +317,14 @@ def telemetry_to_proto(
     :param host: the host reading, or None when the host collector failed this round.
     :param cpu_power_w: RAPL package power, None when unknown.
     :param simulated: True when the GPUs are simulated.
+    :param task_qos: readings of the tasks that declared a metrics endpoint.
     :returns: the message, ready for a ``TelemetryBatch``.
     """
     msg = types_pb2.TelemetrySample(
         time_unix_s=time_unix_s,
         gpus=[g.to_proto() for g in gpus],
         simulated=simulated,
+        task_qos=[q.to_proto() for q in task_qos],
     )
     if host is not None:
         msg.host.CopyFrom(host.to_proto(cpu_power_w))

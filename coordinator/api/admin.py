@@ -173,9 +173,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         task_id = _require_id(request.task_id, "task_id")
         read, task = await self._from_etcd(self._app.store.get_task, task_id)
         if not read:
-            return self._app.tasks.get(task_id)
+            task = types_pb2.Task()
+            task.CopyFrom(self._app.tasks.get(task_id))   # a copy: the reading below is never stored
         if task is None:
             raise NotFound(f"task {task_id!r} not found")
+        reading = self.core.monitor.task_qos(task_id)
+        if reading is not None:
+            task.qos_reading.CopyFrom(reading.to_proto())
         return task
 
     @_rpc

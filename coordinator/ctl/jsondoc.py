@@ -57,7 +57,7 @@ _HIDDEN = {"has_demand", "has_exit_code", "has_latest"}
 _ROOTS: tuple[Descriptor, ...] = (
     types_pb2.TaskSpec.DESCRIPTOR, types_pb2.ResourceVector.DESCRIPTOR, types_pb2.NodeAllocation.DESCRIPTOR,
     types_pb2.TaskStateChange.DESCRIPTOR, types_pb2.GpuInfo.DESCRIPTOR, types_pb2.GpuSample.DESCRIPTOR,
-    types_pb2.HostSample.DESCRIPTOR, admin_pb2.ClusterObjectives.DESCRIPTOR,
+    types_pb2.HostSample.DESCRIPTOR, types_pb2.TaskQos.DESCRIPTOR, admin_pb2.ClusterObjectives.DESCRIPTOR,
 )
 
 

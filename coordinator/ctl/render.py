@@ -88,6 +88,7 @@ def task_dict(t: types_pb2.Task) -> dict[str, Any]:
         "pids": list(t.pids),
         "history": [proto_dict(h) for h in t.history],
         "spec": proto_dict(t.spec),
+        "qos_reading": proto_dict(t.qos_reading) if t.HasField("qos_reading") else None,
     }
 
 

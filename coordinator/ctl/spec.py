@@ -41,6 +41,22 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-id", help="idempotency key (a retried submit returns the same task)")
     p.add_argument("--wait", action="store_true",
                    help="follow the task to its final state (progress on stderr) and exit with its exit code")
+    q = p.add_argument_group("QoS")
+    q.add_argument("--no-preemptible", dest="preemptible", action="store_false", default=None,
+                   help="never preempt this task for higher-priority work")
+    q.add_argument("--checkpoint-signal", metavar="SIGNAL", help="sent before a preemption stop (default SIGUSR1)")
+    q.add_argument("--deadline", metavar="TIME|DURATION",
+                   help="finish by an ISO 8601 time (2025-06-01T18:00:00Z; local time without an offset) "
+                        "or within a duration from now (2h30m)")
+    q.add_argument("--max-latency-ms", type=float, help="p95 request latency target (inference)")
+    q.add_argument("--min-tokens-per-s", type=float, help="generated tokens per second target (inference)")
+    q.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="the task serves Prometheus metrics at http://127.0.0.1:PORT/metrics")
+    q.add_argument("--metrics-url", metavar="URL", help="or at this http URL on its own host (loopback)")
+    q.add_argument("--metrics-flavour", metavar="FLAVOUR", help="vllm (default) | tgi | custom")
+    q.add_argument("--metrics-name", action="append", default=[], metavar="ROLE=METRIC",
+                   help="read ROLE from METRIC (roles: latency_histogram, ttft_histogram, tokens_counter, "
+                        "running_gauge, waiting_gauge); repeatable")
     p.add_argument("argv", nargs="*", help="command to run, after --")
 
 
@@ -77,11 +93,29 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
                        ("stop_grace_s", args.stop_grace_s)):
         if value is not None:
             d[key] = value
+    _qos_from_args(args, d)
     if args.env:
         d["env"] = _pairs(args.env, "--env")
     if args.label:
         d["labels"] = _pairs(args.label, "--label")
     return _parse(d, "flags")
+
+
+def _qos_from_args(args: argparse.Namespace, d: dict[str, Any]) -> None:
+    """The QoS flags into the spec mapping (the parser and the coordinator check the values)."""
+    for key, value in (("preemptible", args.preemptible), ("checkpoint_signal", args.checkpoint_signal),
+                       ("metrics_port", args.metrics_port), ("metrics_url", args.metrics_url)):
+        if value is not None:
+            d[key] = value
+    qos = {k: v for k, v in (("deadline", args.deadline), ("max_latency_ms", args.max_latency_ms),
+                             ("min_tokens_per_s", args.min_tokens_per_s)) if v is not None}
+    if qos:
+        d["qos"] = qos
+    mapping: dict[str, Any] = _pairs(args.metrics_name, "--metrics-name")
+    if args.metrics_flavour is not None:
+        mapping["flavour"] = args.metrics_flavour
+    if mapping:
+        d["metrics_mapping"] = mapping
 
 
 def spec_from_file(path: str) -> types_pb2.TaskSpec:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from coordinator.monitor.nodes import NodeRegistry
-from coordinator.sync.leadership import Leadership
+from coordinator.profiler.qos_spec import metrics_url_of
 
 __all__ = ["Dispatcher"]
 
@@ -25,19 +26,19 @@ class Dispatcher:
         dispatcher.stop(task, reason="cancelled by an admin")
 
     :param registry: the node table (each connected node's outbox).
-    :param leadership: the epoch to stamp on decisions.
+    :param epoch: the leader epoch to stamp on decisions (``Leadership.epoch``).
     """
 
-    def __init__(self, registry: NodeRegistry, leadership: Leadership) -> None:
+    def __init__(self, registry: NodeRegistry, epoch: Callable[[], int]) -> None:
         self._registry = registry
-        self._leadership = leadership
+        self._epoch = epoch
 
     def send(self, node_id: str, decision: agent_pb2.Decision) -> bool:
         """Queue one decision for a node; False when the node has no open stream."""
         entry = self._registry.get(node_id)
         if entry is None or entry.outbox is None:
             return False
-        decision.leader_epoch = self._leadership.epoch
+        decision.leader_epoch = self._epoch()
         entry.outbox.put_nowait(agent_pb2.CoordinatorMessage(decision=decision))
         return True
 
@@ -50,7 +51,8 @@ class Dispatcher:
                 start=agent_pb2.StartTask(task_id=task.id, gpu_indices=na.gpu_indices, gpu_uuids=na.gpu_uuids,
                                           argv=spec.argv, env=spec.env,
                                           stop_grace_s=spec.stop_grace_s or _DEFAULT_GRACE_S,
-                                          gpu_share=na.gpu_share, demand=na.demand)))
+                                          gpu_share=na.gpu_share, demand=na.demand,
+                                          metrics_url=metrics_url_of(spec), metrics_mapping=spec.metrics_mapping)))
 
     def stop(self, task: types_pb2.Task, reason: str) -> bool:
         """Ask every node of the task's allocation to stop it (after its grace); True when any was told."""

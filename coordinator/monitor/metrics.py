@@ -19,6 +19,7 @@ import gzip
 import math
 import socket
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -156,6 +157,57 @@ class _TelemetryCollector(Collector):
         yield from (util, power, cpu, cpu_power, mem)
 
 
+# (metric name, help, TaskQos field)
+_TASK_QOS_GAUGES = (
+    ("gptrm_task_latency_p95_seconds", "p95 end-to-end request latency from the task's own metrics",
+     "latency_p95_s"),
+    ("gptrm_task_ttft_p95_seconds", "p95 time to first token from the task's own metrics", "ttft_p95_s"),
+    ("gptrm_task_tokens_per_second", "generated tokens per second from the task's own metrics", "tokens_per_s"),
+    ("gptrm_task_requests_running", "requests the task is serving, from its own metrics", "requests_running"),
+    ("gptrm_task_requests_waiting", "requests queued in the task, from its own metrics", "requests_waiting"),
+)
+MAX_TASK_SERIES = 1000
+"""Tasks exported per QoS gauge (the most recently updated); bounds the label cardinality."""
+TASK_QOS_FRESH_S = 60.0
+"""Readings older than this are left out: the task ended or its agent stopped reporting."""
+
+
+class _TaskQosCollector(Collector):
+    """Per-task gauges from the tasks' own metrics, labelled by task id only, bounded in number.
+
+    :param monitor: holds the readings.
+    :param now: wall clock, to leave out stale readings.
+    """
+
+    names = (*(name for name, _, _ in _TASK_QOS_GAUGES), "gptrm_task_metrics_available")
+
+    def __init__(self, monitor: ResourceMonitor, now: Callable[[], float] = time.time) -> None:
+        self._monitor = monitor
+        self._now = now
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The families :meth:`collect` yields."""
+        return [GaugeMetricFamily(name, "") for name in self.names]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        horizon = self._now() - TASK_QOS_FRESH_S
+        readings = [r for r in self._monitor.task_qos_readings() if r.received_unix_s >= horizon]
+        readings = readings[-MAX_TASK_SERIES:]
+        for name, help_text, field in _TASK_QOS_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=["task"])
+            for r in readings:
+                value = getattr(r, field)
+                if value is not None:
+                    family.add_metric([r.task_id], value)
+            yield family
+        available = GaugeMetricFamily("gptrm_task_metrics_available",
+                                      "1 when the agent could read the task's metrics endpoint, 0 when not",
+                                      labels=["task"])
+        for r in readings:
+            available.add_metric([r.task_id], 1.0 if r.available else 0.0)
+        yield available
+
+
 class Metrics:
     """Counters and histograms the coordinator updates, on a private registry, and the scrape answer.
 
@@ -171,6 +223,7 @@ class Metrics:
                  etcd_up: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_TelemetryCollector(monitor, registry, task_counts))
+        self.registry.register(_TaskQosCollector(monitor))
         self._gpus = _GpuGauges(monitor, registry)
         r = self.registry
         self.streams = Gauge("gptrm_agent_streams", "open agent streams", registry=r)

@@ -14,6 +14,11 @@ vectorised, by the first reader after a batch):
 
 Energy since start integrates each node's power over time, or uses the difference of the
 NVML total-energy counters where every GPU of the node reports one.
+
+Inference tasks that declare a metrics endpoint arrive with a QoS reading in each sample
+(latency p95, tokens/s, queue depth, from the task's own metrics); the newest per task is
+kept, validated and bounded, in :class:`~coordinator.monitor.task_qos.TaskQosStore` and read with
+:meth:`ResourceMonitor.task_qos`.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import numpy as np
 
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.monitor.power_model import PowerModel
+from coordinator.monitor.task_qos import TaskQos, TaskQosStore
 
-__all__ = ["GPU_FIELDS", "HOST_FIELDS", "ClusterObjectives", "NodeHistory", "ResourceMonitor"]
+__all__ = ["GPU_FIELDS", "HOST_FIELDS", "ClusterObjectives", "NodeHistory", "ResourceMonitor", "TaskQos"]
 
 GPU_FIELDS = (
     "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j",
@@ -171,11 +177,13 @@ class ResourceMonitor:
     :param now: wall clock (injected in tests).
     :param power_model: fed every sample's (mean GPU utilization, summed GPU power), so that
         Alg. 3's per-node power curves are fitted from the node's own telemetry; None: not fed.
+    :param max_qos_tasks: tasks whose latest QoS reading (from their own metrics) is kept.
     """
 
     def __init__(self, history_s: float, interval_s: float, now: Callable[[], float] = time.time,
-                 power_model: PowerModel | None = None) -> None:
+                 power_model: PowerModel | None = None, max_qos_tasks: int = 4096) -> None:
         self.power_model = power_model
+        self._task_qos = TaskQosStore(max_qos_tasks, now)
         self.capacity = max(2, math.ceil(history_s / interval_s))
         self._now = now
         self._hist: dict[str, NodeHistory] = {}
@@ -224,6 +232,8 @@ class ResourceMonitor:
         self._util[slot], self._power[slot], self._mem_used[slot], self._mem_total[slot] = u, p, mu, mt
         self._active[slot] = True
         self.latest[node_id] = samples[-1]
+        if samples[-1].task_qos:
+            self._task_qos.update(node_id, samples[-1])   # every sample carries all tasks: the newest suffices
         self.samples_total += len(samples)
         self.last_lag_s = max(0.0, self._now() - samples[-1].time_unix_s)
         self._stale = True
@@ -265,6 +275,22 @@ class ResourceMonitor:
             energy_j=energy,
             nodes=n,
         )
+
+    def task_qos(self, task_id: str) -> TaskQos | None:
+        """The latest QoS reading of a task's own metrics (latency p95, tokens/s, queue), or None.
+
+        Check ``received_unix_s`` for freshness and ``available`` before comparing with targets:
+        an unreadable endpoint is reported, never a violation.
+        """
+        return self._task_qos.get(task_id)
+
+    def task_qos_readings(self) -> list[TaskQos]:
+        """Every task's latest QoS reading (bounded), least recently updated first."""
+        return self._task_qos.readings()
+
+    def forget_task_qos(self, task_id: str) -> None:
+        """Drop a task's QoS reading (it ended)."""
+        self._task_qos.forget(task_id)
 
     def history(self, node_id: str) -> NodeHistory | None:
         return self._hist.get(node_id)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -21,6 +22,7 @@ from common.domain import ModelSpecData, QosData, Resources, TaskSpecData
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskKind
+from coordinator.profiler.qos_spec import parse_deadline
 
 __all__ = ["PRECISIONS", "gpus_used", "spec_data", "spec_from_mapping", "spec_to_proto"]
 
@@ -90,6 +92,8 @@ def spec_data(spec: types_pb2.TaskSpec | TaskSpecData) -> TaskSpecData:
         gpu_model=spec.constraints.gpu_model,
         node_selector=dict(spec.constraints.node_selector),
         allow_gpu_sharing=spec.allow_gpu_sharing,
+        preemptible=spec.preemptible if spec.HasField("preemptible") else True,
+        checkpoint_signal=spec.checkpoint_signal,
     )
 
 
@@ -104,6 +108,7 @@ def spec_to_proto(data: TaskSpecData) -> types_pb2.TaskSpec:
         name=data.name, kind=int(data.kind), replicas=data.replicas, nodes=data.nodes,
         gpus_per_node=data.gpus_per_node, priority=data.priority, argv=list(data.argv), env=dict(data.env),
         labels=dict(data.labels), allow_gpu_sharing=data.allow_gpu_sharing,
+        checkpoint_signal=data.checkpoint_signal,
         model=types_pb2.ModelSpec(
             name=m.name, params_billions=m.params_billions, precision=m.precision, context_length=m.context_length,
             batch_size=m.batch_size, layers=m.layers, hidden_size=m.hidden_size,
@@ -112,6 +117,8 @@ def spec_to_proto(data: TaskSpecData) -> types_pb2.TaskSpec:
                               min_tokens_per_s=data.qos.min_tokens_per_s),
         constraints=types_pb2.Constraints(gpu_model=data.gpu_model, node_selector=dict(data.node_selector)),
     )  # fmt: skip
+    if not data.preemptible:
+        spec.preemptible = False
     if data.demand is not None:
         d = data.demand
         per_gpu = d.gpu_mem_total_bytes // max(1, gpus_used(d.gpus))
@@ -217,23 +224,41 @@ def _fill(message: Message, mapping: Mapping[str, Any], path: str) -> None:
             setattr(message, key, _scalar(field, value, where))
 
 
-def spec_from_mapping(mapping: Mapping[str, Any]) -> types_pb2.TaskSpec:
+def _with_deadline(mapping: Mapping[str, Any], now: Callable[[], float]) -> Mapping[str, Any]:
+    """``qos.deadline`` (an ISO 8601 time, a duration from now, or unix seconds) → ``qos.deadline_unix_s``."""
+    qos = mapping.get("qos")
+    if not isinstance(qos, Mapping) or "deadline" not in qos:
+        return mapping
+    if "deadline_unix_s" in qos:
+        raise ValidationError("spec.qos.deadline", "give deadline or deadline_unix_s, not both")
+    try:
+        deadline = parse_deadline(qos["deadline"], now())
+    except ValueError as e:
+        raise ValidationError("spec.qos.deadline", str(e)) from None
+    rest = {k: v for k, v in qos.items() if k != "deadline"}
+    return {**mapping, "qos": {**rest, "deadline_unix_s": deadline}}
+
+
+def spec_from_mapping(mapping: Mapping[str, Any], *, now: Callable[[], float] = time.time) -> types_pb2.TaskSpec:
     """Parse a YAML/JSON task spec (keys are the proto field names) into a ``TaskSpec``.
 
     Enums take their labels (``kind: fine-tuning``, ``restart_policy: on-failure``); ``*_bytes``
-    fields also take sizes such as ``"80GiB"``; giving ``demand`` sets ``has_demand``. Only the
-    shape and types are checked here; :func:`validate_spec` checks the values.
+    fields also take sizes such as ``"80GiB"``; giving ``demand`` sets ``has_demand``;
+    ``qos.deadline`` takes an ISO 8601 time or a duration from now (``2h30m``) in place of
+    ``qos.deadline_unix_s``. Only the shape and types are checked here; :func:`validate_spec`
+    checks the values.
 
     Example::
 
         spec = spec_from_mapping(yaml.safe_load(open("job.yaml")))
 
     :param mapping: the parsed document.
+    :param now: wall clock (unix seconds) a deadline duration counts from.
     :returns: the spec.
     :raises ValidationError: naming the dotted path of an unknown key or a mistyped value.
     """
     if not isinstance(mapping, Mapping):
         raise ValidationError("spec", f"expected a mapping, got {type(mapping).__name__}")
     spec = types_pb2.TaskSpec()
-    _fill(spec, mapping, "spec")
+    _fill(spec, _with_deadline(mapping, now), "spec")
     return spec

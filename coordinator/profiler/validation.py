@@ -6,10 +6,12 @@ Re-exported by :mod:`coordinator.profiler.profiler` as :func:`validate_spec`.
 from __future__ import annotations
 
 import math
+import time
 
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.profiler.qos_spec import validate_qos_spec
 from coordinator.profiler.taskspec import (
     MAX_BATCH,
     MAX_BYTES,
@@ -73,7 +75,7 @@ def _validate_model(spec: TaskSpecData) -> None:
 
 
 def _validate_shape(spec: TaskSpecData, max_gpus_per_node: int) -> None:
-    """Gang size, replicas, GPUs per node, priority."""
+    """Gang size, replicas, GPUs per node, priority (never negative: 0 is the lowest)."""
     _number("spec.nodes", spec.nodes, high=MAX_NODES, positive=True)
     _number("spec.replicas", spec.replicas, high=10_000, positive=True)
     _number("spec.gpus_per_node", spec.gpus_per_node, high=MAX_GPUS)
@@ -81,11 +83,13 @@ def _validate_shape(spec: TaskSpecData, max_gpus_per_node: int) -> None:
         raise ValidationError(
             "spec.gpus_per_node", f"{spec.gpus_per_node} GPUs per node, but no node has more than {max_gpus_per_node}"
         )
-    if not -_INT32 <= spec.priority < _INT32:
-        raise ValidationError("spec.priority", f"{spec.priority} does not fit in 32 bits")
+    if not 0 <= spec.priority < _INT32:
+        raise ValidationError("spec.priority", f"must be an integer in [0, {_INT32 - 1}] (higher runs first), "
+                                               f"got {spec.priority}")
 
 
-def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: int) -> None:
+def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: int, *,
+                  now: float | None = None) -> None:
     """Check a task spec before it is queued; the first problem found is raised.
 
     Refused: an unknown kind; an empty ``argv`` (or an empty program name); negative, NaN or
@@ -93,7 +97,9 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     when no explicit demand is given, an all-zero demand); absurdly large values (more than 4096
     GPUs, more than 1 PiB of any memory or disk, more than 100,000 B parameters); GPU memory
     without GPUs; a fractional GPU above 1 or without ``allow_gpu_sharing``; more GPUs per node
-    than any node has; an unknown precision; negative QoS targets or grace period.
+    than any node has; an unknown precision; negative QoS targets or grace period; and the QoS
+    fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
+    a bad checkpoint signal or metrics endpoint); a negative priority.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -111,3 +117,4 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         _number(f"spec.qos.{name}", getattr(data.qos, name), high=1e15)
     if isinstance(spec, types_pb2.TaskSpec):
         _number("spec.stop_grace_s", spec.stop_grace_s, high=86_400.0)
+        validate_qos_spec(spec, time.time() if now is None else now)

@@ -109,6 +109,22 @@ class QosSpec(_message.Message):
     min_tokens_per_s: float
     def __init__(self, deadline_unix_s: _Optional[float] = ..., max_latency_ms: _Optional[float] = ..., min_tokens_per_s: _Optional[float] = ...) -> None: ...
 
+class MetricsMapping(_message.Message):
+    __slots__ = ("flavour", "latency_histogram", "ttft_histogram", "tokens_counter", "running_gauge", "waiting_gauge")
+    FLAVOUR_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    TTFT_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_GAUGE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_GAUGE_FIELD_NUMBER: _ClassVar[int]
+    flavour: str
+    latency_histogram: str
+    ttft_histogram: str
+    tokens_counter: str
+    running_gauge: str
+    waiting_gauge: str
+    def __init__(self, flavour: _Optional[str] = ..., latency_histogram: _Optional[str] = ..., ttft_histogram: _Optional[str] = ..., tokens_counter: _Optional[str] = ..., running_gauge: _Optional[str] = ..., waiting_gauge: _Optional[str] = ...) -> None: ...
+
 class Constraints(_message.Message):
     __slots__ = ("gpu_model", "node_selector")
     class NodeSelectorEntry(_message.Message):
@@ -125,7 +141,7 @@ class Constraints(_message.Message):
     def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s")
+    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +174,11 @@ class TaskSpec(_message.Message):
     CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_GPU_SHARING_FIELD_NUMBER: _ClassVar[int]
     STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_MAPPING_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: TaskKind
     model: ModelSpec
@@ -176,7 +197,12 @@ class TaskSpec(_message.Message):
     constraints: Constraints
     allow_gpu_sharing: bool
     stop_grace_s: float
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ...) -> None: ...
+    preemptible: bool
+    checkpoint_signal: str
+    metrics_port: int
+    metrics_url: str
+    metrics_mapping: MetricsMapping
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ...) -> None: ...
 
 class NodeAllocation(_message.Message):
     __slots__ = ("node_id", "gpu_indices", "gpu_uuids", "demand", "gpu_share")
@@ -217,7 +243,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +258,7 @@ class Task(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
+    QOS_READING_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -246,7 +273,8 @@ class Task(_message.Message):
     restarts: int
     revision: int
     pids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
+    qos_reading: TaskQos
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "model", "mem_total_bytes", "power_limit_w", "power_min_w", "power_max_w", "power_default_w", "pci_bus_id", "topology_group", "mig_enabled")
@@ -431,6 +459,28 @@ class TaskUsage(_message.Message):
     energy_share_j: float
     def __init__(self, task_id: _Optional[str] = ..., cpu_util: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., gpu_mem_bytes: _Optional[int] = ..., gpu_util_share: _Optional[float] = ..., power_share_w: _Optional[float] = ..., energy_share_j: _Optional[float] = ...) -> None: ...
 
+class TaskQos(_message.Message):
+    __slots__ = ("task_id", "latency_p95_s", "ttft_p95_s", "tokens_per_s", "requests_running", "requests_waiting", "window_s", "metrics_unavailable", "scraped_unix_s")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_P95_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P95_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    METRICS_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    SCRAPED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    latency_p95_s: float
+    ttft_p95_s: float
+    tokens_per_s: float
+    requests_running: float
+    requests_waiting: float
+    window_s: float
+    metrics_unavailable: str
+    scraped_unix_s: float
+    def __init__(self, task_id: _Optional[str] = ..., latency_p95_s: _Optional[float] = ..., ttft_p95_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., window_s: _Optional[float] = ..., metrics_unavailable: _Optional[str] = ..., scraped_unix_s: _Optional[float] = ...) -> None: ...
+
 class HostSample(_message.Message):
     __slots__ = ("cpu_util", "load1", "load5", "load15", "mem_used_bytes", "mem_total_bytes", "disks", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w", "tasks", "simulated")
     CPU_UTIL_FIELD_NUMBER: _ClassVar[int]
@@ -460,13 +510,15 @@ class HostSample(_message.Message):
     def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ..., simulated: _Optional[bool] = ...) -> None: ...
 
 class TelemetrySample(_message.Message):
-    __slots__ = ("time_unix_s", "gpus", "host", "simulated")
+    __slots__ = ("time_unix_s", "gpus", "host", "simulated", "task_qos")
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    TASK_QOS_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
     host: HostSample
     simulated: bool
-    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ...) -> None: ...
+    task_qos: _containers.RepeatedCompositeFieldContainer[TaskQos]
+    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ...) -> None: ...
