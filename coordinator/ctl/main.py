@@ -223,7 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=int, default=100)
     sp.set_defaults(fn=cmd_events)
+    from coordinator.ctl.certs import add_certs_parser
     from coordinator.simulator.cli import add_simulate_parser
+
+    add_certs_parser(sub, _Parser)
 
     add_simulate_parser(sub)
     return p
