@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from common.config import host_port, load_config, option, positive
 from common.paths import default_state_dir
+from common.tls import tls_files
 
 __all__ = ["AgentConfig", "load"]
 
@@ -47,6 +48,10 @@ class AgentConfig:
     task_user: str = option("", "run tasks as this unprivileged user (agent must run as root)")
     runtime: str = option("process", "task runtime", choices=("process", "systemd-run"))
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
+    insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
+    tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE")
+    tls_key: str = option("", "this node's private key (PEM)", metavar="FILE")
+    tls_ca: str = option("", "CA bundle that the coordinator's certificate must chain to", metavar="FILE")
 
     @property
     def node_name(self) -> str:
@@ -55,4 +60,6 @@ class AgentConfig:
 
 def load(argv: Sequence[str] | None = None) -> AgentConfig:
     """Parse ``argv`` + env + TOML into an :class:`AgentConfig` (raises ConfigError)."""
-    return load_config(AgentConfig, argv, prog="gptrm-agent", description="gptrm agent: GPU host telemetry and tasks")
+    cfg = load_config(AgentConfig, argv, prog="gptrm-agent", description="gptrm agent: GPU host telemetry and tasks")
+    tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
+    return cfg

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import sys
 import threading
@@ -26,9 +27,11 @@ from agent.runtime import TaskRuntime
 from agent.sampler import build_sampler
 from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
+from common.errors import ConfigError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.process import run_service
+from common.tls import ClientTls, tls_files
 
 __all__ = ["AGENT_VERSION", "main", "run"]
 
@@ -75,10 +78,17 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         runtime.adopt()
         inventory = _inventory(cfg, sampler)
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
+        files = tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
+        client_tls = ClientTls(files) if files is not None else None
+        if client_tls is None:
+            log.warning("plaintext_grpc_enabled", reason="--insecure: the stream to the coordinator is not encrypted")
         stream = AgentStream(
             cfg.coordinator,
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
-            outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples)
+            outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples,
+            credentials=client_tls.credentials if client_tls is not None else None)
+        if client_tls is not None:
+            loop.add_signal_handler(signal.SIGHUP, _reload_tls, client_tls, log)
         holder["stream"] = stream
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s)
@@ -104,6 +114,16 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             log.info("agent_stopped", pending_events=outbox.pending_events, dropped_samples=outbox.dropped_total)
     finally:
         sampler.close()
+
+
+def _reload_tls(client_tls: ClientTls, log: object) -> None:
+    """SIGHUP: new certificates for the next connection; the open stream stays up."""
+    try:
+        client_tls.reload()
+    except ConfigError as e:
+        log.error("reload_failed", key="tls", reason=str(e))  # type: ignore[attr-defined]
+    else:
+        log.info("reloaded", key="tls")  # type: ignore[attr-defined]
 
 
 def _queue_sample(outbox: Outbox, stream: AgentStream, sample: types_pb2.TelemetrySample) -> None:

@@ -73,8 +73,9 @@ def _require_id(value: str, field: str) -> str:
 class AdminService(admin_pb2_grpc.AdminServicer):
     """Admin API over a :class:`Coordinator`."""
 
-    def __init__(self, core: Coordinator) -> None:
+    def __init__(self, core: Coordinator, *, auth_mode: str = "none") -> None:
         self.core = core
+        self.auth_mode = auth_mode
 
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
         view = admin_pb2.NodeView(record=entry.record, state=int(entry.state),
@@ -113,6 +114,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             objectives=admin_pb2.ClusterObjectives(util_mean=o.util_mean, util_std=o.util_std, power_w=o.power_w,
                                                    gpu_mem_util=o.gpu_mem_util, energy_j=o.energy_j),
             policy=core.policy, gpus_total=gpus_total, gpus_allocated=gpus_alloc,
+            insecure=core.cfg.insecure, auth=self.auth_mode,
         )
 
     async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:

@@ -19,6 +19,7 @@ import grpc
 from common.errors import GptrmError, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
+from coordinator.api.agent_guard import AgentGuard
 from coordinator.core import Coordinator
 from coordinator.registry import NodeEntry
 
@@ -49,8 +50,9 @@ def validate_register(reg: agent_pb2.Register) -> None:
 class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
     """Agent streams for a :class:`Coordinator`."""
 
-    def __init__(self, core: Coordinator) -> None:
+    def __init__(self, core: Coordinator, security: Any = None) -> None:
         self.core = core
+        self.guard = AgentGuard(core, security)
         self._log = get_logger("gateway")
 
     async def Connect(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage],
@@ -66,6 +68,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
             validate_register(first.register)
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self.guard.admit(first.register, context)
         if not core.leading:
             yield core._redirect_message()
             return
@@ -102,7 +105,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     await self._status(entry, msg.task_status, outbox, log)
                 elif which == "decision_ack":
                     core.registry.heartbeat(entry)
-                    if core.scheduler is not None:
+                    if core.scheduler is not None and self.guard.ack_allowed(entry, msg.decision_ack):
                         await core.scheduler.on_decision_ack(core, entry, msg.decision_ack)
                 else:
                     log.warning("agent_message_ignored", reason=f"unexpected {which}")
@@ -116,7 +119,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
     async def _status(self, entry: NodeEntry, status: agent_pb2.TaskStatus, outbox: asyncio.Queue,
                       log: Any) -> None:
         core = self.core
-        if core.scheduler is not None:
+        if core.scheduler is not None and self.guard.status_allowed(entry, status):
             try:
                 await core.scheduler.on_task_status(core, entry, status)
             except GptrmError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,11 +28,12 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_g
 from common.process import run_service
 from coordinator import config as config_mod
 from coordinator.admin import AdminService
+from coordinator.api.auth import Security
 from coordinator.config import CoordinatorConfig
 from coordinator.core import Coordinator
 from coordinator.gateway import AgentGatewayService
 from coordinator.metrics import serve_metrics
-from coordinator.sync import Election, Keys, Store, connect
+from coordinator.sync import Election, EtcdTls, Keys, Store, connect
 
 __all__ = ["main", "serve"]
 
@@ -47,7 +49,8 @@ async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
         endpoints = etcd.endpoints
         log.info("embedded_etcd_started", endpoints=endpoints, data_dir=str(etcd.data_dir))
     try:
-        client = await asyncio.to_thread(connect, endpoints, cfg.etcd_timeout_s)
+        etcd_tls = EtcdTls(cfg.etcd_cacert, cfg.etcd_cert, cfg.etcd_key) if cfg.etcd_secure else None
+        client = await asyncio.to_thread(connect, endpoints, cfg.etcd_timeout_s, etcd_tls)
         await _serve_with(cfg, client, stop, log)
     finally:
         if etcd is not None:
@@ -70,9 +73,11 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
     core.monitor.power_model = core.scheduler.power   # Alg. 3's curves are fitted from this node's telemetry
     core.attach(asyncio.get_running_loop())
 
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(core), server)
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(core), server)
+    security = Security.from_config(cfg, core.events)
+    server = grpc.aio.server(interceptors=[security.interceptor],
+                             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(core, auth_mode=security.authn.mode), server)
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(core, security), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     services = (admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -80,7 +85,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server)
     try:
-        server.add_insecure_port(cfg.listen)
+        security.add_port(server, cfg.listen)
     except RuntimeError as e:
         raise GptrmError(f"--listen {cfg.listen}: cannot bind ({e})") from None
     try:
@@ -88,15 +93,19 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
     except OSError as e:
         raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
     await server.start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, security.reload)
     for name in ("", *services[:2]):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     watchers = [asyncio.create_task(core.watch_nodes()), asyncio.create_task(core.watch_etcd())]
     election.start()
-    log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd)
+    log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd,
+             tls=not security.insecure, auth=security.authn.mode, etcd_tls=cfg.etcd_secure)
     try:
         await stop.wait()
     finally:
         log.info("coordinator_stopping")
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         for w in watchers:
             w.cancel()
         await asyncio.to_thread(election.resign)
@@ -109,6 +118,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
             metrics_server.server_close()
         with contextlib.suppress(Exception):
             client.close()  # type: ignore[attr-defined]
+        security.audit.close()
         log.info("coordinator_stopped")
 
 

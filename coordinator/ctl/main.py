@@ -8,9 +8,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from common.errors import ConfigError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.ctl import render
-from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, CtlError, Transport
+from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 
 __all__ = ["main"]
 
@@ -46,6 +47,8 @@ def cmd_status(t: Transport, args: argparse.Namespace) -> None:
         f"utilization   mean {o.util_mean * 100:.1f} %  std-dev {o.util_std * 100:.1f} %  "
         f"gpu memory {o.gpu_mem_util * 100:.1f} %",
         f"power         {o.power_w:.0f} W  energy {o.energy_j / 3.6e6:.3f} kWh since start",
+        f"security      {'INSECURE: plaintext gRPC, agents unauthenticated' if s.insecure else 'mutual TLS'}"
+        f" (auth: {s.auth or 'unknown'})",
     ]
     _out(args, d, "\n".join(lines))
 
@@ -187,6 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coordinator", default=os.environ.get("GPTRM_COORDINATOR", DEFAULT_COORDINATOR),
                    help="HOST:PORT[,HOST:PORT...] of coordinators (env GPTRM_COORDINATOR)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    env = os.environ
+    p.add_argument("--tls-cert", default=env.get("GPTRM_TLS_CERT", ""), metavar="FILE",
+                   help="client certificate for mutual TLS (env GPTRM_TLS_CERT)")
+    p.add_argument("--tls-key", default=env.get("GPTRM_TLS_KEY", ""), metavar="FILE",
+                   help="client private key (env GPTRM_TLS_KEY)")
+    p.add_argument("--tls-ca", default=env.get("GPTRM_TLS_CA", ""), metavar="FILE",
+                   help="CA bundle that the coordinator's certificate must chain to (env GPTRM_TLS_CA)")
+    p.add_argument("--insecure", action="store_true",
+                   default=env.get("GPTRM_INSECURE", "").lower() in ("1", "true", "yes", "on"),
+                   help="plaintext gRPC, for a coordinator started with --insecure (env GPTRM_INSECURE)")
+    p.add_argument("--token", default=env.get("GPTRM_TOKEN", ""),
+                   help="bearer token (env GPTRM_TOKEN; prefer the env var: flags show in ps)")
     p.add_argument("--timeout", type=float, default=10.0, help="per-request deadline, seconds")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -232,13 +247,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _security(args: argparse.Namespace) -> Callable[[], ChannelSecurity]:
+    """Checked lazily, at the first call, so ``certs`` and ``simulate`` need no TLS settings."""
+    def build() -> ChannelSecurity:
+        try:
+            return ChannelSecurity.from_settings(insecure=args.insecure, cert=args.tls_cert, key=args.tls_key,
+                                                 ca=args.tls_ca, token=args.token)
+        except ConfigError as e:
+            raise CtlError(str(e).replace("_", "-", 1) if str(e).startswith("tls_") else str(e), EXIT_USAGE) from None
+    return build
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one gptrmctl command; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
-        transport = Transport(args.coordinator.split(","), timeout_s=args.timeout)
+        transport = Transport(args.coordinator.split(","), timeout_s=args.timeout, security=_security(args))
         try:
             args.fn(transport, args)
         finally:

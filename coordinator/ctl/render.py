@@ -65,6 +65,8 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
             "gpu_mem_util": o.gpu_mem_util, "energy_j": o.energy_j,
         },
         "policy": {"name": s.policy.name, "threshold": s.policy.threshold},
+        "insecure": s.insecure,
+        "auth": s.auth,
     }
 
 
