@@ -45,7 +45,9 @@ class AgentConfig:
     state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)")
     backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
     backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
-    task_user: str = option("", "run tasks as this unprivileged user (agent must run as root)")
+    task_user: str = option("gptrm-task", "run tasks as this unprivileged user when the agent is root "
+                            "(falls back to 'nobody' if the default user is missing; ignored when not root)")
+    task_users_allowed: list[str] = option([], "other users a task spec may ask for (run_as_user)")
     runtime: str = option("process", "task runtime", choices=("process", "systemd-run"))
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")

@@ -27,6 +27,7 @@ from agent.runtime import TaskRuntime
 from agent.sampler import build_sampler
 from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
+from agent.task_user import TaskUserPolicy
 from common.errors import ConfigError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
@@ -73,7 +74,10 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                             interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
                             task_pids=lambda: runtime_ref["rt"].task_pids() if "rt" in runtime_ref else {})
     try:
-        runtime = TaskRuntime(state_dir, emit_status, sampler.gpus, task_user=cfg.task_user, runtime=cfg.runtime)
+        task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed)
+        log.info("task_user_selected", user=task_users.default.name, uid=task_users.default.uid,
+                 switch=task_users.default.switch, allowed=list(task_users.allowed))
+        runtime = TaskRuntime(state_dir, emit_status, sampler.gpus, task_users=task_users, runtime=cfg.runtime)
         runtime_ref["rt"] = runtime
         runtime.adopt()
         inventory = _inventory(cfg, sampler)

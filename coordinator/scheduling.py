@@ -339,6 +339,7 @@ class SchedulerLoop:
                 decision_id=f"{task.allocation.decision_id}/{na.node_id}",
                 start=agent_pb2.StartTask(task_id=task.id, gpu_indices=na.gpu_indices, gpu_uuids=na.gpu_uuids,
                                           argv=spec.argv, env=spec.env, stop_grace_s=spec.stop_grace_s or 10.0,
+                                          run_as_user=spec.run_as_user,
                                           gpu_share=na.gpu_share, demand=na.demand)))
 
     async def on_agent_registered(self, core: Any, entry: NodeEntry, register: agent_pb2.Register) -> None:

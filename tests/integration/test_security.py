@@ -245,3 +245,31 @@ class TestWithoutCertificates:
         stub = admin_pb2_grpc.AdminStub(grpc.insecure_channel(addr))
         view = stub.GetNode(admin_pb2.GetNodeRequest(node_id="n1"), timeout=5)
         assert view.state == types_pb2.NODE_STATE_READY
+
+
+class TestTaskUser:
+    def test_tasks_do_not_run_as_root_by_default(self, cluster: Cluster, tmp_path: Path) -> None:
+        """Under the default configuration a task's ``id -u`` is not 0 (a root agent drops to gptrm-task or
+        nobody); a spec asking for root on a node that does not allow it fails with the reason."""
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1")
+        wait_until(lambda: _nodes(cluster) == ["n1"], what="n1 registered")
+
+        def finished(task_id: str) -> dict | None:
+            t = json.loads(cluster.ctl("-o", "json", "tasks", task_id).stdout)
+            return t if t["state"] in ("succeeded", "failed") else None
+        res = cluster.ctl("-o", "json", "submit", "--name", "who", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
+                          "--", "sh", "-c", 'echo "uid=$(id -u)"')
+        assert res.returncode == 0, res.stderr
+        t = wait_until(lambda: finished(json.loads(res.stdout)["task_id"]), what="who to finish")
+        assert t["state"] == "succeeded", t
+        uid = int(t["log_tail"].split("uid=", 1)[1].split()[0])
+        assert uid != 0
+        spec = tmp_path / "root.yaml"
+        spec.write_text("name: asroot\nkind: training\nargv: [id, -u]\nrun_as_user: root\n"
+                        "demand: {gpus: 1, gpu_mem_bytes: 1000}\n")
+        res = cluster.ctl("-o", "json", "submit", "-f", str(spec))
+        assert res.returncode == 0, res.stderr
+        t = wait_until(lambda: finished(json.loads(res.stdout)["task_id"]), what="asroot to fail")
+        assert t["state"] == "failed" and "not allowed on this node" in t["reason"], t
