@@ -25,13 +25,13 @@ from agent.config import AgentConfig
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.sampler import build_sampler
-from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
 from agent.task_user import TaskUserPolicy
 from common.errors import ConfigError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.process import run_service
+from common.sdnotify import SystemdNotifier, watchdog_loop
 from common.tls import ClientTls, tls_files
 
 __all__ = ["AGENT_VERSION", "main", "run"]
@@ -106,7 +106,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         sampler_thread.start()
         notifier = SystemdNotifier()
         notifier.notify("READY=1")
-        watchdog = asyncio.create_task(_watchdog(notifier, stream))
+        watchdog = asyncio.create_task(watchdog_loop(
+            notifier, lambda: "connected" if stream.connected.is_set() else "connecting"))
         try:
             await stream.run(stop)
         finally:
@@ -133,16 +134,6 @@ def _reload_tls(client_tls: ClientTls, log: object) -> None:
 def _queue_sample(outbox: Outbox, stream: AgentStream, sample: types_pb2.TelemetrySample) -> None:
     outbox.add_sample(sample)
     stream.kick()
-
-
-async def _watchdog(notifier: SystemdNotifier, stream: AgentStream) -> None:
-    interval = notifier.watchdog_interval_s()
-    if interval is None:
-        return
-    while True:
-        notifier.notify("WATCHDOG=1")
-        notifier.notify(f"STATUS={'connected' if stream.connected.is_set() else 'connecting'}")
-        await asyncio.sleep(interval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

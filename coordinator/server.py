@@ -26,6 +26,7 @@ from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 from common.process import run_service
+from common.sdnotify import SystemdNotifier, watchdog_loop
 from coordinator import config as config_mod
 from coordinator.admin import AdminService
 from coordinator.api.auth import Security
@@ -98,12 +99,17 @@ async def _serve_with(cfg: CoordinatorConfig, client: object, stop: asyncio.Even
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     watchers = [asyncio.create_task(core.watch_nodes()), asyncio.create_task(core.watch_etcd())]
     election.start()
+    notifier = SystemdNotifier()
+    notifier.notify("READY=1")
+    watchdog = asyncio.create_task(watchdog_loop(notifier, lambda: "leader" if core.leading else "standby"))
+    watchers.append(watchdog)
     log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd,
              tls=not security.insecure, auth=security.authn.mode, etcd_tls=cfg.etcd_secure)
     try:
         await stop.wait()
     finally:
         log.info("coordinator_stopping")
+        notifier.notify("STOPPING=1")
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         for w in watchers:
