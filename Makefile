@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test proto proto-check lint bench clean venv
+.PHONY: run test proto proto-check lint bench clean venv install uninstall
 
 venv: $(STAMP)
 
@@ -37,3 +37,37 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+## install: (root) the package in its own venv under $(PREFIX), units, example configs (never
+## overwritten), system users. DESTDIR=... stages the tree without root and creates no users.
+DESTDIR   ?=
+PREFIX    ?= /opt/gptrm
+UNITDIR   ?= /etc/systemd/system
+CONFDIR   ?= /etc/gptrm
+SYSUSERSDIR ?= /usr/lib/sysusers.d
+PIP_ARGS  ?=
+install:
+	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)/venv
+	$(DESTDIR)$(PREFIX)/venv/bin/python -m pip install --quiet $(PIP_ARGS) .
+	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/README.md
+	install -D -m 0644 systemd/gptrm-coordinator.service $(DESTDIR)$(UNITDIR)/gptrm-coordinator.service
+	install -D -m 0644 systemd/gptrm-agent.service $(DESTDIR)$(UNITDIR)/gptrm-agent.service
+	install -D -m 0644 systemd/gptrm.sysusers $(DESTDIR)$(SYSUSERSDIR)/gptrm.conf
+	install -d -m 0755 $(DESTDIR)$(CONFDIR) $(DESTDIR)$(CONFDIR)/pki
+	@for f in agent.toml coordinator.toml; do \
+	  if [ -e $(DESTDIR)$(CONFDIR)/$$f ]; then echo "kept existing $(DESTDIR)$(CONFDIR)/$$f"; \
+	  else install -m 0644 systemd/$$f $(DESTDIR)$(CONFDIR)/$$f; fi; done
+	@if [ -z "$(DESTDIR)" ]; then \
+	  if command -v systemd-sysusers >/dev/null; then systemd-sysusers $(SYSUSERSDIR)/gptrm.conf; \
+	  else getent passwd gptrm >/dev/null || useradd --system --home-dir /var/lib/gptrm --shell /usr/sbin/nologin gptrm; \
+	       getent passwd gptrm-task >/dev/null || useradd --system --home-dir /var/lib/gptrm/agent/tasks --shell /usr/sbin/nologin gptrm-task; fi; \
+	  systemctl daemon-reload 2>/dev/null || true; fi
+
+## uninstall: remove the package, units and sysusers file; keep /etc/gptrm, state and users' files.
+uninstall:
+	-@if [ -z "$(DESTDIR)" ]; then systemctl disable --now gptrm-agent.service gptrm-coordinator.service 2>/dev/null; fi
+	rm -f $(DESTDIR)$(UNITDIR)/gptrm-coordinator.service $(DESTDIR)$(UNITDIR)/gptrm-agent.service
+	rm -f $(DESTDIR)$(SYSUSERSDIR)/gptrm.conf
+	rm -rf $(DESTDIR)$(PREFIX)
+	-@if [ -z "$(DESTDIR)" ]; then systemctl daemon-reload 2>/dev/null; fi
+	@echo "kept $(DESTDIR)$(CONFDIR) and /var/lib/gptrm (configs, certificates, state)"

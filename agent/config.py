@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, check_simulate_host
 from common.config import host_port, load_config, option, positive
 from common.paths import default_state_dir
+from common.tls import tls_files
 
 __all__ = ["AgentConfig", "load"]
 
@@ -51,9 +52,15 @@ class AgentConfig:
     state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)")
     backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
     backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
-    task_user: str = option("", "run tasks as this unprivileged user (agent must run as root)")
+    task_user: str = option("gptrm-task", "run tasks as this unprivileged user when the agent is root "
+                            "(falls back to 'nobody' if the default user is missing; ignored when not root)")
+    task_users_allowed: list[str] = option([], "other users a task spec may ask for (run_as_user)")
     runtime: str = option("process", "task runtime", choices=("process", "systemd-run"))
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
+    insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
+    tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE")
+    tls_key: str = option("", "this node's private key (PEM)", metavar="FILE")
+    tls_ca: str = option("", "CA bundle that the coordinator's certificate must chain to", metavar="FILE")
 
     @property
     def node_name(self) -> str:
@@ -62,4 +69,6 @@ class AgentConfig:
 
 def load(argv: Sequence[str] | None = None) -> AgentConfig:
     """Parse ``argv`` + env + TOML into an :class:`AgentConfig` (raises ConfigError)."""
-    return load_config(AgentConfig, argv, prog="gptrm-agent", description="gptrm agent: GPU host telemetry and tasks")
+    cfg = load_config(AgentConfig, argv, prog="gptrm-agent", description="gptrm agent: GPU host telemetry and tasks")
+    tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
+    return cfg

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import sys
 import threading
@@ -24,11 +25,14 @@ from agent.config import AgentConfig
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.sampler import Sampler, open_gpu_backend, sampler_for
-from agent.sdnotify import SystemdNotifier
 from agent.stream import AgentStream, Backoff
+from agent.task_user import TaskUserPolicy
+from common.errors import ConfigError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.process import run_service
+from common.sdnotify import SystemdNotifier, watchdog_loop
+from common.tls import ClientTls, tls_files
 
 __all__ = ["AGENT_VERSION", "main", "run"]
 
@@ -60,17 +64,27 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     outbox = Outbox(cfg.buffer_samples)   # the stream sends as soon as something is added
     gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name)
     try:
-        runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_user=cfg.task_user, runtime=cfg.runtime)
+        task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed)
+        log.info("task_user_selected", user=task_users.default.name, uid=task_users.default.uid,
+                 switch=task_users.default.switch, allowed=list(task_users.allowed))
+        runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=cfg.runtime)
         sampler = sampler_for(gpus, interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
                               task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
                               task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)
         runtime.adopt()
         inventory = _inventory(cfg, sampler)
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
+        files = tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
+        client_tls = ClientTls(files) if files is not None else None
+        if client_tls is None:
+            log.warning("plaintext_grpc_enabled", reason="--insecure: the stream to the coordinator is not encrypted")
         stream = AgentStream(
             cfg.coordinator,
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
-            outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples)
+            outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples,
+            credentials=client_tls.credentials if client_tls is not None else None)
+        if client_tls is not None:
+            loop.add_signal_handler(signal.SIGHUP, _reload_tls, client_tls, log)
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
                  host_simulated=inventory.host_simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s)
@@ -84,7 +98,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         sampler_thread.start()
         notifier = SystemdNotifier()
         notifier.notify("READY=1")
-        watchdog = asyncio.create_task(_watchdog(notifier, stream))
+        watchdog = asyncio.create_task(watchdog_loop(
+            notifier, lambda: "connected" if stream.connected.is_set() else "connecting"))
         try:
             await stream.run(stop)
         finally:
@@ -98,14 +113,15 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         gpus.close()
 
 
-async def _watchdog(notifier: SystemdNotifier, stream: AgentStream) -> None:
-    interval = notifier.watchdog_interval_s()
-    if interval is None:
-        return
-    while True:
-        notifier.notify("WATCHDOG=1")
-        notifier.notify(f"STATUS={'connected' if stream.connected.is_set() else 'connecting'}")
-        await asyncio.sleep(interval)
+def _reload_tls(client_tls: ClientTls, log: object) -> None:
+    """SIGHUP: new certificates for the next connection; the open stream stays up."""
+    try:
+        client_tls.reload()
+    except ConfigError as e:
+        log.error("reload_failed", key="tls", reason=str(e))  # type: ignore[attr-defined]
+    else:
+        log.info("reloaded", key="tls")  # type: ignore[attr-defined]
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:

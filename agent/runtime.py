@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import pwd
 import shutil
 import signal
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import psutil
 
 from agent.collectors.task_metrics import MetricsTarget
+from agent.task_user import TaskUser, TaskUserPolicy
 from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -64,23 +64,35 @@ def _alive(rec: TaskRecord) -> bool:
         return False
 
 
+def _systemd_run_argv(task_id: str, gpu_indices: list[int], user: TaskUser | None) -> list[str]:
+    """A transient scope for one task: its own cgroup, only its GPUs' device nodes, the task user."""
+    devices = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+               *(f"/dev/nvidia{i}" for i in gpu_indices)]
+    argv = ["systemd-run", "--scope", "--quiet", f"--unit=gptrm-task-{task_id}", "--collect",
+            "--property=DevicePolicy=closed", *(f"--property=DeviceAllow={d} rw" for d in devices)]
+    if user is not None:
+        argv += [f"--uid={user.uid}", f"--gid={user.gid}"]
+    return argv
+
+
 class TaskRuntime:
     """Starts, stops, pauses and resumes task processes; reports their states.
 
     :param state_dir: the agent's state directory (``tasks.json``, ``tasks/<id>/``).
     :param emit: receives every task-status event (queued in the outbox, never dropped).
     :param gpus: the GPU backend (simulated GPUs follow the tasks; power limits go here).
-    :param task_user: run tasks as this user (the agent must be root), or "" for the agent's user.
-    :param runtime: ``process`` or ``systemd-run`` (a transient scope with cgroup limits).
+    :param task_users: who tasks run as (see :mod:`agent.task_user`); None runs them as the agent's user.
+    :param runtime: ``process`` or ``systemd-run`` (a transient scope with cgroup limits and only
+        the task's GPU device nodes).
     """
 
-    def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_user: str = "",
+    def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_users: TaskUserPolicy | None = None,
                  runtime: str = "process") -> None:
         self.state_dir = Path(state_dir)
         self.table = TaskTable.load(self.state_dir / "tasks.json")
         self._emit = emit
         self._gpus = gpus
-        self._user = pwd.getpwnam(task_user) if task_user else None
+        self._users = task_users
         if runtime == "systemd-run" and (not Path("/run/systemd/system").exists() or not shutil.which("systemd-run")):
             raise GptrmError("--runtime systemd-run: systemd is not PID 1 or systemd-run is missing on this host")
         self._runtime = runtime
@@ -152,22 +164,30 @@ class TaskRuntime:
             return st.task_id, TaskState(self.table.tasks[st.task_id].state)
         if not st.argv:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
+        user = self._users.resolve(st.run_as_user) if self._users is not None else None
         workdir = self.state_dir / "tasks" / st.task_id
         workdir.mkdir(parents=True, exist_ok=True)
         log_path, exit_file = workdir / "output.log", workdir / "exit_code"
         exit_file.unlink(missing_ok=True)
-        env = {**os.environ, **dict(st.env), "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids),
-               "GPTRM_TASK_ID": st.task_id, "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
-        argv = ["/bin/sh", "-c", _WRAPPER, str(exit_file), *st.argv]
+        switch = user is not None and user.switch
+        if switch:
+            # The task's own directory only: the wrapper writes its exit code there by a relative
+            # path, so the task user needs no access to the agent's state directory above it.
+            os.chown(workdir, user.uid, user.gid)  # type: ignore[union-attr]
+        env = {**os.environ, **(user.env() if switch else {}), **dict(st.env),  # type: ignore[union-attr]
+               "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids), "GPTRM_TASK_ID": st.task_id,
+               "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
+        argv = ["/bin/sh", "-c", _WRAPPER, exit_file.name, *st.argv]
         if self._runtime == "systemd-run":
-            argv = ["systemd-run", "--scope", "--quiet", f"--unit=gptrm-task-{st.task_id}", "--collect", *argv]
+            argv = [*_systemd_run_argv(st.task_id, list(st.gpu_indices), user if switch else None), *argv]
+        elif switch:
+            argv = [*user.setpriv_argv(), *argv]  # type: ignore[union-attr]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
-                       gpu_indices=list(st.gpu_indices))
+                       gpu_indices=list(st.gpu_indices), user=user.name if user else "")
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir, env=env,
-                start_new_session=True, user=self._user.pw_uid if self._user else None,
-                group=self._user.pw_gid if self._user else None)
+                start_new_session=True)
         rec = TaskRecord(st.task_id, decision.decision_id, proc.pid, _create_time(proc.pid),
                          list(st.gpu_indices), list(st.gpu_uuids), str(log_path), str(exit_file),
                          st.stop_grace_s or 10.0, int(TaskState.STARTING), time.time(), st.gpu_share or 1.0,

@@ -68,11 +68,15 @@ class AgentStream:
     :param outbox: buffered telemetry and status events.
     :param on_decision: handler for decisions pushed by the coordinator.
     :param batch_samples: most samples per telemetry message.
+    :param credentials: returns the TLS channel credentials for each new connection (so a SIGHUP
+        reload applies at the next reconnect); None connects in plaintext (``--insecure``).
     """
 
     def __init__(self, addresses: Sequence[str], register: Callable[[], agent_pb2.Register], outbox: Outbox,
-                 on_decision: DecisionHandler, backoff: Backoff, batch_samples: int = 1) -> None:
+                 on_decision: DecisionHandler, backoff: Backoff, batch_samples: int = 1,
+                 credentials: Callable[[], grpc.ChannelCredentials] | None = None) -> None:
         self.addresses = list(addresses)
+        self._credentials = credentials
         self._register = register
         self.outbox = outbox
         self._on_decision = on_decision
@@ -119,7 +123,9 @@ class AgentStream:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
 
     async def _session(self, address: str, stop: asyncio.Event) -> None:
-        async with grpc.aio.insecure_channel(address) as channel:
+        channel = (grpc.aio.secure_channel(address, self._credentials()) if self._credentials is not None
+                   else grpc.aio.insecure_channel(address))
+        async with channel:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
             await call.write(agent_pb2.AgentMessage(register=self._register()))
             first = await asyncio.wait_for(call.read(), timeout=10)

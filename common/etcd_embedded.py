@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from common.errors import ConfigError, CoordinationError
 
-__all__ = ["EmbeddedEtcd", "EtcdCluster", "etcd_binary", "free_port"]
+__all__ = ["EmbeddedEtcd", "EtcdCluster", "EtcdTlsFiles", "etcd_binary", "free_port"]
 
 
 def etcd_binary() -> Path:
@@ -58,6 +59,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class EtcdTlsFiles:
+    """Server certificate, key and client CA for an etcd that serves TLS and requires client certificates."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 @dataclass
 class _Member:
     name: str
@@ -66,10 +76,11 @@ class _Member:
     peer_port: int
     proc: subprocess.Popen | None = None
     log: Path | None = None
+    scheme: str = "http"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -83,6 +94,8 @@ class EtcdCluster:
     :param data_dir: parent directory; each member keeps ``<data_dir>/<name>``.
     :param size: number of members (1 for the embedded case, 3 for fault tests).
     :param startup_timeout_s: how long :meth:`start` waits for every member to be healthy.
+    :param tls: serve clients over TLS and require client certificates signed by ``tls.ca``
+        (``--client-cert-auth``); peers stay on loopback plaintext. ``tls.cert`` must name 127.0.0.1.
     """
 
     data_dir: Path
@@ -90,12 +103,15 @@ class EtcdCluster:
     startup_timeout_s: float = 20.0
     members: list[_Member] = field(default_factory=list)
     _sleep: Callable[[float], None] = time.sleep
+    tls: EtcdTlsFiles | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
         if not self.members:
+            scheme = "https" if self.tls else "http"
             self.members = [
-                _Member(f"m{i}", self.data_dir / f"m{i}", free_port(), free_port()) for i in range(self.size)
+                _Member(f"m{i}", self.data_dir / f"m{i}", free_port(), free_port(), scheme=scheme)
+                for i in range(self.size)
             ]
 
     @property
@@ -119,6 +135,8 @@ class EtcdCluster:
             "--log-level=warn",
             "--heartbeat-interval=50",
             "--election-timeout=500",
+            *([f"--cert-file={self.tls.cert}", f"--key-file={self.tls.key}", f"--trusted-ca-file={self.tls.ca}",
+               "--client-cert-auth"] if self.tls else []),
         ]
 
     def start(self) -> EtcdCluster:
@@ -157,11 +175,18 @@ class EtcdCluster:
                 tail = m.log.read_text(errors="replace")[-2000:] if m.log else ""
                 raise CoordinationError(f"embedded etcd {m.name} exited with code {m.proc.returncode}: {tail.strip()}")
             with contextlib.suppress(OSError, urllib.error.URLError, ValueError), \
-                    urllib.request.urlopen(f"{m.client_url}/health", timeout=1) as resp:
+                    urllib.request.urlopen(f"{m.client_url}/health", timeout=1, context=self._ssl_context()) as resp:
                 if b'"health":"true"' in resp.read():
                     return
             self._sleep(0.05)
         raise CoordinationError(f"embedded etcd {m.name} not healthy after {self.startup_timeout_s}s")
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.tls.ca))
+        ctx.load_cert_chain(str(self.tls.cert), str(self.tls.key))
+        return ctx
 
     def kill_member(self, index: int) -> None:
         """SIGKILL one member (fault injection in tests)."""

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.config import host_port, load_config, non_negative, option, positive, unit_interval
+from common.errors import ConfigError
 from common.paths import default_state_dir
+from common.tls import tls_files
 
-__all__ = ["CoordinatorConfig", "load"]
+__all__ = ["CoordinatorConfig", "check_security", "load"]
 
 _POLICY_NAMES = ("max-utilization", "load-balancing", "power-efficient", "round-robin", "random", "first-fit")
 
@@ -52,6 +54,24 @@ class CoordinatorConfig:
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)
     threshold: float = option(0.9, "per-dimension utilization cap after placement", check=unit_interval)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
+    insecure: bool = option(False, "serve plaintext gRPC; agents are not authenticated (trusted networks only)")
+    tls_cert: str = option("", "server certificate (PEM) for mutual TLS", metavar="FILE")
+    tls_key: str = option("", "server private key (PEM)", metavar="FILE")
+    tls_ca: str = option("", "CA bundle that client certificates must chain to", metavar="FILE")
+    tls_crl: str = option("", "CA-signed CRL of revoked client certificates (re-read on SIGHUP)", metavar="FILE")
+    admin_tokens: str = option("", "file of 'NAME ROLE sha256:HEX' bearer-token lines (re-read on change)",
+                               metavar="FILE")
+    audit_log: str = option("", "append-only JSON-lines audit log of admin writes and refused calls",
+                            metavar="FILE")
+    etcd_cacert: str = option("", "CA bundle verifying etcd's server certificates (https:// endpoints)",
+                              metavar="FILE")
+    etcd_cert: str = option("", "client certificate presented to etcd", metavar="FILE")
+    etcd_key: str = option("", "client private key for etcd", metavar="FILE")
+
+    @property
+    def etcd_secure(self) -> bool:
+        """Whether etcd is reached over TLS (https:// endpoints or --etcd-cacert)."""
+        return self.etcd != "embedded" and (self.etcd.strip().startswith("https://") or bool(self.etcd_cacert))
 
     @property
     def advertise_address(self) -> str:
@@ -69,7 +89,31 @@ class CoordinatorConfig:
         return [u.strip().removeprefix("http://").removeprefix("https://").rstrip("/") for u in self.etcd.split(",")]
 
 
+def check_security(cfg: CoordinatorConfig) -> None:
+    """Cross-field checks: TLS complete or explicitly insecure; etcd TLS settings consistent.
+
+    :raises ConfigError: naming the settings that conflict or are missing.
+    """
+    tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
+    if cfg.tls_crl and cfg.insecure:
+        raise ConfigError("tls_crl: needs TLS, but --insecure is set")
+    if cfg.etcd != "embedded":
+        schemes = {u.strip().split("://", 1)[0] if "://" in u else "" for u in cfg.etcd.split(",")}
+        if "https" in schemes and len(schemes) > 1:
+            raise ConfigError(f"etcd: mixes https:// with plaintext endpoints: {cfg.etcd!r}")
+        if "https" in schemes and not cfg.etcd_cacert:
+            raise ConfigError("etcd_cacert: required for https:// etcd endpoints")
+        if cfg.etcd_cacert and "http" in schemes:
+            raise ConfigError(f"etcd: --etcd-cacert is set but the endpoints are http:// ({cfg.etcd!r})")
+    if bool(cfg.etcd_cert) != bool(cfg.etcd_key):
+        raise ConfigError("etcd_cert, etcd_key: give both or neither")
+    if (cfg.etcd_cert or cfg.etcd_cacert) and not cfg.etcd_secure:
+        raise ConfigError("etcd_cert: etcd TLS settings need https:// endpoints (not embedded)")
+
+
 def load(argv: Sequence[str] | None = None) -> CoordinatorConfig:
     """Parse ``argv`` + env + TOML into a :class:`CoordinatorConfig` (raises ConfigError)."""
-    return load_config(CoordinatorConfig, argv, prog="gptrm-coordinator",
-                       description="gptrm coordinator: scheduler, monitor, admin API")
+    cfg = load_config(CoordinatorConfig, argv, prog="gptrm-coordinator",
+                      description="gptrm coordinator: scheduler, monitor, admin API")
+    check_security(cfg)
+    return cfg

@@ -46,21 +46,23 @@ def _wait_for_node(deadline_s: float) -> str | None:
 def main() -> int:
     state = Path(".gptrm").resolve()
     bin_dir = Path(sys.executable).parent
+    # Plaintext and no authentication on loopback: the coordinator logs a warning and
+    # `gptrmctl status` says so. GPTRM_INSECURE lets the printed gptrmctl commands connect.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     coord = subprocess.Popen([str(bin_dir / "gptrm-coordinator"), "--listen", LISTEN, "--metrics-listen", METRICS,
                               "--state-dir", str(state / "coordinator"), "--etcd", "embedded",
-                              "--coordinator-id", "dev-coordinator", "--threshold", THRESHOLD], env=env)
+                              "--coordinator-id", "dev-coordinator", "--threshold", THRESHOLD, "--insecure"], env=env)
     agent = subprocess.Popen([str(bin_dir / "gptrm-agent"), "--coordinator", LISTEN, "--gpu-backend",
                               os.environ.get("GPTRM_GPU_BACKEND", "auto"), "--state-dir", str(state / "agent"),
-                              "--data-paths", str(Path.cwd())], env=env)
+                              "--data-paths", str(Path.cwd()), "--insecure"], env=env)
     procs = [agent, coord]
     try:
         node = _wait_for_node(30)
         if node is None:
             print("gptrm: the local node did not register within 30 s; see the logs above", file=sys.stderr)
             return 1
-        ctl = bin_dir / "gptrmctl"
+        ctl = f"GPTRM_INSECURE=1 {bin_dir / 'gptrmctl'}"
         print(f"""
 gptrm is up in {time.monotonic() - started:.1f} s: node {node!r} registered with coordinator {LISTEN}.
 Try, in another terminal:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,12 +27,14 @@ from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 from common.process import run_service
+from common.sdnotify import SystemdNotifier, watchdog_loop
 from coordinator import config as config_mod
 from coordinator.api import AdminService, AgentGatewayService
+from coordinator.api.auth import Security
 from coordinator.app import build
 from coordinator.config import CoordinatorConfig
 from coordinator.monitor import serve_metrics
-from coordinator.sync import EtcdClient, connect
+from coordinator.sync import EtcdClient, EtcdTls, connect
 
 __all__ = ["main", "serve"]
 
@@ -47,7 +50,8 @@ async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
         endpoints = etcd.endpoints
         log.info("embedded_etcd_started", endpoints=endpoints, data_dir=str(etcd.data_dir))
     try:
-        client = await asyncio.to_thread(connect, endpoints, cfg.etcd_timeout_s)
+        etcd_tls = EtcdTls(cfg.etcd_cacert, cfg.etcd_cert, cfg.etcd_key) if cfg.etcd_secure else None
+        client = await asyncio.to_thread(connect, endpoints, cfg.etcd_timeout_s, etcd_tls)
         await _serve_with(cfg, client, stop, log)
     finally:
         if etcd is not None:
@@ -58,9 +62,11 @@ async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
 async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.Event,
                       log: FilteringBoundLogger) -> None:
     app = build(cfg, client)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app), server)
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(app), server)
+    security = Security.from_config(cfg, app.events)
+    server = grpc.aio.server(interceptors=[security.interceptor],
+                             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app, auth_mode=security.authn.mode), server)
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(app, security), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     services = (admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -68,7 +74,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server)
     try:
-        server.add_insecure_port(cfg.listen)
+        security.add_port(server, cfg.listen)
     except RuntimeError as e:
         raise GptrmError(f"--listen {cfg.listen}: cannot bind ({e})") from None
     try:
@@ -76,14 +82,23 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
     except OSError as e:
         raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
     await server.start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, security.reload)
     for name in ("", *services[:2]):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     background = app.start(asyncio.get_running_loop())
-    log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd)
+    notifier = SystemdNotifier()
+    notifier.notify("READY=1")
+    background.append(asyncio.create_task(watchdog_loop(
+        notifier, lambda: "leader" if app.leadership.leading else "standby")))
+    log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd,
+             tls=not security.insecure, auth=security.authn.mode, etcd_tls=cfg.etcd_secure)
     try:
         await stop.wait()
     finally:
         log.info("coordinator_stopping")
+        notifier.notify("STOPPING=1")
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         for w in background:
             w.cancel()
         await app.leadership.resign()
@@ -95,6 +110,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
             metrics_server.server_close()
         with contextlib.suppress(Exception):
             client.close()
+        security.audit.close()
         log.info("coordinator_stopped")
 
 

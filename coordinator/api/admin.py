@@ -86,10 +86,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     """Admin API over one replica's components.
 
     :param app: the replica (``coordinator.app.build``).
+    :param auth_mode: how callers authenticate (``none``, ``tls``, ``token``…), reported by GetStatus.
     """
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, *, auth_mode: str = "none") -> None:
         self._app = app
+        self.auth_mode = auth_mode
 
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
         view = admin_pb2.NodeView(record=entry.record, state=int(entry.state),
@@ -127,6 +129,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             objectives=admin_pb2.ClusterObjectives(util_mean=o.util_mean, util_std=o.util_std, power_w=o.power_w,
                                                    gpu_mem_util=o.gpu_mem_util, energy_j=o.energy_j),
             policy=app.policy.current, gpus_total=gpus_total, gpus_allocated=gpus_alloc,
+            insecure=app.cfg.insecure, auth=self.auth_mode,
         )
 
     async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:

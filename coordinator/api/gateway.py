@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 from structlog.typing import FilteringBoundLogger
@@ -19,8 +20,12 @@ from structlog.typing import FilteringBoundLogger
 from common.errors import GptrmError, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
+from coordinator.api.agent_guard import AgentGuard
 from coordinator.app import App
 from coordinator.monitor.nodes import NodeEntry
+
+if TYPE_CHECKING:
+    from coordinator.api.auth import Security
 
 __all__ = ["AgentGatewayService", "validate_register"]
 
@@ -50,10 +55,12 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
     """Agent streams of one replica.
 
     :param app: the replica (``coordinator.app.build``).
+    :param security: the server's ``Security`` (node certificates, audit); None checks no certificates.
     """
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, security: Security | None = None) -> None:
         self._app = app
+        self.guard = AgentGuard(app.registry, app.tasks, security)
         self._log = get_logger("gateway")
 
     async def Connect(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage],
@@ -69,6 +76,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
             validate_register(first.register)
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self.guard.admit(first.register, context)
         if not app.leadership.leading:
             yield app.leadership.redirect_message()
             return
@@ -105,7 +113,8 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     await self._status(entry, msg.task_status, outbox, log)
                 elif which == "decision_ack":
                     app.registry.heartbeat(entry)
-                    await app.reconciler.on_decision_ack(entry, msg.decision_ack)
+                    if self.guard.ack_allowed(entry, msg.decision_ack):
+                        await app.reconciler.on_decision_ack(entry, msg.decision_ack)
                 else:
                     log.warning("agent_message_ignored", reason=f"unexpected {which}")
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
@@ -117,11 +126,12 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
 
     async def _status(self, entry: NodeEntry, status: agent_pb2.TaskStatus, outbox: asyncio.Queue,
                       log: FilteringBoundLogger) -> None:
-        try:
-            await self._app.reconciler.on_task_status(entry, status)
-        except GptrmError as e:
-            # Not applied (e.g. etcd down). Acks are cumulative, so end the stream: the agent
-            # reconnects and re-sends every unacknowledged event in order.
-            log.warning("task_status_not_applied", task_id=status.task_id, reason=str(e))
-            raise ConnectionAbortedError(f"task status {status.event_seq} not applied: {e}") from e
+        if self.guard.status_allowed(entry, status):
+            try:
+                await self._app.reconciler.on_task_status(entry, status)
+            except GptrmError as e:
+                # Not applied (e.g. etcd down). Acks are cumulative, so end the stream: the agent
+                # reconnects and re-sends every unacknowledged event in order.
+                log.warning("task_status_not_applied", task_id=status.task_id, reason=str(e))
+                raise ConnectionAbortedError(f"task status {status.event_seq} not applied: {e}") from e
         outbox.put_nowait(agent_pb2.CoordinatorMessage(event_ack=agent_pb2.EventAck(up_to_seq=status.event_seq)))

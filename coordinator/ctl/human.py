@@ -142,6 +142,8 @@ def status_text(d: Mapping[str, Any]) -> str:
         f"utilization   mean {_pct(o['util_mean'])} (Eq. 1)  std-dev {_pct(o['util_std'])} (Eq. 2)  "
         f"gpu memory {_pct(o['gpu_mem_util'])}",
         f"power         {_watts(o['power_w'])} (Eq. 3)  energy {(o['energy_j'] or 0) / 3.6e6:.3f} kWh since start",
+        f"security      {'INSECURE: plaintext gRPC, agents unauthenticated' if d['insecure'] else 'mutual TLS'}"
+        f" (auth: {escape(d['auth'] or 'unknown')})",
     ])
 
 

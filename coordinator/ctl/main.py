@@ -8,10 +8,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.errors import UsageError
+from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.ctl import human, render
-from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, CtlError, Transport
+from coordinator.ctl.certs import add_certs_parser
+from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.simulator.cli import add_simulate_parser
 
 __all__ = ["main"]
@@ -151,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT[,HOST:PORT...] of coordinators (env GPTRM_COORDINATOR)")
     p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table",
                    help="table, wide (more columns on list commands) or json (see README: the JSON contract)")
+    env = os.environ
+    p.add_argument("--tls-cert", default=env.get("GPTRM_TLS_CERT", ""), metavar="FILE",
+                   help="client certificate for mutual TLS (env GPTRM_TLS_CERT)")
+    p.add_argument("--tls-key", default=env.get("GPTRM_TLS_KEY", ""), metavar="FILE",
+                   help="client private key (env GPTRM_TLS_KEY)")
+    p.add_argument("--tls-ca", default=env.get("GPTRM_TLS_CA", ""), metavar="FILE",
+                   help="CA bundle that the coordinator's certificate must chain to (env GPTRM_TLS_CA)")
+    p.add_argument("--insecure", action="store_true",
+                   default=env.get("GPTRM_INSECURE", "").lower() in ("1", "true", "yes", "on"),
+                   help="plaintext gRPC, for a coordinator started with --insecure (env GPTRM_INSECURE)")
+    p.add_argument("--token", default=env.get("GPTRM_TOKEN", ""),
+                   help="bearer token (env GPTRM_TOKEN; prefer the env var: flags show in ps)")
     p.add_argument("--timeout", type=float, default=10.0, help="per-request deadline, seconds")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -194,8 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("top", help="full-screen live view of nodes, GPUs and the queue (q quits)")
     sp.add_argument("--interval", "-n", type=float, default=2.0, help="seconds between refreshes")
     sp.set_defaults(fn=cmd_top)
+    add_certs_parser(sub, _Parser)
     add_simulate_parser(sub)
     return p
+
+
+def _security(args: argparse.Namespace) -> Callable[[], ChannelSecurity]:
+    """Checked lazily, at the first call, so ``certs`` and ``simulate`` need no TLS settings."""
+    def build() -> ChannelSecurity:
+        try:
+            return ChannelSecurity.from_settings(insecure=args.insecure, cert=args.tls_cert, key=args.tls_key,
+                                                 ca=args.tls_ca, token=args.token)
+        except ConfigError as e:
+            raise CtlError(str(e).replace("_", "-", 1) if str(e).startswith("tls_") else str(e), EXIT_USAGE) from None
+    return build
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
-        transport = Transport(args.coordinator.split(","), timeout_s=args.timeout)
+        transport = Transport(args.coordinator.split(","), timeout_s=args.timeout, security=_security(args))
         try:
             rc = args.fn(transport, args)
         finally:

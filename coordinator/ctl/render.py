@@ -33,6 +33,8 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
         "gpus_allocated": s.gpus_allocated,
         "objectives": proto_dict(s.objectives),
         "policy": {"name": s.policy.name, "threshold": s.policy.threshold},
+        "insecure": s.insecure,
+        "auth": s.auth,
     }
 
 

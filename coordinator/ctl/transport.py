@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 
+from common.errors import ConfigError
 from common.pb.gptrm.v1 import admin_pb2_grpc
 from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
+from common.tls import ClientTls, tls_files
 
-__all__ = ["EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "CtlError", "Transport"]
+__all__ = ["EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "ChannelSecurity", "CtlError", "Transport"]
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -42,34 +45,70 @@ def _leader_hint(err: grpc.RpcError) -> str:
     return _metadata(err, LEADER_METADATA_KEY)
 
 
+@dataclass(frozen=True)
+class ChannelSecurity:
+    """How gptrmctl reaches the coordinator: TLS credentials (or explicit plaintext) and a bearer token."""
+
+    credentials: grpc.ChannelCredentials | None
+    token: str = ""
+
+    @classmethod
+    def from_settings(cls, *, insecure: bool, cert: str, key: str, ca: str, token: str = "") -> ChannelSecurity:
+        """:raises ConfigError: incomplete TLS settings without ``insecure``, or unreadable files."""
+        files = tls_files(insecure=insecure, cert=cert, key=key, ca=ca)
+        if token and any(c.isspace() or not c.isprintable() for c in token):
+            raise ConfigError("token: contains whitespace or control characters")
+        return cls(ClientTls(files).credentials() if files is not None else None, token)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
 class Transport:
     """Calls Admin RPCs on the first coordinator that answers; writes follow the leader.
 
     :param addresses: ``HOST:PORT`` candidates, tried in order.
     :param timeout_s: per-call deadline.
+    :param security: builds the channel security at the first call (default: plaintext, no token).
     """
 
-    def __init__(self, addresses: Sequence[str], timeout_s: float = 10.0) -> None:
+    def __init__(self, addresses: Sequence[str], timeout_s: float = 10.0,
+                 security: Callable[[], ChannelSecurity] | None = None) -> None:
         self.addresses = [a for a in addresses if a]
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.Channel] = {}
+        self._security_factory = security or (lambda: ChannelSecurity(None))
+        self._security: ChannelSecurity | None = None
+
+    @property
+    def security(self) -> ChannelSecurity:
+        if self._security is None:
+            self._security = self._security_factory()
+        return self._security
 
     def stub(self, address: str) -> admin_pb2_grpc.AdminStub:
         if address not in self._channels:
-            self._channels[address] = grpc.insecure_channel(address)
+            creds = self.security.credentials
+            self._channels[address] = (grpc.secure_channel(address, creds) if creds is not None
+                                       else grpc.insecure_channel(address))
         return admin_pb2_grpc.AdminStub(self._channels[address])
 
     def call(self, method: str, request: Any, *, write: bool = False) -> Any:
         """Unary call; a standby's redirect (FAILED_PRECONDITION + leader address) is followed once."""
-        return self._try_all(lambda stub: getattr(stub, method)(request, timeout=self.timeout_s), write=write)
+        md = self.security.metadata
+        return self._try_all(lambda stub: getattr(stub, method)(request, timeout=self.timeout_s, metadata=md),
+                             write=write)
 
     def stream(self, method: str, request: Any) -> Any:
         """Server-streaming call without a deadline (``events --follow``)."""
-        return self._try_all(lambda stub: getattr(stub, method)(request), write=False, streaming=True)
+        md = self.security.metadata
+        return self._try_all(lambda stub: getattr(stub, method)(request, metadata=md), write=False, streaming=True)
 
     def _try_all(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, streaming: bool = False) -> T:
         tried: list[str] = []
         refusal = ""
+        last_reason = ""
         queue = list(self.addresses)
         while queue:
             address = queue.pop(0)
@@ -86,6 +125,7 @@ class Transport:
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     if _metadata(err, REFUSED_METADATA_KEY):
                         refusal = err.details() or code.name  # type: ignore[attr-defined]
+                    last_reason = (err.details() or code.name).splitlines()[0]  # type: ignore[attr-defined]
                     hint = _leader_hint(err)
                     if hint and hint not in tried:
                         queue.insert(0, hint)
@@ -94,10 +134,16 @@ class Transport:
                 if write and code == grpc.StatusCode.FAILED_PRECONDITION and hint and hint not in tried:
                     queue.insert(0, hint)
                     continue
-                raise CtlError(err.details() or code.name, EXIT_REFUSED) from None  # type: ignore[attr-defined]
+                details = err.details() or code.name  # type: ignore[attr-defined]
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    details = f"{code.name}: {details}"
+                raise CtlError(details, EXIT_REFUSED) from None
         if refusal:
             raise CtlError(refusal, EXIT_REFUSED)
-        raise CtlError(f"no coordinator answered at {', '.join(tried) or '(none given)'}", EXIT_NO_COORDINATOR)
+        hint = " (with mutual TLS, check --tls-cert/--tls-key/--tls-ca; plaintext needs --insecure on both sides)" \
+            if self.security.credentials is not None or "Socket closed" in last_reason else ""
+        raise CtlError(f"no coordinator answered at {', '.join(tried) or '(none given)'}"
+                       + (f": {last_reason}" if last_reason else "") + hint, EXIT_NO_COORDINATOR)
 
     def close(self) -> None:
         for ch in self._channels.values():

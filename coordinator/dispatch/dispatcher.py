@@ -52,7 +52,8 @@ class Dispatcher:
                                           argv=spec.argv, env=spec.env,
                                           stop_grace_s=spec.stop_grace_s or _DEFAULT_GRACE_S,
                                           gpu_share=na.gpu_share, demand=na.demand,
-                                          metrics_url=metrics_url_of(spec), metrics_mapping=spec.metrics_mapping)))
+                                          metrics_url=metrics_url_of(spec), metrics_mapping=spec.metrics_mapping,
+                                          run_as_user=spec.run_as_user)))
 
     def stop(self, task: types_pb2.Task, reason: str) -> bool:
         """Ask every node of the task's allocation to stop it (after its grace); True when any was told."""

@@ -123,6 +123,10 @@ class NodeRegistry:
         entry.disconnected_at = self._now()
         self._derive(entry)
 
+    def stream_live(self, entry: NodeEntry) -> bool:
+        """Whether the node's current stream is open and heard from within 3 heartbeat intervals."""
+        return entry.connected and self._now() - entry.last_heartbeat <= _MISSED_HEARTBEATS * self.heartbeat_interval_s
+
     def heartbeat(self, entry: NodeEntry) -> None:
         """Anything received on the stream counts as a heartbeat."""
         entry.last_heartbeat = self._now()

@@ -6,6 +6,7 @@ Re-exported by :mod:`coordinator.profiler.profiler` as :func:`validate_spec`.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 from common.domain import Resources, TaskSpecData
@@ -26,6 +27,9 @@ from coordinator.profiler.taskspec import (
 )
 
 __all__ = ["validate_spec"]
+
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+"""A POSIX user name as useradd accepts it (the agent still checks its own allowlist)."""
 
 _INT32 = 2**31
 
@@ -118,3 +122,5 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     if isinstance(spec, types_pb2.TaskSpec):
         _number("spec.stop_grace_s", spec.stop_grace_s, high=86_400.0)
         validate_qos_spec(spec, time.time() if now is None else now)
+        if spec.run_as_user and not _USER_RE.fullmatch(spec.run_as_user):
+            raise ValidationError("spec.run_as_user", f"invalid user name {spec.run_as_user[:64]!r}")

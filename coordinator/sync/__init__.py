@@ -10,7 +10,7 @@ Example::
 """
 
 from coordinator.sync._records import add_reservation, remove_reservation
-from coordinator.sync.client import KV, EtcdClient, connect
+from coordinator.sync.client import KV, EtcdClient, EtcdTls, connect
 from coordinator.sync.election import Election
 from coordinator.sync.keys import DEFAULT_PREFIX, Keys
 from coordinator.sync.leadership import LeaderRole, Leadership
@@ -28,6 +28,7 @@ __all__ = [
     "Conflict",
     "Election",
     "EtcdClient",
+    "EtcdTls",
     "Keys",
     "LeaderRole",
     "Leadership",

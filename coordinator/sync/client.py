@@ -15,7 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 import etcd3
@@ -49,6 +51,7 @@ __all__ = [
     "KV",
     "Compare",
     "EtcdClient",
+    "EtcdTls",
     "Op",
     "TxnResult",
     "WatchEvent",
@@ -88,11 +91,38 @@ def _range_page(raw: _Raw, _timeout: float, *, start: bytes, end: bytes, revisio
     return raw.get_range_response(start, end, limit=_PAGE, revision=revision or None)
 
 
-def _parse_endpoint(text: str) -> tuple[str, int]:
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """TLS towards etcd: the CA that verifies its server certificates, and our client certificate.
+
+    :param ca_cert: PEM CA bundle (``--etcd-cacert``).
+    :param cert: PEM client certificate (``--etcd-cert``), for etcd's ``--client-cert-auth``.
+    :param key: PEM private key of ``cert`` (``--etcd-key``).
+    """
+
+    ca_cert: str
+    cert: str = ""
+    key: str = ""
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """:raises ConfigError: naming the setting whose file cannot be read."""
+        data: dict[str, bytes | None] = {}
+        for name, path in (("etcd_cacert", self.ca_cert), ("etcd_cert", self.cert), ("etcd_key", self.key)):
+            try:
+                data[name] = Path(path).expanduser().read_bytes() if path else None
+            except OSError as e:
+                raise ConfigError(f"{name}: cannot read {path!r}: {e.strerror}") from None
+        return grpc.ssl_channel_credentials(root_certificates=data["etcd_cacert"], private_key=data["etcd_key"],
+                                            certificate_chain=data["etcd_cert"])
+
+
+def _parse_endpoint(text: str, secure: bool = False) -> tuple[str, int]:
     raw = text.strip()
-    if raw.startswith("https://"):
-        raise ConfigError(f"etcd endpoint {text!r}: TLS endpoints are not supported; use http:// or host:port")
-    raw = raw.removeprefix("http://").rstrip("/")
+    if raw.startswith("https://") and not secure:
+        raise ConfigError(f"etcd endpoint {text!r}: https:// needs TLS settings (--etcd-cacert)")
+    if raw.startswith("http://") and secure:
+        raise ConfigError(f"etcd endpoint {text!r}: plaintext http:// endpoint with TLS settings")
+    raw = raw.removeprefix("https://").removeprefix("http://").rstrip("/")
     host, sep, port = raw.rpartition(":")
     if not sep:
         host, port = raw, "2379"
@@ -152,23 +182,26 @@ class EtcdClient:
         client.probe()
         kvs, revision = client.range_prefix("/gptrm/v1/tasks/")
 
-    :param endpoints: ``host:port`` or ``http://host:port`` of cluster members.
+    :param endpoints: ``host:port``, ``http://host:port`` or (with ``tls``) ``https://host:port`` of members.
     :param timeout_s: deadline of one attempt, and the retry budget of one call.
-    :raises ConfigError: no endpoint, or one that is not ``HOST:PORT``.
+    :param tls: verify etcd's certificates (and present ours); None is plaintext.
+    :raises ConfigError: no endpoint, one that is not ``HOST:PORT``, or a scheme that contradicts ``tls``.
     """
 
-    def __init__(self, endpoints: Sequence[str], timeout_s: float = 5.0) -> None:
+    def __init__(self, endpoints: Sequence[str], timeout_s: float = 5.0, tls: EtcdTls | None = None) -> None:
         if not endpoints:
             raise ConfigError("etcd endpoints: the list is empty")
         if not timeout_s > 0:
             raise ConfigError(f"etcd timeout_s: {timeout_s} must be positive")
-        parsed = [_parse_endpoint(e) for e in endpoints]
+        parsed = [_parse_endpoint(e, tls is not None) for e in endpoints]
+        creds = tls.credentials() if tls is not None else None
         self._endpoints = [f"{h}:{p}" for h, p in parsed]
         self._timeout_s = float(timeout_s)
         # One single-endpoint etcd3 client per member; time_retry=0 so that a failed member is
         # tried again on the next rotation instead of being shunned for etcd3's default 300 s.
         self._raws = [
-            _Raw([etcd3.Endpoint(h, p, secure=False, time_retry=0, opts=_GRPC_OPTIONS)], timeout=timeout_s)
+            _Raw([etcd3.Endpoint(h, p, secure=creds is not None, creds=creds, time_retry=0, opts=_GRPC_OPTIONS)],
+                 timeout=timeout_s)
             for h, p in parsed
         ]
         self._index = 0
@@ -348,7 +381,7 @@ class EtcdClient:
             raw.close()
 
 
-def connect(endpoints: Sequence[str], timeout_s: float = 5.0) -> EtcdClient:
+def connect(endpoints: Sequence[str], timeout_s: float = 5.0, tls: EtcdTls | None = None) -> EtcdClient:
     """An :class:`EtcdClient` that has just reached one of ``endpoints``.
 
     Example::
@@ -361,7 +394,7 @@ def connect(endpoints: Sequence[str], timeout_s: float = 5.0) -> EtcdClient:
     :raises ConfigError: the endpoint list is empty or malformed.
     :raises EtcdUnavailable: ``etcd not reachable at HOST:PORT,...: reason``, within about ``timeout_s``.
     """
-    client = EtcdClient(endpoints, timeout_s)
+    client = EtcdClient(endpoints, timeout_s, tls)
     try:
         client.probe()
     except EtcdUnavailable:

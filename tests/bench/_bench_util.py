@@ -73,7 +73,7 @@ def coordinator_argv(listen: str, etcd_endpoints: Sequence[str], prefix: str, st
         head = [str(BIN / "gptrm-coordinator")]
     return [*head, "--listen", listen, "--metrics-listen", metrics_listen,
             "--etcd", ",".join(f"http://{e}" for e in etcd_endpoints), "--etcd-prefix", prefix,
-            "--coordinator-id", coordinator_id, "--state-dir", str(state_dir), *extra]
+            "--coordinator-id", coordinator_id, "--state-dir", str(state_dir), "--insecure", *extra]
 
 
 def wait_leader(address: str, timeout_s: float = 30.0, proc: Proc | None = None) -> admin_pb2.ClusterStatus:

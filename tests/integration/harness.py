@@ -90,6 +90,11 @@ class Proc:
         return self.log()[-chars:]
 
 
+def _plaintext_unless_tls(args: tuple[str, ...] | list[str]) -> list[str]:
+    """``--insecure`` for processes given no TLS settings (what the loopback tests use)."""
+    return [] if any(a.startswith(("--tls-", "--insecure")) for a in args) else ["--insecure"]
+
+
 class Cluster:
     """Coordinators and agents sharing one etcd (by endpoints and key prefix).
 
@@ -106,14 +111,18 @@ class Cluster:
         self.agents: dict[str, Proc] = {}
 
     def start_coordinator(self, name: str = "c1", *extra: str, port: int | None = None) -> str:
-        """Start (or restart on the same ports) coordinator ``name``; returns its address."""
+        """Start (or restart on the same ports) coordinator ``name``; returns its address.
+
+        Plaintext (``--insecure``) unless ``extra`` carries ``--tls-cert``.
+        """
         if name in self.coordinators:
             _, listen, metrics = self.coordinators[name]
         else:
             listen, metrics = f"127.0.0.1:{port or free_port()}", f"127.0.0.1:{free_port()}"
         proc = Proc([str(BIN / "gptrm-coordinator"), "--listen", listen, "--metrics-listen", metrics,
                      "--etcd", self.etcd, "--etcd-prefix", self.prefix, "--coordinator-id", name,
-                     "--state-dir", str(self.tmp / name), *extra], self.tmp / f"{name}.log").start()
+                     "--state-dir", str(self.tmp / name), *_plaintext_unless_tls(extra), *extra],
+                    self.tmp / f"{name}.log").start()
         self.coordinators[name] = (proc, listen, metrics)
         return listen
 
@@ -121,7 +130,8 @@ class Cluster:
         addrs = ",".join(coordinators or [a for _, a, _ in self.coordinators.values()])
         proc = Proc([str(BIN / "gptrm-agent"), "--coordinator", addrs, "--node-id", node_id, "--gpu-backend",
                      "simulated", "--simulate-gpus", "4xH100-80GB", "--state-dir", str(self.tmp / f"agent-{node_id}"),
-                     "--interval", "0.5", "--backoff-max", "1", *extra], self.tmp / f"agent-{node_id}.log").start()
+                     "--interval", "0.5", "--backoff-max", "1", *_plaintext_unless_tls(extra), *extra],
+                    self.tmp / f"agent-{node_id}.log").start()
         self.agents[node_id] = proc
         return proc
 
@@ -145,8 +155,8 @@ class Cluster:
 
     def ctl(self, *args: str, timeout_s: float = 30.0, coordinator: str | None = None) -> subprocess.CompletedProcess:
         addr = coordinator or ",".join(a for _, a, _ in self.coordinators.values())
-        return subprocess.run([str(BIN / "gptrmctl"), "--coordinator", addr, *args], capture_output=True,
-                              text=True, timeout=timeout_s)
+        return subprocess.run([str(BIN / "gptrmctl"), "--coordinator", addr, *_plaintext_unless_tls(args), *args],
+                              capture_output=True, text=True, timeout=timeout_s)
 
     def stop(self) -> None:
         for p in self.agents.values():

@@ -89,7 +89,7 @@ class TestBadInput:
             assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
             assert len(res.stderr.strip().splitlines()) == 1
         res = subprocess.run([str(BIN / "gptrm-coordinator"), "--etcd", "http://127.0.0.1:1", "--etcd-timeout", "1",
-                              "--metrics-listen", "", "--listen", "127.0.0.1:0"],
+                              "--insecure", "--metrics-listen", "", "--listen", "127.0.0.1:0"],
                              capture_output=True, text=True, timeout=60)
         err_lines = [line for line in res.stderr.splitlines() if "error" in line]
         assert res.returncode == 1 and "etcd" in res.stderr and "Traceback" not in res.stderr, res.stderr

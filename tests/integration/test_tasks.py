@@ -43,12 +43,11 @@ class TestTaskLifecycle:
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        out = tmp_path / "cvd.txt"
         ok = _submit(cluster, "--name", "ok", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
-                     "sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES" > {out}')
+                     "sh", "-c", 'echo "cvd=$CUDA_VISIBLE_DEVICES"')
         t = wait_until(lambda: _state_is(cluster, ok, "succeeded", "failed"), what="ok to finish")
         assert t["state"] == "succeeded" and t["exit_code"] == 0
-        uuids = out.read_text().strip().split(",")
+        uuids = t["log_tail"].split("cvd=", 1)[1].split()[0].split(",")
         assert len(uuids) == 2 and all(u.startswith("GPU-sim-n1-") for u in uuids)
         assert [a["node_id"] for a in t["allocation"]] == ["n1"]
         assert [h["state"] for h in t["history"]] == ["pending", "scheduled", "starting", "running", "succeeded"]

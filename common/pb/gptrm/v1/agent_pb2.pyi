@@ -144,7 +144,7 @@ class Decision(_message.Message):
     def __init__(self, decision_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., pause: _Optional[_Union[PauseTask, _Mapping]] = ..., resume: _Optional[_Union[ResumeTask, _Mapping]] = ..., scale: _Optional[_Union[ScaleTask, _Mapping]] = ..., set_power_limit: _Optional[_Union[SetPowerLimit, _Mapping]] = ...) -> None: ...
 
 class StartTask(_message.Message):
-    __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand", "metrics_url", "metrics_mapping")
+    __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand", "metrics_url", "metrics_mapping", "run_as_user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class StartTask(_message.Message):
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     METRICS_MAPPING_FIELD_NUMBER: _ClassVar[int]
+    RUN_AS_USER_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
@@ -172,7 +173,8 @@ class StartTask(_message.Message):
     demand: _types_pb2.ResourceVector
     metrics_url: str
     metrics_mapping: _types_pb2.MetricsMapping
-    def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[_types_pb2.MetricsMapping, _Mapping]] = ...) -> None: ...
+    run_as_user: str
+    def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[_types_pb2.MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ...) -> None: ...
 
 class StopTask(_message.Message):
     __slots__ = ("task_id", "grace_s", "reason")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+from collections.abc import Callable
 
-__all__ = ["SystemdNotifier"]
+__all__ = ["SystemdNotifier", "watchdog_loop"]
 
 
 class SystemdNotifier:
@@ -46,3 +48,19 @@ class SystemdNotifier:
         if not self._address or not self._watchdog_usec.isdigit():
             return None
         return int(self._watchdog_usec) / 1e6 / 2
+
+
+async def watchdog_loop(notifier: SystemdNotifier, status: Callable[[], str] | None = None) -> None:
+    """Send ``WATCHDOG=1`` every half watchdog period while the event loop runs.
+
+    It runs *on* the daemon's asyncio loop on purpose: a loop that is stuck (a blocking call,
+    a deadlock) stops the pings, and systemd restarts the service after ``WatchdogSec=``.
+    """
+    interval = notifier.watchdog_interval_s()
+    if interval is None:
+        return
+    while True:
+        notifier.notify("WATCHDOG=1")
+        if status is not None:
+            notifier.notify(f"STATUS={status()}")
+        await asyncio.sleep(interval)

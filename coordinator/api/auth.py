@@ -1,0 +1,387 @@
+"""Who may call what: mutual-TLS identities, bearer tokens and roles, as a grpc.aio interceptor.
+
+Principals and roles:
+
+- a client certificate issued by ``gptrmctl certs`` names its holder and role (``node``,
+  ``admin``, ``viewer``, ``coordinator``; see :mod:`common.certs`);
+- a bearer token (``authorization: Bearer TOKEN``) listed, hashed, in ``--admin-tokens``
+  gives ``admin`` or ``viewer``; a token outranks the certificate it arrives with, except that
+  a node certificate can never call the Admin API.
+
+What each call needs (:func:`required_role`): Health is open (load balancers probe it);
+reflection needs any authenticated principal; ``AgentGateway`` needs a node certificate (with
+TLS); Admin reads (``Get*``, ``List*``, ``Stream*``, ``Watch*``) need ``viewer`` and everything
+else ``admin`` (unknown methods fail closed). No credentials is UNAUTHENTICATED, the wrong role
+PERMISSION_DENIED, each with a message naming what is missing. Every refusal and every call that
+needs ``admin`` leaves one audit record (:mod:`coordinator.api.audit`).
+
+Without TLS and without tokens (``--insecure`` alone: ``make run``, loopback tests) nothing is
+checked and callers act as ``anonymous`` admins; the coordinator logs a warning at start and
+``gptrmctl status`` shows it.
+
+Example::
+
+    security = Security.from_config(cfg, core.events)
+    server = grpc.aio.server(interceptors=[security.interceptor])
+    security.add_port(server, cfg.listen)
+    loop.add_signal_handler(signal.SIGHUP, security.reload)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from common.certs import identity_from_pem, load_crl_serials
+from common.errors import ConfigError, GptrmError, ValidationError
+from common.logging import get_logger
+from common.tls import ServerTls, tls_files
+from common.tokens import TokenFile
+from coordinator.api.audit import AuditLog
+
+__all__ = ["AuthInterceptor", "AuthRefused", "Authenticator", "Principal", "Security", "required_role"]
+
+ADMIN_SERVICE = "gptrm.v1.Admin"
+GATEWAY_SERVICE = "gptrm.v1.AgentGateway"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+_READ_PREFIXES = ("Get", "List", "Stream", "Watch", "Describe")
+_ANY = "any"
+_CACHE_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller.
+
+    :param name: certificate CN/SAN name, token name, or ``anonymous``.
+    :param role: ``admin``, ``viewer``, ``node``, ``coordinator``.
+    :param via: ``certificate``, ``token`` or ``none`` (no authentication configured).
+    """
+
+    name: str
+    role: str
+    via: str
+
+
+class AuthRefused(GptrmError):
+    """A call refused for its credentials; ``code`` is UNAUTHENTICATED or PERMISSION_DENIED."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, principal: str = "", role: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.principal = principal
+        self.role = role
+
+
+def required_role(method: str) -> str | None:
+    """The role a full method name (``/gptrm.v1.Admin/CancelTask``) needs; None for open methods."""
+    service, _, name = method.lstrip("/").partition("/")
+    if service == HEALTH_SERVICE:
+        return None
+    if service.startswith("grpc.reflection."):
+        return _ANY
+    if service == GATEWAY_SERVICE:
+        return "node"
+    if service == ADMIN_SERVICE and name.startswith(_READ_PREFIXES):
+        return "viewer"
+    return "admin"
+
+
+def _bearer(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            scheme, _, token = text.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return None
+
+
+class Authenticator:
+    """Turns a call's TLS peer and metadata into a :class:`Principal`, or refuses it.
+
+    :param tls: whether the server requires client certificates.
+    :param tokens: the ``--admin-tokens`` table, if configured.
+    :param crl: CA-signed CRL of revoked certificates (checked against ``ca_pem``).
+    :param ca_pem: the CA bundle, to verify the CRL's signature.
+    :raises ConfigError: the CRL is unreadable or not signed by the CA.
+    """
+
+    def __init__(self, *, tls: bool, tokens: TokenFile | None = None, crl: Path | None = None,
+                 ca_pem: bytes | None = None) -> None:
+        self.tls = tls
+        self.tokens = tokens
+        self.crl = crl
+        self._ca_pem = ca_pem
+        self._revoked: set[int] = set()
+        self._identities: dict[bytes, Any] = {}
+        self.reload()
+
+    @property
+    def open(self) -> bool:
+        """No authentication at all (``--insecure`` without ``--admin-tokens``)."""
+        return not self.tls and self.tokens is None
+
+    @property
+    def mode(self) -> str:
+        return {(True, True): "mtls+tokens", (True, False): "mtls", (False, True): "tokens",
+                (False, False): "none"}[(self.tls, self.tokens is not None)]
+
+    def reload(self) -> None:
+        """Re-read the CRL and the token file (SIGHUP).
+
+        :raises ConfigError: the new CRL or token file is invalid (the previous ones stay).
+        """
+        if self.crl is not None:
+            try:
+                self._revoked = load_crl_serials(self.crl, self._ca_pem or b"")
+            except GptrmError as e:
+                raise ConfigError(f"tls_crl: {e}") from None
+        if self.tokens is not None:
+            self.tokens.reload()
+
+    def certificate(self, auth_context: dict[str, list[bytes]] | None) -> Principal | None:
+        """The principal named by the peer's verified certificate (None without TLS).
+
+        :raises AuthRefused: the certificate names no valid principal, or is revoked.
+        """
+        pems = (auth_context or {}).get("x509_pem_cert") or []
+        if not self.tls or not pems:
+            return None
+        pem = pems[0]
+        ident = self._identities.get(pem)
+        if ident is None:
+            try:
+                ident = identity_from_pem(pem)
+            except ValidationError as e:
+                ident = e
+            if len(self._identities) >= _CACHE_MAX:
+                self._identities.clear()
+            self._identities[pem] = ident
+        if isinstance(ident, ValidationError):
+            raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED,
+                              f"client certificate names no valid gptrm principal: {ident}")
+        if ident.serial in self._revoked:
+            raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED,
+                              f"client certificate {ident.name!r} (serial {ident.serial:x}) is revoked",
+                              ident.name, ident.role)
+        return Principal(ident.name, ident.role, "certificate")
+
+    def authorize(self, method: str, metadata: Iterable[tuple[str, Any]] | None,
+                  auth_context: dict[str, list[bytes]] | None) -> Principal | None:
+        """Decide one call.
+
+        :returns: the principal (None for open methods).
+        :raises AuthRefused: with the status code and a message naming what is missing.
+        """
+        needed = required_role(method)
+        if needed is None:
+            return None
+        if self.open:
+            return Principal("anonymous", "admin", "none")
+        short = method.rsplit("/", 1)[-1]
+        cert = self.certificate(auth_context)
+        if needed == _ANY and cert is not None:
+            return cert
+        if needed == "node":
+            if not self.tls:
+                return Principal("anonymous", "node", "none")   # agents are authenticated by certificates only
+            if cert is None or cert.role != "node":
+                raise AuthRefused(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"{short} needs a node certificate; this one has role "
+                                  f"{cert.role if cert else 'none'!r}", cert.name if cert else "",
+                                  cert.role if cert else "")
+            return cert
+        if cert is not None and cert.role == "node":
+            raise AuthRefused(grpc.StatusCode.PERMISSION_DENIED,
+                              f"node certificates cannot call the Admin API ({short}; node {cert.name!r})",
+                              cert.name, cert.role)
+        token = _bearer(metadata)
+        principal = cert
+        if token is not None:
+            who = self.tokens.lookup(token) if self.tokens is not None else None
+            if who is None:
+                raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED,
+                                  "bearer token is not recognised (unknown, removed, or this coordinator has no "
+                                  "--admin-tokens)", cert.name if cert else "", cert.role if cert else "")
+            principal = Principal(who[0], who[1], "token")
+        if principal is None or principal.role not in ("admin", "viewer"):
+            raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED if principal is None else
+                              grpc.StatusCode.PERMISSION_DENIED,
+                              f"{short} needs credentials with role {needed if needed != _ANY else 'viewer'}: "
+                              "a client certificate with role admin or viewer, or a bearer token "
+                              "(gptrmctl --token / GPTRM_TOKEN)" + (f"; certificate {principal.name!r} has role "
+                                                                    f"{principal.role!r}" if principal else ""),
+                              principal.name if principal else "", principal.role if principal else "")
+        if needed == "admin" and principal.role != "admin":
+            raise AuthRefused(grpc.StatusCode.PERMISSION_DENIED,
+                              f"{short} needs role admin; {principal.name!r} has role {principal.role!r}",
+                              principal.name, principal.role)
+        return principal
+
+
+def _target(request: Any, response: Any = None) -> str:
+    for field in ("task_id", "node_id", "service", "name"):
+        value = getattr(request, field, None)
+        if isinstance(value, str) and value:
+            return value
+    value = getattr(response, "id", None)
+    return value if isinstance(value, str) else ""
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler: admit or refuse the caller, then audit what needs auditing.
+
+    :param authn: the :class:`Authenticator`.
+    :param audit: the :class:`~coordinator.api.audit.AuditLog`.
+    """
+
+    def __init__(self, authn: Authenticator, audit: AuditLog) -> None:
+        self.authn = authn
+        self.audit = audit
+
+    async def intercept_service(self, continuation: Callable[..., Any],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or required_role(method) is None:
+            return handler
+        audited = required_role(method) == "admin" and method.startswith(f"/{ADMIN_SERVICE}/")
+        return _wrap(handler, self, method, audited)
+
+    async def admit(self, method: str, context: grpc.aio.ServicerContext, request: Any = None) -> Principal | None:
+        """Authorize or abort the call (auditing the refusal, with the request's target when there is one)."""
+        try:
+            return self.authn.authorize(method, context.invocation_metadata(), context.auth_context())
+        except AuthRefused as e:
+            self.audit.record(principal=e.principal or f"anonymous@{context.peer()}", role=e.role,
+                              method=method.rsplit("/", 1)[-1], target=_target(request), outcome="refused",
+                              reason=str(e))
+            await context.abort(e.code, str(e))
+            raise AssertionError("unreachable") from None   # abort raises
+
+    def finish(self, principal: Principal | None, method: str, context: grpc.aio.ServicerContext,
+               request: Any, response: Any, error: BaseException | None) -> None:
+        """Audit a state-changing call's outcome."""
+        code = context.code() if error is not None else None
+        ok = error is None or code in (None, grpc.StatusCode.OK)
+        reason = "" if ok else f"{code.name if code else type(error).__name__}: {context.details() or error}"
+        p = principal or Principal("anonymous", "", "none")
+        self.audit.record(principal=p.name, role=p.role, method=method.rsplit("/", 1)[-1],
+                          target=_target(request, response), outcome="ok" if ok else "error", reason=reason)
+
+
+def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
+    """The same kind of handler, with admission (and, for writes, auditing) around the behaviour."""
+    kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        inner = handler.unary_unary
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            principal = await ic.admit(method, context, request)
+            try:
+                response = await inner(request, context)
+            except BaseException as e:
+                if audited:
+                    ic.finish(principal, method, context, request, None, e)
+                raise
+            if audited:
+                ic.finish(principal, method, context, request, response, None)
+            return response
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **kw)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await ic.admit(method, context, request)
+            result = inner_us(request, context)
+            if inspect.isasyncgen(result):
+                async for item in result:
+                    yield item
+            else:
+                await result
+        return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
+    if handler.stream_unary is not None:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await ic.admit(method, context)
+            return await inner_su(requests, context)
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **kw)
+    inner_ss = handler.stream_stream
+
+    async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        await ic.admit(method, context)
+        result = inner_ss(requests, context)
+        if inspect.isasyncgen(result):
+            async for item in result:
+                yield item
+        else:
+            await result
+    return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
+
+
+class Security:
+    """The coordinator's TLS, authentication and audit, built once from the config.
+
+    :param server_tls: reloadable server credentials, or None with ``--insecure``.
+    :param authn: the authenticator.
+    :param audit: the audit log.
+    """
+
+    def __init__(self, server_tls: ServerTls | None, authn: Authenticator, audit: AuditLog) -> None:
+        self.server_tls = server_tls
+        self.authn = authn
+        self.audit = audit
+        self.interceptor = AuthInterceptor(authn, audit)
+        self._log = get_logger("auth")
+
+    @classmethod
+    def from_config(cls, cfg: Any, events: Any = None) -> Security:
+        """Build from a ``CoordinatorConfig``.
+
+        :raises ConfigError: TLS settings incomplete (and not ``--insecure``), unreadable files,
+            an invalid token file or CRL.
+        """
+        files = tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
+        server_tls = ServerTls(files) if files is not None else None
+        tokens = TokenFile(cfg.admin_tokens) if cfg.admin_tokens else None
+        ca_pem = files.read()[2] if files is not None else None
+        authn = Authenticator(tls=files is not None, tokens=tokens, crl=Path(cfg.tls_crl) if cfg.tls_crl else None,
+                              ca_pem=ca_pem)
+        return cls(server_tls, authn, AuditLog(cfg.audit_log or None, events))
+
+    @property
+    def insecure(self) -> bool:
+        return self.server_tls is None
+
+    def add_port(self, server: grpc.aio.Server, listen: str) -> int:
+        """Bind ``listen`` with TLS (or plaintext when insecure); returns the port."""
+        if self.server_tls is None:
+            self._log.warning("plaintext_grpc_enabled", listen=listen, auth=self.authn.mode,
+                              reason="--insecure: no TLS; agents are not authenticated"
+                              + ("; admin callers are not authenticated either" if self.authn.open else ""))
+            return server.add_insecure_port(listen)
+        return server.add_secure_port(listen, self.server_tls.credentials())
+
+    def node_principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
+        """The node certificate of an AgentGateway caller (None without TLS)."""
+        return self.authn.certificate(context.auth_context())
+
+    def reload(self) -> None:
+        """SIGHUP: re-read certificates, CRL and tokens, reopen the audit log; errors keep the old ones."""
+        for what, fn in (("tls", self.server_tls.reload if self.server_tls else None), ("auth", self.authn.reload),
+                         ("audit_log", self.audit.reopen)):
+            if fn is None:
+                continue
+            try:
+                fn()
+            except ConfigError as e:
+                self._log.error("reload_failed", key=what, reason=str(e))
+            else:
+                self._log.info("reloaded", key=what)

@@ -1,0 +1,143 @@
+"""The CA module, the token file and ``gptrmctl certs``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from common import certs, tokens
+from common.errors import ConfigError, GptrmError, ValidationError
+from coordinator.ctl.main import main as ctl_main
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> Path:
+    certs.create_ca(tmp_path / "pki")
+    return tmp_path / "pki"
+
+
+class TestCreateCa:
+    def test_ca_key_is_private_and_cert_is_a_ca(self, ca: Path) -> None:
+        """The CA key is written 0600 and the certificate carries CA basic constraints."""
+        assert stat.S_IMODE((ca / "ca.key").stat().st_mode) == 0o600
+        cert = x509.load_pem_x509_certificate((ca / "ca.crt").read_bytes())
+        assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+    def test_existing_ca_is_never_overwritten(self, ca: Path) -> None:
+        """A second ``ca create`` in the same directory fails and leaves the first key in place."""
+        before = (ca / "ca.key").read_bytes()
+        with pytest.raises(GptrmError, match="already exists"):
+            certs.create_ca(ca)
+        assert (ca / "ca.key").read_bytes() == before
+
+
+class TestIssue:
+    @pytest.mark.parametrize(("kind", "names", "role", "name"), [
+        ("node", ["gpu01"], "node", "gpu01"),
+        ("admin", ["alice"], "admin", "alice"),
+        ("viewer", ["grafana"], "viewer", "grafana"),
+        ("coordinator", ["coord1.example", "127.0.0.1"], "coordinator", "coord1.example"),
+    ])
+    def test_identity_round_trips(self, ca: Path, kind: str, names: list[str], role: str, name: str) -> None:
+        """Each kind of certificate reads back as its role and principal name."""
+        issued = certs.issue(ca, kind, names)
+        ident = certs.identity_from_pem(issued.cert_path.read_bytes())
+        assert (ident.role, ident.name) == (role, name)
+        assert stat.S_IMODE(issued.key_path.stat().st_mode) == 0o600
+
+    def test_default_lifetimes(self, ca: Path) -> None:
+        """Node certificates last a year and people's certificates 90 days by default."""
+        now = dt.datetime.now(dt.UTC)
+        node = certs.issue(ca, "node", ["n1"])
+        admin = certs.issue(ca, "admin", ["alice"])
+        assert 364 <= (node.not_after - now).days <= 365
+        assert 89 <= (admin.not_after - now).days <= 90
+
+    def test_coordinator_certificate_names_every_host(self, ca: Path) -> None:
+        """A coordinator certificate holds a DNS SAN per host name and an IP SAN per address."""
+        issued = certs.issue(ca, "coordinator", ["c1.example", "127.0.0.1"])
+        cert = x509.load_pem_x509_certificate(issued.cert_path.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.DNSName) == ["c1.example"]
+        assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+    @pytest.mark.parametrize("bad", ["../etc", "a/b", "n1\n", "n\x00", "", " n1", "-n", "a..b"])
+    def test_names_with_path_or_control_characters_are_refused(self, ca: Path, bad: str) -> None:
+        """A name with path separators, control characters or whitespace is refused and nothing is written."""
+        with pytest.raises(ValidationError, match="invalid name"):
+            certs.issue(ca, "node", [bad])
+        assert sorted(p.name for p in ca.iterdir()) == ["ca.crt", "ca.key"]
+
+    def test_missing_ca_is_a_clear_error(self, tmp_path: Path) -> None:
+        """Issuing without a CA names the missing file."""
+        with pytest.raises(GptrmError, match=r"ca\.crt is missing"):
+            certs.issue(tmp_path, "node", ["n1"])
+
+    def test_negative_days_issue_an_expired_certificate(self, ca: Path) -> None:
+        """``days=-1`` yields a certificate whose validity ended in the past."""
+        issued = certs.issue(ca, "node", ["old"], days=-1)
+        assert issued.not_after < dt.datetime.now(dt.UTC)
+
+
+class TestRevoke:
+    def test_revoked_serial_is_listed_in_a_ca_signed_crl(self, ca: Path) -> None:
+        """Revoking a certificate puts its serial in crl.pem, which verifies against the CA."""
+        a = certs.issue(ca, "admin", ["alice"])
+        b = certs.issue(ca, "admin", ["bob"])
+        crl = certs.revoke(ca, a.cert_path)
+        certs.revoke(ca, b.cert_path)
+        assert certs.load_crl_serials(crl, (ca / "ca.crt").read_bytes()) == {a.serial, b.serial}
+
+    def test_crl_from_another_ca_is_refused(self, ca: Path, tmp_path: Path) -> None:
+        """A CRL signed by a different CA is rejected, not trusted."""
+        other = tmp_path / "other"
+        certs.create_ca(other)
+        crl = certs.revoke(other, certs.issue(other, "node", ["x"]).cert_path)
+        with pytest.raises(GptrmError, match="not signed"):
+            certs.load_crl_serials(crl, (ca / "ca.crt").read_bytes())
+
+
+class TestTokenFile:
+    def test_lookup_and_removal(self, tmp_path: Path) -> None:
+        """A listed token maps to its name and role; after its line is removed it maps to nothing."""
+        t1, t2 = tokens.new_token(), tokens.new_token()
+        path = tmp_path / "tokens"
+        path.write_text(f"# comment\n{tokens.token_line('alice', 'admin', t1)}\n"
+                        f"{tokens.token_line('eve', 'viewer', t2)}\n")
+        table = tokens.TokenFile(path)
+        assert table.lookup(t1) == ("alice", "admin")
+        assert table.lookup(t2) == ("eve", "viewer")
+        assert table.lookup("gptrm_wrong") is None
+        path.write_text(tokens.token_line("alice", "admin", t1) + "\n# eve removed\n")
+        assert table.lookup(t2) is None
+        assert table.lookup(t1) == ("alice", "admin")
+
+    def test_malformed_line_names_file_and_line(self, tmp_path: Path) -> None:
+        """A line that is not NAME ROLE sha256:HEX stops start-up with the file and line number."""
+        path = tmp_path / "tokens"
+        path.write_text("alice admin plaintext-token\n")
+        with pytest.raises(ConfigError, match=r"tokens:1: expected"):
+            tokens.TokenFile(path)
+
+
+class TestCertsCommand:
+    def test_ca_issue_and_bad_name_exit_codes(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """``gptrmctl certs`` creates a CA and a node certificate (exit 0) and refuses a path-like name (exit 2)."""
+        d = str(tmp_path / "pki")
+        assert ctl_main(["certs", "--dir", d, "ca", "create"]) == 0
+        assert ctl_main(["certs", "--dir", d, "issue", "node", "gpu01"]) == 0
+        assert (tmp_path / "pki" / "node-gpu01.crt").exists()
+        assert ctl_main(["certs", "--dir", d, "issue", "node", "../../etc/passwd"]) == 2
+        assert "invalid name" in capsys.readouterr().err
+
+    def test_token_prints_a_line_that_the_token_file_accepts(self, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+        """``certs token`` prints a token and the matching --admin-tokens line."""
+        assert ctl_main(["certs", "token", "alice", "viewer"]) == 0
+        out = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines()[:2])
+        (tmp_path / "t").write_text(out["line"] + "\n")
+        assert tokens.TokenFile(tmp_path / "t").lookup(out["token"]) == ("alice", "viewer")
