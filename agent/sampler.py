@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import psutil
 import structlog
@@ -113,35 +114,16 @@ def open_gpu_backend(
     return sim
 
 
-def build_sampler(
-    *,
-    node_id: str,
-    gpu_backend: str,
-    simulate_spec: str,
-    interval_s: float,
-    log: Log,
-    data_paths: Sequence[str] = (),
-    task_pids: TaskPids | None = None,
-    powercap_root: str | Path = DEFAULT_POWERCAP_ROOT,
-    simulate_host: str = "",
-    real_cores: int | None = None,
-    task_metrics: TaskMetricsTargets | None = None,
-    qos_window_s: float = 30.0,
-) -> Sampler:
-    """Open the GPU backend and the host collectors and wire them into a :class:`Sampler`.
+def build_sampler(*, node_id: str, gpu_backend: str, simulate_spec: str, log: Log, **options: Any) -> Sampler:
+    """Open the GPU backend, then build the collectors and the :class:`Sampler` around it.
 
-    :param simulate_host: ``--simulate-host`` (see :func:`choose_host_shape`).
-    :param real_cores: this machine's logical cores; psutil's count when None.
-    :param task_metrics: the running tasks' metrics endpoints; none are scraped when None.
-    :param qos_window_s: window of the tasks' latency percentiles and token rates.
+    :param options: the keyword arguments of :func:`sampler_for` (``interval_s``, ``data_paths``, …).
     :raises ConfigError: see :func:`open_gpu_backend` and :func:`choose_host_shape`.
     """
     log = log.bind(node_id=node_id)
     gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id)
     try:
-        return sampler_for(gpus, interval_s=interval_s, log=log, data_paths=data_paths, task_pids=task_pids,
-                           powercap_root=powercap_root, simulate_host=simulate_host, real_cores=real_cores,
-                           task_metrics=task_metrics, qos_window_s=qos_window_s)
+        return sampler_for(gpus, log=log, **options)
     except ConfigError:
         gpus.close()
         raise
@@ -162,6 +144,11 @@ def sampler_for(
 ) -> Sampler:
     """The host collectors and the :class:`Sampler` around a GPU backend that is already open
     (the agent opens it first, because its task runtime applies power limits through it).
+
+    :param simulate_host: ``--simulate-host`` (see :func:`choose_host_shape`).
+    :param real_cores: this machine's logical cores; psutil's count when None.
+    :param task_metrics: the running tasks' metrics endpoints; none are scraped when None.
+    :param qos_window_s: window of the tasks' latency percentiles and token rates.
 
     :raises ConfigError: see :func:`choose_host_shape`.
     """
