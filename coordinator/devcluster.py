@@ -47,7 +47,7 @@ def main() -> int:
     state = Path(".gptrm").resolve()
     bin_dir = Path(sys.executable).parent
     # Plaintext and no authentication on loopback: the coordinator logs a warning and
-    # `gptrmctl status` says so. GPTRM_INSECURE lets the printed gptrmctl commands connect.
+    # `gptrmctl status` says so; the printed gptrmctl commands pass --insecure to connect.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     coord = subprocess.Popen([str(bin_dir / "gptrm-coordinator"), "--listen", LISTEN, "--metrics-listen", METRICS,
@@ -62,7 +62,7 @@ def main() -> int:
         if node is None:
             print("gptrm: the local node did not register within 30 s; see the logs above", file=sys.stderr)
             return 1
-        ctl = f"GPTRM_INSECURE=1 {bin_dir / 'gptrmctl'}"
+        ctl = f"{bin_dir / 'gptrmctl'} --insecure"
         print(f"""
 gptrm is up in {time.monotonic() - started:.1f} s: node {node!r} registered with coordinator {LISTEN}.
 Try, in another terminal:

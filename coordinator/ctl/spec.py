@@ -42,6 +42,8 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true",
                    help="follow the task to its final state (progress on stderr) and exit with its exit code")
     q = p.add_argument_group("QoS")
+    p.add_argument("--run-as-user", metavar="USER",
+                   help="run the task as USER (only if the agent's --task-users-allowed lists it)")
     q.add_argument("--no-preemptible", dest="preemptible", action="store_false", default=None,
                    help="never preempt this task for higher-priority work")
     q.add_argument("--checkpoint-signal", metavar="SIGNAL", help="sent before a preemption stop (default SIGUSR1)")
@@ -98,6 +100,8 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
         d["env"] = _pairs(args.env, "--env")
     if args.label:
         d["labels"] = _pairs(args.label, "--label")
+    if args.run_as_user is not None:
+        d["run_as_user"] = args.run_as_user
     return _parse(d, "flags")
 
 

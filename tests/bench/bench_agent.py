@@ -38,8 +38,7 @@ from common.logging import configure_logging, get_logger
 configure_logging("warning", json=True)
 pid = os.getpid()
 if mode == "nvml":
-    sys.path.insert(0, {fakes!r})
-    import fake_pynvml
+    from tests.helpers import fake_pynvml
     gpus = fake_pynvml.make_gpus(8, util_gpu=80, power_mw=550_000, mem_used=60 << 30, processes=[(pid, 60 << 30)])
     sys.modules["pynvml"] = fake_pynvml.FakeNvml(gpus)
 from agent.sampler import build_sampler
@@ -95,7 +94,7 @@ def measure(label: str, argv: list[str]) -> Result:
 
 def run_all(seconds: float) -> list[Result]:
     """Measure the two floors and the sampler with both backends."""
-    driver = DRIVER.format(repo=str(REPO), fakes=str(REPO / "tests" / "unit" / "agent"))
+    driver = DRIVER.format(repo=str(REPO))
     return [
         measure("bare interpreter (python -c, no imports)", [sys.executable, "-c", BARE]),
         measure("floor: grpc+protobuf+psutil+structlog+pynvml", [sys.executable, "-c", FLOOR]),

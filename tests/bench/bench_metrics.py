@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import sys
 import time
 from collections.abc import Callable
@@ -35,13 +34,10 @@ GPUS = 8
 
 
 def load_baseline() -> type:
-    """prometheus-client's rendering of the per-GPU gauges, from the unit tests' reference module."""
-    path = ROOT / "tests" / "unit" / "coordinator" / "metrics_reference.py"
-    spec = importlib.util.spec_from_file_location("metrics_reference", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ClientRendered
+    """prometheus-client's rendering of the per-GPU gauges, from the tests' reference module."""
+    from tests.helpers.metrics_reference import ClientRendered
+
+    return ClientRendered
 
 
 def cluster(n_nodes: int) -> tuple[ResourceMonitor, NodeRegistry]:

@@ -15,7 +15,7 @@ one ``place_batch`` call over the whole queue, engine construction from the snap
 the fastest of ``--repeat`` runs (each on a fresh engine); the placed/refused columns time each
 ``place`` call of one separate run, so they leave out the batch's sort and garbage-collector pause.
 
-The literal reference (tests/unit/coordinator/reference_algorithms.py) sorts every node per
+The literal reference (tests/helpers/reference_algorithms.py) sorts every node per
 request in Python; it is timed on the first ``--reference-requests`` requests of the same queue
 on the same cluster and its rate is extrapolated from that subset (as the output says).
 """
@@ -62,14 +62,8 @@ TASK_SHAPES = (
 
 
 def load_reference() -> ModuleType:
-    """Import the literal reference transcription from the unit tests."""
-    path = ROOT / "tests" / "unit" / "coordinator" / "reference_algorithms.py"
-    spec = importlib.util.spec_from_file_location("reference_algorithms", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reference_algorithms"] = module
-    spec.loader.exec_module(module)
-    return module
+    """The literal reference transcription the tests check production against."""
+    return importlib.import_module("tests.helpers.reference_algorithms")
 
 
 def make_cluster(rng: random.Random, n_nodes: int) -> ClusterSnapshot:

@@ -77,7 +77,7 @@ class TestExitCodes:
         assert res.returncode == 1 and "no-such-task" in res.stderr
         res = cluster.ctl("no-such-command")
         assert res.returncode == 2 and res.stderr.count("gptrmctl:") == 1
-        res = subprocess.run([str(BIN / "gptrmctl"), "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2",
+        res = subprocess.run([str(BIN / "gptrmctl"), "--insecure", "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2",
                               "status"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 3 and "no coordinator answered" in res.stderr
 
@@ -137,7 +137,7 @@ class TestCompletion:
         call = f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; _gptrmctl"
         prog = f'{script}\n{call}; printf "%s\\n" "${{COMPREPLY[@]}}"'
         res = subprocess.run(["bash", "-c", prog], capture_output=True, text=True, timeout=60,
-                             env={"PATH": f"{BIN}:/usr/bin:/bin"})
+                             env={"PATH": f"{BIN}:/usr/bin:/bin", "GPTRM_INSECURE": "1"})
         assert res.returncode == 0, res.stderr
         return res.stdout.split()
 

@@ -74,7 +74,7 @@ class TestMakeRunFirstMinutes:
         """The printed submit line, run eight times on the one simulated node, gives eight running tasks at once."""
         commands = devcluster.printed_commands()
         [submit] = [c for c in commands if " submit " in c]
-        ctl = [*shlex.split(submit)[:1], "--coordinator", devcluster.listen]
+        ctl = [*shlex.split(submit)[:2], "--coordinator", devcluster.listen]   # gptrmctl --insecure
         status = _ctl(ctl, "status")
         assert status.returncode == 0, status.stderr
         node = json.loads(_ctl(ctl, "-o", "json", "nodes").stdout)["nodes"][0]
@@ -82,7 +82,7 @@ class TestMakeRunFirstMinutes:
         assert (node["cpu_cores"], node["mem_total_bytes"]) == (112, 2 << 40)
         ids = []
         for _ in range(8):
-            res = _ctl([*ctl, "-o", "json"], *shlex.split(submit)[1:])
+            res = _ctl([*ctl, "-o", "json"], *shlex.split(submit)[2:])
             assert res.returncode == 0, res.stderr
             ids.append(json.loads(res.stdout)["task_id"])
 
