@@ -77,8 +77,8 @@ class TestExitCodes:
         assert res.returncode == 1 and "no-such-task" in res.stderr
         res = cluster.ctl("no-such-command")
         assert res.returncode == 2 and res.stderr.count("gptrmctl:") == 1
-        res = subprocess.run([str(BIN / "gptrmctl"), "--insecure", "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2",
-                              "status"], capture_output=True, text=True, timeout=60)
+        res = subprocess.run([str(BIN / "gptrmctl"), "--insecure", "--coordinator", f"127.0.0.1:{free_port()}",
+                              "--timeout", "2", "status"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 3 and "no coordinator answered" in res.stderr
 
 
