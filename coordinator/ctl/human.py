@@ -32,6 +32,7 @@ __all__ = [
 GIB = 1024**3
 REASON_WIDTH = 72
 """Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
+_FINAL = ("succeeded", "failed", "cancelled")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CAUSE = re.compile(r"^(?P<head>.*?)\s*\((?P<cause>[^()]*(?:\([^()]*\)[^()]*)*)\)\s*$", re.DOTALL)
 
@@ -255,6 +256,7 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
                                       for a in d["allocation"]) or "-"),
         f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
         f"restarts      {d['restarts']}",
+        f"energy        {d['energy_j'] / 3.6e6:.4f} kWh" + ("" if d["state"] in _FINAL else " so far"),
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),
     ]

@@ -89,6 +89,7 @@ def task_dict(t: types_pb2.Task) -> dict[str, Any]:
         "history": [proto_dict(h) for h in t.history],
         "spec": proto_dict(t.spec),
         "qos_reading": proto_dict(t.qos_reading) if t.HasField("qos_reading") else None,
+        "energy_j": t.energy_j,
     }
 
 
