@@ -266,6 +266,11 @@ class Metrics:
         self.decisions = Counter("gptrm_scheduler_decisions_total", "placement decisions", ["outcome"], registry=r)
         self.commit_latency = Histogram("gptrm_sync_commit_duration_seconds", "etcd commit of a placement batch",
                                         registry=r)
+        self.missing_resources = Gauge("gptrm_adaptor_missing_resources",
+                                       "resources a static node provider recommends adding (latest scale-out)",
+                                       ["resource"], registry=r)
+        self.provider_failures = Counter("gptrm_adaptor_provider_failures_total",
+                                         "node provider requests that failed", ["action"], registry=r)
         self.is_leader = Gauge("gptrm_coordinator_leader", "1 while this replica leads", registry=r)
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
         self.etcd_up = Gauge("gptrm_etcd_up", "1 while etcd answers (the coordinator starts only once it does)",
