@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from coordinator.adaptor.power import power_label
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
 __all__ = ["dump_json", "enum_label", "event_dict", "node_dict", "policy_dict", "status_dict", "task_dict"]
@@ -54,6 +55,8 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "agent_version": inv.agent_version,
         "cordoned": v.record.cordoned,
         "draining": v.record.draining,
+        "power_state": power_label(v.record.power_state),
+        "power_reason": v.record.power_reason,
         "cpu_cores": inv.cpu_cores,
         "mem_total_bytes": inv.mem_total_bytes,
         "disk_total_bytes": inv.disk_total_bytes,
