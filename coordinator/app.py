@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from common.errors import EtcdUnavailable, Fenced, GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.adaptor.power import PowerManager
+from coordinator.adaptor.providers import build_provider
 from coordinator.adaptor.scale_out import ScaleOutRequests
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
@@ -71,8 +73,9 @@ class LeaderDuties:
         return True
 
     def start_leading(self) -> None:
-        """Run the scheduler and, after the agents' grace, the reconcile of unreported tasks."""
+        """Run the scheduler, the power manager and, after the agents' grace, the reconcile of unreported tasks."""
         self._running = [asyncio.create_task(self._app.cycle.run()),
+                         asyncio.create_task(self._app.power_manager.run()),
                          asyncio.create_task(self._app.reconciler.reconcile_after_grace())]
 
     def stand_down(self, reason: str) -> None:
@@ -107,6 +110,7 @@ class App:
     reconciler: Reconciler
     nodes: NodeService
     wakeup: Wakeup
+    power_manager: PowerManager
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -140,10 +144,17 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                       etcd_up=lambda: not leadership.stale)
     policy = PolicySetting(cfg.policy, cfg.threshold, store, leadership, locks, events, wakeup)
     snapshots = SnapshotBuilder(power)
+    provider = build_provider(cfg.node_provider, cfg.node_provider_command, events,
+                              timeout_s=cfg.node_provider_timeout_s,
+                              missing=lambda resource, amount: metrics.missing_resources.labels(resource).set(amount))
+    power_manager = PowerManager(registry, lambda: tasks.tasks, store, leadership, locks, provider, events,
+                                 power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
+                                 wake_timeout_s=cfg.wake_timeout_s,
+                                 idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
-                           events, wakeup)
+                           events, wakeup, on_unplaced=power_manager.unplaced)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
-               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup)
+               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager)

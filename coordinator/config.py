@@ -72,6 +72,17 @@ class CoordinatorConfig:
     def etcd_secure(self) -> bool:
         """Whether etcd is reached over TLS (https:// endpoints or --etcd-cacert)."""
         return self.etcd != "embedded" and (self.etcd.strip().startswith("https://") or bool(self.etcd_cacert))
+    node_provider: str = option("static", "how nodes are powered off/on or added: static (recommendations only) "
+                                "or command (an operator executable)", choices=("static", "command"))
+    node_provider_command: str = option("", "executable run with one JSON request on stdin "
+                                        "(--node-provider command)", metavar="PATH")
+    node_provider_timeout_s: float = option(60.0, "seconds one provider command may run", flag="node_provider_timeout",
+                                            check=positive)
+    power_down_after_s: float = option(0.0, "seconds a node must be idle before it is powered down (0: never)",
+                                       flag="power_down_after", check=non_negative)
+    spare_nodes: int = option(1, "idle nodes kept powered on", check=non_negative)
+    wake_timeout_s: float = option(300.0, "seconds a woken node may take to register before the wake is retried",
+                                   flag="wake_timeout", check=positive)
 
     @property
     def advertise_address(self) -> str:

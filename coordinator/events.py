@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 __all__ = ["Event", "EventBus", "EventKind"]
 
 EventKind = str
-"""One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd, audit."""
+"""One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd, audit, power."""
 
-KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd", "audit")
+KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd", "audit",
+         "power")
 
 
 @dataclass(frozen=True, slots=True)

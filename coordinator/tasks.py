@@ -112,11 +112,20 @@ class TaskTable:
     async def transition(self, task_id: str, state: TaskState, reason: str = "", **updates: object) -> types_pb2.Task:
         """Persist a state change of a task (compare-on-revision) and update memory.
 
+        A final state also stores the energy the task drew (``energy_j``, the agents' shares
+        summed over its nodes, added to what earlier runs of it drew).
+
         :raises IllegalTransition: the state machine forbids it, or the task changed meanwhile.
         """
         task = self.get(task_id)
+        energy = self._monitor.task_energy
+        if state in TERMINAL_STATES and "energy_j" not in updates:
+            # The agents' shares since it (last) started, on top of what earlier runs stored.
+            updates["energy_j"] = task.energy_j + energy.current(task_id)
         stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason, **updates)
         self.tasks[task_id] = stored
+        if state in TERMINAL_STATES:
+            energy.finish(task_id, stored.spec.kind)
         self._events.publish("task_state", f"task {task_id} {TaskState(task.state).label} → {state.label}"
                              + (f": {reason}" if reason else ""), task_id=task_id, state=state.label)
         if updates.get("release"):

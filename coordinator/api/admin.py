@@ -31,7 +31,7 @@ from common.errors import (
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
-from common.types import NodeState
+from common.types import TERMINAL_STATES, NodeState
 from coordinator.app import VERSION, App
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
@@ -183,6 +183,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         reading = self._app.monitor.task_qos(task_id)
         if reading is not None:
             task.qos_reading.CopyFrom(reading.to_proto())
+        if task.state not in TERMINAL_STATES:
+            task.energy_j += self._app.monitor.task_energy.current(task_id)   # so far; stored when it ends
         return task
 
     @_rpc

@@ -32,6 +32,7 @@ __all__ = [
 GIB = 1024**3
 REASON_WIDTH = 72
 """Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
+_FINAL = ("succeeded", "failed", "cancelled")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CAUSE = re.compile(r"^(?P<head>.*?)\s*\((?P<cause>[^()]*(?:\([^()]*\)[^()]*)*)\)\s*$", re.DOTALL)
 
@@ -170,7 +171,9 @@ def nodes_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False) -> str
     for n in docs:
         util, mem, power, what = _node_gpu_summary(n)
         host = n["host"]
-        row = [n["node_id"], n["state"], what, util, mem, power, _pct(host["cpu_util"]) if host else "-",
+        switched = n.get("power_state", "ready")
+        state = n["state"] + ("" if switched == "ready" else f" ({switched})")
+        row = [n["node_id"], state, what, util, mem, power, _pct(host["cpu_util"]) if host else "-",
                len(n["task_ids"]), fmt_duration(n["last_seen_age_s"]) + " ago"]
         if wide:
             r = n["reserved"]
@@ -190,6 +193,8 @@ def node_detail(d: Mapping[str, Any]) -> str:
     head = [
         f"node          {escape(d['node_id'])} ({escape(d['hostname'])})",
         f"state         {d['state']}{flags}, last seen {fmt_duration(d['last_seen_age_s'])} ago",
+        f"power         {d.get('power_state', 'ready')}"
+        + (f": {escape(d['power_reason'])}" if d.get("power_reason") else ""),
         f"gpu backend   {escape(d['gpu_backend'])}{' (SIMULATED GPUs)' if d['simulated'] else ''}",
         f"host          {d['cpu_cores']} cores, {fmt_bytes(d['mem_total_bytes'])} memory{sim_host}",
         "host now      " + (f"CPU {_pct(host['cpu_util'])}, memory {fmt_bytes(host['mem_used_bytes'])} used"
@@ -257,6 +262,7 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
                                       for a in d["allocation"]) or "-"),
         f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
         f"restarts      {d['restarts']}",
+        f"energy        {d['energy_j'] / 3.6e6:.4f} kWh" + ("" if d["state"] in _FINAL else " so far"),
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),
     ]

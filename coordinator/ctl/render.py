@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from coordinator.adaptor.power import power_label
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
 __all__ = ["dump_json", "enum_label", "event_dict", "node_dict", "policy_dict", "status_dict", "task_dict"]
@@ -56,6 +57,8 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "agent_version": inv.agent_version,
         "cordoned": v.record.cordoned,
         "draining": v.record.draining,
+        "power_state": power_label(v.record.power_state),
+        "power_reason": v.record.power_reason,
         "cpu_cores": inv.cpu_cores,
         "mem_total_bytes": inv.mem_total_bytes,
         "disk_total_bytes": inv.disk_total_bytes,
@@ -91,6 +94,7 @@ def task_dict(t: types_pb2.Task) -> dict[str, Any]:
         "history": [proto_dict(h) for h in t.history],
         "spec": proto_dict(t.spec),
         "qos_reading": proto_dict(t.qos_reading) if t.HasField("qos_reading") else None,
+        "energy_j": t.energy_j,
     }
 
 

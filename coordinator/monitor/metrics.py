@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -208,6 +208,30 @@ class _TaskQosCollector(Collector):
         yield available
 
 
+class _TaskEnergyCollector(Collector):
+    """Energy of ended tasks by kind (task ids never become labels: cardinality stays at the kinds).
+
+    :param monitor: holds the per-kind totals.
+    """
+
+    names = ("gptrm_task_energy_joules",)
+
+    def __init__(self, monitor: ResourceMonitor) -> None:
+        self._monitor = monitor
+
+    def describe(self) -> list[CounterMetricFamily]:
+        """The family :meth:`collect` yields."""
+        return [CounterMetricFamily("gptrm_task_energy_joules", "")]
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("gptrm_task_energy_joules",
+                                     "energy drawn by tasks that ended, from the agents' per-task shares",
+                                     labels=["kind"])
+        for kind, joules in sorted(self._monitor.task_energy.by_kind.items()):
+            family.add_metric([kind], joules)
+        yield family
+
+
 class Metrics:
     """Counters and histograms the coordinator updates, on a private registry, and the scrape answer.
 
@@ -224,6 +248,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(_TelemetryCollector(monitor, registry, task_counts))
         self.registry.register(_TaskQosCollector(monitor))
+        self.registry.register(_TaskEnergyCollector(monitor))
         self._gpus = _GpuGauges(monitor, registry)
         r = self.registry
         self.streams = Gauge("gptrm_agent_streams", "open agent streams", registry=r)
@@ -241,6 +266,11 @@ class Metrics:
         self.decisions = Counter("gptrm_scheduler_decisions_total", "placement decisions", ["outcome"], registry=r)
         self.commit_latency = Histogram("gptrm_sync_commit_duration_seconds", "etcd commit of a placement batch",
                                         registry=r)
+        self.missing_resources = Gauge("gptrm_adaptor_missing_resources",
+                                       "resources a static node provider recommends adding (latest scale-out)",
+                                       ["resource"], registry=r)
+        self.provider_failures = Counter("gptrm_adaptor_provider_failures_total",
+                                         "node provider requests that failed", ["action"], registry=r)
         self.is_leader = Gauge("gptrm_coordinator_leader", "1 while this replica leads", registry=r)
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
         self.etcd_up = Gauge("gptrm_etcd_up", "1 while etcd answers (the coordinator starts only once it does)",

@@ -7,6 +7,9 @@ States (derived, never set directly except cordon/drain):
 - LOST: no stream for ``lost_grace_s``;
 - CORDONED / DRAINING: an admin's choice, shown while the node is otherwise healthy.
 
+A node the Resource Adaptor powered off (or is switching, ``NodeRecord.power_state``) is never
+LOST: its missing stream is expected; it stays NOT_READY and is not schedulable.
+
 Health wins over admin state in what is shown, because an operator looking at a LOST node
 needs to know it is lost more than that it was cordoned.
 """
@@ -23,6 +26,10 @@ from common.types import NodeState
 __all__ = ["NodeEntry", "NodeRegistry"]
 
 _MISSED_HEARTBEATS = 3
+_POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_READY)
+_POWER_LABELS = {types_pb2.NODE_POWER_STATE_DRAINING: "draining", types_pb2.NODE_POWER_STATE_POWERING_OFF:
+                 "powering-off", types_pb2.NODE_POWER_STATE_OFF: "off",
+                 types_pb2.NODE_POWER_STATE_POWERING_ON: "powering-on"}
 
 
 @dataclass
@@ -143,7 +150,8 @@ class NodeRegistry:
 
     def _derive(self, entry: NodeEntry) -> NodeState:
         now = self._now()
-        if not entry.connected and now - entry.disconnected_at >= self.lost_grace_s:
+        switched = entry.record.power_state not in _POWER_ON   # off or switching: a missing stream is expected
+        if not entry.connected and now - entry.disconnected_at >= self.lost_grace_s and not switched:
             state = NodeState.LOST
         elif not entry.connected or now - entry.last_heartbeat > _MISSED_HEARTBEATS * self.heartbeat_interval_s:
             state = NodeState.NOT_READY
@@ -166,11 +174,14 @@ class NodeRegistry:
         return changed
 
     def counts(self) -> dict[str, int]:
+        """Nodes by state label; a node the Resource Adaptor powered off or is switching counts by its
+        power state (``off``, ``powering-on``, ...)."""
         out: dict[str, int] = {}
         for entry in self._nodes.values():
-            out[entry.state.label] = out.get(entry.state.label, 0) + 1
+            label = _POWER_LABELS.get(entry.record.power_state, entry.state.label)
+            out[label] = out.get(label, 0) + 1
         return out
 
     def schedulable(self, entry: NodeEntry) -> bool:
-        """May new work be placed here?"""
-        return entry.state == NodeState.READY
+        """May new work be placed here? (Ready, and powered on by the Resource Adaptor.)"""
+        return entry.state == NodeState.READY and entry.record.power_state in _POWER_ON

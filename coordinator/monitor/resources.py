@@ -19,6 +19,10 @@ Inference tasks that declare a metrics endpoint arrive with a QoS reading in eac
 (latency p95, tokens/s, queue depth, from the task's own metrics); the newest per task is
 kept, validated and bounded, in :class:`~coordinator.monitor.task_qos.TaskQosStore` and read with
 :meth:`ResourceMonitor.task_qos`.
+
+Each sample's per-task energy shares add up, per task over its nodes, in
+:class:`~coordinator.monitor.task_energy.TaskEnergy` (``ResourceMonitor.task_energy``) until the
+task ends.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.monitor.power_model import PowerModel
+from coordinator.monitor.task_energy import TaskEnergy
 from coordinator.monitor.task_qos import TaskQos, TaskQosStore
 
 __all__ = ["GPU_FIELDS", "HOST_FIELDS", "ClusterObjectives", "NodeHistory", "ResourceMonitor", "TaskQos"]
@@ -184,6 +189,7 @@ class ResourceMonitor:
                  power_model: PowerModel | None = None, max_qos_tasks: int = 4096) -> None:
         self.power_model = power_model
         self._task_qos = TaskQosStore(max_qos_tasks, now)
+        self.task_energy = TaskEnergy()
         self.capacity = max(2, math.ceil(history_s / interval_s))
         self._now = now
         self._hist: dict[str, NodeHistory] = {}
@@ -227,6 +233,8 @@ class ResourceMonitor:
         for s in samples:
             u, p, mu, mt = hist.append(s)
             self._energy_total += hist.energy_delta_j
+            if s.host.tasks:
+                self.task_energy.observe(node_id, s)
             if power_model is not None and hist.gpu_point is not None:
                 power_model.observe(node_id, *hist.gpu_point)
         self._util[slot], self._power[slot], self._mem_used[slot], self._mem_total[slot] = u, p, mu, mt

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 from common.domain import Placement, Rejection
 from common.errors import GptrmError
@@ -67,11 +68,14 @@ class SchedulerCycle:
     :param metrics: decision, cycle and commit latencies.
     :param events: the cluster event log.
     :param wakeup: what wakes a cycle early.
+    :param on_unplaced: told of every task a cycle could not place (the Resource Adaptor's wake-ups).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOutRequests,
-                 metrics: Metrics, events: EventBus, wakeup: Wakeup) -> None:
+                 metrics: Metrics, events: EventBus, wakeup: Wakeup,
+                 on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None) -> None:
+        self._on_unplaced = on_unplaced
         self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
         self._store, self._leadership, self._dispatcher = store, leadership, dispatcher
         self._scale_out, self._metrics, self._events, self._wakeup = scale_out, metrics, events, wakeup
@@ -101,7 +105,7 @@ class SchedulerCycle:
         nodes = []
         for e in self._registry:
             r = e.record.reserved
-            nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining,
+            nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
                           r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
         return policy.name, policy.threshold, tasks, tuple(nodes)
 
@@ -193,3 +197,4 @@ class SchedulerCycle:
             task.reason = rejection.reason   # in memory; shown by `gptrmctl tasks`, not worth an etcd write per cycle
         if rejection.scale_out:
             self._scale_out.request(task.id, rejection.reason, policy=policy)
+        self._on_unplaced(task)

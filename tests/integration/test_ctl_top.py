@@ -75,7 +75,8 @@ class TestTop:
     def test_live_view_refreshes_and_q_quits(self, cluster: Cluster) -> None:
         """On a terminal: the node and its GPUs are shown, GPU power changes between refreshes, and q exits 0."""
         _start_busy(cluster)
-        top = PtyProcess([str(BIN / "gptrmctl"), "--insecure", "--coordinator", cluster.address(), "top", "--interval", "0.4"])
+        top = PtyProcess([str(BIN / "gptrmctl"), "--insecure", "--coordinator", cluster.address(), "top",
+                          "--interval", "0.4"])
         try:
             powers: set[tuple[str, ...]] = set()
             for _ in range(40):
@@ -98,7 +99,8 @@ class TestTop:
         """Ctrl-C (SIGINT) leaves the live view with exit code 0."""
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
-        top = PtyProcess([str(BIN / "gptrmctl"), "--insecure", "--coordinator", cluster.address(), "top", "--interval", "0.3"])
+        top = PtyProcess([str(BIN / "gptrmctl"), "--insecure", "--coordinator", cluster.address(), "top",
+                          "--interval", "0.3"])
         try:
             wait_until(lambda: top.read_for(0.3) or "Eq.1" in "".join(top.frames()), 30, what="first frame")
             top.proc.send_signal(signal.SIGINT)

@@ -20,6 +20,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_SCALE_OUT: _ClassVar[EventKind]
     EVENT_KIND_ETCD: _ClassVar[EventKind]
     EVENT_KIND_AUDIT: _ClassVar[EventKind]
+    EVENT_KIND_POWER: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -30,6 +31,7 @@ EVENT_KIND_POLICY: EventKind
 EVENT_KIND_SCALE_OUT: EventKind
 EVENT_KIND_ETCD: EventKind
 EVENT_KIND_AUDIT: EventKind
+EVENT_KIND_POWER: EventKind
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

@@ -42,6 +42,15 @@ class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATE_LOST: _ClassVar[NodeState]
     NODE_STATE_CORDONED: _ClassVar[NodeState]
     NODE_STATE_DRAINING: _ClassVar[NodeState]
+
+class NodePowerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_POWER_STATE_UNSPECIFIED: _ClassVar[NodePowerState]
+    NODE_POWER_STATE_READY: _ClassVar[NodePowerState]
+    NODE_POWER_STATE_DRAINING: _ClassVar[NodePowerState]
+    NODE_POWER_STATE_POWERING_OFF: _ClassVar[NodePowerState]
+    NODE_POWER_STATE_OFF: _ClassVar[NodePowerState]
+    NODE_POWER_STATE_POWERING_ON: _ClassVar[NodePowerState]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_PENDING: TaskState
 TASK_STATE_SCHEDULED: TaskState
@@ -66,6 +75,12 @@ NODE_STATE_NOT_READY: NodeState
 NODE_STATE_LOST: NodeState
 NODE_STATE_CORDONED: NodeState
 NODE_STATE_DRAINING: NodeState
+NODE_POWER_STATE_UNSPECIFIED: NodePowerState
+NODE_POWER_STATE_READY: NodePowerState
+NODE_POWER_STATE_DRAINING: NodePowerState
+NODE_POWER_STATE_POWERING_OFF: NodePowerState
+NODE_POWER_STATE_OFF: NodePowerState
+NODE_POWER_STATE_POWERING_ON: NodePowerState
 
 class ResourceVector(_message.Message):
     __slots__ = ("gpus", "gpu_mem_bytes", "cpu_cores", "mem_bytes", "disk_bytes")
@@ -245,7 +260,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +276,7 @@ class Task(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
     QOS_READING_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -276,7 +292,8 @@ class Task(_message.Message):
     revision: int
     pids: _containers.RepeatedScalarFieldContainer[int]
     qos_reading: TaskQos
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ...) -> None: ...
+    energy_j: float
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "model", "mem_total_bytes", "power_limit_w", "power_min_w", "power_max_w", "power_default_w", "pci_bus_id", "topology_group", "mig_enabled")
@@ -338,7 +355,7 @@ class NodeInventory(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
-    __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s")
+    __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s", "power_state", "power_state_unix_s", "power_reason")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +364,9 @@ class NodeRecord(_message.Message):
     RESERVED_GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    POWER_STATE_FIELD_NUMBER: _ClassVar[int]
+    POWER_STATE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    POWER_REASON_FIELD_NUMBER: _ClassVar[int]
     inventory: NodeInventory
     state: NodeState
     cordoned: bool
@@ -355,7 +375,10 @@ class NodeRecord(_message.Message):
     reserved_gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     registered_unix_s: float
     last_seen_unix_s: float
-    def __init__(self, inventory: _Optional[_Union[NodeInventory, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., reserved: _Optional[_Union[ResourceVector, _Mapping]] = ..., reserved_gpu_indices: _Optional[_Iterable[int]] = ..., registered_unix_s: _Optional[float] = ..., last_seen_unix_s: _Optional[float] = ...) -> None: ...
+    power_state: NodePowerState
+    power_state_unix_s: float
+    power_reason: str
+    def __init__(self, inventory: _Optional[_Union[NodeInventory, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., reserved: _Optional[_Union[ResourceVector, _Mapping]] = ..., reserved_gpu_indices: _Optional[_Iterable[int]] = ..., registered_unix_s: _Optional[float] = ..., last_seen_unix_s: _Optional[float] = ..., power_state: _Optional[_Union[NodePowerState, str]] = ..., power_state_unix_s: _Optional[float] = ..., power_reason: _Optional[str] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("name", "threshold")

@@ -49,3 +49,20 @@ class TestNodeRegistry:
         assert reg.set_admin_state("n1", draining=True).state == NodeState.DRAINING
         assert reg.set_admin_state("n1", cordoned=False, draining=False).state == NodeState.READY
         assert reg.counts() == {"ready": 1}
+
+
+class TestPowerStates:
+    def test_off_node_is_never_lost_nor_schedulable(self) -> None:
+        """A node the adaptor powered off stays not-ready past the grace, counts as off, and takes no work."""
+        clock = [0.0]
+        reg = NodeRegistry(1.0, 5.0, now=lambda: clock[0])
+        entry, _ = reg.connect(types_pb2.NodeInventory(node_id="n1"), outbox=None)
+        entry.record.power_state = types_pb2.NODE_POWER_STATE_OFF
+        reg.disconnect("n1", entry.stream_id)
+        clock[0] = 60.0
+        reg.refresh()
+        assert entry.state == NodeState.NOT_READY and reg.counts() == {"off": 1}
+        reg.connect(types_pb2.NodeInventory(node_id="n1"), outbox=None)
+        assert entry.state == NodeState.READY and not reg.schedulable(entry)
+        entry.record.power_state = types_pb2.NODE_POWER_STATE_READY
+        assert reg.schedulable(entry)

@@ -1,0 +1,261 @@
+"""Node power states and the leader's power manager (Resource Adaptor, scale-in and scale-out).
+
+Each node record carries a power state (``NodeRecord.power_state``; unset reads as ready)::
+
+    ready → draining → powering-off → off → powering-on → ready
+
+- **Scale-in**: a node idle (connected, ready, no task) longer than ``--power-down-after``, beyond
+  the ``--spare-nodes`` idle nodes kept on, goes *draining* (nothing new lands on it), is confirmed
+  idle after one more scheduling period, goes *powering-off* and is handed to the node provider;
+  once the provider accepted it is *off*. A node that got work meanwhile, or a provider failure,
+  returns it to *ready* (its last safe state: it is still on).
+- **Scale-out**: when the scheduler could not place a pending task (the cycle's rejection hook),
+  and the ready nodes cannot hold it but off nodes would, the off node that adds the least idle
+  power (Alg. 3's measure; fewest GPUs that fit, then node id) goes *powering-on* and the provider
+  is asked to power it on. It is *ready* again when its agent registers; a node that does not
+  register within ``--wake-timeout`` is asked again. A provider failure leaves it *off*.
+
+Every change is a fenced write of the node record, made under the node's etcd lock
+(``locks/power-<node>``), published as a ``power`` event and logged. After a leader change the
+new leader resumes from the stored states: *draining* rolls back to *ready*, *powering-off* is
+handed to the provider again (or rolled back when the node got work), *powering-on* waits for
+the agent with a fresh deadline. A node whose power state is not ready is never schedulable, and
+an absent stream of a node that is off or switching is expected: it never becomes ``lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import NodeState, TaskState
+from coordinator.adaptor.providers import NodeProvider
+from coordinator.events import EventBus
+from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.sync.leadership import Leadership
+from coordinator.sync.lock import AdminLocks
+from coordinator.sync.store import Store
+
+__all__ = ["POWER_LABELS", "PowerManager", "power_label"]
+
+PS = types_pb2.NodePowerState
+POWER_LABELS = {PS.NODE_POWER_STATE_UNSPECIFIED: "ready", PS.NODE_POWER_STATE_READY: "ready",
+                PS.NODE_POWER_STATE_DRAINING: "draining", PS.NODE_POWER_STATE_POWERING_OFF: "powering-off",
+                PS.NODE_POWER_STATE_OFF: "off", PS.NODE_POWER_STATE_POWERING_ON: "powering-on"}
+
+
+def power_label(state: int) -> str:
+    """``ready``, ``draining``, ``powering-off``, ``off`` or ``powering-on`` (unset reads as ready)."""
+    return POWER_LABELS.get(state, "ready")
+
+
+def _is_ready(entry: NodeEntry) -> bool:
+    return power_label(entry.record.power_state) == "ready"
+
+
+class PowerManager:
+    """Powers idle nodes down and wakes off nodes for tasks that need them, while this replica leads.
+
+    :param registry: the node table.
+    :param tasks: every task by id (pending ones are candidates for a wake).
+    :param store: the fenced etcd store (``nodes/<id>``).
+    :param leadership: fenced writes.
+    :param locks: per-node power locks.
+    :param provider: the node provider.
+    :param events: the cluster event log.
+    :param power_down_after_s: idle seconds before a node is powered down (0: never).
+    :param spare_nodes: idle nodes kept on.
+    :param wake_timeout_s: how long a woken node may take to register.
+    :param idle_power_w: a node's idle power (Alg. 3's added power when it is woken).
+    :param on_change: called after every power-state change (metrics, scheduler wake-up).
+    :param period_s: seconds between two steps; also the wait that confirms a draining node idle.
+    :param now: monotonic clock (injected in tests).
+    """
+
+    def __init__(self, registry: NodeRegistry, tasks: Callable[[], dict[str, types_pb2.Task]], store: Store,
+                 leadership: Leadership, locks: AdminLocks, provider: NodeProvider, events: EventBus, *,
+                 power_down_after_s: float, spare_nodes: int, wake_timeout_s: float,
+                 idle_power_w: Callable[[NodeEntry], float] = lambda e: 0.0,
+                 on_change: Callable[[], None] = lambda: None, period_s: float = 1.0,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self._registry, self._tasks, self._store, self._leadership = registry, tasks, store, leadership
+        self._locks, self._provider, self._events = locks, provider, events
+        self._after, self._spare, self._wake_timeout_s = power_down_after_s, spare_nodes, wake_timeout_s
+        self._idle_power_w, self._on_change, self._period_s, self._now = idle_power_w, on_change, period_s, now
+        self._idle_since: dict[str, float] = {}
+        self._wake_deadline: dict[str, float] = {}
+        self._unplaced: set[str] = set()
+        self._created: set[str] = set()          # tasks a new node was asked for
+        self._log = get_logger("adaptor")
+
+    # ---- the scheduler's hook -------------------------------------------------------------------
+
+    def unplaced(self, task: types_pb2.Task) -> None:
+        """The scheduler could not place ``task`` this cycle: a candidate for a wake."""
+        self._unplaced.add(task.id)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Step every period while leading (cancelled when leadership ends)."""
+        self._idle_since.clear()
+        self._wake_deadline.clear()
+        while True:
+            try:
+                await self.step()
+            except GptrmError as e:   # etcd trouble, lock contention: the next step tries again
+                self._log.warning("power_step_failed", reason=str(e))
+            await asyncio.sleep(self._period_s)
+
+    async def step(self) -> None:
+        """Resume interrupted changes, finish wakes, wake for unplaced tasks, power down idle nodes."""
+        await self._resume()
+        await self._wake_for_unplaced()
+        if self._after > 0 and self._provider.can_power:
+            await self._scale_in()
+
+    async def _resume(self) -> None:
+        now = self._now()
+        for entry in self._registry:
+            label = power_label(entry.record.power_state)
+            if label == "draining" and entry.node_id not in self._busy_ids():
+                await self._set(entry, PS.NODE_POWER_STATE_READY, "power-down interrupted: back in service")
+            elif label == "powering-off":
+                await self._power_off(entry, "power-down resumed after a leader change")
+            elif label == "powering-on":
+                if entry.connected and entry.state == NodeState.READY:
+                    self._wake_deadline.pop(entry.node_id, None)
+                    await self._set(entry, PS.NODE_POWER_STATE_READY, "agent registered after power-on")
+                elif now >= self._wake_deadline.setdefault(entry.node_id, now + self._wake_timeout_s):
+                    self._wake_deadline.pop(entry.node_id, None)
+                    await self._power_on(entry, f"not registered within {self._wake_timeout_s:g}s: asked again")
+            elif label == "off" and entry.connected and entry.state == NodeState.READY:
+                # Powered on by someone else (an operator): take it back into service.
+                await self._set(entry, PS.NODE_POWER_STATE_READY, "agent registered while off")
+
+    def _busy_ids(self) -> set[str]:
+        return {e.node_id for e in self._registry if e.task_ids}
+
+    # ---- scale-in ---------------------------------------------------------------------------------
+
+    async def _scale_in(self) -> None:
+        now = self._now()
+        idle: list[NodeEntry] = []
+        for entry in self._registry:
+            if entry.connected and entry.state == NodeState.READY and _is_ready(entry) and not entry.task_ids:
+                self._idle_since.setdefault(entry.node_id, now)
+                idle.append(entry)
+            else:
+                self._idle_since.pop(entry.node_id, None)
+        if any(t.state == TaskState.PENDING for t in self._tasks().values()):
+            return   # waiting work may need these nodes: the scheduler decides first
+        idle.sort(key=lambda e: (self._idle_since[e.node_id], e.node_id))
+        for entry in idle[: max(0, len(idle) - self._spare)]:
+            if now - self._idle_since[entry.node_id] >= self._after:
+                await self._scale_in_one(entry)
+
+    async def _scale_in_one(self, entry: NodeEntry) -> None:
+        node_id = entry.node_id
+        reason = f"idle for {self._after:g}s beyond {self._spare} spare node(s)"
+        async with self._locks.hold(f"power-{node_id}"):
+            if entry.task_ids or not _is_ready(entry):
+                return
+            await self._set(entry, PS.NODE_POWER_STATE_DRAINING, reason)
+        await asyncio.sleep(self._period_s)   # a cycle that chose it before it was draining commits by now
+        async with self._locks.hold(f"power-{node_id}"):
+            if entry.task_ids:
+                await self._set(entry, PS.NODE_POWER_STATE_READY, "got work while draining: back in service")
+                return
+            await self._power_off(entry, reason, locked=True)
+        self._idle_since.pop(node_id, None)
+
+    async def _power_off(self, entry: NodeEntry, reason: str, *, locked: bool = False) -> None:
+        if not locked:
+            async with self._locks.hold(f"power-{entry.node_id}"):
+                await self._power_off(entry, reason, locked=True)
+            return
+        if entry.task_ids:
+            await self._set(entry, PS.NODE_POWER_STATE_READY, "got work before power-off: back in service")
+            return
+        if power_label(entry.record.power_state) != "powering-off":
+            await self._set(entry, PS.NODE_POWER_STATE_POWERING_OFF, reason)
+        result = await self._provider.request("power_off", entry.node_id, reason)
+        if result.ok:
+            await self._set(entry, PS.NODE_POWER_STATE_OFF, reason)
+        elif result.attempted or power_label(entry.record.power_state) == "powering-off":
+            await self._set(entry, PS.NODE_POWER_STATE_READY, f"power-off failed, node left on: {result.reason}")
+
+    # ---- scale-out --------------------------------------------------------------------------------
+
+    async def _wake_for_unplaced(self) -> None:
+        if not self._unplaced:
+            return
+        tasks = self._tasks()
+        waking = [e for e in self._registry if power_label(e.record.power_state) == "powering-on"]
+        for task_id in sorted(self._unplaced):
+            task = tasks.get(task_id)
+            if task is None or task.state != TaskState.PENDING:
+                self._unplaced.discard(task_id)
+                self._created.discard(task_id)
+                continue
+            gpus = max(1, round(task.demand.gpus)) if task.demand.gpus > 0 else 0
+            need = max(1, task.spec.nodes)
+            fitting_on = sum(1 for e in self._registry
+                             if ((_is_ready(e) and e.connected and e.state == NodeState.READY)
+                                 or e in waking) and _free_gpus(e) >= gpus)
+            if fitting_on >= need:
+                continue   # capacity is there (or coming): the scheduler places it
+            off = sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
+                          and len(e.inventory.gpus) >= gpus),
+                         key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus), e.node_id))
+            for entry in off[: need - fitting_on]:
+                waking.append(entry)
+                async with self._locks.hold(f"power-{entry.node_id}"):
+                    if power_label(entry.record.power_state) == "off":
+                        await self._power_on(entry, f"task {task_id} needs it", _demand(task))
+            if len(off) < need - fitting_on and task_id not in self._created:
+                # Even every off node would not do: ask the provider for a new one (static: a recommendation).
+                result = await self._provider.request("create", "", f"task {task_id} fits on no node", _demand(task))
+                if result.ok:
+                    self._created.add(task_id)
+
+    async def _power_on(self, entry: NodeEntry, reason: str, demand: dict[str, float] | None = None) -> None:
+        result = await self._provider.request("power_on", entry.node_id, reason, demand)
+        if result.ok:
+            self._wake_deadline[entry.node_id] = self._now() + self._wake_timeout_s
+            await self._set(entry, PS.NODE_POWER_STATE_POWERING_ON, reason)
+        elif power_label(entry.record.power_state) != "off":
+            await self._set(entry, PS.NODE_POWER_STATE_OFF, f"power-on failed: {result.reason}")
+
+    # ---- persistence ------------------------------------------------------------------------------
+
+    async def _set(self, entry: NodeEntry, state: int, reason: str) -> None:
+        """Persist a power-state change (fenced); memory follows only what etcd accepted."""
+        old = power_label(entry.record.power_state)
+        record = types_pb2.NodeRecord()
+        record.CopyFrom(entry.record)
+        record.power_state = state
+        record.power_state_unix_s = time.time()
+        record.power_reason = reason[:256]
+        await self._leadership.write(self._store.put_node, record)
+        entry.record.power_state, entry.record.power_state_unix_s = state, record.power_state_unix_s
+        entry.record.power_reason = record.power_reason
+        new = power_label(state)
+        self._log.info("node_power_changed", node_id=entry.node_id, old=old, new=new, reason=reason)
+        self._events.publish("power", f"node {entry.node_id} {old} → {new}: {reason}", node_id=entry.node_id,
+                             old=old, new=new, reason=reason)
+        self._on_change()
+
+
+def _free_gpus(entry: NodeEntry) -> int:
+    return len(entry.inventory.gpus) - round(entry.record.reserved.gpus)
+
+
+def _demand(task: types_pb2.Task) -> dict[str, float]:
+    d = task.demand
+    return {"gpus": d.gpus, "gpu_mem_bytes": float(d.gpu_mem_bytes), "cpu_cores": d.cpu_cores,
+            "mem_bytes": float(d.mem_bytes), "nodes": float(max(1, task.spec.nodes))}

@@ -1,0 +1,102 @@
+"""End to end: the Resource Adaptor powers idle nodes off through an operator command and wakes one for a task."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import sys
+from pathlib import Path
+
+from tests.integration.harness import Cluster, wait_until
+
+# The operator's provider command: power_off kills the node's agent, power_on starts it again.
+PROVIDER = '''#!{python}
+import json, os, signal, subprocess, sys
+req = json.load(sys.stdin)
+state = {state!r}
+with open(os.path.join(state, "requests.log"), "a") as f:
+    f.write(json.dumps(req) + "\\n")
+node = req["node_id"]
+pid_file = os.path.join(state, node + ".pid")
+if req["action"] == "power_off":
+    os.kill(int(open(pid_file).read()), signal.SIGKILL)
+elif req["action"] == "power_on":
+    argv = json.load(open(os.path.join(state, node + ".argv")))
+    log = open(os.path.join(state, node + ".log"), "ab")
+    p = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    open(pid_file, "w").write(str(p.pid))
+print(json.dumps({{"accepted": True}}))
+'''
+
+
+def _nodes(c: Cluster) -> dict[str, dict]:
+    res = c.ctl("-o", "json", "nodes")
+    assert res.returncode == 0, res.stderr
+    return {n["node_id"]: n for n in json.loads(res.stdout)["nodes"]}
+
+
+def _requests(state: Path) -> list[dict]:
+    log = state / "requests.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+class TestNodePower:
+    def test_idle_nodes_power_off_and_one_wakes_for_a_gang_task(self, cluster: Cluster, tmp_path: Path) -> None:
+        """Two of three idle nodes go off through the command (never lost); a 2-node task wakes one and runs."""
+        state = tmp_path / "provider"
+        state.mkdir()
+        script = tmp_path / "provider.py"
+        script.write_text(PROVIDER.format(python=sys.executable, state=str(state)))
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        cluster.start_coordinator("c1", "--node-provider", "command", "--node-provider-command", str(script),
+                                  "--power-down-after", "5", "--spare-nodes", "1", "--lost-grace", "2",
+                                  "--wake-timeout", "60")
+        cluster.wait_leader("c1")
+        try:
+            for node in ("n1", "n2", "n3"):
+                proc = cluster.start_agent(node)
+                (state / f"{node}.argv").write_text(json.dumps(proc.argv))
+                (state / f"{node}.pid").write_text(str(proc.pid))
+            wait_until(lambda: len(_nodes(cluster)) == 3, what="three nodes")
+
+            def off() -> list[str]:
+                return sorted(n for n, d in _nodes(cluster).items() if d["power_state"] == "off")
+
+            powered_off = wait_until(lambda: x if len(x := off()) == 2 else None, timeout_s=60, what="two nodes off")
+            assert sorted(r["node_id"] for r in _requests(state) if r["action"] == "power_off") == powered_off
+            assert all(not cluster.agents[n].alive for n in powered_off)
+            # Well past --lost-grace: a powered-off node is expected to be silent, never lost.
+            wait_until(lambda: all(_nodes(cluster)[n]["state"] == "not-ready" for n in powered_off), timeout_s=20,
+                       what="off nodes not ready")
+            status = json.loads(cluster.ctl("-o", "json", "status").stdout)
+            assert status["nodes_by_state"].get("off") == 2 and "lost" not in status["nodes_by_state"]
+            assert "not-ready (off)" in cluster.ctl("nodes").stdout
+
+            res = cluster.ctl("-o", "json", "submit", "--name", "gang", "--nodes", "2", "--gpus", "3",
+                              "--gpu-mem-gib", "10", "--cpu", "0.1", "--", "sleep", "30")
+            assert res.returncode == 0, res.stderr
+            tid = json.loads(res.stdout)["task_id"]
+
+            def running() -> dict | None:
+                t = json.loads(cluster.ctl("-o", "json", "tasks", tid).stdout)
+                return t if t["state"] == "running" else None
+
+            task = wait_until(running, timeout_s=90, interval_s=0.5, what="gang task running")
+            woken = [r for r in _requests(state) if r["action"] == "power_on"]
+            assert len(woken) == 1 and woken[0]["node_id"] in powered_off and tid in woken[0]["reason"]
+            placed = sorted(a["node_id"] for a in task["allocation"])
+            assert woken[0]["node_id"] in placed and len(placed) == 2
+            nodes = _nodes(cluster)
+            assert nodes[woken[0]["node_id"]]["power_state"] == "ready"
+            assert [n for n in powered_off if n != woken[0]["node_id"]] == off()
+            events = [json.loads(line) for line in cluster.ctl("-o", "json", "events").stdout.splitlines()]
+            power = [e["message"] for e in events if e["kind"] == "power"]
+            assert sum("powering-off → off" in m for m in power) == 2
+            assert sum("off → powering-on" in m for m in power) == 1
+        finally:
+            for pid_file in state.glob("*.pid"):
+                with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
