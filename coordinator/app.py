@@ -23,6 +23,7 @@ from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonit
 from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
 from coordinator.qos import RestartPolicy
+from coordinator.qos.preemption import Preemptor
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
@@ -140,9 +141,11 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                       etcd_up=lambda: not leadership.stale)
     policy = PolicySetting(cfg.policy, cfg.threshold, store, leadership, locks, events, wakeup)
     snapshots = SnapshotBuilder(power)
+    preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
+                          protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
-                           events, wakeup)
-    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events)
+                           events, wakeup, preemptor)
+    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,

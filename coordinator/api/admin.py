@@ -177,7 +177,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             task.CopyFrom(self._app.tasks.get(task_id))   # a copy: the reading below is never stored
         if task is None:
             raise NotFound(f"task {task_id!r} not found")
-        reading = self.core.monitor.task_qos(task_id)
+        reading = self._app.monitor.task_qos(task_id)
         if reading is not None:
             task.qos_reading.CopyFrom(reading.to_proto())
         return task

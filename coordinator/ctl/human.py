@@ -222,10 +222,10 @@ def _placement(t: Mapping[str, Any]) -> str:
 
 def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
                 now: Callable[[], float] = time.time) -> str:
-    """``gptrmctl tasks`` (``-o wide`` adds kind, demand, exit code, restarts and the whole reason)."""
+    """``gptrmctl tasks`` (``-o wide`` adds kind, demand, exit code, restarts, preemptions and the whole reason)."""
     headers = ["TASK", "NAME", "STATE", "PRIO", "PLACEMENT", "AGE"]
     if wide:
-        headers += ["KIND", "DEMAND", "EXIT", "RESTARTS"]
+        headers += ["KIND", "DEMAND", "EXIT", "RESTARTS", "PREEMPTED"]
     headers.append("REASON")
     rows = []
     for t in docs:
@@ -234,7 +234,7 @@ def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
         reason = lead_with_cause(t["reason"])
         if wide:
             row += [t["kind"], demand_text(t["demand"]), "-" if t["exit_code"] is None else t["exit_code"],
-                    t["restarts"]]
+                    t["restarts"], t.get("preemptions", 0)]
         row.append(reason if wide else truncate(reason, REASON_WIDTH))
         rows.append(row)
     return table(headers, rows, right=(3, 5))
@@ -254,7 +254,7 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         "placement     " + (", ".join(f"{escape(a['node_id'])} GPUs {', '.join(map(str, a['gpu_indices']))}"
                                       for a in d["allocation"]) or "-"),
         f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
-        f"restarts      {d['restarts']}",
+        f"restarts      {d['restarts']}  preemptions {d.get('preemptions', 0)}",
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),
     ]

@@ -85,6 +85,7 @@ def task_dict(t: types_pb2.Task) -> dict[str, Any]:
         "exit_code": t.exit_code if t.has_exit_code else None,
         "log_tail": t.log_tail,
         "restarts": t.restarts,
+        "preemptions": t.preemptions,
         "pids": list(t.pids),
         "history": [proto_dict(h) for h in t.history],
         "spec": proto_dict(t.spec),

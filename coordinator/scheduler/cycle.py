@@ -9,7 +9,11 @@ One cycle, in this order (each step needs the previous one's output):
    GPU choice) decides the whole batch;
 4. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED,
    allocation, node reservation, all or nothing per placement);
-5. push: only committed placements become StartTask decisions on the agents' streams.
+5. push: only committed placements become StartTask decisions on the agents' streams;
+6. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
+   what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for it.
+   Pending tasks of lower priority than a preemptor still waiting for its victims are left out
+   of step 1, so that they do not take what was freed for it.
 
 Tasks that do not fit keep a human-readable reason; under max-utilization and
 load-balancing an unplaceable task also raises a scale-out request (the Resource Adaptor's),
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from common.domain import Placement, Rejection
 from common.errors import GptrmError
@@ -40,6 +45,9 @@ from coordinator.sync import add_reservation
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
 from coordinator.tasks import TaskTable
+
+if TYPE_CHECKING:
+    from coordinator.qos.preemption import Preemptor  # the QoS Manager builds on the scheduler's modules
 
 __all__ = ["FORCED_CYCLE_S", "SchedulerCycle"]
 
@@ -67,11 +75,13 @@ class SchedulerCycle:
     :param metrics: decision, cycle and commit latencies.
     :param events: the cluster event log.
     :param wakeup: what wakes a cycle early.
+    :param preemptor: the QoS Manager's preemption, asked after a cycle left tasks waiting.
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOutRequests,
-                 metrics: Metrics, events: EventBus, wakeup: Wakeup) -> None:
+                 metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemptor) -> None:
+        self._preemptor = preemptor
         self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
         self._store, self._leadership, self._dispatcher = store, leadership, dispatcher
         self._scale_out, self._metrics, self._events, self._wakeup = scale_out, metrics, events, wakeup
@@ -114,7 +124,8 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
-        pending = [t for t in self._tasks.tasks.values() if t.state == TaskState.PENDING]
+        pending = [t for t in self._tasks.tasks.values()
+                   if t.state == TaskState.PENDING and not self._preemptor.held_back(t)]
         if not pending:
             self._idle = None
             return 0
@@ -129,7 +140,7 @@ class SchedulerCycle:
         engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold)
         decisions = engine.place_batch(requests)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
-        commits, by_id = [], {t.id: t for t in pending}
+        commits, by_id, rejected = [], {t.id: t for t in pending}, []
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
@@ -138,10 +149,13 @@ class SchedulerCycle:
             else:
                 self._metrics.decisions.labels(outcome="waiting").inc()
                 self._note_rejection(task, decision, policy.name)
+                rejected.append(task)
         committed = await self._commit(commits) if commits else 0
+        preempted = bool(rejected) and await self._preemptor.after_rejections(rejected, policy.name,
+                                                                              policy.threshold)
         self._metrics.sched_latency.observe(time.perf_counter() - started)
         self.cycles += 1
-        if not commits:
+        if not commits and not preempted:
             self._idle = (inputs, started)
         return committed
 

@@ -19,6 +19,8 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_POLICY: _ClassVar[EventKind]
     EVENT_KIND_SCALE_OUT: _ClassVar[EventKind]
     EVENT_KIND_ETCD: _ClassVar[EventKind]
+    EVENT_KIND_PREEMPTION: _ClassVar[EventKind]
+    EVENT_KIND_QOS_VIOLATION: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -28,6 +30,8 @@ EVENT_KIND_LEADER: EventKind
 EVENT_KIND_POLICY: EventKind
 EVENT_KIND_SCALE_OUT: EventKind
 EVENT_KIND_ETCD: EventKind
+EVENT_KIND_PREEMPTION: EventKind
+EVENT_KIND_QOS_VIOLATION: EventKind
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
