@@ -24,6 +24,7 @@ from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
 from coordinator.qos import RestartPolicy
 from coordinator.qos.preemption import Preemptor
+from coordinator.qos.watch import QosWatch
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
@@ -73,8 +74,10 @@ class LeaderDuties:
 
     def start_leading(self) -> None:
         """Run the scheduler and, after the agents' grace, the reconcile of unreported tasks."""
-        self._running = [asyncio.create_task(self._app.cycle.run()),
-                         asyncio.create_task(self._app.reconciler.reconcile_after_grace())]
+        app = self._app
+        self._running = [asyncio.create_task(app.cycle.run()),
+                         asyncio.create_task(app.reconciler.reconcile_after_grace()),
+                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading))]
 
     def stand_down(self, reason: str) -> None:
         """Stop the leader's work and send every agent to the new leader."""
@@ -108,6 +111,7 @@ class App:
     reconciler: Reconciler
     nodes: NodeService
     wakeup: Wakeup
+    qos: QosWatch
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -144,9 +148,10 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
-                           events, wakeup, preemptor)
+                           events, wakeup, preemptor, profiler)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
+    qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
-               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup)
+               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, qos=qos)

@@ -229,7 +229,8 @@ def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
     headers.append("REASON")
     rows = []
     for t in docs:
-        row = [t["task_id"], truncate(t["name"], 24), t["state"], t["priority"], _placement(t),
+        state = f"{t['state']} (deadline missed)" if t.get("deadline_missed") else t["state"]
+        row = [t["task_id"], truncate(t["name"], 24), state, t["priority"], _placement(t),
                age(t["submit_unix_s"], now)]
         reason = lead_with_cause(t["reason"])
         if wide:
@@ -246,7 +247,8 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
     history = " → ".join(f"{h['state']} ({age(h['time_unix_s'], now)} ago)" for h in d["history"])
     lines = [
         f"task          {escape(d['task_id'])} ({escape(d['name'])})",
-        f"state         {d['state']}" + (f": {escape(reason)}" if reason else ""),
+        f"state         {d['state']}" + (" (deadline missed)" if d.get("deadline_missed") else "")
+        + (f": {escape(reason)}" if reason else ""),
         f"kind          {d['kind']}" + (" (profiled as inference)" if d["kind"] == "unspecified" else "")
         + f"  priority {d['priority']}",
         f"submitted     {age(d['submit_unix_s'], now)} ago",

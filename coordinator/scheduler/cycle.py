@@ -2,7 +2,8 @@
 
 One cycle, in this order (each step needs the previous one's output):
 
-1. queue: PENDING tasks ordered by priority, then deadline, then submit time;
+1. queue: PENDING tasks ordered by priority, then slack (deadline − now − the profiler's expected
+   run time, 0 when it has none; no deadline last), then submit time;
 2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
    every policy reads the same consistent view;
 3. placement: the production engine (policy filter + rank, then the Resource Allocator's
@@ -36,9 +37,10 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.profiler import Profiler
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.policy import PolicySetting
-from coordinator.scheduler.queue import queue_key, request_for
+from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import add_reservation
@@ -76,12 +78,13 @@ class SchedulerCycle:
     :param events: the cluster event log.
     :param wakeup: what wakes a cycle early.
     :param preemptor: the QoS Manager's preemption, asked after a cycle left tasks waiting.
+    :param profiler: expected run times (tasks with a deadline are ordered by slack within a priority).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOutRequests,
-                 metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemptor) -> None:
-        self._preemptor = preemptor
+                 metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemptor, profiler: Profiler) -> None:
+        self._preemptor, self._profiler = preemptor, profiler
         self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
         self._store, self._leadership, self._dispatcher = store, leadership, dispatcher
         self._scale_out, self._metrics, self._events, self._wakeup = scale_out, metrics, events, wakeup
@@ -134,7 +137,9 @@ class SchedulerCycle:
             self.skipped += 1
             return 0
         self._idle = None
-        requests = sorted((request_for(t) for t in pending), key=queue_key)
+        expected = {t.id: run_s for t in pending if t.spec.qos.deadline_unix_s
+                    and (run_s := self._profiler.expected_run_s(t.spec)) is not None}
+        requests = sorted((request_for(t) for t in pending), key=slack_key(time.time(), expected))
         snapshot = self._snapshots.snapshot(self._tasks.tasks.values(), self._registry)
         policy = self._policy.current
         engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold)
