@@ -100,6 +100,9 @@ class Reconciler:
         except IllegalTransition as e:
             self._log.warning("task_status_rejected", task_id=task.id, node_id=entry.node_id, reason=str(e))
             await self._tasks.refresh(task.id)
+            fresh = self._tasks.tasks.get(task.id)
+            if fresh is not None and fresh.state == TaskState.PREEMPTED and state in TERMINAL_STATES:
+                await self._victim_stopped(fresh)   # preempted meanwhile (by a previous leader): it has ended
             return
         if state == TaskState.FAILED:
             await self._restarts.after_end(stored)

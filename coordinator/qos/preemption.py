@@ -240,9 +240,18 @@ class Preemptor:
                 del self._claims[tid]
         return self._claims
 
-    def held_back(self, task: types_pb2.Task) -> bool:
-        """Whether a pending task waits because a higher-priority preemptor still waits for what was freed."""
-        return any(task.id != tid and task.spec.priority < c.priority for tid, c in self._live_claims().items())
+    def schedulable(self, pending: Sequence[types_pb2.Task]) -> list[types_pb2.Task]:
+        """The pending tasks a cycle may place now: lower-priority ones wait while what a preemption frees is
+        not yet taken by the preemptor — below a claim's priority, and, while any task is still PREEMPTED
+        (also after a leader change, which forgets claims), below the highest pending priority."""
+        claims = self._live_claims()
+        floor = max((c.priority for c in claims.values()), default=None)
+        if any(t.state == TaskState.PREEMPTED for t in self._tasks.tasks.values()):
+            top = max((t.spec.priority for t in pending), default=None)
+            floor = top if floor is None or (top is not None and top > floor) else floor
+        if floor is None:
+            return list(pending)
+        return [t for t in pending if t.spec.priority >= floor or t.id in claims]
 
     def _worth_trying(self, rejected: Sequence[types_pb2.Task]) -> bool:
         lowest = min((t.spec.priority for t in self._tasks.tasks.values()

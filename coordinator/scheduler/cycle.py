@@ -127,8 +127,7 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
-        pending = [t for t in self._tasks.tasks.values()
-                   if t.state == TaskState.PENDING and not self._preemptor.held_back(t)]
+        pending = self._preemptor.schedulable([t for t in self._tasks.tasks.values() if t.state == TaskState.PENDING])
         if not pending:
             self._idle = None
             return 0

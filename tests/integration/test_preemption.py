@@ -7,7 +7,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from tests.integration.harness import Cluster, wait_until
+
+_NOT_HOLDING = {types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,
+                types_pb2.TASK_STATE_CANCELLED}
 
 
 def _submit(c: Cluster, *args: str) -> str:
@@ -16,8 +20,8 @@ def _submit(c: Cluster, *args: str) -> str:
     return json.loads(res.stdout)["task_id"]
 
 
-def _task(c: Cluster, task_id: str) -> dict:
-    res = c.ctl("-o", "json", "tasks", task_id)
+def _task(c: Cluster, task_id: str, coordinator: str | None = None) -> dict:
+    res = c.ctl("-o", "json", "tasks", task_id, coordinator=coordinator)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -85,3 +89,53 @@ class TestPreemption:
             time.sleep(0.5)
         assert not any(m.exists() for m in markers)
         assert all(_task(cluster, v)["preemptions"] == 0 for v in victims)
+
+    def test_leader_killed_right_after_submit(self, cluster: Cluster, tmp_path: Path) -> None:
+        """With the leader killed (-9) right after the submit the end state is the same: victims signalled,
+        preempted, pending, the urgent task runs then both run again; no GPU held twice, no task lost."""
+        flags = ("--threshold", "1", "--task-grace", "3")
+        cluster.start_coordinator("c1", *flags)
+        cluster.wait_leader("c1")
+        cluster.start_coordinator("c2", *flags)
+        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB")
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
+        victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
+        for v in victims:
+            wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        high = _submit(cluster, "--name", "urgent", "--priority", "10", "--gpus", "2", "--gpu-mem-gib", "10",
+                       "--cpu", "0.1", "--", "sh", "-c", "sleep 3")
+        cluster.proc("c1").kill()
+        c2 = cluster.address("c2")
+        cluster.wait_leader("c2")
+
+        def gpus_held_once() -> list[types_pb2.Task]:
+            tasks = list(cluster.admin("c2").ListTasks(admin_pb2.ListTasksRequest(), timeout=10).tasks)
+            held: dict[tuple[str, int], str] = {}
+            for t in tasks:
+                if t.state in _NOT_HOLDING:
+                    continue
+                for na in t.allocation.nodes:
+                    for i in na.gpu_indices:
+                        assert (na.node_id, i) not in held, \
+                            f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
+                        held[(na.node_id, i)] = t.id
+            return tasks
+
+        def urgent_ran() -> bool:
+            tasks = gpus_held_once()
+            return any(t.id == high and any(h.state == types_pb2.TASK_STATE_RUNNING for h in t.history)
+                       for t in tasks)
+
+        wait_until(urgent_ran, what="urgent running (before or after the leader change)")
+        assert all(m.exists() for m in markers)
+        for v in victims:
+            t = _task(cluster, v, c2)
+            assert t["preemptions"] == 1
+            states = _states(t["history"])
+            assert states[states.index("preempted"):][:2] == ["preempted", "pending"]
+        wait_until(lambda: gpus_held_once() and _task(cluster, high, c2)["state"] == "succeeded", what="urgent done")
+        for v in victims:
+            wait_until(lambda v=v: gpus_held_once() and _task(cluster, v, c2)["state"] == "running",
+                       what=f"{v} running again")
+        assert {t.id for t in gpus_held_once()} == {high, *victims}

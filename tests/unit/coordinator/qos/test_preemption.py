@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, Counter
+
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Resources
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.allocator.reservations import NodeReservation, take_gpu
-from coordinator.qos.preemption import _Fit, choose_victims, release_tasks
+from coordinator.events import EventBus
+from coordinator.qos.preemption import Preemptor, _Fit, choose_victims, release_tasks
 
 GIB = 1 << 30
 NOW = 10_000.0
@@ -103,3 +106,24 @@ class TestVictimChoice:
         running = [task("a", 0, 1, node="n1", indices=(0,)), task("b", 0, 1, node="n2", indices=(0,))]
         gang = task("gang", 10, 1, state=TaskState.PENDING, nodes=2)
         assert choose(gang, {"n1": 1, "n2": 1, "n3": 1}, running) in (["a"], ["b"])
+
+
+class _Table:
+    """The one attribute of the task table the hold-back reads."""
+
+    def __init__(self, *tasks: types_pb2.Task) -> None:
+        self.tasks = {t.id: t for t in tasks}
+
+
+class TestHoldBack:
+    def test_lower_priority_waits_while_victims_stop(self) -> None:
+        """While a task is PREEMPTED, pending tasks below the highest pending priority wait; afterwards all go."""
+        stopping = task("v1", 0, 1, node="n1", indices=(0,), state=TaskState.PREEMPTED)
+        back = task("v2", 0, 1, state=TaskState.PENDING)
+        urgent = task("hi", 10, 2, state=TaskState.PENDING)
+        table = _Table(stopping, back, urgent)
+        counter = Counter("p_total", "p", registry=CollectorRegistry())
+        preemptor = Preemptor(table, None, None, None, EventBus(), counter, now=lambda: NOW)  # type: ignore[arg-type]
+        assert [t.id for t in preemptor.schedulable([back, urgent])] == ["hi"]
+        table.tasks["v1"] = task("v1", 0, 1, state=TaskState.PENDING)
+        assert [t.id for t in preemptor.schedulable([back, urgent])] == ["v2", "hi"]
