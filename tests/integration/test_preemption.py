@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from pathlib import Path
@@ -139,3 +140,24 @@ class TestPreemption:
             wait_until(lambda v=v: gpus_held_once() and _task(cluster, v, c2)["state"] == "running",
                        what=f"{v} running again")
         assert {t.id for t in gpus_held_once()} == {high, *victims}
+
+    def test_victim_ignoring_its_checkpoint_signal_is_stopped_after_grace(self, cluster: Cluster) -> None:
+        """A victim that ignores SIGUSR1 (and SIGTERM) is still killed after its grace and the urgent task runs."""
+        cluster.start_coordinator("c1", "--threshold", "1")
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", "--simulate-gpus", "1xH100-80GB")
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        stubborn = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
+                           "--stop-grace-s", "1", "--", "sh", "-c", "trap '' USR1 TERM; while true; do sleep 0.1; done")
+        t = wait_until(lambda: (t := _task(cluster, stubborn))["state"] == "running" and t, what="stubborn running")
+        pid = t["pids"][0]
+        high = _submit(cluster, "--name", "urgent", "--priority", "1", "--gpus", "1", "--gpu-mem-gib", "10",
+                       "--cpu", "0.1", "--", "sleep", "30")
+        wait_until(lambda: _task(cluster, high)["state"] == "running", what="urgent running")
+        assert _task(cluster, stubborn)["state"] == "pending"
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        assert not alive
