@@ -273,10 +273,13 @@ def qos_line(reading: dict[str, Any] | None) -> str:
         return "-"
     if reading.get("metrics_unavailable"):
         return f"metrics unavailable: {reading['metrics_unavailable']}"
+    # Unknown values are absent, or null in gptrmctl's JSON dialect.
     parts = [f"{label} {reading[key] * 1000:.0f} ms" for key, label in (("latency_p95_s", "p95"),
-                                                                       ("ttft_p95_s", "ttft p95")) if key in reading]
-    if "tokens_per_s" in reading:
+                                                                       ("ttft_p95_s", "ttft p95"))
+             if reading.get(key) is not None]
+    if reading.get("tokens_per_s") is not None:
         parts.append(f"{reading['tokens_per_s']:.0f} tok/s")
     parts += [f"{reading[key]:.0f} {label}" for key, label in (("requests_running", "running"),
-                                                              ("requests_waiting", "waiting")) if key in reading]
+                                                              ("requests_waiting", "waiting"))
+              if reading.get(key) is not None]
     return (", ".join(parts) or "no requests yet") + f" (over {reading.get('window_s', 0):.0f} s)"
