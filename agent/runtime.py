@@ -34,9 +34,10 @@ __all__ = ["TaskRuntime"]
 
 # The wrapper outlives the task: its TERM trap is a handler, not "ignore", so the task
 # (which gets the group's SIGTERM itself) keeps the default disposition, and the wrapper
-# waits for the real exit status and records it even if the agent is gone by then.
+# waits for the real exit status and records it even if the agent is gone by then. The
+# checkpoint signals a preemption may send to the group are trapped the same way.
 _WRAPPER = (
-    "trap : TERM INT; \"$@\" & c=$!; "
+    "trap : TERM INT HUP QUIT USR1 USR2 ALRM; \"$@\" & c=$!; "
     "while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; "
     'echo $code > "$0.tmp" && mv "$0.tmp" "$0"; exit $code'
 )
@@ -216,9 +217,18 @@ class TaskRuntime:
         grace = decision.stop.grace_s or rec.stop_grace_s
         rec.stopping = True
         self.table.save()
+        watcher = self._watchers.get(rec.task_id)
+        checkpoint = _checkpoint_signal(decision.stop.checkpoint_signal)
+        if checkpoint is not None:
+            # A preemption: the task may checkpoint (and exit) on its signal within its grace.
+            self._log.info("task_checkpoint_signalled", task_id=rec.task_id, signal=checkpoint.name)
+            self._signal(rec, checkpoint)
+            self._signal(rec, signal.SIGCONT)
+            if watcher is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(watcher), timeout=grace)
         self._signal(rec, signal.SIGTERM)
         self._signal(rec, signal.SIGCONT)   # a paused task must run to handle SIGTERM
-        watcher = self._watchers.get(rec.task_id)
         if watcher is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(watcher), timeout=grace)
@@ -327,3 +337,15 @@ def _read_exit(path: str) -> int | None:
         return int(Path(path).read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _checkpoint_signal(name: str) -> signal.Signals | None:
+    """The catchable signal a StopTask names (``SIGUSR1``/``USR1``); None for "" or a name that is no such signal."""
+    if not name or len(name) > 16:
+        return None
+    key = name.strip().upper()
+    try:
+        sig = signal.Signals[key if key.startswith("SIG") else f"SIG{key}"]
+    except KeyError:
+        return None
+    return None if sig in (signal.SIGKILL, signal.SIGSTOP) else sig

@@ -25,6 +25,8 @@ from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonit
 from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
 from coordinator.qos import RestartPolicy
+from coordinator.qos.preemption import Preemptor
+from coordinator.qos.watch import QosWatch
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
@@ -73,10 +75,13 @@ class LeaderDuties:
         return True
 
     def start_leading(self) -> None:
-        """Run the scheduler, the power manager and, after the agents' grace, the reconcile of unreported tasks."""
-        self._running = [asyncio.create_task(self._app.cycle.run()),
-                         asyncio.create_task(self._app.power_manager.run()),
-                         asyncio.create_task(self._app.reconciler.reconcile_after_grace())]
+        """Run the scheduler, the power manager, the QoS watch and, after the agents' grace, the reconcile of
+        unreported tasks."""
+        app = self._app
+        self._running = [asyncio.create_task(app.cycle.run()),
+                         asyncio.create_task(app.power_manager.run()),
+                         asyncio.create_task(app.reconciler.reconcile_after_grace()),
+                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading))]
 
     def stand_down(self, reason: str) -> None:
         """Stop the leader's work and send every agent to the new leader."""
@@ -111,6 +116,7 @@ class App:
     nodes: NodeService
     wakeup: Wakeup
     power_manager: PowerManager
+    qos: QosWatch
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -151,10 +157,13 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
                                  idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set)
+    preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
+                          protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
-                           events, wakeup, on_unplaced=power_manager.unplaced)
-    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events)
+                           events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced)
+    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
+    qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
-               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager)
+               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos)

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 __all__ = ["Event", "EventBus", "EventKind"]
 
 EventKind = str
-"""One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd, audit, power."""
+"""One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd, audit, power, preemption,
+qos_violation."""
 
 KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd", "audit",
-         "power")
+         "power", "preemption", "qos_violation")
 
 
 @dataclass(frozen=True, slots=True)

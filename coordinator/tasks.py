@@ -20,7 +20,7 @@ from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler, validate_spec
-from coordinator.profiler.learning import learn_from_task
+from coordinator.profiler.learning import learn_from_task, learn_run_time
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import remove_reservation
 from coordinator.sync.leadership import Leadership
@@ -145,6 +145,7 @@ class TaskTable:
     def _finished(self, task: types_pb2.Task) -> None:
         first = task.allocation.nodes[0].node_id if task.allocation.nodes else ""
         learn_from_task(self._profiler, task, self._monitor.history(first) if first else None)
+        learn_run_time(self._profiler, task)
         self._scale_out.forget(task.id)
         self._wakeup.set()
 

@@ -229,19 +229,20 @@ def _placement(t: Mapping[str, Any]) -> str:
 
 def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
                 now: Callable[[], float] = time.time) -> str:
-    """``gptrmctl tasks`` (``-o wide`` adds kind, demand, exit code, restarts and the whole reason)."""
+    """``gptrmctl tasks`` (``-o wide`` adds kind, demand, exit code, restarts, preemptions and the whole reason)."""
     headers = ["TASK", "NAME", "STATE", "PRIO", "PLACEMENT", "AGE"]
     if wide:
-        headers += ["KIND", "DEMAND", "EXIT", "RESTARTS"]
+        headers += ["KIND", "DEMAND", "EXIT", "RESTARTS", "PREEMPTED"]
     headers.append("REASON")
     rows = []
     for t in docs:
-        row = [t["task_id"], truncate(t["name"], 24), t["state"], t["priority"], _placement(t),
+        state = f"{t['state']} (deadline missed)" if t.get("deadline_missed") else t["state"]
+        row = [t["task_id"], truncate(t["name"], 24), state, t["priority"], _placement(t),
                age(t["submit_unix_s"], now)]
         reason = lead_with_cause(t["reason"])
         if wide:
             row += [t["kind"], demand_text(t["demand"]), "-" if t["exit_code"] is None else t["exit_code"],
-                    t["restarts"]]
+                    t["restarts"], t.get("preemptions", 0)]
         row.append(reason if wide else truncate(reason, REASON_WIDTH))
         rows.append(row)
     return table(headers, rows, right=(3, 5))
@@ -253,7 +254,8 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
     history = " → ".join(f"{h['state']} ({age(h['time_unix_s'], now)} ago)" for h in d["history"])
     lines = [
         f"task          {escape(d['task_id'])} ({escape(d['name'])})",
-        f"state         {d['state']}" + (f": {escape(reason)}" if reason else ""),
+        f"state         {d['state']}" + (" (deadline missed)" if d.get("deadline_missed") else "")
+        + (f": {escape(reason)}" if reason else ""),
         f"kind          {d['kind']}" + (" (profiled as inference)" if d["kind"] == "unspecified" else "")
         + f"  priority {d['priority']}",
         f"submitted     {age(d['submit_unix_s'], now)} ago",
@@ -261,7 +263,7 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         "placement     " + (", ".join(f"{escape(a['node_id'])} GPUs {', '.join(map(str, a['gpu_indices']))}"
                                       for a in d["allocation"]) or "-"),
         f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
-        f"restarts      {d['restarts']}",
+        f"restarts      {d['restarts']}  preemptions {d.get('preemptions', 0)}",
         f"energy        {d['energy_j'] / 3.6e6:.4f} kWh" + ("" if d["state"] in _FINAL else " so far"),
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.types import TERMINAL_STATES
 from coordinator.adaptor.power import power_label
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
@@ -75,8 +78,13 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
     }
 
 
-def task_dict(t: types_pb2.Task) -> dict[str, Any]:
-    """One task's document (schema ``task.json``)."""
+def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[str, Any]:
+    """One task's document (schema ``task.json``); ``deadline_missed``: it has a deadline and ended after
+    it, or is still unfinished past it."""
+    deadline = t.spec.qos.deadline_unix_s
+    ended = t.state in TERMINAL_STATES
+    missed = bool(deadline) and ((ended and bool(t.history) and t.history[-1].time_unix_s > deadline)
+                                 or (not ended and now() > deadline))
     return {
         "task_id": t.id,
         "name": t.spec.name,
@@ -90,6 +98,8 @@ def task_dict(t: types_pb2.Task) -> dict[str, Any]:
         "exit_code": t.exit_code if t.has_exit_code else None,
         "log_tail": t.log_tail,
         "restarts": t.restarts,
+        "preemptions": t.preemptions,
+        "deadline_missed": missed,
         "pids": list(t.pids),
         "history": [proto_dict(h) for h in t.history],
         "spec": proto_dict(t.spec),

@@ -55,12 +55,17 @@ class Dispatcher:
                                           metrics_url=metrics_url_of(spec), metrics_mapping=spec.metrics_mapping,
                                           run_as_user=spec.run_as_user)))
 
-    def stop(self, task: types_pb2.Task, reason: str) -> bool:
-        """Ask every node of the task's allocation to stop it (after its grace); True when any was told."""
+    def stop(self, task: types_pb2.Task, reason: str, *, checkpoint_signal: str = "") -> bool:
+        """Ask every node of the task's allocation to stop it (after its grace); True when any was told.
+
+        :param checkpoint_signal: for a preemption, the signal the agent sends first (the stop follows
+            after the grace).
+        """
         sent = [self.send(na.node_id, agent_pb2.Decision(
             decision_id=f"stop-{task.id}-{uuid.uuid4().hex[:6]}",
             stop=agent_pb2.StopTask(task_id=task.id, grace_s=task.spec.stop_grace_s or _DEFAULT_GRACE_S,
-                                    reason=reason))) for na in task.allocation.nodes]
+                                    reason=reason, checkpoint_signal=checkpoint_signal)))
+                for na in task.allocation.nodes]
         return any(sent)
 
     def stop_unknown(self, node_id: str, task_id: str) -> None:

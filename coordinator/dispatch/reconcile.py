@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from common.errors import GptrmError, IllegalTransition
 from common.logging import get_logger
-from common.pb.gptrm.v1 import agent_pb2
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
@@ -21,6 +21,7 @@ from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.qos.restart import RestartPolicy
 
 if TYPE_CHECKING:
+    from coordinator.qos.preemption import Preemptor  # imports the scheduler, which imports the dispatcher
     from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
 
 __all__ = ["Reconciler"]
@@ -37,13 +38,14 @@ class Reconciler:
     :param dispatcher: decisions to agents.
     :param restarts: the QoS Manager's restart policy.
     :param events: the cluster event log.
+    :param preemptor: the QoS Manager's preemption (PREEMPTED tasks that ended go back in the queue).
     """
 
     def __init__(self, task_grace_s: float, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher,
-                 restarts: RestartPolicy, events: EventBus) -> None:
+                 restarts: RestartPolicy, events: EventBus, preemptor: Preemptor) -> None:
         self._grace_s = task_grace_s
         self._tasks, self._registry, self._dispatcher = tasks, registry, dispatcher
-        self._restarts, self._events = restarts, events
+        self._restarts, self._events, self._preemptor = restarts, events, preemptor
         self._reported: dict[str, set[str]] = {}      # node id → task ids its agent reported since we lead
         self._log = get_logger("scheduler")
 
@@ -62,6 +64,8 @@ class Reconciler:
             on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
             if on_node and task.state == TaskState.SCHEDULED and task.id not in reported:
                 self._dispatcher.start(task)
+            elif on_node and task.state == TaskState.PREEMPTED and task.id in reported:
+                self._dispatcher.stop(task, task.reason, checkpoint_signal=task.spec.checkpoint_signal or "SIGUSR1")
 
     async def on_decision_ack(self, entry: NodeEntry, ack: agent_pb2.DecisionAck) -> None:
         """An agent refused a start: the task fails there (and is requeued when its policy allows)."""
@@ -79,6 +83,10 @@ class Reconciler:
         if task is None:
             self._dispatcher.stop_unknown(entry.node_id, status.task_id)
             return
+        if task.state == TaskState.PREEMPTED:
+            if state in TERMINAL_STATES:   # stopped for a preemption: back in the queue
+                await self._victim_stopped(task)
+            return
         if task.state == state or task.state in TERMINAL_STATES:
             return   # re-delivered after a reconnect, or already final
         updates: dict[str, object] = {"pids": list(status.pids)} if status.pids else {}
@@ -92,6 +100,9 @@ class Reconciler:
         except IllegalTransition as e:
             self._log.warning("task_status_rejected", task_id=task.id, node_id=entry.node_id, reason=str(e))
             await self._tasks.refresh(task.id)
+            fresh = self._tasks.tasks.get(task.id)
+            if fresh is not None and fresh.state == TaskState.PREEMPTED and state in TERMINAL_STATES:
+                await self._victim_stopped(fresh)   # preempted meanwhile (by a previous leader): it has ended
             return
         if state == TaskState.FAILED:
             await self._restarts.after_end(stored)
@@ -101,10 +112,13 @@ class Reconciler:
         self._reported = {e.node_id: set() for e in self._registry if e.connected}
         await asyncio.sleep(self._grace_s)
         for task in list(self._tasks.tasks.values()):
-            if task.state not in _ACTIVE or task.state == TaskState.SCHEDULED:
+            if task.state not in (*_ACTIVE, TaskState.PREEMPTED) or task.state == TaskState.SCHEDULED:
                 continue
             nodes = [na.node_id for na in task.allocation.nodes]
             if any(task.id in self._reported.get(n, set()) for n in nodes):
+                continue
+            if task.state == TaskState.PREEMPTED:   # no agent runs it any more
+                await self._victim_stopped(task)
                 continue
             self._log.warning("task_unreported", task_id=task.id, nodes=",".join(nodes))
             try:
@@ -112,3 +126,10 @@ class Reconciler:
                                           "after a leader change")
             except GptrmError as e:
                 self._log.warning("task_reconcile_failed", task_id=task.id, reason=str(e))
+
+    async def _victim_stopped(self, task: types_pb2.Task) -> None:
+        try:
+            await self._preemptor.victim_stopped(task)
+        except GptrmError as e:
+            self._log.warning("preempted_task_requeue_failed", task_id=task.id, reason=str(e))
+            await self._tasks.refresh(task.id)

@@ -264,6 +264,10 @@ class Metrics:
                                           buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5),
                                           registry=r)
         self.decisions = Counter("gptrm_scheduler_decisions_total", "placement decisions", ["outcome"], registry=r)
+        self.preemptions = Counter("gptrm_preemptions_total", "running tasks preempted by higher-priority work",
+                                   registry=r)
+        self.qos_violations = Counter("gptrm_qos_violations_total", "QoS violations raised, by kind "
+                                      "(deadline, latency, throughput)", ["kind"], registry=r)
         self.commit_latency = Histogram("gptrm_sync_commit_duration_seconds", "etcd commit of a placement batch",
                                         registry=r)
         self.missing_resources = Gauge("gptrm_adaptor_missing_resources",

@@ -10,7 +10,7 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.profiler.profiler import Profiler
 
-__all__ = ["UsageHistory", "learn_from_task"]
+__all__ = ["UsageHistory", "learn_from_task", "learn_run_time"]
 
 
 class UsageHistory(Protocol):
@@ -46,4 +46,15 @@ def learn_from_task(profiler: Profiler, task: types_pb2.Task, history: UsageHist
     if peak_mem <= 0 or not utils:
         return False
     profiler.observe(task.spec, int(peak_mem), sum(utils) / len(utils))
+    return True
+
+
+def learn_run_time(profiler: Profiler, task: types_pb2.Task) -> bool:
+    """Feed a task that succeeded its run time (last start to end) to the profiler; True when it learned."""
+    if task.state != TaskState.SUCCEEDED or len(task.history) < 2:
+        return False
+    started = next((h.time_unix_s for h in reversed(task.history) if h.state == TaskState.RUNNING), None)
+    if started is None:
+        return False
+    profiler.observe_run(task.spec, task.history[-1].time_unix_s - started)
     return True

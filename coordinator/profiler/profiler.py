@@ -221,6 +221,19 @@ class Profiler:
         self._mem_ratio: dict[str, float] = {}
         self._util: dict[str, float] = {}
         self._predicted: dict[str, float] = {}  # model name → last uncorrected per-GPU prediction
+        self._run_s: dict[str, float] = {}      # model name (or task name) → smoothed run time of tasks that succeeded
+
+    def expected_run_s(self, spec: types_pb2.TaskSpec) -> float | None:
+        """How long a task of this model (or, without one, this name) ran when it succeeded; None: never seen."""
+        return self._run_s.get(spec.model.name or spec.name)
+
+    def observe_run(self, spec: types_pb2.TaskSpec, seconds: float) -> None:
+        """Learn from a task that succeeded after running ``seconds`` (smoothed like the memory correction)."""
+        key = spec.model.name or spec.name
+        if not key or not seconds > 0:
+            return
+        old = self._run_s.get(key)
+        self._run_s[key] = seconds if old is None else 0.5 * old + 0.5 * seconds
 
     def correction(self, model_name: str) -> float:
         """The learned memory correction for a model name (1.0 when nothing was observed).

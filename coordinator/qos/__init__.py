@@ -1,5 +1,6 @@
-"""QoS Manager (paper §3): what a task is owed once it was admitted — today the restart policy;
-priorities that preempt, deadlines and service-level objectives build on it."""
+"""QoS Manager (paper §3): what a task is owed once it was admitted — the restart policy
+(:mod:`~coordinator.qos.restart`) and priorities that preempt (:mod:`~coordinator.qos.preemption`,
+imported where used: it builds on the scheduler's modules)."""
 
 from __future__ import annotations
 

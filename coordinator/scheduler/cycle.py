@@ -2,14 +2,19 @@
 
 One cycle, in this order (each step needs the previous one's output):
 
-1. queue: PENDING tasks ordered by priority, then deadline, then submit time;
+1. queue: PENDING tasks ordered by priority, then slack (deadline − now − the profiler's expected
+   run time, 0 when it has none; no deadline last), then submit time;
 2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
    every policy reads the same consistent view;
 3. placement: the production engine (policy filter + rank, then the Resource Allocator's
    GPU choice) decides the whole batch;
 4. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED,
    allocation, node reservation, all or nothing per placement);
-5. push: only committed placements become StartTask decisions on the agents' streams.
+5. push: only committed placements become StartTask decisions on the agents' streams;
+6. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
+   what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for it.
+   Pending tasks of lower priority than a preemptor still waiting for its victims are left out
+   of step 1, so that they do not take what was freed for it.
 
 Tasks that do not fit keep a human-readable reason; under max-utilization and
 load-balancing an unplaceable task also raises a scale-out request (the Resource Adaptor's),
@@ -21,6 +26,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from common.domain import Placement, Rejection
 from common.errors import GptrmError
@@ -32,15 +38,19 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.profiler import Profiler
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.policy import PolicySetting
-from coordinator.scheduler.queue import queue_key, request_for
+from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import add_reservation
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
 from coordinator.tasks import TaskTable
+
+if TYPE_CHECKING:
+    from coordinator.qos.preemption import Preemptor  # the QoS Manager builds on the scheduler's modules
 
 __all__ = ["FORCED_CYCLE_S", "SchedulerCycle"]
 
@@ -68,13 +78,16 @@ class SchedulerCycle:
     :param metrics: decision, cycle and commit latencies.
     :param events: the cluster event log.
     :param wakeup: what wakes a cycle early.
+    :param preemptor: the QoS Manager's preemption, asked after a cycle left tasks waiting.
+    :param profiler: expected run times (tasks with a deadline are ordered by slack within a priority).
     :param on_unplaced: told of every task a cycle could not place (the Resource Adaptor's wake-ups).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOutRequests,
-                 metrics: Metrics, events: EventBus, wakeup: Wakeup,
+                 metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemptor, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None) -> None:
+        self._preemptor, self._profiler = preemptor, profiler
         self._on_unplaced = on_unplaced
         self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
         self._store, self._leadership, self._dispatcher = store, leadership, dispatcher
@@ -118,7 +131,7 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
-        pending = [t for t in self._tasks.tasks.values() if t.state == TaskState.PENDING]
+        pending = self._preemptor.schedulable([t for t in self._tasks.tasks.values() if t.state == TaskState.PENDING])
         if not pending:
             self._idle = None
             return 0
@@ -127,13 +140,15 @@ class SchedulerCycle:
             self.skipped += 1
             return 0
         self._idle = None
-        requests = sorted((request_for(t) for t in pending), key=queue_key)
+        expected = {t.id: run_s for t in pending if t.spec.qos.deadline_unix_s
+                    and (run_s := self._profiler.expected_run_s(t.spec)) is not None}
+        requests = sorted((request_for(t) for t in pending), key=slack_key(time.time(), expected))
         snapshot = self._snapshots.snapshot(self._tasks.tasks.values(), self._registry)
         policy = self._policy.current
         engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold)
         decisions = engine.place_batch(requests)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
-        commits, by_id = [], {t.id: t for t in pending}
+        commits, by_id, rejected = [], {t.id: t for t in pending}, []
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
@@ -142,10 +157,13 @@ class SchedulerCycle:
             else:
                 self._metrics.decisions.labels(outcome="waiting").inc()
                 self._note_rejection(task, decision, policy.name)
+                rejected.append(task)
         committed = await self._commit(commits) if commits else 0
+        preempted = bool(rejected) and await self._preemptor.after_rejections(rejected, policy.name,
+                                                                              policy.threshold)
         self._metrics.sched_latency.observe(time.perf_counter() - started)
         self.cycles += 1
-        if not commits:
+        if not commits and not preempted:
             self._idle = (inputs, started)
         return committed
 

@@ -21,6 +21,8 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_ETCD: _ClassVar[EventKind]
     EVENT_KIND_AUDIT: _ClassVar[EventKind]
     EVENT_KIND_POWER: _ClassVar[EventKind]
+    EVENT_KIND_PREEMPTION: _ClassVar[EventKind]
+    EVENT_KIND_QOS_VIOLATION: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -32,6 +34,8 @@ EVENT_KIND_SCALE_OUT: EventKind
 EVENT_KIND_ETCD: EventKind
 EVENT_KIND_AUDIT: EventKind
 EVENT_KIND_POWER: EventKind
+EVENT_KIND_PREEMPTION: EventKind
+EVENT_KIND_QOS_VIOLATION: EventKind
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

@@ -177,14 +177,16 @@ class StartTask(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[_types_pb2.MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ...) -> None: ...
 
 class StopTask(_message.Message):
-    __slots__ = ("task_id", "grace_s", "reason")
+    __slots__ = ("task_id", "grace_s", "reason", "checkpoint_signal")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     GRACE_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     grace_s: float
     reason: str
-    def __init__(self, task_id: _Optional[str] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    checkpoint_signal: str
+    def __init__(self, task_id: _Optional[str] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ..., checkpoint_signal: _Optional[str] = ...) -> None: ...
 
 class PauseTask(_message.Message):
     __slots__ = ("task_id",)

@@ -260,7 +260,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +277,7 @@ class Task(_message.Message):
     PIDS_FIELD_NUMBER: _ClassVar[int]
     QOS_READING_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -293,7 +294,8 @@ class Task(_message.Message):
     pids: _containers.RepeatedScalarFieldContainer[int]
     qos_reading: TaskQos
     energy_j: float
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ...) -> None: ...
+    preemptions: int
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "model", "mem_total_bytes", "power_limit_w", "power_min_w", "power_max_w", "power_default_w", "pci_bus_id", "topology_group", "mig_enabled")

@@ -1,0 +1,312 @@
+"""Preemption: a pending task that cannot be placed takes what strictly-lower-priority work holds.
+
+Victim choice (:func:`choose_victims`, pure): for a one-node task, the smallest set of
+preemptible, strictly-lower-priority tasks on one node whose release lets the placement engine
+place it there; for a gang, the fewest nodes that need victims. Among sets of the same size, the
+lowest priorities first, then the most recently started (the least work lost). A task preempted
+less than the protection window ago is never chosen again. Whether a set "frees enough" is asked
+of the placement engine itself, on the cycle's snapshot with the victims' allocations given back
+through the allocator's reservation model, so preemption never disagrees with placement.
+
+The life of a victim (:class:`Preemptor`): ``RUNNING → PREEMPTED`` (a fenced transition that
+keeps its allocation, so its GPUs are never given to the preemptor while it still runs), a
+StopTask carrying its checkpoint signal (``SIGUSR1`` unless its spec names another; the agent
+sends it, waits the stop grace, then stops the task), and, when its agent reports it ended,
+``PREEMPTED → PENDING`` releasing its reservations, with its submit time and priority unchanged.
+Until the preemptor is placed (or a claim expires), pending tasks of lower priority than it are
+held back so they do not take the GPUs just freed for it.
+
+A new leader keeps this safe without memory of the claims: PREEMPTED tasks still hold their
+allocation in etcd and count as already freed when it plans, the agents' re-registration re-sends
+their stop, and a PREEMPTED task no agent reports after the grace goes back to PENDING.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter
+
+from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.allocator.reservations import NodeReservation, give_back_gpu
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.events import EventBus
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
+from coordinator.scheduler.placement import PlacementEngine
+from coordinator.scheduler.queue import request_for
+from coordinator.scheduler.snapshot import SnapshotBuilder
+
+if TYPE_CHECKING:
+    from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
+
+__all__ = ["DEFAULT_PROTECTION_S", "Preemptor", "choose_victims", "last_preempted_s", "started_s"]
+
+DEFAULT_PROTECTION_S = 120.0
+"""A task is not preempted again within this many seconds of its last preemption."""
+_VICTIM_STATES = (TaskState.RUNNING, TaskState.PAUSED)
+_MAX_CANDIDATES = 12      # per node; beyond that, the lowest-ordered ones
+_MAX_CHECKS = 2000        # placement checks per node before the search settles for a greedy prefix
+_CLAIM_SLACK_S = 30.0     # a claim lasts the victims' stop graces (twice: checkpoint, then stop) plus this
+
+
+def started_s(task: types_pb2.Task) -> float:
+    """When the task last started running (its submit time when it never did)."""
+    for h in reversed(task.history):
+        if h.state == TaskState.RUNNING:
+            return h.time_unix_s
+    return task.submit_unix_s
+
+
+def last_preempted_s(task: types_pb2.Task) -> float | None:
+    """When the task was last preempted, from its state history (None: never)."""
+    for h in reversed(task.history):
+        if h.state == TaskState.PREEMPTED:
+            return h.time_unix_s
+    return None
+
+
+def _preemptible(task: types_pb2.Task) -> bool:
+    return not task.spec.HasField("preemptible") or task.spec.preemptible
+
+
+def _victim_order(task: types_pb2.Task) -> tuple[int, float, str]:
+    """Lowest priority first, then the most recently started."""
+    return task.spec.priority, -started_s(task), task.id
+
+
+def _without(node: NodeSnapshot, allocations: Iterable[types_pb2.NodeAllocation]) -> NodeSnapshot:
+    """The node with these allocations given back (reservation model of ``coordinator/allocator``)."""
+    reservation = NodeReservation(node.used, ())
+    gpus = {g.index: g for g in node.gpus}
+    for na in allocations:
+        d = na.demand
+        reservation = reservation.remove(Resources(gpus=d.gpus, gpu_mem_total_bytes=d.gpu_mem_bytes,
+                                                   cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
+                                                   disk_bytes=d.disk_bytes), ())
+        per_gpu = d.gpu_mem_bytes // max(1, len(na.gpu_indices))
+        for i in na.gpu_indices:
+            g = gpus.get(i)
+            if g is not None:
+                mem, share = give_back_gpu(g.mem_free_bytes, g.share_free, per_gpu, na.gpu_share or 1.0,
+                                           g.mem_total_bytes)
+                gpus[i] = GpuSlot(g.index, g.mem_total_bytes, int(mem), share, g.topology_group)
+    return replace(node, used=reservation.used, gpus=tuple(gpus[i] for i in sorted(gpus)))
+
+
+def release_tasks(snapshot: ClusterSnapshot, tasks: Iterable[types_pb2.Task]) -> ClusterSnapshot:
+    """The snapshot as it would be once these tasks gave back their allocations."""
+    by_node: dict[str, list[types_pb2.NodeAllocation]] = {}
+    for t in tasks:
+        for na in t.allocation.nodes:
+            by_node.setdefault(na.node_id, []).append(na)
+    if not by_node:
+        return snapshot
+    return replace(snapshot, nodes=tuple(_without(n, by_node[n.node_id]) if n.node_id in by_node else n
+                                         for n in snapshot.nodes))
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """Asks the placement engine whether a request fits a snapshot (under the cycle's policy)."""
+
+    policy: str
+    threshold: float
+
+    def __call__(self, snapshot: ClusterSnapshot, request: Request) -> bool:
+        engine = PlacementEngine.from_name(snapshot, self.policy, threshold=self.threshold)
+        return isinstance(engine.place(request), Placement)
+
+
+def _node_victims(node: NodeSnapshot, taken_at: float, request: Request, candidates: Sequence[types_pb2.Task],
+                  fits: Callable[[ClusterSnapshot, Request], bool]) -> list[types_pb2.Task] | None:
+    """The smallest set of candidates (in victim order) whose release lets one node take ``request``."""
+    def fits_without(victims: Sequence[types_pb2.Task]) -> bool:
+        return fits(ClusterSnapshot(nodes=(_without(node, (na for v in victims for na in v.allocation.nodes
+                                                           if na.node_id == node.node_id)),), taken_at_s=taken_at),
+                    request)
+
+    if fits_without(()):
+        return []
+    cands = sorted(candidates, key=_victim_order)[:_MAX_CANDIDATES]
+    if not cands or not fits_without(cands):
+        return None
+    checks = 0
+    for k in range(1, len(cands)):
+        for combo in itertools.combinations(cands, k):
+            checks += 1
+            if checks > _MAX_CHECKS:
+                return next(list(cands[:j]) for j in range(1, len(cands) + 1) if fits_without(cands[:j]))
+            if fits_without(combo):
+                return list(combo)
+    return list(cands)
+
+
+def choose_victims(task: types_pb2.Task, snapshot: ClusterSnapshot, running: Iterable[types_pb2.Task],
+                   fits: Callable[[ClusterSnapshot, Request], bool], *, now: float,
+                   protection_s: float) -> list[types_pb2.Task] | None:
+    """The tasks to preempt so that ``task`` can be placed; ``[]`` when it already fits, None when no set of
+    preemptible, strictly-lower-priority, unprotected tasks would do.
+
+    :param task: the pending task.
+    :param snapshot: schedulable nodes, with what live allocations hold.
+    :param running: tasks that could be victims (anything else in it is ignored).
+    :param fits: whether a request fits a snapshot (the placement engine under the policy in force).
+    :param now: the current time (unix seconds).
+    :param protection_s: a task preempted less than this long ago is never chosen.
+    """
+    request = request_for(task)
+    if fits(snapshot, request):
+        return []
+    priority = task.spec.priority
+    per_node: dict[str, list[types_pb2.Task]] = {}
+    for t in running:
+        if (TaskState(t.state) not in _VICTIM_STATES or t.spec.priority >= priority or not _preemptible(t)
+                or t.id == task.id):
+            continue
+        last = last_preempted_s(t)
+        if last is not None and now - last < protection_s:
+            continue
+        for na in t.allocation.nodes:
+            per_node.setdefault(na.node_id, []).append(t)
+    one = replace(request, nodes=1)
+    options: list[tuple[tuple, NodeSnapshot, list[types_pb2.Task]]] = []
+    for node in snapshot.nodes:
+        victims = _node_victims(node, snapshot.taken_at_s, one, per_node.get(node.node_id, ()), fits)
+        if victims is not None:
+            options.append(((len(victims), [_victim_order(v) for v in victims], node.node_id), node, victims))
+    options.sort(key=lambda o: o[0])
+    need = max(1, request.nodes)
+    if len(options) < need:
+        return None
+    chosen = options[:need]
+    victims = list({v.id: v for _k, _n, vs in chosen for v in vs}.values())
+    if need > 1:   # the gang as a whole, on the chosen nodes with every victim released
+        nodes = tuple(n for _k, n, _v in chosen)
+        if not fits(release_tasks(ClusterSnapshot(nodes=nodes, taken_at_s=snapshot.taken_at_s), victims), request):
+            return None
+    return victims
+
+
+@dataclass(slots=True)
+class _Claim:
+    """Victims being stopped for a preemptor, which lower-priority pending work must not overtake."""
+
+    priority: int
+    victims: tuple[str, ...]
+    expires_s: float
+
+
+class Preemptor:
+    """The QoS Manager's preemption: chooses victims after a rejection and sees them back into the queue.
+
+    Example::
+
+        if await preemptor.after_rejections(rejected, policy="max-utilization", threshold=0.9):
+            ...                                   # victims are being stopped; the task is placed later
+        await preemptor.victim_stopped(task)      # the agent reported a PREEMPTED task ended
+
+    :param tasks: the task table (state changes go through it).
+    :param registry: the node table.
+    :param snapshots: builds a fresh cycle snapshot.
+    :param dispatcher: stop decisions with the checkpoint signal.
+    :param events: the cluster event log (``preemption`` events).
+    :param counter: ``gptrm_preemptions_total``.
+    :param protection_s: a task is not preempted again within this many seconds.
+    :param now: the clock (unix seconds).
+    """
+
+    def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, dispatcher: Dispatcher,
+                 events: EventBus, counter: Counter, protection_s: float = DEFAULT_PROTECTION_S,
+                 now: Callable[[], float] = time.time) -> None:
+        self._tasks, self._registry, self._snapshots, self._dispatcher = tasks, registry, snapshots, dispatcher
+        self._events, self._counter, self._protection_s, self._now = events, counter, protection_s, now
+        self._claims: dict[str, _Claim] = {}       # preemptor task id → its claim
+        self._log = get_logger("qos")
+
+    def _live_claims(self) -> dict[str, _Claim]:
+        now = self._now()
+        for tid, claim in list(self._claims.items()):
+            task = self._tasks.tasks.get(tid)
+            if task is None or task.state != TaskState.PENDING or claim.expires_s < now:
+                del self._claims[tid]
+        return self._claims
+
+    def schedulable(self, pending: Sequence[types_pb2.Task]) -> list[types_pb2.Task]:
+        """The pending tasks a cycle may place now: lower-priority ones wait while what a preemption frees is
+        not yet taken by the preemptor — below a claim's priority, and, while any task is still PREEMPTED
+        (also after a leader change, which forgets claims), below the highest pending priority."""
+        claims = self._live_claims()
+        floor = max((c.priority for c in claims.values()), default=None)
+        if any(t.state == TaskState.PREEMPTED for t in self._tasks.tasks.values()):
+            top = max((t.spec.priority for t in pending), default=None)
+            floor = top if floor is None or (top is not None and top > floor) else floor
+        if floor is None:
+            return list(pending)
+        return [t for t in pending if t.spec.priority >= floor or t.id in claims]
+
+    def _worth_trying(self, rejected: Sequence[types_pb2.Task]) -> bool:
+        lowest = min((t.spec.priority for t in self._tasks.tasks.values()
+                      if t.state in _VICTIM_STATES and _preemptible(t)), default=None)
+        return lowest is not None and any(t.spec.priority > lowest for t in rejected)
+
+    async def after_rejections(self, rejected: Sequence[types_pb2.Task], policy: str, threshold: float) -> bool:
+        """Preempt for the highest-priority rejected task that strictly-lower-priority work blocks (one per
+        cycle); True when victims are being stopped for it."""
+        claims = self._live_claims()
+        if not rejected or not self._worth_trying(rejected):
+            return False
+        tasks = list(self._tasks.tasks.values())
+        # What PREEMPTED tasks hold is on its way back: plan as if it were free already.
+        snapshot = release_tasks(self._snapshots.snapshot(tasks, self._registry),
+                                 (t for t in tasks if t.state == TaskState.PREEMPTED))
+        fits = _Fit(policy, threshold)
+        for task in sorted(rejected, key=lambda t: (-t.spec.priority, t.submit_unix_s)):
+            if task.id in claims:
+                continue
+            victims = choose_victims(task, snapshot, tasks, fits, now=self._now(), protection_s=self._protection_s)
+            if victims:
+                await self._preempt(task, victims)
+                return True
+        return False
+
+    async def _preempt(self, task: types_pb2.Task, victims: list[types_pb2.Task]) -> None:
+        prio = task.spec.priority
+        reason = f"preempted by {task.id} (priority {prio})"
+        stopped: list[str] = []
+        grace = 0.0
+        for v in victims:
+            try:
+                stored = await self._tasks.transition(v.id, TaskState.PREEMPTED, reason, preemptions=v.preemptions + 1)
+            except GptrmError as e:   # it changed meanwhile (ended, or a lost compare): not a victim after all
+                self._log.info("preemption_victim_skipped", task_id=v.id, preemptor=task.id, reason=str(e))
+                continue
+            signal = stored.spec.checkpoint_signal or DEFAULT_CHECKPOINT_SIGNAL
+            self._dispatcher.stop(stored, reason, checkpoint_signal=signal)
+            grace = max(grace, stored.spec.stop_grace_s or 10.0)
+            stopped.append(v.id)
+            self._counter.inc()
+        if not stopped:
+            return
+        self._claims[task.id] = _Claim(prio, tuple(stopped), self._now() + 2 * grace + _CLAIM_SLACK_S)
+        nodes = sorted({na.node_id for v in victims if v.id in stopped for na in v.allocation.nodes})
+        self._log.info("tasks_preempted", task_id=task.id, priority=prio, victims=",".join(stopped),
+                       nodes=",".join(nodes))
+        self._events.publish("preemption", f"task {task.id} (priority {prio}) preempts {', '.join(stopped)} on "
+                             f"{', '.join(nodes)}", task_id=task.id, preemptor=task.id, victims=",".join(stopped),
+                             reason=f"{task.id} cannot be placed while lower-priority work holds "
+                             f"{', '.join(nodes)}")
+        task.reason = f"waiting for {len(stopped)} preempted task(s) to stop: {', '.join(stopped)}"
+
+    async def victim_stopped(self, task: types_pb2.Task) -> types_pb2.Task:
+        """A PREEMPTED task ended on its agents: back in the queue (``PENDING``), its reservations released."""
+        return await self._tasks.transition(task.id, TaskState.PENDING, f"{task.reason}; back in the queue",
+                                            release=True)

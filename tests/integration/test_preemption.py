@@ -1,0 +1,163 @@
+"""Preemption end to end: real coordinator, agent and task processes on a 2-GPU simulated node."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from tests.integration.harness import Cluster, wait_until
+
+_NOT_HOLDING = {types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,
+                types_pb2.TASK_STATE_CANCELLED}
+
+
+def _submit(c: Cluster, *args: str) -> str:
+    res = c.ctl("-o", "json", "submit", *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["task_id"]
+
+
+def _task(c: Cluster, task_id: str, coordinator: str | None = None) -> dict:
+    res = c.ctl("-o", "json", "tasks", task_id, coordinator=coordinator)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _states(history: list[dict]) -> list[str]:
+    return [h["state"] for h in history]
+
+
+def _victim(c: Cluster, name: str, marker: Path) -> str:
+    """A priority-0 one-GPU task that appends to ``marker`` and exits when it gets SIGUSR1."""
+    return _submit(c, "--name", name, "--priority", "0", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
+                   "--stop-grace-s", "2", "--",
+                   "sh", "-c", f"trap 'echo checkpoint >> {marker}; exit 0' USR1; while true; do sleep 0.1; done")
+
+
+class TestPreemption:
+    def test_high_priority_task_preempts_two_victims_which_run_again(self, cluster: Cluster, tmp_path: Path) -> None:
+        """A priority-10 two-GPU task preempts both priority-0 tasks (signalled, preempted, pending) and they run
+        again once it finished."""
+        cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB")
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
+        victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
+        for v in victims:
+            wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        submitted = {v: _task(cluster, v)["submit_unix_s"] for v in victims}
+        high = _submit(cluster, "--name", "urgent", "--priority", "10", "--gpus", "2", "--gpu-mem-gib", "10",
+                       "--cpu", "0.1", "--", "sh", "-c", "sleep 3")
+        wait_until(lambda: all(m.exists() for m in markers), timeout_s=5.0, what="both victims signalled")
+        wait_until(lambda: _task(cluster, high)["state"] == "running", timeout_s=5.0, what="urgent running")
+        for v in victims:
+            t = _task(cluster, v)
+            assert t["preemptions"] == 1
+            states = _states(t["history"])
+            assert states[states.index("preempted"):][:2] == ["preempted", "pending"]
+            assert t["submit_unix_s"] == submitted[v] and t["priority"] == 0
+        wait_until(lambda: _task(cluster, high)["state"] == "succeeded", what="urgent finished")
+        for v in victims:
+            t = wait_until(lambda v=v: (t := _task(cluster, v))["state"] == "running" and t, what=f"{v} running again")
+            assert _states(t["history"]).count("running") == 2
+        events = cluster.ctl("-o", "json", "events").stdout
+        assert "preemption" in events and high in events
+        text = urllib.request.urlopen(f"http://{cluster.metrics_address('c1')}/metrics", timeout=5).read().decode()
+        assert "gptrm_preemptions_total 2.0" in text
+        table = cluster.ctl("-o", "wide", "tasks").stdout
+        assert "PREEMPTED" in table
+
+    def test_equal_priority_waits(self, cluster: Cluster, tmp_path: Path) -> None:
+        """A task of the same priority as the running ones waits instead of preempting them."""
+        cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB")
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
+        victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
+        for v in victims:
+            wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        same = _submit(cluster, "--name", "same", "--priority", "0", "--gpus", "2", "--gpu-mem-gib", "10",
+                       "--cpu", "0.1", "--", "true")
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:   # several scheduler cycles (one a second)
+            assert _task(cluster, same)["state"] == "pending"
+            time.sleep(0.5)
+        assert not any(m.exists() for m in markers)
+        assert all(_task(cluster, v)["preemptions"] == 0 for v in victims)
+
+    def test_leader_killed_right_after_submit(self, cluster: Cluster, tmp_path: Path) -> None:
+        """With the leader killed (-9) right after the submit the end state is the same: victims signalled,
+        preempted, pending, the urgent task runs then both run again; no GPU held twice, no task lost."""
+        flags = ("--threshold", "1", "--task-grace", "3")
+        cluster.start_coordinator("c1", *flags)
+        cluster.wait_leader("c1")
+        cluster.start_coordinator("c2", *flags)
+        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB")
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
+        victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
+        for v in victims:
+            wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        high = _submit(cluster, "--name", "urgent", "--priority", "10", "--gpus", "2", "--gpu-mem-gib", "10",
+                       "--cpu", "0.1", "--", "sh", "-c", "sleep 3")
+        cluster.proc("c1").kill()
+        c2 = cluster.address("c2")
+        cluster.wait_leader("c2")
+
+        def gpus_held_once() -> list[types_pb2.Task]:
+            tasks = list(cluster.admin("c2").ListTasks(admin_pb2.ListTasksRequest(), timeout=10).tasks)
+            held: dict[tuple[str, int], str] = {}
+            for t in tasks:
+                if t.state in _NOT_HOLDING:
+                    continue
+                for na in t.allocation.nodes:
+                    for i in na.gpu_indices:
+                        assert (na.node_id, i) not in held, \
+                            f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
+                        held[(na.node_id, i)] = t.id
+            return tasks
+
+        def urgent_ran() -> bool:
+            tasks = gpus_held_once()
+            return any(t.id == high and any(h.state == types_pb2.TASK_STATE_RUNNING for h in t.history)
+                       for t in tasks)
+
+        wait_until(urgent_ran, what="urgent running (before or after the leader change)")
+        assert all(m.exists() for m in markers)
+        for v in victims:
+            t = _task(cluster, v, c2)
+            assert t["preemptions"] == 1
+            states = _states(t["history"])
+            assert states[states.index("preempted"):][:2] == ["preempted", "pending"]
+        wait_until(lambda: gpus_held_once() and _task(cluster, high, c2)["state"] == "succeeded", what="urgent done")
+        for v in victims:
+            wait_until(lambda v=v: gpus_held_once() and _task(cluster, v, c2)["state"] == "running",
+                       what=f"{v} running again")
+        assert {t.id for t in gpus_held_once()} == {high, *victims}
+
+    def test_victim_ignoring_its_checkpoint_signal_is_stopped_after_grace(self, cluster: Cluster) -> None:
+        """A victim that ignores SIGUSR1 (and SIGTERM) is still killed after its grace and the urgent task runs."""
+        cluster.start_coordinator("c1", "--threshold", "1")
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", "--simulate-gpus", "1xH100-80GB")
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        stubborn = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
+                           "--stop-grace-s", "1", "--", "sh", "-c", "trap '' USR1 TERM; while true; do sleep 0.1; done")
+        t = wait_until(lambda: (t := _task(cluster, stubborn))["state"] == "running" and t, what="stubborn running")
+        pid = t["pids"][0]
+        high = _submit(cluster, "--name", "urgent", "--priority", "1", "--gpus", "1", "--gpu-mem-gib", "10",
+                       "--cpu", "0.1", "--", "sleep", "30")
+        wait_until(lambda: _task(cluster, high)["state"] == "running", what="urgent running")
+        assert _task(cluster, stubborn)["state"] == "pending"
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        assert not alive
