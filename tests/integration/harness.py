@@ -168,3 +168,11 @@ class Cluster:
         parts = [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p in self.agents.values()]
         parts += [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p, _, _ in self.coordinators.values()]
         return "\n".join(parts)
+
+
+# Tasks that run this repository's interpreter or write into pytest's 0700 temporary directories cannot
+# do so as the default task user (nobody) when the tests themselves run as root; such tests let their
+# tasks run as root explicitly, the way an operator would: the agent allows it, the spec asks for it.
+AS_ROOT = os.geteuid() == 0
+ROOT_TASKS_AGENT: tuple[str, ...] = ("--task-users-allowed", "root") if AS_ROOT else ()
+ROOT_TASKS_SUBMIT: tuple[str, ...] = ("--run-as-user", "root") if AS_ROOT else ()

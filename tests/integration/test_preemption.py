@@ -9,14 +9,14 @@ import urllib.request
 from pathlib import Path
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from tests.integration.harness import Cluster, wait_until
+from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 _NOT_HOLDING = {types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,
                 types_pb2.TASK_STATE_CANCELLED}
 
 
 def _submit(c: Cluster, *args: str) -> str:
-    res = c.ctl("-o", "json", "submit", *args)
+    res = c.ctl("-o", "json", "submit", *ROOT_TASKS_SUBMIT, *args)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)["task_id"]
 
@@ -44,7 +44,7 @@ class TestPreemption:
         again once it finished."""
         cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
         cluster.wait_leader("c1")
-        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB")
+        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
         victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
@@ -76,7 +76,7 @@ class TestPreemption:
         """A task of the same priority as the running ones waits instead of preempting them."""
         cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
         cluster.wait_leader("c1")
-        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB")
+        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
         victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
@@ -98,7 +98,7 @@ class TestPreemption:
         cluster.start_coordinator("c1", *flags)
         cluster.wait_leader("c1")
         cluster.start_coordinator("c2", *flags)
-        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB")
+        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
         victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
@@ -145,7 +145,7 @@ class TestPreemption:
         """A victim that ignores SIGUSR1 (and SIGTERM) is still killed after its grace and the urgent task runs."""
         cluster.start_coordinator("c1", "--threshold", "1")
         cluster.wait_leader("c1")
-        cluster.start_agent("n1", "--simulate-gpus", "1xH100-80GB")
+        cluster.start_agent("n1", "--simulate-gpus", "1xH100-80GB", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         stubborn = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
                            "--stop-grace-s", "1", "--", "sh", "-c", "trap '' USR1 TERM; while true; do sleep 0.1; done")

@@ -8,13 +8,13 @@ import urllib.request
 from pathlib import Path
 
 from common.etcd_embedded import free_port
-from tests.integration.harness import Cluster, wait_until
+from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 SERVER = Path(__file__).resolve().parents[1] / "workloads" / "vllm_like_server.py"
 
 
 def _submit(c: Cluster, *args: str) -> str:
-    res = c.ctl("-o", "json", "submit", *args)
+    res = c.ctl("-o", "json", "submit", *ROOT_TASKS_SUBMIT, *args)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)["task_id"]
 
@@ -48,7 +48,7 @@ class TestLatencySlo:
         a hanging endpoint raises nothing."""
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
-        cluster.start_agent("n1", "--qos-window", "2")
+        cluster.start_agent("n1", "--qos-window", "2", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         port = free_port()
         tid = _submit(cluster, "--name", "serve", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.request
 from pathlib import Path
 
 from common.etcd_embedded import free_port
 from common.pb.gptrm.v1 import admin_pb2
-from tests.integration.harness import Cluster, wait_until
+from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 SERVER = Path(__file__).resolve().parents[1] / "workloads" / "vllm_like_server.py"
 
@@ -44,14 +43,11 @@ class TestTaskQosStreaming:
         """The p95 of a vLLM-like task reaches GetTask, GetNode and /metrics, follows load, and a hang is a reason."""
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
-        # The test server runs on this repository's interpreter, which the default task user (nobody)
-        # cannot execute when the tests run as root; such a run lets the task run as root explicitly.
-        as_root = os.geteuid() == 0
-        cluster.start_agent("n1", "--qos-window", "2", *(["--task-users-allowed", "root"] if as_root else []))
+        cluster.start_agent("n1", "--qos-window", "2", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         port = free_port()
         tid = _submit(cluster, "--name", "serve", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
-                      *(["--run-as-user", "root"] if as_root else []),
+                      *ROOT_TASKS_SUBMIT,
                       "--metrics-port", str(port), "--max-latency-ms", "1000", "--",
                       sys.executable, str(SERVER), "--port", str(port), "--load", "2")
         # Load 2: every request takes 0.35 s, in vLLM's bucket (0.3, 0.5].
