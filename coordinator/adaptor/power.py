@@ -32,6 +32,7 @@ from collections.abc import Callable
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.adaptor.providers import NodeProvider
 from coordinator.events import EventBus
@@ -40,17 +41,9 @@ from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
 from coordinator.sync.store import Store
 
-__all__ = ["POWER_LABELS", "PowerManager", "power_label"]
+__all__ = ["PowerManager"]
 
 PS = types_pb2.NodePowerState
-POWER_LABELS = {PS.NODE_POWER_STATE_UNSPECIFIED: "ready", PS.NODE_POWER_STATE_READY: "ready",
-                PS.NODE_POWER_STATE_DRAINING: "draining", PS.NODE_POWER_STATE_POWERING_OFF: "powering-off",
-                PS.NODE_POWER_STATE_OFF: "off", PS.NODE_POWER_STATE_POWERING_ON: "powering-on"}
-
-
-def power_label(state: int) -> str:
-    """``ready``, ``draining``, ``powering-off``, ``off`` or ``powering-on`` (unset reads as ready)."""
-    return POWER_LABELS.get(state, "ready")
 
 
 def _is_ready(entry: NodeEntry) -> bool:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.power_states import power_label
 from common.types import TERMINAL_STATES
-from coordinator.adaptor.power import power_label
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
 __all__ = ["dump_json", "enum_label", "event_dict", "node_dict", "policy_dict", "status_dict", "task_dict"]
