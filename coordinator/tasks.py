@@ -7,6 +7,7 @@ leader's node table, the profiler learns from what it used, and the scheduler is
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -83,7 +84,7 @@ class TaskTable:
     async def refresh(self, task_id: str) -> None:
         """Re-read one task from etcd after a lost compare (memory follows etcd)."""
         try:
-            self.tasks[task_id] = await self._leadership.write_as_leader(self._store.get_task, task_id)
+            self.tasks[task_id] = await asyncio.to_thread(self._store.get_task, task_id)
         except NotFound:
             self.tasks.pop(task_id, None)
 

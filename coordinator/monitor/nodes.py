@@ -21,15 +21,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from common.pb.gptrm.v1 import types_pb2
+from common.power_states import power_label
 from common.types import NodeState
 
 __all__ = ["NodeEntry", "NodeRegistry"]
 
 _MISSED_HEARTBEATS = 3
 _POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_READY)
-_POWER_LABELS = {types_pb2.NODE_POWER_STATE_DRAINING: "draining", types_pb2.NODE_POWER_STATE_POWERING_OFF:
-                 "powering-off", types_pb2.NODE_POWER_STATE_OFF: "off",
-                 types_pb2.NODE_POWER_STATE_POWERING_ON: "powering-on"}
 
 
 @dataclass
@@ -178,7 +176,8 @@ class NodeRegistry:
         power state (``off``, ``powering-on``, ...)."""
         out: dict[str, int] = {}
         for entry in self._nodes.values():
-            label = _POWER_LABELS.get(entry.record.power_state, entry.state.label)
+            power = power_label(entry.record.power_state)
+            label = entry.state.label if power == "ready" else power
             out[label] = out.get(label, 0) + 1
         return out
 

@@ -38,18 +38,24 @@ def _victim(c: Cluster, name: str, marker: Path) -> str:
                    "sh", "-c", f"trap 'echo checkpoint >> {marker}; exit 0' USR1; while true; do sleep 0.1; done")
 
 
+def _two_running_victims(cluster: Cluster, tmp_path: Path) -> tuple[list[str], list[Path]]:
+    """A 2-GPU simulated node running two priority-0 one-GPU victims; their checkpoint marker files."""
+    cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB", *ROOT_TASKS_AGENT)
+    wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+    markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
+    victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
+    for v in victims:
+        wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+    return victims, markers
+
+
 class TestPreemption:
     def test_high_priority_task_preempts_two_victims_which_run_again(self, cluster: Cluster, tmp_path: Path) -> None:
         """A priority-10 two-GPU task preempts both priority-0 tasks (signalled, preempted, pending) and they run
         again once it finished."""
         cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
         cluster.wait_leader("c1")
-        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB", *ROOT_TASKS_AGENT)
-        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
-        victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
-        for v in victims:
-            wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        victims, markers = _two_running_victims(cluster, tmp_path)
         submitted = {v: _task(cluster, v)["submit_unix_s"] for v in victims}
         high = _submit(cluster, "--name", "urgent", "--priority", "10", "--gpus", "2", "--gpu-mem-gib", "10",
                        "--cpu", "0.1", "--", "sh", "-c", "sleep 3")
@@ -76,12 +82,7 @@ class TestPreemption:
         """A task of the same priority as the running ones waits instead of preempting them."""
         cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
         cluster.wait_leader("c1")
-        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB", *ROOT_TASKS_AGENT)
-        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
-        victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
-        for v in victims:
-            wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        victims, markers = _two_running_victims(cluster, tmp_path)
         same = _submit(cluster, "--name", "same", "--priority", "0", "--gpus", "2", "--gpu-mem-gib", "10",
                        "--cpu", "0.1", "--", "true")
         deadline = time.monotonic() + 3.0
@@ -98,12 +99,7 @@ class TestPreemption:
         cluster.start_coordinator("c1", *flags)
         cluster.wait_leader("c1")
         cluster.start_coordinator("c2", *flags)
-        cluster.start_agent("n1", "--simulate-gpus", "2xH100-80GB", *ROOT_TASKS_AGENT)
-        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
-        victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
-        for v in victims:
-            wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        victims, markers = _two_running_victims(cluster, tmp_path)
         high = _submit(cluster, "--name", "urgent", "--priority", "10", "--gpus", "2", "--gpu-mem-gib", "10",
                        "--cpu", "0.1", "--", "sh", "-c", "sleep 3")
         cluster.proc("c1").kill()
