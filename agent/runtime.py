@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -21,8 +20,9 @@ from typing import Any
 
 import psutil
 
+from agent import systemd_task
 from agent.collectors.task_metrics import MetricsTarget
-from agent.task_user import TaskUser, TaskUserPolicy
+from agent.task_user import TaskUserPolicy
 from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -58,22 +58,13 @@ def _tail(path: str, limit: int = _LOG_TAIL_BYTES) -> str:
 
 
 def _alive(rec: TaskRecord) -> bool:
+    if rec.pid <= 1:    # a transient service that ended before its pid was read
+        return False
     try:
         p = psutil.Process(rec.pid)
         return abs(p.create_time() - rec.create_time) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def _systemd_run_argv(task_id: str, gpu_indices: list[int], user: TaskUser | None) -> list[str]:
-    """A transient scope for one task: its own cgroup, only its GPUs' device nodes, the task user."""
-    devices = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
-               *(f"/dev/nvidia{i}" for i in gpu_indices)]
-    argv = ["systemd-run", "--scope", "--quiet", f"--unit=gptrm-task-{task_id}", "--collect",
-            "--property=DevicePolicy=closed", *(f"--property=DeviceAllow={d} rw" for d in devices)]
-    if user is not None:
-        argv += [f"--uid={user.uid}", f"--gid={user.gid}"]
-    return argv
 
 
 class TaskRuntime:
@@ -83,8 +74,9 @@ class TaskRuntime:
     :param emit: receives every task-status event (queued in the outbox, never dropped).
     :param gpus: the GPU backend (simulated GPUs follow the tasks; power limits go here).
     :param task_users: who tasks run as (see :mod:`agent.task_user`); None runs them as the agent's user.
-    :param runtime: ``process`` or ``systemd-run`` (a transient scope with cgroup limits and only
-        the task's GPU device nodes).
+    :param runtime: ``process`` (a child process group) or ``systemd-run`` (a transient service
+        outside the agent's cgroup and sandbox, with only the task's GPU device nodes; see
+        :mod:`agent.systemd_task`).
     """
 
     def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_users: TaskUserPolicy | None = None,
@@ -94,7 +86,7 @@ class TaskRuntime:
         self._emit = emit
         self._gpus = gpus
         self._users = task_users
-        if runtime == "systemd-run" and (not Path("/run/systemd/system").exists() or not shutil.which("systemd-run")):
+        if runtime == "systemd-run" and not systemd_task.systemd_running():
             raise GptrmError("--runtime systemd-run: systemd is not PID 1 or systemd-run is missing on this host")
         self._runtime = runtime
         self._procs: dict[str, asyncio.subprocess.Process] = {}
@@ -175,21 +167,24 @@ class TaskRuntime:
             # The task's own directory only: the wrapper writes its exit code there by a relative
             # path, so the task user needs no access to the agent's state directory above it.
             os.chown(workdir, user.uid, user.gid)  # type: ignore[union-attr]
-        env = {**os.environ, **(user.env() if switch else {}), **dict(st.env),  # type: ignore[union-attr]
-               "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids), "GPTRM_TASK_ID": st.task_id,
-               "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
-        argv = ["/bin/sh", "-c", _WRAPPER, exit_file.name, *st.argv]
-        if self._runtime == "systemd-run":
-            argv = [*_systemd_run_argv(st.task_id, list(st.gpu_indices), user if switch else None), *argv]
-        elif switch:
-            argv = [*user.setpriv_argv(), *argv]  # type: ignore[union-attr]
+        task_env = {**(user.env() if switch else {}), **dict(st.env),  # type: ignore[union-attr]
+                    "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids), "GPTRM_TASK_ID": st.task_id,
+                    "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
+        command = ["/bin/sh", "-c", _WRAPPER, exit_file.name, *st.argv]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
-                       gpu_indices=list(st.gpu_indices), user=user.name if user else "")
-        with open(log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir, env=env,
-                start_new_session=True)
-        rec = TaskRecord(st.task_id, decision.decision_id, proc.pid, _create_time(proc.pid),
+                       gpu_indices=list(st.gpu_indices), user=user.name if user else "", runtime=self._runtime)
+        proc: asyncio.subprocess.Process | None = None
+        if self._runtime == "systemd-run":
+            pid = await systemd_task.start_service(st.task_id, command, task_env, gpu_indices=list(st.gpu_indices),
+                                      user=user if switch else None, workdir=workdir, log_path=log_path)
+        else:
+            argv = [*user.setpriv_argv(), *command] if switch else command  # type: ignore[union-attr]
+            with open(log_path, "ab") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir,
+                    env={**os.environ, **task_env}, start_new_session=True)
+            pid = proc.pid
+        rec = TaskRecord(st.task_id, decision.decision_id, pid, _create_time(pid),
                          list(st.gpu_indices), list(st.gpu_uuids), str(log_path), str(exit_file),
                          st.stop_grace_s or 10.0, int(TaskState.STARTING), time.time(), st.gpu_share or 1.0,
                          st.demand.gpu_mem_bytes, metrics_url=st.metrics_url[:_MAX_METRICS_FIELD],
@@ -199,7 +194,8 @@ class TaskRuntime:
         # pid, the RUNNING state and the decision's outcome together): an agent killed in
         # between loses nothing it could have recorded.
         self.table.tasks[st.task_id] = rec
-        self._procs[st.task_id] = proc
+        if proc is not None:
+            self._procs[st.task_id] = proc
         self._report(rec, TaskState.STARTING, decision_id=decision.decision_id)
         self._follow_gpus(rec)
         self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)

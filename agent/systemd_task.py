@@ -1,0 +1,123 @@
+"""Tasks as transient systemd services (``runtime = "systemd-run"``).
+
+A task started this way is a unit of its own, ``gptrm-task-<id>.service``, started by PID 1:
+
+- it is outside the agent's cgroup and the agent unit's sandbox (``ProtectSystem=``,
+  ``PrivateTmp=``, its device list): the agent's hardening does not confine the task, and
+  stopping or restarting the agent does not stop it;
+- ``DevicePolicy=closed`` with ``DeviceAllow=`` for the NVIDIA control nodes and the task's own
+  ``/dev/nvidiaN`` only, so a task cannot open another task's GPU even by device path;
+- ``User=``/``Group=``/``SupplementaryGroups=`` of the task user, ``NoNewPrivileges=yes``;
+- its environment from a 0600 file read by PID 1 and removed once the unit has started, so
+  secrets in a task's env never appear in any process's command line;
+- stdout and stderr appended to the task's log file; the exit code recorded by the same
+  wrapper as the process runtime, so the agent needs no D-Bus to learn it.
+
+The agent is not the task's parent: it learns the unit's main pid from ``systemctl show`` and
+watches it like a task it adopted after a restart. The main process is a session leader (PID 1
+starts services with ``setsid``), so stopping and pausing signal its process group as usual;
+whatever is left in the unit's cgroup when the main process ends is killed by systemd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agent.task_user import TaskUser
+from common.errors import GptrmError
+
+__all__ = ["NVIDIA_CONTROL_NODES", "environment_file", "start_service", "systemd_running", "unit_argv", "unit_name"]
+
+NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+_UNIT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_START_TIMEOUT_S = 30.0
+
+
+def systemd_running() -> bool:
+    """Whether this host can start transient services: systemd is PID 1 and systemd-run is installed."""
+    return Path("/run/systemd/system").exists() and shutil.which("systemd-run") is not None
+
+
+def unit_name(task_id: str) -> str:
+    """``gptrm-task-<id>.service``; an id systemd would escape or refuse is refused here."""
+    if not _UNIT_ID.match(task_id):
+        raise GptrmError(f"task id {task_id!r} cannot name a systemd unit (letters, digits, '_.:-' only)")
+    return f"gptrm-task-{task_id}.service"
+
+
+def environment_file(env: Mapping[str, str]) -> str:
+    """The text of an ``EnvironmentFile=``: one ``KEY="value"`` line each, values escaped for systemd."""
+    lines = []
+    for key, value in env.items():
+        if not _ENV_KEY.match(key):
+            raise GptrmError(f"env: {key!r} is not a valid variable name")
+        if "\0" in value:
+            raise GptrmError(f"env: {key} holds a NUL byte")
+        # Inside double quotes systemd reads \\ and \" as escapes and keeps every other character,
+        # newlines and "$" included, as it is (an EnvironmentFile is not expanded).
+        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'{key}="{quoted}"\n')
+    return "".join(lines)
+
+
+def unit_argv(task_id: str, *, gpu_indices: Sequence[int], user: TaskUser | None, workdir: Path,
+              log_path: Path, env_file: Path) -> list[str]:
+    """The ``systemd-run`` prefix that starts one task as a transient service."""
+    devices = [*NVIDIA_CONTROL_NODES, *(f"/dev/nvidia{int(i)}" for i in gpu_indices)]
+    argv = ["systemd-run", "--quiet", "--collect", "--service-type=exec", f"--unit={unit_name(task_id)}",
+            f"--description=gptrm task {task_id}", f"--working-directory={workdir}",
+            f"--property=EnvironmentFile={env_file}",
+            f"--property=StandardOutput=append:{log_path}", f"--property=StandardError=append:{log_path}",
+            "--property=NoNewPrivileges=yes", "--property=DevicePolicy=closed",
+            *(f"--property=DeviceAllow={d} rw" for d in devices)]
+    if user is not None:
+        argv += [f"--uid={user.uid}", f"--gid={user.gid}"]
+        extra = [g for g in user.groups if g != user.gid]
+        if extra:
+            argv.append(f"--property=SupplementaryGroups={' '.join(map(str, extra))}")
+    return argv
+
+
+async def _run(argv: Sequence[str]) -> str:
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=_START_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise GptrmError(f"{argv[0]} did not answer within {_START_TIMEOUT_S:.0f}s") from None
+    if proc.returncode != 0:
+        raise GptrmError(f"{argv[0]} exited with {proc.returncode}: {err.decode(errors='replace').strip()[-500:]}")
+    return out.decode(errors="replace")
+
+
+async def start_service(task_id: str, command: Sequence[str], env: Mapping[str, str], *,
+                        gpu_indices: Sequence[int], user: TaskUser | None, workdir: Path,
+                        log_path: Path) -> int:
+    """Start the task's unit and return its main pid (0 when it already ended).
+
+    :raises GptrmError: systemd refused the unit (the message carries systemd-run's own words).
+    """
+    env_file = workdir / "environment"
+    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, environment_file(env).encode())
+    finally:
+        os.close(fd)
+    try:
+        await _run([*unit_argv(task_id, gpu_indices=gpu_indices, user=user, workdir=workdir,
+                              log_path=log_path, env_file=env_file), *command])
+    finally:
+        env_file.unlink(missing_ok=True)   # read by PID 1 when the unit started
+    shown = await _run(["systemctl", "show", "--property=MainPID", "--value", unit_name(task_id)])
+    try:
+        return max(0, int(shown.strip() or 0))
+    except ValueError:
+        raise GptrmError(f"systemctl show {unit_name(task_id)}: unexpected MainPID {shown.strip()[:80]!r}") from None

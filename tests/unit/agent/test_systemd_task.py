@@ -1,0 +1,195 @@
+"""Tasks started as transient systemd services (``runtime = "systemd-run"``).
+
+systemd is not PID 1 on the machines that run the tests, so ``systemd-run`` and ``systemctl``
+are stand-ins written here: ``systemd-run`` records its options, reads the environment file
+with a POSIX-shell tokenizer (the quoting rules systemd documents for ``EnvironmentFile=``),
+and starts the command detached in a new session, as PID 1 would; ``systemctl show`` returns
+its pid. The agent code under test is the real runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent import systemd_task
+from agent.runtime import TaskRuntime
+from agent.task_user import TaskUser
+from common.errors import GptrmError
+from common.pb.gptrm.v1 import agent_pb2
+from common.types import TaskState
+
+_FAKE_SYSTEMD_RUN = r'''
+import json, os, shlex, sys
+state = os.environ["FAKE_SYSTEMD_DIR"]
+args, props, opts = sys.argv[1:], {}, {}
+while args and args[0].startswith("--"):
+    a = args.pop(0)
+    if a.startswith("--property="):
+        k, v = a[len("--property="):].split("=", 1)
+        props.setdefault(k, []).append(v)
+    elif "=" in a:
+        k, v = a[2:].split("=", 1)
+        opts[k] = v
+    else:
+        opts[a[2:]] = True
+env = {"PATH": os.environ["PATH"]}
+for token in shlex.split(open(props["EnvironmentFile"][0]).read(), comments=True):
+    k, v = token.split("=", 1)
+    env[k] = v
+unit = opts["unit"]
+json.dump({"opts": opts, "props": props, "argv": args}, open(os.path.join(state, unit + ".json"), "w"))
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    log = os.open(props["StandardOutput"][0].removeprefix("append:"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.dup2(log, 1); os.dup2(log, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.chdir(opts["working-directory"])
+    os.execve(args[0], args, env)
+open(os.path.join(state, unit + ".pid"), "w").write(str(pid))
+'''
+
+_FAKE_SYSTEMCTL = r'''
+import os, sys
+unit = sys.argv[-1]
+try:
+    print(open(os.path.join(os.environ["FAKE_SYSTEMD_DIR"], unit + ".pid")).read())
+except FileNotFoundError:
+    print(0)
+'''
+
+
+@pytest.fixture
+def fake_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A bin directory with the stand-in systemd-run and systemctl first on PATH; returns their state dir."""
+    bindir, state = tmp_path / "bin", tmp_path / "systemd"
+    bindir.mkdir()
+    state.mkdir()
+    for name, body in (("systemd-run", _FAKE_SYSTEMD_RUN), ("systemctl", _FAKE_SYSTEMCTL)):
+        exe = bindir / name
+        exe.write_text(f"#!{sys.executable}\n{body}")
+        exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMD_DIR", str(state))
+    monkeypatch.setattr(systemd_task, "systemd_running", lambda: True)
+    return state
+
+
+def _start(task_id: str, argv: list[str], env: dict[str, str], gpus: list[int]) -> agent_pb2.Decision:
+    d = agent_pb2.Decision(decision_id=f"d-{task_id}")
+    d.start.task_id = task_id
+    d.start.argv.extend(argv)
+    d.start.env.update(env)
+    d.start.gpu_indices.extend(gpus)
+    d.start.gpu_uuids.extend(f"GPU-{i}" for i in gpus)
+    d.start.stop_grace_s = 2.0
+    return d
+
+
+async def _until(statuses: list[agent_pb2.TaskStatus], state: TaskState, timeout: float = 10.0) -> agent_pb2.TaskStatus:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for s in statuses:
+            if s.state == int(state):
+                return s
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no {state.label} status within {timeout}s: {[s.state for s in statuses]}")
+
+
+class TestEnvironmentFile:
+    def test_values_survive_shell_quoting(self) -> None:
+        """Quotes, dollars, backticks, backslashes and newlines come back unchanged through POSIX-shell rules."""
+        env = {"A": 'say "hi" $HOME `id` \\n back\\slash', "B": "line1\nline2", "EMPTY": ""}
+        parsed = dict(t.split("=", 1) for t in shlex.split(systemd_task.environment_file(env)))
+        assert parsed == env
+
+    def test_bad_names_and_nul_are_refused(self) -> None:
+        """A variable name systemd cannot take, or a NUL in a value, is refused naming the variable."""
+        with pytest.raises(GptrmError, match="'1BAD' is not a valid variable name"):
+            systemd_task.environment_file({"1BAD": "x"})
+        with pytest.raises(GptrmError, match="env: K holds a NUL byte"):
+            systemd_task.environment_file({"K": "a\0b"})
+
+
+class TestUnitArgv:
+    def test_only_the_tasks_gpus_and_the_task_user(self, tmp_path: Path) -> None:
+        """The unit gets the control nodes and its own GPUs' device nodes only, and runs as the task user."""
+        user = TaskUser("gptrm-task", 990, 990, "/", (990, 44), switch=True)
+        argv = systemd_task.unit_argv("t-1", gpu_indices=[1, 3], user=user, workdir=tmp_path,
+                                      log_path=tmp_path / "out.log", env_file=tmp_path / "environment")
+        allowed = [a.split("=", 2)[2] for a in argv if a.startswith("--property=DeviceAllow=")]
+        assert allowed == [f"{d} rw" for d in systemd_task.NVIDIA_CONTROL_NODES] + \
+            ["/dev/nvidia1 rw", "/dev/nvidia3 rw"]
+        assert "--property=DevicePolicy=closed" in argv and "--property=NoNewPrivileges=yes" in argv
+        assert {"--uid=990", "--gid=990", "--property=SupplementaryGroups=44",
+                "--unit=gptrm-task-t-1.service", "--service-type=exec"} <= set(argv)
+        assert "--scope" not in argv   # a scope would stay inside the agent's namespaces
+
+    def test_unit_name_refuses_odd_ids(self) -> None:
+        """A task id that is not a plain unit-name fragment is refused rather than escaped."""
+        with pytest.raises(GptrmError, match="cannot name a systemd unit"):
+            systemd_task.unit_name("a/../b")
+
+
+class TestTransientServiceRuntime:
+    def test_task_runs_outside_the_agent(self, tmp_path: Path, fake_systemd: Path) -> None:
+        """The task is started by systemd-run, not as the agent's child; env, log and exit code arrive intact."""
+        async def scenario() -> None:
+            statuses: list[agent_pb2.TaskStatus] = []
+            rt = TaskRuntime(tmp_path / "state", statuses.append, gpus=None, runtime="systemd-run")
+            secret = 'tok "x" $HOME `y`\nsecond line'
+            script = 'printf "%s|" "$SECRET"; echo "$CUDA_VISIBLE_DEVICES"; echo "ppid=$PPID"; exit 3'
+            ack = await rt.handle(_start("t1", ["/bin/sh", "-c", script], {"SECRET": secret}, [1]))
+            assert ack.ok, ack.reason
+            done = await _until(statuses, TaskState.FAILED)
+            assert done.exit_code == 3
+            workdir = tmp_path / "state" / "tasks" / "t1"
+            out = (workdir / "output.log").read_text()
+            assert f"{secret}|GPU-1" in out
+            assert f"ppid={os.getpid()}" not in out
+            assert not (workdir / "environment").exists()   # the secret does not stay on disk
+            recorded = json.loads((fake_systemd / "gptrm-task-t1.service.json").read_text())
+            assert recorded["props"]["DeviceAllow"][-1] == "/dev/nvidia1 rw"
+            assert secret.splitlines()[0] not in " ".join(recorded["argv"])   # never on a command line
+
+        asyncio.run(scenario())
+
+    def test_stop_reaches_a_task_the_agent_did_not_fork(self, tmp_path: Path, fake_systemd: Path) -> None:
+        """Stopping signals the unit's process group: the task ends CANCELLED and no process is left."""
+        async def scenario() -> None:
+            statuses: list[agent_pb2.TaskStatus] = []
+            rt = TaskRuntime(tmp_path / "state", statuses.append, gpus=None, runtime="systemd-run")
+            assert (await rt.handle(_start("t2", ["sleep", "60"], {}, [0]))).ok
+            pid = rt.table.tasks["t2"].pid
+            assert psutil.Process(pid).ppid() != os.getpid()
+            stop = agent_pb2.Decision(decision_id="stop-t2")
+            stop.stop.task_id = "t2"
+            stop.stop.grace_s = 2.0
+            assert (await rt.handle(stop)).ok
+            await _until(statuses, TaskState.CANCELLED)
+            await asyncio.sleep(0.2)
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+        asyncio.run(scenario())
+
+    def test_systemd_refusal_is_a_refused_start(self, tmp_path: Path, fake_systemd: Path) -> None:
+        """When systemd-run fails the decision is refused with its words and no task is recorded."""
+        async def scenario() -> None:
+            (fake_systemd.parent / "bin" / "systemd-run").write_text(
+                f"#!{sys.executable}\nimport sys\nsys.stderr.write('Unit gptrm-task-t3.service already exists.')\n"
+                "sys.exit(1)\n")
+            rt = TaskRuntime(tmp_path / "state", lambda s: None, gpus=None, runtime="systemd-run")
+            ack = await rt.handle(_start("t3", ["true"], {}, [0]))
+            assert not ack.ok and "already exists" in ack.reason
+            assert "t3" not in rt.table.tasks
+
+        asyncio.run(scenario())
