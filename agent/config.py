@@ -55,7 +55,10 @@ class AgentConfig:
     task_user: str = option("gptrm-task", "run tasks as this unprivileged user when the agent is root "
                             "(falls back to 'nobody' if the default user is missing; ignored when not root)")
     task_users_allowed: list[str] = option([], "other users a task spec may ask for (run_as_user)")
-    runtime: str = option("process", "task runtime", choices=("process", "systemd-run"))
+    runtime: str = option("auto", "task runtime: each task a transient systemd service (systemd-run: own cgroup, "
+                          "only its GPUs' device nodes), a process group of the agent (process), or auto "
+                          "(systemd-run when the agent is root on a systemd host, else process)",
+                          choices=("auto", "process", "systemd-run"))
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
     tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE")

@@ -26,6 +26,7 @@ from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.sampler import Sampler, open_gpu_backend, sampler_for
 from agent.stream import AgentStream, Backoff
+from agent.systemd_task import choose_runtime
 from agent.task_user import TaskUserPolicy
 from common.errors import ConfigError
 from common.logging import get_logger
@@ -67,7 +68,9 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed)
         log.info("task_user_selected", user=task_users.default.name, uid=task_users.default.uid,
                  switch=task_users.default.switch, allowed=list(task_users.allowed))
-        runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=cfg.runtime)
+        runtime_kind = choose_runtime(cfg.runtime, euid=os.geteuid())
+        log.info("task_runtime_selected", runtime=runtime_kind, configured=cfg.runtime)
+        runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=runtime_kind)
         sampler = sampler_for(gpus, interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
                               task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
                               task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)

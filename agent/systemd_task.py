@@ -31,7 +31,8 @@ from pathlib import Path
 from agent.task_user import TaskUser
 from common.errors import GptrmError
 
-__all__ = ["NVIDIA_CONTROL_NODES", "environment_file", "start_service", "systemd_running", "unit_argv", "unit_name"]
+__all__ = ["NVIDIA_CONTROL_NODES", "choose_runtime", "environment_file", "start_service", "systemd_running",
+           "unit_argv", "unit_name"]
 
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 _UNIT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
@@ -42,6 +43,14 @@ _START_TIMEOUT_S = 30.0
 def systemd_running() -> bool:
     """Whether this host can start transient services: systemd is PID 1 and systemd-run is installed."""
     return Path("/run/systemd/system").exists() and shutil.which("systemd-run") is not None
+
+
+def choose_runtime(configured: str, *, euid: int) -> str:
+    """``auto`` → ``systemd-run`` for a root agent on a systemd host (the only case where PID 1
+    starts units for it without a polkit prompt), else ``process``; explicit choices stay."""
+    if configured != "auto":
+        return configured
+    return "systemd-run" if euid == 0 and systemd_running() else "process"
 
 
 def unit_name(task_id: str) -> str:

@@ -120,6 +120,17 @@ class TestEnvironmentFile:
             systemd_task.environment_file({"K": "a\0b"})
 
 
+class TestChooseRuntime:
+    def test_auto_uses_systemd_only_for_root_on_systemd(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """auto picks systemd-run for a root agent on a systemd host and process otherwise; explicit choices stay."""
+        monkeypatch.setattr(systemd_task, "systemd_running", lambda: True)
+        assert systemd_task.choose_runtime("auto", euid=0) == "systemd-run"
+        assert systemd_task.choose_runtime("auto", euid=1000) == "process"
+        assert systemd_task.choose_runtime("process", euid=0) == "process"
+        monkeypatch.setattr(systemd_task, "systemd_running", lambda: False)
+        assert systemd_task.choose_runtime("auto", euid=0) == "process"
+
+
 class TestUnitArgv:
     def test_only_the_tasks_gpus_and_the_task_user(self, tmp_path: Path) -> None:
         """The unit gets the control nodes and its own GPUs' device nodes only, and runs as the task user."""
