@@ -31,6 +31,7 @@ from common.sdnotify import SystemdNotifier, watchdog_loop
 from coordinator import config as config_mod
 from coordinator.api import AdminService, AgentGatewayService
 from coordinator.api.auth import Security
+from coordinator.api.handshake_audit import HandshakeAuditTap, HandshakeRefusals
 from coordinator.app import build
 from coordinator.config import CoordinatorConfig
 from coordinator.monitor import serve_metrics
@@ -92,6 +93,10 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
         notifier, lambda: "leader" if app.leadership.leading else "standby")))
     log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd,
              tls=not security.insecure, auth=security.authn.mode, etcd_tls=cfg.etcd_secure)
+    # Handshakes gRPC refuses (expired, wrong CA, plaintext) are audited from its own log line.
+    tap = None if security.insecure else HandshakeAuditTap(HandshakeRefusals(security.audit))
+    if tap is not None:
+        tap.start()
     try:
         await stop.wait()
     finally:
@@ -110,6 +115,8 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
             metrics_server.server_close()
         with contextlib.suppress(Exception):
             client.close()
+        if tap is not None:
+            tap.stop()
         security.audit.close()
         log.info("coordinator_stopped")
 

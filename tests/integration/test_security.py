@@ -105,8 +105,9 @@ class TestMutualTls:
 
     def test_bad_certificates_are_refused_and_never_fall_back_to_plaintext(self, cluster: Cluster, pki: Path,
                                                                             tmp_path: Path) -> None:
-        """Expired and wrong-CA certificates and a plaintext client get no answer; a revoked one (CRL re-read
-        on SIGHUP) is UNAUTHENTICATED and audited; the coordinator keeps serving, the agent's stream stays up."""
+        """Expired and wrong-CA certificates and a plaintext client get no answer and are audited as refused
+        handshakes; a revoked one (CRL re-read on SIGHUP) is UNAUTHENTICATED and audited; the coordinator keeps
+        serving, the agent's stream stays up."""
         audit = tmp_path / "audit.log"
         crl_ca = pki / "crl-ca"
         assert ctl_main(["certs", "--dir", str(crl_ca), "ca", "create"]) == 0
@@ -130,7 +131,11 @@ class TestMutualTls:
         cluster.proc("c1").signal(signal.SIGHUP)
         wait_until(lambda: "revoked" in cluster.ctl(*_tls(crl_ca, "admin-bob"), "status").stderr,
                    what="bob revoked after SIGHUP")
-        assert [r["principal"] for r in _audit(audit) if r["outcome"] == "refused"][:2] == ["alice", "bob"]
+        refused = [r for r in _audit(audit) if r["outcome"] == "refused"]
+        assert [r["principal"] for r in refused if r["method"] != "tls-handshake"][:2] == ["alice", "bob"]
+        handshakes = [r["reason"] for r in refused if r["method"] == "tls-handshake"]
+        assert sum("client certificate not trusted" in r for r in handshakes) >= 2, handshakes   # expired, wrong CA
+        assert any("not a TLS client" in r for r in handshakes), handshakes                        # plaintext
         assert cluster.proc("c1").alive and agent.log().count("stream_connected") == 1
 
 
