@@ -1,0 +1,51 @@
+"""Fault-scenario fixtures: a fresh 3-member etcd and a :class:`FaultCluster` per test.
+
+Scenarios marked ``faults`` are slow (tens of seconds to minutes each): ``make test`` skips
+them and ``make test-faults`` (``GPTRM_FAULTS=1``) runs them all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.etcd_embedded import EtcdCluster
+from tests.faults.cluster import FaultCluster
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("GPTRM_FAULTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow fault scenario: run by `make test-faults`")
+    for item in items:
+        if "faults" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def etcd3m(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A fresh 3-member etcd on loopback."""
+    cluster = EtcdCluster(tmp_path / "etcd", size=3).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def fc(tmp_path: Path, etcd3m: EtcdCluster, request: pytest.FixtureRequest) -> Iterator[FaultCluster]:
+    """Coordinators and agents of the scenario; their logs are printed when it fails."""
+    c = FaultCluster(tmp_path, etcd3m)
+    yield c
+    c.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(c.logs())
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
