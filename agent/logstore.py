@@ -23,12 +23,13 @@ import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2
 
-__all__ = ["CHUNK_BYTES", "MAX_FOLLOWERS", "MAX_TAIL_LINES", "RATE_BYTES_PER_S", "LogService", "TaskLog",
+__all__ = ["CHUNK_BYTES", "MAX_FOLLOWERS", "MAX_TAIL_LINES", "RATE_BYTES_PER_S", "Cursor", "LogService", "TaskLog",
            "valid_task_id"]
 
 CHUNK_BYTES = 64 * 1024
@@ -80,9 +81,18 @@ class TaskLog:
             fh.truncate(0)
         return True
 
-    def tail(self, lines: int, limit: int = _MAX_TAIL_BYTES) -> tuple[bytes, int]:
-        """The last ``lines`` lines (0: everything retained, up to ``limit`` bytes) and the live
-        file's offset they end at (where a follower goes on)."""
+    def generation(self) -> tuple[int, int] | None:
+        """Which rotation the live file is in: the rotated copy's identity (each rotation makes a new one)."""
+        try:
+            st = self.rotated.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def tail(self, lines: int, limit: int = _MAX_TAIL_BYTES) -> tuple[bytes, Cursor]:
+        """The last ``lines`` lines (0: everything retained, up to ``limit`` bytes) and where in the
+        live file they end (where a follower goes on)."""
+        gen = self.generation()
         end = self.size()
         data = b""
         for path, stop in ((self.path, end), (self.rotated, None)):
@@ -100,15 +110,17 @@ class TaskLog:
                 break
         if lines:
             data = _last_lines(data, lines)
-        return data, end
+        return data, Cursor(end, gen)
 
-    def read_from(self, offset: int, limit: int) -> tuple[bytes, int]:
-        """What the live file holds from ``offset`` (at most ``limit`` bytes) and the next offset.
+    def read_from(self, cursor: Cursor, limit: int) -> tuple[bytes, Cursor]:
+        """What was written after ``cursor`` (at most ``limit`` bytes) and the cursor after it.
 
-        A file now shorter than ``offset`` was rotated: the rest of the copy in ``output.log.1``
-        comes first, then the new live file from its start.
+        After a rotation the rest of the copy in ``output.log.1`` comes first, then the new live
+        file from its start. (Two rotations between two reads lose what the first copy held.)
         """
-        if self.size() < offset:
+        gen = self.generation()
+        offset = cursor.offset
+        if gen != cursor.generation:
             try:
                 with open(self.rotated, "rb") as fh:
                     fh.seek(offset)
@@ -116,15 +128,25 @@ class TaskLog:
             except OSError:
                 data = b""
             if data:
-                return data, offset + len(data)
+                return data, Cursor(offset + len(data), cursor.generation)
+            offset = 0
+        elif self.size() < offset:   # truncated by someone else
             offset = 0
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(offset)
                 data = fh.read(limit)
         except OSError:
-            return b"", offset
-        return data, offset + len(data)
+            return b"", Cursor(offset, gen)
+        return data, Cursor(offset + len(data), gen)
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """A reader's place: an offset in the live file of one rotation generation."""
+
+    offset: int
+    generation: tuple[int, int] | None
 
 
 def _lines_in(data: bytes) -> int:
@@ -225,14 +247,14 @@ class LogService:
             if not log.exists():
                 await send(chunk(eof=True, not_found=True, error=f"no output log for task {req.task_id!r}"))
                 return
-            data, offset = await asyncio.to_thread(log.tail, min(req.tail_lines, MAX_TAIL_LINES))
+            data, cursor = await asyncio.to_thread(log.tail, min(req.tail_lines, MAX_TAIL_LINES))
             budget = _Budget(self._clock)
             for piece in _chunks(data):
                 await budget.spend(len(piece))
                 await send(chunk(data=piece))
             while req.follow:
                 running = self._running(req.task_id)
-                data, offset = await asyncio.to_thread(log.read_from, offset, CHUNK_BYTES)
+                data, cursor = await asyncio.to_thread(log.read_from, cursor, CHUNK_BYTES)
                 if data:
                     for piece in _chunks(data):
                         await budget.spend(len(piece))
