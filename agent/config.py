@@ -50,6 +50,8 @@ class AgentConfig:
     data_paths: list[str] = option(["/"], "filesystems whose usage and I/O are reported")
     labels: dict[str, str] = option({}, "node labels KEY=VALUE[,KEY=VALUE...]")
     state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)")
+    task_log_max_mib: int = option(16, "rotate a task's output log past this many MiB (keeps the newest "
+                                   "1-2x this per task)", check=_positive_int)
     backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
     backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
     task_user: str = option("gptrm-task", "run tasks as this unprivileged user when the agent is root "

@@ -22,6 +22,7 @@ import psutil
 
 from agent import config as config_mod
 from agent.config import AgentConfig
+from agent.logstore import LogService
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.sampler import Sampler, open_gpu_backend, sampler_for
@@ -75,6 +76,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                               task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
                               task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)
         runtime.adopt()
+        logs = LogService(state_dir, lambda task_id: task_id in runtime.table.tasks,
+                          max_bytes=cfg.task_log_max_mib * 1024 * 1024)
         inventory = _inventory(cfg, sampler)
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
         files = tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
@@ -85,7 +88,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             cfg.coordinator,
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples,
-            credentials=client_tls.credentials if client_tls is not None else None)
+            credentials=client_tls.credentials if client_tls is not None else None, logs=logs)
         if client_tls is not None:
             loop.add_signal_handler(signal.SIGHUP, _reload_tls, client_tls, log)
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
@@ -103,17 +106,26 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         notifier.notify("READY=1")
         watchdog = asyncio.create_task(watchdog_loop(
             notifier, lambda: "connected" if stream.connected.is_set() else "connecting"))
+        rotator = asyncio.create_task(_rotate_logs(logs, runtime))
         try:
             await stream.run(stop)
         finally:
             notifier.notify("STOPPING=1")
             watchdog.cancel()
+            rotator.cancel()
             sampler_stop.set()
             await asyncio.to_thread(sampler_thread.join, 5)
             await runtime.shutdown()
             log.info("agent_stopped", pending_events=outbox.pending_events, dropped_samples=outbox.dropped_total)
     finally:
         gpus.close()
+
+
+async def _rotate_logs(logs: LogService, runtime: TaskRuntime, every_s: float = 5.0) -> None:
+    """Keep the running tasks' output logs within their bound."""
+    while True:
+        await asyncio.to_thread(logs.rotate_all, list(runtime.table.tasks))
+        await asyncio.sleep(every_s)
 
 
 def _reload_tls(client_tls: ClientTls, log: object) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 import grpc.aio
 
+from agent.logstore import LogService
 from agent.outbox import Outbox
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
@@ -68,13 +69,15 @@ class AgentStream:
     :param outbox: buffered telemetry and status events.
     :param on_decision: handler for decisions pushed by the coordinator.
     :param batch_samples: most samples per telemetry message.
+    :param logs: answers the coordinator's log requests (None: they are ignored).
     :param credentials: returns the TLS channel credentials for each new connection (so a SIGHUP
         reload applies at the next reconnect); None connects in plaintext (``--insecure``).
     """
 
     def __init__(self, addresses: Sequence[str], register: Callable[[], agent_pb2.Register], outbox: Outbox,
                  on_decision: DecisionHandler, backoff: Backoff, batch_samples: int = 1,
-                 credentials: Callable[[], grpc.ChannelCredentials] | None = None) -> None:
+                 credentials: Callable[[], grpc.ChannelCredentials] | None = None,
+                 logs: LogService | None = None) -> None:
         self.addresses = list(addresses)
         self._credentials = credentials
         self._register = register
@@ -84,6 +87,9 @@ class AgentStream:
         self._batch = max(1, batch_samples)
         self._wakeup = outbox.wakeup
         self._acks: collections.deque[agent_pb2.DecisionAck] = collections.deque()
+        self._logs = logs
+        # Log chunks wait here for the writer; a full queue makes the log readers wait (never grows).
+        self._log_chunks: asyncio.Queue[agent_pb2.LogChunk] = asyncio.Queue(maxsize=32)
         self._log = get_logger("agent").bind(component="agent_stream")
         self.connected = asyncio.Event()
         self.welcome: agent_pb2.Welcome | None = None
@@ -147,6 +153,10 @@ class AgentStream:
             finally:
                 reader.cancel()
                 call.cancel()
+                if self._logs is not None:
+                    self._logs.cancel_all()
+                while not self._log_chunks.empty():
+                    self._log_chunks.get_nowait()
             if reader.done() and not reader.cancelled() and reader.exception():
                 raise reader.exception()  # type: ignore[misc]
 
@@ -157,6 +167,8 @@ class AgentStream:
         while not stop.is_set() and not reader.done():
             while self._acks:
                 await call.write(agent_pb2.AgentMessage(decision_ack=self._acks.popleft()))
+            while not self._log_chunks.empty():
+                await call.write(agent_pb2.AgentMessage(log_chunk=self._log_chunks.get_nowait()))
             for event in self.outbox.events_after(sent_seq):
                 await call.write(agent_pb2.AgentMessage(task_status=event))
                 sent_seq = event.event_seq
@@ -181,6 +193,10 @@ class AgentStream:
                                return_when=asyncio.FIRST_COMPLETED)
             wait.cancel()
 
+    async def _send_chunk(self, chunk: agent_pb2.LogChunk) -> None:
+        await self._log_chunks.put(chunk)
+        self.kick()
+
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
             msg = await call.read()
@@ -193,6 +209,8 @@ class AgentStream:
                 # Acks go through the writer: a gRPC call takes one write at a time.
                 self._acks.append(await self._on_decision(msg.decision))
                 self.kick()
+            elif which == "log_request" and self._logs is not None:
+                self._logs.handle(msg.log_request, self._send_chunk)
             elif which == "redirect":
                 raise _Redirected(msg.redirect.leader_address)
 

@@ -19,6 +19,7 @@ __all__ = [
     "NotFound",
     "NotLeader",
     "PlacementError",
+    "Unavailable",
     "UsageError",
     "ValidationError",
 ]
@@ -47,6 +48,10 @@ class ValidationError(GptrmError):
 
 class NotFound(GptrmError):
     """A node, task or key that the request names does not exist."""
+
+
+class Unavailable(GptrmError):
+    """What the request needs (a node's agent) cannot be reached now; trying later may work."""
 
 
 class CoordinationError(GptrmError):

@@ -20,6 +20,7 @@ from coordinator.adaptor.providers import build_provider
 from coordinator.adaptor.scale_out import ScaleOutRequests
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
+from coordinator.dispatch.logs import LogRelay
 from coordinator.events import EventBus
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
 from coordinator.nodes import NodeService
@@ -117,6 +118,7 @@ class App:
     wakeup: Wakeup
     power_manager: PowerManager
     qos: QosWatch
+    logs: LogRelay
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -166,4 +168,5 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
-               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos)
+               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
+               logs=LogRelay(registry))

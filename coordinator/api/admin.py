@@ -5,7 +5,8 @@
 - NotLeader → FAILED_PRECONDITION, with the leader's address in trailing metadata
   ``gptrm-leader-address`` so clients can follow it;
 - IllegalTransition / Fenced → FAILED_PRECONDITION;
-- EtcdUnavailable → UNAVAILABLE.
+- EtcdUnavailable → UNAVAILABLE;
+- Unavailable (a node's agent not connected) → UNAVAILABLE, with the refusal marker.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from common.errors import (
     IllegalTransition,
     NotFound,
     NotLeader,
+    Unavailable,
     ValidationError,
 )
 from common.logging import get_logger
@@ -247,6 +249,26 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         finally:
             if queue is not None:
                 self._app.events.unsubscribe(queue)
+
+    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx):
+        """A task's output from its node's agent (admin only: output can hold secrets)."""
+        try:
+            task_id = _require_id(request.task_id, "task_id")
+            self._app.leadership.require_leader()   # agents stream to the leader only
+            task = self._app.tasks.get(task_id)
+            async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow):
+                yield chunk
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except NotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except NotLeader as e:
+            if e.leader_address:
+                context.set_trailing_metadata(((LEADER_METADATA_KEY, e.leader_address),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except Unavailable as e:
+            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
 
 def _event_pb(e: Event) -> admin_pb2.Event:

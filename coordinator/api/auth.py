@@ -298,13 +298,21 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
         inner_us = handler.unary_stream
 
         async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await ic.admit(method, context, request)
-            result = inner_us(request, context)
-            if inspect.isasyncgen(result):
-                async for item in result:
-                    yield item
-            else:
-                await result
+            principal = await ic.admit(method, context, request)
+            error: BaseException | None = None
+            try:
+                result = inner_us(request, context)
+                if inspect.isasyncgen(result):
+                    async for item in result:
+                        yield item
+                else:
+                    await result
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                if audited:   # an admin-only read (TaskLogs): one record when the stream ends
+                    ic.finish(principal, method, context, request, None, error)
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
     if handler.stream_unary is not None:
         inner_su = handler.stream_unary

@@ -95,6 +95,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                 yield msg
         finally:
             reader.cancel()
+            app.logs.stream_ended(entry.node_id, outbox)
             app.nodes.disconnected(entry, stream_id)
 
     async def _read(self, entry: NodeEntry, requests: AsyncIterator[agent_pb2.AgentMessage],
@@ -111,6 +112,8 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                 elif which == "task_status":
                     app.registry.heartbeat(entry)
                     await self._status(entry, msg.task_status, outbox, log)
+                elif which == "log_chunk":
+                    app.logs.deliver(entry.node_id, msg.log_chunk)
                 elif which == "decision_ack":
                     app.registry.heartbeat(entry)
                     if self.guard.ack_allowed(entry, msg.decision_ack):

@@ -2,7 +2,7 @@
 
 Commands and each command's flags are completed from the parser, so they never drift from
 it; ``-o`` completes its formats, and the TASK / NODE arguments of ``tasks``, ``cancel``,
-``pause``, ``resume``, ``nodes``, ``drain``, ``cordon`` and ``uncordon`` are completed with
+``pause``, ``resume``, ``logs``, ``nodes``, ``drain``, ``cordon`` and ``uncordon`` are completed with
 the ids the coordinator knows (``gptrmctl completion ids tasks|nodes``, which prints nothing
 when no coordinator answers). zsh uses the same function through ``bashcompinit``.
 
@@ -23,7 +23,7 @@ from coordinator.ctl.transport import Transport
 
 __all__ = ["ID_COMMANDS", "completion_script", "list_ids"]
 
-ID_COMMANDS = {"tasks": "tasks", "cancel": "tasks", "pause": "tasks", "resume": "tasks",
+ID_COMMANDS = {"tasks": "tasks", "cancel": "tasks", "pause": "tasks", "resume": "tasks", "logs": "tasks",
                "nodes": "nodes", "drain": "nodes", "cordon": "nodes", "uncordon": "nodes"}
 """Commands whose positional argument is a task or node id."""
 

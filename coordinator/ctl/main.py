@@ -127,6 +127,30 @@ def cmd_events(t: Transport, args: argparse.Namespace) -> None:
         stream.cancel()
 
 
+def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
+    import grpc
+
+    if args.tail is not None and not 0 <= args.tail <= 100_000:
+        raise CtlError(f"logs: --tail must be between 0 and 100000, got {args.tail}", EXIT_USAGE)
+    request = admin_pb2.TaskLogsRequest(task_id=args.task, tail_lines=args.tail or 0, follow=args.follow)
+    stream = None
+    try:
+        stream = t.stream("TaskLogs", request, leader_only=True)
+        for chunk in stream:
+            if args.output == "json":
+                # One JSON object per line so a follower can parse chunks as they arrive.
+                print(render.json.dumps(render.log_chunk_dict(chunk), sort_keys=True), flush=True)
+            else:
+                sys.stdout.buffer.write(chunk.data)   # the task's own bytes, as `cat` would show them
+                sys.stdout.flush()
+    except grpc.RpcError as err:   # after the first chunk: the node went away, the reader fell behind
+        raise CtlError(err.details() or err.code().name, EXIT_REFUSED) from None  # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        if stream is not None:
+            stream.cancel()
+    return 0
+
+
 def cmd_top(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.top import run_top
 
@@ -200,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=int, default=100)
     sp.set_defaults(fn=cmd_events)
+    sp = sub.add_parser("logs", help="a task's output (stdout and stderr) from its node: logs TASK [-f] [--tail N]")
+    sp.add_argument("task")
+    sp.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing what the task writes until it ends (Ctrl-C stops)")
+    sp.add_argument("--tail", type=int, metavar="N", help="start with the last N lines (default: all retained)")
+    sp.set_defaults(fn=cmd_logs)
     sp = sub.add_parser("completion", help="shell completion script: completion bash|zsh")
     sp.add_argument("shell", choices=("bash", "zsh", "ids"), help="bash or zsh ('ids' lists ids for the script)")
     sp.add_argument("what", nargs="?", help=argparse.SUPPRESS)

@@ -12,7 +12,8 @@ from common.power_states import power_label
 from common.types import TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
-__all__ = ["dump_json", "enum_label", "event_dict", "node_dict", "policy_dict", "status_dict", "task_dict"]
+__all__ = ["dump_json", "enum_label", "event_dict", "log_chunk_dict", "node_dict", "policy_dict", "status_dict",
+           "task_dict"]
 
 
 def dump_json(doc: Any) -> str:
@@ -119,3 +120,10 @@ def event_dict(e: admin_pb2.Event) -> dict[str, Any]:
 def policy_dict(p: types_pb2.Policy) -> dict[str, Any]:
     """The policy document (schema ``policy.json``)."""
     return {"name": p.name, "threshold": p.threshold}
+
+
+def log_chunk_dict(c: admin_pb2.TaskLogChunk) -> dict[str, Any]:
+    """One chunk of a task's output (schema ``log_chunk.json``); ``text`` is UTF-8 with invalid
+    bytes replaced (U+FFFD); chunks end after a newline where the agent could cut there."""
+    return {"task_id": c.task_id, "node_id": c.node_id, "seq": c.seq,
+            "text": c.data.decode("utf-8", errors="replace")}

@@ -100,10 +100,12 @@ class Transport:
         return self._try_all(lambda stub: getattr(stub, method)(request, timeout=self.timeout_s, metadata=md),
                              write=write)
 
-    def stream(self, method: str, request: Any) -> Any:
-        """Server-streaming call without a deadline (``events --follow``)."""
+    def stream(self, method: str, request: Any, *, leader_only: bool = False) -> Any:
+        """Server-streaming call without a deadline (``events --follow``); ``leader_only`` follows
+        a standby's redirect to the leader as writes do (``logs``: only the leader has the agents)."""
         md = self.security.metadata
-        return self._try_all(lambda stub: getattr(stub, method)(request, metadata=md), write=False, streaming=True)
+        return self._try_all(lambda stub: getattr(stub, method)(request, metadata=md), write=leader_only,
+                             streaming=True)
 
     def _try_all(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, streaming: bool = False) -> T:
         tried: list[str] = []

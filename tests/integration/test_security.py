@@ -87,19 +87,23 @@ class TestMutualTls:
         res = cluster.ctl(*viewer, "status")
         assert res.returncode == 0 and "mutual TLS" in res.stdout, res.stderr
         before = len(_audit(audit))
-        for argv in (["cancel", "t-1"], ["policy", "set", "load-balancing"], ["drain", "n1"]):
+        for argv in (["cancel", "t-1"], ["policy", "set", "load-balancing"], ["drain", "n1"], ["logs", "t-1"]):
             res = cluster.ctl(*viewer, *argv)
             assert res.returncode == 1 and "PERMISSION_DENIED" in res.stderr and "needs role admin" in res.stderr
         res = cluster.ctl(*_tls(pki, "node-n1"), "status")
         assert res.returncode == 1 and "node certificates cannot call the Admin API" in res.stderr
         res = cluster.ctl(*_tls(pki, "admin-alice"), "policy", "set", "load-balancing")
         assert res.returncode == 0, res.stderr
+        res = cluster.ctl(*_tls(pki, "admin-alice"), "logs", "t-1")   # task output is an audited admin read
+        assert res.returncode == 1 and "not found" in res.stderr
         lines = _audit(audit)[before:]
         assert [(r["principal"], r["method"], r["outcome"]) for r in lines] == [
             ("eve", "CancelTask", "refused"), ("eve", "SetPolicy", "refused"), ("eve", "DrainNode", "refused"),
-            ("n1", "GetStatus", "refused"), ("alice", "SetPolicy", "ok")]
+            ("eve", "TaskLogs", "refused"), ("n1", "GetStatus", "refused"), ("alice", "SetPolicy", "ok"),
+            ("alice", "TaskLogs", "error")]
         assert set(lines[0]) == {"time", "time_unix_s", "principal", "role", "method", "target", "outcome", "reason"}
-        assert lines[-1]["target"] == "load-balancing" and lines[0]["target"] == "t-1"
+        assert lines[-2]["target"] == "load-balancing" and lines[0]["target"] == "t-1"
+        assert lines[-1]["target"] == "t-1" and "NOT_FOUND" in lines[-1]["reason"]
         events = cluster.ctl(*viewer, "-o", "json", "events")
         assert '"kind": "audit"' in events.stdout
 

@@ -227,3 +227,25 @@ class Event(_message.Message):
     message: str
     fields: _containers.ScalarMap[str, str]
     def __init__(self, seq: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[_Union[EventKind, str]] = ..., node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., message: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class TaskLogsRequest(_message.Message):
+    __slots__ = ("task_id", "tail_lines", "follow")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    tail_lines: int
+    follow: bool
+    def __init__(self, task_id: _Optional[str] = ..., tail_lines: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class TaskLogChunk(_message.Message):
+    __slots__ = ("task_id", "node_id", "seq", "data")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    node_id: str
+    seq: int
+    data: bytes
+    def __init__(self, task_id: _Optional[str] = ..., node_id: _Optional[str] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

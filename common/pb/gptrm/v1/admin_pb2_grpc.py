@@ -110,6 +110,11 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.StreamEventsRequest.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.Event.FromString,
                 _registered_method=True)
+        self.TaskLogs = channel.unary_stream(
+                '/gptrm.v1.Admin/TaskLogs',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.TaskLogsRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskLogChunk.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -205,6 +210,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TaskLogs(self, request, context):
+        """A task's output, read from the agent of the node it runs (or ran) on. Needs role admin:
+        task output can hold secrets (it does not start with a read prefix; see coordinator/api/auth.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -282,6 +295,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.StreamEvents,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.StreamEventsRequest.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.Event.SerializeToString,
+            ),
+            'TaskLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.TaskLogs,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskLogsRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.TaskLogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -689,6 +707,33 @@ class Admin:
             '/gptrm.v1.Admin/StreamEvents',
             gptrm_dot_v1_dot_admin__pb2.StreamEventsRequest.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TaskLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gptrm.v1.Admin/TaskLogs',
+            gptrm_dot_v1_dot_admin__pb2.TaskLogsRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.TaskLogChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat")
+    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat", "log_chunk")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
     DECISION_ACK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
     register: Register
     telemetry: TelemetryBatch
     task_status: TaskStatus
     decision_ack: DecisionAck
     heartbeat: Heartbeat
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    log_chunk: LogChunk
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("inventory", "tasks", "boot_id")
@@ -84,16 +86,18 @@ class Heartbeat(_message.Message):
     def __init__(self, time_unix_s: _Optional[float] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "decision", "redirect", "event_ack")
+    __slots__ = ("welcome", "decision", "redirect", "event_ack", "log_request")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     EVENT_ACK_FIELD_NUMBER: _ClassVar[int]
+    LOG_REQUEST_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     decision: Decision
     redirect: Redirect
     event_ack: EventAck
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ...) -> None: ...
+    log_request: LogRequest
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ..., log_request: _Optional[_Union[LogRequest, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("node_id", "sampling_interval_s", "leader_epoch", "coordinator_id", "heartbeat_interval_s")
@@ -215,3 +219,33 @@ class SetPowerLimit(_message.Message):
     gpu_index: int
     power_limit_w: float
     def __init__(self, gpu_index: _Optional[int] = ..., power_limit_w: _Optional[float] = ...) -> None: ...
+
+class LogRequest(_message.Message):
+    __slots__ = ("request_id", "task_id", "tail_lines", "follow", "cancel")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    task_id: str
+    tail_lines: int
+    follow: bool
+    cancel: bool
+    def __init__(self, request_id: _Optional[str] = ..., task_id: _Optional[str] = ..., tail_lines: _Optional[int] = ..., follow: _Optional[bool] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("request_id", "task_id", "data", "eof", "error", "not_found")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NOT_FOUND_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    task_id: str
+    data: bytes
+    eof: bool
+    error: str
+    not_found: bool
+    def __init__(self, request_id: _Optional[str] = ..., task_id: _Optional[str] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ..., not_found: _Optional[bool] = ...) -> None: ...

@@ -33,6 +33,7 @@ class TestRequiredRole:
         ("/gptrm.v1.Admin/GetStatus", "viewer"), ("/gptrm.v1.Admin/ListTasks", "viewer"),
         ("/gptrm.v1.Admin/StreamEvents", "viewer"), ("/gptrm.v1.Admin/CancelTask", "admin"),
         ("/gptrm.v1.Admin/SetPolicy", "admin"), ("/gptrm.v1.Admin/SomethingNew", "admin"),
+        ("/gptrm.v1.Admin/TaskLogs", "admin"),   # task output can hold secrets: not a viewer read
         ("/gptrm.v1.AgentGateway/Connect", "node"), ("/grpc.health.v1.Health/Check", None),
         ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "any"), ("/other.Svc/X", "admin"),
     ])

@@ -1,0 +1,283 @@
+"""Task output logs on the agent: bounded on disk, read back by tail and follow.
+
+A task's stdout and stderr go, interleaved as written, straight into
+``<state_dir>/tasks/<id>/output.log`` (the file is the task's own: the task keeps writing if
+the agent restarts, and the agent never sits in the output path). :meth:`TaskLog.rotate`
+bounds it the way logrotate's ``copytruncate`` does: once ``output.log`` is over
+``max_bytes`` its content is copied to ``output.log.1`` (replacing the older one) and the
+file is truncated; the task's append-mode descriptor writes on at the new end. So between
+``max_bytes`` and twice that is retained, the newest always; lines written between the copy
+and the truncation are lost (a short window, once per rotation).
+
+:class:`LogService` answers the coordinator's ``LogRequest``: the last N lines, then, with
+``follow``, what the task writes until it ends, as ``LogChunk`` messages of at most
+:data:`CHUNK_BYTES` (cut after a newline where there is one) at most
+:data:`RATE_BYTES_PER_S` per request, and at most :data:`MAX_FOLLOWERS` requests at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.logging import get_logger
+from common.pb.gptrm.v1 import agent_pb2
+
+__all__ = ["CHUNK_BYTES", "MAX_FOLLOWERS", "MAX_TAIL_LINES", "RATE_BYTES_PER_S", "Cursor", "LogService", "TaskLog",
+           "valid_task_id"]
+
+CHUNK_BYTES = 64 * 1024
+RATE_BYTES_PER_S = 1024 * 1024
+MAX_FOLLOWERS = 16
+MAX_TAIL_LINES = 100_000
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+_MAX_TAIL_BYTES = 8 * 1024 * 1024   # a tail of N lines reads at most this much
+_POLL_S = 0.25
+_BLOCK = 64 * 1024
+
+
+def valid_task_id(task_id: str) -> bool:
+    """A task id that names one directory under ``tasks/`` (never a path out of it)."""
+    return (0 < len(task_id) <= 253 and task_id not in (".", "..")
+            and not any(c.isspace() or c in "/\\\0" for c in task_id))
+
+
+class TaskLog:
+    """One task's output log: ``output.log`` and its rotated predecessor ``output.log.1``.
+
+    :param path: the live file (``.../output.log``).
+    :param max_bytes: the live file's size that triggers a rotation.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.path = Path(path)
+        self.rotated = self.path.with_name(self.path.name + ".1")
+        self.max_bytes = max(1, max_bytes)
+
+    def exists(self) -> bool:
+        return self.path.exists() or self.rotated.exists()
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def rotate(self) -> bool:
+        """Copy-truncate once the live file is over ``max_bytes``; True when it rotated."""
+        if self.size() <= self.max_bytes:
+            return False
+        tmp = self.rotated.with_name(self.rotated.name + ".tmp")
+        with open(self.path, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(tmp, self.rotated)
+        with open(self.path, "r+b") as fh:
+            fh.truncate(0)
+        return True
+
+    def generation(self) -> tuple[int, int] | None:
+        """Which rotation the live file is in: the rotated copy's identity (each rotation makes a new one)."""
+        try:
+            st = self.rotated.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def tail(self, lines: int, limit: int = _MAX_TAIL_BYTES) -> tuple[bytes, Cursor]:
+        """The last ``lines`` lines (0: everything retained, up to ``limit`` bytes) and where in the
+        live file they end (where a follower goes on)."""
+        gen = self.generation()
+        end = self.size()
+        data = b""
+        for path, stop in ((self.path, end), (self.rotated, None)):
+            try:
+                with open(path, "rb") as fh:
+                    pos = stop if stop is not None else fh.seek(0, os.SEEK_END)
+                    while pos > 0 and len(data) < limit and (lines == 0 or _lines_in(data) <= lines):
+                        step = min(_BLOCK, pos, limit - len(data))
+                        pos -= step
+                        fh.seek(pos)
+                        data = fh.read(step) + data
+            except OSError:
+                continue
+            if lines and _lines_in(data) > lines:
+                break
+        if lines:
+            data = _last_lines(data, lines)
+        return data, Cursor(end, gen)
+
+    def read_from(self, cursor: Cursor, limit: int) -> tuple[bytes, Cursor]:
+        """What was written after ``cursor`` (at most ``limit`` bytes) and the cursor after it.
+
+        After a rotation the rest of the copy in ``output.log.1`` comes first, then the new live
+        file from its start. (Two rotations between two reads lose what the first copy held.)
+        """
+        gen = self.generation()
+        offset = cursor.offset
+        if gen != cursor.generation:
+            try:
+                with open(self.rotated, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read(limit)
+            except OSError:
+                data = b""
+            if data:
+                return data, Cursor(offset + len(data), cursor.generation)
+            offset = 0
+        elif self.size() < offset:   # truncated by someone else
+            offset = 0
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(limit)
+        except OSError:
+            return b"", Cursor(offset, gen)
+        return data, Cursor(offset + len(data), gen)
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """A reader's place: an offset in the live file of one rotation generation."""
+
+    offset: int
+    generation: tuple[int, int] | None
+
+
+def _lines_in(data: bytes) -> int:
+    """Complete or partial lines in ``data`` (a trailing newline ends a line, it starts none)."""
+    if not data:
+        return 0
+    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+def _last_lines(data: bytes, n: int) -> bytes:
+    body = data[:-1] if data.endswith(b"\n") else data
+    cut = len(body)
+    for _ in range(n):
+        cut = body.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return data
+    return data[cut + 1:]
+
+
+def _chunks(data: bytes, size: int = CHUNK_BYTES) -> list[bytes]:
+    """``data`` in pieces of at most ``size``, each cut after a newline where there is one."""
+    out = []
+    while data:
+        piece = data[:size]
+        if len(data) > size:
+            nl = piece.rfind(b"\n")
+            if nl > 0:
+                piece = piece[:nl + 1]
+        out.append(piece)
+        data = data[len(piece):]
+    return out
+
+
+Send = Callable[[agent_pb2.LogChunk], Awaitable[None]]
+"""Queues one chunk for the coordinator; waits while the stream's queue is full."""
+
+
+class LogService:
+    """Answers LogRequests from the tasks' log files under ``state_dir/tasks``.
+
+    :param state_dir: the agent's state directory.
+    :param running: whether a task still runs here (a follower stops once it does not).
+    :param max_bytes: each task log's rotation size.
+    :param clock: monotonic seconds (rate limiting).
+    """
+
+    def __init__(self, state_dir: Path, running: Callable[[str], bool], *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 clock: Callable[[], float] = time.monotonic, poll_s: float = _POLL_S) -> None:
+        self.tasks_dir = Path(state_dir) / "tasks"
+        self._running = running
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._poll_s = poll_s
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._log = get_logger("agent").bind(component="logs")
+
+    def log(self, task_id: str) -> TaskLog:
+        return TaskLog(self.tasks_dir / task_id / "output.log", self.max_bytes)
+
+    def rotate_all(self, task_ids: list[str]) -> None:
+        """Bound the logs of the running tasks (called periodically)."""
+        for tid in task_ids:
+            with contextlib.suppress(OSError):
+                if self.log(tid).rotate():
+                    self._log.info("task_log_rotated", task_id=tid, max_bytes=self.max_bytes)
+
+    def handle(self, req: agent_pb2.LogRequest, send: Send) -> None:
+        """Start answering ``req`` (``send`` queues one chunk and resolves when there is room)."""
+        if req.cancel:
+            task = self._active.pop(req.request_id, None)
+            if task is not None:
+                task.cancel()
+            return
+        if not req.request_id or len(req.request_id) > 64 or req.request_id in self._active:
+            self._log.warning("log_request_refused", request_id=req.request_id[:64], reason="bad request id")
+            return
+        self._active[req.request_id] = asyncio.create_task(self._answer(req, send))
+
+    def cancel_all(self) -> None:
+        """The stream to the coordinator ended: its requests end with it."""
+        for task in self._active.values():
+            task.cancel()
+        self._active.clear()
+
+    async def _answer(self, req: agent_pb2.LogRequest, send: Send) -> None:
+        def chunk(**kw: object) -> agent_pb2.LogChunk:
+            return agent_pb2.LogChunk(request_id=req.request_id, task_id=req.task_id, **kw)  # type: ignore[arg-type]
+
+        try:
+            if not valid_task_id(req.task_id):
+                await send(chunk(eof=True, error=f"invalid task id {req.task_id[:64]!r}"))
+                return
+            if req.follow and sum(1 for t in self._active.values() if not t.done()) > MAX_FOLLOWERS:
+                await send(chunk(eof=True, error=f"more than {MAX_FOLLOWERS} log readers on this node; "
+                                 "try again later"))
+                return
+            log = self.log(req.task_id)
+            if not log.exists():
+                await send(chunk(eof=True, not_found=True, error=f"no output log for task {req.task_id!r}"))
+                return
+            data, cursor = await asyncio.to_thread(log.tail, min(req.tail_lines, MAX_TAIL_LINES))
+            budget = _Budget(self._clock)
+            for piece in _chunks(data):
+                await budget.spend(len(piece))
+                await send(chunk(data=piece))
+            while req.follow:
+                running = self._running(req.task_id)
+                data, cursor = await asyncio.to_thread(log.read_from, cursor, CHUNK_BYTES)
+                if data:
+                    for piece in _chunks(data):
+                        await budget.spend(len(piece))
+                        await send(chunk(data=piece))
+                    continue
+                if not running:
+                    break   # read once more after it ended: nothing is left behind
+                await asyncio.sleep(self._poll_s)
+            await send(chunk(eof=True))
+        finally:
+            self._active.pop(req.request_id, None)
+
+
+class _Budget:
+    """At most RATE_BYTES_PER_S for one request (sleeps when over)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._sent = 0
+
+    async def spend(self, n: int) -> None:
+        self._sent += n
+        ahead = self._sent / RATE_BYTES_PER_S - (self._clock() - self._start)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
