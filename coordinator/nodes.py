@@ -103,6 +103,8 @@ class NodeService:
                                      node_id=entry.node_id, old=old.label, new=entry.state.label)
                 if entry.state in (NodeState.LOST, NodeState.NOT_READY) and not entry.connected:
                     self._monitor.deactivate(entry.node_id)
+                if entry.state == NodeState.LOST and self._leadership.leading:
+                    await self._reconciler.on_node_lost(entry.node_id)
                 if self._leadership.leading:
                     entry.record.state = int(entry.state)
                     entry.record.last_seen_unix_s = entry.last_seen_unix_s

@@ -4,6 +4,10 @@ A new leader knows from etcd what should run; agents know what does. On registra
 compared (tasks the cluster does not know are stopped, placed tasks the agent never saw are
 started again), and after a grace every active task no agent reported is failed (and requeued
 when its restart policy allows).
+
+A preempted gang goes back in the queue (``PREEMPTED → PENDING``, its GPUs freed) only when every
+node of its allocation has reported its part ended or is lost: the first node to finish stopping
+its part must not free GPUs that the other parts still use.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import TYPE_CHECKING
 from common.errors import GptrmError, IllegalTransition
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
-from common.types import TERMINAL_STATES, TaskState
+from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
@@ -47,6 +51,7 @@ class Reconciler:
         self._tasks, self._registry, self._dispatcher = tasks, registry, dispatcher
         self._restarts, self._events, self._preemptor = restarts, events, preemptor
         self._reported: dict[str, set[str]] = {}      # node id → task ids its agent reported since we lead
+        self._parts_ended: dict[str, set[str]] = {}   # PREEMPTED task id → nodes whose part reported it ended
         self._log = get_logger("scheduler")
 
     async def on_agent_registered(self, entry: NodeEntry, register: agent_pb2.Register) -> None:
@@ -84,8 +89,8 @@ class Reconciler:
             self._dispatcher.stop_unknown(entry.node_id, status.task_id)
             return
         if task.state == TaskState.PREEMPTED:
-            if state in TERMINAL_STATES:   # stopped for a preemption: back in the queue
-                await self._victim_stopped(task)
+            if state in TERMINAL_STATES:   # stopped for a preemption: back in the queue once every part is
+                await self._part_ended(task, entry.node_id)
             return
         if task.state == state or task.state in TERMINAL_STATES:
             return   # re-delivered after a reconnect, or already final
@@ -102,7 +107,7 @@ class Reconciler:
             await self._tasks.refresh(task.id)
             fresh = self._tasks.tasks.get(task.id)
             if fresh is not None and fresh.state == TaskState.PREEMPTED and state in TERMINAL_STATES:
-                await self._victim_stopped(fresh)   # preempted meanwhile (by a previous leader): it has ended
+                await self._part_ended(fresh, entry.node_id)   # preempted meanwhile (by a previous leader)
             return
         if state == TaskState.FAILED:
             await self._restarts.after_end(stored)
@@ -127,7 +132,34 @@ class Reconciler:
             except GptrmError as e:
                 self._log.warning("task_reconcile_failed", task_id=task.id, reason=str(e))
 
+    async def on_node_lost(self, node_id: str) -> None:
+        """A lost node's parts of preempted gangs count as ended: gangs waiting only for it go back in the queue."""
+        for task_id in list(self._parts_ended):
+            task = self._tasks.tasks.get(task_id)
+            if task is None or task.state != TaskState.PREEMPTED:
+                self._parts_ended.pop(task_id, None)
+            elif any(na.node_id == node_id for na in task.allocation.nodes):
+                await self._part_ended(task, None)
+
+    def _lost(self, node_id: str) -> bool:
+        entry = self._registry.get(node_id)
+        return entry is None or entry.state == NodeState.LOST
+
+    async def _part_ended(self, task: types_pb2.Task, node_id: str | None) -> None:
+        """One node's part of a PREEMPTED task ended (None: re-check after a node loss); the task goes back in the
+        queue when no node of its allocation still runs a part."""
+        ended = self._parts_ended.setdefault(task.id, set())
+        if node_id is not None:
+            ended.add(node_id)
+        waiting = sorted({na.node_id for na in task.allocation.nodes
+                          if na.node_id not in ended and not self._lost(na.node_id)})
+        if waiting:
+            self._log.info("preempted_part_ended", task_id=task.id, node_id=node_id or "", waiting=",".join(waiting))
+            return
+        await self._victim_stopped(task)
+
     async def _victim_stopped(self, task: types_pb2.Task) -> None:
+        self._parts_ended.pop(task.id, None)
         try:
             await self._preemptor.victim_stopped(task)
         except GptrmError as e:

@@ -1,12 +1,14 @@
 """Preemption: a pending task that cannot be placed takes what strictly-lower-priority work holds.
 
-Victim choice (:func:`choose_victims`, pure): for a one-node task, the smallest set of
-preemptible, strictly-lower-priority tasks on one node whose release lets the placement engine
-place it there; for a gang, the fewest nodes that need victims. Among sets of the same size, the
-lowest priorities first, then the most recently started (the least work lost). A task preempted
-less than the protection window ago is never chosen again. Whether a set "frees enough" is asked
-of the placement engine itself, on the cycle's snapshot with the victims' allocations given back
-through the allocator's reservation model, so preemption never disagrees with placement.
+Victim choice (:func:`choose_candidates`, pure, over plain :class:`Candidate` values so that the
+leader and the simulator call the same rule; :func:`choose_victims` is its view over stored tasks):
+for a one-node task, the smallest set of preemptible, strictly-lower-priority tasks on one node
+whose release lets the placement engine place it there; for a gang, the fewest nodes that need
+victims. Among sets of the same size, the lowest priorities first, then the most recently started
+(the least work lost). A task preempted less than the protection window ago is never chosen again.
+Whether a set "frees enough" is asked of the placement engine itself, on the cycle's snapshot with
+the victims' allocations given back through the allocator's reservation model, so preemption never
+disagrees with placement.
 
 The life of a victim (:class:`Preemptor`): ``RUNNING → PREEMPTED`` (a fenced transition that
 keeps its allocation, so its GPUs are never given to the preemptor while it still runs), a
@@ -48,7 +50,8 @@ from coordinator.scheduler.snapshot import SnapshotBuilder
 if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
 
-__all__ = ["DEFAULT_PROTECTION_S", "Preemptor", "choose_victims", "last_preempted_s", "started_s"]
+__all__ = ["DEFAULT_PROTECTION_S", "Candidate", "Fits", "Holding", "Preemptor", "candidate", "choose_candidates",
+           "choose_victims", "last_preempted_s", "release_holdings", "release_tasks", "started_s"]
 
 DEFAULT_PROTECTION_S = 120.0
 """A task is not preempted again within this many seconds of its last preemption."""
@@ -78,40 +81,90 @@ def _preemptible(task: types_pb2.Task) -> bool:
     return not task.spec.HasField("preemptible") or task.spec.preemptible
 
 
-def _victim_order(task: types_pb2.Task) -> tuple[int, float, str]:
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What a running task holds on one node (a ``NodeAllocation``, or a simulated placement's assignment).
+
+    :param node_id: the node.
+    :param gpu_indices: its GPUs there.
+    :param demand: what is reserved there (``gpu_mem_total_bytes`` over those GPUs).
+    :param gpu_share: fraction of each of those GPUs.
+    """
+
+    node_id: str
+    gpu_indices: tuple[int, ...]
+    demand: Resources
+    gpu_share: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A running task as victim choice sees it (the leader's tasks and the simulator's jobs alike).
+
+    :param id: the task id.
+    :param priority: its priority.
+    :param started_s: when it last started running.
+    :param last_preempted_s: when it was last preempted (None: never).
+    :param preemptible: whether it may be preempted at all.
+    :param holds: what it holds, per node.
+    """
+
+    id: str
+    priority: int
+    started_s: float
+    last_preempted_s: float | None
+    preemptible: bool
+    holds: tuple[Holding, ...]
+
+
+def _holding(na: types_pb2.NodeAllocation) -> Holding:
+    d = na.demand
+    return Holding(na.node_id, tuple(na.gpu_indices),
+                   Resources(gpus=d.gpus, gpu_mem_total_bytes=d.gpu_mem_bytes, cpu_cores=d.cpu_cores,
+                             mem_bytes=d.mem_bytes, disk_bytes=d.disk_bytes), na.gpu_share or 1.0)
+
+
+def candidate(task: types_pb2.Task) -> Candidate:
+    """The victim-choice view of a stored task."""
+    return Candidate(task.id, task.spec.priority, started_s(task), last_preempted_s(task), _preemptible(task),
+                     tuple(_holding(na) for na in task.allocation.nodes))
+
+
+def _victim_order(c: Candidate) -> tuple[int, float, str]:
     """Lowest priority first, then the most recently started."""
-    return task.spec.priority, -started_s(task), task.id
+    return c.priority, -c.started_s, c.id
 
 
-def _without(node: NodeSnapshot, allocations: Iterable[types_pb2.NodeAllocation]) -> NodeSnapshot:
-    """The node with these allocations given back (reservation model of ``coordinator/allocator``)."""
+def _without(node: NodeSnapshot, holdings: Iterable[Holding]) -> NodeSnapshot:
+    """The node with these holdings given back (reservation model of ``coordinator/allocator``)."""
     reservation = NodeReservation(node.used, ())
     gpus = {g.index: g for g in node.gpus}
-    for na in allocations:
-        d = na.demand
-        reservation = reservation.remove(Resources(gpus=d.gpus, gpu_mem_total_bytes=d.gpu_mem_bytes,
-                                                   cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
-                                                   disk_bytes=d.disk_bytes), ())
-        per_gpu = d.gpu_mem_bytes // max(1, len(na.gpu_indices))
-        for i in na.gpu_indices:
+    for h in holdings:
+        reservation = reservation.remove(h.demand, ())
+        per_gpu = h.demand.gpu_mem_total_bytes // max(1, len(h.gpu_indices))
+        for i in h.gpu_indices:
             g = gpus.get(i)
             if g is not None:
-                mem, share = give_back_gpu(g.mem_free_bytes, g.share_free, per_gpu, na.gpu_share or 1.0,
+                mem, share = give_back_gpu(g.mem_free_bytes, g.share_free, per_gpu, h.gpu_share or 1.0,
                                            g.mem_total_bytes)
                 gpus[i] = GpuSlot(g.index, g.mem_total_bytes, int(mem), share, g.topology_group)
     return replace(node, used=reservation.used, gpus=tuple(gpus[i] for i in sorted(gpus)))
 
 
-def release_tasks(snapshot: ClusterSnapshot, tasks: Iterable[types_pb2.Task]) -> ClusterSnapshot:
-    """The snapshot as it would be once these tasks gave back their allocations."""
-    by_node: dict[str, list[types_pb2.NodeAllocation]] = {}
-    for t in tasks:
-        for na in t.allocation.nodes:
-            by_node.setdefault(na.node_id, []).append(na)
+def release_holdings(snapshot: ClusterSnapshot, holdings: Iterable[Holding]) -> ClusterSnapshot:
+    """The snapshot as it would be once these holdings were given back."""
+    by_node: dict[str, list[Holding]] = {}
+    for h in holdings:
+        by_node.setdefault(h.node_id, []).append(h)
     if not by_node:
         return snapshot
     return replace(snapshot, nodes=tuple(_without(n, by_node[n.node_id]) if n.node_id in by_node else n
                                          for n in snapshot.nodes))
+
+
+def release_tasks(snapshot: ClusterSnapshot, tasks: Iterable[types_pb2.Task]) -> ClusterSnapshot:
+    """The snapshot as it would be once these tasks gave back their allocations."""
+    return release_holdings(snapshot, (_holding(na) for t in tasks for na in t.allocation.nodes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +179,16 @@ class _Fit:
         return isinstance(engine.place(request), Placement)
 
 
-def _node_victims(node: NodeSnapshot, taken_at: float, request: Request, candidates: Sequence[types_pb2.Task],
-                  fits: Callable[[ClusterSnapshot, Request], bool]) -> list[types_pb2.Task] | None:
+Fits = _Fit
+"""Whether a request fits a snapshot under a policy and threshold (what the leader and the simulator pass)."""
+
+
+def _node_victims(node: NodeSnapshot, taken_at: float, request: Request, candidates: Sequence[Candidate],
+                  fits: Callable[[ClusterSnapshot, Request], bool]) -> list[Candidate] | None:
     """The smallest set of candidates (in victim order) whose release lets one node take ``request``."""
-    def fits_without(victims: Sequence[types_pb2.Task]) -> bool:
-        return fits(ClusterSnapshot(nodes=(_without(node, (na for v in victims for na in v.allocation.nodes
-                                                           if na.node_id == node.node_id)),), taken_at_s=taken_at),
+    def fits_without(victims: Sequence[Candidate]) -> bool:
+        return fits(ClusterSnapshot(nodes=(_without(node, (h for v in victims for h in v.holds
+                                                           if h.node_id == node.node_id)),), taken_at_s=taken_at),
                     request)
 
     if fits_without(()):
@@ -150,36 +207,38 @@ def _node_victims(node: NodeSnapshot, taken_at: float, request: Request, candida
     return list(cands)
 
 
-def choose_victims(task: types_pb2.Task, snapshot: ClusterSnapshot, running: Iterable[types_pb2.Task],
-                   fits: Callable[[ClusterSnapshot, Request], bool], *, now: float,
-                   protection_s: float) -> list[types_pb2.Task] | None:
-    """The tasks to preempt so that ``task`` can be placed; ``[]`` when it already fits, None when no set of
-    preemptible, strictly-lower-priority, unprotected tasks would do.
+def choose_candidates(request: Request, snapshot: ClusterSnapshot, candidates: Iterable[Candidate],
+                      fits: Callable[[ClusterSnapshot, Request], bool], *, now: float,
+                      protection_s: float) -> list[Candidate] | None:
+    """The victim-choice rule, pure: what to preempt so that ``request`` can be placed; ``[]`` when it already
+    fits, None when no set of preemptible, strictly-lower-priority (than ``request.priority``), unprotected
+    candidates would do. The leader (through :func:`choose_victims`) and the simulator both call it.
 
-    :param task: the pending task.
+    :param request: the pending request (its ``priority`` is the preemptor's).
     :param snapshot: schedulable nodes, with what live allocations hold.
-    :param running: tasks that could be victims (anything else in it is ignored).
+    :param candidates: running tasks that could be victims (the request's own id is skipped).
     :param fits: whether a request fits a snapshot (the placement engine under the policy in force).
-    :param now: the current time (unix seconds).
-    :param protection_s: a task preempted less than this long ago is never chosen.
+    :param now: the current time (seconds, the clock ``started_s``/``last_preempted_s`` use).
+    :param protection_s: a candidate preempted less than this long ago is never chosen.
     """
-    request = request_for(task)
     if fits(snapshot, request):
         return []
-    priority = task.spec.priority
-    per_node: dict[str, list[types_pb2.Task]] = {}
-    for t in running:
-        if (TaskState(t.state) not in _VICTIM_STATES or t.spec.priority >= priority or not _preemptible(t)
-                or t.id == task.id):
+    priority = request.priority
+    per_node: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        if c.priority >= priority or not c.preemptible or c.id == request.task_id:
             continue
-        last = last_preempted_s(t)
-        if last is not None and now - last < protection_s:
+        if c.last_preempted_s is not None and now - c.last_preempted_s < protection_s:
             continue
-        for na in t.allocation.nodes:
-            per_node.setdefault(na.node_id, []).append(t)
+        for h in c.holds:
+            per_node.setdefault(h.node_id, []).append(c)
+    if not per_node:
+        return None
     one = replace(request, nodes=1)
-    options: list[tuple[tuple, NodeSnapshot, list[types_pb2.Task]]] = []
+    options: list[tuple[tuple, NodeSnapshot, list[Candidate]]] = []
     for node in snapshot.nodes:
+        if request.nodes == 1 and node.node_id not in per_node:
+            continue   # the request fits no node as it is (checked above): only a node with victims can help
         victims = _node_victims(node, snapshot.taken_at_s, one, per_node.get(node.node_id, ()), fits)
         if victims is not None:
             options.append(((len(victims), [_victim_order(v) for v in victims], node.node_id), node, victims))
@@ -191,9 +250,29 @@ def choose_victims(task: types_pb2.Task, snapshot: ClusterSnapshot, running: Ite
     victims = list({v.id: v for _k, _n, vs in chosen for v in vs}.values())
     if need > 1:   # the gang as a whole, on the chosen nodes with every victim released
         nodes = tuple(n for _k, n, _v in chosen)
-        if not fits(release_tasks(ClusterSnapshot(nodes=nodes, taken_at_s=snapshot.taken_at_s), victims), request):
+        if not fits(release_holdings(ClusterSnapshot(nodes=nodes, taken_at_s=snapshot.taken_at_s),
+                                     (h for v in victims for h in v.holds)), request):
             return None
     return victims
+
+
+def choose_victims(task: types_pb2.Task, snapshot: ClusterSnapshot, running: Iterable[types_pb2.Task],
+                   fits: Callable[[ClusterSnapshot, Request], bool], *, now: float,
+                   protection_s: float) -> list[types_pb2.Task] | None:
+    """The tasks to preempt so that ``task`` can be placed (:func:`choose_candidates` over stored tasks);
+    ``[]`` when it already fits, None when no set would do.
+
+    :param task: the pending task.
+    :param snapshot: schedulable nodes, with what live allocations hold.
+    :param running: tasks that could be victims (only RUNNING and PAUSED ones are; anything else is ignored).
+    :param fits: whether a request fits a snapshot (the placement engine under the policy in force).
+    :param now: the current time (unix seconds).
+    :param protection_s: a task preempted less than this long ago is never chosen.
+    """
+    by_id = {t.id: t for t in running if TaskState(t.state) in _VICTIM_STATES}
+    chosen = choose_candidates(request_for(task), snapshot, (candidate(t) for t in by_id.values()), fits,
+                               now=now, protection_s=protection_s)
+    return None if chosen is None else [by_id[c.id] for c in chosen]
 
 
 @dataclass(slots=True)

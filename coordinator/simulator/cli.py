@@ -63,6 +63,9 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="constant host power per powered node added to the GPU power curve (default 0)")
     p.add_argument("--exact-batches", action="store_true", help="reference mode: place_batch over the whole queue")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--qos", action="store_true",
+                   help="replay each policy without and with preemption; print per-priority-class queueing delay "
+                   "and what preemption costs the low class (writes qos.md)")
     p.add_argument("--out", required=True, type=Path, help="output directory")
 
 
@@ -167,6 +170,11 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
     if not jobs:
         raise _usage(f"{args.jobs}: no jobs to replay")
     configs = _configs(args, names, max(j.request.submit_s for j in jobs))
+    if args.qos:
+        from coordinator.simulator.qos_cli import run_qos
+
+        run_qos(args, cluster, jobs, configs)
+        return
     try:
         results = run_policies(cluster, jobs, configs, progress=ProgressBar(sys.stderr))
     except GptrmError as e:  # a bad threshold or seed surfaces when the policy is built

@@ -21,6 +21,9 @@ pure arrivals therefore tries only the new shapes. Refusals consume no randomnes
 round-robin cursor, so the decisions equal those of ``place_batch`` over the whole queue;
 ``SimConfig(exact_batches=True)`` does exactly that, and the tests compare both.
 
+Priorities and preemption (``SimConfig(preemption=True)``): after each pass the QoS Manager's
+victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`.
+
 Power states (see :mod:`coordinator.adaptor.power_states`): busy, idle, and off after
 ``power_down_after_s`` without work; work placed on an off node starts ``wake_delay_s`` later
 (a gang when its last node is up). With ``scale_out`` the policies that ask for new nodes
@@ -32,14 +35,17 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from common.domain import ClusterSnapshot, Placement, Rejection, Request, queue_key
 from coordinator.adaptor.power_states import NodePower
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import feasible
 from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, summarize_jobs
+
+if TYPE_CHECKING:
+    from coordinator.simulator.qos import SimPreemption
 
 __all__ = ["SimConfig", "SimJob", "SimResult", "Simulator", "shape_of"]
 
@@ -91,6 +97,8 @@ class SimConfig:
     :param measure_until_s: stop the time-weighted metrics here (None: at the last event); job
         statistics always cover every job.
     :param keep_series: record samples per timestamp for plots.
+    :param preemption: let higher-priority jobs preempt lower-priority ones (:mod:`coordinator.simulator.qos`).
+    :param protection_s: a job is not preempted again within this many seconds.
     """
 
     policy: str
@@ -103,6 +111,8 @@ class SimConfig:
     exact_batches: bool = False
     measure_until_s: float | None = None
     keep_series: bool = True
+    preemption: bool = False
+    protection_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.power_down_after_s is not None and self.power_down_after_s < 0:
@@ -122,6 +132,7 @@ class SimResult:
     :param placements: ``job id → node ids`` chosen for each finished job.
     :param series: samples for plots (None unless ``keep_series``).
     :param events: events processed.
+    :param preempted: ``job id → (times preempted, run seconds lost)`` of the jobs preempted at least once.
     """
 
     policy: str
@@ -130,6 +141,7 @@ class SimResult:
     placements: dict[str, tuple[str, ...]]
     series: Series | None
     events: int
+    preempted: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 class Simulator:
@@ -173,6 +185,11 @@ class Simulator:
         self.processed = 0
         self.job_events = 0  # arrivals, starts and completions still in the heap
         self.scale_outs = 0
+        self.qos: SimPreemption | None = None
+        if config.preemption:
+            from coordinator.simulator.qos import SimPreemption
+
+            self.qos = SimPreemption(self, config.protection_s)
 
     def _push(self, t: float, kind: int, payload: int) -> None:
         """Schedule an event (payload: a job index, or a node index for power-down)."""
@@ -221,6 +238,8 @@ class Simulator:
                     power_downs.append(payload)
             if released or arrived:
                 self._schedule(now, released)
+                if self.qos is not None:
+                    self.qos.after_pass(now)
             for i in power_downs:
                 self.nodes.power_down(i, now, elastic=self.elastic)
             self.metrics.sample(now, self.waiting)
@@ -353,21 +372,30 @@ class Simulator:
 
     def _complete(self, k: int, now: float) -> None:
         """Job ``k`` ends: release its reservations and arm the power-down timers of emptied nodes."""
-        placement = self.placed.pop(k)
+        if self.qos is not None and self.qos.stale_completion(k):
+            return   # the end of a run that was preempted
+        placement = self._release(k, now)
         req = self.jobs[k].request
-        self.engine.release(placement, req.gpu_mem_per_gpu_bytes)
+        self.records.append(JobRecord(req.task_id, req.submit_s, self.start_times.pop(k), now, req.compute_demand))
+        self.placements_by_id[req.task_id] = placement.node_ids
+
+    def _release(self, k: int, now: float) -> Placement:
+        """Job ``k`` stops running (it ended or was preempted): give its reservations back and arm the
+        power-down timers of emptied nodes."""
+        placement = self.placed.pop(k)
+        self.engine.release(placement, self.jobs[k].request.gpu_mem_per_gpu_bytes)
         for node_id in placement.node_ids:
             i = self.index[node_id]
             self.nodes.run(i, placement.demand.gpus, start=False)
             if self.nodes.unbook(i, now):
                 self._push(now + (self.config.power_down_after_s or 0.0), _POWER_DOWN, i)
-        self.records.append(JobRecord(req.task_id, req.submit_s, self.start_times.pop(k), now, req.compute_demand))
-        self.placements_by_id[req.task_id] = placement.node_ids
+        return placement
 
     def _result(self) -> SimResult:
         """Summarize the replay."""
         summary: dict[str, Any] = {**self.metrics.summary(), **summarize_jobs(self.records, self.waiting)}
         summary["scale_outs"] = self.scale_outs
+        summary["preemptions"] = self.qos.preemptions if self.qos is not None else 0
         # The same time-weighted metrics up to the last arrival (before the cluster drains).
         summary["during_arrivals"] = self.metrics.checkpoint or self.metrics.summary()
         return SimResult(
@@ -377,4 +405,5 @@ class Simulator:
             placements=self.placements_by_id,
             series=self.metrics.series,
             events=self.processed,
+            preempted=self.qos.per_job() if self.qos is not None else {},
         )

@@ -16,6 +16,8 @@ submission takes:
 
 A job asking for more GPUs than the widest node is a gang spread evenly over
 ``ceil(gpus / width)`` nodes (Philly's 16- and 32-GPU jobs on 8-GPU servers).
+
+A job's priority comes from its ``group`` (openb QoS class; see :func:`coordinator.simulator.qos.priority_of`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from coordinator.monitor.power_model import PowerModel
 from coordinator.profiler.profiler import DEFAULT_GPU_MEM_BYTES, Profiler
 from coordinator.simulator.engine import SimJob
 from coordinator.simulator.node_defaults import NodeDefaults
+from coordinator.simulator.qos import priority_of
 from coordinator.simulator.trace import TraceJob, TraceNode
 
 __all__ = ["GIB", "NodeDefaults", "build_cluster", "build_jobs", "gang_split", "job_spec", "profiler_for"]
@@ -106,7 +109,8 @@ def job_spec(job: TraceJob, width: int) -> TaskSpecData:
         kind = TaskKind.parse(job.kind)
         model = ModelSpecData(name=f"llm-{job.params_b:g}b", params_billions=job.params_b)
         sharing = kind == TaskKind.INFERENCE and nodes == 1
-        return TaskSpecData(name=job.job_id, kind=kind, model=model, nodes=nodes, allow_gpu_sharing=sharing)
+        return TaskSpecData(name=job.job_id, kind=kind, model=model, nodes=nodes, allow_gpu_sharing=sharing,
+                            priority=priority_of(job.group))
     gpus = job.gpu_share if 0 < job.gpu_share < 1 else float(per_node)
     return TaskSpecData(
         name=job.job_id,
@@ -114,6 +118,7 @@ def job_spec(job: TraceJob, width: int) -> TaskSpecData:
         demand=Resources(gpus=gpus, cpu_cores=cpu, mem_bytes=mem),
         nodes=nodes,
         allow_gpu_sharing=0 < gpus < 1,
+        priority=priority_of(job.group),
     )
 
 
