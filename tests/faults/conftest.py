@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="slow fault scenario: run by `make test-faults`")
     for item in items:
-        if "faults" in item.keywords:
+        if item.get_closest_marker("faults") is not None:
             item.add_marker(skip)
 
 

@@ -23,6 +23,7 @@ ones included. An empty list is a green scenario.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -174,7 +175,7 @@ class InvariantChecker:
             if not states:
                 found.append(Violation("legal-history", f"{tid}: no history"))
                 continue
-            for a, b in zip(states, states[1:], strict=False):
+            for a, b in itertools.pairwise(states):
                 if not is_legal(a, b):
                     found.append(Violation("legal-history", f"{tid}: {a.label} → {b.label} in "
                                            f"{[s.label for s in states]}"))
