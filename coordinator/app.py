@@ -160,7 +160,9 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     power_manager = PowerManager(registry, lambda: tasks.tasks, store, leadership, locks, provider, events,
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
-                                 idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set)
+                                 idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
+                                 threshold=lambda: policy.current.threshold,
+                                 on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
