@@ -25,12 +25,12 @@ PS = types_pb2.NodePowerState
 SCRIPT = """#!/bin/sh
 cat >> {log}
 echo >> {log}
-exit {status}
+{tail}
 """
 
 
 class Rig:
-    """A leading replica whose provider command logs each request and exits with ``status``."""
+    """A leading replica whose provider command logs each request, then runs ``tail`` (its exit)."""
 
     def __init__(self, app: App, log: Path) -> None:
         self.app, self.log = app, log
@@ -77,15 +77,15 @@ class Rig:
                                                           {"action": action}) or 0.0
 
 
-def make_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path, status: int) -> Iterator[Rig]:
+def make_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path, tail: str) -> Iterator[Rig]:
     log = tmp_path / "requests.log"
     script = tmp_path / "provider.sh"
-    script.write_text(SCRIPT.format(log=log, status=status))
+    script.write_text(SCRIPT.format(log=log, tail=tail))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     client = connect(etcd_server.endpoints, 2.0)
     cfg = CoordinatorConfig(etcd_prefix=etcd_prefix, policy="max-utilization", threshold=0.5,
                             node_provider="command", node_provider_command=str(script),
-                            power_down_after_s=0.01, spare_nodes=0, lease_ttl_s=5.0)
+                            node_provider_timeout_s=1.0, power_down_after_s=0.01, spare_nodes=0, lease_ttl_s=5.0)
     app = build(cfg, client)
     assert app.leadership.election.acquire(timeout=10)
     app.leadership.leading = True
@@ -96,12 +96,13 @@ def make_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path, status:
 
 @pytest.fixture
 def rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path) -> Iterator[Rig]:
-    yield from make_rig(etcd_server, etcd_prefix, tmp_path, status=0)
+    yield from make_rig(etcd_server, etcd_prefix, tmp_path, "exit 0")
 
 
-@pytest.fixture
-def failing_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path) -> Iterator[Rig]:
-    yield from make_rig(etcd_server, etcd_prefix, tmp_path, status=1)
+@pytest.fixture(params=["exit 1", "exec sleep 30"], ids=["exits-1", "hangs"])
+def failing_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path,
+                request: pytest.FixtureRequest) -> Iterator[Rig]:
+    yield from make_rig(etcd_server, etcd_prefix, tmp_path, request.param)
 
 
 class TestWakeThreshold:
@@ -144,7 +145,8 @@ class TestScaleInWithPendingWork:
 
 class TestProviderFailures:
     def test_failed_power_off_is_counted_and_the_node_stays_usable(self, failing_rig: Rig) -> None:
-        """A command exiting 1 counts in gptrm_adaptor_provider_failures_total and leaves the node ready."""
+        """A command that exits 1 or hangs past its timeout is an event and counts in
+        gptrm_adaptor_provider_failures_total; the node is left ready, connected and schedulable."""
         failing_rig.node("n1", 4)
         failing_rig.steps(3)
         assert [r["action"] for r in failing_rig.requests()] == ["power_off"]
@@ -152,3 +154,7 @@ class TestProviderFailures:
         assert failing_rig.power("n1") == "ready"
         entry = failing_rig.app.registry.get("n1")
         assert "power-off failed" in entry.record.power_reason
+        assert entry.connected and failing_rig.app.registry.schedulable(entry)
+        reported = [e for e in failing_rig.app.events.recent(50) if e.kind == "power" and e.node_id == "n1"
+                    and "node provider failed to power_off" in e.message]
+        assert len(reported) == 1
