@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from common.errors import EtcdUnavailable, Fenced, GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.adaptor.capping import PowerCapper
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import build_provider
 from coordinator.adaptor.scale_out import ScaleOutRequests
@@ -76,13 +77,15 @@ class LeaderDuties:
         return True
 
     def start_leading(self) -> None:
-        """Run the scheduler, the power manager, the QoS watch and, after the agents' grace, the reconcile of
-        unreported tasks."""
+        """Run the scheduler, the power manager, the QoS watch, the power capping loop (``--power-capping on``)
+        and, after the agents' grace, the reconcile of unreported tasks."""
         app = self._app
         self._running = [asyncio.create_task(app.cycle.run()),
                          asyncio.create_task(app.power_manager.run()),
                          asyncio.create_task(app.reconciler.reconcile_after_grace()),
                          asyncio.create_task(app.qos.run(lambda: app.leadership.leading))]
+        if app.cfg.power_capping == "on":
+            self._running.append(asyncio.create_task(app.capper.run()))
 
     def stand_down(self, reason: str) -> None:
         """Stop the leader's work and send every agent to the new leader."""
@@ -119,6 +122,7 @@ class App:
     power_manager: PowerManager
     qos: QosWatch
     logs: LogRelay
+    capper: PowerCapper
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -158,15 +162,19 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     power_manager = PowerManager(registry, lambda: tasks.tasks, store, leadership, locks, provider, events,
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
-                                 idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set)
+                                 idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
+                                 threshold=lambda: policy.current.threshold,
+                                 on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
+    capper = PowerCapper(registry, monitor.latest.get, lambda: tasks.tasks, qos, dispatcher, events,
+                         metrics.power_cap_changes, interval_s=cfg.power_cap_interval_s)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
                cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
-               logs=LogRelay(registry))
+               logs=LogRelay(registry), capper=capper)

@@ -85,6 +85,10 @@ class CoordinatorConfig:
     spare_nodes: int = option(1, "idle nodes kept powered on", check=non_negative)
     wake_timeout_s: float = option(300.0, "seconds a woken node may take to register before the wake is retried",
                                    flag="wake_timeout", check=positive)
+    power_capping: str = option("off", "lower GPU power limits where the work gains little from power and its QoS "
+                                "allows", choices=("off", "on"))
+    power_cap_interval_s: float = option(30.0, "least seconds between a GPU's power-limit change and its next "
+                                         "lowering", flag="power_cap_interval", check=positive)
 
     @property
     def advertise_address(self) -> str:

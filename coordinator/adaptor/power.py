@@ -5,12 +5,14 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
     ready → draining → powering-off → off → powering-on → ready
 
 - **Scale-in**: a node idle (connected, ready, no task) longer than ``--power-down-after``, beyond
-  the ``--spare-nodes`` idle nodes kept on, goes *draining* (nothing new lands on it), is confirmed
+  the ``--spare-nodes`` idle nodes kept on, and usable by no pending task (a pending task that fits on
+  none of the idle nodes keeps none of them on), goes *draining* (nothing new lands on it), is confirmed
   idle after one more scheduling period, goes *powering-off* and is handed to the node provider;
   once the provider accepted it is *off*. A node that got work meanwhile, or a provider failure,
   returns it to *ready* (its last safe state: it is still on).
 - **Scale-out**: when the scheduler could not place a pending task (the cycle's rejection hook),
-  and the ready nodes cannot hold it but off nodes would, the off node that adds the least idle
+  and the ready nodes cannot hold it but off nodes would (fitting as the placement filter decides:
+  every dimension at or under the policy's threshold after placement), the off node that adds the least idle
   power (Alg. 3's measure; fewest GPUs that fit, then node id) goes *powering-on* and the provider
   is asked to power it on. It is *ready* again when its agent registers; a node that does not
   register within ``--wake-timeout`` is asked again. A provider failure leaves it *off*.
@@ -34,7 +36,7 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
 from common.types import NodeState, TaskState
-from coordinator.adaptor.providers import NodeProvider
+from coordinator.adaptor.providers import NodeProvider, ProviderResult
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.sync.leadership import Leadership
@@ -66,6 +68,9 @@ class PowerManager:
     :param idle_power_w: a node's idle power (Alg. 3's added power when it is woken).
     :param on_change: called after every power-state change (metrics, scheduler wake-up).
     :param period_s: seconds between two steps; also the wait that confirms a draining node idle.
+    :param threshold: the placement threshold now (each dimension's utilization cap after placement).
+    :param on_provider_failure: called with the action of every provider request that was tried and
+        failed (``gptrm_adaptor_provider_failures_total``).
     :param now: monotonic clock (injected in tests).
     """
 
@@ -74,11 +79,14 @@ class PowerManager:
                  power_down_after_s: float, spare_nodes: int, wake_timeout_s: float,
                  idle_power_w: Callable[[NodeEntry], float] = lambda e: 0.0,
                  on_change: Callable[[], None] = lambda: None, period_s: float = 1.0,
+                 threshold: Callable[[], float] = lambda: 1.0,
+                 on_provider_failure: Callable[[str], None] = lambda action: None,
                  now: Callable[[], float] = time.monotonic) -> None:
         self._registry, self._tasks, self._store, self._leadership = registry, tasks, store, leadership
         self._locks, self._provider, self._events = locks, provider, events
         self._after, self._spare, self._wake_timeout_s = power_down_after_s, spare_nodes, wake_timeout_s
         self._idle_power_w, self._on_change, self._period_s, self._now = idle_power_w, on_change, period_s, now
+        self._threshold, self._on_provider_failure = threshold, on_provider_failure
         self._idle_since: dict[str, float] = {}
         self._wake_deadline: dict[str, float] = {}
         self._unplaced: set[str] = set()
@@ -144,8 +152,11 @@ class PowerManager:
                 idle.append(entry)
             else:
                 self._idle_since.pop(entry.node_id, None)
-        if any(t.state == TaskState.PENDING for t in self._tasks().values()):
-            return   # waiting work may need these nodes: the scheduler decides first
+        # Waiting work that could run on an idle node keeps it on (the scheduler places it first); a
+        # pending task that fits on none of them blocks nothing.
+        threshold = self._threshold()
+        pending = [t for t in self._tasks().values() if t.state == TaskState.PENDING]
+        idle = [e for e in idle if not any(_fits(e, t, threshold) for t in pending)]
         idle.sort(key=lambda e: (self._idle_since[e.node_id], e.node_id))
         for entry in idle[: max(0, len(idle) - self._spare)]:
             if now - self._idle_since[entry.node_id] >= self._after:
@@ -176,7 +187,7 @@ class PowerManager:
             return
         if power_label(entry.record.power_state) != "powering-off":
             await self._set(entry, PS.NODE_POWER_STATE_POWERING_OFF, reason)
-        result = await self._provider.request("power_off", entry.node_id, reason)
+        result = await self._request("power_off", entry.node_id, reason)
         if result.ok:
             await self._set(entry, PS.NODE_POWER_STATE_OFF, reason)
         elif result.attempted or power_label(entry.record.power_state) == "powering-off":
@@ -195,15 +206,15 @@ class PowerManager:
                 self._unplaced.discard(task_id)
                 self._created.discard(task_id)
                 continue
-            gpus = max(1, round(task.demand.gpus)) if task.demand.gpus > 0 else 0
             need = max(1, task.spec.nodes)
+            threshold = self._threshold()
             fitting_on = sum(1 for e in self._registry
                              if ((_is_ready(e) and e.connected and e.state == NodeState.READY)
-                                 or e in waking) and _free_gpus(e) >= gpus)
+                                 or e in waking) and _fits(e, task, threshold))
             if fitting_on >= need:
                 continue   # capacity is there (or coming): the scheduler places it
             off = sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
-                          and len(e.inventory.gpus) >= gpus),
+                          and _fits(e, task, threshold)),
                          key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus), e.node_id))
             for entry in off[: need - fitting_on]:
                 waking.append(entry)
@@ -212,17 +223,25 @@ class PowerManager:
                         await self._power_on(entry, f"task {task_id} needs it", _demand(task))
             if len(off) < need - fitting_on and task_id not in self._created:
                 # Even every off node would not do: ask the provider for a new one (static: a recommendation).
-                result = await self._provider.request("create", "", f"task {task_id} fits on no node", _demand(task))
+                result = await self._request("create", "", f"task {task_id} fits on no node", _demand(task))
                 if result.ok:
                     self._created.add(task_id)
 
     async def _power_on(self, entry: NodeEntry, reason: str, demand: dict[str, float] | None = None) -> None:
-        result = await self._provider.request("power_on", entry.node_id, reason, demand)
+        result = await self._request("power_on", entry.node_id, reason, demand)
         if result.ok:
             self._wake_deadline[entry.node_id] = self._now() + self._wake_timeout_s
             await self._set(entry, PS.NODE_POWER_STATE_POWERING_ON, reason)
         elif power_label(entry.record.power_state) != "off":
             await self._set(entry, PS.NODE_POWER_STATE_OFF, f"power-on failed: {result.reason}")
+
+    async def _request(self, action: str, node_id: str, reason: str,
+                       demand: dict[str, float] | None = None) -> ProviderResult:
+        """One provider request; a request that was tried and failed is counted."""
+        result = await self._provider.request(action, node_id, reason, demand)
+        if not result.ok and result.attempted:
+            self._on_provider_failure(action)
+        return result
 
     # ---- persistence ------------------------------------------------------------------------------
 
@@ -244,8 +263,24 @@ class PowerManager:
         self._on_change()
 
 
-def _free_gpus(entry: NodeEntry) -> int:
-    return len(entry.inventory.gpus) - round(entry.record.reserved.gpus)
+_EPS = 1e-9
+
+
+def _fits(entry: NodeEntry, task: types_pb2.Task, threshold: float) -> bool:
+    """Whether one node's share of ``task`` fits on the node next to what it holds, every dimension at or
+    under ``threshold`` of its capacity (the placement filter's rule), and the GPU model constraint matches.
+    An off node holds nothing."""
+    inv, d = entry.inventory, task.demand
+    held = entry.record.reserved if power_label(entry.record.power_state) != "off" else types_pb2.ResourceVector()
+    for used, want, capacity in ((held.gpus, d.gpus, len(inv.gpus)), (held.cpu_cores, d.cpu_cores, inv.cpu_cores),
+                                 (held.mem_bytes, d.mem_bytes, inv.mem_total_bytes)):
+        if want > 0 and used + want > threshold * capacity + _EPS:
+            return False
+    model = task.spec.constraints.gpu_model
+    if model and d.gpus > 0 and not any(model in g.model for g in inv.gpus):
+        return False
+    selector = task.spec.constraints.node_selector
+    return all(inv.labels.get(k) == v for k, v in selector.items())
 
 
 def _demand(task: types_pb2.Task) -> dict[str, float]:

@@ -212,7 +212,8 @@ def node_detail(d: Mapping[str, Any]) -> str:
     for g in d["gpus"]:
         t = g["telemetry"] or {}
         healthy = t.get("healthy", True)
-        power = f"{t['power_w']:.0f} / {g['power_limit_w']:.0f} W" if t.get("power_w") is not None else "-"
+        limit = t.get("power_limit_w") or g["power_limit_w"]   # the enforced limit now (power capping moves it)
+        power = f"{t['power_w']:.0f} / {limit:.0f} W" if t.get("power_w") is not None else "-"
         rows.append([
             g["index"], g["model"], _pct(t.get("util_gpu")),
             f"{fmt_bytes(t.get('mem_used_bytes') or 0)} / {fmt_bytes(g['mem_total_bytes'])}", power,

@@ -46,6 +46,8 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the task as USER (only if the agent's --task-users-allowed lists it)")
     q.add_argument("--no-preemptible", dest="preemptible", action="store_false", default=None,
                    help="never preempt this task for higher-priority work")
+    q.add_argument("--full-power", action="store_true", default=None,
+                   help="never lower this task's GPU power limits (power capping)")
     q.add_argument("--checkpoint-signal", metavar="SIGNAL", help="sent before a preemption stop (default SIGUSR1)")
     q.add_argument("--deadline", metavar="TIME|DURATION",
                    help="finish by an ISO 8601 time (2025-06-01T18:00:00Z; local time without an offset) "
@@ -108,7 +110,8 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
 def _qos_from_args(args: argparse.Namespace, d: dict[str, Any]) -> None:
     """The QoS flags into the spec mapping (the parser and the coordinator check the values)."""
     for key, value in (("preemptible", args.preemptible), ("checkpoint_signal", args.checkpoint_signal),
-                       ("metrics_port", args.metrics_port), ("metrics_url", args.metrics_url)):
+                       ("metrics_port", args.metrics_port), ("metrics_url", args.metrics_url),
+                       ("full_power", args.full_power)):
         if value is not None:
             d[key] = value
     qos = {k: v for k, v in (("deadline", args.deadline), ("max_latency_ms", args.max_latency_ms),

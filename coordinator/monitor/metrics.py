@@ -275,6 +275,9 @@ class Metrics:
                                        ["resource"], registry=r)
         self.provider_failures = Counter("gptrm_adaptor_provider_failures_total",
                                          "node provider requests that failed", ["action"], registry=r)
+        self.power_cap_changes = Counter("gptrm_adaptor_power_cap_changes_total",
+                                         "GPU power-limit changes by the capping loop, by direction (down, up)",
+                                         ["direction"], registry=r)
         self.is_leader = Gauge("gptrm_coordinator_leader", "1 while this replica leads", registry=r)
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
         self.etcd_up = Gauge("gptrm_etcd_up", "1 while etcd answers (the coordinator starts only once it does)",

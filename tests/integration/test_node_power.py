@@ -14,7 +14,7 @@ from tests.integration.harness import Cluster, wait_until
 
 # The operator's provider command: power_off kills the node's agent, power_on starts it again.
 PROVIDER = '''#!{python}
-import json, os, signal, subprocess, sys
+import json, os, signal, subprocess, sys, time
 req = json.load(sys.stdin)
 state = {state!r}
 with open(os.path.join(state, "requests.log"), "a") as f:
@@ -22,7 +22,11 @@ with open(os.path.join(state, "requests.log"), "a") as f:
 node = req["node_id"]
 pid_file = os.path.join(state, node + ".pid")
 if req["action"] == "power_off":
-    os.kill(int(open(pid_file).read()), signal.SIGKILL)
+    try:
+        os.kill(int(open(pid_file).read()), signal.SIGKILL)
+    except ProcessLookupError:   # asked again after a leader change: already off
+        pass
+    time.sleep({off_delay_s})
 elif req["action"] == "power_on":
     argv = json.load(open(os.path.join(state, node + ".argv")))
     log = open(os.path.join(state, node + ".log"), "ab")
@@ -49,7 +53,7 @@ class TestNodePower:
         state = tmp_path / "provider"
         state.mkdir()
         script = tmp_path / "provider.py"
-        script.write_text(PROVIDER.format(python=sys.executable, state=str(state)))
+        script.write_text(PROVIDER.format(python=sys.executable, state=str(state), off_delay_s=0))
         script.chmod(script.stat().st_mode | stat.S_IXUSR)
         cluster.start_coordinator("c1", "--node-provider", "command", "--node-provider-command", str(script),
                                   "--power-down-after", "5", "--spare-nodes", "1", "--lost-grace", "2",
@@ -100,3 +104,69 @@ class TestNodePower:
             for pid_file in state.glob("*.pid"):
                 with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    def test_leader_killed_between_power_off_and_power_on(self, cluster: Cluster, tmp_path: Path) -> None:
+        """The leader is killed (-9) while a node is powering-off: the standby resumes, the node ends off (never
+        stuck switching), and a 2-node task then wakes one node and runs."""
+        state = tmp_path / "provider"
+        state.mkdir()
+        script = tmp_path / "provider.py"
+        script.write_text(PROVIDER.format(python=sys.executable, state=str(state), off_delay_s=3))
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        flags = ("--node-provider", "command", "--node-provider-command", str(script), "--power-down-after", "5",
+                 "--spare-nodes", "1", "--lost-grace", "2", "--wake-timeout", "60", "--lease-ttl", "2")
+        cluster.start_coordinator("c1", *flags)
+        cluster.wait_leader("c1")
+        cluster.start_coordinator("c2", *flags)
+        try:
+            for node in ("n1", "n2", "n3"):
+                proc = cluster.start_agent(node)
+                (state / f"{node}.argv").write_text(json.dumps(proc.argv))
+                (state / f"{node}.pid").write_text(str(proc.pid))
+            wait_until(lambda: len(_nodes(cluster)) == 3, what="three nodes")
+
+            def power(coordinator: str) -> dict[str, str]:
+                res = cluster.ctl("-o", "json", "nodes", coordinator=cluster.address(coordinator))
+                return {n["node_id"]: n["power_state"] for n in json.loads(res.stdout)["nodes"]} \
+                    if res.returncode == 0 else {}
+
+            def with_power(label: str, coordinator: str) -> list[str]:
+                return sorted(n for n, p in power(coordinator).items() if p == label)
+
+            switching = wait_until(lambda: with_power("powering-off", "c1"), timeout_s=60, interval_s=0.2,
+                                   what="a node powering off")
+            cluster.proc("c1").signal(signal.SIGKILL)
+            cluster.wait_leader("c2", timeout_s=30)
+
+            def off() -> list[str]:
+                return with_power("off", "c2")
+
+            powered_off = wait_until(lambda: x if len(x := off()) == 2 else None, timeout_s=90, what="two nodes off")
+            assert switching[0] in powered_off
+            events = cluster.ctl("-o", "json", "events", coordinator=cluster.address("c2")).stdout.splitlines()
+            resumed = [e for e in map(json.loads, events) if e["kind"] == "power" and e["node_id"] == switching[0]
+                       and "resumed after a leader change" in e["message"]]
+            assert resumed, "the new leader did not resume the interrupted power-off"
+            assert with_power("powering-off", "c2") == [] and with_power("powering-on", "c2") == []
+            assert all(not cluster.agents[n].alive for n in powered_off)
+
+            res = cluster.ctl("-o", "json", "submit", "--name", "gang", "--nodes", "2", "--gpus", "3", "--gpu-mem-gib",
+                              "10", "--cpu", "0.1", "--", "sleep", "30", coordinator=cluster.address("c2"))
+            assert res.returncode == 0, res.stderr
+            tid = json.loads(res.stdout)["task_id"]
+
+            def running() -> dict | None:
+                t = json.loads(cluster.ctl("-o", "json", "tasks", tid, coordinator=cluster.address("c2")).stdout)
+                return t if t["state"] == "running" else None
+
+            task = wait_until(running, timeout_s=90, interval_s=0.5, what="gang task running")
+            woken = [r for r in _requests(state) if r["action"] == "power_on"]
+            assert len(woken) == 1 and woken[0]["node_id"] in powered_off
+            assert woken[0]["node_id"] in sorted(a["node_id"] for a in task["allocation"])
+            end = power("c2")
+            assert sorted(end.values()) == ["off", "ready", "ready"] and end[woken[0]["node_id"]] == "ready"
+        finally:
+            for pid_file in state.glob("*.pid"):
+                with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+

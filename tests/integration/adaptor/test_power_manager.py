@@ -1,0 +1,160 @@
+"""The leader's power manager (coordinator/adaptor/power.py) as ``coordinator.app.build`` wires it, on the test
+session's etcd, with a real operator command as the node provider."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import types_pb2
+from common.power_states import power_label
+from common.types import TaskState
+from coordinator.app import App, build
+from coordinator.config import CoordinatorConfig
+from coordinator.sync import connect
+
+GIB = 1024**3
+PS = types_pb2.NodePowerState
+
+SCRIPT = """#!/bin/sh
+cat >> {log}
+echo >> {log}
+{tail}
+"""
+
+
+class Rig:
+    """A leading replica whose provider command logs each request, then runs ``tail`` (its exit)."""
+
+    def __init__(self, app: App, log: Path) -> None:
+        self.app, self.log = app, log
+
+    def node(self, node_id: str, gpus: int, *, off: bool = False) -> None:
+        inv = types_pb2.NodeInventory(
+            node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB,
+            gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB)
+                  for i in range(gpus)])
+        entry, _ = self.app.registry.connect(inv, outbox=None)
+        if off:
+            entry.record.power_state = PS.NODE_POWER_STATE_OFF
+            self.app.registry.disconnect(node_id, entry.stream_id)
+
+    def pending(self, task_id: str, gpus: float, nodes: int = 1) -> types_pb2.Task:
+        task = types_pb2.Task(
+            id=task_id, state=int(TaskState.PENDING), revision=1, submit_unix_s=1.0,
+            spec=types_pb2.TaskSpec(name=task_id, argv=["true"], nodes=nodes),
+            demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=10 * GIB, cpu_cores=1.0, mem_bytes=GIB))
+        self.app.tasks.tasks[task_id] = task
+        return task
+
+    def steps(self, n: int) -> None:
+        """``n`` power-manager steps."""
+        async def go() -> None:
+            for _ in range(n):
+                await self.app.power_manager.step()
+                for entry in self.app.registry:   # the provider's power-off ends the node's stream
+                    if entry.connected and power_label(entry.record.power_state) == "off":
+                        self.app.registry.disconnect(entry.node_id, entry.stream_id)
+                await asyncio.sleep(0.05)   # past --power-down-after
+        asyncio.run(go())
+
+    def power(self, node_id: str) -> str:
+        return power_label(self.app.registry.get(node_id).record.power_state)
+
+    def requests(self) -> list[dict]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def failures(self, action: str) -> float:
+        return self.app.metrics.registry.get_sample_value("gptrm_adaptor_provider_failures_total",
+                                                          {"action": action}) or 0.0
+
+
+def make_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path, tail: str) -> Iterator[Rig]:
+    log = tmp_path / "requests.log"
+    script = tmp_path / "provider.sh"
+    script.write_text(SCRIPT.format(log=log, tail=tail))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    client = connect(etcd_server.endpoints, 2.0)
+    cfg = CoordinatorConfig(etcd_prefix=etcd_prefix, policy="max-utilization", threshold=0.5,
+                            node_provider="command", node_provider_command=str(script),
+                            node_provider_timeout_s=1.0, power_down_after_s=0.01, spare_nodes=0, lease_ttl_s=5.0)
+    app = build(cfg, client)
+    assert app.leadership.election.acquire(timeout=10)
+    app.leadership.leading = True
+    yield Rig(app, log)
+    app.leadership.election.resign()
+    client.close()
+
+
+@pytest.fixture
+def rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path) -> Iterator[Rig]:
+    yield from make_rig(etcd_server, etcd_prefix, tmp_path, "exit 0")
+
+
+@pytest.fixture(params=["exit 1", "exec sleep 30"], ids=["exits-1", "hangs"])
+def failing_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path,
+                request: pytest.FixtureRequest) -> Iterator[Rig]:
+    yield from make_rig(etcd_server, etcd_prefix, tmp_path, request.param)
+
+
+class TestWakeThreshold:
+    def test_fit_only_above_the_threshold_wakes_an_off_node(self, rig: Rig) -> None:
+        """3 GPUs on a free 4-GPU node exceed threshold 0.5: the off 8-GPU node is woken for the task."""
+        rig.node("n1", 4)
+        rig.node("n2", 8, off=True)
+        rig.app.power_manager.unplaced(rig.pending("t1", 3.0))
+        rig.steps(1)
+        assert rig.power("n2") == "powering-on"
+        assert [(r["action"], r["node_id"]) for r in rig.requests()] == [("power_on", "n2")]
+
+    def test_fit_under_the_threshold_wakes_nothing(self, rig: Rig) -> None:
+        """2 GPUs fit a free 4-GPU node at threshold 0.5: the scheduler places it, no node is woken."""
+        rig.node("n1", 4)
+        rig.node("n2", 8, off=True)
+        rig.app.power_manager.unplaced(rig.pending("t1", 2.0))
+        rig.steps(1)
+        assert rig.power("n2") == "off" and rig.requests() == []
+
+
+class TestScaleInWithPendingWork:
+    def test_pending_task_that_fits_nowhere_blocks_no_power_down(self, rig: Rig) -> None:
+        """A pending 16-GPU task fits on no 4-GPU node: both idle nodes are still powered off."""
+        rig.node("n1", 4)
+        rig.node("n2", 4)
+        rig.pending("huge", 16.0)
+        rig.steps(3)
+        assert rig.power("n1") == "off" and rig.power("n2") == "off"
+        assert sorted(r["node_id"] for r in rig.requests() if r["action"] == "power_off") == ["n1", "n2"]
+
+    def test_pending_task_that_fits_keeps_the_nodes_it_could_use(self, rig: Rig) -> None:
+        """A pending 2-GPU task fits the 4-GPU node (threshold 0.5) but not the 2-GPU one: only that one goes."""
+        rig.node("n1", 4)
+        rig.node("n2", 2)
+        rig.pending("small", 2.0)
+        rig.steps(3)
+        assert rig.power("n1") == "ready" and rig.power("n2") == "off"
+
+
+class TestProviderFailures:
+    def test_failed_power_off_is_counted_and_the_node_stays_usable(self, failing_rig: Rig) -> None:
+        """A command that exits 1 or hangs past its timeout is an event and counts in
+        gptrm_adaptor_provider_failures_total; the node is left ready, connected and schedulable."""
+        failing_rig.node("n1", 4)
+        failing_rig.steps(3)
+        assert [r["action"] for r in failing_rig.requests()] == ["power_off"]
+        assert failing_rig.failures("power_off") == 1.0
+        assert failing_rig.power("n1") == "ready"
+        entry = failing_rig.app.registry.get("n1")
+        assert "power-off failed" in entry.record.power_reason
+        assert entry.connected and failing_rig.app.registry.schedulable(entry)
+        reported = [e for e in failing_rig.app.events.recent(50) if e.kind == "power" and e.node_id == "n1"
+                    and "node provider failed to power_off" in e.message]
+        assert len(reported) == 1
