@@ -225,6 +225,8 @@ class Request:
     :param gpu_model: substring the node's GPU model must contain, "" for any.
     :param node_selector: labels the node must carry with exactly these values.
     :param allow_sharing: whether a fractional ``demand.gpus`` (< 1) may share a GPU with others.
+    :param expected_run_s: the profiler's expected run time (the trace's in the simulator), None when
+        unknown; only the ``time-aware`` policy reads it.
     """
 
     task_id: str
@@ -237,6 +239,7 @@ class Request:
     gpu_model: str = ""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     allow_sharing: bool = False
+    expected_run_s: float | None = None
 
     def __post_init__(self) -> None:
         """Refuse a gang of fewer than one node (nothing could be placed all-or-nothing)."""

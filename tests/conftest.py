@@ -6,8 +6,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
+
+
+@pytest.fixture(autouse=True)
+def _restore_structlog() -> Iterator[None]:
+    """A test that runs a command's main() (which configures logging to the stderr pytest captures for
+    that test only) must not leave later tests logging into a closed stream."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -71,7 +71,10 @@ class PowerManager:
     :param threshold: the placement threshold now (each dimension's utilization cap after placement).
     :param on_provider_failure: called with the action of every provider request that was tried and
         failed (``gptrm_adaptor_provider_failures_total``).
-    :param now: monotonic clock (injected in tests).
+    :param now: monotonic clock (injected in tests; the simulator's virtual clock).
+    :param wall: unix clock stamped on power-state changes (the simulator's virtual clock).
+    :param sleep: waits ``period_s`` before a draining node is confirmed idle (the simulator,
+        whose cycles are atomic, passes a wait that returns at once).
     """
 
     def __init__(self, registry: NodeRegistry, tasks: Callable[[], dict[str, types_pb2.Task]], store: Store,
@@ -81,12 +84,14 @@ class PowerManager:
                  on_change: Callable[[], None] = lambda: None, period_s: float = 1.0,
                  threshold: Callable[[], float] = lambda: 1.0,
                  on_provider_failure: Callable[[str], None] = lambda action: None,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._registry, self._tasks, self._store, self._leadership = registry, tasks, store, leadership
         self._locks, self._provider, self._events = locks, provider, events
         self._after, self._spare, self._wake_timeout_s = power_down_after_s, spare_nodes, wake_timeout_s
         self._idle_power_w, self._on_change, self._period_s, self._now = idle_power_w, on_change, period_s, now
         self._threshold, self._on_provider_failure = threshold, on_provider_failure
+        self._wall, self._sleep = wall, sleep
         self._idle_since: dict[str, float] = {}
         self._wake_deadline: dict[str, float] = {}
         self._unplaced: set[str] = set()
@@ -141,6 +146,18 @@ class PowerManager:
     def _busy_ids(self) -> set[str]:
         return {e.node_id for e in self._registry if e.task_ids}
 
+    def next_due(self) -> float | None:
+        """The earliest time (``now`` clock) a step acts without anything else changing: an idle node's
+        power-down deadline or a woken node's registration deadline; None when nothing is due.
+
+        A caller that steps on events (the simulator) steps again then; the loop of :meth:`run`
+        needs no such hint.
+        """
+        due = list(self._wake_deadline.values())
+        if self._after > 0 and self._provider.can_power and len(self._idle_since) > self._spare:
+            due.append(min(self._idle_since.values()) + self._after)
+        return min(due, default=None)
+
     # ---- scale-in ---------------------------------------------------------------------------------
 
     async def _scale_in(self) -> None:
@@ -169,7 +186,7 @@ class PowerManager:
             if entry.task_ids or not _is_ready(entry):
                 return
             await self._set(entry, PS.NODE_POWER_STATE_DRAINING, reason)
-        await asyncio.sleep(self._period_s)   # a cycle that chose it before it was draining commits by now
+        await self._sleep(self._period_s)   # a cycle that chose it before it was draining commits by now
         async with self._locks.hold(f"power-{node_id}"):
             if entry.task_ids:
                 await self._set(entry, PS.NODE_POWER_STATE_READY, "got work while draining: back in service")
@@ -251,7 +268,7 @@ class PowerManager:
         record = types_pb2.NodeRecord()
         record.CopyFrom(entry.record)
         record.power_state = state
-        record.power_state_unix_s = time.time()
+        record.power_state_unix_s = self._wall()
         record.power_reason = reason[:256]
         await self._leadership.write(self._store.put_node, record)
         entry.record.power_state, entry.record.power_state_unix_s = state, record.power_state_unix_s

@@ -12,6 +12,11 @@
   else, a non-zero exit, or running past the timeout is a failure: an event names it, the caller
   leaves the node in its last safe state, and the same request is refused until a backoff (doubling
   per consecutive failure, capped) has passed.
+- ``simulated``: the simulator's. It accepts every power request at once and completes it after a
+  virtual delay (``boot_s`` for power-on, ``shutdown_s`` for power-off) on the simulator's clock;
+  the simulator asks it which requests completed (:meth:`SimulatedProvider.completed`) and when the
+  next one does (:meth:`SimulatedProvider.next_due`). ``create`` is refused: a replay's cluster is
+  the trace's.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from common.errors import ConfigError
 from common.logging import get_logger
 from coordinator.events import EventBus
 
-__all__ = ["ACTIONS", "CommandProvider", "NodeProvider", "ProviderResult", "StaticProvider", "build_provider"]
+__all__ = ["ACTIONS", "CommandProvider", "NodeProvider", "ProviderResult", "SimulatedProvider", "StaticProvider",
+           "build_provider"]
 
 ACTIONS = ("power_off", "power_on", "create")
 _MAX_OUTPUT = 64 * 1024
@@ -168,6 +174,64 @@ class CommandProvider:
             tail = err[-200:].decode(errors="replace").strip()
             return f"exit status {proc.returncode}" + (f": {tail}" if tail else "")
         return _check_output(out)
+
+
+class SimulatedProvider:
+    """The simulator's node provider: power changes complete after a virtual delay.
+
+    A node is physically powered from the moment a power-on is accepted (it boots, drawing its
+    idle power) until a power-off completes. ``completed(now)`` hands back the changes whose delay
+    has passed, in completion order; the simulator then lets a booted node's agent register.
+
+    :param now: the simulator's virtual clock.
+    :param boot_s: virtual seconds from power-on until the node's agent registers.
+    :param shutdown_s: virtual seconds from power-off until the node draws nothing.
+    :raises ValueError: a negative delay.
+    """
+
+    name = "simulated"
+    can_power = True
+
+    def __init__(self, now: Callable[[], float], *, boot_s: float = 0.0, shutdown_s: float = 0.0) -> None:
+        if boot_s < 0 or shutdown_s < 0:
+            raise ValueError(f"simulated provider delays must be ≥ 0, got boot_s={boot_s}, shutdown_s={shutdown_s}")
+        self._now, self._boot_s, self._shutdown_s = now, boot_s, shutdown_s
+        self._pending: dict[str, tuple[float, str]] = {}   # node → (completes at, action)
+        self._off: set[str] = set()
+        self.requests: list[tuple[float, str, str]] = []   # (time, action, node) accepted, for reports and tests
+
+    def powered(self, node_id: str) -> bool:
+        """Whether the node draws power (on, booting, or shutting down)."""
+        return node_id not in self._off
+
+    async def request(self, action: str, node_id: str, reason: str,
+                      demand: dict[str, float] | None = None) -> ProviderResult:
+        """Accept ``power_off``/``power_on`` (completing after the delay); refuse ``create``."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown provider action {action!r}")
+        if action == "create":
+            return ProviderResult(False, "the simulated cluster has a fixed set of nodes", attempted=False)
+        now = self._now()
+        self.requests.append((now, action, node_id))
+        if action == "power_on":
+            self._off.discard(node_id)
+            self._pending[node_id] = (now + self._boot_s, action)
+        else:
+            self._pending[node_id] = (now + self._shutdown_s, action)
+        return ProviderResult(True)
+
+    def next_due(self) -> float | None:
+        """When the next accepted change completes (None: none is in flight)."""
+        return min((at for at, _ in self._pending.values()), default=None)
+
+    def completed(self, now: float) -> list[tuple[str, str]]:
+        """The changes complete by ``now``, as ``(action, node_id)`` in completion order; forgets them."""
+        done = sorted((at, node_id, action) for node_id, (at, action) in self._pending.items() if at <= now)
+        for _, node_id, action in done:
+            del self._pending[node_id]
+            if action == "power_off":
+                self._off.add(node_id)
+        return [(action, node_id) for _, node_id, action in done]
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

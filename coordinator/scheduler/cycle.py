@@ -140,9 +140,9 @@ class SchedulerCycle:
             self.skipped += 1
             return 0
         self._idle = None
-        expected = {t.id: run_s for t in pending if t.spec.qos.deadline_unix_s
-                    and (run_s := self._profiler.expected_run_s(t.spec)) is not None}
-        requests = sorted((request_for(t) for t in pending), key=slack_key(time.time(), expected))
+        runs = {t.id: run_s for t in pending if (run_s := self._profiler.expected_run_s(t.spec)) is not None}
+        expected = {t.id: runs[t.id] for t in pending if t.spec.qos.deadline_unix_s and t.id in runs}
+        requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
         snapshot = self._snapshots.snapshot(self._tasks.tasks.values(), self._registry)
         policy = self._policy.current
         engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold)

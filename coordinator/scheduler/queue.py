@@ -31,9 +31,10 @@ def slack_key(now: float, expected_run_s: Mapping[str, float]) -> Callable[[Requ
     return key
 
 
-def request_for(task: types_pb2.Task) -> Request:
+def request_for(task: types_pb2.Task, expected_run_s: float | None = None) -> Request:
     """The placement request of a task: its per-node demand vector (GPU memory as the node total,
-    from the per-GPU figure stored in ``Task.demand``), constraints and queue position."""
+    from the per-GPU figure stored in ``Task.demand``), constraints and queue position, and the
+    profiler's expected run time (read by the ``time-aware`` policy)."""
     d, spec = task.demand, task.spec
     return Request(
         task_id=task.id,
@@ -42,5 +43,5 @@ def request_for(task: types_pb2.Task) -> Request:
         nodes=max(1, spec.nodes), gpu_mem_per_gpu_bytes=d.gpu_mem_bytes, priority=spec.priority,
         submit_s=task.submit_unix_s, deadline_s=spec.qos.deadline_unix_s or None,
         gpu_model=spec.constraints.gpu_model, node_selector=dict(spec.constraints.node_selector),
-        allow_sharing=spec.allow_gpu_sharing,
+        allow_sharing=spec.allow_gpu_sharing, expected_run_s=expected_run_s,
     )

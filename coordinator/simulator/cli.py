@@ -45,11 +45,12 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")
     p.add_argument("--threshold", type=float, default=1.0,
                    help="cap on each dimension's utilization after placement (default 1.0: whole trace GPUs)")
-    p.add_argument("--power-down-after", type=float, metavar="SECONDS", help="power idle nodes down after this long")
+    p.add_argument("--power-down-after", type=float, metavar="SECONDS",
+                   help="run the Resource Adaptor: power nodes idle this long down, wake them for waiting jobs")
+    p.add_argument("--spare-nodes", type=int, default=1, metavar="N",
+                   help="idle nodes the adaptor keeps on (default 1)")
     p.add_argument("--wake-delay", type=float, default=120.0, metavar="SECONDS",
-                   help="power-on to ready time of a powered-down node (default 120)")
-    p.add_argument("--scale-out", action="store_true",
-                   help="elastic pool for Alg. 1-2: off nodes leave their view, a scale-out refusal powers one on")
+                   help="boot time of a powered-down node, power-on to ready (default 120)")
     p.add_argument("--keep-order", action="store_true", help="decide in queue order also for Alg. 1-3 (FIFO)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     p.add_argument("--measure-until", metavar="SECONDS|last-submit",
@@ -118,13 +119,11 @@ def _configs(args: argparse.Namespace, names: Sequence[str], last_submit_s: floa
             until = float(args.measure_until)
         except ValueError:
             raise _usage(f"--measure-until: expected seconds or {_LAST_SUBMIT}, got {args.measure_until!r}") from None
-    if args.scale_out and args.power_down_after is None:
-        raise _usage("--scale-out needs --power-down-after (nodes leave the pool when powered down)")
     try:
         return [
             SimConfig(
                 policy=name, threshold=args.threshold, seed=args.seed, power_down_after_s=args.power_down_after,
-                wake_delay_s=args.wake_delay, scale_out=args.scale_out, keep_order=args.keep_order,
+                wake_delay_s=args.wake_delay, spare_nodes=args.spare_nodes, keep_order=args.keep_order,
                 exact_batches=args.exact_batches, measure_until_s=until, keep_series=not args.no_plots,
             )
             for name in names
@@ -184,7 +183,7 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
         f"- jobs: `{args.jobs}` ({len(jobs):,} replayed); nodes: `{args.nodes}`, {len(cluster.nodes)} nodes, "
         f"{gpus:g} GPUs" + (f" (limit {args.nodes_limit}, evenly spaced)" if args.nodes_limit else ""),
         f"- threshold {args.threshold:g}; power-down after {args.power_down_after}s; wake delay {args.wake_delay:g}s; "
-        f"scale-out {args.scale_out}; keep order {args.keep_order}; seed {args.seed}",
+        f"spare nodes {args.spare_nodes}; keep order {args.keep_order}; seed {args.seed}",
     ]
     write_outputs(args.out, results, title="Trace replay", notes=notes, plots=not args.no_plots)
     sys.stdout.write(markdown_table(results_json(results)))

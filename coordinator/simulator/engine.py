@@ -24,11 +24,14 @@ round-robin cursor, so the decisions equal those of ``place_batch`` over the who
 Priorities and preemption (``SimConfig(preemption=True)``): after each pass the QoS Manager's
 victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`.
 
-Power states (see :mod:`coordinator.adaptor.power_states`): busy, idle, and off after
-``power_down_after_s`` without work; work placed on an off node starts ``wake_delay_s`` later
-(a gang when its last node is up). With ``scale_out`` the policies that ask for new nodes
-(Alg. 1-2) see only powered nodes, and a scale-out refusal powers on the smallest off nodes
-that could hold the request.
+Node power is the production Resource Adaptor's: with ``power_down_after_s`` the replay drives
+:class:`coordinator.adaptor.power.PowerManager` with the ``simulated`` node provider in virtual
+time (:mod:`coordinator.simulator.adaptor_driver`). It powers down nodes idle longer than
+``power_down_after_s`` beyond ``spare_nodes``, and wakes the off node that adds the least idle power
+for a job the pass could not place; a woken node takes work ``wake_delay_s`` (its boot time) later.
+Only nodes whose power state is ready are schedulable. The manager steps after every timestamp's
+pass (and before it, so booted nodes are back in service), and at the next time it would act on
+its own (a power-down deadline, a boot completing).
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from common.domain import ClusterSnapshot, Placement, Rejection, Request, queue_key
-from coordinator.adaptor.power_states import NodePower
+from common.domain import ClusterSnapshot, Placement, Request, queue_key
 from coordinator.scheduler.placement.engine import PlacementEngine
-from coordinator.scheduler.policies import feasible
+from coordinator.scheduler.policies import build as build_policy
+from coordinator.scheduler.policies import time_aware
+from coordinator.simulator.adaptor_driver import SimAdaptor
 from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, summarize_jobs
 
 if TYPE_CHECKING:
@@ -50,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["SimConfig", "SimJob", "SimResult", "Simulator", "shape_of"]
 
 # event kinds; at one timestamp they are applied in this order
-_COMPLETE, _START, _ARRIVE, _POWER_DOWN = 0, 1, 2, 3
+_COMPLETE, _ARRIVE, _POWER = 0, 1, 2
 
 Shape = tuple[Any, ...]
 """Everything about a request that the placement decision depends on, except its identity."""
@@ -89,9 +93,10 @@ class SimConfig:
     :param threshold: cap on each dimension's utilization after placement, in (0, 1]. 1.0 by
         default: at 0.9 an 8-GPU server could never take an 8-GPU trace job.
     :param seed: seed for the ``random`` policy.
-    :param power_down_after_s: power a node down after this long without work (None: never).
-    :param wake_delay_s: time from powering a node on until its jobs start.
-    :param scale_out: elastic pool for policies that ask for new nodes (needs ``power_down_after_s``).
+    :param power_down_after_s: the adaptor powers a node down after this long without work (None: every
+        node stays on).
+    :param wake_delay_s: boot time: from powering a node on until it takes work.
+    :param spare_nodes: idle nodes the adaptor keeps on (``--spare-nodes``).
     :param keep_order: decide in queue order also for the policies that sort by demand (FIFO).
     :param exact_batches: reference mode: hand the whole queue to ``place_batch`` on every pass.
     :param measure_until_s: stop the time-weighted metrics here (None: at the last event); job
@@ -106,7 +111,7 @@ class SimConfig:
     seed: int = 0
     power_down_after_s: float | None = None
     wake_delay_s: float = 0.0
-    scale_out: bool = False
+    spare_nodes: int = 1
     keep_order: bool = False
     exact_batches: bool = False
     measure_until_s: float | None = None
@@ -119,6 +124,8 @@ class SimConfig:
             raise ValueError(f"power_down_after_s must be ≥ 0, got {self.power_down_after_s}")
         if self.wake_delay_s < 0:
             raise ValueError(f"wake_delay_s must be ≥ 0, got {self.wake_delay_s}")
+        if self.spare_nodes < 0:
+            raise ValueError(f"spare_nodes must be ≥ 0, got {self.spare_nodes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +139,6 @@ class SimResult:
     :param placements: ``job id → node ids`` chosen for each finished job.
     :param series: samples for plots (None unless ``keep_series``).
     :param events: events processed.
-    :param preempted: ``job id → (times preempted, run seconds lost)`` of the jobs preempted at least once.
     """
 
     policy: str
@@ -161,17 +167,31 @@ class Simulator:
         self.config = config
         self.jobs = list(jobs)
         self.base = cluster
-        self.engine = PlacementEngine.from_name(cluster, config.policy, threshold=config.threshold, seed=config.seed)
-        self.elastic = config.scale_out and self.engine.policy.scale_out and config.power_down_after_s is not None
+        self.now = min((j.request.submit_s for j in self.jobs), default=0.0)
+        if config.policy == time_aware.NAME:
+            # Expected run times come from the trace; the policy reads the virtual clock.
+            policy = time_aware.build(config.threshold, now=lambda: self.now)
+        else:
+            policy = build_policy(config.policy, config.threshold, seed=config.seed)
+        self.engine = PlacementEngine(cluster, policy)
         nodes = cluster.nodes
         self.index = {node.node_id: i for i, node in enumerate(nodes)}
-        self.start_s = min((j.request.submit_s for j in self.jobs), default=0.0)
+        self.start_s = self.now
         self.metrics = MetricsRecorder(
             [n.capacity.gpus for n in nodes], [n.power.idle_w for n in nodes], [n.power.max_w for n in nodes],
             self.start_s, keep_series=config.keep_series,
             checkpoint_s=max((j.request.submit_s for j in self.jobs), default=None),
         )  # fmt: skip
-        self.nodes = NodePower(len(nodes), self.start_s, self.metrics, config.power_down_after_s, config.wake_delay_s)
+        self.adaptor: SimAdaptor | None = None
+        if config.power_down_after_s is not None:
+            self.adaptor = SimAdaptor(nodes, lambda: self.now, power_down_after_s=config.power_down_after_s,
+                                      spare_nodes=config.spare_nodes, boot_s=config.wake_delay_s,
+                                      wake_timeout_s=max(600.0, 2 * config.wake_delay_s))
+        self.ready = [True] * len(nodes)
+        self.powered = [True] * len(nodes)
+        self.running_gpus = [0.0] * len(nodes)
+        self.running_jobs = [0] * len(nodes)
+        self.power_due: float | None = None
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = 0
         self.shapes = [shape_of(j.request) for j in self.jobs]
@@ -183,8 +203,7 @@ class Simulator:
         self.placements_by_id: dict[str, tuple[str, ...]] = {}
         self.records: list[JobRecord] = []
         self.processed = 0
-        self.job_events = 0  # arrivals, starts and completions still in the heap
-        self.scale_outs = 0
+        self.job_events = 0  # arrivals and completions still in the heap
         self.qos: SimPreemption | None = None
         if config.preemption:
             from coordinator.simulator.qos import SimPreemption
@@ -192,9 +211,9 @@ class Simulator:
             self.qos = SimPreemption(self, config.protection_s)
 
     def _push(self, t: float, kind: int, payload: int) -> None:
-        """Schedule an event (payload: a job index, or a node index for power-down)."""
+        """Schedule an event (payload: a job index; unused for a power step)."""
         self.seq += 1
-        if kind != _POWER_DOWN:
+        if kind != _POWER:
             self.job_events += 1
         heapq.heappush(self.events, (t, kind, self.seq, payload))
 
@@ -206,42 +225,38 @@ class Simulator:
         """
         for k, job in enumerate(self.jobs):
             self._push(job.request.submit_s, _ARRIVE, k)
-        if self.config.power_down_after_s is not None:
-            for i in range(len(self.base.nodes)):
-                self._push(self.start_s + self.config.power_down_after_s, _POWER_DOWN, i)
         step = max(1, len(self.jobs) // 100)
         until = self.config.measure_until_s
         events = self.events
-        # The replay ends with the last job event: power-down timers left over after it change
-        # nothing that matters, and would only stretch the horizon.
-        while self.job_events:
+        # The replay ends with the last job event, or with the last power step a waiting job may
+        # still need (a node booting for it): later steps change nothing that matters, and would
+        # only stretch the horizon.
+        while self.job_events or (self.waiting and events):
             now = events[0][0]
+            self.now = now
             self.metrics.advance(now if until is None else min(now, until))
             released = arrived = False
-            power_downs: list[int] = []
             while events and events[0][0] == now:
                 _, kind, _, payload = heapq.heappop(events)
                 self.processed += 1
-                if kind != _POWER_DOWN:
+                if kind != _POWER:
                     self.job_events -= 1
                 if kind == _COMPLETE:
                     self._complete(payload, now)
                     released = True
                     if progress is not None and len(self.records) % step == 0:
                         progress(len(self.records) / len(self.jobs))
-                elif kind == _START:
-                    self._start(payload)
                 elif kind == _ARRIVE:
                     self._arrive(payload)
                     arrived = True
-                else:
-                    power_downs.append(payload)
-            if released or arrived:
-                self._schedule(now, released)
+            grew = self._power_step() if self.adaptor is not None else False
+            if released or arrived or grew:
+                self._schedule(now, released or grew)
                 if self.qos is not None:
                     self.qos.after_pass(now)
-            for i in power_downs:
-                self.nodes.power_down(i, now, elastic=self.elastic)
+            if self.adaptor is not None:
+                self._power_step()
+                self._arm_power_step(now)
             self.metrics.sample(now, self.waiting)
         if progress is not None:
             progress(1.0)
@@ -251,24 +266,53 @@ class Simulator:
         """Queue job ``k`` in its shape's bucket (ordered by the production queue key)."""
         heapq.heappush(self.buckets.setdefault(self.shapes[k], []), (queue_key(self.jobs[k].request), k))
         self.waiting += 1
+        if self.adaptor is not None:
+            self.adaptor.arrived(self.jobs[k].request)
+
+    def _power_step(self) -> bool:
+        """Step the adaptor, follow its power states; True when a node came back into service."""
+        adaptor = self.adaptor
+        assert adaptor is not None
+        adaptor.step()
+        if not adaptor.changed and self.powered == [adaptor.powered(i) for i in range(len(self.powered))]:
+            return False
+        adaptor.changed = False
+        grew = False
+        for i in range(len(self.ready)):
+            powered = adaptor.powered(i)
+            if powered != self.powered[i]:
+                self.powered[i] = powered
+                self.metrics.set_node(i, powered=powered)
+            ready = adaptor.ready(i)
+            grew = grew or (ready and not self.ready[i])
+        self._sync_view()
+        return grew
+
+    def _arm_power_step(self, now: float) -> None:
+        """Step the adaptor again when it would next act on its own."""
+        assert self.adaptor is not None
+        due = self.adaptor.next_due()
+        if due is not None and due > now and (self.power_due is None or self.power_due <= now or due < self.power_due):
+            self.power_due = due
+            self._push(due, _POWER, 0)
 
     def _sync_view(self) -> None:
-        """Rebuild the engine when the elastic pool changed (reservations carry over)."""
-        if not self.nodes.view_changed:
+        """Rebuild the engine when the set of ready nodes changed (reservations and policy carry over)."""
+        assert self.adaptor is not None
+        ready = [self.adaptor.ready(i) for i in range(len(self.ready))]
+        if ready == self.ready:
             return
-        in_view = self.nodes.in_view
+        self.ready = ready
         current = self.engine.snapshot().nodes
-        nodes = tuple(replace(node, schedulable=in_view[i]) for i, node in enumerate(current))
-        # The policy object carries over: Alg. 1-2 are stateless, and only they run elastic.
-        self.engine = PlacementEngine(ClusterSnapshot(nodes=nodes, taken_at_s=0.0), self.engine.policy)
-        self.nodes.view_changed = False
+        nodes = tuple(replace(node, schedulable=ready[i], powered_on=ready[i]) for i, node in enumerate(current))
+        self.engine = PlacementEngine(ClusterSnapshot(nodes=nodes, taken_at_s=self.now), self.engine.policy)
+        self.refused.clear()
 
     def _schedule(self, now: float, released: bool) -> None:
         """One scheduling pass at ``now``."""
         if released:
             # Resources came back: every shape may fit again.
             self.refused.clear()
-        self._sync_view()
         if self.config.exact_batches:
             self._schedule_exact(now)
             return
@@ -283,64 +327,28 @@ class Simulator:
             (rank, _), shape = heapq.heappop(heads)
             bucket = self.buckets[shape]
             k = bucket[0][1]
-            decision = self._decide(self.jobs[k].request, now)
+            decision = self.engine.place(self.jobs[k].request)
             if not isinstance(decision, Placement):
                 self.refused.add(shape)
+                if self.adaptor is not None:
+                    # Its shape's later jobs need the same nodes: the head stands for them.
+                    self.adaptor.unplaced(self.jobs[k].request)
                 continue
             heapq.heappop(bucket)
             self._placed(k, decision, now)
             if bucket:
                 heapq.heappush(heads, ((rank, bucket[0][0]), shape))
 
-    def _decide(self, req: Request, now: float) -> Placement | Rejection:
-        """The engine's decision; in elastic mode a scale-out refusal powers nodes on and retries once."""
-        decision = self.engine.place(req)
-        if isinstance(decision, Placement) or not (self.elastic and decision.scale_out):
-            return decision
-        if not self._scale_out(req, now):
-            return decision
-        self.refused.clear()  # the pool grew: room came back
-        return self.engine.place(req)
-
-    def _scale_out(self, req: Request, now: float) -> bool:
-        """Power on ``req.nodes`` off nodes that could hold the request when empty.
-
-        Like a node provider asked for a node that fits, take the smallest ones (fewest GPUs,
-        then least idle power, then node order), so a small request does not take a big server.
-        """
-        threshold = self.engine.policy.threshold
-        candidates = [
-            (node.capacity.gpus, node.power.idle_w, i) for i, node in enumerate(self.base.nodes)
-            if not self.nodes.in_view[i] and feasible(req, node, threshold) is None
-        ]  # fmt: skip
-        if len(candidates) < req.nodes:
-            return False
-        for _, _, i in sorted(candidates)[: req.nodes]:
-            self.nodes.power_on(i, now)
-            # A new node the retry leaves unused (a gang may need fewer) is taken back like any idle one.
-            self._push(now + (self.config.power_down_after_s or 0.0), _POWER_DOWN, i)
-        self.scale_outs += 1
-        self._sync_view()
-        return True
-
     def _schedule_exact(self, now: float) -> None:
-        """Reference pass over the whole queue: ``place_batch`` itself, or — in elastic mode, where
-        a refusal may grow the pool mid-batch — ``place`` per request in ``place_batch``'s order."""
+        """Reference pass over the whole queue: ``place_batch`` itself."""
         queue = sorted(item for bucket in self.buckets.values() for item in bucket)
         requests = [self.jobs[k].request for _, k in queue]
-        if self.elastic:
-            order = range(len(queue))
-            if self.engine.policy.sorts_requests and not self.config.keep_order:
-                order = sorted(order, key=lambda n: -requests[n].compute_demand)
-            for n in order:
-                decision = self._decide(requests[n], now)
-                if isinstance(decision, Placement):
-                    self._book_exact(queue[n], decision, now)
-            return
         for item, decision in zip(queue, self.engine.place_batch(requests, keep_order=self.config.keep_order),
                                   strict=True):
             if isinstance(decision, Placement):
                 self._book_exact(item, decision, now)
+            elif self.adaptor is not None:
+                self.adaptor.unplaced(self.jobs[item[1]].request)
 
     def _book_exact(self, item: tuple[QueueKey, int], placement: Placement, now: float) -> None:
         """Take a job placed by the reference pass out of its bucket and book it."""
@@ -351,27 +359,29 @@ class Simulator:
         self._placed(k, placement, now)
 
     def _placed(self, k: int, placement: Placement, now: float) -> None:
-        """Book a placement: wake off nodes, then start the job now or when its last node is up."""
+        """Book a placement and start the job (only ready nodes are schedulable: they are up)."""
         self.waiting -= 1
         self.placed[k] = placement
-        start = now
-        for node_id in placement.node_ids:
-            start = max(start, self.nodes.book(self.index[node_id], now))
-        self.start_times[k] = start
-        if start > now:
-            self._push(start, _START, k)
-        else:
-            self._start(k)
+        self.start_times[k] = now
+        req = self.jobs[k].request
+        indices = [self.index[node_id] for node_id in placement.node_ids]
+        if self.adaptor is not None:
+            self.adaptor.placed(req, indices)
+        for i in indices:
+            self._run_on(i, placement.demand.gpus, start=True)
+        self._push(now + self.jobs[k].duration_s, _COMPLETE, k)
 
-    def _start(self, k: int) -> None:
-        """Job ``k`` begins running: its GPUs count as busy until it completes."""
-        placement = self.placed[k]
-        for node_id in placement.node_ids:
-            self.nodes.run(self.index[node_id], placement.demand.gpus, start=True)
-        self._push(self.start_times[k] + self.jobs[k].duration_s, _COMPLETE, k)
+    def _run_on(self, i: int, gpus: float, *, start: bool) -> None:
+        """A job using ``gpus`` GPUs starts or stops running on node ``i``."""
+        sign = 1 if start else -1
+        self.running_jobs[i] += sign
+        self.running_gpus[i] += sign * gpus
+        if abs(self.running_gpus[i]) < 1e-9:
+            self.running_gpus[i] = 0.0
+        self.metrics.set_node(i, used_gpus=self.running_gpus[i], busy=self.running_jobs[i] > 0)
 
     def _complete(self, k: int, now: float) -> None:
-        """Job ``k`` ends: release its reservations and arm the power-down timers of emptied nodes."""
+        """Job ``k`` ends: release its reservations (the adaptor sees its nodes idle)."""
         if self.qos is not None and self.qos.stale_completion(k):
             return   # the end of a run that was preempted
         placement = self._release(k, now)
@@ -380,21 +390,25 @@ class Simulator:
         self.placements_by_id[req.task_id] = placement.node_ids
 
     def _release(self, k: int, now: float) -> Placement:
-        """Job ``k`` stops running (it ended or was preempted): give its reservations back and arm the
-        power-down timers of emptied nodes."""
+        """Job ``k`` stops running (it ended or was preempted): give its reservations back; the adaptor
+        sees its nodes idle."""
         placement = self.placed.pop(k)
-        self.engine.release(placement, self.jobs[k].request.gpu_mem_per_gpu_bytes)
-        for node_id in placement.node_ids:
-            i = self.index[node_id]
-            self.nodes.run(i, placement.demand.gpus, start=False)
-            if self.nodes.unbook(i, now):
-                self._push(now + (self.config.power_down_after_s or 0.0), _POWER_DOWN, i)
+        req = self.jobs[k].request
+        self.engine.release(placement, req.gpu_mem_per_gpu_bytes)
+        indices = [self.index[node_id] for node_id in placement.node_ids]
+        for i in indices:
+            self._run_on(i, placement.demand.gpus, start=False)
+        if self.adaptor is not None:
+            self.adaptor.finished(req, indices)
         return placement
 
     def _result(self) -> SimResult:
         """Summarize the replay."""
         summary: dict[str, Any] = {**self.metrics.summary(), **summarize_jobs(self.records, self.waiting)}
-        summary["scale_outs"] = self.scale_outs
+        if self.adaptor is not None:
+            requests = self.adaptor.provider.requests
+            summary["power_offs"] = sum(1 for _, action, _ in requests if action == "power_off")
+            summary["power_ons"] = sum(1 for _, action, _ in requests if action == "power_on")
         summary["preemptions"] = self.qos.preemptions if self.qos is not None else 0
         # The same time-weighted metrics up to the last arrival (before the cluster drains).
         summary["during_arrivals"] = self.metrics.checkpoint or self.metrics.summary()

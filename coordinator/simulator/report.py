@@ -42,7 +42,7 @@ __all__ = ["IMPROVED", "OBJECTIVES", "STUDIES", "Objective", "Study", "goal_tabl
 Metrics = Mapping[str, Any]
 """One run's metrics (a ``results.json`` entry)."""
 
-IMPROVED = SimConfig(policy="", power_down_after_s=600.0, wake_delay_s=120.0, scale_out=True, keep_order=True)
+IMPROVED = SimConfig(policy="", power_down_after_s=600.0, wake_delay_s=120.0, keep_order=True)
 """The improved variant's settings (the policy is filled in per run)."""
 _BASELINE = "round-robin"
 
@@ -152,7 +152,7 @@ def _describe(config: SimConfig) -> str:
         return "threshold 1.0, every node always on, paper order (Alg. 1-3 largest request first)"
     return (
         f"threshold 1.0, idle nodes off after {config.power_down_after_s:g} s (wake-up {config.wake_delay_s:g} s), "
-        f"elastic pool for Alg. 1-2 {config.scale_out}, queue order in every pass {config.keep_order}"
+        f"Resource Adaptor with {config.spare_nodes} spare node(s), queue order in every pass {config.keep_order}"
     )
 
 
@@ -251,8 +251,8 @@ _CAVEATS = [
     "'until the last arrival' tables show the loaded part alone.",
     "- 'Improved' changes how the simulator uses the policies, not the policies: nodes idle for the "
     "power-down time are switched off (they draw nothing) and need the wake-up time before work starts on "
-    "them; Alg. 1-2 see only powered nodes and power one on when they refuse a request (scale-out, as the "
-    "paper asks for when no node fits); each pass decides in queue order (the engine's keep_order).",
+    "them; only powered, ready nodes are schedulable and the adaptor wakes one for a job no ready node takes; "
+    "each pass decides in queue order (the engine's keep_order).",
     "- JCT = completion − submission; queue delay = start − submission (including wake-up). 'waited' counts "
     "jobs that did not start at submission; 'unplaced' jobs never fit.",
 ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from common.domain import (
     ClusterSnapshot,
@@ -145,5 +146,7 @@ def build_jobs(jobs: Sequence[TraceJob], cluster: ClusterSnapshot, profiler: Pro
     out: list[SimJob] = []
     for job in jobs:
         request: Request = prof.request(job.job_id, job_spec(job, width), submit_s=job.submit_s)
+        # The profiler's expected run time of a replayed job is the trace's (the time-aware policy reads it).
+        request = replace(request, expected_run_s=job.duration_s)
         out.append(SimJob(request=request, duration_s=job.duration_s))
     return out

@@ -21,6 +21,7 @@ from coordinator.scheduler.policies import (
     power_efficient,
     random_policy,
     round_robin,
+    time_aware,
 )
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD, NodeArrays, Policy, PolicyArgs, feasible
 
@@ -36,6 +37,7 @@ POLICIES: dict[str, PolicyFactory] = {
     round_robin.NAME: round_robin.build,
     random_policy.NAME: random_policy.build,
     first_fit.NAME: first_fit.build,
+    time_aware.NAME: time_aware.build,
 }
 
 

@@ -86,7 +86,7 @@ class TestSimulateCommand:
         (["--policies", "max-utilization,best-fit"], "unknown best-fit"),
         (["--threshold", "1.5"], "threshold"),
         (["--nodes-limit", "0"], "--nodes-limit"),
-        (["--scale-out"], "--scale-out needs --power-down-after"),
+        (["--power-down-after", "60", "--spare-nodes", "-1"], "spare_nodes must be ≥ 0"),
         (["--measure-until", "soon"], "--measure-until"),
     ])  # fmt: skip
     def test_usage_errors(self, trace: tuple[Path, Path], tmp_path: Path, flags: list[str], message: str) -> None:

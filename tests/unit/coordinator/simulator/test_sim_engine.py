@@ -1,4 +1,5 @@
-"""The event loop: completion times, gangs, power states, elastic pool, and that it runs production code."""
+"""The event loop: completion times, gangs, power states (the production Resource Adaptor), and that it runs
+production code."""
 
 from __future__ import annotations
 
@@ -73,12 +74,12 @@ class TestCompletionTimes:
 
 
 class TestPowerStates:
-    """Idle nodes draw idle power, power down after the timer, and wake with a delay."""
+    """Idle nodes draw idle power; the PowerManager powers them down after the threshold and wakes one for a job."""
 
     def test_power_down_and_wake(self) -> None:
         """Two 100 → 500 W nodes, off after 50 s idle, 20 s to wake: 22 kJ and 140 node-seconds by hand."""
         jobs = [job("A", 4, 0, 10), job("B", 4, 100, 10)]
-        config = SimConfig("first-fit", power_down_after_s=50.0, wake_delay_s=20.0)
+        config = SimConfig("first-fit", power_down_after_s=50.0, wake_delay_s=20.0, spare_nodes=0)
         result = Simulator(cluster(node("a"), node("b")), jobs, config).run()
         # a: busy 0-10, idle 10-60, off 60-100, waking 100-120, busy 120-130; b: idle 0-50, then off
         assert timeline(result) == {"A": (0, 10), "B": (120, 130)}
@@ -91,28 +92,33 @@ class TestPowerStates:
     def test_work_keeps_a_node_up(self) -> None:
         """A node that gets work before its timer fires stays on."""
         jobs = [job("A", 4, 0, 10), job("B", 4, 30, 10)]
-        result = Simulator(cluster(node("a")), jobs, SimConfig("first-fit", power_down_after_s=50.0)).run()
+        result = Simulator(cluster(node("a")), jobs, SimConfig("first-fit", power_down_after_s=50.0,
+                                                               spare_nodes=0)).run()
         assert timeline(result)["B"] == (30, 40)
         assert result.metrics["active_node_hours"] == pytest.approx(40 / 3600)
 
-    def test_elastic_pool_scales_out_to_the_smallest_node(self) -> None:
-        """With every node taken back, Alg. 1's refusal powers on the smallest node that fits."""
+    def test_wake_takes_the_off_node_adding_least_idle_power(self) -> None:
+        """With every node off, a waiting job wakes the node with the least idle power (Alg. 3's measure)."""
         nodes = cluster(node("big", gpus=8, idle_w=800.0, max_w=4000.0), node("small", gpus=2, idle_w=200.0))
-        config = SimConfig("max-utilization", power_down_after_s=10.0, wake_delay_s=5.0, scale_out=True)
-        # A runs on big (the tie-break) and ends at 1; both nodes are off by 11, so J's refusal scales out.
+        config = SimConfig("max-utilization", power_down_after_s=10.0, wake_delay_s=5.0, spare_nodes=0)
+        # A runs on big (the tie-break) and ends at 1; both nodes are off by 11, so J wakes one.
         result = Simulator(nodes, [job("A", 1, 0, 1), job("J", 1, 100, 10)], config).run()
         assert result.placements == {"A": ("big",), "J": ("small",)}
         assert timeline(result)["J"] == (105, 115)
-        assert result.metrics["scale_outs"] == 1
+        assert (result.metrics["power_offs"], result.metrics["power_ons"]) == (2, 1)
 
-    def test_without_elastic_pool_the_policy_wakes_its_own_choice(self) -> None:
-        """Without scale-out, off nodes stay in view: Alg. 1's tie-break (node order) wakes the first."""
-        nodes = cluster(node("big", gpus=8), node("small", gpus=2))
-        config = SimConfig("max-utilization", power_down_after_s=10.0, wake_delay_s=5.0)
-        result = Simulator(nodes, [job("A", 1, 0, 1), job("J", 1, 100, 10)], config).run()
-        assert result.placements["J"] == ("big",)
-        assert timeline(result)["J"] == (105, 115)
-        assert result.metrics["scale_outs"] == 0
+    def test_spare_node_stays_on(self) -> None:
+        """One spare node: of two idle nodes only one is powered down, and a job starts on the spare at once."""
+        config = SimConfig("first-fit", power_down_after_s=10.0, wake_delay_s=30.0, spare_nodes=1)
+        result = Simulator(cluster(node("a"), node("b")), [job("A", 4, 0, 5), job("B", 4, 100, 5)], config).run()
+        assert timeline(result)["B"] == (100, 105)
+        assert (result.metrics["power_offs"], result.metrics["power_ons"]) == (1, 0)
+
+    def test_every_node_on_without_power_down(self) -> None:
+        """Without a power-down threshold no adaptor runs: both nodes draw idle power all along."""
+        result = Simulator(cluster(node("a"), node("b")), [job("A", 4, 0, 10)], SimConfig("first-fit")).run()
+        assert result.metrics["energy_kwh"] == pytest.approx((500 + 100) * 10 / 3.6e6)
+        assert "power_offs" not in result.metrics
 
 
 class TestProductionCode:
@@ -165,7 +171,7 @@ class TestFastPathEqualsPlaceBatch:
 
     @pytest.mark.parametrize("policy", POLICIES)
     @pytest.mark.parametrize("extra", [{}, {"power_down_after_s": 300.0, "wake_delay_s": 60.0},
-                                       {"power_down_after_s": 300.0, "scale_out": True, "keep_order": True}])
+                                       {"power_down_after_s": 300.0, "spare_nodes": 0, "keep_order": True}])
     def test_same_decisions(self, busy_trace: tuple[Any, list[SimJob]], policy: str, extra: dict[str, Any]) -> None:
         """Placements, start and end times and metrics match the reference mode for every policy."""
         cluster_snapshot, jobs = busy_trace

@@ -16,9 +16,9 @@ class TestRegistry:
     """One dict maps names to factories with the same signature."""
 
     def test_names(self) -> None:
-        """The six policies are registered under their NAME."""
+        """The seven policies are registered under their NAME."""
         assert sorted(POLICIES) == [
-            "first-fit", "load-balancing", "max-utilization", "power-efficient", "random", "round-robin",
+            "first-fit", "load-balancing", "max-utilization", "power-efficient", "random", "round-robin", "time-aware",
         ]  # fmt: skip
         for name in POLICIES:
             assert build(name, 0.5, seed=1).name == name
