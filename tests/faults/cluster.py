@@ -78,7 +78,8 @@ class FaultCluster(Cluster):
         return wait_until(lambda: (ls := self.leaders()) and len(ls) == 1 and ls[0], timeout_s, 0.05, "one leader")
 
     def ready_nodes(self) -> int:
-        res = self.ctl("-o", "json", "nodes", timeout_s=20)
+        """Nodes the leader shows ready (a standby's view of nodes is not live)."""
+        res = self.ctl("-o", "json", "nodes", timeout_s=20, coordinator=self.address(self.leader()))
         if res.returncode != 0:
             return 0
         return sum(n.get("state") == "ready" for n in json.loads(res.stdout).get("nodes", []))

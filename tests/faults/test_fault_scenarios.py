@@ -37,7 +37,7 @@ def _green(fc: FaultCluster, chk, sub: Submitter | None = None) -> None:
 
 
 def _states(fc: FaultCluster) -> list[str]:
-    res = fc.ctl("-o", "json", "tasks")
+    res = fc.ctl("-o", "json", "tasks", coordinator=fc.address(fc.leader()))
     return [t["state"] for t in json.loads(res.stdout)["tasks"]] if res.returncode == 0 else []
 
 
