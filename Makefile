@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test proto proto-check lint bench clean venv install uninstall
+.PHONY: run test test-faults proto proto-check lint bench clean venv install uninstall
 
 venv: $(STAMP)
 
@@ -21,6 +21,10 @@ run: $(STAMP)
 ## test: install into .venv, check the generated code, run the whole test suite
 test: $(STAMP) proto-check
 	$(PY) -m pytest
+
+## test-faults: every fault scenario (3-member etcd, 3 coordinators, agents; several minutes)
+test-faults: $(STAMP)
+	GPTRM_FAULTS=1 $(PY) -m pytest tests/faults
 
 proto: $(STAMP)
 	$(PY) proto/generate.py
