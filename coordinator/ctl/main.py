@@ -118,7 +118,7 @@ def cmd_events(t: Transport, args: argparse.Namespace) -> None:
             d = render.event_dict(e)
             if args.output == "json":
                 # One JSON object per line so a follower can parse as events arrive.
-                print(render.json.dumps(d, sort_keys=True), flush=True)
+                print(render.dump_json(d, indent=None), flush=True)
             else:
                 subject = human.escape(d["node_id"] or d["task_id"])
                 print(f"{d['seq']:>6}  {human.age(d['time_unix_s']):>4}  {d['kind']:<11} {subject:<16} "
