@@ -31,7 +31,7 @@ from common.errors import (
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
-from common.types import TERMINAL_STATES, NodeState
+from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.app import VERSION, App
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
@@ -231,9 +231,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def SetPolicy(self, request: types_pb2.Policy, context: Ctx) -> types_pb2.Policy:
         if not request.name:
             raise ValidationError("name", "must not be empty")
+        # 0 on the wire means "keep the current threshold" (proto3 has no presence for it).
         threshold = request.threshold or self._app.policy.current.threshold
-        if not math.isfinite(threshold) or not 0 < threshold <= 1:
-            raise ValidationError("threshold", f"must be in (0, 1], got {request.threshold}")
+        if not math.isfinite(threshold) or not MIN_POLICY_THRESHOLD <= threshold <= 1:
+            raise ValidationError("threshold", f"must be in [{MIN_POLICY_THRESHOLD}, 1], got {request.threshold}")
         return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold))
 
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -10,6 +11,7 @@ from typing import Any
 
 from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.types import MIN_POLICY_THRESHOLD
 from coordinator.ctl import human, render
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
@@ -107,6 +109,9 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
     if args.policy_cmd == "get":
         p = t.call("GetPolicy", admin_pb2.GetPolicyRequest())
     else:
+        if args.threshold is not None and not (math.isfinite(args.threshold)
+                                               and MIN_POLICY_THRESHOLD <= args.threshold <= 1):
+            raise UsageError(f"--threshold: must be in [{MIN_POLICY_THRESHOLD}, 1], got {args.threshold}")
         p = t.call("SetPolicy", types_pb2.Policy(name=args.name, threshold=args.threshold or 0.0), write=True)
     _out(args, render.policy_dict(p), f"policy {p.name} threshold {p.threshold:.2f}")
 

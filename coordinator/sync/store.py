@@ -153,6 +153,7 @@ class Store:
         :raises IllegalTransition: the task carries a state other than PENDING.
         :raises Conflict: a task with that id already exists.
         :raises NotFound: the request id is known but its task was deleted since.
+        :raises Conflict: the request id is known for a task with a different spec.
         """
         new = types_pb2.Task()
         new.CopyFrom(task)
@@ -178,11 +179,15 @@ class Store:
         found_request = result.responses[1] if request_id else None
         if found_request:
             existing = found_request[0].value.decode()
-            self._log.info("task_submit_deduplicated", task_id=existing, request_id=request_id)
             try:
-                return self.get_task(existing)
+                first = self.get_task(existing)
             except NotFound:
                 raise NotFound(f"request {request_id!r} created task {existing!r}, which no longer exists") from None
+            if first.spec != new.spec:
+                raise Conflict(f"request id {request_id!r} was used for task {existing} with a different spec; "
+                               "use a new request id for a new task")
+            self._log.info("task_submit_deduplicated", task_id=existing, request_id=request_id)
+            return first
         revision = found_task[0].mod_revision if found_task else 0
         raise Conflict(f"task {new.id}: already exists (revision {revision})")
 

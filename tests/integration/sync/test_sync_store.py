@@ -219,6 +219,13 @@ class TestCreateTask:
         assert other.id != first.id
         assert len(store.list_tasks()) == 2
 
+    def test_request_id_with_another_spec_is_refused(self, store: Store, make_task: Callable) -> None:
+        """Reusing a request id for a different spec is a Conflict, not a silent return of the first task."""
+        first = store.create_task(make_task("a"), request_id="req-1")
+        with pytest.raises(Conflict, match="different spec"):
+            store.create_task(make_task("b"), request_id="req-1")
+        assert [t.id for t in store.list_tasks()] == [first.id]
+
     def test_concurrent_retries_create_one_task(self, store: Store, make_task: Callable) -> None:
         """Eight threads submitting with one request id all get the same single task."""
         barrier = threading.Barrier(8)
