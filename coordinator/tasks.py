@@ -164,10 +164,24 @@ class TaskTable:
             raise IllegalTransition(f"task {task_id}: already {TaskState(task.state).label}")
         if task.state == TaskState.PENDING or not task.allocation.nodes:
             return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
-        if not self._dispatcher.stop(task, _CANCELLED) or task.state == TaskState.SCHEDULED:
+        if task.state == TaskState.SCHEDULED:
+            self._dispatcher.stop(task, _CANCELLED)
+            return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
+        # Record the intent first (durable, survives a leader change): however the task ends
+        # now, it ends CANCELLED and its restart policy is not applied.
+        if not task.cancel_requested:
+            task = await self.update(task_id, cancel_requested=True)
+        if not self._dispatcher.stop(task, _CANCELLED):
             return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
         task.reason = "cancelling: stop sent to the agent"
         return task
+
+    async def update(self, task_id: str, **updates: object) -> types_pb2.Task:
+        """Persist field changes without a state change (compare-on-revision) and update memory."""
+        task = self.get(task_id)
+        stored = await self._leadership.write(self._store.update_task, task_id, task.revision, **updates)
+        self.tasks[task_id] = stored
+        return stored
 
     async def pause(self, task_id: str) -> types_pb2.Task:
         """SIGSTOP a RUNNING task on its agents (the agents report PAUSED)."""
