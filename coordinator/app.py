@@ -55,11 +55,23 @@ class LeaderDuties:
         """Rebuild the view from etcd at one revision; on failure give the lease up for another replica."""
         app = self._app
         try:
-            state = await asyncio.to_thread(app.store.load_all)
+            return await self._recover(record)
         except (EtcdUnavailable, Fenced) as e:
             self._log.warning("recovery_failed", reason=str(e))
             app.leadership.step_down(f"recovery failed: {e}")
             return False
+        except Exception as e:   # never a replica holding the lease without leading
+            self._log.exception("recovery_failed", reason=repr(e))
+            app.leadership.step_down(f"recovery failed: {type(e).__name__}")
+            return False
+
+    async def _recover(self, record: types_pb2.LeaderRecord) -> bool:
+        app = self._app
+        state = await asyncio.to_thread(app.store.load_all)
+        if state.quarantined:
+            app.metrics.quarantined.inc(len(state.quarantined))
+            app.events.publish("etcd", f"{len(state.quarantined)} corrupt etcd value(s) moved under quarantine/: "
+                               + ", ".join(state.quarantined[:5]), keys=",".join(state.quarantined[:20]))
         if not app.leadership.election.is_leader:
             return False
         adopt_nodes(state, app.registry)
