@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -45,6 +47,15 @@ Ctx = grpc.aio.ServicerContext
 _log = get_logger("admin")
 
 
+_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://)?(?:\[[0-9a-fA-F:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|[\w.-]+)?:\d{2,5}\b"
+                      r"|\b\d{1,3}(?:\.\d{1,3}){3}\b")
+
+
+def redact(text: str) -> str:
+    """``text`` with network addresses (``host:port``, IP addresses, URLs with a port) replaced."""
+    return _ADDRESS.sub("<address>", text)
+
+
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     """Translate gptrm errors into gRPC status codes; anything unexpected is INTERNAL, never a crash."""
 
@@ -66,9 +77,19 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
             # UNAVAILABLE also means "no connection" to a client; the marker says this
             # coordinator answered and refused (gptrmctl exits 1 with the reason, not 3).
             context.set_trailing_metadata(((REFUSED_METADATA_KEY, "etcd-unavailable"),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable: {e}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable: {redact(str(e))}")
         except CoordinationError as e:   # an admin lock held elsewhere for too long
-            await context.abort(grpc.StatusCode.ABORTED, str(e))
+            await context.abort(grpc.StatusCode.ABORTED, redact(str(e)))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            # A bug: the client gets an id to quote, the log gets the traceback; no internal detail leaks.
+            correlation_id = uuid.uuid4().hex[:12]
+            _log.exception("admin_rpc_failed", method=fn.__name__, correlation_id=correlation_id,
+                           reason=type(e).__name__)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"internal error in {fn.__name__} (correlation id {correlation_id}; "
+                                "the coordinator's log has the details)")
         raise AssertionError("unreachable")  # context.abort raises
 
     return wrapper
