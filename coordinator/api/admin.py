@@ -34,6 +34,7 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
+from coordinator.api.pages import paginate
 from coordinator.app import VERSION, App
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
@@ -165,12 +166,19 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     @_rpc
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Ctx) -> admin_pb2.ListNodesResponse:
+        for s in request.states:
+            if s not in types_pb2.NodeState.values() or s == 0:
+                raise ValidationError("states", f"unknown node state {s}")
+        wanted = set(request.states)
         read, records = await self._from_etcd(self._app.store.list_nodes)
         if read:
-            return admin_pb2.ListNodesResponse(
-                nodes=[admin_pb2.NodeView(record=r, state=r.state or int(NodeState.NOT_READY)) for r in records])
-        views = [self._view(e) for e in sorted(self._app.registry, key=lambda e: e.node_id)]
-        return admin_pb2.ListNodesResponse(nodes=views, stale=self._app.leadership.stale)
+            views = [admin_pb2.NodeView(record=r, state=r.state or int(NodeState.NOT_READY)) for r in records]
+        else:
+            views = [self._view(e) for e in self._app.registry]
+        views = [v for v in views if not wanted or v.state in wanted]
+        page, token = paginate(views, lambda v: (v.record.inventory.node_id,), request.page_size, request.page_token)
+        return admin_pb2.ListNodesResponse(nodes=page, stale=not read and self._app.leadership.stale,
+                                           next_page_token=token)
 
     @_rpc
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:
@@ -189,8 +197,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         tasks = stored if read else list(self._app.tasks.tasks.values())
         wanted = set(request.states)
         tasks = [t for t in tasks if not wanted or t.state in wanted]
-        tasks.sort(key=lambda t: (t.submit_unix_s, t.id))
-        return admin_pb2.ListTasksResponse(tasks=tasks, stale=self._app.leadership.stale)
+        page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
+        return admin_pb2.ListTasksResponse(tasks=page, stale=self._app.leadership.stale, next_page_token=token)
 
     @_rpc
     async def GetTask(self, request: admin_pb2.GetTaskRequest, context: Ctx) -> types_pb2.Task:

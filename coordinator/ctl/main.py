@@ -14,6 +14,7 @@ from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import MIN_POLICY_THRESHOLD
 from coordinator.ctl import human, render
 from coordinator.ctl.certs import add_certs_parser
+from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.simulator.cli import add_simulate_parser
 
@@ -48,9 +49,9 @@ def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
         d = render.node_dict(t.call("GetNode", admin_pb2.GetNodeRequest(node_id=args.node)))
         _out(args, d, human.node_detail(d))
         return
-    resp = t.call("ListNodes", admin_pb2.ListNodesRequest())
-    docs = [render.node_dict(v) for v in resp.nodes]
-    _out(args, {"nodes": docs, "stale": resp.stale}, human.nodes_table(docs, wide=args.output == "wide"))
+    nodes, stale = all_nodes(t, _states(types_pb2.NodeState, "NODE_STATE_", args.state), args.page_size)
+    docs = [render.node_dict(v) for v in nodes]
+    _out(args, {"nodes": docs, "stale": stale}, human.nodes_table(docs, wide=args.output == "wide"))
 
 
 def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
@@ -58,9 +59,26 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
         _out(args, d, human.task_detail(d))
         return
-    resp = t.call("ListTasks", admin_pb2.ListTasksRequest())
-    docs = [render.task_dict(x) for x in resp.tasks]
-    _out(args, {"tasks": docs, "stale": resp.stale}, human.tasks_table(docs, wide=args.output == "wide"))
+    tasks, stale = all_tasks(t, _states(types_pb2.TaskState, "TASK_STATE_", args.state), args.page_size)
+    docs = [render.task_dict(x) for x in tasks]
+    _out(args, {"tasks": docs, "stale": stale}, human.tasks_table(docs, wide=args.output == "wide"))
+
+
+def _states(enum: Any, prefix: str, names: list[str] | None) -> list[int]:
+    """``--state running,pending`` as enum numbers.
+
+    :raises UsageError: an unknown state name.
+    """
+    out = []
+    for name in ",".join(names or []).split(","):
+        if not name.strip():
+            continue
+        try:
+            out.append(enum.Value(prefix + name.strip().upper().replace("-", "_")))
+        except ValueError:
+            known = ", ".join(v.name[len(prefix):].lower() for v in enum.DESCRIPTOR.values if v.number)
+            raise UsageError(f"--state: unknown state {name.strip()!r} (one of {known})") from None
+    return out
 
 
 def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
@@ -175,9 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="cluster status").set_defaults(fn=cmd_status)
     sp = sub.add_parser("nodes", help="list nodes or show one")
     sp.add_argument("node", nargs="?")
+    sp.add_argument("--state", action="append", help="only nodes in these states (ready,lost,...)")
+    sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_nodes)
     sp = sub.add_parser("tasks", help="list tasks or show one")
     sp.add_argument("task", nargs="?")
+    sp.add_argument("--state", action="append", help="only tasks in these states (pending,running,...)")
+    sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_tasks)
     from coordinator.ctl.spec import add_submit_arguments
 

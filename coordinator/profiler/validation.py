@@ -137,8 +137,6 @@ def validate_sizes(spec: types_pb2.TaskSpec) -> None:
         raise ValidationError("spec", f"{size} bytes serialized is more than {MAX_SPEC_BYTES}")
     if len(spec.name) > MAX_NAME_CHARS:
         raise ValidationError("spec.name", f"{len(spec.name)} characters is more than {MAX_NAME_CHARS}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in spec.name):
-        raise ValidationError("spec.name", "must not contain control characters")
     if len(spec.argv) > MAX_ARGV_ITEMS:
         raise ValidationError("spec.argv", f"{len(spec.argv)} arguments is more than {MAX_ARGV_ITEMS}")
     total = 0

@@ -162,3 +162,23 @@ class TestCompletion:
         assert "bashcompinit" in res.stdout and "_gptrmctl()" in res.stdout
         res = subprocess.run([str(BIN / "gptrmctl"), "completion", "fish"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and "completion: argument shell" in res.stderr
+
+
+class TestPages:
+    def test_lists_are_paged_filtered_and_followed(self, cluster: Cluster) -> None:
+        """ListTasks answers bounded pages with a token; gptrmctl follows every page and filters by state."""
+        from common.pb.gptrm.v1 import admin_pb2, types_pb2
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        ids = [_submit(cluster, "--name", f"p{i}", "--gpus", "1", "--cpu", "0.1", "--", "true")["task_id"]
+               for i in range(5)]
+        first = cluster.admin("c1").ListTasks(admin_pb2.ListTasksRequest(page_size=2), timeout=10)
+        assert len(first.tasks) == 2 and first.next_page_token
+        listed = _json(cluster, "tasks", "--page-size", "2")["tasks"]
+        assert sorted(t["task_id"] for t in listed) == sorted(ids)
+        assert len(_json(cluster, "tasks", "--state", "pending", "--page-size", "2")["tasks"]) == 5
+        assert _json(cluster, "tasks", "--state", "running")["tasks"] == []
+        assert cluster.ctl("tasks", "--state", "bogus").returncode == 2
+        nodes = cluster.admin("c1").ListNodes(admin_pb2.ListNodesRequest(
+            states=[types_pb2.NODE_STATE_READY]), timeout=10)
+        assert list(nodes.nodes) == [] and not nodes.next_page_token

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from common.pb.gptrm.v1 import types_pb2 as gptrm_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14gptrm/v1/admin.proto\x12\x08gptrm.v1\x1a\x14gptrm/v1/types.proto\"\x12\n\x10GetStatusRequest\"q\n\x11\x43lusterObjectives\x12\x11\n\tutil_mean\x18\x01 \x01(\x01\x12\x10\n\x08util_std\x18\x02 \x01(\x01\x12\x0f\n\x07power_w\x18\x03 \x01(\x01\x12\x14\n\x0cgpu_mem_util\x18\x04 \x01(\x01\x12\x10\n\x08\x65nergy_j\x18\x05 \x01(\x01\"(\n\nCountEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xa8\x03\n\rClusterStatus\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x04\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12,\n\x0enodes_by_state\x18\x07 \x03(\x0b\x32\x14.gptrm.v1.CountEntry\x12,\n\x0etasks_by_state\x18\x08 \x03(\x0b\x32\x14.gptrm.v1.CountEntry\x12/\n\nobjectives\x18\t \x01(\x0b\x32\x1b.gptrm.v1.ClusterObjectives\x12 \n\x06policy\x18\n \x01(\x0b\x32\x10.gptrm.v1.Policy\x12\x0f\n\x07version\x18\x0b \x01(\t\x12\r\n\x05stale\x18\x0c \x01(\x08\x12\x12\n\ngpus_total\x18\r \x01(\r\x12\x16\n\x0egpus_allocated\x18\x0e \x01(\r\x12\x10\n\x08insecure\x18x \x01(\x08\x12\x0c\n\x04\x61uth\x18y \x01(\t\"\x12\n\x10ListNodesRequest\"\xbb\x02\n\x08NodeView\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x14.gptrm.v1.NodeRecord\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.gptrm.v1.NodeState\x12)\n\x06latest\x18\x03 \x01(\x0b\x32\x19.gptrm.v1.TelemetrySample\x12\x12\n\nhas_latest\x18\x04 \x01(\x08\x12-\n\x0b\x61llocations\x18\x05 \x03(\x0b\x32\x18.gptrm.v1.NodeAllocation\x12\x10\n\x08task_ids\x18\x06 \x03(\t\x12\x17\n\x0flast_seen_age_s\x18\x07 \x01(\x01\x12\x1d\n\x15\x64ropped_samples_total\x18\x08 \x01(\x04\x12-\n\x0bpower_curve\x18\t \x01(\x0b\x32\x18.gptrm.v1.PowerCurveView\"P\n\x0ePowerCurveView\x12\x0e\n\x06idle_w\x18\x01 \x01(\x01\x12\r\n\x05max_w\x18\x02 \x01(\x01\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0f\n\x07samples\x18\x04 \x01(\r\"E\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.gptrm.v1.NodeView\x12\r\n\x05stale\x18\x02 \x01(\x08\"!\n\x0eGetNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x1a\n\x07NodeRef\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"7\n\x10ListTasksRequest\x12#\n\x06states\x18\x01 \x03(\x0e\x32\x13.gptrm.v1.TaskState\"A\n\x11ListTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.gptrm.v1.Task\x12\r\n\x05stale\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x1a\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"I\n\x11SubmitTaskRequest\x12 \n\x04spec\x18\x01 \x01(\x0b\x32\x12.gptrm.v1.TaskSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\x12\n\x10GetPolicyRequest\"6\n\x13StreamEventsRequest\x12\x0e\n\x06\x66ollow\x18\x01 \x01(\x08\x12\x0f\n\x07\x62\x61\x63klog\x18\x02 \x01(\r\"\xdb\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0btime_unix_s\x18\x02 \x01(\x01\x12!\n\x04kind\x18\x03 \x01(\x0e\x32\x13.gptrm.v1.EventKind\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x0f\n\x07task_id\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12+\n\x06\x66ields\x18\x07 \x03(\x0b\x32\x1b.gptrm.v1.Event.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xd7\x02\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45VENT_KIND_NODE_JOINED\x10\x01\x12\x19\n\x15\x45VENT_KIND_NODE_STATE\x10\x02\x12\x19\n\x15\x45VENT_KIND_TASK_STATE\x10\x03\x12\x17\n\x13\x45VENT_KIND_DECISION\x10\x04\x12\x15\n\x11\x45VENT_KIND_LEADER\x10\x05\x12\x15\n\x11\x45VENT_KIND_POLICY\x10\x06\x12\x18\n\x14\x45VENT_KIND_SCALE_OUT\x10\x07\x12\x13\n\x0f\x45VENT_KIND_ETCD\x10\x08\x12\x14\n\x10\x45VENT_KIND_AUDIT\x10x\x12\x15\n\x10\x45VENT_KIND_POWER\x10\xa0\x01\x12\x1a\n\x15\x45VENT_KIND_PREEMPTION\x10\x8c\x01\x12\x1d\n\x18\x45VENT_KIND_QOS_VIOLATION\x10\x8d\x01\x32\xde\x06\n\x05\x41\x64min\x12@\n\tGetStatus\x12\x1a.gptrm.v1.GetStatusRequest\x1a\x17.gptrm.v1.ClusterStatus\x12\x44\n\tListNodes\x12\x1a.gptrm.v1.ListNodesRequest\x1a\x1b.gptrm.v1.ListNodesResponse\x12\x37\n\x07GetNode\x12\x18.gptrm.v1.GetNodeRequest\x1a\x12.gptrm.v1.NodeView\x12\x44\n\tListTasks\x12\x1a.gptrm.v1.ListTasksRequest\x1a\x1b.gptrm.v1.ListTasksResponse\x12\x33\n\x07GetTask\x12\x18.gptrm.v1.GetTaskRequest\x1a\x0e.gptrm.v1.Task\x12\x39\n\nSubmitTask\x12\x1b.gptrm.v1.SubmitTaskRequest\x1a\x0e.gptrm.v1.Task\x12/\n\nCancelTask\x12\x11.gptrm.v1.TaskRef\x1a\x0e.gptrm.v1.Task\x12.\n\tPauseTask\x12\x11.gptrm.v1.TaskRef\x1a\x0e.gptrm.v1.Task\x12/\n\nResumeTask\x12\x11.gptrm.v1.TaskRef\x1a\x0e.gptrm.v1.Task\x12\x32\n\tDrainNode\x12\x11.gptrm.v1.NodeRef\x1a\x12.gptrm.v1.NodeView\x12\x33\n\nCordonNode\x12\x11.gptrm.v1.NodeRef\x1a\x12.gptrm.v1.NodeView\x12\x35\n\x0cUncordonNode\x12\x11.gptrm.v1.NodeRef\x1a\x12.gptrm.v1.NodeView\x12\x39\n\tGetPolicy\x12\x1a.gptrm.v1.GetPolicyRequest\x1a\x10.gptrm.v1.Policy\x12/\n\tSetPolicy\x12\x10.gptrm.v1.Policy\x1a\x10.gptrm.v1.Policy\x12@\n\x0cStreamEvents\x12\x1d.gptrm.v1.StreamEventsRequest\x1a\x0f.gptrm.v1.Event0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14gptrm/v1/admin.proto\x12\x08gptrm.v1\x1a\x14gptrm/v1/types.proto\"\x12\n\x10GetStatusRequest\"q\n\x11\x43lusterObjectives\x12\x11\n\tutil_mean\x18\x01 \x01(\x01\x12\x10\n\x08util_std\x18\x02 \x01(\x01\x12\x0f\n\x07power_w\x18\x03 \x01(\x01\x12\x14\n\x0cgpu_mem_util\x18\x04 \x01(\x01\x12\x10\n\x08\x65nergy_j\x18\x05 \x01(\x01\"(\n\nCountEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xa8\x03\n\rClusterStatus\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x04\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12,\n\x0enodes_by_state\x18\x07 \x03(\x0b\x32\x14.gptrm.v1.CountEntry\x12,\n\x0etasks_by_state\x18\x08 \x03(\x0b\x32\x14.gptrm.v1.CountEntry\x12/\n\nobjectives\x18\t \x01(\x0b\x32\x1b.gptrm.v1.ClusterObjectives\x12 \n\x06policy\x18\n \x01(\x0b\x32\x10.gptrm.v1.Policy\x12\x0f\n\x07version\x18\x0b \x01(\t\x12\r\n\x05stale\x18\x0c \x01(\x08\x12\x12\n\ngpus_total\x18\r \x01(\r\x12\x16\n\x0egpus_allocated\x18\x0e \x01(\r\x12\x10\n\x08insecure\x18x \x01(\x08\x12\x0c\n\x04\x61uth\x18y \x01(\t\"a\n\x10ListNodesRequest\x12\x12\n\tpage_size\x18\xc8\x01 \x01(\r\x12\x13\n\npage_token\x18\xc9\x01 \x01(\t\x12$\n\x06states\x18\xca\x01 \x03(\x0e\x32\x13.gptrm.v1.NodeState\"\xbb\x02\n\x08NodeView\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x14.gptrm.v1.NodeRecord\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.gptrm.v1.NodeState\x12)\n\x06latest\x18\x03 \x01(\x0b\x32\x19.gptrm.v1.TelemetrySample\x12\x12\n\nhas_latest\x18\x04 \x01(\x08\x12-\n\x0b\x61llocations\x18\x05 \x03(\x0b\x32\x18.gptrm.v1.NodeAllocation\x12\x10\n\x08task_ids\x18\x06 \x03(\t\x12\x17\n\x0flast_seen_age_s\x18\x07 \x01(\x01\x12\x1d\n\x15\x64ropped_samples_total\x18\x08 \x01(\x04\x12-\n\x0bpower_curve\x18\t \x01(\x0b\x32\x18.gptrm.v1.PowerCurveView\"P\n\x0ePowerCurveView\x12\x0e\n\x06idle_w\x18\x01 \x01(\x01\x12\r\n\x05max_w\x18\x02 \x01(\x01\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0f\n\x07samples\x18\x04 \x01(\r\"_\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.gptrm.v1.NodeView\x12\r\n\x05stale\x18\x02 \x01(\x08\x12\x18\n\x0fnext_page_token\x18\xc8\x01 \x01(\t\"!\n\x0eGetNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x1a\n\x07NodeRef\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"`\n\x10ListTasksRequest\x12#\n\x06states\x18\x01 \x03(\x0e\x32\x13.gptrm.v1.TaskState\x12\x12\n\tpage_size\x18\xc8\x01 \x01(\r\x12\x13\n\npage_token\x18\xc9\x01 \x01(\t\"[\n\x11ListTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.gptrm.v1.Task\x12\r\n\x05stale\x18\x02 \x01(\x08\x12\x18\n\x0fnext_page_token\x18\xc8\x01 \x01(\t\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x1a\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"I\n\x11SubmitTaskRequest\x12 \n\x04spec\x18\x01 \x01(\x0b\x32\x12.gptrm.v1.TaskSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\x12\n\x10GetPolicyRequest\"6\n\x13StreamEventsRequest\x12\x0e\n\x06\x66ollow\x18\x01 \x01(\x08\x12\x0f\n\x07\x62\x61\x63klog\x18\x02 \x01(\r\"\xdb\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0btime_unix_s\x18\x02 \x01(\x01\x12!\n\x04kind\x18\x03 \x01(\x0e\x32\x13.gptrm.v1.EventKind\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x0f\n\x07task_id\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12+\n\x06\x66ields\x18\x07 \x03(\x0b\x32\x1b.gptrm.v1.Event.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xd7\x02\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45VENT_KIND_NODE_JOINED\x10\x01\x12\x19\n\x15\x45VENT_KIND_NODE_STATE\x10\x02\x12\x19\n\x15\x45VENT_KIND_TASK_STATE\x10\x03\x12\x17\n\x13\x45VENT_KIND_DECISION\x10\x04\x12\x15\n\x11\x45VENT_KIND_LEADER\x10\x05\x12\x15\n\x11\x45VENT_KIND_POLICY\x10\x06\x12\x18\n\x14\x45VENT_KIND_SCALE_OUT\x10\x07\x12\x13\n\x0f\x45VENT_KIND_ETCD\x10\x08\x12\x14\n\x10\x45VENT_KIND_AUDIT\x10x\x12\x15\n\x10\x45VENT_KIND_POWER\x10\xa0\x01\x12\x1a\n\x15\x45VENT_KIND_PREEMPTION\x10\x8c\x01\x12\x1d\n\x18\x45VENT_KIND_QOS_VIOLATION\x10\x8d\x01\x32\xde\x06\n\x05\x41\x64min\x12@\n\tGetStatus\x12\x1a.gptrm.v1.GetStatusRequest\x1a\x17.gptrm.v1.ClusterStatus\x12\x44\n\tListNodes\x12\x1a.gptrm.v1.ListNodesRequest\x1a\x1b.gptrm.v1.ListNodesResponse\x12\x37\n\x07GetNode\x12\x18.gptrm.v1.GetNodeRequest\x1a\x12.gptrm.v1.NodeView\x12\x44\n\tListTasks\x12\x1a.gptrm.v1.ListTasksRequest\x1a\x1b.gptrm.v1.ListTasksResponse\x12\x33\n\x07GetTask\x12\x18.gptrm.v1.GetTaskRequest\x1a\x0e.gptrm.v1.Task\x12\x39\n\nSubmitTask\x12\x1b.gptrm.v1.SubmitTaskRequest\x1a\x0e.gptrm.v1.Task\x12/\n\nCancelTask\x12\x11.gptrm.v1.TaskRef\x1a\x0e.gptrm.v1.Task\x12.\n\tPauseTask\x12\x11.gptrm.v1.TaskRef\x1a\x0e.gptrm.v1.Task\x12/\n\nResumeTask\x12\x11.gptrm.v1.TaskRef\x1a\x0e.gptrm.v1.Task\x12\x32\n\tDrainNode\x12\x11.gptrm.v1.NodeRef\x1a\x12.gptrm.v1.NodeView\x12\x33\n\nCordonNode\x12\x11.gptrm.v1.NodeRef\x1a\x12.gptrm.v1.NodeView\x12\x35\n\x0cUncordonNode\x12\x11.gptrm.v1.NodeRef\x1a\x12.gptrm.v1.NodeView\x12\x39\n\tGetPolicy\x12\x1a.gptrm.v1.GetPolicyRequest\x1a\x10.gptrm.v1.Policy\x12/\n\tSetPolicy\x12\x10.gptrm.v1.Policy\x1a\x10.gptrm.v1.Policy\x12@\n\x0cStreamEvents\x12\x1d.gptrm.v1.StreamEventsRequest\x1a\x0f.gptrm.v1.Event0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EVENT_FIELDSENTRY']._loaded_options = None
   _globals['_EVENT_FIELDSENTRY']._serialized_options = b'8\001'
-  _globals['_EVENTKIND']._serialized_start=1775
-  _globals['_EVENTKIND']._serialized_end=2118
+  _globals['_EVENTKIND']._serialized_start=1947
+  _globals['_EVENTKIND']._serialized_end=2290
   _globals['_GETSTATUSREQUEST']._serialized_start=56
   _globals['_GETSTATUSREQUEST']._serialized_end=74
   _globals['_CLUSTEROBJECTIVES']._serialized_start=76
@@ -45,35 +45,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERSTATUS']._serialized_start=234
   _globals['_CLUSTERSTATUS']._serialized_end=658
   _globals['_LISTNODESREQUEST']._serialized_start=660
-  _globals['_LISTNODESREQUEST']._serialized_end=678
-  _globals['_NODEVIEW']._serialized_start=681
-  _globals['_NODEVIEW']._serialized_end=996
-  _globals['_POWERCURVEVIEW']._serialized_start=998
-  _globals['_POWERCURVEVIEW']._serialized_end=1078
-  _globals['_LISTNODESRESPONSE']._serialized_start=1080
-  _globals['_LISTNODESRESPONSE']._serialized_end=1149
-  _globals['_GETNODEREQUEST']._serialized_start=1151
-  _globals['_GETNODEREQUEST']._serialized_end=1184
-  _globals['_NODEREF']._serialized_start=1186
-  _globals['_NODEREF']._serialized_end=1212
-  _globals['_LISTTASKSREQUEST']._serialized_start=1214
-  _globals['_LISTTASKSREQUEST']._serialized_end=1269
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1271
-  _globals['_LISTTASKSRESPONSE']._serialized_end=1336
-  _globals['_GETTASKREQUEST']._serialized_start=1338
-  _globals['_GETTASKREQUEST']._serialized_end=1371
-  _globals['_TASKREF']._serialized_start=1373
-  _globals['_TASKREF']._serialized_end=1399
-  _globals['_SUBMITTASKREQUEST']._serialized_start=1401
-  _globals['_SUBMITTASKREQUEST']._serialized_end=1474
-  _globals['_GETPOLICYREQUEST']._serialized_start=1476
-  _globals['_GETPOLICYREQUEST']._serialized_end=1494
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=1496
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=1550
-  _globals['_EVENT']._serialized_start=1553
-  _globals['_EVENT']._serialized_end=1772
-  _globals['_EVENT_FIELDSENTRY']._serialized_start=1727
-  _globals['_EVENT_FIELDSENTRY']._serialized_end=1772
-  _globals['_ADMIN']._serialized_start=2121
-  _globals['_ADMIN']._serialized_end=2983
+  _globals['_LISTNODESREQUEST']._serialized_end=757
+  _globals['_NODEVIEW']._serialized_start=760
+  _globals['_NODEVIEW']._serialized_end=1075
+  _globals['_POWERCURVEVIEW']._serialized_start=1077
+  _globals['_POWERCURVEVIEW']._serialized_end=1157
+  _globals['_LISTNODESRESPONSE']._serialized_start=1159
+  _globals['_LISTNODESRESPONSE']._serialized_end=1254
+  _globals['_GETNODEREQUEST']._serialized_start=1256
+  _globals['_GETNODEREQUEST']._serialized_end=1289
+  _globals['_NODEREF']._serialized_start=1291
+  _globals['_NODEREF']._serialized_end=1317
+  _globals['_LISTTASKSREQUEST']._serialized_start=1319
+  _globals['_LISTTASKSREQUEST']._serialized_end=1415
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1417
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1508
+  _globals['_GETTASKREQUEST']._serialized_start=1510
+  _globals['_GETTASKREQUEST']._serialized_end=1543
+  _globals['_TASKREF']._serialized_start=1545
+  _globals['_TASKREF']._serialized_end=1571
+  _globals['_SUBMITTASKREQUEST']._serialized_start=1573
+  _globals['_SUBMITTASKREQUEST']._serialized_end=1646
+  _globals['_GETPOLICYREQUEST']._serialized_start=1648
+  _globals['_GETPOLICYREQUEST']._serialized_end=1666
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=1668
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=1722
+  _globals['_EVENT']._serialized_start=1725
+  _globals['_EVENT']._serialized_end=1944
+  _globals['_EVENT_FIELDSENTRY']._serialized_start=1899
+  _globals['_EVENT_FIELDSENTRY']._serialized_end=1944
+  _globals['_ADMIN']._serialized_start=2293
+  _globals['_ADMIN']._serialized_end=3155
 # @@protoc_insertion_point(module_scope)
