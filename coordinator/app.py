@@ -26,6 +26,7 @@ from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
 from coordinator.qos import RestartPolicy
 from coordinator.qos.preemption import Preemptor
+from coordinator.qos.retention import TaskRetention
 from coordinator.qos.watch import QosWatch
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting
@@ -87,13 +88,14 @@ class LeaderDuties:
         return True
 
     def start_leading(self) -> None:
-        """Run the scheduler, the power manager, the QoS watch and, after the agents' grace, the reconcile of
-        unreported tasks."""
+        """Run the scheduler, the power manager, the QoS watch, the finished-task retention and, after the
+        agents' grace, the reconcile of unreported tasks."""
         app = self._app
         self._running = [asyncio.create_task(app.cycle.run()),
                          asyncio.create_task(app.power_manager.run()),
                          asyncio.create_task(app.reconciler.reconcile_after_grace()),
-                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading))]
+                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading)),
+                         asyncio.create_task(app.retention.run())]
 
     def stand_down(self, reason: str) -> None:
         """Stop the leader's work and send every agent to the new leader."""
@@ -129,6 +131,7 @@ class App:
     wakeup: Wakeup
     power_manager: PowerManager
     qos: QosWatch
+    retention: TaskRetention
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -176,6 +179,9 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
+    retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
+                              retain_count=cfg.finished_retention_count)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
-               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos)
+               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
+               retention=retention)

@@ -49,6 +49,10 @@ class CoordinatorConfig:
     history_s: float = option(900.0, "telemetry history kept per node, seconds", flag="history", check=positive)
     task_grace_s: float = option(30.0, "seconds a recovered RUNNING task may go unreported before it fails",
                                  flag="task_grace", check=non_negative)
+    finished_retention_s: float = option(7 * 86400.0, "seconds a finished task stays listed before it is removed "
+                                         "from etcd", flag="finished_retention", check=positive)
+    finished_retention_count: int = option(10_000, "finished tasks kept at most (the oldest are removed first)",
+                                           flag="finished_retention_count", check=non_negative)
     lock_timeout_s: float = option(5.0, "how long drain and policy changes wait for their etcd lock, seconds",
                                    flag="lock_timeout", check=positive)
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)

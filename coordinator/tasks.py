@@ -81,6 +81,11 @@ class TaskTable:
         """Take over the tasks read from etcd (a new leader's view)."""
         self.tasks = dict(tasks)
 
+    def forget(self, task_id: str) -> None:
+        """Drop a finished task removed from etcd (retention)."""
+        self.tasks.pop(task_id, None)
+        self._monitor.forget_task_qos(task_id)
+
     async def refresh(self, task_id: str) -> None:
         """Re-read one task from etcd after a lost compare (memory follows etcd)."""
         try:

@@ -149,6 +149,16 @@ class Store:
 
     # -- tasks -------------------------------------------------------------------------------
 
+    def delete_task(self, task_id: str, expected_revision: int) -> bool:
+        """Remove a finished task (and any allocation left) if it is still at ``expected_revision``;
+        False when it changed or is gone."""
+        key = self._keys.task(task_id)
+        result = self._writer.write([cmp_mod(key, expected_revision)],
+                                    [op_delete(key), op_delete(self._keys.allocation(task_id))])
+        if result.succeeded:
+            self._log.info("task_deleted", task_id=task_id)
+        return result.succeeded
+
     def create_task(self, task: types_pb2.Task, request_id: str = "") -> types_pb2.Task:
         """Store a new PENDING task; idempotent per ``request_id``.
 
