@@ -32,7 +32,7 @@ from common.errors import (
 )
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
-from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
+from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.api.pages import paginate
 from coordinator.app import VERSION, App
@@ -69,10 +69,15 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         except NotFound as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except NotLeader as e:
+            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
             if e.leader_address:
-                context.set_trailing_metadata(((LEADER_METADATA_KEY, e.leader_address),))
+                metadata.append((LEADER_METADATA_KEY, e.leader_address))
+            context.set_trailing_metadata(tuple(metadata))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except (IllegalTransition, Fenced) as e:
+        except Fenced as e:   # the lease was lost during the write: nothing applied, retry on the new leader
+            context.set_trailing_metadata(((NOT_LEADER_METADATA_KEY, "1"),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except IllegalTransition as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except EtcdUnavailable as e:
             # UNAVAILABLE also means "no connection" to a client; the marker says this
