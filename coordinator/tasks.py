@@ -20,7 +20,7 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
-from coordinator.profiler import Profiler, validate_spec
+from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import remove_reservation
@@ -104,7 +104,9 @@ class TaskTable:
         self._leadership.require_leader()
         max_gpus = max((len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
-        task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=self._profiler.profile(spec).to_proto(),
+        profile = self._profiler.profile(spec)
+        validate_profiled_demand(profile.demand)
+        task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=profile.to_proto(),
                               reason="waiting for the scheduler", id=f"t-{uuid.uuid4().hex[:10]}",
                               submit_unix_s=time.time())
         stored = await self._leadership.write(self._store.create_task, task, request_id)

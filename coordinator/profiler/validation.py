@@ -40,7 +40,7 @@ from coordinator.profiler.taskspec import (
     spec_data,
 )
 
-__all__ = ["validate_sizes", "validate_spec"]
+__all__ = ["validate_profiled_demand", "validate_sizes", "validate_spec"]
 
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 """A POSIX user name as useradd accepts it (the agent still checks its own allowlist)."""
@@ -193,3 +193,22 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         validate_qos_spec(spec, time.time() if now is None else now)
         if spec.run_as_user and not _USER_RE.fullmatch(spec.run_as_user):
             raise ValidationError("spec.run_as_user", f"invalid user name {spec.run_as_user[:64]!r}")
+
+
+def validate_profiled_demand(demand: Resources) -> None:
+    """The demand the profiler derived from a model description must be placeable and storable.
+
+    A spec can pass :func:`validate_spec` and still describe a model no cluster can hold (100,000 B
+    parameters at fp32 with a 10M-token context): refused here, naming the model, instead of failing
+    later while the demand is written.
+
+    :raises ValidationError: on ``spec.model`` with the dimension that is out of range.
+    """
+    checks = (("GPUs", demand.gpus, MAX_GPUS),
+              ("bytes of GPU memory", demand.gpu_mem_total_bytes, MAX_BYTES * MAX_GPUS),
+              ("CPU cores", demand.cpu_cores, MAX_CPU_CORES), ("bytes of host memory", demand.mem_bytes, MAX_BYTES),
+              ("bytes of disk", demand.disk_bytes, MAX_BYTES))
+    for what, value, high in checks:
+        if not math.isfinite(value) or value > high:
+            raise ValidationError("spec.model", f"the profiled demand of {value:.4g} {what} is beyond any cluster "
+                                                f"(limit {high:.4g}); give a smaller model or an explicit demand")

@@ -244,6 +244,22 @@ class TestValidateSpec:
         doc["demand"]["gpus"] = 0.25
         validate_spec(spec_from_mapping(doc), max_gpus_per_node=8)
 
+    def test_huge_model_refused_after_profiling(self) -> None:
+        """A 100,000 B-parameter fp32 model with a 10M-token context passes the spec checks but its profiled
+        demand is refused naming spec.model; an ordinary model's demand passes and converts to the wire form."""
+        from coordinator.profiler import validate_profiled_demand
+        doc = with_("model", {"name": "m", "params_billions": 1e5, "precision": "fp32", "context_length": 10_000_000,
+                              "batch_size": 1_000_000})
+        doc["kind"] = "training"
+        spec = spec_from_mapping(doc)
+        validate_spec(spec, max_gpus_per_node=8)
+        with pytest.raises(ValidationError) as info:
+            validate_profiled_demand(Profiler().profile(spec).demand)
+        assert info.value.field == "spec.model"
+        ok = Profiler().profile(spec_from_mapping(VALID))
+        validate_profiled_demand(ok.demand)
+        ok.to_proto()
+
     def test_unknown_restart_policy_number(self) -> None:
         """A restart policy number outside the enum (99) is refused by field."""
         spec = spec_from_mapping(VALID)
