@@ -157,6 +157,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                                    gpu_mem_util=o.gpu_mem_util, energy_j=o.energy_j),
             policy=app.policy.current, gpus_total=gpus_total, gpus_allocated=gpus_alloc,
             insecure=app.cfg.insecure, auth=self.auth_mode,
+            quarantined_keys=app.store.quarantined_keys,
+            telemetry_rejected_total=sum(app.monitor.rejected.values()),
         )
 
     async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:

@@ -149,6 +149,10 @@ def status_text(d: Mapping[str, Any]) -> str:
         f"power         {_watts(o['power_w'])} (Eq. 3)  energy {(o['energy_j'] or 0) / 3.6e6:.3f} kWh since start",
         f"security      {'INSECURE: plaintext gRPC, agents unauthenticated' if d['insecure'] else 'mutual TLS'}"
         f" (auth: {escape(d['auth'] or 'unknown')})",
+        *([f"telemetry     {d['telemetry_rejected_total']} samples refused (NaN, negative or impossible values)"]
+          if d.get("telemetry_rejected_total") else []),
+        *([f"quarantined   {len(d['quarantined_keys'])} corrupt etcd value(s) moved aside: "
+           + escape(", ".join(d["quarantined_keys"]))] if d.get("quarantined_keys") else []),
     ])
 
 

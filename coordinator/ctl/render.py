@@ -51,6 +51,8 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
         "policy": {"name": s.policy.name, "threshold": s.policy.threshold},
         "insecure": s.insecure,
         "auth": s.auth,
+        "quarantined_keys": list(s.quarantined_keys),
+        "telemetry_rejected_total": s.telemetry_rejected_total,
     }
 
 

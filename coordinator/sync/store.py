@@ -98,6 +98,7 @@ class Store:
         self._request_lease = (0, 0.0)
         self._request_lease_lock = threading.Lock()
         self._log = get_logger("sync")
+        self.quarantined_keys: list[str] = []   # the newest 20 keys moved under quarantine/
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -382,6 +383,7 @@ class Store:
         target = self._keys.quarantine(kv.key, kv.mod_revision)
         result = self._writer.write([cmp_mod(kv.key, kv.mod_revision)], [op_put(target, kv.value), op_delete(kv.key)])
         if result.succeeded:
+            self.quarantined_keys = [*self.quarantined_keys[-19:], kv.key]
             self._log.warning("etcd_value_quarantined", key=kv.key, quarantine_key=target, reason=reason,
                               value_bytes=len(kv.value))
         return result.succeeded

@@ -33,6 +33,9 @@ class TestCorruptEtcdValues:
             client.close()
         tasks = json.loads(cluster.ctl("-o", "json", "tasks").stdout)["tasks"]
         assert [t["task_id"] for t in tasks] == ["t-good"]
+        status = json.loads(cluster.ctl("-o", "json", "status").stdout)
+        assert sorted(status["quarantined_keys"]) == sorted([keys.task("t-bad"), keys.node("n-bad")])
+        assert "quarantined   2 corrupt etcd value(s)" in cluster.ctl("status").stdout
         events = cluster.ctl("-o", "json", "events")
         assert events.returncode == 0 and "quarantine" in events.stdout
         res = cluster.ctl("-o", "json", "submit", "--name", "after", "--gpus", "1", "--gpu-mem-gib", "1",
