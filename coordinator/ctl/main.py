@@ -127,8 +127,9 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
     if args.policy_cmd == "get":
         p = t.call("GetPolicy", admin_pb2.GetPolicyRequest())
     else:
-        if args.threshold is not None and not (math.isfinite(args.threshold)
-                                               and MIN_POLICY_THRESHOLD <= args.threshold <= 1):
+        # 0 on the wire means "keep the current threshold", so 0 (and what is not a positive number)
+        # is refused here; the coordinator refuses the rest of what is outside [MIN, 1].
+        if args.threshold is not None and not (math.isfinite(args.threshold) and args.threshold > 0):
             raise UsageError(f"--threshold: must be in [{MIN_POLICY_THRESHOLD}, 1], got {args.threshold}")
         p = t.call("SetPolicy", types_pb2.Policy(name=args.name, threshold=args.threshold or 0.0), write=True)
     _out(args, render.policy_dict(p), f"policy {p.name} threshold {p.threshold:.2f}")

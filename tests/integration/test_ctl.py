@@ -182,3 +182,22 @@ class TestPages:
         nodes = cluster.admin("c1").ListNodes(admin_pb2.ListNodesRequest(
             states=[types_pb2.NODE_STATE_READY]), timeout=10)
         assert list(nodes.nodes) == [] and not nodes.next_page_token
+
+
+class TestPolicyThresholdServer:
+    def test_absurd_threshold_refused_by_the_coordinator(self, cluster: Cluster) -> None:
+        """SetPolicy with a threshold of 1e-300 or 2 is refused naming the threshold; the policy is unchanged."""
+        import grpc
+
+        from common.pb.gptrm.v1 import types_pb2
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        stub = cluster.admin("c1")
+        before = _json(cluster, "policy", "get")
+        for value in (1e-300, 2.0):
+            try:
+                stub.SetPolicy(types_pb2.Policy(name="load-balancing", threshold=value), timeout=10)
+                raise AssertionError(f"threshold {value} accepted")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "threshold" in e.details()
+        assert _json(cluster, "policy", "get") == before
