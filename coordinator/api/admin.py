@@ -69,6 +69,11 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         except NotFound as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except NotLeader as e:
+            if self._app.leadership.stale:
+                # No leader because etcd is unreachable from here: a refusal with its cause, not a
+                # leader change worth waiting out.
+                context.set_trailing_metadata(((REFUSED_METADATA_KEY, "etcd-unavailable"),))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable, no leader: {e}")
             metadata = [(NOT_LEADER_METADATA_KEY, "1")]
             if e.leader_address:
                 metadata.append((LEADER_METADATA_KEY, e.leader_address))
