@@ -25,6 +25,7 @@ from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonit
 from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
 from coordinator.qos import RestartPolicy
+from coordinator.qos.lost_nodes import LostNodes
 from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
 from coordinator.qos.watch import QosWatch
@@ -88,14 +89,15 @@ class LeaderDuties:
         return True
 
     def start_leading(self) -> None:
-        """Run the scheduler, the power manager, the QoS watch, the finished-task retention and, after the
-        agents' grace, the reconcile of unreported tasks."""
+        """Run the scheduler, the power manager, the QoS watch, the finished-task retention, the lost-node
+        sweep and, after the agents' grace, the reconcile of unreported tasks."""
         app = self._app
         self._running = [asyncio.create_task(app.cycle.run()),
                          asyncio.create_task(app.power_manager.run()),
                          asyncio.create_task(app.reconciler.reconcile_after_grace()),
                          asyncio.create_task(app.qos.run(lambda: app.leadership.leading)),
-                         asyncio.create_task(app.retention.run())]
+                         asyncio.create_task(app.retention.run()),
+                         asyncio.create_task(app.lost_nodes.run())]
 
     def stand_down(self, reason: str) -> None:
         """Stop the leader's work and send every agent to the new leader."""
@@ -132,6 +134,7 @@ class App:
     power_manager: PowerManager
     qos: QosWatch
     retention: TaskRetention
+    lost_nodes: LostNodes
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -176,12 +179,15 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                           protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced)
-    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
+    restarts = RestartPolicy(tasks)
+    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
+    lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,
+                           task_grace_s=cfg.lost_task_grace_s, gc_after_s=cfg.lost_node_gc_s)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
                cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
-               retention=retention)
+               retention=retention, lost_nodes=lost_nodes)

@@ -46,6 +46,11 @@ class CoordinatorConfig:
                                          check=positive)
     lost_grace_s: float = option(30.0, "seconds without a stream before a node is LOST", flag="lost_grace",
                                  check=positive)
+    lost_task_grace_s: float = option(60.0, "seconds a node stays lost before its tasks are failed (and requeued "
+                                      "where their restart policy allows)", flag="lost_task_grace",
+                                      check=non_negative)
+    lost_node_gc_s: float = option(7 * 86400.0, "seconds a node stays lost before it is removed (0: only "
+                                   "`gptrmctl nodes rm` removes it)", flag="lost_node_gc", check=non_negative)
     history_s: float = option(900.0, "telemetry history kept per node, seconds", flag="history", check=positive)
     task_grace_s: float = option(30.0, "seconds a recovered RUNNING task may go unreported before it fails",
                                  flag="task_grace", check=non_negative)

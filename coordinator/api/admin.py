@@ -265,6 +265,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await self._node_op(request, cordoned=False, draining=False)
 
     @_rpc
+    async def RemoveNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
+        node_id = _require_id(request.node_id, "node_id")
+        record = await self._app.lost_nodes.remove(node_id)
+        return admin_pb2.NodeView(record=record, state=int(NodeState.LOST))
+
+    @_rpc
     async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: Ctx) -> types_pb2.Policy:
         return self._app.policy.current
 

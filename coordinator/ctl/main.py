@@ -45,6 +45,12 @@ def cmd_status(t: Transport, args: argparse.Namespace) -> None:
 
 
 def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
+    if args.node == "rm":   # nodes rm NODE: remove a LOST node (its tasks are failed first)
+        if not args.rm_node:
+            raise CtlError("nodes rm: give the NODE to remove", EXIT_USAGE)
+        d = render.node_dict(t.call("RemoveNode", admin_pb2.NodeRef(node_id=args.rm_node), write=True))
+        _out(args, d, f"node {human.escape(args.rm_node)} removed")
+        return
     if args.node:
         d = render.node_dict(t.call("GetNode", admin_pb2.GetNodeRequest(node_id=args.node)))
         _out(args, d, human.node_detail(d))
@@ -192,8 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("status", help="cluster status").set_defaults(fn=cmd_status)
-    sp = sub.add_parser("nodes", help="list nodes or show one")
-    sp.add_argument("node", nargs="?")
+    sp = sub.add_parser("nodes", help="list nodes, show one, or remove a lost one (nodes rm NODE)")
+    sp.add_argument("node", nargs="?", help="a node to show, or rm")
+    sp.add_argument("rm_node", nargs="?", metavar="NODE", help="with rm: the lost node to remove")
     sp.add_argument("--state", action="append", help="only nodes in these states (ready,lost,...)")
     sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_nodes)

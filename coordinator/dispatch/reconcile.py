@@ -60,6 +60,12 @@ class Reconciler:
                 self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: not known "
                                      "to the cluster", node_id=entry.node_id, task_id=status.task_id)
                 self._dispatcher.stop_unknown(entry.node_id, status.task_id)
+            elif all(na.node_id != entry.node_id for na in task.allocation.nodes):
+                # Given up while this node was lost (requeued, or placed elsewhere): one copy only.
+                self._log.warning("misplaced_task_stopped", node_id=entry.node_id, task_id=status.task_id)
+                self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: it is not "
+                                     "placed there any more", node_id=entry.node_id, task_id=status.task_id)
+                self._dispatcher.stop_unknown(entry.node_id, status.task_id)
         for task in list(self._tasks.tasks.values()):
             on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
             if on_node and task.state == TaskState.SCHEDULED and task.id not in reported:

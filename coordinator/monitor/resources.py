@@ -278,6 +278,14 @@ class ResourceMonitor:
             self._active[slot] = False
             self._stale = True
 
+    def forget_node(self, node_id: str) -> None:
+        """Drop a removed node's history and counters (its slot stays, inactive, for a node that returns)."""
+        self.deactivate(node_id)
+        self._hist.pop(node_id, None)
+        self.latest.pop(node_id, None)
+        self.rejected.pop(node_id, None)
+        self.last_rejection.pop(node_id, None)
+
     @property
     def objectives(self) -> ClusterObjectives:
         """The cluster objectives as of the latest batch.

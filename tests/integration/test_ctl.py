@@ -201,3 +201,19 @@ class TestPolicyThresholdServer:
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "threshold" in e.details()
         assert _json(cluster, "policy", "get") == before
+
+
+class TestNodesRm:
+    def test_rm_refuses_live_node_and_removes_lost_one(self, cluster: Cluster) -> None:
+        """`nodes rm` of a connected node exits 1 naming why; once the agent is gone and the node lost it is
+        removed (exit 0, a node document) and no longer listed."""
+        cluster.start_coordinator("c1", "--lost-grace", "0.5", "--lost-task-grace", "3600", "--lost-node-gc", "0")
+        cluster.wait_leader("c1")
+        agent = cluster.start_agent("n1")
+        wait_until(lambda: [n["state"] for n in _json(cluster, "nodes")["nodes"]] == ["ready"], what="n1 ready")
+        res = cluster.ctl("nodes", "rm", "n1")
+        assert res.returncode == 1 and "not lost" in res.stderr, res.stderr
+        agent.kill()
+        wait_until(lambda: [n["state"] for n in _json(cluster, "nodes")["nodes"]] == ["lost"], what="n1 lost")
+        validate(_json(cluster, "nodes", "rm", "n1"), "node")
+        assert _json(cluster, "nodes")["nodes"] == []

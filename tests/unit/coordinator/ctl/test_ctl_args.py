@@ -16,3 +16,11 @@ class TestPolicyThreshold:
         rc = main(["--coordinator", "127.0.0.1:1", "policy", "set", "load-balancing", "--threshold", value])
         assert rc == EXIT_USAGE
         assert "--threshold" in capsys.readouterr().err
+
+
+class TestNodesRm:
+    def test_rm_without_node_refused(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`nodes rm` without a node exits with the usage code before any request is sent."""
+        rc = main(["--coordinator", "127.0.0.1:1", "nodes", "rm"])
+        assert rc == EXIT_USAGE
+        assert "nodes rm" in capsys.readouterr().err
