@@ -142,8 +142,37 @@ class TaskRuntime:
         if decision.decision_id:
             self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
                                                           "state": ack.resulting_state, "task_id": ack.task_id}
-        self.table.save()   # the decision's effect and its outcome in one atomic write
+        try:
+            self.table.save()   # the decision's effect and its outcome in one atomic write
+        except OSError as e:
+            self._log.error("task_table_save_failed", decision_id=decision.decision_id, reason=str(e))
+            if action == "start" and ack.ok:
+                ack = await self._abandon_start(decision, e)
         return ack
+
+    async def _abandon_start(self, decision: agent_pb2.Decision, error: OSError) -> agent_pb2.DecisionAck:
+        """A task started but its record could not be saved: kill it rather than run it unrecorded
+        (a restarted agent would forget it). Reported FAILED, and the start refused, with the cause."""
+        task_id = decision.start.task_id
+        reason = f"task {task_id!r} killed at start: the agent could not record it in its state file ({error})"
+        rec = self.table.tasks.pop(task_id, None)
+        watcher = self._watchers.pop(task_id, None)
+        if watcher is not None:
+            watcher.cancel()
+        proc = self._procs.pop(task_id, None)
+        if rec is not None:
+            self._signal(rec, signal.SIGKILL)
+            if proc is not None:
+                await proc.wait()
+            remove = getattr(self._gpus, "remove", None)
+            if remove is not None:
+                remove(task_id)
+            self._report(rec, TaskState.FAILED, reason, exit_code=-int(signal.SIGKILL))
+        self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id, reason=reason)
+        outcome = {"ok": False, "reason": reason, "state": int(TaskState.FAILED), "task_id": task_id}
+        if decision.decision_id:
+            self.table.decisions[decision.decision_id] = outcome
+        return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=reason, task_id=task_id)
 
     def _known(self, task_id: str) -> TaskRecord:
         rec = self.table.tasks.get(task_id)
@@ -158,6 +187,7 @@ class TaskRuntime:
         if not st.argv:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
         user = self._users.resolve(st.run_as_user) if self._users is not None else None
+        self._record_or_refuse(st.task_id)
         workdir = self.state_dir / "tasks" / st.task_id
         workdir.mkdir(parents=True, exist_ok=True)
         log_path, exit_file = workdir / "output.log", workdir / "exit_code"
@@ -201,6 +231,18 @@ class TaskRuntime:
         self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
         self._watchers[st.task_id] = asyncio.create_task(self._watch(rec))
         return st.task_id, TaskState.RUNNING
+
+    def _record_or_refuse(self, task_id: str) -> None:
+        """Save the table before a start: a task the agent cannot record (state directory full or
+        read-only) is never started, since a restarted agent would forget it.
+
+        :raises GptrmError: naming the task and the cause.
+        """
+        try:
+            self.table.save()
+        except OSError as e:
+            raise GptrmError(f"task {task_id!r} not started: the agent cannot write its state file "
+                             f"{self.table.path} ({e})") from e
 
     def _follow_gpus(self, rec: TaskRecord) -> None:
         place = getattr(self._gpus, "place", None)

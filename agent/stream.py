@@ -55,6 +55,9 @@ class Backoff:
         self.attempt = 0
 
 
+_MAX_REDIRECTS_IN_ROW = 2
+
+
 class _Redirected(Exception):
     def __init__(self, address: str) -> None:
         super().__init__(address)
@@ -103,16 +106,22 @@ class AgentStream:
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, stream, reconnect until ``stop`` is set."""
         redirect: str | None = None
+        redirects = 0   # redirects in a row without a session
         while not stop.is_set():
             address = redirect or self.addresses[self._next % len(self.addresses)]
             redirect = None
+            connects = self.connects_total
             try:
                 await self._session(address, stop)
             except _Redirected as r:
                 self._log.info("redirected_to_leader", address=address, leader_address=r.address)
-                redirect = r.address if r.address else None
-                if redirect:
+                redirects = 0 if self.connects_total != connects else redirects + 1
+                # Followed at once, but not in a loop: during a leader change a standby may name the
+                # dead leader, whose restarted address redirects back; then back off and rotate.
+                if r.address and redirects <= _MAX_REDIRECTS_IN_ROW:
+                    redirect = r.address
                     continue
+                redirects = 0
             except (TimeoutError, grpc.aio.AioRpcError, ConnectionError) as e:
                 code = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
                 self._log.warning("stream_failed", address=address, reason=code, attempt=self._backoff.attempt)

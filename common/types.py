@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "MIN_POLICY_THRESHOLD",
     "TERMINAL_STATES",
     "NodeState",
     "TaskKind",
@@ -78,3 +79,7 @@ class NodeState(enum.IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower().replace("_", "-")
+
+
+MIN_POLICY_THRESHOLD = 0.05
+"""Smallest placement-policy threshold accepted: below it no node could take any work."""

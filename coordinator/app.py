@@ -27,7 +27,9 @@ from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonit
 from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
 from coordinator.qos import RestartPolicy
+from coordinator.qos.lost_nodes import LostNodes
 from coordinator.qos.preemption import Preemptor
+from coordinator.qos.retention import TaskRetention
 from coordinator.qos.watch import QosWatch
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting
@@ -57,11 +59,23 @@ class LeaderDuties:
         """Rebuild the view from etcd at one revision; on failure give the lease up for another replica."""
         app = self._app
         try:
-            state = await asyncio.to_thread(app.store.load_all)
+            return await self._recover(record)
         except (EtcdUnavailable, Fenced) as e:
             self._log.warning("recovery_failed", reason=str(e))
             app.leadership.step_down(f"recovery failed: {e}")
             return False
+        except Exception as e:   # never a replica holding the lease without leading
+            self._log.exception("recovery_failed", reason=repr(e))
+            app.leadership.step_down(f"recovery failed: {type(e).__name__}")
+            return False
+
+    async def _recover(self, record: types_pb2.LeaderRecord) -> bool:
+        app = self._app
+        state = await asyncio.to_thread(app.store.load_all)
+        if state.quarantined:
+            app.metrics.quarantined.inc(len(state.quarantined))
+            app.events.publish("etcd", f"{len(state.quarantined)} corrupt etcd value(s) moved under quarantine/: "
+                               + ", ".join(state.quarantined[:5]), keys=",".join(state.quarantined[:20]))
         if not app.leadership.election.is_leader:
             return False
         adopt_nodes(state, app.registry)
@@ -77,13 +91,16 @@ class LeaderDuties:
         return True
 
     def start_leading(self) -> None:
-        """Run the scheduler, the power manager, the QoS watch, the power capping loop (``--power-capping on``)
-        and, after the agents' grace, the reconcile of unreported tasks."""
+        """Run the scheduler, the power manager, the QoS watch, the finished-task retention, the lost-node
+        sweep, the power capping loop (``--power-capping on``) and, after the agents' grace, the reconcile
+        of unreported tasks."""
         app = self._app
         self._running = [asyncio.create_task(app.cycle.run()),
                          asyncio.create_task(app.power_manager.run()),
                          asyncio.create_task(app.reconciler.reconcile_after_grace()),
-                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading))]
+                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading)),
+                         asyncio.create_task(app.retention.run()),
+                         asyncio.create_task(app.lost_nodes.run())]
         if app.cfg.power_capping == "on":
             self._running.append(asyncio.create_task(app.capper.run()))
 
@@ -123,6 +140,8 @@ class App:
     qos: QosWatch
     logs: LogRelay
     capper: PowerCapper
+    retention: TaskRetention
+    lost_nodes: LostNodes
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -169,12 +188,17 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                           protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced)
-    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
+    restarts = RestartPolicy(tasks)
+    reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     capper = PowerCapper(registry, monitor.latest.get, lambda: tasks.tasks, qos, dispatcher, events,
                          metrics.power_cap_changes, interval_s=cfg.power_cap_interval_s)
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
+    retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
+                              retain_count=cfg.finished_retention_count)
+    lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,
+                           task_grace_s=cfg.lost_task_grace_s, gc_after_s=cfg.lost_node_gc_s)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
                cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
-               logs=LogRelay(registry), capper=capper)
+               logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes)

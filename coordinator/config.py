@@ -46,9 +46,18 @@ class CoordinatorConfig:
                                          check=positive)
     lost_grace_s: float = option(30.0, "seconds without a stream before a node is LOST", flag="lost_grace",
                                  check=positive)
+    lost_task_grace_s: float = option(60.0, "seconds a node stays lost before its tasks are failed (and requeued "
+                                      "where their restart policy allows)", flag="lost_task_grace",
+                                      check=non_negative)
+    lost_node_gc_s: float = option(7 * 86400.0, "seconds a node stays lost before it is removed (0: only "
+                                   "`gptrmctl nodes rm` removes it)", flag="lost_node_gc", check=non_negative)
     history_s: float = option(900.0, "telemetry history kept per node, seconds", flag="history", check=positive)
     task_grace_s: float = option(30.0, "seconds a recovered RUNNING task may go unreported before it fails",
                                  flag="task_grace", check=non_negative)
+    finished_retention_s: float = option(7 * 86400.0, "seconds a finished task stays listed before it is removed "
+                                         "from etcd", flag="finished_retention", check=positive)
+    finished_retention_count: int = option(10_000, "finished tasks kept at most (the oldest are removed first)",
+                                           flag="finished_retention_count", check=non_negative)
     lock_timeout_s: float = option(5.0, "how long drain and policy changes wait for their etcd lock, seconds",
                                    flag="lock_timeout", check=positive)
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)

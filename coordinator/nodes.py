@@ -86,8 +86,12 @@ class NodeService:
         samples = batch.samples
         if not samples:
             return
-        self._monitor.ingest(entry.node_id, len(entry.inventory.gpus), samples)
-        self._metrics.samples.inc(len(samples))
+        stored = self._monitor.ingest(entry.node_id, len(entry.inventory.gpus), samples)
+        self._metrics.samples.inc(stored)
+        if stored < len(samples):
+            self._metrics.rejected_samples.labels(entry.node_id).inc(len(samples) - stored)
+            self._log.warning("telemetry_rejected", node_id=entry.node_id, samples=len(samples) - stored,
+                              reason=self._monitor.last_rejection.get(entry.node_id, ""))
         self._metrics.ingest_lag.observe(self._monitor.last_lag_s)
         if batch.dropped_samples_total > entry.dropped_samples_total:
             self._metrics.dropped.inc(batch.dropped_samples_total - entry.dropped_samples_total)

@@ -20,7 +20,7 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
-from coordinator.profiler import Profiler, validate_spec
+from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import remove_reservation
@@ -81,6 +81,11 @@ class TaskTable:
         """Take over the tasks read from etcd (a new leader's view)."""
         self.tasks = dict(tasks)
 
+    def forget(self, task_id: str) -> None:
+        """Drop a finished task removed from etcd (retention)."""
+        self.tasks.pop(task_id, None)
+        self._monitor.forget_task_qos(task_id)
+
     async def refresh(self, task_id: str) -> None:
         """Re-read one task from etcd after a lost compare (memory follows etcd)."""
         try:
@@ -99,7 +104,9 @@ class TaskTable:
         self._leadership.require_leader()
         max_gpus = max((len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
-        task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=self._profiler.profile(spec).to_proto(),
+        profile = self._profiler.profile(spec)
+        validate_profiled_demand(profile.demand)
+        task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=profile.to_proto(),
                               reason="waiting for the scheduler", id=f"t-{uuid.uuid4().hex[:10]}",
                               submit_unix_s=time.time())
         stored = await self._leadership.write(self._store.create_task, task, request_id)
@@ -164,10 +171,24 @@ class TaskTable:
             raise IllegalTransition(f"task {task_id}: already {TaskState(task.state).label}")
         if task.state == TaskState.PENDING or not task.allocation.nodes:
             return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
-        if not self._dispatcher.stop(task, _CANCELLED) or task.state == TaskState.SCHEDULED:
+        if task.state == TaskState.SCHEDULED:
+            self._dispatcher.stop(task, _CANCELLED)
+            return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
+        # Record the intent first (durable, survives a leader change): however the task ends
+        # now, it ends CANCELLED and its restart policy is not applied.
+        if not task.cancel_requested:
+            task = await self.update(task_id, cancel_requested=True)
+        if not self._dispatcher.stop(task, _CANCELLED):
             return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
         task.reason = "cancelling: stop sent to the agent"
         return task
+
+    async def update(self, task_id: str, **updates: object) -> types_pb2.Task:
+        """Persist field changes without a state change (compare-on-revision) and update memory."""
+        task = self.get(task_id)
+        stored = await self._leadership.write(self._store.update_task, task_id, task.revision, **updates)
+        self.tasks[task_id] = stored
+        return stored
 
     async def pause(self, task_id: str) -> types_pb2.Task:
         """SIGSTOP a RUNNING task on its agents (the agents report PAUSED)."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -32,8 +34,9 @@ from common.errors import (
 )
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
-from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
-from common.types import TERMINAL_STATES, NodeState
+from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
+from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
+from coordinator.api.pages import paginate
 from coordinator.app import VERSION, App
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
@@ -45,6 +48,15 @@ R = TypeVar("R")
 Ctx = grpc.aio.ServicerContext
 """The servicer context gRPC passes to every method."""
 _log = get_logger("admin")
+
+
+_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://)?(?:\[[0-9a-fA-F:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|[\w.-]+)?:\d{2,5}\b"
+                      r"|\b\d{1,3}(?:\.\d{1,3}){3}\b")
+
+
+def redact(text: str) -> str:
+    """``text`` with network addresses (``host:port``, IP addresses, URLs with a port) replaced."""
+    return _ADDRESS.sub("<address>", text)
 
 
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -59,18 +71,38 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         except NotFound as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except NotLeader as e:
+            if self._app.leadership.stale:
+                # No leader because etcd is unreachable from here: a refusal with its cause, not a
+                # leader change worth waiting out.
+                context.set_trailing_metadata(((REFUSED_METADATA_KEY, "etcd-unavailable"),))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable, no leader: {e}")
+            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
             if e.leader_address:
-                context.set_trailing_metadata(((LEADER_METADATA_KEY, e.leader_address),))
+                metadata.append((LEADER_METADATA_KEY, e.leader_address))
+            context.set_trailing_metadata(tuple(metadata))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except (IllegalTransition, Fenced) as e:
+        except Fenced as e:   # the lease was lost during the write: nothing applied, retry on the new leader
+            context.set_trailing_metadata(((NOT_LEADER_METADATA_KEY, "1"),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except IllegalTransition as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except EtcdUnavailable as e:
             # UNAVAILABLE also means "no connection" to a client; the marker says this
             # coordinator answered and refused (gptrmctl exits 1 with the reason, not 3).
             context.set_trailing_metadata(((REFUSED_METADATA_KEY, "etcd-unavailable"),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable: {e}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd unavailable: {redact(str(e))}")
         except CoordinationError as e:   # an admin lock held elsewhere for too long
-            await context.abort(grpc.StatusCode.ABORTED, str(e))
+            await context.abort(grpc.StatusCode.ABORTED, redact(str(e)))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            # A bug: the client gets an id to quote, the log gets the traceback; no internal detail leaks.
+            correlation_id = uuid.uuid4().hex[:12]
+            _log.exception("admin_rpc_failed", method=fn.__name__, correlation_id=correlation_id,
+                           reason=type(e).__name__)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"internal error in {fn.__name__} (correlation id {correlation_id}; "
+                                "the coordinator's log has the details)")
         raise AssertionError("unreachable")  # context.abort raises
 
     return wrapper
@@ -132,6 +164,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                                    gpu_mem_util=o.gpu_mem_util, energy_j=o.energy_j),
             policy=app.policy.current, gpus_total=gpus_total, gpus_allocated=gpus_alloc,
             insecure=app.cfg.insecure, auth=self.auth_mode,
+            quarantined_keys=app.store.quarantined_keys,
+            telemetry_rejected_total=sum(app.monitor.rejected.values()),
         )
 
     async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:
@@ -146,12 +180,19 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     @_rpc
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Ctx) -> admin_pb2.ListNodesResponse:
+        for s in request.states:
+            if s not in types_pb2.NodeState.values() or s == 0:
+                raise ValidationError("states", f"unknown node state {s}")
+        wanted = set(request.states)
         read, records = await self._from_etcd(self._app.store.list_nodes)
         if read:
-            return admin_pb2.ListNodesResponse(
-                nodes=[admin_pb2.NodeView(record=r, state=r.state or int(NodeState.NOT_READY)) for r in records])
-        views = [self._view(e) for e in sorted(self._app.registry, key=lambda e: e.node_id)]
-        return admin_pb2.ListNodesResponse(nodes=views, stale=self._app.leadership.stale)
+            views = [admin_pb2.NodeView(record=r, state=r.state or int(NodeState.NOT_READY)) for r in records]
+        else:
+            views = [self._view(e) for e in self._app.registry]
+        views = [v for v in views if not wanted or v.state in wanted]
+        page, token = paginate(views, lambda v: (v.record.inventory.node_id,), request.page_size, request.page_token)
+        return admin_pb2.ListNodesResponse(nodes=page, stale=not read and self._app.leadership.stale,
+                                           next_page_token=token)
 
     @_rpc
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:
@@ -170,8 +211,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         tasks = stored if read else list(self._app.tasks.tasks.values())
         wanted = set(request.states)
         tasks = [t for t in tasks if not wanted or t.state in wanted]
-        tasks.sort(key=lambda t: (t.submit_unix_s, t.id))
-        return admin_pb2.ListTasksResponse(tasks=tasks, stale=self._app.leadership.stale)
+        page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
+        return admin_pb2.ListTasksResponse(tasks=page, stale=self._app.leadership.stale, next_page_token=token)
 
     @_rpc
     async def GetTask(self, request: admin_pb2.GetTaskRequest, context: Ctx) -> types_pb2.Task:
@@ -226,6 +267,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await self._node_op(request, cordoned=False, draining=False)
 
     @_rpc
+    async def RemoveNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
+        node_id = _require_id(request.node_id, "node_id")
+        record = await self._app.lost_nodes.remove(node_id)
+        return admin_pb2.NodeView(record=record, state=int(NodeState.LOST))
+
+    @_rpc
     async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: Ctx) -> types_pb2.Policy:
         return self._app.policy.current
 
@@ -233,9 +280,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def SetPolicy(self, request: types_pb2.Policy, context: Ctx) -> types_pb2.Policy:
         if not request.name:
             raise ValidationError("name", "must not be empty")
+        # 0 on the wire means "keep the current threshold" (proto3 has no presence for it).
         threshold = request.threshold or self._app.policy.current.threshold
-        if not math.isfinite(threshold) or not 0 < threshold <= 1:
-            raise ValidationError("threshold", f"must be in (0, 1], got {request.threshold}")
+        if not math.isfinite(threshold) or not MIN_POLICY_THRESHOLD <= threshold <= 1:
+            raise ValidationError("threshold", f"must be in [{MIN_POLICY_THRESHOLD}, 1], got {request.threshold}")
         return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold))
 
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import unicodedata
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -30,16 +31,30 @@ if TYPE_CHECKING:
 __all__ = ["AgentGatewayService", "validate_register"]
 
 _REGISTER_TIMEOUT_S = 10.0
-_MAX_GPUS = 1024
+MAX_GPUS = 256
+"""GPUs one node may register (the simulated agent's limit; real servers hold at most 16). The
+leader's telemetry history of one node is bounded in bytes whatever the count
+(:data:`coordinator.monitor.resources.NODE_HISTORY_BYTES`)."""
+MAX_NODE_ID = 253
+
+
+def _bad_char(c: str) -> bool:
+    # Whitespace, '/', control characters and format characters (bidi overrides such as U+202E).
+    return c.isspace() or c == "/" or unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn")
 
 
 def validate_register(reg: agent_pb2.Register) -> None:
-    """:raises ValidationError: naming the inventory field that is unusable."""
+    """Refuse an unusable inventory before anything is recorded (no phantom node).
+
+    :raises ValidationError: naming the inventory field that is unusable.
+    """
     inv = reg.inventory
-    if not inv.node_id or len(inv.node_id) > 253 or any(c.isspace() or c == "/" for c in inv.node_id):
-        raise ValidationError("register.inventory.node_id", f"invalid node id {inv.node_id!r}")
-    if len(inv.gpus) > _MAX_GPUS:
-        raise ValidationError("register.inventory.gpus", f"{len(inv.gpus)} GPUs is more than {_MAX_GPUS}")
+    if not inv.node_id or len(inv.node_id) > MAX_NODE_ID or any(_bad_char(c) for c in inv.node_id):
+        raise ValidationError("register.inventory.node_id",
+                              f"invalid node id {inv.node_id[:80]!r} (1..{MAX_NODE_ID} characters, no whitespace, "
+                              "'/', control or format characters)")
+    if len(inv.gpus) > MAX_GPUS:
+        raise ValidationError("register.inventory.gpus", f"{len(inv.gpus)} GPUs is more than {MAX_GPUS}")
     seen = set()
     for i, g in enumerate(inv.gpus):
         if g.index in seen:

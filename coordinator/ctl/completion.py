@@ -18,7 +18,7 @@ import argparse
 import shlex
 from collections.abc import Iterator
 
-from common.pb.gptrm.v1 import admin_pb2
+from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.transport import Transport
 
 __all__ = ["ID_COMMANDS", "completion_script", "list_ids"]
@@ -99,5 +99,5 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
 def list_ids(t: Transport, what: str) -> list[str]:
     """Task or node ids for completion."""
     if what == "tasks":
-        return [x.id for x in t.call("ListTasks", admin_pb2.ListTasksRequest()).tasks]
-    return [v.record.inventory.node_id for v in t.call("ListNodes", admin_pb2.ListNodesRequest()).nodes]
+        return [x.id for x in all_tasks(t)[0]]
+    return [v.record.inventory.node_id for v in all_nodes(t)[0]]

@@ -33,17 +33,21 @@ GIB = 1024**3
 REASON_WIDTH = 72
 """Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
 _FINAL = ("succeeded", "failed", "cancelled")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0/C1 control characters, and the bidirectional overrides/isolates and line separators that
+# can make a terminal show text other than what is there (U+202E reverses what follows).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _CAUSE = re.compile(r"^(?P<head>.*?)\s*\((?P<cause>[^()]*(?:\([^()]*\)[^()]*)*)\)\s*$", re.DOTALL)
 
 
 def escape(text: Any, *, keep_newlines: bool = False) -> str:
-    """``text`` with control characters written as ``\\xNN`` (newlines and tabs kept when asked)."""
+    """``text`` with control characters written as ``\\xNN`` and bidirectional controls as ``\\uNNNN``
+    (newlines and tabs kept when asked)."""
     def sub(m: re.Match[str]) -> str:
         ch = m.group()
         if keep_newlines and ch in "\n\t":
             return ch
-        return f"\\x{ord(ch):02x}"
+        code = ord(ch)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
     return _CONTROL.sub(sub, str(text))
 
@@ -145,6 +149,10 @@ def status_text(d: Mapping[str, Any]) -> str:
         f"power         {_watts(o['power_w'])} (Eq. 3)  energy {(o['energy_j'] or 0) / 3.6e6:.3f} kWh since start",
         f"security      {'INSECURE: plaintext gRPC, agents unauthenticated' if d['insecure'] else 'mutual TLS'}"
         f" (auth: {escape(d['auth'] or 'unknown')})",
+        *([f"telemetry     {d['telemetry_rejected_total']} samples refused (NaN, negative or impossible values)"]
+          if d.get("telemetry_rejected_total") else []),
+        *([f"quarantined   {len(d['quarantined_keys'])} corrupt etcd value(s) moved aside: "
+           + escape(", ".join(d["quarantined_keys"]))] if d.get("quarantined_keys") else []),
     ])
 
 

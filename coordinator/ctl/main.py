@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -10,8 +11,10 @@ from typing import Any
 
 from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.types import MIN_POLICY_THRESHOLD
 from coordinator.ctl import human, render
 from coordinator.ctl.certs import add_certs_parser
+from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.simulator.cli import add_simulate_parser
 
@@ -42,13 +45,19 @@ def cmd_status(t: Transport, args: argparse.Namespace) -> None:
 
 
 def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
+    if args.node == "rm":   # nodes rm NODE: remove a LOST node (its tasks are failed first)
+        if not args.rm_node:
+            raise CtlError("nodes rm: give the NODE to remove", EXIT_USAGE)
+        d = render.node_dict(t.call("RemoveNode", admin_pb2.NodeRef(node_id=args.rm_node), write=True))
+        _out(args, d, f"node {human.escape(args.rm_node)} removed")
+        return
     if args.node:
         d = render.node_dict(t.call("GetNode", admin_pb2.GetNodeRequest(node_id=args.node)))
         _out(args, d, human.node_detail(d))
         return
-    resp = t.call("ListNodes", admin_pb2.ListNodesRequest())
-    docs = [render.node_dict(v) for v in resp.nodes]
-    _out(args, {"nodes": docs, "stale": resp.stale}, human.nodes_table(docs, wide=args.output == "wide"))
+    nodes, stale = all_nodes(t, _states(types_pb2.NodeState, "NODE_STATE_", args.state), args.page_size)
+    docs = [render.node_dict(v) for v in nodes]
+    _out(args, {"nodes": docs, "stale": stale}, human.nodes_table(docs, wide=args.output == "wide"))
 
 
 def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
@@ -56,9 +65,26 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
         _out(args, d, human.task_detail(d))
         return
-    resp = t.call("ListTasks", admin_pb2.ListTasksRequest())
-    docs = [render.task_dict(x) for x in resp.tasks]
-    _out(args, {"tasks": docs, "stale": resp.stale}, human.tasks_table(docs, wide=args.output == "wide"))
+    tasks, stale = all_tasks(t, _states(types_pb2.TaskState, "TASK_STATE_", args.state), args.page_size)
+    docs = [render.task_dict(x) for x in tasks]
+    _out(args, {"tasks": docs, "stale": stale}, human.tasks_table(docs, wide=args.output == "wide"))
+
+
+def _states(enum: Any, prefix: str, names: list[str] | None) -> list[int]:
+    """``--state running,pending`` as enum numbers.
+
+    :raises UsageError: an unknown state name.
+    """
+    out = []
+    for name in ",".join(names or []).split(","):
+        if not name.strip():
+            continue
+        try:
+            out.append(enum.Value(prefix + name.strip().upper().replace("-", "_")))
+        except ValueError:
+            known = ", ".join(v.name[len(prefix):].lower() for v in enum.DESCRIPTOR.values if v.number)
+            raise UsageError(f"--state: unknown state {name.strip()!r} (one of {known})") from None
+    return out
 
 
 def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
@@ -107,6 +133,10 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
     if args.policy_cmd == "get":
         p = t.call("GetPolicy", admin_pb2.GetPolicyRequest())
     else:
+        # 0 on the wire means "keep the current threshold", so 0 (and what is not a positive number)
+        # is refused here; the coordinator refuses the rest of what is outside [MIN, 1].
+        if args.threshold is not None and not (math.isfinite(args.threshold) and args.threshold > 0):
+            raise UsageError(f"--threshold: must be in [{MIN_POLICY_THRESHOLD}, 1], got {args.threshold}")
         p = t.call("SetPolicy", types_pb2.Policy(name=args.name, threshold=args.threshold or 0.0), write=True)
     _out(args, render.policy_dict(p), f"policy {p.name} threshold {p.threshold:.2f}")
 
@@ -118,7 +148,7 @@ def cmd_events(t: Transport, args: argparse.Namespace) -> None:
             d = render.event_dict(e)
             if args.output == "json":
                 # One JSON object per line so a follower can parse as events arrive.
-                print(render.json.dumps(d, sort_keys=True), flush=True)
+                print(render.dump_json(d, indent=None), flush=True)
             else:
                 subject = human.escape(d["node_id"] or d["task_id"])
                 print(f"{d['seq']:>6}  {human.age(d['time_unix_s']):>4}  {d['kind']:<11} {subject:<16} "
@@ -192,11 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("status", help="cluster status").set_defaults(fn=cmd_status)
-    sp = sub.add_parser("nodes", help="list nodes or show one")
-    sp.add_argument("node", nargs="?")
+    sp = sub.add_parser("nodes", help="list nodes, show one, or remove a lost one (nodes rm NODE)")
+    sp.add_argument("node", nargs="?", help="a node to show, or rm")
+    sp.add_argument("rm_node", nargs="?", metavar="NODE", help="with rm: the lost node to remove")
+    sp.add_argument("--state", action="append", help="only nodes in these states (ready,lost,...)")
+    sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_nodes)
     sp = sub.add_parser("tasks", help="list tasks or show one")
     sp.add_argument("task", nargs="?")
+    sp.add_argument("--state", action="append", help="only tasks in these states (pending,running,...)")
+    sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_tasks)
     from coordinator.ctl.spec import add_submit_arguments
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,9 +17,20 @@ __all__ = ["dump_json", "enum_label", "event_dict", "log_chunk_dict", "node_dict
            "task_dict"]
 
 
-def dump_json(doc: Any) -> str:
-    """One pretty-printed document with sorted keys."""
-    return json.dumps(doc, indent=2, sort_keys=True)
+def finite(doc: Any) -> Any:
+    """``doc`` with every NaN or infinite float replaced by None (JSON has no NaN)."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def dump_json(doc: Any, *, indent: int | None = 2) -> str:
+    """One document with sorted keys, always valid JSON (non-finite numbers are null)."""
+    return json.dumps(finite(doc), indent=indent, sort_keys=True, allow_nan=False)
 
 
 def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
@@ -40,6 +52,8 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
         "policy": {"name": s.policy.name, "threshold": s.policy.threshold},
         "insecure": s.insecure,
         "auth": s.auth,
+        "quarantined_keys": list(s.quarantined_keys),
+        "telemetry_rejected_total": s.telemetry_rejected_total,
     }
 
 

@@ -37,6 +37,7 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--restart-policy", help="never | on-failure | always")
+    p.add_argument("--max-restarts", type=int, help="restarts allowed by the restart policy (default 3, at most 1000)")
     p.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL on stop")
     p.add_argument("--request-id", help="idempotency key (a retried submit returns the same task)")
     p.add_argument("--wait", action="store_true",
@@ -94,7 +95,7 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
         if args.gpus is not None and 0 < args.gpus < 1:
             d["allow_gpu_sharing"] = True
     for key, value in (("nodes", args.nodes), ("priority", args.priority), ("restart_policy", args.restart_policy),
-                       ("stop_grace_s", args.stop_grace_s)):
+                       ("max_restarts", args.max_restarts), ("stop_grace_s", args.stop_grace_s)):
         if value is not None:
             d[key] = value
     _qos_from_args(args, d)

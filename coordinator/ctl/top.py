@@ -33,6 +33,7 @@ from rich.text import Text
 
 from common.pb.gptrm.v1 import admin_pb2
 from coordinator.ctl import human, render
+from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.transport import CtlError, Transport
 
 __all__ = ["Snapshot", "fetch", "run_top", "view"]
@@ -58,8 +59,8 @@ def fetch(t: Transport) -> Snapshot:
     """Read status, nodes and tasks; a failure becomes the snapshot's error (the view keeps refreshing)."""
     try:
         status = render.status_dict(t.call("GetStatus", admin_pb2.GetStatusRequest()))
-        nodes = [render.node_dict(v) for v in t.call("ListNodes", admin_pb2.ListNodesRequest()).nodes]
-        tasks = [render.task_dict(x) for x in t.call("ListTasks", admin_pb2.ListTasksRequest()).tasks]
+        nodes = [render.node_dict(v) for v in all_nodes(t)[0]]
+        tasks = [render.task_dict(x) for x in all_tasks(t)[0]]
     except CtlError as e:
         return Snapshot(None, [], [], str(e), e.code)
     return Snapshot(status, nodes, tasks)

@@ -1,11 +1,18 @@
-"""gptrmctl's connection to the coordinator: try each address, follow the leader.
+"""gptrmctl's connection to the coordinator: try each address, follow the leader, ride out a leader change.
 
 Exit codes (DESIGN.md): 1 refused request, 2 usage error, 3 no coordinator answers.
+
+While a leader changes, nobody may answer, a redirect may lead to a standby (the dead leader's
+address, restarted), or every replica may still name the old leader. None of that is a refusal:
+the request is tried again, with exponential backoff, until its deadline (``timeout_s``); a
+write is re-sent unchanged, so a submit keeps its request id and creates one task. Only when the
+deadline passes does gptrmctl give up with exit code 3.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -14,7 +21,7 @@ import grpc
 
 from common.errors import ConfigError
 from common.pb.gptrm.v1 import admin_pb2_grpc
-from common.rpc_metadata import LEADER_METADATA_KEY, REFUSED_METADATA_KEY
+from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.tls import ClientTls, tls_files
 
 __all__ = ["EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "ChannelSecurity", "CtlError", "Transport"]
@@ -65,19 +72,31 @@ class ChannelSecurity:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
 
+class _Retry(Exception):
+    """One pass over the addresses found no leader to answer; worth trying again until the deadline."""
+
+
 class Transport:
     """Calls Admin RPCs on the first coordinator that answers; writes follow the leader.
 
     :param addresses: ``HOST:PORT`` candidates, tried in order.
-    :param timeout_s: per-call deadline.
+    :param timeout_s: deadline of one request, retries during a leader change included.
     :param security: builds the channel security at the first call (default: plaintext, no token).
+    :param clock: monotonic clock (injected in tests).
+    :param sleep: how to wait between passes (injected in tests).
     """
 
+    BACKOFF_INITIAL_S = 0.1
+    BACKOFF_MAX_S = 2.0
+
     def __init__(self, addresses: Sequence[str], timeout_s: float = 10.0,
-                 security: Callable[[], ChannelSecurity] | None = None) -> None:
+                 security: Callable[[], ChannelSecurity] | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.addresses = [a for a in addresses if a]
         self.timeout_s = timeout_s
+        self._clock, self._sleep = clock, sleep
         self._channels: dict[str, grpc.Channel] = {}
+        self.passes = 0   # passes over the addresses made by the last call (1 without a leader change)
         self._security_factory = security or (lambda: ChannelSecurity(None))
         self._security: ChannelSecurity | None = None
 
@@ -95,22 +114,38 @@ class Transport:
         return admin_pb2_grpc.AdminStub(self._channels[address])
 
     def call(self, method: str, request: Any, *, write: bool = False) -> Any:
-        """Unary call; a standby's redirect (FAILED_PRECONDITION + leader address) is followed once."""
+        """Unary call; redirects to the leader are followed, and a leader change is waited out."""
         md = self.security.metadata
-        return self._try_all(lambda stub: getattr(stub, method)(request, timeout=self.timeout_s, metadata=md),
-                             write=write)
+        deadline = self._clock() + self.timeout_s
+        return self._retrying(lambda stub: getattr(stub, method)(
+            request, timeout=max(0.2, deadline - self._clock()), metadata=md), write=write, deadline=deadline)
 
     def stream(self, method: str, request: Any, *, leader_only: bool = False) -> Any:
         """Server-streaming call without a deadline (``events --follow``); ``leader_only`` follows
         a standby's redirect to the leader as writes do (``logs``: only the leader has the agents)."""
         md = self.security.metadata
-        return self._try_all(lambda stub: getattr(stub, method)(request, metadata=md), write=leader_only,
-                             streaming=True)
+        return self._retrying(lambda stub: getattr(stub, method)(request, metadata=md), write=leader_only,
+                              streaming=True, deadline=self._clock() + self.timeout_s)
+
+    def _retrying(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, deadline: float,
+                  streaming: bool = False) -> T:
+        delay = self.BACKOFF_INITIAL_S
+        self.passes = 0
+        while True:
+            self.passes += 1
+            try:
+                return self._try_all(fn, write=write, streaming=streaming)
+            except _Retry as e:
+                if self._clock() + delay >= deadline:
+                    raise CtlError(str(e), EXIT_NO_COORDINATOR) from None
+                self._sleep(delay)
+                delay = min(self.BACKOFF_MAX_S, delay * 2)
 
     def _try_all(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, streaming: bool = False) -> T:
         tried: list[str] = []
         refusal = ""
         last_reason = ""
+        not_leader = ""
         queue = list(self.addresses)
         while queue:
             address = queue.pop(0)
@@ -124,15 +159,20 @@ class Transport:
                 return result
             except grpc.RpcError as err:
                 code = err.code()  # type: ignore[attr-defined]
+                hint = _leader_hint(err)
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     if _metadata(err, REFUSED_METADATA_KEY):
                         refusal = err.details() or code.name  # type: ignore[attr-defined]
                     last_reason = (err.details() or code.name).splitlines()[0]  # type: ignore[attr-defined]
-                    hint = _leader_hint(err)
                     if hint and hint not in tried:
                         queue.insert(0, hint)
                     continue
-                hint = _leader_hint(err)
+                if code == grpc.StatusCode.FAILED_PRECONDITION and _metadata(err, NOT_LEADER_METADATA_KEY):
+                    # A standby (or a leader that just lost its lease): follow its hint, else try the others.
+                    not_leader = err.details() or code.name  # type: ignore[attr-defined]
+                    if hint and hint not in tried:
+                        queue.insert(0, hint)
+                    continue
                 if write and code == grpc.StatusCode.FAILED_PRECONDITION and hint and hint not in tried:
                     queue.insert(0, hint)
                     continue
@@ -142,10 +182,12 @@ class Transport:
                 raise CtlError(details, EXIT_REFUSED) from None
         if refusal:
             raise CtlError(refusal, EXIT_REFUSED)
+        if not_leader:
+            raise _Retry(f"no leader answered ({not_leader})")
         hint = " (with mutual TLS, check --tls-cert/--tls-key/--tls-ca; plaintext needs --insecure on both sides)" \
             if self.security.credentials is not None or "Socket closed" in last_reason else ""
-        raise CtlError(f"no coordinator answered at {', '.join(tried) or '(none given)'}"
-                       + (f": {last_reason}" if last_reason else "") + hint, EXIT_NO_COORDINATOR)
+        raise _Retry(f"no coordinator answered at {', '.join(tried) or '(none given)'}"
+                     + (f": {last_reason}" if last_reason else "") + hint)
 
     def close(self) -> None:
         for ch in self._channels.values():

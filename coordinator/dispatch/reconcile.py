@@ -65,6 +65,12 @@ class Reconciler:
                 self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: not known "
                                      "to the cluster", node_id=entry.node_id, task_id=status.task_id)
                 self._dispatcher.stop_unknown(entry.node_id, status.task_id)
+            elif all(na.node_id != entry.node_id for na in task.allocation.nodes):
+                # Given up while this node was lost (requeued, or placed elsewhere): one copy only.
+                self._log.warning("misplaced_task_stopped", node_id=entry.node_id, task_id=status.task_id)
+                self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: it is not "
+                                     "placed there any more", node_id=entry.node_id, task_id=status.task_id)
+                self._dispatcher.stop_unknown(entry.node_id, status.task_id)
         for task in list(self._tasks.tasks.values()):
             on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
             if on_node and task.state == TaskState.SCHEDULED and task.id not in reported:
@@ -94,13 +100,18 @@ class Reconciler:
             return
         if task.state == state or task.state in TERMINAL_STATES:
             return   # re-delivered after a reconnect, or already final
+        reason = status.reason
+        if task.cancel_requested and state == TaskState.FAILED:
+            state, reason = TaskState.CANCELLED, f"cancelled by an admin (it ended: {status.reason})"
+            if task.state == state:
+                return
         updates: dict[str, object] = {"pids": list(status.pids)} if status.pids else {}
         if status.has_exit_code:
             updates.update(exit_code=status.exit_code, log_tail=status.log_tail[-4096:])
         try:
             if state == TaskState.RUNNING and task.state == TaskState.SCHEDULED:
                 await self._tasks.transition(task.id, TaskState.STARTING, "", **updates)
-            stored = await self._tasks.transition(task.id, state, status.reason, release=state in TERMINAL_STATES,
+            stored = await self._tasks.transition(task.id, state, reason, release=state in TERMINAL_STATES,
                                                   **updates)
         except IllegalTransition as e:
             self._log.warning("task_status_rejected", task_id=task.id, node_id=entry.node_id, reason=str(e))

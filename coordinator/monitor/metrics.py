@@ -253,6 +253,12 @@ class Metrics:
         r = self.registry
         self.streams = Gauge("gptrm_agent_streams", "open agent streams", registry=r)
         self.samples = Counter("gptrm_telemetry_samples_total", "telemetry samples ingested", registry=r)
+        self.quarantined = Counter("gptrm_etcd_quarantined_total",
+                                   "etcd values that failed to parse at leader take-over, moved under quarantine/",
+                                   registry=r)
+        self.rejected_samples = Counter("gptrm_telemetry_rejected_samples_total",
+                                        "telemetry samples refused for an impossible value (NaN, inf, negative, "
+                                        "out of range)", ["node_id"], registry=r)
         self.dropped = Counter("gptrm_telemetry_dropped_samples_total",
                                "telemetry samples agents dropped while disconnected (as reported)", registry=r)
         self.ingest_lag = Histogram("gptrm_telemetry_ingest_lag_seconds", "sample time to ingestion",

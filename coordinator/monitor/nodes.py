@@ -78,6 +78,10 @@ class NodeRegistry:
     def get(self, node_id: str) -> NodeEntry | None:
         return self._nodes.get(node_id)
 
+    def remove(self, node_id: str) -> NodeEntry | None:
+        """Forget a node (removed by an admin or collected after being lost long); returns its entry."""
+        return self._nodes.pop(node_id, None)
+
     def load(self, record: types_pb2.NodeRecord) -> NodeEntry:
         """Add a node known from etcd (after a leader change); it counts as disconnected from now."""
         entry = self._entry(record.inventory.node_id, record)
@@ -131,6 +135,12 @@ class NodeRegistry:
     def stream_live(self, entry: NodeEntry) -> bool:
         """Whether the node's current stream is open and heard from within 3 heartbeat intervals."""
         return entry.connected and self._now() - entry.last_heartbeat <= _MISSED_HEARTBEATS * self.heartbeat_interval_s
+
+    def lost_for(self, entry: NodeEntry) -> float:
+        """Seconds the node has been LOST (0 when it is not)."""
+        if entry.state != NodeState.LOST:
+            return 0.0
+        return max(0.0, self._now() - entry.disconnected_at - self.lost_grace_s)
 
     def heartbeat(self, entry: NodeEntry) -> None:
         """Anything received on the stream counts as a heartbeat."""

@@ -36,10 +36,12 @@ import numpy as np
 
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.monitor.power_model import PowerModel
+from coordinator.monitor.sample_check import sample_problem
 from coordinator.monitor.task_energy import TaskEnergy
 from coordinator.monitor.task_qos import TaskQos, TaskQosStore
 
-__all__ = ["GPU_FIELDS", "HOST_FIELDS", "ClusterObjectives", "NodeHistory", "ResourceMonitor", "TaskQos"]
+__all__ = ["GPU_FIELDS", "HOST_FIELDS", "NODE_HISTORY_BYTES", "ClusterObjectives", "NodeHistory", "ResourceMonitor",
+           "TaskQos"]
 
 GPU_FIELDS = (
     "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j",
@@ -48,6 +50,8 @@ GPU_FIELDS = (
 HOST_FIELDS = (
     "cpu_util", "load1", "mem_used_bytes", "mem_total_bytes", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w",
 )
+NODE_HISTORY_BYTES = 4 * 1024 * 1024
+"""Most bytes of telemetry history kept per node: a node with many GPUs keeps fewer samples."""
 _G = {name: i for i, name in enumerate(GPU_FIELDS)}
 _WIDTH = len(GPU_FIELDS)
 # protobuf field number -> ring column, for reading a GpuSample with ListFields().
@@ -205,11 +209,15 @@ class ResourceMonitor:
         self._stale = False
         self.samples_total = 0
         self.last_lag_s = 0.0
+        # node id -> samples refused for an impossible value (NaN, inf, negative, out of range).
+        self.rejected: dict[str, int] = {}
+        self.last_rejection: dict[str, str] = {}
 
     def _ensure(self, node_id: str, n_gpus: int) -> tuple[NodeHistory, int]:
         hist = self._hist.get(node_id)
         if hist is None or hist.n_gpus != n_gpus:
-            hist = NodeHistory(n_gpus, self.capacity)
+            per_sample = 8 + 4 * (n_gpus * len(GPU_FIELDS) + len(HOST_FIELDS))
+            hist = NodeHistory(n_gpus, max(2, min(self.capacity, NODE_HISTORY_BYTES // per_sample)))
             self._hist[node_id] = hist
         slot = self._slot.get(node_id)
         if slot is None:
@@ -224,10 +232,26 @@ class ResourceMonitor:
                 self._active = np.concatenate([self._active, np.zeros(grow, dtype=bool)])
         return hist, slot
 
-    def ingest(self, node_id: str, n_gpus: int, samples: list[types_pb2.TelemetrySample]) -> None:
-        """Store a batch for ``node_id`` and recompute the cluster objectives."""
+    def ingest(self, node_id: str, n_gpus: int, samples: list[types_pb2.TelemetrySample]) -> int:
+        """Store a batch for ``node_id`` and recompute the cluster objectives.
+
+        Samples with an impossible value (see :mod:`coordinator.monitor.sample_check`) are
+        dropped and counted in ``rejected[node_id]``. Returns the number of samples stored.
+        """
         if not samples:
-            return
+            return 0
+        now = self._now()
+        good = []
+        for s in samples:
+            problem = sample_problem(s, now)
+            if problem is None:
+                good.append(s)
+            else:
+                self.rejected[node_id] = self.rejected.get(node_id, 0) + 1
+                self.last_rejection[node_id] = problem
+        samples = good
+        if not samples:
+            return 0
         hist, slot = self._ensure(node_id, n_gpus)
         power_model = self.power_model
         for s in samples:
@@ -243,8 +267,9 @@ class ResourceMonitor:
         if samples[-1].task_qos:
             self._task_qos.update(node_id, samples[-1])   # every sample carries all tasks: the newest suffices
         self.samples_total += len(samples)
-        self.last_lag_s = max(0.0, self._now() - samples[-1].time_unix_s)
+        self.last_lag_s = max(0.0, now - samples[-1].time_unix_s)
         self._stale = True
+        return len(samples)
 
     def deactivate(self, node_id: str) -> None:
         """Leave a node out of the objectives (it stopped reporting)."""
@@ -252,6 +277,14 @@ class ResourceMonitor:
         if slot is not None and self._active[slot]:
             self._active[slot] = False
             self._stale = True
+
+    def forget_node(self, node_id: str) -> None:
+        """Drop a removed node's history and counters (its slot stays, inactive, for a node that returns)."""
+        self.deactivate(node_id)
+        self._hist.pop(node_id, None)
+        self.latest.pop(node_id, None)
+        self.rejected.pop(node_id, None)
+        self.last_rejection.pop(node_id, None)
 
     @property
     def objectives(self) -> ClusterObjectives:

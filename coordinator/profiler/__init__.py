@@ -13,6 +13,7 @@ from coordinator.profiler.profiler import (
     spec_data,
     spec_from_mapping,
     spec_to_proto,
+    validate_profiled_demand,
     validate_spec,
 )
 from coordinator.profiler.taskspec import gpus_used
@@ -27,5 +28,6 @@ __all__ = [
     "spec_data",
     "spec_from_mapping",
     "spec_to_proto",
+    "validate_profiled_demand",
     "validate_spec",
 ]

@@ -42,7 +42,7 @@ from common.domain import Request, Resources, TaskSpecData
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskKind
 from coordinator.profiler.taskspec import gpus_used, spec_data, spec_from_mapping, spec_to_proto
-from coordinator.profiler.validation import validate_spec
+from coordinator.profiler.validation import validate_profiled_demand, validate_spec
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -56,6 +56,7 @@ __all__ = [
     "spec_data",
     "spec_from_mapping",
     "spec_to_proto",
+    "validate_profiled_demand",
     "validate_spec",
 ]
 

@@ -36,6 +36,27 @@ MAX_PARAMS_BILLIONS = 100_000.0
 MAX_CONTEXT = 10_000_000
 MAX_BATCH = 1_000_000
 MAX_NODES = 4096
+MIN_GPU_SHARE = 0.01
+"""Smallest fraction of a GPU a task may ask for."""
+MAX_RESTARTS = 1000
+"""Most restarts ``max_restarts`` may allow (each restart backs off, see ``coordinator.qos.restart``)."""
+
+# Size limits, checked at submit. The whole serialized spec is bounded by MAX_SPEC_BYTES so that
+# a task record (spec, bounded history, reasons) and every later etcd transaction carrying it
+# (placement with its allocation and node reservations, cancel, restart) stays far below
+# etcd's 1.5 MiB request limit, and parsing one request never stalls the event loop.
+MAX_NAME_CHARS = 253
+MAX_ARGV_ITEMS = 1024
+MAX_ARG_BYTES = 32 * 1024
+MAX_ARGV_BYTES = 128 * 1024
+MAX_ENV_ITEMS = 256
+MAX_ENV_KEY_BYTES = 256
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_BYTES = 128 * 1024
+MAX_LABELS = 64
+MAX_LABEL_KEY_BYTES = 253
+MAX_LABEL_VALUE_BYTES = 1024
+MAX_SPEC_BYTES = 256 * 1024
 _RESTART = {"never": 1, "on-failure": 2, "always": 3}
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "pb": 1000**5,
           "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5}  # fmt: skip

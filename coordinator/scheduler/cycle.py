@@ -131,11 +131,13 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
-        pending = self._preemptor.schedulable([t for t in self._tasks.tasks.values() if t.state == TaskState.PENDING])
+        now = time.time()   # restart backoff: a requeued task waits until its not_before time
+        pending = self._preemptor.schedulable([t for t in self._tasks.tasks.values()
+                                               if t.state == TaskState.PENDING and t.not_before_unix_s <= now])
         if not pending:
             self._idle = None
             return 0
-        inputs = self._inputs()
+        inputs = (self._inputs(), tuple(t.id for t in pending))
         if self._idle is not None and self._idle[0] == inputs and started - self._idle[1] < FORCED_CYCLE_S:
             self.skipped += 1
             return 0

@@ -98,6 +98,17 @@ class Keys:
         """``requests/<request_id>`` (value: the id of the task that request created)."""
         return self.requests_prefix + _check_name("request_id", request_id)
 
+    @property
+    def quarantine_prefix(self) -> str:
+        """Prefix of every ``quarantine/...`` key: values that failed to parse, moved aside byte for byte."""
+        return self.prefix + "quarantine/"
+
+    def quarantine(self, key: str, mod_revision: int) -> str:
+        """Where the value of ``key`` (a gptrm key) at ``mod_revision`` is moved aside:
+        ``quarantine/<key below the prefix>@<mod_revision>``."""
+        relative = key[len(self.prefix):] if key.startswith(self.prefix) else key.lstrip("/")
+        return f"{self.quarantine_prefix}{relative}@{mod_revision}"
+
     @staticmethod
     def name_of(key: str, collection_prefix: str) -> str:
         """The id at the end of ``key`` in the collection ``collection_prefix``.

@@ -93,7 +93,13 @@ class Leadership:
 
     async def _take_over(self, record: types_pb2.LeaderRecord) -> None:
         assert self._role is not None
-        if not await self._role.take_over(record) or not self.election.is_leader:
+        try:
+            ok = await self._role.take_over(record)
+        except Exception as e:   # a take-over must never leave a lease holder that does not lead
+            self._log.exception("take_over_failed", reason=repr(e))
+            self.step_down(f"take-over failed: {type(e).__name__}")
+            return
+        if not ok or not self.election.is_leader:
             return
         self.epoch = record.epoch
         self.leading = True

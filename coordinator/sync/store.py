@@ -6,13 +6,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from common.errors import IllegalTransition, NotFound
+from common.errors import CoordinationError, IllegalTransition, NotFound
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.sync import _records as rec
 from coordinator.sync._fenced import FencedWriter
+from coordinator.sync._kv import KV
 from coordinator.sync._placements import ATTEMPTS, CommitResult, PlacementCommit, Placements
 from coordinator.sync.client import EtcdClient, cmp_create, cmp_exists, cmp_mod, op_delete, op_get, op_put
 from coordinator.sync.election import Election
@@ -20,6 +22,8 @@ from coordinator.sync.keys import Keys
 from coordinator.sync.state_machine import Conflict, check_transition
 
 __all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState"]
+
+_M = TypeVar("_M")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,8 @@ class StoredState:
     allocations: dict[str, types_pb2.Allocation]
     policy: types_pb2.Policy | None
     revision: int
+    quarantined: tuple[str, ...] = ()
+    """Keys whose values failed to parse and were moved under ``quarantine/`` (original bytes kept)."""
 
 
 class Store:
@@ -92,6 +98,7 @@ class Store:
         self._request_lease = (0, 0.0)
         self._request_lease_lock = threading.Lock()
         self._log = get_logger("sync")
+        self.quarantined_keys: list[str] = []   # the newest 20 keys moved under quarantine/
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -143,6 +150,16 @@ class Store:
 
     # -- tasks -------------------------------------------------------------------------------
 
+    def delete_task(self, task_id: str, expected_revision: int) -> bool:
+        """Remove a finished task (and any allocation left) if it is still at ``expected_revision``;
+        False when it changed or is gone."""
+        key = self._keys.task(task_id)
+        result = self._writer.write([cmp_mod(key, expected_revision)],
+                                    [op_delete(key), op_delete(self._keys.allocation(task_id))])
+        if result.succeeded:
+            self._log.info("task_deleted", task_id=task_id)
+        return result.succeeded
+
     def create_task(self, task: types_pb2.Task, request_id: str = "") -> types_pb2.Task:
         """Store a new PENDING task; idempotent per ``request_id``.
 
@@ -153,6 +170,7 @@ class Store:
         :raises IllegalTransition: the task carries a state other than PENDING.
         :raises Conflict: a task with that id already exists.
         :raises NotFound: the request id is known but its task was deleted since.
+        :raises Conflict: the request id is known for a task with a different spec.
         """
         new = types_pb2.Task()
         new.CopyFrom(task)
@@ -178,11 +196,15 @@ class Store:
         found_request = result.responses[1] if request_id else None
         if found_request:
             existing = found_request[0].value.decode()
-            self._log.info("task_submit_deduplicated", task_id=existing, request_id=request_id)
             try:
-                return self.get_task(existing)
+                first = self.get_task(existing)
             except NotFound:
                 raise NotFound(f"request {request_id!r} created task {existing!r}, which no longer exists") from None
+            if first.spec != new.spec:
+                raise Conflict(f"request id {request_id!r} was used for task {existing} with a different spec; "
+                               "use a new request id for a new task")
+            self._log.info("task_submit_deduplicated", task_id=existing, request_id=request_id)
+            return first
         revision = found_task[0].mod_revision if found_task else 0
         raise Conflict(f"task {new.id}: already exists (revision {revision})")
 
@@ -330,18 +352,72 @@ class Store:
         self._log.info("policy_stored", policy=policy.name, threshold=policy.threshold)
 
     def load_all(self) -> StoredState:
-        """Nodes, tasks (with revisions), allocations and policy, all read at one revision."""
+        """Nodes, tasks (with revisions), allocations and policy, all read at one revision.
+
+        A value that does not parse, or parses into something impossible (an unknown task
+        state, a record whose id differs from its key), is left out and moved aside with
+        :meth:`quarantine`, so one corrupt key never stops a leader from leading.
+        """
         k = self._keys
         nodes, revision = self._client.range_prefix(k.nodes_prefix)
         tasks, _ = self._client.range_prefix(k.tasks_prefix, revision=revision)
         allocs, _ = self._client.range_prefix(k.allocations_prefix, revision=revision)
-        policy = [kv for kv in self._client.range_prefix(k.policy, revision=revision)[0] if kv.key == k.policy]
-        return StoredState(
-            nodes={k.name_of(kv.key, k.nodes_prefix): rec.decode(types_pb2.NodeRecord, kv) for kv in nodes},
-            tasks={k.name_of(kv.key, k.tasks_prefix): rec.decode_task(kv) for kv in tasks},
-            allocations={
-                k.name_of(kv.key, k.allocations_prefix): rec.decode(types_pb2.Allocation, kv) for kv in allocs
-            },
-            policy=rec.decode(types_pb2.Policy, policy[0]) if policy else None,
-            revision=revision,
-        )
+        policy_kvs = [kv for kv in self._client.range_prefix(k.policy, revision=revision)[0] if kv.key == k.policy]
+        bad: list[tuple[KV, str]] = []
+        node_map = _parse_all(nodes, k.nodes_prefix, k, _parse_node, bad)
+        task_map = _parse_all(tasks, k.tasks_prefix, k, _parse_task, bad)
+        alloc_map = _parse_all(allocs, k.allocations_prefix, k, _parse_allocation, bad)
+        policy = None
+        for kv in policy_kvs:
+            try:
+                policy = rec.decode(types_pb2.Policy, kv)
+            except CoordinationError as e:
+                bad.append((kv, str(e)))
+        quarantined = tuple(kv.key for kv, reason in bad if self.quarantine(kv, reason))
+        return StoredState(nodes=node_map, tasks=task_map, allocations=alloc_map, policy=policy, revision=revision,
+                           quarantined=quarantined)
+
+    def quarantine(self, kv: KV, reason: str) -> bool:
+        """Move a value that cannot be used to ``quarantine/<key>@<revision>`` (original bytes), fenced,
+        in one transaction with the delete of the original; False when the key changed meanwhile."""
+        target = self._keys.quarantine(kv.key, kv.mod_revision)
+        result = self._writer.write([cmp_mod(kv.key, kv.mod_revision)], [op_put(target, kv.value), op_delete(kv.key)])
+        if result.succeeded:
+            self.quarantined_keys = [*self.quarantined_keys[-19:], kv.key]
+            self._log.warning("etcd_value_quarantined", key=kv.key, quarantine_key=target, reason=reason,
+                              value_bytes=len(kv.value))
+        return result.succeeded
+
+
+def _parse_all(kvs: list[KV], prefix: str, keys: Keys, parse: Callable[[str, KV], _M],
+               bad: list[tuple[KV, str]]) -> dict[str, _M]:
+    out: dict[str, _M] = {}
+    for kv in kvs:
+        try:
+            name = keys.name_of(kv.key, prefix)
+            out[name] = parse(name, kv)
+        except (CoordinationError, ValueError) as e:
+            bad.append((kv, str(e)))
+    return out
+
+
+def _parse_node(name: str, kv: KV) -> types_pb2.NodeRecord:
+    node = rec.decode(types_pb2.NodeRecord, kv)
+    if node.inventory.node_id != name:
+        raise CoordinationError(f"etcd key {kv.key!r} holds node {node.inventory.node_id!r}")
+    return node
+
+
+def _parse_task(name: str, kv: KV) -> types_pb2.Task:
+    task = rec.decode_task(kv)
+    if task.id != name:
+        raise CoordinationError(f"etcd key {kv.key!r} holds task {task.id!r}")
+    TaskState(task.state)   # ValueError for an unknown state
+    return task
+
+
+def _parse_allocation(name: str, kv: KV) -> types_pb2.Allocation:
+    alloc = rec.decode(types_pb2.Allocation, kv)
+    if alloc.task_id and alloc.task_id != name:
+        raise CoordinationError(f"etcd key {kv.key!r} holds the allocation of task {alloc.task_id!r}")
+    return alloc

@@ -101,17 +101,29 @@ def submit_all(stub: admin_pb2_grpc.AdminStub, count: int, rate: float, args: ar
     return returned, rpc, start
 
 
+def list_tasks(stub: admin_pb2_grpc.AdminStub) -> list[types_pb2.Task]:
+    """Every task, following ListTasks pages."""
+    out: list[types_pb2.Task] = []
+    request = admin_pb2.ListTasksRequest(page_size=1000)
+    while True:
+        resp = stub.ListTasks(request, timeout=30)
+        out.extend(resp.tasks)
+        if not resp.next_page_token:
+            return out
+        request.page_token = resp.next_page_token
+
+
 def wait_running(stub: admin_pb2_grpc.AdminStub, ids: set[str], timeout_s: float) -> dict[str, types_pb2.Task]:
     """Wait until every task in ``ids`` has a RUNNING history entry (or ended); returns them."""
     def done() -> dict[str, types_pb2.Task] | None:
-        tasks = {t.id: t for t in stub.ListTasks(admin_pb2.ListTasksRequest(), timeout=30).tasks if t.id in ids}
+        tasks = {t.id: t for t in list_tasks(stub) if t.id in ids}
         finished = [t for t in tasks.values() if history_time(t, RUNNING) is not None or t.state in TERMINAL]
         return tasks if len(finished) == len(ids) else None
 
     try:
         return wait_until(done, timeout_s, interval_s=0.5, what="every task to reach RUNNING")
     except AssertionError:  # wait_until timed out
-        tasks = {t.id: t for t in stub.ListTasks(admin_pb2.ListTasksRequest(), timeout=30).tasks if t.id in ids}
+        tasks = {t.id: t for t in list_tasks(stub) if t.id in ids}
         stuck = [t for t in tasks.values() if history_time(t, RUNNING) is None]
         print(f"warning: {len(stuck)} of {len(ids)} tasks never reached RUNNING within {timeout_s:.0f}s; e.g. "
               + "; ".join(f"{t.id} {types_pb2.TaskState.Name(t.state)} {t.reason!r}" for t in stuck[:3]))

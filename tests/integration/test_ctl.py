@@ -162,3 +162,58 @@ class TestCompletion:
         assert "bashcompinit" in res.stdout and "_gptrmctl()" in res.stdout
         res = subprocess.run([str(BIN / "gptrmctl"), "completion", "fish"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and "completion: argument shell" in res.stderr
+
+
+class TestPages:
+    def test_lists_are_paged_filtered_and_followed(self, cluster: Cluster) -> None:
+        """ListTasks answers bounded pages with a token; gptrmctl follows every page and filters by state."""
+        from common.pb.gptrm.v1 import admin_pb2, types_pb2
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        ids = [_submit(cluster, "--name", f"p{i}", "--gpus", "1", "--cpu", "0.1", "--", "true")["task_id"]
+               for i in range(5)]
+        first = cluster.admin("c1").ListTasks(admin_pb2.ListTasksRequest(page_size=2), timeout=10)
+        assert len(first.tasks) == 2 and first.next_page_token
+        listed = _json(cluster, "tasks", "--page-size", "2")["tasks"]
+        assert sorted(t["task_id"] for t in listed) == sorted(ids)
+        assert len(_json(cluster, "tasks", "--state", "pending", "--page-size", "2")["tasks"]) == 5
+        assert _json(cluster, "tasks", "--state", "running")["tasks"] == []
+        assert cluster.ctl("tasks", "--state", "bogus").returncode == 2
+        nodes = cluster.admin("c1").ListNodes(admin_pb2.ListNodesRequest(
+            states=[types_pb2.NODE_STATE_READY]), timeout=10)
+        assert list(nodes.nodes) == [] and not nodes.next_page_token
+
+
+class TestPolicyThresholdServer:
+    def test_absurd_threshold_refused_by_the_coordinator(self, cluster: Cluster) -> None:
+        """SetPolicy with a threshold of 1e-300 or 2 is refused naming the threshold; the policy is unchanged."""
+        import grpc
+
+        from common.pb.gptrm.v1 import types_pb2
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        stub = cluster.admin("c1")
+        before = _json(cluster, "policy", "get")
+        for value in (1e-300, 2.0):
+            try:
+                stub.SetPolicy(types_pb2.Policy(name="load-balancing", threshold=value), timeout=10)
+                raise AssertionError(f"threshold {value} accepted")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "threshold" in e.details()
+        assert _json(cluster, "policy", "get") == before
+
+
+class TestNodesRm:
+    def test_rm_refuses_live_node_and_removes_lost_one(self, cluster: Cluster) -> None:
+        """`nodes rm` of a connected node exits 1 naming why; once the agent is gone and the node lost it is
+        removed (exit 0, a node document) and no longer listed."""
+        cluster.start_coordinator("c1", "--lost-grace", "0.5", "--lost-task-grace", "3600", "--lost-node-gc", "0")
+        cluster.wait_leader("c1")
+        agent = cluster.start_agent("n1")
+        wait_until(lambda: [n["state"] for n in _json(cluster, "nodes")["nodes"]] == ["ready"], what="n1 ready")
+        res = cluster.ctl("nodes", "rm", "n1")
+        assert res.returncode == 1 and "not lost" in res.stderr, res.stderr
+        agent.kill()
+        wait_until(lambda: [n["state"] for n in _json(cluster, "nodes")["nodes"]] == ["lost"], what="n1 lost")
+        validate(_json(cluster, "nodes", "rm", "n1"), "node")
+        assert _json(cluster, "nodes")["nodes"] == []

@@ -148,3 +148,26 @@ class TestChaos:
                     assert (na.node_id, i) not in held, \
                         f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
                     held[(na.node_id, i)] = t.id
+
+
+class TestNoRefusalDuringFailover:
+    def test_submit_right_after_leader_kill_succeeds_once(self, cluster: Cluster) -> None:
+        """A submit issued just after kill -9 of the leader (restarted at once on its address, where it
+        answers as a standby naming the dead leader) succeeds in one gptrmctl run, creating one task."""
+        names = ["c1", "c2"]
+        for n in names:
+            cluster.start_coordinator(n)
+        _one_leader(cluster, names)
+        rids = []
+        for _ in range(3):
+            leader = _one_leader(cluster, names)
+            cluster.proc(leader).kill()
+            cluster.start_coordinator(leader)
+            rid = uuid.uuid4().hex
+            res = cluster.ctl("-o", "json", "--timeout", "25", "submit", "--request-id", rid, "--gpus", "1",
+                              "--gpu-mem-gib", "1", "--cpu", "0.1", "--", "true")
+            assert res.returncode == 0, res.stderr
+            rids.append(rid)
+        leader = _one_leader(cluster, names)
+        tasks = cluster.admin(leader).ListTasks(admin_pb2.ListTasksRequest(), timeout=10).tasks
+        assert len(tasks) == len(rids) == len({t.id for t in tasks})

@@ -75,6 +75,24 @@ class TestTaskLifecycle:
         assert time.monotonic() - started >= 1.0
         wait_until(lambda: not _pid_alive(pids[0]), what="process gone")
 
+    def test_cancel_wins_over_restart_policy(self, cluster: Cluster) -> None:
+        """A crash-looping task under restart_policy always backs off between restarts, and once
+        cancelled ends CANCELLED and is never restarted again."""
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1")
+        tid = _submit(cluster, "--name", "crashloop", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
+                      "--restart-policy", "always", "--max-restarts", "1000", "--", "sh", "-c", "exit 1")
+        t = wait_until(lambda: (lambda x: x if x["restarts"] >= 2 else None)(_task(cluster, tid)), what="2 restarts")
+        assert "after failure in" in t["reason"] or t["state"] != "pending"
+        wait_until(lambda: cluster.ctl("cancel", tid).returncode == 0, what="cancel accepted")
+        t = wait_until(lambda: _state_is(cluster, tid, "cancelled"), what="cancelled")
+        restarts = t["restarts"]
+        time.sleep(3.0)   # a restart, had one been allowed, would have happened within its backoff
+        t = _task(cluster, tid)
+        assert t["state"] == "cancelled" and t["restarts"] == restarts
+        assert restarts < 10   # backoff: 1 s, 2 s, 4 s ... not ~20 restarts a second
+
     def test_agent_kill9_readopts_tasks(self, cluster: Cluster) -> None:
         """After kill -9 of the agent, live tasks are re-adopted (not restarted) and a task that ended is reported."""
         cluster.start_coordinator("c1")

@@ -63,7 +63,8 @@ class TestClusterFailover:
             assert client.current_endpoint != killed
             time.sleep(election.ttl_s)  # several lease refreshes through the surviving members
             assert election.is_leader
-            assert store.create_task(types_pb2.Task(), request_id="r-1").id == task.id
+            retry = types_pb2.Task(spec=types_pb2.TaskSpec(name="survivor"))
+            assert store.create_task(retry, request_id="r-1").id == task.id
         finally:
             election.resign()
             client.close()

@@ -219,6 +219,13 @@ class TestCreateTask:
         assert other.id != first.id
         assert len(store.list_tasks()) == 2
 
+    def test_request_id_with_another_spec_is_refused(self, store: Store, make_task: Callable) -> None:
+        """Reusing a request id for a different spec is a Conflict, not a silent return of the first task."""
+        first = store.create_task(make_task("a"), request_id="req-1")
+        with pytest.raises(Conflict, match="different spec"):
+            store.create_task(make_task("b"), request_id="req-1")
+        assert [t.id for t in store.list_tasks()] == [first.id]
+
     def test_concurrent_retries_create_one_task(self, store: Store, make_task: Callable) -> None:
         """Eight threads submitting with one request id all get the same single task."""
         barrier = threading.Barrier(8)
@@ -297,3 +304,26 @@ class TestNodesPolicyRecovery:
         assert state.tasks[placed.id].revision == store.get_task(placed.id).revision
         assert state.policy is not None and state.policy.name == "load-balancing"
         assert state.revision >= state.tasks[placed.id].revision
+
+
+class TestQuarantine:
+    """load_all() moves values it cannot use aside instead of failing."""
+
+    def test_corrupt_values_are_quarantined(self, store: Store, sync_client: EtcdClient, keys: Keys,
+                                            make_task: Callable, node: types_pb2.NodeRecord) -> None:
+        """Garbage bytes in a task and a node key, and a task stored under another id, are moved under
+        quarantine/ with their original bytes; every good record still loads."""
+        from coordinator.sync.client import op_put
+        good = store.create_task(make_task("good"))
+        garbage = b"\xff\xfe garbage \x00\x01"
+        elsewhere = types_pb2.Task(id="t-other", state=int(TaskState.PENDING)).SerializeToString()
+        sync_client.txn([], [op_put(keys.task("t-bad"), garbage), op_put(keys.node("n-bad"), garbage),
+                             op_put(keys.task("t-moved"), elsewhere)])
+        state = store.load_all()
+        assert sorted(state.quarantined) == sorted([keys.task("t-bad"), keys.node("n-bad"), keys.task("t-moved")])
+        assert list(state.tasks) == [good.id] and list(state.nodes) == ["n1"]
+        assert sync_client.get(keys.task("t-bad")) is None and sync_client.get(keys.node("n-bad")) is None
+        moved = {kv.key.rsplit("@", 1)[0]: kv.value for kv in sync_client.range_prefix(keys.quarantine_prefix)[0]}
+        assert moved[keys.quarantine_prefix + "tasks/t-bad"] == garbage
+        assert moved[keys.quarantine_prefix + "nodes/n-bad"] == garbage
+        assert store.load_all().quarantined == ()

@@ -74,3 +74,44 @@ class TestHeartbeats:
         kinds = asyncio.run(_stream_for(6 * HEARTBEAT_S, telemetry_every_s=None))
         assert "telemetry" not in kinds
         assert 2 <= kinds.count("heartbeat") <= 8, kinds   # ~6; loose for a loaded machine
+
+
+class _Standby(agent_pb2_grpc.AgentGatewayServicer):
+    """A standby that names a leader (itself, as a restarted dead leader would) and closes."""
+
+    def __init__(self) -> None:
+        self.address = ""
+        self.connects = 0
+
+    async def Connect(self, request_iterator: Any, context: Any) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        await anext(request_iterator)
+        self.connects += 1
+        yield agent_pb2.CoordinatorMessage(redirect=agent_pb2.Redirect(leader_address=self.address))
+
+
+class TestRedirectLoop:
+    def test_redirect_to_itself_backs_off(self) -> None:
+        """A standby that redirects to its own address is not hammered: after two redirects in a row the
+        agent backs off, so the connects in half a second stay few."""
+        async def scenario() -> int:
+            server = grpc.aio.server()
+            standby = _Standby()
+            agent_pb2_grpc.add_AgentGatewayServicer_to_server(standby, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            standby.address = f"127.0.0.1:{port}"
+            await server.start()
+
+            async def ack(decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
+                return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True)
+
+            stream = AgentStream([standby.address], lambda: agent_pb2.Register(), Outbox(10), ack, Backoff(0.2, 0.4))
+            stop = asyncio.Event()
+            runner = asyncio.create_task(stream.run(stop))
+            await asyncio.sleep(0.5)
+            stop.set()
+            stream.kick()
+            await asyncio.wait_for(runner, 10)
+            await server.stop(None)
+            return standby.connects
+        # 3 connects per round, rounds apart by at least 0.1, 0.2, 0.2 s: at most 4 rounds; a loop makes hundreds.
+        assert asyncio.run(scenario()) <= 12

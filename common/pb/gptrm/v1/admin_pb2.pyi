@@ -64,7 +64,7 @@ class CountEntry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("coordinator_id", "is_leader", "leader_id", "leader_address", "leader_epoch", "uptime_s", "nodes_by_state", "tasks_by_state", "objectives", "policy", "version", "stale", "gpus_total", "gpus_allocated", "insecure", "auth")
+    __slots__ = ("coordinator_id", "is_leader", "leader_id", "leader_address", "leader_epoch", "uptime_s", "nodes_by_state", "tasks_by_state", "objectives", "policy", "version", "stale", "gpus_total", "gpus_allocated", "insecure", "auth", "quarantined_keys", "telemetry_rejected_total")
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,8 @@ class ClusterStatus(_message.Message):
     GPUS_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
     INSECURE_FIELD_NUMBER: _ClassVar[int]
     AUTH_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     coordinator_id: str
     is_leader: bool
     leader_id: str
@@ -97,11 +99,19 @@ class ClusterStatus(_message.Message):
     gpus_allocated: int
     insecure: bool
     auth: str
-    def __init__(self, coordinator_id: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., nodes_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., tasks_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., objectives: _Optional[_Union[ClusterObjectives, _Mapping]] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., version: _Optional[str] = ..., stale: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., insecure: _Optional[bool] = ..., auth: _Optional[str] = ...) -> None: ...
+    quarantined_keys: _containers.RepeatedScalarFieldContainer[str]
+    telemetry_rejected_total: int
+    def __init__(self, coordinator_id: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., nodes_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., tasks_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., objectives: _Optional[_Union[ClusterObjectives, _Mapping]] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., version: _Optional[str] = ..., stale: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., insecure: _Optional[bool] = ..., auth: _Optional[str] = ..., quarantined_keys: _Optional[_Iterable[str]] = ..., telemetry_rejected_total: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token", "states")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.NodeState]
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.NodeState, str]]] = ...) -> None: ...
 
 class NodeView(_message.Message):
     __slots__ = ("record", "state", "latest", "has_latest", "allocations", "task_ids", "last_seen_age_s", "dropped_samples_total", "power_curve")
@@ -138,12 +148,14 @@ class PowerCurveView(_message.Message):
     def __init__(self, idle_w: _Optional[float] = ..., max_w: _Optional[float] = ..., source: _Optional[str] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes", "stale")
+    __slots__ = ("nodes", "stale", "next_page_token")
     NODES_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
     stale: bool
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., stale: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ("node_id",)
@@ -158,18 +170,24 @@ class NodeRef(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("states",)
+    __slots__ = ("states", "page_size", "page_token")
     STATES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskState]
-    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
-    __slots__ = ("tasks", "stale")
+    __slots__ = ("tasks", "stale", "next_page_token")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[_types_pb2.Task]
     stale: bool
-    def __init__(self, tasks: _Optional[_Iterable[_Union[_types_pb2.Task, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_types_pb2.Task, _Mapping]]] = ..., stale: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
     __slots__ = ("task_id",)

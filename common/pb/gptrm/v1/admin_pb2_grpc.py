@@ -95,6 +95,11 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.NodeRef.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
                 _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/gptrm.v1.Admin/RemoveNode',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.NodeRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
+                _registered_method=True)
         self.GetPolicy = channel.unary_unary(
                 '/gptrm.v1.Admin/GetPolicy',
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.GetPolicyRequest.SerializeToString,
@@ -192,6 +197,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveNode(self, request, context):
+        """a LOST node: its tasks failed, then forgotten
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetPolicy(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -278,6 +290,11 @@ def add_AdminServicer_to_server(servicer, server):
             ),
             'UncordonNode': grpc.unary_unary_rpc_method_handler(
                     servicer.UncordonNode,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.NodeRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.NodeView.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.NodeRef.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.NodeView.SerializeToString,
             ),
@@ -624,6 +641,33 @@ class Admin:
             request,
             target,
             '/gptrm.v1.Admin/UncordonNode',
+            gptrm_dot_v1_dot_admin__pb2.NodeRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/RemoveNode',
             gptrm_dot_v1_dot_admin__pb2.NodeRef.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
             options,

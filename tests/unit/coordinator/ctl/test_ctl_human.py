@@ -14,6 +14,7 @@ class TestEscape:
         """ESC, BEL and C1 controls are written as \\xNN; plain text is untouched."""
         assert escape("a\x1b[31mb\x07\x9b") == "a\\x1b[31mb\\x07\\x9b"
         assert escape("naïve 名前") == "naïve 名前"
+        assert escape("rtl\u202eevil\u2066x\u2028") == "rtl\\u202eevil\\u2066x\\u2028"
 
     def test_newlines_kept_only_when_asked(self) -> None:
         """Log tails keep their lines; table cells do not."""

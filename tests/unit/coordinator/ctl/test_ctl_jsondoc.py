@@ -117,3 +117,14 @@ class TestSchemas:
         mutate(doc)  # type: ignore[operator]
         with pytest.raises(jsonschema.ValidationError):
             validate(doc, "node")
+
+
+class TestJsonAlwaysValid:
+    def test_status_with_nan_is_valid_json(self) -> None:
+        """A status whose objectives or threshold are NaN or infinite still dumps as strict JSON (null)."""
+        s = admin_pb2.ClusterStatus(coordinator_id="c1")
+        s.objectives.energy_j = math.nan
+        s.policy.threshold = math.inf
+        text = render.dump_json(render.status_dict(s))
+        doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+        assert doc["policy"]["threshold"] is None

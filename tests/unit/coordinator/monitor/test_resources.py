@@ -85,3 +85,41 @@ class TestResourceMonitor:
         mon.ingest("n0", 1, [_sample(2, [1.0], [510.0])])
         assert mon.objectives.power_w == pytest.approx(1000)
         assert mon.objectives.util_mean == pytest.approx((sum(k / 100 for k in range(1, 50)) + 1.0) / 50)
+
+
+class TestPoisonedSamples:
+    @pytest.mark.parametrize("poison", [
+        {"time_unix_s": math.nan}, {"time_unix_s": math.inf}, {"time_unix_s": -5.0}, {"time_unix_s": 1e12},
+        {"power_w": math.nan}, {"power_w": -1.0}, {"power_w": math.inf}, {"power_w": 1e9},
+        {"util_gpu": 7.0}, {"util_gpu": math.nan}, {"energy_j": -3.0}, {"cpu_util": math.nan},
+        {"cpu_power_w": -50.0}, {"mem_used_bytes": 1000},
+    ])
+    def test_impossible_sample_is_dropped_and_counted(self, poison: dict[str, float]) -> None:
+        """A sample with a NaN, infinite, negative or impossible value is dropped and counted for its node,
+        and the cluster's energy and objectives stay finite."""
+        mon = ResourceMonitor(history_s=60, interval_s=1, now=lambda: 100.0)
+        assert mon.ingest("a", 1, [_sample(10, [0.5], [100])]) == 1
+        bad = _sample(11, [0.5], [100])
+        for key, value in poison.items():
+            if key == "time_unix_s":
+                bad.time_unix_s = value
+            elif key in ("cpu_util", "cpu_power_w"):
+                setattr(bad.host, key, value)
+            else:
+                setattr(bad.gpus[0], key, value)
+        assert mon.ingest("a", 1, [bad, _sample(20, [0.5], [300])]) == 1
+        assert mon.rejected == {"a": 1}
+        assert mon.last_rejection["a"]
+        o = mon.objectives
+        assert all(math.isfinite(v) for v in (o.util_mean, o.util_std, o.power_w, o.gpu_mem_util, o.energy_j))
+        assert o.energy_j == pytest.approx(2000)   # (100+300)/2 W x 10 s: the bad sample is not in the integral
+        assert mon.history("a").count == 2
+
+    def test_many_gpus_keep_history_bounded(self) -> None:
+        """A node registering hundreds of GPUs keeps fewer samples, never more than the per-node byte budget."""
+        from coordinator.monitor.resources import NODE_HISTORY_BYTES
+        mon = ResourceMonitor(history_s=900, interval_s=1, now=lambda: 100.0)
+        mon.ingest("big", 256, [_sample(1, [0.5], [100])])
+        mon.ingest("small", 8, [_sample(1, [0.5], [100])])
+        assert mon.history("big").nbytes <= NODE_HISTORY_BYTES
+        assert mon.history("small").capacity == 900

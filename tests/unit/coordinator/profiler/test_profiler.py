@@ -217,6 +217,15 @@ class TestValidateSpec:
             ("qos.deadline_unix_s", -1, "spec.qos.deadline_unix_s"),
             ("qos.max_latency_ms", math.nan, "spec.qos.max_latency_ms"),
             ("stop_grace_s", -1, "spec.stop_grace_s"),
+            ("max_restarts", 1_000_000, "spec.max_restarts"),
+            ("name", "x" * 1_500_000, "spec"),
+            ("name", "x" * 300, "spec.name"),
+            ("argv", ["sh", "x" * 40_000], "spec.argv[1]"),
+            ("argv", ["a"] * 2000, "spec.argv"),
+            ("env", {f"K{i}": "v" * 1000 for i in range(200)}, "spec.env"),
+            ("env", {"K": "v" * 40_000}, "spec.env.K"),
+            ("env", {f"K{i}": "v" for i in range(300)}, "spec.env"),
+            ("labels", {f"l{i}": "v" for i in range(100)}, "spec.labels"),
         ],
     )
     def test_invalid_values(self, path: str, value: Any, field: str) -> None:
@@ -224,6 +233,45 @@ class TestValidateSpec:
         with pytest.raises(ValidationError) as info:
             validate_spec(spec_from_mapping(with_(path, value)), max_gpus_per_node=8)
         assert info.value.field == field
+
+    def test_vanishing_gpu_share(self) -> None:
+        """A shared GPU demand of 5e-324 is refused even with sharing allowed; 0.25 is accepted."""
+        doc = with_("demand", {"gpus": 5e-324, "cpu_cores": 1})
+        doc["allow_gpu_sharing"] = True
+        with pytest.raises(ValidationError, match="smallest share") as info:
+            validate_spec(spec_from_mapping(doc), max_gpus_per_node=8)
+        assert info.value.field == "spec.demand.gpus"
+        doc["demand"]["gpus"] = 0.25
+        validate_spec(spec_from_mapping(doc), max_gpus_per_node=8)
+
+    def test_huge_model_refused_after_profiling(self) -> None:
+        """A 100,000 B-parameter fp32 model with a 10M-token context passes the spec checks but its profiled
+        demand is refused naming spec.model; an ordinary model's demand passes and converts to the wire form."""
+        from coordinator.profiler import validate_profiled_demand
+        doc = with_("model", {"name": "m", "params_billions": 1e5, "precision": "fp32", "context_length": 10_000_000,
+                              "batch_size": 1_000_000})
+        doc["kind"] = "training"
+        spec = spec_from_mapping(doc)
+        validate_spec(spec, max_gpus_per_node=8)
+        with pytest.raises(ValidationError) as info:
+            validate_profiled_demand(Profiler().profile(spec).demand)
+        assert info.value.field == "spec.model"
+        ok = Profiler().profile(spec_from_mapping(VALID))
+        validate_profiled_demand(ok.demand)
+        ok.to_proto()
+
+    def test_unknown_restart_policy_number(self) -> None:
+        """A restart policy number outside the enum (99) is refused by field."""
+        spec = spec_from_mapping(VALID)
+        spec.restart_policy = 99
+        with pytest.raises(ValidationError) as info:
+            validate_spec(spec, max_gpus_per_node=8)
+        assert info.value.field == "spec.restart_policy"
+
+    def test_spec_limits_fit_etcd(self) -> None:
+        """The whole-spec bound leaves a task record far below etcd's 1.5 MiB request limit."""
+        from coordinator.profiler.taskspec import MAX_SPEC_BYTES
+        assert MAX_SPEC_BYTES * 4 < 1536 * 1024
 
     def test_gpu_memory_without_gpus(self) -> None:
         """GPU memory with zero GPUs is refused."""

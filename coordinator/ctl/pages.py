@@ -1,0 +1,37 @@
+"""Following the Admin API's pages: every node or task, however many, one bounded response at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from coordinator.ctl.transport import Transport
+
+__all__ = ["all_nodes", "all_tasks"]
+
+_MAX_PAGES = 100_000   # a server that never ends its token chain cannot hang gptrmctl
+
+
+def _follow(t: Transport, method: str, request: Any, field: str) -> tuple[list[Any], bool]:
+    items: list[Any] = []
+    stale = False
+    for _ in range(_MAX_PAGES):
+        resp = t.call(method, request)
+        items.extend(getattr(resp, field))
+        stale = stale or resp.stale
+        if not resp.next_page_token:
+            break
+        request.page_token = resp.next_page_token
+    return items, stale
+
+
+def all_tasks(t: Transport, states: list[int] | None = None,
+              page_size: int = 0) -> tuple[list[types_pb2.Task], bool]:
+    """Every task (in the given states), following pages; returns (tasks, any page was stale)."""
+    return _follow(t, "ListTasks", admin_pb2.ListTasksRequest(states=states or [], page_size=page_size), "tasks")
+
+
+def all_nodes(t: Transport, states: list[int] | None = None,
+              page_size: int = 0) -> tuple[list[admin_pb2.NodeView], bool]:
+    """Every node (in the given states), following pages; returns (nodes, any page was stale)."""
+    return _follow(t, "ListNodes", admin_pb2.ListNodesRequest(states=states or [], page_size=page_size), "nodes")

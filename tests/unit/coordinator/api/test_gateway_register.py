@@ -1,0 +1,38 @@
+"""The agent gateway's register check: unusable inventories are refused before anything is recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.errors import ValidationError
+from common.pb.gptrm.v1 import agent_pb2
+from coordinator.api.gateway import MAX_GPUS, validate_register
+
+
+def _register(node_id: str, gpus: int = 1) -> agent_pb2.Register:
+    reg = agent_pb2.Register()
+    reg.inventory.node_id = node_id
+    for i in range(gpus):
+        reg.inventory.gpus.add(index=i, power_limit_w=700)
+    return reg
+
+
+class TestValidateRegister:
+    @pytest.mark.parametrize("node_id", ["a\x1bb", "new\nline", "rtl\u202eevil", "tab\there", "a/b", "", "x" * 300,
+                                         "del\x7f"])
+    def test_bad_node_id_refused(self, node_id: str) -> None:
+        """Node ids with control, format or whitespace characters, '/', empty or too long are refused by field."""
+        with pytest.raises(ValidationError) as e:
+            validate_register(_register(node_id))
+        assert e.value.field == "register.inventory.node_id"
+
+    def test_huge_gpu_count_refused(self) -> None:
+        """More GPUs than the bound is refused naming the field; the bound itself is accepted."""
+        validate_register(_register("n1", MAX_GPUS))
+        with pytest.raises(ValidationError) as e:
+            validate_register(_register("n1", MAX_GPUS + 1))
+        assert e.value.field == "register.inventory.gpus"
+
+    def test_good_node_id_accepted(self) -> None:
+        """An ordinary host name passes."""
+        validate_register(_register("gpu-node-01.example"))
