@@ -206,7 +206,8 @@ class TaskRuntime:
         proc: asyncio.subprocess.Process | None = None
         if self._runtime == "systemd-run":
             pid = await systemd_task.start_service(st.task_id, command, task_env, gpu_indices=list(st.gpu_indices),
-                                      user=user if switch else None, workdir=workdir, log_path=log_path)
+                                                   user=user if switch else None, workdir=workdir,
+                                                   log_path=log_path)
         else:
             argv = [*user.setpriv_argv(), *command] if switch else command  # type: ignore[union-attr]
             with open(log_path, "ab") as log:
