@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -147,10 +148,23 @@ class EtcdCluster:
         """
         binary = etcd_binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for m in self.members:
-            self.start_member(m, binary, wait=False)
-        for m in self.members:
-            self._wait_healthy(m)
+        for attempt in range(3):
+            fresh = not any((m.data_dir / "member").exists() for m in self.members)
+            for m in self.members:
+                self.start_member(m, binary, wait=False)
+            try:
+                for m in self.members:
+                    self._wait_healthy(m)
+                return self
+            except CoordinationError as e:
+                # free_port() only says a port was free a moment ago: another process may bind it
+                # first. A brand-new cluster simply takes other ports; an existing one keeps its own.
+                if not fresh or "address already in use" not in str(e) or attempt == 2:
+                    raise
+                self.stop()
+                for m in self.members:
+                    shutil.rmtree(m.data_dir, ignore_errors=True)
+                    m.client_port, m.peer_port = free_port(), free_port()
         return self
 
     def start_member(self, m: _Member, binary: Path | None = None, *, wait: bool = True) -> None:
