@@ -386,7 +386,11 @@ class Simulator:
             return   # the end of a run that was preempted
         placement = self._release(k, now)
         req = self.jobs[k].request
-        self.records.append(JobRecord(req.task_id, req.submit_s, self.start_times.pop(k), now, req.compute_demand))
+        start = self.start_times.pop(k)
+        power_w = sum(self.metrics.gpu_power_w(self.index[node_id], placement.demand.gpus)
+                      for node_id in placement.node_ids)
+        self.records.append(JobRecord(req.task_id, req.submit_s, start, now, req.compute_demand,
+                                      energy_j=power_w * (now - start)))
         self.placements_by_id[req.task_id] = placement.node_ids
 
     def _release(self, k: int, now: float) -> Placement:

@@ -63,6 +63,8 @@ class JobRecord:
     :param start_s: when it started running (after any wake-up delay).
     :param end_s: when it finished.
     :param gpus: its compute demand over all its nodes (``Request.compute_demand``).
+    :param energy_j: the power of the GPUs it held over its run, as the agent attributes a task's
+        energy (each GPU's share of its node's idle and dynamic power, Eq. 3), summed over its nodes.
     """
 
     job_id: str
@@ -70,6 +72,7 @@ class JobRecord:
     start_s: float
     end_s: float
     gpus: float = 0.0
+    energy_j: float = 0.0
 
 
 class MetricsRecorder:
@@ -165,6 +168,11 @@ class MetricsRecorder:
             self.powered[i] = powered
         self._apply(self._contribution(i), +1)
 
+    def gpu_power_w(self, i: int, gpus: float) -> float:
+        """What ``gpus`` busy GPUs of node ``i`` draw (their share of its idle and full-load power)."""
+        cap = self.cap[i]
+        return gpus * (self.idle[i] + self.slope[i]) / cap if cap > 0 else 0.0
+
     def instant(self) -> tuple[float, float]:
         """Eq. 1 and Eq. 2 now (0, 0 when no node is powered).
 
@@ -256,7 +264,8 @@ def summarize_jobs(records: list[JobRecord], unplaced: int) -> dict[str, Any]:
     if not records:
         timing = ("jct_mean_s", "jct_p50_s", "jct_p99_s", "queue_delay_mean_s", "queue_delay_p99_s")
         zero = dict.fromkeys((*timing, "queue_delay_large_mean_s"), 0.0)
-        return {**zero, "makespan_s": 0.0, "completed_jobs": 0, "waited_jobs": 0, "unplaced_jobs": unplaced}
+        return {**zero, "makespan_s": 0.0, "completed_jobs": 0, "waited_jobs": 0, "unplaced_jobs": unplaced,
+                "job_energy_mean_kwh": 0.0}
     submit = np.array([r.submit_s for r in records])
     start = np.array([r.start_s for r in records])
     end = np.array([r.end_s for r in records])
@@ -274,4 +283,5 @@ def summarize_jobs(records: list[JobRecord], unplaced: int) -> dict[str, Any]:
         "completed_jobs": len(records),
         "waited_jobs": int(np.count_nonzero(wait > 0)),
         "unplaced_jobs": unplaced,
+        "job_energy_mean_kwh": float(np.mean([r.energy_j for r in records])) / _J_PER_KWH,
     }

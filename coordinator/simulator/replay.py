@@ -49,6 +49,7 @@ _COLUMNS: tuple[tuple[str, str, float, str], ...] = (
     ("util mean (Eq. 1)", "util_mean", 1.0, "{:.3f}"),
     ("util std (Eq. 2)", "util_std", 1.0, "{:.3f}"),
     ("energy kWh (Eq. 3)", "energy_kwh", 1.0, "{:,.0f}"),
+    ("kWh per job", "job_energy_mean_kwh", 1.0, "{:.2f}"),
     ("mean power kW", "mean_power_w", 1e-3, "{:.1f}"),
     ("active node-h", "active_node_hours", 1.0, "{:,.0f}"),
     ("busy node-h", "busy_node_hours", 1.0, "{:,.0f}"),

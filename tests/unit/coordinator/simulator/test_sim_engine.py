@@ -47,6 +47,19 @@ class TestCompletionTimes:
         assert result.metrics["energy_kwh"] == pytest.approx((1000 * 100 + 560 * 100) / 3.6e6)
         assert result.metrics["util_mean"] == pytest.approx(0.75)
 
+    def test_energy_per_job_is_its_gpus_share(self) -> None:
+        """Each job gets its GPUs' share of the node's power over its run, as the agent attributes it:
+        A holds 4 of 4 GPUs for 100 s (1000 W), B 2 of 4 for 100 s (2 · 1000/4 = 500 W); a gang sums its nodes."""
+        jobs = [job("A", 4, 0, 100), job("B", 2, 100, 100)]
+        result = Simulator(cluster(node("a", idle_w=120.0, max_w=1000.0)), jobs, SimConfig("first-fit")).run()
+        energy = {r.job_id: r.energy_j for r in result.jobs}
+        assert energy == {"A": pytest.approx(100_000), "B": pytest.approx(50_000)}
+        assert result.metrics["job_energy_mean_kwh"] == pytest.approx(75_000 / 3.6e6)
+        gang = Simulator(cluster(node("a", gpus=8, idle_w=100.0, max_w=900.0), node("b", gpus=8, idle_w=100.0,
+                                                                                  max_w=900.0)),
+                         [job("G", 8, 0, 10, nodes=2)], SimConfig("first-fit")).run()
+        assert gang.jobs[0].energy_j == pytest.approx(2 * 900 * 10)
+
     def test_gang_needs_all_its_gpus_at_once(self) -> None:
         """A 2×8-GPU gang waits until both servers are empty; a 1-GPU job fits beside the blocker meanwhile."""
         jobs = [job("X", 1, 0, 100), job("G", 8, 10, 10, nodes=2), job("Y", 1, 20, 5)]
