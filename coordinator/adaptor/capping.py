@@ -113,7 +113,10 @@ class PowerCapper:
         """A pass every period while leading (cancelled when leadership ends)."""
         self._sent.clear()
         while True:
-            self.step()
+            try:
+                self.step()
+            except Exception as e:   # one bad reading must not end capping for the whole leadership
+                self._log.error("power_cap_step_failed", reason=f"{type(e).__name__}: {e}", exc_info=True)
             await asyncio.sleep(self._period_s)
 
     def step(self) -> list[CapDecision]:

@@ -206,3 +206,30 @@ class TestFullPowerFlag:
             return spec_from_args(build_parser().parse_args(["submit", "--gpus", "1", *argv, "--", "serve"]))
 
         assert spec("--full-power").full_power and not spec().full_power
+
+
+class TestLoop:
+    def test_a_failing_pass_does_not_end_the_loop(self, rig: Rig) -> None:
+        """A pass that raises (a bad reading) is logged and the next pass still runs and caps."""
+        calls = {"n": 0}
+        sample = rig.sample
+
+        def flaky(node_id: str) -> types_pb2.TelemetrySample | None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise ValueError("garbage reading")
+            return sample(node_id)
+
+        rig.capper._latest = flaky   # the telemetry source the capper was built with
+        rig.capper._period_s = 0.01
+
+        async def scenario() -> None:
+            task = asyncio.create_task(rig.capper.run())
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if not rig.outbox.empty():
+                    break
+            task.cancel()
+
+        asyncio.run(scenario())
+        assert calls["n"] >= 2 and not rig.outbox.empty()
