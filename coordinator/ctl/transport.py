@@ -181,7 +181,9 @@ class Transport:
                     details = f"{code.name}: {details}"
                 raise CtlError(details, EXIT_REFUSED) from None
         if refusal:
-            raise CtlError(refusal, EXIT_REFUSED)
+            # etcd unreachable from the coordinators: no write can be stored now, but nothing was
+            # refused for what it asked: wait it out like a leader change (exit 3 at the deadline).
+            raise _Retry(refusal)
         if not_leader:
             raise _Retry(f"no leader answered ({not_leader})")
         hint = " (with mutual TLS, check --tls-cert/--tls-key/--tls-ca; plaintext needs --insecure on both sides)" \
