@@ -43,3 +43,11 @@ def etcd_cluster3(tmp_path: Path) -> Iterator[EtcdCluster]:
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Keeps each phase's report on the item (``rep_call``), so fixtures can print logs of a failed test."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

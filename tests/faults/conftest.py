@@ -42,10 +42,3 @@ def fc(tmp_path: Path, etcd3m: EtcdCluster, request: pytest.FixtureRequest) -> I
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         print(c.logs())
-
-
-@pytest.hookimpl(tryfirst=True, hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    outcome = yield
-    rep = outcome.get_result()
-    setattr(item, f"rep_{rep.when}", rep)

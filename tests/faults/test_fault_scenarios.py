@@ -14,16 +14,19 @@ answering.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.faults.cluster import FaultCluster, Submitter
+from tests.faults.invariants import InvariantChecker
 from tests.integration.harness import wait_until
 
 
@@ -34,6 +37,18 @@ def _green(fc: FaultCluster, chk, sub: Submitter | None = None) -> None:
     if sub is not None:
         assert sub.refused == [], sub.refused[:5]
     assert chk.samples > 0
+
+
+@contextlib.contextmanager
+def _under_submits(fc: FaultCluster, agents: tuple[str, ...] = ("n1", "n2"), argv: tuple[str, ...] = ("sleep", "0.5"),
+                   first: int = 3, pause_s: float = 0.05) -> Iterator[tuple[InvariantChecker, Submitter]]:
+    """Start the cluster, sample invariants, and submit in a loop; yields once ``first`` submits were accepted."""
+    fc.start_all(agents=agents)
+    chk = fc.checker()
+    chk.start_sampling()
+    with Submitter(fc, argv=argv, pause_s=pause_s) as sub:
+        _wait_accepted(sub, first)
+        yield chk, sub
 
 
 def _states(fc: FaultCluster) -> list[str]:
@@ -48,11 +63,7 @@ def _wait_accepted(sub: Submitter, n: int, timeout_s: float = 90.0) -> None:
 class TestCoordinatorFaults:
     def test_leader_kill9_during_submits(self, fc: FaultCluster) -> None:
         """kill -9 of the leader while submits run, restarted on its address: no submit refused, invariants hold."""
-        fc.start_all()
-        chk = fc.checker()
-        chk.start_sampling()
-        with Submitter(fc) as sub:
-            _wait_accepted(sub, 3)
+        with _under_submits(fc) as (chk, sub):
             leader = fc.leader()
             fc.proc(leader).kill()
             fc.restart_coordinator(leader)
@@ -62,11 +73,7 @@ class TestCoordinatorFaults:
     @pytest.mark.faults
     def test_leader_frozen_past_its_lease(self, fc: FaultCluster) -> None:
         """A leader stopped (SIGSTOP) past its lease loses it; resumed, it does not write as leader."""
-        fc.start_all()
-        chk = fc.checker()
-        chk.start_sampling()
-        with Submitter(fc) as sub:
-            _wait_accepted(sub, 3)
+        with _under_submits(fc) as (chk, sub):
             leader = fc.leader()
             fc.freeze(fc.proc(leader).proc, 5.0)
             _wait_accepted(sub, len(sub.accepted) + 5)
@@ -76,11 +83,7 @@ class TestCoordinatorFaults:
     @pytest.mark.faults
     def test_standby_kill9_and_freeze(self, fc: FaultCluster) -> None:
         """A standby killed and another frozen change nothing for clients or the cluster."""
-        fc.start_all()
-        chk = fc.checker()
-        chk.start_sampling()
-        with Submitter(fc) as sub:
-            _wait_accepted(sub, 3)
+        with _under_submits(fc) as (chk, sub):
             leader = fc.leader()
             standbys = [n for n in fc.coordinators if n != leader]
             fc.proc(standbys[0]).kill()
@@ -94,11 +97,7 @@ class TestEtcdFaults:
     @pytest.mark.faults
     def test_etcd_member_and_leader_member_killed(self, fc: FaultCluster) -> None:
         """A follower member, then the raft leader member, killed and restarted under submits: invariants hold."""
-        fc.start_all()
-        chk = fc.checker()
-        chk.start_sampling()
-        with Submitter(fc) as sub:
-            _wait_accepted(sub, 3)
+        with _under_submits(fc) as (chk, sub):
             leader_member = fc.etcd_leader_member()
             follower = next(i for i in range(3) if i != leader_member)
             fc.etcd_cluster.kill_member(follower)
@@ -114,11 +113,7 @@ class TestEtcdFaults:
     @pytest.mark.faults
     def test_etcd_unreachable_for_a_while(self, fc: FaultCluster) -> None:
         """Every etcd member frozen for 6 s: submits wait it out (none refused), the cluster resumes by itself."""
-        fc.start_all()
-        chk = fc.checker()
-        chk.start_sampling()
-        with Submitter(fc) as sub:
-            _wait_accepted(sub, 3)
+        with _under_submits(fc) as (chk, sub):
             procs = [fc.etcd_member_proc(i) for i in range(3)]
             for p in procs:
                 p.send_signal(19)   # SIGSTOP
@@ -147,11 +142,7 @@ class TestAgentFaults:
     @pytest.mark.faults
     def test_agent_killed_during_placement_commits(self, fc: FaultCluster) -> None:
         """An agent killed right after a burst of submits (decisions in flight) and restarted: nothing lost."""
-        fc.start_all(agents=("n1", "n2"))
-        chk = fc.checker()
-        chk.start_sampling()
-        with Submitter(fc, argv=("sleep", "2"), pause_s=0.0) as sub:
-            _wait_accepted(sub, 4)
+        with _under_submits(fc, argv=("sleep", "2"), first=4, pause_s=0.0) as (chk, sub):
             fc.agents["n2"].kill()
             _wait_accepted(sub, len(sub.accepted) + 2)
             fc.start_agent("n2")
@@ -161,11 +152,7 @@ class TestAgentFaults:
     @pytest.mark.faults
     def test_agent_stream_cut_past_lost_grace(self, fc: FaultCluster) -> None:
         """An agent frozen past the lost grace (6 s) comes back: its tasks are reconciled, no GPU held twice."""
-        fc.start_all(agents=("n1", "n2"))
-        chk = fc.checker()
-        chk.start_sampling()
-        with Submitter(fc, argv=("sleep", "3")) as sub:
-            _wait_accepted(sub, 4)
+        with _under_submits(fc, argv=("sleep", "3"), first=4) as (chk, sub):
             fc.freeze(fc.agents["n1"].proc, 9.0)
             _wait_accepted(sub, len(sub.accepted) + 3)
         _green(fc, chk, sub)
@@ -215,12 +202,8 @@ class TestTwentyLeaderKills:
     def test_twenty_leader_kills_under_continuous_submits(self, fc: FaultCluster) -> None:
         """20 leader kills (-9, restarted on the same address) under continuous submits: 0 refused, 0 lost,
         0 duplicated, 0 GPUs double-booked; failover times printed."""
-        fc.start_all()
-        chk = fc.checker()
-        chk.start_sampling()
         failover: list[float] = []
-        with Submitter(fc) as sub:
-            _wait_accepted(sub, 2)
+        with _under_submits(fc, first=2) as (chk, sub):
             for _ in range(20):
                 leader = fc.leader()
                 fc.proc(leader).kill()

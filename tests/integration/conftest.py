@@ -21,10 +21,3 @@ def cluster(tmp_path: Path, etcd_server: EtcdCluster, etcd_prefix: str,
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         print(c.logs())
-
-
-@pytest.hookimpl(tryfirst=True, hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    outcome = yield
-    rep = outcome.get_result()
-    setattr(item, f"rep_{rep.when}", rep)

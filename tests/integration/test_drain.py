@@ -13,33 +13,14 @@ from common.errors import CoordinationError
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState, TaskState
-from coordinator.app import App, build
-from coordinator.config import CoordinatorConfig
+from coordinator.app import App
 from coordinator.sync import Keys, Lock, connect
-
-GIB = 1024**3
-
-
-def inventory(node_id: str) -> types_pb2.NodeInventory:
-    """A 4-GPU node with plenty of host resources."""
-    return types_pb2.NodeInventory(
-        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
-        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB) for i in range(4)],
-    )
+from tests.helpers.inproc import inventory, one_gpu_spec, run_leading, until
 
 
 def spec(name: str) -> types_pb2.TaskSpec:
     """A one-GPU task."""
-    return types_pb2.TaskSpec(name=name, argv=["true"], kind=types_pb2.TASK_KIND_TRAINING,
-                              has_demand=True, demand=types_pb2.ResourceVector(gpus=1, cpu_cores=1))
-
-
-async def until(check: object, timeout_s: float = 10.0) -> None:
-    """Wait until ``check()`` is true."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+    return one_gpu_spec(name)
 
 
 Scenario = Callable[[App], Awaitable[None]]
@@ -48,22 +29,8 @@ Scenario = Callable[[App], Awaitable[None]]
 @pytest.fixture
 def lead(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[[Scenario], None]:
     """Runs a scenario on a replica that leads (its own event loop; drain and policy locks wait 0.5 s)."""
-
-    async def run(scenario: Scenario) -> None:
-        client = connect(etcd_server.endpoints, 2.0)
-        cfg = CoordinatorConfig(etcd_prefix=etcd_prefix, threshold=1.0, task_grace_s=3600.0, lock_timeout_s=0.5)
-        app = build(cfg, client)
-        background = app.start(asyncio.get_running_loop())
-        try:
-            await until(lambda: app.leadership.is_leader)
-            await scenario(app)
-        finally:
-            for t in background:
-                t.cancel()
-            await app.leadership.resign()
-            client.close()
-
-    return lambda scenario: asyncio.run(run(scenario))
+    return lambda scenario: asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario,
+                                                    lock_timeout_s=0.5))
 
 
 def drain_queue(queue: asyncio.Queue) -> list[agent_pb2.CoordinatorMessage]:

@@ -13,55 +13,17 @@ from common.errors import IllegalTransition, NotFound
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState, TaskState
-from coordinator.app import App, build
-from coordinator.config import CoordinatorConfig
+from coordinator.app import App
 from coordinator.monitor.nodes import NodeEntry
-from coordinator.sync import connect
-
-GIB = 1024**3
+from tests.helpers.inproc import inventory, one_gpu_spec, run_leading, until
 
 Scenario = Callable[[App], Awaitable[None]]
-
-
-def inventory(node_id: str) -> types_pb2.NodeInventory:
-    """A 4-GPU node with plenty of host resources."""
-    return types_pb2.NodeInventory(
-        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
-        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB) for i in range(4)],
-    )
-
-
-def spec(name: str, policy: int = types_pb2.RESTART_POLICY_NEVER) -> types_pb2.TaskSpec:
-    """A one-GPU task with the given restart policy."""
-    return types_pb2.TaskSpec(name=name, argv=["true"], kind=types_pb2.TASK_KIND_TRAINING, restart_policy=policy,
-                              has_demand=True, demand=types_pb2.ResourceVector(gpus=1, cpu_cores=1))
-
-
-async def until(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    """Wait until ``check()`` is true."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+spec = one_gpu_spec
 
 
 def leader(etcd_server: EtcdCluster, etcd_prefix: str, **cfg: float) -> Callable[[Scenario], None]:
     """Runs a scenario on a replica that leads, with the given lost-node settings."""
-
-    async def run(scenario: Scenario) -> None:
-        client = connect(etcd_server.endpoints, 2.0)
-        app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, threshold=1.0, task_grace_s=3600.0, **cfg), client)
-        background = app.start(asyncio.get_running_loop())
-        try:
-            await until(lambda: app.leadership.is_leader)
-            await scenario(app)
-        finally:
-            for t in background:
-                t.cancel()
-            await app.leadership.resign()
-            client.close()
-
-    return lambda scenario: asyncio.run(run(scenario))
+    return lambda scenario: asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario, **cfg))
 
 
 async def running_on(app: App, node_id: str, *specs: types_pb2.TaskSpec) -> tuple[NodeEntry, list[str]]:

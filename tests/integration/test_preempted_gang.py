@@ -12,29 +12,9 @@ import pytest
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState, TaskState
-from coordinator.app import App, build
-from coordinator.config import CoordinatorConfig
+from coordinator.app import App
 from coordinator.monitor.nodes import NodeEntry
-from coordinator.sync import connect
-
-GIB = 1024**3
-
-
-def inventory(node_id: str) -> types_pb2.NodeInventory:
-    """A 4-GPU node with plenty of host resources."""
-    return types_pb2.NodeInventory(
-        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
-        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB) for i in range(4)],
-    )
-
-
-async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Wait until ``check()`` is true."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
+from tests.helpers.inproc import inventory, run_leading, until
 
 Scenario = Callable[[App, list[NodeEntry], str], Awaitable[None]]
 
@@ -44,11 +24,7 @@ def preempted_gang(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[[Scen
     """Runs a scenario on a leading replica whose two 4-GPU nodes run one 2-node gang, just preempted."""
 
     async def run(scenario: Scenario) -> None:
-        client = connect(etcd_server.endpoints, 2.0)
-        app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, threshold=1.0, task_grace_s=3600.0), client)
-        background = app.start(asyncio.get_running_loop())
-        try:
-            await until(lambda: app.leadership.is_leader)
+        async def gang_preempted(app: App) -> None:
             entries = [await app.nodes.connected(agent_pb2.Register(inventory=inventory(n)), asyncio.Queue())
                        for n in ("n1", "n2")]
             gang = await app.tasks.submit(types_pb2.TaskSpec(
@@ -62,11 +38,8 @@ def preempted_gang(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[[Scen
             await app.tasks.transition(gang.id, TaskState.PREEMPTED, "preempted by urgent (priority 10)",
                                        preemptions=1)
             await scenario(app, entries, gang.id)
-        finally:
-            for t in background:
-                t.cancel()
-            await app.leadership.resign()
-            client.close()
+
+        await run_leading(etcd_server.endpoints, etcd_prefix, gang_preempted)
 
     return lambda scenario: asyncio.run(run(scenario))
 
