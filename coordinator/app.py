@@ -18,6 +18,7 @@ from common.pb.gptrm.v1 import types_pb2
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import build_provider
 from coordinator.adaptor.scale_out import ScaleOutRequests
+from coordinator.adaptor.services import ServiceController, ServiceMetrics
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.events import EventBus
@@ -33,6 +34,7 @@ from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.recovery import adopt_nodes, task_ids_by_node
+from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
 
 __all__ = ["VERSION", "App", "LeaderDuties", "build"]
@@ -75,13 +77,14 @@ class LeaderDuties:
         return True
 
     def start_leading(self) -> None:
-        """Run the scheduler, the power manager, the QoS watch and, after the agents' grace, the reconcile of
-        unreported tasks."""
+        """Run the scheduler, the power manager, the QoS watch, the services' replica controller and, after the
+        agents' grace, the reconcile of unreported tasks."""
         app = self._app
         self._running = [asyncio.create_task(app.cycle.run()),
                          asyncio.create_task(app.power_manager.run()),
                          asyncio.create_task(app.reconciler.reconcile_after_grace()),
-                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading))]
+                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading)),
+                         asyncio.create_task(app.services.run(lambda: app.leadership.leading))]
 
     def stand_down(self, reason: str) -> None:
         """Stop the leader's work and send every agent to the new leader."""
@@ -117,6 +120,7 @@ class App:
     wakeup: Wakeup
     power_manager: PowerManager
     qos: QosWatch
+    services: ServiceController
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -163,7 +167,10 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
+    services = ServiceController(ServiceStore(client, keys, leadership.election), leadership, tasks, monitor,
+                                 registry, profiler, events, ServiceMetrics(metrics.registry))
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
-               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos)
+               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
+               services=services)

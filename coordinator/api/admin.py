@@ -236,6 +236,26 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("threshold", f"must be in (0, 1], got {request.threshold}")
         return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold))
 
+    @_rpc
+    async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
+        if not request.HasField("spec"):
+            raise ValidationError("spec", "is required")
+        return await self._app.services.create(request.spec)
+
+    @_rpc
+    async def GetService(self, request: admin_pb2.ServiceRef, context: Ctx) -> admin_pb2.ServiceView:
+        self._app.leadership.require_leader()   # the controller's view lives on the leader
+        return self._app.services.view(_require_id(request.service_id, "service_id"))
+
+    @_rpc
+    async def ScaleService(self, request: admin_pb2.ScaleServiceRequest, context: Ctx) -> types_pb2.Service:
+        service_id = _require_id(request.service_id, "service_id")
+        if request.auto and request.replicas:
+            raise ValidationError("replicas", "give a count or auto, not both")
+        if not request.auto and not request.replicas:
+            raise ValidationError("replicas", "must be at least 1 (or auto)")
+        return await self._app.services.scale(service_id, None if request.auto else request.replicas)
+
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
         queue = self._app.events.subscribe() if request.follow else None

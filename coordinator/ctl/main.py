@@ -18,6 +18,8 @@ from coordinator.simulator.cli import add_simulate_parser
 __all__ = ["main"]
 
 DEFAULT_COORDINATOR = "127.0.0.1:7770"
+SERVICE_PREFIX = "s-"
+"""Service ids start with it (task ids with ``t-``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +54,10 @@ def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
 
 
 def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
+    if args.task and args.task.startswith(SERVICE_PREFIX):
+        d = render.service_dict(t.call("GetService", admin_pb2.ServiceRef(service_id=args.task)))
+        _out(args, d, human.service_detail(d))
+        return
     if args.task:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
         _out(args, d, human.task_detail(d))
@@ -62,9 +68,17 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
 
 
 def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
-    from coordinator.ctl.spec import spec_from_args, spec_from_file
+    from coordinator.ctl.spec import service_from_args, spec_from_args, spec_from_file
 
     spec = spec_from_file(args.file) if args.file else spec_from_args(args)
+    if service_from_args(args, spec):
+        if args.wait:
+            raise CtlError("submit: --wait follows one task, not a service", EXIT_USAGE)
+        svc = t.call("CreateService", admin_pb2.SubmitTaskRequest(spec=spec), write=True)
+        d = render.service_dict(admin_pb2.ServiceView(service=svc))
+        _out(args, d, f"service {svc.id} submitted ({svc.desired} replica(s), {svc.spec.service.min_replicas}.."
+                      f"{svc.spec.service.max_replicas}); see gptrmctl tasks {svc.id}")
+        return 0
     request_id = args.request_id or os.urandom(8).hex()
     task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id), write=True)
     d = render.task_dict(task)
@@ -85,6 +99,24 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     _out(args, d, f"task {task.id} {d['state']}" + (f" with exit code {d['exit_code']}"
                                                      if d["exit_code"] is not None else ""))
     return code
+
+
+def cmd_scale(t: Transport, args: argparse.Namespace) -> None:
+    if args.replicas == "auto":
+        req = admin_pb2.ScaleServiceRequest(service_id=args.service, auto=True)
+    else:
+        try:
+            n = int(args.replicas)
+        except ValueError:
+            raise CtlError(f"scale: REPLICAS: expected a whole number or auto, got {args.replicas!r}",
+                           EXIT_USAGE) from None
+        if n < 1:
+            raise CtlError(f"scale: REPLICAS: must be at least 1, got {n}", EXIT_USAGE)
+        req = admin_pb2.ScaleServiceRequest(service_id=args.service, replicas=n)
+    svc = t.call("ScaleService", req, write=True)
+    d = render.service_dict(admin_pb2.ServiceView(service=svc))
+    _out(args, d, f"service {svc.id} " + (f"pinned at {svc.desired} replica(s)" if svc.pinned
+                                          else f"autoscaling ({svc.desired} replica(s) now)"))
 
 
 def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace], None]:
@@ -171,14 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("nodes", help="list nodes or show one")
     sp.add_argument("node", nargs="?")
     sp.set_defaults(fn=cmd_nodes)
-    sp = sub.add_parser("tasks", help="list tasks or show one")
-    sp.add_argument("task", nargs="?")
+    sp = sub.add_parser("tasks", help="list tasks or show one (or a service: its replicas, forecast, decisions)")
+    sp.add_argument("task", nargs="?", help="a task id, or a service id (s-...)")
     sp.set_defaults(fn=cmd_tasks)
     from coordinator.ctl.spec import add_submit_arguments
 
     sp = sub.add_parser("submit", help="submit a task: -f FILE or flags -- ARGV")
     add_submit_arguments(sp)
     sp.set_defaults(fn=cmd_submit)
+    sp = sub.add_parser("scale", help="pin a service's replica count (N) or give it back to autoscaling (auto)")
+    sp.add_argument("service")
+    sp.add_argument("replicas", metavar="N|auto")
+    sp.set_defaults(fn=cmd_scale)
     for name, rpc, verb in (("cancel", "CancelTask", "cancelled"), ("pause", "PauseTask", "paused"),
                             ("resume", "ResumeTask", "resumed")):
         sp = sub.add_parser(name, help=f"{name} a task")

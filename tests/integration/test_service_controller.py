@@ -1,0 +1,138 @@
+"""The leader's replica controller (coordinator/adaptor/services.py) on real etcd and the real object graph:
+replicas follow the stored count, pins and unpins, dead replicas are replaced, a new leader continues."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from common.errors import ValidationError
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.types import TERMINAL_STATES
+from coordinator.app import App, build
+from coordinator.config import CoordinatorConfig
+from coordinator.sync import connect
+
+GIB = 1024**3
+
+
+def inventory(node_id: str, gpus: int = 4) -> types_pb2.NodeInventory:
+    """A node with ``gpus`` GPUs and plenty of host resources."""
+    return types_pb2.NodeInventory(
+        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
+        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB)
+              for i in range(gpus)])
+
+
+def service_spec(lo: int = 1, hi: int = 3, **service: float) -> types_pb2.TaskSpec:
+    """A one-GPU inference service scaled on GPU utilization unless told otherwise."""
+    spec = types_pb2.TaskSpec(name="llm", argv=["true"], kind=types_pb2.TASK_KIND_INFERENCE, has_demand=True,
+                              demand=types_pb2.ResourceVector(gpus=1, cpu_cores=1), metrics_port=9100)
+    spec.service.min_replicas, spec.service.max_replicas = lo, hi
+    spec.service.target_util = service.get("target_util", 0.6)
+    return spec
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until ``check()`` is true."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def live(app: App, service_id: str) -> dict[int, types_pb2.Task]:
+    """The service's unfinished replicas by index."""
+    return {t.replica_index: t for t in app.tasks.tasks.values()
+            if t.service_id == service_id and t.state not in TERMINAL_STATES}
+
+
+Scenario = Callable[[App], Awaitable[None]]
+
+
+@pytest.fixture
+def lead(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[[Scenario], None]:
+    """Runs scenarios, one after another, each on a fresh replica that leads (same etcd prefix)."""
+
+    async def run(scenario: Scenario) -> None:
+        client = connect(etcd_server.endpoints, 2.0)
+        app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, threshold=1.0, task_grace_s=3600.0), client)
+        background = app.start(asyncio.get_running_loop())
+        try:
+            await until(lambda: app.leadership.is_leader)
+            await app.nodes.connected(agent_pb2.Register(inventory=inventory("n1")), asyncio.Queue())
+            await scenario(app)
+        finally:
+            for t in background:
+                t.cancel()
+            await app.leadership.resign()
+            client.close()
+
+    return lambda scenario: asyncio.run(run(scenario))
+
+
+class TestReplicaController:
+    def test_replicas_follow_pins_and_a_new_leader_continues(self, lead: Callable[[Scenario], None]) -> None:
+        """MIN replicas at creation; a pin to 3 adds indices 1 and 2 with their own port and env; a pin to 2
+        cancels index 2; a dead replica is replaced; a new leader keeps the pinned count from etcd."""
+        ids: list[str] = []
+
+        async def first(app: App) -> None:
+            svc = await app.services.create(service_spec(1, 3))
+            ids.append(svc.id)
+            await until(lambda: set(live(app, svc.id)) == {0})
+            await app.services.scale(svc.id, 3)
+            await until(lambda: set(live(app, svc.id)) == {0, 1, 2})
+            r2 = live(app, svc.id)[2]
+            assert r2.spec.env["GPTRM_REPLICA"] == "2" and r2.spec.env["GPTRM_PORT_OFFSET"] == "2"
+            assert r2.spec.metrics_port == 9102 and r2.spec.env["GPTRM_METRICS_PORT"] == "9102"
+            await app.services.scale(svc.id, 2)
+            await until(lambda: set(live(app, svc.id)) == {0, 1})
+            dead = live(app, svc.id)[1]
+            await app.tasks.cancel(dead.id)
+            await until(lambda: 1 in live(app, svc.id) and live(app, svc.id)[1].id != dead.id)
+            view = app.services.view(svc.id)
+            assert view.service.pinned and view.service.desired == 2
+            assert [d.to_replicas for d in view.service.decisions][:2] == [2, 3]
+
+        async def second(app: App) -> None:
+            await until(lambda: ids[0] in app.services.services)
+            svc = app.services.services[ids[0]]
+            assert svc.pinned and svc.desired == 2
+            await asyncio.sleep(0.5)
+            assert set(live(app, svc.id)) == {0, 1}      # continued: nothing re-created
+            unpinned = await app.services.scale(svc.id, None)
+            assert not unpinned.pinned
+
+        lead(first)
+        lead(second)
+
+    def test_bad_services_are_refused_naming_the_field(self, lead: Callable[[Scenario], None]) -> None:
+        """MIN > MAX, MAX beyond the cluster, a target out of range, no signal, a pin out of range: refused."""
+
+        async def scenario(app: App) -> None:
+            cases = [(service_spec(3, 2), "spec.service.max_replicas"),
+                     (service_spec(1, 5), "spec.service.max_replicas"),       # 5 GPUs > the node's 4
+                     (service_spec(1, 2, target_util=1.5), "spec.service.target_util"),
+                     (service_spec(0, 2), "spec.service.min_replicas")]
+            no_signal = service_spec(1, 2)
+            no_signal.service.target_util = 0
+            cases.append((no_signal, "spec.service"))
+            no_port = service_spec(1, 2, target_util=0)
+            no_port.service.target_util = 0
+            no_port.qos.max_latency_ms = 200
+            no_port.metrics_port = 0
+            cases.append((no_port, "spec.metrics_port"))
+            for spec, field in cases:
+                with pytest.raises(ValidationError) as e:
+                    await app.services.create(spec)
+                assert e.value.field == field, (field, str(e.value))
+            assert not app.services.services
+            svc = await app.services.create(service_spec(1, 2))
+            with pytest.raises(ValidationError, match="outside"):
+                await app.services.scale(svc.id, 3)
+
+        lead(scenario)
