@@ -136,3 +136,39 @@ class TestReplicaController:
                 await app.services.scale(svc.id, 3)
 
         lead(scenario)
+
+
+def util_sample(node_id: str, util: float) -> types_pb2.TelemetrySample:
+    """A telemetry sample with every GPU of the node at ``util``."""
+    return types_pb2.TelemetrySample(
+        gpus=[types_pb2.GpuSample(index=i, util_gpu=util) for i in range(4)])
+
+
+class TestReactiveScaling:
+    def test_high_utilization_scales_up_and_missing_metrics_freeze(self, lead: Callable[[Scenario], None]) -> None:
+        """A running replica at 100 % GPU against a 60 % target becomes two (HPA: ceil(1 * 1.0 / 0.6));
+        when the telemetry disappears the count stays and an event says it is frozen."""
+
+        async def scenario(app: App) -> None:
+            entry = app.registry.get("n1")
+            assert entry is not None
+            svc = await app.services.create(service_spec(1, 3))
+            await until(lambda: 0 in live(app, svc.id) and live(app, svc.id)[0].allocation.nodes)
+            r0 = live(app, svc.id)[0]
+            await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=r0.id, state=4))   # RUNNING
+            app.monitor.latest["n1"] = util_sample("n1", 1.0)
+            await until(lambda: app.services.services[svc.id].desired == 2)
+            stored = app.services.services[svc.id]
+            assert "GPU utilization 1 vs target 0.6" in stored.reason and "1 → 2" in stored.reason
+            await until(lambda: set(live(app, svc.id)) == {0, 1})
+            view = app.services.view(svc.id).service
+            assert view.signal == 1.0 and view.lead_time_s > 0
+            del app.monitor.latest["n1"]
+            for t in live(app, svc.id).values():
+                if t.state != 4:
+                    await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=t.id, state=4))
+            await until(lambda: any("frozen" in e.message for e in app.events.recent(50)))
+            assert app.services.services[svc.id].desired == 2
+
+        lead(scenario)
+
