@@ -134,6 +134,7 @@ class LoadHistory:
         self._errors: deque[tuple[float, float]] = deque()   # (time, absolute percentage error)
         self._mape_window_s = mape_window_s
         self._closed = 0
+        self._horizon = 1
         self._cached: tuple[int, int, Forecast] | None = None
 
     def __len__(self) -> int:
@@ -160,10 +161,12 @@ class LoadHistory:
             self._errors.popleft()
         self._values.append(actual)
         self._closed += 1
-        # Score the model on the next bucket (pruned: forecasts for buckets that got no sample are dropped).
-        nxt, _ = forecast_series(np.fromiter(self._values, float), 1, self.season)
+        # One refit per bucket: its path scores the model on the next bucket and answers forecast() until
+        # the next bucket closes (forecasts for buckets that got no sample are dropped).
+        path, model = forecast_series(np.fromiter(self._values, float), self._horizon, self.season)
         self._pending = {b: v for b, v in self._pending.items() if b > self._bucket}
-        self._pending[self._bucket + 1] = float(nxt[0])
+        self._pending[self._bucket + 1] = float(path[0])
+        self._cached = (self._closed, self._horizon, Forecast(float(path.max()), model, math.nan))
 
     @property
     def mape(self) -> float:
@@ -175,6 +178,7 @@ class LoadHistory:
     def forecast(self, now: float, lead_s: float) -> Forecast:
         """The highest load expected over the next ``lead_s`` seconds (at least one bucket ahead)."""
         horizon = max(1, math.ceil(lead_s / self.bucket_s))
+        self._horizon = horizon
         if self._closed and self._cached is not None and self._cached[:2] == (self._closed, horizon):
             f = self._cached[2]
             return Forecast(f.peak, f.model, self.mape)

@@ -314,8 +314,7 @@ class ServiceController:
             rt = self._runtime(svc)
             replicas = self._replicas(service_id)
             self._measure_lead(rt, replicas)
-            if not svc.pinned:
-                svc = await self._decide(svc, rt, replicas)
+            svc = await self._decide(svc, rt, replicas)
             await self._reconcile(svc, rt, replicas)
             self._export(svc, rt, replicas)
 
@@ -367,6 +366,8 @@ class ServiceController:
 
     async def _decide(self, svc: types_pb2.Service, rt: _Runtime,
                       replicas: list[types_pb2.Task]) -> types_pb2.Service:
+        """Measure the signal and the load, forecast (also while pinned: the history keeps growing), and
+        store a new count when autoscaling changes it."""
         running = [t for t in replicas if t.state == TaskState.RUNNING]
         signal, load, name, worse, target = self._signal(svc, running)
         now_wall = self._wall()
@@ -387,6 +388,8 @@ class ServiceController:
         view.forecast_load, view.forecast_model, view.forecast_mape = fc.peak, fc.model, fc.mape
         view.forecast_replicas = forecast_replicas or 0
         view.lead_time_s = rt.lead_s
+        if svc.pinned:
+            return svc
         if signal is None:
             if not rt.frozen and running:
                 rt.frozen = True
