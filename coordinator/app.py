@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from common.errors import EtcdUnavailable, Fenced, GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.adaptor.autoscale import ScalePolicy
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import build_provider
 from coordinator.adaptor.scale_out import ScaleOutRequests
@@ -168,7 +169,13 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, RestartPolicy(tasks), events, preemptor)
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     services = ServiceController(ServiceStore(client, keys, leadership.election), leadership, tasks, monitor,
-                                 registry, profiler, events, ServiceMetrics(metrics.registry))
+                                 registry, profiler, events, ServiceMetrics(metrics.registry),
+                                 interval_s=cfg.service_interval_s,
+                                 policy=ScalePolicy(min_replicas=1, max_replicas=1,
+                                                    stabilization_s=cfg.service_stabilization_s,
+                                                    cooldown_s=cfg.service_cooldown_s,
+                                                    up_cooldown_s=cfg.service_cooldown_s / 2,
+                                                    max_actions=cfg.service_max_actions))
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
