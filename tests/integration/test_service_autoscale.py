@@ -48,7 +48,8 @@ def _offer(port: int, load: float) -> None:
         pass   # a replica starting or stopping
 
 
-def _drive(c: Cluster, sid: str, base_port: int, total: float, replicas: int, timeout_s: float) -> admin_pb2.ServiceView:
+def _drive(c: Cluster, sid: str, base_port: int, total: float, replicas: int,
+           timeout_s: float) -> admin_pb2.ServiceView:
     """Offer ``total`` requests/s over the running replicas until exactly ``replicas`` run, their p95 readings
     are under the target, and the count has held for a few seconds."""
     deadline, held_since = time.monotonic() + timeout_s, None
