@@ -303,7 +303,8 @@ class ServiceController:
                                  actions_window_s=p.actions_window_s)
             history = rt.history if rt else LoadHistory(bucket_s=self._bucket_s,
                                                         season_buckets=max(1, round(86_400 / self._bucket_s)))
-            rt = _Runtime(scaler=Autoscaler(policy, self._clock), history=history)
+            rt = _Runtime(scaler=Autoscaler(policy, self._clock), history=history,
+                          lead_s=svc.lead_time_s or _DEFAULT_LEAD_S)
             self._rt[svc.id] = rt
         return rt
 
@@ -408,6 +409,7 @@ class ServiceController:
         new = types_pb2.Service()
         new.CopyFrom(svc)
         new.desired = d.desired
+        new.lead_time_s = rt.lead_s     # stored with the decision: a new leader starts from it
         new.reason = d.reason + f" (forecast {fc.peak:.3g} by {fc.model} over {rt.lead_s:.0f} s, MAPE "
         new.reason += "n/a)" if math.isnan(fc.mape) else f"{fc.mape:.1f} %)"
         return await self._persist(svc, new, svc.desired)
@@ -433,29 +435,49 @@ class ServiceController:
         self._events.publish("scale", f"service {stored.id} {before} → {stored.desired}: {stored.reason}", **fields)
         return stored
 
+    def _leaving(self, task: types_pb2.Task) -> bool:
+        """The replica runs on a node being drained: it is replaced elsewhere before it stops."""
+        for na in task.allocation.nodes:
+            entry = self._registry.get(na.node_id)
+            if entry is not None and entry.record.draining:
+                return True
+        return False
+
     async def _reconcile(self, svc: types_pb2.Service, rt: _Runtime, replicas: list[types_pb2.Task]) -> None:
-        """Create missing indices below ``desired``, cancel replicas at or above it (highest first) and duplicates."""
+        """Make the replicas match ``desired``.
+
+        Indices at or above it are cancelled, highest first; a missing index is created (a dead replica's
+        index is missing); a replica on a draining node gets a replacement first and is cancelled once the
+        replacement runs; of two replicas with one index, the older one stays.
+        """
         by_index: dict[int, list[types_pb2.Task]] = {}
         for t in replicas:
-            by_index.setdefault(t.replica_index, []).append(t)
+            if t.id not in rt.cancelling:
+                by_index.setdefault(t.replica_index, []).append(t)
         extra: list[types_pb2.Task] = []
+        missing: list[int] = [i for i in range(svc.desired) if i not in by_index]
         for index, ts in by_index.items():
-            ts.sort(key=lambda t: (t.submit_unix_s, t.id))
-            extra.extend(ts if index >= svc.desired else ts[1:])
-        for t in sorted(extra, key=lambda t: -t.replica_index):
-            if t.id in rt.cancelling:
+            if index >= svc.desired:
+                extra.extend(ts)
                 continue
+            ts.sort(key=lambda t: (t.submit_unix_s, t.id))
+            staying = [t for t in ts if not self._leaving(t)]
+            leaving = [t for t in ts if self._leaving(t)]
+            if not staying:
+                missing.append(index)                  # drain: replace first, stop later
+            elif staying[0].state == TaskState.RUNNING:
+                extra.extend(leaving)                  # the replacement serves: the drained one may stop
+            extra.extend(staying[1:])
+        for t in sorted(extra, key=lambda t: -t.replica_index):
             try:
                 await self._tasks.cancel(t.id)
                 rt.cancelling.add(t.id)
-                self._log.info("replica_removed", service_id=svc.id, task_id=t.id, replica=t.replica_index)
+                self._log.info("replica_removed", service_id=svc.id, task_id=t.id, replica=t.replica_index,
+                               reason="drain" if self._leaving(t) else "scale-down")
             except IllegalTransition:
                 pass
-        live_ids = {t.id for t in replicas}
-        rt.cancelling &= live_ids
-        for index in range(svc.desired):
-            if index in by_index:
-                continue
+        rt.cancelling &= {t.id for t in replicas}
+        for index in sorted(missing):
             spec = replica_spec(svc, index)
             task = await self._tasks.submit(spec, request_id="", service_id=svc.id, replica_index=index)
             rt.created[task.id] = self._clock()

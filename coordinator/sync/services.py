@@ -21,8 +21,7 @@ from coordinator.sync.state_machine import Conflict
 
 __all__ = ["ServiceStore"]
 
-_VIEW_FIELDS = ("revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "lead_time_s",
-                "forecast_model")
+_VIEW_FIELDS = ("revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "forecast_model")
 """Fields of ``Service`` that are the leader's current view, never stored."""
 
 

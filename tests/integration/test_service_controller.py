@@ -172,3 +172,61 @@ class TestReactiveScaling:
 
         lead(scenario)
 
+
+
+class TestDrainMovesReplicas:
+    def test_replica_on_a_draining_node_is_replaced_before_it_stops(self, lead: Callable[[Scenario], None]) -> None:
+        """Draining the node of a running replica starts a replacement with the same index on another node;
+        only once it runs is the drained one stopped."""
+
+        async def heartbeats(app: App) -> None:
+            while True:       # the agents' heartbeats: both nodes stay ready
+                for e in app.registry:
+                    app.registry.heartbeat(e)
+                await asyncio.sleep(0.2)
+
+        async def scenario(app: App) -> None:
+            await app.nodes.connected(agent_pb2.Register(inventory=inventory("n2")), asyncio.Queue())
+            beating = asyncio.create_task(heartbeats(app))
+            try:
+                await drain_scenario(app)
+            finally:
+                beating.cancel()
+
+        async def drain_scenario(app: App) -> None:
+            svc = await app.services.create(service_spec(1, 2))
+            await until(lambda: 0 in live(app, svc.id) and live(app, svc.id)[0].allocation.nodes)
+            old = live(app, svc.id)[0]
+            here = old.allocation.nodes[0].node_id
+            there = "n2" if here == "n1" else "n1"
+            entry = app.registry.get(here)
+            assert entry is not None and entry.outbox is not None
+            await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=old.id, state=4))
+            await app.nodes.set_admin_state(here, cordoned=True, draining=True)
+
+            def replacement() -> types_pb2.Task | None:
+                return next((t for t in app.tasks.tasks.values() if t.service_id == svc.id and t.id != old.id
+                             and t.allocation.nodes), None)
+
+            await until(lambda: replacement() is not None)
+            new = replacement()
+            assert new is not None and new.replica_index == 0 and new.allocation.nodes[0].node_id == there
+            await asyncio.sleep(0.3)
+            assert not _stops(entry.outbox, old.id)                   # still serving until the replacement runs
+            other = app.registry.get(there)
+            assert other is not None
+            await app.reconciler.on_task_status(other, agent_pb2.TaskStatus(task_id=new.id, state=4))
+            await until(lambda: old.id in app.services._rt[svc.id].cancelling)
+            assert _stops(entry.outbox, old.id)
+
+        lead(scenario)
+
+
+def _stops(outbox: asyncio.Queue, task_id: str) -> bool:
+    """Whether a stop decision for ``task_id`` is in the node's outbox (drained from it)."""
+    found = False
+    while not outbox.empty():
+        m = outbox.get_nowait()
+        if m is not None and m.decision.HasField("stop") and m.decision.stop.task_id == task_id:
+            found = True
+    return found
