@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from tests.helpers.ctl_schema import validate
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 SLEEPER = "import os, time; print('replica', os.environ['GPTRM_REPLICA'], flush=True); time.sleep(600)"
@@ -62,6 +63,7 @@ class TestServiceReplicas:
         gone = json.loads(cluster.ctl("-o", "json", "tasks", first[1]).stdout)
         assert gone["state"] == "failed"
 
+        validate(d, "service")
         res = cluster.ctl("scale", sid, "auto")
         assert res.returncode == 0 and "autoscaling" in res.stdout, res.stderr
         d = _service(cluster, sid)
