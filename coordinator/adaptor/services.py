@@ -228,6 +228,8 @@ class ServiceController:
         self._leadership.require_leader()
         svc = self._get(service_id)
         lo, hi = svc.spec.service.min_replicas, svc.spec.service.max_replicas
+        if svc.stopped:
+            raise IllegalTransition(f"service {service_id}: cancelled, it cannot be scaled")
         if replicas is not None and not lo <= replicas <= hi:
             raise ValidationError("replicas", f"{replicas} is outside the service's range {lo}..{hi}")
         new = types_pb2.Service()
@@ -239,6 +241,23 @@ class ServiceController:
         stored = await self._persist(svc, new, svc.desired)
         rt = self._runtime(stored)
         rt.scaler.note_action()
+        self._kick.set()
+        return stored
+
+    async def cancel(self, service_id: str) -> types_pb2.Service:
+        """Stop a service: its replicas are cancelled and none is created again (the record stays, stopped).
+
+        :raises NotFound: no such service.
+        :raises IllegalTransition: it is stopped already.
+        """
+        self._leadership.require_leader()
+        svc = self._get(service_id)
+        if svc.stopped:
+            raise IllegalTransition(f"service {service_id}: already cancelled")
+        new = types_pb2.Service()
+        new.CopyFrom(svc)
+        new.stopped, new.pinned, new.desired, new.reason = True, True, 0, "cancelled by an admin"
+        stored = await self._persist(svc, new, svc.desired)
         self._kick.set()
         return stored
 
@@ -314,6 +333,10 @@ class ServiceController:
             svc = self.services[service_id]
             rt = self._runtime(svc)
             replicas = self._replicas(service_id)
+            if svc.stopped:
+                if replicas:
+                    await self._reconcile(svc, rt, replicas)   # desired 0: cancels what still runs
+                continue
             self._measure_lead(rt, replicas)
             svc = await self._decide(svc, rt, replicas)
             await self._reconcile(svc, rt, replicas)
@@ -415,7 +438,7 @@ class ServiceController:
         return await self._persist(svc, new, svc.desired)
 
     async def _persist(self, old: types_pb2.Service, new: types_pb2.Service, before: int) -> types_pb2.Service:
-        if new.desired != before or new.pinned != old.pinned:
+        if new.desired != before or new.pinned != old.pinned or new.stopped != old.stopped:
             new.decisions.insert(0, types_pb2.ScaleDecision(time_unix_s=self._wall(), from_replicas=before,
                                                             to_replicas=new.desired, reason=new.reason))
             del new.decisions[_DECISIONS_KEPT:]

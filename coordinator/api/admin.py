@@ -256,6 +256,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("replicas", "must be at least 1 (or auto)")
         return await self._app.services.scale(service_id, None if request.auto else request.replicas)
 
+    @_rpc
+    async def CancelService(self, request: admin_pb2.ServiceRef, context: Ctx) -> types_pb2.Service:
+        return await self._app.services.cancel(_require_id(request.service_id, "service_id"))
+
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
         queue = self._app.events.subscribe() if request.follow else None

@@ -316,7 +316,7 @@ def service_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -
     lines = [
         f"service       {escape(d['service_id'])} ({escape(d['name'])})",
         f"replicas      {d['desired']} desired ({d['min_replicas']}..{d['max_replicas']}"
-        + (", pinned by an admin)" if d["pinned"] else ", autoscaled)"),
+        + (", cancelled)" if d.get("stopped") else ", pinned by an admin)" if d["pinned"] else ", autoscaled)"),
         f"target        {target['signal']} {target['value']:g}   now {_maybe(d['signal'])}   "
         f"load {_maybe(d['load'])}",
         f"forecast      load {_maybe(d['forecast_load'])} within {d['lead_time_s']:.0f} s "

@@ -121,6 +121,11 @@ def cmd_scale(t: Transport, args: argparse.Namespace) -> None:
 
 def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace], None]:
     def run(t: Transport, args: argparse.Namespace) -> None:
+        if rpc == "CancelTask" and args.task.startswith(SERVICE_PREFIX):
+            svc = t.call("CancelService", admin_pb2.ServiceRef(service_id=args.task), write=True)
+            _out(args, render.service_dict(admin_pb2.ServiceView(service=svc)),
+                 f"service {svc.id} cancelled (its replicas are being stopped)")
+            return
         task = t.call(rpc, admin_pb2.TaskRef(task_id=args.task), write=True)
         d = render.task_dict(task)
         _out(args, d, f"task {task.id} {verb} ({d['state']})")
@@ -217,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_scale)
     for name, rpc, verb in (("cancel", "CancelTask", "cancelled"), ("pause", "PauseTask", "paused"),
                             ("resume", "ResumeTask", "resumed")):
-        sp = sub.add_parser(name, help=f"{name} a task")
+        sp = sub.add_parser(name, help=f"{name} a task" + (" or a service (s-...)" if name == "cancel" else ""))
         sp.add_argument("task")
         sp.set_defaults(fn=_task_action(rpc, verb))
     for name, rpc, verb in (("drain", "DrainNode", "draining"), ("cordon", "CordonNode", "cordoned"),

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from common.errors import ValidationError
+from common.errors import IllegalTransition, ValidationError
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES
@@ -77,7 +77,8 @@ def lead(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[[Scenario], Non
 class TestReplicaController:
     def test_replicas_follow_pins_and_a_new_leader_continues(self, lead: Callable[[Scenario], None]) -> None:
         """MIN replicas at creation; a pin to 3 adds indices 1 and 2 with their own port and env; a pin to 2
-        cancels index 2; a dead replica is replaced; a new leader keeps the pinned count from etcd."""
+        cancels index 2; a dead replica is replaced; a new leader keeps the pinned count from etcd; a cancelled
+        service stops its replicas and cannot be scaled again."""
         ids: list[str] = []
 
         async def first(app: App) -> None:
@@ -106,6 +107,14 @@ class TestReplicaController:
             assert set(live(app, svc.id)) == {0, 1}      # continued: nothing re-created
             unpinned = await app.services.scale(svc.id, None)
             assert not unpinned.pinned
+            ever = {t.id for t in app.tasks.tasks.values() if t.service_id == svc.id}
+            cancelled = await app.services.cancel(svc.id)
+            assert cancelled.stopped and cancelled.desired == 0
+            await until(lambda: not live(app, svc.id))   # never started (no agent): cancelled at once
+            await asyncio.sleep(0.5)
+            assert {t.id for t in app.tasks.tasks.values() if t.service_id == svc.id} == ever   # none created
+            with pytest.raises(IllegalTransition):
+                await app.services.scale(svc.id, 2)
 
         lead(first)
         lead(second)

@@ -125,6 +125,11 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.ScaleServiceRequest.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_types__pb2.Service.FromString,
                 _registered_method=True)
+        self.CancelService = channel.unary_unary(
+                '/gptrm.v1.Admin/CancelService',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_types__pb2.Service.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -238,6 +243,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelService(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -329,6 +340,11 @@ def add_AdminServicer_to_server(servicer, server):
             'ScaleService': grpc.unary_unary_rpc_method_handler(
                     servicer.ScaleService,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.ScaleServiceRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_types__pb2.Service.SerializeToString,
+            ),
+            'CancelService': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelService,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.FromString,
                     response_serializer=gptrm_dot_v1_dot_types__pb2.Service.SerializeToString,
             ),
     }
@@ -817,6 +833,33 @@ class Admin:
             target,
             '/gptrm.v1.Admin/ScaleService',
             gptrm_dot_v1_dot_admin__pb2.ScaleServiceRequest.SerializeToString,
+            gptrm_dot_v1_dot_types__pb2.Service.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelService(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CancelService',
+            gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
             gptrm_dot_v1_dot_types__pb2.Service.FromString,
             options,
             channel_credentials,

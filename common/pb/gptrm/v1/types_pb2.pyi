@@ -246,7 +246,7 @@ class ScaleDecision(_message.Message):
     def __init__(self, time_unix_s: _Optional[float] = ..., from_replicas: _Optional[int] = ..., to_replicas: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Service(_message.Message):
-    __slots__ = ("id", "spec", "desired", "pinned", "submit_unix_s", "reason", "decisions", "revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "lead_time_s", "forecast_model")
+    __slots__ = ("id", "spec", "desired", "pinned", "submit_unix_s", "reason", "decisions", "revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "lead_time_s", "forecast_model", "stopped")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     DESIRED_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,7 @@ class Service(_message.Message):
     FORECAST_MAPE_FIELD_NUMBER: _ClassVar[int]
     LEAD_TIME_S_FIELD_NUMBER: _ClassVar[int]
     FORECAST_MODEL_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     desired: int
@@ -277,7 +278,8 @@ class Service(_message.Message):
     forecast_mape: float
     lead_time_s: float
     forecast_model: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., desired: _Optional[int] = ..., pinned: _Optional[bool] = ..., submit_unix_s: _Optional[float] = ..., reason: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[ScaleDecision, _Mapping]]] = ..., revision: _Optional[int] = ..., signal: _Optional[float] = ..., load: _Optional[float] = ..., forecast_load: _Optional[float] = ..., forecast_replicas: _Optional[int] = ..., forecast_mape: _Optional[float] = ..., lead_time_s: _Optional[float] = ..., forecast_model: _Optional[str] = ...) -> None: ...
+    stopped: bool
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., desired: _Optional[int] = ..., pinned: _Optional[bool] = ..., submit_unix_s: _Optional[float] = ..., reason: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[ScaleDecision, _Mapping]]] = ..., revision: _Optional[int] = ..., signal: _Optional[float] = ..., load: _Optional[float] = ..., forecast_load: _Optional[float] = ..., forecast_replicas: _Optional[int] = ..., forecast_mape: _Optional[float] = ..., lead_time_s: _Optional[float] = ..., forecast_model: _Optional[str] = ..., stopped: _Optional[bool] = ...) -> None: ...
 
 class NodeAllocation(_message.Message):
     __slots__ = ("node_id", "gpu_indices", "gpu_uuids", "demand", "gpu_share")
