@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import urllib.request
 
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
@@ -24,6 +25,11 @@ def _running(c: Cluster, service_id: str, n: int) -> dict | None:
     d = _service(c, service_id)
     running = [r for r in d["replicas"] if r["state"] == "running"]
     return d if len(running) == n and len(d["replicas"]) == n else None
+
+
+def _metrics(c: Cluster) -> str:
+    with urllib.request.urlopen(f"http://{c.metrics_address()}/metrics", timeout=5) as resp:
+        return resp.read().decode()
 
 
 class TestServiceReplicas:
@@ -64,6 +70,9 @@ class TestServiceReplicas:
         assert gone["state"] == "failed"
 
         validate(d, "service")
+        wanted = [f'gptrm_service_replicas_desired{{service="{sid}"}} 2.0',
+                  f'gptrm_service_replicas_running{{service="{sid}"}} 2.0']
+        wait_until(lambda: all(w in _metrics(cluster) for w in wanted), timeout_s=20, what="service metrics")
         res = cluster.ctl("scale", sid, "auto")
         assert res.returncode == 0 and "autoscaling" in res.stdout, res.stderr
         d = _service(cluster, sid)
