@@ -261,6 +261,17 @@ class ServiceController:
         self._kick.set()
         return stored
 
+    async def stored_view(self, service_id: str, tasks: list[types_pb2.Task]) -> admin_pb2.ServiceView:
+        """What a standby shows: the stored record and the replicas among ``tasks`` (read from etcd), without
+        the leader's signal and forecast.
+
+        :raises NotFound: no such service.
+        """
+        svc = await asyncio.to_thread(self._store.get, service_id)
+        replicas = sorted((t for t in tasks if t.service_id == service_id and t.state not in TERMINAL_STATES),
+                          key=lambda t: (t.replica_index, t.submit_unix_s))
+        return admin_pb2.ServiceView(service=svc, replicas=replicas, stale=self._leadership.stale)
+
     def view(self, service_id: str) -> admin_pb2.ServiceView:
         """The service with the leader's current signal, forecast and error, and its live replicas."""
         svc = self._get(service_id)

@@ -244,8 +244,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     @_rpc
     async def GetService(self, request: admin_pb2.ServiceRef, context: Ctx) -> admin_pb2.ServiceView:
-        self._app.leadership.require_leader()   # the controller's view lives on the leader
-        return self._app.services.view(_require_id(request.service_id, "service_id"))
+        service_id = _require_id(request.service_id, "service_id")
+        if self._app.leadership.leading and service_id in self._app.services.services:
+            return self._app.services.view(service_id)
+        # A standby (or a leader still reading etcd): the stored record and replicas; the signal and the
+        # forecast live on the leader.
+        tasks = await asyncio.to_thread(self._app.store.list_tasks)
+        return await self._app.services.stored_view(service_id, tasks)
 
     @_rpc
     async def ScaleService(self, request: admin_pb2.ScaleServiceRequest, context: Ctx) -> types_pb2.Service:

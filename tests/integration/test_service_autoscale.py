@@ -97,6 +97,8 @@ class TestServiceAutoscaling:
         _drive(cluster, sid, base, total=2.0, replicas=1, timeout_s=90)
         _drive(cluster, sid, base, total=20.0, replicas=4, timeout_s=150)
         if kill_leader:
+            standby = cluster.admin("c2").GetService(admin_pb2.ServiceRef(service_id=sid), timeout=5)
+            assert standby.service.desired == 4 and len(standby.replicas) == 4   # from etcd
             cluster.proc("c1").kill()
             cluster.wait_leader("c2", timeout_s=30)
         v = _drive(cluster, sid, base, total=1.0, replicas=1, timeout_s=150)
