@@ -176,16 +176,29 @@ class LoadHistory:
         return 100.0 * sum(e for _, e in self._errors) / len(self._errors)
 
     def forecast(self, now: float, lead_s: float) -> Forecast:
-        """The highest load expected over the next ``lead_s`` seconds (at least one bucket ahead)."""
+        """The highest load expected over the next ``lead_s`` seconds (at least one bucket ahead).
+
+        The model is fitted on the closed buckets; the bucket still filling corrects it: the forecast path
+        moves by how far that bucket's mean so far is from what the model predicted for it, weighted by
+        the part of the bucket that has passed (an O(1) level correction, so a load that dropped or jumped
+        shows within the bucket, not a bucket later).
+        """
         horizon = max(1, math.ceil(lead_s / self.bucket_s))
         self._horizon = horizon
         if self._closed and self._cached is not None and self._cached[:2] == (self._closed, horizon):
             f = self._cached[2]
-            return Forecast(f.peak, f.model, self.mape)
-        values = np.fromiter(self._values, float)
-        if len(values) == 0 and self._count:
-            values = np.array([self._sum / self._count])
-        path, model = forecast_series(values, horizon, self.season)
-        f = Forecast(float(path.max()), model, self.mape)
-        self._cached = (self._closed, horizon, f)
-        return f
+        else:
+            values = np.fromiter(self._values, float)
+            if len(values) == 0 and self._count:
+                values = np.array([self._sum / self._count])
+            path, model = forecast_series(values, horizon, self.season)
+            f = Forecast(float(path.max()), model, math.nan)
+            if self._closed:
+                self._cached = (self._closed, horizon, f)
+        peak = f.peak
+        predicted = self._pending.get(self._bucket)
+        if self._count and predicted is not None:
+            # Weighted by how much of the bucket has passed: its first samples are noisy.
+            filled = min(1.0, max(0.0, now / self.bucket_s - self._bucket))
+            peak = max(0.0, peak + filled * (self._sum / self._count - predicted))
+        return Forecast(peak, f.model, self.mape)

@@ -43,7 +43,7 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.adaptor.autoscale import Autoscaler, ScalePolicy
-from coordinator.adaptor.forecast import LoadHistory
+from coordinator.adaptor.forecast import Forecast, LoadHistory
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
@@ -58,6 +58,8 @@ MAX_REPLICAS = 64
 """The most replicas one service may ask for."""
 _DECISIONS_KEPT = 20
 _DEFAULT_LEAD_S = 60.0
+_FRESH_S = 30.0
+"""A replica's QoS reading older than this is not used (no reading: the count freezes)."""
 _READY_WAIT_S = 300.0
 """Decisions wait for replicas still starting, at most this long (a replica that cannot be placed does not block)."""
 
@@ -156,6 +158,12 @@ class _Runtime:
     cancelling: set[str] = field(default_factory=set)
     frozen: bool = False
     view: types_pb2.Service = field(default_factory=types_pb2.Service)
+
+
+def _observe(history: LoadHistory, now: float, load: float | None, lead_s: float) -> Forecast:
+    if load is not None:
+        history.add(now, load)
+    return history.forecast(now, lead_s)
 
 
 class ServiceController:
@@ -347,6 +355,7 @@ class ServiceController:
             if svc.stopped:
                 if replicas:
                     await self._reconcile(svc, rt, replicas)   # desired 0: cancels what still runs
+                self._export(svc, rt, replicas)
                 continue
             self._measure_lead(rt, replicas)
             svc = await self._decide(svc, rt, replicas)
@@ -385,7 +394,9 @@ class ServiceController:
                 return None, None, "GPU utilization", True, spec.service.target_util
             mean = sum(utils) / len(utils)
             return mean, mean * len(running), "GPU utilization", True, spec.service.target_util
-        readings = [r for r in (self._monitor.task_qos(t.id) for t in running) if r is not None and r.available]
+        fresh_since = self._wall() - _FRESH_S
+        readings = [r for r in (self._monitor.task_qos(t.id) for t in running)
+                    if r is not None and r.available and r.received_unix_s >= fresh_since]
         load_parts = [(r.requests_running or 0.0) + (r.requests_waiting or 0.0) for r in readings
                       if r.requests_running is not None or r.requests_waiting is not None]
         load = sum(load_parts) if load_parts else None
@@ -407,14 +418,14 @@ class ServiceController:
         signal, load, name, worse, target = self._signal(svc, running)
         now_wall = self._wall()
         forecast_replicas: int | None = None
-        if load is not None:
-            rt.history.add(now_wall, load)
-            if signal is not None and running and signal > 0:
-                ratio = signal / target if worse else target / signal
-                if ratio > 0.05:   # an idle service says nothing about what one replica can carry
-                    per_replica = (load / len(running)) / ratio
-                    rt.capacity = per_replica if not rt.capacity else 0.8 * rt.capacity + 0.2 * per_replica
-        fc = rt.history.forecast(now_wall, rt.lead_s)
+        if load is not None and signal is not None and running and signal > 0:
+            ratio = signal / target if worse else target / signal
+            if ratio > 0.05:   # an idle service says nothing about what one replica can carry
+                per_replica = (load / len(running)) / ratio
+                rt.capacity = per_replica if not rt.capacity else 0.8 * rt.capacity + 0.2 * per_replica
+        # A refit takes tens of milliseconds with days of history: off the event loop (only this loop
+        # touches the history, one service at a time).
+        fc = await asyncio.to_thread(_observe, rt.history, now_wall, load, rt.lead_s)
         if rt.capacity > 0 and fc.model != "none":
             forecast_replicas = math.ceil(fc.peak / rt.capacity - 1e-9)
         view = rt.view

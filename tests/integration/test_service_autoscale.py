@@ -101,7 +101,7 @@ class TestServiceAutoscaling:
             assert standby.service.desired == 4 and len(standby.replicas) == 4   # from etcd
             cluster.proc("c1").kill()
             cluster.wait_leader("c2", timeout_s=30)
-        v = _drive(cluster, sid, base, total=1.0, replicas=1, timeout_s=150)
+        v = _drive(cluster, sid, base, total=1.0, replicas=1, timeout_s=300)   # the forecast holds ~2 buckets
         actions = [d for d in v.service.decisions if d.from_replicas != d.to_replicas]
         for d in reversed(actions):
             print(f"{d.time_unix_s:.1f} {d.from_replicas} → {d.to_replicas}: {d.reason}")

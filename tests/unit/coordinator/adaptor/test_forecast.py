@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from coordinator.adaptor.forecast import LoadHistory, forecast_series, holt_linear
 
@@ -63,3 +64,15 @@ class TestLoadHistory:
             h.add(hour * 3600.0, float(load))
             h.add(hour * 3600.0 + 10.0, float("nan"))
         assert 0.0 <= h.mape < 15.0
+
+    def test_the_filling_bucket_corrects_the_forecast(self) -> None:
+        """A load that drops within the current bucket lowers the forecast within it, not a bucket later."""
+        h = LoadHistory(bucket_s=60.0, season_buckets=1440)
+        for minute in range(30):
+            h.add(minute * 60.0, 100.0)
+        before = h.forecast(30 * 60.0 - 1, lead_s=30.0).peak
+        for second in range(0, 50, 5):         # a new bucket, far below what the model expects
+            h.add(30 * 60.0 + second, 10.0)
+        after = h.forecast(30 * 60.0 + 54, lead_s=30.0).peak
+        assert before == pytest.approx(100.0, rel=0.05)
+        assert after == pytest.approx(10.0 + 90.0 * 6 / 60, abs=1.0)   # 90 % of the bucket: 90 % corrected
