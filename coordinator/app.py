@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from common.errors import EtcdUnavailable, Fenced, GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.adaptor.autoscale import ScalePolicy
 from coordinator.adaptor.capping import PowerCapper
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import build_provider
 from coordinator.adaptor.scale_out import ScaleOutRequests
+from coordinator.adaptor.services import ServiceController, ServiceMetrics
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
@@ -37,6 +39,7 @@ from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.recovery import adopt_nodes, task_ids_by_node
+from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
 
 __all__ = ["VERSION", "App", "LeaderDuties", "build"]
@@ -92,15 +95,16 @@ class LeaderDuties:
 
     def start_leading(self) -> None:
         """Run the scheduler, the power manager, the QoS watch, the finished-task retention, the lost-node
-        sweep, the power capping loop (``--power-capping on``) and, after the agents' grace, the reconcile
-        of unreported tasks."""
+        sweep, the services' replica controller, the power capping loop (``--power-capping on``) and, after
+        the agents' grace, the reconcile of unreported tasks."""
         app = self._app
         self._running = [asyncio.create_task(app.cycle.run()),
                          asyncio.create_task(app.power_manager.run()),
                          asyncio.create_task(app.reconciler.reconcile_after_grace()),
                          asyncio.create_task(app.qos.run(lambda: app.leadership.leading)),
                          asyncio.create_task(app.retention.run()),
-                         asyncio.create_task(app.lost_nodes.run())]
+                         asyncio.create_task(app.lost_nodes.run()),
+                         asyncio.create_task(app.services.run(lambda: app.leadership.leading))]
         if app.cfg.power_capping == "on":
             self._running.append(asyncio.create_task(app.capper.run()))
 
@@ -142,6 +146,7 @@ class App:
     capper: PowerCapper
     retention: TaskRetention
     lost_nodes: LostNodes
+    services: ServiceController
     started: float = field(default_factory=time.monotonic)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
@@ -193,6 +198,14 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     capper = PowerCapper(registry, monitor.latest.get, lambda: tasks.tasks, qos, dispatcher, events,
                          metrics.power_cap_changes, interval_s=cfg.power_cap_interval_s)
+    services = ServiceController(ServiceStore(client, keys, leadership.election), leadership, tasks, monitor,
+                                 registry, profiler, events, ServiceMetrics(metrics.registry),
+                                 interval_s=cfg.service_interval_s,
+                                 policy=ScalePolicy(min_replicas=1, max_replicas=1,
+                                                    stabilization_s=cfg.service_stabilization_s,
+                                                    cooldown_s=cfg.service_cooldown_s,
+                                                    up_cooldown_s=cfg.service_cooldown_s / 2,
+                                                    max_actions=cfg.service_max_actions))
     nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
@@ -201,4 +214,5 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
                power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
                cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
-               logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes)
+               logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
+               services=services)

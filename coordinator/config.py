@@ -98,6 +98,14 @@ class CoordinatorConfig:
                                 "allows", choices=("off", "on"))
     power_cap_interval_s: float = option(30.0, "least seconds between a GPU's power-limit change and its next "
                                          "lowering", flag="power_cap_interval", check=positive)
+    service_interval_s: float = option(5.0, "seconds between two passes of the services' replica controller",
+                                       flag="service_interval", check=positive)
+    service_stabilization_s: float = option(300.0, "a service scales down only to the highest count recommended "
+                                            "over this many seconds", flag="service_stabilization",
+                                            check=non_negative)
+    service_cooldown_s: float = option(60.0, "seconds after a service's scale action before it scales down "
+                                       "(up: half of it)", flag="service_cooldown", check=non_negative)
+    service_max_actions: int = option(6, "scale actions a service may take per 10 minutes", check=positive)
 
     @property
     def advertise_address(self) -> str:

@@ -95,8 +95,11 @@ class TaskTable:
 
     # ---- admission and state changes ------------------------------------------------------------
 
-    async def submit(self, spec: types_pb2.TaskSpec, request_id: str) -> types_pb2.Task:
+    async def submit(self, spec: types_pb2.TaskSpec, request_id: str, *, service_id: str = "",
+                     replica_index: int = 0) -> types_pb2.Task:
         """Validate, profile and persist a new PENDING task (idempotent per ``request_id``).
+
+        ``service_id`` and ``replica_index`` mark a service's replica (``coordinator/adaptor/services.py``).
 
         :raises ValidationError: naming the spec field that is wrong.
         :raises NotLeader: on a standby.
@@ -108,7 +111,7 @@ class TaskTable:
         validate_profiled_demand(profile.demand)
         task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=profile.to_proto(),
                               reason="waiting for the scheduler", id=f"t-{uuid.uuid4().hex[:10]}",
-                              submit_unix_s=time.time())
+                              submit_unix_s=time.time(), service_id=service_id, replica_index=replica_index)
         stored = await self._leadership.write(self._store.create_task, task, request_id)
         self.tasks[stored.id] = stored
         if stored.id == task.id:

@@ -286,6 +286,35 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("threshold", f"must be in [{MIN_POLICY_THRESHOLD}, 1], got {request.threshold}")
         return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold))
 
+    @_rpc
+    async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
+        if not request.HasField("spec"):
+            raise ValidationError("spec", "is required")
+        return await self._app.services.create(request.spec)
+
+    @_rpc
+    async def GetService(self, request: admin_pb2.ServiceRef, context: Ctx) -> admin_pb2.ServiceView:
+        service_id = _require_id(request.service_id, "service_id")
+        if self._app.leadership.leading and service_id in self._app.services.services:
+            return self._app.services.view(service_id)
+        # A standby (or a leader still reading etcd): the stored record and replicas; the signal and the
+        # forecast live on the leader.
+        tasks = await asyncio.to_thread(self._app.store.list_tasks)
+        return await self._app.services.stored_view(service_id, tasks)
+
+    @_rpc
+    async def ScaleService(self, request: admin_pb2.ScaleServiceRequest, context: Ctx) -> types_pb2.Service:
+        service_id = _require_id(request.service_id, "service_id")
+        if request.auto and request.replicas:
+            raise ValidationError("replicas", "give a count or auto, not both")
+        if not request.auto and not request.replicas:
+            raise ValidationError("replicas", "must be at least 1 (or auto)")
+        return await self._app.services.scale(service_id, None if request.auto else request.replicas)
+
+    @_rpc
+    async def CancelService(self, request: admin_pb2.ServiceRef, context: Ctx) -> types_pb2.Service:
+        return await self._app.services.cancel(_require_id(request.service_id, "service_id"))
+
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
         queue = self._app.events.subscribe() if request.follow else None

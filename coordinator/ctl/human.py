@@ -297,3 +297,48 @@ def qos_line(reading: dict[str, Any] | None) -> str:
     queue = (("requests_running", "running"), ("requests_waiting", "waiting"))
     parts += [f"{reading[key]:.0f} {label}" for key, label in queue if reading.get(key) is not None]
     return (", ".join(parts) or "no requests yet") + f" (over {reading.get('window_s') or 0:.0f} s)"
+
+
+def _qos_text(reading: Mapping[str, Any] | None) -> str:
+    if not reading:
+        return "-"
+    parts = []
+    if reading.get("latency_p95_s") is not None:
+        parts.append(f"p95 {reading['latency_p95_s'] * 1000:.0f} ms")
+    if reading.get("tokens_per_s") is not None:
+        parts.append(f"{reading['tokens_per_s']:.0f} tok/s")
+    load = (reading.get("requests_running") or 0) + (reading.get("requests_waiting") or 0)
+    if reading.get("requests_running") is not None or reading.get("requests_waiting") is not None:
+        parts.append(f"load {load:g}")
+    if reading.get("metrics_unavailable"):
+        parts.append(f"metrics unavailable: {truncate(reading['metrics_unavailable'], 40)}")
+    return ", ".join(parts) or "-"
+
+
+def _maybe(x: float | None, fmt: str = ".3g") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def service_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:
+    """``gptrmctl tasks SERVICE``: the count and why, the forecast and its error, each replica."""
+    target = d["target"]
+    lines = [
+        f"service       {escape(d['service_id'])} ({escape(d['name'])})",
+        f"replicas      {d['desired']} desired ({d['min_replicas']}..{d['max_replicas']}"
+        + (", cancelled)" if d.get("stopped") else ", pinned by an admin)" if d["pinned"] else ", autoscaled)"),
+        f"target        {target['signal']} {target['value']:g}   now {_maybe(d['signal'])}   "
+        f"load {_maybe(d['load'])}",
+        f"forecast      load {_maybe(d['forecast_load'])} within {d['lead_time_s']:.0f} s "
+        f"({d['forecast_model']}) → {d['forecast_replicas']} replica(s); MAPE last day "
+        + ("n/a" if d["forecast_mape"] is None else f"{d['forecast_mape']:.1f} %"),
+        f"reason        {escape(d['reason'])}",
+    ]
+    if d["decisions"]:
+        lines.append("decisions")
+        for dec in d["decisions"][:5]:
+            lines.append(f"  {age(dec.get('time_unix_s', 0), now):>4} ago  {dec.get('from_replicas', 0)} → "
+                         f"{dec.get('to_replicas', 0)}  {escape(truncate(dec.get('reason', ''), 100))}")
+    rows = [[r["replica"], r["task_id"], r["state"], escape(r["node"] or "-"), _qos_text(r["qos_reading"])]
+            for r in d["replicas"]]
+    lines.append(table(["REPLICA", "TASK", "STATE", "NODE", "QOS"], rows, right=(0,)) if rows else "no replicas")
+    return "\n".join(lines)

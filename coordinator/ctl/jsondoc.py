@@ -40,7 +40,7 @@ __all__ = [
     "proto_schemas",
 ]
 
-SCHEMA_DOCUMENTS = ("status", "node", "nodes", "task", "tasks", "policy", "event", "log_chunk")
+SCHEMA_DOCUMENTS = ("status", "node", "nodes", "task", "tasks", "policy", "event", "log_chunk", "service")
 """The hand-written schema files (``schemas/<name>.json``), one per kind of document."""
 
 _INTS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
@@ -58,6 +58,7 @@ _ROOTS: tuple[Descriptor, ...] = (
     types_pb2.TaskSpec.DESCRIPTOR, types_pb2.ResourceVector.DESCRIPTOR, types_pb2.NodeAllocation.DESCRIPTOR,
     types_pb2.TaskStateChange.DESCRIPTOR, types_pb2.GpuInfo.DESCRIPTOR, types_pb2.GpuSample.DESCRIPTOR,
     types_pb2.HostSample.DESCRIPTOR, types_pb2.TaskQos.DESCRIPTOR, admin_pb2.ClusterObjectives.DESCRIPTOR,
+    types_pb2.ScaleDecision.DESCRIPTOR,
 )
 
 

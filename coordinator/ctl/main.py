@@ -21,6 +21,8 @@ from coordinator.simulator.cli import add_simulate_parser
 __all__ = ["main"]
 
 DEFAULT_COORDINATOR = "127.0.0.1:7770"
+SERVICE_PREFIX = "s-"
+"""Service ids start with it (task ids with ``t-``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +63,10 @@ def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
 
 
 def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
+    if args.task and args.task.startswith(SERVICE_PREFIX):
+        d = render.service_dict(t.call("GetService", admin_pb2.ServiceRef(service_id=args.task)))
+        _out(args, d, human.service_detail(d))
+        return
     if args.task:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
         _out(args, d, human.task_detail(d))
@@ -88,9 +94,17 @@ def _states(enum: Any, prefix: str, names: list[str] | None) -> list[int]:
 
 
 def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
-    from coordinator.ctl.spec import spec_from_args, spec_from_file
+    from coordinator.ctl.spec import service_from_args, spec_from_args, spec_from_file
 
     spec = spec_from_file(args.file) if args.file else spec_from_args(args)
+    if service_from_args(args, spec):
+        if args.wait:
+            raise CtlError("submit: --wait follows one task, not a service", EXIT_USAGE)
+        svc = t.call("CreateService", admin_pb2.SubmitTaskRequest(spec=spec), write=True)
+        d = render.service_dict(admin_pb2.ServiceView(service=svc))
+        _out(args, d, f"service {svc.id} submitted ({svc.desired} replica(s), {svc.spec.service.min_replicas}.."
+                      f"{svc.spec.service.max_replicas}); see gptrmctl tasks {svc.id}")
+        return 0
     request_id = args.request_id or os.urandom(8).hex()
     task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id), write=True)
     d = render.task_dict(task)
@@ -113,8 +127,31 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_scale(t: Transport, args: argparse.Namespace) -> None:
+    if args.replicas == "auto":
+        req = admin_pb2.ScaleServiceRequest(service_id=args.service, auto=True)
+    else:
+        try:
+            n = int(args.replicas)
+        except ValueError:
+            raise CtlError(f"scale: REPLICAS: expected a whole number or auto, got {args.replicas!r}",
+                           EXIT_USAGE) from None
+        if n < 1:
+            raise CtlError(f"scale: REPLICAS: must be at least 1, got {n}", EXIT_USAGE)
+        req = admin_pb2.ScaleServiceRequest(service_id=args.service, replicas=n)
+    svc = t.call("ScaleService", req, write=True)
+    d = render.service_dict(admin_pb2.ServiceView(service=svc))
+    _out(args, d, f"service {svc.id} " + (f"pinned at {svc.desired} replica(s)" if svc.pinned
+                                          else f"autoscaling ({svc.desired} replica(s) now)"))
+
+
 def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace], None]:
     def run(t: Transport, args: argparse.Namespace) -> None:
+        if rpc == "CancelTask" and args.task.startswith(SERVICE_PREFIX):
+            svc = t.call("CancelService", admin_pb2.ServiceRef(service_id=args.task), write=True)
+            _out(args, render.service_dict(admin_pb2.ServiceView(service=svc)),
+                 f"service {svc.id} cancelled (its replicas are being stopped)")
+            return
         task = t.call(rpc, admin_pb2.TaskRef(task_id=args.task), write=True)
         d = render.task_dict(task)
         _out(args, d, f"task {task.id} {verb} ({d['state']})")
@@ -228,8 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--state", action="append", help="only nodes in these states (ready,lost,...)")
     sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_nodes)
-    sp = sub.add_parser("tasks", help="list tasks or show one")
-    sp.add_argument("task", nargs="?")
+    sp = sub.add_parser("tasks", help="list tasks or show one (or a service: its replicas, forecast, decisions)")
+    sp.add_argument("task", nargs="?", help="a task id, or a service id (s-...)")
     sp.add_argument("--state", action="append", help="only tasks in these states (pending,running,...)")
     sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_tasks)
@@ -238,9 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("submit", help="submit a task: -f FILE or flags -- ARGV")
     add_submit_arguments(sp)
     sp.set_defaults(fn=cmd_submit)
+    sp = sub.add_parser("scale", help="pin a service's replica count (N) or give it back to autoscaling (auto)")
+    sp.add_argument("service")
+    sp.add_argument("replicas", metavar="N|auto")
+    sp.set_defaults(fn=cmd_scale)
     for name, rpc, verb in (("cancel", "CancelTask", "cancelled"), ("pause", "PauseTask", "paused"),
                             ("resume", "ResumeTask", "resumed")):
-        sp = sub.add_parser(name, help=f"{name} a task")
+        sp = sub.add_parser(name, help=f"{name} a task" + (" or a service (s-...)" if name == "cancel" else ""))
         sp.add_argument("task")
         sp.set_defaults(fn=_task_action(rpc, verb))
     for name, rpc, verb in (("drain", "DrainNode", "draining"), ("cordon", "CordonNode", "cordoned"),

@@ -123,6 +123,35 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
     }
 
 
+def _num(x: float) -> float | None:
+    return None if x != x else x   # NaN (unknown) → null
+
+
+def service_dict(v: admin_pb2.ServiceView) -> dict[str, Any]:
+    """One service with its replicas, forecast and decisions (``gptrmctl tasks SERVICE``)."""
+    s = v.service
+    target = ({"signal": "gpu_util", "value": s.spec.service.target_util} if s.spec.service.target_util else
+              {"signal": "p95_latency_ms", "value": s.spec.qos.max_latency_ms} if s.spec.qos.max_latency_ms else
+              {"signal": "tokens_per_s", "value": s.spec.qos.min_tokens_per_s})
+    replicas = []
+    for t in v.replicas:
+        replicas.append({
+            "task_id": t.id, "replica": t.replica_index, "state": enum_label(types_pb2.TaskState, t.state),
+            "node": t.allocation.nodes[0].node_id if t.allocation.nodes else "",
+            "reason": t.reason,
+            "qos_reading": proto_dict(t.qos_reading) if t.HasField("qos_reading") else None,
+        })
+    return {
+        "service_id": s.id, "name": s.spec.name, "min_replicas": s.spec.service.min_replicas,
+        "max_replicas": s.spec.service.max_replicas, "target": target, "desired": s.desired, "pinned": s.pinned,
+        "stopped": s.stopped,
+        "reason": s.reason, "signal": _num(s.signal), "load": _num(s.load), "forecast_load": _num(s.forecast_load),
+        "forecast_replicas": s.forecast_replicas, "forecast_model": s.forecast_model or "none",
+        "forecast_mape": _num(s.forecast_mape), "lead_time_s": s.lead_time_s,
+        "decisions": [proto_dict(d) for d in s.decisions], "replicas": replicas, "stale": v.stale,
+    }
+
+
 def event_dict(e: admin_pb2.Event) -> dict[str, Any]:
     """One event (schema ``event.json``)."""
     return {

@@ -62,6 +62,12 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--metrics-name", action="append", default=[], metavar="ROLE=METRIC",
                    help="read ROLE from METRIC (roles: latency_histogram, ttft_histogram, tokens_counter, "
                         "running_gauge, waiting_gauge); repeatable")
+    v = p.add_argument_group("Service (an inference task run as MIN..MAX replicas, scaled on one signal)")
+    v.add_argument("--replicas", metavar="MIN:MAX",
+                   help="run as a service of MIN..MAX replica tasks (each gets GPTRM_REPLICA, GPTRM_PORT_OFFSET "
+                        "and GPTRM_METRICS_PORT = --metrics-port + index); scale on --target-util, "
+                        "--max-latency-ms or --min-tokens-per-s")
+    v.add_argument("--target-util", type=float, metavar="X", help="mean GPU utilization target of the replicas, 0..1")
     p.add_argument("argv", nargs="*", help="command to run, after --")
 
 
@@ -124,6 +130,29 @@ def _qos_from_args(args: argparse.Namespace, d: dict[str, Any]) -> None:
         mapping["flavour"] = args.metrics_flavour
     if mapping:
         d["metrics_mapping"] = mapping
+
+
+def service_from_args(args: argparse.Namespace, spec: types_pb2.TaskSpec) -> bool:
+    """Set ``spec.service`` from ``--replicas MIN:MAX`` and ``--target-util``; False when not a service.
+
+    The coordinator checks the values (MIN ≤ MAX, the cap, the target's range, one signal).
+    """
+    if args.replicas is None:
+        if args.target_util is not None:
+            raise CtlError("submit: --target-util needs --replicas MIN:MAX", EXIT_USAGE)
+        return False
+    lo, sep, hi = args.replicas.partition(":")
+    try:
+        low, high = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise CtlError(f"submit: --replicas: expected MIN:MAX (two whole numbers), got {args.replicas!r}",
+                       EXIT_USAGE) from None
+    if low < 0 or high < 0:
+        raise CtlError(f"submit: --replicas: MIN and MAX must not be negative, got {args.replicas!r}", EXIT_USAGE)
+    spec.service.min_replicas, spec.service.max_replicas = low, high
+    if args.target_util is not None:
+        spec.service.target_util = args.target_util
+    return True
 
 
 def spec_from_file(path: str) -> types_pb2.TaskSpec:

@@ -78,6 +78,15 @@ class Keys:
         """Prefix of every ``requests/<request_id>`` key (submit idempotency; value: task id)."""
         return self.prefix + "requests/"
 
+    @property
+    def services_prefix(self) -> str:
+        """Prefix of every ``services/<id>`` key."""
+        return self.prefix + "services/"
+
+    def service(self, service_id: str) -> str:
+        """``services/<service_id>`` (value: ``Service``)."""
+        return self.services_prefix + _check_name("service_id", service_id)
+
     def node(self, node_id: str) -> str:
         """``nodes/<node_id>`` (value: ``NodeRecord``)."""
         return self.nodes_prefix + _check_name("node_id", node_id)

@@ -23,6 +23,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_POWER: _ClassVar[EventKind]
     EVENT_KIND_PREEMPTION: _ClassVar[EventKind]
     EVENT_KIND_QOS_VIOLATION: _ClassVar[EventKind]
+    EVENT_KIND_SCALE: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -36,6 +37,33 @@ EVENT_KIND_AUDIT: EventKind
 EVENT_KIND_POWER: EventKind
 EVENT_KIND_PREEMPTION: EventKind
 EVENT_KIND_QOS_VIOLATION: EventKind
+EVENT_KIND_SCALE: EventKind
+
+class ServiceRef(_message.Message):
+    __slots__ = ("service_id",)
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    service_id: str
+    def __init__(self, service_id: _Optional[str] = ...) -> None: ...
+
+class ScaleServiceRequest(_message.Message):
+    __slots__ = ("service_id", "replicas", "auto")
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
+    service_id: str
+    replicas: int
+    auto: bool
+    def __init__(self, service_id: _Optional[str] = ..., replicas: _Optional[int] = ..., auto: _Optional[bool] = ...) -> None: ...
+
+class ServiceView(_message.Message):
+    __slots__ = ("service", "replicas", "stale")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    service: _types_pb2.Service
+    replicas: _containers.RepeatedCompositeFieldContainer[_types_pb2.Task]
+    stale: bool
+    def __init__(self, service: _Optional[_Union[_types_pb2.Service, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[_types_pb2.Task, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

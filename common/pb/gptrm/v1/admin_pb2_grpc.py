@@ -120,6 +120,26 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.TaskLogsRequest.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskLogChunk.FromString,
                 _registered_method=True)
+        self.CreateService = channel.unary_unary(
+                '/gptrm.v1.Admin/CreateService',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.SubmitTaskRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_types__pb2.Service.FromString,
+                _registered_method=True)
+        self.GetService = channel.unary_unary(
+                '/gptrm.v1.Admin/GetService',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ServiceView.FromString,
+                _registered_method=True)
+        self.ScaleService = channel.unary_unary(
+                '/gptrm.v1.Admin/ScaleService',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ScaleServiceRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_types__pb2.Service.FromString,
+                _registered_method=True)
+        self.CancelService = channel.unary_unary(
+                '/gptrm.v1.Admin/CancelService',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_types__pb2.Service.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -230,6 +250,30 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateService(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetService(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScaleService(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelService(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -317,6 +361,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.TaskLogs,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskLogsRequest.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.TaskLogChunk.SerializeToString,
+            ),
+            'CreateService': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateService,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.SubmitTaskRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_types__pb2.Service.SerializeToString,
+            ),
+            'GetService': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetService,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ServiceView.SerializeToString,
+            ),
+            'ScaleService': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleService,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ScaleServiceRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_types__pb2.Service.SerializeToString,
+            ),
+            'CancelService': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelService,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_types__pb2.Service.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -778,6 +842,114 @@ class Admin:
             '/gptrm.v1.Admin/TaskLogs',
             gptrm_dot_v1_dot_admin__pb2.TaskLogsRequest.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.TaskLogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateService(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CreateService',
+            gptrm_dot_v1_dot_admin__pb2.SubmitTaskRequest.SerializeToString,
+            gptrm_dot_v1_dot_types__pb2.Service.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetService(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/GetService',
+            gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ServiceView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleService(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/ScaleService',
+            gptrm_dot_v1_dot_admin__pb2.ScaleServiceRequest.SerializeToString,
+            gptrm_dot_v1_dot_types__pb2.Service.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelService(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CancelService',
+            gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
+            gptrm_dot_v1_dot_types__pb2.Service.FromString,
             options,
             channel_credentials,
             insecure,

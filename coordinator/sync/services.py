@@ -1,0 +1,75 @@
+"""Service records in etcd (``services/<id>``): the replica count the leader's controller keeps, fenced.
+
+Example::
+
+    services = ServiceStore(client, keys, election)
+    svc = services.put(types_pb2.Service(id="s-1f3a", spec=spec, desired=1))    # created
+    svc.desired = 2
+    svc = services.put(svc)            # compare on svc.revision: a concurrent change raises Conflict
+"""
+
+from __future__ import annotations
+
+from common.errors import NotFound
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.sync import _records as rec
+from coordinator.sync._fenced import FencedWriter
+from coordinator.sync.client import KV, EtcdClient, cmp_create, cmp_mod, op_put
+from coordinator.sync.election import Election
+from coordinator.sync.keys import Keys
+from coordinator.sync.state_machine import Conflict
+
+__all__ = ["ServiceStore"]
+
+_VIEW_FIELDS = ("revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "forecast_model")
+"""Fields of ``Service`` that are the leader's current view, never stored."""
+
+
+class ServiceStore:
+    """Reads and fenced writes of service records.
+
+    :param client: the etcd client.
+    :param keys: key names.
+    :param election: supplies the fencing epoch (a deposed leader's write raises ``Fenced``).
+    """
+
+    def __init__(self, client: EtcdClient, keys: Keys, election: Election) -> None:
+        self._client, self._keys = client, keys
+        self._writer = FencedWriter(client, keys, election)
+
+    def put(self, service: types_pb2.Service) -> types_pb2.Service:
+        """Create (``revision`` 0) or update (compare on ``revision``) one service.
+
+        :returns: the record as stored, with its new revision.
+        :raises Conflict: the record changed since ``revision`` was read (or exists already on create).
+        :raises NotLeader, Fenced: we do not lead.
+        """
+        key = self._keys.service(service.id)
+        stored = types_pb2.Service()
+        stored.CopyFrom(service)
+        for name in _VIEW_FIELDS:
+            stored.ClearField(name)
+        guard = cmp_mod(key, service.revision) if service.revision else cmp_create(key, 0)
+        result = self._writer.write([guard], [op_put(key, stored.SerializeToString())])
+        if not result.succeeded:
+            raise Conflict(f"service {service.id}: changed meanwhile (revision {service.revision})")
+        stored.revision = result.revision
+        return stored
+
+    def get(self, service_id: str) -> types_pb2.Service:
+        """:raises NotFound: no such service."""
+        kv = self._client.get(self._keys.service(service_id))
+        if kv is None:
+            raise NotFound(f"service {service_id!r} not found")
+        return self._decode(kv)
+
+    def list(self) -> dict[str, types_pb2.Service]:
+        """Every stored service by id."""
+        kvs, _ = self._client.range_prefix(self._keys.services_prefix)
+        return {svc.id: svc for svc in (self._decode(kv) for kv in kvs)}
+
+    @staticmethod
+    def _decode(kv: KV) -> types_pb2.Service:
+        svc = rec.decode(types_pb2.Service, kv)
+        svc.revision = kv.mod_revision
+        return svc

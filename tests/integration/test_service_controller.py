@@ -1,0 +1,241 @@
+"""The leader's replica controller (coordinator/adaptor/services.py) on real etcd and the real object graph:
+replicas follow the stored count, pins and unpins, dead replicas are replaced, a new leader continues."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from common.errors import IllegalTransition, ValidationError
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.types import TERMINAL_STATES
+from coordinator.app import App, build
+from coordinator.config import CoordinatorConfig
+from coordinator.sync import connect
+
+GIB = 1024**3
+
+
+def inventory(node_id: str, gpus: int = 4) -> types_pb2.NodeInventory:
+    """A node with ``gpus`` GPUs and plenty of host resources."""
+    return types_pb2.NodeInventory(
+        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
+        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB)
+              for i in range(gpus)])
+
+
+def service_spec(lo: int = 1, hi: int = 3, **service: float) -> types_pb2.TaskSpec:
+    """A one-GPU inference service scaled on GPU utilization unless told otherwise."""
+    spec = types_pb2.TaskSpec(name="llm", argv=["true"], kind=types_pb2.TASK_KIND_INFERENCE, has_demand=True,
+                              demand=types_pb2.ResourceVector(gpus=1, cpu_cores=1), metrics_port=9100)
+    spec.service.min_replicas, spec.service.max_replicas = lo, hi
+    spec.service.target_util = service.get("target_util", 0.6)
+    return spec
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until ``check()`` is true."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def live(app: App, service_id: str) -> dict[int, types_pb2.Task]:
+    """The service's unfinished replicas by index."""
+    return {t.replica_index: t for t in app.tasks.tasks.values()
+            if t.service_id == service_id and t.state not in TERMINAL_STATES}
+
+
+Scenario = Callable[[App], Awaitable[None]]
+
+
+@pytest.fixture
+def lead(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[[Scenario], None]:
+    """Runs scenarios, one after another, each on a fresh replica that leads (same etcd prefix)."""
+
+    async def run(scenario: Scenario) -> None:
+        client = connect(etcd_server.endpoints, 2.0)
+        app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, threshold=1.0, task_grace_s=3600.0), client)
+        background = app.start(asyncio.get_running_loop())
+        try:
+            await until(lambda: app.leadership.is_leader)
+            await app.nodes.connected(agent_pb2.Register(inventory=inventory("n1")), asyncio.Queue())
+            await scenario(app)
+        finally:
+            for t in background:
+                t.cancel()
+            await app.leadership.resign()
+            client.close()
+
+    return lambda scenario: asyncio.run(run(scenario))
+
+
+class TestReplicaController:
+    def test_replicas_follow_pins_and_a_new_leader_continues(self, lead: Callable[[Scenario], None]) -> None:
+        """MIN replicas at creation; a pin to 3 adds indices 1 and 2 with their own port and env; a pin to 2
+        cancels index 2; a dead replica is replaced; a new leader keeps the pinned count from etcd; a cancelled
+        service stops its replicas and cannot be scaled again."""
+        ids: list[str] = []
+
+        async def first(app: App) -> None:
+            svc = await app.services.create(service_spec(1, 3))
+            ids.append(svc.id)
+            await until(lambda: set(live(app, svc.id)) == {0})
+            await app.services.scale(svc.id, 3)
+            await until(lambda: set(live(app, svc.id)) == {0, 1, 2})
+            r2 = live(app, svc.id)[2]
+            assert r2.spec.env["GPTRM_REPLICA"] == "2" and r2.spec.env["GPTRM_PORT_OFFSET"] == "2"
+            assert r2.spec.metrics_port == 9102 and r2.spec.env["GPTRM_METRICS_PORT"] == "9102"
+            await app.services.scale(svc.id, 2)
+            await until(lambda: set(live(app, svc.id)) == {0, 1})
+            dead = live(app, svc.id)[1]
+            await app.tasks.cancel(dead.id)
+            await until(lambda: 1 in live(app, svc.id) and live(app, svc.id)[1].id != dead.id)
+            view = app.services.view(svc.id)
+            assert view.service.pinned and view.service.desired == 2
+            assert [d.to_replicas for d in view.service.decisions][:2] == [2, 3]
+
+        async def second(app: App) -> None:
+            await until(lambda: ids[0] in app.services.services)
+            svc = app.services.services[ids[0]]
+            assert svc.pinned and svc.desired == 2
+            await asyncio.sleep(0.5)
+            assert set(live(app, svc.id)) == {0, 1}      # continued: nothing re-created
+            unpinned = await app.services.scale(svc.id, None)
+            assert not unpinned.pinned
+            ever = {t.id for t in app.tasks.tasks.values() if t.service_id == svc.id}
+            cancelled = await app.services.cancel(svc.id)
+            assert cancelled.stopped and cancelled.desired == 0
+            await until(lambda: not live(app, svc.id))   # never started (no agent): cancelled at once
+            await asyncio.sleep(0.5)
+            assert {t.id for t in app.tasks.tasks.values() if t.service_id == svc.id} == ever   # none created
+            with pytest.raises(IllegalTransition):
+                await app.services.scale(svc.id, 2)
+
+        lead(first)
+        lead(second)
+
+    def test_bad_services_are_refused_naming_the_field(self, lead: Callable[[Scenario], None]) -> None:
+        """MIN > MAX, MAX beyond the cluster, a target out of range, no signal, a pin out of range: refused."""
+
+        async def scenario(app: App) -> None:
+            cases = [(service_spec(3, 2), "spec.service.max_replicas"),
+                     (service_spec(1, 5), "spec.service.max_replicas"),       # 5 GPUs > the node's 4
+                     (service_spec(1, 2, target_util=1.5), "spec.service.target_util"),
+                     (service_spec(0, 2), "spec.service.min_replicas")]
+            no_signal = service_spec(1, 2)
+            no_signal.service.target_util = 0
+            cases.append((no_signal, "spec.service"))
+            no_port = service_spec(1, 2, target_util=0)
+            no_port.service.target_util = 0
+            no_port.qos.max_latency_ms = 200
+            no_port.metrics_port = 0
+            cases.append((no_port, "spec.metrics_port"))
+            for spec, field in cases:
+                with pytest.raises(ValidationError) as e:
+                    await app.services.create(spec)
+                assert e.value.field == field, (field, str(e.value))
+            assert not app.services.services
+            svc = await app.services.create(service_spec(1, 2))
+            with pytest.raises(ValidationError, match="outside"):
+                await app.services.scale(svc.id, 3)
+
+        lead(scenario)
+
+
+def util_sample(node_id: str, util: float) -> types_pb2.TelemetrySample:
+    """A telemetry sample with every GPU of the node at ``util``."""
+    return types_pb2.TelemetrySample(
+        gpus=[types_pb2.GpuSample(index=i, util_gpu=util) for i in range(4)])
+
+
+class TestReactiveScaling:
+    def test_high_utilization_scales_up_and_missing_metrics_freeze(self, lead: Callable[[Scenario], None]) -> None:
+        """A running replica at 100 % GPU against a 60 % target becomes two (HPA: ceil(1 * 1.0 / 0.6));
+        when the telemetry disappears the count stays and an event says it is frozen."""
+
+        async def scenario(app: App) -> None:
+            entry = app.registry.get("n1")
+            assert entry is not None
+            svc = await app.services.create(service_spec(1, 3))
+            await until(lambda: 0 in live(app, svc.id) and live(app, svc.id)[0].allocation.nodes)
+            r0 = live(app, svc.id)[0]
+            await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=r0.id, state=4))   # RUNNING
+            app.monitor.latest["n1"] = util_sample("n1", 1.0)
+            await until(lambda: app.services.services[svc.id].desired == 2)
+            stored = app.services.services[svc.id]
+            assert "GPU utilization 1 vs target 0.6" in stored.reason and "1 → 2" in stored.reason
+            await until(lambda: set(live(app, svc.id)) == {0, 1})
+            view = app.services.view(svc.id).service
+            assert view.signal == 1.0 and view.lead_time_s > 0
+            del app.monitor.latest["n1"]
+            for t in live(app, svc.id).values():
+                if t.state != 4:
+                    await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=t.id, state=4))
+            await until(lambda: any("frozen" in e.message for e in app.events.recent(50)))
+            assert app.services.services[svc.id].desired == 2
+
+        lead(scenario)
+
+
+
+class TestDrainMovesReplicas:
+    def test_replica_on_a_draining_node_is_replaced_before_it_stops(self, lead: Callable[[Scenario], None]) -> None:
+        """Draining the node of a running replica starts a replacement with the same index on another node;
+        only once it runs is the drained one stopped."""
+
+        async def heartbeats(app: App) -> None:
+            while True:       # the agents' heartbeats: both nodes stay ready
+                for e in app.registry:
+                    app.registry.heartbeat(e)
+                await asyncio.sleep(0.2)
+
+        async def scenario(app: App) -> None:
+            await app.nodes.connected(agent_pb2.Register(inventory=inventory("n2")), asyncio.Queue())
+            beating = asyncio.create_task(heartbeats(app))
+            try:
+                await drain_scenario(app)
+            finally:
+                beating.cancel()
+
+        async def drain_scenario(app: App) -> None:
+            svc = await app.services.create(service_spec(1, 2))
+            await until(lambda: 0 in live(app, svc.id) and live(app, svc.id)[0].allocation.nodes)
+            old = live(app, svc.id)[0]
+            here = old.allocation.nodes[0].node_id
+            there = "n2" if here == "n1" else "n1"
+            entry = app.registry.get(here)
+            assert entry is not None and entry.outbox is not None
+            await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=old.id, state=4))
+            await app.nodes.set_admin_state(here, cordoned=True, draining=True)
+
+            def replacement() -> types_pb2.Task | None:
+                return next((t for t in app.tasks.tasks.values() if t.service_id == svc.id and t.id != old.id
+                             and t.allocation.nodes), None)
+
+            await until(lambda: replacement() is not None)
+            new = replacement()
+            assert new is not None and new.replica_index == 0 and new.allocation.nodes[0].node_id == there
+            await asyncio.sleep(0.3)
+            assert not _stops(entry.outbox, old.id)                   # still serving until the replacement runs
+            other = app.registry.get(there)
+            assert other is not None
+            await app.reconciler.on_task_status(other, agent_pb2.TaskStatus(task_id=new.id, state=4))
+            await until(lambda: old.id in app.services._rt[svc.id].cancelling)
+            assert _stops(entry.outbox, old.id)
+
+        lead(scenario)
+
+
+def _stops(outbox: asyncio.Queue, task_id: str) -> bool:
+    """Whether a stop decision for ``task_id`` is in the node's outbox (drained from it)."""
+    found = False
+    while not outbox.empty():
+        m = outbox.get_nowait()
+        if m is not None and m.decision.HasField("stop") and m.decision.stop.task_id == task_id:
+            found = True
+    return found
