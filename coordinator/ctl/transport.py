@@ -144,6 +144,7 @@ class Transport:
     def _try_all(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, streaming: bool = False) -> T:
         tried: list[str] = []
         refusal = ""
+        etcd_down = ""
         last_reason = ""
         not_leader = ""
         queue = list(self.addresses)
@@ -161,7 +162,10 @@ class Transport:
                 code = err.code()  # type: ignore[attr-defined]
                 hint = _leader_hint(err)
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    if _metadata(err, REFUSED_METADATA_KEY):
+                    marker = _metadata(err, REFUSED_METADATA_KEY)
+                    if marker == "etcd-unavailable":
+                        etcd_down = err.details() or code.name  # type: ignore[attr-defined]
+                    elif marker:
                         refusal = err.details() or code.name  # type: ignore[attr-defined]
                     last_reason = (err.details() or code.name).splitlines()[0]  # type: ignore[attr-defined]
                     if hint and hint not in tried:
@@ -181,9 +185,11 @@ class Transport:
                     details = f"{code.name}: {details}"
                 raise CtlError(details, EXIT_REFUSED) from None
         if refusal:
+            raise CtlError(refusal, EXIT_REFUSED)
+        if etcd_down:
             # etcd unreachable from the coordinators: no write can be stored now, but nothing was
             # refused for what it asked: wait it out like a leader change (exit 3 at the deadline).
-            raise _Retry(refusal)
+            raise _Retry(etcd_down)
         if not_leader:
             raise _Retry(f"no leader answered ({not_leader})")
         hint = " (with mutual TLS, check --tls-cert/--tls-key/--tls-ca; plaintext needs --insecure on both sides)" \
