@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import time
 import uuid
@@ -201,18 +202,36 @@ class ServiceController:
 
     # ---- admin operations ---------------------------------------------------------------------
 
-    async def create(self, spec: types_pb2.TaskSpec) -> types_pb2.Service:
+    async def create(self, spec: types_pb2.TaskSpec, request_id: str = "") -> types_pb2.Service:
         """Validate and store a new service at MIN replicas (the next tick creates them).
 
-        :raises ValidationError: naming the field.
+        A request id makes the create idempotent: the service id is derived from it, so a client that
+        retries across a leader change gets the one service it created, never a second one.
+
+        :raises ValidationError: naming the field (also: a request id reused with a different spec).
         :raises NotLeader: on a standby.
         """
         self._leadership.require_leader()
+        if len(request_id) > 128:
+            raise ValidationError("request_id", f"{len(request_id)} characters; at most 128")
+        if request_id:
+            service_id = "s-" + hashlib.sha256(request_id.encode()).hexdigest()[:10]
+            try:
+                existing = await asyncio.to_thread(self._store.get, service_id)
+            except NotFound:
+                existing = None
+            if existing is not None:
+                if existing.spec.SerializeToString(deterministic=True) != spec.SerializeToString(deterministic=True):
+                    raise ValidationError("request_id", f"{request_id!r} was used for service {service_id} "
+                                                        "with a different spec")
+                self.services.setdefault(existing.id, existing)
+                return existing
         if not spec.HasField("service"):
             raise ValidationError("spec.service", "is required for a service (--replicas MIN:MAX)")
         live = [e for e in self._registry if e.state != NodeState.LOST]
         max_gpus = max((len(e.inventory.gpus) for e in live), default=0)
-        svc = types_pb2.Service(id=f"s-{uuid.uuid4().hex[:10]}", spec=spec, desired=spec.service.min_replicas,
+        new_id = "s-" + (hashlib.sha256(request_id.encode()).hexdigest()[:10] if request_id else uuid.uuid4().hex[:10])
+        svc = types_pb2.Service(id=new_id, spec=spec, desired=spec.service.min_replicas,
                                 submit_unix_s=self._wall(), reason="created at MIN replicas")
         template = replica_spec(svc, 0)
         validate_spec(template, max_gpus_per_node=max_gpus)

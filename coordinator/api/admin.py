@@ -290,7 +290,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
         if not request.HasField("spec"):
             raise ValidationError("spec", "is required")
-        return await self._app.services.create(request.spec)
+        return await self._app.services.create(request.spec, request.request_id)
 
     @_rpc
     async def GetService(self, request: admin_pb2.ServiceRef, context: Ctx) -> admin_pb2.ServiceView:

@@ -97,15 +97,15 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.spec import service_from_args, spec_from_args, spec_from_file
 
     spec = spec_from_file(args.file) if args.file else spec_from_args(args)
+    request_id = args.request_id or os.urandom(8).hex()   # the same on every retry: one task or service
     if service_from_args(args, spec):
         if args.wait:
             raise CtlError("submit: --wait follows one task, not a service", EXIT_USAGE)
-        svc = t.call("CreateService", admin_pb2.SubmitTaskRequest(spec=spec), write=True)
+        svc = t.call("CreateService", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id), write=True)
         d = render.service_dict(admin_pb2.ServiceView(service=svc))
         _out(args, d, f"service {svc.id} submitted ({svc.desired} replica(s), {svc.spec.service.min_replicas}.."
                       f"{svc.spec.service.max_replicas}); see gptrmctl tasks {svc.id}")
         return 0
-    request_id = args.request_id or os.urandom(8).hex()
     task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id), write=True)
     d = render.task_dict(task)
     if not args.wait:

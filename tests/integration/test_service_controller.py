@@ -146,6 +146,25 @@ class TestReplicaController:
 
         lead(scenario)
 
+    def test_a_retried_create_with_its_request_id_makes_one_service(self, lead: Callable[[Scenario], None]) -> None:
+        """The same request id twice (a retry across a leader change) returns the one service; the same id with
+        another spec is refused naming request_id."""
+
+        async def first(app: App) -> None:
+            svc = await app.services.create(service_spec(1, 2), "req-1")
+            again = await app.services.create(service_spec(1, 2), "req-1")
+            assert again.id == svc.id and len(app.services.services) == 1
+            with pytest.raises(ValidationError) as e:
+                await app.services.create(service_spec(1, 3), "req-1")
+            assert e.value.field == "request_id"
+
+        async def second(app: App) -> None:   # a new leader: the stored service answers the retry
+            again = await app.services.create(service_spec(1, 2), "req-1")
+            assert list(app.services.services) == [again.id]
+
+        lead(first)
+        lead(second)
+
 
 def util_sample(node_id: str, util: float) -> types_pb2.TelemetrySample:
     """A telemetry sample with every GPU of the node at ``util``."""
