@@ -16,9 +16,9 @@ failure tries the next coordinator after a jittered backoff. Nothing runs: the t
 A submitter sends ``--rate`` one-GPU tasks per second through the Admin gRPC API, each with its own
 request id, retried with the same id (following the leader hint, with backoff) until
 ``--submit-deadline``; it records accepted request id → task id, and refusals (an answer other
-than "not the leader"/"unavailable", or the deadline passing). Between ``--kill-every`` and 60 % of
-the run the leader is killed with -9 every ``--kill-every`` seconds and restarted on its address;
-the last 40 % is the steady phase.
+than "not the leader"/"unavailable", or the deadline passing). Between ``--kill-every`` and two thirds
+of the run the leader is killed with -9 every ``--kill-every`` seconds and restarted on its address;
+the rest (at least 30 s after the last kill) is the steady phase.
 
 Measured and printed:
 
@@ -44,6 +44,7 @@ import contextlib
 import math
 import os
 import random
+import signal
 import struct
 import sys
 import time
@@ -450,8 +451,9 @@ def _ms(x: float) -> str:
 
 async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
     duration = args.minutes * 60.0
-    steady_from = 0.6 * duration
-    kill_at = [t for t in (args.kill_every * i for i in range(1, 1000)) if t <= steady_from] if args.kill_every else []
+    kill_window = 2 * duration / 3
+    kill_at = [t for t in (args.kill_every * i for i in range(1, 1000)) if t < kill_window] if args.kill_every else []
+    steady_from = max(kill_window, (kill_at[-1] + 30) if kill_at else 0.0)
     print(f"soak: {args.agents} simulated agents x 8 GPUs, {args.generators} generator process(es), submits "
           f"{args.rate:g}/s of 1-GPU tasks running {args.min_task:g}-{args.max_task:g}s, {args.minutes:g} min, "
           f"leader kill -9 at {[round(t) for t in kill_at]} s, steady phase from {steady_from:.0f} s; "
@@ -622,13 +624,17 @@ def report(args: argparse.Namespace, mem: list[MemRow], kills: list[tuple[float,
         print(f"  {v}"[:400])
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=500, help="simulated agents (8 GPUs each)")
     p.add_argument("--minutes", type=float, default=10.0, help="length of the submit phase")
     p.add_argument("--rate", type=float, default=5.0, help="submits per second")
     p.add_argument("--kill-every", type=float, default=120.0,
-                   help="seconds between leader kills (-9), within the first 60%% of the run; 0: none")
+                   help="seconds between leader kills (-9), within the first two thirds of the run; 0: none")
     p.add_argument("--quick", action="store_true", help="50 agents, 1 minute, a kill every 20 s (development)")
     p.add_argument("--min-task", type=float, default=20.0, help="shortest simulated task, seconds")
     p.add_argument("--max-task", type=float, default=60.0, help="longest simulated task, seconds")
@@ -653,6 +659,7 @@ def main() -> None:
         gen = SoakGenerator(args.target.split(","), args.streams_per_channel, args.interval, args.backoff_max)
         asyncio.run(generator_main(args, gen))
     else:
+        signal.signal(signal.SIGTERM, _interrupted)   # stop the cluster (the finally blocks) on a plain kill
         os.chdir(REPO)
         with work_dir(args.keep_dir, "gptrm-soak-") as tmp:
             asyncio.run(orchestrate(args, tmp))
