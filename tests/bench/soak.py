@@ -521,9 +521,12 @@ async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
 
         sampler = asyncio.create_task(sample_loop())
         killer = asyncio.create_task(kill_loop())
-        period = 1.0 / args.rate
+        period = 1.0 / args.rate if args.rate > 0 else 0.0
         due = time.monotonic()
         while time.monotonic() - start < duration:
+            if args.rate <= 0:   # telemetry only: the memory baseline without any task
+                await asyncio.sleep(duration - (time.monotonic() - start))
+                break
             task = asyncio.create_task(submitter.submit())
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
@@ -583,8 +586,10 @@ def report(args: argparse.Namespace, mem: list[MemRow], kills: list[tuple[float,
         if len(pts) < 2:
             print(f"  {n}: too few samples")
             continue
+        slope = slope_per_min(pts)
         print(f"  {n}{' (leader)' if led > len(pts) // 2 else ' (standby)'}: {pts[0][1]:.1f} → {pts[-1][1]:.1f} MiB "
-              f"({pts[-1][1] - pts[0][1]:+.1f}), slope {slope_per_min(pts):+.2f} MiB/min over {len(pts)} samples")
+              f"({pts[-1][1] - pts[0][1]:+.1f}), slope {slope:+.2f} MiB/min over {len(pts)} samples "
+              + (f"= {slope * 1024 / (60 * args.rate):+.1f} KiB per submitted task" if args.rate > 0 else ""))
     tasks = snap.tasks   # type: ignore[attr-defined]
     lat, never = [], 0
     states: dict[str, int] = {}
@@ -632,7 +637,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=500, help="simulated agents (8 GPUs each)")
     p.add_argument("--minutes", type=float, default=10.0, help="length of the submit phase")
-    p.add_argument("--rate", type=float, default=5.0, help="submits per second")
+    p.add_argument("--rate", type=float, default=5.0, help="submits per second (0: none, telemetry only)")
     p.add_argument("--kill-every", type=float, default=120.0,
                    help="seconds between leader kills (-9), within the first two thirds of the run; 0: none")
     p.add_argument("--quick", action="store_true", help="50 agents, 1 minute, a kill every 20 s (development)")
