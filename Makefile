@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-faults proto proto-check lint bench clean venv install uninstall
+.PHONY: run test test-faults proto proto-check lint bench soak clean venv install uninstall
 
 venv: $(STAMP)
 
@@ -38,6 +38,10 @@ lint: $(STAMP)
 ## bench: speed and memory benchmarks (not part of `make test`)
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done
+
+## soak: 500 simulated agents, 5 submits/s, leader kills, 10 minutes (not part of `make bench`)
+soak: $(STAMP)
+	$(PY) tests/bench/soak.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -248,8 +248,10 @@ class Generator:
             await ch.close()
 
 
-async def generator_main(args: argparse.Namespace) -> None:
-    gen = Generator(args.target, args.streams_per_channel, args.interval, args.heartbeats)
+async def generator_main(args: argparse.Namespace, gen: Generator | None = None) -> None:
+    """Serve JSON-line commands on stdin (add, stats, quit) with ``gen`` (default: a plain :class:`Generator`)."""
+    if gen is None:
+        gen = Generator(args.target, args.streams_per_channel, args.interval, args.heartbeats)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -430,15 +432,17 @@ class GenProc:
             await self.proc.wait()
 
 
-async def start_generators(args: argparse.Namespace, target: str, tmp: Path, tag: str) -> list[GenProc]:
+async def start_generators(args: argparse.Namespace, target: str, tmp: Path, tag: str,
+                           script: Path | None = None, extra: tuple[str, ...] = ()) -> list[GenProc]:
+    """Start ``args.generators`` generator processes (``script --role generator``, default this file)."""
     gens = []
     for g in range(args.generators):
         log = tmp / f"generator-{tag}-{g}.log"
         with log.open("ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(Path(__file__).resolve()), "--role", "generator", "--target", target,
+                sys.executable, str(script or Path(__file__).resolve()), "--role", "generator", "--target", target,
                 "--streams-per-channel", str(args.streams_per_channel), "--interval", str(args.interval),
-                *(["--heartbeats"] if args.heartbeats else []),
+                *(["--heartbeats"] if args.heartbeats else []), *extra,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err)
         gens.append(GenProc(proc, log))
     return gens
