@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from common.pb.gptrm.v1 import types_pb2
 
 __all__ = ["MAX_CLOCK_AHEAD_S", "MAX_GPU_POWER_W", "MAX_TEMPERATURE_C", "sample_problem"]
@@ -38,8 +40,43 @@ def _number_problem(where: str, name: str, value: float) -> str | None:
     return None
 
 
+_FD = FieldDescriptor
+_GPU_FLOATS = tuple(f.name for f in types_pb2.GpuSample.DESCRIPTOR.fields
+                    if f.cpp_type in (_FD.CPPTYPE_DOUBLE, _FD.CPPTYPE_FLOAT)
+                    and not getattr(f, "is_repeated", getattr(f, "label", 0) == _FD.LABEL_REPEATED))
+_HOST_NUMBERS = ("cpu_util", "load1", "load5", "load15", "cpu_power_w")
+
+
+def _numbers_fine(values: list[float]) -> bool:
+    # Any NaN or infinity makes the sum non-finite; with none, min() is exact.
+    return math.isfinite(sum(values)) and min(values, default=0.0) >= 0.0
+
+
+def _plainly_fine(sample: types_pb2.TelemetrySample, now: float) -> bool:
+    """A quick sufficient test (no strings, no field lists): True only where :func:`_first_problem` finds
+    nothing. Anything unusual goes to the full check, which names the problem."""
+    if not 0.0 <= sample.time_unix_s <= now + MAX_CLOCK_AHEAD_S:   # also False for NaN
+        return False
+    for g in sample.gpus:
+        if not _numbers_fine([getattr(g, name) for name in _GPU_FLOATS]):
+            return False
+        if g.util_gpu > 1.0 or g.util_mem > 1.0 or g.power_w > MAX_GPU_POWER_W \
+                or g.temperature_c > MAX_TEMPERATURE_C or g.mem_used_bytes > g.mem_total_bytes:
+            return False
+    h = sample.host
+    if not _numbers_fine([getattr(h, name) for name in _HOST_NUMBERS]):
+        return False
+    return h.cpu_util <= 1.0 and not (h.mem_total_bytes and h.mem_used_bytes > h.mem_total_bytes)
+
+
 def sample_problem(sample: types_pb2.TelemetrySample, now: float) -> str | None:
     """The first impossible value of ``sample`` as ``field: problem``, or None if it is usable."""
+    if _plainly_fine(sample, now):
+        return None
+    return _first_problem(sample, now)
+
+
+def _first_problem(sample: types_pb2.TelemetrySample, now: float) -> str | None:
     t = sample.time_unix_s
     if not math.isfinite(t) or t < 0:
         return f"time_unix_s is {t}"
@@ -62,7 +99,7 @@ def sample_problem(sample: types_pb2.TelemetrySample, now: float) -> str | None:
         if g.HasField("mem_total_bytes") and g.HasField("mem_used_bytes") and g.mem_used_bytes > g.mem_total_bytes:
             return f"{where}.mem_used_bytes is above mem_total_bytes"
     h = sample.host
-    for name in ("cpu_util", "load1", "load5", "load15", "cpu_power_w"):
+    for name in _HOST_NUMBERS:
         problem = _number_problem("host", name, getattr(h, name))
         if problem:
             return problem
