@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.sim import synthetic_trace
 from tests.integration.harness import BIN, Cluster, Proc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,3 +107,25 @@ class TestNotify:
         finally:
             proc.stop()
             sock.close()
+
+
+class TestPlainPipInstall:
+    def test_simulate_after_a_plain_pip_install(self, tmp_path: Path) -> None:
+        """`pip install .` into a fresh venv without extras, then gptrmctl simulate on a small generated trace:
+        exit 0, results written, one notice that plots need the sim extra."""
+        venv = tmp_path / "venv"
+        subprocess.run([shutil.which("python3") or "python3", "-m", "venv", str(venv)], check=True, timeout=120)
+        py = venv / "bin" / "python"
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", str(ROOT)], check=True, capture_output=True,
+                       timeout=600, cwd=tmp_path)
+        assert subprocess.run([str(py), "-c", "import matplotlib"], capture_output=True, cwd=tmp_path).returncode != 0
+        (tmp_path / "trace").mkdir()
+        jobs, nodes = synthetic_trace(tmp_path / "trace", n_jobs=60, n_nodes=8)
+        out = tmp_path / "out"
+        res = subprocess.run([str(venv / "bin" / "gptrmctl"), "simulate", "--jobs", str(jobs), "--nodes",
+                              str(nodes), "--policies", "max-utilization", "--out", str(out)],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert [line for line in res.stderr.splitlines() if "matplotlib" in line] == \
+            ["gptrmctl simulate: plots skipped: matplotlib is not installed (pip install 'gptrm[sim]')"]
+        assert (out / "results.json").exists() and (out / "results.md").exists()
