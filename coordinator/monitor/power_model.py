@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import deque
 
 import numpy as np
 
@@ -87,14 +86,19 @@ def fit_line(util: np.ndarray, power_w: np.ndarray) -> PowerCurve | None:
 
 
 class NodePowerFit:
-    """The recent ``(util, power)`` samples of one node.
+    """The recent ``(util, power)`` samples of one node, in a fixed ring.
+
+    The ring is allocated and written once, when the node is first seen (``2 × window`` float32:
+    16 KiB at the default window), so a coordinator's memory does not creep up for half an hour
+    as thousands of nodes fill their windows one Python float at a time.
 
     :param window: how many recent samples the fit uses.
     """
 
     def __init__(self, window: int = _WINDOW) -> None:
-        self._util: deque[float] = deque(maxlen=window)
-        self._power: deque[float] = deque(maxlen=window)
+        self._ring = np.full((2, max(2, window)), 0.0, dtype=np.float32)   # rows: util, power
+        self._next = 0           # where the next sample goes
+        self._count = 0          # samples in the ring
         self._added = 0          # samples accepted so far
         self._fitted_at = -1     # ``_added`` when the fit was last computed (-1: never)
         self._fit: PowerCurve | None = None
@@ -106,13 +110,16 @@ class NodePowerFit:
         :param power_w: measured power in watts.
         """
         if math.isfinite(util) and math.isfinite(power_w) and 0.0 <= util <= 1.0 and power_w >= 0:
-            self._util.append(float(util))
-            self._power.append(float(power_w))
+            ring, i = self._ring, self._next
+            ring[0, i] = util
+            ring[1, i] = power_w
+            self._next = (i + 1) % ring.shape[1]
+            self._count = min(self._count + 1, ring.shape[1])
             self._added += 1
 
     def __len__(self) -> int:
         """Samples in the window."""
-        return len(self._util)
+        return self._count
 
     def curve(self) -> PowerCurve | None:
         """The fitted curve once there are enough samples over a wide enough range, else None.
@@ -122,7 +129,7 @@ class NodePowerFit:
 
         :returns: the fit or None.
         """
-        if len(self._util) < MIN_SAMPLES:
+        if self._count < MIN_SAMPLES:
             return None
         if self._fitted_at < 0 or self._added - self._fitted_at >= REFIT_EVERY:
             self._fitted_at = self._added
@@ -131,10 +138,10 @@ class NodePowerFit:
 
     def _compute(self) -> PowerCurve | None:
         """Least squares over the window, when it spans enough utilization."""
-        util = np.fromiter(self._util, dtype=np.float64, count=len(self._util))
+        util = self._ring[0, :self._count].astype(np.float64)   # the order of samples does not matter
         if float(np.ptp(util)) < MIN_SPAN:
             return None
-        return fit_line(util, np.fromiter(self._power, dtype=np.float64, count=len(self._power)))
+        return fit_line(util, self._ring[1, :self._count].astype(np.float64))
 
 
 class PowerModel:

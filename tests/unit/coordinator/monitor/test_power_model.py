@@ -7,7 +7,14 @@ import pytest
 
 from common.domain import PowerCurve
 from common.pb.gptrm.v1 import types_pb2
-from coordinator.monitor.power_model import MIN_SAMPLES, REFIT_EVERY, PowerModel, datasheet_curve, fit_line
+from coordinator.monitor.power_model import (
+    MIN_SAMPLES,
+    REFIT_EVERY,
+    NodePowerFit,
+    PowerModel,
+    datasheet_curve,
+    fit_line,
+)
 from coordinator.monitor.resources import ResourceMonitor
 
 GIB = 1024**3
@@ -77,6 +84,21 @@ class TestFit:
             model.observe("n", float(u) + 2, 100.0)
             model.observe("n", float(u), -1.0)
         assert model.curve("n", "NVIDIA L4", 1) == datasheet_curve("NVIDIA L4", 1)
+
+
+class TestWindow:
+    def test_the_window_keeps_the_latest_samples(self) -> None:
+        """Past its window the fit uses only the newest samples: an old line is forgotten, the count stays bounded."""
+        fit = NodePowerFit(window=64)
+        rng = np.random.default_rng(1)
+        for u in rng.uniform(0, 1, 500):
+            fit.add(float(u), 100 + 400 * float(u))       # the old behaviour: 100 W idle, 500 W max
+        for u in rng.uniform(0, 1, 64):
+            fit.add(float(u), 200 + 600 * float(u))       # the new one fills the whole window
+        assert len(fit) == 64
+        curve = fit.curve()
+        assert curve is not None
+        assert curve.idle_w == pytest.approx(200, abs=0.01) and curve.max_w == pytest.approx(800, abs=0.05)
 
 
 class TestOnlineFit:
