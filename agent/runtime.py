@@ -47,6 +47,10 @@ _POLL_S = 0.2
 Emit = Callable[[agent_pb2.TaskStatus], None]
 
 
+class UnknownTask(GptrmError):
+    """A decision names a task this agent does not run (the ack says so, so the coordinator reconciles)."""
+
+
 def _tail(path: str, limit: int = _LOG_TAIL_BYTES) -> str:
     try:
         with open(path, "rb") as fh:
@@ -137,7 +141,8 @@ class TaskRuntime:
                                         task_id=task_id)
         except (GptrmError, OSError, ValueError, KeyError, psutil.Error) as e:
             task_id = getattr(getattr(decision, action), "task_id", "") if action else ""
-            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=str(e), task_id=task_id)
+            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=str(e), task_id=task_id,
+                                        task_unknown=isinstance(e, UnknownTask))
             self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id, reason=str(e))
         if decision.decision_id:
             self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
@@ -177,7 +182,7 @@ class TaskRuntime:
     def _known(self, task_id: str) -> TaskRecord:
         rec = self.table.tasks.get(task_id)
         if rec is None:
-            raise GptrmError(f"task {task_id!r} is not running on this node")
+            raise UnknownTask(f"task {task_id!r} is not running on this node")
         return rec
 
     async def _do_start(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:

@@ -79,12 +79,31 @@ class Reconciler:
                 self._dispatcher.stop(task, task.reason, checkpoint_signal=task.spec.checkpoint_signal or "SIGUSR1")
 
     async def on_decision_ack(self, entry: NodeEntry, ack: agent_pb2.DecisionAck) -> None:
-        """An agent refused a start: the task fails there (and is requeued when its policy allows)."""
+        """An agent refused a decision.
+
+        A refused start fails the task there (requeued when its policy allows). A decision refused
+        because the agent runs no such task, for a task this node should be running, means the task
+        is gone from the node: it ends (CANCELLED when an admin cancelled it, else FAILED and handed
+        to its restart policy) instead of staying RUNNING with its GPUs held.
+        """
         if ack.ok or not ack.task_id:
             return
         task = self._tasks.tasks.get(ack.task_id)
-        if task is not None and task.state in (TaskState.SCHEDULED, TaskState.STARTING):
+        if task is None:
+            return
+        if task.state in (TaskState.SCHEDULED, TaskState.STARTING):
             await self._restarts.fail(task, f"agent {entry.node_id} refused: {ack.reason}")
+            return
+        on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
+        if not (ack.task_unknown and on_node and task.state in (TaskState.RUNNING, TaskState.PAUSED)):
+            return
+        self._log.warning("task_missing_on_node", task_id=task.id, node_id=entry.node_id, reason=ack.reason)
+        if task.cancel_requested:
+            await self._tasks.transition(task.id, TaskState.CANCELLED,
+                                         f"cancelled by an admin (agent {entry.node_id} no longer ran it)",
+                                         release=True)
+            return
+        await self._restarts.fail(task, f"agent {entry.node_id} no longer runs it: {ack.reason}")
 
     async def on_task_status(self, entry: NodeEntry, status: agent_pb2.TaskStatus) -> None:
         """Apply one task-status event from an agent (in order, before it is acknowledged)."""

@@ -1,0 +1,54 @@
+"""A task its agent no longer runs is reconciled, not left RUNNING: real components from ``coordinator.app.build``
+on the test session's etcd; the agent's side is played through the reconciler's inputs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.types import TaskState
+from coordinator.app import App
+from coordinator.monitor.nodes import NodeEntry
+from tests.helpers.inproc import inventory, one_gpu_spec, run_leading, until
+
+
+async def _running(app: App) -> tuple[NodeEntry, types_pb2.Task]:
+    entry = await app.nodes.connected(agent_pb2.Register(inventory=inventory("n1")), asyncio.Queue())
+    task = await app.tasks.submit(one_gpu_spec("t"), "r-1")
+    await until(lambda: app.tasks.get(task.id).state == TaskState.SCHEDULED)
+    await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=task.id, state=int(TaskState.RUNNING)))
+    assert app.tasks.get(task.id).state == TaskState.RUNNING
+    return entry, app.tasks.get(task.id)
+
+
+class TestUnknownTaskAck:
+    def test_cancel_refused_as_unknown_ends_cancelled_and_frees_the_gpu(self, etcd_server: EtcdCluster,
+                                                                       etcd_prefix: str) -> None:
+        """A cancel whose stop the agent refuses because it runs no such task ends CANCELLED, GPUs released."""
+
+        async def scenario(app: App) -> None:
+            entry, task = await _running(app)
+            await app.tasks.cancel(task.id)
+            assert app.tasks.get(task.id).state == TaskState.RUNNING   # waiting for the agent
+            await app.reconciler.on_decision_ack(entry, agent_pb2.DecisionAck(
+                ok=False, task_id=task.id, task_unknown=True, reason=f"task {task.id!r} is not running on this node"))
+            assert app.tasks.get(task.id).state == TaskState.CANCELLED
+            assert not entry.task_ids and not entry.record.reserved_gpu_indices   # its GPU is free again
+
+        asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+
+    def test_other_refusals_leave_the_task_alone(self, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+        """A refusal that does not say the task is unknown (the process may still run) changes nothing; an unknown
+        task on another node's ack changes nothing either."""
+
+        async def scenario(app: App) -> None:
+            entry, task = await _running(app)
+            await app.reconciler.on_decision_ack(entry, agent_pb2.DecisionAck(ok=False, task_id=task.id,
+                                                                               reason="signal failed"))
+            other = await app.nodes.connected(agent_pb2.Register(inventory=inventory("n2")), asyncio.Queue())
+            await app.reconciler.on_decision_ack(other, agent_pb2.DecisionAck(ok=False, task_id=task.id,
+                                                                               task_unknown=True))
+            assert app.tasks.get(task.id).state == TaskState.RUNNING
+
+        asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
