@@ -227,6 +227,7 @@ class Request:
     :param allow_sharing: whether a fractional ``demand.gpus`` (< 1) may share a GPU with others.
     :param expected_run_s: the profiler's expected run time (the trace's in the simulator), None when
         unknown; only the ``time-aware`` policy reads it.
+    :param avoid_nodes: nodes it must not go to (a service's replica avoids its siblings' nodes).
     """
 
     task_id: str
@@ -240,6 +241,7 @@ class Request:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     allow_sharing: bool = False
     expected_run_s: float | None = None
+    avoid_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         """Refuse a gang of fewer than one node (nothing could be placed all-or-nothing)."""
@@ -255,14 +257,14 @@ class Request:
         return self.demand.gpus * self.nodes
 
     @property
-    def constraint_key(self) -> tuple[str, frozenset[tuple[str, str]]] | None:
+    def constraint_key(self) -> tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None:
         """The request's constraints as one hashable value, None when it has none.
 
-        :returns: ``(GPU model lower-cased, node selector items)``, or None.
+        :returns: ``(GPU model lower-cased, node selector items, nodes to avoid)``, or None.
         """
-        if not self.gpu_model and not self.node_selector:
+        if not self.gpu_model and not self.node_selector and not self.avoid_nodes:
             return None
-        return self.gpu_model.lower(), frozenset(self.node_selector.items())
+        return self.gpu_model.lower(), frozenset(self.node_selector.items()), self.avoid_nodes
 
     @property
     def whole_gpus(self) -> int:

@@ -46,7 +46,7 @@ from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.adaptor.autoscale import Autoscaler, ScalePolicy
 from coordinator.adaptor.forecast import Forecast, LoadHistory
 from coordinator.events import EventBus
-from coordinator.monitor.nodes import NodeRegistry
+from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler, gpus_used, validate_spec
 from coordinator.sync.leadership import Leadership
@@ -58,6 +58,7 @@ __all__ = ["MAX_REPLICAS", "ServiceController", "ServiceMetrics", "replica_spec"
 MAX_REPLICAS = 64
 """The most replicas one service may ask for."""
 _DECISIONS_KEPT = 20
+SPREAD_WAIT_S = 30.0   # a spread replica pending this long is placed anywhere instead
 _DEFAULT_LEAD_S = 60.0
 _FRESH_S = 30.0
 """A replica's QoS reading older than this is not used (no reading: the count freezes)."""
@@ -157,6 +158,7 @@ class _Runtime:
     capacity: float = 0.0                 # load one replica carries at the target (learned)
     created: dict[str, float] = field(default_factory=dict)   # replica task id → when it was asked for
     cancelling: set[str] = field(default_factory=set)
+    unspread: set[int] = field(default_factory=set)   # replica indices to place anywhere (spreading found no room)
     frozen: bool = False
     view: types_pb2.Service = field(default_factory=types_pb2.Service)
 
@@ -499,6 +501,28 @@ class ServiceController:
         self._events.publish("scale", f"service {stored.id} {before} → {stored.desired}: {stored.reason}", **fields)
         return stored
 
+    def _spread(self, svc: types_pb2.Service, replicas: list[types_pb2.Task], spec: types_pb2.TaskSpec) -> list[str]:
+        """Nodes a new replica should avoid: those its live siblings run on, as long as another ready node
+        has the free GPUs it needs (replicas on separate nodes survive a node's failure); none when the
+        service asked to pack (``pack_replicas``) or no other node has room."""
+        if svc.spec.service.pack_replicas:
+            return []
+        hosting = {na.node_id for t in replicas if t.state not in TERMINAL_STATES for na in t.allocation.nodes}
+        if not hosting:
+            return []
+        need = max(1, gpus_used(self._profiler.profile(spec).to_proto().gpus))
+        for e in self._registry:
+            if e.node_id not in hosting and self._open(e) \
+                    and len(e.inventory.gpus) - len(set(e.record.reserved_gpu_indices)) >= need:
+                return sorted(hosting)
+        return []
+
+    @staticmethod
+    def _open(entry: NodeEntry) -> bool:
+        """A node new work may go to: connected, ready, neither cordoned nor draining."""
+        return entry.connected and entry.state == NodeState.READY and not entry.record.cordoned \
+            and not entry.record.draining
+
     def _leaving(self, task: types_pb2.Task) -> bool:
         """The replica runs on a node being drained: it is replaced elsewhere before it stops."""
         for na in task.allocation.nodes:
@@ -516,8 +540,18 @@ class ServiceController:
         """
         by_index: dict[int, list[types_pb2.Task]] = {}
         for t in replicas:
-            if t.id not in rt.cancelling:
-                by_index.setdefault(t.replica_index, []).append(t)
+            if t.id in rt.cancelling:
+                continue
+            if (t.state == TaskState.PENDING and t.spec.constraints.avoid_nodes
+                    and self._wall() - t.submit_unix_s > SPREAD_WAIT_S):
+                # Spreading left it without a node that has room: place this index anywhere instead.
+                with contextlib.suppress(IllegalTransition):
+                    await self._tasks.cancel(t.id)
+                rt.cancelling.add(t.id)
+                rt.unspread.add(t.replica_index)
+                self._log.info("replica_spread_dropped", service_id=svc.id, task_id=t.id, replica=t.replica_index)
+                continue
+            by_index.setdefault(t.replica_index, []).append(t)
         extra: list[types_pb2.Task] = []
         missing: list[int] = [i for i in range(svc.desired) if i not in by_index]
         for index, ts in by_index.items():
@@ -541,8 +575,16 @@ class ServiceController:
             except IllegalTransition:
                 pass
         rt.cancelling &= {t.id for t in replicas}
+        spreading = not svc.spec.service.pack_replicas and sum(1 for e in self._registry if self._open(e)) > 1
+        unplaced = any(not t.allocation.nodes for t in replicas if t.state == TaskState.PENDING)
         for index in sorted(missing):
+            if spreading and unplaced and index not in rt.unspread:
+                break   # spreading needs to know where the last new replica went: the next pass goes on
             spec = replica_spec(svc, index)
+            if index not in rt.unspread:
+                spec.constraints.avoid_nodes.extend(self._spread(svc, replicas, spec))
+            rt.unspread.discard(index)
+            unplaced = True
             task = await self._tasks.submit(spec, request_id="", service_id=svc.id, replica_index=index)
             rt.created[task.id] = self._clock()
             self._log.info("replica_created", service_id=svc.id, task_id=task.id, replica=index)

@@ -68,6 +68,9 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "and GPTRM_METRICS_PORT = --metrics-port + index); scale on --target-util, "
                         "--max-latency-ms or --min-tokens-per-s")
     v.add_argument("--target-util", type=float, metavar="X", help="mean GPU utilization target of the replicas, 0..1")
+    v.add_argument("--pack-replicas", action="store_true",
+                   help="let replicas share a node (default: each new replica avoids its siblings' nodes while "
+                        "another node has room)")
     p.add_argument("argv", nargs="*", help="command to run, after --")
 
 
@@ -138,8 +141,9 @@ def service_from_args(args: argparse.Namespace, spec: types_pb2.TaskSpec) -> boo
     The coordinator checks the values (MIN ≤ MAX, the cap, the target's range, one signal).
     """
     if args.replicas is None:
-        if args.target_util is not None:
-            raise CtlError("submit: --target-util needs --replicas MIN:MAX", EXIT_USAGE)
+        if args.target_util is not None or getattr(args, "pack_replicas", False):
+            flag = "--target-util" if args.target_util is not None else "--pack-replicas"
+            raise CtlError(f"submit: {flag} needs --replicas MIN:MAX", EXIT_USAGE)
         return False
     lo, sep, hi = args.replicas.partition(":")
     try:
@@ -152,6 +156,7 @@ def service_from_args(args: argparse.Namespace, spec: types_pb2.TaskSpec) -> boo
     spec.service.min_replicas, spec.service.max_replicas = low, high
     if args.target_util is not None:
         spec.service.target_util = args.target_util
+    spec.service.pack_replicas = bool(getattr(args, "pack_replicas", False))
     return True
 
 

@@ -54,6 +54,7 @@ MAX_ENV_KEY_BYTES = 256
 MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_ENV_BYTES = 128 * 1024
 MAX_LABELS = 64
+MAX_AVOID_NODES = 256   # constraints.avoid_nodes entries (a service's replicas on other nodes)
 MAX_LABEL_KEY_BYTES = 253
 MAX_LABEL_VALUE_BYTES = 1024
 MAX_SPEC_BYTES = 256 * 1024

@@ -17,6 +17,7 @@ from coordinator.profiler.taskspec import (
     MAX_ARG_BYTES,
     MAX_ARGV_BYTES,
     MAX_ARGV_ITEMS,
+    MAX_AVOID_NODES,
     MAX_BATCH,
     MAX_BYTES,
     MAX_CONTEXT,
@@ -151,6 +152,12 @@ def validate_sizes(spec: types_pb2.TaskSpec) -> None:
     _validate_map("spec.labels", spec.labels, MAX_LABELS, MAX_LABEL_KEY_BYTES, MAX_LABEL_VALUE_BYTES)
     _validate_map("spec.constraints.node_selector", spec.constraints.node_selector, MAX_LABELS,
                   MAX_LABEL_KEY_BYTES, MAX_LABEL_VALUE_BYTES)
+    if len(spec.constraints.avoid_nodes) > MAX_AVOID_NODES:
+        raise ValidationError("spec.constraints.avoid_nodes",
+                              f"{len(spec.constraints.avoid_nodes)} nodes is more than {MAX_AVOID_NODES}")
+    for i, node_id in enumerate(spec.constraints.avoid_nodes):
+        if not 0 < _utf8(node_id) <= MAX_LABEL_KEY_BYTES:
+            raise ValidationError(f"spec.constraints.avoid_nodes[{i}]", "not a node id")
     if spec.restart_policy not in types_pb2.RestartPolicy.values():
         raise ValidationError("spec.restart_policy", f"unknown value {spec.restart_policy}")
     if spec.max_restarts > MAX_RESTARTS:

@@ -166,6 +166,38 @@ class TestReplicaController:
         lead(second)
 
 
+class TestSpread:
+    @pytest.mark.parametrize("pack", [False, True])
+    def test_replicas_go_to_separate_nodes_unless_packed(self, lead: Callable[[Scenario], None], pack: bool) -> None:
+        """Under max-utilization (which packs), a service's two replicas still land on two nodes; with
+        pack_replicas they share one."""
+
+        async def scenario(app: App) -> None:
+            await app.nodes.connected(agent_pb2.Register(inventory=inventory("n2")), asyncio.Queue())
+
+            async def heartbeats() -> None:   # the agents' side: both nodes stay ready
+                while True:
+                    for e in app.registry:
+                        app.registry.heartbeat(e)
+                    await asyncio.sleep(0.2)
+
+            beating = asyncio.create_task(heartbeats())
+            spec = service_spec(2, 2)
+            spec.service.pack_replicas = pack
+            svc = await app.services.create(spec)
+
+            def nodes() -> list[str]:
+                return [t.allocation.nodes[0].node_id for t in live(app, svc.id).values() if t.allocation.nodes]
+
+            await until(lambda: len(nodes()) == 2, timeout_s=20)
+            beating.cancel()
+            assert len(set(nodes())) == (1 if pack else 2), nodes()
+            second = live(app, svc.id)[1]
+            assert list(second.spec.constraints.avoid_nodes) == ([] if pack else [nodes()[0]])
+
+        lead(scenario)
+
+
 def util_sample(node_id: str, util: float) -> types_pb2.TelemetrySample:
     """A telemetry sample with every GPU of the node at ``util``."""
     return types_pb2.TelemetrySample(

@@ -47,6 +47,7 @@ from coordinator.scheduler.policies.base import BoolArray, FloatArray, NodeArray
 __all__ = ["PlacementState", "is_exact"]
 
 _DIMS = 5
+_STATIC_CACHE = 256   # constraint masks kept (a cycle with more distinct constraint sets recomputes them)
 # Headroom ``limit - used`` is computed with rounding; a bound this much above it (relative to the
 # largest magnitude in the dimension) is safely above every demand the exact test would accept.
 _BOUND_SLACK = 2.0**-40
@@ -110,7 +111,7 @@ class PlacementState:
         self._bounds_stale = True
         self._ok_buf = np.empty((_DIMS, len(nodes)), dtype=np.bool_)
         self._sum_buf = np.empty((_DIMS, len(nodes)))
-        self._static: dict[tuple[str, frozenset[tuple[str, str]]], BoolArray] = {}
+        self._static: dict[tuple[str, frozenset[tuple[str, str]], frozenset[str]], BoolArray] = {}
         magnitude = np.max(np.abs(np.concatenate((self.cap, self.used), axis=1)), axis=1, initial=1.0)
         self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
         # The most any node admits at all (its limit with nothing reserved): a demand above it
@@ -292,7 +293,8 @@ class PlacementState:
         return None
 
     def static_mask(self, req: Request) -> BoolArray | None:
-        """Nodes that match the request's GPU model and node selector (cached); None without constraints.
+        """Nodes that match the request's GPU model and node selector and are not among the nodes it avoids
+        (cached; the cache is bounded, as every service replica may avoid another set); None without constraints.
 
         :param req: the request.
         :returns: a mask over nodes (treat it as read-only), or None when the request has no constraint.
@@ -305,7 +307,9 @@ class PlacementState:
             mask = np.zeros(len(self.nodes), dtype=np.bool_)
             for i, node in enumerate(self.nodes):
                 model_ok = not key[0] or key[0] in node.gpu_model.lower()
-                mask[i] = model_ok and all(node.labels.get(k) == v for k, v in key[1])
+                mask[i] = model_ok and node.node_id not in key[2] and all(node.labels.get(k) == v for k, v in key[1])
+            if len(self._static) >= _STATIC_CACHE:
+                self._static.clear()
             self._static[key] = mask
         return mask
 

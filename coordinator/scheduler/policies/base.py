@@ -206,6 +206,8 @@ def constraint_reason(req: Request, node: NodeSnapshot) -> str | None:
         return "not schedulable"
     if req.gpu_model and req.gpu_model.lower() not in node.gpu_model.lower():
         return f"gpu model {node.gpu_model!r} does not match {req.gpu_model!r}"
+    if node.node_id in req.avoid_nodes:
+        return "another replica of its service runs there"
     for key, value in req.node_selector.items():
         if node.labels.get(key) != value:
             return f"label {key}={value} missing"

@@ -141,7 +141,7 @@ class MetricsMapping(_message.Message):
     def __init__(self, flavour: _Optional[str] = ..., latency_histogram: _Optional[str] = ..., ttft_histogram: _Optional[str] = ..., tokens_counter: _Optional[str] = ..., running_gauge: _Optional[str] = ..., waiting_gauge: _Optional[str] = ...) -> None: ...
 
 class Constraints(_message.Message):
-    __slots__ = ("gpu_model", "node_selector")
+    __slots__ = ("gpu_model", "node_selector", "avoid_nodes")
     class NodeSelectorEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -151,9 +151,11 @@ class Constraints(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     NODE_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    AVOID_NODES_FIELD_NUMBER: _ClassVar[int]
     gpu_model: str
     node_selector: _containers.ScalarMap[str, str]
-    def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    avoid_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
     __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service")
@@ -226,14 +228,16 @@ class TaskSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ...) -> None: ...
 
 class ServiceSpec(_message.Message):
-    __slots__ = ("min_replicas", "max_replicas", "target_util")
+    __slots__ = ("min_replicas", "max_replicas", "target_util", "pack_replicas")
     MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     TARGET_UTIL_FIELD_NUMBER: _ClassVar[int]
+    PACK_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     min_replicas: int
     max_replicas: int
     target_util: float
-    def __init__(self, min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., target_util: _Optional[float] = ...) -> None: ...
+    pack_replicas: bool
+    def __init__(self, min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., target_util: _Optional[float] = ..., pack_replicas: _Optional[bool] = ...) -> None: ...
 
 class ScaleDecision(_message.Message):
     __slots__ = ("time_unix_s", "from_replicas", "to_replicas", "reason")

@@ -32,7 +32,14 @@ class TestServiceFlags:
         spec, is_service = _parse("--", "train")
         assert not is_service and not spec.HasField("service")
 
-    @pytest.mark.parametrize("argv", [("--replicas", "1:x"), ("--replicas", "-1:2"), ("--target-util", "0.5")])
+    def test_pack_replicas(self) -> None:
+        """--pack-replicas lets the replicas share a node; without it they spread."""
+        packed, _ = _parse("--replicas", "1:4", "--target-util", "0.6", "--pack-replicas", "--", "serve")
+        spread, _ = _parse("--replicas", "1:4", "--target-util", "0.6", "--", "serve")
+        assert packed.service.pack_replicas and not spread.service.pack_replicas
+
+    @pytest.mark.parametrize("argv", [("--replicas", "1:x"), ("--replicas", "-1:2"), ("--target-util", "0.5"),
+                                      ("--pack-replicas",)])
     def test_malformed_service_flags_are_usage_errors(self, argv: tuple[str, ...]) -> None:
         """A malformed range, a negative bound, or a target without --replicas exits 2 naming the flag."""
         with pytest.raises(CtlError) as e:

@@ -311,3 +311,21 @@ class TestBatches:
             [make_request("t", gpus=1)]
         )
         assert isinstance(decision, Rejection)
+
+
+class TestAvoidNodes:
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    def test_avoided_nodes_are_never_chosen(self, policy: str) -> None:
+        """A request that avoids nodes never lands on them (first of its shape and again from the shape cache),
+        and is refused, saying why, when only avoided nodes have room."""
+        cluster = ClusterSnapshot(nodes=tuple(make_node(f"n{i}", gpus=4) for i in range(3)))
+        engine = PlacementEngine.from_name(cluster, policy, 1.0, seed=1)
+        avoid = frozenset({"n0", "n1"})
+        for k in range(4):   # n2's four GPUs, one at a time
+            d = engine.place(Request(f"r{k}", Resources(gpus=1, cpu_cores=1.0), avoid_nodes=avoid))
+            assert isinstance(d, Placement) and d.node_ids == ("n2",), d
+        refused = engine.place(Request("r4", Resources(gpus=1, cpu_cores=1.0), avoid_nodes=avoid))
+        assert isinstance(refused, Rejection)
+        assert "another replica of its service runs there" in str(refused)
+        anywhere = engine.place(Request("r5", Resources(gpus=1, cpu_cores=1.0)))
+        assert isinstance(anywhere, Placement) and anywhere.node_ids[0] in avoid
