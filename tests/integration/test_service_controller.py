@@ -12,19 +12,8 @@ from common.errors import IllegalTransition, ValidationError
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES
-from coordinator.app import App, build
-from coordinator.config import CoordinatorConfig
-from coordinator.sync import connect
-
-GIB = 1024**3
-
-
-def inventory(node_id: str, gpus: int = 4) -> types_pb2.NodeInventory:
-    """A node with ``gpus`` GPUs and plenty of host resources."""
-    return types_pb2.NodeInventory(
-        node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
-        gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB)
-              for i in range(gpus)])
+from coordinator.app import App
+from tests.helpers.inproc import inventory, run_leading, until
 
 
 def service_spec(lo: int = 1, hi: int = 3, **service: float) -> types_pb2.TaskSpec:
@@ -34,14 +23,6 @@ def service_spec(lo: int = 1, hi: int = 3, **service: float) -> types_pb2.TaskSp
     spec.service.min_replicas, spec.service.max_replicas = lo, hi
     spec.service.target_util = service.get("target_util", 0.6)
     return spec
-
-
-async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Wait until ``check()`` is true."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 def live(app: App, service_id: str) -> dict[int, types_pb2.Task]:
@@ -55,23 +36,14 @@ Scenario = Callable[[App], Awaitable[None]]
 
 @pytest.fixture
 def lead(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[[Scenario], None]:
-    """Runs scenarios, one after another, each on a fresh replica that leads (same etcd prefix)."""
+    """Runs scenarios, one after another, each on a fresh replica that leads (same etcd prefix) with node n1."""
 
-    async def run(scenario: Scenario) -> None:
-        client = connect(etcd_server.endpoints, 2.0)
-        app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, threshold=1.0, task_grace_s=3600.0), client)
-        background = app.start(asyncio.get_running_loop())
-        try:
-            await until(lambda: app.leadership.is_leader)
-            await app.nodes.connected(agent_pb2.Register(inventory=inventory("n1")), asyncio.Queue())
-            await scenario(app)
-        finally:
-            for t in background:
-                t.cancel()
-            await app.leadership.resign()
-            client.close()
+    async def with_n1(scenario: Scenario, app: App) -> None:
+        await app.nodes.connected(agent_pb2.Register(inventory=inventory("n1")), asyncio.Queue())
+        await scenario(app)
 
-    return lambda scenario: asyncio.run(run(scenario))
+    return lambda scenario: asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix,
+                                                    lambda app: with_n1(scenario, app)))
 
 
 class TestReplicaController:
