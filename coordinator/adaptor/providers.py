@@ -67,7 +67,6 @@ class NodeProvider(Protocol):
     async def request(self, action: str, node_id: str, reason: str,
                       demand: dict[str, float] | None = None) -> ProviderResult:
         """Ask for ``action`` on ``node_id`` (empty for ``create``)."""
-        ...
 
 
 class StaticProvider:

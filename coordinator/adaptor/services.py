@@ -46,7 +46,7 @@ from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.adaptor.autoscale import Autoscaler, ScalePolicy
 from coordinator.adaptor.forecast import Forecast, LoadHistory
 from coordinator.events import EventBus
-from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler, gpus_used, validate_spec
 from coordinator.sync.leadership import Leadership
@@ -512,16 +512,10 @@ class ServiceController:
             return []
         need = max(1, gpus_used(self._profiler.profile(spec).to_proto().gpus))
         for e in self._registry:
-            if e.node_id not in hosting and self._open(e) \
+            if e.node_id not in hosting and self._registry.schedulable(e) \
                     and len(e.inventory.gpus) - len(set(e.record.reserved_gpu_indices)) >= need:
                 return sorted(hosting)
         return []
-
-    @staticmethod
-    def _open(entry: NodeEntry) -> bool:
-        """A node new work may go to: connected, ready, neither cordoned nor draining."""
-        return entry.connected and entry.state == NodeState.READY and not entry.record.cordoned \
-            and not entry.record.draining
 
     def _leaving(self, task: types_pb2.Task) -> bool:
         """The replica runs on a node being drained: it is replaced elsewhere before it stops."""
@@ -575,7 +569,8 @@ class ServiceController:
             except IllegalTransition:
                 pass
         rt.cancelling &= {t.id for t in replicas}
-        spreading = not svc.spec.service.pack_replicas and sum(1 for e in self._registry if self._open(e)) > 1
+        open_nodes = sum(1 for e in self._registry if self._registry.schedulable(e))
+        spreading = not svc.spec.service.pack_replicas and open_nodes > 1
         unplaced = any(not t.allocation.nodes for t in replicas if t.state == TaskState.PENDING)
         for index in sorted(missing):
             if spreading and unplaced and index not in rt.unspread:
