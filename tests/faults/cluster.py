@@ -26,7 +26,7 @@ import etcd3
 import grpc
 
 from common.etcd_embedded import EtcdCluster
-from tests.faults.invariants import InvariantChecker
+from tests.faults.invariants import InvariantChecker, on_first_member
 from tests.integration.harness import Cluster, wait_until
 
 __all__ = ["FaultCluster", "Submitter"]
@@ -86,19 +86,16 @@ class FaultCluster(Cluster):
 
     def etcd_leader_member(self) -> int:
         """Index of the etcd member that is raft leader."""
-        for ep in self.etcd_cluster.endpoints:
-            host, port = ep.rsplit(":", 1)
-            try:
-                client = etcd3.client(host=host, port=int(port), timeout=2)
-                try:
-                    leader = client.status().leader
-                finally:
-                    client.close()
-            except Exception:
-                continue
-            if leader is not None:
-                return int(leader.name.removeprefix("m"))
-        raise AssertionError("no etcd member names a leader")
+        def leader_index(client: etcd3.Etcd3Client) -> int:
+            leader = client.status().leader
+            if leader is None:
+                raise RuntimeError("this member names no leader")
+            return int(leader.name.removeprefix("m"))
+
+        try:
+            return on_first_member(self.etcd_cluster.endpoints, leader_index)
+        except RuntimeError as e:
+            raise AssertionError(f"no etcd member names a leader: {e}") from None
 
     # ---- faults --------------------------------------------------------------------------
 

@@ -28,9 +28,10 @@ import json
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import etcd3
 import psutil
@@ -39,13 +40,34 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.sync.state_machine import is_legal
 
-__all__ = ["InvariantChecker", "Violation"]
+__all__ = ["InvariantChecker", "Violation", "on_first_member"]
+
+T = TypeVar("T")
 
 _LIVE_IN_ETCD = frozenset({TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED})
 _ON_HOST = frozenset({TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED})
 _TRANSITIONAL_POWER = frozenset({types_pb2.NODE_POWER_STATE_DRAINING, types_pb2.NODE_POWER_STATE_POWERING_OFF,
                                  types_pb2.NODE_POWER_STATE_POWERING_ON})
 _EPS = 1e-6
+
+
+def on_first_member(endpoints: Iterable[str], read: Callable[[etcd3.Etcd3Client], T]) -> T:
+    """``read`` through a client of the first etcd member that answers (members may be down or frozen).
+
+    :raises RuntimeError: no member answered.
+    """
+    last: Exception | None = None
+    for ep in endpoints:
+        host, port = ep.rsplit(":", 1)
+        try:
+            client = etcd3.client(host=host, port=int(port), timeout=3)
+            try:
+                return read(client)
+            finally:
+                client.close()
+        except Exception as e:   # a member that is down or stopped, or ``read`` refused its answer: try the next
+            last = e
+    raise RuntimeError(f"no etcd member answered: {last}")
 
 
 @dataclass(frozen=True)
@@ -99,27 +121,20 @@ class InvariantChecker:
 
     # ---- reading -----------------------------------------------------------------------
 
-    def _etcd_items(self, sub: str) -> list[tuple[str, bytes]]:
-        last: Exception | None = None
-        for ep in self.endpoints:
-            host, port = ep.rsplit(":", 1)
-            try:
-                client = etcd3.client(host=host, port=int(port), timeout=3)
-                try:
-                    return [(m.key.decode(), v) for v, m in client.get_prefix(self.prefix + sub)]
-                finally:
-                    client.close()
-            except Exception as e:   # a member that is down or stopped: try the next
-                last = e
-        raise RuntimeError(f"no etcd member answered: {last}")
+    def _etcd_items(self, subs: Iterable[str]) -> dict[str, list[tuple[str, bytes]]]:
+        """Every key under each ``prefix + sub``, read through one client."""
+        subs = tuple(subs)   # read again in full if a member fails part way
+        return on_first_member(self.endpoints, lambda client: {
+            sub: [(m.key.decode(), v) for v, m in client.get_prefix(self.prefix + sub)] for sub in subs})
 
     def snapshot(self) -> _Snapshot:
         """What etcd and the hosts hold right now."""
         snap = _Snapshot()
-        for sub, kind, out in (("tasks/", types_pb2.Task, snap.tasks),
-                               ("allocations/", types_pb2.Allocation, snap.allocations),
-                               ("nodes/", types_pb2.NodeRecord, snap.nodes)):
-            for key, value in self._etcd_items(sub):
+        kinds = (("tasks/", types_pb2.Task, snap.tasks), ("allocations/", types_pb2.Allocation, snap.allocations),
+                 ("nodes/", types_pb2.NodeRecord, snap.nodes))
+        items = self._etcd_items(sub for sub, _, _ in kinds)
+        for sub, kind, out in kinds:
+            for key, value in items[sub]:
                 try:
                     out[key.rsplit("/", 1)[1]] = kind.FromString(value)
                 except Exception:
