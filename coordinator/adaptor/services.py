@@ -216,8 +216,8 @@ class ServiceController:
         self._leadership.require_leader()
         if len(request_id) > 128:
             raise ValidationError("request_id", f"{len(request_id)} characters; at most 128")
+        service_id = "s-" + (hashlib.sha256(request_id.encode()).hexdigest() if request_id else uuid.uuid4().hex)[:10]
         if request_id:
-            service_id = "s-" + hashlib.sha256(request_id.encode()).hexdigest()[:10]
             try:
                 existing = await asyncio.to_thread(self._store.get, service_id)
             except NotFound:
@@ -232,8 +232,7 @@ class ServiceController:
             raise ValidationError("spec.service", "is required for a service (--replicas MIN:MAX)")
         live = [e for e in self._registry if e.state != NodeState.LOST]
         max_gpus = max((len(e.inventory.gpus) for e in live), default=0)
-        new_id = "s-" + (hashlib.sha256(request_id.encode()).hexdigest()[:10] if request_id else uuid.uuid4().hex[:10])
-        svc = types_pb2.Service(id=new_id, spec=spec, desired=spec.service.min_replicas,
+        svc = types_pb2.Service(id=service_id, spec=spec, desired=spec.service.min_replicas,
                                 submit_unix_s=self._wall(), reason="created at MIN replicas")
         template = replica_spec(svc, 0)
         validate_spec(template, max_gpus_per_node=max_gpus)
