@@ -47,24 +47,35 @@ def _requests(state: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def _provider(tmp_path: Path, off_delay_s: float) -> tuple[Path, Path]:
+    """The provider script (stops and starts agent processes) and its state directory."""
+    state = tmp_path / "provider"
+    state.mkdir()
+    script = tmp_path / "provider.py"
+    script.write_text(PROVIDER.format(python=sys.executable, state=str(state), off_delay_s=off_delay_s))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script, state
+
+
+def _start_three_agents(cluster: Cluster, state: Path) -> None:
+    """Agents n1..n3, each recorded for the provider script (how to start it again, which pid to stop)."""
+    for node in ("n1", "n2", "n3"):
+        proc = cluster.start_agent(node)
+        (state / f"{node}.argv").write_text(json.dumps(proc.argv))
+        (state / f"{node}.pid").write_text(str(proc.pid))
+    wait_until(lambda: len(_nodes(cluster)) == 3, what="three nodes")
+
+
 class TestNodePower:
     def test_idle_nodes_power_off_and_one_wakes_for_a_gang_task(self, cluster: Cluster, tmp_path: Path) -> None:
         """Two of three idle nodes go off through the command (never lost); a 2-node task wakes one and runs."""
-        state = tmp_path / "provider"
-        state.mkdir()
-        script = tmp_path / "provider.py"
-        script.write_text(PROVIDER.format(python=sys.executable, state=str(state), off_delay_s=0))
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        script, state = _provider(tmp_path, off_delay_s=0)
         cluster.start_coordinator("c1", "--node-provider", "command", "--node-provider-command", str(script),
                                   "--power-down-after", "5", "--spare-nodes", "1", "--lost-grace", "2",
                                   "--wake-timeout", "60")
         cluster.wait_leader("c1")
         try:
-            for node in ("n1", "n2", "n3"):
-                proc = cluster.start_agent(node)
-                (state / f"{node}.argv").write_text(json.dumps(proc.argv))
-                (state / f"{node}.pid").write_text(str(proc.pid))
-            wait_until(lambda: len(_nodes(cluster)) == 3, what="three nodes")
+            _start_three_agents(cluster, state)
 
             def off() -> list[str]:
                 return sorted(n for n, d in _nodes(cluster).items() if d["power_state"] == "off")
@@ -108,22 +119,14 @@ class TestNodePower:
     def test_leader_killed_between_power_off_and_power_on(self, cluster: Cluster, tmp_path: Path) -> None:
         """The leader is killed (-9) while a node is powering-off: the standby resumes, the node ends off (never
         stuck switching), and a 2-node task then wakes one node and runs."""
-        state = tmp_path / "provider"
-        state.mkdir()
-        script = tmp_path / "provider.py"
-        script.write_text(PROVIDER.format(python=sys.executable, state=str(state), off_delay_s=3))
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        script, state = _provider(tmp_path, off_delay_s=3)
         flags = ("--node-provider", "command", "--node-provider-command", str(script), "--power-down-after", "5",
                  "--spare-nodes", "1", "--lost-grace", "2", "--wake-timeout", "60", "--lease-ttl", "2")
         cluster.start_coordinator("c1", *flags)
         cluster.wait_leader("c1")
         cluster.start_coordinator("c2", *flags)
         try:
-            for node in ("n1", "n2", "n3"):
-                proc = cluster.start_agent(node)
-                (state / f"{node}.argv").write_text(json.dumps(proc.argv))
-                (state / f"{node}.pid").write_text(str(proc.pid))
-            wait_until(lambda: len(_nodes(cluster)) == 3, what="three nodes")
+            _start_three_agents(cluster, state)
 
             def power(coordinator: str) -> dict[str, str]:
                 res = cluster.ctl("-o", "json", "nodes", coordinator=cluster.address(coordinator))
