@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from common.etcd_embedded import free_port
-from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
@@ -168,6 +168,22 @@ class Cluster:
         parts = [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p in self.agents.values()]
         parts += [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p, _, _ in self.coordinators.values()]
         return "\n".join(parts)
+
+
+_NOT_HOLDING = frozenset({types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,
+                          types_pb2.TASK_STATE_CANCELLED})
+
+
+def assert_gpus_held_once(tasks: list[types_pb2.Task]) -> None:
+    """No GPU is in the allocation of two tasks that hold GPUs (neither pending nor ended)."""
+    held: dict[tuple[str, int], str] = {}
+    for t in tasks:
+        if t.state in _NOT_HOLDING:
+            continue
+        for na in t.allocation.nodes:
+            for i in na.gpu_indices:
+                assert (na.node_id, i) not in held, f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
+                held[(na.node_id, i)] = t.id
 
 
 # Tasks that run this repository's interpreter or write into pytest's 0700 temporary directories cannot

@@ -10,9 +10,7 @@ import grpc
 import pytest
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from tests.integration.harness import Cluster, wait_until
-
-_TERMINAL = {types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED, types_pb2.TASK_STATE_CANCELLED}
+from tests.integration.harness import Cluster, assert_gpus_held_once, wait_until
 
 
 def _leaders(c: Cluster, names: list[str]) -> list[str]:
@@ -139,15 +137,7 @@ class TestChaos:
         assert len({t.id for t in tasks}) == len(tasks)
         legal = set(types_pb2.TaskState.values()) - {types_pb2.TASK_STATE_UNSPECIFIED}
         assert all(t.state in legal for t in tasks)
-        held: dict[tuple[str, int], str] = {}
-        for t in tasks:
-            if t.state in _TERMINAL or t.state == types_pb2.TASK_STATE_PENDING:
-                continue
-            for na in t.allocation.nodes:
-                for i in na.gpu_indices:
-                    assert (na.node_id, i) not in held, \
-                        f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
-                    held[(na.node_id, i)] = t.id
+        assert_gpus_held_once(list(tasks))
 
 
 class TestNoRefusalDuringFailover:

@@ -9,10 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
-
-_NOT_HOLDING = {types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,
-                types_pb2.TASK_STATE_CANCELLED}
+from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, assert_gpus_held_once, wait_until
 
 
 def _submit(c: Cluster, *args: str) -> str:
@@ -108,15 +105,7 @@ class TestPreemption:
 
         def gpus_held_once() -> list[types_pb2.Task]:
             tasks = list(cluster.admin("c2").ListTasks(admin_pb2.ListTasksRequest(), timeout=10).tasks)
-            held: dict[tuple[str, int], str] = {}
-            for t in tasks:
-                if t.state in _NOT_HOLDING:
-                    continue
-                for na in t.allocation.nodes:
-                    for i in na.gpu_indices:
-                        assert (na.node_id, i) not in held, \
-                            f"GPU {na.node_id}:{i} held by {held[(na.node_id, i)]} and {t.id}"
-                        held[(na.node_id, i)] = t.id
+            assert_gpus_held_once(tasks)
             return tasks
 
         def urgent_ran() -> bool:
