@@ -257,6 +257,15 @@ class Request:
         return self.demand.gpus * self.nodes
 
     @property
+    def shape(self) -> tuple[object, ...]:
+        """Everything the placement decision depends on except the request's identity and queue
+        position: two requests of one shape are accepted by the same nodes.
+
+        :returns: a hashable key.
+        """
+        return self.demand.as_tuple(), self.nodes, self.gpu_mem_per_gpu_bytes, self.constraint_key, self.allow_sharing
+
+    @property
     def constraint_key(self) -> tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None:
         """The request's constraints as one hashable value, None when it has none.
 

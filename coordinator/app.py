@@ -187,7 +187,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
                                  idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
-                                 threshold=lambda: policy.current.threshold,
+                                 fit=lambda: snapshots.fit(tasks.tasks.values(), policy.current.threshold),
                                  on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s)

@@ -11,9 +11,11 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
   once the provider accepted it is *off*. A node that got work meanwhile, or a provider failure,
   returns it to *ready* (its last safe state: it is still on).
 - **Scale-out**: when the scheduler could not place a pending task (the cycle's rejection hook),
-  and the ready nodes cannot hold it but off nodes would (fitting as the placement filter decides:
-  every dimension at or under the policy's threshold after placement), the off node that adds the least idle
-  power (Alg. 3's measure; fewest GPUs that fit, then node id) goes *powering-on* and the provider
+  and the ready nodes cannot hold it but off nodes would (fitting as the placement filter itself
+  decides, :class:`~coordinator.scheduler.snapshot.NodeFit`: constraints, every dimension at or under
+  the policy's threshold after placement, GPUs with the memory and share asked for), the off node
+  that adds the least idle power (Alg. 3's measure; fewest GPUs that fit, then node id) goes
+  *powering-on* and the provider
   is asked to power it on. It is *ready* again when its agent registers; a node that does not
   register within ``--wake-timeout`` is asked again. A provider failure leaves it *off*.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeAlias
 
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -46,6 +49,10 @@ from coordinator.sync.store import Store
 __all__ = ["PowerManager"]
 
 PS = types_pb2.NodePowerState
+
+Fit: TypeAlias = Callable[[NodeEntry, types_pb2.Task], bool]
+"""Whether a node could take a task's one-node share now, power state set aside (an off node holds
+nothing): :class:`coordinator.scheduler.snapshot.NodeFit`, the placement filter."""
 
 
 def _is_ready(entry: NodeEntry) -> bool:
@@ -68,7 +75,7 @@ class PowerManager:
     :param idle_power_w: a node's idle power (Alg. 3's added power when it is woken).
     :param on_change: called after every power-state change (metrics, scheduler wake-up).
     :param period_s: seconds between two steps; also the wait that confirms a draining node idle.
-    :param threshold: the placement threshold now (each dimension's utilization cap after placement).
+    :param fit: called once per step for a :data:`Fit` over the cluster as it is then.
     :param on_provider_failure: called with the action of every provider request that was tried and
         failed (``gptrm_adaptor_provider_failures_total``).
     :param now: monotonic clock (injected in tests; the simulator's virtual clock).
@@ -81,8 +88,7 @@ class PowerManager:
                  leadership: Leadership, locks: AdminLocks, provider: NodeProvider, events: EventBus, *,
                  power_down_after_s: float, spare_nodes: int, wake_timeout_s: float,
                  idle_power_w: Callable[[NodeEntry], float] = lambda e: 0.0,
-                 on_change: Callable[[], None] = lambda: None, period_s: float = 1.0,
-                 threshold: Callable[[], float] = lambda: 1.0,
+                 fit: Callable[[], Fit], on_change: Callable[[], None] = lambda: None, period_s: float = 1.0,
                  on_provider_failure: Callable[[str], None] = lambda action: None,
                  now: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
@@ -90,7 +96,7 @@ class PowerManager:
         self._locks, self._provider, self._events = locks, provider, events
         self._after, self._spare, self._wake_timeout_s = power_down_after_s, spare_nodes, wake_timeout_s
         self._idle_power_w, self._on_change, self._period_s, self._now = idle_power_w, on_change, period_s, now
-        self._threshold, self._on_provider_failure = threshold, on_provider_failure
+        self._fit, self._on_provider_failure = fit, on_provider_failure
         self._wall, self._sleep = wall, sleep
         self._idle_since: dict[str, float] = {}
         self._wake_deadline: dict[str, float] = {}
@@ -171,9 +177,10 @@ class PowerManager:
                 self._idle_since.pop(entry.node_id, None)
         # Waiting work that could run on an idle node keeps it on (the scheduler places it first); a
         # pending task that fits on none of them blocks nothing.
-        threshold = self._threshold()
         pending = [t for t in self._tasks().values() if t.state == TaskState.PENDING]
-        idle = [e for e in idle if not any(_fits(e, t, threshold) for t in pending)]
+        if pending:
+            fits = self._fit()
+            idle = [e for e in idle if not any(fits(e, t) for t in pending)]
         idle.sort(key=lambda e: (self._idle_since[e.node_id], e.node_id))
         for entry in idle[: max(0, len(idle) - self._spare)]:
             if now - self._idle_since[entry.node_id] >= self._after:
@@ -216,6 +223,7 @@ class PowerManager:
         if not self._unplaced:
             return
         tasks = self._tasks()
+        fits = self._fit()
         waking = [e for e in self._registry if power_label(e.record.power_state) == "powering-on"]
         for task_id in sorted(self._unplaced):
             task = tasks.get(task_id)
@@ -224,14 +232,13 @@ class PowerManager:
                 self._created.discard(task_id)
                 continue
             need = max(1, task.spec.nodes)
-            threshold = self._threshold()
             fitting_on = sum(1 for e in self._registry
                              if ((_is_ready(e) and e.connected and e.state == NodeState.READY)
-                                 or e in waking) and _fits(e, task, threshold))
+                                 or e in waking) and fits(e, task))
             if fitting_on >= need:
                 continue   # capacity is there (or coming): the scheduler places it
             off = sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
-                          and _fits(e, task, threshold)),
+                          and fits(e, task)),
                          key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus), e.node_id))
             for entry in off[: need - fitting_on]:
                 waking.append(entry)
@@ -278,26 +285,6 @@ class PowerManager:
         self._events.publish("power", f"node {entry.node_id} {old} → {new}: {reason}", node_id=entry.node_id,
                              old=old, new=new, reason=reason)
         self._on_change()
-
-
-_EPS = 1e-9
-
-
-def _fits(entry: NodeEntry, task: types_pb2.Task, threshold: float) -> bool:
-    """Whether one node's share of ``task`` fits on the node next to what it holds, every dimension at or
-    under ``threshold`` of its capacity (the placement filter's rule), and the GPU model constraint matches.
-    An off node holds nothing."""
-    inv, d = entry.inventory, task.demand
-    held = entry.record.reserved if power_label(entry.record.power_state) != "off" else types_pb2.ResourceVector()
-    for used, want, capacity in ((held.gpus, d.gpus, len(inv.gpus)), (held.cpu_cores, d.cpu_cores, inv.cpu_cores),
-                                 (held.mem_bytes, d.mem_bytes, inv.mem_total_bytes)):
-        if want > 0 and used + want > threshold * capacity + _EPS:
-            return False
-    model = task.spec.constraints.gpu_model
-    if model and d.gpus > 0 and not any(model in g.model for g in inv.gpus):
-        return False
-    selector = task.spec.constraints.node_selector
-    return all(inv.labels.get(k) == v for k, v in selector.items())
 
 
 def _demand(task: types_pb2.Task) -> dict[str, float]:

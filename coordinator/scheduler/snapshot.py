@@ -7,17 +7,66 @@ what the policies compare is consistent even while agents keep streaming.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Resources
+from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
 from common.pb.gptrm.v1 import types_pb2
+from common.power_states import power_label
 from common.types import TERMINAL_STATES
 from coordinator.allocator.reservations import gpu_usage
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.power_model import PowerModel
+from coordinator.scheduler.policies.base import feasible
+from coordinator.scheduler.queue import request_for
 
-__all__ = ["SnapshotBuilder"]
+__all__ = ["NodeFit", "SnapshotBuilder"]
+
+_Holdings = dict[str, list[tuple[list[int], int, float]]]
+"""Node id → what each live allocation holds there: (GPU indices, memory per GPU, share per GPU)."""
+
+
+def _holdings(tasks: Iterable[types_pb2.Task]) -> _Holdings:
+    holdings: _Holdings = {}
+    for task in tasks:
+        if task.state in TERMINAL_STATES or not task.allocation.nodes:
+            continue
+        for na in task.allocation.nodes:
+            holdings.setdefault(na.node_id, []).append((na.gpu_indices, na.demand.gpu_mem_bytes, na.gpu_share))
+    return holdings
+
+
+class NodeFit:
+    """Whether one node could take a task's one-node share now, by the placement filter itself
+    (:func:`~coordinator.scheduler.policies.base.feasible`: constraints, every dimension at or under the
+    threshold after placement, free GPUs with the memory and share asked for), whatever the node's power
+    state or schedulability: the question the Resource Adaptor asks before it keeps an idle node on or
+    wakes an off one.
+
+    One instance answers for one moment (build one per step); answers are kept per node and request
+    shape, so many pending tasks of a few shapes cost a few filter runs.
+
+    :param node: the node as placement would see it, schedulable (an off node holding nothing).
+    :param request: a task's placement request.
+    :param threshold: the policy's threshold now.
+    """
+
+    def __init__(self, node: Callable[[NodeEntry], NodeSnapshot], request: Callable[[types_pb2.Task], Request],
+                 threshold: float) -> None:
+        self._node, self._request, self._threshold = node, request, threshold
+        self._views: dict[str, NodeSnapshot] = {}
+        self._answers: dict[tuple[str, tuple[object, ...]], bool] = {}
+
+    def __call__(self, entry: NodeEntry, task: types_pb2.Task) -> bool:
+        req = self._request(task)
+        key = (entry.node_id, req.shape)
+        answer = self._answers.get(key)
+        if answer is None:
+            view = self._views.get(entry.node_id)
+            if view is None:
+                view = self._views[entry.node_id] = self._node(entry)
+            answer = self._answers[key] = feasible(req, view, self._threshold) is None
+        return answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,34 +107,45 @@ class SnapshotBuilder:
 
     def snapshot(self, tasks: Iterable[types_pb2.Task], registry: NodeRegistry) -> ClusterSnapshot:
         """Schedulable nodes in node-id order, with what live allocations hold on each GPU."""
-        holdings: dict[str, list[tuple[list[int], int, float]]] = {}
-        for task in tasks:
-            if task.state in TERMINAL_STATES or not task.allocation.nodes:
-                continue
-            for na in task.allocation.nodes:
-                holdings.setdefault(na.node_id, []).append((na.gpu_indices, na.demand.gpu_mem_bytes, na.gpu_share))
-        nodes = []
+        holdings = _holdings(tasks)
         schedulable = registry.schedulable
-        for e in sorted(registry, key=lambda e: e.node_id):
-            if not schedulable(e):
-                continue
-            static = self._static_part(e)
-            held = holdings.get(e.node_id)
-            if held is None:
-                gpus = static.free
-            else:
-                taken = gpu_usage(held)
-                gpus = tuple(GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
-                                     max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group)
-                             for i, total, group in static.slots)
-            r = e.record.reserved
-            nodes.append(NodeSnapshot(
-                node_id=e.node_id, capacity=static.capacity,
-                used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
-                               mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
-                gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
-                power=self.power_curve(e)[0]))
-        return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
+        nodes = tuple(self._view(e, holdings.get(e.node_id))
+                      for e in sorted(registry, key=lambda e: e.node_id) if schedulable(e))
+        return ClusterSnapshot(nodes=nodes, taken_at_s=time.time())
+
+    def fit(self, tasks: Iterable[types_pb2.Task], threshold: float) -> NodeFit:
+        """A :class:`NodeFit` over the leader's tables now: a node as this cycle's snapshot would show it
+        if it were schedulable; an off node holds nothing.
+
+        :param tasks: every task (live allocations are what nodes hold).
+        :param threshold: the policy's threshold now.
+        """
+        holdings = _holdings(tasks)
+
+        def node(entry: NodeEntry) -> NodeSnapshot:
+            off = power_label(entry.record.power_state) == "off"
+            return self._view(entry, None if off else holdings.get(entry.node_id), empty=off)
+
+        return NodeFit(node, request_for, threshold)
+
+    def _view(self, e: NodeEntry, held: list[tuple[list[int], int, float]] | None, *,
+              empty: bool = False) -> NodeSnapshot:
+        """One node with what ``held`` holds on its GPUs and its recorded reservation (none if ``empty``)."""
+        static = self._static_part(e)
+        if held is None:
+            gpus = static.free
+        else:
+            taken = gpu_usage(held)
+            gpus = tuple(GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
+                                 max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group)
+                         for i, total, group in static.slots)
+        r = types_pb2.ResourceVector() if empty else e.record.reserved
+        return NodeSnapshot(
+            node_id=e.node_id, capacity=static.capacity,
+            used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
+                           mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
+            gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
+            power=self.power_curve(e)[0])
 
     def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:
         """The node's GPU power curve as Alg. 3 sees it, with its source (see :meth:`PowerModel.explain`).

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import replace
 from typing import Any
 
 from common.domain import NodeSnapshot, Request
@@ -27,6 +28,7 @@ from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import SimulatedProvider
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.scheduler.snapshot import NodeFit
 
 __all__ = ["SimAdaptor"]
 
@@ -72,15 +74,18 @@ class SimAdaptor:
 
     :param nodes: the cluster's nodes, in snapshot order.
     :param now: the simulator's virtual clock.
+    :param current: node ``i`` as the placement engine holds it now (what it holds), in the same order.
+    :param threshold: the policy's threshold (the placement filter's, for :class:`NodeFit`).
     :param power_down_after_s: ``--power-down-after`` (> 0).
     :param spare_nodes: ``--spare-nodes``.
     :param boot_s: virtual seconds from power-on until a node's agent registers.
     :param wake_timeout_s: ``--wake-timeout``.
     """
 
-    def __init__(self, nodes: Sequence[NodeSnapshot], now: Callable[[], float], *, power_down_after_s: float,
+    def __init__(self, nodes: Sequence[NodeSnapshot], now: Callable[[], float],
+                 current: Callable[[int], NodeSnapshot], threshold: float, *, power_down_after_s: float,
                  spare_nodes: int = 1, boot_s: float = 0.0, wake_timeout_s: float = 600.0) -> None:
-        self._now = now
+        self._now, self._current, self._threshold = now, current, threshold
         self.registry = NodeRegistry(heartbeat_interval_s=float("inf"), lost_grace_s=float("inf"), now=now)
         self.entries: list[NodeEntry] = []
         idle_w: dict[str, float] = {}
@@ -95,14 +100,22 @@ class SimAdaptor:
             self.entries.append(entry)
             idle_w[node.node_id] = node.power.idle_w
         self.pending: dict[str, types_pb2.Task] = {}
+        self._requests: dict[str, Request] = {}
+        self._index = {node.node_id: i for i, node in enumerate(nodes)}
         self.provider = SimulatedProvider(now, boot_s=boot_s)
         self.events = EventBus(backlog=100, now=now)
         self.changed = False
         self.manager = PowerManager(
             self.registry, lambda: self.pending, _MemoryStore(), _SoleLeader(), _NoContention(),  # type: ignore[arg-type]
             self.provider, self.events, power_down_after_s=power_down_after_s, spare_nodes=spare_nodes,
-            wake_timeout_s=wake_timeout_s, idle_power_w=lambda e: idle_w[e.node_id], on_change=self._changed,
-            period_s=0.0, now=now, wall=now, sleep=_no_wait)
+            wake_timeout_s=wake_timeout_s, idle_power_w=lambda e: idle_w[e.node_id], fit=self._fit,
+            on_change=self._changed, period_s=0.0, now=now, wall=now, sleep=_no_wait)
+
+    def _fit(self) -> NodeFit:
+        """The placement filter over the engine's nodes now, each as if schedulable (an off node holds
+        nothing: its jobs ended before it was powered off)."""
+        return NodeFit(lambda e: replace(self._current(self._index[e.node_id]), schedulable=True),
+                       lambda task: self._requests[task.id], self._threshold)
 
     def _changed(self) -> None:
         self.changed = True
@@ -115,6 +128,7 @@ class SimAdaptor:
         task.demand.gpus = req.demand.gpus
         task.spec.nodes = req.nodes
         self.pending[req.task_id] = task
+        self._requests[req.task_id] = req
 
     def unplaced(self, req: Request) -> None:
         """The scheduling pass could not place this pending job (a wake candidate)."""
@@ -125,6 +139,7 @@ class SimAdaptor:
     def placed(self, req: Request, node_indices: Sequence[int]) -> None:
         """A job was placed on these nodes: they are busy and reserved."""
         self.pending.pop(req.task_id, None)
+        self._requests.pop(req.task_id, None)
         for i in node_indices:
             entry = self.entries[i]
             entry.task_ids.add(req.task_id)

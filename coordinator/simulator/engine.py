@@ -51,26 +51,15 @@ from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, su
 if TYPE_CHECKING:
     from coordinator.simulator.qos import SimPreemption
 
-__all__ = ["SimConfig", "SimJob", "SimResult", "Simulator", "shape_of"]
+__all__ = ["SimConfig", "SimJob", "SimResult", "Simulator"]
 
 # event kinds; at one timestamp they are applied in this order
 _COMPLETE, _ARRIVE, _POWER = 0, 1, 2
 
 Shape = tuple[Any, ...]
-"""Everything about a request that the placement decision depends on, except its identity."""
+""":attr:`common.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
 QueueKey = tuple[int, float, float, str]
 """:func:`common.domain.queue_key` of a request."""
-
-
-def shape_of(req: Request) -> Shape:
-    """The request's shape: two requests with equal shapes are accepted by the same nodes.
-
-    :param req: a request.
-    :returns: a hashable key.
-    """
-    return (
-        req.demand.as_tuple(), req.nodes, req.gpu_mem_per_gpu_bytes, req.constraint_key, req.allow_sharing,
-    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +173,8 @@ class Simulator:
         )  # fmt: skip
         self.adaptor: SimAdaptor | None = None
         if config.power_down_after_s is not None:
-            self.adaptor = SimAdaptor(nodes, lambda: self.now, power_down_after_s=config.power_down_after_s,
+            self.adaptor = SimAdaptor(nodes, lambda: self.now, lambda i: self.engine.node_snapshot(i), config.threshold,
+                                      power_down_after_s=config.power_down_after_s,
                                       spare_nodes=config.spare_nodes, boot_s=config.wake_delay_s,
                                       wake_timeout_s=max(600.0, 2 * config.wake_delay_s))
         self.ready = [True] * len(nodes)
@@ -194,7 +184,7 @@ class Simulator:
         self.power_due: float | None = None
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = 0
-        self.shapes = [shape_of(j.request) for j in self.jobs]
+        self.shapes = [j.request.shape for j in self.jobs]
         self.buckets: dict[Shape, list[tuple[QueueKey, int]]] = {}
         self.refused: set[Shape] = set()
         self.waiting = 0

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from common.domain import DIMENSIONS, ClusterSnapshot, Decision, Placement, Rejection, Request
+from common.domain import DIMENSIONS, ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request
 from coordinator.scheduler.placement.refusals import RefusalMemo
 from coordinator.scheduler.placement.shape_cache import ShapeCache
 from coordinator.scheduler.placement.state import PlacementState
@@ -181,6 +181,10 @@ class PlacementEngine:
         for assignment in placement.assignments:
             self.state.release(assignment, placement.demand, gpu_mem_per_gpu_bytes)
         self._refusals.clear()
+
+    def node_snapshot(self, i: int) -> NodeSnapshot:
+        """Node ``i`` (original order) with every reservation made so far."""
+        return self.state.node_snapshot(i)
 
     def snapshot(self) -> ClusterSnapshot:
         """The cluster with every reservation made so far.

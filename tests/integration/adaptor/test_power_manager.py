@@ -35,21 +35,25 @@ class Rig:
     def __init__(self, app: App, log: Path) -> None:
         self.app, self.log = app, log
 
-    def node(self, node_id: str, gpus: int, *, off: bool = False) -> None:
+    def node(self, node_id: str, gpus: int, *, off: bool = False, gpu_mem_gib: int = 80,
+             model: str = "NVIDIA H100 80GB HBM3") -> None:
         inv = types_pb2.NodeInventory(
             node_id=node_id, cpu_cores=64, mem_total_bytes=512 * GIB,
-            gpus=[types_pb2.GpuInfo(index=i, model="NVIDIA H100 80GB HBM3", mem_total_bytes=80 * GIB)
+            gpus=[types_pb2.GpuInfo(index=i, model=model, mem_total_bytes=gpu_mem_gib * GIB)
                   for i in range(gpus)])
         entry, _ = self.app.registry.connect(inv, outbox=None)
         if off:
             entry.record.power_state = PS.NODE_POWER_STATE_OFF
             self.app.registry.disconnect(node_id, entry.stream_id)
 
-    def pending(self, task_id: str, gpus: float, nodes: int = 1) -> types_pb2.Task:
+    def pending(self, task_id: str, gpus: float, nodes: int = 1, *, gpu_mem_gib: int = 10,
+                avoid: tuple[str, ...] = ()) -> types_pb2.Task:
         task = types_pb2.Task(
             id=task_id, state=int(TaskState.PENDING), revision=1, submit_unix_s=1.0,
-            spec=types_pb2.TaskSpec(name=task_id, argv=["true"], nodes=nodes),
-            demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=10 * GIB, cpu_cores=1.0, mem_bytes=GIB))
+            spec=types_pb2.TaskSpec(name=task_id, argv=["true"], nodes=nodes,
+                                    constraints=types_pb2.Constraints(avoid_nodes=list(avoid))),
+            demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=gpu_mem_gib * GIB, cpu_cores=1.0,
+                                            mem_bytes=GIB))
         self.app.tasks.tasks[task_id] = task
         return task
 
@@ -122,6 +126,41 @@ class TestWakeThreshold:
         rig.app.power_manager.unplaced(rig.pending("t1", 2.0))
         rig.steps(1)
         assert rig.power("n2") == "off" and rig.requests() == []
+
+
+class TestPlacementFilter:
+    """Wake and scale-in ask the placement filter itself, not a count of GPUs."""
+
+    def test_gpu_memory_the_ready_node_lacks_wakes_a_node_that_has_it(self, rig: Rig) -> None:
+        """A free 8-GPU node with 40 GiB GPUs cannot hold 60 GiB per GPU: the off 80 GiB node is woken."""
+        rig.node("n1", 8, gpu_mem_gib=40, model="NVIDIA A100-PCIE-40GB")
+        rig.node("n2", 8, off=True)
+        rig.app.power_manager.unplaced(rig.pending("t1", 1.0, gpu_mem_gib=60))
+        rig.steps(1)
+        assert rig.power("n2") == "powering-on"
+
+    def test_off_node_without_the_gpu_memory_is_not_woken(self, rig: Rig) -> None:
+        """An off node whose GPUs are too small for the task stays off; the provider is asked for a new node."""
+        rig.node("n1", 8, off=True, gpu_mem_gib=40, model="NVIDIA A100-PCIE-40GB")
+        rig.app.power_manager.unplaced(rig.pending("t1", 1.0, gpu_mem_gib=60))
+        rig.steps(1)
+        assert rig.power("n1") == "off"
+        assert [r["action"] for r in rig.requests()] == ["create"]
+
+    def test_replica_avoiding_the_ready_node_wakes_another(self, rig: Rig) -> None:
+        """A replica that must avoid its sibling's node counts that node as no room: an off node is woken."""
+        rig.node("n1", 8)
+        rig.node("n2", 8, off=True)
+        rig.app.power_manager.unplaced(rig.pending("r1", 1.0, avoid=("n1",)))
+        rig.steps(1)
+        assert rig.power("n2") == "powering-on"
+
+    def test_idle_node_a_pending_task_must_avoid_is_powered_down(self, rig: Rig) -> None:
+        """A pending replica that may not use an idle node does not keep that node on."""
+        rig.node("n1", 8)
+        rig.pending("r1", 1.0, avoid=("n1",))
+        rig.steps(3)
+        assert rig.power("n1") == "off"
 
 
 class TestScaleInWithPendingWork:
