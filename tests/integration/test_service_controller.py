@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from common.errors import IllegalTransition, ValidationError
+from common.errors import CoordinationError, IllegalTransition, ValidationError
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES
@@ -355,3 +355,32 @@ class TestLoadHistoryAcrossLeaders:
         assert not math.isnan(a.forecast_mape) and b.forecast_mape == pytest.approx(a.forecast_mape, rel=1e-9)
         assert b.forecast_replicas == a.forecast_replicas >= 1            # the learned capacity came along
         assert c.forecast_model == "none" and c.forecast_replicas == 0 and math.isnan(c.forecast_mape)
+
+
+class TestStoredHistoryLimits:
+    def test_an_oversized_or_misnamed_history_is_refused_before_use(self, etcd_server: EtcdCluster,
+                                                                     etcd_prefix: str) -> None:
+        """A stored history above the byte cap is refused undecoded, one naming another service is refused,
+        a missing one reads as None, and a well-formed one reads back as written."""
+        client = connect(etcd_server.endpoints, 2.0)
+        keys = Keys(etcd_prefix)
+
+        async def scenario(app: App) -> None:
+            store = ServiceStore(client, keys, app.leadership.election, max_history_bytes=64)
+            assert store.get_history("s-none") is None
+            good = types_pb2.ServiceLoadHistory(service_id="s-a", bucket_s=60.0, last_bucket=5, values=[1.0, 2.0])
+            await app.leadership.write(store.put_history, good)
+            assert store.get_history("s-a") == good
+            with pytest.raises(ValidationError):
+                store.put_history(types_pb2.ServiceLoadHistory(service_id="s-a", values=[1.0] * 64))
+            client.txn([], [op_put(keys.service_history("s-b"), b"\x00" * 65)])
+            with pytest.raises(CoordinationError, match="65 bytes"):
+                store.get_history("s-b")
+            client.txn([], [op_put(keys.service_history("s-c"), good.SerializeToString())])
+            with pytest.raises(CoordinationError, match="s-a"):
+                store.get_history("s-c")
+
+        try:
+            asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+        finally:
+            client.close()
