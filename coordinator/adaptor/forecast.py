@@ -8,13 +8,16 @@ coordinator and runs a numerical optimizer at every refit, for two recursions of
 
 :class:`LoadHistory` keeps one service's load (requests running + waiting, or the busy GPU fraction)
 in fixed buckets, forecasts the highest load within a lead time, and scores its own past forecasts
-(MAPE over the last day).
+(MAPE over the last day). :meth:`LoadHistory.snapshot` and :meth:`LoadHistory.restore` carry it to a
+new leader (stored at ``service-history/<id>``).
 
 Example::
 
     hist = LoadHistory(bucket_s=60, season_buckets=1440)
     hist.add(now, load)                         # every controller tick
     f = hist.forecast(now, lead_s=90)           # Forecast(peak=…, model='holt', mape=…)
+    snap = hist.snapshot()                      # HistorySnapshot: closed buckets and scored errors
+    LoadHistory(bucket_s=60, season_buckets=1440).restore(snap, now)   # ValueError: refused, left empty
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Forecast", "LoadHistory", "forecast_series", "holt_linear", "holt_winters_additive"]
+__all__ = ["Forecast", "HistorySnapshot", "LoadHistory", "forecast_series", "holt_linear", "holt_winters_additive"]
 
 _ALPHAS = (0.2, 0.5, 0.8)
 _BETAS = (0.01, 0.1)
@@ -113,6 +116,22 @@ class Forecast:
     mape: float
 
 
+@dataclass(frozen=True, slots=True)
+class HistorySnapshot:
+    """What a new leader needs to continue a :class:`LoadHistory`.
+
+    :param bucket_s: seconds per bucket.
+    :param last_bucket: index (``int(unix_s // bucket_s)``) of the last closed bucket; -1 when none closed.
+    :param values: the closed buckets' mean load, oldest first.
+    :param errors: ``(time, absolute percentage error as a fraction)`` of the scored forecasts, oldest first.
+    """
+
+    bucket_s: float
+    last_bucket: int
+    values: tuple[float, ...]
+    errors: tuple[tuple[float, float], ...]
+
+
 class LoadHistory:
     """One service's load in buckets, its forecasts and their error.
 
@@ -129,6 +148,7 @@ class LoadHistory:
         self.bucket_s, self.season = bucket_s, season_buckets
         self._values: deque[float] = deque(maxlen=season_buckets * seasons_kept)
         self._bucket = -1
+        self._last_closed = -1
         self._sum, self._count = 0.0, 0
         self._pending: dict[int, float] = {}            # bucket → its one-bucket-ahead forecast
         self._errors: deque[tuple[float, float]] = deque()   # (time, absolute percentage error)
@@ -139,6 +159,63 @@ class LoadHistory:
 
     def __len__(self) -> int:
         return len(self._values)
+
+    @property
+    def closed(self) -> int:
+        """Buckets closed since this history was made (a restore counts as one)."""
+        return self._closed
+
+    @property
+    def max_errors(self) -> int:
+        """The most scored forecasts the MAPE window can hold (one per closed bucket)."""
+        return math.ceil(self._mape_window_s / self.bucket_s) + 1
+
+    def snapshot(self) -> HistorySnapshot:
+        """The closed buckets and the scored errors (the bucket still filling is left out)."""
+        return HistorySnapshot(self.bucket_s, self._last_closed, tuple(self._values), tuple(self._errors))
+
+    def restore(self, snap: HistorySnapshot, now: float) -> None:
+        """Continue from ``snap`` (read from etcd: untrusted), at Unix time ``now``.
+
+        Buckets between the snapshot's last one and now (the leader change) get the last value when they
+        are at most one season (a leader change loses a few buckets); after a longer gap the history starts
+        empty, as most of a season would be made up. The next bucket's forecast is computed again, so the
+        forecasts' scoring goes on.
+
+        :raises ValueError: refused, naming why (the history is left as it was): another bucket size, more
+            values than are kept or errors than the MAPE window holds, a value or error that is not finite
+            and non-negative, an error timed after now, a last bucket not before now's, a gap longer than a season.
+        """
+        now_bucket = int(now // self.bucket_s)
+        maxlen = self._values.maxlen or 0
+        if snap.bucket_s != self.bucket_s:
+            raise ValueError(f"bucket_s {snap.bucket_s} is not this controller's {self.bucket_s}")
+        if len(snap.values) > maxlen:
+            raise ValueError(f"{len(snap.values)} values; at most {maxlen} are kept")
+        if len(snap.errors) > self.max_errors:
+            raise ValueError(f"{len(snap.errors)} scored errors; at most {self.max_errors}")
+        if not all(math.isfinite(v) and v >= 0 for v in snap.values):
+            raise ValueError("a value is not a finite non-negative number")
+        if not all(math.isfinite(t) and t <= now + self.bucket_s and math.isfinite(e) and e >= 0
+                   for t, e in snap.errors):
+            raise ValueError("a scored error is not a finite non-negative number at a past time")
+        if not snap.values:
+            return
+        if snap.last_bucket >= now_bucket:
+            raise ValueError(f"last bucket {snap.last_bucket} is not before now's ({now_bucket})")
+        gap = now_bucket - snap.last_bucket - 1
+        if gap > self.season:
+            raise ValueError(f"{gap} buckets missed, more than a season ({self.season})")
+        self._values.clear()
+        self._values.extend(snap.values)
+        self._values.extend(itertools.repeat(snap.values[-1], gap))
+        self._errors = deque(sorted(e for e in snap.errors if e[0] >= now - self._mape_window_s))
+        self._last_closed, self._bucket = now_bucket - 1, now_bucket
+        self._sum, self._count = 0.0, 0
+        self._closed += 1
+        path, model = forecast_series(np.fromiter(self._values, float), self._horizon, self.season)
+        self._pending = {now_bucket: float(path[0])}
+        self._cached = (self._closed, self._horizon, Forecast(float(path.max()), model, math.nan))
 
     def add(self, now: float, load: float) -> None:
         """One load sample (non-finite or negative samples are ignored)."""
@@ -160,6 +237,7 @@ class LoadHistory:
         while self._errors and self._errors[0][0] < now - self._mape_window_s:
             self._errors.popleft()
         self._values.append(actual)
+        self._last_closed = self._bucket
         self._closed += 1
         # One refit per bucket: its path scores the model on the next bucket and answers forecast() until
         # the next bucket closes (forecasts for buckets that got no sample are dropped).

@@ -22,6 +22,11 @@ with stabilization, cooldown and an action bound), stores a changed count, and t
 replica tasks match it: creates missing indices (a dead replica's index is missing, so it is
 replaced), cancels extra ones highest index first.
 
+Every few closed buckets the leader stores each running service's load history and learned per-replica
+capacity at ``service-history/<id>`` (fenced); a new leader reads it once when it recovers the services
+and continues the same forecast (a record that is corrupt or does not fit is logged and the service
+starts with an empty history).
+
 Agents take no part beyond running tasks: a replica is a task, so ``ScaleTask`` decisions are never
 sent, and an agent refuses one if it gets it.
 """
@@ -39,12 +44,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from common.errors import Fenced, GptrmError, IllegalTransition, NotFound, ValidationError
+from common.errors import EtcdUnavailable, Fenced, GptrmError, IllegalTransition, NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.adaptor.autoscale import Autoscaler, ScalePolicy
-from coordinator.adaptor.forecast import Forecast, LoadHistory
+from coordinator.adaptor.forecast import Forecast, HistorySnapshot, LoadHistory
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
@@ -156,6 +161,7 @@ class _Runtime:
     lead_s: float = _DEFAULT_LEAD_S
     lead_samples: int = 0
     capacity: float = 0.0                 # load one replica carries at the target (learned)
+    saved_closed: int = 0                 # history.closed when the history was last stored
     created: dict[str, float] = field(default_factory=dict)   # replica task id → when it was asked for
     cancelling: set[str] = field(default_factory=set)
     unspread: set[int] = field(default_factory=set)   # replica indices to place anywhere (spreading found no room)
@@ -182,18 +188,22 @@ class ServiceController:
     :param metrics: the controller's series.
     :param interval_s: seconds between ticks.
     :param policy: scaling windows (MIN and MAX come from each service).
+    :param history_bucket_s: seconds per load-history bucket.
+    :param history_save_buckets: the load history is stored every this many closed buckets.
     :param clock: monotonic seconds; ``wall``: Unix seconds.
     """
 
     def __init__(self, store: ServiceStore, leadership: Leadership, tasks: TaskTable, monitor: ResourceMonitor,
                  registry: NodeRegistry, profiler: Profiler, events: EventBus, metrics: ServiceMetrics, *,
                  interval_s: float = 5.0, policy: ScalePolicy | None = None,
-                 history_bucket_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 history_bucket_s: float = 60.0, history_save_buckets: int = 5,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        if history_save_buckets < 1:
+            raise ValueError("history_save_buckets must be at least 1")
         self._store, self._leadership, self._tasks = store, leadership, tasks
         self._monitor, self._registry, self._profiler = monitor, registry, profiler
         self._events, self._metrics = events, metrics
-        self._interval_s, self._bucket_s = interval_s, history_bucket_s
+        self._interval_s, self._bucket_s, self._save_every = interval_s, history_bucket_s, history_save_buckets
         self._policy = policy or ScalePolicy(min_replicas=1, max_replicas=1)
         self._clock, self._wall = clock, wall
         self.services: dict[str, types_pb2.Service] = {}
@@ -335,6 +345,7 @@ class ServiceController:
                         self.services = await asyncio.to_thread(self._store.list)
                         self._recovered = True
                         self._log.info("services_recovered", services=len(self.services))
+                        await self._recover_histories()
                     await self.tick()
                 except Fenced:
                     return
@@ -359,12 +370,72 @@ class ServiceController:
                                  stabilization_s=p.stabilization_s, cooldown_s=p.cooldown_s,
                                  up_cooldown_s=p.up_cooldown_s, max_actions=p.max_actions,
                                  actions_window_s=p.actions_window_s)
-            history = rt.history if rt else LoadHistory(bucket_s=self._bucket_s,
-                                                        season_buckets=max(1, round(86_400 / self._bucket_s)))
+            history = rt.history if rt else self._new_history()
             rt = _Runtime(scaler=Autoscaler(policy, self._clock), history=history,
-                          lead_s=svc.lead_time_s or _DEFAULT_LEAD_S)
+                          lead_s=svc.lead_time_s or _DEFAULT_LEAD_S, capacity=rt.capacity if rt else 0.0,
+                          saved_closed=rt.saved_closed if rt else 0)
             self._rt[svc.id] = rt
         return rt
+
+    def _new_history(self) -> LoadHistory:
+        return LoadHistory(bucket_s=self._bucket_s, season_buckets=max(1, round(86_400 / self._bucket_s)))
+
+    async def _recover_histories(self) -> None:
+        """Continue each running service's stored load history and capacity (read once, when leading starts).
+
+        A stored history is untrusted: one that cannot be read, is corrupt or does not fit (another bucket
+        size, too large, values out of range, a last bucket in the future, a gap over a season) is logged and
+        the service starts with an empty history; nothing stops the other services or the tick.
+        """
+        for svc in list(self.services.values()):
+            if svc.stopped:
+                continue
+            rt = self._runtime(svc)
+            try:
+                stored = await asyncio.to_thread(self._store.get_history, svc.id)
+            except EtcdUnavailable as e:
+                self._log.warning("service_history_unreadable", service_id=svc.id, reason=str(e))
+                continue
+            except GptrmError as e:
+                self._log.warning("service_history_refused", service_id=svc.id, reason=str(e))
+                continue
+            if stored is None:
+                continue
+            history = self._new_history()
+            try:
+                if len(stored.error_times_unix_s) != len(stored.errors):
+                    raise ValueError(f"{len(stored.error_times_unix_s)} error times for {len(stored.errors)} errors")
+                if not (math.isfinite(stored.capacity) and stored.capacity >= 0):
+                    raise ValueError(f"capacity {stored.capacity} is not a finite non-negative number")
+                history.restore(HistorySnapshot(stored.bucket_s, stored.last_bucket, tuple(stored.values),
+                                                tuple(zip(stored.error_times_unix_s, stored.errors, strict=True))),
+                                self._wall())
+            except ValueError as e:
+                self._log.warning("service_history_refused", service_id=svc.id, reason=str(e))
+                continue
+            if len(history) <= len(rt.history):
+                continue   # this replica led before and kept a longer history in memory
+            rt.history, rt.capacity, rt.saved_closed = history, stored.capacity or rt.capacity, history.closed
+            self._log.info("service_history_restored", service_id=svc.id, buckets=len(history),
+                           last_bucket=stored.last_bucket, capacity=rt.capacity)
+
+    async def _save_history(self, svc: types_pb2.Service, rt: _Runtime) -> None:
+        """Store the load history and capacity every ``history_save_buckets`` closed buckets (fenced)."""
+        if rt.history.closed - rt.saved_closed < self._save_every:
+            return
+        snap = rt.history.snapshot()
+        record = types_pb2.ServiceLoadHistory(
+            service_id=svc.id, bucket_s=snap.bucket_s, last_bucket=snap.last_bucket, values=snap.values,
+            error_times_unix_s=[t for t, _ in snap.errors], errors=[e for _, e in snap.errors],
+            capacity=rt.capacity, saved_unix_s=self._wall())
+        try:
+            await self._leadership.write(self._store.put_history, record)
+        except Fenced:
+            raise
+        except GptrmError as e:   # tried again after the next closed bucket
+            self._log.warning("service_history_save_failed", service_id=svc.id, reason=str(e))
+            return
+        rt.saved_closed = rt.history.closed
 
     async def tick(self) -> None:
         """One pass over every service: measure, decide, store a change, make the replicas match."""
@@ -446,6 +517,7 @@ class ServiceController:
         # A refit takes tens of milliseconds with days of history: off the event loop (only this loop
         # touches the history, one service at a time).
         fc = await asyncio.to_thread(_observe, rt.history, now_wall, load, rt.lead_s)
+        await self._save_history(svc, rt)
         if rt.capacity > 0 and fc.model != "none":
             forecast_replicas = math.ceil(fc.peak / rt.capacity - 1e-9)
         view = rt.view

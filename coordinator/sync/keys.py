@@ -87,6 +87,15 @@ class Keys:
         """``services/<service_id>`` (value: ``Service``)."""
         return self.services_prefix + _check_name("service_id", service_id)
 
+    @property
+    def service_histories_prefix(self) -> str:
+        """Prefix of every ``service-history/<id>`` key (outside ``services/``, which lists the records)."""
+        return self.prefix + "service-history/"
+
+    def service_history(self, service_id: str) -> str:
+        """``service-history/<service_id>`` (value: ``ServiceLoadHistory``)."""
+        return self.service_histories_prefix + _check_name("service_id", service_id)
+
     def node(self, node_id: str) -> str:
         """``nodes/<node_id>`` (value: ``NodeRecord``)."""
         return self.nodes_prefix + _check_name("node_id", node_id)

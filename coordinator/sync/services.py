@@ -1,4 +1,5 @@
-"""Service records in etcd (``services/<id>``): the replica count the leader's controller keeps, fenced.
+"""Service records in etcd (``services/<id>``): the replica count the leader's controller keeps, fenced;
+and each service's load history (``service-history/<id>``), so a new leader continues its forecast.
 
 Example::
 
@@ -6,11 +7,15 @@ Example::
     svc = services.put(types_pb2.Service(id="s-1f3a", spec=spec, desired=1))    # created
     svc.desired = 2
     svc = services.put(svc)            # compare on svc.revision: a concurrent change raises Conflict
+    services.put_history(types_pb2.ServiceLoadHistory(service_id="s-1f3a", bucket_s=60, ...))
+    services.get_history("s-1f3a")     # None when none is stored
 """
 
 from __future__ import annotations
 
-from common.errors import NotFound
+from google.protobuf.message import DecodeError
+
+from common.errors import CoordinationError, NotFound, ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.sync import _records as rec
 from coordinator.sync._fenced import FencedWriter
@@ -19,7 +24,10 @@ from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
 from coordinator.sync.state_machine import Conflict
 
-__all__ = ["ServiceStore"]
+__all__ = ["MAX_HISTORY_BYTES", "ServiceStore"]
+
+MAX_HISTORY_BYTES = 1 << 20
+"""The largest stored load history read (etcd's default request limit is 1.5 MiB)."""
 
 _VIEW_FIELDS = ("revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "forecast_model")
 """Fields of ``Service`` that are the leader's current view, never stored."""
@@ -31,10 +39,12 @@ class ServiceStore:
     :param client: the etcd client.
     :param keys: key names.
     :param election: supplies the fencing epoch (a deposed leader's write raises ``Fenced``).
+    :param max_history_bytes: a stored load history larger than this is refused before it is decoded.
     """
 
-    def __init__(self, client: EtcdClient, keys: Keys, election: Election) -> None:
-        self._client, self._keys = client, keys
+    def __init__(self, client: EtcdClient, keys: Keys, election: Election,
+                 max_history_bytes: int = MAX_HISTORY_BYTES) -> None:
+        self._client, self._keys, self._max_history_bytes = client, keys, max_history_bytes
         self._writer = FencedWriter(client, keys, election)
 
     def put(self, service: types_pb2.Service) -> types_pb2.Service:
@@ -67,6 +77,37 @@ class ServiceStore:
         """Every stored service by id."""
         kvs, _ = self._client.range_prefix(self._keys.services_prefix)
         return {svc.id: svc for svc in (self._decode(kv) for kv in kvs)}
+
+    def put_history(self, history: types_pb2.ServiceLoadHistory) -> None:
+        """Store one service's load history (fenced; the last write wins: only the leader writes it).
+
+        :raises ValidationError: it is larger than ``max_history_bytes`` (it could not be read back).
+        :raises NotLeader, Fenced: we do not lead.
+        """
+        data = history.SerializeToString()
+        if len(data) > self._max_history_bytes:
+            raise ValidationError("service_history", f"{len(data)} bytes; at most {self._max_history_bytes}")
+        self._writer.write([], [op_put(self._keys.service_history(history.service_id), data)])
+
+    def get_history(self, service_id: str) -> types_pb2.ServiceLoadHistory | None:
+        """The stored load history, None when there is none.
+
+        :raises CoordinationError: the value is larger than ``max_history_bytes`` (not decoded), is not a
+            ``ServiceLoadHistory``, or names another service.
+        """
+        key = self._keys.service_history(service_id)
+        kv = self._client.get(key)
+        if kv is None:
+            return None
+        if len(kv.value) > self._max_history_bytes:
+            raise CoordinationError(f"etcd key {key!r}: {len(kv.value)} bytes, at most {self._max_history_bytes}")
+        try:
+            history = types_pb2.ServiceLoadHistory.FromString(kv.value)
+        except DecodeError as e:
+            raise CoordinationError(f"etcd key {key!r} does not hold a ServiceLoadHistory: {e}") from e
+        if history.service_id != service_id:
+            raise CoordinationError(f"etcd key {key!r} holds the history of {history.service_id!r}")
+        return history
 
     @staticmethod
     def _decode(kv: KV) -> types_pb2.Service:

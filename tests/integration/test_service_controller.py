@@ -4,15 +4,24 @@ replicas follow the stored count, pins and unpins, dead replicas are replaced, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 from collections.abc import Awaitable, Callable
 
 import pytest
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
-from common.errors import IllegalTransition, ValidationError
+from common.errors import CoordinationError, IllegalTransition, ValidationError
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES
+from coordinator.adaptor.services import ServiceController, ServiceMetrics
 from coordinator.app import App
+from coordinator.sync import connect
+from coordinator.sync.client import EtcdClient, op_put
+from coordinator.sync.keys import Keys
+from coordinator.sync.services import ServiceStore
 from tests.helpers.inproc import inventory, run_leading, until
 
 
@@ -262,3 +271,116 @@ def _stops(outbox: asyncio.Queue, task_id: str) -> bool:
         if m is not None and m.decision.HasField("stop") and m.decision.stop.task_id == task_id:
             found = True
     return found
+
+
+HOUR = 3600.0
+START = 1_700_000_000 // 3600 * 3600.0
+"""A Unix time at the start of an hour bucket."""
+
+
+def hourly_controller(app: App, client: EtcdClient, prefix: str, wall: list[float]) -> ServiceController:
+    """A controller on the app's parts with hourly history buckets (a day is 24), saved every 5, on ``wall``."""
+    return ServiceController(ServiceStore(client, Keys(prefix), app.leadership.election), app.leadership, app.tasks,
+                             app.monitor, app.registry, app.profiler, app.events,
+                             ServiceMetrics(CollectorRegistry()), history_bucket_s=HOUR, history_save_buckets=5,
+                             wall=lambda: wall[0])
+
+
+async def recovered_view(ctl: ServiceController, service_id: str) -> types_pb2.Service:
+    """Run ``ctl`` as a new leader until its first tick has forecast ``service_id``; its view then."""
+    running = asyncio.create_task(ctl.run(lambda: True))
+    try:
+        await until(lambda: service_id in ctl.services and ctl.view(service_id).service.forecast_model)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    return ctl.view(service_id).service
+
+
+class TestLoadHistoryAcrossLeaders:
+    def test_a_new_leader_continues_the_forecast_and_a_corrupt_history_starts_empty(
+            self, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+        """Leader A sees two days and eight hours of a daily load (Holt-Winters); leader B, reading the stored
+        history, forecasts with Holt-Winters at once, the same load, MAPE and replica need; a corrupt stored
+        history makes leader C start empty (model none) and log why, while it still runs the service."""
+        wall = [START]
+        ids: list[str] = []
+        seen: dict[str, types_pb2.Service] = {}
+        client = connect(etcd_server.endpoints, 2.0)
+        keys = Keys(etcd_prefix)
+
+        async def leader_a(app: App) -> None:
+            await app.nodes.connected(agent_pb2.Register(inventory=inventory("n1")), asyncio.Queue())
+            entry = app.registry.get("n1")
+            assert entry is not None
+            ctl = hourly_controller(app, client, etcd_prefix, wall)
+            svc = await ctl.create(service_spec(1, 1))
+            ids.append(svc.id)
+            await ctl.tick()
+            await until(lambda: 0 in live(app, svc.id) and live(app, svc.id)[0].allocation.nodes)
+            await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=live(app, svc.id)[0].id,
+                                                                            state=4))
+            for hour in range(24 * 2 + 8):
+                wall[0] = START + hour * HOUR
+                util = 0.3 + 0.25 * math.sin(2 * math.pi * hour / 24)
+                app.monitor.latest["n1"] = util_sample("n1", util)
+                await ctl.tick()
+            assert client.get(keys.service_history(svc.id)) is not None
+            seen["a"] = ctl.view(svc.id).service
+
+        async def leader_b(app: App) -> None:
+            ctl = hourly_controller(app, client, etcd_prefix, wall)
+            with capture_logs() as logs:
+                seen["b"] = await recovered_view(ctl, ids[0])
+            assert any(e["event"] == "service_history_restored" and e["service_id"] == ids[0] for e in logs)
+
+        async def leader_c(app: App) -> None:
+            client.txn([], [op_put(keys.service_history(ids[0]), b"\xff\x00 not a history")])
+            ctl = hourly_controller(app, client, etcd_prefix, wall)
+            with capture_logs() as logs:
+                seen["c"] = await recovered_view(ctl, ids[0])
+                await ctl.tick()
+            refused = [e for e in logs if e["event"] == "service_history_refused"]
+            assert refused and refused[0]["service_id"] == ids[0] and "ServiceLoadHistory" in refused[0]["reason"]
+
+        try:
+            for scenario in (leader_a, leader_b, leader_c):
+                asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+        finally:
+            client.close()
+        a, b, c = seen["a"], seen["b"], seen["c"]
+        assert a.forecast_model == b.forecast_model == "holt-winters"
+        assert b.forecast_load == pytest.approx(a.forecast_load, rel=1e-3)
+        assert not math.isnan(a.forecast_mape) and b.forecast_mape == pytest.approx(a.forecast_mape, rel=1e-9)
+        assert b.forecast_replicas == a.forecast_replicas >= 1            # the learned capacity came along
+        assert c.forecast_model == "none" and c.forecast_replicas == 0 and math.isnan(c.forecast_mape)
+
+
+class TestStoredHistoryLimits:
+    def test_an_oversized_or_misnamed_history_is_refused_before_use(self, etcd_server: EtcdCluster,
+                                                                     etcd_prefix: str) -> None:
+        """A stored history above the byte cap is refused undecoded, one naming another service is refused,
+        a missing one reads as None, and a well-formed one reads back as written."""
+        client = connect(etcd_server.endpoints, 2.0)
+        keys = Keys(etcd_prefix)
+
+        async def scenario(app: App) -> None:
+            store = ServiceStore(client, keys, app.leadership.election, max_history_bytes=64)
+            assert store.get_history("s-none") is None
+            good = types_pb2.ServiceLoadHistory(service_id="s-a", bucket_s=60.0, last_bucket=5, values=[1.0, 2.0])
+            await app.leadership.write(store.put_history, good)
+            assert store.get_history("s-a") == good
+            with pytest.raises(ValidationError):
+                store.put_history(types_pb2.ServiceLoadHistory(service_id="s-a", values=[1.0] * 64))
+            client.txn([], [op_put(keys.service_history("s-b"), b"\x00" * 65)])
+            with pytest.raises(CoordinationError, match="65 bytes"):
+                store.get_history("s-b")
+            client.txn([], [op_put(keys.service_history("s-c"), good.SerializeToString())])
+            with pytest.raises(CoordinationError, match="s-a"):
+                store.get_history("s-c")
+
+        try:
+            asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+        finally:
+            client.close()

@@ -287,6 +287,26 @@ class Service(_message.Message):
     stopped: bool
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., desired: _Optional[int] = ..., pinned: _Optional[bool] = ..., submit_unix_s: _Optional[float] = ..., reason: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[ScaleDecision, _Mapping]]] = ..., revision: _Optional[int] = ..., signal: _Optional[float] = ..., load: _Optional[float] = ..., forecast_load: _Optional[float] = ..., forecast_replicas: _Optional[int] = ..., forecast_mape: _Optional[float] = ..., lead_time_s: _Optional[float] = ..., forecast_model: _Optional[str] = ..., stopped: _Optional[bool] = ...) -> None: ...
 
+class ServiceLoadHistory(_message.Message):
+    __slots__ = ("service_id", "bucket_s", "last_bucket", "values", "error_times_unix_s", "errors", "capacity", "saved_unix_s")
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TIMES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SAVED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    service_id: str
+    bucket_s: float
+    last_bucket: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    error_times_unix_s: _containers.RepeatedScalarFieldContainer[float]
+    errors: _containers.RepeatedScalarFieldContainer[float]
+    capacity: float
+    saved_unix_s: float
+    def __init__(self, service_id: _Optional[str] = ..., bucket_s: _Optional[float] = ..., last_bucket: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ..., error_times_unix_s: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[float]] = ..., capacity: _Optional[float] = ..., saved_unix_s: _Optional[float] = ...) -> None: ...
+
 class NodeAllocation(_message.Message):
     __slots__ = ("node_id", "gpu_indices", "gpu_uuids", "demand", "gpu_share")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
