@@ -43,29 +43,36 @@ class NodeFit:
     state or schedulability: the question the Resource Adaptor asks before it keeps an idle node on or
     wakes an off one.
 
-    One instance answers for one moment (build one per step); answers are kept per node and request
-    shape, so many pending tasks of a few shapes cost a few filter runs.
+    Answers are kept per node and request shape, so many pending tasks of a few shapes cost a few
+    filter runs. The leader builds one per step; a caller that keeps one (the simulator) calls
+    :meth:`forget` for every node whose holdings changed.
 
     :param node: the node as placement would see it, schedulable (an off node holding nothing).
     :param request: a task's placement request.
-    :param threshold: the policy's threshold now.
+    :param threshold: the policy's threshold.
     """
 
     def __init__(self, node: Callable[[NodeEntry], NodeSnapshot], request: Callable[[types_pb2.Task], Request],
                  threshold: float) -> None:
         self._node, self._request, self._threshold = node, request, threshold
         self._views: dict[str, NodeSnapshot] = {}
-        self._answers: dict[tuple[str, tuple[object, ...]], bool] = {}
+        self._answers: dict[str, dict[tuple[object, ...], bool]] = {}
+
+    def forget(self, node_id: str) -> None:
+        """The node's holdings changed: build its view again at the next question."""
+        self._views.pop(node_id, None)
+        self._answers.pop(node_id, None)
 
     def __call__(self, entry: NodeEntry, task: types_pb2.Task) -> bool:
         req = self._request(task)
-        key = (entry.node_id, req.shape)
-        answer = self._answers.get(key)
+        shape = req.shape
+        answers = self._answers.setdefault(entry.node_id, {})
+        answer = answers.get(shape)
         if answer is None:
             view = self._views.get(entry.node_id)
             if view is None:
                 view = self._views[entry.node_id] = self._node(entry)
-            answer = self._answers[key] = feasible(req, view, self._threshold) is None
+            answer = answers[shape] = feasible(req, view, self._threshold) is None
         return answer
 
 

@@ -85,7 +85,7 @@ class SimAdaptor:
     def __init__(self, nodes: Sequence[NodeSnapshot], now: Callable[[], float],
                  current: Callable[[int], NodeSnapshot], threshold: float, *, power_down_after_s: float,
                  spare_nodes: int = 1, boot_s: float = 0.0, wake_timeout_s: float = 600.0) -> None:
-        self._now, self._current, self._threshold = now, current, threshold
+        self._now = now
         self.registry = NodeRegistry(heartbeat_interval_s=float("inf"), lost_grace_s=float("inf"), now=now)
         self.entries: list[NodeEntry] = []
         idle_w: dict[str, float] = {}
@@ -108,14 +108,13 @@ class SimAdaptor:
         self.manager = PowerManager(
             self.registry, lambda: self.pending, _MemoryStore(), _SoleLeader(), _NoContention(),  # type: ignore[arg-type]
             self.provider, self.events, power_down_after_s=power_down_after_s, spare_nodes=spare_nodes,
-            wake_timeout_s=wake_timeout_s, idle_power_w=lambda e: idle_w[e.node_id], fit=self._fit,
+            wake_timeout_s=wake_timeout_s, idle_power_w=lambda e: idle_w[e.node_id], fit=lambda: self._fit,
             on_change=self._changed, period_s=0.0, now=now, wall=now, sleep=_no_wait)
-
-    def _fit(self) -> NodeFit:
-        """The placement filter over the engine's nodes now, each as if schedulable (an off node holds
-        nothing: its jobs ended before it was powered off)."""
-        return NodeFit(lambda e: replace(self._current(self._index[e.node_id]), schedulable=True),
-                       lambda task: self._requests[task.id], self._threshold)
+        # The placement filter over the engine's nodes, each as if schedulable (an off node holds
+        # nothing: its jobs ended before it was powered off); kept across steps, a node forgotten
+        # whenever a job is placed on it or leaves it.
+        self._fit = NodeFit(lambda e: replace(current(self._index[e.node_id]), schedulable=True),
+                            lambda task: self._requests[task.id], threshold)
 
     def _changed(self) -> None:
         self.changed = True
@@ -142,6 +141,7 @@ class SimAdaptor:
         self._requests.pop(req.task_id, None)
         for i in node_indices:
             entry = self.entries[i]
+            self._fit.forget(entry.node_id)
             entry.task_ids.add(req.task_id)
             entry.record.reserved.gpus += req.demand.gpus
 
@@ -149,6 +149,7 @@ class SimAdaptor:
         """A job ended: its nodes' reservations are released."""
         for i in node_indices:
             entry = self.entries[i]
+            self._fit.forget(entry.node_id)
             entry.task_ids.discard(req.task_id)
             entry.record.reserved.gpus = max(0.0, entry.record.reserved.gpus - req.demand.gpus)
 

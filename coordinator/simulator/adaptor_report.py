@@ -12,6 +12,11 @@
 :class:`coordinator.adaptor.power.PowerManager` with the ``simulated`` node provider. It prints a
 markdown table (energy, active node-hours, utilization std-dev, mean and p99 JCT) and one line per
 goal against round-robin with power-down: held or not held.
+
+It also prints the floor no placement policy can go under on this workload (:func:`floors`): the
+jobs' GPU-hours on nodes that are never idle, never booting, with no spare, each busy GPU costing
+the least any node's GPU costs. A goal that asks for a cut larger than round-robin's distance to the
+floor is out of reach of every policy, and the report says so.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.domain import ClusterSnapshot
 from common.errors import GptrmError
 from common.logging import configure_logging
 from coordinator.simulator.engine import SimConfig
-from coordinator.simulator.replay import ReplaySetup, load, run_policies
+from coordinator.simulator.metrics import JobRecord
+from coordinator.simulator.replay import ProgressBar, ReplaySetup, load, run_policies
 
-__all__ = ["RUNS", "Goal", "goal_lines", "main", "table"]
+__all__ = ["RUNS", "Goal", "floors", "goal_lines", "main", "table"]
 
 Metrics = Mapping[str, Any]
 
@@ -76,15 +83,49 @@ def _lower(value: float, base: float) -> float:
     return (base - value) / base if base else 0.0
 
 
-def goal_lines(results: Mapping[str, Metrics]) -> list[str]:
-    """One line per goal (held / not held, with the measured change), and the mean JCT check."""
+def floors(cluster: ClusterSnapshot, jobs: Sequence[JobRecord], threshold: float) -> dict[str, float]:
+    """Lower bounds of active node-hours and energy that hold for every placement of these jobs.
+
+    Every job's GPU-seconds must run somewhere, and a powered node of ``c`` GPUs carries at most
+    ``threshold × c`` busy GPUs (the placement filter's cap). So node-hours ≥ GPU-hours / the largest
+    such carry, and energy ≥ GPU-hours × the least ``idle / (threshold × c) + dynamic / c`` of any node
+    (its idle power spread over as many busy GPUs as it may carry, plus a busy GPU's dynamic power).
+    Booting, idle and spare nodes only add to both.
+
+    :param cluster: the replayed nodes.
+    :param jobs: one run's finished jobs (the work is the same in every run whose jobs all finished).
+    :param threshold: the policies' threshold.
+    :returns: ``gpu_hours``, ``active_node_hours``, ``energy_kwh``.
+    """
+    gpu_hours = sum(j.gpus * (j.end_s - j.start_s) for j in jobs) / 3600.0
+    gpu_nodes = [n for n in cluster.nodes if n.capacity.gpus > 0]
+    if not gpu_nodes:
+        return {"gpu_hours": gpu_hours, "active_node_hours": 0.0, "energy_kwh": 0.0}
+    carry = max(threshold * n.capacity.gpus for n in gpu_nodes)
+    per_gpu_w = min(n.power.idle_w / (threshold * n.capacity.gpus) + (n.power.max_w - n.power.idle_w) / n.capacity.gpus
+                    for n in gpu_nodes)
+    return {"gpu_hours": gpu_hours, "active_node_hours": gpu_hours / carry,
+            "energy_kwh": gpu_hours * per_gpu_w / 1000.0}
+
+
+def goal_lines(results: Mapping[str, Metrics], floor: Mapping[str, float] | None = None) -> list[str]:
+    """One line per goal (held / not held, with the measured change), and the mean JCT check.
+
+    :param floor: :func:`floors`; a goal on one of its keys also says how far round-robin with
+        power-down is from it (the most any policy could cut).
+    """
     base = results[RR_PD]
     out = []
     for goal in GOALS:
         gains = {run: _lower(float(results[run][goal.key]), float(base[goal.key])) for run in goal.runs}
         held = any(g >= goal.gain for g in gains.values())
         measured = ", ".join(f"{run}: {g * 100:+.1f} %" for run, g in gains.items())
-        out.append(f"- {goal.what} vs {RR_PD}: {'held' if held else 'not held'} (reduction {measured})")
+        line = f"- {goal.what} vs {RR_PD}: {'held' if held else 'not held'} (reduction {measured})"
+        if floor is not None and goal.key in floor:
+            room = _lower(floor[goal.key], float(base[goal.key]))
+            line += (f"; the floor is {room * 100:.1f} % under {RR_PD}"
+                     + (": out of reach of any placement" if room < goal.gain else ""))
+        out.append(line)
     for run in (ALG1, ALG2, ALG3, TIME):
         worse = -_lower(float(results[run]["jct_mean_s"]), float(base["jct_mean_s"]))
         out.append(f"- {run}: mean JCT no worse than 1 % vs {RR_PD}: {'held' if worse <= 0.01 else 'not held'} "
@@ -116,13 +157,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs = [SimConfig(policy, power_down_after_s=args.power_down_after if adaptor else None,
                              wake_delay_s=args.wake_delay, spare_nodes=args.spare_nodes, keep_series=False)
                    for _, policy, adaptor in RUNS]
-        runs = run_policies(cluster, jobs, configs, names=[name for name, _, _ in RUNS])
+        runs = run_policies(cluster, jobs, configs, names=[name for name, _, _ in RUNS],
+                            progress=ProgressBar(sys.stderr))
     except (GptrmError, ValueError, OSError) as e:
         print(f"adaptor_report: {e}", file=sys.stderr)
         return 2
     results = {name: r.metrics for name, r in runs.items()}
+    floor = (floors(cluster, runs[RR_PD].jobs, configs[0].threshold)
+             if not results[RR_PD].get("unplaced_jobs") else None)
+    floor_line = ([] if floor is None else [
+        f"Floor for any placement ({floor['gpu_hours']:,.0f} GPU-hours of work on never-idle nodes): "
+        f"{floor['energy_kwh']:,.1f} kWh, {floor['active_node_hours']:,.1f} active node-h", ""])
     body = [f"{len(jobs):,} jobs on {len(cluster.nodes)} nodes; power-down after {args.power_down_after:g} s, "
-            f"boot {args.wake_delay:g} s, {args.spare_nodes} spare node(s)", "", table(results), *goal_lines(results)]
+            f"boot {args.wake_delay:g} s, {args.spare_nodes} spare node(s)", "", table(results), *floor_line,
+            *goal_lines(results, floor)]
     text = "\n".join(body) + "\n"
     sys.stdout.write(text)
     if args.out is not None:
