@@ -24,10 +24,10 @@ class TestAdaptorReport:
                      "300", "--wake-delay", "60", "--out", str(tmp_path / "out")])
         assert code == 0
         out = capsys.readouterr().out
-        for name, _, _ in RUNS:
+        for name, *_ in RUNS:
             assert f"| {name} |" in out
         verdicts = [line for line in out.splitlines() if line.startswith("- ")]
-        assert len(verdicts) == 7 and all(("not held" in v) or ("held" in v) for v in verdicts)
+        assert len(verdicts) == 11 and all(("not held" in v) or ("held" in v) for v in verdicts)
         assert (tmp_path / "out" / "report.md").read_text(encoding="utf-8") == out
 
     def test_missing_trace_is_a_clear_error(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,8 +60,8 @@ class TestFloors:
         cluster, jobs = load(ReplaySetup(jobs=tmp_path / "tiny_jobs.csv", nodes=tmp_path / "tiny_nodes.csv",
                                          nodes_limit=6))
         configs = [SimConfig(policy, power_down_after_s=300.0 if adaptor else None, wake_delay_s=60.0,
-                             keep_series=False) for _, policy, adaptor in RUNS]
-        runs = run_policies(cluster, jobs, configs, names=[name for name, _, _ in RUNS])
+                             keep_order=fifo, keep_series=False) for _, policy, adaptor, fifo in RUNS]
+        runs = run_policies(cluster, jobs, configs, names=[name for name, *_ in RUNS])
         for name, run in runs.items():
             assert run.metrics["unplaced_jobs"] == 0, name
             f = floors(cluster, run.jobs, configs[0].threshold)
