@@ -27,7 +27,10 @@ class TestAdaptorReport:
         for name, *_ in RUNS:
             assert f"| {name} |" in out
         verdicts = [line for line in out.splitlines() if line.startswith("- ")]
-        assert len(verdicts) == 11 and all(("not held" in v) or ("held" in v) for v in verdicts)
+        context = [v for v in verdicts if v.startswith("- context: ")]
+        assert len(context) == 1 and "lower utilization std-dev" in context[0]
+        goals = [v for v in verdicts if v not in context]
+        assert len(goals) == 10 and all(("not held" in v) or ("held" in v) for v in goals)
         assert (tmp_path / "out" / "report.md").read_text(encoding="utf-8") == out
 
     def test_missing_trace_is_a_clear_error(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
