@@ -13,8 +13,6 @@ Example::
 
 from __future__ import annotations
 
-from google.protobuf.message import DecodeError
-
 from common.errors import CoordinationError, NotFound, ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.sync import _records as rec
@@ -101,10 +99,7 @@ class ServiceStore:
             return None
         if len(kv.value) > self._max_history_bytes:
             raise CoordinationError(f"etcd key {key!r}: {len(kv.value)} bytes, at most {self._max_history_bytes}")
-        try:
-            history = types_pb2.ServiceLoadHistory.FromString(kv.value)
-        except DecodeError as e:
-            raise CoordinationError(f"etcd key {key!r} does not hold a ServiceLoadHistory: {e}") from e
+        history = rec.decode(types_pb2.ServiceLoadHistory, kv)
         if history.service_id != service_id:
             raise CoordinationError(f"etcd key {key!r} holds the history of {history.service_id!r}")
         return history
