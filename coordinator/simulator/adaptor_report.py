@@ -75,6 +75,7 @@ GOALS = (
 )
 
 _COLUMNS = (("energy kWh", "energy_kwh", 1.0, "{:,.1f}"), ("active node-h", "active_node_hours", 1.0, "{:,.1f}"),
+            ("busy node-h", "busy_node_hours", 1.0, "{:,.1f}"),
             ("util std", "util_std", 1.0, "{:.3f}"), ("JCT mean s", "jct_mean_s", 1.0, "{:,.0f}"),
             ("JCT p99 s", "jct_p99_s", 1.0, "{:,.0f}"), ("power-offs", "power_offs", 1.0, "{:,.0f}"),
             ("wakes", "power_ons", 1.0, "{:,.0f}"), ("unplaced", "unplaced_jobs", 1.0, "{:,.0f}"))
