@@ -30,8 +30,9 @@ an absent stream of a node that is off or switching is expected: it never become
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeAlias
 
 from common.errors import GptrmError
@@ -50,9 +51,10 @@ __all__ = ["PowerManager"]
 
 PS = types_pb2.NodePowerState
 
-Fit: TypeAlias = Callable[[NodeEntry, types_pb2.Task], bool]
-"""Whether a node could take a task's one-node share now, power state set aside (an off node holds
-nothing): :class:`coordinator.scheduler.snapshot.NodeFit`, the placement filter."""
+Fit: TypeAlias = Callable[[types_pb2.Task], Callable[[NodeEntry], bool]]
+"""For a task, whether a node could take its one-node share now, power state set aside (an off node
+holds nothing); tasks of one shape get the same predicate: :class:`coordinator.scheduler.snapshot.NodeFit`,
+the placement filter."""
 
 
 def _is_ready(entry: NodeEntry) -> bool:
@@ -175,12 +177,15 @@ class PowerManager:
                 idle.append(entry)
             else:
                 self._idle_since.pop(entry.node_id, None)
+        if len(idle) <= self._spare or all(now - self._idle_since[e.node_id] < self._after for e in idle):
+            return   # nothing is due whatever waits
         # Waiting work that could run on an idle node keeps it on (the scheduler places it first); a
         # pending task that fits on none of them blocks nothing.
         pending = [t for t in self._tasks().values() if t.state == TaskState.PENDING]
         if pending:
-            fits = self._fit()
-            idle = [e for e in idle if not any(fits(e, t) for t in pending)]
+            fit = self._fit()
+            usable = {fit(t) for t in pending}   # one predicate per request shape
+            idle = [e for e in idle if not any(fits(e) for fits in usable)]
         idle.sort(key=lambda e: (self._idle_since[e.node_id], e.node_id))
         for entry in idle[: max(0, len(idle) - self._spare)]:
             if now - self._idle_since[entry.node_id] >= self._after:
@@ -223,8 +228,9 @@ class PowerManager:
         if not self._unplaced:
             return
         tasks = self._tasks()
-        fits = self._fit()
+        fit = self._fit()
         waking = [e for e in self._registry if power_label(e.record.power_state) == "powering-on"]
+        ready = [e for e in self._registry if _is_ready(e) and e.connected and e.state == NodeState.READY]
         for task_id in sorted(self._unplaced):
             task = tasks.get(task_id)
             if task is None or task.state != TaskState.PENDING:
@@ -232,13 +238,12 @@ class PowerManager:
                 self._created.discard(task_id)
                 continue
             need = max(1, task.spec.nodes)
-            fitting_on = sum(1 for e in self._registry
-                             if ((_is_ready(e) and e.connected and e.state == NodeState.READY)
-                                 or e in waking) and fits(e, task))
+            fits = fit(task)
+            fitting_on = _count(itertools.chain(waking, ready), fits, need)   # capacity coming first
             if fitting_on >= need:
                 continue   # capacity is there (or coming): the scheduler places it
             off = sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
-                          and fits(e, task)),
+                          and fits(e)),
                          key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus), e.node_id))
             for entry in off[: need - fitting_on]:
                 waking.append(entry)
@@ -285,6 +290,17 @@ class PowerManager:
         self._events.publish("power", f"node {entry.node_id} {old} → {new}: {reason}", node_id=entry.node_id,
                              old=old, new=new, reason=reason)
         self._on_change()
+
+
+def _count(entries: Iterable[NodeEntry], fits: Callable[[NodeEntry], bool], enough: int) -> int:
+    """How many of ``entries`` fit, counting no further than ``enough``."""
+    n = 0
+    for entry in entries:
+        if fits(entry):
+            n += 1
+            if n >= enough:
+                break
+    return n
 
 
 def _demand(task: types_pb2.Task) -> dict[str, float]:

@@ -43,9 +43,10 @@ class NodeFit:
     state or schedulability: the question the Resource Adaptor asks before it keeps an idle node on or
     wakes an off one.
 
-    Answers are kept per node and request shape, so many pending tasks of a few shapes cost a few
-    filter runs. The leader builds one per step; a caller that keeps one (the simulator) calls
-    :meth:`forget` for every node whose holdings changed.
+    ``fit(task)`` is a predicate over nodes; tasks of one request shape share one predicate (the same
+    object), whose answers are kept per node, so many pending tasks of a few shapes cost a few filter
+    runs. The leader builds one per step; a caller that keeps one (the simulator) calls :meth:`forget`
+    for every node whose holdings changed.
 
     :param node: the node as placement would see it, schedulable (an off node holding nothing).
     :param request: a task's placement request.
@@ -56,24 +57,33 @@ class NodeFit:
                  threshold: float) -> None:
         self._node, self._request, self._threshold = node, request, threshold
         self._views: dict[str, NodeSnapshot] = {}
-        self._answers: dict[str, dict[tuple[object, ...], bool]] = {}
+        self._by_shape: dict[tuple[object, ...], tuple[Callable[[NodeEntry], bool], dict[str, bool]]] = {}
 
     def forget(self, node_id: str) -> None:
-        """The node's holdings changed: build its view again at the next question."""
+        """The node's holdings changed: build its view and answers again at the next question."""
         self._views.pop(node_id, None)
-        self._answers.pop(node_id, None)
+        for _, answers in self._by_shape.values():
+            answers.pop(node_id, None)
 
-    def __call__(self, entry: NodeEntry, task: types_pb2.Task) -> bool:
+    def __call__(self, task: types_pb2.Task) -> Callable[[NodeEntry], bool]:
         req = self._request(task)
         shape = req.shape
-        answers = self._answers.setdefault(entry.node_id, {})
-        answer = answers.get(shape)
-        if answer is None:
-            view = self._views.get(entry.node_id)
-            if view is None:
-                view = self._views[entry.node_id] = self._node(entry)
-            answer = answers[shape] = feasible(req, view, self._threshold) is None
-        return answer
+        known = self._by_shape.get(shape)
+        if known is not None:
+            return known[0]
+        answers: dict[str, bool] = {}
+
+        def fits(entry: NodeEntry) -> bool:
+            answer = answers.get(entry.node_id)
+            if answer is None:
+                view = self._views.get(entry.node_id)
+                if view is None:
+                    view = self._views[entry.node_id] = self._node(entry)
+                answer = answers[entry.node_id] = feasible(req, view, self._threshold) is None
+            return answer
+
+        self._by_shape[shape] = (fits, answers)
+        return fits
 
 
 @dataclass(frozen=True, slots=True)
