@@ -136,8 +136,8 @@ def goal_lines(results: Mapping[str, Metrics], floor: Mapping[str, float] | None
             line += (f"; the floor is {room * 100:.1f} % under {RR_PD}"
                      + (": out of reach of any placement" if room < goal.gain else ""))
         out.append(line)
-    std_on = _lower(float(results[ALG2_ON]["util_std"]), float(results[RR_ON]["util_std"]))
-    out.append(f"- context: {ALG2_ON} vs {RR_ON}: {std_on * 100:+.1f} % lower utilization std-dev")
+    std_on = -_lower(float(results[ALG2_ON]["util_std"]), float(results[RR_ON]["util_std"]))
+    out.append(f"- context: {ALG2_ON} vs {RR_ON}: utilization std-dev {std_on * 100:+.1f} %")
     for run in (ALG1, ALG2, ALG3, TIME, ALG1 + FIFO, ALG2 + FIFO, ALG3 + FIFO):
         worse = -_lower(float(results[run]["jct_mean_s"]), float(base["jct_mean_s"]))
         out.append(f"- {run}: mean JCT no worse than 1 % vs {RR_PD}: {'held' if worse <= 0.01 else 'not held'} "

@@ -28,7 +28,7 @@ class TestAdaptorReport:
             assert f"| {name} |" in out
         verdicts = [line for line in out.splitlines() if line.startswith("- ")]
         context = [v for v in verdicts if v.startswith("- context: ")]
-        assert len(context) == 1 and "lower utilization std-dev" in context[0]
+        assert len(context) == 1 and "utilization std-dev" in context[0]
         goals = [v for v in verdicts if v not in context]
         assert len(goals) == 10 and all(("not held" in v) or ("held" in v) for v in goals)
         assert (tmp_path / "out" / "report.md").read_text(encoding="utf-8") == out
