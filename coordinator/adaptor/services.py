@@ -403,10 +403,6 @@ class ServiceController:
                 continue
             history = self._new_history()
             try:
-                if len(stored.error_times_unix_s) != len(stored.errors):
-                    raise ValueError(f"{len(stored.error_times_unix_s)} error times for {len(stored.errors)} errors")
-                if not (math.isfinite(stored.capacity) and stored.capacity >= 0):
-                    raise ValueError(f"capacity {stored.capacity} is not a finite non-negative number")
                 history.restore(HistorySnapshot(stored.bucket_s, stored.last_bucket, tuple(stored.values),
                                                 tuple(zip(stored.error_times_unix_s, stored.errors, strict=True))),
                                 self._wall())

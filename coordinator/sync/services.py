@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 from common.errors import CoordinationError, NotFound, ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.sync import _records as rec
@@ -91,7 +93,9 @@ class ServiceStore:
         """The stored load history, None when there is none.
 
         :raises CoordinationError: the value is larger than ``max_history_bytes`` (not decoded), is not a
-            ``ServiceLoadHistory``, or names another service.
+            ``ServiceLoadHistory``, names another service, has not one time per scored error, or a capacity
+            that is not a finite non-negative number. (Whether its buckets fit a controller's history is
+            :meth:`~coordinator.adaptor.forecast.LoadHistory.restore`'s question.)
         """
         key = self._keys.service_history(service_id)
         kv = self._client.get(key)
@@ -102,6 +106,12 @@ class ServiceStore:
         history = rec.decode(types_pb2.ServiceLoadHistory, kv)
         if history.service_id != service_id:
             raise CoordinationError(f"etcd key {key!r} holds the history of {history.service_id!r}")
+        if len(history.error_times_unix_s) != len(history.errors):
+            raise CoordinationError(f"etcd key {key!r}: {len(history.error_times_unix_s)} error times for "
+                                    f"{len(history.errors)} errors")
+        if not (math.isfinite(history.capacity) and history.capacity >= 0):
+            raise CoordinationError(f"etcd key {key!r}: capacity {history.capacity} is not a finite non-negative "
+                                    "number")
         return history
 
     @staticmethod

@@ -360,8 +360,9 @@ class TestLoadHistoryAcrossLeaders:
 class TestStoredHistoryLimits:
     def test_an_oversized_or_misnamed_history_is_refused_before_use(self, etcd_server: EtcdCluster,
                                                                      etcd_prefix: str) -> None:
-        """A stored history above the byte cap is refused undecoded, one naming another service is refused,
-        a missing one reads as None, and a well-formed one reads back as written."""
+        """A stored history above the byte cap is refused undecoded; one naming another service, with error
+        times not paired with errors, or with a non-finite capacity is refused; a missing one reads as None,
+        and a well-formed one reads back as written."""
         client = connect(etcd_server.endpoints, 2.0)
         keys = Keys(etcd_prefix)
 
@@ -379,6 +380,14 @@ class TestStoredHistoryLimits:
             client.txn([], [op_put(keys.service_history("s-c"), good.SerializeToString())])
             with pytest.raises(CoordinationError, match="s-a"):
                 store.get_history("s-c")
+            unpaired = types_pb2.ServiceLoadHistory(service_id="s-d", errors=[0.1], error_times_unix_s=[])
+            client.txn([], [op_put(keys.service_history("s-d"), unpaired.SerializeToString())])
+            with pytest.raises(CoordinationError, match="0 error times for 1 errors"):
+                store.get_history("s-d")
+            bad_capacity = types_pb2.ServiceLoadHistory(service_id="s-e", capacity=float("nan"))
+            client.txn([], [op_put(keys.service_history("s-e"), bad_capacity.SerializeToString())])
+            with pytest.raises(CoordinationError, match="capacity nan"):
+                store.get_history("s-e")
 
         try:
             asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
