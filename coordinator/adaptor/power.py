@@ -15,9 +15,9 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
   decides, :class:`~coordinator.scheduler.snapshot.NodeFit`: constraints, every dimension at or under
   the policy's threshold after placement, GPUs with the memory and share asked for), the off node
   that adds the least idle power (Alg. 3's measure; fewest GPUs that fit, then node id) goes
-  *powering-on* and the provider
-  is asked to power it on. It is *ready* again when its agent registers; a node that does not
-  register within ``--wake-timeout`` is asked again. A provider failure leaves it *off*.
+  *powering-on* and the provider is asked to power it on. It is *ready* again when its agent
+  registers; a node that does not register within ``--wake-timeout`` is asked again. A provider
+  failure leaves it *off*.
 
 Every change is a fenced write of the node record, made under the node's etcd lock
 (``locks/power-<node>``), published as a ``power`` event and logged. After a leader change the
