@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, check_simulate_host
+from agent.task_user import DEFAULT_TASK_UIDS, parse_uid_range
 from common.config import host_port, load_config, option, positive
+from common.errors import ConfigError
 from common.paths import default_state_dir
 from common.tls import tls_files
 
@@ -21,6 +23,14 @@ def _addresses(value: list[str]) -> str | None:
         problem = host_port(a)
         if problem or not a:
             return problem or "empty address"
+    return None
+
+
+def _uid_range(value: str) -> str | None:
+    try:
+        parse_uid_range(value)
+    except ConfigError as e:
+        return str(e).removeprefix("task_uids: ")
     return None
 
 
@@ -50,12 +60,18 @@ class AgentConfig:
     data_paths: list[str] = option(["/"], "filesystems whose usage and I/O are reported")
     labels: dict[str, str] = option({}, "node labels KEY=VALUE[,KEY=VALUE...]")
     state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)")
-    task_log_max_mib: int = option(16, "rotate a task's output log past this many MiB (keeps the newest "
-                                   "1-2x this per task)", check=_positive_int)
+    task_log_max_mib: int = option(32, "most MiB of output kept on disk per task (the newest; the live log "
+                                   "and one rotated copy together)", check=_positive_int)
+    task_logs_total_mib: int = option(4096, "most MiB of task output kept on this node, all tasks together "
+                                      "(oldest rotated copies and ended tasks' logs go first)", check=_positive_int)
     backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
     backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
-    task_user: str = option("gptrm-task", "run tasks as this unprivileged user when the agent is root "
-                            "(falls back to 'nobody' if the default user is missing; ignored when not root)")
+    task_uids: str = option(DEFAULT_TASK_UIDS, "uids handed to tasks one each when the agent is root (FIRST-LAST), "
+                            "so no two tasks share a uid; 'off' runs every task as --task-user",
+                            check=_uid_range, metavar="FIRST-LAST|off")
+    task_user: str = option("gptrm-task", "with --task-uids off: run tasks as this unprivileged user when the "
+                            "agent is root (falls back to 'nobody' if the default user is missing; ignored when "
+                            "not root)")
     task_users_allowed: list[str] = option([], "other users a task spec may ask for (run_as_user)")
     runtime: str = option("auto", "task runtime: each task a transient systemd service (systemd-run: own cgroup, "
                           "only its GPUs' device nodes), a process group of the agent (process), or auto "

@@ -22,13 +22,14 @@ import psutil
 
 from agent import config as config_mod
 from agent.config import AgentConfig
+from agent.logpump import LogPump
 from agent.logstore import LogService
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.sampler import Sampler, open_gpu_backend, sampler_for
 from agent.stream import AgentStream, Backoff
 from agent.systemd_task import choose_runtime
-from agent.task_user import TaskUserPolicy
+from agent.task_user import TaskUserPolicy, parse_uid_range
 from common.errors import ConfigError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
@@ -66,12 +67,19 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     outbox = Outbox(cfg.buffer_samples)   # the stream sends as soon as something is added
     gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name)
     try:
-        task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed)
-        log.info("task_user_selected", user=task_users.default.name, uid=task_users.default.uid,
-                 switch=task_users.default.switch, allowed=list(task_users.allowed))
+        task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed,
+                                                uids=parse_uid_range(cfg.task_uids))
+        uids = task_users.uids
+        log.info("task_user_selected", user="" if uids else task_users.default.name,
+                 uid=-1 if uids else task_users.default.uid, switch=task_users.default.switch,
+                 own_uids=f"{uids.start}-{uids.stop - 1}" if uids else "off", allowed=list(task_users.allowed))
         runtime_kind = choose_runtime(cfg.runtime, euid=os.geteuid())
         log.info("task_runtime_selected", runtime=runtime_kind, configured=cfg.runtime)
-        runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=runtime_kind)
+        pump = LogPump(state_dir / "tasks", max_bytes=cfg.task_log_max_mib * 1024 * 1024,
+                       node_max_bytes=cfg.task_logs_total_mib * 1024 * 1024)
+        pump.start()
+        runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=runtime_kind,
+                              pump=pump)
         sampler = sampler_for(gpus, interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
                               task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
                               task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)
@@ -106,26 +114,18 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         notifier.notify("READY=1")
         watchdog = asyncio.create_task(watchdog_loop(
             notifier, lambda: "connected" if stream.connected.is_set() else "connecting"))
-        rotator = asyncio.create_task(_rotate_logs(logs, runtime))
         try:
             await stream.run(stop)
         finally:
             notifier.notify("STOPPING=1")
             watchdog.cancel()
-            rotator.cancel()
             sampler_stop.set()
             await asyncio.to_thread(sampler_thread.join, 5)
             await runtime.shutdown()
+            await asyncio.to_thread(pump.stop)
             log.info("agent_stopped", pending_events=outbox.pending_events, dropped_samples=outbox.dropped_total)
     finally:
         gpus.close()
-
-
-async def _rotate_logs(logs: LogService, runtime: TaskRuntime, every_s: float = 5.0) -> None:
-    """Keep the running tasks' output logs within their bound."""
-    while True:
-        await asyncio.to_thread(logs.rotate_all, list(runtime.table.tasks))
-        await asyncio.sleep(every_s)
 
 
 def _reload_tls(client_tls: ClientTls, log: object) -> None:

@@ -1,13 +1,10 @@
-"""Task output logs on the agent: bounded on disk, read back by tail and follow.
+"""Task output logs on the agent, read back by tail and follow.
 
-A task's stdout and stderr go, interleaved as written, straight into
-``<state_dir>/tasks/<id>/output.log`` (the file is the task's own: the task keeps writing if
-the agent restarts, and the agent never sits in the output path). :meth:`TaskLog.rotate`
-bounds it the way logrotate's ``copytruncate`` does: once ``output.log`` is over
-``max_bytes`` its content is copied to ``output.log.1`` (replacing the older one) and the
-file is truncated; the task's append-mode descriptor writes on at the new end. So between
-``max_bytes`` and twice that is retained, the newest always; lines written between the copy
-and the truncation are lost (a short window, once per rotation).
+A task's stdout and stderr are written, interleaved as the task wrote them, by the agent's log
+pump (:mod:`agent.logpump`) into ``<state_dir>/tasks/<id>/output.log``, rotated to
+``output.log.1``, in a directory only root can write (:mod:`agent.taskfs`). Reading opens each
+file without following a link and only if it is a regular file of the agent's own, so nothing a
+task plants is ever read back.
 
 :class:`LogService` answers the coordinator's ``LogRequest``: the last N lines, then, with
 ``follow``, what the task writes until it ends, as ``LogChunk`` messages of at most
@@ -18,9 +15,8 @@ and the truncation are lost (a short window, once per rotation).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shutil
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -61,33 +57,16 @@ class TaskLog:
         self.max_bytes = max(1, max_bytes)
 
     def exists(self) -> bool:
-        return self.path.exists() or self.rotated.exists()
+        return _own_file(self.path) is not None or _own_file(self.rotated) is not None
 
     def size(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except OSError:
-            return 0
-
-    def rotate(self) -> bool:
-        """Copy-truncate once the live file is over ``max_bytes``; True when it rotated."""
-        if self.size() <= self.max_bytes:
-            return False
-        tmp = self.rotated.with_name(self.rotated.name + ".tmp")
-        with open(self.path, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(tmp, self.rotated)
-        with open(self.path, "r+b") as fh:
-            fh.truncate(0)
-        return True
+        st = _own_file(self.path)
+        return st.st_size if st is not None else 0
 
     def generation(self) -> tuple[int, int] | None:
         """Which rotation the live file is in: the rotated copy's identity (each rotation makes a new one)."""
-        try:
-            st = self.rotated.stat()
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns
+        st = _own_file(self.rotated)
+        return (st.st_ino, st.st_mtime_ns) if st is not None else None
 
     def tail(self, lines: int, limit: int = _MAX_TAIL_BYTES) -> tuple[bytes, Cursor]:
         """The last ``lines`` lines (0: everything retained, up to ``limit`` bytes) and where in the
@@ -97,7 +76,7 @@ class TaskLog:
         data = b""
         for path, stop in ((self.path, end), (self.rotated, None)):
             try:
-                with open(path, "rb") as fh:
+                with _open_own(path) as fh:
                     pos = stop if stop is not None else fh.seek(0, os.SEEK_END)
                     while pos > 0 and len(data) < limit and (lines == 0 or _lines_in(data) <= lines):
                         step = min(_BLOCK, pos, limit - len(data))
@@ -122,7 +101,7 @@ class TaskLog:
         offset = cursor.offset
         if gen != cursor.generation:
             try:
-                with open(self.rotated, "rb") as fh:
+                with _open_own(self.rotated) as fh:
                     fh.seek(offset)
                     data = fh.read(limit)
             except OSError:
@@ -133,12 +112,38 @@ class TaskLog:
         elif self.size() < offset:   # truncated by someone else
             offset = 0
         try:
-            with open(self.path, "rb") as fh:
+            with _open_own(self.path) as fh:
                 fh.seek(offset)
                 data = fh.read(limit)
         except OSError:
             return b"", Cursor(offset, gen)
         return data, Cursor(offset + len(data), gen)
+
+
+def _own_file(path: Path) -> os.stat_result | None:
+    """``path``'s status if it is a regular file (not a link) of the agent's own user, else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() else None
+
+
+def _open_own(path: Path):
+    """Open ``path`` for reading without following a link, only if it is a regular file of the agent's own.
+
+    :raises OSError: a link (ELOOP), another kind of file or another owner (EPERM).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(1, f"{path} is not a regular file of the agent's own")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,13 +210,6 @@ class LogService:
 
     def log(self, task_id: str) -> TaskLog:
         return TaskLog(self.tasks_dir / task_id / "output.log", self.max_bytes)
-
-    def rotate_all(self, task_ids: list[str]) -> None:
-        """Bound the logs of the running tasks (called periodically)."""
-        for tid in task_ids:
-            with contextlib.suppress(OSError):
-                if self.log(tid).rotate():
-                    self._log.info("task_log_rotated", task_id=tid, max_bytes=self.max_bytes)
 
     def handle(self, req: agent_pb2.LogRequest, send: Send) -> None:
         """Start answering ``req`` (``send`` queues one chunk and resolves when there is room)."""

@@ -1,10 +1,18 @@
 """Task runtime: carries out placement decisions on this host.
 
-A task is started as its own process group (so stop/pause/resume reach every process it
-forks) under a small ``sh`` wrapper that records the exit code in a file: if the agent is
-down when the task ends, the restarted agent still reports the real exit code.
-``CUDA_VISIBLE_DEVICES`` holds the allocated GPUs' UUIDs. Decisions are idempotent by id:
-a re-delivered decision is acknowledged with its recorded outcome and never run twice.
+Every task starts under a small root ``sh`` wrapper, its own process group and session, which
+moves itself into the task's cgroup (where the host allows one, :mod:`agent.taskkill`), opens the
+task's output FIFO (:mod:`agent.logpump`), starts the task through ``setpriv`` as the task's user
+(a uid of its own by default, :mod:`agent.task_user`) and records the exit code in the agent's own
+directory, so a restarted agent still reports the real exit code. The task sees only what is its
+own (:mod:`agent.taskfs`): a fresh 0700 working directory, a clean environment (``PATH``,
+``HOME``, ``LANG``, ``USER``, ``LOGNAME``, its spec's variables and gptrm's), nothing of the
+agent's. ``CUDA_VISIBLE_DEVICES`` holds the allocated GPUs' UUIDs. When the task ends, or is
+stopped, whatever it left running is killed, however it detached.
+
+Decisions are idempotent by id: a re-delivered decision is acknowledged with its recorded outcome
+and never run twice. A decision this agent does not understand (no action, or one newer than
+itself) is refused with a reason; it never ends the stream.
 """
 
 from __future__ import annotations
@@ -19,10 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from google.protobuf.unknown_fields import UnknownFieldSet
 
-from agent import systemd_task
+from agent import systemd_task, taskfs
 from agent.collectors.task_metrics import MetricsTarget
-from agent.task_user import TaskUserPolicy
+from agent.logpump import LogPump
+from agent.logstore import TaskLog, valid_task_id
+from agent.task_user import TaskUser, TaskUserPolicy
+from agent.taskkill import TaskCgroup, cgroup_root, end_task, node_tag
 from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -30,17 +42,26 @@ from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.qos import ROLES
 from common.types import TaskState
 
-__all__ = ["TaskRuntime"]
+__all__ = ["TASK_PATH", "TaskRuntime"]
 
-# The wrapper outlives the task: its TERM trap is a handler, not "ignore", so the task
-# (which gets the group's SIGTERM itself) keeps the default disposition, and the wrapper
-# waits for the real exit status and records it even if the agent is gone by then. The
-# checkpoint signals a preemption may send to the group are trapped the same way.
+# The wrapper (root) joins the task's cgroup when it has one, holds the output FIFO open for
+# reading and writing (so the task never gets SIGPIPE while the agent restarts), and outlives the
+# task: its TERM trap is a handler, not "ignore", so the task (which gets the group's SIGTERM
+# itself) keeps the default disposition, and the wrapper waits for the real exit status and
+# records it even if the agent is gone by then. The checkpoint signals a preemption may send to
+# the group are trapped the same way. Arguments: FIFO, exit-code file, cgroup directory or "",
+# then the command (``setpriv ... -- argv`` when the task runs as another user).
 _WRAPPER = (
-    "trap : TERM INT HUP QUIT USR1 USR2 ALRM; \"$@\" & c=$!; "
-    "while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; "
-    'echo $code > "$0.tmp" && mv "$0.tmp" "$0"; exit $code'
+    'fifo=$1 exitf=$2 cg=$3; shift 3; '
+    'if [ -n "$cg" ]; then echo $$ > "$cg/cgroup.procs" || echo "gptrm: cannot join $cg" >&2; fi; '
+    'exec 3<>"$fifo" || exit 125; exec >&3 2>&3; '
+    'trap : TERM INT HUP QUIT USR1 USR2 ALRM; "$@" 3>&- & c=$!; '
+    'while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; '
+    'echo $code > "$exitf.tmp" && mv "$exitf.tmp" "$exitf"; exit $code'
 )
+TASK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""A task's ``PATH`` unless its spec sets one (never the agent's)."""
+_KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit"})
 _LOG_TAIL_BYTES = 4096
 _MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
 _POLL_S = 0.2
@@ -52,13 +73,9 @@ class UnknownTask(GptrmError):
 
 
 def _tail(path: str, limit: int = _LOG_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - limit))
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
+    """The end of a task's log (never following a link, never a file that is not the agent's own)."""
+    data, _ = TaskLog(Path(path)).tail(0, limit)
+    return data.decode(errors="replace")
 
 
 def _alive(rec: TaskRecord) -> bool:
@@ -84,9 +101,18 @@ class TaskRuntime:
     """
 
     def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_users: TaskUserPolicy | None = None,
-                 runtime: str = "process") -> None:
+                 runtime: str = "process", pump: LogPump | None = None, cgroups: bool = True) -> None:
         self.state_dir = Path(state_dir)
+        taskfs.secure_state_dir(self.state_dir)
         self.table = TaskTable.load(self.state_dir / "tasks.json")
+        self._own_pump = pump is None
+        self.pump = pump if pump is not None else LogPump(self.state_dir / "tasks", max_bytes=32 * 1024 * 1024)
+        if self._own_pump:
+            self.pump.start()
+        self._cgroup_root = cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None
+        self._node_tag = node_tag(self.state_dir)
+        if task_users is not None:
+            task_users.resume_after([r.own_uid for r in self.table.tasks.values()])
         self._emit = emit
         self._gpus = gpus
         self._users = task_users
@@ -95,6 +121,7 @@ class TaskRuntime:
         self._runtime = runtime
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._watchers: dict[str, asyncio.Task] = {}
+        self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
         self._log = get_logger("agent").bind(component="runtime")
 
     # ---- reporting --------------------------------------------------------------------------
@@ -135,15 +162,22 @@ class TaskRuntime:
                                          reason=str(done["reason"]), resulting_state=int(done["state"]),
                                          task_id=str(done["task_id"]))
         action = decision.WhichOneof("action")
+        task_id = getattr(getattr(decision, action), "task_id", "") if action else ""
         try:
+            if action not in _KNOWN_ACTIONS:
+                raise GptrmError(_not_understood(decision, action))
             task_id, state = await getattr(self, f"_do_{action}")(decision)
             ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True, resulting_state=int(state),
                                         task_id=task_id)
-        except (GptrmError, OSError, ValueError, KeyError, psutil.Error) as e:
-            task_id = getattr(getattr(decision, action), "task_id", "") if action else ""
+        except Exception as e:
+            if not isinstance(e, (GptrmError, OSError, ValueError, KeyError, psutil.Error)):
+                self._log.exception("decision_failed", decision_id=decision.decision_id, action=action or "",
+                                    task_id=task_id)
+                e = GptrmError(f"the agent failed carrying out {action!r}: {type(e).__name__}: {e}")
             ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=str(e), task_id=task_id,
                                         task_unknown=isinstance(e, UnknownTask))
-            self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id, reason=str(e))
+            self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id,
+                              action=action or "", reason=str(e))
         if decision.decision_id:
             self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
                                                           "state": ack.resulting_state, "task_id": ack.task_id}
@@ -169,6 +203,8 @@ class TaskRuntime:
             self._signal(rec, signal.SIGKILL)
             if proc is not None:
                 await proc.wait()
+            await self._end_processes(rec, leader_alive=False)
+            await self._release(rec)
             remove = getattr(self._gpus, "remove", None)
             if remove is not None:
                 remove(task_id)
@@ -191,41 +227,47 @@ class TaskRuntime:
             return st.task_id, TaskState(self.table.tasks[st.task_id].state)
         if not st.argv:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
-        user = self._users.resolve(st.run_as_user) if self._users is not None else None
-        self._record_or_refuse(st.task_id)
-        workdir = self.state_dir / "tasks" / st.task_id
-        workdir.mkdir(parents=True, exist_ok=True)
-        log_path, exit_file = workdir / "output.log", workdir / "exit_code"
-        exit_file.unlink(missing_ok=True)
+        if not valid_task_id(st.task_id):
+            raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
+        taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
+        user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
         switch = user is not None and user.switch
-        if switch:
-            # The task's own directory only: the wrapper writes its exit code there by a relative
-            # path, so the task user needs no access to the agent's state directory above it.
-            os.chown(workdir, user.uid, user.gid)  # type: ignore[union-attr]
-        task_env = {**(user.env() if switch else {}), **dict(st.env),  # type: ignore[union-attr]
-                    "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids), "GPTRM_TASK_ID": st.task_id,
-                    "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
-        command = ["/bin/sh", "-c", _WRAPPER, exit_file.name, *st.argv]
+        self._record_or_refuse(st.task_id)
+        paths = taskfs.prepare(self.state_dir, st.task_id, user)
+        task_env = _task_env(st, user, paths.work_dir)
+        cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id)
+        command = ["/bin/sh", "-c", _WRAPPER, "gptrm-task", str(paths.fifo), str(paths.exit_file),
+                   str(cgroup.path) if cgroup else "", *(user.setpriv_argv() if switch else []),  # type: ignore[union-attr]
+                   *st.argv]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
-                       gpu_indices=list(st.gpu_indices), user=user.name if user else "", runtime=self._runtime)
+                       gpu_indices=list(st.gpu_indices), user=user.name if user else "",
+                       uid=user.uid if user else os.geteuid(), runtime=self._runtime,
+                       cgroup=str(cgroup.path) if cgroup else "")
+        self.pump.attach(st.task_id).result()
         proc: asyncio.subprocess.Process | None = None
-        if self._runtime == "systemd-run":
-            pid = await systemd_task.start_service(st.task_id, command, task_env, gpu_indices=list(st.gpu_indices),
-                                                   user=user if switch else None, workdir=workdir,
-                                                   log_path=log_path)
-        else:
-            argv = [*user.setpriv_argv(), *command] if switch else command  # type: ignore[union-attr]
-            with open(log_path, "ab") as log:
+        try:
+            if self._runtime == "systemd-run":
+                pid = await systemd_task.start_service(st.task_id, command, task_env,
+                                                       gpu_indices=list(st.gpu_indices), paths=paths)
+            else:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir,
-                    env={**os.environ, **task_env}, start_new_session=True)
-            pid = proc.pid
+                    *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=task_env, start_new_session=True)
+                pid = proc.pid
+        except BaseException:
+            self.pump.detach(st.task_id)
+            if cgroup is not None:
+                cgroup.remove()
+            taskfs.remove_work(self.state_dir, st.task_id)
+            raise
         rec = TaskRecord(st.task_id, decision.decision_id, pid, _create_time(pid),
-                         list(st.gpu_indices), list(st.gpu_uuids), str(log_path), str(exit_file),
+                         list(st.gpu_indices), list(st.gpu_uuids), str(paths.log), str(paths.exit_file),
                          st.stop_grace_s or 10.0, int(TaskState.STARTING), time.time(), st.gpu_share or 1.0,
                          st.demand.gpu_mem_bytes, metrics_url=st.metrics_url[:_MAX_METRICS_FIELD],
                          metrics_flavour=st.metrics_mapping.flavour[:_MAX_METRICS_FIELD],
-                         metrics_names=_metric_overrides(st.metrics_mapping))
+                         metrics_names=_metric_overrides(st.metrics_mapping),
+                         own_uid=user.uid if user is not None and user.exclusive else -1,
+                         cgroup=str(cgroup.path) if cgroup else "", piped=True)
         # No await from here until handle() saves the table (one fsync per start, with the
         # pid, the RUNNING state and the decision's outcome together): an agent killed in
         # between loses nothing it could have recorded.
@@ -261,6 +303,8 @@ class TaskRuntime:
         grace = decision.stop.grace_s or rec.stop_grace_s
         rec.stopping = True
         self.table.save()
+        if _alive(rec):
+            self._descendants[rec.task_id] = _descendants(rec.pid)
         watcher = self._watchers.get(rec.task_id)
         checkpoint = _checkpoint_signal(decision.stop.checkpoint_signal)
         if checkpoint is not None:
@@ -322,9 +366,28 @@ class TaskRuntime:
             while _alive(rec):
                 await asyncio.sleep(_POLL_S)
             code = None
+        await self._end_processes(rec, leader_alive=False)
         self._finish(rec, code)
+        await self._release(rec)
+
+    async def _end_processes(self, rec: TaskRecord, *, leader_alive: bool) -> None:
+        """Kill whatever of the task is still running, however it detached (see :mod:`agent.taskkill`)."""
+        cgroup = TaskCgroup(Path(rec.cgroup)) if rec.cgroup else None
+        await end_task(rec.pid if leader_alive else 0, cgroup=cgroup, uid=rec.own_uid if rec.own_uid >= 0 else None,
+                       descendants=self._descendants.pop(rec.task_id, None))
+
+    async def _release(self, rec: TaskRecord) -> None:
+        """After the task's last process: its working directory, and what its own uid left in shared places."""
+        await asyncio.to_thread(taskfs.remove_work, self.state_dir, rec.task_id)
+        if rec.own_uid >= 0:
+            removed = await asyncio.to_thread(taskfs.scrub_uid, rec.own_uid)
+            if removed:
+                self._log.info("task_files_removed", task_id=rec.task_id, uid=rec.own_uid, paths=removed[:20])
 
     def _finish(self, rec: TaskRecord, code: int | None) -> None:
+        if rec.piped:
+            with contextlib.suppress(OSError):
+                self.pump.detach(rec.task_id).result(timeout=30)
         recorded = _read_exit(rec.exit_file)
         if recorded is not None:
             code = recorded
@@ -350,17 +413,24 @@ class TaskRuntime:
     def adopt(self) -> None:
         """After an agent restart: follow tasks still alive, report those that ended meanwhile."""
         for rec in list(self.table.tasks.values()):
+            if rec.piped:
+                try:
+                    self.pump.attach(rec.task_id).result()
+                except OSError as e:
+                    self._log.warning("task_log_unavailable", task_id=rec.task_id, reason=str(e))
             if _alive(rec):
                 self._log.info("task_adopted", task_id=rec.task_id, pid=rec.pid)
                 self._follow_gpus(rec)
                 self._watchers[rec.task_id] = asyncio.create_task(self._watch(rec))
             else:
-                self._finish(rec, None)
+                self._watchers[rec.task_id] = asyncio.create_task(self._watch(rec))   # ends it at once
 
     async def shutdown(self) -> None:
         """Stop watching (tasks keep running; a restarted agent adopts them)."""
         for w in self._watchers.values():
             w.cancel()
+        if self._own_pump:
+            await asyncio.to_thread(self.pump.stop)
 
 
 def _metric_overrides(mapping: types_pb2.MetricsMapping) -> dict[str, str]:
@@ -377,10 +447,46 @@ def _create_time(pid: int) -> float:
 
 
 def _read_exit(path: str) -> int | None:
+    """The exit code the wrapper recorded (a file in the agent's own directory; never through a link)."""
     try:
-        return int(Path(path).read_text().strip())
+        fd = taskfs.open_nofollow(Path(path), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 64).decode(errors="replace").strip())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
+
+
+def _task_env(st: agent_pb2.StartTask, user: TaskUser | None, workdir: Path) -> dict[str, str]:
+    """A task's whole environment: nothing of the agent's (see the module docstring)."""
+    base = {"PATH": TASK_PATH, "LANG": os.environ.get("LANG") or "C.UTF-8"}
+    if user is not None and user.switch:
+        base.update(user.env(str(workdir)))
+    else:
+        base.update({"HOME": str(workdir), **({"USER": user.name, "LOGNAME": user.name} if user else {})})
+    return {**base, **dict(st.env), "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids), "GPTRM_TASK_ID": st.task_id,
+            "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _not_understood(decision: agent_pb2.Decision, action: str | None) -> str:
+    """Why a decision with no action this agent knows is refused (names the action or its field number)."""
+    if action:
+        return f"decision action {action!r} is not supported by this agent"
+    fields = sorted({f.field_number for f in UnknownFieldSet(decision)}) if decision.ByteSize() else []
+    if fields:
+        return (f"decision action (field {', '.join(map(str, fields))}) is unknown to this agent; it is older than "
+                "the coordinator")
+    return "decision carries no action"
 
 
 def _checkpoint_signal(name: str) -> signal.Signals | None:

@@ -7,11 +7,13 @@ A task started this way is a unit of its own, ``gptrm-task-<id>.service``, start
   stopping or restarting the agent does not stop it;
 - ``DevicePolicy=closed`` with ``DeviceAllow=`` for the NVIDIA control nodes and the task's own
   ``/dev/nvidiaN`` only, so a task cannot open another task's GPU even by device path;
-- ``User=``/``Group=``/``SupplementaryGroups=`` of the task user, ``NoNewPrivileges=yes``;
-- its environment from a 0600 file read by PID 1 and removed once the unit has started, so
-  secrets in a task's env never appear in any process's command line;
-- stdout and stderr appended to the task's log file; the exit code recorded by the same
-  wrapper as the process runtime, so the agent needs no D-Bus to learn it.
+- the unit's main process is the same root wrapper as the process runtime's
+  (:mod:`agent.runtime`): it drops to the task's user with ``setpriv`` (a uid of the task's
+  own by default), writes the task's output to its FIFO and records its exit code in the agent's
+  own directory, so the agent needs no D-Bus and PID 1 opens no file a task could have replaced;
+  ``NoNewPrivileges=yes``;
+- its environment from a 0600 file in the agent's own directory, read by PID 1 and removed once
+  the unit has started, so secrets in a task's env never appear in any process's command line.
 
 The agent is not the task's parent: it learns the unit's main pid from ``systemctl show`` and
 watches it like a task it adopted after a restart. The main process is a session leader (PID 1
@@ -28,7 +30,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agent.task_user import TaskUser
+from agent.taskfs import TaskPaths, open_nofollow
 from common.errors import GptrmError
 
 __all__ = ["NVIDIA_CONTROL_NODES", "choose_runtime", "environment_file", "start_service", "systemd_running",
@@ -75,22 +77,14 @@ def environment_file(env: Mapping[str, str]) -> str:
     return "".join(lines)
 
 
-def unit_argv(task_id: str, *, gpu_indices: Sequence[int], user: TaskUser | None, workdir: Path,
-              log_path: Path, env_file: Path) -> list[str]:
+def unit_argv(task_id: str, *, gpu_indices: Sequence[int], workdir: Path, env_file: Path) -> list[str]:
     """The ``systemd-run`` prefix that starts one task as a transient service."""
     devices = [*NVIDIA_CONTROL_NODES, *(f"/dev/nvidia{int(i)}" for i in gpu_indices)]
-    argv = ["systemd-run", "--quiet", "--collect", "--service-type=exec", f"--unit={unit_name(task_id)}",
+    return ["systemd-run", "--quiet", "--collect", "--service-type=exec", f"--unit={unit_name(task_id)}",
             f"--description=gptrm task {task_id}", f"--working-directory={workdir}",
-            f"--property=EnvironmentFile={env_file}",
-            f"--property=StandardOutput=append:{log_path}", f"--property=StandardError=append:{log_path}",
+            f"--property=EnvironmentFile={env_file}", "--property=StandardInput=null",
             "--property=NoNewPrivileges=yes", "--property=DevicePolicy=closed",
             *(f"--property=DeviceAllow={d} rw" for d in devices)]
-    if user is not None:
-        argv += [f"--uid={user.uid}", f"--gid={user.gid}"]
-        extra = [g for g in user.groups if g != user.gid]
-        if extra:
-            argv.append(f"--property=SupplementaryGroups={' '.join(map(str, extra))}")
-    return argv
 
 
 async def _run(argv: Sequence[str]) -> str:
@@ -108,21 +102,20 @@ async def _run(argv: Sequence[str]) -> str:
 
 
 async def start_service(task_id: str, command: Sequence[str], env: Mapping[str, str], *,
-                        gpu_indices: Sequence[int], user: TaskUser | None, workdir: Path,
-                        log_path: Path) -> int:
+                        gpu_indices: Sequence[int], paths: TaskPaths) -> int:
     """Start the task's unit and return its main pid (0 when it already ended).
 
     :raises GptrmError: systemd refused the unit (the message carries systemd-run's own words).
     """
-    env_file = workdir / "environment"
-    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    env_file = paths.env_file
+    fd = open_nofollow(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_EXCL)
     try:
         os.write(fd, environment_file(env).encode())
     finally:
         os.close(fd)
     try:
-        await _run([*unit_argv(task_id, gpu_indices=gpu_indices, user=user, workdir=workdir,
-                              log_path=log_path, env_file=env_file), *command])
+        await _run([*unit_argv(task_id, gpu_indices=gpu_indices, workdir=paths.work_dir, env_file=env_file),
+                    *command])
     finally:
         env_file.unlink(missing_ok=True)   # read by PID 1 when the unit started
     shown = await _run(["systemctl", "show", "--property=MainPID", "--value", unit_name(task_id)])

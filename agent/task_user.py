@@ -1,8 +1,14 @@
-"""Which Unix user a task runs as: never root by default.
+"""Which Unix user a task runs as: never root by default, and never the same uid as another task.
 
-- An agent running as root starts tasks as ``--task-user`` (default ``gptrm-task``, created by
-  ``make install``). When that user does not exist the agent falls back to ``nobody`` and says
-  so in its log; a task user that resolves to uid 0 is refused at start-up.
+- An agent running as root gives every task a uid of its own from ``--task-uids`` (default
+  :data:`DEFAULT_TASK_UIDS`): no passwd entry, no supplementary groups, a group of the same
+  number. Two tasks never share a uid while either runs, so they cannot read each other's files,
+  signal each other's processes or attach to them, and everything a task leaves behind can be
+  found by its uid once it ends. A uid is handed out again only after every other free uid of
+  the range has been (least recently used first), never while a process still runs as it.
+- ``--task-uids off`` makes every task run as ``--task-user`` (default ``gptrm-task``, created
+  by ``make install``; ``nobody`` when it is missing, said in the log); a task user that
+  resolves to uid 0 is refused at start-up.
 - An agent that is not root (``make run`` by a developer) cannot switch users: tasks run as the
   agent's own user, whatever ``--task-user`` says.
 - A spec may ask for another user (``run_as_user``) only if ``--task-users-allowed`` lists it;
@@ -10,9 +16,12 @@
 
 Example::
 
-    policy = TaskUserPolicy.from_config("gptrm-task", ["train"])
-    who = policy.resolve("")            # the default task user
-    who = policy.resolve("train")       # allowed; any other name raises GptrmError
+    policy = TaskUserPolicy.from_config("gptrm-task", ["train"], uids=parse_uid_range("1879048192-1879052287"))
+    who = policy.resolve("", taken={...})   # a uid of its own, not in ``taken``
+    who = policy.resolve("train")           # allowed; any other name raises GptrmError
+
+Who a task runs as is decided here only, from what the StartTask names; a mapping from the
+submitting user or team to a uid plugs into :meth:`TaskUserPolicy.resolve`.
 """
 
 from __future__ import annotations
@@ -20,21 +29,52 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+
+import psutil
 
 from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
 
-__all__ = ["DEFAULT_TASK_USER", "FALLBACK_TASK_USER", "TaskUser", "TaskUserPolicy"]
+__all__ = ["DEFAULT_TASK_UIDS", "DEFAULT_TASK_USER", "FALLBACK_TASK_USER", "TaskUser", "TaskUserPolicy",
+           "parse_uid_range"]
 
 DEFAULT_TASK_USER = "gptrm-task"
 FALLBACK_TASK_USER = "nobody"
+DEFAULT_TASK_UIDS = "1879048192-1879052287"
+"""4,096 uids from 0x70000000: above the ranges distributions, ``/etc/subuid`` and container
+managers hand out, below 2^31 (tools that keep uids in a signed int)."""
+_MIN_TASK_UID = 1000
+
+
+def parse_uid_range(text: str) -> range | None:
+    """``FIRST-LAST`` (inclusive) → a range; ``off`` or "" → None.
+
+    :raises ConfigError: naming ``task_uids`` when the text is not a range of at least one uid
+        above the system users' uids.
+    """
+    text = text.strip()
+    if text in ("", "off"):
+        return None
+    first, sep, last = text.partition("-")
+    try:
+        lo, hi = int(first), int(last)
+    except ValueError:
+        raise ConfigError(f"task_uids: {text!r} is not FIRST-LAST (e.g. {DEFAULT_TASK_UIDS}) or 'off'") from None
+    if not sep or lo > hi or lo < _MIN_TASK_UID or hi >= 2**31 - 1:
+        raise ConfigError(f"task_uids: {text!r} must be FIRST-LAST with {_MIN_TASK_UID} <= FIRST <= LAST < "
+                          f"{2**31 - 1}")
+    return range(lo, hi + 1)
 
 
 @dataclass(frozen=True, slots=True)
 class TaskUser:
-    """A resolved task user; ``switch`` is False when tasks run as the agent's own user."""
+    """A resolved task user; ``switch`` is False when tasks run as the agent's own user.
+
+    ``exclusive`` marks a uid handed to this one task: every process running as it is the task's,
+    so ending the task may kill them all and remove what the uid left behind.
+    """
 
     name: str
     uid: int
@@ -42,6 +82,7 @@ class TaskUser:
     home: str
     groups: tuple[int, ...]
     switch: bool
+    exclusive: bool = False
 
     def setpriv_argv(self) -> list[str]:
         """The prefix that drops to this user before exec.
@@ -50,12 +91,17 @@ class TaskUser:
         forked child of a process with gRPC threads can crash the child before exec, while a plain
         exec of setpriv is safe. ``--no-new-privs`` keeps setuid programs from regaining root.
         """
-        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}",
-                f"--groups={','.join(map(str, self.groups or (self.gid,)))}", "--no-new-privs", "--"]
+        groups = "--clear-groups" if self.exclusive else f"--groups={','.join(map(str, self.groups or (self.gid,)))}"
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", groups, "--no-new-privs", "--"]
 
-    def env(self) -> dict[str, str]:
-        """HOME, USER and LOGNAME for the task's environment."""
-        home = self.home if self.home and self.home != "/nonexistent" else "/"
+    @classmethod
+    def own(cls, uid: int) -> TaskUser:
+        """A uid of one task's own, with a group of the same number and no other groups."""
+        return cls(f"task-{uid}", uid, uid, "", (), switch=True, exclusive=True)
+
+    def env(self, workdir: str) -> dict[str, str]:
+        """HOME, USER and LOGNAME for the task's environment (HOME: the user's home, else ``workdir``)."""
+        home = self.home if self.home and self.home != "/nonexistent" and not self.exclusive else workdir
         return {"HOME": home, "USER": self.name, "LOGNAME": self.name}
 
 
@@ -74,18 +120,22 @@ class TaskUserPolicy:
     :param allowed: other users a spec may name.
     :param euid: the agent's effective uid (injected in tests).
     :param getpwnam: user lookup (injected in tests).
+    :param uids: the uids handed to tasks one each (None: every task runs as ``default``).
     """
 
     def __init__(self, default: TaskUser, allowed: Sequence[str], *, euid: int,
-                 getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> None:
+                 getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam, uids: range | None = None) -> None:
         self.default = default
         self.allowed = tuple(allowed)
+        self.uids = uids if euid == 0 else None
         self._euid = euid
         self._getpwnam = getpwnam
+        self._next = 0   # index in ``uids`` where the search for a free uid starts (least recently used)
 
     @classmethod
     def from_config(cls, task_user: str, allowed: Sequence[str], *, euid: int | None = None,
-                    getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> TaskUserPolicy:
+                    getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam,
+                    uids: range | None = None) -> TaskUserPolicy:
         """:raises ConfigError: the task user is root, or neither it nor ``nobody`` exists."""
         euid = os.geteuid() if euid is None else euid
         log = get_logger("agent").bind(component="runtime")
@@ -94,7 +144,7 @@ class TaskUserPolicy:
             if task_user and task_user not in (DEFAULT_TASK_USER, me.pw_name):
                 log.warning("task_user_ignored", reason=f"the agent runs as {me.pw_name!r}, not root, and "
                             f"cannot start tasks as {task_user!r}; tasks run as {me.pw_name!r}")
-            return cls(_entry(me, switch=False), allowed, euid=euid, getpwnam=getpwnam)
+            return cls(_entry(me, switch=False), allowed, euid=euid, getpwnam=getpwnam, uids=None)
         name = task_user or DEFAULT_TASK_USER
         try:
             pw = getpwnam(name)
@@ -113,15 +163,17 @@ class TaskUserPolicy:
         if pw.pw_uid == 0:
             raise ConfigError(f"task_user: {name!r} is root; tasks never run as root by default "
                               "(list 'root' in --task-users-allowed for specs that must)")
-        return cls(_entry(pw, switch=True), allowed, euid=euid, getpwnam=getpwnam)
+        return cls(_entry(pw, switch=True), allowed, euid=euid, getpwnam=getpwnam, uids=uids)
 
-    def resolve(self, requested: str) -> TaskUser:
+    def resolve(self, requested: str, *, taken: Collection[int] = ()) -> TaskUser:
         """The user for a task whose spec asks for ``requested`` ("" for the default).
 
-        :raises GptrmError: the user is not allowed on this node, or does not exist.
+        :param taken: uids of the tasks this agent runs now (never handed out again meanwhile).
+        :raises GptrmError: the user is not allowed on this node, does not exist, or no uid of
+            the range is free.
         """
-        if not requested or requested == self.default.name:
-            return self.default
+        if not requested or (requested == self.default.name and self.uids is None):
+            return self._own_uid(taken) if self.uids is not None else self.default
         if requested not in self.allowed:
             allowed = ", ".join(self.allowed) or "none"
             raise GptrmError(f"run_as_user {requested!r} is not allowed on this node (allowed: {allowed})")
@@ -132,3 +184,43 @@ class TaskUserPolicy:
         except KeyError:
             raise GptrmError(f"run_as_user {requested!r}: no such user on this node") from None
         return _entry(pw, switch=True)
+
+    def _own_uid(self, taken: Collection[int]) -> TaskUser:
+        """The least recently handed out uid of the range that no task holds and no process runs as."""
+        assert self.uids is not None
+        busy = set(taken) | _uids_running(self.uids)
+        n = len(self.uids)
+        for step in range(n):
+            i = (self._next + step) % n
+            uid = self.uids[i]
+            if uid in busy or _has_passwd_entry(uid):
+                continue
+            self._next = (i + 1) % n
+            return TaskUser.own(uid)
+        raise GptrmError(f"no free task uid: all {n} uids of --task-uids {self.uids.start}-{self.uids.stop - 1} "
+                         "are in use")
+
+    def resume_after(self, uids: Collection[int]) -> None:
+        """After a restart: go on after the highest uid in ``uids`` (the running tasks' own)."""
+        if self.uids is not None:
+            mine = [u for u in uids if u in self.uids]
+            if mine:
+                self._next = (self.uids.index(max(mine)) + 1) % len(self.uids)
+
+
+def _uids_running(uids: range) -> set[int]:
+    """The uids of ``uids`` that some process runs as (real or effective)."""
+    found: set[int] = set()
+    for p in psutil.process_iter(["uids"]):
+        ids = p.info.get("uids")
+        if ids is not None:
+            found.update(u for u in (ids.real, ids.effective) if u in uids)
+    return found
+
+
+def _has_passwd_entry(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True

@@ -38,6 +38,9 @@ class TaskRecord:
     metrics_url: str = ""           # the task's own Prometheus endpoint, "" when it declared none
     metrics_flavour: str = ""       # vllm | tgi | custom ("" → vllm)
     metrics_names: dict[str, str] = field(default_factory=dict)   # role → metric name overrides
+    own_uid: int = -1               # the uid handed to this task alone (-1: a shared or the agent's user)
+    cgroup: str = ""                # the task's own cgroup v2 directory ("" when it has none)
+    piped: bool = False             # output goes through tasks/<id>/output.fifo to the log pump
 
 
 @dataclass

@@ -22,7 +22,6 @@ import pytest
 
 from agent import systemd_task
 from agent.runtime import TaskRuntime
-from agent.task_user import TaskUser
 from common.errors import GptrmError
 from common.pb.gptrm.v1 import agent_pb2
 from common.types import TaskState
@@ -50,9 +49,8 @@ json.dump({"opts": opts, "props": props, "argv": args}, open(os.path.join(state,
 pid = os.fork()
 if pid == 0:
     os.setsid()
-    log = os.open(props["StandardOutput"][0].removeprefix("append:"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    os.dup2(log, 1); os.dup2(log, 2)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0); os.dup2(null, 1); os.dup2(null, 2)
     os.chdir(opts["working-directory"])
     os.execve(args[0], args, env)
 open(os.path.join(state, unit + ".pid"), "w").write(str(pid))
@@ -132,17 +130,17 @@ class TestChooseRuntime:
 
 
 class TestUnitArgv:
-    def test_only_the_tasks_gpus_and_the_task_user(self, tmp_path: Path) -> None:
-        """The unit gets the control nodes and its own GPUs' device nodes only, and runs as the task user."""
-        user = TaskUser("gptrm-task", 990, 990, "/", (990, 44), switch=True)
-        argv = systemd_task.unit_argv("t-1", gpu_indices=[1, 3], user=user, workdir=tmp_path,
-                                      log_path=tmp_path / "out.log", env_file=tmp_path / "environment")
+    def test_only_the_tasks_gpus_and_no_file_opened_by_pid1(self, tmp_path: Path) -> None:
+        """The unit gets the control nodes and its own GPUs' device nodes only; PID 1 opens no output file
+        (the root wrapper writes to the FIFO in the agent's own directory, and drops to the task's user)."""
+        argv = systemd_task.unit_argv("t-1", gpu_indices=[1, 3], workdir=tmp_path,
+                                      env_file=tmp_path / "environment")
         allowed = [a.split("=", 2)[2] for a in argv if a.startswith("--property=DeviceAllow=")]
         assert allowed == [f"{d} rw" for d in systemd_task.NVIDIA_CONTROL_NODES] + \
             ["/dev/nvidia1 rw", "/dev/nvidia3 rw"]
         assert "--property=DevicePolicy=closed" in argv and "--property=NoNewPrivileges=yes" in argv
-        assert {"--uid=990", "--gid=990", "--property=SupplementaryGroups=44",
-                "--unit=gptrm-task-t-1.service", "--service-type=exec"} <= set(argv)
+        assert {"--unit=gptrm-task-t-1.service", "--service-type=exec"} <= set(argv)
+        assert not [a for a in argv if "StandardOutput" in a or "StandardError" in a]
         assert "--scope" not in argv   # a scope would stay inside the agent's namespaces
 
     def test_unit_name_refuses_odd_ids(self) -> None:
@@ -165,6 +163,7 @@ class TestTransientServiceRuntime:
             assert done.exit_code == 3
             workdir = tmp_path / "state" / "tasks" / "t1"
             out = (workdir / "output.log").read_text()
+            await rt.shutdown()
             assert f"{secret}|GPU-1" in out
             assert f"ppid={os.getpid()}" not in out
             assert not (workdir / "environment").exists()   # the secret does not stay on disk

@@ -1,0 +1,184 @@
+"""Ending every process of a task, including those that left its process group.
+
+A task may call ``setsid``, double-fork or daemonise; signalling its process group alone misses
+those. What reaches them depends on the runtime and on what the host allows:
+
+- **own cgroup** (process runtime, where a cgroup v2 hierarchy is writable): the task's root
+  wrapper moves itself into ``<agent's cgroup>/gptrm-<node>-<task id>`` before it starts the task,
+  so every descendant is in it whatever it does; ending the task writes ``cgroup.kill`` (or, on
+  kernels without it, kills the listed pids until the cgroup is empty).
+- **own uid** (any runtime, agent as root, ``--task-uids`` on): every process running as the
+  task's uid is the task's, so a ``kill -KILL -1`` run as that uid (which reaches exactly the
+  processes that uid may signal) is repeated until none is left.
+- **systemd-run**: the task is a unit of its own, and systemd kills what is left in its cgroup
+  when the main process ends; the uid sweep above runs as well.
+- otherwise (agent not root, no cgroup): the process group, and the descendants of the task's
+  root process found when it is stopped.
+
+Example::
+
+    group = TaskCgroup.create(node_tag, "t-1")      # None where no cgroup v2 is writable
+    ... start the wrapper with group.path ...
+    await end_task(pid, cgroup=group, uid=60001)   # nothing of the task is left
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from common.logging import get_logger
+
+__all__ = ["TaskCgroup", "cgroup_root", "end_task", "node_tag", "uid_processes"]
+
+_ROUNDS = 50
+_ROUND_S = 0.05
+
+
+def node_tag(state_dir: Path) -> str:
+    """A short name for one agent's tasks' cgroups (two agents on one host never share one)."""
+    return hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:8]
+
+
+def cgroup_root(proc_root: Path = Path("/proc")) -> Path | None:
+    """The directory of this process's own cgroup in a writable cgroup v2 hierarchy, or None."""
+    try:
+        mounts = (proc_root / "self" / "mountinfo").read_text().splitlines()
+        own = next((line[3:] for line in (proc_root / "self" / "cgroup").read_text().splitlines()
+                    if line.startswith("0::")), None)
+    except OSError:
+        return None
+    if own is None:
+        return None
+    for line in mounts:
+        fields = line.split(" - ")
+        if len(fields) != 2 or not fields[1].startswith("cgroup2 "):
+            continue
+        mount_point = fields[0].split()[4]
+        path = Path(mount_point) / own.lstrip("/")
+        if os.access(path, os.W_OK) and (path / "cgroup.procs").exists():
+            return path
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCgroup:
+    """One task's cgroup v2 directory."""
+
+    path: Path
+
+    @classmethod
+    def create(cls, root: Path | None, tag: str, task_id: str) -> TaskCgroup | None:
+        """Make (or reuse) the task's cgroup under ``root``; None when there is no root or it cannot be made."""
+        if root is None:
+            return None
+        path = root / f"gptrm-{tag}-{task_id}"
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError as e:
+            get_logger("agent").bind(component="runtime").warning(
+                "task_cgroup_unavailable", task_id=task_id, path=str(path), reason=str(e))
+            return None
+        return cls(path)
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL everything in the cgroup (one write where the kernel has ``cgroup.kill``)."""
+        kill_file = self.path / "cgroup.kill"
+        if kill_file.exists():
+            with contextlib.suppress(OSError):
+                kill_file.write_text("1")
+                return
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove(self) -> bool:
+        """Remove the (empty) cgroup; False while something is still in it."""
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
+
+def uid_processes(uid: int) -> list[psutil.Process]:
+    """Every process whose real or effective uid is ``uid``."""
+    found = []
+    for p in psutil.process_iter(["uids"]):
+        ids = p.info.get("uids")
+        if ids is not None and uid in (ids.real, ids.effective):
+            found.append(p)
+    return found
+
+
+def _kill_as(uid: int) -> None:
+    """``kill -KILL -1`` as ``uid``: every process of that uid but the killer itself, in one system call."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                        "/bin/sh", "-c", "kill -KILL -1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=10, check=False)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+async def end_task(pid: int, *, cgroup: TaskCgroup | None, uid: int | None,
+                   descendants: list[psutil.Process] | None = None) -> bool:
+    """SIGKILL what is left of a task until nothing is; True when nothing is left.
+
+    :param pid: the task's process group while its leader is known to be the task's (0 once it
+        has ended: the number may name another group by then).
+    :param cgroup: the task's own cgroup, if it has one.
+    :param uid: the task's own uid (only a uid no other process may use), if it has one.
+    :param descendants: processes found under ``pid`` earlier (used when there is neither).
+    """
+    others = list(descendants or [])
+    for n in range(_ROUNDS):
+        left = False
+        if pid > 1 and n == 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        if cgroup is not None:
+            cgroup.kill()
+            left = left or bool(cgroup.pids())
+        if uid is not None and uid_processes(uid):
+            await asyncio.to_thread(_kill_as, uid)
+            left = left or bool(uid_processes(uid))
+        alive = []
+        for p in others:
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    p.kill()
+                    alive.append(p)
+        others = alive
+        left = left or bool(others)
+        if not left:
+            if cgroup is not None and not cgroup.remove():
+                await asyncio.sleep(_ROUND_S)
+                continue
+            return True
+        await asyncio.sleep(_ROUND_S)
+    get_logger("agent").bind(component="runtime").error(
+        "task_processes_left", pid=pid, uid=uid, cgroup=str(cgroup.path) if cgroup else "",
+        reason=f"still running after {_ROUNDS} rounds of SIGKILL")
+    return False
