@@ -1,0 +1,202 @@
+"""Hostile tasks against a real agent running as root: a task touches only what is its own.
+
+Each task here is code the agent did not write and tries what such code may: plant links where
+the agent writes or reads, flood its output, read or signal another task, look at the agent's
+environment, and escape its process group. The agent's state directory sits under a
+world-traversable directory, as ``/var/lib/gptrm/agent`` does in production (pytest's own
+temporary directories are 0700 and would hide every path from the task's uid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.integration.harness import Cluster, wait_until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run tasks as their own users")
+
+_MIB = 1024 * 1024
+_AGENT_FILES = ("output.log", "output.log.1", "output.log.1.tmp", "exit_code", "exit_code.tmp", "environment",
+                "output.fifo")
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """An agent state directory whose parents any uid may traverse (like /var/lib/gptrm/agent)."""
+    top = Path(tempfile.mkdtemp(prefix="gptrm-hostile-", dir="/var/tmp"))
+    top.chmod(0o755)
+    try:
+        yield top / "agent"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _json(c: Cluster, *args: str) -> Any:
+    res = c.ctl("-o", "json", *args)
+    assert res.returncode == 0, f"{args}: {res.stderr}"
+    return json.loads(res.stdout)
+
+
+def _start(c: Cluster, state: Path, *extra: str) -> None:
+    c.start_coordinator("c1")
+    c.wait_leader("c1")
+    c.start_agent("n1", "--state-dir", str(state), *extra)
+    wait_until(lambda: _json(c, "nodes")["nodes"], what="node registered")
+
+
+def _submit(c: Cluster, script: str, *flags: str) -> str:
+    return _json(c, "submit", "--name", "hostile", "--gpus", "0", "--cpu", "0.1", *flags, "--",
+                 "/bin/sh", "-c", script)["task_id"]
+
+
+def _ended(c: Cluster, task_id: str, timeout_s: float = 90.0) -> dict[str, Any]:
+    return wait_until(lambda: (t := _json(c, "tasks", task_id))["state"] in ("succeeded", "failed", "cancelled")
+                      and t, timeout_s, what=f"{task_id} to end")
+
+
+def _secret(tmp_path: Path) -> tuple[Path, bytes, int]:
+    """A root-only file (0600), its content and its mtime."""
+    path = tmp_path / "root-only"
+    content = b"ROOT-ONLY-CONTENT " + os.urandom(8).hex().encode() + b"\n"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    return path, content, path.stat().st_mtime_ns
+
+
+def _processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if marker in (p.info.get("cmdline") or []):
+            found.append(p)
+    return found
+
+
+class TestHostileTasks:
+    def test_links_planted_for_every_agent_file_are_never_followed(self, cluster: Cluster, state_dir: Path,
+                                                                   tmp_path: Path) -> None:
+        """Links to a root 0600 file, planted wherever the task can for every file the agent opens in or near
+        its directories: the file is neither read (not in the log, its tail or `logs`) nor changed."""
+        secret, content, mtime = _secret(tmp_path)
+        _start(cluster, state_dir, "--task-log-max-mib", "1")
+        line = "x" * 511
+        plant = " ".join(f'ln -sf {secret} "{f}" 2>/dev/null; ln -sf {secret} "$D/{f}" 2>/dev/null;'
+                         for f in _AGENT_FILES)
+        # 1.5 MiB of output makes the agent rotate; the sleep outlasts a periodic rotation.
+        task_id = _submit(cluster, f'D={state_dir}/tasks/$GPTRM_TASK_ID; {plant} '
+                          f'i=0; while [ $i -lt 3000 ]; do echo {line}; i=$((i+1)); done; '
+                          f'{plant} echo planted; sleep 6')
+        task = _ended(cluster, task_id)
+        assert task["state"] == "succeeded", task
+        assert secret.read_bytes() == content and secret.stat().st_mtime_ns == mtime
+        logs = cluster.ctl("logs", task_id)
+        assert logs.returncode == 0 and "planted" in logs.stdout
+        assert content.decode().strip() not in logs.stdout + task["log_tail"]
+        for name in _AGENT_FILES:
+            path = state_dir / "tasks" / task_id / name
+            assert not path.is_symlink(), f"{name} is a link the task planted"
+
+    def test_a_200_mb_burst_leaves_at_most_the_configured_bytes(self, cluster: Cluster, state_dir: Path) -> None:
+        """200 MB written as fast as the task can: the task's logs never hold more than --task-log-max-mib,
+        and the newest line is kept."""
+        _start(cluster, state_dir, "--task-log-max-mib", "1")
+        task_id = _submit(cluster, "head -c 200000000 /dev/zero | tr '\\0' 'x'; echo; echo the-last-line; sleep 6")
+        logs = state_dir / "tasks" / task_id
+        peak = [0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                total = 0
+                for name in ("output.log", "output.log.1", "output.log.1.tmp"):
+                    with contextlib.suppress(OSError):
+                        total += (logs / name).stat().st_size
+                peak[0] = max(peak[0], total)
+                done.wait(0.01)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            task = _ended(cluster, task_id, timeout_s=180)
+        finally:
+            done.set()
+            sampler.join()
+        assert task["state"] == "succeeded", task
+        assert peak[0] <= 1 * _MIB, f"{peak[0]} bytes on disk at the peak"
+        assert cluster.ctl("logs", task_id, "--tail", "1").stdout == "the-last-line\n"
+
+    def test_tasks_cannot_read_each_others_logs_or_signal_each_other(self, cluster: Cluster,
+                                                                     state_dir: Path) -> None:
+        """Two tasks run as two uids: the second can neither read the first's log nor signal its process."""
+        _start(cluster, state_dir)
+        first = _submit(cluster, "echo secret-of-the-first-task; exec sleep 3001")
+        sleeper = wait_until(lambda: _processes("3001"), what="first task running")[0]
+        second = _submit(cluster, f"cat {state_dir}/tasks/{first}/output.log && echo READ-OK || echo READ-DENIED; "
+                         f"kill -TERM {sleeper.pid} && echo SIGNAL-OK || echo SIGNAL-DENIED")
+        task = _ended(cluster, second)
+        out = cluster.ctl("logs", second).stdout
+        assert "READ-DENIED" in out and "SIGNAL-DENIED" in out, out
+        assert "secret-of-the-first-task" not in out
+        assert sleeper.is_running() and sleeper.status() != psutil.STATUS_ZOMBIE
+        assert _json(cluster, "tasks", first)["state"] == "running"
+        assert task["state"] == "succeeded"
+        others = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real ==
+                  sleeper.uids().real]
+        assert others == [sleeper], "the first task's uid is its own"
+
+    def test_a_task_sees_nothing_of_the_agents_environment(self, cluster: Cluster, state_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        """The task's environment holds PATH, HOME, LANG, USER, LOGNAME, its spec's and gptrm's variables only."""
+        monkeypatch.setenv("AGENT_ONLY_TOKEN", "agent-secret-value")
+        _start(cluster, state_dir)
+        task_id = _submit(cluster, "env", "--env", "FROM_SPEC=yes")
+        assert _ended(cluster, task_id)["state"] == "succeeded"
+        out = cluster.ctl("logs", task_id).stdout
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        assert "agent-secret-value" not in out
+        allowed = {"PATH", "HOME", "LANG", "USER", "LOGNAME", "PWD", "SHLVL", "_", "FROM_SPEC",
+                   "CUDA_VISIBLE_DEVICES"}
+        assert {k for k in env if not k.startswith("GPTRM_")} <= allowed, env
+        assert env["FROM_SPEC"] == "yes" and env["HOME"] == str(state_dir / "work" / task_id)
+        assert env["PATH"] != os.environ["PATH"] or "/.venv/" not in env["PATH"]
+
+    def test_a_setsid_child_and_a_double_fork_are_gone_after_cancel(self, cluster: Cluster,
+                                                                     state_dir: Path) -> None:
+        """Processes that left the task's process group and session are killed when the task is cancelled."""
+        _start(cluster, state_dir)
+        task_id = _submit(cluster, "setsid sleep 3101 & (setsid sh -c 'sleep 3102 & exit 0' &); exec sleep 3103")
+        try:
+            wait_until(lambda: _processes("3101") and _processes("3102") and _processes("3103"),
+                       what="the task and its two escaped children")
+            assert cluster.ctl("cancel", task_id).returncode == 0
+            assert _ended(cluster, task_id)["state"] == "cancelled"
+            wait_until(lambda: not (_processes("3101") or _processes("3102") or _processes("3103")), 20,
+                       what="every process of the task gone")
+        finally:
+            for marker in ("3101", "3102", "3103"):
+                for p in _processes(marker):
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+
+    def test_a_task_of_its_own_uid_leaves_nothing_for_the_next(self, cluster: Cluster, state_dir: Path) -> None:
+        """What a task left in its working directory and in /tmp is gone when it ends."""
+        _start(cluster, state_dir)
+        tag = hashlib.sha256(os.urandom(8)).hexdigest()[:12]
+        task_id = _submit(cluster, f"echo left > left-behind; mkdir /tmp/gptrm-left-{tag}; echo x > "
+                          f"/tmp/gptrm-left-{tag}/f; id -u")
+        assert _ended(cluster, task_id)["state"] == "succeeded"
+        wait_until(lambda: not (state_dir / "work" / task_id).exists(), 20, what="work directory removed")
+        wait_until(lambda: not Path(f"/tmp/gptrm-left-{tag}").exists(), 20, what="/tmp entry removed")
+        uid = int(cluster.ctl("logs", task_id).stdout.split()[-1])
+        assert uid != 0 and uid != 65534
