@@ -40,6 +40,8 @@ MIN_GPU_SHARE = 0.01
 """Smallest fraction of a GPU a task may ask for."""
 MAX_RESTARTS = 1000
 """Most restarts ``max_restarts`` may allow (each restart backs off, see ``coordinator.qos.restart``)."""
+MAX_REPLICAS = 64
+"""The most replicas one service may ask for."""
 
 # Size limits, checked at submit. The whole serialized spec is bounded by MAX_SPEC_BYTES so that
 # a task record (spec, bounded history, reasons) and every later etcd transaction carrying it
