@@ -167,8 +167,6 @@ def service_from_args(args: argparse.Namespace, spec: types_pb2.TaskSpec) -> boo
         raise CtlError(f"submit: --replicas: MIN and MAX must be below 2^32, got {args.replicas[:64]!r}", EXIT_USAGE)
     spec.service.min_replicas, spec.service.max_replicas = low, high
     if args.target_util is not None:
-        if not (math.isfinite(args.target_util) and 0 < args.target_util <= 1):
-            raise CtlError(f"submit: --target-util: must be in (0, 1], got {args.target_util}", EXIT_USAGE)
         spec.service.target_util = args.target_util
     spec.service.pack_replicas = bool(getattr(args, "pack_replicas", False))
     return True

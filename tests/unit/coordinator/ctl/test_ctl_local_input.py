@@ -92,7 +92,6 @@ class TestNumbers:
         (["events", "--backlog", "99999999999999999999"], "--backlog"),
         (["scale", "s-1", "99999999999999999999"], "REPLICAS"),
         (["submit", "--replicas", "1:99999999999999999999", "--target-util", "0.5", "--", "x"], "--replicas"),
-        (["submit", "--replicas", "1:2", "--target-util", "nan", "--", "x"], "--target-util"),
         (["submit", "--nodes", "99999999999999999999", "--", "x"], "spec.nodes"),
         (["submit", "--gpu-mem-gib", "inf", "--gpus", "1", "--", "x"], "--gpu-mem-gib"),
         (["--timeout", "nan", "status"], "--timeout"),
