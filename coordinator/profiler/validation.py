@@ -248,14 +248,16 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
 
     Refused: anything over the size limits (:func:`validate_sizes`: name, argv, env, labels,
     the whole serialized spec), an unknown restart policy, ``max_restarts`` above the bound;
-    an unknown kind; an empty ``argv`` (or an empty program name); negative, NaN or
-    infinite numbers; zero where a positive value is needed (gang size, replicas, the model size
-    when no explicit demand is given, an all-zero demand); absurdly large values (more than 4096
+    an unknown kind; an empty ``argv`` (or an empty program name); a NUL byte in ``argv`` or
+    ``env`` and an ``env`` key that is not a variable name (:func:`validate_argv_env`); negative, NaN or
+    infinite numbers; zero where a positive value is needed (gang size, replicas, the size of a
+    named model when no explicit demand is given, an all-zero demand); absurdly large values (more than 4096
     GPUs, more than 1 PiB of any memory or disk, more than 100,000 B parameters); GPU memory
     without GPUs; a fractional GPU above 1 or without ``allow_gpu_sharing``; more GPUs per node
     than any node has; an unknown precision; negative QoS targets or grace period; and the QoS
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
-    a bad checkpoint signal or metrics endpoint); a negative priority.
+    a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
+    :func:`validate_service` refuses.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
