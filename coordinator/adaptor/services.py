@@ -54,14 +54,14 @@ from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler, gpus_used, validate_spec
+from coordinator.profiler.taskspec import MAX_REPLICAS
+from coordinator.profiler.validation import validate_service
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
 
 __all__ = ["MAX_REPLICAS", "ServiceController", "ServiceMetrics", "replica_spec", "validate_service"]
 
-MAX_REPLICAS = 64
-"""The most replicas one service may ask for."""
 _DECISIONS_KEPT = 20
 SPREAD_WAIT_S = 30.0   # a spread replica pending this long is placed anywhere instead
 _DEFAULT_LEAD_S = 60.0
@@ -69,43 +69,6 @@ _FRESH_S = 30.0
 """A replica's QoS reading older than this is not used (no reading: the count freezes)."""
 _READY_WAIT_S = 300.0
 """Decisions wait for replicas still starting, at most this long (a replica that cannot be placed does not block)."""
-
-
-def validate_service(spec: types_pb2.TaskSpec, *, cluster_gpus: int, gpus_per_replica: int) -> None:
-    """Refuse a service spec that cannot run or cannot scale, naming the field.
-
-    :param cluster_gpus: GPUs of every node that is not lost (0: no node known yet, not checked).
-    :param gpus_per_replica: GPUs one replica occupies.
-    :raises ValidationError: MIN below 1 or above MAX, MAX above :data:`MAX_REPLICAS` or above what the
-        cluster's GPUs could ever hold, a target out of range, no signal or more than one, a QoS
-        signal without a metrics endpoint.
-    """
-    svc = spec.service
-    lo, hi = svc.min_replicas, svc.max_replicas
-    if lo < 1:
-        raise ValidationError("spec.service.min_replicas", f"must be at least 1, got {lo}")
-    if hi < lo:
-        raise ValidationError("spec.service.max_replicas", f"MIN {lo} > MAX {hi}")
-    if hi > MAX_REPLICAS:
-        raise ValidationError("spec.service.max_replicas", f"{hi} is above the limit of {MAX_REPLICAS} replicas")
-    if cluster_gpus and hi * gpus_per_replica > cluster_gpus:
-        raise ValidationError("spec.service.max_replicas",
-                              f"{hi} replicas of {gpus_per_replica} GPU(s) exceed the cluster's {cluster_gpus} GPUs")
-    signals = [name for name, value in (("spec.service.target_util", svc.target_util),
-                                        ("spec.qos.max_latency_ms", spec.qos.max_latency_ms),
-                                        ("spec.qos.min_tokens_per_s", spec.qos.min_tokens_per_s)) if value]
-    if not signals:
-        raise ValidationError("spec.service", "a service needs a signal to scale on: --target-util, "
-                                              "--max-latency-ms or --min-tokens-per-s")
-    if len(signals) > 1:
-        raise ValidationError(signals[1], f"give one scaling signal, got {', '.join(signals)}")
-    if svc.target_util and (not math.isfinite(svc.target_util) or not 0 < svc.target_util <= 1):
-        raise ValidationError("spec.service.target_util", f"must be in (0, 1], got {svc.target_util}")
-    if signals[0].startswith("spec.qos") and not (spec.metrics_port or spec.metrics_url):
-        raise ValidationError("spec.metrics_port", f"{signals[0]} is read from the replicas' metrics: "
-                                                   "give --metrics-port")
-    if spec.metrics_port and spec.metrics_port + hi - 1 > 65535:
-        raise ValidationError("spec.metrics_port", f"{spec.metrics_port} + {hi - 1} replicas is above 65535")
 
 
 def replica_spec(service: types_pb2.Service, index: int) -> types_pb2.TaskSpec:

@@ -41,7 +41,7 @@ from coordinator.app import VERSION, App
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
 
-__all__ = ["AdminService"]
+__all__ = ["AdminService", "not_leader_message"]
 
 _EVENT_KINDS = {name: admin_pb2.EventKind.Value(f"EVENT_KIND_{name.upper()}") for name in KINDS}
 R = TypeVar("R")
@@ -80,7 +80,7 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
             if e.leader_address:
                 metadata.append((LEADER_METADATA_KEY, e.leader_address))
             context.set_trailing_metadata(tuple(metadata))
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
         except Fenced as e:   # the lease was lost during the write: nothing applied, retry on the new leader
             context.set_trailing_metadata(((NOT_LEADER_METADATA_KEY, "1"),))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -108,6 +108,22 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     return wrapper
 
 
+def not_leader_message(replica_id: str, error: NotLeader, *, holds_lease: bool) -> str:
+    """What a client is told when ``replica_id`` refuses a request with ``error``.
+
+    The replica that answered and the replica it names as leader are told apart: a replica that
+    names itself is between winning the election and leading (taking over), or has lost its lease
+    while its leader record has not expired yet; either way the request is worth trying again.
+
+    :param holds_lease: whether ``replica_id`` still holds the leader lease.
+    """
+    if error.leader_id and error.leader_id == replica_id:
+        if holds_lease:
+            return f"{replica_id} is taking over as leader; try again"
+        return f"{replica_id} has just lost the leadership and no other leader is known yet; try again"
+    return str(error)
+
+
 def _require_id(value: str, field: str) -> str:
     if not value or not value.strip():
         raise ValidationError(field, "must not be empty")
@@ -126,6 +142,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, app: App, *, auth_mode: str = "none") -> None:
         self._app = app
         self.auth_mode = auth_mode
+
+    def _not_leader(self, error: NotLeader) -> str:
+        leadership = self._app.leadership
+        return not_leader_message(leadership.id, error, holds_lease=leadership.election.is_leader)
 
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
         view = admin_pb2.NodeView(record=entry.record, state=int(entry.state),
@@ -342,7 +362,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except NotLeader as e:
             if e.leader_address:
                 context.set_trailing_metadata(((LEADER_METADATA_KEY, e.leader_address),))
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
         except Unavailable as e:
             context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))

@@ -38,6 +38,22 @@ def _run(fn: Any) -> Any:
     return wrapper
 
 
+MAX_DAYS = 36_500
+"""The longest validity gptrmctl issues (100 years; X.509 dates end in 9999)."""
+
+
+def _days(text: str) -> int:
+    """An argparse type for ``--days``: a validity that has not already ended, 1 to :data:`MAX_DAYS`."""
+    try:
+        days = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of days, got {text[:64]!r}") from None
+    if not 1 <= days <= MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_DAYS} (a validity that has not already "
+                                         f"ended), got {text[:64]}")
+    return days
+
+
 def _ca_create(args: argparse.Namespace) -> None:
     issued = certs.create_ca(_dir(args), common_name=args.name, days=args.days)
     print(f"CA created: {issued.cert_path} (key {issued.key_path}, mode 0600), valid until "
@@ -76,13 +92,13 @@ def add_certs_parser(subparsers: Any, parser_class: type[argparse.ArgumentParser
     casub = ca.add_subparsers(dest="ca_cmd", required=True, parser_class=parser_class)
     create = casub.add_parser("create", help="create the CA (ca.crt, ca.key)")
     create.add_argument("--name", default="gptrm CA", help="the CA's common name")
-    create.add_argument("--days", type=int, default=None, help=f"validity (default {certs.LIFETIME_DAYS['ca']})")
+    create.add_argument("--days", type=_days, default=None, help=f"validity (default {certs.LIFETIME_DAYS['ca']})")
     create.set_defaults(fn=_run(_ca_create))
     iss = csub.add_parser("issue", help="issue a certificate signed by the CA")
     iss.add_argument("kind", choices=certs.KINDS)
     iss.add_argument("names", nargs="+", metavar="NAME",
                      help="node or user name; for coordinator, every host name and IP it is reached by")
-    iss.add_argument("--days", type=int, default=None,
+    iss.add_argument("--days", type=_days, default=None,
                      help="validity (default node/coordinator 365, admin/viewer 90)")
     iss.add_argument("--out", help="where to write the certificate and key (default: the CA directory)")
     iss.set_defaults(fn=_run(_issue))

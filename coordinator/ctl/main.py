@@ -9,13 +9,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import grpc
+
 from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import MIN_POLICY_THRESHOLD
 from coordinator.ctl import human, render
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
-from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
+from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.simulator.cli import add_simulate_parser
 
 __all__ = ["main"]
@@ -33,6 +35,69 @@ class _Parser(argparse.ArgumentParser):
         # main() prefixes "gptrmctl: " to every error; name only the subcommand here ("submit: ...").
         where = self.prog.split(" ", 1)[1] if " " in self.prog else ""
         raise CtlError(f"{where}: {message}" if where else message, EXIT_USAGE)
+
+
+_UINT32 = 2**32 - 1
+_PATH_ARGUMENTS = frozenset({"file", "dir", "out", "tls_cert", "tls_key", "tls_ca", "cert"})
+"""Arguments that name files: any bytes the file system allows, passed on as they are."""
+
+
+def _uint32(text: str) -> int:
+    """An argparse type: a whole number in [0, 2^32 - 1] (what the request field holds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:64]!r}") from None
+    if not 0 <= value <= _UINT32:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {_UINT32}, got {text[:64]}")
+    return value
+
+
+def _labels(parser: argparse.ArgumentParser, out: dict[str, str] | None = None) -> dict[str, str]:
+    """Each argument's name as the command line spells it (``--name``, ``TASK``), by its dest."""
+    out = {} if out is None else out
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _labels(sub, out)
+        elif action.dest not in out:
+            metavar = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+            out[action.dest] = action.option_strings[-1] if action.option_strings else metavar
+    return out
+
+
+def _check_text(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse an argument that is not valid UTF-8 (a non-UTF-8 command line decodes to lone
+    surrogates, which no request can carry), naming it; file names are exempt.
+
+    :raises UsageError: naming the argument.
+    """
+    labels: dict[str, str] | None = None
+    for dest, value in vars(args).items():
+        if dest in _PATH_ARGUMENTS:
+            continue
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                continue
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                labels = labels or _labels(parser)
+                if dest == "argv" and args.command == "submit":
+                    label = f"spec.argv[{i}]"
+                else:
+                    label = labels.get(dest, dest) + (f" #{i + 1}" if isinstance(value, list) else "")
+                shown = item.encode("utf-8", "surrogateescape" if _escapable(item) else "replace")
+                raise UsageError(f"{label}: not valid UTF-8 at character {e.start}: {shown[:64]!r}") from None
+
+
+def _escapable(text: str) -> bool:
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -134,10 +199,11 @@ def cmd_scale(t: Transport, args: argparse.Namespace) -> None:
         try:
             n = int(args.replicas)
         except ValueError:
-            raise CtlError(f"scale: REPLICAS: expected a whole number or auto, got {args.replicas!r}",
+            raise CtlError(f"scale: REPLICAS: expected a whole number or auto, got {args.replicas[:64]!r}",
                            EXIT_USAGE) from None
-        if n < 1:
-            raise CtlError(f"scale: REPLICAS: must be at least 1, got {n}", EXIT_USAGE)
+        if not 1 <= n <= _UINT32:
+            raise CtlError(f"scale: REPLICAS: must be at least 1 and below 2^32, got {args.replicas[:64]}",
+                           EXIT_USAGE)
         req = admin_pb2.ScaleServiceRequest(service_id=args.service, replicas=n)
     svc = t.call("ScaleService", req, write=True)
     d = render.service_dict(admin_pb2.ServiceView(service=svc))
@@ -221,7 +287,7 @@ def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
 def cmd_top(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.top import run_top
 
-    if args.interval <= 0:
+    if not (math.isfinite(args.interval) and args.interval > 0):
         raise CtlError(f"top: --interval must be positive, got {args.interval}", EXIT_USAGE)
     return run_top(t, args.interval)
 
@@ -263,12 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("node", nargs="?", help="a node to show, or rm")
     sp.add_argument("rm_node", nargs="?", metavar="NODE", help="with rm: the lost node to remove")
     sp.add_argument("--state", action="append", help="only nodes in these states (ready,lost,...)")
-    sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
+    sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_nodes)
     sp = sub.add_parser("tasks", help="list tasks or show one (or a service: its replicas, forecast, decisions)")
     sp.add_argument("task", nargs="?", help="a task id, or a service id (s-...)")
     sp.add_argument("--state", action="append", help="only tasks in these states (pending,running,...)")
-    sp.add_argument("--page-size", type=int, default=0, help="items per request (0: the server's default)")
+    sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_tasks)
     from coordinator.ctl.spec import add_submit_arguments
 
@@ -298,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_policy)
     sp = sub.add_parser("events", help="cluster events")
     sp.add_argument("--follow", "-f", action="store_true")
-    sp.add_argument("--backlog", type=int, default=100)
+    sp.add_argument("--backlog", type=_uint32, default=100)
     sp.set_defaults(fn=cmd_events)
     sp = sub.add_parser("logs", help="a task's output (stdout and stderr) from its node: logs TASK [-f] [--tail N]")
     sp.add_argument("task")
@@ -334,7 +400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        _check_text(parser, args)
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise UsageError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
         transport = Transport(args.coordinator.split(","), timeout_s=args.timeout, security=_security(args))
         try:
             rc = args.fn(transport, args)
@@ -349,11 +419,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except SystemExit as e:  # --help
         return int(e.code or 0)
-    except Exception as e:  # the CLI boundary: one line unless --debug
+    except grpc.RpcError as e:   # a stream the coordinator ended after its first message
+        print(f"gptrmctl: {e.details() or e.code().name}", file=sys.stderr)  # type: ignore[attr-defined]
+        return EXIT_REFUSED
+    except Exception as e:  # the CLI boundary: a bug in gptrmctl, one line unless --debug
         if debug:
             raise
-        print(f"gptrmctl: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_REFUSED
+        try:
+            detail = str(e).splitlines()[0][:200] if str(e) else ""
+        except Exception:   # an exception whose text cannot be built
+            detail = ""
+        print(f"gptrmctl: internal error: {type(e).__name__}" + (f": {detail}" if detail else "")
+              + " (run with --debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

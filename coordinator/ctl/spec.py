@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,15 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
     return out
 
 
+def _gib(value: float | None, flag: str) -> str | None:
+    """A GiB flag as a size the spec parser reads (``"1.5GiB"``), written without an exponent."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < 0:
+        raise CtlError(f"submit: {flag}: must be a finite number ≥ 0, got {value}", EXIT_USAGE)
+    return f"{value:f}GiB"
+
+
 def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
     """Build a spec from ``submit`` flags."""
     if not args.argv:
@@ -96,9 +106,9 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
     if model:
         d["model"] = model
     demand = {k: v for k, v in (("gpus", args.gpus),
-                                ("gpu_mem_bytes", None if args.gpu_mem_gib is None else f"{args.gpu_mem_gib}GiB"),
+                                ("gpu_mem_bytes", _gib(args.gpu_mem_gib, "--gpu-mem-gib")),
                                 ("cpu_cores", args.cpu),
-                                ("mem_bytes", None if args.mem_gib is None else f"{args.mem_gib}GiB")) if v is not None}
+                                ("mem_bytes", _gib(args.mem_gib, "--mem-gib"))) if v is not None}
     if demand:
         d["demand"] = demand
         if args.gpus is not None and 0 < args.gpus < 1:
@@ -149,10 +159,12 @@ def service_from_args(args: argparse.Namespace, spec: types_pb2.TaskSpec) -> boo
     try:
         low, high = int(lo), int(hi if sep else lo)
     except ValueError:
-        raise CtlError(f"submit: --replicas: expected MIN:MAX (two whole numbers), got {args.replicas!r}",
+        raise CtlError(f"submit: --replicas: expected MIN:MAX (two whole numbers), got {args.replicas[:64]!r}",
                        EXIT_USAGE) from None
     if low < 0 or high < 0:
         raise CtlError(f"submit: --replicas: MIN and MAX must not be negative, got {args.replicas!r}", EXIT_USAGE)
+    if max(low, high) >= 2**32:
+        raise CtlError(f"submit: --replicas: MIN and MAX must be below 2^32, got {args.replicas[:64]!r}", EXIT_USAGE)
     spec.service.min_replicas, spec.service.max_replicas = low, high
     if args.target_util is not None:
         spec.service.target_util = args.target_util
@@ -165,22 +177,36 @@ def spec_from_file(path: str) -> types_pb2.TaskSpec:
     import sys
 
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise CtlError(f"cannot read spec file {path!r}: {e.strerror}", EXIT_USAGE) from None
+    except UnicodeDecodeError as e:
+        raise CtlError(f"spec file {path!r} is not UTF-8 text (byte {e.start})", EXIT_USAGE) from None
     try:
         doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise CtlError(f"spec file {path!r} is not valid YAML/JSON: {e}", EXIT_USAGE) from None
+    except RecursionError:
+        raise CtlError(f"spec file {path!r}: nested too deeply", EXIT_USAGE) from None
+    except ValueError as e:   # an integer with more digits than Python converts
+        what = "a number has too many digits" if "digits" in str(e) else str(e)
+        raise CtlError(f"spec file {path!r}: {what}", EXIT_USAGE) from None
     if not isinstance(doc, dict):
         raise CtlError(f"spec file {path!r}: expected a mapping at the top level", EXIT_USAGE)
     return _parse(doc, f"spec file {path!r}")
 
 
 def _parse(doc: dict[str, Any], source: str) -> types_pb2.TaskSpec:
+    """The spec a mapping describes, with the checks that need no coordinator (types, ranges, what
+    ``execve`` cannot pass); any problem is a usage error naming the field."""
     from coordinator.profiler.profiler import spec_from_mapping
+    from coordinator.profiler.validation import validate_argv_env
 
     try:
-        return spec_from_mapping(doc)
+        spec = spec_from_mapping(doc)
+        validate_argv_env(spec.argv, spec.env)
     except ValidationError as e:
         raise CtlError(f"{source}: {e}", EXIT_USAGE) from None
+    except RecursionError:
+        raise CtlError(f"{source}: nested too deeply", EXIT_USAGE) from None
+    return spec

@@ -1,6 +1,7 @@
 """gptrmctl's connection to the coordinator: try each address, follow the leader, ride out a leader change.
 
-Exit codes (DESIGN.md): 1 refused request, 2 usage error, 3 no coordinator answers.
+Exit codes (DESIGN.md): 1 refused request, 2 usage error, 3 no coordinator answers, 70 an internal
+error of gptrmctl itself (a bug; one line on stderr, the traceback with ``--debug``).
 
 While a leader changes, nobody may answer, a redirect may lead to a standby (the dead leader's
 address, restarted), or every replica may still name the old leader. None of that is a refusal:
@@ -24,11 +25,14 @@ from common.pb.gptrm.v1 import admin_pb2_grpc
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.tls import ClientTls, tls_files
 
-__all__ = ["EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "ChannelSecurity", "CtlError", "Transport"]
+__all__ = ["EXIT_INTERNAL", "EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "ChannelSecurity", "CtlError",
+           "Transport"]
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NO_COORDINATOR = 3
+EXIT_INTERNAL = 70
+"""gptrmctl itself failed (EX_SOFTWARE): not a refusal, not bad input."""
 
 T = TypeVar("T")
 

@@ -40,6 +40,8 @@ MIN_GPU_SHARE = 0.01
 """Smallest fraction of a GPU a task may ask for."""
 MAX_RESTARTS = 1000
 """Most restarts ``max_restarts`` may allow (each restart backs off, see ``coordinator.qos.restart``)."""
+MAX_REPLICAS = 64
+"""The most replicas one service may ask for."""
 
 # Size limits, checked at submit. The whole serialized spec is bounded by MAX_SPEC_BYTES so that
 # a task record (spec, bounded history, reasons) and every later etcd transaction carrying it
@@ -154,29 +156,54 @@ def spec_to_proto(data: TaskSpecData) -> types_pb2.TaskSpec:
 # ---- YAML / JSON mappings -------------------------------------------------------------------
 
 
+def _show(value: Any, limit: int = 64) -> str:
+    """``value`` for an error message: its repr cut to ``limit`` characters, never an exception
+    (a deeply nested list, an integer with thousands of digits)."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _text(value: str, path: str) -> str:
+    """A string that protobuf can carry: UTF-8 without lone surrogates (what a non-UTF-8 command
+    line or file name decodes to, or a JSON ``\\udcff`` escape)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = value[e.start]
+        what = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"U+{ord(char):04X}"
+        raise ValidationError(path, f"is not valid UTF-8 ({what} at character {e.start})") from None
+    return value
+
+
 def _size(value: Any, path: str) -> int:
     """A byte count: an integer, or a string such as ``"80GiB"`` / ``"1.5 TB"``."""
     if isinstance(value, str):
         match = _SIZE.match(value)
         if match is None or match.group(2).lower() not in _UNITS:
-            raise ValidationError(path, f"not a size: {value!r} (e.g. 80GiB, 512MB, 1024)")
-        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+            raise ValidationError(path, f"not a size: {_show(value)} (e.g. 80GiB, 512MB, 1024)")
+        number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+        if not math.isfinite(number):
+            raise ValidationError(path, f"{_show(value)} is out of range")
+        return int(number)
     return _integer(value, path)
 
 
 def _integer(value: Any, path: str) -> int:
     """An integer (a float is accepted when it is whole)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(path, f"expected an integer, got {value!r}")
+        raise ValidationError(path, f"expected an integer, got {_show(value)}")
     if isinstance(value, float) and not value.is_integer():
-        raise ValidationError(path, f"expected an integer, got {value!r}")
+        raise ValidationError(path, f"expected an integer, got {_show(value)}")
     return int(value)
 
 
 def _enum(field: FieldDescriptor, value: Any, path: str) -> int:
     """An enum from its label (``fine-tuning``, ``on-failure``) or wire name."""
     if not isinstance(value, str):
-        raise ValidationError(path, f"expected a name, got {value!r}")
+        raise ValidationError(path, f"expected a name, got {_show(value)}")
     if field.enum_type.name == "TaskKind":
         try:
             return int(TaskKind.parse(value))
@@ -187,7 +214,7 @@ def _enum(field: FieldDescriptor, value: Any, path: str) -> int:
         return _RESTART[label]
     names = {v.name.lower().replace("_", "-"): v.number for v in field.enum_type.values if v.number}
     if label not in names:
-        raise ValidationError(path, f"unknown value {value!r}")
+        raise ValidationError(path, f"unknown value {_show(value)}")
     return names[label]
 
 
@@ -195,24 +222,27 @@ def _scalar(field: FieldDescriptor, value: Any, path: str) -> Any:
     """One scalar value of a field, type-checked."""
     if field.type == FieldDescriptor.TYPE_STRING:
         if not isinstance(value, str):
-            raise ValidationError(path, f"expected a string, got {value!r}")
-        return value
+            raise ValidationError(path, f"expected a string, got {_show(value)}")
+        return _text(value, path)
     if field.type == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
-            raise ValidationError(path, f"expected true or false, got {value!r}")
+            raise ValidationError(path, f"expected true or false, got {_show(value)}")
         return value
     if field.type == FieldDescriptor.TYPE_ENUM:
         return _enum(field, value, path)
     if field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValidationError(path, f"expected a number, got {value!r}")
-        return float(value)
+            raise ValidationError(path, f"expected a number, got {_show(value)}")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValidationError(path, f"{_show(value)} is out of range") from None
     number = _size(value, path) if field.name.endswith("_bytes") else _integer(value, path)
     unsigned = field.type in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64)
     bits = 64 if field.type in (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_INT64) else 32
     low, high = (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
     if not low <= number <= high:
-        raise ValidationError(path, f"{number} is out of range [{low}, {high}]")
+        raise ValidationError(path, f"{_show(number)} is out of range [{low}, {high}]")
     return number
 
 
@@ -221,26 +251,33 @@ def _fill(message: Message, mapping: Mapping[str, Any], path: str) -> None:
     descriptor: Descriptor = message.DESCRIPTOR
     for key, value in mapping.items():
         field = descriptor.fields_by_name.get(key) if isinstance(key, str) else None
-        where = f"{path}.{key}"
+        where = f"{path}.{key if isinstance(key, str) else _show(key)}"
         if field is None:
             raise ValidationError(where, f"unknown field (known: {', '.join(sorted(descriptor.fields_by_name))})")
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             if not isinstance(value, Mapping):
-                raise ValidationError(where, f"expected a mapping of strings, got {value!r}")
+                raise ValidationError(where, f"expected a mapping of strings, got {_show(value)}")
             target = getattr(message, key)
             for k, v in value.items():
-                if not isinstance(k, str) or not isinstance(v, str | int | float) or isinstance(v, bool):
-                    raise ValidationError(f"{where}.{k}", f"expected a string value, got {v!r}")
-                target[k] = str(v)
+                if not isinstance(k, str):
+                    raise ValidationError(where, f"expected string keys, got {_show(k)}")
+                entry = f"{where}.{_text(k, f'{where}: a key')}"
+                if not isinstance(v, str | int | float) or isinstance(v, bool):
+                    raise ValidationError(entry, f"expected a string value, got {_show(v)}")
+                try:
+                    text = v if isinstance(v, str) else str(v)
+                except ValueError:   # an integer with more digits than Python converts
+                    raise ValidationError(entry, f"{_show(v)} is out of range") from None
+                target[k] = _text(text, entry)
         elif field.message_type is not None:
             if not isinstance(value, Mapping):
-                raise ValidationError(where, f"expected a mapping, got {value!r}")
+                raise ValidationError(where, f"expected a mapping, got {_show(value)}")
             _fill(getattr(message, key), value, where)
             if key == "demand":
                 message.has_demand = True  # type: ignore[attr-defined]
         elif field.is_repeated:
             if not isinstance(value, list):
-                raise ValidationError(where, f"expected a list, got {value!r}")
+                raise ValidationError(where, f"expected a list, got {_show(value)}")
             getattr(message, key).extend(_scalar(field, v, f"{where}[{i}]") for i, v in enumerate(value))
         else:
             setattr(message, key, _scalar(field, value, where))
@@ -255,8 +292,9 @@ def _with_deadline(mapping: Mapping[str, Any], now: Callable[[], float]) -> Mapp
         raise ValidationError("spec.qos.deadline", "give deadline or deadline_unix_s, not both")
     try:
         deadline = parse_deadline(qos["deadline"], now())
-    except ValueError as e:
-        raise ValidationError("spec.qos.deadline", str(e)) from None
+    except (ValueError, OverflowError, RecursionError):
+        raise ValidationError("spec.qos.deadline", f"not a time or a duration: {_show(qos['deadline'])} "
+                                                   "(e.g. 2025-06-01T18:00:00Z or 2h30m)") from None
     rest = {k: v for k, v in qos.items() if k != "deadline"}
     return {**mapping, "qos": {**rest, "deadline_unix_s": deadline}}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Mapping, Sequence
 
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
@@ -33,6 +34,7 @@ from coordinator.profiler.taskspec import (
     MAX_NAME_CHARS,
     MAX_NODES,
     MAX_PARAMS_BILLIONS,
+    MAX_REPLICAS,
     MAX_RESTARTS,
     MAX_SPEC_BYTES,
     MIN_GPU_SHARE,
@@ -41,10 +43,12 @@ from coordinator.profiler.taskspec import (
     spec_data,
 )
 
-__all__ = ["validate_profiled_demand", "validate_sizes", "validate_spec"]
+__all__ = ["validate_argv_env", "validate_profiled_demand", "validate_service", "validate_sizes", "validate_spec"]
 
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 """A POSIX user name as useradd accepts it (the agent still checks its own allowlist)."""
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+"""An environment variable name the agent accepts (what a shell can name)."""
 
 _INT32 = 2**31
 
@@ -84,9 +88,13 @@ def _validate_demand(demand: Resources, allow_sharing: bool, max_gpus_per_node: 
 
 
 def _validate_model(spec: TaskSpecData) -> None:
-    """The model description the profiler reads (needed only without an explicit demand)."""
+    """The model description the profiler reads (its size is needed for a named model without an explicit demand)."""
     m = spec.model
-    _number("spec.model.params_billions", m.params_billions, high=MAX_PARAMS_BILLIONS, positive=spec.demand is None)
+    # A named model is sized from its parameters unless an explicit demand is given; a spec with
+    # neither a model nor a demand gets the profiler's default (one CPU core).
+    named = bool(m.name.strip())
+    _number("spec.model.params_billions", m.params_billions, high=MAX_PARAMS_BILLIONS,
+            positive=named and spec.demand is None)
     if m.precision.lower() not in PRECISIONS:
         raise ValidationError("spec.model.precision", f"unknown precision {m.precision!r} (one of {PRECISIONS})")
     _number("spec.model.context_length", m.context_length, high=MAX_CONTEXT)
@@ -109,6 +117,73 @@ def _validate_shape(spec: TaskSpecData, max_gpus_per_node: int) -> None:
                                                f"got {spec.priority}")
 
 
+def validate_argv_env(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """What ``execve`` cannot pass: a NUL byte in an argument, an environment key or value, or a key
+    that is not a variable name (``^[A-Za-z_][A-Za-z0-9_]*$``: no ``=``, no leading digit).
+
+    Checked at submit (and by gptrmctl on its own input) so the task is refused naming the field
+    instead of failing on its node.
+
+    :raises ValidationError: ``spec.argv[i]``, ``spec.env`` (a bad key) or ``spec.env.KEY`` (a bad value).
+    """
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            raise ValidationError(f"spec.argv[{i}]", "contains a NUL byte")
+    for key, value in env.items():
+        if "\0" in key:
+            raise ValidationError("spec.env", f"key {_show(key)} contains a NUL byte")
+        if not _ENV_NAME_RE.fullmatch(key):
+            raise ValidationError("spec.env", f"key {_show(key)} is not a valid variable name (letters, digits "
+                                              "and _, not starting with a digit)")
+        if "\0" in value:
+            raise ValidationError(f"spec.env.{key}", "value contains a NUL byte")
+
+
+def _show(text: str, limit: int = 64) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters."""
+    return repr(text[:limit]) + ("…" if len(text) > limit else "")
+
+
+def validate_service(spec: types_pb2.TaskSpec, *, cluster_gpus: int = 0, gpus_per_replica: int = 1) -> None:
+    """The service part of a spec (``spec.service`` with its scaling signal), wherever a spec carries one.
+
+    The one check of that part: ``SubmitTask`` (through :func:`validate_spec`, without the cluster's
+    size) and ``CreateService`` (with it) both call it.
+
+    :param cluster_gpus: GPUs of every node that is not lost (0: not known, not checked).
+    :param gpus_per_replica: GPUs one replica occupies.
+    :raises ValidationError: MIN below 1 or above MAX, MAX above :data:`MAX_REPLICAS` or above what the
+        cluster's GPUs could ever hold, a target utilization that is not a number in (0, 1], no signal or
+        more than one, a QoS signal without a metrics endpoint, metrics ports beyond 65535.
+    """
+    svc = spec.service
+    lo, hi = svc.min_replicas, svc.max_replicas
+    if lo < 1:
+        raise ValidationError("spec.service.min_replicas", f"must be at least 1, got {lo}")
+    if hi < lo:
+        raise ValidationError("spec.service.max_replicas", f"MIN {lo} > MAX {hi}")
+    if hi > MAX_REPLICAS:
+        raise ValidationError("spec.service.max_replicas", f"{hi} is above the limit of {MAX_REPLICAS} replicas")
+    if cluster_gpus and hi * gpus_per_replica > cluster_gpus:
+        raise ValidationError("spec.service.max_replicas",
+                              f"{hi} replicas of {gpus_per_replica} GPU(s) exceed the cluster's {cluster_gpus} GPUs")
+    if svc.target_util and (not math.isfinite(svc.target_util) or not 0 < svc.target_util <= 1):
+        raise ValidationError("spec.service.target_util", f"must be in (0, 1], got {svc.target_util}")
+    signals = [name for name, value in (("spec.service.target_util", svc.target_util),
+                                        ("spec.qos.max_latency_ms", spec.qos.max_latency_ms),
+                                        ("spec.qos.min_tokens_per_s", spec.qos.min_tokens_per_s)) if value]
+    if not signals:
+        raise ValidationError("spec.service", "a service needs a signal to scale on: --target-util, "
+                                              "--max-latency-ms or --min-tokens-per-s")
+    if len(signals) > 1:
+        raise ValidationError(signals[1], f"give one scaling signal, got {', '.join(signals)}")
+    if signals[0].startswith("spec.qos") and not (spec.metrics_port or spec.metrics_url):
+        raise ValidationError("spec.metrics_port", f"{signals[0]} is read from the replicas' metrics: "
+                                                   "give --metrics-port")
+    if spec.metrics_port and spec.metrics_port + hi - 1 > 65535:
+        raise ValidationError("spec.metrics_port", f"{spec.metrics_port} + {hi - 1} replicas is above 65535")
+
+
 def _utf8(value: str) -> int:
     return len(value.encode("utf-8", "surrogatepass"))
 
@@ -129,13 +204,13 @@ def _validate_map(path: str, mapping: dict[str, str] | object, items: int, key_b
 
 
 def validate_sizes(spec: types_pb2.TaskSpec) -> None:
-    """Size limits of a wire spec (documented in :mod:`coordinator.profiler.taskspec`), cheapest first.
+    """Size limits of a wire spec (documented in :mod:`coordinator.profiler.taskspec`).
+
+    Each field's own limit is checked before the limit on the whole serialized spec, so a spec that
+    is too large because of one field (a huge argument, a huge environment) is refused naming it.
 
     :raises ValidationError: naming the field that is too large.
     """
-    size = spec.ByteSize()
-    if size > MAX_SPEC_BYTES:
-        raise ValidationError("spec", f"{size} bytes serialized is more than {MAX_SPEC_BYTES}")
     if len(spec.name) > MAX_NAME_CHARS:
         raise ValidationError("spec.name", f"{len(spec.name)} characters is more than {MAX_NAME_CHARS}")
     if len(spec.argv) > MAX_ARGV_ITEMS:
@@ -158,6 +233,9 @@ def validate_sizes(spec: types_pb2.TaskSpec) -> None:
     for i, node_id in enumerate(spec.constraints.avoid_nodes):
         if not 0 < _utf8(node_id) <= MAX_LABEL_KEY_BYTES:
             raise ValidationError(f"spec.constraints.avoid_nodes[{i}]", "not a node id")
+    size = spec.ByteSize()
+    if size > MAX_SPEC_BYTES:
+        raise ValidationError("spec", f"{size} bytes serialized is more than {MAX_SPEC_BYTES}")
     if spec.restart_policy not in types_pb2.RestartPolicy.values():
         raise ValidationError("spec.restart_policy", f"unknown value {spec.restart_policy}")
     if spec.max_restarts > MAX_RESTARTS:
@@ -170,14 +248,16 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
 
     Refused: anything over the size limits (:func:`validate_sizes`: name, argv, env, labels,
     the whole serialized spec), an unknown restart policy, ``max_restarts`` above the bound;
-    an unknown kind; an empty ``argv`` (or an empty program name); negative, NaN or
-    infinite numbers; zero where a positive value is needed (gang size, replicas, the model size
-    when no explicit demand is given, an all-zero demand); absurdly large values (more than 4096
+    an unknown kind; an empty ``argv`` (or an empty program name); a NUL byte in ``argv`` or
+    ``env`` and an ``env`` key that is not a variable name (:func:`validate_argv_env`); negative, NaN or
+    infinite numbers; zero where a positive value is needed (gang size, replicas, the size of a
+    named model when no explicit demand is given, an all-zero demand); absurdly large values (more than 4096
     GPUs, more than 1 PiB of any memory or disk, more than 100,000 B parameters); GPU memory
     without GPUs; a fractional GPU above 1 or without ``allow_gpu_sharing``; more GPUs per node
     than any node has; an unknown precision; negative QoS targets or grace period; and the QoS
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
-    a bad checkpoint signal or metrics endpoint); a negative priority.
+    a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
+    :func:`validate_service` refuses.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -189,6 +269,7 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     data = spec_data(spec)
     if not data.argv or not data.argv[0].strip():
         raise ValidationError("spec.argv", "must name the program to run")
+    validate_argv_env(data.argv, data.env)
     _validate_shape(data, max_gpus_per_node)
     _validate_model(data)
     if data.demand is not None:
@@ -200,6 +281,8 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         validate_qos_spec(spec, time.time() if now is None else now)
         if spec.run_as_user and not _USER_RE.fullmatch(spec.run_as_user):
             raise ValidationError("spec.run_as_user", f"invalid user name {spec.run_as_user[:64]!r}")
+        if spec.HasField("service"):
+            validate_service(spec)
 
 
 def validate_profiled_demand(demand: Resources) -> None:

@@ -218,7 +218,7 @@ class TestValidateSpec:
             ("qos.max_latency_ms", math.nan, "spec.qos.max_latency_ms"),
             ("stop_grace_s", -1, "spec.stop_grace_s"),
             ("max_restarts", 1_000_000, "spec.max_restarts"),
-            ("name", "x" * 1_500_000, "spec"),
+            ("name", "x" * 1_500_000, "spec.name"),
             ("name", "x" * 300, "spec.name"),
             ("argv", ["sh", "x" * 40_000], "spec.argv[1]"),
             ("argv", ["a"] * 2000, "spec.argv"),
