@@ -46,4 +46,5 @@ class TestCorruptEtcdValues:
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "tasks", tid).stdout)["state"] == "succeeded",
                    what="new task succeeded")
         text = urllib.request.urlopen(f"http://{cluster.metrics_address('c1')}/metrics", timeout=5).read().decode()
-        assert "gptrm_etcd_quarantined_total 2.0" in text
+        assert 'gptrm_etcd_quarantined_total{prefix="tasks"} 1.0' in text
+        assert 'gptrm_etcd_quarantined_total{prefix="nodes"} 1.0' in text
