@@ -20,7 +20,7 @@ from coordinator.adaptor.capping import PowerCapper
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import build_provider
 from coordinator.adaptor.scale_out import ScaleOutRequests
-from coordinator.adaptor.services import ServiceController, ServiceMetrics
+from coordinator.adaptor.services import ServiceController, ServiceMetrics, check_stored_service
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
@@ -38,6 +38,7 @@ from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
+from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.recovery import adopt_nodes, task_ids_by_node
 from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
@@ -74,16 +75,18 @@ class LeaderDuties:
 
     async def _recover(self, record: types_pb2.LeaderRecord) -> bool:
         app = self._app
-        state = await asyncio.to_thread(app.store.load_all)
-        if state.quarantined:
-            app.metrics.quarantined.inc(len(state.quarantined))
-            app.events.publish("etcd", f"{len(state.quarantined)} corrupt etcd value(s) moved under quarantine/: "
-                               + ", ".join(state.quarantined[:5]), keys=",".join(state.quarantined[:20]))
+        state = await asyncio.to_thread(app.store.load_all)   # corrupt values are reported by App.on_quarantined
         if not app.leadership.election.is_leader:
             return False
         adopt_nodes(state, app.registry)
         app.tasks.replace_all(state.tasks)
         task_ids_by_node(app.tasks.tasks, app.registry)
+        if app.store.keys.policy in state.quarantined:
+            current = app.policy.current
+            self._log.warning("policy_fallback", policy=current.name, threshold=current.threshold,
+                              reason="the stored policy was unusable and moved under quarantine/")
+            app.events.publish("policy", f"stored policy unusable: using {current.name} threshold "
+                               f"{current.threshold:.2f}", policy=current.name, threshold=current.threshold)
         if not app.policy.adopt(state.policy):
             try:
                 await app.leadership.write_as_leader(app.store.put_policy, app.policy.current)
@@ -148,9 +151,28 @@ class App:
     lost_nodes: LostNodes
     services: ServiceController
     started: float = field(default_factory=time.monotonic)
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def on_quarantined(self, key: str, prefix: str, reason: str) -> None:
+        """Count and publish a value moved under ``quarantine/`` (called from any thread)."""
+        self.metrics.quarantined.labels(prefix).inc()
+
+        def publish() -> None:
+            self.events.publish("etcd", f"corrupt etcd value {key} moved under quarantine/: {reason}", key=key,
+                                prefix=prefix, reason=reason)
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self.loop is None or running is self.loop or self.loop.is_closed():
+            publish()
+        else:   # the event bus belongs to the event loop's thread
+            self.loop.call_soon_threadsafe(publish)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
         """Campaign for leadership and start what every replica runs (node states, the etcd probe)."""
+        self.loop = loop
         self.leadership.start(LeaderDuties(self), loop)
         return [asyncio.create_task(self.nodes.watch()),
                 asyncio.create_task(self.leadership.watch_etcd(on_recovered=self.wakeup.set))]
@@ -166,7 +188,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     keys = Keys(cfg.etcd_prefix)
     events = EventBus()
     leadership = Leadership(client, keys, cfg.replica_id, cfg.advertise_address, ttl_s=cfg.lease_ttl_s, events=events)
-    store = Store(client, keys, leadership.election)
+    quarantine = Quarantine(client, keys, leadership.election)   # every read value that is unusable goes here
+    store = Store(client, keys, leadership.election, quarantine=quarantine, policy_check=PolicySetting.check_stored)
     locks = AdminLocks(client, keys, holder=cfg.replica_id, timeout_s=cfg.lock_timeout_s)
     wakeup = Wakeup()
     registry = NodeRegistry(cfg.heartbeat_interval_s, cfg.lost_grace_s)
@@ -198,7 +221,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     capper = PowerCapper(registry, monitor.latest.get, lambda: tasks.tasks, qos, dispatcher, events,
                          metrics.power_cap_changes, interval_s=cfg.power_cap_interval_s)
-    services = ServiceController(ServiceStore(client, keys, leadership.election), leadership, tasks, monitor,
+    services = ServiceController(ServiceStore(client, keys, leadership.election, quarantine=quarantine,
+                                              validate=check_stored_service), leadership, tasks, monitor,
                                  registry, profiler, events, ServiceMetrics(metrics.registry),
                                  interval_s=cfg.service_interval_s,
                                  policy=ScalePolicy(min_replicas=1, max_replicas=1,
@@ -211,8 +235,10 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,
                            task_grace_s=cfg.lost_task_grace_s, gc_after_s=cfg.lost_node_gc_s)
-    return App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
-               power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
-               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
-               logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
-               services=services)
+    app = App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
+              power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
+              cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
+              logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
+              services=services)
+    quarantine.listener = app.on_quarantined
+    return app

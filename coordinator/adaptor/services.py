@@ -60,7 +60,8 @@ from coordinator.sync.leadership import Leadership
 from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
 
-__all__ = ["MAX_REPLICAS", "ServiceController", "ServiceMetrics", "replica_spec", "validate_service"]
+__all__ = ["MAX_REPLICAS", "ServiceController", "ServiceMetrics", "check_stored_service", "replica_spec",
+           "validate_service"]
 
 _DECISIONS_KEPT = 20
 SPREAD_WAIT_S = 30.0   # a spread replica pending this long is placed anywhere instead
@@ -69,6 +70,15 @@ _FRESH_S = 30.0
 """A replica's QoS reading older than this is not used (no reading: the count freezes)."""
 _READY_WAIT_S = 300.0
 """Decisions wait for replicas still starting, at most this long (a replica that cannot be placed does not block)."""
+
+
+def check_stored_service(svc: types_pb2.Service) -> None:
+    """Whether a service read from etcd can be run: its spec passes :func:`validate_service` (the cluster's
+    size aside, which may have changed since it was created).
+
+    :raises ValidationError: naming the field.
+    """
+    validate_service(svc.spec, cluster_gpus=0, gpus_per_replica=1)
 
 
 def replica_spec(service: types_pb2.Service, index: int) -> types_pb2.TaskSpec:

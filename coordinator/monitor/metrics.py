@@ -254,7 +254,8 @@ class Metrics:
         self.streams = Gauge("gptrm_agent_streams", "open agent streams", registry=r)
         self.samples = Counter("gptrm_telemetry_samples_total", "telemetry samples ingested", registry=r)
         self.quarantined = Counter("gptrm_etcd_quarantined_total",
-                                   "etcd values that failed to parse at leader take-over, moved under quarantine/",
+                                   "etcd values the leader read that did not parse or validate, moved under "
+                                   "quarantine/, by key collection (tasks, nodes, services, ...)", ["prefix"],
                                    registry=r)
         self.rejected_samples = Counter("gptrm_telemetry_rejected_samples_total",
                                         "telemetry samples refused for an impossible value (NaN, inf, negative, "

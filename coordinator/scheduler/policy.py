@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
+from common.types import MIN_POLICY_THRESHOLD
 from coordinator.events import EventBus
 from coordinator.scheduler.policies import POLICIES
 from coordinator.scheduler.wakeup import Wakeup
@@ -45,6 +48,17 @@ class PolicySetting:
         """:raises ValidationError: the name is not a registered policy."""
         if policy.name not in POLICIES:
             raise ValidationError("name", f"unknown policy {policy.name!r} (known: {', '.join(sorted(POLICIES))})")
+
+    @classmethod
+    def check_stored(cls, policy: types_pb2.Policy) -> None:
+        """Whether a policy read from etcd can be used: a registered name and a threshold in
+        [``MIN_POLICY_THRESHOLD``, 1] (what ``SetPolicy`` accepts).
+
+        :raises ValidationError: naming the field.
+        """
+        cls.validate(policy)
+        if not math.isfinite(policy.threshold) or not MIN_POLICY_THRESHOLD <= policy.threshold <= 1:
+            raise ValidationError("threshold", f"must be in [{MIN_POLICY_THRESHOLD}, 1], got {policy.threshold}")
 
     async def set(self, policy: types_pb2.Policy) -> types_pb2.Policy:
         """Validate, persist under the ``policy`` lock, and apply from the next cycle.

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from common.errors import Fenced
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.sync import _records as rec
-from coordinator.sync.client import Compare, EtcdClient, Op, TxnResult, cmp_create, cmp_mod, op_get, op_put
+from coordinator.sync.client import KV, Compare, EtcdClient, Op, TxnResult, cmp_create, cmp_mod, op_get, op_put
 from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
+
+if TYPE_CHECKING:
+    from coordinator.sync.quarantine import Quarantine
 
 __all__ = ["FencedWriter", "Nodes"]
 
 Nodes = dict[str, tuple[types_pb2.NodeRecord, int]]
 """node id → (its record, the record's mod revision), as read for a compare-and-put."""
+
+_M = TypeVar("_M")
 
 
 class FencedWriter:
@@ -29,9 +35,16 @@ class FencedWriter:
             current = result.responses[0]        # the failure ops' results, fencing stripped
     """
 
-    def __init__(self, client: EtcdClient, keys: Keys, election: Election, max_txn_ops: int = 128) -> None:
+    def __init__(self, client: EtcdClient, keys: Keys, election: Election, max_txn_ops: int = 128,
+                 quarantine: Quarantine | None = None) -> None:
         self._client, self._keys, self._election, self._max_ops = client, keys, election, max_txn_ops
+        self.quarantine = quarantine
         self._log = get_logger("sync")
+
+    def parse(self, kv: KV, parse: Callable[[KV], _M]) -> _M | None:
+        """``parse(kv)`` through the quarantine (None: the value was refused and moved aside); without a
+        quarantine, the parser's error is raised."""
+        return parse(kv) if self.quarantine is None else self.quarantine.parse(kv, parse)
 
     def write(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
         """Run a transaction with ``leader create_revision == epoch`` added to ``compare``.
@@ -57,15 +70,17 @@ class FencedWriter:
         return TxnResult(False, result.revision, result.responses[1:])
 
     def read_nodes(self, node_ids: Iterable[str]) -> Nodes:
-        """Node records and their mod revisions (missing nodes are left out), read in few round trips."""
+        """Node records and their mod revisions, read in few round trips (missing nodes, and nodes whose
+        record was refused and moved aside, are left out)."""
         ids = sorted(set(node_ids))
         out: Nodes = {}
         for i in range(0, len(ids), self._max_ops):
             chunk = ids[i : i + self._max_ops]
             result = self._client.txn([], [op_get(self._keys.node(n)) for n in chunk])
             for node_id, found in zip(chunk, result.responses, strict=True):
-                if found:
-                    out[node_id] = (rec.decode(types_pb2.NodeRecord, found[0]), found[0].mod_revision)
+                record = self.parse(found[0], lambda kv, n=node_id: rec.parse_node(n, kv)) if found else None
+                if record is not None:
+                    out[node_id] = (record, found[0].mod_revision)   # type: ignore[index]
         return out
 
     def node_ops(self, nodes: Nodes) -> tuple[list[Compare], list[Op]]:

@@ -174,13 +174,25 @@ class Placements:
                 raise Conflict(f"task {p.task_id} already has an allocation")
         raise Conflict(f"task {p.task_id}: its nodes' records kept changing ({ATTEMPTS} attempts)")
 
-    def release_ops(self, task_id: str) -> tuple[list[Compare], list[Op]]:
-        """Compares and ops that delete the task's allocation and subtract it from its nodes (none: no allocation)."""
+    def release_ops(self, task_id: str, fallback: types_pb2.Allocation | None = None
+                    ) -> tuple[list[Compare], list[Op]]:
+        """Compares and ops that delete the task's allocation and subtract it from its nodes (none: no allocation).
+
+        :param fallback: the allocation as the task itself records it, whose reservations are freed when the
+            stored allocation was refused and moved aside.
+        """
         akey = self._keys.allocation(task_id)
         kv = self._client.get(akey)
-        if kv is None:
+        alloc = None if kv is None else self._writer.parse(kv, lambda v: rec.parse_allocation(task_id, v))
+        if alloc is None and kv is not None and fallback is not None and fallback.nodes:
+            nodes = self._writer.read_nodes(na.node_id for na in fallback.nodes)
+            for na in fallback.nodes:
+                if na.node_id in nodes:
+                    rec.remove_reservation(nodes[na.node_id][0], na)
+            node_compare, node_ops = self._writer.node_ops(nodes)
+            return [cmp_create(akey, 0), *node_compare], node_ops
+        if alloc is None or kv is None:
             return [cmp_create(akey, 0)], []
-        alloc = rec.decode(types_pb2.Allocation, kv)
         nodes = self._writer.read_nodes(na.node_id for na in alloc.nodes)
         for na in alloc.nodes:
             if na.node_id in nodes:  # a node deleted meanwhile has no reservation left to free

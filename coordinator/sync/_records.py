@@ -26,6 +26,10 @@ __all__ = [
     "decode",
     "decode_task",
     "new_task_id",
+    "parse_allocation",
+    "parse_node",
+    "parse_request",
+    "parse_task",
     "prepare_placement",
     "remove_reservation",
 ]
@@ -57,6 +61,55 @@ def decode_task(kv: KV) -> types_pb2.Task:
     task = decode(types_pb2.Task, kv)
     task.revision = kv.mod_revision
     return task
+
+
+def parse_node(name: str, kv: KV) -> types_pb2.NodeRecord:
+    """The node record stored at ``nodes/<name>``.
+
+    :raises CoordinationError: not a ``NodeRecord``, or the record of another node.
+    """
+    node = decode(types_pb2.NodeRecord, kv)
+    if node.inventory.node_id != name:
+        raise CoordinationError(f"etcd key {kv.key!r} holds node {node.inventory.node_id!r}")
+    return node
+
+
+def parse_task(name: str, kv: KV) -> types_pb2.Task:
+    """The task stored at ``tasks/<name>`` (``revision`` set).
+
+    :raises CoordinationError: not a ``Task``, or another task.
+    :raises ValueError: a state that is no ``TaskState``.
+    """
+    task = decode_task(kv)
+    if task.id != name:
+        raise CoordinationError(f"etcd key {kv.key!r} holds task {task.id!r}")
+    TaskState(task.state)
+    return task
+
+
+def parse_allocation(name: str, kv: KV) -> types_pb2.Allocation:
+    """The allocation stored at ``allocations/<name>``.
+
+    :raises CoordinationError: not an ``Allocation``, the allocation of another task, or one without a node.
+    """
+    alloc = decode(types_pb2.Allocation, kv)
+    if alloc.task_id and alloc.task_id != name:
+        raise CoordinationError(f"etcd key {kv.key!r} holds the allocation of task {alloc.task_id!r}")
+    if any(not na.node_id for na in alloc.nodes):
+        raise CoordinationError(f"etcd key {kv.key!r}: an allocation names a node without an id")
+    return alloc
+
+
+def parse_request(kv: KV) -> str:
+    """The task id stored at ``requests/<id>`` (UTF-8 text).
+
+    :raises ValueError: not UTF-8.
+    :raises ValidationError: not a task id (empty, a "/" or a control character).
+    """
+    task_id = kv.value.decode()
+    if not task_id or "/" in task_id or any(ord(c) < 0x20 for c in task_id):
+        raise ValidationError("request", f"etcd key {kv.key!r} holds {task_id!r}, not a task id")
+    return task_id
 
 
 def append_history(task: types_pb2.Task, state: TaskState, reason: str, now_unix_s: float, limit: int) -> None:

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from common.errors import CoordinationError, NotFound, ValidationError
 from common.pb.gptrm.v1 import types_pb2
@@ -22,6 +23,7 @@ from coordinator.sync._fenced import FencedWriter
 from coordinator.sync.client import KV, EtcdClient, cmp_create, cmp_mod, op_put
 from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
+from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.state_machine import Conflict
 
 __all__ = ["MAX_HISTORY_BYTES", "ServiceStore"]
@@ -40,12 +42,17 @@ class ServiceStore:
     :param keys: key names.
     :param election: supplies the fencing epoch (a deposed leader's write raises ``Fenced``).
     :param max_history_bytes: a stored load history larger than this is refused before it is decoded.
+    :param quarantine: where a stored service or load history that does not parse or validate goes (moved
+        aside, then read as absent); by default one of its own.
+    :param validate: checks a stored service's spec (raises ``ValidationError``), e.g. the controller's rules.
     """
 
     def __init__(self, client: EtcdClient, keys: Keys, election: Election,
-                 max_history_bytes: int = MAX_HISTORY_BYTES) -> None:
+                 max_history_bytes: int = MAX_HISTORY_BYTES, *, quarantine: Quarantine | None = None,
+                 validate: Callable[[types_pb2.Service], None] | None = None) -> None:
         self._client, self._keys, self._max_history_bytes = client, keys, max_history_bytes
-        self._writer = FencedWriter(client, keys, election)
+        self._validate = validate
+        self._writer = FencedWriter(client, keys, election, quarantine=quarantine or Quarantine(client, keys, election))
 
     def put(self, service: types_pb2.Service) -> types_pb2.Service:
         """Create (``revision`` 0) or update (compare on ``revision``) one service.
@@ -67,16 +74,17 @@ class ServiceStore:
         return stored
 
     def get(self, service_id: str) -> types_pb2.Service:
-        """:raises NotFound: no such service."""
+        """:raises NotFound: no such service (or the one stored was refused and moved aside)."""
         kv = self._client.get(self._keys.service(service_id))
-        if kv is None:
+        svc = None if kv is None else self._writer.parse(kv, self._parse)
+        if svc is None:
             raise NotFound(f"service {service_id!r} not found")
-        return self._decode(kv)
+        return svc
 
     def list(self) -> dict[str, types_pb2.Service]:
-        """Every stored service by id."""
+        """Every stored service by id; one that does not parse or validate is moved aside and left out."""
         kvs, _ = self._client.range_prefix(self._keys.services_prefix)
-        return {svc.id: svc for svc in (self._decode(kv) for kv in kvs)}
+        return {svc.id: svc for svc in (self._writer.parse(kv, self._parse) for kv in kvs) if svc is not None}
 
     def put_history(self, history: types_pb2.ServiceLoadHistory) -> None:
         """Store one service's load history (fenced; the last write wins: only the leader writes it).
@@ -92,15 +100,16 @@ class ServiceStore:
     def get_history(self, service_id: str) -> types_pb2.ServiceLoadHistory | None:
         """The stored load history, None when there is none.
 
-        :raises CoordinationError: the value is larger than ``max_history_bytes`` (not decoded), is not a
-            ``ServiceLoadHistory``, names another service, has not one time per scored error, or a capacity
-            that is not a finite non-negative number. (Whether its buckets fit a controller's history is
-            :meth:`~coordinator.adaptor.forecast.LoadHistory.restore`'s question.)
+        A value larger than ``max_history_bytes`` (not decoded), not a ``ServiceLoadHistory``, naming another
+        service, without one time per scored error, or with a capacity that is not a finite non-negative
+        number is moved aside and reads as None. (Whether its buckets fit a controller's history is
+        :meth:`~coordinator.adaptor.forecast.LoadHistory.restore`'s question.)
         """
-        key = self._keys.service_history(service_id)
-        kv = self._client.get(key)
-        if kv is None:
-            return None
+        kv = self._client.get(self._keys.service_history(service_id))
+        return None if kv is None else self._writer.parse(kv, lambda v: self._parse_history(service_id, v))
+
+    def _parse_history(self, service_id: str, kv: KV) -> types_pb2.ServiceLoadHistory:
+        key = kv.key
         if len(kv.value) > self._max_history_bytes:
             raise CoordinationError(f"etcd key {key!r}: {len(kv.value)} bytes, at most {self._max_history_bytes}")
         history = rec.decode(types_pb2.ServiceLoadHistory, kv)
@@ -114,8 +123,12 @@ class ServiceStore:
                                     "number")
         return history
 
-    @staticmethod
-    def _decode(kv: KV) -> types_pb2.Service:
+    def _parse(self, kv: KV) -> types_pb2.Service:
         svc = rec.decode(types_pb2.Service, kv)
+        name = self._keys.name_of(kv.key, self._keys.services_prefix)
+        if svc.id != name:
+            raise CoordinationError(f"etcd key {kv.key!r} holds service {svc.id!r}")
+        if self._validate is not None:
+            self._validate(svc)
         svc.revision = kv.mod_revision
         return svc

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from common.errors import CoordinationError, IllegalTransition, NotFound
+from common.errors import IllegalTransition, NotFound
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
@@ -19,6 +19,7 @@ from coordinator.sync._placements import ATTEMPTS, CommitResult, PlacementCommit
 from coordinator.sync.client import EtcdClient, cmp_create, cmp_exists, cmp_mod, op_delete, op_get, op_put
 from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
+from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.state_machine import Conflict, check_transition
 
 __all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState"]
@@ -36,7 +37,8 @@ class StoredState:
     policy: types_pb2.Policy | None
     revision: int
     quarantined: tuple[str, ...] = ()
-    """Keys whose values failed to parse and were moved under ``quarantine/`` (original bytes kept)."""
+    """Keys whose values this read refused (they did not parse or validate) and moved under ``quarantine/``
+    (original bytes kept), unless a key changed meanwhile."""
 
 
 class Store:
@@ -64,6 +66,9 @@ class Store:
     :param history_limit: state changes kept per task (oldest dropped first).
     :param request_ttl_s: how long a submit's request id is remembered for idempotency.
     :param id_factory: makes task ids.
+    :param quarantine: where every value read that does not parse or validate goes (see
+        :class:`~coordinator.sync.quarantine.Quarantine`); by default one of its own.
+    :param policy_check: validates a stored policy (raises ``ValidationError``); a refused one is quarantined.
     """
 
     def __init__(
@@ -78,13 +83,17 @@ class Store:
         history_limit: int = 100,
         request_ttl_s: float = 24 * 3600.0,
         id_factory: Callable[[], str] = rec.new_task_id,
+        quarantine: Quarantine | None = None,
+        policy_check: Callable[[types_pb2.Policy], None] | None = None,
     ) -> None:
         if max_txn_ops < 5:
             raise ValueError(f"max_txn_ops {max_txn_ops} cannot hold one placement")
         self._client, self._keys, self._election = client, keys, election
         self._wall = wall
         self._history_limit, self._request_ttl_s, self._new_id = history_limit, request_ttl_s, id_factory
-        self._writer = FencedWriter(client, keys, election, max_txn_ops)
+        self._quarantine = quarantine or Quarantine(client, keys, election)
+        self._policy_check = policy_check
+        self._writer = FencedWriter(client, keys, election, max_txn_ops, self._quarantine)
         self._placements = Placements(
             client,
             keys,
@@ -98,7 +107,16 @@ class Store:
         self._request_lease = (0, 0.0)
         self._request_lease_lock = threading.Lock()
         self._log = get_logger("sync")
-        self.quarantined_keys: list[str] = []   # the newest 20 keys moved under quarantine/
+
+    @property
+    def keys(self) -> Keys:
+        """The key names this store reads and writes."""
+        return self._keys
+
+    @property
+    def quarantined_keys(self) -> list[str]:
+        """The newest keys this replica moved under ``quarantine/`` (from any read, not only take-over)."""
+        return self._quarantine.keys
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -117,8 +135,10 @@ class Store:
             new = types_pb2.NodeRecord()
             new.CopyFrom(record)
             kv = self._client.get(key)
-            if kv is not None and keep_reservations:
-                stored = rec.decode(types_pb2.NodeRecord, kv)
+            stored = None if kv is None else self._writer.parse(kv, lambda v: rec.parse_node(node_id, v))
+            if stored is None:
+                kv = None   # none, or refused and moved aside: this record replaces it
+            elif keep_reservations:
                 new.reserved.CopyFrom(stored.reserved)
                 new.ClearField("reserved_gpu_indices")
                 new.reserved_gpu_indices.extend(stored.reserved_gpu_indices)
@@ -131,14 +151,16 @@ class Store:
     def get_node(self, node_id: str) -> types_pb2.NodeRecord:
         """The stored node. :raises NotFound: no such node."""
         kv = self._client.get(self._keys.node(node_id))
-        if kv is None:
+        node = None if kv is None else self._writer.parse(kv, lambda v: rec.parse_node(node_id, v))
+        if node is None:
             raise NotFound(f"node {node_id!r} not found")
-        return rec.decode(types_pb2.NodeRecord, kv)
+        return node
 
     def list_nodes(self) -> list[types_pb2.NodeRecord]:
-        """Every stored node, by node id."""
+        """Every stored node, by node id (a record refused is moved aside and left out)."""
         kvs, _rev = self._client.range_prefix(self._keys.nodes_prefix)
-        return [rec.decode(types_pb2.NodeRecord, kv) for kv in kvs]
+        parse = _by_name(self._keys, self._keys.nodes_prefix, rec.parse_node)
+        return [n for n in (self._writer.parse(kv, parse) for kv in kvs) if n is not None]
 
     def delete_node(self, node_id: str) -> bool:
         """Delete a node record (scale-in; the caller moves its tasks first); True when it existed."""
@@ -188,14 +210,18 @@ class Store:
             success.append(op_put(rkey, new.id.encode(), self._request_lease_id()))
             failure.append(op_get(rkey))
         result = self._writer.write(compare, success, failure)
+        found_request = result.responses[1] if request_id and not result.succeeded else None
+        existing = self._writer.parse(found_request[0], rec.parse_request) if found_request else None
+        if found_request and existing is None:   # refused and moved aside: the request id is free again
+            result = self._writer.write(compare, success, failure)
+            found_request = result.responses[1] if request_id and not result.succeeded else None
+            existing = self._writer.parse(found_request[0], rec.parse_request) if found_request else None
         if result.succeeded:
             new.revision = result.revision
             self._log.info("task_created", task_id=new.id, revision=new.revision, request_id=request_id)
             return new
         found_task = result.responses[0]
-        found_request = result.responses[1] if request_id else None
-        if found_request:
-            existing = found_request[0].value.decode()
+        if existing is not None:
             try:
                 first = self.get_task(existing)
             except NotFound:
@@ -222,21 +248,24 @@ class Store:
     def get_task(self, task_id: str) -> types_pb2.Task:
         """The stored task with ``revision`` = its mod revision. :raises NotFound: no such task."""
         kv = self._client.get(self._keys.task(task_id))
-        if kv is None:
+        task = None if kv is None else self._writer.parse(kv, lambda v: rec.parse_task(task_id, v))
+        if task is None:
             raise NotFound(f"task {task_id!r} not found")
-        return rec.decode_task(kv)
+        return task
 
     def list_tasks(self, states: Iterable[TaskState] | None = None) -> list[types_pb2.Task]:
-        """Every stored task (optionally only those in ``states``), by task id."""
+        """Every stored task (optionally only those in ``states``), by task id (a value refused is moved
+        aside and left out)."""
         wanted = None if states is None else {int(s) for s in states}
         kvs, _rev = self._client.range_prefix(self._keys.tasks_prefix)
-        tasks = (rec.decode_task(kv) for kv in kvs)
-        return [t for t in tasks if wanted is None or t.state in wanted]
+        parse = _by_name(self._keys, self._keys.tasks_prefix, rec.parse_task)
+        tasks = (self._writer.parse(kv, parse) for kv in kvs)
+        return [t for t in tasks if t is not None and (wanted is None or t.state in wanted)]
 
     def get_allocation(self, task_id: str) -> types_pb2.Allocation | None:
         """The task's committed allocation, or None."""
         kv = self._client.get(self._keys.allocation(task_id))
-        return None if kv is None else rec.decode(types_pb2.Allocation, kv)
+        return None if kv is None else self._writer.parse(kv, lambda v: rec.parse_allocation(task_id, v))
 
     def transition(
         self,
@@ -299,7 +328,8 @@ class Store:
             data = new.SerializeToString()
             compare, success = [cmp_mod(key, expected)], [op_put(key, data)]
             if release:
-                more_compare, more_success = self._placements.release_ops(task_id)
+                more_compare, more_success = self._placements.release_ops(
+                    task_id, current.allocation if current.HasField("allocation") else None)
                 compare += more_compare
                 success += more_success
             result = self._writer.write(compare, success, [op_get(key)])
@@ -342,9 +372,16 @@ class Store:
     # -- policy and recovery -------------------------------------------------------------------
 
     def get_policy(self) -> types_pb2.Policy | None:
-        """The stored placement policy, or None when none was ever set."""
+        """The stored placement policy, or None when none was ever set (or the one stored was refused and
+        moved aside)."""
         kv = self._client.get(self._keys.policy)
-        return None if kv is None else rec.decode(types_pb2.Policy, kv)
+        return None if kv is None else self._writer.parse(kv, self._parse_policy)
+
+    def _parse_policy(self, kv: KV) -> types_pb2.Policy:
+        policy = rec.decode(types_pb2.Policy, kv)
+        if self._policy_check is not None:
+            self._policy_check(policy)
+        return policy
 
     def put_policy(self, policy: types_pb2.Policy) -> None:
         """Store the placement policy (fenced)."""
@@ -355,69 +392,44 @@ class Store:
         """Nodes, tasks (with revisions), allocations and policy, all read at one revision.
 
         A value that does not parse, or parses into something impossible (an unknown task
-        state, a record whose id differs from its key), is left out and moved aside with
-        :meth:`quarantine`, so one corrupt key never stops a leader from leading.
+        state, a record whose id differs from its key, a policy ``policy_check`` refuses), is
+        left out and moved aside by the quarantine, so one corrupt key never stops a leader
+        from leading.
         """
         k = self._keys
         nodes, revision = self._client.range_prefix(k.nodes_prefix)
         tasks, _ = self._client.range_prefix(k.tasks_prefix, revision=revision)
         allocs, _ = self._client.range_prefix(k.allocations_prefix, revision=revision)
         policy_kvs = [kv for kv in self._client.range_prefix(k.policy, revision=revision)[0] if kv.key == k.policy]
-        bad: list[tuple[KV, str]] = []
-        node_map = _parse_all(nodes, k.nodes_prefix, k, _parse_node, bad)
-        task_map = _parse_all(tasks, k.tasks_prefix, k, _parse_task, bad)
-        alloc_map = _parse_all(allocs, k.allocations_prefix, k, _parse_allocation, bad)
+        moved: list[str] = []
+        node_map = self._parse_all(nodes, k.nodes_prefix, rec.parse_node, moved)
+        task_map = self._parse_all(tasks, k.tasks_prefix, rec.parse_task, moved)
+        alloc_map = self._parse_all(allocs, k.allocations_prefix, rec.parse_allocation, moved)
         policy = None
         for kv in policy_kvs:
-            try:
-                policy = rec.decode(types_pb2.Policy, kv)
-            except CoordinationError as e:
-                bad.append((kv, str(e)))
-        quarantined = tuple(kv.key for kv, reason in bad if self.quarantine(kv, reason))
+            policy = self._writer.parse(kv, self._parse_policy)
+            if policy is None:
+                moved.append(kv.key)
         return StoredState(nodes=node_map, tasks=task_map, allocations=alloc_map, policy=policy, revision=revision,
-                           quarantined=quarantined)
+                           quarantined=tuple(moved))
 
     def quarantine(self, kv: KV, reason: str) -> bool:
         """Move a value that cannot be used to ``quarantine/<key>@<revision>`` (original bytes), fenced,
         in one transaction with the delete of the original; False when the key changed meanwhile."""
-        target = self._keys.quarantine(kv.key, kv.mod_revision)
-        result = self._writer.write([cmp_mod(kv.key, kv.mod_revision)], [op_put(target, kv.value), op_delete(kv.key)])
-        if result.succeeded:
-            self.quarantined_keys = [*self.quarantined_keys[-19:], kv.key]
-            self._log.warning("etcd_value_quarantined", key=kv.key, quarantine_key=target, reason=reason,
-                              value_bytes=len(kv.value))
-        return result.succeeded
+        return self._quarantine.move(kv, reason)
+
+    def _parse_all(self, kvs: list[KV], prefix: str, parse: Callable[[str, KV], _M], moved: list[str]) -> dict[str, _M]:
+        out: dict[str, _M] = {}
+        by_name = _by_name(self._keys, prefix, parse)
+        for kv in kvs:
+            value = self._writer.parse(kv, by_name)
+            if value is None:
+                moved.append(kv.key)
+            else:
+                out[self._keys.name_of(kv.key, prefix)] = value
+        return out
 
 
-def _parse_all(kvs: list[KV], prefix: str, keys: Keys, parse: Callable[[str, KV], _M],
-               bad: list[tuple[KV, str]]) -> dict[str, _M]:
-    out: dict[str, _M] = {}
-    for kv in kvs:
-        try:
-            name = keys.name_of(kv.key, prefix)
-            out[name] = parse(name, kv)
-        except (CoordinationError, ValueError) as e:
-            bad.append((kv, str(e)))
-    return out
-
-
-def _parse_node(name: str, kv: KV) -> types_pb2.NodeRecord:
-    node = rec.decode(types_pb2.NodeRecord, kv)
-    if node.inventory.node_id != name:
-        raise CoordinationError(f"etcd key {kv.key!r} holds node {node.inventory.node_id!r}")
-    return node
-
-
-def _parse_task(name: str, kv: KV) -> types_pb2.Task:
-    task = rec.decode_task(kv)
-    if task.id != name:
-        raise CoordinationError(f"etcd key {kv.key!r} holds task {task.id!r}")
-    TaskState(task.state)   # ValueError for an unknown state
-    return task
-
-
-def _parse_allocation(name: str, kv: KV) -> types_pb2.Allocation:
-    alloc = rec.decode(types_pb2.Allocation, kv)
-    if alloc.task_id and alloc.task_id != name:
-        raise CoordinationError(f"etcd key {kv.key!r} holds the allocation of task {alloc.task_id!r}")
-    return alloc
+def _by_name(keys: Keys, prefix: str, parse: Callable[[str, KV], _M]) -> Callable[[KV], _M]:
+    """``parse(name, kv)`` with the name taken from the key (``ValueError``: not directly in ``prefix``)."""
+    return lambda kv: parse(keys.name_of(kv.key, prefix), kv)

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from common.errors import CoordinationError, IllegalTransition, ValidationError
+from common.errors import IllegalTransition, ValidationError
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES
@@ -341,8 +341,10 @@ class TestLoadHistoryAcrossLeaders:
             with capture_logs() as logs:
                 seen["c"] = await recovered_view(ctl, ids[0])
                 await ctl.tick()
-            refused = [e for e in logs if e["event"] == "service_history_refused"]
-            assert refused and refused[0]["service_id"] == ids[0] and "ServiceLoadHistory" in refused[0]["reason"]
+            moved = [e for e in logs if e["event"] == "etcd_value_quarantined"]
+            assert moved and moved[0]["key"] == keys.service_history(ids[0])
+            assert "ServiceLoadHistory" in moved[0]["reason"]
+            assert client.get(keys.service_history(ids[0])) is None
 
         try:
             for scenario in (leader_a, leader_b, leader_c):
@@ -361,8 +363,9 @@ class TestStoredHistoryLimits:
     def test_an_oversized_or_misnamed_history_is_refused_before_use(self, etcd_server: EtcdCluster,
                                                                      etcd_prefix: str) -> None:
         """A stored history above the byte cap is refused undecoded; one naming another service, with error
-        times not paired with errors, or with a non-finite capacity is refused; a missing one reads as None,
-        and a well-formed one reads back as written."""
+        times not paired with errors, or with a non-finite capacity is refused: each reads as None and is moved
+        under quarantine/ (the reason logged); a missing one reads as None, and a well-formed one reads back
+        as written."""
         client = connect(etcd_server.endpoints, 2.0)
         keys = Keys(etcd_prefix)
 
@@ -374,20 +377,19 @@ class TestStoredHistoryLimits:
             assert store.get_history("s-a") == good
             with pytest.raises(ValidationError):
                 store.put_history(types_pb2.ServiceLoadHistory(service_id="s-a", values=[1.0] * 64))
-            client.txn([], [op_put(keys.service_history("s-b"), b"\x00" * 65)])
-            with pytest.raises(CoordinationError, match="65 bytes"):
-                store.get_history("s-b")
-            client.txn([], [op_put(keys.service_history("s-c"), good.SerializeToString())])
-            with pytest.raises(CoordinationError, match="s-a"):
-                store.get_history("s-c")
             unpaired = types_pb2.ServiceLoadHistory(service_id="s-d", errors=[0.1], error_times_unix_s=[])
-            client.txn([], [op_put(keys.service_history("s-d"), unpaired.SerializeToString())])
-            with pytest.raises(CoordinationError, match="0 error times for 1 errors"):
-                store.get_history("s-d")
             bad_capacity = types_pb2.ServiceLoadHistory(service_id="s-e", capacity=float("nan"))
-            client.txn([], [op_put(keys.service_history("s-e"), bad_capacity.SerializeToString())])
-            with pytest.raises(CoordinationError, match="capacity nan"):
-                store.get_history("s-e")
+            refused = {"s-b": (b"\x00" * 65, "65 bytes"), "s-c": (good.SerializeToString(), "s-a"),
+                       "s-d": (unpaired.SerializeToString(), "0 error times for 1 errors"),
+                       "s-e": (bad_capacity.SerializeToString(), "capacity nan")}
+            for sid, (value, why) in refused.items():
+                client.txn([], [op_put(keys.service_history(sid), value)])
+                revision = client.get(keys.service_history(sid)).mod_revision
+                with capture_logs() as logs:
+                    assert store.get_history(sid) is None
+                assert [e["reason"] for e in logs if e["event"] == "etcd_value_quarantined" and why in e["reason"]]
+                assert client.get(keys.service_history(sid)) is None
+                assert client.get(keys.quarantine(keys.service_history(sid), revision)).value == value
 
         try:
             asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))

@@ -1,4 +1,4 @@
-"""The agent's task log store: tail, follow across a rotation, links and foreign files never read, LogRequest answers."""
+"""The agent's task log store: tail, follow across a rotation, links and foreign files never read, log requests."""
 
 from __future__ import annotations
 
