@@ -63,7 +63,7 @@ class AgentConfig:
     task_log_max_mib: int = option(32, "most MiB of output kept on disk per task (the newest; the live log "
                                    "and one rotated copy together)", check=_positive_int)
     task_logs_total_mib: int = option(4096, "most MiB of task output kept on this node, all tasks together "
-                                      "(oldest rotated copies and ended tasks' logs go first)", check=_positive_int)
+                                      "(ended tasks' logs go first, then rotated copies)", check=_positive_int)
     backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
     backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
     task_uids: str = option(DEFAULT_TASK_UIDS, "uids handed to tasks one each when the agent is root (FIRST-LAST), "

@@ -9,8 +9,9 @@ drains every running task's FIFO and appends what it reads to that task's ``outp
   ``max_bytes`` together, the newest output always kept; a single write larger than half keeps
   only its last half.
 - **per node**: before a write would take all task logs under ``tasks/`` past ``node_max_bytes``,
-  the oldest rotated copies go first, then the logs of tasks that have ended (oldest first), then
-  the live logs of other running tasks (largest first, emptied). A task can never fill the disk.
+  the logs of tasks that have ended go first (oldest first), then the rotated copies of running
+  tasks (oldest first), then the live logs of other running tasks (largest first, emptied). A
+  task can never fill the disk.
 - **back-pressure, not loss**: the task's root wrapper and the pump both hold the FIFO open for
   reading and writing, so a task never gets SIGPIPE and never sees end of file; while the agent
   is down the FIFO fills (1 MiB) and the task's writes wait until a restarted agent drains it.
@@ -254,14 +255,15 @@ class LogPump:
             if self._usage.total + n <= self.node_max_bytes:
                 return
             running = {s.dir_path / "output.log": s for s in self._sinks.values()}
+            running_dirs = {s.dir_path for s in self._sinks.values()}
             own = sink.dir_path / "output.log"
 
             def order(item: tuple[Path, tuple[int, float]]) -> tuple[int, float]:
                 path, (size, when) = item
+                if path.parent not in running_dirs:
+                    return 0, when                  # ended tasks' logs, oldest first
                 if path.name != "output.log":
-                    return 0, when                  # rotated copies, oldest first
-                if path not in running:
-                    return 1, when                  # ended tasks' logs, oldest first
+                    return 1, when                  # running tasks' rotated copies, oldest first
                 return 2, -float(size)              # other running tasks' live logs, largest first
             candidates = sorted(((p, v) for p, v in self._usage.files.items() if p != own and v[0] > 0), key=order)
         for path, (size, _) in candidates:

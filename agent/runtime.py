@@ -34,7 +34,7 @@ from agent.collectors.task_metrics import MetricsTarget
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import TaskUser, TaskUserPolicy
-from agent.taskkill import TaskCgroup, cgroup_root, end_task, node_tag
+from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, node_tag
 from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -304,7 +304,7 @@ class TaskRuntime:
         rec.stopping = True
         self.table.save()
         if _alive(rec):
-            self._descendants[rec.task_id] = _descendants(rec.pid)
+            self._descendants[rec.task_id] = descendants(rec.pid)
         watcher = self._watchers.get(rec.task_id)
         checkpoint = _checkpoint_signal(decision.stop.checkpoint_signal)
         if checkpoint is not None:
@@ -469,13 +469,6 @@ def _task_env(st: agent_pb2.StartTask, user: TaskUser | None, workdir: Path) -> 
         base.update({"HOME": str(workdir), **({"USER": user.name, "LOGNAME": user.name} if user else {})})
     return {**base, **dict(st.env), "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids), "GPTRM_TASK_ID": st.task_id,
             "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
 
 
 def _not_understood(decision: agent_pb2.Decision, action: str | None) -> str:

@@ -32,8 +32,7 @@ import shutil
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-import psutil
-
+from agent.taskkill import uids_running
 from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
 
@@ -188,7 +187,7 @@ class TaskUserPolicy:
     def _own_uid(self, taken: Collection[int]) -> TaskUser:
         """The least recently handed out uid of the range that no task holds and no process runs as."""
         assert self.uids is not None
-        busy = set(taken) | _uids_running(self.uids)
+        busy = set(taken) | uids_running(self.uids)
         n = len(self.uids)
         for step in range(n):
             i = (self._next + step) % n
@@ -206,16 +205,6 @@ class TaskUserPolicy:
             mine = [u for u in uids if u in self.uids]
             if mine:
                 self._next = (self.uids.index(max(mine)) + 1) % len(self.uids)
-
-
-def _uids_running(uids: range) -> set[int]:
-    """The uids of ``uids`` that some process runs as (real or effective)."""
-    found: set[int] = set()
-    for p in psutil.process_iter(["uids"]):
-        ids = p.info.get("uids")
-        if ids is not None:
-            found.update(u for u in (ids.real, ids.effective) if u in uids)
-    return found
 
 
 def _has_passwd_entry(uid: int) -> bool:

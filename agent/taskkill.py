@@ -37,7 +37,7 @@ import psutil
 
 from common.logging import get_logger
 
-__all__ = ["TaskCgroup", "cgroup_root", "end_task", "node_tag", "uid_processes"]
+__all__ = ["TaskCgroup", "cgroup_root", "descendants", "end_task", "node_tag", "uid_processes", "uids_running"]
 
 _ROUNDS = 50
 _ROUND_S = 0.05
@@ -117,14 +117,26 @@ class TaskCgroup:
         return True
 
 
-def uid_processes(uid: int) -> list[psutil.Process]:
-    """Every process whose real or effective uid is ``uid``."""
+def _by_uid(wanted: range) -> list[tuple[psutil.Process, set[int]]]:
+    """Every process whose real or effective uid is in ``wanted``, with those uids."""
     found = []
     for p in psutil.process_iter(["uids"]):
         ids = p.info.get("uids")
-        if ids is not None and uid in (ids.real, ids.effective):
-            found.append(p)
+        if ids is not None:
+            mine = {u for u in (ids.real, ids.effective) if u in wanted}
+            if mine:
+                found.append((p, mine))
     return found
+
+
+def uid_processes(uid: int) -> list[psutil.Process]:
+    """Every process whose real or effective uid is ``uid``."""
+    return [p for p, _ in _by_uid(range(uid, uid + 1))]
+
+
+def uids_running(uids: range) -> set[int]:
+    """The uids of ``uids`` that some process runs as (real or effective)."""
+    return {u for _, mine in _by_uid(uids) for u in mine}
 
 
 def _kill_as(uid: int) -> None:
@@ -135,7 +147,8 @@ def _kill_as(uid: int) -> None:
                        stderr=subprocess.DEVNULL, timeout=10, check=False)
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below ``pid`` now (none when it is gone)."""
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:

@@ -7,7 +7,7 @@ import pwd
 
 import pytest
 
-from agent.task_user import TaskUserPolicy
+from agent.task_user import TaskUserPolicy, parse_uid_range
 from common.errors import ConfigError, GptrmError
 
 
@@ -57,3 +57,46 @@ class TestTaskUserPolicy:
         assert p.resolve("train").uid == 1001
         with pytest.raises(GptrmError, match="'root' is not allowed on this node"):
             p.resolve("root")
+
+
+class TestOwnUids:
+    def _policy(self, uids: range) -> TaskUserPolicy:
+        return TaskUserPolicy.from_config("gptrm-task", ["train"], euid=0,
+                                          getpwnam=_lookup(("gptrm-task", 990), ("train", 1001)), uids=uids)
+
+    def test_each_task_gets_a_uid_no_running_task_holds(self) -> None:
+        """Tasks get distinct uids of the range, least recently used first, never one in ``taken``."""
+        p = self._policy(range(2100000000, 2100000003))
+        a = p.resolve("", taken=[])
+        b = p.resolve("", taken=[a.uid])
+        c = p.resolve("", taken=[a.uid, b.uid])
+        assert len({a.uid, b.uid, c.uid}) == 3 and all(u.exclusive and u.switch for u in (a, b, c))
+        assert p.resolve("", taken=[b.uid, c.uid]).uid == a.uid   # the only free one
+        with pytest.raises(GptrmError, match="no free task uid"):
+            p.resolve("", taken=[a.uid, b.uid, c.uid])
+
+    def test_own_uid_has_no_groups_and_home_is_the_workdir(self) -> None:
+        """A uid of its own drops every supplementary group and has its working directory as HOME."""
+        u = self._policy(range(2100000100, 2100000108)).resolve("")
+        assert "--clear-groups" in u.setpriv_argv() and u.env("/w")["HOME"] == "/w"
+
+    def test_named_users_still_come_from_the_allowlist(self) -> None:
+        """run_as_user keeps its meaning: an allowed user is shared, not exclusive; others are refused."""
+        p = self._policy(range(2100000100, 2100000108))
+        assert (p.resolve("train").uid, p.resolve("train").exclusive) == (1001, False)
+        with pytest.raises(GptrmError, match="not allowed"):
+            p.resolve("gptrm-task")
+
+    def test_not_root_means_no_own_uids(self) -> None:
+        """An agent that is not root cannot hand out uids: tasks run as the agent's user."""
+        p = TaskUserPolicy.from_config("gptrm-task", [], euid=os.geteuid() or 65534, uids=range(2100000100, 2100000108))
+        assert p.uids is None and not p.resolve("").switch
+
+    @pytest.mark.parametrize("text", ["5-1", "0-10", "abc", "10", "100-4294967295"])
+    def test_bad_ranges_name_the_setting(self, text: str) -> None:
+        with pytest.raises(ConfigError, match="task_uids"):
+            parse_uid_range(text)
+
+    def test_off_and_a_good_range(self) -> None:
+        assert parse_uid_range("off") is None
+        assert parse_uid_range("2000-2009") == range(2000, 2010)
