@@ -18,6 +18,11 @@ drains every running task's FIFO and appends what it reads to that task's ``outp
 
 Writes and renames are done by file descriptor with ``O_NOFOLLOW``, in a directory that only
 root can write.
+
+A task started by an agent from before this layout (its output written straight into
+``output.log`` in a directory the task owns) is bounded too, until it ends: about once a second
+its log is opened without following a link, relative to its directory opened the same way, and
+emptied once it is past ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ class LogPump:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._legacy: set[str] = set()
         self._log = get_logger("agent").bind(component="logs")
         self._scan()
 
@@ -124,6 +130,11 @@ class LogPump:
         """Drain what the task's FIFO still holds, then stop following it (the task has ended)."""
         return self._request("detach", task_id)
 
+    def bound_unpiped(self, task_id: str, running: bool = True) -> None:
+        """Bound the log of a task whose output does not come through the pump (see the module docstring)."""
+        with self._lock:
+            (self._legacy.add if running else self._legacy.discard)(task_id)
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"tasks": len(self._sinks), "bytes_on_disk": self._usage.total,
@@ -146,6 +157,7 @@ class LogPump:
     # ---- the pump's thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        next_legacy = 0.0
         while not self._stop.is_set():
             for key, _ in self._sel.select(timeout=1.0):
                 if key.data is None:
@@ -156,6 +168,9 @@ class LogPump:
                 if sink.task_id in self._sinks:
                     self._drain(sink, once=True)
             self._serve_requests()
+            if self._legacy and time.monotonic() >= next_legacy:
+                self._bound_legacy()
+                next_legacy = time.monotonic() + 1.0
         for sink in list(self._sinks.values()):
             self._drain(sink, once=False)
 
@@ -284,6 +299,29 @@ class LogPump:
             except OSError:
                 continue
             self._log.warning("task_log_evicted", path=str(path), bytes=size, reason="node task-log space full")
+
+    def _bound_legacy(self) -> None:
+        with self._lock:
+            task_ids = list(self._legacy)
+        for task_id in task_ids:
+            try:
+                dir_fd = os.open(self.tasks_dir / task_id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fd = os.open("output.log", os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    st = os.fstat(fd)
+                    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size > self.max_bytes:
+                        os.ftruncate(fd, 0)
+                        self._log.info("task_log_truncated", task_id=task_id, bytes=st.st_size,
+                                       reason="started before logs went through the agent")
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+            finally:
+                os.close(dir_fd)
 
     def _scan(self) -> None:
         """Sizes of the logs already on disk (an agent restart; ended tasks' logs count too)."""

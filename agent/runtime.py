@@ -388,6 +388,8 @@ class TaskRuntime:
         if rec.piped:
             with contextlib.suppress(OSError):
                 self.pump.detach(rec.task_id).result(timeout=30)
+        else:
+            self.pump.bound_unpiped(rec.task_id, running=False)
         recorded = _read_exit(rec.exit_file)
         if recorded is not None:
             code = recorded
@@ -418,6 +420,8 @@ class TaskRuntime:
                     self.pump.attach(rec.task_id).result()
                 except OSError as e:
                     self._log.warning("task_log_unavailable", task_id=rec.task_id, reason=str(e))
+            else:
+                self.pump.bound_unpiped(rec.task_id)
             if _alive(rec):
                 self._log.info("task_adopted", task_id=rec.task_id, pid=rec.pid)
                 self._follow_gpus(rec)

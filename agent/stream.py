@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import grpc.aio
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from agent.logstore import LogService
 from agent.outbox import Outbox
@@ -222,4 +223,8 @@ class AgentStream:
                 self._logs.handle(msg.log_request, self._send_chunk)
             elif which == "redirect":
                 raise _Redirected(msg.redirect.leader_address)
+            elif which is None and msg.ByteSize():
+                # A message newer than this agent: said once per message, never the end of the stream.
+                self._log.warning("coordinator_message_ignored", reason="a message kind this agent does not know",
+                                  fields=sorted({f.field_number for f in UnknownFieldSet(msg)}))
 

@@ -100,3 +100,31 @@ class TestLinks:
         assert isinstance(fut.exception(), OSError)
         assert target.read_bytes() == b"keep\n"
         os.close(fd)
+
+
+class TestUnpipedTasks:
+    def test_a_task_from_before_the_pump_is_bounded_and_its_links_not_followed(self, tmp_path: Path) -> None:
+        """A task writing its log itself (started by an older agent) has it emptied past the bound; a link in
+        place of such a log is left alone and its target untouched."""
+        import time
+
+        plain, linked = TaskPaths.of(tmp_path, "old"), TaskPaths.of(tmp_path, "old-link")
+        for p in (plain, linked):
+            p.agent_dir.mkdir(parents=True)
+        target = tmp_path / "target"
+        target.write_bytes(b"t" * 5000)
+        linked.log.symlink_to(target)
+        pump = LogPump(tmp_path / "tasks", max_bytes=1000)
+        pump.start()
+        try:
+            pump.bound_unpiped("old")
+            pump.bound_unpiped("old-link")
+            for _ in range(2):   # the second emptying proves a whole pass over both tasks has run
+                plain.log.write_bytes(b"p" * 5000)
+                deadline = time.monotonic() + 10
+                while plain.log.stat().st_size and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert plain.log.stat().st_size == 0
+            assert target.read_bytes() == b"t" * 5000
+        finally:
+            pump.stop()

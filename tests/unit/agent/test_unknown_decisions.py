@@ -1,5 +1,6 @@
 """An agent refuses what it does not understand and goes on: a real AgentStream and TaskRuntime against a
-coordinator stand-in on loopback gRPC that sends an unset action, an action newer than the agent, then a stop."""
+coordinator stand-in on loopback gRPC that sends a message kind newer than the agent, an unset action, an action
+newer than the agent, then a stop."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from common.types import TaskState
 
 # Field 42 of Decision, length-delimited and empty: an action a newer coordinator might send.
 _NEWER_ACTION = b"\xd2\x02\x00"
+# Field 90 of CoordinatorMessage: a kind of message a newer coordinator might send.
+_NEWER_MESSAGE = b"\xd2\x05\x00"
 
 
 def _newer(decision_id: str) -> agent_pb2.Decision:
@@ -39,6 +42,7 @@ class _Coordinator(agent_pb2_grpc.AgentGatewayServicer):
         await anext(request_iterator)
         yield agent_pb2.CoordinatorMessage(welcome=agent_pb2.Welcome(coordinator_id="stand-in",
                                                                      heartbeat_interval_s=5))
+        yield agent_pb2.CoordinatorMessage.FromString(_NEWER_MESSAGE)   # a message kind newer than the agent
         for d in self.decisions:
             yield agent_pb2.CoordinatorMessage(decision=d)
         async for msg in request_iterator:
