@@ -46,6 +46,7 @@ __all__ = ["DEFAULT_NODE_MAX_BYTES", "LogPump"]
 DEFAULT_NODE_MAX_BYTES = 4096 * 1024 * 1024
 _READ = 1024 * 1024          # per FIFO per turn, so one loud task cannot starve the others
 _PIPE_BYTES = 1024 * 1024
+_FINAL_READS = 64            # a detach drains at most this many reads (the FIFO holds one)
 
 
 @dataclass
@@ -159,20 +160,29 @@ class LogPump:
     def _run(self) -> None:
         next_legacy = 0.0
         while not self._stop.is_set():
-            for key, _ in self._sel.select(timeout=1.0):
-                if key.data is None:
-                    with contextlib.suppress(BlockingIOError, OSError):
-                        os.read(self._wake_r, 4096)
-                    continue
-                sink = key.data
-                if sink.task_id in self._sinks:
-                    self._drain(sink, once=True)
-            self._serve_requests()
-            if self._legacy and time.monotonic() >= next_legacy:
-                self._bound_legacy()
-                next_legacy = time.monotonic() + 1.0
+            try:
+                next_legacy = self._turn(next_legacy)
+            except Exception:
+                # One task's bad turn must not stop every task's output: log it and go on.
+                self._log.exception("log_pump_turn_failed")
         for sink in list(self._sinks.values()):
             self._drain(sink, once=False)
+
+    def _turn(self, next_legacy: float) -> float:
+        """One wait for output and what it brings; returns when the old-layout logs are next bounded."""
+        for key, _ in self._sel.select(timeout=1.0):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.read(self._wake_r, 4096)
+                continue
+            sink = key.data
+            if sink.task_id in self._sinks:
+                self._drain(sink, once=True)
+        self._serve_requests()
+        if self._legacy and time.monotonic() >= next_legacy:
+            self._bound_legacy()
+            next_legacy = time.monotonic() + 1.0
+        return next_legacy
 
     def _serve_requests(self) -> None:
         with self._lock:
@@ -220,7 +230,9 @@ class LogPump:
                 os.close(fd)
 
     def _drain(self, sink: _Sink, *, once: bool) -> None:
-        while True:
+        """Read what the FIFO holds (one read when ``once``; else until it is empty, at most
+        :data:`_FINAL_READS` reads, so a writer that never stops cannot hold the pump)."""
+        for _ in range(1 if once else _FINAL_READS):
             try:
                 data = os.read(sink.fifo_fd, _READ)
             except (BlockingIOError, InterruptedError):
@@ -230,9 +242,12 @@ class LogPump:
                 return
             if not data:
                 return
-            self._write(sink, data)
-            if once:
-                return
+            try:
+                self._write(sink, data)
+            except OSError as e:   # a rotation that could not make a new file: this output is lost, not the pump
+                sink.dropped += len(data)
+                self._log.warning("task_log_write_failed", task_id=sink.task_id, dropped_bytes=len(data),
+                                  reason=str(e))
 
     def _write(self, sink: _Sink, data: bytes) -> None:
         half = self.max_bytes // 2

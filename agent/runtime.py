@@ -386,7 +386,7 @@ class TaskRuntime:
 
     def _finish(self, rec: TaskRecord, code: int | None) -> None:
         if rec.piped:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, TimeoutError):
                 self.pump.detach(rec.task_id).result(timeout=30)
         else:
             self.pump.bound_unpiped(rec.task_id, running=False)

@@ -128,3 +128,24 @@ class TestUnpipedTasks:
             assert target.read_bytes() == b"t" * 5000
         finally:
             pump.stop()
+
+
+class TestFailures:
+    def test_a_rotation_that_fails_loses_that_output_only(self, tmp_path: Path) -> None:
+        """When a task's directory is gone (a rotation cannot make a new file), its output is dropped and
+        counted, and another task's output is still written."""
+        import shutil
+
+        pump = LogPump(tmp_path / "tasks", max_bytes=2000)
+        broken, fd1 = _task(tmp_path, "t1")
+        fine, fd2 = _task(tmp_path, "t2")
+        pump.attach("t1").result()
+        pump.attach("t2").result()
+        shutil.rmtree(broken.agent_dir)
+        _pour(pump, "t1", fd1, b"a" * 3000, piece=600)
+        _pour(pump, "t2", fd2, b"ok\n")
+        assert pump.stats()["dropped"] > 0
+        assert fine.log.read_bytes() == b"ok\n"
+        for tid, fd in (("t1", fd1), ("t2", fd2)):
+            pump.detach(tid).result()
+            os.close(fd)
