@@ -84,6 +84,7 @@ class NodeTopology:
     :param cpus: CPU affinity per GPU, ``()`` unknown.
     :param island_of: per level (closest first), the island number of each GPU; the last level
         puts every GPU in island 0.
+    :param island_counts: islands per level.
     """
 
     levels: tuple[tuple[int, ...], ...]
@@ -91,6 +92,7 @@ class NodeTopology:
     numa: tuple[int, ...]
     cpus: tuple[tuple[int, ...], ...]
     island_of: tuple[tuple[int, ...], ...]
+    island_counts: tuple[int, ...] = ()
 
     @property
     def count(self) -> int:
@@ -227,6 +229,7 @@ def build_topology(
         numa=tuple(int(x) for x in numa),
         cpus=tuple(tuple(int(c) for c in cs) for cs in cpus),
         island_of=tuple(island_of),
+        island_counts=tuple(len(set(level)) for level in island_of),
     )
 
 

@@ -68,20 +68,26 @@ def _island_fit(
     mem_free: Sequence[int], share_free: Sequence[float], links: NodeTopology, count: int, mem_per_gpu: int
 ) -> tuple[int, ...] | None:
     """``count`` fully free GPUs with ≥ ``mem_per_gpu`` free, best fit in the node's closest islands."""
-    eligible = [
-        i
-        for i, (mem, share) in enumerate(zip(mem_free, share_free, strict=True))
-        if share >= _FULL and mem >= mem_per_gpu
-    ]
-    if len(eligible) < count:
-        return None
+    eligible = [i for i in range(len(mem_free)) if share_free[i] >= _FULL and mem_free[i] >= mem_per_gpu]
+    if len(eligible) <= count:
+        return tuple(eligible) if len(eligible) == count else None
     island_of = links.island_of
-    free: list[dict[int, int]] = []
-    for of in island_of:
-        counts: dict[int, int] = {}
+    top = len(island_of) - 1   # the last level is the whole node: one island, nothing to choose
+    free: list[list[int]] = []
+    for level in range(top):
+        of = island_of[level]
+        counts = [0] * links.island_counts[level]
         for i in eligible:
-            counts[of[i]] = counts.get(of[i], 0) + 1
+            counts[of[i]] += 1
         free.append(counts)
+    if count == 1:
+        # Fewest free GPUs in its island at each level, closest level first; then least free memory.
+        candidates = eligible
+        for u in range(top):
+            of, counts = island_of[u], free[u]
+            low = min(counts[of[i]] for i in candidates)
+            candidates = [i for i in candidates if counts[of[i]] == low]
+        return (min(candidates, key=lambda i: (mem_free[i], i)),)
     chosen: list[int] = []
 
     def pick(level: int, members: list[int], k: int) -> None:
@@ -113,15 +119,15 @@ def _island_fit(
         if rest:
             pick(level - 1, min((g for g in left if len(g) >= rest), key=lambda g: (len(g), g[0])), rest)
 
-    top = len(island_of)
-    for level, of in enumerate(island_of):
+    for level in range(top):
         # The closest level where an island holds the task: the island with the fewest free GPUs,
         # ties to the one whose enclosing islands have the fewest, then to the lowest GPU.
+        of, counts = island_of[level], free[level]
         best_key: tuple[int, ...] | None = None
         seen: set[int] = set()
         for i in eligible:
             island = of[i]
-            if island in seen or free[level][island] < count:
+            if island in seen or counts[island] < count:
                 continue
             seen.add(island)
             key = (*(free[u][island_of[u][i]] for u in range(level, top)), i)
@@ -131,7 +137,8 @@ def _island_fit(
             island = of[best_key[-1]]
             pick(level - 1, [i for i in eligible if of[i] == island], count)
             return tuple(sorted(chosen))
-    return None
+    pick(top - 1, eligible, count)
+    return tuple(sorted(chosen))
 
 
 def choose_gpu_indices(
