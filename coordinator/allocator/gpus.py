@@ -3,10 +3,11 @@
 The policy picks nodes; the allocator picks GPUs on each node (what that reserves is
 :mod:`coordinator.allocator.reservations`).
 
-* Whole GPUs: among fully free GPUs with enough free memory, take the best fit (least free
-  memory first, ties by index). If one topology group (NVLink domain / PCIe switch) can hold all
-  of them, take the group whose best-fit GPUs leave the least memory free, so the task's GPUs
-  talk over the fast links; otherwise take the best fit across groups.
+* Whole GPUs on a node whose agent reported no links: among fully free GPUs with enough free
+  memory, take the best fit (least free memory first, ties by index). If one topology group
+  (NVLink domain / PCIe switch) can hold all of them, take the group whose best-fit GPUs leave
+  the least memory free, so the task's GPUs talk over the fast links; otherwise take the best
+  fit across groups.
 * Whole GPUs on a node whose links are known (:class:`common.topology.NodeTopology`): the
   node's nested islands (NVLink pairs or sockets, then sockets, then the node) are read from
   the closest level up: at the first level where an island holds the task, it goes into the
