@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import structlog
 from structlog.testing import capture_logs
 
@@ -117,3 +118,17 @@ class TestTopology:
         assert msg.numa_node_plus_one == 2 and list(msg.cpu_affinity) == list(range(16, 32))
         assert [(link.peer_index, link.level, link.nvlinks) for link in msg.links][:2] == [(0, CROSS, 0), (1, CROSS, 0)]
         assert (msg.links[4].peer_index, msg.links[4].level, msg.links[4].nvlinks) == (5, NV, 4)
+
+
+class TestFakeMatchesRealModule:
+    """The topology constants the collector reads have pynvml's values."""
+
+    def test_constants(self) -> None:
+        """Link count, feature state, affinity scope and topology levels."""
+        real = pytest.importorskip("pynvml", reason="nvidia-ml-py not installed")
+        for name in ("NVML_FEATURE_ENABLED", "NVML_AFFINITY_SCOPE_NODE", "NVML_TOPOLOGY_SINGLE",
+                     "NVML_TOPOLOGY_MULTIPLE", "NVML_TOPOLOGY_NODE", "NVML_TOPOLOGY_SYSTEM"):
+            assert getattr(FakeNvml, name) == getattr(real, name), name
+        for name in ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetCpuAffinity",
+                     "nvmlDeviceGetMemoryAffinity", "nvmlDeviceGetTopologyCommonAncestor"):
+            assert callable(getattr(real, name)) and callable(getattr(FakeNvml, name)), name
