@@ -12,6 +12,7 @@ from common.config import host_port, load_config, option, positive
 from common.errors import ConfigError
 from common.paths import default_state_dir
 from common.tls import tls_files
+from common.topology import SIMULATED_TOPOLOGIES
 
 __all__ = ["AgentConfig", "load"]
 
@@ -47,6 +48,11 @@ class AgentConfig:
     node_id: str = option("", "node name (default: hostname)")
     gpu_backend: str = option("auto", "GPU telemetry backend", choices=("auto", "nvml", "simulated"))
     simulate_gpus: str = option("8xH100-80GB", "simulated GPUs, e.g. 8xH100-80GB or 4xA100-40GB,2xL4-24GB")
+    simulate_topology: str = option(
+        "auto", "how the simulated GPUs are linked: hgx (all NVLinked through NVSwitch, two sockets), "
+        "pcie-nvlink-pairs (two-socket PCIe server, NVLink bridges on 0-1, 2-3, ...), pcie, none; auto: hgx for "
+        "several H100/H200/A100/B200 of one model, pcie for several of another model, else none",
+        choices=SIMULATED_TOPOLOGIES)
     simulate_host: str = option(
         "", "simulated host beside simulated GPUs: CORES:MEM_GIB, or 'real' for this machine "
         f"(default: {CORES_PER_GPU} cores and {MEM_GIB_PER_GPU} GiB per simulated GPU)",

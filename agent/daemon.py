@@ -65,7 +65,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     state_dir = Path(cfg.state_dir).expanduser()
     state_dir.mkdir(parents=True, exist_ok=True)
     outbox = Outbox(cfg.buffer_samples)   # the stream sends as soon as something is added
-    gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name)
+    gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name,
+                            simulate_topology=cfg.simulate_topology)
     try:
         task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed,
                                                 uids=parse_uid_range(cfg.task_uids))

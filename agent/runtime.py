@@ -31,6 +31,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from agent import systemd_task, taskfs
 from agent.collectors.task_metrics import MetricsTarget
+from agent.cpu_binding import binding_for, process_prefix
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import TaskUser, TaskUserPolicy
@@ -236,19 +237,28 @@ class TaskRuntime:
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
         task_env = _task_env(st, user, paths.work_dir)
         cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id)
+        devices = getattr(self._gpus, "devices", None)
+        binding = binding_for(devices(), st.gpu_indices) if devices is not None else None
+        # The process runtime binds the task alone (inside the wrapper, before setpriv); a
+        # systemd unit is bound by its properties instead.
+        bind = process_prefix(binding) if self._runtime != "systemd-run" else []
         command = ["/bin/sh", "-c", _WRAPPER, "gptrm-task", str(paths.fifo), str(paths.exit_file),
-                   str(cgroup.path) if cgroup else "", *(user.setpriv_argv() if switch else []),  # type: ignore[union-attr]
+                   str(cgroup.path) if cgroup else "", *bind,
+                   *(user.setpriv_argv() if switch else []),  # type: ignore[union-attr]
                    *st.argv]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
                        gpu_indices=list(st.gpu_indices), user=user.name if user else "",
                        uid=user.uid if user else os.geteuid(), runtime=self._runtime,
-                       cgroup=str(cgroup.path) if cgroup else "")
+                       cgroup=str(cgroup.path) if cgroup else "",
+                       cpu_binding=binding.cpu_list if binding else "",
+                       numa_binding=binding.node_list if binding else "")
         self.pump.attach(st.task_id).result()
         proc: asyncio.subprocess.Process | None = None
         try:
             if self._runtime == "systemd-run":
                 pid = await systemd_task.start_service(st.task_id, command, task_env,
-                                                       gpu_indices=list(st.gpu_indices), paths=paths)
+                                                       gpu_indices=list(st.gpu_indices), paths=paths,
+                                                       binding=binding)
             else:
                 proc = await asyncio.create_subprocess_exec(
                     *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

@@ -51,6 +51,7 @@ from agent.collectors.simulated_host import REAL_HOST, default_host_shape, parse
 from agent.collectors.task_metrics import TaskMetricsCollector, TaskMetricsTargets
 from common.errors import CollectorError, ConfigError, NoData
 from common.pb.gptrm.v1 import types_pb2
+from common.topology import SIMULATED_TOPOLOGIES
 
 __all__ = [
     "BACKENDS",
@@ -77,6 +78,7 @@ def open_gpu_backend(
     node_id: str = "local",
     nvml_module: ModuleType | None = None,
     clock: Callable[[], float] = time.monotonic,
+    simulate_topology: str = "auto",
 ) -> GpuBackend:
     """Choose and open the GPU backend, once, as ``--gpu-backend`` says.
 
@@ -87,10 +89,14 @@ def open_gpu_backend(
     :param simulate_spec: GPUs to simulate (``8xH100-80GB``); empty means the default.
     :param node_id: goes into simulated GPU UUIDs.
     :param nvml_module: a ``pynvml`` replacement (tests); the real one when None.
+    :param simulate_topology: how simulated GPUs are linked (``--simulate-topology``).
     :raises ConfigError: unknown backend, ``nvml`` without NVML, or a malformed spec, in one line.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"--gpu-backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if simulate_topology not in SIMULATED_TOPOLOGIES:
+        choices = ", ".join(SIMULATED_TOPOLOGIES)
+        raise ConfigError(f"--simulate-topology {simulate_topology!r}: expected one of {choices}")
     if backend != "simulated":
         try:
             gpus = open_nvml(log, nvml_module)
@@ -107,21 +113,24 @@ def open_gpu_backend(
             return gpus
     spec = simulate_spec or DEFAULT_SIMULATE_SPEC
     try:
-        sim = SimulatedGpus(spec, node_id, clock=clock)
+        sim = SimulatedGpus(spec, node_id, clock=clock, topology=simulate_topology)
     except ValueError as e:
         raise ConfigError(f"--simulate-gpus {spec!r}: {e}") from e
-    log.info("gpu_backend_chosen", backend=sim.backend, gpu_count=len(sim.devices()), simulated=True)
+    log.info("gpu_backend_chosen", backend=sim.backend, gpu_count=len(sim.devices()), simulated=True,
+             topology=sim.topology)
     return sim
 
 
-def build_sampler(*, node_id: str, gpu_backend: str, simulate_spec: str, log: Log, **options: Any) -> Sampler:
+def build_sampler(
+    *, node_id: str, gpu_backend: str, simulate_spec: str, log: Log, simulate_topology: str = "auto", **options: Any
+) -> Sampler:
     """Open the GPU backend, then build the collectors and the :class:`Sampler` around it.
 
     :param options: the keyword arguments of :func:`sampler_for` (``interval_s``, ``data_paths``, …).
     :raises ConfigError: see :func:`open_gpu_backend` and :func:`choose_host_shape`.
     """
     log = log.bind(node_id=node_id)
-    gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id)
+    gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id, simulate_topology=simulate_topology)
     try:
         return sampler_for(gpus, log=log, **options)
     except ConfigError:

@@ -12,6 +12,8 @@ A task started this way is a unit of its own, ``gptrm-task-<id>.service``, start
   own by default), writes the task's output to its FIFO and records its exit code in the agent's
   own directory, so the agent needs no D-Bus and PID 1 opens no file a task could have replaced;
   ``NoNewPrivileges=yes``;
+- ``AllowedCPUs=`` (and ``NUMAPolicy=bind``, ``NUMAMask=``) from the task's GPUs' CPU affinity
+  and NUMA nodes (:mod:`agent.cpu_binding`);
 - its environment from a 0600 file in the agent's own directory, read by PID 1 and removed once
   the unit has started, so secrets in a task's env never appear in any process's command line.
 
@@ -30,6 +32,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from agent.cpu_binding import CpuBinding, systemd_properties
 from agent.taskfs import TaskPaths, open_nofollow
 from common.errors import GptrmError
 
@@ -77,14 +80,15 @@ def environment_file(env: Mapping[str, str]) -> str:
     return "".join(lines)
 
 
-def unit_argv(task_id: str, *, gpu_indices: Sequence[int], workdir: Path, env_file: Path) -> list[str]:
-    """The ``systemd-run`` prefix that starts one task as a transient service."""
+def unit_argv(task_id: str, *, gpu_indices: Sequence[int], workdir: Path, env_file: Path,
+              binding: CpuBinding | None = None) -> list[str]:
+    """The ``systemd-run`` prefix that starts one task as a transient service (bound to ``binding``'s CPUs)."""
     devices = [*NVIDIA_CONTROL_NODES, *(f"/dev/nvidia{int(i)}" for i in gpu_indices)]
     return ["systemd-run", "--quiet", "--collect", "--service-type=exec", f"--unit={unit_name(task_id)}",
             f"--description=gptrm task {task_id}", f"--working-directory={workdir}",
             f"--property=EnvironmentFile={env_file}", "--property=StandardInput=null",
             "--property=NoNewPrivileges=yes", "--property=DevicePolicy=closed",
-            *(f"--property=DeviceAllow={d} rw" for d in devices)]
+            *(f"--property=DeviceAllow={d} rw" for d in devices), *systemd_properties(binding)]
 
 
 async def _run(argv: Sequence[str]) -> str:
@@ -102,7 +106,7 @@ async def _run(argv: Sequence[str]) -> str:
 
 
 async def start_service(task_id: str, command: Sequence[str], env: Mapping[str, str], *,
-                        gpu_indices: Sequence[int], paths: TaskPaths) -> int:
+                        gpu_indices: Sequence[int], paths: TaskPaths, binding: CpuBinding | None = None) -> int:
     """Start the task's unit and return its main pid (0 when it already ended).
 
     :raises GptrmError: systemd refused the unit (the message carries systemd-run's own words).
@@ -114,7 +118,8 @@ async def start_service(task_id: str, command: Sequence[str], env: Mapping[str, 
     finally:
         os.close(fd)
     try:
-        await _run([*unit_argv(task_id, gpu_indices=gpu_indices, workdir=paths.work_dir, env_file=env_file),
+        await _run([*unit_argv(task_id, gpu_indices=gpu_indices, workdir=paths.work_dir, env_file=env_file,
+                               binding=binding),
                     *command])
     finally:
         env_file.unlink(missing_ok=True)   # read by PID 1 when the unit started

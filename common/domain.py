@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from common.topology import NodeTopology
 from common.types import TaskKind
 
 __all__ = [
@@ -169,6 +170,8 @@ class NodeSnapshot:
     :param schedulable: False when cordoned, draining, not ready or lost.
     :param powered_on: False when the node is asleep/powered down (waking it costs its idle power).
     :param power: the node's power curve (all GPUs together).
+    :param topology: its GPUs' links and NUMA placement when its agent reported them (built once
+        per registration, shared by every snapshot of the node); None unknown.
     """
 
     node_id: NodeId
@@ -180,6 +183,7 @@ class NodeSnapshot:
     schedulable: bool = True
     powered_on: bool = True
     power: PowerCurve = field(default_factory=lambda: PowerCurve(idle_w=0.0, max_w=0.0))
+    topology: NodeTopology | None = None
 
     @property
     def compute_util(self) -> float:

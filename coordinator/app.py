@@ -215,7 +215,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
-                           events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced)
+                           events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
+                           gang_label=cfg.gang_topology_label)
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)

@@ -62,6 +62,8 @@ class CoordinatorConfig:
                                    flag="lock_timeout", check=positive)
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)
     threshold: float = option(0.9, "per-dimension utilization cap after placement", check=unit_interval)
+    gang_topology_label: str = option("rack", "node label whose shared value multi-node tasks prefer (a gang that "
+                                      "fits on nodes of one value is kept there; '' turns it off)", metavar="LABEL")
     preemption_protection_s: float = option(120.0, "a task is not preempted again within this many seconds of "
                                             "its last preemption", flag="preemption_protection", check=non_negative)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))

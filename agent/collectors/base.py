@@ -118,6 +118,12 @@ class GpuDevice:
     mig_enabled: bool = False
     simulated: bool = False
     """Not on the wire per GPU: ``NodeInventory.simulated`` carries it for the node."""
+    numa_node: int = -1
+    """The NUMA node (socket) the GPU hangs off; -1 unknown."""
+    cpu_affinity: tuple[int, ...] = ()
+    """The CPUs close to the GPU; ``()`` unknown."""
+    links: tuple[tuple[int, int, int], ...] = ()
+    """``(peer index, LinkLevel, active NVLinks)`` per other GPU whose link is known."""
 
     def to_proto(self) -> types_pb2.GpuInfo:
         """This device as a ``GpuInfo``."""
@@ -133,6 +139,9 @@ class GpuDevice:
             pci_bus_id=self.pci_bus_id,
             topology_group=self.topology_group,
             mig_enabled=self.mig_enabled,
+            numa_node_plus_one=self.numa_node + 1 if self.numa_node >= 0 else 0,
+            cpu_affinity=self.cpu_affinity,
+            links=[types_pb2.GpuLink(peer_index=p, level=level, nvlinks=n) for p, level, n in self.links],
         )
 
 

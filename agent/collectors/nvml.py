@@ -5,6 +5,10 @@ without NVML. Handles are opened once there; every tick :meth:`NvmlCollector.col
 reads each GPU's raw values (``_read_*``) and :func:`parse_gpu_reading` turns them into a
 :class:`GpuReading` with SI units.
 
+At open, each GPU's topology is read too (:func:`read_topology`): its NUMA node, the CPUs
+close to it and how it reaches every other GPU (active NVLinks per peer, else the PCIe common
+ancestor). A query that fails leaves that fact unknown and is logged once, at open.
+
 A field the GPU does not support is absent from the reading and never queried again on
 that GPU; a GPU that fell off the bus is reported ``healthy=False`` while the others are
 still sampled.
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -22,8 +28,17 @@ import structlog
 
 from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading
 from common.errors import CollectorError, ValidationError
+from common.topology import MAX_CPUS, MAX_NUMA_NODE, GpuTopologyFacts, LinkLevel
 
-__all__ = ["NAME", "NvmlCollector", "load_pynvml", "open_nvml", "parse_gpu_reading", "parse_topology_groups"]
+__all__ = [
+    "NAME",
+    "NvmlCollector",
+    "load_pynvml",
+    "open_nvml",
+    "parse_gpu_reading",
+    "parse_topology_groups",
+    "read_topology",
+]
 
 NAME = "nvml"
 
@@ -63,7 +78,7 @@ def load_pynvml() -> ModuleType:
         raise CollectorError(f"NVML unavailable: cannot import pynvml (nvidia-ml-py): {e}") from e
 
 
-def open_nvml(log: Log, module: ModuleType | None = None) -> NvmlCollector:
+def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path("/sys")) -> NvmlCollector:
     """Initialise NVML, open every GPU's handle and read the inventory.
 
     Example::
@@ -74,6 +89,7 @@ def open_nvml(log: Log, module: ModuleType | None = None) -> NvmlCollector:
 
     :param log: logger for GPU health changes.
     :param module: the ``pynvml`` module (tests pass a fake); imported when None.
+    :param sysfs: where sysfs is mounted (a GPU's NUMA node when NVML does not tell it).
     :returns: the collector, owning NVML until :meth:`NvmlCollector.close`.
     :raises CollectorError: when pynvml is missing, the library is not found or nvmlInit fails.
     """
@@ -89,6 +105,11 @@ def open_nvml(log: Log, module: ModuleType | None = None) -> NvmlCollector:
         _shutdown_quietly(nvml)
         raise CollectorError(f"NVML unavailable: cannot open GPU handles: {e}") from e
     devices = _read_inventory(nvml, handles)
+    facts = read_topology(nvml, handles, [d.pci_bus_id for d in devices], log, sysfs=sysfs)
+    devices = [
+        dataclasses.replace(d, numa_node=f.numa_node, cpu_affinity=f.cpu_affinity, links=f.links)
+        for d, f in zip(devices, facts, strict=True)
+    ]
     log.info("nvml_opened", gpu_count=count, models=sorted({d.model for d in devices}))
     return NvmlCollector(nvml, handles, devices, log)
 
@@ -307,6 +328,161 @@ def _read_links(nvml: Any, handles: list[Any]) -> dict[tuple[int, int], bool | N
                 by_switch = level is not None and level <= nvml.NVML_TOPOLOGY_MULTIPLE
                 links[(i, j)] = by_switch or nvlink == nvml.NVML_P2P_STATUS_OK
     return links
+
+
+def read_topology(
+    nvml: Any, handles: list[Any], bus_ids: list[str], log: Log, *, sysfs: Path = Path("/sys")
+) -> list[GpuTopologyFacts]:
+    """Each GPU's NUMA node, CPU affinity and links to the other GPUs.
+
+    A link is NVLink when the two GPUs share active NVLinks (directly, or both reach NVSwitches);
+    otherwise the PCIe common ancestor tells the same switch, the same socket or across sockets.
+    Queries that fail leave their fact unknown; each GPU with such a failure is logged once
+    (``gpu_topology_unknown``), a GPU without NVLink is not a failure.
+
+    :param nvml: the initialised ``pynvml``. :param handles: one per GPU index.
+    :param bus_ids: each GPU's PCI bus id (from the inventory).
+    :param log: where failures are logged. :param sysfs: the sysfs mount, for NUMA nodes.
+    :returns: one entry per GPU, index order.
+    """
+    count = len(handles)
+    failures: list[dict[str, str]] = [{} for _ in handles]
+    by_bus = {_bus_key(b): i for i, b in enumerate(bus_ids) if b}
+    peers: list[dict[int, int]] = []
+    to_switch: list[int] = []
+    for i, handle in enumerate(handles):
+        direct, switch = _read_nvlinks(nvml, handle, by_bus, i, failures[i])
+        peers.append(direct)
+        to_switch.append(switch)
+    numa = [_read_numa(nvml, h, bus_ids[i], sysfs, failures[i]) for i, h in enumerate(handles)]
+    cpus = [_read_cpus(nvml, h, failures[i]) for i, h in enumerate(handles)]
+    ancestor = getattr(nvml, "nvmlDeviceGetTopologyCommonAncestor", None)
+    links: list[list[tuple[int, int, int]]] = [[] for _ in handles]
+    for i in range(count):
+        for j in range(i + 1, count):
+            nvlinks = peers[i].get(j, 0) or peers[j].get(i, 0) or min(to_switch[i], to_switch[j])
+            if nvlinks:
+                level = LinkLevel.NVLINK
+            else:
+                level = _pcie_level(nvml, ancestor, handles[i], handles[j], (failures[i], failures[j]))
+            if level != LinkLevel.UNKNOWN:
+                links[i].append((j, int(level), nvlinks))
+                links[j].append((i, int(level), nvlinks))
+    for i, failed in enumerate(failures):
+        if failed:
+            log.warning("gpu_topology_unknown", gpu_index=i, failed=sorted(failed), reason=next(iter(failed.values())))
+    return [
+        GpuTopologyFacts(numa_node=numa[i], cpu_affinity=cpus[i], links=tuple(sorted(links[i])))
+        for i in range(count)
+    ]
+
+
+def _read_nvlinks(
+    nvml: Any, handle: Any, by_bus: dict[str, int], index: int, failures: dict[str, str]
+) -> tuple[dict[int, int], int]:
+    """Active NVLinks of one GPU: ``({peer index: links}, links to NVSwitches or other devices)``."""
+    state = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
+    remote = getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", None)
+    peers: dict[int, int] = {}
+    switch = 0
+    if state is None or remote is None:
+        return peers, switch
+    not_there = (nvml.NVMLError_NotSupported, getattr(nvml, "NVMLError_InvalidArgument", nvml.NVMLError_NotSupported))
+    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            if state(handle, link) != getattr(nvml, "NVML_FEATURE_ENABLED", 1):
+                continue
+            bus = _bus_key(_text(remote(handle, link).busId))
+        except not_there:
+            # No NVLink at all (link 0), or past this GPU's last link.
+            if link == 0:
+                break
+            continue
+        except nvml.NVMLError as e:
+            failures.setdefault("nvlink", str(e))
+            break
+        peer = by_bus.get(bus)
+        if peer is None:
+            switch += 1
+        elif peer != index:
+            peers[peer] = peers.get(peer, 0) + 1
+    return peers, switch
+
+
+def _pcie_level(
+    nvml: Any, ancestor: Any, a: Any, b: Any, failures: tuple[dict[str, str], dict[str, str]]
+) -> LinkLevel:
+    """The PCIe path between two GPUs as a link level; UNKNOWN (noted for both) when NVML cannot tell."""
+    if ancestor is None:
+        return LinkLevel.UNKNOWN
+    try:
+        level = ancestor(a, b)
+    except nvml.NVMLError as e:
+        for failed in failures:
+            failed.setdefault("common_ancestor", str(e))
+        return LinkLevel.UNKNOWN
+    if level <= nvml.NVML_TOPOLOGY_MULTIPLE:
+        return LinkLevel.SAME_SWITCH
+    if level < nvml.NVML_TOPOLOGY_SYSTEM:
+        return LinkLevel.SAME_SOCKET
+    return LinkLevel.CROSS_SOCKET
+
+
+def _cpu_set_words() -> int:
+    """64-bit words that hold every CPU id of this host (at most :data:`MAX_CPUS`)."""
+    return max(1, min(MAX_CPUS, os.cpu_count() or 1) + 63) // 64
+
+
+def _bits(words: Any, limit: int) -> tuple[int, ...]:
+    """The set bits of an NVML bitmask (array of 64-bit words), below ``limit``."""
+    out = []
+    for w, word in enumerate(words):
+        word = int(word)
+        while word:
+            low = word & -word
+            bit = w * 64 + low.bit_length() - 1
+            if bit < limit:
+                out.append(bit)
+            word ^= low
+    return tuple(out)
+
+
+def _read_cpus(nvml: Any, handle: Any, failures: dict[str, str]) -> tuple[int, ...]:
+    """The CPUs close to the GPU; ``()`` unknown."""
+    try:
+        return _bits(nvml.nvmlDeviceGetCpuAffinity(handle, _cpu_set_words()), MAX_CPUS)
+    except nvml.NVMLError as e:
+        failures.setdefault("cpu_affinity", str(e))
+    except AttributeError:
+        pass
+    return ()
+
+
+def _read_numa(nvml: Any, handle: Any, bus_id: str, sysfs: Path, failures: dict[str, str]) -> int:
+    """The GPU's NUMA node from NVML's memory affinity, else from sysfs; -1 unknown."""
+    affinity = getattr(nvml, "nvmlDeviceGetMemoryAffinity", None)
+    if affinity is not None:
+        try:
+            nodes = _bits(affinity(handle, (MAX_NUMA_NODE + 64) // 64, getattr(nvml, "NVML_AFFINITY_SCOPE_NODE", 0)),
+                          MAX_NUMA_NODE + 1)
+            if len(nodes) == 1:
+                return nodes[0]
+        except nvml.NVMLError:
+            pass
+    if bus_id:
+        try:
+            node = int((sysfs / "bus" / "pci" / "devices" / _bus_key(bus_id) / "numa_node").read_text().strip())
+        except (OSError, ValueError) as e:
+            failures.setdefault("numa_node", str(e))
+            return -1
+        return node if 0 <= node <= MAX_NUMA_NODE else -1
+    return -1
+
+
+def _bus_key(bus_id: str) -> str:
+    """A PCI bus id as sysfs names it: NVML's ``00000000:18:00.0`` → ``0000:18:00.0``."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    return f"{domain[-4:].rjust(4, '0')}:{rest}" if rest else bus_id.strip().lower()
 
 
 def _text(value: str | bytes | None) -> str:

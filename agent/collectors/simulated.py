@@ -8,11 +8,20 @@ idle to maximum board power, capped by the power limit::
     power_w = min(limit_w, idle_w + (max_w - idle_w) * util)
 
 Every reading and device says ``simulated=True``; UUIDs are ``GPU-sim-<node>-<i>``.
+
+``--simulate-topology`` describes how the GPUs are linked (:func:`common.topology.simulated_topology`):
+``hgx`` (all NVLinked through NVSwitch, two sockets), ``pcie-nvlink-pairs`` (a two-socket PCIe
+server with NVLink bridges on 0-1, 2-3, ...), ``pcie`` or ``none``. ``auto`` picks ``hgx`` for a
+node of one SXM-class model (H100, H200, A100, B200) with several GPUs, which is what such a
+server is, ``pcie`` for other single-model nodes of several GPUs, and ``none`` otherwise. The
+simulated CPU affinity splits the CPUs this agent may run on between the two sockets, so a
+task bound to it runs on CPUs that exist.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import re
 import threading
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 
 from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading
 from common.errors import ValidationError
+from common.topology import SIMULATED_TOPOLOGIES, simulated_topology
 
 __all__ = [
     "DEFAULT_SIMULATE_SPEC",
@@ -32,6 +42,7 @@ __all__ = [
     "SimulatedGpus",
     "model_for",
     "parse_simulate_spec",
+    "resolve_simulated_topology",
     "simulated_power_w",
 ]
 
@@ -116,6 +127,31 @@ def parse_simulate_spec(spec: str) -> list[SimGpuSpec]:
     return gpus
 
 
+_SXM_MODELS = ("H100", "H200", "A100", "B200")
+
+
+def resolve_simulated_topology(name: str, specs: Sequence[SimGpuSpec]) -> str:
+    """The topology ``auto`` stands for on these GPUs (other names are returned as they are).
+
+    :raises ValueError: on a name that is not one of :data:`common.topology.SIMULATED_TOPOLOGIES`.
+    """
+    if name not in SIMULATED_TOPOLOGIES:
+        raise ValueError(f"unknown simulated topology {name!r}: expected one of {', '.join(SIMULATED_TOPOLOGIES)}")
+    if name != "auto":
+        return name
+    if len(specs) < 2 or len({s.group for s in specs}) > 1:
+        return "none"
+    return "hgx" if specs[0].model in _SXM_MODELS else "pcie"
+
+
+def _usable_cpus() -> list[int]:
+    """The CPUs this process may run on (all online CPUs where affinity is not available)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
 def model_for(gpu: SimGpuSpec) -> SimModel:
     """The power figures for ``gpu``: by model and memory, by model, else by memory size."""
     found = _MODELS.get(gpu.label) or _MODELS.get(gpu.model)
@@ -153,7 +189,9 @@ class SimulatedGpus:
     :param clock: monotonic seconds; the energy counters integrate power over it.
     :param seed: RNG seed for the small variation; derived from ``node_id`` when None.
     :param jitter: amplitude of the variation added to the utilization of busy GPUs.
-    :raises ValueError: when ``spec`` is malformed.
+    :param topology: a :data:`common.topology.SIMULATED_TOPOLOGIES` name (see the module docstring).
+    :param cpus: the host CPUs the simulated affinity is drawn from; those this process may use when None.
+    :raises ValueError: when ``spec`` or ``topology`` is malformed.
     """
 
     name = NAME
@@ -168,11 +206,21 @@ class SimulatedGpus:
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
         jitter: float = 0.02,
+        topology: str = "auto",
+        cpus: Sequence[int] | None = None,
     ) -> None:
         self._specs = parse_simulate_spec(spec)
         self._models = [model_for(s) for s in self._specs]
+        self.topology = resolve_simulated_topology(topology, self._specs)
+        facts = simulated_topology(self.topology, len(self._specs), _usable_cpus() if cpus is None else cpus)
         pairs = enumerate(zip(self._specs, self._models, strict=True))
-        self._devices = [self._device(i, s, m, node_id) for i, (s, m) in pairs]
+        self._devices = [
+            dataclasses.replace(
+                self._device(i, s, m, node_id),
+                numa_node=facts[i].numa_node, cpu_affinity=facts[i].cpu_affinity, links=facts[i].links,
+            )
+            for i, (s, m) in pairs
+        ]
         self._clock = clock
         self._rng = random.Random(zlib.crc32(node_id.encode()) if seed is None else seed)
         self._jitter = jitter

@@ -21,6 +21,7 @@ from structlog.typing import FilteringBoundLogger
 from common.errors import GptrmError, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
+from common.topology import validate_gpu_topology
 from coordinator.api.agent_guard import AgentGuard
 from coordinator.app import App
 from coordinator.monitor.nodes import NodeEntry
@@ -64,6 +65,7 @@ def validate_register(reg: agent_pb2.Register) -> None:
             raise ValidationError(f"register.inventory.gpus[{i}].index", f"index {g.index} out of range")
         if not math.isfinite(g.power_limit_w) or g.power_limit_w < 0:
             raise ValidationError(f"register.inventory.gpus[{i}].power_limit_w", f"invalid {g.power_limit_w}")
+    validate_gpu_topology(inv.gpus, "register.inventory.gpus")
 
 
 class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):

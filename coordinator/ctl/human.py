@@ -229,7 +229,26 @@ def node_detail(d: Mapping[str, Any]) -> str:
             "yes" if healthy else f"NO: {t.get('health_reason', '')}",
         ])
     gpu_table = table(["GPU", "MODEL", "UTIL", "MEMORY", "POWER", "TEMP", "HEALTHY"], rows, right=(0, 2, 5))
-    return "\n".join(head) + "\n\n" + gpu_table
+    topology = topology_text(d)
+    return "\n".join(head) + "\n\n" + gpu_table + (f"\n\n{topology}" if topology else "")
+
+
+def topology_text(d: Mapping[str, Any]) -> str:
+    """The GPU topology as ``nvidia-smi topo -m`` shows it, with each GPU's NUMA node and CPUs ("" unknown)."""
+    matrix = d.get("topology")
+    gpus = d["gpus"]
+    if not matrix and not any(g.get("numa_node") is not None or g.get("cpu_list") for g in gpus):
+        return ""
+    names = [f"GPU{g['index']}" for g in sorted(gpus, key=lambda g: g["index"])]
+    ordered = sorted(gpus, key=lambda g: g["index"])
+    rows = []
+    for k, g in enumerate(ordered):
+        links = matrix[k] if matrix else ["?"] * len(ordered)
+        numa = "-" if g.get("numa_node") is None else g["numa_node"]
+        rows.append([names[k], *links, numa, g.get("cpu_list") or "-"])
+    legend = ("X = self, NV# = # NVLinks, PIX = same PCIe switch, NODE = same socket (host bridge), "
+              "SYS = across sockets, ? = unknown")
+    return "topology\n" + table(["", *names, "NUMA", "CPUS"], rows) + "\n" + legend
 
 
 def _placement(t: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.power_states import power_label
+from common.topology import format_cpu_list, link_code
 from common.types import TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
@@ -58,7 +59,31 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
 
 
 def _gpu_dict(g: types_pb2.GpuInfo, sample: types_pb2.GpuSample | None) -> dict[str, Any]:
-    return {**proto_dict(g), "telemetry": proto_dict(sample) if sample is not None else None}
+    doc = proto_dict(g)
+    del doc["numa_node_plus_one"]   # shown as numa_node, null when unknown
+    for link, raw in zip(doc["links"], g.links, strict=True):
+        link["code"] = link_code(raw.level, raw.nvlinks)
+    return {**doc, "numa_node": g.numa_node_plus_one - 1 if g.numa_node_plus_one else None,
+            "cpu_list": format_cpu_list(g.cpu_affinity),
+            "telemetry": proto_dict(sample) if sample is not None else None}
+
+
+def topology_matrix(gpus: list[types_pb2.GpuInfo]) -> list[list[str]] | None:
+    """``nvidia-smi topo -m``'s GPU matrix: ``X`` on the diagonal, ``NV#``, ``PIX``, ``NODE``, ``SYS``, ``?``.
+
+    :returns: one row per GPU in index order, or None when the agent reported no link.
+    """
+    if not any(g.links for g in gpus):
+        return None
+    ordered = sorted(gpus, key=lambda g: g.index)
+    position = {g.index: k for k, g in enumerate(ordered)}
+    rows = [["?"] * len(ordered) for _ in ordered]
+    for k, g in enumerate(ordered):
+        rows[k][k] = "X"
+        for link in g.links:
+            if link.peer_index in position and link.peer_index != g.index:
+                rows[k][position[link.peer_index]] = link_code(link.level, link.nvlinks)
+    return rows
 
 
 def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
@@ -83,6 +108,7 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "labels": dict(inv.labels),
         "reserved": proto_dict(v.record.reserved),
         "gpus": [_gpu_dict(g, samples.get(g.index)) for g in inv.gpus],
+        "topology": topology_matrix(list(inv.gpus)),
         "host": proto_dict(v.latest.host) if v.has_latest else None,
         "telemetry_unix_s": v.latest.time_unix_s if v.has_latest else None,
         "last_seen_age_s": v.last_seen_age_s,

@@ -81,13 +81,15 @@ class SchedulerCycle:
     :param preemptor: the QoS Manager's preemption, asked after a cycle left tasks waiting.
     :param profiler: expected run times (tasks with a deadline are ordered by slack within a priority).
     :param on_unplaced: told of every task a cycle could not place (the Resource Adaptor's wake-ups).
+    :param gang_label: the node label whose shared value multi-node tasks prefer ("" none).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOutRequests,
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemptor, profiler: Profiler,
-                 on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None) -> None:
+                 on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "") -> None:
         self._preemptor, self._profiler = preemptor, profiler
+        self._gang_label = gang_label
         self._on_unplaced = on_unplaced
         self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
         self._store, self._leadership, self._dispatcher = store, leadership, dispatcher
@@ -147,7 +149,8 @@ class SchedulerCycle:
         requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
         snapshot = self._snapshots.snapshot(self._tasks.tasks.values(), self._registry)
         policy = self._policy.current
-        engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold)
+        engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold,
+                                           gang_label=self._gang_label)
         decisions = engine.place_batch(requests)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits, by_id, rejected = [], {t.id: t for t in pending}, []

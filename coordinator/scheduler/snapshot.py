@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
+from common.topology import NodeTopology, topology_from_gpus
 from common.types import TERMINAL_STATES
 from coordinator.allocator.reservations import gpu_usage
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
@@ -97,6 +98,7 @@ class _NodeStatic:
     :param model: the first GPU's model ("" without GPUs).
     :param gpu_mem_per_gpu_bytes: one GPU's memory (for the datasheet power guess of unknown models).
     :param labels: the node's labels (shared by snapshots; never modified).
+    :param topology: the GPUs' links and NUMA placement (None when the agent reported none).
     """
 
     check: tuple[int, int, int, int, int]
@@ -106,6 +108,7 @@ class _NodeStatic:
     model: str
     gpu_mem_per_gpu_bytes: int
     labels: dict[str, str]
+    topology: NodeTopology | None = None
 
 
 class SnapshotBuilder:
@@ -162,7 +165,7 @@ class SnapshotBuilder:
             used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                            mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
             gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
-            power=self.power_curve(e)[0])
+            power=self.power_curve(e)[0], topology=static.topology)
 
     def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:
         """The node's GPU power curve as Alg. 3 sees it, with its source (see :meth:`PowerModel.explain`).
@@ -191,6 +194,7 @@ class SnapshotBuilder:
             model=inv.gpus[0].model if inv.gpus else "",
             gpu_mem_per_gpu_bytes=slots[0][1] if slots else 0,
             labels=dict(inv.labels),
+            topology=topology_from_gpus(inv.gpus),
         )
         self._statics[entry.node_id] = static
         return static

@@ -1,6 +1,8 @@
 """Placement throughput: 10,000 queued requests on 5,000 nodes, per policy, production vs reference.
 
 Run with ``.venv/bin/python tests/bench/bench_scheduler.py [--nodes N] [--requests N] [--seed S]``.
+``--topology hgx|pcie-nvlink-pairs`` gives every node a GPU topology of that kind (the allocator then
+walks its islands); ``--racks N`` labels the nodes with N ``rack`` values and places gangs by them.
 
 The cluster mixes H100/A100/L4 nodes, a third of them partly busy. The queue is drawn from a
 catalogue of task shapes such as the profiler produces (shared inference slices, 1-8 GPU
@@ -35,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, PowerCurve, Request, Resources  # noqa: E402
+from common.topology import simulated_topology, topology_from_facts  # noqa: E402
 from coordinator.scheduler.placement.engine import PlacementEngine  # noqa: E402
 from coordinator.scheduler.policies import POLICIES  # noqa: E402
 
@@ -66,8 +69,13 @@ def load_reference() -> ModuleType:
     return importlib.import_module("tests.helpers.reference_algorithms")
 
 
-def make_cluster(rng: random.Random, n_nodes: int) -> ClusterSnapshot:
-    """A mixed cluster; about a third of the nodes already run whole-GPU work."""
+def make_cluster(rng: random.Random, n_nodes: int, topology: str = "none", racks: int = 0) -> ClusterSnapshot:
+    """A mixed cluster; about a third of the nodes already run whole-GPU work.
+
+    :param topology: a simulated topology name given to every node ("none": no topology).
+    :param racks: label the nodes ``rack=r<i % racks>`` (0: no labels).
+    """
+    shapes = {g: topology_from_facts(simulated_topology(topology, g, range(64))) for g in (4, 8)}
     nodes = []
     weights = [t[-1] for t in NODE_TYPES]
     for i in range(n_nodes):
@@ -86,6 +94,8 @@ def make_cluster(rng: random.Random, n_nodes: int) -> ClusterSnapshot:
                 gpu_model=model,
                 power=PowerCurve(idle_w=idle * gpus + 150.0, max_w=peak * gpus + 350.0),
                 powered_on=rng.random() < 0.9,
+                labels={"rack": f"r{i % racks}"} if racks else {},
+                topology=shapes[gpus],
             )
         )
     return ClusterSnapshot(nodes=tuple(nodes))
@@ -112,10 +122,11 @@ def make_queue(rng: random.Random, n_requests: int) -> list[Request]:
 
 
 def time_production(
-    cluster: ClusterSnapshot, queue: list[Request], policy: str, seed: int, threshold: float, repeat: int
+    cluster: ClusterSnapshot, queue: list[Request], policy: str, seed: int, threshold: float, repeat: int,
+    gang_label: str = "",
 ) -> tuple[float, int, float, int, float]:
     """Seconds for the whole batch (best of ``repeat`` runs), plus the placed/refused counts and their seconds."""
-    engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
+    engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed, gang_label=gang_label)
     order = sorted(queue, key=lambda r: -r.compute_demand) if engine.policy.sorts_requests else queue
     placed_s = refused_s = 0.0
     placed = refused = 0
@@ -131,7 +142,7 @@ def time_production(
     best = float("inf")
     for _ in range(repeat):
         start = clock()
-        PlacementEngine.from_name(cluster, policy, threshold, seed=seed).place_batch(queue)
+        PlacementEngine.from_name(cluster, policy, threshold, seed=seed, gang_label=gang_label).place_batch(queue)
         best = min(best, clock() - start)
     return best, placed, placed_s, refused, refused_s
 
@@ -154,13 +165,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--repeat", type=int, default=3, help="batch runs per policy; the fastest is reported")
+    parser.add_argument("--topology", default="none", choices=("none", "hgx", "pcie-nvlink-pairs", "pcie"),
+                        help="GPU topology of every node")
+    parser.add_argument("--racks", type=int, default=0, help="rack labels (gangs placed by them); 0: none")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    cluster = make_cluster(rng, args.nodes)
+    cluster = make_cluster(rng, args.nodes, args.topology, args.racks)
     queue = make_queue(rng, args.requests)
     reference = load_reference()
     subset = queue[: args.reference_requests]
-    print(f"{args.requests} queued requests on {args.nodes} nodes, threshold {args.threshold:g}")
+    print(f"{args.requests} queued requests on {args.nodes} nodes, threshold {args.threshold:g}, "
+          f"topology {args.topology}, racks {args.racks}")
     print(
         f"reference rates are extrapolated from its first {len(subset)} requests on the same cluster "
         "(it re-sorts every node for each request, so its rate barely depends on the queue length)"
@@ -170,7 +185,7 @@ def main() -> None:
     below = []
     for policy in POLICIES:
         total_s, placed, placed_s, refused, refused_s = time_production(
-            cluster, queue, policy, args.seed, args.threshold, args.repeat
+            cluster, queue, policy, args.seed, args.threshold, args.repeat, "rack" if args.racks else ""
         )
         rate = len(queue) / total_s
         row = (f"{policy:<16} {rate:>12,.0f} {placed:>7} {placed / max(placed_s, 1e-9):>10,.0f} "

@@ -8,6 +8,13 @@ the real codes. Use it in place of the module::
     nvml = FakeNvml([FakeGpu(index=0), FakeGpu(index=1, lost=True)])
     monkeypatch.setitem(sys.modules, "pynvml", nvml)   # or open_nvml(log, nvml)
 
+Topology: ``FakeGpu.switch`` (PCIe switch), ``numa_node`` (socket), ``cpus`` (CPU affinity),
+``nvlink_peers`` (NVLink bridges: peer index → links) and ``nvswitch_links`` (links to NVSwitches)
+answer ``nvmlDeviceGetTopologyCommonAncestor``, ``nvmlDeviceGetNvLinkState`` /
+``nvmlDeviceGetNvLinkRemotePciInfo``, ``nvmlDeviceGetCpuAffinity`` and
+``nvmlDeviceGetMemoryAffinity`` the way the real functions do (bitmasks of 64-bit words,
+NotSupported on a GPU without NVLink, InvalidArgument past the last link).
+
 ``FakeGpu.unsupported`` names NVML functions that raise NotSupported on that GPU,
 ``FakeGpu.errors`` maps others to the error code they raise, ``FakeGpu.lost`` makes every
 call raise GpuIsLost, and ``FakeNvml.calls`` counts calls per (function, GPU index).
@@ -88,6 +95,7 @@ NVMLError_FunctionNotFound = _ERRORS["NVMLError_FunctionNotFound"]
 NVMLError_NoPermission = _ERRORS["NVMLError_NoPermission"]
 NVMLError_ResetRequired = _ERRORS["NVMLError_ResetRequired"]
 NVMLError_Unknown = _ERRORS["NVMLError_Unknown"]
+NVMLError_InvalidArgument = _ERRORS["NVMLError_InvalidArgument"]
 
 
 @dataclass
@@ -117,7 +125,15 @@ class FakeGpu:
     switch: int = 0
     """GPUs with the same switch share a PCIe switch (NVML_TOPOLOGY_SINGLE)."""
     nvlink: bool = False
-    """GPUs that both have nvlink=True are NVLink peers."""
+    """GPUs that both have nvlink=True are NVLink peers (P2P status only)."""
+    numa_node: int = 0
+    """The NUMA node the GPU hangs off (memory affinity); GPUs on other nodes are across sockets."""
+    cpus: tuple[int, ...] = (0,)
+    """Its CPU affinity."""
+    nvlink_peers: dict[int, int] = field(default_factory=dict)
+    """NVLink bridges: peer GPU index → active links to it."""
+    nvswitch_links: int = 0
+    """Active links to NVSwitches (after the bridge links)."""
     unsupported: set[str] = field(default_factory=set)
     """NVML function names that raise NotSupported on this GPU."""
     errors: dict[str, int] = field(default_factory=dict)
@@ -148,6 +164,7 @@ class FakeNvml:
     NVMLError_NoPermission = NVMLError_NoPermission
     NVMLError_ResetRequired = NVMLError_ResetRequired
     NVMLError_Unknown = NVMLError_Unknown
+    NVMLError_InvalidArgument = NVMLError_InvalidArgument
 
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_LIBRARY_NOT_FOUND = 12
@@ -170,6 +187,12 @@ class FakeNvml:
     NVML_P2P_CAPS_INDEX_NVLINK = 2
     NVML_P2P_STATUS_OK = 0
     NVML_P2P_STATUS_NOT_SUPPORTED = 5
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_FEATURE_DISABLED = 0
+    NVML_FEATURE_ENABLED = 1
+    NVML_AFFINITY_SCOPE_NODE = 0
+    NVML_AFFINITY_SCOPE_SOCKET = 1
+    NVSWITCH_BUS_ID = b"00000000:C5:00.0"
 
     def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
         self.gpus = gpus
@@ -221,7 +244,7 @@ class FakeNvml:
 
     def nvmlDeviceGetPciInfo(self, handle: _Handle) -> SimpleNamespace:
         gpu = self._gpu("nvmlDeviceGetPciInfo", handle)
-        return SimpleNamespace(busId=f"00000000:{0x18 + gpu.index:02X}:00.0".encode(), bus=0x18 + gpu.index)
+        return SimpleNamespace(busId=self._bus_id(gpu.index), bus=0x18 + gpu.index)
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> SimpleNamespace:
         gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
@@ -283,7 +306,53 @@ class FakeNvml:
     def nvmlDeviceGetTopologyCommonAncestor(self, first: _Handle, second: _Handle) -> int:
         a = self._gpu("nvmlDeviceGetTopologyCommonAncestor", first)
         b = self._gpu("nvmlDeviceGetTopologyCommonAncestor", second)
-        return self.NVML_TOPOLOGY_SINGLE if a.switch == b.switch else self.NVML_TOPOLOGY_SYSTEM
+        if a.switch == b.switch:
+            return self.NVML_TOPOLOGY_SINGLE
+        return self.NVML_TOPOLOGY_NODE if a.numa_node == b.numa_node else self.NVML_TOPOLOGY_SYSTEM
+
+    def _remotes(self, gpu: FakeGpu) -> list[bytes]:
+        """The remote end of each active NVLink of ``gpu``: a peer GPU's bus id or an NVSwitch."""
+        remotes = [self._bus_id(peer) for peer, n in sorted(gpu.nvlink_peers.items()) for _ in range(n)]
+        return remotes + [self.NVSWITCH_BUS_ID] * gpu.nvswitch_links
+
+    @staticmethod
+    def _bus_id(index: int) -> bytes:
+        return f"00000000:{0x18 + index:02X}:00.0".encode()
+
+    def nvmlDeviceGetNvLinkState(self, handle: _Handle, link: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetNvLinkState", handle)
+        if not 0 <= link < self.NVML_NVLINK_MAX_LINKS:
+            raise NVMLError_InvalidArgument()
+        remotes = self._remotes(gpu)
+        if not remotes:
+            raise NVMLError_NotSupported()
+        return self.NVML_FEATURE_ENABLED if link < len(remotes) else self.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: _Handle, link: int) -> SimpleNamespace:
+        gpu = self._gpu("nvmlDeviceGetNvLinkRemotePciInfo", handle)
+        remotes = self._remotes(gpu)
+        if not 0 <= link < len(remotes):
+            raise NVMLError_InvalidArgument()
+        return SimpleNamespace(busId=remotes[link])
+
+    @staticmethod
+    def _mask(bits: tuple[int, ...], words: int) -> list[int]:
+        """A bitmask as NVML returns it: ``words`` 64-bit words, bits past them dropped."""
+        out = [0] * words
+        for b in bits:
+            if 0 <= b < 64 * words:
+                out[b // 64] |= 1 << (b % 64)
+        return out
+
+    def nvmlDeviceGetCpuAffinity(self, handle: _Handle, cpu_set_size: int) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetCpuAffinity", handle)
+        return self._mask(gpu.cpus, cpu_set_size)
+
+    def nvmlDeviceGetMemoryAffinity(self, handle: _Handle, node_set_size: int, scope: int) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetMemoryAffinity", handle)
+        if scope != self.NVML_AFFINITY_SCOPE_NODE:
+            raise NVMLError_InvalidArgument()
+        return self._mask((gpu.numa_node,), node_set_size)
 
     def nvmlDeviceGetP2PStatus(self, first: _Handle, second: _Handle, caps_index: int) -> int:
         a = self._gpu("nvmlDeviceGetP2PStatus", first)

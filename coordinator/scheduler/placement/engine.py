@@ -17,7 +17,8 @@ The pipeline for each request, in this order (STYLE.md §4):
    the next request of the same batch sees this reservation.
 
 Gang requests (``nodes > 1``) are all or nothing: either ``nodes`` distinct nodes pass the filter
-and all are reserved, or nothing is.
+and all are reserved, or nothing is. With a gang topology label, a gang that fits among the nodes
+sharing one value of it is kept there (:mod:`coordinator.scheduler.placement.gang_topology`).
 
 Before step 3 two exact shortcuts refuse requests that cannot fit without looking at every
 node: an earlier refusal of a request that needed no more (reservations only grow until
@@ -43,6 +44,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from common.domain import DIMENSIONS, ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request
+from coordinator.scheduler.placement.gang_topology import label_groups, prefer_one_group
 from coordinator.scheduler.placement.refusals import RefusalMemo
 from coordinator.scheduler.placement.shape_cache import ShapeCache
 from coordinator.scheduler.placement.state import PlacementState
@@ -96,10 +98,12 @@ class PlacementEngine:
 
     :param snapshot: the cluster at the start of the cycle; node order is the tie-break order.
     :param policy: the policy (see :data:`coordinator.scheduler.policies.POLICIES`).
+    :param gang_label: the node label whose shared value gangs prefer ("" none).
     """
 
-    def __init__(self, snapshot: ClusterSnapshot, policy: Policy) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, policy: Policy, *, gang_label: str = "") -> None:
         self.policy = policy
+        self._gang_groups = label_groups(snapshot.nodes, gang_label)
         with _collector_paused():   # building the state allocates a few Python objects per node and GPU
             self.state = PlacementState(snapshot, policy.threshold)
         self._refusals = RefusalMemo()
@@ -107,7 +111,8 @@ class PlacementEngine:
 
     @classmethod
     def from_name(
-        cls, snapshot: ClusterSnapshot, name: str, threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None
+        cls, snapshot: ClusterSnapshot, name: str, threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+        gang_label: str = "",
     ) -> PlacementEngine:
         """Build an engine with a policy from the registry.
 
@@ -116,10 +121,11 @@ class PlacementEngine:
             ``round-robin``, ``random``, ``first-fit``).
         :param threshold: cap on each dimension's utilization after placement, in (0, 1].
         :param seed: RNG seed for ``random``.
+        :param gang_label: see the class.
         :returns: the engine.
         :raises ValidationError: on an unknown policy or bad arguments.
         """
-        return cls(snapshot, build(name, threshold, seed=seed))
+        return cls(snapshot, build(name, threshold, seed=seed), gang_label=gang_label)
 
     def place_batch(self, requests: Sequence[Request], *, keep_order: bool = False) -> list[Decision]:
         """Decide a batch; each placement is reserved before the next request is considered.
@@ -157,6 +163,8 @@ class PlacementEngine:
             return self._remember(req, whole, self._reject_hopeless(req, hopeless))
         entry = self._shapes.lookup(req, values, whole)
         mask = entry.mask
+        if req.nodes > 1 and self._gang_groups is not None:
+            mask = prefer_one_group(mask, self._gang_groups, req.nodes, entry.keyed)
         if req.nodes > len(state.nodes):
             chosen = np.zeros(0, dtype=np.int64)
         elif entry.keyed is not None:

@@ -437,7 +437,8 @@ class PlacementState:
         mem, share_free = self.slot_mem[i], self.slot_share[i]
         per_gpu = req.gpu_mem_per_gpu_bytes
         positions = choose_gpu_indices(
-            mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu
+            mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu,
+            links=self.nodes[i].topology,
         )
         if positions is None:
             raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")

@@ -12,6 +12,7 @@ import pytest
 from common.domain import GpuSlot, NodeSnapshot, Resources
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import types_pb2
+from common.topology import simulated_topology, topology_from_gpus
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
@@ -144,7 +145,7 @@ def reference_snapshot(app: App) -> tuple[NodeSnapshot, ...]:
             used=Resources(r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes),
             gpus=tuple(GpuSlot(g.index, g.mem_total_bytes, max(0, g.mem_total_bytes - mem.get(g.index, 0)),
                                max(0.0, 1.0 - share.get(g.index, 0.0)), g.topology_group) for g in inv.gpus),
-            gpu_model=model, labels=dict(inv.labels),
+            gpu_model=model, labels=dict(inv.labels), topology=topology_from_gpus(inv.gpus),
             power=app.power.curve(e.node_id, model, len(inv.gpus), inv.gpus[0].mem_total_bytes if inv.gpus else 0),
         ))
     return tuple(nodes)
@@ -190,6 +191,30 @@ class TestSnapshot:
         check()
         nodes = app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes
         assert [n.node_id for n in nodes] == ["cpu-only", "n1"]
+
+    def test_gpu_topology_built_once_per_registration(self, setup: Setup) -> None:
+        """A node's GPU topology is derived when it registers and shared by every snapshot until it
+        registers again; the snapshot still matches a build from scratch."""
+        app, _ = setup
+
+        def linked(name: str) -> types_pb2.NodeInventory:
+            inv = inventory("n3", 8)
+            for g, facts in zip(inv.gpus, simulated_topology(name, 8, range(16)), strict=True):
+                g.numa_node_plus_one = facts.numa_node + 1
+                g.cpu_affinity.extend(facts.cpu_affinity)
+                g.links.extend(types_pb2.GpuLink(peer_index=p, level=level, nvlinks=n) for p, level, n in facts.links)
+            return inv
+
+        def node() -> NodeSnapshot:
+            return {n.node_id: n for n in app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes}["n3"]
+
+        app.registry.connect(linked("pcie-nvlink-pairs"), outbox=None)
+        first = node()
+        assert first.topology is not None and first.topology.islands(0) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+        assert node().topology is first.topology
+        assert app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes == reference_snapshot(app)
+        app.registry.connect(linked("hgx"), outbox=None)
+        assert node().topology is not None and node().topology.islands(0) == [(0, 1, 2, 3), (4, 5, 6, 7)]
 
     def test_topology_group_zero_is_a_group(self, setup: Setup) -> None:
         """GPUs in topology group 0 keep it (only -1 means unknown), so the allocator can keep a task in it."""

@@ -21,9 +21,11 @@ import psutil
 import pytest
 
 from agent import systemd_task
+from agent.collectors.simulated import SimulatedGpus
 from agent.runtime import TaskRuntime
 from common.errors import GptrmError
 from common.pb.gptrm.v1 import agent_pb2
+from common.topology import format_cpu_list
 from common.types import TaskState
 
 _FAKE_SYSTEMD_RUN = r'''
@@ -170,6 +172,23 @@ class TestTransientServiceRuntime:
             recorded = json.loads((fake_systemd / "gptrm-task-t1.service.json").read_text())
             assert recorded["props"]["DeviceAllow"][-1] == "/dev/nvidia1 rw"
             assert secret.splitlines()[0] not in " ".join(recorded["argv"])   # never on a command line
+
+        asyncio.run(scenario())
+
+    def test_unit_bound_to_its_gpus_socket(self, tmp_path: Path, fake_systemd: Path) -> None:
+        """On a simulated pairs server the unit gets AllowedCPUs, NUMAPolicy=bind and NUMAMask of its
+        GPUs' socket; the command itself carries no taskset."""
+        async def scenario() -> None:
+            statuses: list[agent_pb2.TaskStatus] = []
+            gpus = SimulatedGpus("8xH100-80GB", "n1", topology="pcie-nvlink-pairs", cpus=range(os.cpu_count() or 1))
+            rt = TaskRuntime(tmp_path / "state", statuses.append, gpus=gpus, runtime="systemd-run")
+            assert (await rt.handle(_start("t4", ["true"], {}, [6, 7]))).ok
+            await _until(statuses, TaskState.SUCCEEDED)
+            await rt.shutdown()
+            recorded = json.loads((fake_systemd / "gptrm-task-t4.service.json").read_text())
+            assert recorded["props"]["AllowedCPUs"] == [format_cpu_list(gpus.devices()[6].cpu_affinity)]
+            assert (recorded["props"]["NUMAPolicy"], recorded["props"]["NUMAMask"]) == (["bind"], ["1"])
+            assert not [a for a in recorded["argv"] if a.endswith("taskset")]
 
         asyncio.run(scenario())
 

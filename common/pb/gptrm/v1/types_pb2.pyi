@@ -51,6 +51,14 @@ class NodePowerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_POWER_STATE_POWERING_OFF: _ClassVar[NodePowerState]
     NODE_POWER_STATE_OFF: _ClassVar[NodePowerState]
     NODE_POWER_STATE_POWERING_ON: _ClassVar[NodePowerState]
+
+class GpuLinkLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_LINK_LEVEL_UNKNOWN: _ClassVar[GpuLinkLevel]
+    GPU_LINK_LEVEL_NVLINK: _ClassVar[GpuLinkLevel]
+    GPU_LINK_LEVEL_SAME_SWITCH: _ClassVar[GpuLinkLevel]
+    GPU_LINK_LEVEL_SAME_SOCKET: _ClassVar[GpuLinkLevel]
+    GPU_LINK_LEVEL_CROSS_SOCKET: _ClassVar[GpuLinkLevel]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_PENDING: TaskState
 TASK_STATE_SCHEDULED: TaskState
@@ -81,6 +89,11 @@ NODE_POWER_STATE_DRAINING: NodePowerState
 NODE_POWER_STATE_POWERING_OFF: NodePowerState
 NODE_POWER_STATE_OFF: NodePowerState
 NODE_POWER_STATE_POWERING_ON: NodePowerState
+GPU_LINK_LEVEL_UNKNOWN: GpuLinkLevel
+GPU_LINK_LEVEL_NVLINK: GpuLinkLevel
+GPU_LINK_LEVEL_SAME_SWITCH: GpuLinkLevel
+GPU_LINK_LEVEL_SAME_SOCKET: GpuLinkLevel
+GPU_LINK_LEVEL_CROSS_SOCKET: GpuLinkLevel
 
 class ResourceVector(_message.Message):
     __slots__ = ("gpus", "gpu_mem_bytes", "cpu_cores", "mem_bytes", "disk_bytes")
@@ -392,7 +405,7 @@ class Task(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
-    __slots__ = ("index", "uuid", "model", "mem_total_bytes", "power_limit_w", "power_min_w", "power_max_w", "power_default_w", "pci_bus_id", "topology_group", "mig_enabled")
+    __slots__ = ("index", "uuid", "model", "mem_total_bytes", "power_limit_w", "power_min_w", "power_max_w", "power_default_w", "pci_bus_id", "topology_group", "mig_enabled", "numa_node_plus_one", "cpu_affinity", "links")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -404,6 +417,9 @@ class GpuInfo(_message.Message):
     PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_GROUP_FIELD_NUMBER: _ClassVar[int]
     MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODE_PLUS_ONE_FIELD_NUMBER: _ClassVar[int]
+    CPU_AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     model: str
@@ -415,7 +431,20 @@ class GpuInfo(_message.Message):
     pci_bus_id: str
     topology_group: int
     mig_enabled: bool
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., mem_total_bytes: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., power_min_w: _Optional[float] = ..., power_max_w: _Optional[float] = ..., power_default_w: _Optional[float] = ..., pci_bus_id: _Optional[str] = ..., topology_group: _Optional[int] = ..., mig_enabled: _Optional[bool] = ...) -> None: ...
+    numa_node_plus_one: int
+    cpu_affinity: _containers.RepeatedScalarFieldContainer[int]
+    links: _containers.RepeatedCompositeFieldContainer[GpuLink]
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., mem_total_bytes: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., power_min_w: _Optional[float] = ..., power_max_w: _Optional[float] = ..., power_default_w: _Optional[float] = ..., pci_bus_id: _Optional[str] = ..., topology_group: _Optional[int] = ..., mig_enabled: _Optional[bool] = ..., numa_node_plus_one: _Optional[int] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., links: _Optional[_Iterable[_Union[GpuLink, _Mapping]]] = ...) -> None: ...
+
+class GpuLink(_message.Message):
+    __slots__ = ("peer_index", "level", "nvlinks")
+    PEER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    NVLINKS_FIELD_NUMBER: _ClassVar[int]
+    peer_index: int
+    level: GpuLinkLevel
+    nvlinks: int
+    def __init__(self, peer_index: _Optional[int] = ..., level: _Optional[_Union[GpuLinkLevel, str]] = ..., nvlinks: _Optional[int] = ...) -> None: ...
 
 class NodeInventory(_message.Message):
     __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated")

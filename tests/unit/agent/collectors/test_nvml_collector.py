@@ -45,7 +45,8 @@ class TestFakeModule:
     def test_error_codes_match_real_module(self) -> None:
         """Each fake NVMLError subclass carries the same code as the real one."""
         real = pytest.importorskip("pynvml", reason="nvidia-ml-py not installed")
-        for name in ("NVMLError_NotSupported", "NVMLError_GpuIsLost", "NVMLError_LibraryNotFound"):
+        for name in ("NVMLError_NotSupported", "NVMLError_GpuIsLost", "NVMLError_LibraryNotFound",
+                     "NVMLError_InvalidArgument"):
             assert getattr(fake_pynvml, name)().value == getattr(real, name)().value
 
     def test_base_class_builds_subclass(self) -> None:

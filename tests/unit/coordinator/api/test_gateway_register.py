@@ -36,3 +36,47 @@ class TestValidateRegister:
     def test_good_node_id_accepted(self) -> None:
         """An ordinary host name passes."""
         validate_register(_register("gpu-node-01.example"))
+
+
+def _topology_register() -> agent_pb2.Register:
+    """Four GPUs, two NVLink pairs on two sockets."""
+    reg = _register("n1", 4)
+    for g in reg.inventory.gpus:
+        g.numa_node_plus_one = 1 + g.index // 2
+        g.cpu_affinity.extend([g.index // 2])
+        for peer in range(4):
+            if peer != g.index:
+                level = 1 if peer // 2 == g.index // 2 else 4
+                g.links.add(peer_index=peer, level=level, nvlinks=4 if level == 1 else 0)
+    return reg
+
+
+class TestValidateTopology:
+    """Topology fields are bounded and refer to GPUs of the node."""
+
+    def test_good_topology_accepted(self) -> None:
+        """A consistent report passes."""
+        validate_register(_topology_register())
+
+    @pytest.mark.parametrize(
+        ("change", "field"),
+        [
+            (lambda g: g.links[0].__setattr__("peer_index", 9), "register.inventory.gpus[1].links[0].peer_index"),
+            (lambda g: g.links[0].__setattr__("peer_index", 1), "register.inventory.gpus[1].links[0].peer_index"),
+            (lambda g: g.links[1].__setattr__("peer_index", g.links[0].peer_index),
+             "register.inventory.gpus[1].links[1].peer_index"),
+            (lambda g: g.links[0].__setattr__("level", 17), "register.inventory.gpus[1].links[0].level"),
+            (lambda g: g.links[0].__setattr__("nvlinks", 10_000), "register.inventory.gpus[1].links[0].nvlinks"),
+            (lambda g: g.links.add(peer_index=2), "register.inventory.gpus[1].links"),
+            (lambda g: g.cpu_affinity.append(1 << 20), "register.inventory.gpus[1].cpu_affinity"),
+            (lambda g: g.cpu_affinity.extend(range(5000)), "register.inventory.gpus[1].cpu_affinity"),
+            (lambda g: g.__setattr__("numa_node_plus_one", 1 << 30), "register.inventory.gpus[1].numa_node_plus_one"),
+        ],
+    )
+    def test_bad_topology_refused_by_field(self, change: object, field: str) -> None:
+        """Each out-of-range value is refused naming its field, never crashing the check."""
+        reg = _topology_register()
+        change(reg.inventory.gpus[1])  # type: ignore[operator]
+        with pytest.raises(ValidationError) as e:
+            validate_register(reg)
+        assert e.value.field == field
