@@ -186,14 +186,14 @@ class Gangs:
                 return
             started = all(p.state not in _NOT_STARTED for p in parts)
             if task.state == TaskState.SCHEDULED:
-                task = await self._tasks.transition(task.id, TaskState.STARTING, "" if started else
-                                                    f"rank {mine.rank} on {node_id} running; waiting for the "
-                                                    "other parts", **updates)
+                await self._tasks.transition(task.id, TaskState.STARTING, "" if started else
+                                             f"rank {mine.rank} on {node_id} running; waiting for the other parts",
+                                             **updates)
+            elif not started:
+                await self._tasks.update(task.id, **updates)
             if started:
                 await self._tasks.transition(task.id, TaskState.RUNNING, f"all {len(parts)} parts running",
                                              **updates)
-            elif task.state == TaskState.STARTING and task.parts != parts:
-                await self._tasks.update(task.id, **updates)
             return
         if (state, task.state) in ((TaskState.PAUSED, TaskState.RUNNING), (TaskState.RUNNING, TaskState.PAUSED)):
             await self._tasks.transition(task.id, state, reason, **updates)
@@ -221,7 +221,7 @@ class Gangs:
             await self._finish(task, parts)
             return
         stored = await self._tasks.update(task.id, **updates)
-        if self.failing(stored):
+        if first_failure:
             self._stop_others(stored, parts, stored.reason)
 
     def _stop_others(self, task: types_pb2.Task, parts: Sequence[types_pb2.TaskPart], reason: str) -> None:
