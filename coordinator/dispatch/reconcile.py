@@ -218,8 +218,9 @@ class Reconciler:
                 continue
             current = self._tasks.tasks.get(task.id)
             part = next((p for p in parts_of(current) if p.node_id == node_id), None) if current else None
-            if part is None or part.state in TERMINAL_STATES:
-                continue
+            if part is None or part.state in TERMINAL_STATES or (
+                    part.state in (0, TaskState.SCHEDULED) and not self.gangs.failing(current)):  # type: ignore[arg-type]
+                continue   # ended, or never started: its start was sent again when its agent registered
             reason = f"not running on {node_id} after a leader change"
             if self.gangs.failing(current) or current.cancel_requested:  # type: ignore[union-attr]
                 await self.gangs.part_gone(task.id, node_id, reason)

@@ -141,3 +141,23 @@ class TestGangParts:
             assert app.tasks.get(tid).state == TaskState.RUNNING
 
         _run(etcd_server, etcd_prefix, scenario)
+
+    def test_a_part_unreported_after_a_leader_change_fails_the_gang(self, etcd_server: EtcdCluster,
+                                                                     etcd_prefix: str) -> None:
+        """After a leader change n1 reports its part but n2 (connected) does not: n2's part is gone, so n1's is
+        stopped and the task fails once; a part that never started is left to its re-sent start."""
+
+        async def scenario(app: App, entries: list[NodeEntry], queues: list[asyncio.Queue], tid: str) -> None:
+            stops(queues[0], tid)
+            grace = asyncio.create_task(app.reconciler.reconcile_after_grace())
+            await asyncio.sleep(0)   # the new leader's wait has begun: reports count from here
+            await app.reconciler.on_task_status(entries[0], status(tid, TaskState.RUNNING))
+            await grace
+            task = app.tasks.get(tid)
+            gone = next(p for p in task.parts if p.node_id == "n2")
+            assert gone.state == TaskState.FAILED and "leader change" in gone.reason
+            assert stops(queues[0], tid) == 1
+            await app.reconciler.on_task_status(entries[0], status(tid, TaskState.CANCELLED, -15))
+            assert app.tasks.get(tid).state == TaskState.FAILED and failed_count(app, tid) == 1
+
+        _run(etcd_server, etcd_prefix, scenario, task_grace_s=0.3)
