@@ -10,6 +10,7 @@ from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, chec
 from agent.task_user import DEFAULT_TASK_UIDS, parse_uid_range
 from common.config import host_port, load_config, option, positive
 from common.errors import ConfigError
+from common.netaddr import address_problem, parse_port_range
 from common.paths import default_state_dir
 from common.tls import tls_files
 from common.topology import SIMULATED_TOPOLOGIES
@@ -32,6 +33,18 @@ def _uid_range(value: str) -> str | None:
         parse_uid_range(value)
     except ConfigError as e:
         return str(e).removeprefix("task_uids: ")
+    return None
+
+
+def _advertise(value: str) -> str | None:
+    return None if value == "" else address_problem(value)
+
+
+def _port_range(value: str) -> str | None:
+    try:
+        parse_port_range(value)
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -83,6 +96,12 @@ class AgentConfig:
                           "only its GPUs' device nodes), a process group of the agent (process), or auto "
                           "(systemd-run when the agent is root on a systemd host, else process)",
                           choices=("auto", "process", "systemd-run"))
+    advertise_address: str = option("", "data-plane address other nodes reach this one at: a multi-node task's "
+                                    "MASTER_ADDR and GPTRM_NODELIST (default: this host's primary address)",
+                                    check=_advertise, metavar="ADDRESS")
+    task_port_range: str = option("29500-29999", "ports the coordinator may reserve on this node for a task's "
+                                  "rendezvous (MASTER_PORT of tasks whose rank 0 runs here)", check=_port_range,
+                                  metavar="LOW-HIGH")
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
     tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE")

@@ -32,6 +32,7 @@ from agent.systemd_task import choose_runtime
 from agent.task_user import TaskUserPolicy, parse_uid_range
 from common.errors import ConfigError
 from common.logging import get_logger
+from common.netaddr import parse_port_range, primary_address
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.process import run_service
 from common.sdnotify import SystemdNotifier, watchdog_loop
@@ -50,11 +51,13 @@ def _inventory(cfg: AgentConfig, sampler: Sampler) -> types_pb2.NodeInventory:
     shape = sampler.host_shape
     cores = shape.cores if shape is not None else psutil.cpu_count() or 0
     mem = shape.mem_bytes if shape is not None else psutil.virtual_memory().total
+    ports = parse_port_range(cfg.task_port_range)
     return types_pb2.NodeInventory(
         node_id=cfg.node_name, hostname=socket.gethostname(), gpus=sampler.inventory(),
         cpu_cores=cores, mem_total_bytes=mem,
         disk_total_bytes=disk_total, labels=cfg.labels, agent_version=AGENT_VERSION,
         simulated=sampler.simulated, gpu_backend=sampler.backend, host_simulated=shape is not None,
+        advertise_address=cfg.advertise_address or primary_address(), task_port_min=ports[0], task_port_max=ports[1],
     )
 
 
@@ -102,7 +105,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             loop.add_signal_handler(signal.SIGHUP, _reload_tls, client_tls, log)
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
                  host_simulated=inventory.host_simulated,
-                 gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s)
+                 gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s,
+                 advertise_address=inventory.advertise_address, task_port_range=cfg.task_port_range)
 
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:
             loop.call_soon_threadsafe(outbox.add_sample, sample)

@@ -7,7 +7,9 @@ task's output FIFO (:mod:`agent.logpump`), starts the task through ``setpriv`` a
 directory, so a restarted agent still reports the real exit code. The task sees only what is its
 own (:mod:`agent.taskfs`): a fresh 0700 working directory, a clean environment (``PATH``,
 ``HOME``, ``LANG``, ``USER``, ``LOGNAME``, its spec's variables and gptrm's), nothing of the
-agent's. ``CUDA_VISIBLE_DEVICES`` holds the allocated GPUs' UUIDs. When the task ends, or is
+agent's. ``CUDA_VISIBLE_DEVICES`` holds the allocated GPUs' UUIDs; ``NNODES``, ``NODE_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT`` and the rest of :func:`launch_env` tell a part of a multi-node
+task its rank and its peers. When the task ends, or is
 stopped, whatever it left running is killed, however it detached.
 
 Decisions are idempotent by id: a re-delivered decision is acknowledged with its recorded outcome
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +46,7 @@ from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.qos import ROLES
 from common.types import TaskState
 
-__all__ = ["TASK_PATH", "TaskRuntime"]
+__all__ = ["TASK_PATH", "TaskRuntime", "check_master_port", "launch_env"]
 
 # The wrapper (root) joins the task's cgroup when it has one, holds the output FIFO open for
 # reading and writing (so the task never gets SIGPIPE while the agent restarts), and outlives the
@@ -230,6 +233,7 @@ class TaskRuntime:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
         if not valid_task_id(st.task_id):
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
+        check_master_port(st)
         taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
         user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
         switch = user is not None and user.switch
@@ -482,7 +486,36 @@ def _task_env(st: agent_pb2.StartTask, user: TaskUser | None, workdir: Path) -> 
     else:
         base.update({"HOME": str(workdir), **({"USER": user.name, "LOGNAME": user.name} if user else {})})
     return {**base, **dict(st.env), "CUDA_VISIBLE_DEVICES": ",".join(st.gpu_uuids), "GPTRM_TASK_ID": st.task_id,
-            "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices))}
+            "GPTRM_GPU_INDICES": ",".join(map(str, st.gpu_indices)), **launch_env(st)}
+
+
+def launch_env(st: agent_pb2.StartTask) -> dict[str, str]:
+    """The distributed-launch variables of a part: its rank and its peers (none from a coordinator that sends
+    no ``nnodes``). ``MASTER_PORT`` only when a port was reserved."""
+    if not st.nnodes:
+        return {}
+    env = {"NNODES": str(st.nnodes), "NODE_RANK": str(st.node_rank), "LOCAL_WORLD_SIZE": str(st.local_world_size),
+           "WORLD_SIZE": str(st.world_size), "MASTER_ADDR": st.master_addr,
+           "GPTRM_NODELIST": ",".join(st.node_addresses), "GPTRM_NODE_IDS": ",".join(st.node_ids)}
+    if st.master_port:
+        env["MASTER_PORT"] = str(st.master_port)
+    return env
+
+
+def check_master_port(st: agent_pb2.StartTask) -> None:
+    """Rank 0's agent refuses a start whose reserved master port it cannot bind (something else holds it).
+
+    :raises GptrmError: naming the task and the port.
+    """
+    if st.node_rank != 0 or not st.master_port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", st.master_port))
+        except OSError as e:
+            raise GptrmError(f"task {st.task_id!r} not started: its master port {st.master_port} cannot be bound "
+                             f"on this node ({e.strerror or e})") from None
 
 
 def _not_understood(decision: agent_pb2.Decision, action: str | None) -> str:

@@ -235,7 +235,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,
-                           task_grace_s=cfg.lost_task_grace_s, gc_after_s=cfg.lost_node_gc_s)
+                           task_grace_s=cfg.lost_task_grace_s, gc_after_s=cfg.lost_node_gc_s, gangs=reconciler.gangs)
     app = App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
               power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,

@@ -348,12 +348,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 self._app.events.unsubscribe(queue)
 
     async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx):
-        """A task's output from its node's agent (admin only: output can hold secrets)."""
+        """A task's output (one part's: ``rank``) from its node's agent (admin only: output can hold secrets)."""
         try:
             task_id = _require_id(request.task_id, "task_id")
             self._app.leadership.require_leader()   # agents stream to the leader only
             task = self._app.tasks.get(task_id)
-            async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow):
+            async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
                 yield chunk
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

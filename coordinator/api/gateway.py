@@ -20,6 +20,7 @@ from structlog.typing import FilteringBoundLogger
 
 from common.errors import GptrmError, ValidationError
 from common.logging import get_logger
+from common.netaddr import address_problem, port_range_problem
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
 from common.topology import validate_gpu_topology
 from coordinator.api.agent_guard import AgentGuard
@@ -66,6 +67,11 @@ def validate_register(reg: agent_pb2.Register) -> None:
         if not math.isfinite(g.power_limit_w) or g.power_limit_w < 0:
             raise ValidationError(f"register.inventory.gpus[{i}].power_limit_w", f"invalid {g.power_limit_w}")
     validate_gpu_topology(inv.gpus, "register.inventory.gpus")
+    if inv.advertise_address and (problem := address_problem(inv.advertise_address)):
+        raise ValidationError("register.inventory.advertise_address", problem)
+    if (inv.task_port_min or inv.task_port_max) and (
+            problem := port_range_problem(inv.task_port_min, inv.task_port_max)):
+        raise ValidationError("register.inventory.task_port_min", problem)
 
 
 class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):

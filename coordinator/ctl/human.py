@@ -211,6 +211,9 @@ def node_detail(d: Mapping[str, Any]) -> str:
         f"reserved      {demand_text(r)}",
         f"tasks         {escape(', '.join(d['task_ids']) or 'none')}",
     ]
+    if d.get("advertise_address"):
+        ports = f", task ports {d['task_port_min']}-{d['task_port_max']}" if d.get("task_port_min") else ""
+        head.append(f"address       {escape(d['advertise_address'])}{ports}")
     curve = d["power_curve"]
     if curve is not None:
         origin = f"fitted from {curve['samples']} samples" if curve["source"] == "fitted" else "datasheet"
@@ -298,6 +301,12 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
     ]
     if d.get("qos_reading") is not None:
         lines.append(f"qos           {escape(qos_line(d['qos_reading']))}")
+    if d.get("parts"):
+        if d.get("master_port"):
+            lines.append(f"rendezvous    port {d['master_port']} on rank 0")
+        rows = [[p["rank"], p["node_id"], p["state"], "-" if p["exit_code"] is None else p["exit_code"],
+                 p["reason"] or "-"] for p in d["parts"]]
+        lines += ["parts:", table(["RANK", "NODE", "STATE", "EXIT", "REASON"], rows, right=(0, 3))]
     if d["log_tail"]:
         lines += ["log tail:", escape(d["log_tail"].rstrip(), keep_newlines=True)]
     return "\n".join(lines)

@@ -265,7 +265,10 @@ def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
 
     if args.tail is not None and not 0 <= args.tail <= 100_000:
         raise CtlError(f"logs: --tail must be between 0 and 100000, got {args.tail}", EXIT_USAGE)
-    request = admin_pb2.TaskLogsRequest(task_id=args.task, tail_lines=args.tail or 0, follow=args.follow)
+    if not 0 <= args.rank < 2**32:
+        raise CtlError(f"logs: --rank must be 0 or more, got {args.rank}", EXIT_USAGE)
+    request = admin_pb2.TaskLogsRequest(task_id=args.task, tail_lines=args.tail or 0, follow=args.follow,
+                                        rank=args.rank)
     stream = None
     try:
         stream = t.stream("TaskLogs", request, leader_only=True)
@@ -366,11 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=_uint32, default=100)
     sp.set_defaults(fn=cmd_events)
-    sp = sub.add_parser("logs", help="a task's output (stdout and stderr) from its node: logs TASK [-f] [--tail N]")
+    sp = sub.add_parser("logs", help="a task's output (stdout and stderr) from its node: logs TASK [-f] [--tail N] "
+                        "[--rank R]")
     sp.add_argument("task")
     sp.add_argument("--follow", "-f", action="store_true",
                     help="keep printing what the task writes until it ends (Ctrl-C stops)")
     sp.add_argument("--tail", type=int, metavar="N", help="start with the last N lines (default: all retained)")
+    sp.add_argument("--rank", type=int, default=0, metavar="R",
+                    help="which part of a multi-node task: the one of rank R (default 0)")
     sp.set_defaults(fn=cmd_logs)
     sp = sub.add_parser("completion", help="shell completion script: completion bash|zsh")
     sp.add_argument("shell", choices=("bash", "zsh", "ids"), help="bash or zsh ('ids' lists ids for the script)")

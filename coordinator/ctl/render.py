@@ -116,6 +116,9 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "allocations": [proto_dict(a) for a in v.allocations],
         "dropped_samples_total": v.dropped_samples_total,
         "power_curve": proto_dict(v.power_curve) if v.HasField("power_curve") else None,
+        "advertise_address": inv.advertise_address,
+        "task_port_min": inv.task_port_min,
+        "task_port_max": inv.task_port_max,
     }
 
 
@@ -146,7 +149,15 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "spec": proto_dict(t.spec),
         "qos_reading": proto_dict(t.qos_reading) if t.HasField("qos_reading") else None,
         "energy_j": t.energy_j,
+        "master_port": t.allocation.master_port,
+        "parts": [part_dict(p) for p in t.parts],
     }
+
+
+def part_dict(p: types_pb2.TaskPart) -> dict[str, Any]:
+    """One node's part of a task: its node, rank, state as its agent reported it, and exit code."""
+    return {"node_id": p.node_id, "rank": p.rank, "state": enum_label(types_pb2.TaskState, p.state),
+            "exit_code": p.exit_code if p.has_exit_code else None, "reason": p.reason}
 
 
 def _num(x: float) -> float | None:

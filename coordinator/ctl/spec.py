@@ -34,6 +34,9 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", type=float, help="explicit CPU cores")
     p.add_argument("--mem-gib", type=float, help="explicit host memory, GiB")
     p.add_argument("--nodes", type=int, help="gang size (nodes)")
+    p.add_argument("--launcher", choices=("torchrun",),
+                   help="run the command under torchrun with the task's nodes, rank, GPUs and rendezvous "
+                        "(torchrun --nnodes ... --master-port ... -- ARGV)")
     p.add_argument("--priority", type=int, help="higher runs first")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
@@ -124,6 +127,8 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
         d["labels"] = _pairs(args.label, "--label")
     if args.run_as_user is not None:
         d["run_as_user"] = args.run_as_user
+    if args.launcher is not None:
+        d["launcher"] = args.launcher
     return _parse(d, "flags")
 
 

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from coordinator.dispatch.launch import launch_argv, start_fields
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.profiler.qos_spec import metrics_url_of
 
@@ -42,21 +43,30 @@ class Dispatcher:
         entry.outbox.put_nowait(agent_pb2.CoordinatorMessage(decision=decision))
         return True
 
-    def start(self, task: types_pb2.Task) -> None:
-        """Tell every node of the task's allocation to start its part."""
+    def start(self, task: types_pb2.Task, *, only: str = "") -> None:
+        """Tell every node of the task's allocation (or only node ``only``) to start its part.
+
+        Part ``i`` runs on ``allocation.nodes[i]`` and is told its rank and its peers
+        (:mod:`coordinator.dispatch.launch`).
+        """
         spec = task.spec
-        for na in task.allocation.nodes:
+        for rank, na in enumerate(task.allocation.nodes):
+            if only and na.node_id != only:
+                continue
+            launch = start_fields(task, rank)
             self.send(na.node_id, agent_pb2.Decision(
                 decision_id=f"{task.allocation.decision_id}/{na.node_id}",
                 start=agent_pb2.StartTask(task_id=task.id, gpu_indices=na.gpu_indices, gpu_uuids=na.gpu_uuids,
-                                          argv=spec.argv, env=spec.env,
+                                          argv=launch_argv(spec, launch), env=spec.env,
                                           stop_grace_s=spec.stop_grace_s or _DEFAULT_GRACE_S,
                                           gpu_share=na.gpu_share, demand=na.demand,
                                           metrics_url=metrics_url_of(spec), metrics_mapping=spec.metrics_mapping,
-                                          run_as_user=spec.run_as_user)))
+                                          run_as_user=spec.run_as_user, **launch)))
 
-    def stop(self, task: types_pb2.Task, reason: str, *, checkpoint_signal: str = "") -> bool:
-        """Ask every node of the task's allocation to stop it (after its grace); True when any was told.
+    def stop(self, task: types_pb2.Task, reason: str, *, checkpoint_signal: str = "",
+             nodes: frozenset[str] | None = None) -> bool:
+        """Ask every node of the task's allocation (or those in ``nodes``) to stop it (after its grace);
+        True when any was told.
 
         :param checkpoint_signal: for a preemption, the signal the agent sends first (the stop follows
             after the grace).
@@ -65,7 +75,7 @@ class Dispatcher:
             decision_id=f"stop-{task.id}-{uuid.uuid4().hex[:6]}",
             stop=agent_pb2.StopTask(task_id=task.id, grace_s=task.spec.stop_grace_s or _DEFAULT_GRACE_S,
                                     reason=reason, checkpoint_signal=checkpoint_signal)))
-                for na in task.allocation.nodes]
+                for na in task.allocation.nodes if nodes is None or na.node_id in nodes]
         return any(sent)
 
     def stop_unknown(self, node_id: str, task_id: str) -> None:

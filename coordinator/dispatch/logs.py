@@ -61,18 +61,22 @@ class LogRelay:
         return len(self._sessions)
 
     async def stream(self, task: types_pb2.Task, tail_lines: int,
-                     follow: bool) -> AsyncIterator[admin_pb2.TaskLogChunk]:
-        """The task's output from its node's agent, chunk by chunk.
+                     follow: bool, rank: int = 0) -> AsyncIterator[admin_pb2.TaskLogChunk]:
+        """The output of one part of the task (rank 0 by default) from its node's agent, chunk by chunk.
 
-        :raises ValidationError: tail_lines out of range.
+        :raises ValidationError: tail_lines out of range, or no such rank.
         :raises NotFound: the task never ran on a node, or its node has no log for it.
         :raises Unavailable: the node's agent is not connected, or went away meanwhile.
         """
         if tail_lines > MAX_TAIL_LINES:
             raise ValidationError("tail_lines", f"at most {MAX_TAIL_LINES}, got {tail_lines}")
-        if not task.allocation.nodes:
+        nodes = [na.node_id for na in task.allocation.nodes] or [p.node_id for p in task.parts]
+        if not nodes:
             raise NotFound(f"task {task.id!r} has not run on any node yet: it has no output")
-        node_id = task.allocation.nodes[0].node_id
+        if rank >= len(nodes):
+            raise ValidationError("rank", f"task {task.id!r} has {len(nodes)} part(s) (ranks 0..{len(nodes) - 1}), "
+                                          f"not rank {rank}")
+        node_id = nodes[rank]
         entry = self._registry.get(node_id)
         if entry is None or entry.outbox is None:
             raise Unavailable(f"task {task.id!r} ran on node {node_id!r}, whose agent is not connected")

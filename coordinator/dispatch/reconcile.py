@@ -8,6 +8,9 @@ when its restart policy allows).
 A preempted gang goes back in the queue (``PREEMPTED → PENDING``, its GPUs freed) only when every
 node of its allocation has reported its part ended or is lost: the first node to finish stopping
 its part must not free GPUs that the other parts still use.
+
+Every other report about a part of a multi-node task goes to :class:`~coordinator.dispatch.gang.Gangs`:
+its parts start together, and when one fails the others are stopped and the task ends FAILED once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.dispatch.gang import Gangs, is_gang, parts_of, with_part
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.qos.restart import RestartPolicy
@@ -53,6 +57,7 @@ class Reconciler:
         self._reported: dict[str, set[str]] = {}      # node id → task ids its agent reported since we lead
         self._parts_ended: dict[str, set[str]] = {}   # PREEMPTED task id → nodes whose part reported it ended
         self._log = get_logger("scheduler")
+        self.gangs = Gangs(tasks, registry, dispatcher, restarts, events)
 
     async def on_agent_registered(self, entry: NodeEntry, register: agent_pb2.Register) -> None:
         """Reconcile the agent's task table with ours, and re-send starts it has not seen."""
@@ -73,10 +78,27 @@ class Reconciler:
                 self._dispatcher.stop_unknown(entry.node_id, status.task_id)
         for task in list(self._tasks.tasks.values()):
             on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
-            if on_node and task.state == TaskState.SCHEDULED and task.id not in reported:
+            if on_node and is_gang(task) and task.state in _ACTIVE:
+                await self._gang_registered(task, entry.node_id, task.id in reported)
+            elif on_node and task.state == TaskState.SCHEDULED and task.id not in reported:
                 self._dispatcher.start(task)
             elif on_node and task.state == TaskState.PREEMPTED and task.id in reported:
                 self._dispatcher.stop(task, task.reason, checkpoint_signal=task.spec.checkpoint_signal or "SIGUSR1")
+
+    async def _gang_registered(self, task: types_pb2.Task, node_id: str, reported: bool) -> None:
+        """A node of a multi-node task registered: start its part if it never started (the start decision
+        is idempotent by id); on a failing task, stop its part, or count it stopped when it does not run."""
+        part = next((p for p in parts_of(task) if p.node_id == node_id), None)
+        if part is None or part.state in TERMINAL_STATES:
+            return
+        if self.gangs.failing(task):
+            if reported:
+                self._dispatcher.stop(task, task.reason.removesuffix("; stopping the other parts"),
+                                      nodes=frozenset({node_id}))
+            else:
+                await self.gangs.part_gone(task.id, node_id, "not running on its node when the task failed")
+        elif not reported and part.state in (TaskState.SCHEDULED, TaskState.STARTING):
+            self._dispatcher.start(task, only=node_id)
 
     async def on_decision_ack(self, entry: NodeEntry, ack: agent_pb2.DecisionAck) -> None:
         """An agent refused a decision.
@@ -91,10 +113,13 @@ class Reconciler:
         task = self._tasks.tasks.get(ack.task_id)
         if task is None:
             return
+        on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
+        if on_node and is_gang(task):
+            await self._gang_ack(task, entry.node_id, ack)
+            return
         if task.state in (TaskState.SCHEDULED, TaskState.STARTING):
             await self._restarts.fail(task, f"agent {entry.node_id} refused: {ack.reason}")
             return
-        on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
         if not (ack.task_unknown and on_node and task.state in (TaskState.RUNNING, TaskState.PAUSED)):
             return
         self._log.warning("task_missing_on_node", task_id=task.id, node_id=entry.node_id, reason=ack.reason)
@@ -104,6 +129,20 @@ class Reconciler:
                                          release=True)
             return
         await self._restarts.fail(task, f"agent {entry.node_id} no longer runs it: {ack.reason}")
+
+    async def _gang_ack(self, task: types_pb2.Task, node_id: str, ack: agent_pb2.DecisionAck) -> None:
+        """A refusal about a part of a multi-node task: a refused start, or a part its agent no longer runs,
+        fails the task's parts together (a part that never ran on a failing task counts as stopped)."""
+        part = next((p for p in parts_of(task) if p.node_id == node_id), None)
+        if part is None or part.state in TERMINAL_STATES or task.state not in _ACTIVE:
+            return
+        if ack.task_unknown and (self.gangs.failing(task) or task.cancel_requested):
+            await self.gangs.part_gone(task.id, node_id, f"not running on {node_id}: {ack.reason}")
+        elif ack.task_unknown and task.state in (TaskState.RUNNING, TaskState.PAUSED):
+            self._log.warning("task_missing_on_node", task_id=task.id, node_id=node_id, reason=ack.reason)
+            await self.gangs.part_failed(task.id, node_id, f"agent {node_id} no longer runs it: {ack.reason}")
+        elif not ack.task_unknown and task.state in (TaskState.SCHEDULED, TaskState.STARTING):
+            await self.gangs.part_failed(task.id, node_id, f"agent {node_id} refused: {ack.reason}")
 
     async def on_task_status(self, entry: NodeEntry, status: agent_pb2.TaskStatus) -> None:
         """Apply one task-status event from an agent (in order, before it is acknowledged)."""
@@ -117,6 +156,9 @@ class Reconciler:
             if state in TERMINAL_STATES:   # stopped for a preemption: back in the queue once every part is
                 await self._part_ended(task, entry.node_id)
             return
+        if task.state in _ACTIVE and is_gang(task):
+            await self.gangs.on_status(task.id, entry.node_id, status)
+            return
         if task.state == state or task.state in TERMINAL_STATES:
             return   # re-delivered after a reconnect, or already final
         reason = status.reason
@@ -127,6 +169,9 @@ class Reconciler:
         updates: dict[str, object] = {"pids": list(status.pids)} if status.pids else {}
         if status.has_exit_code:
             updates.update(exit_code=status.exit_code, log_tail=status.log_tail[-4096:])
+        if task.allocation.nodes:
+            updates["parts"] = with_part(parts_of(task), entry.node_id, state, reason=reason,
+                                         exit_code=status.exit_code if status.has_exit_code else None)
         try:
             if state == TaskState.RUNNING and task.state == TaskState.SCHEDULED:
                 await self._tasks.transition(task.id, TaskState.STARTING, "", **updates)
@@ -151,6 +196,8 @@ class Reconciler:
                 continue
             nodes = [na.node_id for na in task.allocation.nodes]
             if any(task.id in self._reported.get(n, set()) for n in nodes):
+                if is_gang(task) and task.state != TaskState.PREEMPTED:
+                    await self._gang_unreported(task, nodes)
                 continue
             if task.state == TaskState.PREEMPTED:   # no agent runs it any more
                 await self._victim_stopped(task)
@@ -162,6 +209,24 @@ class Reconciler:
             except GptrmError as e:
                 self._log.warning("task_reconcile_failed", task_id=task.id, reason=str(e))
 
+    async def _gang_unreported(self, task: types_pb2.Task, nodes: list[str]) -> None:
+        """After a leader change, a part of a multi-node task whose connected agent did not report it is gone:
+        the task's parts fail together (or, on a failing task, that part counts as stopped)."""
+        for node_id in nodes:
+            entry = self._registry.get(node_id)
+            if entry is None or not entry.connected or task.id in self._reported.get(node_id, set()):
+                continue
+            current = self._tasks.tasks.get(task.id)
+            part = next((p for p in parts_of(current) if p.node_id == node_id), None) if current else None
+            if part is None or part.state in TERMINAL_STATES or (
+                    part.state in (0, TaskState.SCHEDULED) and not self.gangs.failing(current)):  # type: ignore[arg-type]
+                continue   # ended, or never started: its start was sent again when its agent registered
+            reason = f"not running on {node_id} after a leader change"
+            if self.gangs.failing(current) or current.cancel_requested:  # type: ignore[union-attr]
+                await self.gangs.part_gone(task.id, node_id, reason)
+            else:
+                await self.gangs.part_failed(task.id, node_id, reason)
+
     async def on_node_lost(self, node_id: str) -> None:
         """A lost node's parts of preempted gangs count as ended: gangs waiting only for it go back in the queue."""
         for task_id in list(self._parts_ended):
@@ -170,6 +235,10 @@ class Reconciler:
                 self._parts_ended.pop(task_id, None)
             elif any(na.node_id == node_id for na in task.allocation.nodes):
                 await self._part_ended(task, None)
+        for task in list(self._tasks.tasks.values()):   # failing gangs waiting only for this node's part
+            if task.state in _ACTIVE and is_gang(task) and self.gangs.failing(task) \
+                    and any(na.node_id == node_id for na in task.allocation.nodes):
+                await self.gangs.recheck(task.id)
 
     def _lost(self, node_id: str) -> bool:
         entry = self._registry.get(node_id)

@@ -257,7 +257,7 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     than any node has; an unknown precision; negative QoS targets or grace period; and the QoS
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
     a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
-    :func:`validate_service` refuses.
+    :func:`validate_service` refuses; a launcher other than ``torchrun``.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -281,6 +281,8 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         validate_qos_spec(spec, time.time() if now is None else now)
         if spec.run_as_user and not _USER_RE.fullmatch(spec.run_as_user):
             raise ValidationError("spec.run_as_user", f"invalid user name {spec.run_as_user[:64]!r}")
+        if spec.launcher not in ("", "torchrun"):
+            raise ValidationError("spec.launcher", f"unknown launcher {spec.launcher[:64]!r} (torchrun, or none)")
         if spec.HasField("service"):
             validate_service(spec)
 

@@ -4,7 +4,9 @@ A node is LOST once it has had no stream for the registry's ``lost_grace_s``. It
 run (a partition) or may be gone (the host died); after a further ``task_grace_s`` they are given
 up: each active task ends FAILED, its reservations released, and goes back in the queue when its
 restart policy allows (a task an admin cancelled ends CANCELLED; a PREEMPTED one returns to the
-queue). If the agent comes back later it is told to stop them: they are no longer placed on it.
+queue). A multi-node task's part on the node fails the task the way a part that exits non-zero does:
+its other parts are stopped, then it ends FAILED once (:mod:`coordinator.dispatch.gang`). If the
+agent comes back later it is told to stop them: they are no longer placed on it.
 
 A LOST node stays listed until an admin removes it (``gptrmctl nodes rm NODE``) or, with
 ``gc_after_s`` > 0, until it has been LOST that long; removal fails its tasks first, deletes
@@ -27,7 +29,8 @@ from typing import TYPE_CHECKING
 from common.errors import GptrmError, IllegalTransition, NotFound
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from common.types import NodeState, TaskState
+from common.types import TERMINAL_STATES, NodeState, TaskState
+from coordinator.dispatch.gang import Gangs, is_gang
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
@@ -57,12 +60,14 @@ class LostNodes:
     :param events: the cluster event log.
     :param task_grace_s: seconds a node stays LOST before its tasks are failed.
     :param gc_after_s: seconds a node stays LOST before it is removed (0: never by itself).
+    :param gangs: multi-node tasks' parts: a lost node's part fails its task's parts together.
     """
 
     def __init__(self, registry: NodeRegistry, tasks: TaskTable, restarts: RestartPolicy, preemptor: Preemptor,
                  store: Store, leadership: Leadership, monitor: ResourceMonitor, events: EventBus, *,
-                 task_grace_s: float, gc_after_s: float) -> None:
+                 task_grace_s: float, gc_after_s: float, gangs: Gangs | None = None) -> None:
         self._registry, self._tasks, self._restarts, self._preemptor = registry, tasks, restarts, preemptor
+        self._gangs = gangs
         self._store, self._leadership, self._monitor, self._events = store, leadership, monitor, events
         self._task_grace_s, self._gc_after_s = task_grace_s, gc_after_s
         self._log = get_logger("coordinator")
@@ -76,9 +81,14 @@ class LostNodes:
         """End every active task placed on the node (requeued per restart policy); returns how many."""
         ended = 0
         for task in self._tasks_on(entry.node_id):
+            if is_gang(task) and any(p.node_id == entry.node_id and p.state in TERMINAL_STATES for p in task.parts):
+                continue   # its part here already counted as failed; the task ends when its other parts did
             try:
                 if task.state == TaskState.PREEMPTED:
                     await self._preemptor.victim_stopped(task)
+                elif self._gangs is not None and is_gang(task):
+                    # Its other parts are stopped first; the task ends FAILED once none runs.
+                    await self._gangs.part_failed(task.id, entry.node_id, reason)
                 elif task.cancel_requested:
                     await self._tasks.transition(task.id, TaskState.CANCELLED, f"cancelled by an admin; {reason}",
                                                  release=True)

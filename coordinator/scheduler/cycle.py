@@ -35,6 +35,7 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.adaptor.scale_out import ScaleOutRequests
 from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.dispatch.launch import PortBook, node_address
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
@@ -154,10 +155,11 @@ class SchedulerCycle:
         decisions = engine.place_batch(requests)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits, by_id, rejected = [], {t.id: t for t in pending}, []
+        ports = PortBook.of(self._tasks.tasks.values())
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
-                commits.append((task, task.revision, self._allocation(task, decision)))
+                commits.append((task, task.revision, self._allocation(task, decision, ports)))
                 self._metrics.decisions.labels(outcome="placed").inc()
             else:
                 self._metrics.decisions.labels(outcome="waiting").inc()
@@ -172,7 +174,9 @@ class SchedulerCycle:
             self._idle = (inputs, started)
         return committed
 
-    def _allocation(self, task: types_pb2.Task, placement: Placement) -> types_pb2.Allocation:
+    def _allocation(self, task: types_pb2.Task, placement: Placement, ports: PortBook) -> types_pb2.Allocation:
+        """The allocation of a placement: nodes in rank order with their addresses, and a master port
+        reserved on the rank-0 node (see :mod:`coordinator.dispatch.launch`)."""
         alloc = types_pb2.Allocation(task_id=task.id, leader_epoch=self._leadership.epoch,
                                      decision_id=f"d-{uuid.uuid4().hex[:12]}", created_unix_s=time.time())
         d = task.demand
@@ -182,11 +186,19 @@ class SchedulerCycle:
             n = len(a.gpu_indices)
             alloc.nodes.append(types_pb2.NodeAllocation(
                 node_id=a.node_id, gpu_indices=list(a.gpu_indices), gpu_uuids=[uuids.get(i, "") for i in a.gpu_indices],
-                gpu_share=a.gpu_share,
+                gpu_share=a.gpu_share, address=node_address(entry.inventory) if entry else a.node_id,
                 # On the node, GPU memory is the total of its GPUs (Task.demand holds it per GPU).
                 demand=types_pb2.ResourceVector(gpus=d.gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
                                                 cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
                                                 disk_bytes=d.disk_bytes)))
+        if alloc.nodes:
+            rank0 = alloc.nodes[0].node_id
+            entry = self._registry.get(rank0)
+            inv = entry.inventory if entry else types_pb2.NodeInventory()
+            alloc.master_port = ports.take(rank0, inv.task_port_min, inv.task_port_max)
+            if not alloc.master_port:
+                self._log.warning("master_port_unavailable", task_id=task.id, node_id=rank0,
+                                  port_range=f"{inv.task_port_min}-{inv.task_port_max}")
         return alloc
 
     async def _commit(self, commits: list[PlacementCommit]) -> int:

@@ -222,6 +222,9 @@ def prepare_placement(
     new.CopyFrom(task)
     new.revision = 0
     new.allocation.CopyFrom(alloc)
+    new.ClearField("parts")   # one part per node, rank i on nodes[i], until its agent reports
+    new.parts.extend(types_pb2.TaskPart(node_id=na.node_id, rank=i, state=int(TaskState.SCHEDULED))
+                     for i, na in enumerate(alloc.nodes))
     nodes = ", ".join(na.node_id for na in alloc.nodes)
     append_history(new, TaskState.SCHEDULED, f"placed on {nodes}", now_unix_s, history_limit)
     node_ids = tuple(dict.fromkeys(na.node_id for na in alloc.nodes))

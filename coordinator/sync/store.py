@@ -301,6 +301,7 @@ class Store:
             if new_state is TaskState.PENDING:
                 # Back in the queue (restart, preemption, drain): it holds nothing until placed again.
                 task.ClearField("allocation")
+                task.ClearField("parts")
 
         return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned")
 

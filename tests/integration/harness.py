@@ -130,7 +130,8 @@ class Cluster:
         addrs = ",".join(coordinators or [a for _, a, _ in self.coordinators.values()])
         proc = Proc([str(BIN / "gptrm-agent"), "--coordinator", addrs, "--node-id", node_id, "--gpu-backend",
                      "simulated", "--simulate-gpus", "4xH100-80GB", "--state-dir", str(self.tmp / f"agent-{node_id}"),
-                     "--interval", "0.5", "--backoff-max", "1", *_plaintext_unless_tls(extra), *extra],
+                     "--interval", "0.5", "--backoff-max", "1", "--advertise-address", "127.0.0.1",
+                     *_plaintext_unless_tls(extra), *extra],
                     self.tmp / f"agent-{node_id}.log").start()
         self.agents[node_id] = proc
         return proc

@@ -157,7 +157,8 @@ class TestHostileTasks:
 
     def test_a_task_sees_nothing_of_the_agents_environment(self, cluster: Cluster, state_dir: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-        """The task's environment holds PATH, HOME, LANG, USER, LOGNAME, its spec's and gptrm's variables only."""
+        """The task's environment holds PATH, HOME, LANG, USER, LOGNAME, its spec's and gptrm's variables only
+        (its GPUs, and its rank and peers: NNODES, NODE_RANK, MASTER_ADDR, ...)."""
         monkeypatch.setenv("AGENT_ONLY_TOKEN", "agent-secret-value")
         _start(cluster, state_dir)
         task_id = _submit(cluster, "env", "--env", "FROM_SPEC=yes")
@@ -166,7 +167,8 @@ class TestHostileTasks:
         env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         assert "agent-secret-value" not in out
         allowed = {"PATH", "HOME", "LANG", "USER", "LOGNAME", "PWD", "SHLVL", "_", "FROM_SPEC",
-                   "CUDA_VISIBLE_DEVICES"}
+                   "CUDA_VISIBLE_DEVICES", "NNODES", "NODE_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR",
+                   "MASTER_PORT"}
         assert {k for k in env if not k.startswith("GPTRM_")} <= allowed, env
         assert env["FROM_SPEC"] == "yes" and env["HOME"] == str(state_dir / "work" / task_id)
         assert env["PATH"] != os.environ["PATH"] or "/.venv/" not in env["PATH"]

@@ -275,14 +275,16 @@ class Event(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[_Union[EventKind, str]] = ..., node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., message: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TaskLogsRequest(_message.Message):
-    __slots__ = ("task_id", "tail_lines", "follow")
+    __slots__ = ("task_id", "tail_lines", "follow", "rank")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     tail_lines: int
     follow: bool
-    def __init__(self, task_id: _Optional[str] = ..., tail_lines: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+    rank: int
+    def __init__(self, task_id: _Optional[str] = ..., tail_lines: _Optional[int] = ..., follow: _Optional[bool] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class TaskLogChunk(_message.Message):
     __slots__ = ("task_id", "node_id", "seq", "data")

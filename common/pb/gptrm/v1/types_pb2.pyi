@@ -171,7 +171,7 @@ class Constraints(_message.Message):
     def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service")
+    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +212,7 @@ class TaskSpec(_message.Message):
     RUN_AS_USER_FIELD_NUMBER: _ClassVar[int]
     FULL_POWER_FIELD_NUMBER: _ClassVar[int]
     SERVICE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: TaskKind
     model: ModelSpec
@@ -238,7 +239,8 @@ class TaskSpec(_message.Message):
     run_as_user: str
     full_power: bool
     service: ServiceSpec
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ...) -> None: ...
+    launcher: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ...) -> None: ...
 
 class ServiceSpec(_message.Message):
     __slots__ = ("min_replicas", "max_replicas", "target_util", "pack_replicas")
@@ -321,32 +323,36 @@ class ServiceLoadHistory(_message.Message):
     def __init__(self, service_id: _Optional[str] = ..., bucket_s: _Optional[float] = ..., last_bucket: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ..., error_times_unix_s: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[float]] = ..., capacity: _Optional[float] = ..., saved_unix_s: _Optional[float] = ...) -> None: ...
 
 class NodeAllocation(_message.Message):
-    __slots__ = ("node_id", "gpu_indices", "gpu_uuids", "demand", "gpu_share")
+    __slots__ = ("node_id", "gpu_indices", "gpu_uuids", "demand", "gpu_share", "address")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     GPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
     demand: ResourceVector
     gpu_share: float
-    def __init__(self, node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., gpu_share: _Optional[float] = ...) -> None: ...
+    address: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., gpu_share: _Optional[float] = ..., address: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("task_id", "nodes", "leader_epoch", "decision_id", "created_unix_s")
+    __slots__ = ("task_id", "nodes", "leader_epoch", "decision_id", "created_unix_s", "master_port")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeAllocation]
     leader_epoch: int
     decision_id: str
     created_unix_s: float
-    def __init__(self, task_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAllocation, _Mapping]]] = ..., leader_epoch: _Optional[int] = ..., decision_id: _Optional[str] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
+    master_port: int
+    def __init__(self, task_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAllocation, _Mapping]]] = ..., leader_epoch: _Optional[int] = ..., decision_id: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., master_port: _Optional[int] = ...) -> None: ...
 
 class TaskStateChange(_message.Message):
     __slots__ = ("state", "time_unix_s", "reason")
@@ -359,7 +365,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +387,7 @@ class Task(_message.Message):
     NOT_BEFORE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -402,7 +409,24 @@ class Task(_message.Message):
     not_before_unix_s: float
     service_id: str
     replica_index: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[TaskPart]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ...) -> None: ...
+
+class TaskPart(_message.Message):
+    __slots__ = ("node_id", "rank", "state", "exit_code", "has_exit_code", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    rank: int
+    state: TaskState
+    exit_code: int
+    has_exit_code: bool
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., rank: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "model", "mem_total_bytes", "power_limit_w", "power_min_w", "power_max_w", "power_default_w", "pci_bus_id", "topology_group", "mig_enabled", "numa_node_plus_one", "cpu_affinity", "links")
@@ -447,7 +471,7 @@ class GpuLink(_message.Message):
     def __init__(self, peer_index: _Optional[int] = ..., level: _Optional[_Union[GpuLinkLevel, str]] = ..., nvlinks: _Optional[int] = ...) -> None: ...
 
 class NodeInventory(_message.Message):
-    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated")
+    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated", "advertise_address", "task_port_min", "task_port_max")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -466,6 +490,9 @@ class NodeInventory(_message.Message):
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     GPU_BACKEND_FIELD_NUMBER: _ClassVar[int]
     HOST_SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TASK_PORT_MIN_FIELD_NUMBER: _ClassVar[int]
+    TASK_PORT_MAX_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
@@ -477,7 +504,10 @@ class NodeInventory(_message.Message):
     simulated: bool
     gpu_backend: str
     host_simulated: bool
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ...) -> None: ...
+    advertise_address: str
+    task_port_min: int
+    task_port_max: int
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
     __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s", "power_state", "power_state_unix_s", "power_reason")

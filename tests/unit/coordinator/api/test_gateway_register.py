@@ -80,3 +80,28 @@ class TestValidateTopology:
         with pytest.raises(ValidationError) as e:
             validate_register(reg)
         assert e.value.field == field
+
+
+class TestAdvertisedAddress:
+    @pytest.mark.parametrize("address", ["127.0.0.1", "::1", "gpu-01.example", "10.1.2.3"])
+    def test_good_address_accepted(self, address: str) -> None:
+        reg = _register("n1")
+        reg.inventory.advertise_address = address
+        reg.inventory.task_port_min, reg.inventory.task_port_max = 29500, 29999
+        validate_register(reg)
+
+    @pytest.mark.parametrize("address", ["a b", "x;rm", "-bad", "a" * 300, "evil\u202e", "h:1"])
+    def test_bad_address_refused(self, address: str) -> None:
+        reg = _register("n1")
+        reg.inventory.advertise_address = address
+        with pytest.raises(ValidationError) as e:
+            validate_register(reg)
+        assert e.value.field == "register.inventory.advertise_address"
+
+    @pytest.mark.parametrize("ports", [(30000, 29999), (80, 90), (29500, 70000), (0, 29999)])
+    def test_bad_port_range_refused(self, ports: tuple[int, int]) -> None:
+        reg = _register("n1")
+        reg.inventory.task_port_min, reg.inventory.task_port_max = ports
+        with pytest.raises(ValidationError) as e:
+            validate_register(reg)
+        assert e.value.field == "register.inventory.task_port_min"

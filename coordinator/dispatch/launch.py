@@ -1,0 +1,96 @@
+"""Distributed launch: what each part of a task is told about the others, and its rendezvous port.
+
+Part ``i`` of a task runs on ``allocation.nodes[i]`` (its rank). Every part, single-node tasks
+included, gets the same view: the node count, its rank, its GPUs and the task's, rank 0's
+data-plane address and the port reserved there for the task (``Allocation.master_port``), and the
+addresses and node ids of all parts in rank order. The agent turns these StartTask fields into the
+task's environment (``NNODES``, ``NODE_RANK``, ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``, ``GPTRM_NODELIST``, ``GPTRM_NODE_IDS``).
+
+The master port comes from rank 0's node's advertised range (``--task-port-range``); a port held by
+another task whose rank 0 is on that node (any task placed and not ended) is never handed out again
+until that task ends. The port is stored in the allocation, so a new leader sees it too.
+
+Example::
+
+    book = PortBook.of(tasks.values())
+    port = book.take("n1", 29500, 29999)        # lowest free port of the range; 0 when all are taken
+    fields = start_fields(task, rank=1)         # StartTask keyword arguments for part 1
+    argv = launch_argv(task.spec, fields)       # the argv, wrapped by the spec's launcher
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TERMINAL_STATES, TaskState
+
+__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "PortBook", "launch_argv", "node_address", "start_fields"]
+
+DEFAULT_TASK_PORTS = (29500, 29999)
+"""The range used for a node whose agent advertises none (an older agent)."""
+LAUNCHERS = ("", "torchrun")
+"""Values of ``TaskSpec.launcher``: "" runs the argv as given."""
+
+
+def node_address(inventory: types_pb2.NodeInventory) -> str:
+    """The address other nodes reach this one at: its advertised address, else its hostname."""
+    return inventory.advertise_address or inventory.hostname or inventory.node_id
+
+
+def _holds_port(task: types_pb2.Task) -> bool:
+    return task.state not in TERMINAL_STATES and task.state != TaskState.PENDING and bool(task.allocation.nodes)
+
+
+class PortBook:
+    """Master ports in use per rank-0 node, and the ones handed out since (within one scheduling cycle)."""
+
+    def __init__(self, used: dict[str, set[int]] | None = None) -> None:
+        self._used: dict[str, set[int]] = used or {}
+
+    @classmethod
+    def of(cls, tasks: Iterable[types_pb2.Task]) -> PortBook:
+        """The ports held by tasks that are placed and not ended, by their rank-0 node."""
+        used: dict[str, set[int]] = {}
+        for t in tasks:
+            if _holds_port(t) and t.allocation.master_port:
+                used.setdefault(t.allocation.nodes[0].node_id, set()).add(t.allocation.master_port)
+        return cls(used)
+
+    def used(self, node_id: str) -> frozenset[int]:
+        """The ports held on a node."""
+        return frozenset(self._used.get(node_id, ()))
+
+    def take(self, node_id: str, low: int, high: int) -> int:
+        """Reserve the lowest free port of ``low..high`` on a node; 0 when none is free (or the range is empty)."""
+        if not low or not high:
+            low, high = DEFAULT_TASK_PORTS
+        held = self._used.setdefault(node_id, set())
+        for port in range(max(1, low), min(65535, high) + 1):
+            if port not in held:
+                held.add(port)
+                return port
+        return 0
+
+
+def start_fields(task: types_pb2.Task, rank: int) -> dict[str, Any]:
+    """The distributed-launch fields of part ``rank``'s StartTask (see the module docstring)."""
+    nodes = task.allocation.nodes
+    na = nodes[rank]
+    addresses = [n.address or n.node_id for n in nodes]
+    return {"nnodes": len(nodes), "node_rank": rank, "local_world_size": len(na.gpu_indices),
+            "world_size": sum(len(n.gpu_indices) for n in nodes), "master_addr": addresses[0],
+            "master_port": task.allocation.master_port, "node_addresses": addresses,
+            "node_ids": [n.node_id for n in nodes]}
+
+
+def launch_argv(spec: types_pb2.TaskSpec, fields: dict[str, Any]) -> list[str]:
+    """The argv a part runs: the spec's, under ``torchrun`` with this part's values when the spec asks for it."""
+    argv = list(spec.argv)
+    if spec.launcher != "torchrun":
+        return argv
+    return ["torchrun", "--nnodes", str(fields["nnodes"]), "--node-rank", str(fields["node_rank"]),
+            "--nproc-per-node", str(max(1, fields["local_world_size"])), "--master-addr", fields["master_addr"],
+            "--master-port", str(fields["master_port"]), "--", *argv]

@@ -1,0 +1,223 @@
+"""Multi-node tasks end to end: real etcd, coordinators and agents (4 simulated GPUs each, advertising
+127.0.0.1), parts that find each other through MASTER_ADDR/MASTER_PORT, and parts that live and die together."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import psutil
+
+from common.etcd_embedded import free_port
+from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
+
+# Until the coordinator's default threshold lets a part take a whole node, the tests allow it.
+_COORD = ("--threshold", "1.0")
+_GANG = ("--nodes", "2", "--gpus", "4", "--gpu-mem-gib", "10", "--cpu", "0.1")
+
+# Rank 0 listens on MASTER_ADDR:MASTER_PORT; every other rank connects and sends its rank; rank 0 adds them
+# to its own and sends the sum back; every part prints it with what its environment says.
+_MEET = r'''
+import os, socket, time
+rank, nnodes = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+if rank == 0:
+    srv = socket.create_server((addr, port))
+    peers = [srv.accept()[0] for _ in range(nnodes - 1)]
+    total = rank + sum(int(c.makefile().readline()) for c in peers)
+    for c in peers:
+        c.sendall(f"{total}\n".encode())
+else:
+    end = time.monotonic() + 60
+    while True:
+        try:
+            c = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+    c.sendall(f"{rank}\n".encode())
+    total = int(c.makefile().readline())
+print(f"rank={rank} nnodes={nnodes} world={os.environ['WORLD_SIZE']} local={os.environ['LOCAL_WORLD_SIZE']} "
+      f"ids={os.environ['GPTRM_NODE_IDS']} nodelist={os.environ['GPTRM_NODELIST']} sum={total}", flush=True)
+'''
+
+
+def _submit(c: Cluster, *args: str) -> str:
+    res = c.ctl("-o", "json", "submit", *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["task_id"]
+
+
+def _task(c: Cluster, task_id: str) -> dict:
+    res = c.ctl("-o", "json", "tasks", task_id)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _state_is(c: Cluster, task_id: str, *states: str) -> dict | None:
+    t = _task(c, task_id)
+    return t if t["state"] in states else None
+
+
+def _ready(c: Cluster, name: str = "c1") -> int:
+    """Nodes READY as coordinator ``name`` (the leader) sees them."""
+    res = c.ctl("-o", "json", "nodes", coordinator=c.address(name))
+    return res.returncode == 0 and sum(n["state"] == "ready" for n in json.loads(res.stdout)["nodes"])
+
+
+def _two_nodes(c: Cluster, *agent_args: str, leader: str = "c1") -> None:
+    """Agents n1 and n2 on this host. Each hands its tasks uids from a range of its own: an agent ends whatever
+    runs as an ended task's uid, so two agents on one host must never give the same uid to two tasks."""
+    for i, n in enumerate(("n1", "n2")):
+        first = 1879048192 + 512 * i
+        c.start_agent(n, "--task-uids", f"{first}-{first + 511}", *agent_args)
+    wait_until(lambda: _ready(c, leader) == 2, what="two ready nodes")
+
+
+def _task_processes(task_id: str, name: str) -> dict[str, int]:
+    """NODE_RANK → how many processes called ``name`` run for the task (read from their environment)."""
+    out: dict[str, int] = {}
+    for p in psutil.process_iter(["name"]):
+        try:
+            if p.info["name"] != name:
+                continue
+            env = p.environ()
+        except psutil.Error:
+            continue
+        if env.get("GPTRM_TASK_ID") == task_id:
+            out[env.get("NODE_RANK", "?")] = out.get(env.get("NODE_RANK", "?"), 0) + 1
+    return out
+
+
+class TestDistributedLaunch:
+    def test_parts_meet_over_tcp(self, cluster: Cluster, tmp_path: Path) -> None:
+        """Both parts of a 2×4-GPU task find each other at MASTER_ADDR:MASTER_PORT and print the sum of ranks;
+        logs --rank 1 shows part 1's output; tasks TASK shows each part; nodes NODE shows the address."""
+        cluster.start_coordinator("c1", *_COORD)
+        cluster.wait_leader("c1")
+        port = free_port()
+        _two_nodes(cluster, *ROOT_TASKS_AGENT, "--task-port-range", f"{port}-{port + 10}")
+        script = tmp_path / "meet.py"
+        script.write_text(_MEET)
+        tid = _submit(cluster, *_GANG, *ROOT_TASKS_SUBMIT, "--", sys.executable, str(script))
+        t = wait_until(lambda: _state_is(cluster, tid, "succeeded", "failed", "cancelled"), what="the gang to end")
+        assert t["state"] == "succeeded", t
+        ranks = {p["rank"]: p for p in t["parts"]}
+        assert sorted(ranks) == [0, 1] and {p["state"] for p in t["parts"]} == {"succeeded"}
+        assert all(p["exit_code"] == 0 for p in t["parts"])
+        ids = f"{ranks[0]['node_id']},{ranks[1]['node_id']}"
+        assert [a["node_id"] for a in t["allocation"]] == ids.split(",")
+        assert [a["address"] for a in t["allocation"]] == ["127.0.0.1", "127.0.0.1"]
+        assert port <= t["master_port"] <= port + 10
+        for rank in (0, 1):
+            args = ("logs", tid) if rank == 0 else ("logs", tid, "--rank", "1")
+            res = cluster.ctl(*args)
+            assert res.returncode == 0, res.stderr
+            assert (f"rank={rank} nnodes=2 world=8 local=4 ids={ids} nodelist=127.0.0.1,127.0.0.1 sum=1"
+                    in res.stdout), res.stdout
+        res = cluster.ctl("logs", tid, "--rank", "2")
+        assert res.returncode != 0 and "rank 2" in res.stderr
+        shown = cluster.ctl("tasks", tid).stdout
+        assert "RANK" in shown and ranks[1]["node_id"] in shown and "succeeded" in shown
+        node = json.loads(cluster.ctl("-o", "json", "nodes", "n1").stdout)
+        assert (node["advertise_address"], node["task_port_min"], node["task_port_max"]) == \
+            ("127.0.0.1", port, port + 10)
+        assert f"address       127.0.0.1, task ports {port}-{port + 10}" in cluster.ctl("nodes", "n1").stdout
+
+    def test_torchrun_launcher(self, cluster: Cluster, tmp_path: Path) -> None:
+        """--launcher torchrun runs the argv under torchrun (a stand-in on the task's PATH) with each part's values."""
+        cluster.start_coordinator("c1", *_COORD)
+        cluster.wait_leader("c1")
+        _two_nodes(cluster, *ROOT_TASKS_AGENT)
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        (bindir / "torchrun").write_text('#!/bin/sh\necho "torchrun $*"\n')
+        (bindir / "torchrun").chmod(0o755)
+        tid = _submit(cluster, *_GANG, *ROOT_TASKS_SUBMIT, "--launcher", "torchrun",
+                      "--env", f"PATH={bindir}:/usr/bin:/bin", "--", "train.py", "--lr", "0.1")
+        t = wait_until(lambda: _state_is(cluster, tid, "succeeded", "failed"), what="the gang to end")
+        assert t["state"] == "succeeded", t
+        assert t["spec"]["launcher"] == "torchrun"
+        port = t["master_port"]
+        for rank in (0, 1):
+            out = cluster.ctl("logs", tid, "--rank", str(rank)).stdout
+            assert (f"torchrun --nnodes 2 --node-rank {rank} --nproc-per-node 4 --master-addr 127.0.0.1 "
+                    f"--master-port {port} -- train.py --lr 0.1") in out, out
+
+
+class TestLiveAndDieTogether:
+    def test_a_failed_part_stops_the_other_and_the_task_fails_once(self, cluster: Cluster) -> None:
+        """Rank 1 exits 1: rank 0 (still running) is stopped, the task ends FAILED once, with rank 1's exit code."""
+        cluster.start_coordinator("c1", *_COORD)
+        cluster.wait_leader("c1")
+        _two_nodes(cluster)
+        tid = _submit(cluster, *_GANG, "--stop-grace-s", "2", "--",
+                      "sh", "-c", 'if [ "$NODE_RANK" = 1 ]; then echo rank 1 gives up; exit 1; fi; exec sleep 300')
+        t = wait_until(lambda: _state_is(cluster, tid, "failed", "succeeded", "cancelled"), what="the gang to end")
+        assert t["state"] == "failed", t
+        ranks = {p["rank"]: p for p in t["parts"]}
+        assert (ranks[1]["state"], ranks[1]["exit_code"]) == ("failed", 1)
+        assert ranks[0]["state"] == "cancelled"   # stopped by the coordinator
+        assert [h["state"] for h in t["history"]].count("failed") == 1
+        assert t["exit_code"] == 1 and "rank 1" in t["reason"] and "rank 1 gives up" in t["log_tail"]
+        assert _task_processes(tid, "sleep") == {}
+        for pid in t["pids"]:
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        nodes = json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"]
+        assert all(tid not in n["task_ids"] for n in nodes)   # its GPUs are free again
+        shown = cluster.ctl("tasks", tid).stdout
+        assert "failed" in shown and "cancelled" in shown
+
+    def test_a_refused_start_stops_the_started_part(self, cluster: Cluster) -> None:
+        """Rank 0's agent cannot bind the task's master port (something else listens there): it refuses the start
+        naming the port; rank 1, which started, is stopped, and the task ends FAILED once."""
+        cluster.start_coordinator("c1", *_COORD)
+        cluster.wait_leader("c1")
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            _two_nodes(cluster, "--task-port-range", f"{port}-{port}")
+            tid = _submit(cluster, *_GANG, "--stop-grace-s", "2", "--", "sh", "-c", "exec sleep 300")
+            t = wait_until(lambda: _state_is(cluster, tid, "failed", "succeeded", "cancelled"),
+                           what="the gang to end")
+        assert t["state"] == "failed", t
+        assert f"master port {port}" in t["reason"] and "rank 0" in t["reason"]
+        ranks = {p["rank"]: p for p in t["parts"]}
+        assert ranks[0]["state"] == "failed" and ranks[1]["state"] == "cancelled", ranks
+        assert [h["state"] for h in t["history"]].count("failed") == 1
+        assert _task_processes(tid, "sleep") == {}
+
+    def test_leader_killed_while_the_gang_starts_runs_each_part_once(self, cluster: Cluster) -> None:
+        """kill -9 of the leader right after it placed a gang: the other coordinator leads and each part runs
+        exactly once (the re-sent starts are the same decisions)."""
+        names = ["c1", "c2"]
+        for n in names:
+            cluster.start_coordinator(n, *_COORD, "--task-grace", "5")
+        leader = wait_until(lambda: next((n for n in names if cluster.status(n).is_leader), None), what="a leader")
+        _two_nodes(cluster, leader=leader)
+        tid = _submit(cluster, *_GANG, "--", "sh", "-c", "exec sleep 300")
+        wait_until(lambda: _task(cluster, tid)["state"] != "pending", 30, 0.02, "the gang placed")
+        cluster.proc(leader).signal(signal.SIGKILL)
+        survivor = next(n for n in names if n != leader)
+        cluster.wait_leader(survivor)
+        t = wait_until(lambda: (d := _state_is(cluster, tid, "running", "failed")) and
+                       (d["state"] == "failed" or all(p["state"] == "running" for p in d["parts"])) and d,
+                       what="both parts running under the new leader")
+        assert t["state"] == "running", t
+        assert wait_until(lambda: _task_processes(tid, "sleep") == {"0": 1, "1": 1} or None,
+                          what="one process per part")
+        # Every agent reported since the new leader took over (each registered with it): still one each.
+        wait_until(lambda: _ready(cluster, survivor) == 2, what="nodes ready under the new leader")
+        assert _task_processes(tid, "sleep") == {"0": 1, "1": 1}
+        assert [h["state"] for h in _task(cluster, tid)["history"]].count("running") == 1
+        res = cluster.ctl("cancel", tid)
+        assert res.returncode == 0, res.stderr
+        wait_until(lambda: _state_is(cluster, tid, "cancelled"), what="the gang cancelled")
+        assert _task_processes(tid, "sleep") == {}
+
