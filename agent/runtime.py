@@ -37,7 +37,7 @@ from agent.collectors.task_metrics import MetricsTarget
 from agent.cpu_binding import binding_for, process_prefix
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
-from agent.task_user import TaskUser, TaskUserPolicy
+from agent.task_user import TaskUser, TaskUserPolicy, UidClaims
 from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, node_tag
 from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
@@ -117,6 +117,8 @@ class TaskRuntime:
         self._node_tag = node_tag(self.state_dir)
         if task_users is not None:
             task_users.resume_after([r.own_uid for r in self.table.tasks.values()])
+            if task_users.uids is not None and task_users.claims is None:
+                task_users.claims = UidClaims.open(self._node_tag)
         self._emit = emit
         self._gpus = gpus
         self._users = task_users
@@ -236,6 +238,15 @@ class TaskRuntime:
         check_master_port(st)
         taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
         user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
+        try:
+            return await self._start_as(decision, user)
+        except BaseException:
+            if user is not None and user.exclusive and self._users is not None:
+                self._users.release(user.uid)   # nothing runs as it
+            raise
+
+    async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None) -> tuple[str, TaskState]:
+        st = decision.start
         switch = user is not None and user.switch
         self._record_or_refuse(st.task_id)
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
@@ -397,6 +408,8 @@ class TaskRuntime:
             removed = await asyncio.to_thread(taskfs.scrub_uid, rec.own_uid)
             if removed:
                 self._log.info("task_files_removed", task_id=rec.task_id, uid=rec.own_uid, paths=removed[:20])
+            if self._users is not None:
+                self._users.release(rec.own_uid)
 
     def _finish(self, rec: TaskRecord, code: int | None) -> None:
         if rec.piped:

@@ -6,6 +6,11 @@
   signal each other's processes or attach to them, and everything a task leaves behind can be
   found by its uid once it ends. A uid is handed out again only after every other free uid of
   the range has been (least recently used first), never while a process still runs as it.
+- Several agents on one host (tests, or a host split between clusters) never hand out the same uid
+  at once: a uid is claimed by creating ``/run/gptrm/task-uids/<uid>`` exclusively, and given back
+  when the task's last process is gone. Another agent's claim is respected while a process runs
+  as that uid or for :data:`CLAIM_GRACE_S` after it was made (a start in progress); a claim of
+  this agent's own that no running task holds is left from a crash and taken again.
 - ``--task-uids off`` makes every task run as ``--task-user`` (default ``gptrm-task``, created
   by ``make install``; ``nobody`` when it is missing, said in the log); a task user that
   resolves to uid 0 is refused at start-up.
@@ -26,18 +31,21 @@ submitting user or team to a uid plugs into :meth:`TaskUserPolicy.resolve`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.taskkill import uids_running
 from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
 
-__all__ = ["DEFAULT_TASK_UIDS", "DEFAULT_TASK_USER", "FALLBACK_TASK_USER", "TaskUser", "TaskUserPolicy",
-           "parse_uid_range"]
+__all__ = ["CLAIMS_DIR", "CLAIM_GRACE_S", "DEFAULT_TASK_UIDS", "DEFAULT_TASK_USER", "FALLBACK_TASK_USER",
+           "TaskUser", "TaskUserPolicy", "UidClaims", "parse_uid_range"]
 
 DEFAULT_TASK_USER = "gptrm-task"
 FALLBACK_TASK_USER = "nobody"
@@ -45,6 +53,8 @@ DEFAULT_TASK_UIDS = "1879048192-1879052287"
 """4,096 uids from 0x70000000: above the ranges distributions, ``/etc/subuid`` and container
 managers hand out, below 2^31 (tools that keep uids in a signed int)."""
 _MIN_TASK_UID = 1000
+CLAIMS_DIR = Path("/run/gptrm/task-uids")
+CLAIM_GRACE_S = 120.0
 
 
 def parse_uid_range(text: str) -> range | None:
@@ -104,6 +114,78 @@ class TaskUser:
         return {"HOME": home, "USER": self.name, "LOGNAME": self.name}
 
 
+class UidClaims:
+    """Host-wide claims on task uids, one file per uid (see the module docstring).
+
+    :param directory: where the claim files live (root's, 0700).
+    :param owner: this agent's name in its claims (one per state directory).
+    """
+
+    def __init__(self, directory: Path, owner: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.directory = Path(directory)
+        self.owner = owner
+        self._clock = clock
+
+    @classmethod
+    def open(cls, owner: str, directory: Path = CLAIMS_DIR) -> UidClaims | None:
+        """The claims directory, created if need be; None (logged) where it cannot be."""
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(directory, 0o700)
+        except OSError as e:
+            get_logger("agent").bind(component="runtime").warning(
+                "task_uid_claims_unavailable", path=str(directory), reason=str(e))
+            return None
+        return cls(directory, owner)
+
+    def claim(self, uid: int, running: Collection[int]) -> bool:
+        """Claim ``uid`` for this agent; False when another agent holds it.
+
+        :param running: uids some process runs as now.
+        """
+        path = self.directory / str(uid)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                if not self._stale(path, uid, running):
+                    return False
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(f"{self.owner}\n")
+            return True
+        return False
+
+    def release(self, uid: int) -> None:
+        """Give ``uid`` back (only a claim of this agent's own)."""
+        path = self.directory / str(uid)
+        if self._owner_of(path) == self.owner:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def _owner_of(self, path: Path) -> str | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, 256).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+
+    def _stale(self, path: Path, uid: int, running: Collection[int]) -> bool:
+        if self._owner_of(path) == self.owner:
+            return True   # ours, and the caller knows no task of ours holds it
+        if uid in running:
+            return False
+        try:
+            return self._clock() - os.lstat(path).st_mtime > CLAIM_GRACE_S
+        except FileNotFoundError:
+            return True
+
+
 def _entry(pw: pwd.struct_passwd, switch: bool) -> TaskUser:
     try:
         groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
@@ -130,6 +212,7 @@ class TaskUserPolicy:
         self._euid = euid
         self._getpwnam = getpwnam
         self._next = 0   # index in ``uids`` where the search for a free uid starts (least recently used)
+        self.claims: UidClaims | None = None   # set by the runtime where a host-wide claims directory exists
 
     @classmethod
     def from_config(cls, task_user: str, allowed: Sequence[str], *, euid: int | None = None,
@@ -187,17 +270,25 @@ class TaskUserPolicy:
     def _own_uid(self, taken: Collection[int]) -> TaskUser:
         """The least recently handed out uid of the range that no task holds and no process runs as."""
         assert self.uids is not None
-        busy = set(taken) | uids_running(self.uids)
+        running = uids_running(self.uids)
+        busy = set(taken) | running
         n = len(self.uids)
         for step in range(n):
             i = (self._next + step) % n
             uid = self.uids[i]
             if uid in busy or _has_passwd_entry(uid):
                 continue
+            if self.claims is not None and not self.claims.claim(uid, running):
+                continue
             self._next = (i + 1) % n
             return TaskUser.own(uid)
         raise GptrmError(f"no free task uid: all {n} uids of --task-uids {self.uids.start}-{self.uids.stop - 1} "
                          "are in use")
+
+    def release(self, uid: int) -> None:
+        """A task's own uid is free again (its last process is gone)."""
+        if self.claims is not None:
+            self.claims.release(uid)
 
     def resume_after(self, uids: Collection[int]) -> None:
         """After a restart: go on after the highest uid in ``uids`` (the running tasks' own)."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 
 import pytest
 
-from agent.task_user import TaskUserPolicy, parse_uid_range
+from agent.task_user import CLAIM_GRACE_S, TaskUserPolicy, UidClaims, parse_uid_range
 from common.errors import ConfigError, GptrmError
 
 
@@ -100,3 +101,51 @@ class TestOwnUids:
     def test_off_and_a_good_range(self) -> None:
         assert parse_uid_range("off") is None
         assert parse_uid_range("2000-2009") == range(2000, 2010)
+
+
+class TestUidClaims:
+    def test_two_agents_never_hand_out_the_same_uid(self, tmp_path: Path) -> None:
+        """Two agents on one host with the same range, claims in one directory: their tasks get different uids."""
+        uids = range(2100000200, 2100000204)
+        a, b = (TaskUserPolicy.from_config("gptrm-task", [], euid=0, getpwnam=_lookup(("gptrm-task", 990)), uids=uids)
+                for _ in range(2))
+        a.claims, b.claims = UidClaims(tmp_path, "agent-a"), UidClaims(tmp_path, "agent-b")
+        got = [a.resolve("").uid, b.resolve("").uid, a.resolve("", taken=[uids[0]]).uid,
+               b.resolve("", taken=[uids[1]]).uid]
+        assert sorted(got) == list(uids)
+        with pytest.raises(GptrmError, match="no free task uid"):
+            a.resolve("", taken=[got[0], got[2]])
+
+    def test_a_released_uid_is_free_for_the_other_agent(self, tmp_path: Path) -> None:
+        """Once the owner gives a uid back the other agent may take it; a release by a non-owner does nothing."""
+        a, b = UidClaims(tmp_path, "agent-a"), UidClaims(tmp_path, "agent-b")
+        assert a.claim(2100000300, running=())
+        assert not b.claim(2100000300, running=())
+        b.release(2100000300)
+        assert not b.claim(2100000300, running=())
+        a.release(2100000300)
+        assert b.claim(2100000300, running=())
+
+    def test_stale_claims(self, tmp_path: Path) -> None:
+        """Another agent's claim stands while a process runs as the uid or within the grace; then it is stale.
+        A claim of one's own that no task holds (left from a crash) is taken again at once."""
+        now = [1_000_000.0]
+        a = UidClaims(tmp_path, "agent-a")
+        b = UidClaims(tmp_path, "agent-b", clock=lambda: now[0])
+        assert a.claim(2100000400, running=())
+        os.utime(tmp_path / "2100000400", (now[0], now[0]))
+        assert not b.claim(2100000400, running=())
+        now[0] += CLAIM_GRACE_S + 1
+        assert not b.claim(2100000400, running={2100000400})
+        assert b.claim(2100000400, running=())
+        assert UidClaims(tmp_path, "agent-b").claim(2100000400, running=())   # b's own leftover
+
+    def test_a_link_in_place_of_a_claim_is_not_followed(self, tmp_path: Path) -> None:
+        """A planted link where a claim file would be is never written through."""
+        target = tmp_path / "target"
+        target.write_text("keep")
+        claims = tmp_path / "claims"
+        claims.mkdir()
+        (claims / "2100000500").symlink_to(target)
+        assert not UidClaims(claims, "agent-a").claim(2100000500, running={2100000500})
+        assert target.read_text() == "keep"
