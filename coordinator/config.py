@@ -15,6 +15,7 @@ from common.tls import tls_files
 __all__ = ["CoordinatorConfig", "check_security", "load"]
 
 _POLICY_NAMES = ("max-utilization", "load-balancing", "power-efficient", "round-robin", "random", "first-fit")
+_THRESHOLD_MODES = ("whole-gpus", "paper")
 
 
 def _etcd_urls(value: str) -> str | None:
@@ -61,7 +62,11 @@ class CoordinatorConfig:
     lock_timeout_s: float = option(5.0, "how long drain and policy changes wait for their etcd lock, seconds",
                                    flag="lock_timeout", check=positive)
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)
-    threshold: float = option(0.9, "per-dimension utilization cap after placement", check=unit_interval)
+    threshold: float = option(0.9, "utilization cap after placement on the dimensions the threshold mode caps",
+                              check=unit_interval)
+    threshold_mode: str = option("whole-gpus", "dimensions the threshold caps at first start: whole-gpus (host CPU, "
+                                 "memory, disk and shared GPUs; whole GPUs may fill a node) or paper (every "
+                                 "dimension, GPU count included)", choices=_THRESHOLD_MODES)
     preemption_protection_s: float = option(120.0, "a task is not preempted again within this many seconds of "
                                             "its last preemption", flag="preemption_protection", check=non_negative)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))

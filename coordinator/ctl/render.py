@@ -49,7 +49,7 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
         "gpus_total": s.gpus_total,
         "gpus_allocated": s.gpus_allocated,
         "objectives": proto_dict(s.objectives),
-        "policy": {"name": s.policy.name, "threshold": s.policy.threshold},
+        "policy": policy_dict(s.policy),
         "insecure": s.insecure,
         "auth": s.auth,
         "quarantined_keys": list(s.quarantined_keys),
@@ -162,7 +162,7 @@ def event_dict(e: admin_pb2.Event) -> dict[str, Any]:
 
 def policy_dict(p: types_pb2.Policy) -> dict[str, Any]:
     """The policy document (schema ``policy.json``)."""
-    return {"name": p.name, "threshold": p.threshold}
+    return {"name": p.name, "threshold": p.threshold, "threshold_mode": p.threshold_mode or "whole-gpus"}
 
 
 def log_chunk_dict(c: admin_pb2.TaskLogChunk) -> dict[str, Any]:
