@@ -386,7 +386,8 @@ class Store:
     def put_policy(self, policy: types_pb2.Policy) -> None:
         """Store the placement policy (fenced)."""
         self._writer.write([], [op_put(self._keys.policy, policy.SerializeToString())])
-        self._log.info("policy_stored", policy=policy.name, threshold=policy.threshold)
+        self._log.info("policy_stored", policy=policy.name, threshold=policy.threshold,
+                       threshold_mode=policy.threshold_mode or "whole-gpus")
 
     def load_all(self) -> StoredState:
         """Nodes, tasks (with revisions), allocations and policy, all read at one revision.
