@@ -11,11 +11,11 @@ from common.config import host_port, load_config, non_negative, option, positive
 from common.errors import ConfigError
 from common.paths import default_state_dir
 from common.tls import tls_files
+from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
 
 __all__ = ["CoordinatorConfig", "check_security", "load"]
 
 _POLICY_NAMES = ("max-utilization", "load-balancing", "power-efficient", "round-robin", "random", "first-fit")
-_THRESHOLD_MODES = ("whole-gpus", "paper")
 
 
 def _etcd_urls(value: str) -> str | None:
@@ -62,11 +62,11 @@ class CoordinatorConfig:
     lock_timeout_s: float = option(5.0, "how long drain and policy changes wait for their etcd lock, seconds",
                                    flag="lock_timeout", check=positive)
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)
-    threshold: float = option(0.9, "utilization cap after placement on the dimensions the threshold mode caps",
-                              check=unit_interval)
-    threshold_mode: str = option("whole-gpus", "dimensions the threshold caps at first start: whole-gpus (host CPU, "
-                                 "memory, disk and shared GPUs; whole GPUs may fill a node) or paper (every "
-                                 "dimension, GPU count included)", choices=_THRESHOLD_MODES)
+    threshold: float = option(DEFAULT_THRESHOLD, "utilization cap after placement on the dimensions the "
+                              "threshold mode caps", check=unit_interval)
+    threshold_mode: str = option(DEFAULT_THRESHOLD_MODE, "dimensions the threshold caps at first start: "
+                                 "whole-gpus (host CPU, memory, disk and shared GPUs; whole GPUs may fill a node) "
+                                 "or paper (every dimension, GPU count included)", choices=THRESHOLD_MODES)
     preemption_protection_s: float = option(120.0, "a task is not preempted again within this many seconds of "
                                             "its last preemption", flag="preemption_protection", check=non_negative)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))

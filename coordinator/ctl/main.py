@@ -13,7 +13,7 @@ import grpc
 
 from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from common.types import MIN_POLICY_THRESHOLD
+from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps = psub.add_parser("set")
     ps.add_argument("name")
     ps.add_argument("--threshold", type=float)
-    ps.add_argument("--threshold-mode", choices=("whole-gpus", "paper"),
+    ps.add_argument("--threshold-mode", choices=THRESHOLD_MODES,
                     help="whole-gpus: the threshold caps host CPU, memory, disk and shared GPUs, whole GPUs may fill "
                          "a node; paper: it caps every dimension, GPU count included (default: keep the current)")
     sp.set_defaults(fn=cmd_policy)

@@ -10,7 +10,7 @@ from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.power_states import power_label
-from common.types import TERMINAL_STATES
+from common.types import DEFAULT_THRESHOLD_MODE, TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
 __all__ = ["dump_json", "enum_label", "event_dict", "log_chunk_dict", "node_dict", "policy_dict", "status_dict",
@@ -162,7 +162,7 @@ def event_dict(e: admin_pb2.Event) -> dict[str, Any]:
 
 def policy_dict(p: types_pb2.Policy) -> dict[str, Any]:
     """The policy document (schema ``policy.json``)."""
-    return {"name": p.name, "threshold": p.threshold, "threshold_mode": p.threshold_mode or "whole-gpus"}
+    return {"name": p.name, "threshold": p.threshold, "threshold_mode": p.threshold_mode or DEFAULT_THRESHOLD_MODE}
 
 
 def log_chunk_dict(c: admin_pb2.TaskLogChunk) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import GptrmError, UsageError
-from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
+from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
 from coordinator.simulator.node_defaults import NodeDefaults
 
 if TYPE_CHECKING:

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from common.domain import DIMENSIONS, NodeId, NodeSnapshot, Request
 from common.errors import ValidationError
+from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -57,15 +58,7 @@ __all__ = [
     "validate_threshold_mode",
 ]
 
-DEFAULT_THRESHOLD = 0.9
-"""Default cap on the capped dimensions' utilization after placement (see :func:`limit_factors`)."""
-
-WHOLE_GPUS = "whole-gpus"
 PAPER = "paper"
-THRESHOLD_MODES: tuple[str, ...] = (WHOLE_GPUS, PAPER)
-"""The threshold modes: which dimensions the threshold caps (see the module docstring)."""
-DEFAULT_THRESHOLD_MODE = WHOLE_GPUS
-"""The threshold mode unless one is set."""
 
 FloatArray = npt.NDArray[np.float64]
 """A float64 array with one entry per node (or per dimension × node)."""
