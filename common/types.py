@@ -9,8 +9,11 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "DEFAULT_THRESHOLD",
+    "DEFAULT_THRESHOLD_MODE",
     "MIN_POLICY_THRESHOLD",
     "TERMINAL_STATES",
+    "THRESHOLD_MODES",
     "NodeState",
     "TaskKind",
     "TaskState",
@@ -83,3 +86,14 @@ class NodeState(enum.IntEnum):
 
 MIN_POLICY_THRESHOLD = 0.05
 """Smallest placement-policy threshold accepted: below it no node could take any work."""
+
+DEFAULT_THRESHOLD = 0.9
+"""Default cap on the capped dimensions' utilization after placement."""
+
+THRESHOLD_MODES: tuple[str, ...] = ("whole-gpus", "paper")
+"""Which dimensions the threshold caps: ``whole-gpus`` (host CPU, memory, disk and shared GPUs; whole GPUs may
+fill a node) or ``paper`` (every dimension, GPU count included); see
+:func:`coordinator.scheduler.policies.base.limit_factors`."""
+
+DEFAULT_THRESHOLD_MODE = "whole-gpus"
+"""The threshold mode unless one is set."""

@@ -33,8 +33,9 @@ from coordinator.qos.lost_nodes import LostNodes
 from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
 from coordinator.qos.watch import QosWatch
+from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.cycle import SchedulerCycle
-from coordinator.scheduler.policy import PolicySetting
+from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
@@ -150,6 +151,7 @@ class App:
     retention: TaskRetention
     lost_nodes: LostNodes
     services: ServiceController
+    admission: Admission
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -201,7 +203,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     tasks = TaskTable(store, leadership, registry, monitor, profiler, dispatcher, scale_out, events, wakeup)
     metrics = Metrics(monitor, registry, tasks.counts, leading=lambda: leadership.leading,
                       etcd_up=lambda: not leadership.stale)
-    policy = PolicySetting(cfg.policy, cfg.threshold, store, leadership, locks, events, wakeup)
+    policy = PolicySetting(cfg.policy, cfg.threshold, store, leadership, locks, events, wakeup, cfg.threshold_mode)
     snapshots = SnapshotBuilder(power)
     provider = build_provider(cfg.node_provider, cfg.node_provider_command, events,
                               timeout_s=cfg.node_provider_timeout_s,
@@ -210,7 +212,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
                                  idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
-                                 fit=lambda: snapshots.fit(tasks.tasks.values(), policy.current.threshold),
+                                 fit=lambda: snapshots.fit(tasks.tasks.values(), policy.current.threshold,
+                                                           threshold_mode(policy.current)),
                                  on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s)
@@ -240,6 +243,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
               logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
-              services=services)
+              services=services,
+              admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
+                                  creates_nodes=provider.can_create))
     quarantine.listener = app.on_quarantined
     return app

@@ -11,6 +11,7 @@ from common.config import host_port, load_config, non_negative, option, positive
 from common.errors import ConfigError
 from common.paths import default_state_dir
 from common.tls import tls_files
+from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
 
 __all__ = ["CoordinatorConfig", "check_security", "load"]
 
@@ -61,7 +62,11 @@ class CoordinatorConfig:
     lock_timeout_s: float = option(5.0, "how long drain and policy changes wait for their etcd lock, seconds",
                                    flag="lock_timeout", check=positive)
     policy: str = option("max-utilization", "placement policy at first start", choices=_POLICY_NAMES)
-    threshold: float = option(0.9, "per-dimension utilization cap after placement", check=unit_interval)
+    threshold: float = option(DEFAULT_THRESHOLD, "utilization cap after placement on the dimensions the "
+                              "threshold mode caps", check=unit_interval)
+    threshold_mode: str = option(DEFAULT_THRESHOLD_MODE, "dimensions the threshold caps at first start: "
+                                 "whole-gpus (host CPU, memory, disk and shared GPUs; whole GPUs may fill a node) "
+                                 "or paper (every dimension, GPU count included)", choices=THRESHOLD_MODES)
     gang_topology_label: str = option("rack", "node label whose shared value multi-node tasks prefer (a gang that "
                                       "fits on nodes of one value is kept there; '' turns it off)", metavar="LABEL")
     preemption_protection_s: float = option(120.0, "a task is not preempted again within this many seconds of "

@@ -5,10 +5,10 @@ child processes with state under ``.gptrm/`` in the working directory, waits unt
 local node is visible through the Admin API, prints the gptrmctl commands to try, and on
 Ctrl-C stops the agent, then the coordinator (which stops etcd), in that order.
 
-The one local node is the whole cluster, so the placement threshold starts at 1.0: with the
-production default of 0.9 no more than 7 of its 8 GPUs could ever be reserved (every dimension
-stays ≤ threshold × capacity). Without NVML the agent simulates a whole DGX-like host (8×H100,
-112 cores, 2 TiB), so the printed example runs eight one-GPU tasks side by side.
+The coordinator runs with its production defaults (threshold 0.9 in whole-gpus mode: host CPU,
+memory, disk and shared GPUs are capped, whole GPUs are not), so every GPU of the one local node
+can be reserved. Without NVML the agent simulates a whole DGX-like host (8×H100, 112 cores,
+2 TiB), so the printed example runs eight one-GPU tasks side by side.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
 
 LISTEN = os.environ.get("GPTRM_DEV_LISTEN", "127.0.0.1:7770")
 METRICS = os.environ.get("GPTRM_DEV_METRICS", "127.0.0.1:9470")
-THRESHOLD = "1.0"
 
 
 def _wait_for_node(deadline_s: float) -> str | None:
@@ -52,7 +51,7 @@ def main() -> int:
     started = time.monotonic()
     coord = subprocess.Popen([str(bin_dir / "gptrm-coordinator"), "--listen", LISTEN, "--metrics-listen", METRICS,
                               "--state-dir", str(state / "coordinator"), "--etcd", "embedded",
-                              "--coordinator-id", "dev-coordinator", "--threshold", THRESHOLD, "--insecure"], env=env)
+                              "--coordinator-id", "dev-coordinator", "--insecure"], env=env)
     agent = subprocess.Popen([str(bin_dir / "gptrm-agent"), "--coordinator", LISTEN, "--gpu-backend",
                               os.environ.get("GPTRM_GPU_BACKEND", "auto"), "--state-dir", str(state / "agent"),
                               "--data-paths", str(Path.cwd()), "--insecure"], env=env)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 
 from common.errors import IllegalTransition, NotFound
 from common.logging import get_logger
@@ -96,22 +97,28 @@ class TaskTable:
     # ---- admission and state changes ------------------------------------------------------------
 
     async def submit(self, spec: types_pb2.TaskSpec, request_id: str, *, service_id: str = "",
-                     replica_index: int = 0) -> types_pb2.Task:
+                     replica_index: int = 0, admit: Callable[[types_pb2.Task], None] | None = None) -> types_pb2.Task:
         """Validate, profile and persist a new PENDING task (idempotent per ``request_id``).
 
         ``service_id`` and ``replica_index`` mark a service's replica (``coordinator/adaptor/services.py``).
+        ``admit`` decides whether the profiled task could ever be placed (raising ``PlacementError`` when
+        not); without it only the GPU count per node is checked against the largest known node.
 
         :raises ValidationError: naming the spec field that is wrong.
+        :raises PlacementError: ``admit`` refused it.
         :raises NotLeader: on a standby.
         """
         self._leadership.require_leader()
-        max_gpus = max((len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
+        max_gpus = 0 if admit is not None else max(
+            (len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
         profile = self._profiler.profile(spec)
         validate_profiled_demand(profile.demand)
         task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=profile.to_proto(),
                               reason="waiting for the scheduler", id=f"t-{uuid.uuid4().hex[:10]}",
                               submit_unix_s=time.time(), service_id=service_id, replica_index=replica_index)
+        if admit is not None:
+            admit(task)
         stored = await self._leadership.write(self._store.create_task, task, request_id)
         self.tasks[stored.id] = stored
         if stored.id == task.id:

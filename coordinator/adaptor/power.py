@@ -13,9 +13,9 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
 - **Scale-out**: when the scheduler could not place a pending task (the cycle's rejection hook),
   and the ready nodes cannot hold it but off nodes would (fitting as the placement filter itself
   decides, :class:`~coordinator.scheduler.snapshot.NodeFit`: constraints, every dimension at or under
-  the policy's threshold after placement, GPUs with the memory and share asked for), the off node
-  that adds the least idle power (Alg. 3's measure; fewest GPUs that fit, then node id) goes
-  *powering-on* and the provider is asked to power it on. It is *ready* again when its agent
+  its limit after placement under the policy's threshold and threshold mode, GPUs with the memory and
+  share asked for), the off node that adds the least idle power (Alg. 3's measure; fewest GPUs that
+  fit, then node id) goes *powering-on* and the provider is asked to power it on. It is *ready* again when its agent
   registers; a node that does not register within ``--wake-timeout`` is asked again. A provider
   failure leaves it *off*.
 

@@ -63,6 +63,8 @@ class NodeProvider(Protocol):
     name: str
     can_power: bool
     """Whether power_off/power_on can succeed at all (False: the adaptor never powers nodes down)."""
+    can_create: bool
+    """Whether ``create`` can bring a new node (False: it is at most a recommendation)."""
 
     async def request(self, action: str, node_id: str, reason: str,
                       demand: dict[str, float] | None = None) -> ProviderResult:
@@ -78,6 +80,7 @@ class StaticProvider:
 
     name = "static"
     can_power = False
+    can_create = False
 
     def __init__(self, events: EventBus, missing: Callable[[str, float], None] | None = None) -> None:
         self._events = events
@@ -113,6 +116,7 @@ class CommandProvider:
 
     name = "command"
     can_power = True
+    can_create = True
 
     def __init__(self, command: str, events: EventBus, *, timeout_s: float = 60.0, backoff_s: float = 5.0,
                  backoff_max_s: float = 300.0, now: Callable[[], float] = time.monotonic) -> None:
@@ -190,6 +194,7 @@ class SimulatedProvider:
 
     name = "simulated"
     can_power = True
+    can_create = False
 
     def __init__(self, now: Callable[[], float], *, boot_s: float = 0.0, shutdown_s: float = 0.0) -> None:
         if boot_s < 0 or shutdown_s < 0:

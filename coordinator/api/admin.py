@@ -5,6 +5,7 @@
 - NotLeader → FAILED_PRECONDITION, with the leader's address in trailing metadata
   ``gptrm-leader-address`` so clients can follow it;
 - IllegalTransition / Fenced → FAILED_PRECONDITION;
+- PlacementError (a submitted task no known node could ever hold) → FAILED_PRECONDITION;
 - EtcdUnavailable → UNAVAILABLE;
 - Unavailable (a node's agent not connected) → UNAVAILABLE, with the refusal marker.
 """
@@ -29,6 +30,7 @@ from common.errors import (
     IllegalTransition,
     NotFound,
     NotLeader,
+    PlacementError,
     Unavailable,
     ValidationError,
 )
@@ -40,6 +42,7 @@ from coordinator.api.pages import paginate
 from coordinator.app import VERSION, App
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
+from coordinator.scheduler.policy import threshold_mode
 
 __all__ = ["AdminService", "not_leader_message"]
 
@@ -84,7 +87,7 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         except Fenced as e:   # the lease was lost during the write: nothing applied, retry on the new leader
             context.set_trailing_metadata(((NOT_LEADER_METADATA_KEY, "1"),))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except IllegalTransition as e:
+        except (IllegalTransition, PlacementError) as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except EtcdUnavailable as e:
             # UNAVAILABLE also means "no connection" to a client; the marker says this
@@ -182,7 +185,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             tasks_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(app.tasks.counts().items())],
             objectives=admin_pb2.ClusterObjectives(util_mean=o.util_mean, util_std=o.util_std, power_w=o.power_w,
                                                    gpu_mem_util=o.gpu_mem_util, energy_j=o.energy_j),
-            policy=app.policy.current, gpus_total=gpus_total, gpus_allocated=gpus_alloc,
+            policy=_with_mode(app.policy.current), gpus_total=gpus_total, gpus_allocated=gpus_alloc,
             insecure=app.cfg.insecure, auth=self.auth_mode,
             quarantined_keys=app.store.quarantined_keys,
             telemetry_rejected_total=sum(app.monitor.rejected.values()),
@@ -256,7 +259,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("spec", "is required")
         if len(request.request_id) > 128:
             raise ValidationError("request_id", "longer than 128 characters")
-        return await self._app.tasks.submit(request.spec, request.request_id)
+        # The door: a task no known node could hold even empty is refused, unless the operator queues it anyway.
+        admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
+        return await self._app.tasks.submit(request.spec, request.request_id, admit=admit)
 
     @_rpc
     async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
@@ -294,17 +299,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     @_rpc
     async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: Ctx) -> types_pb2.Policy:
-        return self._app.policy.current
+        return _with_mode(self._app.policy.current)
 
     @_rpc
     async def SetPolicy(self, request: types_pb2.Policy, context: Ctx) -> types_pb2.Policy:
         if not request.name:
             raise ValidationError("name", "must not be empty")
-        # 0 on the wire means "keep the current threshold" (proto3 has no presence for it).
-        threshold = request.threshold or self._app.policy.current.threshold
+        # 0 on the wire means "keep the current threshold", "" "keep the current mode" (proto3 has no presence).
+        current = self._app.policy.current
+        threshold = request.threshold or current.threshold
         if not math.isfinite(threshold) or not MIN_POLICY_THRESHOLD <= threshold <= 1:
             raise ValidationError("threshold", f"must be in [{MIN_POLICY_THRESHOLD}, 1], got {request.threshold}")
-        return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold))
+        mode = request.threshold_mode or threshold_mode(current)
+        return await self._app.policy.set(types_pb2.Policy(name=request.name, threshold=threshold,
+                                                           threshold_mode=mode))
 
     @_rpc
     async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
@@ -366,6 +374,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except Unavailable as e:
             context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
+
+def _with_mode(policy: types_pb2.Policy) -> types_pb2.Policy:
+    """The policy with its threshold mode spelt out (a record from before modes has none: the default)."""
+    if policy.threshold_mode:
+        return policy
+    shown = types_pb2.Policy()
+    shown.CopyFrom(policy)
+    shown.threshold_mode = threshold_mode(policy)
+    return shown
 
 
 def _event_pb(e: Event) -> admin_pb2.Event:

@@ -132,6 +132,13 @@ def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
 
 
+def threshold_rule(p: Mapping[str, Any]) -> str:
+    """What the threshold caps, in words, from a policy document."""
+    if p.get("threshold_mode") == "paper":
+        return "paper: caps every dimension, GPU count included"
+    return "whole-gpus: caps host CPU, memory, disk and shared GPUs; whole GPUs may fill a node"
+
+
 def status_text(d: Mapping[str, Any]) -> str:
     """``gptrmctl status``."""
     o, p = d["objectives"], d["policy"]
@@ -140,7 +147,7 @@ def status_text(d: Mapping[str, Any]) -> str:
         f"coordinator   {escape(d['coordinator_id'])} ({role}){' [stale]' if d['stale'] else ''}",
         f"leader        {escape(d['leader_id'] or '-')} at {d['leader_address'] or '-'} (epoch {d['leader_epoch']})",
         f"uptime        {fmt_duration(d['uptime_s'])}",
-        f"policy        {escape(p['name'])} (threshold {p['threshold']:.2f})",
+        f"policy        {escape(p['name'])} (threshold {p['threshold']:.2f}, {threshold_rule(p)})",
         f"nodes         {escape(_counts(d['nodes_by_state']))}",
         f"tasks         {escape(_counts(d['tasks_by_state']))}",
         f"gpus          {d['gpus_allocated']}/{d['gpus_total']} allocated",

@@ -13,7 +13,7 @@ import grpc
 
 from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from common.types import MIN_POLICY_THRESHOLD
+from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
@@ -171,7 +171,8 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
         _out(args, d, f"service {svc.id} submitted ({svc.desired} replica(s), {svc.spec.service.min_replicas}.."
                       f"{svc.spec.service.max_replicas}); see gptrmctl tasks {svc.id}")
         return 0
-    task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id), write=True)
+    task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id,
+                                                            queue_unplaceable=args.queue_unplaceable), write=True)
     d = render.task_dict(task)
     if not args.wait:
         _out(args, d, f"task {task.id} submitted ({d['state']})")
@@ -240,8 +241,11 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
         # is refused here; the coordinator refuses the rest of what is outside [MIN, 1].
         if args.threshold is not None and not (math.isfinite(args.threshold) and args.threshold > 0):
             raise UsageError(f"--threshold: must be in [{MIN_POLICY_THRESHOLD}, 1], got {args.threshold}")
-        p = t.call("SetPolicy", types_pb2.Policy(name=args.name, threshold=args.threshold or 0.0), write=True)
-    _out(args, render.policy_dict(p), f"policy {p.name} threshold {p.threshold:.2f}")
+        p = t.call("SetPolicy", types_pb2.Policy(name=args.name, threshold=args.threshold or 0.0,
+                                                 threshold_mode=args.threshold_mode or ""), write=True)
+    d = render.policy_dict(p)
+    _out(args, d, f"policy {p.name} threshold {p.threshold:.2f} threshold-mode {d['threshold_mode']} "
+                  f"({human.threshold_rule(d)})")
 
 
 def cmd_events(t: Transport, args: argparse.Namespace) -> None:
@@ -364,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     ps = psub.add_parser("set")
     ps.add_argument("name")
     ps.add_argument("--threshold", type=float)
+    ps.add_argument("--threshold-mode", choices=THRESHOLD_MODES,
+                    help="whole-gpus: the threshold caps host CPU, memory, disk and shared GPUs, whole GPUs may fill "
+                         "a node; paper: it caps every dimension, GPU count included (default: keep the current)")
     sp.set_defaults(fn=cmd_policy)
     sp = sub.add_parser("events", help="cluster events")
     sp.add_argument("--follow", "-f", action="store_true")

@@ -11,7 +11,7 @@ from typing import Any
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.power_states import power_label
 from common.topology import format_cpu_list, link_code
-from common.types import TERMINAL_STATES
+from common.types import DEFAULT_THRESHOLD_MODE, TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 
 __all__ = ["dump_json", "enum_label", "event_dict", "log_chunk_dict", "node_dict", "policy_dict", "status_dict",
@@ -50,7 +50,7 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
         "gpus_total": s.gpus_total,
         "gpus_allocated": s.gpus_allocated,
         "objectives": proto_dict(s.objectives),
-        "policy": {"name": s.policy.name, "threshold": s.policy.threshold},
+        "policy": policy_dict(s.policy),
         "insecure": s.insecure,
         "auth": s.auth,
         "quarantined_keys": list(s.quarantined_keys),
@@ -199,7 +199,7 @@ def event_dict(e: admin_pb2.Event) -> dict[str, Any]:
 
 def policy_dict(p: types_pb2.Policy) -> dict[str, Any]:
     """The policy document (schema ``policy.json``)."""
-    return {"name": p.name, "threshold": p.threshold}
+    return {"name": p.name, "threshold": p.threshold, "threshold_mode": p.threshold_mode or DEFAULT_THRESHOLD_MODE}
 
 
 def log_chunk_dict(c: admin_pb2.TaskLogChunk) -> dict[str, Any]:

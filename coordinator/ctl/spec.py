@@ -44,6 +44,9 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, help="restarts allowed by the restart policy (default 3, at most 1000)")
     p.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL on stop")
     p.add_argument("--request-id", help="idempotency key (a retried submit returns the same task)")
+    p.add_argument("--queue-unplaceable", action="store_true",
+                   help="queue the task even when no known node could hold it empty (it waits for such a node); "
+                        "without it such a task is refused")
     p.add_argument("--wait", action="store_true",
                    help="follow the task to its final state (progress on stderr) and exit with its exit code")
     q = p.add_argument_group("QoS")

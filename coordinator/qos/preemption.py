@@ -44,6 +44,7 @@ from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.scheduler.placement import PlacementEngine
+from coordinator.scheduler.policies import DEFAULT_THRESHOLD_MODE
 from coordinator.scheduler.queue import request_for
 from coordinator.scheduler.snapshot import SnapshotBuilder
 
@@ -173,9 +174,10 @@ class _Fit:
 
     policy: str
     threshold: float
+    mode: str = DEFAULT_THRESHOLD_MODE
 
     def __call__(self, snapshot: ClusterSnapshot, request: Request) -> bool:
-        engine = PlacementEngine.from_name(snapshot, self.policy, threshold=self.threshold)
+        engine = PlacementEngine.from_name(snapshot, self.policy, threshold=self.threshold, mode=self.mode)
         return isinstance(engine.place(request), Placement)
 
 
@@ -337,7 +339,8 @@ class Preemptor:
                       if t.state in _VICTIM_STATES and _preemptible(t)), default=None)
         return lowest is not None and any(t.spec.priority > lowest for t in rejected)
 
-    async def after_rejections(self, rejected: Sequence[types_pb2.Task], policy: str, threshold: float) -> bool:
+    async def after_rejections(self, rejected: Sequence[types_pb2.Task], policy: str, threshold: float,
+                               mode: str = DEFAULT_THRESHOLD_MODE) -> bool:
         """Preempt for the highest-priority rejected task that strictly-lower-priority work blocks (one per
         cycle); True when victims are being stopped for it."""
         claims = self._live_claims()
@@ -347,7 +350,7 @@ class Preemptor:
         # What PREEMPTED tasks hold is on its way back: plan as if it were free already.
         snapshot = release_tasks(self._snapshots.snapshot(tasks, self._registry),
                                  (t for t in tasks if t.state == TaskState.PREEMPTED))
-        fits = _Fit(policy, threshold)
+        fits = _Fit(policy, threshold, mode)
         for task in sorted(rejected, key=lambda t: (-t.spec.priority, t.submit_unix_s)):
             if task.id in claims:
                 continue

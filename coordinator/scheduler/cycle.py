@@ -41,7 +41,7 @@ from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.profiler import Profiler
 from coordinator.scheduler.placement import PlacementEngine
-from coordinator.scheduler.policy import PolicySetting
+from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
@@ -123,7 +123,7 @@ class SchedulerCycle:
             r = e.record.reserved
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
                           r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
-        return policy.name, policy.threshold, tasks, tuple(nodes)
+        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes)
 
     async def cycle(self) -> int:
         """One scheduling cycle; returns the number of placements committed.
@@ -150,7 +150,8 @@ class SchedulerCycle:
         requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
         snapshot = self._snapshots.snapshot(self._tasks.tasks.values(), self._registry)
         policy = self._policy.current
-        engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold,
+        mode = threshold_mode(policy)
+        engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold, mode=mode,
                                            gang_label=self._gang_label)
         decisions = engine.place_batch(requests)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
@@ -167,7 +168,7 @@ class SchedulerCycle:
                 rejected.append(task)
         committed = await self._commit(commits) if commits else 0
         preempted = bool(rejected) and await self._preemptor.after_rejections(rejected, policy.name,
-                                                                              policy.threshold)
+                                                                              policy.threshold, mode)
         self._metrics.sched_latency.observe(time.perf_counter() - started)
         self.cycles += 1
         if not commits and not preempted:

@@ -1,4 +1,4 @@
-"""The placement policy in force: which of the registered policies, and its threshold."""
+"""The placement policy in force: which of the registered policies, its threshold and threshold mode."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.types import MIN_POLICY_THRESHOLD
 from coordinator.events import EventBus
-from coordinator.scheduler.policies import POLICIES
+from coordinator.scheduler.policies import DEFAULT_THRESHOLD_MODE, POLICIES, THRESHOLD_MODES
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
 from coordinator.sync.store import Store
 
-__all__ = ["PolicySetting"]
+__all__ = ["PolicySetting", "threshold_mode"]
+
+
+def threshold_mode(policy: types_pb2.Policy) -> str:
+    """The threshold mode a policy record means ("" — a record written before modes existed — is the default).
+
+    :param policy: a policy record.
+    :returns: one of ``THRESHOLD_MODES``.
+    """
+    return policy.threshold_mode or DEFAULT_THRESHOLD_MODE
 
 
 class PolicySetting:
@@ -30,6 +39,7 @@ class PolicySetting:
 
     :param name: the policy at start-up, until etcd holds one.
     :param threshold: its threshold.
+    :param mode: its threshold mode.
     :param store: the fenced etcd store.
     :param leadership: leader check and fenced writes.
     :param locks: the admin locks.
@@ -38,16 +48,19 @@ class PolicySetting:
     """
 
     def __init__(self, name: str, threshold: float, store: Store, leadership: Leadership, locks: AdminLocks,
-                 events: EventBus, wakeup: Wakeup) -> None:
-        self.current = types_pb2.Policy(name=name, threshold=threshold)
+                 events: EventBus, wakeup: Wakeup, mode: str = DEFAULT_THRESHOLD_MODE) -> None:
+        self.current = types_pb2.Policy(name=name, threshold=threshold, threshold_mode=mode)
         self._store, self._leadership, self._locks = store, leadership, locks
         self._events, self._wakeup = events, wakeup
 
     @staticmethod
     def validate(policy: types_pb2.Policy) -> None:
-        """:raises ValidationError: the name is not a registered policy."""
+        """:raises ValidationError: the name is not a registered policy, or the threshold mode is unknown."""
         if policy.name not in POLICIES:
             raise ValidationError("name", f"unknown policy {policy.name!r} (known: {', '.join(sorted(POLICIES))})")
+        if policy.threshold_mode and policy.threshold_mode not in THRESHOLD_MODES:
+            raise ValidationError("threshold_mode", f"must be one of {', '.join(THRESHOLD_MODES)}, "
+                                                    f"got {policy.threshold_mode!r}")
 
     @classmethod
     def check_stored(cls, policy: types_pb2.Policy) -> None:
@@ -72,8 +85,9 @@ class PolicySetting:
         async with self._locks.hold("policy"):
             await self._leadership.write(self._store.put_policy, policy)
         self.current = policy
-        self._events.publish("policy", f"policy {policy.name} threshold {policy.threshold:.2f}",
-                             policy=policy.name, threshold=policy.threshold)
+        mode = threshold_mode(policy)
+        self._events.publish("policy", f"policy {policy.name} threshold {policy.threshold:.2f} ({mode})",
+                             policy=policy.name, threshold=policy.threshold, threshold_mode=mode)
         self._wakeup.set()
         return policy
 

@@ -18,7 +18,7 @@ from common.types import TERMINAL_STATES
 from coordinator.allocator.reservations import gpu_usage
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.power_model import PowerModel
-from coordinator.scheduler.policies.base import feasible
+from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, feasible
 from coordinator.scheduler.queue import request_for
 
 __all__ = ["NodeFit", "SnapshotBuilder"]
@@ -39,8 +39,8 @@ def _holdings(tasks: Iterable[types_pb2.Task]) -> _Holdings:
 
 class NodeFit:
     """Whether one node could take a task's one-node share now, by the placement filter itself
-    (:func:`~coordinator.scheduler.policies.base.feasible`: constraints, every dimension at or under the
-    threshold after placement, free GPUs with the memory and share asked for), whatever the node's power
+    (:func:`~coordinator.scheduler.policies.base.feasible`: constraints, every dimension at or under its
+    limit after placement, free GPUs with the memory and share asked for), whatever the node's power
     state or schedulability: the question the Resource Adaptor asks before it keeps an idle node on or
     wakes an off one.
 
@@ -52,11 +52,12 @@ class NodeFit:
     :param node: the node as placement would see it, schedulable (an off node holding nothing).
     :param request: a task's placement request.
     :param threshold: the policy's threshold.
+    :param mode: the policy's threshold mode.
     """
 
     def __init__(self, node: Callable[[NodeEntry], NodeSnapshot], request: Callable[[types_pb2.Task], Request],
-                 threshold: float) -> None:
-        self._node, self._request, self._threshold = node, request, threshold
+                 threshold: float, mode: str = DEFAULT_THRESHOLD_MODE) -> None:
+        self._node, self._request, self._threshold, self._mode = node, request, threshold, mode
         self._views: dict[str, NodeSnapshot] = {}
         self._by_shape: dict[tuple[object, ...], tuple[Callable[[NodeEntry], bool], dict[str, bool]]] = {}
 
@@ -80,7 +81,7 @@ class NodeFit:
                 view = self._views.get(entry.node_id)
                 if view is None:
                     view = self._views[entry.node_id] = self._node(entry)
-                answer = answers[entry.node_id] = feasible(req, view, self._threshold) is None
+                answer = answers[entry.node_id] = feasible(req, view, self._threshold, self._mode) is None
             return answer
 
         self._by_shape[shape] = (fits, answers)
@@ -133,12 +134,13 @@ class SnapshotBuilder:
                       for e in sorted(registry, key=lambda e: e.node_id) if schedulable(e))
         return ClusterSnapshot(nodes=nodes, taken_at_s=time.time())
 
-    def fit(self, tasks: Iterable[types_pb2.Task], threshold: float) -> NodeFit:
+    def fit(self, tasks: Iterable[types_pb2.Task], threshold: float, mode: str = DEFAULT_THRESHOLD_MODE) -> NodeFit:
         """A :class:`NodeFit` over the leader's tables now: a node as this cycle's snapshot would show it
         if it were schedulable; an off node holds nothing.
 
         :param tasks: every task (live allocations are what nodes hold).
         :param threshold: the policy's threshold now.
+        :param mode: the policy's threshold mode now.
         """
         holdings = _holdings(tasks)
 
@@ -146,7 +148,16 @@ class SnapshotBuilder:
             off = power_label(entry.record.power_state) == "off"
             return self._view(entry, None if off else holdings.get(entry.node_id), empty=off)
 
-        return NodeFit(node, request_for, threshold)
+        return NodeFit(node, request_for, threshold, mode)
+
+    def empty_nodes(self, registry: NodeRegistry) -> list[NodeSnapshot]:
+        """Every known node (ready, off, cordoned, draining, lost) as placement would see it empty and schedulable,
+        in node-id order: what could hold a task if everything on it ended and it came back.
+
+        :param registry: the leader's node table.
+        :returns: one snapshot per node.
+        """
+        return [self._view(e, None, empty=True) for e in sorted(registry, key=lambda e: e.node_id)]
 
     def _view(self, e: NodeEntry, held: list[tuple[list[int], int, float]] | None, *,
               empty: bool = False) -> NodeSnapshot:

@@ -28,6 +28,7 @@ from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import SimulatedProvider
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE
 from coordinator.scheduler.snapshot import NodeFit
 
 __all__ = ["SimAdaptor"]
@@ -76,6 +77,7 @@ class SimAdaptor:
     :param now: the simulator's virtual clock.
     :param current: node ``i`` as the placement engine holds it now (what it holds), in the same order.
     :param threshold: the policy's threshold (the placement filter's, for :class:`NodeFit`).
+    :param threshold_mode: the policy's threshold mode.
     :param power_down_after_s: ``--power-down-after`` (> 0).
     :param spare_nodes: ``--spare-nodes``.
     :param boot_s: virtual seconds from power-on until a node's agent registers.
@@ -83,7 +85,8 @@ class SimAdaptor:
     """
 
     def __init__(self, nodes: Sequence[NodeSnapshot], now: Callable[[], float],
-                 current: Callable[[int], NodeSnapshot], threshold: float, *, power_down_after_s: float,
+                 current: Callable[[int], NodeSnapshot], threshold: float, *,
+                 threshold_mode: str = DEFAULT_THRESHOLD_MODE, power_down_after_s: float,
                  spare_nodes: int = 1, boot_s: float = 0.0, wake_timeout_s: float = 600.0) -> None:
         self._now = now
         self.registry = NodeRegistry(heartbeat_interval_s=float("inf"), lost_grace_s=float("inf"), now=now)
@@ -114,7 +117,7 @@ class SimAdaptor:
         # nothing: its jobs ended before it was powered off); kept across steps, a node forgotten
         # whenever a job is placed on it or leaves it.
         self._fit = NodeFit(lambda e: replace(current(self._index[e.node_id]), schedulable=True),
-                            lambda task: self._requests[task.id], threshold)
+                            lambda task: self._requests[task.id], threshold, threshold_mode)
 
     def _changed(self) -> None:
         self.changed = True

@@ -34,6 +34,7 @@ from typing import Any
 from common.domain import ClusterSnapshot
 from common.errors import GptrmError
 from common.logging import configure_logging
+from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, limit_factors
 from coordinator.simulator.engine import SimConfig
 from coordinator.simulator.metrics import JobRecord
 from coordinator.simulator.replay import ProgressBar, ReplaySetup, load, run_policies
@@ -93,26 +94,30 @@ def _lower(value: float, base: float) -> float:
     return (base - value) / base if base else 0.0
 
 
-def floors(cluster: ClusterSnapshot, jobs: Sequence[JobRecord], threshold: float) -> dict[str, float]:
+def floors(cluster: ClusterSnapshot, jobs: Sequence[JobRecord], threshold: float,
+           mode: str = DEFAULT_THRESHOLD_MODE) -> dict[str, float]:
     """Lower bounds of active node-hours and energy that hold for every placement of these jobs.
 
     Every job's GPU-seconds must run somewhere, and a powered node of ``c`` GPUs carries at most
-    ``threshold × c`` busy GPUs (the placement filter's cap). So node-hours ≥ GPU-hours / the largest
-    such carry, and energy ≥ GPU-hours × the least ``idle / (threshold × c) + dynamic / c`` of any node
+    ``f × c`` busy GPUs (the placement filter's cap: ``f`` is the GPU count's limit factor, the threshold
+    in paper mode, 1 in whole-gpus mode). So node-hours ≥ GPU-hours / the largest such carry, and
+    energy ≥ GPU-hours × the least ``idle / (f × c) + dynamic / c`` of any node
     (its idle power spread over as many busy GPUs as it may carry, plus a busy GPU's dynamic power).
     Booting, idle and spare nodes only add to both.
 
     :param cluster: the replayed nodes.
     :param jobs: one run's finished jobs (the work is the same in every run whose jobs all finished).
     :param threshold: the policies' threshold.
+    :param mode: the policies' threshold mode.
     :returns: ``gpu_hours``, ``active_node_hours``, ``energy_kwh``.
     """
     gpu_hours = sum(j.gpus * (j.end_s - j.start_s) for j in jobs) / 3600.0
     gpu_nodes = [n for n in cluster.nodes if n.capacity.gpus > 0]
     if not gpu_nodes:
         return {"gpu_hours": gpu_hours, "active_node_hours": 0.0, "energy_kwh": 0.0}
-    carry = max(threshold * n.capacity.gpus for n in gpu_nodes)
-    per_gpu_w = min(n.power.idle_w / (threshold * n.capacity.gpus) + (n.power.max_w - n.power.idle_w) / n.capacity.gpus
+    f = limit_factors(threshold, mode, shared=False)[0]
+    carry = max(f * n.capacity.gpus for n in gpu_nodes)
+    per_gpu_w = min(n.power.idle_w / (f * n.capacity.gpus) + (n.power.max_w - n.power.idle_w) / n.capacity.gpus
                     for n in gpu_nodes)
     return {"gpu_hours": gpu_hours, "active_node_hours": gpu_hours / carry,
             "energy_kwh": gpu_hours * per_gpu_w / 1000.0}
@@ -176,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"adaptor_report: {e}", file=sys.stderr)
         return 2
     results = {name: r.metrics for name, r in runs.items()}
-    floor = (floors(cluster, runs[RR_PD].jobs, configs[0].threshold)
+    floor = (floors(cluster, runs[RR_PD].jobs, configs[0].threshold, configs[0].threshold_mode)
              if not results[RR_PD].get("unplaced_jobs") else None)
     floor_line = ([] if floor is None else [
         f"Floor for any placement ({floor['gpu_hours']:,.0f} GPU-hours of work on never-idle nodes): "

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import GptrmError, UsageError
+from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
 from coordinator.simulator.node_defaults import NodeDefaults
 
 if TYPE_CHECKING:
@@ -43,8 +44,12 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", required=True, type=Path, help="nodes CSV")
     p.add_argument("--nodes-limit", type=int, help="replay on N nodes, evenly spaced in file order")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")
-    p.add_argument("--threshold", type=float, default=1.0,
-                   help="cap on each dimension's utilization after placement (default 1.0: whole trace GPUs)")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help=f"cap on the capped dimensions' utilization after placement (default {DEFAULT_THRESHOLD:g}, "
+                        "the coordinator's)")
+    p.add_argument("--threshold-mode", choices=THRESHOLD_MODES, default=DEFAULT_THRESHOLD_MODE,
+                   help="whole-gpus (default, the coordinator's): the threshold caps host CPU, memory, disk and shared "
+                        "GPUs, whole GPUs may fill a node; paper: it caps every dimension, GPU count included")
     p.add_argument("--power-down-after", type=float, metavar="SECONDS",
                    help="run the Resource Adaptor: power nodes idle this long down, wake them for waiting jobs")
     p.add_argument("--spare-nodes", type=int, default=1, metavar="N",
@@ -122,7 +127,8 @@ def _configs(args: argparse.Namespace, names: Sequence[str], last_submit_s: floa
     try:
         return [
             SimConfig(
-                policy=name, threshold=args.threshold, seed=args.seed, power_down_after_s=args.power_down_after,
+                policy=name, threshold=args.threshold, threshold_mode=args.threshold_mode, seed=args.seed,
+                power_down_after_s=args.power_down_after,
                 wake_delay_s=args.wake_delay, spare_nodes=args.spare_nodes, keep_order=args.keep_order,
                 exact_batches=args.exact_batches, measure_until_s=until, keep_series=not args.no_plots,
             )
@@ -182,7 +188,8 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
     notes = [
         f"- jobs: `{args.jobs}` ({len(jobs):,} replayed); nodes: `{args.nodes}`, {len(cluster.nodes)} nodes, "
         f"{gpus:g} GPUs" + (f" (limit {args.nodes_limit}, evenly spaced)" if args.nodes_limit else ""),
-        f"- threshold {args.threshold:g}; power-down after {args.power_down_after}s; wake delay {args.wake_delay:g}s; "
+        f"- threshold {args.threshold:g} ({args.threshold_mode}); power-down after {args.power_down_after}s; "
+        f"wake delay {args.wake_delay:g}s; "
         f"spare nodes {args.spare_nodes}; keep order {args.keep_order}; seed {args.seed}",
     ]
     write_outputs(args.out, results, title="Trace replay", notes=notes, plots=not args.no_plots)

@@ -45,6 +45,7 @@ from common.domain import ClusterSnapshot, Placement, Request, queue_key
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import build as build_policy
 from coordinator.scheduler.policies import time_aware
+from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE
 from coordinator.simulator.adaptor_driver import SimAdaptor
 from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, summarize_jobs
 
@@ -79,8 +80,10 @@ class SimConfig:
     """How to replay.
 
     :param policy: policy name from :data:`coordinator.scheduler.policies.POLICIES`.
-    :param threshold: cap on each dimension's utilization after placement, in (0, 1]. 1.0 by
-        default: at 0.9 an 8-GPU server could never take an 8-GPU trace job.
+    :param threshold: cap on the capped dimensions' utilization after placement, in (0, 1]; the
+        coordinator's default.
+    :param threshold_mode: which dimensions it caps (``whole-gpus``, the coordinator's default, lets a
+        trace job take every GPU of a server; ``paper`` caps every dimension).
     :param seed: seed for the ``random`` policy.
     :param power_down_after_s: the adaptor powers a node down after this long without work (None: every
         node stays on).
@@ -96,7 +99,8 @@ class SimConfig:
     """
 
     policy: str
-    threshold: float = 1.0
+    threshold: float = DEFAULT_THRESHOLD
+    threshold_mode: str = DEFAULT_THRESHOLD_MODE
     seed: int = 0
     power_down_after_s: float | None = None
     wake_delay_s: float = 0.0
@@ -159,9 +163,9 @@ class Simulator:
         self.now = min((j.request.submit_s for j in self.jobs), default=0.0)
         if config.policy == time_aware.NAME:
             # Expected run times come from the trace; the policy reads the virtual clock.
-            policy = time_aware.build(config.threshold, now=lambda: self.now)
+            policy = time_aware.build(config.threshold, mode=config.threshold_mode, now=lambda: self.now)
         else:
-            policy = build_policy(config.policy, config.threshold, seed=config.seed)
+            policy = build_policy(config.policy, config.threshold, seed=config.seed, mode=config.threshold_mode)
         self.engine = PlacementEngine(cluster, policy)
         nodes = cluster.nodes
         self.index = {node.node_id: i for i, node in enumerate(nodes)}
@@ -174,6 +178,7 @@ class Simulator:
         self.adaptor: SimAdaptor | None = None
         if config.power_down_after_s is not None:
             self.adaptor = SimAdaptor(nodes, lambda: self.now, lambda i: self.engine.node_snapshot(i), config.threshold,
+                                      threshold_mode=config.threshold_mode,
                                       power_down_after_s=config.power_down_after_s,
                                       spare_nodes=config.spare_nodes, boot_s=config.wake_delay_s,
                                       wake_timeout_s=max(600.0, 2 * config.wake_delay_s))

@@ -63,7 +63,7 @@ class SimPreemption:
     def __init__(self, sim: Simulator, protection_s: float) -> None:
         self.sim = sim
         self.protection_s = protection_s
-        self.fits = Fits(sim.config.policy, sim.config.threshold)
+        self.fits = Fits(sim.config.policy, sim.config.threshold, sim.config.threshold_mode)
         self.count: Counter[int] = Counter()         # job index → times preempted
         self.lost_run_s: Counter[int] = Counter()    # job index → run time lost to preemptions
         self.last_s: dict[int, float] = {}           # job index → when it was last preempted

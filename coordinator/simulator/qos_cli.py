@@ -37,7 +37,7 @@ def run_qos(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequence[S
     gpus = sum(n.capacity.gpus for n in cluster.nodes)
     note = (f"jobs: {args.jobs} ({len(jobs):,} replayed); nodes: {args.nodes}, {len(cluster.nodes)} nodes, "
             f"{gpus:g} GPUs{f' (limit {args.nodes_limit}, evenly spaced)' if args.nodes_limit else ''}; "
-            f"threshold {args.threshold:g}\n")
+            f"threshold {args.threshold:g} ({args.threshold_mode})\n")
     table = qos_table(runs, jobs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "qos.md").write_text(f"# Priorities and preemption\n\n{note}\n{table}", encoding="utf-8")

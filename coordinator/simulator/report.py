@@ -149,9 +149,11 @@ def run_study(study: Study, traces: Path, out: Path, *, plots: bool = True) -> d
 def _describe(config: SimConfig) -> str:
     """The variant's settings in words."""
     if config.power_down_after_s is None:
-        return "threshold 1.0, every node always on, paper order (Alg. 1-3 largest request first)"
+        return (f"threshold {config.threshold:g} ({config.threshold_mode}), every node always on, paper order "
+                "(Alg. 1-3 largest request first)")
     return (
-        f"threshold 1.0, idle nodes off after {config.power_down_after_s:g} s (wake-up {config.wake_delay_s:g} s), "
+        f"threshold {config.threshold:g} ({config.threshold_mode}), idle nodes off after "
+        f"{config.power_down_after_s:g} s (wake-up {config.wake_delay_s:g} s), "
         f"Resource Adaptor with {config.spare_nodes} spare node(s), queue order in every pass {config.keep_order}"
     )
 

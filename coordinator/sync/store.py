@@ -11,7 +11,7 @@ from typing import TypeVar
 from common.errors import IllegalTransition, NotFound
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
+from common.types import DEFAULT_THRESHOLD_MODE, TaskState
 from coordinator.sync import _records as rec
 from coordinator.sync._fenced import FencedWriter
 from coordinator.sync._kv import KV
@@ -387,7 +387,8 @@ class Store:
     def put_policy(self, policy: types_pb2.Policy) -> None:
         """Store the placement policy (fenced)."""
         self._writer.write([], [op_put(self._keys.policy, policy.SerializeToString())])
-        self._log.info("policy_stored", policy=policy.name, threshold=policy.threshold)
+        self._log.info("policy_stored", policy=policy.name, threshold=policy.threshold,
+                       threshold_mode=policy.threshold_mode or DEFAULT_THRESHOLD_MODE)
 
     def load_all(self) -> StoredState:
         """Nodes, tasks (with revisions), allocations and policy, all read at one revision.

@@ -147,7 +147,7 @@ def random_requests(rng: random.Random, n: int, *, gang: bool = True) -> list[Re
 
 
 def table_cluster() -> ClusterSnapshot:
-    """The small fixed cluster of the policy tables (threshold 0.9 everywhere).
+    """The small fixed cluster of the policy tables (threshold 0.9 in paper mode everywhere).
 
     ======  =====  ====  ======  ================  =====================
     node    GPUs   used  util    curve (idle/max)  slope = max - idle
@@ -175,7 +175,7 @@ def place_one(policy: str, gpus: float, *, seed: int = 0, cluster: ClusterSnapsh
     from common.domain import Placement
     from coordinator.scheduler.placement.engine import PlacementEngine
 
-    engine = PlacementEngine.from_name(cluster or table_cluster(), policy, 0.9, seed=seed)
+    engine = PlacementEngine.from_name(cluster or table_cluster(), policy, 0.9, seed=seed, mode="paper")
     decision = engine.place(make_request("t", gpus=gpus, cpu=1.0, mem_gib=1))
     return decision.node_ids[0] if isinstance(decision, Placement) else None
 
@@ -185,7 +185,7 @@ def sequence(policy: str, gpus: list[float], *, seed: int = 0, cluster: ClusterS
     from common.domain import Placement
     from coordinator.scheduler.placement.engine import PlacementEngine
 
-    engine = PlacementEngine.from_name(cluster or table_cluster(), policy, 0.9, seed=seed)
+    engine = PlacementEngine.from_name(cluster or table_cluster(), policy, 0.9, seed=seed, mode="paper")
     out = []
     for k, g in enumerate(gpus):
         decision = engine.place(make_request(f"t{k}", gpus=g, cpu=1.0, mem_gib=1))

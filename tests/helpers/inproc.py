@@ -42,10 +42,10 @@ async def until(check: Callable[[], Any], timeout_s: float = 15.0) -> None:
 
 async def run_leading(endpoints: list[str], prefix: str, scenario: Callable[[App], Awaitable[None]],
                       **cfg: Any) -> None:
-    """Build the app (threshold 1, a long task grace, then ``cfg``), wait until it leads, run ``scenario``,
+    """Build the app (a long task grace, then ``cfg``), wait until it leads, run ``scenario``,
     then stop its background work and resign."""
     client = connect(endpoints, 2.0)
-    settings: dict[str, Any] = {"threshold": 1.0, "task_grace_s": 3600.0, **cfg}
+    settings: dict[str, Any] = {"task_grace_s": 3600.0, **cfg}
     app = build(CoordinatorConfig(etcd_prefix=prefix, **settings), client)
     background = app.start(asyncio.get_running_loop())
     try:

@@ -100,7 +100,8 @@ class TestHumanOutput:
         assert "demand        1 GPU × 10.0 GiB, 0.1 cores, 0 B memory" in text
         assert "kind          unspecified (profiled as inference)" in text
         assert "\x1b" not in text and "evil\\x1b[31mred" in text
-        big = _submit(cluster, "--name", "big", "--gpus", "1", "--cpu", "1000", "--", "sleep", "30")
+        big = _submit(cluster, "--queue-unplaceable", "--name", "big", "--gpus", "1", "--cpu", "1000", "--",
+                      "sleep", "30")
         wait_until(lambda: _json(cluster, "tasks", big["task_id"])["reason"], what="a pending reason")
         table = cluster.ctl("tasks").stdout
         [line] = [ln for ln in table.splitlines() if ln.startswith(big["task_id"])]

@@ -50,7 +50,7 @@ class TestPreemption:
     def test_high_priority_task_preempts_two_victims_which_run_again(self, cluster: Cluster, tmp_path: Path) -> None:
         """A priority-10 two-GPU task preempts both priority-0 tasks (signalled, preempted, pending) and they run
         again once it finished."""
-        cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
+        cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         victims, markers = _two_running_victims(cluster, tmp_path)
         submitted = {v: _task(cluster, v)["submit_unix_s"] for v in victims}
@@ -77,7 +77,7 @@ class TestPreemption:
 
     def test_equal_priority_waits(self, cluster: Cluster, tmp_path: Path) -> None:
         """A task of the same priority as the running ones waits instead of preempting them."""
-        cluster.start_coordinator("c1", "--threshold", "1")   # both GPUs of the node may be used
+        cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         victims, markers = _two_running_victims(cluster, tmp_path)
         same = _submit(cluster, "--name", "same", "--priority", "0", "--gpus", "2", "--gpu-mem-gib", "10",
@@ -92,7 +92,7 @@ class TestPreemption:
     def test_leader_killed_right_after_submit(self, cluster: Cluster, tmp_path: Path) -> None:
         """With the leader killed (-9) right after the submit the end state is the same: victims signalled,
         preempted, pending, the urgent task runs then both run again; no GPU held twice, no task lost."""
-        flags = ("--threshold", "1", "--task-grace", "3")
+        flags = ("--task-grace", "3")
         cluster.start_coordinator("c1", *flags)
         cluster.wait_leader("c1")
         cluster.start_coordinator("c2", *flags)
@@ -128,7 +128,7 @@ class TestPreemption:
 
     def test_victim_ignoring_its_checkpoint_signal_is_stopped_after_grace(self, cluster: Cluster) -> None:
         """A victim that ignores SIGUSR1 (and SIGTERM) is still killed after its grace and the urgent task runs."""
-        cluster.start_coordinator("c1", "--threshold", "1")
+        cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", "--simulate-gpus", "1xH100-80GB", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")

@@ -6,9 +6,10 @@ The pipeline for each request, in this order (STYLE.md §4):
    policies that follow the paper (Alg. 1-3) then take it by descending compute demand (a stable
    sort, so equal demands keep queue order); the baselines keep queue order.
 2. **demand** — the profiler already turned each task into a :class:`Request`.
-3. **filter** — every node: constraints, every dimension ≤ threshold after placement, and the
-   right free GPUs. Cheapest first, and before ranking, because ranking only needs to look at
-   survivors. The result is kept per request shape (:mod:`coordinator.scheduler.placement.shape_cache`): the first
+3. **filter** — every node: constraints, every dimension ≤ its limit after placement (the
+   threshold rule of :func:`~coordinator.scheduler.policies.base.limit_factors`), and the right
+   free GPUs. Cheapest first, and before ranking, because ranking only needs to look at survivors.
+   The result is kept per request shape (:mod:`coordinator.scheduler.placement.shape_cache`): the first
    request of a shape runs the vectorised filter over all nodes; later ones re-check only the
    nodes committed to or released since, so one decision does not scan every node.
 4. **rank/select** — Alg. 1-3 rank by a per-node key that the same cache keeps (+inf on refused
@@ -48,8 +49,15 @@ from coordinator.scheduler.placement.gang_topology import label_groups, prefer_o
 from coordinator.scheduler.placement.refusals import RefusalMemo
 from coordinator.scheduler.placement.shape_cache import ShapeCache
 from coordinator.scheduler.placement.state import PlacementState
-from coordinator.scheduler.policies import DEFAULT_THRESHOLD, Policy, build
-from coordinator.scheduler.policies.base import BoolArray, FloatArray, constraint_reason, first_k_keyed, gpu_fit_reason
+from coordinator.scheduler.policies import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, Policy, build
+from coordinator.scheduler.policies.base import (
+    BoolArray,
+    FloatArray,
+    constraint_reason,
+    dimension_reason,
+    first_k_keyed,
+    gpu_fit_reason,
+)
 
 __all__ = ["PlacementEngine", "describe_demand"]
 
@@ -105,13 +113,14 @@ class PlacementEngine:
         self.policy = policy
         self._gang_groups = label_groups(snapshot.nodes, gang_label)
         with _collector_paused():   # building the state allocates a few Python objects per node and GPU
-            self.state = PlacementState(snapshot, policy.threshold)
+            self.state = PlacementState(snapshot, policy.threshold, policy.threshold_mode)
         self._refusals = RefusalMemo()
         self._shapes = ShapeCache(self.state, policy)
 
     @classmethod
     def from_name(
         cls, snapshot: ClusterSnapshot, name: str, threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+        mode: str = DEFAULT_THRESHOLD_MODE,
         gang_label: str = "",
     ) -> PlacementEngine:
         """Build an engine with a policy from the registry.
@@ -119,13 +128,14 @@ class PlacementEngine:
         :param snapshot: the cluster.
         :param name: policy name (``max-utilization``, ``load-balancing``, ``power-efficient``,
             ``round-robin``, ``random``, ``first-fit``).
-        :param threshold: cap on each dimension's utilization after placement, in (0, 1].
+        :param threshold: cap on the capped dimensions' utilization after placement, in (0, 1].
         :param seed: RNG seed for ``random``.
+        :param mode: the threshold mode (``whole-gpus`` or ``paper``).
         :param gang_label: see the class.
         :returns: the engine.
         :raises ValidationError: on an unknown policy or bad arguments.
         """
-        return cls(snapshot, build(name, threshold, seed=seed), gang_label=gang_label)
+        return cls(snapshot, build(name, threshold, seed=seed, mode=mode), gang_label=gang_label)
 
     def place_batch(self, requests: Sequence[Request], *, keep_order: bool = False) -> list[Decision]:
         """Decide a batch; each placement is reserved before the next request is considered.
@@ -245,17 +255,17 @@ class PlacementEngine:
         return Rejection(task_id=req.task_id, reason=reason, node_reasons=node_reasons, scale_out=self.policy.scale_out)
 
     def _node_reason(self, req: Request, i: int) -> str:
-        """The short reason node ``i`` refuses the request now, in the scalar filter's wording."""
+        """The short reason node ``i`` refuses the request now: the scalar filter's answer on the node as it is now."""
         state = self.state
         node = state.nodes[i]
-        constraint = constraint_reason(req, node)
-        if constraint is not None:
-            return constraint
-        used, limit = state.used_cols[i], state.limit[:, i].tolist()
-        for name, u, d, lim in zip(DIMENSIONS, used, req.demand.as_tuple(), limit, strict=True):
-            if not u + d <= lim:
-                return f"{name} over threshold {self.policy.threshold:g}"
-        return gpu_fit_reason(req, state.slot_mem[i], state.slot_share[i]) or "gang incomplete"
+        policy = self.policy
+        return (
+            constraint_reason(req, node)
+            or dimension_reason(req, state.used_cols[i], node.capacity.as_tuple(), policy.threshold,
+                                policy.threshold_mode)
+            or gpu_fit_reason(req, state.slot_mem[i], state.slot_share[i])
+            or "gang incomplete"
+        )
 
 
 def _refusal_counts(static: BoolArray | None, ok: BoolArray, gpu: BoolArray | None) -> list[tuple[str, int]]:

@@ -55,6 +55,10 @@ class RefusalMemo:
             # dimension makes a shared request dominate only smaller shares.
             if whole < old.whole or req.gpu_mem_per_gpu_bytes < old.per_gpu or req.nodes < old.nodes:
                 continue
+            # A shared request may be held to lower limits than one for whole GPUs (or none), so its
+            # refusal says nothing about them.
+            if old.whole == 0 and old.demand[0] > 0 and not (whole == 0 and demand[0] > 0):
+                continue
             if old.constraints == constraints and _dominates(demand, old):
                 return old.rejection
         return None

@@ -4,14 +4,14 @@ A placement cycle sees few distinct request *shapes* (the profiler turns tasks i
 demand vectors), and each commit or release changes exactly one node. So for each recently used
 shape the engine keeps
 
-* ``mask``: which nodes pass the shared filter (constraints, every dimension ≤ threshold after
+* ``mask``: which nodes pass the shared filter (constraints, every dimension ≤ its limit after
   placement, the right free GPUs), and
 * ``keyed``: for policies that rank by a per-node key (Alg. 1-3), that key on the feasible nodes
   and ``+inf`` on the others, so choosing a node is a single ``argmin``.
 
 The cluster state appends the index of every node it changes to a log. Before a shape is used
 again, the nodes logged since its last use are re-checked one by one with the scalar filter
-(:meth:`PlacementState.fits`, the reference's own ``used + demand <= limit`` comparisons) and the
+(:meth:`PlacementState.fits`, the scalar filter's own ``used + demand <= limit`` comparisons) and the
 policy's scalar key (``key_at``); when more changes were logged than that is worth, the entry
 is rebuilt with the vectorised filter instead. Either way the entry holds exactly what a full
 vectorised pass would compute now, so decisions are unchanged; only their cost is.

@@ -1,9 +1,15 @@
 """The placement engine's indexed, vectorised copy of a :class:`ClusterSnapshot`.
 
-Per-dimension capacity, reservation and limit (``threshold × capacity``) live in ``(5, N)``
-float64 arrays, so the threshold filter for one request over every node is a few numpy calls
-deciding exactly what the reference's ``used + demand <= threshold * capacity`` decides. An
-unschedulable node gets a limit of ``-inf``, so no request passes it.
+Per-dimension capacity, reservation and limit (``factor × capacity``, the factors of
+:func:`~coordinator.scheduler.policies.base.limit_factors`) live in ``(5, N)`` float64 arrays, so
+the threshold filter for one request over every node is a few numpy calls deciding exactly what
+the scalar filter's ``used + demand <= factor * capacity`` decides. An unschedulable node gets a
+limit of ``-inf``, so no request passes it.
+
+The limit arrays hold the limits of a request for whole GPUs (or none). Where a shared request's
+factors are lower (the GPU dimensions in ``whole-gpus`` mode), those dimensions' tighter limits
+are kept apart (:attr:`PlacementState.shared_dims`) and checked on top for shared requests only;
+in ``paper`` mode every request has the same limits and there is nothing more to check.
 
 The filter compares the demand with a precomputed **headroom** (``limit - used``, with the limit
 floored for the whole-byte dimensions) instead of adding and comparing. That is exact while every
@@ -42,7 +48,13 @@ from common.errors import PlacementError
 from coordinator.allocator.gpus import choose_gpu_indices
 from coordinator.allocator.reservations import CRUMB, give_back_gpu, take_gpu
 from coordinator.scheduler.placement.partial_gpus import PartialGpus
-from coordinator.scheduler.policies.base import BoolArray, FloatArray, NodeArrays
+from coordinator.scheduler.policies.base import (
+    DEFAULT_THRESHOLD_MODE,
+    BoolArray,
+    FloatArray,
+    NodeArrays,
+    limit_factors,
+)
 
 __all__ = ["PlacementState", "is_exact"]
 
@@ -97,15 +109,16 @@ class PlacementState:
     """Arrays for every node of a snapshot, updated in place as placements commit.
 
     :param snapshot: the cluster at the start of the cycle (its node order is kept).
-    :param threshold: cap on each dimension's utilization after placement.
+    :param threshold: cap on the capped dimensions' utilization after placement.
+    :param mode: the threshold mode (which dimensions it caps; see ``limit_factors``).
     """
 
-    def __init__(self, snapshot: ClusterSnapshot, threshold: float) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, threshold: float, mode: str = DEFAULT_THRESHOLD_MODE) -> None:
         nodes = snapshot.nodes
         self.nodes: list[NodeSnapshot] = list(nodes)
         self.taken_at_s = snapshot.taken_at_s
         self.index = {node.node_id: i for i, node in enumerate(nodes)}
-        self._init_dimensions(nodes, threshold)
+        self._init_dimensions(nodes, threshold, mode)
         self._init_power(nodes)
         self._init_gpus(nodes)
         self._bounds_stale = True
@@ -124,7 +137,7 @@ class PlacementState:
         self._init_derived()
         self.refresh_bounds()
 
-    def _init_dimensions(self, nodes: tuple[NodeSnapshot, ...], threshold: float) -> None:
+    def _init_dimensions(self, nodes: tuple[NodeSnapshot, ...], threshold: float, mode: str) -> None:
         """Capacity, reservations, limits and headroom per dimension and node."""
         self.cap = _columns(nodes, "capacity")
         self.used = _columns(nodes, "used")
@@ -134,8 +147,15 @@ class PlacementState:
         self._dirty: set[int] = set()   # nodes whose numpy columns lag their Python mirrors (see _sync)
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
         self.schedulable_list = [node.schedulable for node in nodes]
-        self.limit = np.where(self.schedulable, threshold * self.cap, -np.inf)
+        self.factors = limit_factors(threshold, mode, shared=False)
+        self.limit = np.where(self.schedulable, self._scaled(self.factors), -np.inf)
         self.limit_cols: list[list[float]] = self.limit.T.tolist()
+        # The dimensions in which a shared request's limit is lower, with those limits (one row each).
+        shared = limit_factors(threshold, mode, shared=True)
+        self.shared_dims = [k for k in range(_DIMS) if shared[k] != self.factors[k]]
+        shared_limit = np.where(self.schedulable, self._scaled(shared), -np.inf)[self.shared_dims]
+        self.shared_limit: FloatArray = np.ascontiguousarray(shared_limit)
+        self.shared_limit_cols: list[list[float]] = self.shared_limit.T.tolist()
         # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
         hlimit = self.limit.copy()
         hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
@@ -150,6 +170,10 @@ class PlacementState:
         self.exact = all(is_exact(node.used.as_tuple()) for node in nodes) and bool(
             np.all(self.cap[list(_FLOAT_DIMS)] < _DYADIC_MAX)
         )
+
+    def _scaled(self, factors: tuple[float, ...]) -> FloatArray:
+        """``factor × capacity`` per dimension and node (the same product as the scalar filter's)."""
+        return np.array(factors, dtype=np.float64)[:, None] * self.cap
 
     def _init_power(self, nodes: tuple[NodeSnapshot, ...]) -> None:
         """The per-node values policies rank by (see :class:`NodeArrays`)."""
@@ -283,11 +307,14 @@ class PlacementState:
         :param whole: ``req.whole_gpus``.
         :returns: a short reason, or None.
         """
-        for name, d, bound, most in zip(DIMENSIONS, values, self.room_bound, self.limit_bound, strict=True):
+        for name, d, bound, most, f in zip(DIMENSIONS, values, self.room_bound, self.limit_bound, self.factors,
+                                           strict=True):
             if d > most:
-                return f"{name} over threshold on every node, even with nothing reserved on it"
+                if f < 1.0:
+                    return f"{name} over threshold on every node, even with nothing reserved on it"
+                return f"{name} more than any node has"
             if d > bound:
-                return f"{name} over threshold on every node"
+                return f"{name} over threshold on every node" if f < 1.0 else f"{name} over capacity on every node"
         if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):
             return f"no node has {whole} free GPUs"
         return None
@@ -325,9 +352,26 @@ class PlacementState:
         """
         self._sync()
         if self.exact and is_exact(req.demand.as_tuple()):
-            return np.greater_equal(self.headroom, demand[:, None], out=self._ok_buf)
-        np.add(self.used_array(), demand[:, None], out=self._sum_buf)
-        return np.less_equal(self._sum_buf, self.limit, out=self._ok_buf)
+            ok = np.greater_equal(self.headroom, demand[:, None], out=self._ok_buf)
+        else:
+            np.add(self.used_array(), demand[:, None], out=self._sum_buf)
+            ok = np.less_equal(self._sum_buf, self.limit, out=self._ok_buf)
+        if self.shared_dims and req.whole_gpus == 0 and demand[0] > 0:
+            for row, k in enumerate(self.shared_dims):
+                ok[k] &= self.used[k] + demand[k] <= self.shared_limit[row]
+        return ok
+
+    def shared_ok(self, values: tuple[float, int, float, int, int]) -> BoolArray:
+        """Nodes where a shared request stays under the limits only shared requests have (:attr:`shared_dims`).
+
+        :param values: the shared request's demand vector.
+        :returns: a fresh mask over nodes (all True when no dimension is tighter for shared requests).
+        """
+        self._sync()
+        mask = np.ones(len(self.nodes), dtype=np.bool_)
+        for row, k in enumerate(self.shared_dims):
+            mask &= self.used[k] + values[k] <= self.shared_limit[row]
+        return mask
 
     def gpu_ok(self, req: Request, whole: int) -> BoolArray | None:
         """Nodes whose GPUs can hold the request, None when it needs no GPU.
@@ -376,6 +420,8 @@ class PlacementState:
         else:
             # General path: add and compare, rounding exactly like the reference.
             mask = self.dimension_ok(req, np.array(values, dtype=np.float64)).all(axis=0)
+        if self.shared_dims and whole == 0 and values[0] > 0:
+            mask &= self.shared_ok(values)
         static = self.static_mask(req)
         if static is not None:
             mask &= static
@@ -410,6 +456,10 @@ class PlacementState:
             and u[4] + values[4] <= lim[4]
         ):
             return False
+        if whole == 0 and values[0] > 0 and self.shared_dims:
+            shared = self.shared_limit_cols[i]
+            if not all(u[k] + values[k] <= shared[row] for row, k in enumerate(self.shared_dims)):
+                return False
         if whole > 0:
             free = self.free_desc[i]
             return len(free) >= whole and free[whole - 1] >= per_gpu

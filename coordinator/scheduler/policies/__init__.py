@@ -1,8 +1,9 @@
 """Placement policies, looked up by name in one registry (STYLE.md §4).
 
 ``policy set NAME`` selects from :data:`POLICIES`; every factory has the signature
-``build(threshold: float = 0.9, *, seed: int | None = None) -> Policy`` (only ``random`` uses
-the seed). Nothing registers itself on import.
+``build(threshold: float = 0.9, *, seed: int | None = None, mode: str = "whole-gpus") -> Policy``
+(only ``random`` uses the seed; ``mode`` is the threshold mode, see
+:func:`~coordinator.scheduler.policies.base.limit_factors`). Nothing registers itself on import.
 
 Example::
 
@@ -23,12 +24,21 @@ from coordinator.scheduler.policies import (
     round_robin,
     time_aware,
 )
-from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD, NodeArrays, Policy, PolicyArgs, feasible
+from coordinator.scheduler.policies.base import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_MODE,
+    THRESHOLD_MODES,
+    NodeArrays,
+    Policy,
+    PolicyArgs,
+    feasible,
+)
 
-__all__ = ["DEFAULT_THRESHOLD", "POLICIES", "NodeArrays", "Policy", "PolicyArgs", "PolicyFactory", "build", "feasible"]
+__all__ = ["DEFAULT_THRESHOLD", "DEFAULT_THRESHOLD_MODE", "POLICIES", "THRESHOLD_MODES", "NodeArrays", "Policy",
+           "PolicyArgs", "PolicyFactory", "build", "feasible"]
 
 PolicyFactory = Callable[..., Policy]
-"""``build(threshold, *, seed) -> Policy``."""
+"""``build(threshold, *, seed, mode) -> Policy``."""
 
 POLICIES: dict[str, PolicyFactory] = {
     max_utilization.NAME: max_utilization.build,
@@ -41,16 +51,18 @@ POLICIES: dict[str, PolicyFactory] = {
 }
 
 
-def build(name: str, threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> Policy:
+def build(name: str, threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+          mode: str = DEFAULT_THRESHOLD_MODE) -> Policy:
     """Build a policy by name.
 
     :param name: a key of :data:`POLICIES`.
     :param threshold: cap on every dimension's utilization after placement, in (0, 1].
     :param seed: RNG seed for ``random`` (ignored by the others).
+    :param mode: which dimensions the threshold caps (:data:`THRESHOLD_MODES`).
     :returns: the policy.
     :raises ValidationError: on an unknown name or invalid arguments.
     """
     factory = POLICIES.get(name)
     if factory is None:
         raise ValidationError("policy.name", f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
-    return factory(threshold, seed=seed)
+    return factory(threshold, seed=seed, mode=mode)

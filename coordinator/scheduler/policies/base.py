@@ -2,8 +2,18 @@
 
 A policy is two steps (STYLE.md §3). The **filter** (:func:`feasible`) is the same for every
 policy here: a request may go on a node when, after placement, every resource dimension stays
-≤ ``threshold × capacity`` (paper Alg. 1-3), the node satisfies the request's constraints, and the
+at or under its limit (:func:`limit_factors`: ``threshold × capacity`` where the threshold
+applies, the whole capacity elsewhere), the node satisfies the request's constraints, and the
 node has GPUs that can hold it. The **rank** is what differs between policies.
+
+Which dimensions the threshold caps is the threshold mode (:data:`THRESHOLD_MODES`):
+
+* ``whole-gpus`` (the default): host CPU, host memory and disk always; the GPU dimensions (GPU
+  count and GPU memory) only for a request for a share of a GPU. A request for whole GPUs (or
+  for none) may take every GPU of a node, so an 8-GPU node runs an 8-GPU task and no whole GPU
+  is left stranded under the cap.
+* ``paper``: every dimension for every request, GPU count included (paper Alg. 1-3), for
+  replays that reproduce the paper.
 
 The placement engine keeps the cluster in numpy arrays (:class:`NodeArrays`) and asks the policy
 to ``select`` among the nodes its vectorised filter kept; the scalar ``feasible``/``rank`` pair
@@ -23,9 +33,12 @@ import numpy.typing as npt
 
 from common.domain import DIMENSIONS, NodeId, NodeSnapshot, Request
 from common.errors import ValidationError
+from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "DEFAULT_THRESHOLD_MODE",
+    "THRESHOLD_MODES",
     "BoolArray",
     "FloatArray",
     "IntArray",
@@ -34,15 +47,18 @@ __all__ = [
     "Policy",
     "PolicyArgs",
     "constraint_reason",
+    "dimension_reason",
     "feasible",
     "first_k_by_key",
     "first_k_keyed",
     "gpu_fit_reason",
+    "is_shared",
+    "limit_factors",
     "validate_threshold",
+    "validate_threshold_mode",
 ]
 
-DEFAULT_THRESHOLD = 0.9
-"""Default cap on every dimension's utilization after placement."""
+PAPER = "paper"
 
 FloatArray = npt.NDArray[np.float64]
 """A float64 array with one entry per node (or per dimension × node)."""
@@ -65,17 +81,59 @@ def validate_threshold(threshold: float) -> None:
         raise ValidationError("policy.threshold", f"must be in (0, 1], got {threshold!r}")
 
 
+def validate_threshold_mode(mode: str) -> None:
+    """Check a threshold mode.
+
+    :param mode: one of :data:`THRESHOLD_MODES`.
+    :raises ValidationError: on any other value.
+    """
+    if mode not in THRESHOLD_MODES:
+        raise ValidationError("policy.threshold_mode", f"must be one of {', '.join(THRESHOLD_MODES)}, got {mode!r}")
+
+
+def is_shared(req: Request) -> bool:
+    """Whether a request asks for a share of one GPU (not whole GPUs, not none).
+
+    :param req: the request.
+    :returns: True for a shared fraction.
+    """
+    return req.whole_gpus == 0 and req.demand.gpus > 0
+
+
+def limit_factors(threshold: float, mode: str, shared: bool) -> tuple[float, float, float, float, float]:
+    """The threshold rule: per dimension, the fraction of a node's capacity a request may bring it to.
+
+    A node's limit in dimension ``k`` is ``factors[k] × capacity[k]``, and a request may go on it when
+    ``used + demand <= limit`` holds in every dimension. The factor is ``threshold`` where the
+    threshold applies and 1.0 (the whole capacity, exactly) where it does not: in ``paper`` mode it
+    applies everywhere; in ``whole-gpus`` mode to host CPU, memory and disk, and to the GPU count
+    and GPU memory only for a shared request. This is the only place the rule is written; the
+    vectorised filter, the scalar filter and the refusal reasons all take their limits from it.
+
+    :param threshold: the policy's threshold.
+    :param mode: one of :data:`THRESHOLD_MODES`.
+    :param shared: the request asks for a share of a GPU (:func:`is_shared`).
+    :returns: one factor per dimension, in :data:`~common.domain.DIMENSIONS` order.
+    """
+    if mode == PAPER or shared:
+        return (threshold, threshold, threshold, threshold, threshold)
+    return (1.0, 1.0, threshold, threshold, threshold)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyArgs:
     """Arguments every policy takes, validated when built.
 
-    :param threshold: cap on each dimension's utilization after placement, in (0, 1].
+    :param threshold: cap on the capped dimensions' utilization after placement, in (0, 1].
+    :param threshold_mode: which dimensions the threshold caps (:data:`THRESHOLD_MODES`).
     """
 
     threshold: float = DEFAULT_THRESHOLD
+    threshold_mode: str = DEFAULT_THRESHOLD_MODE
 
     def __post_init__(self) -> None:
         validate_threshold(self.threshold)
+        validate_threshold_mode(self.threshold_mode)
 
 
 @dataclass(slots=True)
@@ -107,6 +165,7 @@ class Policy(Protocol):
 
     name: str
     threshold: float
+    threshold_mode: str
     sorts_requests: bool
     """True when the batch is processed by descending compute demand (Alg. 1-3), else in queue order."""
     scale_out: bool
@@ -162,15 +221,24 @@ def first_k_by_key(key: FloatArray, mask: BoolArray, count: int) -> IntArray:
     return first_k_keyed(np.where(mask, key, np.inf), mask, count)
 
 
-def _dimension_reason(req: Request, node: NodeSnapshot, threshold: float) -> str | None:
-    """The first dimension that would exceed ``threshold × capacity`` after placement."""
-    demand = req.demand.as_tuple()
-    used = node.used.as_tuple()
-    capacity = node.capacity.as_tuple()
-    for name, d, u, c in zip(DIMENSIONS, demand, used, capacity, strict=True):
-        # The same expression as the vectorised filter, so both round identically.
-        if not u + d <= threshold * c:
-            return f"{name} over threshold {threshold:g}"
+def dimension_reason(req: Request, used: Sequence[float], capacity: Sequence[float], threshold: float,
+                     mode: str) -> str | None:
+    """The first dimension that would exceed its limit (:func:`limit_factors`) after placement.
+
+    :param req: the request.
+    :param used: the node's reservations, in :data:`~common.domain.DIMENSIONS` order.
+    :param capacity: the node's capacity, in the same order.
+    :param threshold: the policy's threshold.
+    :param mode: the threshold mode.
+    :returns: a short reason, or None when every dimension stays under its limit.
+    """
+    factors = limit_factors(threshold, mode, is_shared(req))
+    for name, d, u, c, f in zip(DIMENSIONS, req.demand.as_tuple(), used, capacity, factors, strict=True):
+        # The same expression as the vectorised filter (limit = factor × capacity), so both round identically.
+        if not u + d <= f * c:
+            if f < 1.0:
+                return f"{name} over threshold {threshold:g}"
+            return f"{name} over capacity"
     return None
 
 
@@ -214,20 +282,21 @@ def constraint_reason(req: Request, node: NodeSnapshot) -> str | None:
     return None
 
 
-def feasible(req: Request, node: NodeSnapshot, threshold: float) -> str | None:
-    """The filter shared by every policy: constraints, then every dimension ≤ threshold, then GPUs.
+def feasible(req: Request, node: NodeSnapshot, threshold: float, mode: str = DEFAULT_THRESHOLD_MODE) -> str | None:
+    """The filter shared by every policy: constraints, then every dimension ≤ its limit, then GPUs.
 
     Constraints come first because they are the cheapest and the most decisive; the GPU check
     comes last because only nodes with enough aggregate room can have the right free GPUs.
 
     :param req: the request.
     :param node: the node, as in this cycle's snapshot.
-    :param threshold: the cap on each dimension's utilization after placement.
+    :param threshold: the cap on the capped dimensions' utilization after placement.
+    :param mode: which dimensions the threshold caps (:data:`THRESHOLD_MODES`).
     :returns: a short reason the node is refused, or None when it is feasible.
     """
     return (
         constraint_reason(req, node)
-        or _dimension_reason(req, node, threshold)
+        or dimension_reason(req, node.used.as_tuple(), node.capacity.as_tuple(), threshold, mode)
         or gpu_fit_reason(req, [g.mem_free_bytes for g in node.gpus], [g.share_free for g in node.gpus])
     )
 
@@ -246,10 +315,11 @@ class ThresholdPolicy:
     def __init__(self, args: PolicyArgs) -> None:
         self.args = args
         self.threshold = args.threshold
+        self.threshold_mode = args.threshold_mode
 
     def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
         """Filter: see :func:`feasible`."""
-        return feasible(req, node, self.threshold)
+        return feasible(req, node, self.threshold, self.threshold_mode)
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Stateless: nothing to remember."""

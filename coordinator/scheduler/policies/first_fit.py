@@ -13,6 +13,7 @@ import numpy as np
 from common.domain import NodeId, NodeSnapshot, Request
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_MODE,
     BoolArray,
     IntArray,
     NodeArrays,
@@ -72,12 +73,14 @@ class FirstFit(ThresholdPolicy):
         return first_k(mask, req.nodes)
 
 
-def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> FirstFit:
+def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+          mode: str = DEFAULT_THRESHOLD_MODE) -> FirstFit:
     """Build the policy.
 
     :param threshold: cap on every dimension's utilization after placement, in (0, 1].
+    :param mode: which dimensions the threshold caps (``whole-gpus`` or ``paper``).
     :param seed: ignored (every factory in the registry takes one, for the random policy).
     :returns: the policy.
     :raises ValidationError: on a threshold outside (0, 1].
     """
-    return FirstFit(FirstFitArgs(threshold=threshold))
+    return FirstFit(FirstFitArgs(threshold=threshold, threshold_mode=mode))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from common.domain import NodeId, NodeSnapshot, Request
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_MODE,
     FloatArray,
     KeyedPolicy,
     NodeArrays,
@@ -73,12 +74,14 @@ class MaxUtilization(KeyedPolicy):
         return view.neg_util.item(i)
 
 
-def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> MaxUtilization:
+def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+          mode: str = DEFAULT_THRESHOLD_MODE) -> MaxUtilization:
     """Build the policy.
 
     :param threshold: cap on every dimension's utilization after placement, in (0, 1].
+    :param mode: which dimensions the threshold caps (``whole-gpus`` or ``paper``).
     :param seed: ignored (every factory in the registry takes one, for the random policy).
     :returns: the policy.
     :raises ValidationError: on a threshold outside (0, 1].
     """
-    return MaxUtilization(MaxUtilizationArgs(threshold=threshold))
+    return MaxUtilization(MaxUtilizationArgs(threshold=threshold, threshold_mode=mode))

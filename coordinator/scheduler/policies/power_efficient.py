@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from common.domain import NodeId, NodeSnapshot, Request
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_MODE,
     FloatArray,
     KeyedPolicy,
     NodeArrays,
@@ -103,12 +104,14 @@ class PowerEfficient(KeyedPolicy):
         return after - view.before_w.item(i)
 
 
-def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> PowerEfficient:
+def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+          mode: str = DEFAULT_THRESHOLD_MODE) -> PowerEfficient:
     """Build the policy.
 
     :param threshold: cap on every dimension's utilization after placement, in (0, 1].
+    :param mode: which dimensions the threshold caps (``whole-gpus`` or ``paper``).
     :param seed: ignored (every factory in the registry takes one, for the random policy).
     :returns: the policy.
     :raises ValidationError: on a threshold outside (0, 1].
     """
-    return PowerEfficient(PowerEfficientArgs(threshold=threshold))
+    return PowerEfficient(PowerEfficientArgs(threshold=threshold, threshold_mode=mode))

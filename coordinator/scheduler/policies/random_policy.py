@@ -17,6 +17,7 @@ from common.domain import NodeId, NodeSnapshot, Request
 from common.errors import ValidationError
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_MODE,
     BoolArray,
     IntArray,
     NodeArrays,
@@ -34,6 +35,7 @@ NAME = "random"
 class RandomArgs(PolicyArgs):
     """Arguments of :class:`RandomPolicy`.
 
+    :param mode: which dimensions the threshold caps (``whole-gpus`` or ``paper``).
     :param seed: seed of the RNG :func:`build` makes (None: fresh entropy); must be ≥ 0.
     """
 
@@ -99,7 +101,8 @@ class RandomPolicy(ThresholdPolicy):
         return candidates[draw(len(candidates), req.nodes, self.rng)]
 
 
-def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> RandomPolicy:
+def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+          mode: str = DEFAULT_THRESHOLD_MODE) -> RandomPolicy:
     """Build the policy with ``numpy.random.default_rng(seed)``.
 
     :param threshold: cap on every dimension's utilization after placement, in (0, 1].
@@ -107,5 +110,5 @@ def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> R
     :returns: the policy.
     :raises ValidationError: on a threshold outside (0, 1] or a negative seed.
     """
-    args = RandomArgs(threshold=threshold, seed=seed)
+    args = RandomArgs(threshold=threshold, seed=seed, threshold_mode=mode)
     return RandomPolicy(args, np.random.default_rng(args.seed))

@@ -15,6 +15,7 @@ import numpy as np
 from common.domain import NodeId, NodeSnapshot, Request
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_MODE,
     BoolArray,
     IntArray,
     NodeArrays,
@@ -101,12 +102,14 @@ class RoundRobin(ThresholdPolicy):
         self.cursor = next_cursor(indices, n_nodes)
 
 
-def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None) -> RoundRobin:
+def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+          mode: str = DEFAULT_THRESHOLD_MODE) -> RoundRobin:
     """Build the policy (cursor at the first node).
 
     :param threshold: cap on every dimension's utilization after placement, in (0, 1].
+    :param mode: which dimensions the threshold caps (``whole-gpus`` or ``paper``).
     :param seed: ignored (every factory in the registry takes one, for the random policy).
     :returns: the policy.
     :raises ValidationError: on a threshold outside (0, 1].
     """
-    return RoundRobin(RoundRobinArgs(threshold=threshold))
+    return RoundRobin(RoundRobinArgs(threshold=threshold, threshold_mode=mode))

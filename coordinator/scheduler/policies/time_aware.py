@@ -27,6 +27,7 @@ import numpy as np
 from common.domain import NodeId, NodeSnapshot, Request
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_MODE,
     BoolArray,
     FloatArray,
     IntArray,
@@ -103,13 +104,15 @@ class TimeAware(ThresholdPolicy):
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
+          mode: str = DEFAULT_THRESHOLD_MODE,
           now: Callable[[], float] = time.time) -> TimeAware:
     """Build the policy.
 
     :param threshold: cap on every dimension's utilization after placement, in (0, 1].
+    :param mode: which dimensions the threshold caps (``whole-gpus`` or ``paper``).
     :param seed: ignored (every factory in the registry takes one, for the random policy).
     :param now: the clock expected ends are measured on.
     :returns: the policy.
     :raises ValidationError: on a threshold outside (0, 1].
     """
-    return TimeAware(TimeAwareArgs(threshold=threshold), now)
+    return TimeAware(TimeAwareArgs(threshold=threshold, threshold_mode=mode), now)

@@ -81,13 +81,16 @@ class Rig:
                                                           {"action": action}) or 0.0
 
 
-def make_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path, tail: str) -> Iterator[Rig]:
+def make_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path, tail: str,
+             **policy: object) -> Iterator[Rig]:
+    """A rig with threshold 0.5 under the paper's rule (GPU counts capped too) unless ``policy`` says otherwise."""
     log = tmp_path / "requests.log"
     script = tmp_path / "provider.sh"
     script.write_text(SCRIPT.format(log=log, tail=tail))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     client = connect(etcd_server.endpoints, 2.0)
-    cfg = CoordinatorConfig(etcd_prefix=etcd_prefix, policy="max-utilization", threshold=0.5,
+    settings = {"threshold": 0.5, "threshold_mode": "paper", **policy}
+    cfg = CoordinatorConfig(etcd_prefix=etcd_prefix, policy="max-utilization", **settings,
                             node_provider="command", node_provider_command=str(script),
                             node_provider_timeout_s=1.0, power_down_after_s=0.01, spare_nodes=0, lease_ttl_s=5.0)
     app = build(cfg, client)
@@ -101,6 +104,14 @@ def make_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path, tail: s
 @pytest.fixture
 def rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path) -> Iterator[Rig]:
     yield from make_rig(etcd_server, etcd_prefix, tmp_path, "exit 0")
+
+
+@pytest.fixture
+def default_rig(etcd_server: EtcdCluster, etcd_prefix: str, tmp_path: Path) -> Iterator[Rig]:
+    """A rig with the coordinator's default threshold and threshold mode."""
+    defaults = CoordinatorConfig()
+    yield from make_rig(etcd_server, etcd_prefix, tmp_path, "exit 0", threshold=defaults.threshold,
+                        threshold_mode=defaults.threshold_mode)
 
 
 @pytest.fixture(params=["exit 1", "exec sleep 30"], ids=["exits-1", "hangs"])
@@ -126,6 +137,18 @@ class TestWakeThreshold:
         rig.app.power_manager.unplaced(rig.pending("t1", 2.0))
         rig.steps(1)
         assert rig.power("n2") == "off" and rig.requests() == []
+
+
+class TestWholeGpusByDefault:
+    def test_gang_of_whole_nodes_wakes_an_off_node(self, default_rig: Rig) -> None:
+        """With the defaults a 2-node gang of 4 GPUs each fits two 4-GPU nodes: the ready one cannot take the
+        second part, so the off one is woken."""
+        default_rig.node("n1", 4)
+        default_rig.node("n2", 4, off=True)
+        default_rig.app.power_manager.unplaced(default_rig.pending("gang", 4.0, nodes=2))
+        default_rig.steps(1)
+        assert default_rig.power("n2") == "powering-on"
+        assert [(r["action"], r["node_id"]) for r in default_rig.requests()] == [("power_on", "n2")]
 
 
 class TestPlacementFilter:

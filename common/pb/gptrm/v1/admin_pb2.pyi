@@ -230,12 +230,14 @@ class TaskRef(_message.Message):
     def __init__(self, task_id: _Optional[str] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
-    __slots__ = ("spec", "request_id")
+    __slots__ = ("spec", "request_id", "queue_unplaceable")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_UNPLACEABLE_FIELD_NUMBER: _ClassVar[int]
     spec: _types_pb2.TaskSpec
     request_id: str
-    def __init__(self, spec: _Optional[_Union[_types_pb2.TaskSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    queue_unplaceable: bool
+    def __init__(self, spec: _Optional[_Union[_types_pb2.TaskSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., queue_unplaceable: _Optional[bool] = ...) -> None: ...
 
 class GetPolicyRequest(_message.Message):
     __slots__ = ()

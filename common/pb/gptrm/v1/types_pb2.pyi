@@ -536,12 +536,14 @@ class NodeRecord(_message.Message):
     def __init__(self, inventory: _Optional[_Union[NodeInventory, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., reserved: _Optional[_Union[ResourceVector, _Mapping]] = ..., reserved_gpu_indices: _Optional[_Iterable[int]] = ..., registered_unix_s: _Optional[float] = ..., last_seen_unix_s: _Optional[float] = ..., power_state: _Optional[_Union[NodePowerState, str]] = ..., power_state_unix_s: _Optional[float] = ..., power_reason: _Optional[str] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("name", "threshold")
+    __slots__ = ("name", "threshold", "threshold_mode")
     NAME_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_MODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     threshold: float
-    def __init__(self, name: _Optional[str] = ..., threshold: _Optional[float] = ...) -> None: ...
+    threshold_mode: str
+    def __init__(self, name: _Optional[str] = ..., threshold: _Optional[float] = ..., threshold_mode: _Optional[str] = ...) -> None: ...
 
 class LeaderRecord(_message.Message):
     __slots__ = ("coordinator_id", "address", "epoch", "since_unix_s")

@@ -11,7 +11,8 @@ import pytest
 
 from common.domain import ClusterSnapshot, Decision, Placement, Rejection, Request, Resources
 from coordinator.scheduler.placement.engine import PlacementEngine
-from coordinator.scheduler.policies import POLICIES
+from coordinator.scheduler.policies import POLICIES, THRESHOLD_MODES
+from coordinator.scheduler.policies.base import is_shared, limit_factors
 from tests.helpers.builders import GIB, make_node, make_request, random_cluster, random_requests
 from tests.helpers.reference_algorithms import reference_place
 
@@ -29,9 +30,10 @@ def choices(engine: PlacementEngine, requests: list[Request]) -> dict[str, tuple
 def assert_matches_reference(
     policy: str, cluster: ClusterSnapshot, requests: list[Request], threshold: float, seed: int
 ) -> None:
-    """One batch on a fresh engine gets exactly the reference's nodes (or waits) for every request."""
+    """One batch on a fresh engine in paper mode (the threshold caps every dimension, as the reference's)
+    gets exactly the reference's nodes (or waits) for every request."""
     expected = reference_place(policy, cluster, requests, threshold, seed=seed)
-    engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
+    engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed, mode="paper")
     assert choices(engine, requests) == expected, f"seed {seed}"
 
 
@@ -102,24 +104,27 @@ def gpu_requests(rng: random.Random, n: int) -> list[Request]:
 class TestInvariants:
     """Properties that hold for every policy on GPU-level inputs the reference does not model."""
 
+    @pytest.mark.parametrize("mode", THRESHOLD_MODES)
     @pytest.mark.parametrize("policy", POLICY_NAMES)
-    def test_threshold_gpus_and_gangs(self, policy: str) -> None:
-        """No dimension exceeds threshold × capacity, no GPU is over-booked, gangs are all or nothing."""
+    def test_threshold_gpus_and_gangs(self, policy: str, mode: str) -> None:
+        """No dimension exceeds its limit, no GPU is over-booked, gangs are all or nothing."""
         for seed in range(60):
             rng = random.Random(seed)
             cluster, requests = gpu_cluster(rng, rng.randint(1, 10)), gpu_requests(rng, 40)
             threshold = rng.choice((0.6, 0.9, 1.0))
-            engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed)
+            engine = PlacementEngine.from_name(cluster, policy, threshold, seed=seed, mode=mode)
             decisions = engine.place_batch(requests)
-            check_invariants(cluster, engine.snapshot(), requests, decisions, threshold)
+            check_invariants(cluster, engine.snapshot(), requests, decisions, threshold, mode)
 
 
 def check_invariants(
-    before: ClusterSnapshot, after: ClusterSnapshot, requests: list[Request], decisions: list, threshold: float
+    before: ClusterSnapshot, after: ClusterSnapshot, requests: list[Request], decisions: list, threshold: float,
+    mode: str = "paper",
 ) -> None:
     """Assert the placement invariants for one batch."""
     nodes = before.by_id()
     added: dict[str, Resources] = defaultdict(Resources)
+    shared_on: set[str] = set()   # nodes a shared request went to (held to the shared limits)
     booked: dict[tuple[str, int], float] = defaultdict(float)
     for req, decision in zip(requests, decisions, strict=True):
         if isinstance(decision, Rejection):
@@ -132,15 +137,24 @@ def check_invariants(
             assert all(node.labels.get(k) == v for k, v in req.node_selector.items())
             assert len(a.gpu_indices) == (req.whole_gpus or (1 if req.demand.gpus > 0 else 0))
             added[a.node_id] = added[a.node_id].add(req.demand)
+            if is_shared(req):
+                shared_on.add(a.node_id)
             for g in a.gpu_indices:
                 booked[(a.node_id, g)] += a.gpu_share
                 assert nodes[a.node_id].gpus[g].mem_total_bytes >= req.gpu_mem_per_gpu_bytes
     for node in after.nodes:
         used = nodes[node.node_id].used.add(added[node.node_id])
-        for u, after_u, cap in zip(used.as_tuple(), node.used.as_tuple(), node.capacity.as_tuple(), strict=True):
+        # The loosest limits any request placed there had (GPU dimensions at capacity in whole-gpus
+        # mode, unless only shared requests went there).
+        only_shared = node.node_id in shared_on and all(
+            is_shared(r) for r, d in zip(requests, decisions, strict=True)
+            if isinstance(d, Placement) and node.node_id in d.node_ids)
+        factors = limit_factors(threshold, mode, only_shared)
+        for u, after_u, cap, f in zip(used.as_tuple(), node.used.as_tuple(), node.capacity.as_tuple(), factors,
+                                      strict=True):
             assert math.isclose(u, after_u, abs_tol=1e-6)
             if added[node.node_id].as_tuple() != (0, 0, 0, 0, 0):
-                assert u <= threshold * cap + 1e-9
+                assert u <= f * cap + 1e-9
         for slot in node.gpus:
             initially_taken = 1.0 - nodes[node.node_id].gpus[slot.index].share_free
             assert initially_taken + booked[(node.node_id, slot.index)] <= 1.0 + 1e-9
@@ -149,12 +163,13 @@ def check_invariants(
 class TestMatchesScalarPipeline:
     """The vectorised filter and selection agree with the readable feasible() + rank() per request."""
 
+    @pytest.mark.parametrize("mode", THRESHOLD_MODES)
     @pytest.mark.parametrize("policy", [p for p in POLICY_NAMES if p != "random"])
-    def test_gpu_level_inputs(self, policy: str) -> None:
+    def test_gpu_level_inputs(self, policy: str, mode: str) -> None:
         """Shares, per-GPU memory, topology and constraints: the engine picks the scalar pipeline's nodes."""
         for seed in range(40):
             rng = random.Random(30_000 + seed)
-            engine = PlacementEngine.from_name(gpu_cluster(rng, rng.randint(1, 8)), policy, 0.9)
+            engine = PlacementEngine.from_name(gpu_cluster(rng, rng.randint(1, 8)), policy, 0.9, mode=mode)
             for req in gpu_requests(rng, 30):
                 by_id = engine.snapshot().by_id()
                 order = engine.policy.rank(req, list(by_id.values()))
@@ -167,18 +182,19 @@ class TestMatchesScalarPipeline:
 class TestReleases:
     """After releases the engine decides like a fresh engine built from its snapshot."""
 
+    @pytest.mark.parametrize("mode", THRESHOLD_MODES)
     @pytest.mark.parametrize("policy", ["max-utilization", "power-efficient", "first-fit"])
-    def test_release_then_place(self, policy: str) -> None:
+    def test_release_then_place(self, policy: str, mode: str) -> None:
         """Random placements and releases leave no stale bound, memo or GPU index behind."""
         for seed in range(30):
             rng = random.Random(40_000 + seed)
-            engine = PlacementEngine.from_name(gpu_cluster(rng, 6), policy, 0.9)
+            engine = PlacementEngine.from_name(gpu_cluster(rng, 6), policy, 0.9, mode=mode)
             placed: list[tuple[Placement, Request]] = []
             for req in gpu_requests(rng, 60):
                 if placed and rng.random() < 0.4:
                     done, done_req = placed.pop(rng.randrange(len(placed)))
                     engine.release(done, done_req.gpu_mem_per_gpu_bytes)
-                fresh = PlacementEngine.from_name(engine.snapshot(), policy, 0.9)
+                fresh = PlacementEngine.from_name(engine.snapshot(), policy, 0.9, mode=mode)
                 decision, expected = engine.place(req), fresh.place(req)
                 assert type(decision) is type(expected)
                 if isinstance(decision, Placement):
@@ -192,7 +208,7 @@ class TestRejections:
     def test_reason_names_the_demand_and_threshold(self) -> None:
         """A 4-GPU request on nodes with 2 free GPUs is refused with counts and node reasons."""
         cluster = ClusterSnapshot(nodes=(make_node("a", gpus=8, used_gpus=6), make_node("b", gpus=8, used_gpus=6)))
-        engine = PlacementEngine.from_name(cluster, "max-utilization", 0.9)
+        engine = PlacementEngine.from_name(cluster, "max-utilization", 0.9, mode="paper")
         [decision] = engine.place_batch([make_request("t", gpus=4, per_gpu_gib=80)])
         assert isinstance(decision, Rejection)
         assert "4 free GPUs of ≥ 80 GiB" in decision.reason and "threshold 0.9" in decision.reason
@@ -202,9 +218,9 @@ class TestRejections:
         assert engine.snapshot() == cluster
 
     def test_reason_says_when_only_a_higher_threshold_helps(self) -> None:
-        """8 GPUs never fit 0.9 × 8: the reason says so, unlike a request that waits for room."""
+        """In paper mode 8 GPUs never fit 0.9 × 8: the reason says so, unlike a request that waits for room."""
         cluster = ClusterSnapshot(nodes=(make_node("a", gpus=8), make_node("b", gpus=8, used_gpus=2)))
-        engine = PlacementEngine.from_name(cluster, "max-utilization", 0.9)
+        engine = PlacementEngine.from_name(cluster, "max-utilization", 0.9, mode="paper")
         never, later = make_request("never", gpus=8), make_request("later", gpus=7)
         decision = engine.place(never)
         assert isinstance(decision, Rejection)
@@ -213,7 +229,42 @@ class TestRejections:
         decision = engine.place(later)
         assert isinstance(decision, Rejection)
         assert "gpus over threshold" in decision.reason and "nothing reserved" not in decision.reason
-        assert isinstance(PlacementEngine.from_name(cluster, "max-utilization", 1.0).place(never), Placement)
+        assert isinstance(PlacementEngine.from_name(cluster, "max-utilization", 1.0, mode="paper").place(never),
+                          Placement)
+
+    def test_whole_gpus_are_never_stranded_by_default(self) -> None:
+        """By default (whole-gpus mode, threshold 0.9) an 8-GPU request fits an idle 8-GPU node, and two
+        1-GPU requests share a 2-GPU node; the threshold still caps host CPU."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=8),))
+        engine = PlacementEngine.from_name(cluster, "max-utilization")
+        assert engine.policy.threshold == 0.9 and engine.policy.threshold_mode == "whole-gpus"
+        assert isinstance(engine.place(make_request("all", gpus=8)), Placement)
+        pair = ClusterSnapshot(nodes=(make_node("p", gpus=2, gpu_mem_gib=80),))
+        decisions = PlacementEngine.from_name(pair, "first-fit").place_batch(
+            [make_request("one", gpus=1), make_request("two", gpus=1)])
+        assert all(isinstance(d, Placement) for d in decisions)
+        assert {d.assignments[0].gpu_indices for d in decisions if isinstance(d, Placement)} == {(0,), (1,)}
+        cpu_bound = PlacementEngine.from_name(cluster, "first-fit").place(make_request("cpu", gpus=1, cpu=60.0))
+        assert isinstance(cpu_bound, Rejection) and cpu_bound.node_reasons == (("a", "cpu_cores over threshold 0.9"),)
+
+    def test_shared_requests_stay_under_the_threshold(self) -> None:
+        """In whole-gpus mode a share of a GPU is still held to the threshold in the GPU dimensions."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=1, gpu_mem_gib=80),))
+        engine = PlacementEngine.from_name(cluster, "first-fit", 0.9)
+        half = make_request("half", gpus=0.5, per_gpu_gib=10, allow_sharing=True)
+        more = make_request("more", gpus=0.5, per_gpu_gib=10, allow_sharing=True)
+        assert isinstance(engine.place(half), Placement)
+        decision = engine.place(more)   # 0.5 + 0.5 = 1 > 0.9 × 1
+        assert isinstance(decision, Rejection) and decision.node_reasons == (("a", "gpus over threshold 0.9"),)
+        # A whole GPU is not held to it: a 1-GPU request on an idle 1-GPU node fits.
+        idle = PlacementEngine.from_name(cluster, "first-fit", 0.9)
+        assert isinstance(idle.place(make_request("whole", gpus=1)), Placement)
+
+    def test_more_gpus_than_any_node_has(self) -> None:
+        """16 GPUs per node on 8-GPU nodes: refused from the bounds, with a reason naming the GPU count."""
+        cluster = ClusterSnapshot(nodes=(make_node("a", gpus=8),))
+        decision = PlacementEngine.from_name(cluster, "max-utilization").place(make_request("big", gpus=16))
+        assert isinstance(decision, Rejection) and "gpus more than any node has" in decision.reason
 
     def test_gang_is_all_or_nothing(self) -> None:
         """A 3-node gang on a cluster where only 2 nodes qualify is refused and reserves nothing."""

@@ -77,12 +77,13 @@ class TestMatchesReference:
 class TestEntriesStayExact:
     """After any sequence of commits and releases an entry equals a fresh vectorised pass."""
 
+    @pytest.mark.parametrize("mode", ["whole-gpus", "paper"])
     @pytest.mark.parametrize("policy", ["max-utilization", "load-balancing", "power-efficient", "first-fit"])
-    def test_commits_and_releases(self, policy: str) -> None:
+    def test_commits_and_releases(self, policy: str, mode: str) -> None:
         """Shared GPUs, per-GPU memory and constraints, with releases between placements."""
         for seed in range(40):
             rng = random.Random(70_000 + seed)
-            engine = PlacementEngine.from_name(gpu_cluster(rng, rng.randint(2, 12)), policy, 0.9)
+            engine = PlacementEngine.from_name(gpu_cluster(rng, rng.randint(2, 12)), policy, 0.9, mode=mode)
             shapes = [
                 make_request("s", gpus=0.25, per_gpu_gib=8, cpu=2.0, mem_gib=8, allow_sharing=True),
                 make_request("s", gpus=1.0, per_gpu_gib=39, cpu=4.0, mem_gib=16),

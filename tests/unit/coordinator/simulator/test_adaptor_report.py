@@ -47,11 +47,11 @@ class TestFloors:
     """The floor under every placement: the work's GPU-hours on the best node, fully carried."""
 
     def test_floor_by_hand(self) -> None:
-        """2 GPUs × 1 h of work, threshold 0.5: an 8-GPU node carries 4, so 0.5 node-h; the 4-GPU node's
+        """2 GPUs × 1 h of work, threshold 0.5 in paper mode: an 8-GPU node carries 4, so 0.5 node-h; the 4-GPU node's
         30 W/GPU idle over 2 carried GPUs plus 200 W/GPU dynamic beats the 8-GPU node's."""
         cluster = ClusterSnapshot(nodes=(_node("a", 8, 400.0, 2000.0), _node("b", 4, 120.0, 920.0)))
         jobs = [JobRecord("j1", 0.0, 0.0, 3600.0, gpus=2.0)]
-        f = floors(cluster, jobs, 0.5)
+        f = floors(cluster, jobs, 0.5, "paper")
         assert f["gpu_hours"] == pytest.approx(2.0)
         assert f["active_node_hours"] == pytest.approx(0.5)
         # b: 120 / (0.5 × 4) + 800 / 4 = 260 W per GPU; a: 400 / 4 + 1600 / 8 = 300 W per GPU.

@@ -54,7 +54,8 @@ class TestSimulateCommand:
     def test_registers_with_gptrmctl(self) -> None:
         """add_simulate_parser sets fn=run_simulate on the subcommand."""
         args = parse("--jobs", "j.csv", "--nodes", "n.csv", "--out", "o")
-        assert args.fn is run_simulate and args.threshold == 1.0 and args.nodes_limit is None
+        assert args.fn is run_simulate and args.nodes_limit is None
+        assert args.threshold == 0.9 and args.threshold_mode == "whole-gpus"   # the coordinator's defaults
 
     def test_writes_results(self, trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """Every policy gets every required key; the markdown table and the four plots are written."""

@@ -19,8 +19,9 @@ BATCH = [make_request(f"t{k}", gpus=g, cpu=2.0, mem_gib=8) for k, g in enumerate
 
 
 def after(policy: str) -> tuple[NodeSnapshot, ...]:
-    """The nodes once the batch is placed with a policy (every request fits under any policy here)."""
-    engine = PlacementEngine.from_name(CLUSTER, policy, 0.9, seed=3)
+    """The nodes once the batch is placed with a policy under the paper's rule (every request fits under any
+    policy here)."""
+    engine = PlacementEngine.from_name(CLUSTER, policy, 0.9, seed=3, mode="paper")
     assert all(hasattr(d, "assignments") for d in engine.place_batch(BATCH))
     return engine.snapshot().nodes
 

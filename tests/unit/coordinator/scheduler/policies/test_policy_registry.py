@@ -48,8 +48,29 @@ class TestFeasible:
         ],
     )  # fmt: skip
     def test_reasons(self, node_kwargs: dict, request_kwargs: dict, reason: str | None) -> None:
-        """Constraints, then dimensions, then GPU fit, each with a short reason."""
+        """Constraints, then dimensions, then GPU fit, each with a short reason (paper mode: every dimension capped)."""
+        assert feasible(make_request("t", **request_kwargs), make_node("n", **node_kwargs), 0.9, "paper") == reason
+
+    @pytest.mark.parametrize(
+        ("node_kwargs", "request_kwargs", "reason"),
+        [
+            # 7 used + 1 = 8 ≤ 8: whole GPUs are not capped by the threshold
+            ({"used_gpus": 7}, {"gpus": 1}, None),
+            ({"used_gpus": 8}, {"gpus": 1}, "gpus over capacity"),
+            ({"used_cpu": 50.0}, {"gpus": 1, "cpu": 8.0}, "cpu_cores over threshold 0.9"),
+            # a shared request is: 7 + 0.5 > 7.2
+            ({"used_gpus": 7}, {"gpus": 0.5, "allow_sharing": True}, "gpus over threshold 0.9"),
+            ({"used_gpus": 6}, {"gpus": 0.5, "allow_sharing": True}, None),
+        ],
+    )  # fmt: skip
+    def test_reasons_whole_gpus(self, node_kwargs: dict, request_kwargs: dict, reason: str | None) -> None:
+        """The default mode caps host dimensions and shared GPUs, not whole GPUs."""
         assert feasible(make_request("t", **request_kwargs), make_node("n", **node_kwargs), 0.9) == reason
+
+    def test_unknown_mode(self) -> None:
+        """An unknown threshold mode is a validation error naming the field."""
+        with pytest.raises(ValidationError, match="threshold_mode"):
+            build("first-fit", 0.9, mode="strict")
 
     def test_fragmented_shares(self) -> None:
         """Two half-shared GPUs cannot hold a 0.75 share although the node has 1.0 GPU left in total."""

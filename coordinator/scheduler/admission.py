@@ -1,0 +1,101 @@
+"""The door: a submitted task that no known node could ever hold is refused at submit, not queued.
+
+"Could ever hold" is the placement filter itself (:func:`~coordinator.scheduler.policies.base.feasible`,
+under the policy's threshold and threshold mode) on an empty copy of every known node: ready, off,
+cordoned, draining and lost nodes alike, as each would be with nothing reserved and schedulable
+(:meth:`~coordinator.scheduler.snapshot.SnapshotBuilder.empty_nodes`). A gang needs that many such
+nodes. Nothing is refused while no node is known at all, nor when a node provider can create nodes
+(a new node may be the answer); and an operator can queue such a task on purpose
+(``gptrmctl submit --queue-unplaceable``).
+
+Example::
+
+    admission = Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False)
+    admission.check(task)   # raises PlacementError with the reason
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from common.domain import NodeSnapshot, Request
+from common.errors import PlacementError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.scheduler.placement.engine import describe_demand
+from coordinator.scheduler.policies.base import feasible
+from coordinator.scheduler.policy import threshold_mode
+from coordinator.scheduler.queue import request_for
+
+__all__ = ["Admission", "unplaceable_reason"]
+
+_GIB = 1024**3
+_NOT_AVAILABLE = "requested node configuration is not available"
+
+
+def _size(node: NodeSnapshot) -> tuple[float, int, float, int, int]:
+    """What "largest" compares: GPUs first, then GPU memory, cores, memory, disk."""
+    return node.capacity.as_tuple()
+
+
+def _describe_node(node: NodeSnapshot) -> str:
+    c = node.capacity
+    return (f"{c.gpus:g} GPUs, {c.cpu_cores:g} cores, {c.mem_bytes / _GIB:.0f} GiB memory, "
+            f"{c.disk_bytes / _GIB:.0f} GiB disk")
+
+
+def unplaceable_reason(req: Request, nodes: Sequence[NodeSnapshot], threshold: float, mode: str) -> str | None:
+    """Why no known node (or too few, for a gang) could hold the request even empty; None when enough could.
+
+    :param req: the task's placement request.
+    :param nodes: every known node, empty and schedulable.
+    :param threshold: the policy's threshold.
+    :param mode: the policy's threshold mode.
+    :returns: the reason, naming the largest node and what it lacks; None when the request could be placed,
+        or when no node is known (nothing to judge by).
+    """
+    if not nodes:
+        return None
+    refusals = [(node, feasible(req, node, threshold, mode)) for node in nodes]
+    fitting = sum(1 for _, why in refusals if why is None)
+    if fitting >= req.nodes:
+        return None
+    if fitting > 0:
+        return (f"{_NOT_AVAILABLE}: spec.nodes: a gang of {req.nodes} nodes requested; only {fitting} of the "
+                f"{len(nodes)} known nodes could hold {describe_demand(req)} even empty")
+    largest, why = max(refusals, key=lambda pair: _size(pair[0]))
+    if req.whole_gpus > largest.capacity.gpus:
+        return (f"{_NOT_AVAILABLE}: spec.demand.gpus: {req.whole_gpus} GPUs per node requested; "
+                f"the largest node, {largest.node_id}, has {largest.capacity.gpus:g}")
+    return (f"{_NOT_AVAILABLE}: no known node could hold {describe_demand(req)} even empty; the largest node, "
+            f"{largest.node_id} ({_describe_node(largest)}), refuses it: {why}")
+
+
+class Admission:
+    """Refuses, at submit, tasks that could never be placed (see the module docstring).
+
+    :param nodes: every known node, empty and schedulable (called once per submit).
+    :param policy: the policy in force (its threshold and threshold mode).
+    :param creates_nodes: the node provider can create nodes: never refuse.
+    """
+
+    def __init__(self, nodes: Callable[[], Sequence[NodeSnapshot]], policy: Callable[[], types_pb2.Policy], *,
+                 creates_nodes: bool) -> None:
+        self._nodes, self._policy, self._creates_nodes = nodes, policy, creates_nodes
+        self._log = get_logger("admission")
+
+    def check(self, task: types_pb2.Task) -> None:
+        """Let the profiled task through, or refuse it.
+
+        :param task: the task about to be queued (its demand profiled).
+        :raises PlacementError: no known node could hold it even empty (gangs: not enough of them).
+        """
+        if self._creates_nodes:
+            return
+        policy = self._policy()
+        req = request_for(task)
+        reason = unplaceable_reason(req, self._nodes(), policy.threshold, threshold_mode(policy))
+        if reason is not None:
+            self._log.info("task_refused_unplaceable", name=task.spec.name, gpus=req.demand.gpus, nodes=req.nodes,
+                           reason=reason)
+            raise PlacementError(reason)

@@ -1,0 +1,71 @@
+"""Tests for the refusal at submit of tasks no known node could hold (coordinator/scheduler/admission.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.errors import PlacementError
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.scheduler.admission import Admission, unplaceable_reason
+from tests.helpers.builders import GIB, make_node, make_request
+
+NODES = [make_node("n1", gpus=2), make_node("n2", gpus=8), make_node("n3", gpus=4)]
+
+
+class TestUnplaceableReason:
+    def test_fits_an_empty_node(self) -> None:
+        """A full-node task fits the empty 8-GPU node under the default mode."""
+        assert unplaceable_reason(make_request("t", gpus=8), NODES, 0.9, "whole-gpus") is None
+
+    def test_more_gpus_than_the_largest_node(self) -> None:
+        """The reason names the largest node and its GPU count."""
+        reason = unplaceable_reason(make_request("t", gpus=16), NODES, 0.9, "whole-gpus")
+        assert reason is not None and reason.endswith("16 GPUs per node requested; the largest node, n2, has 8")
+
+    def test_paper_mode_caps_the_gpu_count(self) -> None:
+        """Under the paper's rule 8 GPUs never fit 0.9 × 8: the filter's reason for the largest node."""
+        reason = unplaceable_reason(make_request("t", gpus=8), NODES, 0.9, "paper")
+        assert reason is not None and "the largest node, n2" in reason and "gpus over threshold 0.9" in reason
+
+    def test_host_dimension(self) -> None:
+        """A host dimension over the threshold on every node is named."""
+        reason = unplaceable_reason(make_request("t", gpus=1, cpu=60.0), NODES, 0.9, "whole-gpus")
+        assert reason is not None and "cpu_cores over threshold 0.9" in reason
+
+    def test_gang_needs_enough_nodes(self) -> None:
+        """A gang of 4-GPU parts fits two of the three nodes: 2 parts pass, 3 are refused."""
+        assert unplaceable_reason(make_request("t", gpus=4, nodes=2), NODES, 0.9, "whole-gpus") is None
+        reason = unplaceable_reason(make_request("t", gpus=4, nodes=3), NODES, 0.9, "whole-gpus")
+        assert reason is not None and "a gang of 3 nodes requested; only 2 of the 3 known nodes" in reason
+
+    def test_judges_the_views_it_is_given(self) -> None:
+        """The filter runs on the views passed in: a full node refuses, its empty copy (what admission passes,
+        see SnapshotBuilder.empty_nodes) accepts."""
+        busy = [make_node("n1", gpus=8, used_gpus=8)]
+        assert unplaceable_reason(make_request("t", gpus=8), busy, 0.9, "whole-gpus") is not None
+        assert unplaceable_reason(make_request("t", gpus=8), [make_node("n1", gpus=8)], 0.9, "whole-gpus") is None
+
+    def test_no_known_node_refuses_nothing(self) -> None:
+        """With no node known there is nothing to judge by."""
+        assert unplaceable_reason(make_request("t", gpus=64), [], 0.9, "whole-gpus") is None
+
+
+def _task(gpus: float) -> types_pb2.Task:
+    return types_pb2.Task(id="t", spec=types_pb2.TaskSpec(name="t", nodes=1),
+                          demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=10 * GIB, cpu_cores=1.0))
+
+
+class TestAdmission:
+    @pytest.mark.parametrize("mode", ["", "whole-gpus"])
+    def test_refuses_with_placement_error(self, mode: str) -> None:
+        """A stored policy without a mode means the default mode."""
+        policy = types_pb2.Policy(name="max-utilization", threshold=0.9, threshold_mode=mode)
+        admission = Admission(lambda: NODES, lambda: policy, creates_nodes=False)
+        admission.check(_task(8))
+        with pytest.raises(PlacementError, match="the largest node, n2, has 8"):
+            admission.check(_task(16))
+
+    def test_a_provider_that_creates_nodes_refuses_nothing(self) -> None:
+        """A new node may be the answer."""
+        policy = types_pb2.Policy(name="max-utilization", threshold=0.9)
+        Admission(lambda: NODES, lambda: policy, creates_nodes=True).check(_task(16))
