@@ -54,7 +54,8 @@ def main() -> int:
                               "--coordinator-id", "dev-coordinator", "--insecure"], env=env)
     agent = subprocess.Popen([str(bin_dir / "gptrm-agent"), "--coordinator", LISTEN, "--gpu-backend",
                               os.environ.get("GPTRM_GPU_BACKEND", "auto"), "--state-dir", str(state / "agent"),
-                              "--data-paths", str(Path.cwd()), "--insecure"], env=env)
+                              "--data-paths", str(Path.cwd()), "--advertise-address", "127.0.0.1", "--insecure"],
+                             env=env)
     procs = [agent, coord]
     try:
         node = _wait_for_node(30)

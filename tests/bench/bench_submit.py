@@ -145,7 +145,8 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
             procs.append(Proc([str(BIN / "gptrm-agent"), "--coordinator", listen, "--node-id", f"bench-agent-{a}",
                                "--gpu-backend", "simulated", "--simulate-gpus", args.simulate_gpus,
                                "--interval", str(args.interval), "--state-dir", str(tmp / f"agent-{a}"),
-                               "--backoff-max", "1", "--insecure"], tmp / f"agent-{a}.log").start())
+                               "--backoff-max", "1", "--advertise-address", "127.0.0.1", "--insecure"],
+                              tmp / f"agent-{a}.log").start())
         with grpc.insecure_channel(listen) as channel:
             stub = admin_pb2_grpc.AdminStub(channel)
             wait_until(lambda: sum(1 for n in stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes
