@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -158,6 +159,25 @@ class Cluster:
         addr = coordinator or ",".join(a for _, a, _ in self.coordinators.values())
         return subprocess.run([str(BIN / "gptrmctl"), "--coordinator", addr, *_plaintext_unless_tls(args), *args],
                               capture_output=True, text=True, timeout=timeout_s)
+
+    def ctl_json(self, *args: str) -> Any:
+        """``gptrmctl -o json ARGS``'s document (the command must succeed)."""
+        res = self.ctl("-o", "json", *args)
+        assert res.returncode == 0, f"{args}: {res.stderr}"
+        return json.loads(res.stdout)
+
+    def submit(self, *args: str) -> str:
+        """Submit with gptrmctl; returns the task id."""
+        return str(self.ctl_json("submit", *args)["task_id"])
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        """``gptrmctl tasks TASK`` as JSON."""
+        return dict(self.ctl_json("tasks", task_id))
+
+    def task_in(self, task_id: str, *states: str) -> dict[str, Any] | None:
+        """The task when it is in one of ``states`` (for :func:`wait_until`), else None."""
+        t = self.task(task_id)
+        return t if t["state"] in states else None
 
     def stop(self) -> None:
         for p in self.agents.values():

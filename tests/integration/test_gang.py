@@ -47,23 +47,6 @@ print(f"rank={rank} nnodes={nnodes} world={os.environ['WORLD_SIZE']} local={os.e
 '''
 
 
-def _submit(c: Cluster, *args: str) -> str:
-    res = c.ctl("-o", "json", "submit", *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["task_id"]
-
-
-def _task(c: Cluster, task_id: str) -> dict:
-    res = c.ctl("-o", "json", "tasks", task_id)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
-def _state_is(c: Cluster, task_id: str, *states: str) -> dict | None:
-    t = _task(c, task_id)
-    return t if t["state"] in states else None
-
-
 def _ready(c: Cluster, name: str = "c1") -> int:
     """Nodes READY as coordinator ``name`` (the leader) sees them."""
     res = c.ctl("-o", "json", "nodes", coordinator=c.address(name))
@@ -104,8 +87,8 @@ class TestDistributedLaunch:
         _two_nodes(cluster, *ROOT_TASKS_AGENT, "--task-port-range", f"{port}-{port + 10}")
         script = tmp_path / "meet.py"
         script.write_text(_MEET)
-        tid = _submit(cluster, *_GANG, *ROOT_TASKS_SUBMIT, "--", sys.executable, str(script))
-        t = wait_until(lambda: _state_is(cluster, tid, "succeeded", "failed", "cancelled"), what="the gang to end")
+        tid = cluster.submit(*_GANG, *ROOT_TASKS_SUBMIT, "--", sys.executable, str(script))
+        t = wait_until(lambda: cluster.task_in(tid, "succeeded", "failed", "cancelled"), what="the gang to end")
         assert t["state"] == "succeeded", t
         ranks = {p["rank"]: p for p in t["parts"]}
         assert sorted(ranks) == [0, 1] and {p["state"] for p in t["parts"]} == {"succeeded"}
@@ -138,9 +121,9 @@ class TestDistributedLaunch:
         bindir.mkdir()
         (bindir / "torchrun").write_text('#!/bin/sh\necho "torchrun $*"\n')
         (bindir / "torchrun").chmod(0o755)
-        tid = _submit(cluster, *_GANG, *ROOT_TASKS_SUBMIT, "--launcher", "torchrun",
+        tid = cluster.submit(*_GANG, *ROOT_TASKS_SUBMIT, "--launcher", "torchrun",
                       "--env", f"PATH={bindir}:/usr/bin:/bin", "--", "train.py", "--lr", "0.1")
-        t = wait_until(lambda: _state_is(cluster, tid, "succeeded", "failed"), what="the gang to end")
+        t = wait_until(lambda: cluster.task_in(tid, "succeeded", "failed"), what="the gang to end")
         assert t["state"] == "succeeded", t
         assert t["spec"]["launcher"] == "torchrun"
         port = t["master_port"]
@@ -156,9 +139,9 @@ class TestLiveAndDieTogether:
         cluster.start_coordinator("c1", *_COORD)
         cluster.wait_leader("c1")
         _two_nodes(cluster)
-        tid = _submit(cluster, *_GANG, "--stop-grace-s", "2", "--",
+        tid = cluster.submit(*_GANG, "--stop-grace-s", "2", "--",
                       "sh", "-c", 'if [ "$NODE_RANK" = 1 ]; then echo rank 1 gives up; exit 1; fi; exec sleep 300')
-        t = wait_until(lambda: _state_is(cluster, tid, "failed", "succeeded", "cancelled"), what="the gang to end")
+        t = wait_until(lambda: cluster.task_in(tid, "failed", "succeeded", "cancelled"), what="the gang to end")
         assert t["state"] == "failed", t
         ranks = {p["rank"]: p for p in t["parts"]}
         assert (ranks[1]["state"], ranks[1]["exit_code"]) == ("failed", 1)
@@ -183,8 +166,8 @@ class TestLiveAndDieTogether:
             taken.listen()
             port = taken.getsockname()[1]
             _two_nodes(cluster, "--task-port-range", f"{port}-{port}")
-            tid = _submit(cluster, *_GANG, "--stop-grace-s", "2", "--", "sh", "-c", "exec sleep 300")
-            t = wait_until(lambda: _state_is(cluster, tid, "failed", "succeeded", "cancelled"),
+            tid = cluster.submit(*_GANG, "--stop-grace-s", "2", "--", "sh", "-c", "exec sleep 300")
+            t = wait_until(lambda: cluster.task_in(tid, "failed", "succeeded", "cancelled"),
                            what="the gang to end")
         assert t["state"] == "failed", t
         assert f"master port {port}" in t["reason"] and "rank 0" in t["reason"]
@@ -201,12 +184,12 @@ class TestLiveAndDieTogether:
             cluster.start_coordinator(n, *_COORD, "--task-grace", "5")
         leader = wait_until(lambda: next((n for n in names if cluster.status(n).is_leader), None), what="a leader")
         _two_nodes(cluster, leader=leader)
-        tid = _submit(cluster, *_GANG, "--", "sh", "-c", "exec sleep 300")
-        wait_until(lambda: _task(cluster, tid)["state"] != "pending", 30, 0.02, "the gang placed")
+        tid = cluster.submit(*_GANG, "--", "sh", "-c", "exec sleep 300")
+        wait_until(lambda: cluster.task(tid)["state"] != "pending", 30, 0.02, "the gang placed")
         cluster.proc(leader).signal(signal.SIGKILL)
         survivor = next(n for n in names if n != leader)
         cluster.wait_leader(survivor)
-        t = wait_until(lambda: (d := _state_is(cluster, tid, "running", "failed")) and
+        t = wait_until(lambda: (d := cluster.task_in(tid, "running", "failed")) and
                        (d["state"] == "failed" or all(p["state"] == "running" for p in d["parts"])) and d,
                        what="both parts running under the new leader")
         assert t["state"] == "running", t
@@ -215,9 +198,9 @@ class TestLiveAndDieTogether:
         # Every agent reported since the new leader took over (each registered with it): still one each.
         wait_until(lambda: _ready(cluster, survivor) == 2, what="nodes ready under the new leader")
         assert _task_processes(tid, "sleep") == {"0": 1, "1": 1}
-        assert [h["state"] for h in _task(cluster, tid)["history"]].count("running") == 1
+        assert [h["state"] for h in cluster.task(tid)["history"]].count("running") == 1
         res = cluster.ctl("cancel", tid)
         assert res.returncode == 0, res.stderr
-        wait_until(lambda: _state_is(cluster, tid, "cancelled"), what="the gang cancelled")
+        wait_until(lambda: cluster.task_in(tid, "cancelled"), what="the gang cancelled")
         assert _task_processes(tid, "sleep") == {}
 

@@ -10,18 +10,6 @@ from tests.integration.harness import Cluster, wait_until
 PAIRS = ("--simulate-gpus", "8xH100-80GB", "--simulate-topology", "pcie-nvlink-pairs")
 
 
-def _submit(c: Cluster, *args: str) -> str:
-    res = c.ctl("-o", "json", "submit", *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["task_id"]
-
-
-def _task(c: Cluster, task_id: str) -> dict:
-    res = c.ctl("-o", "json", "tasks", task_id)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
 def _allowed(c: Cluster, task_id: str) -> str | None:
     out = c.ctl("logs", task_id).stdout
     line = next((x for x in out.splitlines() if x.startswith("Cpus_allowed_list")), None)
@@ -39,9 +27,9 @@ class TestGpuTopology:
                           and json.loads(r.stdout), what="node n1")
         assert node["topology"][0][:2] == ["X", "NV4"] and node["topology"][0][4] == "SYS"
         cpu_list = {g["index"]: g["cpu_list"] for g in node["gpus"]}
-        ids = [_submit(cluster, "--name", f"pair{k}", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
+        ids = [cluster.submit("--name", f"pair{k}", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
                        "sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 60") for k in range(4)]
-        tasks = [wait_until(lambda t=t: (d := _task(cluster, t))["state"] == "running" and d, what=f"{t} running")
+        tasks = [wait_until(lambda t=t: (d := cluster.task(t))["state"] == "running" and d, what=f"{t} running")
                  for t in ids]
         pairs = sorted(tuple(t["allocation"][0]["gpu_indices"]) for t in tasks)
         assert pairs == [(0, 1), (2, 3), (4, 5), (6, 7)]

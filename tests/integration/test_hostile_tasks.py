@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -43,26 +42,20 @@ def state_dir() -> Iterator[Path]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def _json(c: Cluster, *args: str) -> Any:
-    res = c.ctl("-o", "json", *args)
-    assert res.returncode == 0, f"{args}: {res.stderr}"
-    return json.loads(res.stdout)
-
-
 def _start(c: Cluster, state: Path, *extra: str) -> None:
     c.start_coordinator("c1")
     c.wait_leader("c1")
     c.start_agent("n1", "--state-dir", str(state), *extra)
-    wait_until(lambda: _json(c, "nodes")["nodes"], what="node registered")
+    wait_until(lambda: c.ctl_json("nodes")["nodes"], what="node registered")
 
 
 def _submit(c: Cluster, script: str, *flags: str) -> str:
-    return _json(c, "submit", "--name", "hostile", "--gpus", "0", "--cpu", "0.1", *flags, "--",
+    return c.ctl_json("submit", "--name", "hostile", "--gpus", "0", "--cpu", "0.1", *flags, "--",
                  "/bin/sh", "-c", script)["task_id"]
 
 
 def _ended(c: Cluster, task_id: str, timeout_s: float = 90.0) -> dict[str, Any]:
-    return wait_until(lambda: (t := _json(c, "tasks", task_id))["state"] in ("succeeded", "failed", "cancelled")
+    return wait_until(lambda: (t := c.ctl_json("tasks", task_id))["state"] in ("succeeded", "failed", "cancelled")
                       and t, timeout_s, what=f"{task_id} to end")
 
 
@@ -149,7 +142,7 @@ class TestHostileTasks:
         assert "READ-DENIED" in out and "SIGNAL-DENIED" in out, out
         assert "secret-of-the-first-task" not in out
         assert sleeper.is_running() and sleeper.status() != psutil.STATUS_ZOMBIE
-        assert _json(cluster, "tasks", first)["state"] == "running"
+        assert cluster.ctl_json("tasks", first)["state"] == "running"
         assert task["state"] == "succeeded"
         others = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real ==
                   sleeper.uids().real]

@@ -5,27 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import BIN, ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
-
-
-def _json(c: Cluster, *args: str) -> Any:
-    res = c.ctl("-o", "json", *args)
-    assert res.returncode == 0, f"{args}: {res.stderr}"
-    return json.loads(res.stdout)
 
 
 def _start(c: Cluster) -> None:
     c.start_coordinator("c1")
     c.wait_leader("c1")
     c.start_agent("n1", *ROOT_TASKS_AGENT)
-    wait_until(lambda: _json(c, "nodes")["nodes"], what="node registered")
+    wait_until(lambda: c.ctl_json("nodes")["nodes"], what="node registered")
 
 
 def _run(c: Cluster, script: str) -> str:
-    task = _json(c, "submit", "--name", "printer", "--gpus", "0", "--cpu", "0.1", *ROOT_TASKS_SUBMIT, "--",
+    task = c.ctl_json("submit", "--name", "printer", "--gpus", "0", "--cpu", "0.1", *ROOT_TASKS_SUBMIT, "--",
                  "/bin/sh", "-c", script)
     return task["task_id"]
 
@@ -71,7 +64,8 @@ class TestTaskLogs:
         _start(cluster)
         res = cluster.ctl("logs", "no-such-task")
         assert res.returncode == 1 and "no-such-task" in res.stderr
-        pending = _json(cluster, "submit", "--name", "huge", "--gpus", "1", "--cpu", "1000", "--", "true")
+        pending = cluster.ctl_json("submit", "--name", "huge", "--gpus", "1", "--cpu", "1000", "--queue-unplaceable",
+                                   "--", "true")
         res = cluster.ctl("logs", pending["task_id"])
         assert res.returncode == 1 and "has not run on any node" in res.stderr
 

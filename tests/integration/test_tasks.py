@@ -11,23 +11,6 @@ from pathlib import Path
 from tests.integration.harness import Cluster, wait_until
 
 
-def _submit(c: Cluster, *args: str) -> str:
-    res = c.ctl("-o", "json", "submit", *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["task_id"]
-
-
-def _task(c: Cluster, task_id: str) -> dict:
-    res = c.ctl("-o", "json", "tasks", task_id)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
-def _state_is(c: Cluster, task_id: str, *states: str) -> dict | None:
-    t = _task(c, task_id)
-    return t if t["state"] in states else None
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -43,17 +26,17 @@ class TestTaskLifecycle:
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        ok = _submit(cluster, "--name", "ok", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
+        ok = cluster.submit("--name", "ok", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
                      "sh", "-c", 'echo "cvd=$CUDA_VISIBLE_DEVICES"')
-        t = wait_until(lambda: _state_is(cluster, ok, "succeeded", "failed"), what="ok to finish")
+        t = wait_until(lambda: cluster.task_in(ok, "succeeded", "failed"), what="ok to finish")
         assert t["state"] == "succeeded" and t["exit_code"] == 0
         uuids = t["log_tail"].split("cvd=", 1)[1].split()[0].split(",")
         assert len(uuids) == 2 and all(u.startswith("GPU-sim-n1-") for u in uuids)
         assert [a["node_id"] for a in t["allocation"]] == ["n1"]
         assert [h["state"] for h in t["history"]] == ["pending", "scheduled", "starting", "running", "succeeded"]
-        bad = _submit(cluster, "--name", "bad", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
+        bad = cluster.submit("--name", "bad", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
                       "sh", "-c", "echo something went wrong >&2; exit 3")
-        t = wait_until(lambda: _state_is(cluster, bad, "succeeded", "failed"), what="bad to finish")
+        t = wait_until(lambda: cluster.task_in(bad, "succeeded", "failed"), what="bad to finish")
         assert t["state"] == "failed" and t["exit_code"] == 3 and "something went wrong" in t["log_tail"]
         res = cluster.ctl("tasks", bad)
         assert "something went wrong" in res.stdout and "exit code     3" in res.stdout
@@ -63,15 +46,15 @@ class TestTaskLifecycle:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
-        tid = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
+        tid = cluster.submit("--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
                       "--stop-grace-s", "1",
                       "--", "sh", "-c", "trap '' TERM; while true; do sleep 0.1; done")
-        t = wait_until(lambda: _state_is(cluster, tid, "running"), what="running")
+        t = wait_until(lambda: cluster.task_in(tid, "running"), what="running")
         pids = t["pids"]
         assert pids and _pid_alive(pids[0])
         started = time.monotonic()
         assert cluster.ctl("cancel", tid).returncode == 0
-        t = wait_until(lambda: _state_is(cluster, tid, "cancelled"), what="cancelled")
+        t = wait_until(lambda: cluster.task_in(tid, "cancelled"), what="cancelled")
         assert time.monotonic() - started >= 1.0
         wait_until(lambda: not _pid_alive(pids[0]), what="process gone")
 
@@ -81,15 +64,15 @@ class TestTaskLifecycle:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
-        tid = _submit(cluster, "--name", "crashloop", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
+        tid = cluster.submit("--name", "crashloop", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
                       "--restart-policy", "always", "--max-restarts", "1000", "--", "sh", "-c", "exit 1")
-        t = wait_until(lambda: (lambda x: x if x["restarts"] >= 2 else None)(_task(cluster, tid)), what="2 restarts")
+        t = wait_until(lambda: (lambda x: x if x["restarts"] >= 2 else None)(cluster.task(tid)), what="2 restarts")
         assert "after failure in" in t["reason"] or t["state"] != "pending"
         wait_until(lambda: cluster.ctl("cancel", tid).returncode == 0, what="cancel accepted")
-        t = wait_until(lambda: _state_is(cluster, tid, "cancelled"), what="cancelled")
+        t = wait_until(lambda: cluster.task_in(tid, "cancelled"), what="cancelled")
         restarts = t["restarts"]
         time.sleep(3.0)   # a restart, had one been allowed, would have happened within its backoff
-        t = _task(cluster, tid)
+        t = cluster.task(tid)
         assert t["state"] == "cancelled" and t["restarts"] == restarts
         assert restarts < 10   # backoff: 1 s, 2 s, 4 s ... not ~20 restarts a second
 
@@ -98,24 +81,24 @@ class TestTaskLifecycle:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         agent = cluster.start_agent("n1")
-        long = _submit(cluster, "--name", "long", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
+        long = cluster.submit("--name", "long", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1",
                        "--", "sleep", "30")
-        short = _submit(cluster, "--name", "short", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
+        short = cluster.submit("--name", "short", "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
                         "sh", "-c", "sleep 2; exit 7")
-        wait_until(lambda: _state_is(cluster, long, "running") and _state_is(cluster, short, "running"),
+        wait_until(lambda: cluster.task_in(long, "running") and cluster.task_in(short, "running"),
                    what="both running")
-        pid = _task(cluster, long)["pids"][0]
+        pid = cluster.task(long)["pids"][0]
         agent.signal(signal.SIGKILL)
         agent.proc.wait()  # type: ignore[union-attr]
         time.sleep(3)      # the short task ends while no agent is there
         cluster.start_agent("n1")
-        t = wait_until(lambda: _state_is(cluster, short, "failed", "succeeded"), what="short reported")
+        t = wait_until(lambda: cluster.task_in(short, "failed", "succeeded"), what="short reported")
         assert t["state"] == "failed" and t["exit_code"] == 7
-        t = _task(cluster, long)
+        t = cluster.task(long)
         assert t["state"] == "running" and t["pids"] == [pid] and _pid_alive(pid)
         assert [h["state"] for h in t["history"]].count("running") == 1
         assert cluster.ctl("cancel", long).returncode == 0
-        wait_until(lambda: _state_is(cluster, long, "cancelled"), what="long cancelled")
+        wait_until(lambda: cluster.task_in(long, "cancelled"), what="long cancelled")
 
 
 class TestCoordinatorRestart:
@@ -124,15 +107,15 @@ class TestCoordinatorRestart:
         addr = cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", "--buffer-samples", "5")
-        tids = [_submit(cluster, "--name", f"t{i}", "--gpus", "0.25", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
+        tids = [cluster.submit("--name", f"t{i}", "--gpus", "0.25", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
                         "sh", "-c", f"sleep {2 + i * 0.3}; exit {i}") for i in range(4)]
-        wait_until(lambda: all(_state_is(cluster, t, "running") for t in tids), what="all running")
+        wait_until(lambda: all(cluster.task_in(t, "running") for t in tids), what="all running")
         cluster.proc("c1").stop()
         time.sleep(5)  # every task ends while no coordinator is there; telemetry beyond 5 samples is dropped
         assert cluster.start_coordinator("c1") == addr
         cluster.wait_leader("c1")
         for i, tid in enumerate(tids):
-            t = wait_until(lambda tid=tid: _state_is(cluster, tid, "succeeded", "failed"), what=f"{tid} final")
+            t = wait_until(lambda tid=tid: cluster.task_in(tid, "succeeded", "failed"), what=f"{tid} final")
             assert t["exit_code"] == i and t["state"] == ("succeeded" if i == 0 else "failed")
         node = wait_until(lambda: (n := json.loads(cluster.ctl("-o", "json", "nodes", "n1").stdout))["state"]
                           == "ready" and n["dropped_samples_total"] > 0 and n, what="reconnected with drops")

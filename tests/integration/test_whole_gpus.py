@@ -21,19 +21,11 @@ def _start(cluster: Cluster, *gpus: str) -> None:
 
 
 def _submit(cluster: Cluster, *args: str) -> str:
-    res = cluster.ctl("-o", "json", "submit", *ROOT_TASKS_SUBMIT, *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["task_id"]
-
-
-def _task(cluster: Cluster, task_id: str) -> dict:
-    res = cluster.ctl("-o", "json", "tasks", task_id)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return cluster.submit(*ROOT_TASKS_SUBMIT, *args)
 
 
 def _running(cluster: Cluster, task_id: str) -> dict:
-    return wait_until(lambda: (t := _task(cluster, task_id))["state"] == "running" and t, what=f"{task_id} running")
+    return wait_until(lambda: (t := cluster.task(task_id))["state"] == "running" and t, what=f"{task_id} running")
 
 
 class TestWholeGpusByDefault:
@@ -79,7 +71,7 @@ class TestRefusedAtTheDoor:
         assert "requested node configuration is not available" in res.stderr
         assert json.loads(cluster.ctl("-o", "json", "tasks").stdout)["tasks"] == []
         queued = _submit(cluster, "--queue-unplaceable", "--name", "huge", "--gpus", "16", *_SMALL, "--", "true")
-        assert _task(cluster, queued)["state"] == "pending"
+        assert cluster.task(queued)["state"] == "pending"
 
     def test_gang_needs_enough_nodes(self, cluster: Cluster) -> None:
         """A 3-node gang of 2 GPUs each on two nodes is refused; a 2-node gang is accepted and runs."""
@@ -96,7 +88,7 @@ class TestRefusedAtTheDoor:
         _start(cluster, "8xH100-80GB")
         assert cluster.ctl("cordon", "n1").returncode == 0
         task = _submit(cluster, "--name", "later", "--gpus", "8", *_SMALL, "--", "sleep", "300")
-        assert _task(cluster, task)["state"] == "pending"
+        assert cluster.task(task)["state"] == "pending"
         assert cluster.ctl("uncordon", "n1").returncode == 0
         _running(cluster, task)
 
