@@ -320,7 +320,7 @@ class Sampler:
                 "collector_had_no_data", collector=collector.name, duration_s=duration_s, ok=True, reason=str(e)
             )
             return []
-        except Exception as e:  # the loop must outlive any collector bug (STYLE §5, §9)
+        except Exception as e:  # the loop must outlive any collector bug
             self._report_failure(collector.name, e, self._clock() - start)
             return []
         duration_s = self._clock() - start

@@ -1,4 +1,4 @@
-"""Plain data the scheduling pipeline works on (STYLE.md §2, §3).
+"""Plain data the scheduling pipeline works on.
 
 The coordinator takes a :class:`ClusterSnapshot` at the start of each scheduling cycle, the
 profiler turns each queued task into a :class:`Request`, and the placement engine answers each

@@ -1,7 +1,7 @@
 """structlog setup shared by every gptrm process.
 
 JSON lines when stdout is not a terminal (journald, files, CI), the console renderer on a
-TTY. Events are constant snake_case phrases; data goes in keys (see STYLE.md §8).
+TTY. Events are constant snake_case phrases; data goes in keys (see CONTRIBUTING.md, Logging).
 """
 
 from __future__ import annotations

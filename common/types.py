@@ -1,4 +1,4 @@
-"""Plain domain types shared by agent and coordinator (STYLE.md §2).
+"""Plain domain types shared by agent and coordinator.
 
 Protobuf types stay at the edges; these frozen dataclasses are what policies, the
 allocator, the monitor and the collectors work with.

@@ -1,4 +1,4 @@
-"""Telemetry collectors, one per module, all behind :class:`Collector` (STYLE.md §5).
+"""Telemetry collectors, one per module, all behind :class:`Collector`.
 
 The collectors, listed explicitly (nothing registers itself on import):
 

@@ -1,4 +1,4 @@
-"""The collector interface and the plain readings collectors return (STYLE.md §2, §5).
+"""The collector interface and the plain readings collectors return.
 
 Collectors never touch protobuf: they return the frozen dataclasses below, and the
 sampler turns one tick's readings into a ``types_pb2.TelemetrySample`` with the
@@ -294,7 +294,7 @@ class Collector(Protocol):
 
 @runtime_checkable
 class GpuBackend(Collector, Protocol):
-    """The node's GPUs: NVML or simulated, chosen once at start-up (STYLE.md §5)."""
+    """The node's GPUs: NVML or simulated, chosen once at start-up."""
 
     backend: str
     """``nvml`` or ``simulated``; goes to ``NodeInventory.gpu_backend``."""

@@ -1,6 +1,6 @@
 """The cycle's snapshot: READY nodes with their reservations and per-GPU free memory and share.
 
-Every policy of a cycle reads this one snapshot, taken once at its start (STYLE.md §3), so that
+Every policy of a cycle reads this one snapshot, taken once at its start, so that
 what the policies compare is consistent even while agents keep streaming.
 """
 

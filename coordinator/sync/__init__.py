@@ -1,4 +1,4 @@
-"""etcd coordination for the coordinator: the only package that talks to etcd (STYLE.md §6).
+"""etcd coordination for the coordinator: the only package that talks to etcd (CONTRIBUTING.md, Layout).
 
 Example::
 

@@ -1,6 +1,6 @@
 """The production placement engine: a batch of requests against a cluster snapshot.
 
-The pipeline for each request, in this order (STYLE.md §4):
+The pipeline for each request, in this order:
 
 1. **queue order** — the caller hands the batch in queue order (:func:`common.domain.queue_key`);
    policies that follow the paper (Alg. 1-3) then take it by descending compute demand (a stable

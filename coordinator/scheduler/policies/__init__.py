@@ -1,4 +1,4 @@
-"""Placement policies, looked up by name in one registry (STYLE.md §4).
+"""Placement policies, looked up by name in one registry.
 
 ``policy set NAME`` selects from :data:`POLICIES`; every factory has the signature
 ``build(threshold: float = 0.9, *, seed: int | None = None, mode: str = "whole-gpus") -> Policy``

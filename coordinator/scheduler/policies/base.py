@@ -1,6 +1,6 @@
 """What every placement policy shares: the threshold filter, the vectorised node view, the protocol.
 
-A policy is two steps (STYLE.md §3). The **filter** (:func:`feasible`) is the same for every
+A policy is two steps (CONTRIBUTING.md, Placement policies). The **filter** (:func:`feasible`) is the same for every
 policy here: a request may go on a node when, after placement, every resource dimension stays
 at or under its limit (:func:`limit_factors`: ``threshold × capacity`` where the threshold
 applies, the whole capacity elsewhere), the node satisfies the request's constraints, and the
