@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -171,6 +173,19 @@ async def _answer(svc: LogService, req: agent_pb2.LogRequest) -> list[agent_pb2.
     return out
 
 
+async def _until_true(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``check`` on the event loop until it holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def _sent(out: list[agent_pb2.LogChunk], data: bytes) -> None:
+    """Wait until the chunks sent so far carry exactly ``data``."""
+    await _until_true(lambda: b"".join(c.data for c in out) == data)
+
+
 class TestLogService:
     def test_tail_answer_ends_with_eof(self, tmp_path: Path) -> None:
         """A tail request gets the last lines then one eof chunk, all carrying the request id."""
@@ -202,14 +217,19 @@ class TestLogService:
         svc = LogService(tmp_path, running=lambda t: t in running, poll_s=0.01)
 
         async def scenario() -> list[agent_pb2.LogChunk]:
-            answer = asyncio.create_task(_answer(svc, agent_pb2.LogRequest(request_id="r", task_id="t1",
-                                                                             tail_lines=1, follow=True)))
-            await asyncio.sleep(0.05)
+            out: list[agent_pb2.LogChunk] = []
+
+            async def send(chunk: agent_pb2.LogChunk) -> None:
+                out.append(chunk)
+
+            svc.handle(agent_pb2.LogRequest(request_id="r", task_id="t1", tail_lines=1, follow=True), send)
+            await _sent(out, b"old\n")      # the tail is out: what is written next is new output
             _write(path, b"new 1\n")
-            await asyncio.sleep(0.05)
+            await _sent(out, b"old\nnew 1\n")
             _write(path, b"new 2\n")
             running.clear()
-            return await answer
+            await _until_true(lambda: bool(out) and out[-1].eof)
+            return out
 
         chunks = asyncio.run(scenario())
         assert b"".join(c.data for c in chunks) == b"old\nnew 1\nnew 2\n"
@@ -226,9 +246,11 @@ class TestLogService:
 
         async def scenario() -> None:
             svc.handle(agent_pb2.LogRequest(request_id="r", task_id="t1", follow=True), send)
-            await asyncio.sleep(0.05)
+            await _sent(sent, b"x\n")        # the follower is running
+            follower = svc._active["r"]
             svc.handle(agent_pb2.LogRequest(request_id="r", cancel=True), send)
-            await asyncio.sleep(0.05)
+            await asyncio.wait([follower], timeout=10)
+            assert follower.done()
 
         asyncio.run(scenario())
         assert not svc._active

@@ -95,6 +95,14 @@ def _start(task_id: str, argv: list[str], env: dict[str, str], gpus: list[int]) 
     return d
 
 
+def _gone(pid: int) -> bool:
+    """Whether the process has exited (a zombie waiting to be reaped counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 async def _until(statuses: list[agent_pb2.TaskStatus], state: TaskState, timeout: float = 10.0) -> agent_pb2.TaskStatus:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -205,8 +213,10 @@ class TestTransientServiceRuntime:
             stop.stop.grace_s = 2.0
             assert (await rt.handle(stop)).ok
             await _until(statuses, TaskState.CANCELLED)
-            await asyncio.sleep(0.2)
-            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            deadline = time.monotonic() + 10.0
+            while not _gone(pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert _gone(pid)
 
         asyncio.run(scenario())
 
