@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
+
 from tests.integration.harness import Cluster, wait_until
 
 
@@ -17,6 +19,14 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process is gone or a zombie (it ended; its parent has not reaped it yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 class TestTaskLifecycle:
@@ -88,9 +98,10 @@ class TestTaskLifecycle:
         wait_until(lambda: cluster.task_in(long, "running") and cluster.task_in(short, "running"),
                    what="both running")
         pid = cluster.task(long)["pids"][0]
+        short_pid = cluster.task(short)["pids"][0]
         agent.signal(signal.SIGKILL)
         agent.proc.wait()  # type: ignore[union-attr]
-        time.sleep(3)      # the short task ends while no agent is there
+        wait_until(lambda: _exited(short_pid), what="the short task to end while no agent is there")
         cluster.start_agent("n1")
         t = wait_until(lambda: cluster.task_in(short, "failed", "succeeded"), what="short reported")
         assert t["state"] == "failed" and t["exit_code"] == 7
