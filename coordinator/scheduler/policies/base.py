@@ -44,6 +44,8 @@ __all__ = [
     "IntArray",
     "KeyedPolicy",
     "NodeArrays",
+    "NodeFields",
+    "NodeRow",
     "Policy",
     "PolicyArgs",
     "constraint_reason",
@@ -54,6 +56,7 @@ __all__ = [
     "gpu_fit_reason",
     "is_shared",
     "limit_factors",
+    "node_arrays",
     "validate_threshold",
     "validate_threshold_mode",
 ]
@@ -158,6 +161,80 @@ class NodeArrays:
     idle_w: FloatArray
     slope_w: FloatArray
     before_w: FloatArray
+
+
+class NodeRow:
+    """One node of a :class:`NodeArrays`, its fields read as Python floats when asked for.
+
+    A ranking key written as arithmetic over the fields gives, on a row, the value it gives for
+    that node on the whole arrays (``+ - * /`` round the same on a float and on a float64 entry).
+
+    :param view: the arrays.
+    :param i: the node's index in them.
+    """
+
+    __slots__ = ("_i", "_view")
+
+    def __init__(self, view: NodeArrays, i: int) -> None:
+        self._view = view
+        self._i = i
+
+    @property
+    def util(self) -> float:
+        """See :attr:`NodeArrays.util`."""
+        return self._view.util.item(self._i)
+
+    @property
+    def neg_util(self) -> float:
+        """See :attr:`NodeArrays.neg_util`."""
+        return self._view.neg_util.item(self._i)
+
+    @property
+    def used_gpus(self) -> float:
+        """See :attr:`NodeArrays.used_gpus`."""
+        return self._view.used_gpus.item(self._i)
+
+    @property
+    def cap_gpus_safe(self) -> float:
+        """See :attr:`NodeArrays.cap_gpus_safe`."""
+        return self._view.cap_gpus_safe.item(self._i)
+
+    @property
+    def idle_w(self) -> float:
+        """See :attr:`NodeArrays.idle_w`."""
+        return self._view.idle_w.item(self._i)
+
+    @property
+    def slope_w(self) -> float:
+        """See :attr:`NodeArrays.slope_w`."""
+        return self._view.slope_w.item(self._i)
+
+    @property
+    def before_w(self) -> float:
+        """See :attr:`NodeArrays.before_w`."""
+        return self._view.before_w.item(self._i)
+
+
+NodeFields = NodeArrays | NodeRow
+"""What a ranking key is evaluated on: every node's fields as arrays, or one node's as floats."""
+
+
+def node_arrays(nodes: Sequence[NodeSnapshot]) -> NodeArrays:
+    """The :class:`NodeArrays` of snapshot nodes, computed as the placement state computes them.
+
+    :param nodes: the nodes, in snapshot order.
+    :returns: one entry per node.
+    """
+    n = len(nodes)
+    cap = np.array([node.capacity.gpus for node in nodes], dtype=np.float64)
+    used = np.array([node.used.gpus for node in nodes], dtype=np.float64)
+    idle = np.array([node.power.idle_w for node in nodes], dtype=np.float64)
+    slope = np.array([node.power.max_w - node.power.idle_w for node in nodes], dtype=np.float64)
+    util = np.zeros(n)
+    np.divide(used, cap, out=util, where=cap > 0)
+    awake = np.array([node.powered_on and not node.used.is_zero() for node in nodes], dtype=np.bool_)
+    return NodeArrays(util=util, neg_util=-util, used_gpus=used, cap_gpus_safe=np.where(cap > 0, cap, 1.0),
+                      idle_w=idle, slope_w=slope, before_w=np.where(awake, idle + slope * util, 0.0))
 
 
 class Policy(Protocol):
@@ -328,8 +405,9 @@ class ThresholdPolicy:
 class KeyedPolicy(ThresholdPolicy, ABC):
     """A policy that tries nodes by ascending per-node key, ties in snapshot order (Alg. 1-3).
 
-    An abstract base: subclasses define :meth:`key_array` and its one-node form :meth:`key_at`,
-    and ``select`` follows from them.
+    An abstract base: a subclass states its key once, in :meth:`key`, as arithmetic over the node
+    fields; the vectorised form (:meth:`key_array`), the one-node form the shape cache updates
+    with (:meth:`key_at`), ``select`` and ``rank`` all follow from it.
 
     :param args: validated arguments.
     """
@@ -337,12 +415,25 @@ class KeyedPolicy(ThresholdPolicy, ABC):
     ranked_by_key = True
 
     @abstractmethod
-    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Per-node sort key, smaller first."""
+    def key(self, nodes: NodeFields, req: Request) -> FloatArray | float:
+        """The sort key, smaller first: an array on :class:`NodeArrays`, a float on a :class:`NodeRow`.
 
-    @abstractmethod
+        Write it with ``+ - * /`` and unary minus on the fields only (no numpy function, no
+        branch on a value), so that both forms round alike.
+        """
+
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Per-node sort key: :meth:`key` on every node at once."""
+        return self.key(view, req)  # type: ignore[return-value]
+
     def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
-        """``key_array(view, req)[i]`` for node ``i`` alone, with the same rounding."""
+        """``key_array(view, req)[i]``: :meth:`key` on node ``i`` alone, with the same rounding."""
+        return self.key(NodeRow(view, i), req)  # type: ignore[return-value]
+
+    def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
+        """Node ids by ascending :meth:`key`, ties in snapshot order."""
+        order = np.argsort(self.key_array(node_arrays(nodes), req), kind="stable")
+        return [nodes[i].node_id for i in order.tolist()]
 
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The ``req.nodes`` feasible nodes with the smallest key."""

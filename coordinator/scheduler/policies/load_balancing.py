@@ -17,12 +17,12 @@ from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD_MODE,
     FloatArray,
     KeyedPolicy,
-    NodeArrays,
+    NodeFields,
     PolicyArgs,
     feasible,
 )
 
-__all__ = ["NAME", "LoadBalancing", "LoadBalancingArgs", "build", "feasible", "rank", "rank_key"]
+__all__ = ["NAME", "LoadBalancing", "LoadBalancingArgs", "build", "feasible", "rank"]
 
 NAME = "load-balancing"
 
@@ -32,15 +32,6 @@ class LoadBalancingArgs(PolicyArgs):
     """Arguments of :class:`LoadBalancing` (``threshold`` in (0, 1], checked when built)."""
 
 
-def rank_key(util: FloatArray) -> FloatArray:
-    """Sort key per node: the emptiest node (lowest compute utilization) comes first.
-
-    :param util: compute utilization per node.
-    :returns: ``util`` itself (smaller is tried first).
-    """
-    return util
-
-
 def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     """Node ids by ascending compute utilization, ties in snapshot order.
 
@@ -48,7 +39,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     :param nodes: the nodes in snapshot order.
     :returns: the order in which nodes are tried.
     """
-    return [n.node_id for n in sorted(nodes, key=lambda n: n.compute_util)]
+    return LoadBalancing(LoadBalancingArgs()).rank(req, nodes)
 
 
 class LoadBalancing(KeyedPolicy):
@@ -61,17 +52,9 @@ class LoadBalancing(KeyedPolicy):
     sorts_requests = True
     scale_out = True
 
-    def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
-        """Rank: see :func:`rank`."""
-        return rank(req, nodes)
-
-    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Key: :func:`rank_key` of the compute utilization."""
-        return rank_key(view.util)
-
-    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
-        """Key of node ``i``: its utilization."""
-        return view.util.item(i)
+    def key(self, nodes: NodeFields, req: Request) -> FloatArray | float:
+        """The emptiest node (lowest compute utilization) first: ``util`` itself."""
+        return nodes.util
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

@@ -17,12 +17,12 @@ from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD_MODE,
     FloatArray,
     KeyedPolicy,
-    NodeArrays,
+    NodeFields,
     PolicyArgs,
     feasible,
 )
 
-__all__ = ["NAME", "MaxUtilization", "MaxUtilizationArgs", "build", "feasible", "rank", "rank_key"]
+__all__ = ["NAME", "MaxUtilization", "MaxUtilizationArgs", "build", "feasible", "rank"]
 
 NAME = "max-utilization"
 
@@ -32,15 +32,6 @@ class MaxUtilizationArgs(PolicyArgs):
     """Arguments of :class:`MaxUtilization` (``threshold`` in (0, 1], checked when built)."""
 
 
-def rank_key(util: FloatArray) -> FloatArray:
-    """Sort key per node: the fullest node (highest compute utilization) comes first.
-
-    :param util: compute utilization per node.
-    :returns: ``-util`` (smaller is tried first).
-    """
-    return -util
-
-
 def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     """Node ids by descending compute utilization, ties in snapshot order.
 
@@ -48,7 +39,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     :param nodes: the nodes in snapshot order.
     :returns: the order in which nodes are tried.
     """
-    return [n.node_id for n in sorted(nodes, key=lambda n: n.compute_util, reverse=True)]
+    return MaxUtilization(MaxUtilizationArgs()).rank(req, nodes)
 
 
 class MaxUtilization(KeyedPolicy):
@@ -61,17 +52,10 @@ class MaxUtilization(KeyedPolicy):
     sorts_requests = True
     scale_out = True
 
-    def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
-        """Rank: see :func:`rank`."""
-        return rank(req, nodes)
-
-    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Key: :func:`rank_key` (``view.neg_util``, maintained by the engine as placements commit)."""
-        return view.neg_util
-
-    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
-        """Key of node ``i``: its ``-util``."""
-        return view.neg_util.item(i)
+    def key(self, nodes: NodeFields, req: Request) -> FloatArray | float:
+        """The fullest node (highest compute utilization) first: ``-util`` (kept by the engine as
+        placements commit, so no negation per request)."""
+        return nodes.neg_util
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

@@ -20,7 +20,7 @@ from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD_MODE,
     FloatArray,
     KeyedPolicy,
-    NodeArrays,
+    NodeFields,
     PolicyArgs,
     feasible,
 )
@@ -32,7 +32,6 @@ __all__ = [
     "build",
     "feasible",
     "power_increase",
-    "power_increase_w",
     "rank",
 ]
 
@@ -44,29 +43,16 @@ class PowerEfficientArgs(PolicyArgs):
     """Arguments of :class:`PowerEfficient` (``threshold`` in (0, 1], checked when built)."""
 
 
-def power_increase(node: NodeSnapshot, demand_gpus: float) -> float:
-    """Estimated power increase, in watts, of placing ``demand_gpus`` on a node.
+def power_increase(nodes: NodeFields, demand_gpus: float) -> FloatArray | float:
+    """Estimated power increase, in watts, of placing ``demand_gpus`` on a node (or on each node).
 
-    :param node: the node.
+    :param nodes: the nodes' fields (:class:`~coordinator.scheduler.policies.base.NodeArrays`), or
+        one node's (:class:`~coordinator.scheduler.policies.base.NodeRow`).
     :param demand_gpus: GPU compute the request adds to it.
     :returns: ``power(u_after) - power(u_before)``, where ``power(u_before)`` is 0 for an asleep node.
     """
-    awake = node.powered_on and not node.used.is_zero()
-    before = node.power.power(node.compute_util) if awake else 0.0
-    cap = node.capacity.gpus if node.capacity.gpus > 0 else 1.0
-    after = node.power.power((node.used.gpus + demand_gpus) / cap)
-    return after - before
-
-
-def power_increase_w(view: NodeArrays, demand_gpus: float) -> FloatArray:
-    """Vectorised :func:`power_increase` over every node (same operations, same rounding).
-
-    :param view: the engine's node arrays.
-    :param demand_gpus: GPU compute the request adds.
-    :returns: estimated power increase per node, in watts.
-    """
-    after = view.idle_w + view.slope_w * ((view.used_gpus + demand_gpus) / view.cap_gpus_safe)
-    return after - view.before_w
+    after = nodes.idle_w + nodes.slope_w * ((nodes.used_gpus + demand_gpus) / nodes.cap_gpus_safe)
+    return after - nodes.before_w
 
 
 def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
@@ -76,7 +62,7 @@ def rank(req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
     :param nodes: the nodes in snapshot order.
     :returns: the order in which nodes are tried.
     """
-    return [n.node_id for n in sorted(nodes, key=lambda n: power_increase(n, req.demand.gpus))]
+    return PowerEfficient(PowerEfficientArgs()).rank(req, nodes)
 
 
 class PowerEfficient(KeyedPolicy):
@@ -89,19 +75,9 @@ class PowerEfficient(KeyedPolicy):
     sorts_requests = True
     scale_out = False
 
-    def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
-        """Rank: see :func:`rank`."""
-        return rank(req, nodes)
-
-    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Key: the estimated power increase (:func:`power_increase_w`)."""
-        return power_increase_w(view, req.demand.gpus)
-
-    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
-        """Key of node ``i``: :func:`power_increase_w` for that node alone, operation for operation."""
-        used = view.used_gpus.item(i) + req.demand.gpus
-        after = view.idle_w.item(i) + view.slope_w.item(i) * (used / view.cap_gpus_safe.item(i))
-        return after - view.before_w.item(i)
+    def key(self, nodes: NodeFields, req: Request) -> FloatArray | float:
+        """The smallest estimated power increase first (:func:`power_increase`)."""
+        return power_increase(nodes, req.demand.gpus)
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

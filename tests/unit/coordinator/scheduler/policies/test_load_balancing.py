@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from common.errors import ValidationError
 from coordinator.scheduler.policies import load_balancing
+from coordinator.scheduler.policies.base import node_arrays
 from tests.helpers.builders import make_request, place_one, sequence, table_cluster
 
 
@@ -41,7 +41,8 @@ class TestLoadBalancing:
     def test_rank_and_key(self) -> None:
         """rank orders by ascending utilization; the key is the utilization itself."""
         assert load_balancing.rank(make_request("t"), table_cluster().nodes) == ["n3", "n2", "n4", "n1"]
-        assert load_balancing.rank_key(np.array([0.5, 0.25])).tolist() == [0.5, 0.25]
+        view = node_arrays(table_cluster().nodes)
+        assert load_balancing.build().key(view, make_request("t")).tolist() == view.util.tolist()
 
     def test_flags(self) -> None:
         """Alg. 2 sorts the batch by demand and asks for a new node when nothing fits."""

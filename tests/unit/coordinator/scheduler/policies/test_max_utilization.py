@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from common.errors import ValidationError
 from coordinator.scheduler.policies import max_utilization
+from coordinator.scheduler.policies.base import node_arrays
 from tests.helpers.builders import make_request, place_one, sequence, table_cluster
 
 
@@ -40,9 +40,10 @@ class TestMaxUtilization:
         assert sequence(max_utilization.NAME, [1] * 6) == ["n1", "n4", "n4", "n4", "n2", "n2"]
 
     def test_rank_and_key(self) -> None:
-        """rank orders by descending utilization; rank_key negates utilization."""
+        """rank orders by descending utilization; the key negates utilization."""
         assert max_utilization.rank(make_request("t"), table_cluster().nodes) == ["n1", "n4", "n2", "n3"]
-        assert max_utilization.rank_key(np.array([0.25, 0.5])).tolist() == [-0.25, -0.5]
+        view = node_arrays(table_cluster().nodes)
+        assert max_utilization.build().key(view, make_request("t")).tolist() == (-view.util).tolist()
 
     def test_scale_out_and_sorting(self) -> None:
         """Alg. 1 sorts the batch by demand and asks for a new node when nothing fits."""

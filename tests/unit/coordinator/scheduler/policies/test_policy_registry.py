@@ -9,6 +9,7 @@ import pytest
 from common.domain import Resources
 from common.errors import ValidationError
 from coordinator.scheduler.policies import POLICIES, build, feasible
+from coordinator.scheduler.policies.base import node_arrays
 from tests.helpers.builders import GIB, make_node, make_request
 
 
@@ -80,3 +81,21 @@ class TestFeasible:
         # gpus 1 + 0.75 = 1.75 ≤ 0.9 · 2 = 1.8 and memory fits, but no single GPU has 0.75 free.
         req = make_request("t", gpus=0.75, per_gpu_gib=10, allow_sharing=True)
         assert feasible(req, node, 0.9) == "no GPU with share 0.75 and 10 GiB free"
+
+
+class TestKeyForms:
+    """A keyed policy's one ``key`` gives the same value per node in every derived form."""
+
+    @pytest.mark.parametrize("name", [n for n in sorted(POLICIES) if build(n).ranked_by_key])
+    def test_one_node_form_equals_the_vectorised_form(self, name: str) -> None:
+        """key_at(i) equals key_array()[i] exactly, and rank sorts by it (ties in snapshot order)."""
+        nodes = [make_node("a", used_gpus=2), make_node("b", powered_on=False, used_gpus=1), make_node("c"),
+                 make_node("d", used_gpus=5), make_node("e", used_gpus=2)]
+        view = node_arrays(nodes)
+        policy = build(name)
+        for gpus in (0.25, 1, 3):
+            req = make_request("t", gpus=gpus)
+            keys = policy.key_array(view, req)
+            assert [policy.key_at(view, req, i) for i in range(len(nodes))] == keys.tolist()
+            expected = [nodes[i].node_id for i in sorted(range(len(nodes)), key=lambda i: keys[i])]
+            assert policy.rank(req, nodes) == expected

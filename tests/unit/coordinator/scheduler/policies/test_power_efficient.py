@@ -6,6 +6,7 @@ import pytest
 
 from common.domain import ClusterSnapshot
 from coordinator.scheduler.policies import power_efficient
+from coordinator.scheduler.policies.base import NodeRow, node_arrays
 from tests.helpers.builders import make_node, make_request, place_one, sequence, table_cluster
 
 
@@ -44,8 +45,10 @@ class TestPowerEfficient:
     def test_powered_off_node_pays_idle(self) -> None:
         """A powered-off node with reservations still pays its idle power to wake."""
         off = make_node("off", used_gpus=2, powered_on=False)
-        assert power_efficient.power_increase(off, 1.0) == pytest.approx(560 + 5040 * 3 / 8)
-        assert power_efficient.power_increase(make_node("on", used_gpus=2), 1.0) == pytest.approx(630.0)
+        view = node_arrays([off, make_node("on", used_gpus=2)])
+        assert power_efficient.power_increase(NodeRow(view, 0), 1.0) == pytest.approx(560 + 5040 * 3 / 8)
+        assert power_efficient.power_increase(NodeRow(view, 1), 1.0) == pytest.approx(630.0)
+        assert power_efficient.power_increase(view, 1.0).tolist() == pytest.approx([560 + 5040 * 3 / 8, 630.0])
 
     def test_rank(self) -> None:
         """rank orders by ascending increase for the request's GPUs: n3 120, n4 350, n1 = n2 630."""
