@@ -158,12 +158,12 @@ class Supervisor:
         duty = self._duties[name]
 
         def beat() -> None:
-            duty.last_pass = self._now()
             mode = self._faults.get(name)
-            if mode is not None:
+            if mode is not None:   # the pass then counts as failed, not completed
                 if mode == "once":
                     del self._faults[name]
                 raise InjectedFault(f"fault injected into duty {name} ({FAULT_ENV})")
+            duty.last_pass = self._now()
 
         return beat
 
