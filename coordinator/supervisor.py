@@ -129,6 +129,7 @@ class Supervisor:
     def add(self, name: str, factory: Callable[[Beat], Awaitable[None]], *, interval_s: float) -> None:
         """Register a duty: ``factory(beat)`` returns its coroutine; ``interval_s`` is its pass period."""
         self._duties[name] = _Duty(name, factory, interval_s)
+        self._failures.labels(name)   # the series exists (at 0) before the first failure
 
     @property
     def names(self) -> list[str]:
@@ -137,6 +138,8 @@ class Supervisor:
     def start(self) -> None:
         """Start every duty (failure history and last passes start afresh)."""
         for d in self._duties.values():
+            if d.task is not None:
+                d.task.cancel()   # never two copies of one duty
             d.failures, d.last_pass, d.last_error, d.recent = 0, None, "", deque()
             d.state, d.started = RUNNING, self._now()
             d.task = asyncio.create_task(self._supervise(d), name=f"duty-{d.name}")

@@ -88,6 +88,7 @@ class TestLeaderDutySupervisor:
         log = cluster.proc("c1").log()
         assert "leader_duty_gave_up" in log and "leader_stepping_down" in log
         assert all(d["failures"] == 0 for d in _duties(cluster, "c2").values())
+        assert set(_failures_metric(cluster, "c2").values()) == {0.0}   # every duty's series, at 0
         submitted += [cluster.submit(*_SMALL) for _ in range(2)]
         for tid in submitted:
             wait_until(lambda t=tid: cluster.task_in(t, "succeeded"), 90, 0.2, f"{tid} to succeed")
