@@ -50,17 +50,25 @@ class SystemdNotifier:
         return int(self._watchdog_usec) / 1e6 / 2
 
 
-async def watchdog_loop(notifier: SystemdNotifier, status: Callable[[], str] | None = None) -> None:
-    """Send ``WATCHDOG=1`` every half watchdog period while the event loop runs.
+async def watchdog_loop(notifier: SystemdNotifier, status: Callable[[], str] | None = None,
+                        stuck: Callable[[], str] | None = None) -> None:
+    """Send ``WATCHDOG=1`` every half watchdog period while the event loop runs and nothing is stuck.
 
     It runs *on* the daemon's asyncio loop on purpose: a loop that is stuck (a blocking call,
     a deadlock) stops the pings, and systemd restarts the service after ``WatchdogSec=``.
+    ``stuck`` (optional) names work that stopped making progress ("" when none): while it does,
+    no ``WATCHDOG=1`` is sent and ``STATUS=`` says what is stuck.
     """
     interval = notifier.watchdog_interval_s()
     if interval is None:
         return
     while True:
-        notifier.notify("WATCHDOG=1")
-        if status is not None:
-            notifier.notify(f"STATUS={status()}")
+        problem = stuck() if stuck is not None else ""
+        if not problem:
+            notifier.notify("WATCHDOG=1")
+        text = status() if status is not None else ""
+        if problem:
+            text = f"{text + ': ' if text else ''}stuck: {problem}"
+        if text:
+            notifier.notify(f"STATUS={text}")
         await asyncio.sleep(interval)

@@ -38,6 +38,7 @@ from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
+from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.recovery import adopt_nodes, task_ids_by_node
@@ -57,8 +58,19 @@ class LeaderDuties:
 
     def __init__(self, app: App) -> None:
         self._app = app
-        self._running: list[asyncio.Task[None]] = []
         self._log = get_logger("coordinator").bind(leader_id=app.cfg.replica_id)
+        sup, cfg = app.supervisor, app.cfg
+        sup.on_give_up = self.give_up
+        sup.add("cycle", lambda beat: app.cycle.run(beat=beat), interval_s=1.0)
+        sup.add("power", lambda beat: app.power_manager.run(beat=beat), interval_s=1.0)
+        sup.add("reconcile", lambda beat: app.reconciler.reconcile_after_grace(beat=beat), interval_s=cfg.task_grace_s)
+        sup.add("qos", lambda beat: app.qos.run(lambda: app.leadership.leading, beat=beat), interval_s=1.0)
+        sup.add("retention", lambda beat: app.retention.run(beat=beat), interval_s=10.0)
+        sup.add("lost_nodes", lambda beat: app.lost_nodes.run(beat=beat), interval_s=1.0)
+        sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
+                interval_s=cfg.service_interval_s)
+        if cfg.power_capping == "on":
+            sup.add("capping", lambda beat: app.capper.run(beat=beat), interval_s=2.0)
 
     async def take_over(self, record: types_pb2.LeaderRecord) -> bool:
         """Rebuild the view from etcd at one revision; on failure give the lease up for another replica."""
@@ -100,23 +112,23 @@ class LeaderDuties:
     def start_leading(self) -> None:
         """Run the scheduler, the power manager, the QoS watch, the finished-task retention, the lost-node
         sweep, the services' replica controller, the power capping loop (``--power-capping on``) and, after
-        the agents' grace, the reconcile of unreported tasks."""
+        the agents' grace, the reconcile of unreported tasks.
+
+        Each runs under the supervisor (``coordinator.supervisor``): restarted when it fails, and the lease
+        given up when one keeps failing."""
+        self._app.supervisor.start()
+
+    def give_up(self, duty: str, reason: str) -> None:
+        """A duty keeps failing: give the lease up so that a standby leads (called by the supervisor)."""
         app = self._app
-        self._running = [asyncio.create_task(app.cycle.run()),
-                         asyncio.create_task(app.power_manager.run()),
-                         asyncio.create_task(app.reconciler.reconcile_after_grace()),
-                         asyncio.create_task(app.qos.run(lambda: app.leadership.leading)),
-                         asyncio.create_task(app.retention.run()),
-                         asyncio.create_task(app.lost_nodes.run()),
-                         asyncio.create_task(app.services.run(lambda: app.leadership.leading))]
-        if app.cfg.power_capping == "on":
-            self._running.append(asyncio.create_task(app.capper.run()))
+        self._log.error("leader_stepping_down", duty=duty, reason=reason)
+        app.events.publish("leader", f"{app.cfg.replica_id} gives up leadership: {reason}",
+                           leader_id=app.cfg.replica_id, duty=duty, reason=reason)
+        app.leadership.step_down(reason)
 
     def stand_down(self, reason: str) -> None:
         """Stop the leader's work and send every agent to the new leader."""
-        for t in self._running:
-            t.cancel()
-        self._running.clear()
+        self._app.supervisor.stop()
         redirect = self._app.leadership.redirect_message()
         for entry in self._app.registry:
             if entry.outbox is not None:
@@ -152,6 +164,7 @@ class App:
     lost_nodes: LostNodes
     services: ServiceController
     admission: Admission
+    supervisor: Supervisor
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -245,6 +258,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
               services=services,
               admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
-                                  creates_nodes=provider.can_create))
+                                  creates_nodes=provider.can_create),
+              supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None))
     quarantine.listener = app.on_quarantined
     return app

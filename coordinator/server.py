@@ -89,8 +89,9 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
     background = app.start(asyncio.get_running_loop())
     notifier = SystemdNotifier()
     notifier.notify("READY=1")
-    background.append(asyncio.create_task(watchdog_loop(
-        notifier, lambda: "leader" if app.leadership.leading else "standby")))
+    background.append(asyncio.create_task(watchdog_loop(   # on the leader, fed only while every duty progresses
+        notifier, lambda: "leader" if app.leadership.leading else "standby",
+        stuck=lambda: app.supervisor.stuck() if app.leadership.leading else "")))
     log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd,
              tls=not security.insecure, auth=security.authn.mode, etcd_tls=cfg.etcd_secure)
     # Handshakes gRPC refuses (expired, wrong CA, plaintext) are audited from its own log line.

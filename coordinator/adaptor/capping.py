@@ -39,6 +39,7 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.qos.watch import Pressure
+from coordinator.supervisor import Beat, no_beat
 
 __all__ = ["CapDecision", "PowerCapper", "QosSignal"]
 
@@ -109,7 +110,7 @@ class PowerCapper:
         self._sent: dict[tuple[str, int], tuple[float, float]] = {}   # (node, gpu) → (watts, when)
         self._log = get_logger("adaptor")
 
-    async def run(self) -> None:
+    async def run(self, beat: Beat = no_beat) -> None:
         """A pass every period while leading (cancelled when leadership ends)."""
         self._sent.clear()
         while True:
@@ -117,6 +118,7 @@ class PowerCapper:
                 self.step()
             except Exception as e:   # one bad reading must not end capping for the whole leadership
                 self._log.error("power_cap_step_failed", reason=f"{type(e).__name__}: {e}", exc_info=True)
+            beat()
             await asyncio.sleep(self._period_s)
 
     def step(self) -> list[CapDecision]:

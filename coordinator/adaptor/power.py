@@ -43,6 +43,7 @@ from common.types import NodeState, TaskState
 from coordinator.adaptor.providers import NodeProvider, ProviderResult
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
 from coordinator.sync.store import Store
@@ -114,7 +115,7 @@ class PowerManager:
 
     # ---- the loop ---------------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, beat: Beat = no_beat) -> None:
         """Step every period while leading (cancelled when leadership ends)."""
         self._idle_since.clear()
         self._wake_deadline.clear()
@@ -123,6 +124,7 @@ class PowerManager:
                 await self.step()
             except GptrmError as e:   # etcd trouble, lock contention: the next step tries again
                 self._log.warning("power_step_failed", reason=str(e))
+            beat()
             await asyncio.sleep(self._period_s)
 
     async def step(self) -> None:

@@ -56,6 +56,7 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler, gpus_used, validate_spec
 from coordinator.profiler.taskspec import MAX_REPLICAS
 from coordinator.profiler.validation import validate_service
+from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
@@ -309,7 +310,7 @@ class ServiceController:
 
     # ---- the loop -----------------------------------------------------------------------------
 
-    async def run(self, leading: Callable[[], bool]) -> None:
+    async def run(self, leading: Callable[[], bool], beat: Beat = no_beat) -> None:
         """Recover the services from etcd, then tick while this replica leads."""
         while True:
             if leading():
@@ -326,6 +327,7 @@ class ServiceController:
                     self._log.warning("service_tick_failed", reason=str(e))
             else:
                 self._recovered = False   # leading again later: read etcd afresh
+            beat()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self._interval_s)
             self._kick.clear()

@@ -189,6 +189,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             insecure=app.cfg.insecure, auth=self.auth_mode,
             quarantined_keys=app.store.quarantined_keys,
             telemetry_rejected_total=sum(app.monitor.rejected.values()),
+            leader_duties=[admin_pb2.LeaderDutyStatus(name=v.name, state=v.state, failures=v.failures,
+                                                      last_pass_age_s=v.last_pass_age_s or 0.0,
+                                                      has_last_pass=v.last_pass_age_s is not None,
+                                                      last_error=v.last_error)
+                           for v in app.supervisor.views()],
         )
 
     async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:

@@ -160,7 +160,19 @@ def status_text(d: Mapping[str, Any]) -> str:
           if d.get("telemetry_rejected_total") else []),
         *([f"quarantined   {len(d['quarantined_keys'])} corrupt etcd value(s) moved aside: "
            + escape(", ".join(d["quarantined_keys"]))] if d.get("quarantined_keys") else []),
+        *_duty_lines(d.get("leader_duties") or []),
     ])
+
+
+def _duty_lines(duties: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per leader duty: state, failures, age of its last completed pass (and the last error)."""
+    lines = []
+    for i, x in enumerate(duties):
+        age = "-" if x["last_pass_age_s"] is None else f"{fmt_duration(x['last_pass_age_s'])} ago"
+        err = f"  last error: {escape(x['last_error'])}" if x["last_error"] else ""
+        lines.append(f"{'duties' if i == 0 else '':<14}{escape(x['name']):<11} {x['state']:<10} "
+                     f"failures {x['failures']:<3} last pass {age}{err}")
+    return lines
 
 
 def _node_gpu_summary(n: Mapping[str, Any]) -> tuple[str, str, str, str]:

@@ -55,6 +55,9 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
         "auth": s.auth,
         "quarantined_keys": list(s.quarantined_keys),
         "telemetry_rejected_total": s.telemetry_rejected_total,
+        "leader_duties": [{"name": d.name, "state": d.state, "failures": d.failures,
+                           "last_pass_age_s": d.last_pass_age_s if d.has_last_pass else None,
+                           "last_error": d.last_error} for d in s.leader_duties],
     }
 
 

@@ -27,6 +27,7 @@ from coordinator.dispatch.gang import Gangs, is_gang, parts_of, with_part
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.qos.restart import RestartPolicy
+from coordinator.supervisor import Beat, no_beat
 
 if TYPE_CHECKING:
     from coordinator.qos.preemption import Preemptor  # imports the scheduler, which imports the dispatcher
@@ -187,7 +188,7 @@ class Reconciler:
         if state == TaskState.FAILED:
             await self._restarts.after_end(stored)
 
-    async def reconcile_after_grace(self) -> None:
+    async def reconcile_after_grace(self, beat: Beat = no_beat) -> None:
         """A new leader waits for agents to report; active tasks nobody reports by then failed."""
         self._reported = {e.node_id: set() for e in self._registry if e.connected}
         await asyncio.sleep(self._grace_s)
@@ -208,6 +209,7 @@ class Reconciler:
                                           "after a leader change")
             except GptrmError as e:
                 self._log.warning("task_reconcile_failed", task_id=task.id, reason=str(e))
+        beat()
 
     async def _gang_unreported(self, task: types_pb2.Task, nodes: list[str]) -> None:
         """After a leader change, a part of a multi-node task whose connected agent did not report it is gone:

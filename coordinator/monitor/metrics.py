@@ -285,6 +285,9 @@ class Metrics:
         self.power_cap_changes = Counter("gptrm_adaptor_power_cap_changes_total",
                                          "GPU power-limit changes by the capping loop, by direction (down, up)",
                                          ["direction"], registry=r)
+        self.leader_duty_failures = Counter("gptrm_leader_duty_failures_total",
+                                            "unexpected exceptions that ended a leader duty (then restarted)",
+                                            ["duty"], registry=r)
         self.is_leader = Gauge("gptrm_coordinator_leader", "1 while this replica leads", registry=r)
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
         self.etcd_up = Gauge("gptrm_etcd_up", "1 while etcd answers (the coordinator starts only once it does)",

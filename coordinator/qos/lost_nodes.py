@@ -35,6 +35,7 @@ from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.qos.restart import RestartPolicy
+from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
 
@@ -145,7 +146,7 @@ class LostNodes:
         self._events.publish("node_state", f"node {entry.node_id} removed: {reason}", node_id=entry.node_id)
         return entry.record
 
-    async def run(self, period_s: float = 1.0) -> None:
+    async def run(self, period_s: float = 1.0, beat: Beat = no_beat) -> None:
         """Sweep while leading."""
         while True:
             await asyncio.sleep(period_s)
@@ -154,3 +155,4 @@ class LostNodes:
                     await self.sweep()
                 except GptrmError as e:   # etcd trouble: the next sweep tries again
                     self._log.warning("lost_node_sweep_failed", reason=str(e))
+            beat()

@@ -21,6 +21,7 @@ from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
+from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
 from coordinator.tasks import TaskTable
@@ -82,10 +83,11 @@ class TaskRetention:
         self.removed_total += removed
         return removed
 
-    async def run(self) -> None:
+    async def run(self, beat: Beat = no_beat) -> None:
         """Collect while leading, every quarter of the retention time (between 0.5 and 10 seconds)."""
         period_s = min(10.0, max(0.5, self._retain_s / 4))
         while True:
             await asyncio.sleep(period_s)
             if self._leadership.leading and not self._leadership.stale:
                 await self.collect()
+            beat()

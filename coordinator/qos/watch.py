@@ -39,6 +39,7 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.monitor.task_qos import TaskQos
 from coordinator.profiler import Profiler
 from coordinator.qos.preemption import started_s
+from coordinator.supervisor import Beat, no_beat
 
 __all__ = ["Pressure", "QosWatch", "deadline_missed", "remaining_run_s"]
 
@@ -102,12 +103,13 @@ class QosWatch:
         self._deadline: dict[str, str] = {}             # task id → "at-risk" or "missed"
         self._log = get_logger("qos")
 
-    async def run(self, leading: Callable[[], bool]) -> None:
+    async def run(self, leading: Callable[[], bool], beat: Beat = no_beat) -> None:
         """A pass a second while this replica leads."""
         while True:
             await asyncio.sleep(_PERIOD_S)
             if leading():
                 self.check()
+            beat()
 
     def check(self) -> None:
         """One pass: deadlines and SLOs of every unfinished task; forgets tasks that ended."""

@@ -45,6 +45,7 @@ from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
+from coordinator.supervisor import Beat, no_beat
 from coordinator.sync import add_reservation
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
@@ -100,16 +101,16 @@ class SchedulerCycle:
         self.skipped = 0                                # cycles skipped: nothing changed since all waited
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
 
-    async def run(self) -> None:
+    async def run(self, beat: Beat = no_beat) -> None:
         """Schedule while leading; a cycle runs on every wake-up and at least once a second."""
         while True:
             await self._wakeup.wait(_PERIOD_S)
-            if self._leadership.stale:
-                continue
-            try:
-                await self.cycle()
-            except GptrmError as e:
-                self._log.warning("schedule_cycle_failed", reason=str(e))
+            if not self._leadership.stale:
+                try:
+                    await self.cycle()
+                except GptrmError as e:
+                    self._log.warning("schedule_cycle_failed", reason=str(e))
+            beat()
 
     def _inputs(self) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state

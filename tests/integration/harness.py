@@ -111,10 +111,11 @@ class Cluster:
         self.coordinators: dict[str, tuple[Proc, str, str]] = {}
         self.agents: dict[str, Proc] = {}
 
-    def start_coordinator(self, name: str = "c1", *extra: str, port: int | None = None) -> str:
+    def start_coordinator(self, name: str = "c1", *extra: str, port: int | None = None,
+                          env: dict[str, str] | None = None) -> str:
         """Start (or restart on the same ports) coordinator ``name``; returns its address.
 
-        Plaintext (``--insecure``) unless ``extra`` carries ``--tls-cert``.
+        Plaintext (``--insecure``) unless ``extra`` carries ``--tls-cert``; ``env`` adds environment variables.
         """
         if name in self.coordinators:
             _, listen, metrics = self.coordinators[name]
@@ -123,7 +124,7 @@ class Cluster:
         proc = Proc([str(BIN / "gptrm-coordinator"), "--listen", listen, "--metrics-listen", metrics,
                      "--etcd", self.etcd, "--etcd-prefix", self.prefix, "--coordinator-id", name,
                      "--state-dir", str(self.tmp / name), *_plaintext_unless_tls(extra), *extra],
-                    self.tmp / f"{name}.log").start()
+                    self.tmp / f"{name}.log", env=dict(env or {})).start()
         self.coordinators[name] = (proc, listen, metrics)
         return listen
 

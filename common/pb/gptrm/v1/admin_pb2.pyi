@@ -92,7 +92,7 @@ class CountEntry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("coordinator_id", "is_leader", "leader_id", "leader_address", "leader_epoch", "uptime_s", "nodes_by_state", "tasks_by_state", "objectives", "policy", "version", "stale", "gpus_total", "gpus_allocated", "insecure", "auth", "quarantined_keys", "telemetry_rejected_total")
+    __slots__ = ("coordinator_id", "is_leader", "leader_id", "leader_address", "leader_epoch", "uptime_s", "nodes_by_state", "tasks_by_state", "objectives", "policy", "version", "stale", "gpus_total", "gpus_allocated", "insecure", "auth", "quarantined_keys", "telemetry_rejected_total", "leader_duties")
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class ClusterStatus(_message.Message):
     AUTH_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_KEYS_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LEADER_DUTIES_FIELD_NUMBER: _ClassVar[int]
     coordinator_id: str
     is_leader: bool
     leader_id: str
@@ -129,7 +130,24 @@ class ClusterStatus(_message.Message):
     auth: str
     quarantined_keys: _containers.RepeatedScalarFieldContainer[str]
     telemetry_rejected_total: int
-    def __init__(self, coordinator_id: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., nodes_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., tasks_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., objectives: _Optional[_Union[ClusterObjectives, _Mapping]] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., version: _Optional[str] = ..., stale: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., insecure: _Optional[bool] = ..., auth: _Optional[str] = ..., quarantined_keys: _Optional[_Iterable[str]] = ..., telemetry_rejected_total: _Optional[int] = ...) -> None: ...
+    leader_duties: _containers.RepeatedCompositeFieldContainer[LeaderDutyStatus]
+    def __init__(self, coordinator_id: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., nodes_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., tasks_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., objectives: _Optional[_Union[ClusterObjectives, _Mapping]] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., version: _Optional[str] = ..., stale: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., insecure: _Optional[bool] = ..., auth: _Optional[str] = ..., quarantined_keys: _Optional[_Iterable[str]] = ..., telemetry_rejected_total: _Optional[int] = ..., leader_duties: _Optional[_Iterable[_Union[LeaderDutyStatus, _Mapping]]] = ...) -> None: ...
+
+class LeaderDutyStatus(_message.Message):
+    __slots__ = ("name", "state", "failures", "last_pass_age_s", "has_last_pass", "last_error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_PASS_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    HAS_LAST_PASS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    failures: int
+    last_pass_age_s: float
+    has_last_pass: bool
+    last_error: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., failures: _Optional[int] = ..., last_pass_age_s: _Optional[float] = ..., has_last_pass: _Optional[bool] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "states")
