@@ -43,6 +43,7 @@ from agent.tasktable import TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.pbenum import pb_enum
 from common.qos import ROLES
 from common.types import TaskState
 
@@ -135,7 +136,8 @@ class TaskRuntime:
     def _report(self, rec: TaskRecord, state: TaskState, reason: str = "", *, exit_code: int | None = None,
                 decision_id: str = "") -> None:
         rec.state = int(state)
-        status = agent_pb2.TaskStatus(task_id=rec.task_id, state=int(state), pids=[rec.pid], reason=reason,
+        status = agent_pb2.TaskStatus(task_id=rec.task_id, state=pb_enum(types_pb2.TaskState, state), pids=[rec.pid],
+                                      reason=reason,
                                       time_unix_s=time.time(), decision_id=decision_id)
         if exit_code is not None:
             status.exit_code = exit_code
@@ -145,7 +147,8 @@ class TaskRuntime:
 
     def statuses(self) -> list[agent_pb2.TaskStatus]:
         """The whole task table, sent with every Register so the coordinator can reconcile."""
-        return [agent_pb2.TaskStatus(task_id=r.task_id, state=r.state, pids=[r.pid], decision_id=r.decision_id,
+        return [agent_pb2.TaskStatus(task_id=r.task_id, state=pb_enum(types_pb2.TaskState, r.state), pids=[r.pid],
+                                     decision_id=r.decision_id,
                                      time_unix_s=time.time()) for r in self.table.tasks.values()]
 
     def task_pids(self) -> dict[str, list[int]]:
@@ -173,8 +176,8 @@ class TaskRuntime:
             if action not in _KNOWN_ACTIONS:
                 raise GptrmError(_not_understood(decision, action))
             task_id, state = await getattr(self, f"_do_{action}")(decision)
-            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True, resulting_state=int(state),
-                                        task_id=task_id)
+            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True,
+                                        resulting_state=pb_enum(types_pb2.TaskState, state), task_id=task_id)
         except Exception as e:
             if not isinstance(e, (GptrmError, OSError, ValueError, KeyError, psutil.Error)):
                 self._log.exception("decision_failed", decision_id=decision.decision_id, action=action or "",

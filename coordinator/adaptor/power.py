@@ -274,7 +274,7 @@ class PowerManager:
 
     # ---- persistence ------------------------------------------------------------------------------
 
-    async def _set(self, entry: NodeEntry, state: int, reason: str) -> None:
+    async def _set(self, entry: NodeEntry, state: types_pb2.NodePowerState, reason: str) -> None:
         """Persist a power-state change (fenced); memory follows only what etcd accepted."""
         old = power_label(entry.record.power_state)
         record = types_pb2.NodeRecord()

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 from common.domain import ModelSpecData, QosData, Resources, TaskSpecData
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 from common.types import TaskKind
 from coordinator.profiler.qos_spec import parse_deadline
 
@@ -129,7 +130,7 @@ def spec_to_proto(data: TaskSpecData) -> types_pb2.TaskSpec:
     """
     m = data.model
     spec = types_pb2.TaskSpec(
-        name=data.name, kind=int(data.kind), replicas=data.replicas, nodes=data.nodes,
+        name=data.name, kind=pb_enum(types_pb2.TaskKind, data.kind), replicas=data.replicas, nodes=data.nodes,
         gpus_per_node=data.gpus_per_node, priority=data.priority, argv=list(data.argv), env=dict(data.env),
         labels=dict(data.labels), allow_gpu_sharing=data.allow_gpu_sharing,
         checkpoint_signal=data.checkpoint_signal,

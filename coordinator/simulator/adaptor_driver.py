@@ -22,6 +22,7 @@ from typing import Any
 
 from common.domain import NodeSnapshot, Request
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.adaptor.power import PowerManager
@@ -126,7 +127,7 @@ class SimAdaptor:
 
     def arrived(self, req: Request) -> None:
         """A job is pending."""
-        task = types_pb2.Task(id=req.task_id, state=TaskState.PENDING)
+        task = types_pb2.Task(id=req.task_id, state=pb_enum(types_pb2.TaskState, TaskState.PENDING))
         task.demand.gpus = req.demand.gpus
         task.spec.nodes = req.nodes
         self.pending[req.task_id] = task
