@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from common.errors import IllegalTransition
@@ -144,7 +144,7 @@ class Gangs:
 
     # ---- the state machine of parts ----------------------------------------------------------
 
-    async def _locked(self, task_id: str, step) -> None:  # type: ignore[no-untyped-def]
+    async def _locked(self, task_id: str, step: Callable[[types_pb2.Task], Awaitable[None]]) -> None:
         lock = self._locks.setdefault(task_id, asyncio.Lock())
         self._users[task_id] = self._users.get(task_id, 0) + 1
         async with lock:
