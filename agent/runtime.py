@@ -39,7 +39,7 @@ from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import TaskUser, TaskUserPolicy, UidClaims
 from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, node_tag
-from agent.tasktable import TaskRecord, TaskTable
+from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
@@ -168,7 +168,8 @@ class TaskRuntime:
         done = self.table.decisions.get(decision.decision_id)
         if decision.decision_id and done is not None:
             return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=bool(done["ok"]),
-                                         reason=str(done["reason"]), resulting_state=int(done["state"]),
+                                         reason=str(done["reason"]),
+                                         resulting_state=pb_enum(types_pb2.TaskState, done["state"]),
                                          task_id=str(done["task_id"]))
         action = decision.WhichOneof("action")
         task_id = getattr(getattr(decision, action), "task_id", "") if action else ""
@@ -219,7 +220,7 @@ class TaskRuntime:
                 remove(task_id)
             self._report(rec, TaskState.FAILED, reason, exit_code=-int(signal.SIGKILL))
         self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id, reason=reason)
-        outcome = {"ok": False, "reason": reason, "state": int(TaskState.FAILED), "task_id": task_id}
+        outcome: DecisionOutcome = {"ok": False, "reason": reason, "state": int(TaskState.FAILED), "task_id": task_id}
         if decision.decision_id:
             self.table.decisions[decision.decision_id] = outcome
         return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=reason, task_id=task_id)
@@ -538,7 +539,10 @@ def _not_understood(decision: agent_pb2.Decision, action: str | None) -> str:
     """Why a decision with no action this agent knows is refused (names the action or its field number)."""
     if action:
         return f"decision action {action!r} is not supported by this agent"
-    fields = sorted({f.field_number for f in UnknownFieldSet(decision)}) if decision.ByteSize() else []
+    fields: list[int] = []
+    if decision.ByteSize():
+        unknown = UnknownFieldSet(decision)
+        fields = sorted({unknown[i].field_number for i in range(len(unknown))})
     if fields:
         return (f"decision action (field {', '.join(map(str, fields))}) is unknown to this agent; it is older than "
                 "the coordinator")

@@ -284,7 +284,7 @@ def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(chunk.data)   # the task's own bytes, as `cat` would show them
                 sys.stdout.flush()
     except grpc.RpcError as err:   # after the first chunk: the node went away, the reader fell behind
-        raise CtlError(err.details() or err.code().name, EXIT_REFUSED) from None  # type: ignore[attr-defined]
+        raise CtlError(err.details() or err.code().name, EXIT_REFUSED) from None
     except KeyboardInterrupt:
         if stream is not None:
             stream.cancel()
@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except grpc.RpcError as e:   # a stream the coordinator ended after its first message
-        print(f"gptrmctl: {e.details() or e.code().name}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"gptrmctl: {e.details() or e.code().name}", file=sys.stderr)
         return EXIT_REFUSED
     except Exception as e:  # the CLI boundary: a bug in gptrmctl, one line unless --debug
         if debug:
