@@ -70,7 +70,7 @@ _KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_po
 _LOG_TAIL_BYTES = 4096
 _MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
 _POLL_S = 0.2
-Emit = Callable[[agent_pb2.TaskStatus], None]
+Emit = Callable[[agent_pb2.TaskStatus], object]
 
 
 class UnknownTask(GptrmError):
