@@ -135,7 +135,7 @@ def apply_updates(task: types_pb2.Task, updates: Mapping[str, object]) -> None:
         try:
             if field.is_repeated:
                 task.ClearField(name)
-                getattr(task, name).extend(value)  # type: ignore[call-overload]
+                getattr(task, name).extend(value)
             elif field.message_type is not None:
                 getattr(task, name).CopyFrom(value)
             else:
