@@ -211,7 +211,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         read, records = await self._from_etcd(self._app.store.list_nodes)
         if read:
             views = [admin_pb2.NodeView(record=r, state=r.state or pb_enum(types_pb2.NodeState, NodeState.NOT_READY))
-                     for r in records]
+                     for r in records or ()]
         else:
             views = [self._view(e) for e in self._app.registry]
         views = [v for v in views if not wanted or v.state in wanted]
@@ -233,7 +233,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if s not in types_pb2.TaskState.values() or s == 0:
                 raise ValidationError("states", f"unknown task state {s}")
         read, stored = await self._from_etcd(self._app.store.list_tasks)
-        tasks = stored if read else list(self._app.tasks.tasks.values())
+        tasks = stored if read and stored is not None else list(self._app.tasks.tasks.values())
         wanted = set(request.states)
         tasks = [t for t in tasks if not wanted or t.state in wanted]
         page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
