@@ -263,7 +263,7 @@ class TaskRuntime:
         bind = process_prefix(binding) if self._runtime != "systemd-run" else []
         command = ["/bin/sh", "-c", _WRAPPER, "gptrm-task", str(paths.fifo), str(paths.exit_file),
                    str(cgroup.path) if cgroup else "", *bind,
-                   *(user.setpriv_argv() if switch else []),  # type: ignore[union-attr]
+                   *(user.setpriv_argv() if switch and user is not None else []),
                    *st.argv]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
                        gpu_indices=list(st.gpu_indices), user=user.name if user else "",

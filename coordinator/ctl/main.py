@@ -7,7 +7,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -30,7 +30,7 @@ SERVICE_PREFIX = "s-"
 class _Parser(argparse.ArgumentParser):
     """argparse that exits with the usage code (2) and one line."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         # main() prefixes "gptrmctl: " to every error; name only the subcommand here ("submit: ...").
         where = self.prog.split(" ", 1)[1] if " " in self.prog else ""

@@ -110,7 +110,7 @@ class SimAdaptor:
         self.events = EventBus(backlog=100, now=now)
         self.changed = False
         self.manager = PowerManager(
-            self.registry, lambda: self.pending, _MemoryStore(), _SoleLeader(), _NoContention(),  # type: ignore[arg-type]
+            self.registry, lambda: self.pending, _MemoryStore(), _SoleLeader(), _NoContention(),
             self.provider, self.events, power_down_after_s=power_down_after_s, spare_nodes=spare_nodes,
             wake_timeout_s=wake_timeout_s, idle_power_w=lambda e: idle_w[e.node_id], fit=lambda: self._fit,
             on_change=self._changed, period_s=0.0, now=now, wall=now, sleep=_no_wait)
