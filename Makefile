@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-faults proto proto-check lint bench soak clean venv install uninstall
+.PHONY: run test test-faults proto proto-check lint typecheck bench soak clean venv install uninstall
 
 venv: $(STAMP)
 
@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m coordinator.devcluster
 
-## test: install into .venv, check the generated code, run the whole test suite
-test: $(STAMP) proto-check
+## test: install into .venv, check the generated code and the types, run the whole test suite
+test: $(STAMP) proto-check typecheck
 	$(PY) -m pytest
 
 ## test-faults: every fault scenario (3-member etcd, 3 coordinators, agents; several minutes)
@@ -32,8 +32,12 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) proto/generate.py --check
 
-lint: $(STAMP)
+lint: $(STAMP) typecheck
 	$(VENV)/bin/ruff check agent coordinator common tests proto
+
+## typecheck: mypy over agent, coordinator and common (settings in pyproject.toml)
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 ## bench: speed and memory benchmarks (not part of `make test`)
 bench: $(STAMP)

@@ -68,15 +68,16 @@ def binding_for(
     if not gpu_indices:
         return None
     by_index = {d.index: d for d in devices}
-    chosen = [by_index.get(int(i)) for i in gpu_indices]
-    if any(d is None for d in chosen):
+    found = [by_index.get(int(i)) for i in gpu_indices]
+    chosen = [d for d in found if d is not None]
+    if len(chosen) != len(found):
         return None
-    cpus = cpu_list_union(d.cpu_affinity for d in chosen)  # type: ignore[union-attr]
+    cpus = cpu_list_union(d.cpu_affinity for d in chosen)
     allowed = usable_cpus() if allowed is None else allowed
     cpus = tuple(c for c in cpus if c in allowed)
     if not cpus:
         return None
-    nodes = {d.numa_node for d in chosen}  # type: ignore[union-attr]
+    nodes = {d.numa_node for d in chosen}
     return CpuBinding(cpus=cpus, numa_nodes=() if any(n < 0 for n in nodes) else tuple(sorted(nodes)))
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
+from structlog.typing import FilteringBoundLogger
 
 from agent import config as config_mod
 from agent.config import AgentConfig
@@ -133,14 +134,14 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         gpus.close()
 
 
-def _reload_tls(client_tls: ClientTls, log: object) -> None:
+def _reload_tls(client_tls: ClientTls, log: FilteringBoundLogger) -> None:
     """SIGHUP: new certificates for the next connection; the open stream stays up."""
     try:
         client_tls.reload()
     except ConfigError as e:
-        log.error("reload_failed", key="tls", reason=str(e))  # type: ignore[attr-defined]
+        log.error("reload_failed", key="tls", reason=str(e))
     else:
-        log.info("reloaded", key="tls")  # type: ignore[attr-defined]
+        log.info("reloaded", key="tls")
 
 
 

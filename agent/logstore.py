@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2
@@ -230,8 +231,8 @@ class LogService:
         self._active.clear()
 
     async def _answer(self, req: agent_pb2.LogRequest, send: Send) -> None:
-        def chunk(**kw: object) -> agent_pb2.LogChunk:
-            return agent_pb2.LogChunk(request_id=req.request_id, task_id=req.task_id, **kw)  # type: ignore[arg-type]
+        def chunk(**kw: Any) -> agent_pb2.LogChunk:   # LogChunk fields (data, eof, error, not_found)
+            return agent_pb2.LogChunk(request_id=req.request_id, task_id=req.task_id, **kw)
 
         try:
             if not valid_task_id(req.task_id):

@@ -39,10 +39,11 @@ from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import TaskUser, TaskUserPolicy, UidClaims
 from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, node_tag
-from agent.tasktable import TaskRecord, TaskTable
+from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.pbenum import pb_enum
 from common.qos import ROLES
 from common.types import TaskState
 
@@ -69,7 +70,7 @@ _KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_po
 _LOG_TAIL_BYTES = 4096
 _MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
 _POLL_S = 0.2
-Emit = Callable[[agent_pb2.TaskStatus], None]
+Emit = Callable[[agent_pb2.TaskStatus], object]
 
 
 class UnknownTask(GptrmError):
@@ -135,7 +136,8 @@ class TaskRuntime:
     def _report(self, rec: TaskRecord, state: TaskState, reason: str = "", *, exit_code: int | None = None,
                 decision_id: str = "") -> None:
         rec.state = int(state)
-        status = agent_pb2.TaskStatus(task_id=rec.task_id, state=int(state), pids=[rec.pid], reason=reason,
+        status = agent_pb2.TaskStatus(task_id=rec.task_id, state=pb_enum(types_pb2.TaskState, state), pids=[rec.pid],
+                                      reason=reason,
                                       time_unix_s=time.time(), decision_id=decision_id)
         if exit_code is not None:
             status.exit_code = exit_code
@@ -145,7 +147,8 @@ class TaskRuntime:
 
     def statuses(self) -> list[agent_pb2.TaskStatus]:
         """The whole task table, sent with every Register so the coordinator can reconcile."""
-        return [agent_pb2.TaskStatus(task_id=r.task_id, state=r.state, pids=[r.pid], decision_id=r.decision_id,
+        return [agent_pb2.TaskStatus(task_id=r.task_id, state=pb_enum(types_pb2.TaskState, r.state), pids=[r.pid],
+                                     decision_id=r.decision_id,
                                      time_unix_s=time.time()) for r in self.table.tasks.values()]
 
     def task_pids(self) -> dict[str, list[int]]:
@@ -165,7 +168,8 @@ class TaskRuntime:
         done = self.table.decisions.get(decision.decision_id)
         if decision.decision_id and done is not None:
             return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=bool(done["ok"]),
-                                         reason=str(done["reason"]), resulting_state=int(done["state"]),
+                                         reason=str(done["reason"]),
+                                         resulting_state=pb_enum(types_pb2.TaskState, done["state"]),
                                          task_id=str(done["task_id"]))
         action = decision.WhichOneof("action")
         task_id = getattr(getattr(decision, action), "task_id", "") if action else ""
@@ -173,8 +177,8 @@ class TaskRuntime:
             if action not in _KNOWN_ACTIONS:
                 raise GptrmError(_not_understood(decision, action))
             task_id, state = await getattr(self, f"_do_{action}")(decision)
-            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True, resulting_state=int(state),
-                                        task_id=task_id)
+            ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True,
+                                        resulting_state=pb_enum(types_pb2.TaskState, state), task_id=task_id)
         except Exception as e:
             if not isinstance(e, (GptrmError, OSError, ValueError, KeyError, psutil.Error)):
                 self._log.exception("decision_failed", decision_id=decision.decision_id, action=action or "",
@@ -216,7 +220,7 @@ class TaskRuntime:
                 remove(task_id)
             self._report(rec, TaskState.FAILED, reason, exit_code=-int(signal.SIGKILL))
         self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id, reason=reason)
-        outcome = {"ok": False, "reason": reason, "state": int(TaskState.FAILED), "task_id": task_id}
+        outcome: DecisionOutcome = {"ok": False, "reason": reason, "state": int(TaskState.FAILED), "task_id": task_id}
         if decision.decision_id:
             self.table.decisions[decision.decision_id] = outcome
         return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=reason, task_id=task_id)
@@ -259,7 +263,7 @@ class TaskRuntime:
         bind = process_prefix(binding) if self._runtime != "systemd-run" else []
         command = ["/bin/sh", "-c", _WRAPPER, "gptrm-task", str(paths.fifo), str(paths.exit_file),
                    str(cgroup.path) if cgroup else "", *bind,
-                   *(user.setpriv_argv() if switch else []),  # type: ignore[union-attr]
+                   *(user.setpriv_argv() if switch and user is not None else []),
                    *st.argv]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
                        gpu_indices=list(st.gpu_indices), user=user.name if user else "",
@@ -535,7 +539,10 @@ def _not_understood(decision: agent_pb2.Decision, action: str | None) -> str:
     """Why a decision with no action this agent knows is refused (names the action or its field number)."""
     if action:
         return f"decision action {action!r} is not supported by this agent"
-    fields = sorted({f.field_number for f in UnknownFieldSet(decision)}) if decision.ByteSize() else []
+    fields: list[int] = []
+    if decision.ByteSize():
+        unknown = UnknownFieldSet(decision)
+        fields = sorted({unknown[i].field_number for i in range(len(unknown))})
     if fields:
         return (f"decision action (field {', '.join(map(str, fields))}) is unknown to this agent; it is older than "
                 "the coordinator")

@@ -16,9 +16,11 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeAlias, cast
 
 import grpc
 import grpc.aio
+from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from agent.logstore import LogService
@@ -27,6 +29,8 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
 
 __all__ = ["AgentStream", "Backoff"]
+
+_Call: TypeAlias = "grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.CoordinatorMessage]"
 
 DecisionHandler = Callable[[agent_pb2.Decision], Awaitable[agent_pb2.DecisionAck]]
 """Carries out one decision and returns its acknowledgement."""
@@ -167,8 +171,8 @@ class AgentStream:
                     self._logs.cancel_all()
                 while not self._log_chunks.empty():
                     self._log_chunks.get_nowait()
-            if reader.done() and not reader.cancelled() and reader.exception():
-                raise reader.exception()  # type: ignore[misc]
+            if reader.done() and not reader.cancelled() and (failure := reader.exception()):
+                raise failure
 
     async def _write(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reader: asyncio.Task) -> None:
         sent_seq = 0
@@ -207,11 +211,13 @@ class AgentStream:
         await self._log_chunks.put(chunk)
         self.kick()
 
-    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _read(self, call: _Call) -> None:
         while True:
-            msg = await call.read()
-            if msg is grpc.aio.EOF:
+            read = await call.read()
+            if read is grpc.aio.EOF:
                 raise ConnectionError("coordinator closed the stream")
+            # The stubs type read()'s result as object (EOF's type); past EOF it is a CoordinatorMessage.
+            msg = cast(agent_pb2.CoordinatorMessage, read)
             which = msg.WhichOneof("body")
             if which == "event_ack":
                 self.outbox.ack(msg.event_ack.up_to_seq)
@@ -226,5 +232,10 @@ class AgentStream:
             elif which is None and msg.ByteSize():
                 # A message newer than this agent: said once per message, never the end of the stream.
                 self._log.warning("coordinator_message_ignored", reason="a message kind this agent does not know",
-                                  fields=sorted({f.field_number for f in UnknownFieldSet(msg)}))
+                                  fields=_unknown_fields(msg))
 
+
+def _unknown_fields(msg: Message) -> list[int]:
+    """The numbers of the fields of ``msg`` that this build does not know, sorted."""
+    unknown = UnknownFieldSet(msg)
+    return sorted({unknown[i].field_number for i in range(len(unknown))})

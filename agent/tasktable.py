@@ -11,8 +11,18 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
-__all__ = ["TaskRecord", "TaskTable"]
+__all__ = ["DecisionOutcome", "TaskRecord", "TaskTable"]
+
+
+class DecisionOutcome(TypedDict):
+    """What a decision id's ack said, kept to answer its re-delivery the same way."""
+
+    ok: bool
+    reason: str
+    state: int
+    task_id: str
 
 _MAX_DECISIONS = 10_000
 
@@ -49,7 +59,7 @@ class TaskTable:
 
     path: Path
     tasks: dict[str, TaskRecord] = field(default_factory=dict)
-    decisions: dict[str, dict[str, object]] = field(default_factory=dict)
+    decisions: dict[str, DecisionOutcome] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> TaskTable:

@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -35,6 +36,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.errors import GptrmError, ValidationError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPublicKeyTypes
 
 __all__ = [
     "CA_CERT",
@@ -284,6 +288,7 @@ def load_crl_serials(crl_path: Path, ca_pem: bytes) -> set[int]:
         ca_key = x509.load_pem_x509_certificate(ca_pem).public_key()
     except (OSError, ValueError) as e:
         raise GptrmError(f"CRL {crl_path} cannot be read: {e}") from None
-    if not crl.is_signature_valid(ca_key):  # type: ignore[arg-type]
+    # A CA certificate's key signs (certificates and this CRL), so it is one of the issuer key types.
+    if not crl.is_signature_valid(cast("CertificateIssuerPublicKeyTypes", ca_key)):
         raise GptrmError(f"CRL {crl_path} is not signed by the configured CA")
     return {r.serial_number for r in crl}

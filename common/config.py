@@ -27,13 +27,16 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from common.errors import ConfigError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = ["ConfigSource", "host_port", "load_config", "non_negative", "option", "positive", "unit_interval"]
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 Check = Callable[[Any], str | None]
 """A validator: returns a problem description, or None when the value is fine."""
 
@@ -64,7 +67,12 @@ def option(
     meta = {"help": help, "flag": flag, "choices": tuple(choices) if choices else None, "check": check,
             "metavar": metavar}
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        shared: list[Any] | dict[Any, Any] = default
+
+        def fresh() -> list[Any] | dict[Any, Any]:
+            return type(shared)(shared)
+
+        return dataclasses.field(default_factory=fresh, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 

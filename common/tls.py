@@ -88,7 +88,10 @@ class ServerTls:
 
     def credentials(self) -> grpc.ServerCredentials:
         """Credentials for ``add_secure_port``; gRPC asks :meth:`_fetch` at each new handshake."""
-        return grpc.dynamic_ssl_server_credentials(self._initial, self._fetch, require_client_authentication=True)
+        # gRPC documents that the fetcher returns None when the configuration is unchanged; the grpc stubs
+        # type its result as never None.
+        return grpc.dynamic_ssl_server_credentials(
+            self._initial, self._fetch, require_client_authentication=True)  # type: ignore[arg-type]
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         with self._lock:

@@ -216,9 +216,9 @@ def build_topology(
                     if ri != rj:
                         parent[max(ri, rj)] = min(ri, rj)
         numbers: dict[int, int] = {}
-        level = tuple(numbers.setdefault(root(i), len(numbers)) for i in range(n))
-        if not island_of or level != island_of[-1]:
-            island_of.append(level)
+        islands = tuple(numbers.setdefault(root(i), len(numbers)) for i in range(n))
+        if not island_of or islands != island_of[-1]:
+            island_of.append(islands)
     if island_of[-1] != (0,) * n:
         island_of.append((0,) * n)
     # A level where every GPU is alone tells nothing the leaf choice does not.

@@ -14,6 +14,7 @@ import asyncio
 from common.errors import GptrmError, NotFound
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.pbenum import pb_enum
 from common.types import NodeState, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.reconcile import Reconciler
@@ -110,7 +111,7 @@ class NodeService:
                 if entry.state == NodeState.LOST and self._leadership.leading:
                     await self._reconciler.on_node_lost(entry.node_id)
                 if self._leadership.leading:
-                    entry.record.state = int(entry.state)
+                    entry.record.state = pb_enum(types_pb2.NodeState, entry.state)
                     entry.record.last_seen_unix_s = entry.last_seen_unix_s
                     try:
                         await self._leadership.write(self._store.put_node, entry.record)

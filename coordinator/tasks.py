@@ -15,6 +15,7 @@ from collections.abc import Callable
 from common.errors import IllegalTransition, NotFound
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.adaptor.scale_out import ScaleOutRequests
 from coordinator.dispatch.dispatcher import Dispatcher
@@ -114,8 +115,9 @@ class TaskTable:
         validate_spec(spec, max_gpus_per_node=max_gpus)
         profile = self._profiler.profile(spec)
         validate_profiled_demand(profile.demand)
-        task = types_pb2.Task(spec=spec, state=int(TaskState.PENDING), demand=profile.to_proto(),
-                              reason="waiting for the scheduler", id=f"t-{uuid.uuid4().hex[:10]}",
+        task = types_pb2.Task(spec=spec, state=pb_enum(types_pb2.TaskState, TaskState.PENDING),
+                              demand=profile.to_proto(), reason="waiting for the scheduler",
+                              id=f"t-{uuid.uuid4().hex[:10]}",
                               submit_unix_s=time.time(), service_id=service_id, replica_index=replica_index)
         if admit is not None:
             admit(task)

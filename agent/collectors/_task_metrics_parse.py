@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from common.qos import MetricNames
 
@@ -146,10 +147,10 @@ def parse_metrics(text: str, names: MetricNames, time_s: float) -> MetricsSnapsh
     return snapshot
 
 
-def _take(sample: object, wanted_hist: dict[str, str], wanted_value: dict[str, str],
+def _take(sample: Sample, wanted_hist: dict[str, str], wanted_value: dict[str, str],
           buckets: dict[str, dict[float, float]], values: dict[str, float]) -> None:
     """File one parsed sample under its role, if it has one."""
-    name, labels, value = sample.name, sample.labels, sample.value  # type: ignore[attr-defined]
+    name, labels, value = sample.name, sample.labels, sample.value
     role = wanted_hist.get(name)
     if role is not None:
         try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 
 __all__ = [
     "Collector",
@@ -141,7 +142,8 @@ class GpuDevice:
             mig_enabled=self.mig_enabled,
             numa_node_plus_one=self.numa_node + 1 if self.numa_node >= 0 else 0,
             cpu_affinity=self.cpu_affinity,
-            links=[types_pb2.GpuLink(peer_index=p, level=level, nvlinks=n) for p, level, n in self.links],
+            links=[types_pb2.GpuLink(peer_index=p, level=pb_enum(types_pb2.GpuLinkLevel, level), nvlinks=n)
+                   for p, level, n in self.links],
         )
 
 

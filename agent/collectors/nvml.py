@@ -20,6 +20,7 @@ import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -310,6 +311,10 @@ def _read_device(nvml: Any, index: int, handle: Any, topology_group: int) -> Gpu
     )
 
 
+def _nvlink_status(nvml: Any, p2p_status: Callable[..., Any], a: Any, b: Any) -> Any:
+    return p2p_status(a, b, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+
+
 def _read_links(nvml: Any, handles: list[Any]) -> dict[tuple[int, int], bool | None]:
     """For each GPU pair: joined by NVLink or by a PCIe switch (no host bridge between)?"""
     common_ancestor = getattr(nvml, "nvmlDeviceGetTopologyCommonAncestor", None)
@@ -318,10 +323,8 @@ def _read_links(nvml: Any, handles: list[Any]) -> dict[tuple[int, int], bool | N
     for i in range(len(handles)):
         for j in range(i + 1, len(handles)):
             a, b = handles[i], handles[j]
-            level = _try(nvml, lambda a=a, b=b: common_ancestor(a, b)) if common_ancestor else None
-            nvlink = (
-                _try(nvml, lambda a=a, b=b: p2p_status(a, b, nvml.NVML_P2P_CAPS_INDEX_NVLINK)) if p2p_status else None
-            )
+            level = _try(nvml, partial(common_ancestor, a, b)) if common_ancestor else None
+            nvlink = _try(nvml, partial(_nvlink_status, nvml, p2p_status, a, b)) if p2p_status else None
             if level is None and nvlink is None:
                 links[(i, j)] = None
             else:

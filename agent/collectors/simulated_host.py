@@ -22,7 +22,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from agent.collectors.base import Collector, HostReading
+from agent.collectors.base import Collector, HostReading, Sample
 
 __all__ = [
     "CORES_PER_GPU",
@@ -108,9 +108,9 @@ class SimulatedHost:
         self._inner = inner
         self._real_cores = max(1, real_cores)
 
-    def collect(self) -> list[HostReading]:
+    def collect(self) -> list[Sample]:
         """The real reading, rescaled to the simulated cores and memory and marked simulated."""
-        out: list[HostReading] = []
+        out: list[Sample] = []
         for reading in self._inner.collect():
             if isinstance(reading, HostReading):
                 reading = scale_host_reading(reading, self.shape, self._real_cores)

@@ -33,7 +33,8 @@ import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeAlias
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol, TypeAlias, TypeVar
 
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -44,11 +45,28 @@ from coordinator.adaptor.providers import NodeProvider, ProviderResult
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.supervisor import Beat, no_beat
-from coordinator.sync.leadership import Leadership
-from coordinator.sync.lock import AdminLocks
-from coordinator.sync.store import Store
 
 __all__ = ["PowerManager"]
+
+R = TypeVar("R")
+
+
+class NodeStore(Protocol):
+    """Where node records are written (``Store``; the simulator keeps them in memory)."""
+
+    def put_node(self, record: types_pb2.NodeRecord, *, keep_reservations: bool = True) -> types_pb2.NodeRecord: ...
+
+
+class FencedWriter(Protocol):
+    """Runs a store write as the leader (``Leadership``; the simulator is its only replica)."""
+
+    async def write(self, fn: Callable[..., R], *args: object, **kwargs: object) -> R: ...
+
+
+class NodeLocks(Protocol):
+    """Per-node admin locks (``AdminLocks``; nobody else takes them in the simulator)."""
+
+    def hold(self, name: str) -> AbstractAsyncContextManager[None]: ...
 
 PS = types_pb2.NodePowerState
 
@@ -87,8 +105,8 @@ class PowerManager:
         whose cycles are atomic, passes a wait that returns at once).
     """
 
-    def __init__(self, registry: NodeRegistry, tasks: Callable[[], dict[str, types_pb2.Task]], store: Store,
-                 leadership: Leadership, locks: AdminLocks, provider: NodeProvider, events: EventBus, *,
+    def __init__(self, registry: NodeRegistry, tasks: Callable[[], dict[str, types_pb2.Task]], store: NodeStore,
+                 leadership: FencedWriter, locks: NodeLocks, provider: NodeProvider, events: EventBus, *,
                  power_down_after_s: float, spare_nodes: int, wake_timeout_s: float,
                  idle_power_w: Callable[[NodeEntry], float] = lambda e: 0.0,
                  fit: Callable[[], Fit], on_change: Callable[[], None] = lambda: None, period_s: float = 1.0,
@@ -276,7 +294,7 @@ class PowerManager:
 
     # ---- persistence ------------------------------------------------------------------------------
 
-    async def _set(self, entry: NodeEntry, state: int, reason: str) -> None:
+    async def _set(self, entry: NodeEntry, state: types_pb2.NodePowerState, reason: str) -> None:
         """Persist a power-state change (fenced); memory follows only what etcd accepted."""
         old = power_label(entry.record.power_state)
         record = types_pb2.NodeRecord()

@@ -94,8 +94,10 @@ class StaticProvider:
             return ProviderResult(False, "the static provider cannot switch node power", attempted=False)
         demand = demand or {}
         what = ", ".join(f"{k}={v:g}" for k, v in sorted(demand.items())) or "unknown"
+        # Event fields go to publish() as keywords; none of these is its node_id or task_id.
+        missing: dict[str, Any] = {f"missing_{k}": v for k, v in demand.items()}
         self._events.publish("scale_out", f"recommendation: add a node with {what} ({reason})",
-                             reason=reason, **{f"missing_{k}": v for k, v in demand.items()})
+                             reason=reason, **missing)
         if self._missing is not None:
             for resource, amount in demand.items():
                 self._missing(resource, amount)

@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -535,8 +536,9 @@ class ServiceController:
         self._log.info("service_scaled", service_id=stored.id, before=before, desired=stored.desired,
                        pinned=stored.pinned, reason=stored.reason)
         rt = self._rt.get(stored.id)
-        fields = {"service_id": stored.id, "from": before, "to": stored.desired, "pinned": stored.pinned,
-                  "reason": stored.reason}
+        # Event fields go to publish() as keywords; none of these is its node_id or task_id.
+        fields: dict[str, Any] = {"service_id": stored.id, "from": before, "to": stored.desired,
+                                  "pinned": stored.pinned, "reason": stored.reason}
         if rt is not None:
             fields.update(forecast=f"{rt.view.forecast_load:.3g}", model=rt.view.forecast_model,
                           mape=f"{rt.view.forecast_mape:.3g}")

@@ -36,7 +36,7 @@ _FULL = 1.0
 
 
 def _best_fit_whole(
-    mem_free: Sequence[int], share_free: Sequence[float], topology: Sequence[int], count: int, mem_per_gpu: int
+    mem_free: Sequence[float], share_free: Sequence[float], topology: Sequence[int], count: int, mem_per_gpu: int
 ) -> tuple[int, ...] | None:
     """``count`` fully free GPUs with ≥ ``mem_per_gpu`` free, topology-aware best fit."""
     eligible = [
@@ -49,12 +49,12 @@ def _best_fit_whole(
     if count == 1:
         return (min(eligible)[1],)
     eligible.sort()
-    groups: dict[int, list[tuple[int, int]]] = {}
+    groups: dict[int, list[tuple[float, int]]] = {}
     for mem, i in eligible:
         if topology[i] >= 0:
             groups.setdefault(topology[i], []).append((mem, i))
-    best: list[tuple[int, int]] | None = None
-    best_key: tuple[int, list[int]] | None = None
+    best: list[tuple[float, int]] | None = None
+    best_key: tuple[float, list[int]] | None = None
     for members in groups.values():
         if len(members) >= count:
             chosen = members[:count]
@@ -66,7 +66,7 @@ def _best_fit_whole(
 
 
 def _island_fit(
-    mem_free: Sequence[int], share_free: Sequence[float], links: NodeTopology, count: int, mem_per_gpu: int
+    mem_free: Sequence[float], share_free: Sequence[float], links: NodeTopology, count: int, mem_per_gpu: int
 ) -> tuple[int, ...] | None:
     """``count`` fully free GPUs with ≥ ``mem_per_gpu`` free, best fit in the node's closest islands."""
     eligible = [i for i in range(len(mem_free)) if share_free[i] >= _FULL and mem_free[i] >= mem_per_gpu]
@@ -143,7 +143,7 @@ def _island_fit(
 
 
 def choose_gpu_indices(
-    mem_free: Sequence[int],
+    mem_free: Sequence[float],
     share_free: Sequence[float],
     topology: Sequence[int],
     *,

@@ -36,6 +36,7 @@ from common.errors import (
 )
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.api.pages import paginate
@@ -151,7 +152,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return not_leader_message(leadership.id, error, holds_lease=leadership.election.is_leader)
 
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
-        view = admin_pb2.NodeView(record=entry.record, state=int(entry.state),
+        view = admin_pb2.NodeView(record=entry.record, state=pb_enum(types_pb2.NodeState, entry.state),
                                   dropped_samples_total=entry.dropped_samples_total,
                                   task_ids=sorted(entry.task_ids))
         latest = self._app.monitor.latest.get(entry.node_id)
@@ -214,7 +215,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         wanted = set(request.states)
         read, records = await self._from_etcd(self._app.store.list_nodes)
         if read:
-            views = [admin_pb2.NodeView(record=r, state=r.state or int(NodeState.NOT_READY)) for r in records]
+            views = [admin_pb2.NodeView(record=r, state=r.state or pb_enum(types_pb2.NodeState, NodeState.NOT_READY))
+                     for r in records or ()]
         else:
             views = [self._view(e) for e in self._app.registry]
         views = [v for v in views if not wanted or v.state in wanted]
@@ -236,7 +238,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if s not in types_pb2.TaskState.values() or s == 0:
                 raise ValidationError("states", f"unknown task state {s}")
         read, stored = await self._from_etcd(self._app.store.list_tasks)
-        tasks = stored if read else list(self._app.tasks.tasks.values())
+        tasks = stored if read and stored is not None else list(self._app.tasks.tasks.values())
         wanted = set(request.states)
         tasks = [t for t in tasks if not wanted or t.state in wanted]
         page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
@@ -300,7 +302,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def RemoveNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
         node_id = _require_id(request.node_id, "node_id")
         record = await self._app.lost_nodes.remove(node_id)
-        return admin_pb2.NodeView(record=record, state=int(NodeState.LOST))
+        return admin_pb2.NodeView(record=record, state=pb_enum(types_pb2.NodeState, NodeState.LOST))
 
     @_rpc
     async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: Ctx) -> types_pb2.Policy:
@@ -392,5 +394,6 @@ def _with_mode(policy: types_pb2.Policy) -> types_pb2.Policy:
 
 
 def _event_pb(e: Event) -> admin_pb2.Event:
-    return admin_pb2.Event(seq=e.seq, time_unix_s=e.time_unix_s, kind=_EVENT_KINDS.get(e.kind, 0),
+    return admin_pb2.Event(seq=e.seq, time_unix_s=e.time_unix_s,
+                           kind=pb_enum(admin_pb2.EventKind, _EVENT_KINDS.get(e.kind, 0)),
                            node_id=e.node_id, task_id=e.task_id, message=e.message, fields=e.fields)

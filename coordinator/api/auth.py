@@ -30,7 +30,7 @@ Example::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,12 +145,12 @@ class Authenticator:
         if self.tokens is not None:
             self.tokens.reload()
 
-    def certificate(self, auth_context: dict[str, list[bytes]] | None) -> Principal | None:
+    def certificate(self, auth_context: Mapping[str, Iterable[bytes]] | None) -> Principal | None:
         """The principal named by the peer's verified certificate (None without TLS).
 
         :raises AuthRefused: the certificate names no valid principal, or is revoked.
         """
-        pems = (auth_context or {}).get("x509_pem_cert") or []
+        pems = list((auth_context or {}).get("x509_pem_cert") or [])
         if not self.tls or not pems:
             return None
         pem = pems[0]
@@ -173,7 +173,7 @@ class Authenticator:
         return Principal(ident.name, ident.role, "certificate")
 
     def authorize(self, method: str, metadata: Iterable[tuple[str, Any]] | None,
-                  auth_context: dict[str, list[bytes]] | None) -> Principal | None:
+                  auth_context: Mapping[str, Iterable[bytes]] | None) -> Principal | None:
         """Decide one call.
 
         :returns: the principal (None for open methods).

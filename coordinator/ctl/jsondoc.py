@@ -24,12 +24,19 @@ import math
 import re
 import sys
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+
+if TYPE_CHECKING:
+    from google._upb import _message as _upb
+
+    # Descriptors come from the C (upb) or the pure-Python implementation, which the stubs type apart.
+    MessageDesc: TypeAlias = Descriptor | _upb.Descriptor
+    FieldDesc: TypeAlias = FieldDescriptor | _upb.FieldDescriptor
 
 __all__ = [
     "SCHEMA_DOCUMENTS",
@@ -54,7 +61,7 @@ _HIDDEN = {"has_demand", "has_exit_code", "has_latest"}
 """Presence flags: the JSON says the same with ``null``, so they are left out."""
 
 # Messages whose schemas gptrmctl's documents use (their dependencies are added as found).
-_ROOTS: tuple[Descriptor, ...] = (
+_ROOTS: tuple[MessageDesc, ...] = (
     types_pb2.TaskSpec.DESCRIPTOR, types_pb2.ResourceVector.DESCRIPTOR, types_pb2.NodeAllocation.DESCRIPTOR,
     types_pb2.TaskStateChange.DESCRIPTOR, types_pb2.GpuInfo.DESCRIPTOR, types_pb2.GpuSample.DESCRIPTOR,
     types_pb2.HostSample.DESCRIPTOR, types_pb2.TaskQos.DESCRIPTOR, admin_pb2.ClusterObjectives.DESCRIPTOR,
@@ -86,7 +93,7 @@ def enum_labels(enum: EnumDescriptor | Any) -> list[str]:
     return [enum_label(descriptor, v.number) for v in descriptor.values]
 
 
-def _scalar(field: FieldDescriptor, value: Any) -> Any:
+def _scalar(field: FieldDesc, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_ENUM:
         return enum_label(field.enum_type, value)
     if field.type in _FLOATS:
@@ -96,22 +103,30 @@ def _scalar(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
-def _nullable(field: FieldDescriptor) -> bool:
+def _nullable(field: FieldDesc) -> bool:
     """A singular scalar with explicit presence (proto3 ``optional``): null when unset."""
     return field.message_type is None and not _repeated(field) and field.has_presence
 
 
-def _repeated(field: FieldDescriptor) -> bool:
+def _repeated(field: FieldDesc) -> bool:
     return field.is_repeated
 
 
-def _flagged(field: FieldDescriptor) -> bool:
+def _flagged(field: FieldDesc) -> bool:
     """A message field with a ``has_<name>`` presence flag beside it (``TaskSpec.demand``): null when unset."""
-    return field.message_type is not None and f"has_{field.name}" in field.containing_type.fields_by_name
+    container = field.containing_type
+    return field.message_type is not None and container is not None and f"has_{field.name}" in container.fields_by_name
 
 
-def _is_map(field: FieldDescriptor) -> bool:
+def _is_map(field: FieldDesc) -> bool:
     return field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
+def _map_value(field: FieldDesc) -> FieldDesc:
+    """The ``value`` field of a map field's entry message."""
+    if field.message_type is None:
+        raise ValueError(f"{field.full_name} is not a map field")
+    return field.message_type.fields_by_name["value"]
 
 
 def proto_dict(msg: Message) -> dict[str, Any]:
@@ -126,7 +141,7 @@ def proto_dict(msg: Message) -> dict[str, Any]:
             continue
         value = getattr(msg, field.name)
         if _is_map(field):
-            vfield = field.message_type.fields_by_name["value"]
+            vfield = _map_value(field)
             out[field.name] = {
                 k: proto_dict(v) if vfield.message_type is not None else _scalar(vfield, v) for k, v in value.items()
             }
@@ -142,7 +157,7 @@ def proto_dict(msg: Message) -> dict[str, Any]:
     return out
 
 
-def _scalar_schema(field: FieldDescriptor) -> dict[str, Any]:
+def _scalar_schema(field: FieldDesc) -> dict[str, Any]:
     if field.type == FieldDescriptor.TYPE_ENUM:
         return {"enum": enum_labels(field.enum_type)}
     if field.type in _INTS:
@@ -154,9 +169,9 @@ def _scalar_schema(field: FieldDescriptor) -> dict[str, Any]:
     return {"type": "string"}
 
 
-def _field_schema(field: FieldDescriptor, defs: dict[str, Any]) -> dict[str, Any]:
+def _field_schema(field: FieldDesc, defs: dict[str, Any]) -> dict[str, Any]:
     if _is_map(field):
-        vfield = field.message_type.fields_by_name["value"]
+        vfield = _map_value(field)
         return {"type": "object", "additionalProperties": _field_schema(vfield, defs)}
     if field.message_type is not None:
         _add(field.message_type, defs)
@@ -175,7 +190,7 @@ def _field_schema(field: FieldDescriptor, defs: dict[str, Any]) -> dict[str, Any
     return item
 
 
-def _add(descriptor: Descriptor, defs: dict[str, Any]) -> None:
+def _add(descriptor: MessageDesc, defs: dict[str, Any]) -> None:
     if descriptor.name in defs:
         return
     defs[descriptor.name] = {}  # placeholder first: messages may refer to each other

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -30,7 +30,7 @@ SERVICE_PREFIX = "s-"
 class _Parser(argparse.ArgumentParser):
     """argparse that exits with the usage code (2) and one line."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         # main() prefixes "gptrmctl: " to every error; name only the subcommand here ("submit: ...").
         where = self.prog.split(" ", 1)[1] if " " in self.prog else ""
@@ -284,7 +284,7 @@ def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(chunk.data)   # the task's own bytes, as `cat` would show them
                 sys.stdout.flush()
     except grpc.RpcError as err:   # after the first chunk: the node went away, the reader fell behind
-        raise CtlError(err.details() or err.code().name, EXIT_REFUSED) from None  # type: ignore[attr-defined]
+        raise CtlError(err.details() or err.code().name, EXIT_REFUSED) from None
     except KeyboardInterrupt:
         if stream is not None:
             stream.cancel()
@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except grpc.RpcError as e:   # a stream the coordinator ended after its first message
-        print(f"gptrmctl: {e.details() or e.code().name}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"gptrmctl: {e.details() or e.code().name}", file=sys.stderr)
         return EXIT_REFUSED
     except Exception as e:  # the CLI boundary: a bug in gptrmctl, one line unless --debug
         if debug:

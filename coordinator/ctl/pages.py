@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.pbenum import pb_enum
 from coordinator.ctl.transport import Transport
 
 __all__ = ["all_nodes", "all_tasks"]
@@ -28,10 +29,14 @@ def _follow(t: Transport, method: str, request: Any, field: str) -> tuple[list[A
 def all_tasks(t: Transport, states: list[int] | None = None,
               page_size: int = 0) -> tuple[list[types_pb2.Task], bool]:
     """Every task (in the given states), following pages; returns (tasks, any page was stale)."""
-    return _follow(t, "ListTasks", admin_pb2.ListTasksRequest(states=states or [], page_size=page_size), "tasks")
+    request = admin_pb2.ListTasksRequest(states=[pb_enum(types_pb2.TaskState, s) for s in states or []],
+                                         page_size=page_size)
+    return _follow(t, "ListTasks", request, "tasks")
 
 
 def all_nodes(t: Transport, states: list[int] | None = None,
               page_size: int = 0) -> tuple[list[admin_pb2.NodeView], bool]:
     """Every node (in the given states), following pages; returns (nodes, any page was stale)."""
-    return _follow(t, "ListNodes", admin_pb2.ListNodesRequest(states=states or [], page_size=page_size), "nodes")
+    request = admin_pb2.ListNodesRequest(states=[pb_enum(types_pb2.NodeState, s) for s in states or []],
+                                         page_size=page_size)
+    return _follow(t, "ListNodes", request, "nodes")

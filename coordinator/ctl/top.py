@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -97,9 +97,11 @@ def _node_table(n: Mapping[str, Any]) -> Table:
              f"{len(n['gpus'])} GPUs{sim}  {cpu}  {len(n['task_ids'])} tasks  "
              f"seen {human.fmt_duration(n['last_seen_age_s'])} ago")
     t = Table(title=title, title_justify="left", expand=False, box=None, padding=(0, 1), show_edge=False)
-    for col, justify in (("GPU", "right"), ("UTIL", "left"), ("", "right"), ("MEMORY", "left"), ("", "right"),
-                         ("POWER", "left"), ("", "right"), ("TEMP", "right")):
-        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("GPU", "right"), ("UTIL", "left"), ("", "right"), ("MEMORY", "left"), ("", "right"),
+        ("POWER", "left"), ("", "right"), ("TEMP", "right"))
+    for col, justify in columns:
+        t.add_column(col, justify=justify)
     for g in n["gpus"]:
         tm = g["telemetry"] or {}
         util, used, power = tm.get("util_gpu"), tm.get("mem_used_bytes"), tm.get("power_w")

@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -46,7 +46,10 @@ class CtlError(Exception):
 
 
 def _metadata(err: grpc.RpcError, key: str) -> str:
-    for k, value in (err.trailing_metadata() or ()):  # type: ignore[attr-defined]
+    # At run time each item is a (key, value) pair, text values for the text keys read here; the grpc stubs
+    # type the items as objects with key and value attributes.
+    metadata: tuple[tuple[str, str], ...] = err.trailing_metadata() or ()  # type: ignore[assignment]
+    for k, value in metadata:
         if k == key:
             return value
     return ""
@@ -160,31 +163,32 @@ class Transport:
             try:
                 result = fn(self.stub(address))
                 if streaming:
-                    result = _PeekedStream(result)
+                    # stream() is the one streaming caller, and its T is Any: the wrapped call is what it returns.
+                    return cast(T, _PeekedStream(result))
                 return result
             except grpc.RpcError as err:
-                code = err.code()  # type: ignore[attr-defined]
+                code = err.code()
                 hint = _leader_hint(err)
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     marker = _metadata(err, REFUSED_METADATA_KEY)
                     if marker == "etcd-unavailable":
-                        etcd_down = err.details() or code.name  # type: ignore[attr-defined]
+                        etcd_down = err.details() or code.name
                     elif marker:
-                        refusal = err.details() or code.name  # type: ignore[attr-defined]
-                    last_reason = (err.details() or code.name).splitlines()[0]  # type: ignore[attr-defined]
+                        refusal = err.details() or code.name
+                    last_reason = (err.details() or code.name).splitlines()[0]
                     if hint and hint not in tried:
                         queue.insert(0, hint)
                     continue
                 if code == grpc.StatusCode.FAILED_PRECONDITION and _metadata(err, NOT_LEADER_METADATA_KEY):
                     # A standby (or a leader that just lost its lease): follow its hint, else try the others.
-                    not_leader = err.details() or code.name  # type: ignore[attr-defined]
+                    not_leader = err.details() or code.name
                     if hint and hint not in tried:
                         queue.insert(0, hint)
                     continue
                 if write and code == grpc.StatusCode.FAILED_PRECONDITION and hint and hint not in tried:
                     queue.insert(0, hint)
                     continue
-                details = err.details() or code.name  # type: ignore[attr-defined]
+                details = err.details() or code.name
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     details = f"{code.name}: {details}"
                 raise CtlError(details, EXIT_REFUSED) from None

@@ -23,12 +23,13 @@ Example::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from common.errors import IllegalTransition
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.pbenum import pb_enum
 from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
@@ -58,7 +59,7 @@ def parts_of(task: types_pb2.Task) -> list[types_pb2.TaskPart]:
         if na.node_id in known:
             part.CopyFrom(known[na.node_id])
         else:
-            part.node_id, part.state = na.node_id, int(TaskState.SCHEDULED)
+            part.node_id, part.state = na.node_id, pb_enum(types_pb2.TaskState, TaskState.SCHEDULED)
         part.rank = rank
         out.append(part)
     return out
@@ -72,7 +73,7 @@ def with_part(parts: Sequence[types_pb2.TaskPart], node_id: str, state: TaskStat
         part = types_pb2.TaskPart()
         part.CopyFrom(p)
         if p.node_id == node_id:
-            part.state = int(state)
+            part.state = pb_enum(types_pb2.TaskState, state)
             if state in TERMINAL_STATES:
                 part.reason = reason
                 if exit_code is not None:
@@ -143,7 +144,7 @@ class Gangs:
 
     # ---- the state machine of parts ----------------------------------------------------------
 
-    async def _locked(self, task_id: str, step) -> None:  # type: ignore[no-untyped-def]
+    async def _locked(self, task_id: str, step: Callable[[types_pb2.Task], Awaitable[None]]) -> None:
         lock = self._locks.setdefault(task_id, asyncio.Lock())
         self._users[task_id] = self._users.get(task_id, 0) + 1
         async with lock:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from common.errors import NotFound, Unavailable, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, agent_pb2, types_pb2
-from coordinator.monitor.nodes import NodeRegistry
+from coordinator.monitor.nodes import NodeRegistry, Outbox
 
 __all__ = ["MAX_QUEUED", "MAX_SESSIONS", "MAX_TAIL_LINES", "LogRelay"]
 
@@ -32,7 +32,7 @@ class _Session:
     request_id: str
     node_id: str
     task_id: str
-    outbox: object
+    outbox: Outbox
     queue: asyncio.Queue[agent_pb2.LogChunk | None] = field(default_factory=asyncio.Queue)
     error: Exception | None = None
     ended: bool = False
@@ -85,7 +85,7 @@ class LogRelay:
         outbox = entry.outbox
         session = _Session(self._new_id(), node_id, task.id, outbox)
         self._sessions[session.request_id] = session
-        outbox.put_nowait(agent_pb2.CoordinatorMessage(log_request=agent_pb2.LogRequest(  # type: ignore[attr-defined]
+        outbox.put_nowait(agent_pb2.CoordinatorMessage(log_request=agent_pb2.LogRequest(
             request_id=session.request_id, task_id=task.id, tail_lines=tail_lines, follow=follow)))
         seq = 0
         try:
@@ -101,7 +101,7 @@ class LogRelay:
             self._sessions.pop(session.request_id, None)
             if not session.ended and self._registry.get(node_id) is not None and entry.outbox is outbox:
                 # The caller went away first: the agent stops reading.
-                outbox.put_nowait(agent_pb2.CoordinatorMessage(log_request=agent_pb2.LogRequest(  # type: ignore[attr-defined]
+                outbox.put_nowait(agent_pb2.CoordinatorMessage(log_request=agent_pb2.LogRequest(
                     request_id=session.request_id, cancel=True)))
 
     def deliver(self, node_id: str, chunk: agent_pb2.LogChunk) -> None:
@@ -123,7 +123,7 @@ class LogRelay:
         elif chunk.eof:
             session.end()
 
-    def stream_ended(self, node_id: str, outbox: object) -> None:
+    def stream_ended(self, node_id: str, outbox: Outbox) -> None:
         """A node's stream (the one with this outbox) ended: the sessions it carried end with Unavailable."""
         for session in list(self._sessions.values()):
             if session.node_id == node_id and session.outbox is outbox:

@@ -219,12 +219,14 @@ class Reconciler:
             if entry is None or not entry.connected or task.id in self._reported.get(node_id, set()):
                 continue
             current = self._tasks.tasks.get(task.id)
-            part = next((p for p in parts_of(current) if p.node_id == node_id), None) if current else None
+            if current is None:
+                continue
+            part = next((p for p in parts_of(current) if p.node_id == node_id), None)
             if part is None or part.state in TERMINAL_STATES or (
-                    part.state in (0, TaskState.SCHEDULED) and not self.gangs.failing(current)):  # type: ignore[arg-type]
+                    part.state in (0, TaskState.SCHEDULED) and not self.gangs.failing(current)):
                 continue   # ended, or never started: its start was sent again when its agent registered
             reason = f"not running on {node_id} after a leader change"
-            if self.gangs.failing(current) or current.cancel_requested:  # type: ignore[union-attr]
+            if self.gangs.failing(current) or current.cancel_requested:
                 await self.gangs.part_gone(task.id, node_id, reason)
             else:
                 await self.gangs.part_failed(task.id, node_id, reason)

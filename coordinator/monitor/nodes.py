@@ -16,13 +16,18 @@ needs to know it is lost more than that it was cordoned.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
-from common.pb.gptrm.v1 import types_pb2
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.power_states import power_label
 from common.types import NodeState
+
+Outbox: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
+"""A connected node's stream queue: messages to send, then None to end the stream."""
 
 __all__ = ["NodeEntry", "NodeRegistry"]
 
@@ -44,7 +49,7 @@ class NodeEntry:
     last_seen_unix_s: float = 0.0
     state: NodeState = NodeState.NOT_READY
     dropped_samples_total: int = 0
-    outbox: object | None = None         # the stream's decision queue while connected
+    outbox: Outbox | None = None         # the stream's decision queue while connected
     task_ids: set[str] = field(default_factory=set)
 
     @property
@@ -98,7 +103,7 @@ class NodeRegistry:
             self._nodes[node_id] = entry
         return entry
 
-    def connect(self, inventory: types_pb2.NodeInventory, outbox: object) -> tuple[NodeEntry, bool]:
+    def connect(self, inventory: types_pb2.NodeInventory, outbox: Outbox) -> tuple[NodeEntry, bool]:
         """A node registered on a new stream; returns (entry, first time seen)."""
         node_id = inventory.node_id
         is_new = node_id not in self._nodes

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -232,7 +232,7 @@ class ResourceMonitor:
                 self._active = np.concatenate([self._active, np.zeros(grow, dtype=bool)])
         return hist, slot
 
-    def ingest(self, node_id: str, n_gpus: int, samples: list[types_pb2.TelemetrySample]) -> int:
+    def ingest(self, node_id: str, n_gpus: int, samples: Sequence[types_pb2.TelemetrySample]) -> int:
         """Store a batch for ``node_id`` and recompute the cluster objectives.
 
         Samples with an impossible value (see :mod:`coordinator.monitor.sample_check`) are

@@ -13,16 +13,23 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from common.domain import ModelSpecData, QosData, Resources, TaskSpecData
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 from common.types import TaskKind
 from coordinator.profiler.qos_spec import parse_deadline
+
+if TYPE_CHECKING:
+    from google._upb import _message as _upb
+
+    # A field descriptor of the C (upb) or the pure-Python implementation, which the stubs type apart.
+    FieldDesc: TypeAlias = FieldDescriptor | _upb.FieldDescriptor
 
 __all__ = ["PRECISIONS", "gpus_used", "spec_data", "spec_from_mapping", "spec_to_proto"]
 
@@ -129,7 +136,7 @@ def spec_to_proto(data: TaskSpecData) -> types_pb2.TaskSpec:
     """
     m = data.model
     spec = types_pb2.TaskSpec(
-        name=data.name, kind=int(data.kind), replicas=data.replicas, nodes=data.nodes,
+        name=data.name, kind=pb_enum(types_pb2.TaskKind, data.kind), replicas=data.replicas, nodes=data.nodes,
         gpus_per_node=data.gpus_per_node, priority=data.priority, argv=list(data.argv), env=dict(data.env),
         labels=dict(data.labels), allow_gpu_sharing=data.allow_gpu_sharing,
         checkpoint_signal=data.checkpoint_signal,
@@ -200,25 +207,28 @@ def _integer(value: Any, path: str) -> int:
     return int(value)
 
 
-def _enum(field: FieldDescriptor, value: Any, path: str) -> int:
+def _enum(field: FieldDesc, value: Any, path: str) -> int:
     """An enum from its label (``fine-tuning``, ``on-failure``) or wire name."""
     if not isinstance(value, str):
         raise ValidationError(path, f"expected a name, got {_show(value)}")
-    if field.enum_type.name == "TaskKind":
+    enum = field.enum_type
+    if enum is None:
+        raise ValueError(f"{field.full_name} is not an enum field")
+    if enum.name == "TaskKind":
         try:
             return int(TaskKind.parse(value))
         except ValueError as e:
             raise ValidationError(path, str(e)) from None
     label = value.strip().lower().replace("_", "-")
-    if field.enum_type.name == "RestartPolicy" and label in _RESTART:
+    if enum.name == "RestartPolicy" and label in _RESTART:
         return _RESTART[label]
-    names = {v.name.lower().replace("_", "-"): v.number for v in field.enum_type.values if v.number}
+    names = {v.name.lower().replace("_", "-"): v.number for v in enum.values if v.number}
     if label not in names:
         raise ValidationError(path, f"unknown value {_show(value)}")
     return names[label]
 
 
-def _scalar(field: FieldDescriptor, value: Any, path: str) -> Any:
+def _scalar(field: FieldDesc, value: Any, path: str) -> Any:
     """One scalar value of a field, type-checked."""
     if field.type == FieldDescriptor.TYPE_STRING:
         if not isinstance(value, str):
@@ -248,7 +258,7 @@ def _scalar(field: FieldDescriptor, value: Any, path: str) -> Any:
 
 def _fill(message: Message, mapping: Mapping[str, Any], path: str) -> None:
     """Copy a mapping into a message, rejecting unknown keys by their dotted path."""
-    descriptor: Descriptor = message.DESCRIPTOR
+    descriptor = message.DESCRIPTOR
     for key, value in mapping.items():
         field = descriptor.fields_by_name.get(key) if isinstance(key, str) else None
         where = f"{path}.{key if isinstance(key, str) else _show(key)}"
@@ -273,8 +283,8 @@ def _fill(message: Message, mapping: Mapping[str, Any], path: str) -> None:
             if not isinstance(value, Mapping):
                 raise ValidationError(where, f"expected a mapping, got {_show(value)}")
             _fill(getattr(message, key), value, where)
-            if key == "demand":
-                message.has_demand = True  # type: ignore[attr-defined]
+            if key == "demand" and isinstance(message, types_pb2.TaskSpec):   # the one message with a demand
+                message.has_demand = True
         elif field.is_repeated:
             if not isinstance(value, list):
                 raise ValidationError(where, f"expected a list, got {_show(value)}")

@@ -188,12 +188,12 @@ def _utf8(value: str) -> int:
     return len(value.encode("utf-8", "surrogatepass"))
 
 
-def _validate_map(path: str, mapping: dict[str, str] | object, items: int, key_bytes: int, value_bytes: int,
+def _validate_map(path: str, mapping: Mapping[str, str], items: int, key_bytes: int, value_bytes: int,
                   total: int | None = None) -> None:
-    if len(mapping) > items:   # type: ignore[arg-type]
-        raise ValidationError(path, f"{len(mapping)} entries is more than {items}")   # type: ignore[arg-type]
+    if len(mapping) > items:
+        raise ValidationError(path, f"{len(mapping)} entries is more than {items}")
     size = 0
-    for k, v in mapping.items():   # type: ignore[attr-defined]
+    for k, v in mapping.items():
         if not k or _utf8(k) > key_bytes:
             raise ValidationError(f"{path}.{k[:40]}", f"key must be 1..{key_bytes} bytes")
         if _utf8(v) > value_bytes:

@@ -28,6 +28,7 @@ import enum
 import math
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from prometheus_client import Counter
 
@@ -203,7 +204,7 @@ class QosWatch:
         return Pressure.LESS if lat_ok and tps_ok and idle_queue else Pressure.STEADY
 
 
-def _latency_problem(task: types_pb2.Task, reading: TaskQos) -> str | bool:
+def _latency_problem(task: types_pb2.Task, reading: TaskQos) -> str | Literal[False]:
     """What is wrong with the latency ("" when fine), or False when there is nothing to compare."""
     bound = task.spec.qos.max_latency_ms
     if not bound or reading.latency_p95_s is None or not math.isfinite(reading.latency_p95_s):
@@ -212,7 +213,7 @@ def _latency_problem(task: types_pb2.Task, reading: TaskQos) -> str | bool:
     return f"p95 latency {p95_ms:.0f} ms over its {bound:g} ms bound" if p95_ms > bound else ""
 
 
-def _throughput_problem(task: types_pb2.Task, reading: TaskQos) -> str | bool:
+def _throughput_problem(task: types_pb2.Task, reading: TaskQos) -> str | Literal[False]:
     """What is wrong with the throughput ("" when fine), or False when there is nothing to compare."""
     floor = task.spec.qos.min_tokens_per_s
     if not floor or reading.tokens_per_s is None:

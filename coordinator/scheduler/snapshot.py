@@ -7,7 +7,7 @@ what the policies compare is consistent even while agents keep streaming.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
@@ -23,7 +23,7 @@ from coordinator.scheduler.queue import request_for
 
 __all__ = ["NodeFit", "SnapshotBuilder"]
 
-_Holdings = dict[str, list[tuple[list[int], int, float]]]
+_Holdings = dict[str, list[tuple[Sequence[int], int, float]]]
 """Node id → what each live allocation holds there: (GPU indices, memory per GPU, share per GPU)."""
 
 
@@ -159,7 +159,7 @@ class SnapshotBuilder:
         """
         return [self._view(e, None, empty=True) for e in sorted(registry, key=lambda e: e.node_id)]
 
-    def _view(self, e: NodeEntry, held: list[tuple[list[int], int, float]] | None, *,
+    def _view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None, *,
               empty: bool = False) -> NodeSnapshot:
         """One node with what ``held`` holds on its GPUs and its recorded reservation (none if ``empty``)."""
         static = self._static_part(e)

@@ -22,6 +22,7 @@ from typing import Any
 
 from common.domain import NodeSnapshot, Request
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.adaptor.power import PowerManager
@@ -109,7 +110,7 @@ class SimAdaptor:
         self.events = EventBus(backlog=100, now=now)
         self.changed = False
         self.manager = PowerManager(
-            self.registry, lambda: self.pending, _MemoryStore(), _SoleLeader(), _NoContention(),  # type: ignore[arg-type]
+            self.registry, lambda: self.pending, _MemoryStore(), _SoleLeader(), _NoContention(),
             self.provider, self.events, power_down_after_s=power_down_after_s, spare_nodes=spare_nodes,
             wake_timeout_s=wake_timeout_s, idle_power_w=lambda e: idle_w[e.node_id], fit=lambda: self._fit,
             on_change=self._changed, period_s=0.0, now=now, wall=now, sleep=_no_wait)
@@ -126,7 +127,7 @@ class SimAdaptor:
 
     def arrived(self, req: Request) -> None:
         """A job is pending."""
-        task = types_pb2.Task(id=req.task_id, state=TaskState.PENDING)
+        task = types_pb2.Task(id=req.task_id, state=pb_enum(types_pb2.TaskState, TaskState.PENDING))
         task.demand.gpus = req.demand.gpus
         task.spec.nodes = req.nodes
         self.pending[req.task_id] = task

@@ -45,7 +45,7 @@ from common.domain import ClusterSnapshot, Placement, Request, queue_key
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import build as build_policy
 from coordinator.scheduler.policies import time_aware
-from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE
+from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, Policy
 from coordinator.simulator.adaptor_driver import SimAdaptor
 from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, summarize_jobs
 
@@ -161,6 +161,7 @@ class Simulator:
         self.jobs = list(jobs)
         self.base = cluster
         self.now = min((j.request.submit_s for j in self.jobs), default=0.0)
+        policy: Policy
         if config.policy == time_aware.NAME:
             # Expected run times come from the trace; the policy reads the virtual clock.
             policy = time_aware.build(config.threshold, mode=config.threshold_mode, now=lambda: self.now)

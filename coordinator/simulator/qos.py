@@ -29,7 +29,7 @@ less than ``protection_s`` ago is never chosen again.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
 from common.domain import Placement, queue_key
@@ -65,7 +65,7 @@ class SimPreemption:
         self.protection_s = protection_s
         self.fits = Fits(sim.config.policy, sim.config.threshold, sim.config.threshold_mode)
         self.count: Counter[int] = Counter()         # job index → times preempted
-        self.lost_run_s: Counter[int] = Counter()    # job index → run time lost to preemptions
+        self.lost_run_s: defaultdict[int, float] = defaultdict(float)   # job index → run time lost to preemptions
         self.last_s: dict[int, float] = {}           # job index → when it was last preempted
         self.stale: Counter[int] = Counter()         # job index → completions to ignore (runs cut short)
         self.preemptions = 0

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -98,7 +99,10 @@ class SyntheticSpec:
             _check_weights(name, getattr(self, name))
 
 
-def _choice(rng: np.random.Generator, weights: Mapping[object, float], size: int) -> list[object]:
+K = TypeVar("K")
+
+
+def _choice(rng: np.random.Generator, weights: Mapping[K, float], size: int) -> list[K]:
     """``size`` draws from a weighted discrete distribution (keys in the mapping's order)."""
     keys = list(weights)
     p = np.array([weights[k] for k in keys], dtype=np.float64)
@@ -164,8 +168,8 @@ def generate_jobs(spec: SyntheticSpec, rng: np.random.Generator) -> list[TraceJo
     width = max(spec.node_gpus)
     jobs = []
     for k in range(n):
-        count, share = int(gpus[k]), 1.0  # type: ignore[call-overload]
-        kind, params = (str(kinds[k]), float(sizes[k])) if is_llm[k] else ("", 0.0)  # type: ignore[arg-type]
+        count, share = int(gpus[k]), 1.0
+        kind, params = (str(kinds[k]), float(sizes[k])) if is_llm[k] else ("", 0.0)
         if kind:
             # The row's GPU count is what the profiler will ask for; the replay profiles the spec again.
             count, share = llm_gpus(profiler, kind, params, width)
@@ -193,7 +197,7 @@ def generate_nodes(spec: SyntheticSpec, rng: np.random.Generator) -> list[TraceN
     """
     nodes = []
     for k, count in enumerate(_choice(rng, spec.node_gpus, spec.n_nodes)):
-        gpus = int(count)  # type: ignore[call-overload]
+        gpus = int(count)
         width = max(gpus, 1)
         nodes.append(TraceNode(
             node_id=f"syn-node-{k:04d}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from common.errors import Fenced
@@ -78,9 +79,11 @@ class FencedWriter:
             chunk = ids[i : i + self._max_ops]
             result = self._client.txn([], [op_get(self._keys.node(n)) for n in chunk])
             for node_id, found in zip(chunk, result.responses, strict=True):
-                record = self.parse(found[0], lambda kv, n=node_id: rec.parse_node(n, kv)) if found else None
+                if not found:
+                    continue
+                record = self.parse(found[0], partial(rec.parse_node, node_id))
                 if record is not None:
-                    out[node_id] = (record, found[0].mod_revision)   # type: ignore[index]
+                    out[node_id] = (record, found[0].mod_revision)
         return out
 
     def node_ops(self, nodes: Nodes) -> tuple[list[Compare], list[Op]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, TypeAlias
 
 from etcd3 import transactions
 
@@ -26,9 +26,9 @@ __all__ = [
     "op_put",
 ]
 
-Compare = transactions.BaseCompare
+Compare: TypeAlias = transactions.BaseCompare
 """One comparison of a transaction (build it with :func:`cmp_create`, :func:`cmp_mod`, :func:`cmp_value`)."""
-Op = transactions.Put | transactions.Get | transactions.Delete
+Op: TypeAlias = transactions.Put | transactions.Get | transactions.Delete
 """One operation of a transaction (build it with :func:`op_put`, :func:`op_get`, :func:`op_delete`)."""
 
 
@@ -105,19 +105,40 @@ def op_delete(key: str) -> Op:
     return transactions.Delete(key)
 
 
-def kv_from_meta(value: bytes, meta: object) -> KV:
+class KVMetadata(Protocol):
+    """What :func:`kv_from_meta` reads of etcd3's ``KVMetadata`` (etcd3 ships no types)."""
+
+    key: bytes | str
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease_id: int
+
+
+class KeyValueProto(Protocol):
+    """What :func:`kv_from_proto` reads of an etcd ``mvccpb.KeyValue`` or of etcd3's watch event."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+def kv_from_meta(value: bytes, meta: KVMetadata) -> KV:
     """A :class:`KV` from etcd3's (value, KVMetadata) pair."""
-    key = meta.key  # type: ignore[attr-defined]
+    key = meta.key
     return KV(
         key=key.decode() if isinstance(key, bytes) else str(key),
         value=bytes(value),
-        create_revision=meta.create_revision,  # type: ignore[attr-defined]
-        mod_revision=meta.mod_revision,  # type: ignore[attr-defined]
-        version=meta.version,  # type: ignore[attr-defined]
-        lease_id=meta.lease_id,  # type: ignore[attr-defined]
+        create_revision=meta.create_revision,
+        mod_revision=meta.mod_revision,
+        version=meta.version,
+        lease_id=meta.lease_id,
     )
 
 
-def kv_from_proto(kv: object) -> KV:
+def kv_from_proto(kv: KeyValueProto) -> KV:
     """A :class:`KV` from an etcd ``mvccpb.KeyValue`` (or etcd3's watch event, which proxies one)."""
-    return KV(kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision, kv.version, kv.lease)  # type: ignore[attr-defined]
+    return KV(kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision, kv.version, kv.lease)

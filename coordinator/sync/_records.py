@@ -12,6 +12,7 @@ from google.protobuf.message import DecodeError, Message
 from common.domain import Resources
 from common.errors import CoordinationError, ValidationError
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 from common.types import TaskState
 from coordinator.allocator.reservations import NodeReservation, ReservationConflict
 from coordinator.sync.client import KV
@@ -114,7 +115,7 @@ def parse_request(kv: KV) -> str:
 
 def append_history(task: types_pb2.Task, state: TaskState, reason: str, now_unix_s: float, limit: int) -> None:
     """Set the state and reason and record the change; keeps the newest ``limit`` changes."""
-    task.state = int(state)
+    task.state = pb_enum(types_pb2.TaskState, state)
     task.reason = reason
     task.history.add(state=int(state), time_unix_s=now_unix_s, reason=reason)
     if len(task.history) > limit:
@@ -134,7 +135,7 @@ def apply_updates(task: types_pb2.Task, updates: Mapping[str, object]) -> None:
         try:
             if field.is_repeated:
                 task.ClearField(name)
-                getattr(task, name).extend(value)  # type: ignore[call-overload]
+                getattr(task, name).extend(value)
             elif field.message_type is not None:
                 getattr(task, name).CopyFrom(value)
             else:
@@ -223,7 +224,8 @@ def prepare_placement(
     new.revision = 0
     new.allocation.CopyFrom(alloc)
     new.ClearField("parts")   # one part per node, rank i on nodes[i], until its agent reports
-    new.parts.extend(types_pb2.TaskPart(node_id=na.node_id, rank=i, state=int(TaskState.SCHEDULED))
+    scheduled = pb_enum(types_pb2.TaskState, TaskState.SCHEDULED)
+    new.parts.extend(types_pb2.TaskPart(node_id=na.node_id, rank=i, state=scheduled)
                      for i, na in enumerate(alloc.nodes))
     nodes = ", ".join(na.node_id for na in alloc.nodes)
     append_history(new, TaskState.SCHEDULED, f"placed on {nodes}", now_unix_s, history_limit)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 import etcd3
 import etcd3.exceptions as etcd_exc
@@ -32,6 +32,7 @@ from common.logging import get_logger
 from coordinator.sync._kv import (
     KV,
     Compare,
+    KeyValueProto,
     Op,
     TxnResult,
     WatchCallback,
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_Raw = etcd3.MultiEndpointEtcd3Client
+_Raw: TypeAlias = etcd3.MultiEndpointEtcd3Client
 
 _PAGE = 500
 _GRPC_OPTIONS = [
@@ -87,7 +88,25 @@ _RETRY_EXC = (
 )
 
 
-def _range_page(raw: _Raw, _timeout: float, *, start: bytes, end: bytes, revision: int) -> object:
+class _Header(Protocol):
+    revision: int
+
+
+class _RangePage(Protocol):
+    """What is read of etcd's ``RangeResponse`` (etcd3 ships no types)."""
+
+    header: _Header
+    kvs: Sequence[KeyValueProto]
+    more: bool
+
+
+class _WatchResponse(Protocol):
+    """What is read of etcd3's watch response: its events (each proxies an ``mvccpb.KeyValue``)."""
+
+    events: Sequence[KeyValueProto]
+
+
+def _range_page(raw: _Raw, _timeout: float, *, start: bytes, end: bytes, revision: int) -> _RangePage:
     return raw.get_range_response(start, end, limit=_PAGE, revision=revision or None)
 
 
@@ -135,7 +154,7 @@ def _reason(e: BaseException) -> str:
     """A one-line reason from an etcd3/grpc exception (etcd3 hides grpc details in __context__)."""
     for err in (e, e.__context__):
         if isinstance(err, grpc.RpcError) and hasattr(err, "code"):
-            details = (err.details() or "").splitlines()  # type: ignore[attr-defined]
+            details = (err.details() or "").splitlines()
             return f"{err.code().name}: {details[0] if details else 'no details'}"
     return str(e) or type(e).__name__
 
@@ -357,13 +376,13 @@ class EtcdClient:
     def watch(self, key: str, callback: WatchCallback) -> WatchHandle:
         """Call ``callback`` with every change of ``key`` from now on, or with None once the watch breaks."""
 
-        def deliver(resp: object) -> None:
+        def deliver(resp: _WatchResponse | Exception | None) -> None:
             if resp is None or isinstance(resp, Exception):
                 callback(None)
                 return
             events = [
                 WatchEvent("delete" if isinstance(ev, etcd_events.DeleteEvent) else "put", kv_from_proto(ev))
-                for ev in resp.events  # type: ignore[attr-defined]
+                for ev in resp.events
             ]
             callback(events)
 

@@ -336,7 +336,7 @@ class Store:
             result = self._writer.write(compare, success, [op_get(key)])
             found = result.responses[0] if not result.succeeded else None
             if result.succeeded or (found and found[0].value == data):  # the latter: our write, answer lost
-                new.revision = result.revision if result.succeeded else found[0].mod_revision  # type: ignore[index]
+                new.revision = result.revision if result.succeeded or not found else found[0].mod_revision
                 self._log.info(event, task_id=task_id, state=TaskState(new.state).name, revision=new.revision)
                 return new
             if not found:

@@ -144,7 +144,7 @@ class PlacementEngine:
         :param keep_order: decide in the given order even for policies that sort by demand.
         :returns: one decision per request, aligned with ``requests`` (not with decision order).
         """
-        order = range(len(requests))
+        order: Sequence[int] = range(len(requests))
         if self.policy.sorts_requests and not keep_order:
             # Alg. 1-3: largest compute demand first; sorted() is stable, so ties keep queue order.
             order = sorted(order, key=lambda k: -requests[k].compute_demand)

@@ -38,7 +38,8 @@ _LOG_MAX = 1 << 16     # changed-node log length before it is cut and every entr
 _REBUILD_BASE = 8      # replaying more changed nodes than base + N / per_node costs more than a rebuild
 _REBUILD_PER_NODE = 256
 
-ShapeKey = tuple[tuple[float, int, float, int, int], int, int, tuple[str, frozenset[tuple[str, str]]] | None]
+ShapeKey = tuple[tuple[float, int, float, int, int], int, int,
+                 tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None]
 
 
 class ShapeEntry:

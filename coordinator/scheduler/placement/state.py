@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 
@@ -198,7 +199,7 @@ class PlacementState:
         shape = (self.width, len(nodes))
         self.slot_ids = [[g.index for g in node.gpus] for node in nodes]
         self.slot_total = [[g.mem_total_bytes for g in node.gpus] for node in nodes]
-        self.slot_mem = [[g.mem_free_bytes for g in node.gpus] for node in nodes]
+        self.slot_mem: list[list[float]] = [[g.mem_free_bytes for g in node.gpus] for node in nodes]
         self.slot_share = [[g.share_free for g in node.gpus] for node in nodes]
         self.slot_topology = [[g.topology_group for g in node.gpus] for node in nodes]
         self._partial = PartialGpus(sum(len(node.gpus) for node in nodes))
@@ -419,7 +420,8 @@ class PlacementState:
             mask = self._binding_dims_mask(values)
         else:
             # General path: add and compare, rounding exactly like the reference.
-            mask = self.dimension_ok(req, np.array(values, dtype=np.float64)).all(axis=0)
+            # all() over axis 0 of the 2-D per-dimension mask is one bool per node (the stubs allow a scalar).
+            mask = cast(BoolArray, self.dimension_ok(req, np.array(values, dtype=np.float64)).all(axis=0))
         if self.shared_dims and whole == 0 and values[0] > 0:
             mask &= self.shared_ok(values)
         static = self.static_mask(req)

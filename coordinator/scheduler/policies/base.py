@@ -401,6 +401,14 @@ class ThresholdPolicy:
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Stateless: nothing to remember."""
 
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Not ranked by key (``ranked_by_key`` is False), so never asked; :class:`KeyedPolicy` defines it."""
+        raise NotImplementedError(f"{type(self).__name__} does not rank nodes by a key")
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """Not ranked by key (``ranked_by_key`` is False), so never asked; :class:`KeyedPolicy` defines it."""
+        raise NotImplementedError(f"{type(self).__name__} does not rank nodes by a key")
+
 
 class KeyedPolicy(ThresholdPolicy, ABC):
     """A policy that tries nodes by ascending per-node key, ties in snapshot order (Alg. 1-3).
