@@ -26,7 +26,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -432,11 +432,12 @@ class KeyedPolicy(ThresholdPolicy, ABC):
 
     def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
         """Per-node sort key: :meth:`key` on every node at once."""
-        return self.key(view, req)  # type: ignore[return-value]
+        # On arrays the key's arithmetic yields an array (the key is written over fields only).
+        return cast(FloatArray, self.key(view, req))
 
     def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
         """``key_array(view, req)[i]``: :meth:`key` on node ``i`` alone, with the same rounding."""
-        return self.key(NodeRow(view, i), req)  # type: ignore[return-value]
+        return float(self.key(NodeRow(view, i), req))   # on one row the same arithmetic yields a float
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Node ids by ascending :meth:`key`, ties in snapshot order."""
