@@ -17,14 +17,12 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TERMINAL_STATES, NodeState, TaskState
-from coordinator.adaptor.scale_out import ScaleOutRequests
-from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
+from coordinator.ports import AgentSignals, ScaleOut, WakeupSignal
 from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
-from coordinator.scheduler.wakeup import Wakeup
 from coordinator.sync import remove_reservation
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
@@ -54,8 +52,8 @@ class TaskTable:
     """
 
     def __init__(self, store: Store, leadership: Leadership, registry: NodeRegistry, monitor: ResourceMonitor,
-                 profiler: Profiler, dispatcher: Dispatcher, scale_out: ScaleOutRequests, events: EventBus,
-                 wakeup: Wakeup) -> None:
+                 profiler: Profiler, dispatcher: AgentSignals, scale_out: ScaleOut, events: EventBus,
+                 wakeup: WakeupSignal) -> None:
         self._store, self._leadership, self._registry = store, leadership, registry
         self._monitor, self._profiler, self._dispatcher = monitor, profiler, dispatcher
         self._scale_out, self._events, self._wakeup = scale_out, events, wakeup

@@ -34,10 +34,10 @@ from common.types import TERMINAL_STATES, NodeState, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
-from coordinator.qos.restart import RestartPolicy
+from coordinator.ports import Restarts
 
 if TYPE_CHECKING:
-    from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
+    from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
 __all__ = ["Gangs", "is_gang", "parts_of", "with_part"]
 
@@ -96,7 +96,7 @@ class Gangs:
     :param events: the cluster event log.
     """
 
-    def __init__(self, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher, restarts: RestartPolicy,
+    def __init__(self, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher, restarts: Restarts,
                  events: EventBus) -> None:
         self._tasks, self._registry, self._dispatcher = tasks, registry, dispatcher
         self._restarts, self._events = restarts, events

@@ -26,12 +26,11 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.gang import Gangs, is_gang, parts_of, with_part
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
-from coordinator.qos.restart import RestartPolicy
+from coordinator.ports import RequeuePreempted, Restarts
 from coordinator.supervisor import Beat, no_beat
 
 if TYPE_CHECKING:
-    from coordinator.qos.preemption import Preemptor  # imports the scheduler, which imports the dispatcher
-    from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
+    from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
 __all__ = ["Reconciler"]
 
@@ -51,7 +50,7 @@ class Reconciler:
     """
 
     def __init__(self, task_grace_s: float, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher,
-                 restarts: RestartPolicy, events: EventBus, preemptor: Preemptor) -> None:
+                 restarts: Restarts, events: EventBus, preemptor: RequeuePreempted) -> None:
         self._grace_s = task_grace_s
         self._tasks, self._registry, self._dispatcher = tasks, registry, dispatcher
         self._restarts, self._events, self._preemptor = restarts, events, preemptor

@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from common.errors import GptrmError, IllegalTransition, NotFound
 from common.logging import get_logger
@@ -34,14 +33,12 @@ from coordinator.dispatch.gang import Gangs, is_gang
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
+from coordinator.qos.preemption import Preemptor
 from coordinator.qos.restart import RestartPolicy
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
-
-if TYPE_CHECKING:
-    from coordinator.qos.preemption import Preemptor  # imports the scheduler, which imports the dispatcher
-    from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
+from coordinator.tasks import TaskTable
 
 __all__ = ["LostNodes"]
 

@@ -49,7 +49,7 @@ from coordinator.scheduler.queue import request_for
 from coordinator.scheduler.snapshot import SnapshotBuilder
 
 if TYPE_CHECKING:
-    from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
+    from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
 __all__ = ["DEFAULT_PROTECTION_S", "Candidate", "Fits", "Holding", "Preemptor", "candidate", "choose_candidates",
            "choose_victims", "last_preempted_s", "release_holdings", "release_tasks", "started_s"]

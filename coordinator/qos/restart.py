@@ -17,7 +17,7 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 
 if TYPE_CHECKING:
-    from coordinator.tasks import TaskTable  # the task table imports the dispatcher: type only
+    from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
 __all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "DEFAULT_MAX_RESTARTS", "RestartPolicy", "backoff_s"]
 

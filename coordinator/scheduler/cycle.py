@@ -26,19 +26,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from common.domain import Placement, Rejection
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
-from coordinator.adaptor.scale_out import ScaleOutRequests
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import PortBook, node_address
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.ports import Preemption, ScaleOut
 from coordinator.profiler import Profiler
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
@@ -50,9 +49,6 @@ from coordinator.sync import add_reservation
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
 from coordinator.tasks import TaskTable
-
-if TYPE_CHECKING:
-    from coordinator.qos.preemption import Preemptor  # the QoS Manager builds on the scheduler's modules
 
 __all__ = ["FORCED_CYCLE_S", "SchedulerCycle"]
 
@@ -87,8 +83,8 @@ class SchedulerCycle:
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
-                 store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOutRequests,
-                 metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemptor, profiler: Profiler,
+                 store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOut,
+                 metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "") -> None:
         self._preemptor, self._profiler = preemptor, profiler
         self._gang_label = gang_label
