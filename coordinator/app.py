@@ -44,10 +44,9 @@ from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.recovery import adopt_nodes, task_ids_by_node
 from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
+from coordinator.version import VERSION
 
 __all__ = ["VERSION", "App", "LeaderDuties", "build"]
-
-VERSION = "0.1.0"
 
 
 class LeaderDuties:

@@ -69,6 +69,14 @@ class TaskTable:
             raise NotFound(f"task {task_id!r} not found")
         return task
 
+    def find(self, task_id: str) -> types_pb2.Task | None:
+        """The task, or None when there is no such task."""
+        return self.tasks.get(task_id)
+
+    def values(self) -> list[types_pb2.Task]:
+        """Every task, as a list taken now."""
+        return list(self.tasks.values())
+
     def counts(self) -> dict[str, int]:
         """Tasks by state label."""
         out: dict[str, int] = {}

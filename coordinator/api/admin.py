@@ -39,11 +39,12 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
+from coordinator.api.deps import AdminDeps
 from coordinator.api.pages import paginate
-from coordinator.app import VERSION, App
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
 from coordinator.scheduler.policy import threshold_mode
+from coordinator.version import VERSION
 
 __all__ = ["AdminService", "not_leader_message"]
 
@@ -139,11 +140,11 @@ def _require_id(value: str, field: str) -> str:
 class AdminService(admin_pb2_grpc.AdminServicer):
     """Admin API over one replica's components.
 
-    :param app: the replica (``coordinator.app.build``).
+    :param app: the replica's components (the ``App`` from ``coordinator.app.build``).
     :param auth_mode: how callers authenticate (``none``, ``tls``, ``token``…), reported by GetStatus.
     """
 
-    def __init__(self, app: App, *, auth_mode: str = "none") -> None:
+    def __init__(self, app: AdminDeps, *, auth_mode: str = "none") -> None:
         self._app = app
         self.auth_mode = auth_mode
 
@@ -162,7 +163,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         if entry.last_seen_unix_s:
             view.last_seen_age_s = max(0.0, time.time() - entry.last_seen_unix_s)
         for tid in sorted(entry.task_ids):
-            task = self._app.tasks.tasks.get(tid)
+            task = self._app.tasks.find(tid)
             if task is not None:
                 view.allocations.extend(a for a in task.allocation.nodes if a.node_id == entry.node_id)
         if entry.inventory.gpus:
@@ -238,7 +239,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if s not in types_pb2.TaskState.values() or s == 0:
                 raise ValidationError("states", f"unknown task state {s}")
         read, stored = await self._from_etcd(self._app.store.list_tasks)
-        tasks = stored if read and stored is not None else list(self._app.tasks.tasks.values())
+        tasks = stored if read and stored is not None else self._app.tasks.values()
         wanted = set(request.states)
         tasks = [t for t in tasks if not wanted or t.state in wanted]
         page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)

@@ -77,7 +77,7 @@ class AgentGuard:
 
     def _owns(self, entry: NodeEntry, task_id: str) -> bool | None:
         """True if placed on this node, False if placed elsewhere (or nowhere), None if unknown."""
-        task = self._tasks.tasks.get(task_id)
+        task = self._tasks.find(task_id)
         if task is None:
             return None
         return any(na.node_id == entry.node_id for na in task.allocation.nodes)

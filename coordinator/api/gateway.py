@@ -24,7 +24,7 @@ from common.netaddr import address_problem, port_range_problem
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
 from common.topology import validate_gpu_topology
 from coordinator.api.agent_guard import AgentGuard
-from coordinator.app import App
+from coordinator.api.deps import GatewayDeps
 from coordinator.monitor.nodes import NodeEntry
 
 if TYPE_CHECKING:
@@ -77,11 +77,11 @@ def validate_register(reg: agent_pb2.Register) -> None:
 class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
     """Agent streams of one replica.
 
-    :param app: the replica (``coordinator.app.build``).
+    :param app: the replica's components (the ``App`` from ``coordinator.app.build``).
     :param security: the server's ``Security`` (node certificates, audit); None checks no certificates.
     """
 
-    def __init__(self, app: App, security: Security | None = None) -> None:
+    def __init__(self, app: GatewayDeps, security: Security | None = None) -> None:
         self._app = app
         self.guard = AgentGuard(app.registry, app.tasks, security)
         self._log = get_logger("gateway")

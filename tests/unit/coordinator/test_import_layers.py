@@ -4,7 +4,7 @@ Every module under ``coordinator/`` is parsed; each import (also those under ``i
 and inside functions) becomes an edge between the units that hold the two modules. A unit is a
 sub-package (``coordinator/scheduler/``) or a top-level module (``coordinator/tasks.py``). The
 composition roots and consumers (``app``, ``server``, ``devcluster``, ``simulator``, ``ctl``) may
-import anything, so their outgoing edges are not part of the graph.
+import anything, so their outgoing edges are not part of the graph; no component imports them.
 """
 
 from __future__ import annotations
@@ -122,3 +122,9 @@ def test_component_packages_import_each_other_without_cycles() -> None:
     if cycle:
         raise AssertionError("import cycle " + " -> ".join(cycle) + "; every edge on a cycle:\n"
                              + "\n".join(edges_on_cycles(edges)))
+
+
+def test_components_do_not_import_the_composition_roots() -> None:
+    edges = import_graph()
+    found = [f"  {a} -> {b}: {', '.join(edges[a][b])}" for a in sorted(edges) for b in sorted(edges[a]) if b in ROOTS]
+    assert not found, "components import a composition root:\n" + "\n".join(found)

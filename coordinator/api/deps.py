@@ -1,0 +1,58 @@
+"""What the gRPC servicers read from the replica: the components they use, not the whole ``App``.
+
+``coordinator.app.App`` satisfies both protocols structurally; ``coordinator.server`` passes it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from coordinator.adaptor.services import ServiceController
+from coordinator.config import CoordinatorConfig
+from coordinator.dispatch import Reconciler
+from coordinator.dispatch.logs import LogRelay
+from coordinator.events import EventBus
+from coordinator.monitor import NodeRegistry, ResourceMonitor
+from coordinator.nodes import NodeService
+from coordinator.qos.lost_nodes import LostNodes
+from coordinator.scheduler.admission import Admission
+from coordinator.scheduler.policy import PolicySetting
+from coordinator.scheduler.snapshot import SnapshotBuilder
+from coordinator.supervisor import Supervisor
+from coordinator.sync import Leadership, Store
+from coordinator.tasks import TaskTable
+
+__all__ = ["AdminDeps", "GatewayDeps"]
+
+
+class GatewayDeps(Protocol):
+    """What the AgentGateway servicer uses."""
+
+    cfg: CoordinatorConfig
+    leadership: Leadership
+    registry: NodeRegistry
+    tasks: TaskTable
+    nodes: NodeService
+    logs: LogRelay
+    reconciler: Reconciler
+
+
+class AdminDeps(Protocol):
+    """What the Admin servicer uses."""
+
+    cfg: CoordinatorConfig
+    started: float
+    store: Store
+    leadership: Leadership
+    events: EventBus
+    registry: NodeRegistry
+    monitor: ResourceMonitor
+    tasks: TaskTable
+    policy: PolicySetting
+    snapshots: SnapshotBuilder
+    nodes: NodeService
+    logs: LogRelay
+    lost_nodes: LostNodes
+    services: ServiceController
+    admission: Admission
+    supervisor: Supervisor
