@@ -220,11 +220,11 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     provider = build_provider(cfg.node_provider, cfg.node_provider_command, events,
                               timeout_s=cfg.node_provider_timeout_s,
                               missing=lambda resource, amount: metrics.missing_resources.labels(resource).set(amount))
-    power_manager = PowerManager(registry, lambda: tasks.tasks, store, leadership, locks, provider, events,
+    power_manager = PowerManager(registry, tasks.view, store, leadership, locks, provider, events,
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
                                  idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
-                                 fit=lambda: snapshots.fit(tasks.tasks.values(), policy.current.threshold,
+                                 fit=lambda: snapshots.fit(tasks.values(), policy.current.threshold,
                                                            threshold_mode(policy.current)),
                                  on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
@@ -234,8 +234,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                            gang_label=cfg.gang_topology_label)
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
-    qos = QosWatch(lambda: tasks.tasks, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
-    capper = PowerCapper(registry, monitor.latest.get, lambda: tasks.tasks, qos, dispatcher, events,
+    qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
+    capper = PowerCapper(registry, monitor.latest.get, tasks.view, qos, dispatcher, events,
                          metrics.power_cap_changes, interval_s=cfg.power_cap_interval_s)
     services = ServiceController(ServiceStore(client, keys, leadership.election, quarantine=quarantine,
                                               validate=check_stored_service), leadership, tasks, monitor,

@@ -153,7 +153,7 @@ class NodeService:
         """Hand back the node's placed-but-unstarted tasks; running ones run to completion."""
         back = 0
         for task_id in sorted(entry.task_ids):
-            task = self._tasks.tasks.get(task_id)
+            task = self._tasks.find(task_id)
             if task is None or task.state != TaskState.SCHEDULED:
                 continue
             try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from common.errors import IllegalTransition, NotFound
 from common.logging import get_logger
@@ -57,49 +58,62 @@ class TaskTable:
         self._store, self._leadership, self._registry = store, leadership, registry
         self._monitor, self._profiler, self._dispatcher = monitor, profiler, dispatcher
         self._scale_out, self._events, self._wakeup = scale_out, events, wakeup
-        self.tasks: dict[str, types_pb2.Task] = {}
+        self._by_id: dict[str, types_pb2.Task] = {}
         self._log = get_logger("coordinator")
 
     # ---- reads --------------------------------------------------------------------------------
 
+    @property
+    def tasks(self) -> Mapping[str, types_pb2.Task]:
+        """Every task by id: a read-only, live view (changes go through this table's methods)."""
+        return MappingProxyType(self._by_id)
+
+    def view(self) -> Mapping[str, types_pb2.Task]:
+        """:attr:`tasks`, for readers that are handed a callable."""
+        return MappingProxyType(self._by_id)
+
     def get(self, task_id: str) -> types_pb2.Task:
         """:raises NotFound: no such task."""
-        task = self.tasks.get(task_id)
+        task = self._by_id.get(task_id)
         if task is None:
             raise NotFound(f"task {task_id!r} not found")
         return task
 
     def find(self, task_id: str) -> types_pb2.Task | None:
         """The task, or None when there is no such task."""
-        return self.tasks.get(task_id)
+        return self._by_id.get(task_id)
 
     def values(self) -> list[types_pb2.Task]:
         """Every task, as a list taken now."""
-        return list(self.tasks.values())
+        return list(self._by_id.values())
 
     def counts(self) -> dict[str, int]:
         """Tasks by state label."""
         out: dict[str, int] = {}
-        for t in list(self.tasks.values()):
+        for t in list(self._by_id.values()):
             label = TaskState(t.state).label if t.state else "unknown"
             out[label] = out.get(label, 0) + 1
         return out
 
     def replace_all(self, tasks: dict[str, types_pb2.Task]) -> None:
         """Take over the tasks read from etcd (a new leader's view)."""
-        self.tasks = dict(tasks)
+        self._by_id = dict(tasks)
+
+    def accept(self, stored: types_pb2.Task) -> None:
+        """Follow a record etcd accepted (the value a committed transaction stored)."""
+        self._by_id[stored.id] = stored
 
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention)."""
-        self.tasks.pop(task_id, None)
+        self._by_id.pop(task_id, None)
         self._monitor.forget_task_qos(task_id)
 
     async def refresh(self, task_id: str) -> None:
         """Re-read one task from etcd after a lost compare (memory follows etcd)."""
         try:
-            self.tasks[task_id] = await asyncio.to_thread(self._store.get_task, task_id)
+            self._by_id[task_id] = await asyncio.to_thread(self._store.get_task, task_id)
         except NotFound:
-            self.tasks.pop(task_id, None)
+            self._by_id.pop(task_id, None)
 
     # ---- admission and state changes ------------------------------------------------------------
 
@@ -128,7 +142,7 @@ class TaskTable:
         if admit is not None:
             admit(task)
         stored = await self._leadership.write(self._store.create_task, task, request_id)
-        self.tasks[stored.id] = stored
+        self._by_id[stored.id] = stored
         if stored.id == task.id:
             self._log.info("task_submitted", task_id=stored.id, name=spec.name)
             self._events.publish("task_state", f"task {stored.id} submitted", task_id=stored.id, state="pending")
@@ -149,7 +163,7 @@ class TaskTable:
             # The agents' shares since it (last) started, on top of what earlier runs stored.
             updates["energy_j"] = task.energy_j + energy.current(task_id)
         stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason, **updates)
-        self.tasks[task_id] = stored
+        self._by_id[task_id] = stored
         if state in TERMINAL_STATES:
             energy.finish(task_id, stored.spec.kind)
         self._events.publish("task_state", f"task {task_id} {TaskState(task.state).label} → {state.label}"
@@ -205,7 +219,7 @@ class TaskTable:
         """Persist field changes without a state change (compare-on-revision) and update memory."""
         task = self.get(task_id)
         stored = await self._leadership.write(self._store.update_task, task_id, task.revision, **updates)
-        self.tasks[task_id] = stored
+        self._by_id[task_id] = stored
         return stored
 
     async def pause(self, task_id: str) -> types_pb2.Task:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -101,7 +101,7 @@ class PowerCapper:
     """
 
     def __init__(self, registry: NodeRegistry, latest: Callable[[str], types_pb2.TelemetrySample | None],
-                 tasks: Callable[[], dict[str, types_pb2.Task]], qos: QosSignal, dispatcher: Dispatcher,
+                 tasks: Callable[[], Mapping[str, types_pb2.Task]], qos: QosSignal, dispatcher: Dispatcher,
                  events: EventBus, changes: Counter, *, interval_s: float = 30.0, period_s: float = 2.0,
                  now: Callable[[], float] = time.monotonic) -> None:
         self._registry, self._latest, self._tasks, self._qos = registry, latest, tasks, qos

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeAlias, TypeVar
 
@@ -105,7 +105,7 @@ class PowerManager:
         whose cycles are atomic, passes a wait that returns at once).
     """
 
-    def __init__(self, registry: NodeRegistry, tasks: Callable[[], dict[str, types_pb2.Task]], store: NodeStore,
+    def __init__(self, registry: NodeRegistry, tasks: Callable[[], Mapping[str, types_pb2.Task]], store: NodeStore,
                  leadership: FencedWriter, locks: NodeLocks, provider: NodeProvider, events: EventBus, *,
                  power_down_after_s: float, spare_nodes: int, wake_timeout_s: float,
                  idle_power_w: Callable[[NodeEntry], float] = lambda e: 0.0,

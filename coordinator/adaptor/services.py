@@ -334,7 +334,7 @@ class ServiceController:
             self._kick.clear()
 
     def _replicas(self, service_id: str) -> list[types_pb2.Task]:
-        return [t for t in list(self._tasks.tasks.values())
+        return [t for t in self._tasks.values()
                 if t.service_id == service_id and t.state not in TERMINAL_STATES]
 
     def _runtime(self, svc: types_pb2.Service) -> _Runtime:

@@ -150,7 +150,7 @@ class Gangs:
         async with lock:
             try:
                 for attempt in range(_ATTEMPTS):
-                    task = self._tasks.tasks.get(task_id)
+                    task = self._tasks.find(task_id)
                     if task is None or task.state in TERMINAL_STATES or task.state in (TaskState.PENDING,
                                                                                        TaskState.PREEMPTED):
                         return

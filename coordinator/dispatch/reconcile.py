@@ -64,7 +64,7 @@ class Reconciler:
         reported = {s.task_id for s in register.tasks}
         self._reported.setdefault(entry.node_id, set()).update(reported)
         for status in register.tasks:
-            task = self._tasks.tasks.get(status.task_id)
+            task = self._tasks.find(status.task_id)
             if task is None or task.state in TERMINAL_STATES:
                 self._log.warning("unknown_task_stopped", node_id=entry.node_id, task_id=status.task_id)
                 self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: not known "
@@ -76,7 +76,7 @@ class Reconciler:
                 self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: it is not "
                                      "placed there any more", node_id=entry.node_id, task_id=status.task_id)
                 self._dispatcher.stop_unknown(entry.node_id, status.task_id)
-        for task in list(self._tasks.tasks.values()):
+        for task in self._tasks.values():
             on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
             if on_node and is_gang(task) and task.state in _ACTIVE:
                 await self._gang_registered(task, entry.node_id, task.id in reported)
@@ -110,7 +110,7 @@ class Reconciler:
         """
         if ack.ok or not ack.task_id:
             return
-        task = self._tasks.tasks.get(ack.task_id)
+        task = self._tasks.find(ack.task_id)
         if task is None:
             return
         on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
@@ -147,7 +147,7 @@ class Reconciler:
     async def on_task_status(self, entry: NodeEntry, status: agent_pb2.TaskStatus) -> None:
         """Apply one task-status event from an agent (in order, before it is acknowledged)."""
         self._reported.setdefault(entry.node_id, set()).add(status.task_id)
-        task = self._tasks.tasks.get(status.task_id)
+        task = self._tasks.find(status.task_id)
         state = TaskState(status.state)
         if task is None:
             self._dispatcher.stop_unknown(entry.node_id, status.task_id)
@@ -180,7 +180,7 @@ class Reconciler:
         except IllegalTransition as e:
             self._log.warning("task_status_rejected", task_id=task.id, node_id=entry.node_id, reason=str(e))
             await self._tasks.refresh(task.id)
-            fresh = self._tasks.tasks.get(task.id)
+            fresh = self._tasks.find(task.id)
             if fresh is not None and fresh.state == TaskState.PREEMPTED and state in TERMINAL_STATES:
                 await self._part_ended(fresh, entry.node_id)   # preempted meanwhile (by a previous leader)
             return
@@ -191,7 +191,7 @@ class Reconciler:
         """A new leader waits for agents to report; active tasks nobody reports by then failed."""
         self._reported = {e.node_id: set() for e in self._registry if e.connected}
         await asyncio.sleep(self._grace_s)
-        for task in list(self._tasks.tasks.values()):
+        for task in self._tasks.values():
             if task.state not in (*_ACTIVE, TaskState.PREEMPTED) or task.state == TaskState.SCHEDULED:
                 continue
             nodes = [na.node_id for na in task.allocation.nodes]
@@ -217,7 +217,7 @@ class Reconciler:
             entry = self._registry.get(node_id)
             if entry is None or not entry.connected or task.id in self._reported.get(node_id, set()):
                 continue
-            current = self._tasks.tasks.get(task.id)
+            current = self._tasks.find(task.id)
             if current is None:
                 continue
             part = next((p for p in parts_of(current) if p.node_id == node_id), None)
@@ -233,12 +233,12 @@ class Reconciler:
     async def on_node_lost(self, node_id: str) -> None:
         """A lost node's parts of preempted gangs count as ended: gangs waiting only for it go back in the queue."""
         for task_id in list(self._parts_ended):
-            task = self._tasks.tasks.get(task_id)
+            task = self._tasks.find(task_id)
             if task is None or task.state != TaskState.PREEMPTED:
                 self._parts_ended.pop(task_id, None)
             elif any(na.node_id == node_id for na in task.allocation.nodes):
                 await self._part_ended(task, None)
-        for task in list(self._tasks.tasks.values()):   # failing gangs waiting only for this node's part
+        for task in self._tasks.values():   # failing gangs waiting only for this node's part
             if task.state in _ACTIVE and is_gang(task) and self.gangs.failing(task) \
                     and any(na.node_id == node_id for na in task.allocation.nodes):
                 await self.gangs.recheck(task.id)

@@ -71,7 +71,7 @@ class LostNodes:
         self._log = get_logger("coordinator")
 
     def _tasks_on(self, node_id: str) -> list[types_pb2.Task]:
-        return [t for t in list(self._tasks.tasks.values())
+        return [t for t in self._tasks.values()
                 if (t.state in _ACTIVE or t.state == TaskState.PREEMPTED)
                 and any(na.node_id == node_id for na in t.allocation.nodes)]
 

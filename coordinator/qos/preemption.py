@@ -316,7 +316,7 @@ class Preemptor:
     def _live_claims(self) -> dict[str, _Claim]:
         now = self._now()
         for tid, claim in list(self._claims.items()):
-            task = self._tasks.tasks.get(tid)
+            task = self._tasks.find(tid)
             if task is None or task.state != TaskState.PENDING or claim.expires_s < now:
                 del self._claims[tid]
         return self._claims
@@ -327,7 +327,7 @@ class Preemptor:
         (also after a leader change, which forgets claims), below the highest pending priority."""
         claims = self._live_claims()
         floor = max((c.priority for c in claims.values()), default=None)
-        if any(t.state == TaskState.PREEMPTED for t in self._tasks.tasks.values()):
+        if any(t.state == TaskState.PREEMPTED for t in self._tasks.values()):
             top = max((t.spec.priority for t in pending), default=None)
             floor = top if floor is None or (top is not None and top > floor) else floor
         if floor is None:
@@ -335,7 +335,7 @@ class Preemptor:
         return [t for t in pending if t.spec.priority >= floor or t.id in claims]
 
     def _worth_trying(self, rejected: Sequence[types_pb2.Task]) -> bool:
-        lowest = min((t.spec.priority for t in self._tasks.tasks.values()
+        lowest = min((t.spec.priority for t in self._tasks.values()
                       if t.state in _VICTIM_STATES and _preemptible(t)), default=None)
         return lowest is not None and any(t.spec.priority > lowest for t in rejected)
 
@@ -346,7 +346,7 @@ class Preemptor:
         claims = self._live_claims()
         if not rejected or not self._worth_trying(rejected):
             return False
-        tasks = list(self._tasks.tasks.values())
+        tasks = self._tasks.values()
         # What PREEMPTED tasks hold is on its way back: plan as if it were free already.
         snapshot = release_tasks(self._snapshots.snapshot(tasks, self._registry),
                                  (t for t in tasks if t.state == TaskState.PREEMPTED))

@@ -56,7 +56,7 @@ class TaskRetention:
 
     def expired(self) -> list[types_pb2.Task]:
         """Finished tasks past their retention, oldest first."""
-        finished = sorted((t for t in self._tasks.tasks.values() if t.state in TERMINAL_STATES),
+        finished = sorted((t for t in self._tasks.values() if t.state in TERMINAL_STATES),
                           key=lambda t: (ended_at(t), t.id), reverse=True)
         horizon = self._now() - self._retain_s
         out = [t for i, t in enumerate(finished) if i >= self._retain_count or ended_at(t) < horizon]

@@ -27,7 +27,7 @@ import asyncio
 import enum
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from prometheus_client import Counter
@@ -94,7 +94,7 @@ class QosWatch:
     :param now: the clock (unix seconds).
     """
 
-    def __init__(self, tasks: Callable[[], dict[str, types_pb2.Task]], monitor: ResourceMonitor, profiler: Profiler,
+    def __init__(self, tasks: Callable[[], Mapping[str, types_pb2.Task]], monitor: ResourceMonitor, profiler: Profiler,
                  events: EventBus, violations: Counter, sampling_interval_s: float = 1.0,
                  now: Callable[[], float] = time.time) -> None:
         self._tasks, self._monitor, self._profiler = tasks, monitor, profiler

@@ -114,7 +114,7 @@ class SchedulerCycle:
         leaves the set) and every node's state, admin flags, stream (inventory) and reservations.
         Power curves only rank, so they are left out."""
         policy = self._policy.current
-        tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.tasks.values() if t.state not in TERMINAL_STATES)
+        tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.values() if t.state not in TERMINAL_STATES)
         nodes = []
         for e in self._registry:
             r = e.record.reserved
@@ -132,7 +132,7 @@ class SchedulerCycle:
         """
         started = time.perf_counter()
         now = time.time()   # restart backoff: a requeued task waits until its not_before time
-        pending = self._preemptor.schedulable([t for t in self._tasks.tasks.values()
+        pending = self._preemptor.schedulable([t for t in self._tasks.values()
                                                if t.state == TaskState.PENDING and t.not_before_unix_s <= now])
         if not pending:
             self._idle = None
@@ -145,7 +145,7 @@ class SchedulerCycle:
         runs = {t.id: run_s for t in pending if (run_s := self._profiler.expected_run_s(t.spec)) is not None}
         expected = {t.id: runs[t.id] for t in pending if t.spec.qos.deadline_unix_s and t.id in runs}
         requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
-        snapshot = self._snapshots.snapshot(self._tasks.tasks.values(), self._registry)
+        snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
         engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold, mode=mode,
@@ -153,7 +153,7 @@ class SchedulerCycle:
         decisions = engine.place_batch(requests)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits, by_id, rejected = [], {t.id: t for t in pending}, []
-        ports = PortBook.of(self._tasks.tasks.values())
+        ports = PortBook.of(self._tasks.values())
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
@@ -210,7 +210,7 @@ class SchedulerCycle:
                 await self._tasks.refresh(task.id)
                 continue
             stored = result.stored[task.id]
-            self._tasks.tasks[task.id] = stored
+            self._tasks.accept(stored)
             for na in alloc.nodes:
                 entry = self._registry.get(na.node_id)
                 if entry is not None:

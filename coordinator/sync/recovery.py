@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES
 from coordinator.monitor.nodes import NodeRegistry
@@ -27,7 +29,7 @@ def adopt_nodes(state: StoredState, registry: NodeRegistry) -> None:
         entry.record.inventory.CopyFrom(inventory)
 
 
-def task_ids_by_node(tasks: dict[str, types_pb2.Task], registry: NodeRegistry) -> None:
+def task_ids_by_node(tasks: Mapping[str, types_pb2.Task], registry: NodeRegistry) -> None:
     """Rebuild each node's set of unfinished task ids from the tasks' allocations."""
     for entry in registry:
         entry.task_ids.clear()

@@ -49,7 +49,7 @@ def setup(etcd_server: EtcdCluster, etcd_prefix: str) -> Iterator[Setup]:
     client = connect(etcd_server.endpoints, 2.0)
     app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, policy="max-utilization", threshold=0.9), client)
     app.registry.connect(inventory("n1", 4), outbox=None)
-    app.tasks.tasks["t1"] = pending("t1", 8.0)
+    app.tasks.accept(pending("t1", 8.0))
     snapshots: list[int] = []
     original = app.snapshots.snapshot
 
@@ -84,7 +84,7 @@ class TestIdleCycles:
         run(app)
         entry = app.registry.get("n1")
         if change == "new task":
-            app.tasks.tasks["t2"] = pending("t2", 6.0)
+            app.tasks.accept(pending("t2", 6.0))
         elif change == "task revision":
             app.tasks.tasks["t1"].revision = 2
         elif change == "node cordoned":
@@ -113,7 +113,7 @@ class TestIdleCycles:
         app, snapshots = setup
         done = pending("old", 1.0)
         done.state = int(TaskState.SUCCEEDED)
-        app.tasks.tasks["old"] = done
+        app.tasks.accept(done)
         run(app)
         app.tasks.tasks["old"].revision = 7
         run(app)
@@ -177,8 +177,8 @@ class TestSnapshot:
             assert app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes == reference_snapshot(app)
 
         check()
-        app.tasks.tasks["r1"] = running("r1", "n2", [0, 1])
-        app.tasks.tasks["r2"] = running("r2", "n2", [2], share=0.25)
+        app.tasks.accept(running("r1", "n2", [0, 1]))
+        app.tasks.accept(running("r2", "n2", [2], share=0.25))
         app.registry.get("n2").record.reserved.gpus = 2.25
         check()
         app.tasks.tasks["r1"].state = int(TaskState.SUCCEEDED)

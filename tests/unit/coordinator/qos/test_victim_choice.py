@@ -109,10 +109,16 @@ class TestVictimChoice:
 
 
 class _Table:
-    """The one attribute of the task table the hold-back reads."""
+    """The reads of the task table the hold-back makes."""
 
     def __init__(self, *tasks: types_pb2.Task) -> None:
-        self.tasks = {t.id: t for t in tasks}
+        self._by_id = {t.id: t for t in tasks}
+
+    def values(self) -> list[types_pb2.Task]:
+        return list(self._by_id.values())
+
+    def find(self, task_id: str) -> types_pb2.Task | None:
+        return self._by_id.get(task_id)
 
 
 class TestHoldBack:
@@ -125,5 +131,5 @@ class TestHoldBack:
         counter = Counter("p_total", "p", registry=CollectorRegistry())
         preemptor = Preemptor(table, None, None, None, EventBus(), counter, now=lambda: NOW)  # type: ignore[arg-type]
         assert [t.id for t in preemptor.schedulable([back, urgent])] == ["hi"]
-        table.tasks["v1"] = task("v1", 0, 1, state=TaskState.PENDING)
+        table._by_id["v1"] = task("v1", 0, 1, state=TaskState.PENDING)
         assert [t.id for t in preemptor.schedulable([back, urgent])] == ["v2", "hi"]
