@@ -7,6 +7,7 @@ import random
 from collections.abc import Mapping
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
+from common.pb.gptrm.v1 import agent_pb2
 
 __all__ = [
     "GIB",
@@ -16,6 +17,7 @@ __all__ = [
     "random_cluster",
     "random_requests",
     "sequence",
+    "start_decision",
     "table_cluster",
 ]
 
@@ -191,3 +193,16 @@ def sequence(policy: str, gpus: list[float], *, seed: int = 0, cluster: ClusterS
         decision = engine.place(make_request(f"t{k}", gpus=g, cpu=1.0, mem_gib=1))
         out.append(decision.node_ids[0] if isinstance(decision, Placement) else None)
     return out
+
+
+def start_decision(task_id: str, argv: list[str], gpus: list[int] | tuple[int, ...] = (),
+                   env: Mapping[str, str] | None = None) -> agent_pb2.Decision:
+    """A StartTask decision for an agent (GPU uuids ``GPU-<index>``, 2 s stop grace)."""
+    d = agent_pb2.Decision(decision_id=f"d-{task_id}")
+    d.start.task_id = task_id
+    d.start.argv.extend(argv)
+    d.start.env.update(env or {})
+    d.start.gpu_indices.extend(gpus)
+    d.start.gpu_uuids.extend(f"GPU-{i}" for i in gpus)
+    d.start.stop_grace_s = 2.0
+    return d

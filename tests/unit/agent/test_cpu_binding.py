@@ -18,6 +18,7 @@ from agent.runtime import TaskRuntime
 from common.pb.gptrm.v1 import agent_pb2
 from common.topology import format_cpu_list
 from common.types import TaskState
+from tests.helpers.builders import start_decision
 
 ALL = frozenset(range(32))
 
@@ -91,13 +92,7 @@ class TestArgv:
 
 
 def _start(task_id: str, argv: list[str], gpus: list[int]) -> agent_pb2.Decision:
-    d = agent_pb2.Decision(decision_id=f"d-{task_id}")
-    d.start.task_id = task_id
-    d.start.argv.extend(argv)
-    d.start.gpu_indices.extend(gpus)
-    d.start.gpu_uuids.extend(f"GPU-{i}" for i in gpus)
-    d.start.stop_grace_s = 2.0
-    return d
+    return start_decision(task_id, argv, gpus)
 
 
 def _allowed(status: str) -> str:

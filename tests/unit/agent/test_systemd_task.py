@@ -27,6 +27,7 @@ from common.errors import GptrmError
 from common.pb.gptrm.v1 import agent_pb2
 from common.topology import format_cpu_list
 from common.types import TaskState
+from tests.helpers.builders import start_decision
 
 _FAKE_SYSTEMD_RUN = r'''
 import json, os, shlex, sys
@@ -85,14 +86,7 @@ def fake_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _start(task_id: str, argv: list[str], env: dict[str, str], gpus: list[int]) -> agent_pb2.Decision:
-    d = agent_pb2.Decision(decision_id=f"d-{task_id}")
-    d.start.task_id = task_id
-    d.start.argv.extend(argv)
-    d.start.env.update(env)
-    d.start.gpu_indices.extend(gpus)
-    d.start.gpu_uuids.extend(f"GPU-{i}" for i in gpus)
-    d.start.stop_grace_s = 2.0
-    return d
+    return start_decision(task_id, argv, gpus, env)
 
 
 def _gone(pid: int) -> bool:
