@@ -29,7 +29,7 @@ import numpy as np
 
 from common.domain import Request
 from coordinator.scheduler.placement.state import PlacementState, is_exact
-from coordinator.scheduler.policies.base import BoolArray, FloatArray, Policy
+from coordinator.scheduler.policies.base import BoolArray, FloatArray, KeyedPolicy, Policy
 
 __all__ = ["ShapeCache", "ShapeEntry"]
 
@@ -64,12 +64,13 @@ class ShapeCache:
     """The recently used shapes of one engine (one state, one policy).
 
     :param state: the engine's cluster state; its ``changes`` log is read and cut here.
-    :param policy: the engine's policy; ``ranked_by_key`` policies get a ``keyed`` array.
+    :param policy: the engine's policy; keyed policies (:class:`KeyedPolicy`) get a ``keyed`` array.
     """
 
     def __init__(self, state: PlacementState, policy: Policy) -> None:
         self._state = state
         self._policy = policy
+        self._keyed = policy if isinstance(policy, KeyedPolicy) else None   # keeps a key per shape
         self._entries: OrderedDict[ShapeKey, ShapeEntry] = OrderedDict()
         self._replay_max = _REBUILD_BASE + len(state.nodes) // _REBUILD_PER_NODE
 
@@ -115,8 +116,8 @@ class ShapeCache:
         state = self._state
         mask = state.feasible_mask(req, values, whole, exact)
         keyed = None
-        if self._policy.ranked_by_key:
-            keyed = np.where(mask, self._policy.key_array(state.view, req), np.inf)
+        if self._keyed is not None:
+            keyed = np.where(mask, self._keyed.key_array(state.view, req), np.inf)
         return ShapeEntry(mask, keyed, len(state.changes), exact)
 
     def _replay(
@@ -136,12 +137,12 @@ class ShapeCache:
         static = state.static_mask(req)
         per_gpu = req.gpu_mem_per_gpu_bytes
         mask, keyed = entry.mask, entry.keyed
-        fits, policy, view = state.fits, self._policy, state.view
+        fits, policy, view = state.fits, self._keyed, state.view
         for x in changed:
             if x < 0:
                 x = ~x
             elif not mask[x]:
                 continue
             ok = mask[x] = fits(x, values, whole, per_gpu, static)
-            if keyed is not None:
+            if keyed is not None and policy is not None:
                 keyed[x] = policy.key_at(view, req, x) if ok else np.inf

@@ -248,8 +248,9 @@ class Policy(Protocol):
     scale_out: bool
     """True when a request no node can take asks the node provider for a new node."""
     ranked_by_key: bool
-    """True when ``select`` takes the feasible nodes with the smallest ``key_array`` (ties: earlier
-    node), so the engine may keep the key per request shape and update it node by node."""
+    """True for a :class:`KeyedPolicy`: ``select`` takes the feasible nodes with the smallest
+    ``key_array`` (ties: earlier node), so the engine keeps the key per request shape and updates
+    it node by node."""
 
     def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
         """Short reason the request may not go on the node, None when it may."""
@@ -262,12 +263,6 @@ class Policy(Protocol):
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Note that the engine placed a request on these node indices (policy state, if any)."""
-
-    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Per-node sort key, smaller first (``ranked_by_key`` policies only)."""
-
-    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
-        """``key_array(view, req)[i]``, computed for node ``i`` alone with the same rounding."""
 
 
 def first_k_keyed(keyed: FloatArray, mask: BoolArray, count: int) -> IntArray:
@@ -400,14 +395,6 @@ class ThresholdPolicy:
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Stateless: nothing to remember."""
-
-    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Not ranked by key (``ranked_by_key`` is False), so never asked; :class:`KeyedPolicy` defines it."""
-        raise NotImplementedError(f"{type(self).__name__} does not rank nodes by a key")
-
-    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
-        """Not ranked by key (``ranked_by_key`` is False), so never asked; :class:`KeyedPolicy` defines it."""
-        raise NotImplementedError(f"{type(self).__name__} does not rank nodes by a key")
 
 
 class KeyedPolicy(ThresholdPolicy, ABC):
