@@ -15,6 +15,7 @@ from typing import Any
 
 from common import certs, tokens
 from common.errors import GptrmError
+from coordinator.ctl.argtypes import int_between
 from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, CtlError
 
 __all__ = ["add_certs_parser"]
@@ -42,16 +43,8 @@ MAX_DAYS = 36_500
 """The longest validity gptrmctl issues (100 years; X.509 dates end in 9999)."""
 
 
-def _days(text: str) -> int:
-    """An argparse type for ``--days``: a validity that has not already ended, 1 to :data:`MAX_DAYS`."""
-    try:
-        days = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of days, got {text[:64]!r}") from None
-    if not 1 <= days <= MAX_DAYS:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_DAYS} (a validity that has not already "
-                                         f"ended), got {text[:64]}")
-    return days
+_days = int_between(1, MAX_DAYS, unit="days", why=" (a validity that has not already ended)")
+"""The argparse type of ``--days``: a validity that has not already ended, 1 to :data:`MAX_DAYS`."""
 
 
 def _ca_create(args: argparse.Namespace) -> None:

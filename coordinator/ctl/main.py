@@ -15,6 +15,7 @@ from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
+from coordinator.ctl.argtypes import int_between
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
@@ -42,15 +43,8 @@ _PATH_ARGUMENTS = frozenset({"file", "dir", "out", "tls_cert", "tls_key", "tls_c
 """Arguments that name files: any bytes the file system allows, passed on as they are."""
 
 
-def _uint32(text: str) -> int:
-    """An argparse type: a whole number in [0, 2^32 - 1] (what the request field holds)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:64]!r}") from None
-    if not 0 <= value <= _UINT32:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {_UINT32}, got {text[:64]}")
-    return value
+_uint32 = int_between(0, _UINT32)
+"""An argparse type: a whole number in [0, 2^32 - 1] (what the request field holds)."""
 
 
 def _labels(parser: argparse.ArgumentParser, out: dict[str, str] | None = None) -> dict[str, str]:
