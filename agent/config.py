@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, check_simulate_host
+from agent.logpump import DEFAULT_MAX_BYTES, DEFAULT_NODE_MAX_BYTES
 from agent.task_user import DEFAULT_TASK_UIDS, parse_uid_range
 from common.config import host_port, load_config, option, positive
 from common.errors import ConfigError
@@ -79,10 +80,11 @@ class AgentConfig:
     data_paths: list[str] = option(["/"], "filesystems whose usage and I/O are reported")
     labels: dict[str, str] = option({}, "node labels KEY=VALUE[,KEY=VALUE...]")
     state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)")
-    task_log_max_mib: int = option(32, "most MiB of output kept on disk per task (the newest; the live log "
-                                   "and one rotated copy together)", check=_positive_int)
-    task_logs_total_mib: int = option(4096, "most MiB of task output kept on this node, all tasks together "
-                                      "(ended tasks' logs go first, then rotated copies)", check=_positive_int)
+    task_log_max_mib: int = option(DEFAULT_MAX_BYTES >> 20, "most MiB of output kept on disk per task (the "
+                                   "newest; the live log and one rotated copy together)", check=_positive_int)
+    task_logs_total_mib: int = option(DEFAULT_NODE_MAX_BYTES >> 20, "most MiB of task output kept on this node, all "
+                                      "tasks together (ended tasks' logs go first, then rotated copies)",
+                                      check=_positive_int)
     backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
     backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
     task_uids: str = option(DEFAULT_TASK_UIDS, "uids handed to tasks one each when the agent is root (FIRST-LAST), "

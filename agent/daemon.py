@@ -89,8 +89,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                               task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
                               task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)
         runtime.adopt()
-        logs = LogService(state_dir, lambda task_id: task_id in runtime.table.tasks,
-                          max_bytes=cfg.task_log_max_mib * 1024 * 1024)
+        logs = LogService(state_dir, lambda task_id: task_id in runtime.table.tasks)
         inventory = _inventory(cfg, sampler)
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
         files = tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)

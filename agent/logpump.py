@@ -41,8 +41,9 @@ from pathlib import Path
 from agent.taskfs import TaskPaths, open_nofollow
 from common.logging import get_logger
 
-__all__ = ["DEFAULT_NODE_MAX_BYTES", "LogPump"]
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_NODE_MAX_BYTES", "LogPump"]
 
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 DEFAULT_NODE_MAX_BYTES = 4096 * 1024 * 1024
 _READ = 1024 * 1024          # per FIFO per turn, so one loud task cannot starve the others
 _PIPE_BYTES = 1024 * 1024
@@ -87,7 +88,8 @@ class LogPump:
     :param node_max_bytes: the most all task logs under ``tasks_dir`` hold together.
     """
 
-    def __init__(self, tasks_dir: Path, *, max_bytes: int, node_max_bytes: int = DEFAULT_NODE_MAX_BYTES) -> None:
+    def __init__(self, tasks_dir: Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 node_max_bytes: int = DEFAULT_NODE_MAX_BYTES) -> None:
         self.tasks_dir = Path(tasks_dir)
         self.max_bytes = max(2, max_bytes)
         self.node_max_bytes = max(self.max_bytes, node_max_bytes)

@@ -33,7 +33,6 @@ CHUNK_BYTES = 64 * 1024
 RATE_BYTES_PER_S = 1024 * 1024
 MAX_FOLLOWERS = 16
 MAX_TAIL_LINES = 100_000
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _MAX_TAIL_BYTES = 8 * 1024 * 1024   # a tail of N lines reads at most this much
 _POLL_S = 0.25
 _BLOCK = 64 * 1024
@@ -49,13 +48,11 @@ class TaskLog:
     """One task's output log: ``output.log`` and its rotated predecessor ``output.log.1``.
 
     :param path: the live file (``.../output.log``).
-    :param max_bytes: the live file's size that triggers a rotation.
     """
 
-    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.rotated = self.path.with_name(self.path.name + ".1")
-        self.max_bytes = max(1, max_bytes)
 
     def exists(self) -> bool:
         return _own_file(self.path) is not None or _own_file(self.rotated) is not None
@@ -195,22 +192,20 @@ class LogService:
 
     :param state_dir: the agent's state directory.
     :param running: whether a task still runs here (a follower stops once it does not).
-    :param max_bytes: each task log's rotation size.
     :param clock: monotonic seconds (rate limiting).
     """
 
-    def __init__(self, state_dir: Path, running: Callable[[str], bool], *, max_bytes: int = DEFAULT_MAX_BYTES,
+    def __init__(self, state_dir: Path, running: Callable[[str], bool], *,
                  clock: Callable[[], float] = time.monotonic, poll_s: float = _POLL_S) -> None:
         self.tasks_dir = Path(state_dir) / "tasks"
         self._running = running
-        self.max_bytes = max_bytes
         self._clock = clock
         self._poll_s = poll_s
         self._active: dict[str, asyncio.Task[None]] = {}
         self._log = get_logger("agent").bind(component="logs")
 
     def log(self, task_id: str) -> TaskLog:
-        return TaskLog(self.tasks_dir / task_id / "output.log", self.max_bytes)
+        return TaskLog(self.tasks_dir / task_id / "output.log")
 
     def handle(self, req: agent_pb2.LogRequest, send: Send) -> None:
         """Start answering ``req`` (``send`` queues one chunk and resolves when there is room)."""

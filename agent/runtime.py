@@ -111,7 +111,7 @@ class TaskRuntime:
         taskfs.secure_state_dir(self.state_dir)
         self.table = TaskTable.load(self.state_dir / "tasks.json")
         self._own_pump = pump is None
-        self.pump = pump if pump is not None else LogPump(self.state_dir / "tasks", max_bytes=32 * 1024 * 1024)
+        self.pump = pump if pump is not None else LogPump(self.state_dir / "tasks")
         if self._own_pump:
             self.pump.start()
         self._cgroup_root = cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None

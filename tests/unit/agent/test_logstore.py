@@ -52,7 +52,7 @@ class TestTaskLogTail:
 
     def test_zero_means_everything_retained(self, tmp_path: Path) -> None:
         """tail(0) returns the rotated copy followed by the live file."""
-        log = TaskLog(tmp_path / "output.log", max_bytes=10)
+        log = TaskLog(tmp_path / "output.log")
         _write(log.path, _lines(1, 5))
         _rotate(log)
         _write(log.path, _lines(6, 7))
@@ -60,7 +60,7 @@ class TestTaskLogTail:
 
     def test_tail_reaches_into_the_rotated_copy(self, tmp_path: Path) -> None:
         """When the live file holds fewer lines than asked, the rest comes from output.log.1."""
-        log = TaskLog(tmp_path / "output.log", max_bytes=10)
+        log = TaskLog(tmp_path / "output.log")
         _write(log.path, _lines(1, 5))
         _rotate(log)
         _write(log.path, b"line 6\n")
@@ -108,7 +108,7 @@ class TestLinksAndForeignFiles:
 class TestReadFrom:
     def test_follow_across_a_rotation(self, tmp_path: Path) -> None:
         """A reader at an offset past the truncated file gets the rest of the copy, then the new file."""
-        log = TaskLog(tmp_path / "output.log", max_bytes=8)
+        log = TaskLog(tmp_path / "output.log")
         _write(log.path, b"one\n")
         _, cursor = log.tail(0)
         _write(log.path, b"two\nthree\n")
