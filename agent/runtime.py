@@ -213,7 +213,7 @@ class TaskRuntime:
             self._signal(rec, signal.SIGKILL)
             if proc is not None:
                 await proc.wait()
-            await self._end_processes(rec, leader_alive=False)
+            await self._end_processes(rec)
             await self._release(rec)
             remove = getattr(self._gpus, "remove", None)
             if remove is not None:
@@ -395,15 +395,15 @@ class TaskRuntime:
             while _alive(rec):
                 await asyncio.sleep(_POLL_S)
             code = None
-        await self._end_processes(rec, leader_alive=False)
+        await self._end_processes(rec)
         self._finish(rec, code)
         await self._release(rec)
 
-    async def _end_processes(self, rec: TaskRecord, *, leader_alive: bool) -> None:
+    async def _end_processes(self, rec: TaskRecord) -> None:
         """Kill whatever of the task is still running, however it detached (see :mod:`agent.taskkill`)."""
         cgroup = TaskCgroup(Path(rec.cgroup)) if rec.cgroup else None
-        await end_task(rec.pid if leader_alive else 0, cgroup=cgroup, uid=rec.own_uid if rec.own_uid >= 0 else None,
-                       descendants=self._descendants.pop(rec.task_id, None))
+        await end_task(cgroup=cgroup, uid=rec.own_uid if rec.own_uid >= 0 else None,
+                       found_at_stop=self._descendants.pop(rec.task_id, None))
 
     async def _release(self, rec: TaskRecord) -> None:
         """After the task's last process: its working directory, and what its own uid left in shared places."""

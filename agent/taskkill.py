@@ -19,7 +19,7 @@ Example::
 
     group = TaskCgroup.create(node_tag, "t-1")      # None where no cgroup v2 is writable
     ... start the wrapper with group.path ...
-    await end_task(pid, cgroup=group, uid=60001)   # nothing of the task is left
+    await end_task(cgroup=group, uid=60001)   # once its main process ended: nothing of it is left
 """
 
 from __future__ import annotations
@@ -155,22 +155,18 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-async def end_task(pid: int, *, cgroup: TaskCgroup | None, uid: int | None,
-                   descendants: list[psutil.Process] | None = None) -> bool:
-    """SIGKILL what is left of a task until nothing is; True when nothing is left.
+async def end_task(*, cgroup: TaskCgroup | None, uid: int | None,
+                   found_at_stop: list[psutil.Process] | None = None) -> bool:
+    """SIGKILL what is left of a task once its main process has ended, until nothing is; True when
+    nothing is left. The process group is not signalled: its number may name another group by then.
 
-    :param pid: the task's process group while its leader is known to be the task's (0 once it
-        has ended: the number may name another group by then).
     :param cgroup: the task's own cgroup, if it has one.
     :param uid: the task's own uid (only a uid no other process may use), if it has one.
-    :param descendants: processes found under ``pid`` earlier (used when there is neither).
+    :param found_at_stop: processes found under ``pid`` at stop (used when there is neither).
     """
-    others = list(descendants or [])
-    for n in range(_ROUNDS):
+    others = list(found_at_stop or [])
+    for _ in range(_ROUNDS):
         left = False
-        if pid > 1 and n == 0:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
         if cgroup is not None:
             cgroup.kill()
             left = left or bool(cgroup.pids())
@@ -192,6 +188,6 @@ async def end_task(pid: int, *, cgroup: TaskCgroup | None, uid: int | None,
             return True
         await asyncio.sleep(_ROUND_S)
     get_logger("agent").bind(component="runtime").error(
-        "task_processes_left", pid=pid, uid=uid, cgroup=str(cgroup.path) if cgroup else "",
+        "task_processes_left", uid=uid, cgroup=str(cgroup.path) if cgroup else "",
         reason=f"still running after {_ROUNDS} rounds of SIGKILL")
     return False
