@@ -38,10 +38,10 @@ from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
+from coordinator.state import LeaderState
 from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
-from coordinator.sync.recovery import adopt_nodes, task_ids_by_node
 from coordinator.sync.services import ServiceStore
 from coordinator.tasks import TaskTable
 from coordinator.version import VERSION
@@ -90,9 +90,7 @@ class LeaderDuties:
         state = await asyncio.to_thread(app.store.load_all)   # corrupt values are reported by App.on_quarantined
         if not app.leadership.election.is_leader:
             return False
-        adopt_nodes(state, app.registry)
-        app.tasks.replace_all(state.tasks)
-        task_ids_by_node(app.tasks.tasks, app.registry)
+        app.state.adopt(state.tasks, state.nodes)
         if app.store.keys.policy in state.quarantined:
             current = app.policy.current
             self._log.warning("policy_fallback", policy=current.name, threshold=current.threshold,
@@ -147,6 +145,7 @@ class App:
     monitor: ResourceMonitor
     power: PowerModel
     profiler: Profiler
+    state: LeaderState
     tasks: TaskTable
     policy: PolicySetting
     snapshots: SnapshotBuilder
@@ -212,7 +211,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     profiler = Profiler()
     dispatcher = Dispatcher(registry, epoch=lambda: leadership.epoch)
     scale_out = ScaleOutRequests(events)
-    tasks = TaskTable(store, leadership, registry, monitor, profiler, dispatcher, scale_out, events, wakeup)
+    state = LeaderState(registry, on_forget=monitor.forget_task_qos)
+    tasks = TaskTable(store, leadership, state, registry, monitor, profiler, dispatcher, scale_out, events, wakeup)
     metrics = Metrics(monitor, registry, tasks.counts, leading=lambda: leadership.leading,
                       etcd_up=lambda: not leadership.stale)
     policy = PolicySetting(cfg.policy, cfg.threshold, store, leadership, locks, events, wakeup, cfg.threshold_mode)
@@ -220,7 +220,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     provider = build_provider(cfg.node_provider, cfg.node_provider_command, events,
                               timeout_s=cfg.node_provider_timeout_s,
                               missing=lambda resource, amount: metrics.missing_resources.labels(resource).set(amount))
-    power_manager = PowerManager(registry, tasks.view, store, leadership, locks, provider, events,
+    power_manager = PowerManager(registry, state, store, leadership, locks, provider, events,
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
                                  idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
@@ -238,7 +238,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     capper = PowerCapper(registry, monitor.latest.get, tasks.view, qos, dispatcher, events,
                          metrics.power_cap_changes, interval_s=cfg.power_cap_interval_s)
     services = ServiceController(ServiceStore(client, keys, leadership.election, quarantine=quarantine,
-                                              validate=check_stored_service), leadership, tasks, monitor,
+                                              validate=check_stored_service), leadership, state, tasks, monitor,
                                  registry, profiler, events, ServiceMetrics(metrics.registry),
                                  interval_s=cfg.service_interval_s,
                                  policy=ScalePolicy(min_replicas=1, max_replicas=1,
@@ -246,13 +246,15 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                     cooldown_s=cfg.service_cooldown_s,
                                                     up_cooldown_s=cfg.service_cooldown_s / 2,
                                                     max_actions=cfg.service_max_actions))
-    nodes = NodeService(registry, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics, events)
+    nodes = NodeService(registry, state, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics,
+                        events)
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,
                            task_grace_s=cfg.lost_task_grace_s, gc_after_s=cfg.lost_node_gc_s, gangs=reconciler.gangs)
     app = App(cfg=cfg, store=store, leadership=leadership, events=events, registry=registry, monitor=monitor,
-              power=power, profiler=profiler, tasks=tasks, policy=policy, snapshots=snapshots, metrics=metrics,
+              power=power, profiler=profiler, state=state, tasks=tasks, policy=policy, snapshots=snapshots,
+              metrics=metrics,
               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
               logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
               services=services,

@@ -22,6 +22,7 @@ from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
+from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
 from coordinator.sync.store import Store
@@ -36,6 +37,7 @@ class NodeService:
     """The leader's handling of nodes.
 
     :param registry: the node table.
+    :param state: the leader's state (follows each node record etcd stored).
     :param monitor: the Resource Monitor (telemetry history).
     :param store: the fenced etcd store (``nodes/<id>``).
     :param leadership: leader check and fenced writes.
@@ -47,10 +49,11 @@ class NodeService:
     :param events: the cluster event log.
     """
 
-    def __init__(self, registry: NodeRegistry, monitor: ResourceMonitor, store: Store, leadership: Leadership,
-                 locks: AdminLocks, tasks: TaskTable, dispatcher: Dispatcher, reconciler: Reconciler,
-                 metrics: Metrics, events: EventBus) -> None:
-        self._registry, self._monitor, self._store, self._leadership = registry, monitor, store, leadership
+    def __init__(self, registry: NodeRegistry, state: LeaderState, monitor: ResourceMonitor, store: Store,
+                 leadership: Leadership, locks: AdminLocks, tasks: TaskTable, dispatcher: Dispatcher,
+                 reconciler: Reconciler, metrics: Metrics, events: EventBus) -> None:
+        self._registry, self._state, self._monitor = registry, state, monitor
+        self._store, self._leadership = store, leadership
         self._locks, self._tasks, self._dispatcher, self._reconciler = locks, tasks, dispatcher, reconciler
         self._metrics, self._events = metrics, events
         self._drained: set[str] = set()   # draining nodes whose "drained" event went out
@@ -111,10 +114,13 @@ class NodeService:
                 if entry.state == NodeState.LOST and self._leadership.leading:
                     await self._reconciler.on_node_lost(entry.node_id)
                 if self._leadership.leading:
-                    entry.record.state = pb_enum(types_pb2.NodeState, entry.state)
-                    entry.record.last_seen_unix_s = entry.last_seen_unix_s
                     try:
-                        await self._leadership.write(self._store.put_node, entry.record)
+                        async with self._state.node_writes:
+                            record = types_pb2.NodeRecord()
+                            record.CopyFrom(entry.record)
+                            record.state = pb_enum(types_pb2.NodeState, entry.state)
+                            record.last_seen_unix_s = entry.last_seen_unix_s
+                            self._state.apply_node(await self._leadership.write(self._store.put_node, record))
                     except GptrmError as e:  # logged, retried on the next change
                         self._log.warning("node_persist_failed", node_id=entry.node_id, reason=str(e))
             self._report_drained()
@@ -133,15 +139,15 @@ class NodeService:
         if entry is None:
             raise NotFound(f"node {node_id!r} not found")
         async with self._locks.hold("drain"):
-            before = types_pb2.NodeRecord()
-            before.CopyFrom(entry.record)
-            self._registry.set_admin_state(node_id, cordoned=cordoned, draining=draining)
-            try:
-                await self._leadership.write(self._store.put_node, entry.record)
-            except Exception:
-                entry.record.CopyFrom(before)   # nothing half-applied
-                self._registry.refresh()
-                raise
+            async with self._state.node_writes:
+                record = types_pb2.NodeRecord()
+                record.CopyFrom(entry.record)
+                if cordoned is not None:
+                    record.cordoned = cordoned
+                if draining is not None:
+                    record.draining = draining
+                # Memory follows what etcd stored: a failed write changes nothing.
+                self._state.apply_node(await self._leadership.write(self._store.put_node, record))
             self._drained.discard(node_id)
             self._events.publish("node_state", f"node {node_id} cordoned={entry.record.cordoned} "
                                  f"draining={entry.record.draining}", node_id=node_id)

@@ -1,8 +1,8 @@
 """The leader's task table: admission, state changes through etcd, and the admin's task operations.
 
 Every state change is a fenced, compare-on-revision etcd transaction (``coordinator/sync``);
-memory follows only what etcd accepted. When a task ends, its reservations are released on the
-leader's node table, the profiler learns from what it used, and the scheduler is woken.
+memory (:class:`~coordinator.state.LeaderState`) follows only what etcd accepted. When a task ends,
+its reservations are released in the leader state, the profiler learns from what it used, and the scheduler is woken.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 
 from common.errors import IllegalTransition, NotFound
 from common.logging import get_logger
@@ -24,7 +23,7 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.ports import AgentSignals, ScaleOut, WakeupSignal
 from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
-from coordinator.sync import remove_reservation
+from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
 
@@ -43,7 +42,8 @@ class TaskTable:
 
     :param store: the fenced etcd store.
     :param leadership: leader check and fenced writes.
-    :param registry: the node table (reservations released when a task ends).
+    :param state: the leader's state, which follows what etcd stored.
+    :param registry: the node table (the GPU count check of a submit without an admission check).
     :param monitor: telemetry history the profiler learns from.
     :param profiler: the GPT Task Profiler.
     :param dispatcher: stop/pause/resume decisions to agents.
@@ -52,68 +52,62 @@ class TaskTable:
     :param wakeup: the scheduler's wake-up signal.
     """
 
-    def __init__(self, store: Store, leadership: Leadership, registry: NodeRegistry, monitor: ResourceMonitor,
-                 profiler: Profiler, dispatcher: AgentSignals, scale_out: ScaleOut, events: EventBus,
-                 wakeup: WakeupSignal) -> None:
-        self._store, self._leadership, self._registry = store, leadership, registry
+    def __init__(self, store: Store, leadership: Leadership, state: LeaderState, registry: NodeRegistry,
+                 monitor: ResourceMonitor, profiler: Profiler, dispatcher: AgentSignals, scale_out: ScaleOut,
+                 events: EventBus, wakeup: WakeupSignal) -> None:
+        self._store, self._leadership, self._state, self._registry = store, leadership, state, registry
         self._monitor, self._profiler, self._dispatcher = monitor, profiler, dispatcher
         self._scale_out, self._events, self._wakeup = scale_out, events, wakeup
-        self._by_id: dict[str, types_pb2.Task] = {}
         self._log = get_logger("coordinator")
 
-    # ---- reads --------------------------------------------------------------------------------
+    # ---- reads (the leader state's view) -------------------------------------------------------------
 
     @property
     def tasks(self) -> Mapping[str, types_pb2.Task]:
         """Every task by id: a read-only, live view (changes go through this table's methods)."""
-        return MappingProxyType(self._by_id)
+        return self._state.tasks
 
     def view(self) -> Mapping[str, types_pb2.Task]:
         """:attr:`tasks`, for readers that are handed a callable."""
-        return MappingProxyType(self._by_id)
+        return self._state.tasks
 
     def get(self, task_id: str) -> types_pb2.Task:
         """:raises NotFound: no such task."""
-        task = self._by_id.get(task_id)
+        task = self._state.tasks.get(task_id)
         if task is None:
             raise NotFound(f"task {task_id!r} not found")
         return task
 
     def find(self, task_id: str) -> types_pb2.Task | None:
         """The task, or None when there is no such task."""
-        return self._by_id.get(task_id)
+        return self._state.tasks.get(task_id)
 
     def values(self) -> list[types_pb2.Task]:
         """Every task, as a list taken now."""
-        return list(self._by_id.values())
+        return list(self._state.tasks.values())
 
     def counts(self) -> dict[str, int]:
         """Tasks by state label."""
-        out: dict[str, int] = {}
-        for t in list(self._by_id.values()):
-            label = TaskState(t.state).label if t.state else "unknown"
-            out[label] = out.get(label, 0) + 1
-        return out
-
-    def replace_all(self, tasks: dict[str, types_pb2.Task]) -> None:
-        """Take over the tasks read from etcd (a new leader's view)."""
-        self._by_id = dict(tasks)
-
-    def accept(self, stored: types_pb2.Task) -> None:
-        """Follow a record etcd accepted (the value a committed transaction stored)."""
-        self._by_id[stored.id] = stored
+        return self._state.counts()
 
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention)."""
-        self._by_id.pop(task_id, None)
-        self._monitor.forget_task_qos(task_id)
+        self._state.forget(task_id)
+
+    def placed(self, stored: types_pb2.Task) -> None:
+        """Follow a placement etcd committed (the task as stored, its allocation reserved on its nodes)."""
+        self._state.apply_placement(stored)
+
+    def note_reason(self, task_id: str, reason: str) -> None:
+        """Show why a task waits, in memory only (not worth an etcd write per scheduling cycle)."""
+        self._state.note_reason(task_id, reason)
 
     async def refresh(self, task_id: str) -> None:
         """Re-read one task from etcd after a lost compare (memory follows etcd)."""
         try:
-            self._by_id[task_id] = await asyncio.to_thread(self._store.get_task, task_id)
+            self._state.apply_task(await asyncio.to_thread(self._store.get_task, task_id))
         except NotFound:
-            self._by_id.pop(task_id, None)
+            self._state.forget(task_id)
 
     # ---- admission and state changes ------------------------------------------------------------
 
@@ -142,7 +136,7 @@ class TaskTable:
         if admit is not None:
             admit(task)
         stored = await self._leadership.write(self._store.create_task, task, request_id)
-        self._by_id[stored.id] = stored
+        self._state.apply_task(stored)
         if stored.id == task.id:
             self._log.info("task_submitted", task_id=stored.id, name=spec.name)
             self._events.publish("task_state", f"task {stored.id} submitted", task_id=stored.id, state="pending")
@@ -163,7 +157,7 @@ class TaskTable:
             # The agents' shares since it (last) started, on top of what earlier runs stored.
             updates["energy_j"] = task.energy_j + energy.current(task_id)
         stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason, **updates)
-        self._by_id[task_id] = stored
+        self._state.apply_task(stored)
         if state in TERMINAL_STATES:
             energy.finish(task_id, stored.spec.kind)
         self._events.publish("task_state", f"task {task_id} {TaskState(task.state).label} → {state.label}"
@@ -175,11 +169,7 @@ class TaskTable:
         return stored
 
     def _release(self, task: types_pb2.Task) -> None:
-        for na in task.allocation.nodes:
-            entry = self._registry.get(na.node_id)
-            if entry is not None and task.id in entry.task_ids:
-                remove_reservation(entry.record, na)
-                entry.task_ids.discard(task.id)
+        self._state.apply_release(task)
         self._wakeup.set()
 
     def _finished(self, task: types_pb2.Task) -> None:
@@ -212,14 +202,14 @@ class TaskTable:
             task = await self.update(task_id, cancel_requested=True)
         if not self._dispatcher.stop(task, _CANCELLED):
             return await self.transition(task_id, TaskState.CANCELLED, _CANCELLED, release=True)
-        task.reason = "cancelling: stop sent to the agent"
-        return task
+        self._state.note_reason(task_id, "cancelling: stop sent to the agent")
+        return self.get(task_id)
 
     async def update(self, task_id: str, **updates: object) -> types_pb2.Task:
         """Persist field changes without a state change (compare-on-revision) and update memory."""
         task = self.get(task_id)
         stored = await self._leadership.write(self._store.update_task, task_id, task.revision, **updates)
-        self._by_id[task_id] = stored
+        self._state.apply_task(stored)
         return stored
 
     async def pause(self, task_id: str) -> types_pb2.Task:

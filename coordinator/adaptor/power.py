@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeAlias, TypeVar
 
@@ -44,6 +44,7 @@ from common.types import NodeState, TaskState
 from coordinator.adaptor.providers import NodeProvider, ProviderResult
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.state import LeaderState
 from coordinator.supervisor import Beat, no_beat
 
 __all__ = ["PowerManager"]
@@ -84,7 +85,8 @@ class PowerManager:
     """Powers idle nodes down and wakes off nodes for tasks that need them, while this replica leads.
 
     :param registry: the node table.
-    :param tasks: every task by id (pending ones are candidates for a wake).
+    :param state: the leader's state: every task by id (pending ones are candidates for a wake); it
+        follows each power state etcd stored.
     :param store: the fenced etcd store (``nodes/<id>``).
     :param leadership: fenced writes.
     :param locks: per-node power locks.
@@ -105,7 +107,7 @@ class PowerManager:
         whose cycles are atomic, passes a wait that returns at once).
     """
 
-    def __init__(self, registry: NodeRegistry, tasks: Callable[[], Mapping[str, types_pb2.Task]], store: NodeStore,
+    def __init__(self, registry: NodeRegistry, state: LeaderState, store: NodeStore,
                  leadership: FencedWriter, locks: NodeLocks, provider: NodeProvider, events: EventBus, *,
                  power_down_after_s: float, spare_nodes: int, wake_timeout_s: float,
                  idle_power_w: Callable[[NodeEntry], float] = lambda e: 0.0,
@@ -113,7 +115,7 @@ class PowerManager:
                  on_provider_failure: Callable[[str], None] = lambda action: None,
                  now: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        self._registry, self._tasks, self._store, self._leadership = registry, tasks, store, leadership
+        self._registry, self._state, self._store, self._leadership = registry, state, store, leadership
         self._locks, self._provider, self._events = locks, provider, events
         self._after, self._spare, self._wake_timeout_s = power_down_after_s, spare_nodes, wake_timeout_s
         self._idle_power_w, self._on_change, self._period_s, self._now = idle_power_w, on_change, period_s, now
@@ -172,7 +174,7 @@ class PowerManager:
                 await self._set(entry, PS.NODE_POWER_STATE_READY, "agent registered while off")
 
     def _busy_ids(self) -> set[str]:
-        return {e.node_id for e in self._registry if e.task_ids}
+        return {e.node_id for e in self._registry if e.holds_tasks}
 
     def next_due(self) -> float | None:
         """The earliest time (``now`` clock) a step acts without anything else changing: an idle node's
@@ -192,7 +194,7 @@ class PowerManager:
         now = self._now()
         idle: list[NodeEntry] = []
         for entry in self._registry:
-            if entry.connected and entry.state == NodeState.READY and _is_ready(entry) and not entry.task_ids:
+            if entry.connected and entry.state == NodeState.READY and _is_ready(entry) and not entry.holds_tasks:
                 self._idle_since.setdefault(entry.node_id, now)
                 idle.append(entry)
             else:
@@ -201,7 +203,7 @@ class PowerManager:
             return   # nothing is due whatever waits
         # Waiting work that could run on an idle node keeps it on (the scheduler places it first); a
         # pending task that fits on none of them blocks nothing.
-        pending = [t for t in self._tasks().values() if t.state == TaskState.PENDING]
+        pending = [t for t in self._state.tasks.values() if t.state == TaskState.PENDING]
         if pending:
             fit = self._fit()
             usable = {fit(t) for t in pending}   # one predicate per request shape
@@ -215,12 +217,12 @@ class PowerManager:
         node_id = entry.node_id
         reason = f"idle for {self._after:g}s beyond {self._spare} spare node(s)"
         async with self._locks.hold(f"power-{node_id}"):
-            if entry.task_ids or not _is_ready(entry):
+            if entry.holds_tasks or not _is_ready(entry):
                 return
             await self._set(entry, PS.NODE_POWER_STATE_DRAINING, reason)
         await self._sleep(self._period_s)   # a cycle that chose it before it was draining commits by now
         async with self._locks.hold(f"power-{node_id}"):
-            if entry.task_ids:
+            if entry.holds_tasks:
                 await self._set(entry, PS.NODE_POWER_STATE_READY, "got work while draining: back in service")
                 return
             await self._power_off(entry, reason, locked=True)
@@ -231,7 +233,7 @@ class PowerManager:
             async with self._locks.hold(f"power-{entry.node_id}"):
                 await self._power_off(entry, reason, locked=True)
             return
-        if entry.task_ids:
+        if entry.holds_tasks:
             await self._set(entry, PS.NODE_POWER_STATE_READY, "got work before power-off: back in service")
             return
         if power_label(entry.record.power_state) != "powering-off":
@@ -247,7 +249,7 @@ class PowerManager:
     async def _wake_for_unplaced(self) -> None:
         if not self._unplaced:
             return
-        tasks = self._tasks()
+        tasks = self._state.tasks
         fit = self._fit()
         waking = [e for e in self._registry if power_label(e.record.power_state) == "powering-on"]
         ready = [e for e in self._registry if _is_ready(e) and e.connected and e.state == NodeState.READY]
@@ -297,14 +299,13 @@ class PowerManager:
     async def _set(self, entry: NodeEntry, state: types_pb2.NodePowerState, reason: str) -> None:
         """Persist a power-state change (fenced); memory follows only what etcd accepted."""
         old = power_label(entry.record.power_state)
-        record = types_pb2.NodeRecord()
-        record.CopyFrom(entry.record)
-        record.power_state = state
-        record.power_state_unix_s = self._wall()
-        record.power_reason = reason[:256]
-        await self._leadership.write(self._store.put_node, record)
-        entry.record.power_state, entry.record.power_state_unix_s = state, record.power_state_unix_s
-        entry.record.power_reason = record.power_reason
+        async with self._state.node_writes:
+            record = types_pb2.NodeRecord()
+            record.CopyFrom(entry.record)
+            record.power_state = state
+            record.power_state_unix_s = self._wall()
+            record.power_reason = reason[:256]
+            self._state.apply_node(await self._leadership.write(self._store.put_node, record))
         new = power_label(state)
         self._log.info("node_power_changed", node_id=entry.node_id, old=old, new=new, reason=reason)
         self._events.publish("power", f"node {entry.node_id} {old} → {new}: {reason}", node_id=entry.node_id,

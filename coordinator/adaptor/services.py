@@ -39,7 +39,7 @@ import hashlib
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,7 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler, gpus_used, validate_spec
 from coordinator.profiler.taskspec import MAX_REPLICAS
 from coordinator.profiler.validation import validate_service
+from coordinator.state import LeaderState
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.services import ServiceStore
@@ -155,6 +156,7 @@ class ServiceController:
 
     :param store: service records in etcd.
     :param leadership: leader check and fenced writes.
+    :param state: the leader's state (the services, as etcd stored them).
     :param tasks: the task table (replicas are tasks).
     :param monitor: GPU telemetry and the tasks' QoS readings.
     :param registry: the node table (cluster size for validation).
@@ -168,24 +170,29 @@ class ServiceController:
     :param clock: monotonic seconds; ``wall``: Unix seconds.
     """
 
-    def __init__(self, store: ServiceStore, leadership: Leadership, tasks: TaskTable, monitor: ResourceMonitor,
+    def __init__(self, store: ServiceStore, leadership: Leadership, state: LeaderState, tasks: TaskTable,
+                 monitor: ResourceMonitor,
                  registry: NodeRegistry, profiler: Profiler, events: EventBus, metrics: ServiceMetrics, *,
                  interval_s: float = 5.0, policy: ScalePolicy | None = None,
                  history_bucket_s: float = 60.0, history_save_buckets: int = 5,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         if history_save_buckets < 1:
             raise ValueError("history_save_buckets must be at least 1")
-        self._store, self._leadership, self._tasks = store, leadership, tasks
+        self._store, self._leadership, self._state, self._tasks = store, leadership, state, tasks
         self._monitor, self._registry, self._profiler = monitor, registry, profiler
         self._events, self._metrics = events, metrics
         self._interval_s, self._bucket_s, self._save_every = interval_s, history_bucket_s, history_save_buckets
         self._policy = policy or ScalePolicy(min_replicas=1, max_replicas=1)
         self._clock, self._wall = clock, wall
-        self.services: dict[str, types_pb2.Service] = {}
         self._rt: dict[str, _Runtime] = {}
         self._recovered = False
         self._kick = asyncio.Event()
         self._log = get_logger("adaptor")
+
+    @property
+    def services(self) -> Mapping[str, types_pb2.Service]:
+        """Every service by id (read-only; the leader state's)."""
+        return self._state.services
 
     # ---- admin operations ---------------------------------------------------------------------
 
@@ -211,7 +218,8 @@ class ServiceController:
                 if existing.spec.SerializeToString(deterministic=True) != spec.SerializeToString(deterministic=True):
                     raise ValidationError("request_id", f"{request_id!r} was used for service {service_id} "
                                                         "with a different spec")
-                self.services.setdefault(existing.id, existing)
+                if existing.id not in self.services:
+                    self._state.apply_service(existing)
                 return existing
         if not spec.HasField("service"):
             raise ValidationError("spec.service", "is required for a service (--replicas MIN:MAX)")
@@ -224,7 +232,7 @@ class ServiceController:
         gpus = max(1, gpus_used(self._profiler.profile(template).to_proto().gpus))
         validate_service(spec, cluster_gpus=sum(len(e.inventory.gpus) for e in live), gpus_per_replica=gpus)
         stored = await self._leadership.write(self._store.put, svc)
-        self.services[stored.id] = stored
+        self._state.apply_service(stored)
         self._log.info("service_created", service_id=stored.id, min=spec.service.min_replicas,
                        max=spec.service.max_replicas)
         self._events.publish("scale", f"service {stored.id} created with {stored.desired} replica(s)",
@@ -317,7 +325,7 @@ class ServiceController:
             if leading():
                 try:
                     if not self._recovered:
-                        self.services = await asyncio.to_thread(self._store.list)
+                        self._state.adopt_services(await asyncio.to_thread(self._store.list))
                         self._recovered = True
                         self._log.info("services_recovered", services=len(self.services))
                         await self._recover_histories()
@@ -529,7 +537,7 @@ class ServiceController:
                                                             to_replicas=new.desired, reason=new.reason))
             del new.decisions[_DECISIONS_KEPT:]
         stored = await self._leadership.write(self._store.put, new)
-        self.services[stored.id] = stored
+        self._state.apply_service(stored)
         if stored.desired != before:
             direction = "up" if stored.desired > before else "down"
             self._metrics.actions.labels(stored.id, direction).inc()

@@ -50,11 +50,21 @@ class NodeEntry:
     state: NodeState = NodeState.NOT_READY
     dropped_samples_total: int = 0
     outbox: Outbox | None = None         # the stream's decision queue while connected
-    task_ids: set[str] = field(default_factory=set)
+    _held: set[str] = field(default_factory=set, repr=False)   # changed by coordinator.state only
 
     @property
     def inventory(self) -> types_pb2.NodeInventory:
         return self.record.inventory
+
+    @property
+    def task_ids(self) -> frozenset[str]:
+        """The unfinished tasks placed on this node (kept by :class:`coordinator.state.LeaderState`)."""
+        return frozenset(self._held)
+
+    @property
+    def holds_tasks(self) -> bool:
+        """Whether any unfinished task is placed on this node."""
+        return bool(self._held)
 
 
 class NodeRegistry:
@@ -152,14 +162,9 @@ class NodeRegistry:
         entry.last_heartbeat = self._now()
         entry.last_seen_unix_s = time.time()
 
-    def set_admin_state(self, node_id: str, *, cordoned: bool | None = None, draining: bool | None = None) -> NodeEntry:
-        entry = self._nodes[node_id]
-        if cordoned is not None:
-            entry.record.cordoned = cordoned
-        if draining is not None:
-            entry.record.draining = draining
-        self._derive(entry)
-        return entry
+    def rederive(self, entry: NodeEntry) -> NodeState:
+        """Re-derive one node's state at once (after its admin or power state changed)."""
+        return self._derive(entry)
 
     def _derive(self, entry: NodeEntry) -> NodeState:
         now = self._now()

@@ -386,7 +386,8 @@ class Preemptor:
                              f"{', '.join(nodes)}", task_id=task.id, preemptor=task.id, victims=",".join(stopped),
                              reason=f"{task.id} cannot be placed while lower-priority work holds "
                              f"{', '.join(nodes)}")
-        task.reason = f"waiting for {len(stopped)} preempted task(s) to stop: {', '.join(stopped)}"
+        self._tasks.note_reason(task.id, f"waiting for {len(stopped)} preempted task(s) to stop: "
+                                         f"{', '.join(stopped)}")
 
     async def victim_stopped(self, task: types_pb2.Task) -> types_pb2.Task:
         """A PREEMPTED task ended on its agents: back in the queue (``PENDING``), its reservations released."""

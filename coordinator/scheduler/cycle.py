@@ -45,7 +45,6 @@ from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.supervisor import Beat, no_beat
-from coordinator.sync import add_reservation
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
 from coordinator.tasks import TaskTable
@@ -210,12 +209,7 @@ class SchedulerCycle:
                 await self._tasks.refresh(task.id)
                 continue
             stored = result.stored[task.id]
-            self._tasks.accept(stored)
-            for na in alloc.nodes:
-                entry = self._registry.get(na.node_id)
-                if entry is not None:
-                    add_reservation(entry.record, na)
-                    entry.task_ids.add(task.id)
+            self._tasks.placed(stored)
             self._scale_out.forget(task.id)
             nodes = ", ".join(f"{na.node_id}:{list(na.gpu_indices)}" for na in alloc.nodes)
             self._log.info("placement_committed", task_id=task.id, policy=policy, nodes=nodes,
@@ -227,7 +221,7 @@ class SchedulerCycle:
 
     def _note_rejection(self, task: types_pb2.Task, rejection: Rejection, policy: str) -> None:
         if rejection.reason != task.reason:
-            task.reason = rejection.reason   # in memory; shown by `gptrmctl tasks`, not worth an etcd write per cycle
+            self._tasks.note_reason(task.id, rejection.reason)   # shown by `gptrmctl tasks`
         if rejection.scale_out:
             self._scale_out.request(task.id, rejection.reason, policy=policy)
         self._on_unplaced(task)

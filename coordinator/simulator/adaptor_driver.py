@@ -31,6 +31,7 @@ from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE
 from coordinator.scheduler.snapshot import NodeFit
+from coordinator.state import LeaderState
 
 __all__ = ["SimAdaptor"]
 
@@ -103,14 +104,15 @@ class SimAdaptor:
             entry.connected, entry.state = True, NodeState.READY
             self.entries.append(entry)
             idle_w[node.node_id] = node.power.idle_w
-        self.pending: dict[str, types_pb2.Task] = {}
+        # The leader's state as the replay keeps it: pending jobs, and what each node holds.
+        self.state = LeaderState(self.registry)
         self._requests: dict[str, Request] = {}
         self._index = {node.node_id: i for i, node in enumerate(nodes)}
         self.provider = SimulatedProvider(now, boot_s=boot_s)
         self.events = EventBus(backlog=100, now=now)
         self.changed = False
         self.manager = PowerManager(
-            self.registry, lambda: self.pending, _MemoryStore(), _SoleLeader(), _NoContention(),
+            self.registry, self.state, _MemoryStore(), _SoleLeader(), _NoContention(),
             self.provider, self.events, power_down_after_s=power_down_after_s, spare_nodes=spare_nodes,
             wake_timeout_s=wake_timeout_s, idle_power_w=lambda e: idle_w[e.node_id], fit=lambda: self._fit,
             on_change=self._changed, period_s=0.0, now=now, wall=now, sleep=_no_wait)
@@ -130,32 +132,35 @@ class SimAdaptor:
         task = types_pb2.Task(id=req.task_id, state=pb_enum(types_pb2.TaskState, TaskState.PENDING))
         task.demand.gpus = req.demand.gpus
         task.spec.nodes = req.nodes
-        self.pending[req.task_id] = task
+        self.state.apply_task(task)
         self._requests[req.task_id] = req
 
     def unplaced(self, req: Request) -> None:
         """The scheduling pass could not place this pending job (a wake candidate)."""
-        task = self.pending.get(req.task_id)
+        task = self.state.tasks.get(req.task_id)
         if task is not None:
             self.manager.unplaced(task)
 
     def placed(self, req: Request, node_indices: Sequence[int]) -> None:
         """A job was placed on these nodes: they are busy and reserved."""
-        self.pending.pop(req.task_id, None)
+        self.state.forget(req.task_id)
         self._requests.pop(req.task_id, None)
         for i in node_indices:
-            entry = self.entries[i]
-            self._fit.forget(entry.node_id)
-            entry.task_ids.add(req.task_id)
-            entry.record.reserved.gpus += req.demand.gpus
+            self._fit.forget(self.entries[i].node_id)
+        self.state.hold(req.task_id, self._holdings(req, node_indices))
 
     def finished(self, req: Request, node_indices: Sequence[int]) -> None:
         """A job ended: its nodes' reservations are released."""
         for i in node_indices:
-            entry = self.entries[i]
-            self._fit.forget(entry.node_id)
-            entry.task_ids.discard(req.task_id)
-            entry.record.reserved.gpus = max(0.0, entry.record.reserved.gpus - req.demand.gpus)
+            self._fit.forget(self.entries[i].node_id)
+        self.state.let_go(req.task_id, self._holdings(req, node_indices))
+
+    def _holdings(self, req: Request, node_indices: Sequence[int]) -> list[types_pb2.NodeAllocation]:
+        """A job's share of each of its nodes, as the leader state reserves it (GPUs only: the power
+        manager asks whether a node holds anything; the placement engine keeps the exact room)."""
+        return [types_pb2.NodeAllocation(node_id=self.entries[i].node_id,
+                                         demand=types_pb2.ResourceVector(gpus=req.demand.gpus))
+                for i in node_indices]
 
     # ---- time -------------------------------------------------------------------------------------
 

@@ -280,8 +280,8 @@ START = 1_700_000_000 // 3600 * 3600.0
 
 def hourly_controller(app: App, client: EtcdClient, prefix: str, wall: list[float]) -> ServiceController:
     """A controller on the app's parts with hourly history buckets (a day is 24), saved every 5, on ``wall``."""
-    return ServiceController(ServiceStore(client, Keys(prefix), app.leadership.election), app.leadership, app.tasks,
-                             app.monitor, app.registry, app.profiler, app.events,
+    return ServiceController(ServiceStore(client, Keys(prefix), app.leadership.election), app.leadership, app.state,
+                             app.tasks, app.monitor, app.registry, app.profiler, app.events,
                              ServiceMetrics(CollectorRegistry()), history_bucket_s=HOUR, history_save_buckets=5,
                              wall=lambda: wall[0])
 

@@ -54,7 +54,7 @@ class Rig:
                                     constraints=types_pb2.Constraints(avoid_nodes=list(avoid))),
             demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=gpu_mem_gib * GIB, cpu_cores=1.0,
                                             mem_bytes=GIB))
-        self.app.tasks.accept(task)
+        self.app.state.apply_task(task)
         return task
 
     def steps(self, n: int) -> None:

@@ -49,7 +49,7 @@ def setup(etcd_server: EtcdCluster, etcd_prefix: str) -> Iterator[Setup]:
     client = connect(etcd_server.endpoints, 2.0)
     app = build(CoordinatorConfig(etcd_prefix=etcd_prefix, policy="max-utilization", threshold=0.9), client)
     app.registry.connect(inventory("n1", 4), outbox=None)
-    app.tasks.accept(pending("t1", 8.0))
+    app.state.apply_task(pending("t1", 8.0))
     snapshots: list[int] = []
     original = app.snapshots.snapshot
 
@@ -60,6 +60,16 @@ def setup(etcd_server: EtcdCluster, etcd_prefix: str) -> Iterator[Setup]:
     app.snapshots.snapshot = counting  # type: ignore[method-assign]
     yield app, snapshots
     client.close()
+
+
+def cordon(app: App, node_id: str) -> None:
+    """The node record as etcd would store it after ``gptrmctl cordon``."""
+    entry = app.registry.get(node_id)
+    assert entry is not None
+    record = types_pb2.NodeRecord()
+    record.CopyFrom(entry.record)
+    record.cordoned = True
+    app.state.apply_node(record)
 
 
 def run(app: App) -> int:
@@ -84,11 +94,14 @@ class TestIdleCycles:
         run(app)
         entry = app.registry.get("n1")
         if change == "new task":
-            app.tasks.accept(pending("t2", 6.0))
+            app.state.apply_task(pending("t2", 6.0))
         elif change == "task revision":
-            app.tasks.tasks["t1"].revision = 2
+            changed = types_pb2.Task()
+            changed.CopyFrom(app.tasks.tasks["t1"])
+            changed.revision = 2
+            app.state.apply_task(changed)
         elif change == "node cordoned":
-            app.registry.set_admin_state("n1", cordoned=True)
+            cordon(app, "n1")
         elif change == "node reconnected":
             app.registry.connect(inventory("n1", 4), outbox=None)
         elif change == "reservation":
@@ -113,9 +126,12 @@ class TestIdleCycles:
         app, snapshots = setup
         done = pending("old", 1.0)
         done.state = int(TaskState.SUCCEEDED)
-        app.tasks.accept(done)
+        app.state.apply_task(done)
         run(app)
-        app.tasks.tasks["old"].revision = 7
+        changed = types_pb2.Task()
+        changed.CopyFrom(done)
+        changed.revision = 7
+        app.state.apply_task(changed)
         run(app)
         assert len(snapshots) == 1 and app.cycle.skipped == 1
 
@@ -177,17 +193,20 @@ class TestSnapshot:
             assert app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes == reference_snapshot(app)
 
         check()
-        app.tasks.accept(running("r1", "n2", [0, 1]))
-        app.tasks.accept(running("r2", "n2", [2], share=0.25))
+        app.state.apply_task(running("r1", "n2", [0, 1]))
+        app.state.apply_task(running("r2", "n2", [2], share=0.25))
         app.registry.get("n2").record.reserved.gpus = 2.25
         check()
-        app.tasks.tasks["r1"].state = int(TaskState.SUCCEEDED)
+        finished = types_pb2.Task()
+        finished.CopyFrom(app.tasks.tasks["r1"])
+        finished.state = int(TaskState.SUCCEEDED)
+        app.state.apply_task(finished)
         check()
         bigger = inventory("n1", 8)
         bigger.labels["zone"] = "b"
         app.registry.connect(bigger, outbox=None)
         check()
-        app.registry.set_admin_state("n2", cordoned=True)
+        cordon(app, "n2")
         check()
         nodes = app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes
         assert [n.node_id for n in nodes] == ["cpu-only", "n1"]

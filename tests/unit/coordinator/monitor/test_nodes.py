@@ -44,10 +44,13 @@ class TestNodeRegistry:
     def test_cordon_and_drain_show_when_healthy(self) -> None:
         """Admin states show on a healthy node and clear on uncordon."""
         reg = NodeRegistry(1.0, 30.0, now=FakeClock(100.0))
-        reg.connect(_inv(), outbox=object())
-        assert reg.set_admin_state("n1", cordoned=True).state == NodeState.CORDONED
-        assert reg.set_admin_state("n1", draining=True).state == NodeState.DRAINING
-        assert reg.set_admin_state("n1", cordoned=False, draining=False).state == NodeState.READY
+        entry, _ = reg.connect(_inv(), outbox=object())
+        entry.record.cordoned = True
+        assert reg.rederive(entry) == NodeState.CORDONED
+        entry.record.draining = True
+        assert reg.rederive(entry) == NodeState.DRAINING
+        entry.record.cordoned = entry.record.draining = False
+        assert reg.rederive(entry) == NodeState.READY
         assert reg.counts() == {"ready": 1}
 
 

@@ -1,0 +1,185 @@
+"""The leader's in-memory state, owned in one place: tasks, what each node holds, and services.
+
+Everything here follows etcd. A change is *proposed* by a component (the scheduler commits a
+placement, the task table a state change, the service controller a scale) as a fenced etcd
+transaction; only what the transaction stored is *applied* here, through the ``apply_*`` methods.
+Every other component reads through read-only views: :attr:`LeaderState.tasks` and
+:attr:`LeaderState.services` are mapping proxies, and a node's held tasks are
+:attr:`NodeEntry.task_ids <coordinator.monitor.nodes.NodeEntry.task_ids>`, a frozen set.
+
+Records handed out are never changed in place: a change replaces the record with a new message,
+so a reader holding the old one keeps a consistent (older) value.
+
+What a node holds is two things kept together: ``NodeRecord.reserved`` / ``reserved_gpu_indices``
+(the sum of the allocations placed on it, as etcd stores it in the node's record) and the ids of
+the unfinished tasks placed there. Both change only in :meth:`LeaderState.apply_placement` (a
+placement etcd committed), :meth:`LeaderState.apply_release` (a transition that released the
+reservations in the same transaction) and :meth:`LeaderState.adopt` (a new leader's view read from
+etcd at one revision).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TERMINAL_STATES, TaskState
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.sync import add_reservation, remove_reservation
+
+__all__ = ["LeaderState"]
+
+
+class LeaderState:
+    """The one owner of the leader's tasks, node holdings and services.
+
+    Example::
+
+        state = LeaderState(registry)
+        state.adopt(stored.tasks, stored.nodes)          # a new leader's view
+        state.apply_placement(result.stored[task.id])    # what a placement commit stored
+        state.tasks[task.id].state                       # read-only view
+
+    :param registry: the node table (connections and telemetry are its own; holdings are this state's).
+    :param on_forget: called with a task id when a finished task is forgotten (per-task readings).
+    """
+
+    def __init__(self, registry: NodeRegistry, on_forget: Callable[[str], None] | None = None) -> None:
+        self._registry = registry
+        self._on_forget = on_forget
+        self._tasks: dict[str, types_pb2.Task] = {}
+        self._services: dict[str, types_pb2.Service] = {}
+        self.tasks: Mapping[str, types_pb2.Task] = MappingProxyType(self._tasks)
+        """Every task by id: read-only and live."""
+        self.services: Mapping[str, types_pb2.Service] = MappingProxyType(self._services)
+        """Every service by id: read-only and live."""
+        self.node_writes = asyncio.Lock()
+        """Held from copying a node record to applying what etcd stored, by every writer of node records
+        (node states, cordon and drain, power states), so that none overwrites another's change."""
+
+    # ---- a new leader's view ------------------------------------------------------------------------
+
+    def adopt(self, tasks: Mapping[str, types_pb2.Task], nodes: Mapping[str, types_pb2.NodeRecord]) -> None:
+        """Take over the view etcd holds at one revision: its tasks, and its node records merged into the
+        node table (reservations and admin state are etcd's; a node whose agent already streams to this
+        replica keeps the inventory of that live stream). Each node's held task ids are rebuilt from the
+        unfinished tasks' allocations."""
+        for rec in nodes.values():
+            entry = self._registry.get(rec.inventory.node_id)
+            if entry is None:
+                self._registry.load(rec)
+                continue
+            record = types_pb2.NodeRecord()
+            record.CopyFrom(rec)
+            record.inventory.CopyFrom(entry.record.inventory)
+            entry.record = record
+        self._tasks.clear()
+        self._tasks.update(tasks)
+        for entry in self._registry:
+            entry._held.clear()
+        for task in tasks.values():
+            if task.state in TERMINAL_STATES:
+                continue
+            for na in task.allocation.nodes:
+                node = self._registry.get(na.node_id)
+                if node is not None:
+                    node._held.add(task.id)
+
+    def adopt_services(self, services: Mapping[str, types_pb2.Service]) -> None:
+        """Take over the services etcd holds."""
+        self._services.clear()
+        self._services.update(services)
+
+    # ---- tasks ------------------------------------------------------------------------------------
+
+    def apply_task(self, stored: types_pb2.Task) -> None:
+        """Follow a task record etcd stored (a submit, a state change, an update, a re-read)."""
+        self._tasks[stored.id] = stored
+
+    def apply_placement(self, stored: types_pb2.Task) -> None:
+        """Follow a placement etcd committed: the task as stored, and its allocation reserved on its nodes."""
+        self._tasks[stored.id] = stored
+        self._hold(stored.id, stored.allocation.nodes)
+
+    def apply_release(self, task: types_pb2.Task) -> None:
+        """The reservations of ``task``'s allocation were freed in etcd (a transition with ``release``)."""
+        self._let_go(task.id, task.allocation.nodes)
+
+    def note_reason(self, task_id: str, reason: str) -> None:
+        """Show why a task waits (in memory only: a pending reason is not worth an etcd write per cycle).
+
+        The record is replaced, never changed in place."""
+        task = self._tasks.get(task_id)
+        if task is None or task.reason == reason:
+            return
+        noted = types_pb2.Task()
+        noted.CopyFrom(task)
+        noted.reason = reason
+        self._tasks[task_id] = noted
+
+    def forget(self, task_id: str) -> None:
+        """Drop a finished task removed from etcd (retention), or one etcd no longer has."""
+        if self._tasks.pop(task_id, None) is not None and self._on_forget is not None:
+            self._on_forget(task_id)
+
+    # ---- node holdings without a task record (the simulator's virtual-time placements) ---------------
+
+    def hold(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
+        """Reserve ``nodes`` for ``task_id`` (a placement accepted without a stored task record)."""
+        self._hold(task_id, nodes)
+
+    def let_go(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
+        """Undo :meth:`hold`."""
+        self._let_go(task_id, nodes)
+
+    def _hold(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
+        for na in nodes:
+            entry = self._registry.get(na.node_id)
+            if entry is not None and task_id not in entry._held:
+                add_reservation(entry.record, na)
+                entry._held.add(task_id)
+
+    def _let_go(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
+        for na in nodes:
+            entry = self._registry.get(na.node_id)
+            if entry is not None and task_id in entry._held:
+                remove_reservation(entry.record, na)
+                entry._held.discard(task_id)
+
+    # ---- services ---------------------------------------------------------------------------------
+
+    def apply_service(self, stored: types_pb2.Service) -> None:
+        """Follow a service record etcd stored."""
+        self._services[stored.id] = stored
+
+    # ---- nodes' admin and power state ----------------------------------------------------------------
+
+    def apply_node(self, stored: types_pb2.NodeRecord) -> None:
+        """Follow a node record etcd stored (an admin, power or state change): everything but its inventory,
+        which stays the live stream's, and its reservations, which change only with placements and releases."""
+        entry = self._registry.get(stored.inventory.node_id)
+        if entry is None:
+            return
+        record = types_pb2.NodeRecord()
+        record.CopyFrom(stored)
+        record.inventory.CopyFrom(entry.record.inventory)
+        record.reserved.CopyFrom(entry.record.reserved)
+        record.reserved_gpu_indices[:] = entry.record.reserved_gpu_indices
+        entry.record = record
+        self._registry.rederive(entry)
+
+    # ---- reads -------------------------------------------------------------------------------------
+
+    def unfinished(self) -> list[types_pb2.Task]:
+        """Tasks not in a final state, as a list taken now."""
+        return [t for t in list(self._tasks.values()) if t.state not in TERMINAL_STATES]
+
+    def counts(self) -> dict[str, int]:
+        """Tasks by state label."""
+        out: dict[str, int] = {}
+        for t in list(self._tasks.values()):
+            label = TaskState(t.state).label if t.state else "unknown"
+            out[label] = out.get(label, 0) + 1
+        return out

@@ -1,0 +1,145 @@
+"""The leader's state: one owner, changed only by applying stored records, read through read-only views."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from common.errors import NotFound
+from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
+from common.types import TaskState
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.state import LeaderState
+from coordinator.tasks import TaskTable
+
+COORDINATOR = Path(__file__).resolve().parents[3] / "coordinator"
+
+
+def _node(node_id: str, gpus: int = 4) -> types_pb2.NodeRecord:
+    rec = types_pb2.NodeRecord()
+    rec.inventory.node_id = node_id
+    for i in range(gpus):
+        rec.inventory.gpus.add(index=i, uuid=f"GPU-{node_id}-{i}")
+    return rec
+
+
+def _placed(task_id: str, node_id: str, gpus: list[int], state: TaskState = TaskState.RUNNING) -> types_pb2.Task:
+    task = types_pb2.Task(id=task_id, state=pb_enum(types_pb2.TaskState, state))
+    task.allocation.nodes.add(node_id=node_id, gpu_indices=gpus, gpu_share=1.0,
+                              demand=types_pb2.ResourceVector(gpus=len(gpus), cpu_cores=2.0))
+    return task
+
+
+@pytest.fixture
+def state() -> LeaderState:
+    registry = NodeRegistry(heartbeat_interval_s=1.0, lost_grace_s=10.0)
+    state = LeaderState(registry)
+    state.adopt({}, {"n1": _node("n1"), "n2": _node("n2")})
+    return state
+
+
+def _entry(state: LeaderState, node_id: str):  # type: ignore[no-untyped-def]
+    entry = state._registry.get(node_id)
+    assert entry is not None
+    return entry
+
+
+class TestHoldings:
+    def test_a_committed_placement_reserves_its_gpus_and_a_release_frees_them(self, state: LeaderState) -> None:
+        task = _placed("t1", "n1", [0, 1])
+        state.apply_placement(task)
+        n1 = _entry(state, "n1")
+        assert n1.task_ids == {"t1"} and n1.holds_tasks
+        assert list(n1.record.reserved_gpu_indices) == [0, 1] and n1.record.reserved.gpus == 2
+        state.apply_release(task)
+        assert not n1.task_ids and not n1.record.reserved_gpu_indices and n1.record.reserved.gpus == 0
+
+    def test_applying_the_same_placement_twice_reserves_once(self, state: LeaderState) -> None:
+        task = _placed("t1", "n1", [2])
+        state.apply_placement(task)
+        state.apply_placement(task)
+        assert list(_entry(state, "n1").record.reserved_gpu_indices) == [2]
+
+    def test_adopt_rebuilds_held_task_ids_from_unfinished_tasks(self, state: LeaderState) -> None:
+        state.apply_placement(_placed("old", "n2", [0]))
+        running, done = _placed("r", "n1", [0]), _placed("d", "n1", [1], TaskState.SUCCEEDED)
+        nodes = {"n1": _node("n1"), "n2": _node("n2")}
+        nodes["n1"].reserved_gpu_indices.append(0)
+        state.adopt({"r": running, "d": done}, nodes)
+        assert _entry(state, "n1").task_ids == {"r"} and not _entry(state, "n2").task_ids
+        assert list(_entry(state, "n1").record.reserved_gpu_indices) == [0]   # etcd's reservations
+        assert set(state.tasks) == {"r", "d"}
+
+    def test_task_ids_cannot_be_changed_by_a_reader(self, state: LeaderState) -> None:
+        state.apply_placement(_placed("t1", "n1", [0]))
+        with pytest.raises(AttributeError):
+            _entry(state, "n1").task_ids.add("x")  # type: ignore[attr-defined]
+
+
+class TestRecords:
+    def test_views_are_read_only_and_live(self, state: LeaderState) -> None:
+        with pytest.raises(TypeError):
+            state.tasks["x"] = types_pb2.Task(id="x")  # type: ignore[index]
+        with pytest.raises(TypeError):
+            state.services["s"] = types_pb2.Service(id="s")  # type: ignore[index]
+        view = state.tasks
+        state.apply_task(types_pb2.Task(id="x"))
+        state.apply_service(types_pb2.Service(id="s"))
+        assert "x" in view and "s" in state.services
+
+    def test_a_noted_reason_replaces_the_record_and_never_changes_the_one_handed_out(self, state: LeaderState) -> None:
+        state.apply_task(types_pb2.Task(id="p", reason="waiting for the scheduler"))
+        before = state.tasks["p"]
+        state.note_reason("p", "no node has 8 free GPUs")
+        assert before.reason == "waiting for the scheduler"
+        assert state.tasks["p"].reason == "no node has 8 free GPUs" and state.tasks["p"] is not before
+
+    def test_forget_tells_the_per_task_readings(self) -> None:
+        forgotten: list[str] = []
+        state = LeaderState(NodeRegistry(1.0, 10.0), on_forget=forgotten.append)
+        state.apply_task(types_pb2.Task(id="a"))
+        state.forget("a")
+        state.forget("never-known")
+        assert forgotten == ["a"] and "a" not in state.tasks
+
+    def test_a_stored_node_record_keeps_the_live_inventory_and_the_reservations(self, state: LeaderState) -> None:
+        state.apply_placement(_placed("t1", "n1", [3]))
+        stored = _node("n1", gpus=1)          # a stale inventory, no reservations: as a writer stored it
+        stored.cordoned, stored.power_reason = True, "maintenance"
+        state.apply_node(stored)
+        n1 = _entry(state, "n1")
+        assert n1.record.cordoned and n1.record.power_reason == "maintenance"
+        assert len(n1.inventory.gpus) == 4 and list(n1.record.reserved_gpu_indices) == [3]
+        assert n1.state.label == "not-ready"   # derived again at once (no stream in this test)
+
+
+class TestTaskTableReads:
+    def test_find_get_and_values(self, state: LeaderState) -> None:
+        table = TaskTable(None, None, state, *[None] * 7)  # type: ignore[arg-type]
+        state.apply_task(types_pb2.Task(id="a"))
+        values = table.values()
+        assert table.find("a") is state.tasks["a"] and table.find("zz") is None
+        with pytest.raises(NotFound):
+            table.get("zz")
+        state.forget("a")
+        assert [t.id for t in values] == ["a"] and table.values() == []
+
+
+def test_only_the_leader_state_changes_what_nodes_hold() -> None:
+    """No module but ``coordinator/state.py`` touches a node's held set or changes a reservation in memory
+    (``coordinator/sync`` applies the same arithmetic to the records it writes to etcd)."""
+    offenders = []
+    for path in sorted(COORDINATOR.rglob("*.py")):
+        rel = path.relative_to(COORDINATOR.parent).as_posix()
+        if rel == "coordinator/state.py" or rel.startswith("coordinator/sync/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_held" and rel != "coordinator/monitor/nodes.py":
+                offenders.append(f"{rel}:{node.lineno} ._held")
+            if isinstance(node, ast.Name | ast.Attribute) and getattr(node, "id", getattr(node, "attr", "")) in (
+                    "add_reservation", "remove_reservation"):
+                offenders.append(f"{rel}:{node.lineno} reservation change")
+    assert offenders == []
