@@ -31,8 +31,9 @@ def _one_leader(c: Cluster, names: list[str], timeout_s: float = 20.0) -> str:
 
 
 class TestElection:
-    def test_kill9_failover_within_ttl_plus_one(self, cluster: Cluster) -> None:
-        """With two replicas exactly one leads; after kill -9 of the leader the standby leads within TTL + 1 s."""
+    def test_kill9_failover(self, cluster: Cluster) -> None:
+        """With two replicas exactly one leads; after kill -9 of the leader the standby leads (how fast is
+        measured by tests/bench/bench_failover.py)."""
         names = ["c1", "c2"]
         for n in names:
             cluster.start_coordinator(n)
@@ -41,24 +42,21 @@ class TestElection:
             assert len(_leaders(cluster, names)) == 1
         survivor = next(n for n in names if n != leader)
         cluster.proc(leader).kill()
-        killed = time.monotonic()
-        wait_until(lambda: _leaders(cluster, [survivor]) == [survivor], 10, 0.05, "standby to lead")
-        took = time.monotonic() - killed
-        assert took <= 3.0, f"failover took {took:.2f}s"
+        wait_until(lambda: _leaders(cluster, [survivor]) == [survivor], 30, 0.05, "standby to lead")
         res = cluster.ctl("status", coordinator=cluster.address(survivor))
         assert res.returncode == 0 and f"leader        {survivor}" in res.stdout
 
-    def test_clean_stop_takeover_within_one_second(self, cluster: Cluster) -> None:
-        """A leader that stops cleanly resigns, and one of two standbys leads within 1 s."""
+    def test_clean_stop_resigns_and_a_standby_takes_over(self, cluster: Cluster) -> None:
+        """A leader that stops cleanly resigns (deletes its key rather than leaving it to expire), and one of
+        two standbys leads (how fast is measured by tests/bench/bench_failover.py)."""
         names = ["c1", "c2", "c3"]
         for n in names:
             cluster.start_coordinator(n)
         leader = _one_leader(cluster, names)
         cluster.proc(leader).stop()
-        stopped = time.monotonic()
+        assert '"event": "leadership_resigned"' in cluster.proc(leader).log(), cluster.proc(leader).tail()
         rest = [n for n in names if n != leader]
-        new = _one_leader(cluster, rest, timeout_s=10)
-        assert time.monotonic() - stopped <= 1.0 + 0.5   # 0.5 s allowance for process exit and polling
+        new = _one_leader(cluster, rest, timeout_s=30)
         assert new in rest
         status = cluster.status(next(n for n in rest if n != new))
         assert status.leader_id == new and not status.is_leader

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 from pathlib import Path
 
@@ -46,6 +45,13 @@ def _two_running_victims(cluster: Cluster, tmp_path: Path) -> tuple[list[str], l
     return victims, markers
 
 
+def _metric(c: Cluster, series: str) -> float:
+    """The value of one series (name and labels as exposed) on c1's metrics endpoint; 0 when absent."""
+    with urllib.request.urlopen(f"http://{c.metrics_address('c1')}/metrics", timeout=5) as resp:
+        lines = resp.read().decode().splitlines()
+    return next((float(line.rsplit(" ", 1)[1]) for line in lines if line.rsplit(" ", 1)[0] == series), 0.0)
+
+
 class TestPreemption:
     def test_high_priority_task_preempts_two_victims_which_run_again(self, cluster: Cluster, tmp_path: Path) -> None:
         """A priority-10 two-GPU task preempts both priority-0 tasks (signalled, preempted, pending) and they run
@@ -80,12 +86,16 @@ class TestPreemption:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         victims, markers = _two_running_victims(cluster, tmp_path)
+        waiting = 'gptrm_scheduler_decisions_total{outcome="waiting"}'
+        cycles, refused = _metric(cluster, "gptrm_scheduler_cycle_duration_seconds_count"), _metric(cluster, waiting)
         same = _submit(cluster, "--name", "same", "--priority", "0", "--gpus", "2", "--gpu-mem-gib", "10",
                        "--cpu", "0.1", "--", "true")
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:   # several scheduler cycles (one a second)
-            assert _task(cluster, same)["state"] == "pending"
-            time.sleep(0.5)
+        # A cycle that refused it has ended, preemption tried (victims are preempted inside the cycle); later
+        # cycles, given the same inputs, are skipped.
+        wait_until(lambda: _metric(cluster, "gptrm_scheduler_cycle_duration_seconds_count") > cycles
+                   and _metric(cluster, waiting) > refused,
+                   what="a scheduling cycle that refused the task")
+        assert _task(cluster, same)["state"] == "pending"
         assert not any(m.exists() for m in markers)
         assert all(_task(cluster, v)["preemptions"] == 0 for v in victims)
 

@@ -40,6 +40,11 @@ def live(app: App, service_id: str) -> dict[int, types_pb2.Task]:
             if t.service_id == service_id and t.state not in TERMINAL_STATES}
 
 
+def services_passes_done(app: App) -> bool:
+    """Whether the leader's replica controller has completed a pass since its duty started."""
+    return next(d for d in app.supervisor.views() if d.name == "services").last_pass_age_s is not None
+
+
 Scenario = Callable[[App], Awaitable[None]]
 
 
@@ -84,7 +89,7 @@ class TestReplicaController:
             await until(lambda: ids[0] in app.services.services)
             svc = app.services.services[ids[0]]
             assert svc.pinned and svc.desired == 2
-            await asyncio.sleep(0.5)
+            await until(lambda: services_passes_done(app))   # this leader's first pass: recovery, then a tick
             assert set(live(app, svc.id)) == {0, 1}      # continued: nothing re-created
             unpinned = await app.services.scale(svc.id, None)
             assert not unpinned.pinned
@@ -92,7 +97,7 @@ class TestReplicaController:
             cancelled = await app.services.cancel(svc.id)
             assert cancelled.stopped and cancelled.desired == 0
             await until(lambda: not live(app, svc.id))   # never started (no agent): cancelled at once
-            await asyncio.sleep(0.5)
+            await app.services.tick()                     # a pass of the controller after the cancel
             assert {t.id for t in app.tasks.tasks.values() if t.service_id == svc.id} == ever   # none created
             with pytest.raises(IllegalTransition):
                 await app.services.scale(svc.id, 2)
@@ -252,7 +257,7 @@ class TestDrainMovesReplicas:
             await until(lambda: replacement() is not None)
             new = replacement()
             assert new is not None and new.replica_index == 0 and new.allocation.nodes[0].node_id == there
-            await asyncio.sleep(0.3)
+            await app.services.tick()                                 # a pass while the replacement is not running
             assert not _stops(entry.outbox, old.id)                   # still serving until the replacement runs
             other = app.registry.get(there)
             assert other is not None

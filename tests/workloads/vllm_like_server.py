@@ -15,7 +15,8 @@ Control, on the same port:
   ``/metrics`` answers: ``normal``; ``hang`` (accepts, never answers until the mode
   changes); ``garbage`` (HTTP 200 with text that is not an exposition); ``trickle`` (one
   line every 0.2 s, for a minute); ``huge`` (8 MiB of comments then the metrics).
-- ``GET /control`` alone returns the current settings as JSON.
+- ``GET /control`` alone returns the current settings as JSON, with ``trickles_cut``: how many
+  trickled answers the client hung up on before their end.
 
 Run: ``python tests/workloads/vllm_like_server.py --port 8000 [--load 2] [--mode normal]``;
 port 0 picks a free port, printed as ``listening on PORT`` and written to ``--port-file``.
@@ -78,6 +79,7 @@ class Workload:
         self.load = load
         self.mode = mode
         self.mode_changed = threading.Condition(self.lock)
+        self.trickles_cut = 0
         self._owed = 0.0
 
     def tick(self, dt: float) -> None:
@@ -113,7 +115,7 @@ class Workload:
 
     def settings(self) -> dict[str, object]:
         with self.lock:
-            return {"load": self.load, "mode": self.mode}
+            return {"load": self.load, "mode": self.mode, "trickles_cut": self.trickles_cut}
 
 
 def make_handler(workload: Workload) -> type[BaseHTTPRequestHandler]:
@@ -169,11 +171,15 @@ def make_handler(workload: Workload) -> type[BaseHTTPRequestHandler]:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.end_headers()
-                for _ in range(300):
-                    self.wfile.write(b"# still coming\n")
-                    self.wfile.flush()
-                    time.sleep(0.2)
-                self.wfile.write(body)
+                try:
+                    for _ in range(300):
+                        self.wfile.write(b"# still coming\n")
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    with workload.lock:
+                        workload.trickles_cut += 1
                 return
             self._reply(200, body, "text/plain; version=0.0.4; charset=utf-8")
 

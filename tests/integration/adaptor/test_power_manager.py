@@ -18,6 +18,7 @@ from common.types import TaskState
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
 from coordinator.sync import connect
+from tests.helpers.clock import FakeClock
 
 GIB = 1024**3
 PS = types_pb2.NodePowerState
@@ -30,10 +31,13 @@ echo >> {log}
 
 
 class Rig:
-    """A leading replica whose provider command logs each request, then runs ``tail`` (its exit)."""
+    """A leading replica whose provider command logs each request, then runs ``tail`` (its exit); its power
+    manager's idle times are on a fake clock that each step moves on."""
 
     def __init__(self, app: App, log: Path) -> None:
         self.app, self.log = app, log
+        self.clock = FakeClock()
+        app.power_manager._now = self.clock   # the clock the manager was built with (time.monotonic)
 
     def node(self, node_id: str, gpus: int, *, off: bool = False, gpu_mem_gib: int = 80,
              model: str = "NVIDIA H100 80GB HBM3") -> None:
@@ -65,7 +69,7 @@ class Rig:
                 for entry in self.app.registry:   # the provider's power-off ends the node's stream
                     if entry.connected and power_label(entry.record.power_state) == "off":
                         self.app.registry.disconnect(entry.node_id, entry.stream_id)
-                await asyncio.sleep(0.05)   # past --power-down-after
+                self.clock.advance(0.05)   # past --power-down-after
         asyncio.run(go())
 
     def power(self, node_id: str) -> str:

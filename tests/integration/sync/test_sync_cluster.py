@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from structlog.testing import capture_logs
 
 from common.errors import ConfigError, EtcdUnavailable
 from common.etcd_embedded import EtcdCluster, free_port
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.sync import Election, Keys, Store, connect
+from tests.integration.harness import wait_until
 
 
 class TestConnect:
     """connect(): reachability is checked at once, bounded by the timeout."""
 
     def test_unreachable_etcd_fails_fast_with_one_line(self) -> None:
-        """No etcd behind the endpoints: EtcdUnavailable names them, within the timeout."""
+        """No etcd behind the endpoints: EtcdUnavailable names them, and why each one failed, in one line."""
         endpoints = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-        started = time.monotonic()
         with pytest.raises(EtcdUnavailable, match=rf"^etcd not reachable at {endpoints[0]},{endpoints[1]}: ") as info:
             connect(endpoints, timeout_s=1.0)
-        assert time.monotonic() - started < 1.5
+        reasons = str(info.value).split(": ", 1)[1]
+        assert reasons.startswith(f"{endpoints[0]}: ") and f"; {endpoints[1]}: " in reasons   # each one tried once
         assert "\n" not in str(info.value)
 
     def test_bad_endpoint_is_a_config_error(self) -> None:
@@ -51,17 +51,27 @@ class TestClusterFailover:
         """Killing the member the client talks to: the client fails over and the leader keeps writing."""
         client = connect(etcd_cluster3.endpoints, timeout_s=3.0)
         keys = Keys(etcd_prefix)
-        election = Election(client, keys, "coord-a", "a:7070", ttl_s=3.0)
+        refreshes: list[int] = []   # one entry as each lease refresh is sent (the previous one has finished)
+        election = Election(client, keys, "coord-a", "a:7070", ttl_s=3.0, refresh_hook=lambda: refreshes.append(1))
         try:
             assert election.acquire(timeout=10.0)
             store = Store(client, keys, election)
             task = store.create_task(types_pb2.Task(spec=types_pb2.TaskSpec(name="survivor")), request_id="r-1")
             killed = client.current_endpoint
-            etcd_cluster3.kill_member(etcd_cluster3.endpoints.index(killed))
-            cancelled = store.transition(task.id, task.revision, TaskState.CANCELLED, "after member loss")
-            assert store.get_task(task.id) == cancelled
-            assert client.current_endpoint != killed
-            time.sleep(election.ttl_s)  # several lease refreshes through the surviving members
+            with capture_logs() as logs:
+                sent_before = len(refreshes)
+                etcd_cluster3.kill_member(etcd_cluster3.endpoints.index(killed))
+                cancelled = store.transition(task.id, task.revision, TaskState.CANCELLED, "after member loss")
+                assert store.get_task(task.id) == cancelled
+                assert client.current_endpoint != killed
+
+                def refreshed() -> int:
+                    """Refreshes sent after the kill that etcd accepted (a later one has been sent since)."""
+                    finished = len(refreshes) - sent_before - 1
+                    return finished - sum(e["event"] == "lease_refresh_failed" for e in logs)
+
+                # several lease refreshes through the surviving members
+                wait_until(lambda: refreshed() >= 3, timeout_s=30, what="3 lease refreshes after the member loss")
             assert election.is_leader
             retry = types_pb2.Task(spec=types_pb2.TaskSpec(name="survivor"))
             assert store.create_task(retry, request_id="r-1").id == task.id
