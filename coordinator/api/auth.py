@@ -209,7 +209,7 @@ class Authenticator:
                 raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED,
                                   "bearer token is not recognised (unknown, removed, or this coordinator has no "
                                   "--admin-tokens)", cert.name if cert else "", cert.role if cert else "")
-            principal = Principal(who[0], who[1], "token")
+            principal = Principal(who.name, who.role, "token")
         if principal is None or principal.role not in ("admin", "viewer"):
             raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED if principal is None else
                               grpc.StatusCode.PERMISSION_DENIED,
