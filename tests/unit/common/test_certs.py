@@ -272,3 +272,31 @@ class TestCertsCommand:
         out = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines()[:2])
         (tmp_path / "t").write_text(out["line"] + "\n")
         assert tokens.TokenFile(tmp_path / "t").lookup(out["token"]) == tokens.TokenHolder("alice", "viewer")
+
+    def test_issue_and_token_with_queues(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """``--queues a,b`` puts the queues, in order, in the certificate and in the token's line."""
+        d = str(tmp_path / "pki")
+        assert ctl_main(["certs", "--dir", d, "ca", "create"]) == 0
+        assert ctl_main(["certs", "--dir", d, "issue", "admin", "alice", "--queues", "team-b,team-a"]) == 0
+        assert "queues team-b, team-a" in capsys.readouterr().out
+        ident = certs.identity_from_pem((tmp_path / "pki" / "admin-alice.crt").read_bytes())
+        assert ident.queues == ("team-b", "team-a")
+        assert ctl_main(["certs", "token", "alice", "admin", "--queues", "team-a"]) == 0
+        out = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines()[:2])
+        assert out["line"].endswith(" queues=team-a")
+        (tmp_path / "t").write_text(out["line"] + "\n")
+        assert tokens.TokenFile(tmp_path / "t").lookup(out["token"]) == \
+            tokens.TokenHolder("alice", "admin", ("team-a",))
+
+    @pytest.mark.parametrize("argv", [
+        ["issue", "admin", "alice", "--queues", "Team"], ["issue", "admin", "alice", "--queues", "a,,b"],
+        ["issue", "node", "gpu01", "--queues", "a"], ["token", "alice", "admin", "--queues", "a,a"],
+    ])
+    def test_bad_queues_are_usage_errors(self, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         argv: list[str]) -> None:
+        """Bad queue names, and queues on a node certificate, exit 2 naming the queues field; nothing is written."""
+        d = str(tmp_path / "pki")
+        assert ctl_main(["certs", "--dir", d, "ca", "create"]) == 0
+        assert ctl_main(["certs", "--dir", d, *argv]) == 2
+        assert "queues:" in capsys.readouterr().err
+        assert sorted(p.name for p in (tmp_path / "pki").iterdir()) == ["ca.crt", "ca.key"]
