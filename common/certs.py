@@ -8,7 +8,11 @@ Every certificate names one *principal* and one *role*:
 - ``coordinator``: a coordinator (server and client auth, SAN DNS/IP for every host name), also
   usable by an etcd member or as the coordinator's etcd client certificate.
 
-The role is the certificate's OU and, redundantly, a ``urn:gptrm:role:ROLE`` SAN URI. Keys are
+The role is the certificate's OU and, redundantly, a ``urn:gptrm:role:ROLE`` SAN URI. An
+``admin`` or ``viewer`` certificate may also name the queues its holder may submit to, one
+``urn:gptrm:queue:NAME`` SAN URI per queue, in order (the first is the holder's default queue;
+see :func:`validate_queues`); reading one back refuses the certificate when a queue URI is
+invalid, rather than dropping or widening it. Keys are
 ECDSA P-256, written 0600 and never overwritten. Nothing here shells out to openssl.
 
 Example::
@@ -17,6 +21,8 @@ Example::
     node = issue(Path("pki"), "node", ["gpu01"])       # pki/node-gpu01.crt, pki/node-gpu01.key
     ident = identity_from_pem(node.cert_path.read_bytes())
     assert (ident.role, ident.name) == ("node", "gpu01")
+    bob = issue(Path("pki"), "admin", ["bob"], queues=["ml-vision", "shared"])
+    assert identity_from_pem(bob.cert_path.read_bytes()).queues == ("ml-vision", "shared")
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ __all__ = [
     "CRL_FILE",
     "KINDS",
     "LIFETIME_DAYS",
+    "MAX_QUEUES",
+    "QUEUE_KINDS",
     "Identity",
     "Issued",
     "create_ca",
@@ -54,6 +62,7 @@ __all__ = [
     "load_crl_serials",
     "revoke",
     "validate_name",
+    "validate_queues",
 ]
 
 CA_CERT = "ca.crt"
@@ -63,9 +72,16 @@ KINDS = ("node", "admin", "viewer", "coordinator")
 LIFETIME_DAYS = {"ca": 3650, "node": 365, "coordinator": 365, "admin": 90, "viewer": 90}
 """Default validity per kind: a CA outlives many rotations; people's certificates expire soonest."""
 
+QUEUE_KINDS = ("admin", "viewer")
+"""The kinds of certificate that may name queues (people and tools, never nodes or coordinators)."""
+MAX_QUEUES = 32
+"""The most queues one credential names."""
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_QUEUE_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _ROLE_URI = "urn:gptrm:role:"
 _NODE_URI = "urn:gptrm:node:"
+_QUEUE_URI = "urn:gptrm:queue:"
 _BACKDATE = dt.timedelta(minutes=5)   # tolerate small clock skew between issuer and verifier
 
 Clock = Callable[[], dt.datetime]
@@ -87,6 +103,27 @@ def validate_name(name: str, field: str = "name") -> str:
     return name
 
 
+def validate_queues(queues: Sequence[str], field: str = "queues") -> tuple[str, ...]:
+    """Queue names as a credential holds them: each 1-63 of ``a-z``, ``0-9``, ``-`` (not starting
+    with ``-``), no repeats, at most :data:`MAX_QUEUES`; the order is kept (the first is the default).
+
+    :raises ValidationError: naming ``field`` and the offending value.
+    """
+    if isinstance(queues, str):
+        raise ValidationError(field, f"must be a sequence of queue names, got the string {queues!r}")
+    out = tuple(queues)
+    if len(out) > MAX_QUEUES:
+        raise ValidationError(field, f"at most {MAX_QUEUES} queues, got {len(out)}")
+    for q in out:
+        if not isinstance(q, str) or not _QUEUE_RE.fullmatch(q):
+            raise ValidationError(field, f"invalid queue name {q!r}: use 1-63 lower-case letters, digits or '-', "
+                                         "starting with a letter or digit")
+    repeated = sorted({q for q in out if out.count(q) > 1})
+    if repeated:
+        raise ValidationError(field, f"queue {repeated[0]!r} is named more than once")
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Issued:
     """Paths of a certificate and its private key just written."""
@@ -99,13 +136,18 @@ class Issued:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a certificate says its holder is."""
+    """Who a certificate says its holder is.
+
+    ``queues``: the queues the holder may submit to, in the certificate's order (the first is the
+    default); empty when the certificate names none.
+    """
 
     name: str
     role: str
     serial: int
     not_after: dt.datetime
     fingerprint_sha256: str
+    queues: tuple[str, ...] = ()
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
@@ -166,10 +208,11 @@ def create_ca(ca_dir: Path, *, common_name: str = "gptrm CA", days: int | None =
     return _write_pair(Path(ca_dir), "ca", cert, key)
 
 
-def _san(kind: str, names: Sequence[str]) -> list[x509.GeneralName]:
+def _san(kind: str, names: Sequence[str], queues: Sequence[str] = ()) -> list[x509.GeneralName]:
     out: list[x509.GeneralName] = [x509.UniformResourceIdentifier(_ROLE_URI + kind)]
     if kind == "node":
         out.append(x509.UniformResourceIdentifier(_NODE_URI + names[0]))
+    out.extend(x509.UniformResourceIdentifier(_QUEUE_URI + q) for q in queues)
     for n in names if kind in ("node", "coordinator") else ():
         try:
             out.append(x509.IPAddress(ipaddress.ip_address(n)))
@@ -179,14 +222,17 @@ def _san(kind: str, names: Sequence[str]) -> list[x509.GeneralName]:
 
 
 def issue(ca_dir: Path, kind: str, names: Sequence[str], *, out_dir: Path | None = None, days: int | None = None,
-          now: Clock = _utcnow) -> Issued:
+          now: Clock = _utcnow, queues: Sequence[str] = ()) -> Issued:
     """Issue a ``kind`` certificate signed by the CA in ``ca_dir``; writes ``KIND-NAME.crt/.key``.
 
     :param kind: one of :data:`KINDS`.
     :param names: the node/user name, or the coordinator's host names and IP addresses (first is the CN).
     :param days: validity (default :data:`LIFETIME_DAYS`); negative values issue already-expired
         certificates, which only tests want.
-    :raises ValidationError: unknown kind, no name, or a name with characters outside the allowed set.
+    :param queues: the queues the holder may submit to, first the default (``admin`` and
+        ``viewer`` only); one ``urn:gptrm:queue:NAME`` SAN URI each, in this order.
+    :raises ValidationError: unknown kind, no name, a name with characters outside the allowed set,
+        or queues that are invalid (:func:`validate_queues`) or given for a node or coordinator.
     :raises GptrmError: the CA is missing, or the files already exist.
     """
     if kind not in KINDS:
@@ -197,6 +243,9 @@ def issue(ca_dir: Path, kind: str, names: Sequence[str], *, out_dir: Path | None
         raise ValidationError("name", f"a {kind} certificate names exactly one principal, got {len(names)}")
     for n in names:
         validate_name(n, "host" if kind == "coordinator" else "name")
+    queues = validate_queues(queues)
+    if queues and kind not in QUEUE_KINDS:
+        raise ValidationError("queues", f"only {' and '.join(QUEUE_KINDS)} certificates name queues, not {kind}")
     ca_cert, ca_key = _load_ca(Path(ca_dir))
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gptrm"),
@@ -217,7 +266,7 @@ def issue(ca_dir: Path, kind: str, names: Sequence[str], *, out_dir: Path | None
                                          crl_sign=False, content_commitment=False, data_encipherment=False,
                                          key_agreement=True, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(x509.SubjectAlternativeName(_san(kind, names)), critical=False)
+            .add_extension(x509.SubjectAlternativeName(_san(kind, names, queues)), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     return _write_pair(Path(out_dir or ca_dir), f"{kind}-{names[0]}", cert, key)
@@ -226,14 +275,17 @@ def issue(ca_dir: Path, kind: str, names: Sequence[str], *, out_dir: Path | None
 def identity_from_pem(pem: bytes | str) -> Identity:
     """Read a peer certificate's principal and role (SAN URIs first, then OU and CN).
 
-    :raises ValidationError: unreadable certificate, no role, or a name outside the allowed set
-        (path or control characters are never turned into a node name).
+    :raises ValidationError: unreadable certificate, no role, a name outside the allowed set
+        (path or control characters are never turned into a node name), or a queue URI that is
+        invalid, repeated, one too many, or on a certificate whose role names no queues
+        (``certificate.queues``).
     """
     try:
         cert = x509.load_pem_x509_certificate(pem.encode() if isinstance(pem, str) else pem)
     except ValueError as e:
         raise ValidationError("certificate", f"cannot be parsed: {e}") from None
     role, name = "", ""
+    queues: list[str] = []
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
@@ -241,6 +293,8 @@ def identity_from_pem(pem: bytes | str) -> Identity:
                 role = uri[len(_ROLE_URI):]
             elif uri.startswith(_NODE_URI):
                 name = uri[len(_NODE_URI):]
+            elif uri.startswith(_QUEUE_URI):
+                queues.append(uri[len(_QUEUE_URI):])
     except x509.ExtensionNotFound:
         pass
     subject = cert.subject
@@ -251,8 +305,11 @@ def identity_from_pem(pem: bytes | str) -> Identity:
     if role not in KINDS:
         raise ValidationError("certificate.role", f"no gptrm role (OU or {_ROLE_URI}ROLE URI), got {role!r}")
     validate_name(name, "certificate.name")
+    held = validate_queues(queues, "certificate.queues")
+    if held and role not in QUEUE_KINDS:
+        raise ValidationError("certificate.queues", f"a {role} certificate names no queues, got {list(held)}")
     return Identity(name=name, role=role, serial=cert.serial_number, not_after=cert.not_valid_after_utc,
-                    fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex())
+                    fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(), queues=held)
 
 
 def revoke(ca_dir: Path, cert_path: Path, *, now: Clock = _utcnow, next_update_days: int = 30) -> Path:

@@ -18,6 +18,7 @@ __all__ = [
     "NoData",
     "NotFound",
     "NotLeader",
+    "PermissionDenied",
     "PlacementError",
     "Unavailable",
     "UsageError",
@@ -48,6 +49,21 @@ class ValidationError(GptrmError):
 
 class NotFound(GptrmError):
     """A node, task or key that the request names does not exist."""
+
+
+class PermissionDenied(GptrmError):
+    """The caller is authenticated, but its credentials do not allow what it asked for (a queue
+    its credential does not name). The Admin API answers PERMISSION_DENIED and audits the refusal.
+
+    :param message: what was refused and what the caller may do instead.
+    :param principal: the caller's name, for the audit record.
+    :param role: the caller's role, for the audit record.
+    """
+
+    def __init__(self, message: str, principal: str = "", role: str = "") -> None:
+        super().__init__(message)
+        self.principal = principal
+        self.role = role
 
 
 class Unavailable(GptrmError):

@@ -2,6 +2,8 @@
 
 - ValidationError → INVALID_ARGUMENT (the message names the field);
 - NotFound → NOT_FOUND;
+- PermissionDenied (a queue the caller's credential does not name) → PERMISSION_DENIED, which
+  the auth interceptor audits as ``refused``;
 - NotLeader → FAILED_PRECONDITION, with the leader's address in trailing metadata
   ``gptrm-leader-address`` so clients can follow it;
 - IllegalTransition / Fenced → FAILED_PRECONDITION;
@@ -30,6 +32,7 @@ from common.errors import (
     IllegalTransition,
     NotFound,
     NotLeader,
+    PermissionDenied,
     PlacementError,
     Unavailable,
     ValidationError,
@@ -75,6 +78,8 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NotFound as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except PermissionDenied as e:   # the interceptor audits the answer as refused
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         except NotLeader as e:
             if self._app.leadership.stale:
                 # No leader because etcd is unreachable from here: a refusal with its cause, not a

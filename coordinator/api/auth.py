@@ -19,6 +19,19 @@ Without TLS and without tokens (``--insecure`` alone: ``make run``, loopback tes
 checked and callers act as ``anonymous`` admins; the coordinator logs a warning at start and
 ``gptrmctl status`` shows it.
 
+Queues: a certificate or token may also name the queues its holder may submit to (the first is
+its default); the principal carries them (``Principal.queues``), taken from the token when one
+is presented, else from the certificate. A principal that names no queues may use any queue
+(``Principal.any_queue``): the ``anonymous`` principal of the open mode, and credentials issued
+without queues. :func:`queue_refusal` is the check a servicer makes; it returns a
+:class:`~common.errors.PermissionDenied` to raise, which the interceptor answers with
+PERMISSION_DENIED and audits as ``refused`` with its reason (as it does any handler that answers
+PERMISSION_DENIED).
+
+The servicer reads the call's principal with :func:`current_principal`: the interceptor sets it,
+in a context variable, before the handler runs (every handler kind; one asyncio task per call,
+so it never leaks into another call).
+
 Example::
 
     security = Security.from_config(cfg, core.events)
@@ -29,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -39,13 +53,14 @@ import grpc
 import grpc.aio
 
 from common.certs import identity_from_pem, load_crl_serials
-from common.errors import ConfigError, GptrmError, ValidationError
+from common.errors import ConfigError, GptrmError, PermissionDenied, ValidationError
 from common.logging import get_logger
 from common.tls import ServerTls, tls_files
 from common.tokens import TokenFile
 from coordinator.api.audit import AuditLog
 
-__all__ = ["AuthInterceptor", "AuthRefused", "Authenticator", "Principal", "Security", "required_role"]
+__all__ = ["AuthInterceptor", "AuthRefused", "Authenticator", "Principal", "Security", "current_principal",
+           "queue_refusal", "required_role"]
 
 ADMIN_SERVICE = "gptrm.v1.Admin"
 GATEWAY_SERVICE = "gptrm.v1.AgentGateway"
@@ -62,11 +77,55 @@ class Principal:
     :param name: certificate CN/SAN name, token name, or ``anonymous``.
     :param role: ``admin``, ``viewer``, ``node``, ``coordinator``.
     :param via: ``certificate``, ``token`` or ``none`` (no authentication configured).
+    :param queues: the queues the credential names, in its order (the first is the default);
+        empty when it names none, which means any queue (:attr:`any_queue`).
     """
 
     name: str
     role: str
     via: str
+    queues: tuple[str, ...] = ()
+
+    @property
+    def any_queue(self) -> bool:
+        """Whether this principal may use any queue: its credential names none (the open mode's
+        ``anonymous``, and certificates and tokens issued without queues)."""
+        return not self.queues
+
+    @property
+    def default_queue(self) -> str:
+        """The queue a submission that names none goes to for this principal ("" when :attr:`any_queue`)."""
+        return self.queues[0] if self.queues else ""
+
+
+_CURRENT: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("gptrm_principal", default=None)
+
+
+def current_principal() -> Principal | None:
+    """The principal of the call being handled, as the interceptor admitted it.
+
+    None outside a call, in open methods (Health), and in a servicer served without the
+    :class:`AuthInterceptor`.
+    """
+    return _CURRENT.get()
+
+
+def queue_refusal(principal: Principal | None, queue: str) -> PermissionDenied | None:
+    """The refusal to raise when ``principal`` may not submit to ``queue``, or None when it may.
+
+    :param principal: the caller (:func:`current_principal`); None (no interceptor admitted the
+        call) is refused, never taken as "any queue".
+    :param queue: the queue the call asks for, after resolving the default
+        (:attr:`Principal.default_queue`).
+    :returns: a :class:`~common.errors.PermissionDenied` naming the queue, the caller and the
+        queues it may use, e.g. ``queue 'a': 'bob' may submit to b, c``.
+    """
+    if principal is None:
+        return PermissionDenied(f"queue {queue!r}: the call has no authenticated principal")
+    if principal.any_queue or queue in principal.queues:
+        return None
+    return PermissionDenied(f"queue {queue!r}: {principal.name!r} may submit to {', '.join(principal.queues)}",
+                            principal.name, principal.role)
 
 
 class AuthRefused(GptrmError):
@@ -170,7 +229,7 @@ class Authenticator:
             raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED,
                               f"client certificate {ident.name!r} (serial {ident.serial:x}) is revoked",
                               ident.name, ident.role)
-        return Principal(ident.name, ident.role, "certificate")
+        return Principal(ident.name, ident.role, "certificate", ident.queues)
 
     def authorize(self, method: str, metadata: Iterable[tuple[str, Any]] | None,
                   auth_context: Mapping[str, Iterable[bytes]] | None) -> Principal | None:
@@ -209,7 +268,7 @@ class Authenticator:
                 raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED,
                                   "bearer token is not recognised (unknown, removed, or this coordinator has no "
                                   "--admin-tokens)", cert.name if cert else "", cert.role if cert else "")
-            principal = Principal(who[0], who[1], "token")
+            principal = Principal(who.name, who.role, "token", who.queues)   # the token's queues, not the certificate's
         if principal is None or principal.role not in ("admin", "viewer"):
             raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED if principal is None else
                               grpc.StatusCode.PERMISSION_DENIED,
@@ -267,29 +326,61 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def finish(self, principal: Principal | None, method: str, context: grpc.aio.ServicerContext,
                request: Any, response: Any, error: BaseException | None) -> None:
-        """Audit a state-changing call's outcome."""
-        code = context.code() if error is not None else None
-        ok = error is None or code in (None, grpc.StatusCode.OK)
-        reason = "" if ok else f"{code.name if code else type(error).__name__}: {context.details() or error}"
+        """Audit a call's outcome: ``ok``, ``refused`` (the handler refused the caller:
+        :class:`~common.errors.PermissionDenied`, or an answer of PERMISSION_DENIED) or ``error``."""
         p = principal or Principal("anonymous", "", "none")
+        if isinstance(error, PermissionDenied):
+            outcome, reason = "refused", f"PERMISSION_DENIED: {error}"
+        else:
+            code = context.code() if error is not None else None
+            ok = error is None or code in (None, grpc.StatusCode.OK)
+            outcome = "ok" if ok else "refused" if code == grpc.StatusCode.PERMISSION_DENIED else "error"
+            reason = "" if ok else f"{code.name if code else type(error).__name__}: {context.details() or error}"
         self.audit.record(principal=p.name, role=p.role, method=method.rsplit("/", 1)[-1],
-                          target=_target(request, response), outcome="ok" if ok else "error", reason=reason)
+                          target=_target(request, response), outcome=outcome, reason=reason)
+
+    async def failed(self, principal: Principal | None, method: str, context: grpc.aio.ServicerContext,
+                     request: Any, error: BaseException, audited: bool) -> None:
+        """After the handler raised ``error``: audit it when the method is audited or an Admin
+        handler refused the caller, and answer a :class:`~common.errors.PermissionDenied` with
+        PERMISSION_DENIED (a handler may raise one without translating it itself). The
+        AgentGateway audits its own refusals (``agent_guard``), so an answer of PERMISSION_DENIED
+        there is not recorded twice."""
+        if isinstance(error, PermissionDenied):
+            self.finish(principal, method, context, request, None, error)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
+        if audited or (method.startswith(f"/{ADMIN_SERVICE}/") and _code(context) == grpc.StatusCode.PERMISSION_DENIED):
+            self.finish(principal, method, context, request, None, error)
+
+
+def _code(context: grpc.aio.ServicerContext) -> grpc.StatusCode | None:
+    try:
+        return context.code()
+    except Exception:   # a context that cannot say (the call already torn down): not a refusal
+        return None
 
 
 def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
-    """The same kind of handler, with admission (and, for writes, auditing) around the behaviour."""
+    """The same kind of handler, with admission, the current principal (:func:`current_principal`)
+    and auditing (of writes, and of refusals by the handler) around the behaviour.
+
+    Each call runs in its own asyncio task, with its own copy of the context, so setting the
+    principal cannot reach another call; the coroutine handlers also reset it when they end.
+    """
     kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.unary_unary is not None:
         inner = handler.unary_unary
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             principal = await ic.admit(method, context, request)
+            token = _CURRENT.set(principal)
             try:
                 response = await inner(request, context)
             except BaseException as e:
-                if audited:
-                    ic.finish(principal, method, context, request, None, e)
+                await ic.failed(principal, method, context, request, e, audited)
                 raise
+            finally:
+                _CURRENT.reset(token)
             if audited:
                 ic.finish(principal, method, context, request, response, None)
             return response
@@ -299,7 +390,7 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
 
         async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
             principal = await ic.admit(method, context, request)
-            error: BaseException | None = None
+            _CURRENT.set(principal)
             try:
                 result = inner_us(request, context)
                 if inspect.isasyncgen(result):
@@ -308,29 +399,40 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
                 else:
                     await result
             except BaseException as e:
-                error = e
+                await ic.failed(principal, method, context, request, e, audited)
                 raise
-            finally:
-                if audited:   # an admin-only read (TaskLogs): one record when the stream ends
-                    ic.finish(principal, method, context, request, None, error)
+            if audited:   # an admin-only read (TaskLogs): one record when the stream ends
+                ic.finish(principal, method, context, request, None, None)
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
     if handler.stream_unary is not None:
         inner_su = handler.stream_unary
 
         async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            await ic.admit(method, context)
-            return await inner_su(requests, context)
+            principal = await ic.admit(method, context)
+            token = _CURRENT.set(principal)
+            try:
+                return await inner_su(requests, context)
+            except BaseException as e:
+                await ic.failed(principal, method, context, None, e, audited)
+                raise
+            finally:
+                _CURRENT.reset(token)
         return grpc.stream_unary_rpc_method_handler(stream_unary, **kw)
     inner_ss = handler.stream_stream
 
     async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        await ic.admit(method, context)
-        result = inner_ss(requests, context)
-        if inspect.isasyncgen(result):
-            async for item in result:
-                yield item
-        else:
-            await result
+        principal = await ic.admit(method, context)
+        _CURRENT.set(principal)
+        try:
+            result = inner_ss(requests, context)
+            if inspect.isasyncgen(result):
+                async for item in result:
+                    yield item
+            else:
+                await result
+        except BaseException as e:
+            await ic.failed(principal, method, context, None, e, audited)
+            raise
     return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
 
 

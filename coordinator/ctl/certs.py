@@ -2,8 +2,10 @@
 
     gptrmctl certs ca create [--dir DIR]
     gptrmctl certs issue node NAME | admin NAME | viewer NAME | coordinator HOST [HOST...] [--days N]
+                         [--queues A,B]    (admin/viewer: the queues the holder may submit to, first the default)
     gptrmctl certs revoke CERT_FILE            (adds it to DIR/crl.pem; coordinators read --tls-crl)
-    gptrmctl certs token NAME admin|viewer     (prints the token once and the --admin-tokens line)
+    gptrmctl certs token NAME admin|viewer [--queues A,B]
+                                               (prints the token once and the --admin-tokens line)
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ _days = int_between(1, MAX_DAYS, unit="days", why=" (a validity that has not alr
 """The argparse type of ``--days``: a validity that has not already ended, 1 to :data:`MAX_DAYS`."""
 
 
+def _queues(text: str) -> tuple[str, ...]:
+    """The argparse type of ``--queues``: comma-separated queue names (checked when used)."""
+    return tuple(q.strip() for q in text.split(","))
+
+
+_QUEUES_HELP = ("comma-separated queues the holder may submit to, the first its default "
+                "(lower-case letters, digits, '-'; at most 32). Without it the credential names no queue "
+                "and may submit to any")
+
+
 def _ca_create(args: argparse.Namespace) -> None:
     issued = certs.create_ca(_dir(args), common_name=args.name, days=args.days)
     print(f"CA created: {issued.cert_path} (key {issued.key_path}, mode 0600), valid until "
@@ -55,9 +67,10 @@ def _ca_create(args: argparse.Namespace) -> None:
 
 def _issue(args: argparse.Namespace) -> None:
     issued = certs.issue(_dir(args), args.kind, args.names, out_dir=Path(args.out) if args.out else None,
-                         days=args.days)
+                         days=args.days, queues=args.queues)
+    queues = f", queues {', '.join(args.queues)}" if args.queues else ""
     print(f"{args.kind} certificate for {args.names[0]}: {issued.cert_path} (key {issued.key_path}, mode 0600), "
-          f"serial {issued.serial:x}, valid until {issued.not_after:%Y-%m-%d}")
+          f"serial {issued.serial:x}, valid until {issued.not_after:%Y-%m-%d}{queues}")
 
 
 def _revoke(args: argparse.Namespace) -> None:
@@ -67,7 +80,7 @@ def _revoke(args: argparse.Namespace) -> None:
 
 def _token(args: argparse.Namespace) -> None:
     token = tokens.new_token()
-    line = tokens.token_line(args.name, args.role, token)
+    line = tokens.token_line(args.name, args.role, token, queues=args.queues)
     print(f"token   {token}\nline    {line}\n(add the line to the coordinator's --admin-tokens file; "
           "the token is not stored anywhere)")
 
@@ -94,6 +107,7 @@ def add_certs_parser(subparsers: Any, parser_class: type[argparse.ArgumentParser
     iss.add_argument("--days", type=_days, default=None,
                      help="validity (default node/coordinator 365, admin/viewer 90)")
     iss.add_argument("--out", help="where to write the certificate and key (default: the CA directory)")
+    iss.add_argument("--queues", type=_queues, default=(), metavar="A,B", help="admin/viewer only: " + _QUEUES_HELP)
     iss.set_defaults(fn=_run(_issue))
     rev = csub.add_parser("revoke", help="revoke a certificate (CA-signed CRL in the CA directory)")
     rev.add_argument("cert", metavar="CERT_FILE")
@@ -101,5 +115,6 @@ def add_certs_parser(subparsers: Any, parser_class: type[argparse.ArgumentParser
     tok = csub.add_parser("token", help="a new bearer token and its --admin-tokens line")
     tok.add_argument("name")
     tok.add_argument("role", choices=tokens.TOKEN_ROLES)
+    tok.add_argument("--queues", type=_queues, default=(), metavar="A,B", help=_QUEUES_HELP)
     tok.set_defaults(fn=_run(_token))
     return sp

@@ -9,9 +9,10 @@ import grpc
 import pytest
 
 from common import certs
+from common.errors import PermissionDenied
 from common.tokens import TokenFile, new_token, token_line
 from coordinator.api.audit import AuditLog
-from coordinator.api.auth import Authenticator, AuthRefused, required_role
+from coordinator.api.auth import Authenticator, AuthRefused, Principal, queue_refusal, required_role
 from coordinator.events import EventBus
 
 
@@ -25,6 +26,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     certs.create_ca(d)
     for kind, name in (("node", "n1"), ("admin", "alice"), ("viewer", "eve"), ("coordinator", "c1")):
         certs.issue(d, kind, [name])
+    certs.issue(d, "admin", ["bob"], queues=["team-b", "team-c"])
     return d
 
 
@@ -100,6 +102,43 @@ class TestAuthenticator:
         with pytest.raises(AuthRefused, match="no valid gptrm principal") as e:
             Authenticator(tls=True).authorize("/gptrm.v1.AgentGateway/Connect", (), ctx)
         assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+class TestQueues:
+    def test_certificate_principal_carries_its_queues(self, pki: Path) -> None:
+        """A certificate's queues reach the principal in order; the first is the default."""
+        p = Authenticator(tls=True).authorize("/gptrm.v1.Admin/SubmitTask", (), _ctx(pki, "admin-bob"))
+        assert p == Principal("bob", "admin", "certificate", ("team-b", "team-c"))
+        assert p.default_queue == "team-b" and not p.any_queue
+        alice = Authenticator(tls=True).authorize("/gptrm.v1.Admin/SubmitTask", (), _ctx(pki, "admin-alice"))
+        assert alice.queues == () and alice.any_queue and alice.default_queue == ""
+
+    def test_token_queues_replace_the_certificate_queues(self, pki: Path, tmp_path: Path) -> None:
+        """A token outranks the certificate it arrives with, queues included (none named: any queue)."""
+        with_queues, without = new_token(), new_token()
+        (tmp_path / "t").write_text(token_line("ci", "admin", with_queues, queues=["team-x"]) + "\n"
+                                    + token_line("ops", "admin", without) + "\n")
+        a = Authenticator(tls=True, tokens=TokenFile(tmp_path / "t"))
+        method = "/gptrm.v1.Admin/SubmitTask"
+        p = a.authorize(method, (("authorization", f"Bearer {with_queues}"),), _ctx(pki, "admin-bob"))
+        assert p == Principal("ci", "admin", "token", ("team-x",))
+        p = a.authorize(method, (("authorization", f"Bearer {without}"),), _ctx(pki, "admin-bob"))
+        assert p == Principal("ops", "admin", "token", ()) and p.any_queue
+
+    def test_open_mode_may_use_any_queue(self) -> None:
+        """The open mode's anonymous admin names no queues, so it may use any."""
+        p = Authenticator(tls=False).authorize("/gptrm.v1.Admin/SubmitTask", (), None)
+        assert p is not None and p.any_queue and queue_refusal(p, "whatever") is None
+
+    def test_queue_refusal(self) -> None:
+        """A named queue passes; another is a PermissionDenied naming the queue, the caller and its queues."""
+        bob = Principal("bob", "admin", "token", ("b", "c"))
+        assert queue_refusal(bob, "c") is None
+        refusal = queue_refusal(bob, "a")
+        assert isinstance(refusal, PermissionDenied)
+        assert str(refusal) == "queue 'a': 'bob' may submit to b, c"
+        assert (refusal.principal, refusal.role) == ("bob", "admin")
+        assert isinstance(queue_refusal(None, "a"), PermissionDenied)   # no admitted caller: never "any queue"
 
 
 class TestAuditLog:
