@@ -1,0 +1,66 @@
+"""Team queues: the pure model (no etcd, no gRPC, no clock).
+
+- :mod:`~coordinator.queues.model` — the queue tree (:class:`Queue`, :class:`QueueConfig`), GPU
+  pools, access (``may_submit``, ``default_queue``), :class:`Budget` and :class:`Prices`.
+- :mod:`~coordinator.queues.tomlfile` — the configuration file (:func:`load_toml`).
+- :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning, the gate past 100 %,
+  and :func:`cost`.
+
+Everything here works on plain values passed in (what each queue holds, the cluster's capacity,
+``now``); the scheduler, etcd storage, gptrmctl and authentication build those values and act on
+the answers.
+"""
+
+from __future__ import annotations
+
+from coordinator.queues.budget import (
+    WARN_FRACTION,
+    BudgetState,
+    Gate,
+    budget_gate,
+    budget_state,
+    cost,
+    period_start,
+    warning_due,
+)
+from coordinator.queues.model import (
+    ANY_MODEL,
+    DEFAULT_HALF_LIFE_H,
+    DEFAULT_QUEUE,
+    NAME_PATTERN,
+    Budget,
+    BudgetAction,
+    BudgetKind,
+    BudgetPeriod,
+    Prices,
+    Queue,
+    QueueConfig,
+    normalise_model,
+)
+from coordinator.queues.tomlfile import dumps_toml, load_toml, loads_toml
+
+__all__ = [
+    "ANY_MODEL",
+    "DEFAULT_HALF_LIFE_H",
+    "DEFAULT_QUEUE",
+    "NAME_PATTERN",
+    "WARN_FRACTION",
+    "Budget",
+    "BudgetAction",
+    "BudgetKind",
+    "BudgetPeriod",
+    "BudgetState",
+    "Gate",
+    "Prices",
+    "Queue",
+    "QueueConfig",
+    "budget_gate",
+    "budget_state",
+    "cost",
+    "dumps_toml",
+    "load_toml",
+    "loads_toml",
+    "normalise_model",
+    "period_start",
+    "warning_due",
+]
