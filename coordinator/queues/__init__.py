@@ -3,6 +3,7 @@
 - :mod:`~coordinator.queues.model` — the queue tree (:class:`Queue`, :class:`QueueConfig`), GPU
   pools, access (``may_submit``, ``default_queue``), :class:`Budget` and :class:`Prices`.
 - :mod:`~coordinator.queues.tomlfile` — the configuration file (:func:`load_toml`).
+- :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`).
 - :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning, the gate past 100 %,
   and :func:`cost`.
 
@@ -13,6 +14,7 @@ the answers.
 
 from __future__ import annotations
 
+from coordinator.queues.admission import Admission, Demand, Held, PoolState, QueueUse, admit, pool_state
 from coordinator.queues.budget import (
     WARN_FRACTION,
     BudgetState,
@@ -45,15 +47,21 @@ __all__ = [
     "DEFAULT_QUEUE",
     "NAME_PATTERN",
     "WARN_FRACTION",
+    "Admission",
     "Budget",
     "BudgetAction",
     "BudgetKind",
     "BudgetPeriod",
     "BudgetState",
+    "Demand",
     "Gate",
+    "Held",
+    "PoolState",
     "Prices",
     "Queue",
     "QueueConfig",
+    "QueueUse",
+    "admit",
     "budget_gate",
     "budget_state",
     "cost",
@@ -62,5 +70,6 @@ __all__ = [
     "loads_toml",
     "normalise_model",
     "period_start",
+    "pool_state",
     "warning_due",
 ]
