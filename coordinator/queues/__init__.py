@@ -4,6 +4,8 @@
   pools, access (``may_submit``, ``default_queue``), :class:`Budget` and :class:`Prices`.
 - :mod:`~coordinator.queues.tomlfile` — the configuration file (:func:`load_toml`).
 - :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`).
+- :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
+  (:class:`UsageDecay`, :func:`order_queues`, :func:`order_pending`).
 - :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning, the gate past 100 %,
   and :func:`cost`.
 
@@ -25,6 +27,7 @@ from coordinator.queues.budget import (
     period_start,
     warning_due,
 )
+from coordinator.queues.fairshare import Consumed, Pending, UsageDecay, order_pending, order_queues, weighted_share
 from coordinator.queues.model import (
     ANY_MODEL,
     DEFAULT_HALF_LIFE_H,
@@ -53,14 +56,17 @@ __all__ = [
     "BudgetKind",
     "BudgetPeriod",
     "BudgetState",
+    "Consumed",
     "Demand",
     "Gate",
     "Held",
+    "Pending",
     "PoolState",
     "Prices",
     "Queue",
     "QueueConfig",
     "QueueUse",
+    "UsageDecay",
     "admit",
     "budget_gate",
     "budget_state",
@@ -69,7 +75,10 @@ __all__ = [
     "load_toml",
     "loads_toml",
     "normalise_model",
+    "order_pending",
+    "order_queues",
     "period_start",
     "pool_state",
     "warning_due",
+    "weighted_share",
 ]
