@@ -6,6 +6,7 @@
 - :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`).
 - :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
   (:class:`UsageDecay`, :func:`order_queues`, :func:`order_pending`).
+- :mod:`~coordinator.queues.reclaim` — taking borrowed GPUs back (:func:`reclaim_victims`).
 - :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning, the gate past 100 %,
   and :func:`cost`.
 
@@ -42,6 +43,7 @@ from coordinator.queues.model import (
     QueueConfig,
     normalise_model,
 )
+from coordinator.queues.reclaim import Holding, Victim, reclaim_victims
 from coordinator.queues.tomlfile import dumps_toml, load_toml, loads_toml
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "Demand",
     "Gate",
     "Held",
+    "Holding",
     "Pending",
     "PoolState",
     "Prices",
@@ -67,6 +70,7 @@ __all__ = [
     "QueueConfig",
     "QueueUse",
     "UsageDecay",
+    "Victim",
     "admit",
     "budget_gate",
     "budget_state",
@@ -79,6 +83,7 @@ __all__ = [
     "order_queues",
     "period_start",
     "pool_state",
+    "reclaim_victims",
     "warning_due",
     "weighted_share",
 ]
