@@ -120,6 +120,8 @@ def configs(draw: st.DrawFn) -> QueueConfig:
     for i, name in enumerate(queue_names):
         gpus = draw(st.dictionaries(models, st.integers(0, 16), max_size=2))
         limit = {m: q + draw(st.integers(0, 8)) for m, q in gpus.items() if draw(st.booleans())}
+        if "*" in limit:                            # the "*" limit stands in for models without their own
+            limit["*"] = max(limit["*"], *(q for m, q in gpus.items() if m not in limit), 0)
         lend = {m: draw(st.integers(0, q)) for m, q in gpus.items() if draw(st.booleans())}
         default_for = tuple(w for w in draw(st.lists(identities, max_size=2, unique=True)) if w not in defaults)
         defaults.update(default_for)
