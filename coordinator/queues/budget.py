@@ -12,7 +12,8 @@ when to warn, and what its new work may do past 100 %.
   with ``action = "lowest"`` and no other queue waiting: run at the lowest priority on capacity
   nobody else waits for); ``hold`` (past 100 % with ``action = "hold"``, or ``lowest`` while
   another queue waits). Running work is never stopped by a budget.
-- :func:`cost` — what GPU-seconds per model and energy cost at :class:`~coordinator.queues.model.Prices`.
+- :func:`cost` — what GPU-seconds per model and energy cost at :class:`~coordinator.queues.model.Prices`;
+  :func:`consumed` — the same usage in a budget kind's unit (GPU-hours, kWh or cost), for ``used``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Literal, NamedTuple
 
-from coordinator.queues.model import Budget, BudgetPeriod, Prices, Queue
+from coordinator.queues.model import Budget, BudgetKind, BudgetPeriod, Prices, Queue
 
-__all__ = ["WARN_FRACTION", "BudgetState", "Gate", "budget_gate", "budget_state", "cost", "period_start",
-           "warning_due"]
+__all__ = ["WARN_FRACTION", "BudgetState", "Gate", "budget_gate", "budget_state", "consumed", "cost",
+           "period_start", "warning_due"]
 
 WARN_FRACTION = 0.8
 """Past this fraction of its budget, a queue's owners are told (once per period)."""
@@ -85,3 +86,12 @@ def cost(gpu_seconds_by_model: Mapping[str, float], energy_j: float, prices: Pri
     price per kWh."""
     gpu = sum(seconds / 3600.0 * prices.gpu_hour(model) for model, seconds in gpu_seconds_by_model.items())
     return gpu + energy_j / _J_PER_KWH * prices.per_kwh
+
+
+def consumed(kind: BudgetKind, gpu_seconds_by_model: Mapping[str, float], energy_j: float, prices: Prices) -> float:
+    """Usage in the unit of a budget ``kind``: GPU-hours, kWh, or :func:`cost`."""
+    if kind == "gpu_hours":
+        return sum(gpu_seconds_by_model.values()) / 3600.0
+    if kind == "kwh":
+        return energy_j / _J_PER_KWH
+    return cost(gpu_seconds_by_model, energy_j, prices)

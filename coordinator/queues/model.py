@@ -16,10 +16,13 @@ the queue has no entry for, so a queue's ``limit = {"*" = 8}`` bounds it in ever
 
 A parent's quota bounds its children: where a parent has a quota entry, the children's entries
 for that key must not add up to more (the same for ``cpu`` and ``mem_gib``). A parent's ``limit``
-bounds what its whole subtree holds beyond quota (:mod:`coordinator.queues.admission`).
+bounds what its whole subtree holds, so a parent whose limit equals its quota keeps its children's
+borrowing among themselves (:mod:`coordinator.queues.admission`). Only leaf queues take tasks and
+lend; an inner queue with a ``lend`` entry is refused, since nothing would honour it.
 
-``weight`` is a queue's share of what nobody is guaranteed (:mod:`coordinator.queues.fairshare`);
-``cpu`` and ``mem_gib`` are optional hard caps on the cores and memory its tasks ask for.
+``weight`` is a leaf queue's share of what nobody is guaranteed (:mod:`coordinator.queues.fairshare`;
+an inner queue's weight is not used); ``cpu`` and ``mem_gib`` are optional hard caps on the cores
+and memory the tasks of the queue (of its subtree, for an inner queue) ask for in all.
 
 Access: ``members`` may submit to the queue (``"*"`` = anyone), and so may every identity the queue
 is the default of (``default_for``, where ``"*"`` makes it everyone's default unless they have
@@ -540,6 +543,9 @@ class QueueConfig:
             kids = [q for q in self.queues if q.parent == parent.name]
             if not kids:
                 continue
+            if parent.lend:
+                raise ValidationError(f"{where[parent.name]}.lend",
+                                      f"queue {parent.name} has child queues; only leaf queues lend")
             for model, quota in parent.gpus.items():
                 total = sum(k.gpus.get(model, 0) for k in kids)
                 if total > quota:

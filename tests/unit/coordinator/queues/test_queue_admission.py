@@ -163,3 +163,18 @@ def test_invalid_demands_name_the_field(demand: Demand, field: str) -> None:
     with pytest.raises(ValidationError) as excinfo:
         admit(two_teams(), {}, CAPACITY, demand)
     assert excinfo.value.field == field
+
+
+def test_a_parent_limited_to_its_quota_keeps_borrowing_among_its_children() -> None:
+    config = QueueConfig(queues=(
+        Queue("org", gpus={"*": 4}, limit={"*": 4}),
+        Queue("a", parent="org", gpus={"*": 2}),
+        Queue("b", parent="org", gpus={"*": 2}),
+        Queue("other", gpus={"*": 4}),
+    ))
+    capacity = {H100: 8}
+    assert admit(config, {}, capacity, Demand("a", H100, 4)).borrowed == 2          # b's idle quota
+    decision = admit(config, {"b": use(2)}, capacity, Demand("a", H100, 3))          # would need other's
+    assert not decision.admit
+    assert decision.reason == "queue org (above a): 5 would exceed its limit 4"
+    assert admit(config, {}, capacity, Demand("other", H100, 8)).borrowed == 4      # others may borrow org's

@@ -16,6 +16,7 @@ from coordinator.queues import (
     Queue,
     budget_gate,
     budget_state,
+    consumed,
     cost,
     period_start,
     warning_due,
@@ -99,3 +100,11 @@ def test_cost_prices_gpu_hours_per_model_and_energy() -> None:
     assert cost({H100: 7200, "L4": 3600}, 3.6e6 * 4, prices) == pytest.approx(2 * 3.0 + 1.0 + 4 * 0.5)
     assert cost({}, 0.0, prices) == 0.0
     assert cost({"L4": 3600}, 0.0, Prices({H100: 3.0})) == 0.0    # neither listed nor "*"
+
+
+def test_consumed_is_in_the_budget_kinds_unit() -> None:
+    prices = Prices({"*": 2.0}, per_kwh=0.5)
+    usage = ({H100: 3600.0, "L4": 1800.0}, 7.2e6)
+    assert consumed("gpu_hours", *usage, prices) == pytest.approx(1.5)
+    assert consumed("kwh", *usage, prices) == pytest.approx(2.0)
+    assert consumed("cost", *usage, prices) == pytest.approx(1.5 * 2.0 + 2.0 * 0.5)

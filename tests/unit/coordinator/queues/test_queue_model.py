@@ -66,6 +66,7 @@ def test_tree_navigation() -> None:
     ((Queue("p", gpus={"*": 4}), Queue("a", parent="p", gpus={"*": 3}), Queue("b", parent="p", gpus={"*": 2})),
      'queue[0].gpus["*"]', "add up to 5, more than its 4"),
     ((Queue("p", cpu=8), Queue("a", parent="p", cpu=6), Queue("b", parent="p", cpu=6)), "queue[0].cpu", "add up to 12"),
+    ((Queue("p", gpus={"*": 4}, lend={"*": 1}), Queue("a", parent="p")), "queue[0].lend", "only leaf queues lend"),
     ((Queue("a", budget=Budget("watts", 1)),), "queue[0].budget.kind", "not one of"),  # type: ignore[arg-type]
     ((Queue("a", budget=Budget("kwh", 0)),), "queue[0].budget.amount", "positive"),
     ((Queue("a", budget=Budget("kwh", 1, period="year")),), "queue[0].budget.period", "not one of"),  # type: ignore[arg-type]
