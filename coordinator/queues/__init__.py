@@ -6,6 +6,8 @@
 - :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`).
 - :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
   (:class:`UsageDecay`, :func:`order_queues`, :func:`order_pending`).
+- :mod:`~coordinator.queues.holdings` — running tasks (:class:`Holding`), their ``borrowed`` counts
+  recomputed (:func:`rebalance`) and summed per queue (:func:`queue_use`).
 - :mod:`~coordinator.queues.reclaim` — taking borrowed GPUs back (:func:`reclaim_victims`).
 - :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning, the gate past 100 %,
   and :func:`cost`.
@@ -30,6 +32,7 @@ from coordinator.queues.budget import (
     warning_due,
 )
 from coordinator.queues.fairshare import Consumed, Pending, UsageDecay, order_pending, order_queues, weighted_share
+from coordinator.queues.holdings import Holding, queue_use, rebalance
 from coordinator.queues.model import (
     ANY_MODEL,
     DEFAULT_HALF_LIFE_H,
@@ -44,7 +47,7 @@ from coordinator.queues.model import (
     QueueConfig,
     normalise_model,
 )
-from coordinator.queues.reclaim import Holding, Victim, reclaim_victims
+from coordinator.queues.reclaim import Victim, reclaim_victims
 from coordinator.queues.tomlfile import dumps_toml, load_toml, loads_toml
 
 __all__ = [
@@ -85,6 +88,8 @@ __all__ = [
     "order_queues",
     "period_start",
     "pool_state",
+    "queue_use",
+    "rebalance",
     "reclaim_victims",
     "warning_due",
     "weighted_share",

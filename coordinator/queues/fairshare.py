@@ -120,14 +120,14 @@ class Pending:
 
 
 def weighted_share(config: QueueConfig, queue: str, held_gpus: float, held_cpu: float, past: Consumed,
-                   capacity: Mapping[str, int], now_tau_s: float, cpu_capacity: float = 0.0) -> float:
+                   capacity: Mapping[str, int], tau_s: float, cpu_capacity: float = 0.0) -> float:
     """The queue's dominant share divided by its weight (module docstring); 0 without capacity."""
     shares = [0.0]
     gpu_capacity = sum(capacity.values())
     if gpu_capacity > 0:
-        shares.append(held_gpus / gpu_capacity + past.gpu_s / (gpu_capacity * now_tau_s))
+        shares.append(held_gpus / gpu_capacity + past.gpu_s / (gpu_capacity * tau_s))
     if cpu_capacity > 0:
-        shares.append(held_cpu / cpu_capacity + past.cpu_s / (cpu_capacity * now_tau_s))
+        shares.append(held_cpu / cpu_capacity + past.cpu_s / (cpu_capacity * tau_s))
     return max(shares) / config.get(queue).weight
 
 

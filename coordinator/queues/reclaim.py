@@ -18,6 +18,9 @@ the victims are just enough. Preempting a task frees all its GPUs, so a victim m
 its ``borrowed`` count; what is freed beyond the demand is counted as free for the next demands.
 A demand whose missing GPUs the candidates cannot cover gets no victims (nothing is preempted in
 vain), and a task is chosen at most once. Without configured queues nothing is reclaimed.
+
+The ``borrowed`` counts are taken as given; :func:`~coordinator.queues.holdings.rebalance` keeps
+them current as tasks end.
 """
 
 from __future__ import annotations
@@ -27,27 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from coordinator.queues.admission import Demand
+from coordinator.queues.holdings import Holding
 from coordinator.queues.model import ANY_MODEL, QueueConfig, normalise_model
 
-__all__ = ["Holding", "Victim", "reclaim_victims"]
-
-
-@dataclass(frozen=True)
-class Holding:
-    """A running task as reclaim sees it.
-
-    :param gpus: GPUs it holds (all of ``gpu_model``).
-    :param borrowed: how many of them are beyond its queue's quota (0 ≤ borrowed ≤ gpus).
-    :param start_time: when it started (seconds, the caller's epoch); newer tasks go first.
-    """
-
-    task_id: str
-    queue: str
-    gpu_model: str
-    gpus: int
-    borrowed: int
-    preemptible: bool
-    start_time: float
+__all__ = ["Victim", "reclaim_victims"]
 
 
 @dataclass(frozen=True)
