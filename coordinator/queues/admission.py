@@ -158,6 +158,9 @@ def admit(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[st
           demand: Demand) -> Admission:
     """Decide ``demand`` against the queues' quotas, limits and the borrowing pool (module docstring).
 
+    Deciding several tasks in one cycle, add each admitted task to ``use`` (its GPUs as own and
+    ``borrowed``) before deciding the next, or two tasks may be admitted on the same idle quota.
+
     :param use: per queue name, what its running tasks hold (a queue missing holds nothing).
     :param capacity: GPUs in the cluster per concrete GPU model.
     :raises ValidationError: ``demand.queue`` names no leaf queue, or a count is negative.

@@ -151,7 +151,7 @@ class Prices:
 
     def gpu_hour(self, model: str) -> float:
         """The price of one GPU-hour of ``model``."""
-        return self.per_gpu_hour.get(model, self.per_gpu_hour.get(ANY_MODEL, 0.0))
+        return self.per_gpu_hour.get(normalise_model(model), self.per_gpu_hour.get(ANY_MODEL, 0.0))
 
     def validate(self, where: str = "prices") -> None:
         """Raise :class:`ValidationError` for a negative or non-numeric price."""
@@ -461,7 +461,8 @@ class QueueConfig:
     # -- changes ---------------------------------------------------------------------------
 
     def set(self, queue: Queue) -> QueueConfig:
-        """A new configuration with ``queue`` added, or replacing the queue of the same name."""
+        """A new configuration with ``queue`` added, or replacing the queue of the same name (on a
+        configuration without queues, the implicit ``default`` queue gives way to the one set)."""
         queues = list(self.queues)
         for i, q in enumerate(queues):
             if q.name == queue.name:

@@ -99,6 +99,7 @@ def test_cost_prices_gpu_hours_per_model_and_energy() -> None:
     prices = Prices({H100: 3.0, "*": 1.0}, per_kwh=0.5)
     assert cost({H100: 7200, "L4": 3600}, 3.6e6 * 4, prices) == pytest.approx(2 * 3.0 + 1.0 + 4 * 0.5)
     assert cost({}, 0.0, prices) == 0.0
+    assert cost({"": 3600}, 0.0, prices) == 1.0                    # "" is any model, as in the queues
     assert cost({"L4": 3600}, 0.0, Prices({H100: 3.0})) == 0.0    # neither listed nor "*"
 
 

@@ -160,6 +160,7 @@ def test_remove_refuses_a_parent_and_returns_a_new_config() -> None:
     with pytest.raises(NotFound):
         config.remove("nope")
     assert not QueueConfig(queues=(Queue("x"),)).remove("x").managed
+    assert QueueConfig().set(Queue("x")).names == ("x",)          # the implicit default gives way
 
 
 def test_queue_round_trips_through_json() -> None:
