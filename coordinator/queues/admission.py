@@ -25,7 +25,8 @@ The rule, in the demand's pool (see :mod:`coordinator.queues.model` for pools):
    Unassigned capacity counts as borrowed: nobody is guaranteed it, so a queue whose quota covers
    it may take it back by reclaim like any other borrowed GPU. Inner queues' quotas are bounds on
    their children (validated), not pools of their own; lending and borrowing are across the whole
-   tree, and a parent's remainder over its children's quotas is part of *unassigned*.
+   tree, and a parent's remainder over its children's quotas is part of *unassigned* (which
+   its children may reclaim from queues outside the parent, :mod:`coordinator.queues.reclaim`).
 
 A demand for ``"*"`` (any model) is decided in each pool of the cluster; the first pool that
 admits it without borrowing wins, else the one that admits it borrowing least (ties in

@@ -1,10 +1,17 @@
 """Reclaim: a queue below its quota takes back GPUs that other queues borrow.
 
 :func:`reclaim_victims` looks at the ``waiting`` demands in the order given (the scheduler passes
-them in fair order, :mod:`coordinator.queues.fairshare`). A demand is a reclaimer when its queue's
-GPUs in the demand's pool plus the demand are within the queue's quota (it is owed those GPUs).
-For each reclaimer, GPUs of the demand's model that are free now (``free``) are used first; for the
-rest, victims are chosen among the tasks of *other* queues that
+them in fair order, :mod:`coordinator.queues.fairshare`). A demand is **owed** when its queue's
+GPUs in the demand's pool plus the demand are within the queue's quota; then the *scope* of the
+claim is the queue itself. Failing that, it is owed within an ancestor's quota when that
+ancestor's subtree holds, with the demand, no more than the ancestor's quota (a parent whose quota
+exceeds its children's keeps the remainder for them); the scope is then the nearest such ancestor.
+A demand owed nowhere reclaims nothing (it would borrow, which admission decides).
+
+For each owed demand, GPUs of the demand's model that are free now (``free``) are used first; for
+the rest, victims are chosen among the tasks of queues *outside the scope* (for a claim within the
+queue's own quota: every other queue; within an ancestor's: queues outside that ancestor's
+subtree, so siblings sharing the ancestor's quota are not preempted for it) that
 
 - hold borrowed GPUs (``borrowed > 0``): a task wholly within its queue's quota is never a
   victim of another queue;
@@ -73,10 +80,10 @@ def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: S
         best: tuple[int, str, list[Holding]] | None = None
         for candidate_model in (models if model == ANY_MODEL else [model]):
             pool = config.pool_of(candidate_model)
-            if held[queue.name, pool] + demand.gpus > queue.quota_in(pool):
+            scope = _scope(config, held, queue.name, pool, demand.gpus)
+            if scope is None:
                 continue                                            # not owed: it would borrow
-            chosen = _cover(holdings, taken, queue.name, candidate_model,
-                            demand.gpus - spare[candidate_model])
+            chosen = _cover(holdings, taken, scope, candidate_model, demand.gpus - spare[candidate_model])
             if chosen is None:
                 continue
             cost = sum(h.gpus for h in chosen)
@@ -95,14 +102,24 @@ def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: S
     return victims
 
 
-def _cover(holdings: Sequence[Holding], taken: set[str], reclaimer: str, model: str,
+def _scope(config: QueueConfig, held: Mapping[tuple[str, str], int], queue: str, pool: str,
+           gpus: int) -> frozenset[str] | None:
+    """The queues a demand's claim covers (module docstring), or None when it is owed nowhere."""
+    for name in (queue, *config.ancestors(queue)):
+        subtree = (name, *config.descendants(name))
+        if sum(held.get((q, pool), 0) for q in subtree) + gpus <= config.get(name).quota_in(pool):
+            return frozenset(subtree)
+    return None
+
+
+def _cover(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str,
            missing: int) -> list[Holding] | None:
-    """Just enough borrowing, preemptible tasks of ``model`` to free ``missing`` GPUs, newest first;
-    ``[]`` when nothing is missing, None when they cannot cover it."""
+    """Just enough borrowing, preemptible tasks of ``model`` outside ``scope`` to free ``missing``
+    GPUs, newest first; ``[]`` when nothing is missing, None when they cannot cover it."""
     if missing <= 0:
         return []
     candidates = sorted((h for h in holdings
-                         if h.queue != reclaimer and h.borrowed > 0 and h.preemptible and h.gpus > 0
+                         if h.queue not in scope and h.borrowed > 0 and h.preemptible and h.gpus > 0
                          and normalise_model(h.gpu_model) == model and h.task_id not in taken),
                         key=lambda h: (h.start_time, h.task_id), reverse=True)
     chosen: list[Holding] = []

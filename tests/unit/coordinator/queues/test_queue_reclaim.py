@@ -93,3 +93,20 @@ def test_without_queues_nothing_is_reclaimed() -> None:
 
 def test_unknown_queues_in_waiting_are_skipped() -> None:
     assert reclaim_victims(CONFIG, [task("c-1", "c", 2, 2, 1.0)], [Demand("zz", H100, 2)]) == []
+
+
+def test_a_parents_remainder_is_reclaimed_for_its_children_from_outside_only() -> None:
+    config = QueueConfig(queues=(
+        Queue("org", gpus={"*": 8}),
+        Queue("a", parent="org", gpus={"*": 2}),
+        Queue("b", parent="org", gpus={"*": 2}),
+        Queue("out", gpus={"*": 2}),
+    ))
+    holdings = [task("a-own", "a", 2, 0, 1.0), task("b-new", "b", 2, 2, 9.0), task("out-1", "out", 4, 2, 5.0)]
+    # a is at its quota; org's subtree holds 4 of its 8: a is owed 2 within org, from outside org only
+    assert ids(reclaim_victims(config, holdings, [Demand("a", H100, 2)])) == ["out-1"]
+    # 5 more would pass org's quota: owed nowhere
+    assert reclaim_victims(config, holdings, [Demand("a", H100, 5)]) == []
+    # within a's own quota the claim covers every other queue, siblings included (newest first)
+    holdings = [task("b-new", "b", 2, 2, 9.0), task("out-1", "out", 4, 2, 5.0)]
+    assert ids(reclaim_victims(config, holdings, [Demand("a", H100, 2)])) == ["b-new"]
