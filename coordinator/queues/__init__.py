@@ -1,0 +1,96 @@
+"""Team queues: the pure model (no etcd, no gRPC, no clock).
+
+- :mod:`~coordinator.queues.model` — the queue tree (:class:`Queue`, :class:`QueueConfig`), GPU
+  pools, access (``may_submit``, ``default_queue``), :class:`Budget` and :class:`Prices`.
+- :mod:`~coordinator.queues.tomlfile` — the configuration file (:func:`load_toml`).
+- :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`).
+- :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
+  (:class:`UsageDecay`, :func:`order_queues`, :func:`order_pending`).
+- :mod:`~coordinator.queues.holdings` — running tasks (:class:`Holding`), their ``borrowed`` counts
+  recomputed (:func:`rebalance`) and summed per queue (:func:`queue_use`).
+- :mod:`~coordinator.queues.reclaim` — taking borrowed GPUs back (:func:`reclaim_victims`).
+- :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning, the gate past 100 %,
+  and :func:`cost`.
+
+Everything here works on plain values passed in (what each queue holds, the cluster's capacity,
+``now``); the scheduler, etcd storage, gptrmctl and authentication build those values and act on
+the answers.
+"""
+
+from __future__ import annotations
+
+from coordinator.queues.admission import Admission, Demand, Held, PoolState, QueueUse, admit, pool_state
+from coordinator.queues.budget import (
+    WARN_FRACTION,
+    BudgetState,
+    Gate,
+    budget_gate,
+    budget_state,
+    consumed,
+    cost,
+    period_start,
+    warning_due,
+)
+from coordinator.queues.fairshare import Consumed, Pending, UsageDecay, order_pending, order_queues, weighted_share
+from coordinator.queues.holdings import Holding, queue_use, rebalance
+from coordinator.queues.model import (
+    ANY_MODEL,
+    DEFAULT_HALF_LIFE_H,
+    DEFAULT_QUEUE,
+    NAME_PATTERN,
+    Budget,
+    BudgetAction,
+    BudgetKind,
+    BudgetPeriod,
+    Prices,
+    Queue,
+    QueueConfig,
+    normalise_model,
+)
+from coordinator.queues.reclaim import Victim, reclaim_victims
+from coordinator.queues.tomlfile import dumps_toml, load_toml, loads_toml
+
+__all__ = [
+    "ANY_MODEL",
+    "DEFAULT_HALF_LIFE_H",
+    "DEFAULT_QUEUE",
+    "NAME_PATTERN",
+    "WARN_FRACTION",
+    "Admission",
+    "Budget",
+    "BudgetAction",
+    "BudgetKind",
+    "BudgetPeriod",
+    "BudgetState",
+    "Consumed",
+    "Demand",
+    "Gate",
+    "Held",
+    "Holding",
+    "Pending",
+    "PoolState",
+    "Prices",
+    "Queue",
+    "QueueConfig",
+    "QueueUse",
+    "UsageDecay",
+    "Victim",
+    "admit",
+    "budget_gate",
+    "budget_state",
+    "consumed",
+    "cost",
+    "dumps_toml",
+    "load_toml",
+    "loads_toml",
+    "normalise_model",
+    "order_pending",
+    "order_queues",
+    "period_start",
+    "pool_state",
+    "queue_use",
+    "rebalance",
+    "reclaim_victims",
+    "warning_due",
+    "weighted_share",
+]

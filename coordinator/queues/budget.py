@@ -1,0 +1,97 @@
+"""Budgets and prices: how much of its :class:`~coordinator.queues.model.Budget` a queue has used,
+when to warn, and what its new work may do past 100 %.
+
+- :func:`period_start` — the start of the calendar period (UTC) that holds ``now``: midnight for
+  ``day``, Monday midnight for ``week``, the first of the month for ``month``.
+- :func:`budget_state` — ``(fraction, period_start)``: the fraction of the budget that ``used``
+  (consumed since the period start, in the budget's unit) makes.
+- :func:`warning_due` — whether the :data:`WARN_FRACTION` (80 %) line was crossed between two
+  readings; it is true once per period: at the first reading at or past the line in a period,
+  including the first reading of a new period that starts already past it.
+- :func:`budget_gate` — the decision for a queue's *new* work: ``run``; ``lowest`` (past 100 %
+  with ``action = "lowest"`` and no other queue waiting: run at the lowest priority on capacity
+  nobody else waits for); ``hold`` (past 100 % with ``action = "hold"``, or ``lowest`` while
+  another queue waits). Running work is never stopped by a budget.
+- :func:`cost` — what GPU-seconds per model and energy cost at :class:`~coordinator.queues.model.Prices`;
+  :func:`consumed` — the same usage in a budget kind's unit (GPU-hours, kWh or cost), for ``used``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Literal, NamedTuple
+
+from coordinator.queues.model import Budget, BudgetKind, BudgetPeriod, Prices, Queue
+
+__all__ = ["WARN_FRACTION", "BudgetState", "Gate", "budget_gate", "budget_state", "consumed", "cost",
+           "period_start", "warning_due"]
+
+WARN_FRACTION = 0.8
+"""Past this fraction of its budget, a queue's owners are told (once per period)."""
+Gate = Literal["run", "lowest", "hold"]
+_J_PER_KWH = 3.6e6
+
+
+class BudgetState(NamedTuple):
+    """A reading of a budget: ``fraction`` used (may pass 1) in the period that began at
+    ``period_start`` (seconds since the Unix epoch)."""
+
+    fraction: float
+    period_start: float
+
+
+def period_start(period: BudgetPeriod, now: float) -> float:
+    """Start (Unix seconds) of the UTC calendar ``period`` holding ``now`` (Unix seconds)."""
+    moment = datetime.fromtimestamp(now, tz=UTC)
+    midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        start = midnight
+    elif period == "week":
+        start = midnight - timedelta(days=midnight.weekday())
+    else:
+        start = midnight.replace(day=1)
+    return start.timestamp()
+
+
+def budget_state(budget: Budget, used: float, now: float) -> BudgetState:
+    """``(fraction, period_start)``: ``used`` (since the period began, in the budget's unit) over
+    the budget's amount, and when the period holding ``now`` began."""
+    return BudgetState(max(0.0, used) / budget.amount, period_start(budget.period, now))
+
+
+def warning_due(previous: BudgetState | None, current: BudgetState, line: float = WARN_FRACTION) -> bool:
+    """Whether the ``line`` was crossed between the ``previous`` reading (None: there was none)
+    and the ``current`` one: true at the first reading of a period at or past the line."""
+    if current.fraction < line:
+        return False
+    return previous is None or previous.period_start != current.period_start or previous.fraction < line
+
+
+def budget_gate(queue: Queue, state: BudgetState | None, others_waiting: bool) -> Gate:
+    """What ``queue``'s new work may do given its budget reading (module docstring).
+
+    :param state: the current reading of ``queue.budget`` (None: not read, taken as unused).
+    :param others_waiting: whether another queue has work waiting for capacity.
+    """
+    if queue.budget is None or state is None or state.fraction < 1.0:
+        return "run"
+    if queue.budget.action == "hold" or others_waiting:
+        return "hold"
+    return "lowest"
+
+
+def cost(gpu_seconds_by_model: Mapping[str, float], energy_j: float, prices: Prices) -> float:
+    """GPU time at each model's hourly price (``"*"`` for models not listed) plus energy at the
+    price per kWh."""
+    gpu = sum(seconds / 3600.0 * prices.gpu_hour(model) for model, seconds in gpu_seconds_by_model.items())
+    return gpu + energy_j / _J_PER_KWH * prices.per_kwh
+
+
+def consumed(kind: BudgetKind, gpu_seconds_by_model: Mapping[str, float], energy_j: float, prices: Prices) -> float:
+    """Usage in the unit of a budget ``kind``: GPU-hours, kWh, or :func:`cost`."""
+    if kind == "gpu_hours":
+        return sum(gpu_seconds_by_model.values()) / 3600.0
+    if kind == "kwh":
+        return energy_j / _J_PER_KWH
+    return cost(gpu_seconds_by_model, energy_j, prices)
