@@ -1,4 +1,4 @@
-"""The leader's in-memory state, owned in one place: tasks, what each node holds, and services.
+"""The leader's in-memory state, owned in one place: tasks, what each node holds, services and queues.
 
 Everything here follows etcd. A change is *proposed* by a component (the scheduler commits a
 placement, the task table a state change, the service controller a scale) as a fenced etcd
@@ -27,13 +27,14 @@ from types import MappingProxyType
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.queues import QueueConfig
 from coordinator.sync import add_reservation, remove_reservation
 
 __all__ = ["LeaderState"]
 
 
 class LeaderState:
-    """The one owner of the leader's tasks, node holdings and services.
+    """The one owner of the leader's tasks, node holdings, services and queues.
 
     Example::
 
@@ -51,6 +52,9 @@ class LeaderState:
         self._on_forget = on_forget
         self._tasks: dict[str, types_pb2.Task] = {}
         self._services: dict[str, types_pb2.Service] = {}
+        self.queues = QueueConfig()
+        """The team queues as etcd stored them (immutable; replaced by :meth:`apply_queues`)."""
+        self.queues_revision = 0
         self.tasks: Mapping[str, types_pb2.Task] = MappingProxyType(self._tasks)
         """Every task by id: read-only and live."""
         self.services: Mapping[str, types_pb2.Service] = MappingProxyType(self._services)
@@ -153,6 +157,12 @@ class LeaderState:
     def apply_service(self, stored: types_pb2.Service) -> None:
         """Follow a service record etcd stored."""
         self._services[stored.id] = stored
+
+    # ---- queues -----------------------------------------------------------------------------------
+
+    def apply_queues(self, config: QueueConfig, revision: int) -> None:
+        """Follow the queue tree etcd stored at ``revision`` (0: none stored)."""
+        self.queues, self.queues_revision = config, revision
 
     # ---- nodes' admin and power state ----------------------------------------------------------------
 

@@ -303,12 +303,16 @@ class Preemptor:
     :param counter: ``gptrm_preemptions_total``.
     :param protection_s: a task is not preempted again within this many seconds.
     :param now: the clock (unix seconds).
+    :param may_preempt: whether a pending task may take what a running task holds (with team queues: only
+        within its own queue; across queues, only reclaim takes borrowed GPUs back).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, dispatcher: Dispatcher,
                  events: EventBus, counter: Counter, protection_s: float = DEFAULT_PROTECTION_S,
-                 now: Callable[[], float] = time.time) -> None:
+                 now: Callable[[], float] = time.time,
+                 may_preempt: Callable[[types_pb2.Task, types_pb2.Task], bool] = lambda task, victim: True) -> None:
         self._tasks, self._registry, self._snapshots, self._dispatcher = tasks, registry, snapshots, dispatcher
+        self._may_preempt = may_preempt
         self._events, self._counter, self._protection_s, self._now = events, counter, protection_s, now
         self._claims: dict[str, _Claim] = {}       # preemptor task id → its claim
         self._log = get_logger("qos")
@@ -354,7 +358,8 @@ class Preemptor:
         for task in sorted(rejected, key=lambda t: (-t.spec.priority, t.submit_unix_s)):
             if task.id in claims:
                 continue
-            victims = choose_victims(task, snapshot, tasks, fits, now=self._now(), protection_s=self._protection_s)
+            allowed = [t for t in tasks if self._may_preempt(task, t)]
+            victims = choose_victims(task, snapshot, allowed, fits, now=self._now(), protection_s=self._protection_s)
             if victims:
                 await self._preempt(task, victims)
                 return True
@@ -362,20 +367,7 @@ class Preemptor:
 
     async def _preempt(self, task: types_pb2.Task, victims: list[types_pb2.Task]) -> None:
         prio = task.spec.priority
-        reason = f"preempted by {task.id} (priority {prio})"
-        stopped: list[str] = []
-        grace = 0.0
-        for v in victims:
-            try:
-                stored = await self._tasks.transition(v.id, TaskState.PREEMPTED, reason, preemptions=v.preemptions + 1)
-            except GptrmError as e:   # it changed meanwhile (ended, or a lost compare): not a victim after all
-                self._log.info("preemption_victim_skipped", task_id=v.id, preemptor=task.id, reason=str(e))
-                continue
-            signal = stored.spec.checkpoint_signal or DEFAULT_CHECKPOINT_SIGNAL
-            self._dispatcher.stop(stored, reason, checkpoint_signal=signal)
-            grace = max(grace, stored.spec.stop_grace_s or 10.0)
-            stopped.append(v.id)
-            self._counter.inc()
+        stopped, grace = await self._stop(victims, f"preempted by {task.id} (priority {prio})", task.id)
         if not stopped:
             return
         self._claims[task.id] = _Claim(prio, tuple(stopped), self._now() + 2 * grace + _CLAIM_SLACK_S)
@@ -388,6 +380,38 @@ class Preemptor:
                              f"{', '.join(nodes)}")
         self._tasks.note_reason(task.id, f"waiting for {len(stopped)} preempted task(s) to stop: "
                                          f"{', '.join(stopped)}")
+
+    async def _stop(self, victims: Sequence[types_pb2.Task], reason: str, by: str) -> tuple[list[str], float]:
+        """Move each victim to PREEMPTED (fenced) and stop it with its checkpoint signal; the ids stopped
+        and the longest stop grace among them."""
+        stopped: list[str] = []
+        grace = 0.0
+        for v in victims:
+            try:
+                stored = await self._tasks.transition(v.id, TaskState.PREEMPTED, reason, preemptions=v.preemptions + 1)
+            except GptrmError as e:   # it changed meanwhile (ended, or a lost compare): not a victim after all
+                self._log.info("preemption_victim_skipped", task_id=v.id, preemptor=by, reason=str(e))
+                continue
+            signal = stored.spec.checkpoint_signal or DEFAULT_CHECKPOINT_SIGNAL
+            self._dispatcher.stop(stored, reason, checkpoint_signal=signal)
+            grace = max(grace, stored.spec.stop_grace_s or 10.0)
+            stopped.append(v.id)
+            self._counter.inc()
+        return stopped, grace
+
+    async def reclaim(self, victims: Sequence[types_pb2.Task], queue: str) -> list[str]:
+        """Take back GPUs that ``victims`` (other queues' tasks, on borrowed GPUs) hold for ``queue``, which is
+        owed them within its quota: the same stop as a preemption (checkpoint signal, grace, back in the
+        queue). Returns the ids stopped."""
+        if not victims:
+            return []
+        stopped, _grace = await self._stop(victims, f"reclaimed by queue {queue} (within its quota)", queue)
+        if stopped:
+            self._log.info("tasks_reclaimed", queue=queue, victims=",".join(stopped))
+            self._events.publish("preemption", f"queue {queue} reclaims its quota from {', '.join(stopped)}",
+                                 queue=queue, victims=",".join(stopped),
+                                 reason=f"queue {queue} has work waiting within its quota")
+        return stopped
 
     async def victim_stopped(self, task: types_pb2.Task) -> types_pb2.Task:
         """A PREEMPTED task ended on its agents: back in the queue (``PENDING``), its reservations released."""

@@ -79,6 +79,11 @@ class Keys:
         return self.prefix + "requests/"
 
     @property
+    def queues(self) -> str:
+        """The team queues: their tree, quotas and budgets (value: the JSON of ``QueueConfig.to_dict``)."""
+        return self.prefix + "queues"
+
+    @property
     def services_prefix(self) -> str:
         """Prefix of every ``services/<id>`` key."""
         return self.prefix + "services/"

@@ -1,0 +1,252 @@
+"""Team queues in the scheduling cycle: which pending tasks a cycle may place, in what order, and
+what a queue owed its quota takes back.
+
+The rules are :mod:`coordinator.queues`'s (pure); this module turns the cycle's tasks into their
+plain inputs and applies the answers. :func:`plan_queues` is what the leader's cycle and the
+simulator both call:
+
+1. the pending tasks, already sorted as the scheduler always sorts them (priority, deadline
+   slack, submit time), are interleaved across queues by weighted dominant share with decayed
+   past usage (:func:`~coordinator.queues.order_pending`); within a queue their order is kept;
+2. in that order each task is admitted or not (:func:`~coordinator.queues.admit`): within its
+   queue's quota, or within its limit by borrowing what others lend; what it borrows is recorded,
+   and counted in its queue's use for the tasks after it in the same cycle;
+3. a queue past its budget gates its new work: ``hold`` refuses it, ``lowest`` puts it after
+   everyone else's.
+
+A task counts whole GPUs: ``ceil(gpus per node) × nodes`` (a shared fraction of a GPU counts as
+one; quotas are in GPUs, as operators write them).
+
+Without configured queues nothing changes: every pending task is admitted, in the order given.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from common.pb.gptrm.v1 import types_pb2
+from common.types import NodeState, TaskState
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.queues import (
+    ANY_MODEL,
+    DEFAULT_QUEUE,
+    Admission,
+    Demand,
+    Gate,
+    Held,
+    Holding,
+    Pending,
+    QueueConfig,
+    QueueUse,
+    UsageDecay,
+    Victim,
+    admit,
+    order_pending,
+    queue_use,
+    rebalance,
+    reclaim_victims,
+)
+from coordinator.state import LeaderState
+
+__all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueuedTask", "holding_of", "plan_queues", "queue_of",
+           "queued", "reclaim_for"]
+
+HOLDING_STATES = (TaskState.SCHEDULED, TaskState.RUNNING, TaskState.PAUSED, TaskState.PREEMPTED)
+"""States in which a task holds GPUs (a PREEMPTED task until its agent reports it stopped)."""
+_GIB = float(1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedTask:
+    """A pending task as the queues see it."""
+
+    task_id: str
+    queue: str
+    gpus: int
+    cpu: float = 0.0
+    mem_gib: float = 0.0
+    gpu_model: str = ANY_MODEL
+
+
+@dataclass
+class QueuePlan:
+    """What a cycle may place: ``order`` (task ids, admitted, in the order to try), each one's
+    :class:`~coordinator.queues.Admission`, and the ``refused`` ones with the reason."""
+
+    order: list[str]
+    admissions: dict[str, Admission] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def queue_of(task: types_pb2.Task) -> str:
+    """The queue a task runs in (tasks from before queues run in the default queue)."""
+    return task.queue or DEFAULT_QUEUE.name
+
+
+def whole_gpus(task: types_pb2.Task) -> int:
+    """The whole GPUs a task asks for over all its nodes."""
+    return math.ceil(task.demand.gpus - 1e-9) * max(1, task.spec.nodes) if task.demand.gpus > 0 else 0
+
+
+def queued(task: types_pb2.Task) -> QueuedTask:
+    """A pending task's queue view."""
+    n = max(1, task.spec.nodes)
+    return QueuedTask(task.id, queue_of(task), whole_gpus(task), task.demand.cpu_cores * n,
+                      task.demand.mem_bytes * n / _GIB)
+
+
+def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
+    """A placed task's holding: its GPUs (of the model of its rank-0 node's first GPU), borrowed count as
+    stored at placement (:func:`~coordinator.queues.rebalance` recomputes it)."""
+    gpus, model = 0, ANY_MODEL
+    for na in task.allocation.nodes:
+        gpus += len(na.gpu_indices) or math.ceil(na.demand.gpus - 1e-9)
+        if model == ANY_MODEL and na.gpu_indices:
+            entry = registry.get(na.node_id)
+            if entry is not None:
+                by_index = {g.index: g.model for g in entry.inventory.gpus}
+                model = by_index.get(na.gpu_indices[0], "") or ANY_MODEL
+    n = max(1, len(task.allocation.nodes))
+    return Holding(task.id, queue_of(task), model, gpus, min(task.borrowed_gpus, gpus),
+                   task.spec.preemptible if task.spec.HasField("preemptible") else True,
+                   task.allocation.created_unix_s or task.submit_unix_s,
+                   task.demand.cpu_cores * n, task.demand.mem_bytes * n / _GIB)
+
+
+def _add(use: dict[str, QueueUse], queue: str, pool: str, task: QueuedTask, borrowed: int) -> None:
+    old = use.get(queue, QueueUse())
+    gpus = dict(old.gpus)
+    gpus[pool] = gpus.get(pool, Held()) + Held(task.gpus - borrowed, borrowed)
+    use[queue] = QueueUse(gpus=gpus, cpu=old.cpu + task.cpu, mem_gib=old.mem_gib + task.mem_gib)
+
+
+def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Sequence[Holding],
+                capacity: Mapping[str, int], decay: UsageDecay, now: float,
+                gates: Mapping[str, Gate] | None = None) -> QueuePlan:
+    """The module's steps 1-3 over plain values.
+
+    :param pending: the pending tasks in the scheduler's order.
+    :param holdings: every task holding GPUs.
+    :param capacity: the cluster's GPUs per concrete model.
+    :param decay: each queue's decayed past usage.
+    :param gates: each queue's budget gate (``run`` when absent).
+    """
+    if not config.managed:
+        return QueuePlan([t.task_id for t in pending])
+    by_id = {t.task_id: t for t in pending}
+    plan = QueuePlan([])
+    known = []
+    for t in pending:
+        if t.queue in config and config.is_leaf(t.queue):
+            known.append(t)
+        else:
+            plan.refused[t.task_id] = f"queue {t.queue!r} does not exist (any more)"
+    use = dict(queue_use(rebalance(config, holdings)))
+    order = order_pending(config, [Pending(t.task_id, t.queue, t.gpus, t.cpu) for t in known], use, decay,
+                          capacity, now)
+    last: list[str] = []
+    for task_id in order:
+        t = by_id[task_id]
+        gate = (gates or {}).get(t.queue, "run")
+        if gate == "hold":
+            plan.refused[task_id] = f"queue {t.queue}: past its budget, new work is held"
+            continue
+        decision = admit(config, use, capacity, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
+        if not decision.admit:
+            plan.refused[task_id] = decision.reason
+            continue
+        _add(use, t.queue, decision.pool, t, decision.borrowed)
+        plan.admissions[task_id] = decision
+        (last if gate == "lowest" else plan.order).append(task_id)
+    plan.order.extend(last)
+    return plan
+
+
+def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Sequence[Holding],
+                stopping: Sequence[Holding] = ()) -> list[Victim]:
+    """Tasks to preempt so that the ``waiting`` tasks (in fair order) get back the quota others borrow.
+
+    :param holdings: the tasks holding GPUs that could be victims.
+    :param stopping: PREEMPTED tasks: their GPUs are on their way back and count as free, so a claim is
+        not served twice while its victims stop.
+    """
+    if not config.managed:
+        return []
+    free: dict[str, int] = {}
+    for h in stopping:
+        free[h.gpu_model] = free.get(h.gpu_model, 0) + h.gpus
+    demands = [Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib) for t in waiting
+               if t.queue in config and config.is_leaf(t.queue)]
+    return reclaim_victims(config, rebalance(config, holdings), demands, free)
+
+
+class LeaderQueues:
+    """The leader's side of the queues: builds :func:`plan_queues`'s and :func:`reclaim_for`'s inputs from
+    the leader state and keeps each queue's decayed usage.
+
+    :param state: the leader's state (tasks and the queue tree).
+    :param registry: the node table (GPU capacity and models).
+    :param clock: unix seconds.
+    """
+
+    def __init__(self, state: LeaderState, registry: NodeRegistry, clock: Callable[[], float] = time.time) -> None:
+        self._state, self._registry, self._clock = state, registry, clock
+        self.decay = UsageDecay.for_config(state.queues)
+        self.gates: dict[str, Gate] = {}
+        """Each queue's budget gate (set by the usage duty; ``run`` when absent)."""
+        self._accrued_at: float | None = None
+
+    @property
+    def config(self) -> QueueConfig:
+        """The queue tree in force."""
+        return self._state.queues
+
+    def capacity(self) -> dict[str, int]:
+        """The cluster's GPUs per model (every node not LOST)."""
+        out: dict[str, int] = {}
+        for entry in self._registry:
+            if entry.state == NodeState.LOST:
+                continue
+            for g in entry.inventory.gpus:
+                model = g.model or ANY_MODEL
+                out[model] = out.get(model, 0) + 1
+        return out
+
+    def holdings(self) -> tuple[list[Holding], list[Holding]]:
+        """(tasks holding GPUs that could be victims, PREEMPTED tasks on their way out)."""
+        holding: list[Holding] = []
+        stopping: list[Holding] = []
+        for t in self._state.tasks.values():
+            if t.state in HOLDING_STATES and t.allocation.nodes:
+                (stopping if t.state == TaskState.PREEMPTED else holding).append(holding_of(t, self._registry))
+        return holding, stopping
+
+    def accrue(self) -> None:
+        """Add the GPU- and core-seconds each queue held since the last call to its decayed usage."""
+        now = self._clock()
+        if self.decay.half_life_s != self.config.half_life_h * 3600.0:
+            self.decay = UsageDecay.for_config(self.config)
+        last, self._accrued_at = self._accrued_at, now
+        if last is None or now <= last:
+            return
+        held, stopping = self.holdings()
+        for h in (*held, *stopping):
+            self.decay.add(h.queue, now, gpu_s=h.gpus * (now - last), cpu_s=h.cpu * (now - last))
+
+    def plan(self, pending: Sequence[types_pb2.Task]) -> QueuePlan:
+        """:func:`plan_queues` for the cycle's pending tasks (in the scheduler's order)."""
+        held, stopping = self.holdings()
+        return plan_queues(self.config, [queued(t) for t in pending], held + stopping, self.capacity(),
+                           self.decay, self._clock(), self.gates)
+
+    def reclaim(self, waiting: Sequence[types_pb2.Task]) -> list[Victim]:
+        """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order)."""
+        held, stopping = self.holdings()
+        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping)
+
+    def may_preempt(self, task: types_pb2.Task, victim: types_pb2.Task) -> bool:
+        """Priority preemption stays within a queue once queues are configured (reclaim crosses them)."""
+        return not self.config.managed or queue_of(task) == queue_of(victim)
