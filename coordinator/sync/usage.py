@@ -34,7 +34,7 @@ __all__ = ["MAX_BUCKET_BYTES", "MAX_LABEL", "MAX_MARKS", "MAX_ROWS", "MAX_VALUE"
 MAX_BUCKET_BYTES = 1 << 20
 """The largest stored hour read or written (etcd's default request limit is 1.5 MiB)."""
 
-MAX_ROWS = 4096
+MAX_ROWS = 2048
 """Rows of one hour (the ledger folds more into ``other`` rows)."""
 
 MAX_MARKS = 20_000

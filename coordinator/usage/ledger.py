@@ -28,6 +28,7 @@ from common.types import TERMINAL_STATES, TaskState
 __all__ = [
     "HOLDING_STATES",
     "HOUR_S",
+    "LABEL_CHARS",
     "OTHER",
     "Accrual",
     "EnergyOf",
@@ -46,6 +47,9 @@ HOUR_S = 3600
 
 HOLDING_STATES = frozenset({TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED})
 """States in which a task holds its allocation."""
+
+LABEL_CHARS = 128
+"""A row's queue, user and GPU model are cut to this many characters (so an hour's rows stay small)."""
 
 OTHER = "other"
 """The queue and user of the row that takes what no longer fits a bucket's row limit."""
@@ -142,7 +146,7 @@ def _shares(task: types_pb2.Task, model_of: ModelOf) -> list[tuple[str, float, f
         share = na.gpu_share if 0 < na.gpu_share <= 1 else 1.0
         gpus = len(na.gpu_indices) * share
         cores = na.demand.cpu_cores if math.isfinite(na.demand.cpu_cores) and na.demand.cpu_cores > 0 else 0.0
-        out.append((model_of(na.node_id, list(na.gpu_indices)) if na.gpu_indices else "", gpus, cores))
+        out.append((model_of(na.node_id, list(na.gpu_indices))[:LABEL_CHARS] if na.gpu_indices else "", gpus, cores))
     if not out:
         d = task.demand
         gpus = d.gpus if math.isfinite(d.gpus) and d.gpus > 0 else 0.0
@@ -165,7 +169,7 @@ def account(tasks: Iterable[types_pb2.Task], since: float, until: float, marks: 
         ended = _ended_at(task)
         if ended is not None and ended < since and task.id not in marks:
             continue   # accounted by an earlier pass
-        key = (task.queue, task.submitted_by)
+        key = (task.queue[:LABEL_CHARS], task.submitted_by[:LABEL_CHARS])
         shares = _shares(task, model_of)
         held = held_intervals(task, since, until)
         # Seconds held per hour, then per row: the weights energy is spread by.

@@ -150,8 +150,8 @@ class TestUsageDuty:
                    h + 2 * HOUR_S: (bucket(h + 2 * HOUR_S, gpu_s=math.nan), "gpu_s nan"),
                    h + 3 * HOUR_S: (bucket(h + 3 * HOUR_S, energy_j=-1.0), "energy_j -1.0"),
                    h + 4 * HOUR_S: (types_pb2.UsageBucket(hour_unix_s=h + 4 * HOUR_S,
-                                                          rows=[types_pb2.UsageRow()] * 5000).SerializeToString(),
-                                    "5000 rows")}
+                                                          rows=[types_pb2.UsageRow()] * 3000).SerializeToString(),
+                                    "3000 rows")}
             good = h + 5 * HOUR_S
             client.txn([], [op_put(keys.usage_hour(good), bucket(good, gpu_s=7.0, tasks=1))])
             for hour, (value, why) in bad.items():
