@@ -120,14 +120,14 @@ def _cell(value: Any) -> str:
 
 
 def usage_csv(d: Mapping[str, Any]) -> str:
-    """The rows as CSV with a header row (:data:`CSV_COLUMNS`)."""
+    """The rows as CSV with a header row (:data:`CSV_COLUMNS`); numbers with 10 significant digits."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for r in d["rows"]:
-        models = ";".join(f"{m}={h:.6f}" for m, h in r["gpu_hours_by_model"].items())
-        writer.writerow([_cell(r["key"]), f"{r['gpu_hours']:.6f}", f"{r['cpu_core_hours']:.6f}",
-                         f"{r['energy_kwh']:.6f}", f"{r['cost']:.6f}", r["tasks"], _cell(models)])
+        models = ";".join(f"{m}={h:.10g}" for m, h in r["gpu_hours_by_model"].items())
+        writer.writerow([_cell(r["key"]), f"{r['gpu_hours']:.10g}", f"{r['cpu_core_hours']:.10g}",
+                         f"{r['energy_kwh']:.10g}", f"{r['cost']:.10g}", r["tasks"], _cell(models)])
     return out.getvalue().rstrip("\n")
 
 

@@ -91,7 +91,7 @@ class TestUsage:
         assert res.returncode == 0, res.stderr
         lines = list(csv.reader(io.StringIO(res.stdout)))
         assert lines[0][0] == "key" and lines[1][0] == "default" and float(lines[1][1]) == pytest.approx(
-            row["gpu_hours"], rel=1e-4)
+            row["gpu_hours"], rel=1e-6)
         table = cluster.ctl("usage", "--since", "1h")
         assert table.returncode == 0 and "TOTAL" in table.stdout, table.stderr
         metrics = wait_until(lambda: (m := counters(cluster, "c1")).get("gptrm_queue_gpu_seconds:default", 0)

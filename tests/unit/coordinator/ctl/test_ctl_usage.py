@@ -69,8 +69,8 @@ class TestDocuments:
     def test_csv_has_a_header_and_defuses_formulas(self) -> None:
         rows = list(csv.reader(io.StringIO(usage_csv(usage_dict(report())))))
         assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 3
-        assert rows[1][:6] == ["default", "3.000000", "12.000000", "1.500000", "5.300000", "4"]
-        assert rows[1][6] == "A100=1.000000;NVIDIA H100=2.000000"
+        assert rows[1][:6] == ["default", "3", "12", "1.5", "5.3", "4"]
+        assert rows[1][6] == "A100=1;NVIDIA H100=2"
         assert rows[2][0] == "'=cmd|x"
 
     def test_table(self) -> None:
