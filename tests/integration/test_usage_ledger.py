@@ -9,13 +9,15 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
+import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from common.etcd_embedded import EtcdCluster
-from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, types_pb2
 from common.types import TaskState
+from coordinator.api.admin import AdminService
 from coordinator.app import App
 from coordinator.sync import connect
 from coordinator.sync.client import op_put
@@ -177,5 +179,63 @@ class TestUsageDuty:
 
         try:
             lead(scenario)
+        finally:
+            client.close()
+
+
+class TestGetUsage:
+    def test_report_prices_and_refusals(self, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+        """GetUsage sums the stored hours of the period per queue, user or model with the configured prices, and
+        refuses an unknown grouping, an empty, endless or too long period, naming the field."""
+        client = connect(etcd_server.endpoints, 2.0)
+        keys = Keys(etcd_prefix)
+        h = hour_of(time.time()) - 3 * HOUR_S
+        rows = [types_pb2.UsageRow(queue="", user="ann", gpu_model="NVIDIA H100 80GB HBM3", gpu_s=7200.0,
+                                   cpu_core_s=3600.0, energy_j=3.6e6, tasks=2),
+                types_pb2.UsageRow(queue="research", user="bob", gpu_model="NVIDIA A100", gpu_s=1800.0)]
+
+        async def scenario(app: App) -> None:
+            await until(lambda: client.get(keys.usage_marks) is not None)
+            client.txn([], [op_put(keys.usage_hour(h), types_pb2.UsageBucket(hour_unix_s=h, rows=rows)
+                                   .SerializeToString())])
+            server = grpc.aio.server()
+            admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app), server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    stub = admin_pb2_grpc.AdminStub(channel)
+                    report = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h - 86400), timeout=10)
+                    assert report.by == "queue" and report.since_unix_s == h - 86400
+                    assert report.accounted_until_unix_s >= h + HOUR_S
+                    assert dict(report.price_gpu_hour) == {"H100": 2.0} and report.price_kwh == 0.5
+                    by_key = {r.key: r for r in report.rows}
+                    assert list(by_key) == ["default", "research"]
+                    d = by_key["default"]
+                    assert (d.gpu_hours, d.cpu_core_hours, d.energy_kwh, d.tasks) == (2.0, 1.0, 1.0, 2)
+                    assert d.cost == pytest.approx(2 * 2.0 + 1.0 * 0.5) and by_key["research"].cost == 0
+                    by_model = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h, until_unix_s=h + 1,
+                                                                          by="model"), timeout=10)
+                    assert [r.key for r in by_model.rows] == ["NVIDIA A100", "NVIDIA H100 80GB HBM3"]
+                    assert (by_model.since_unix_s, by_model.until_unix_s) == (h, h + HOUR_S)
+                    later = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h + HOUR_S, by="user"),
+                                                timeout=10)
+                    assert not later.rows
+                    for request, field in [(admin_pb2.UsageRequest(by="node"), "by"),
+                                           (admin_pb2.UsageRequest(since_unix_s=h, until_unix_s=h - 1),
+                                            "since_unix_s"),
+                                           (admin_pb2.UsageRequest(since_unix_s=math.nan), "since_unix_s"),
+                                           (admin_pb2.UsageRequest(since_unix_s=h - 500 * 86400, until_unix_s=h),
+                                            "until_unix_s")]:
+                        with pytest.raises(grpc.aio.AioRpcError) as info:
+                            await stub.GetUsage(request, timeout=10)
+                        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                        assert info.value.details().startswith(field), info.value.details()
+            finally:
+                await server.stop(None)
+
+        try:
+            asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario, price_gpu_hour={"H100": "2"},
+                                    price_kwh=0.5))
         finally:
             client.close()
