@@ -182,7 +182,9 @@ def account(tasks: Iterable[types_pb2.Task], since: float, until: float, marks: 
                     usage.cpu_core_s += cores * seconds
                     weight = seconds * (gpus or cores or 1.0)
                     weights[(hour, model)] = weights.get((hour, model), 0.0) + weight
-        if ended is not None and since <= ended < until:
+        if ended is not None and (since <= ended < until or ended < since):
+            # (Before the window: an end that landed in the table after the pass that covered it, which saw the
+            # task unfinished and kept its mark; counted now, once.)
             acc.row(hour_of(ended), RowKey(*key, shares[0][0])).tasks += 1
         energy = energy_of(task)
         mark = marks.get(task.id, 0.0)
@@ -196,8 +198,9 @@ def account(tasks: Iterable[types_pb2.Task], since: float, until: float, marks: 
                 last = min(until, ended) if ended is not None else until
                 acc.row(hour_of(max(since, last - 1e-6)), RowKey(*key, shares[0][0])).energy_j += delta
             mark = energy
-        if (ended is None and mark > 0) or (ended is not None and ended >= until):
-            # Unfinished, or its end is not behind the window yet: the next pass needs its mark.
+        if (ended is None and (mark > 0 or task.state in HOLDING_STATES)) or (ended is not None and ended >= until):
+            # Unfinished, or its end is not behind the window yet: the next pass needs its mark (also to know
+            # that it has not counted the task's end yet).
             acc.marks[task.id] = mark
     return acc
 

@@ -134,6 +134,20 @@ class TestAccount:
         assert total(b.hours, "energy_j") == 0 and total(b.hours, "tasks") == 1 and b.marks == {}
         assert total(a.hours, "gpu_s") + total(b.hours, "gpu_s") == pytest.approx(2 * 70)
 
+    def test_an_end_that_lands_late_is_counted_once(self) -> None:
+        """A task seen running by a pass, whose end was stamped inside that pass's window but reached the table
+        only after it, is counted (its end and its final energy) by the next pass, once."""
+        t = task("t-1", [(S.SCHEDULED, H), (S.RUNNING, H + 1)])
+        a = account([t], H, H + 60, {}, model, lambda x: x.energy_j)
+        assert a.marks == {"t-1": 0.0}
+        end_in_past = H + 50
+        t.history.add(state=int(S.FAILED), time_unix_s=end_in_past)
+        t.state, t.energy_j = int(S.FAILED), 25.0
+        b = account([t], H + 60, H + 120, a.marks, model, lambda x: x.energy_j)
+        assert total(b.hours, "tasks") == 1 and total(b.hours, "energy_j") == 25.0 and b.marks == {}
+        c = account([t], H + 120, H + 180, b.marks, model, lambda x: x.energy_j)
+        assert c.hours == {} and c.marks == {}
+
     def test_energy_spreads_over_the_hours_held(self) -> None:
         t = task("t-1", [(S.SCHEDULED, H + HOUR_S - 30), (S.RUNNING, H + HOUR_S - 29)])
         acc = account([t], H + HOUR_S - 60, H + HOUR_S + 90, {}, model, lambda x: 120.0)
