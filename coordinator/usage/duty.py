@@ -34,7 +34,7 @@ from common.types import TERMINAL_STATES
 from coordinator.monitor import NodeRegistry
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
-from coordinator.sync.usage import MAX_ROWS, UsageStore
+from coordinator.sync.usage import MAX_MARKS, MAX_ROWS, UsageStore
 from coordinator.usage.ledger import HOUR_S, RowKey, Rows, Usage, account, add_rows, hour_of
 
 __all__ = ["MAX_QUEUE_LABELS", "UsageDuty", "UsageMetrics", "bucket_rows", "rows_bucket"]
@@ -194,6 +194,9 @@ class UsageDuty:
             merged = bucket_rows(bucket)
             add_rows(merged, rows, max_rows=MAX_ROWS - 128)
             buckets[hour] = (rows_bucket(hour, merged), revision)
+        if len(acc.marks) > MAX_MARKS:   # marks without energy only guard late ends: those go first
+            for task_id in [k for k, v in acc.marks.items() if v == 0][: len(acc.marks) - MAX_MARKS]:
+                del acc.marks[task_id]
         new = types_pb2.UsageMarks(accounted_until_unix_s=until, task_energy_j=acc.marks)
         self._marks = None   # unknown until the write answers
         revision = await self._leadership.write(self._store.commit, buckets, new, self._marks_revision)
