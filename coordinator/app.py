@@ -43,7 +43,9 @@ from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.services import ServiceStore
+from coordinator.sync.usage import UsageStore
 from coordinator.tasks import TaskTable
+from coordinator.usage import UsageDuty, UsageMetrics
 from coordinator.version import VERSION
 
 __all__ = ["VERSION", "App", "LeaderDuties", "build"]
@@ -68,6 +70,7 @@ class LeaderDuties:
         sup.add("lost_nodes", lambda beat: app.lost_nodes.run(beat=beat), interval_s=1.0)
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
+        sup.add("usage", lambda beat: app.usage.run(beat=beat), interval_s=cfg.usage_interval_s)
         if cfg.power_capping == "on":
             sup.add("capping", lambda beat: app.capper.run(beat=beat), interval_s=2.0)
 
@@ -108,8 +111,8 @@ class LeaderDuties:
 
     def start_leading(self) -> None:
         """Run the scheduler, the power manager, the QoS watch, the finished-task retention, the lost-node
-        sweep, the services' replica controller, the power capping loop (``--power-capping on``) and, after
-        the agents' grace, the reconcile of unreported tasks.
+        sweep, the services' replica controller, the usage ledger, the power capping loop (``--power-capping
+        on``) and, after the agents' grace, the reconcile of unreported tasks.
 
         Each runs under the supervisor (``coordinator.supervisor``): restarted when it fails, and the lease
         given up when one keeps failing."""
@@ -163,6 +166,7 @@ class App:
     services: ServiceController
     admission: Admission
     supervisor: Supervisor
+    usage: UsageDuty
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -260,6 +264,9 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               services=services,
               admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
                                   creates_nodes=provider.can_create),
-              supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None))
+              supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
+              usage=UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
+                              tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),
+                              interval_s=cfg.usage_interval_s))
     quarantine.listener = app.on_quarantined
     return app

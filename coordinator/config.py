@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Sequence
@@ -25,6 +26,17 @@ def _etcd_urls(value: str) -> str | None:
         hostport = url.strip().removeprefix("http://").removeprefix("https://").rstrip("/")
         if host_port(hostport) is not None or not hostport:
             return f"expected 'embedded' or URL[,URL...] like http://127.0.0.1:2379, got {url!r}"
+    return None
+
+
+def _prices(value: dict[str, str]) -> str | None:
+    for model, price in value.items():
+        try:
+            number = float(price)
+        except ValueError:
+            return f"price of {model!r} is not a number: {price!r}"
+        if not (math.isfinite(number) and number >= 0):
+            return f"price of {model!r} must be zero or positive, got {price!r}"
     return None
 
 
@@ -113,6 +125,17 @@ class CoordinatorConfig:
     service_cooldown_s: float = option(60.0, "seconds after a service's scale action before it scales down "
                                        "(up: half of it)", flag="service_cooldown", check=non_negative)
     service_max_actions: int = option(6, "scale actions a service may take per 10 minutes", check=positive)
+    usage_interval_s: float = option(60.0, "seconds between two writes of the usage ledger to etcd (also at every "
+                                     "hour boundary)", flag="usage_interval", check=positive)
+    price_gpu_hour: dict[str, str] = option({}, "price of one GPU-hour by GPU model, MODEL=PRICE[,...] (a model "
+                                            "name found in the GPU's model prices it, e.g. H100=2.5; TOML: a table)",
+                                            check=_prices, metavar="MODEL=PRICE,...")
+    price_kwh: float = option(0.0, "price of one kWh of the energy tasks draw", check=non_negative)
+
+    @property
+    def gpu_hour_prices(self) -> dict[str, float]:
+        """``price_gpu_hour`` as numbers (checked when loaded)."""
+        return {model: float(price) for model, price in self.price_gpu_hour.items()}
 
     @property
     def advertise_address(self) -> str:

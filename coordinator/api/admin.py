@@ -47,6 +47,9 @@ from coordinator.api.pages import paginate
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
 from coordinator.scheduler.policy import threshold_mode
+from coordinator.sync.usage import hours_between
+from coordinator.usage.ledger import add_rows
+from coordinator.usage.report import BY, Prices, summarize
 from coordinator.version import VERSION
 
 __all__ = ["AdminService", "not_leader_message"]
@@ -56,6 +59,11 @@ R = TypeVar("R")
 Ctx = grpc.aio.ServicerContext
 """The servicer context gRPC passes to every method."""
 _log = get_logger("admin")
+
+USAGE_DEFAULT_S = 7 * 86400.0
+"""GetUsage's period when ``since_unix_s`` is 0: the last seven days."""
+USAGE_MAX_S = 400 * 86400.0
+"""The longest period one GetUsage reads."""
 
 
 _ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://)?(?:\[[0-9a-fA-F:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|[\w.-]+)?:\d{2,5}\b"
@@ -249,6 +257,48 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         tasks = [t for t in tasks if not wanted or t.state in wanted]
         page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
         return admin_pb2.ListTasksResponse(tasks=page, stale=self._app.leadership.stale, next_page_token=token)
+
+    @_rpc
+    async def GetUsage(self, request: admin_pb2.UsageRequest, context: Ctx) -> admin_pb2.UsageReport:
+        now = time.time()
+        for name in ("since_unix_s", "until_unix_s"):
+            value = getattr(request, name)
+            if not (math.isfinite(value) and 0 <= value <= 1e11):
+                raise ValidationError(name, f"must be a time in unix seconds, got {value}")
+        until = request.until_unix_s or now
+        since = request.since_unix_s or until - USAGE_DEFAULT_S
+        if not since < until:
+            raise ValidationError("since_unix_s", f"{since} is not before until_unix_s {until}")
+        if until - since > USAGE_MAX_S:
+            raise ValidationError("until_unix_s", f"the period is {(until - since) / 86400:.0f} days; at most "
+                                  f"{USAGE_MAX_S / 86400:.0f}")
+        by = request.by or "queue"
+        if by not in BY:
+            raise ValidationError("by", f"must be one of {', '.join(BY)}, got {by!r}")
+        hours = hours_between(since, until)
+        duty = self._app.usage
+        for _attempt in range(3):
+            revision = duty.revision
+            stored, accounted = await asyncio.to_thread(duty.read, hours)
+            # On the leader, what is not written yet too (unless a write landed meanwhile: read again).
+            if self._app.leadership.leading and revision and duty.revision == revision:
+                wanted = set(hours)
+                for hour, rows in duty.preview(now).items():
+                    if hour in wanted:
+                        add_rows(stored.setdefault(hour, {}), rows, max_rows=1 << 30)
+                accounted = now
+                break
+            if not self._app.leadership.leading:
+                break
+        cfg = self._app.cfg
+        prices = Prices(cfg.gpu_hour_prices, cfg.price_kwh)
+        report = summarize((stored[h] for h in sorted(stored)), by=by, prices=prices)
+        return admin_pb2.UsageReport(
+            since_unix_s=hours[0] if hours else since, until_unix_s=hours[-1] + 3600 if hours else until, by=by,
+            accounted_until_unix_s=accounted or 0.0, price_gpu_hour=prices.per_gpu_hour, price_kwh=prices.per_kwh,
+            rows=[admin_pb2.UsageReportRow(key=r.key, gpu_hours_by_model=r.gpu_hours_by_model, gpu_hours=r.gpu_hours,
+                                           cpu_core_hours=r.cpu_core_hours, energy_kwh=r.energy_kwh, cost=r.cost,
+                                           tasks=r.tasks) for r in report])
 
     @_rpc
     async def GetTask(self, request: admin_pb2.GetTaskRequest, context: Ctx) -> types_pb2.Task:

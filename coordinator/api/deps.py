@@ -21,6 +21,7 @@ from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.supervisor import Supervisor
 from coordinator.sync import Leadership, Store
 from coordinator.tasks import TaskTable
+from coordinator.usage import UsageDuty
 
 __all__ = ["AdminDeps", "GatewayDeps"]
 
@@ -56,3 +57,4 @@ class AdminDeps(Protocol):
     services: ServiceController
     admission: Admission
     supervisor: Supervisor
+    usage: UsageDuty

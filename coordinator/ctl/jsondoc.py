@@ -47,7 +47,7 @@ __all__ = [
     "proto_schemas",
 ]
 
-SCHEMA_DOCUMENTS = ("status", "node", "nodes", "task", "tasks", "policy", "event", "log_chunk", "service")
+SCHEMA_DOCUMENTS = ("status", "node", "nodes", "task", "tasks", "policy", "event", "log_chunk", "service", "usage")
 """The hand-written schema files (``schemas/<name>.json``), one per kind of document."""
 
 _INTS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,

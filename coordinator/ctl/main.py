@@ -19,6 +19,7 @@ from coordinator.ctl.argtypes import int_between
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
+from coordinator.ctl.usage import add_usage_parser, usage_csv, usage_dict, usage_request, usage_table
 from coordinator.simulator.cli import add_simulate_parser
 
 __all__ = ["main"]
@@ -285,6 +286,14 @@ def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_usage(t: Transport, args: argparse.Namespace) -> None:
+    d = usage_dict(t.call("GetUsage", usage_request(args)))
+    if args.output == "csv":
+        print(usage_csv(d))
+    else:
+        _out(args, d, usage_table(d))
+
+
 def cmd_top(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.top import run_top
 
@@ -308,8 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gptrmctl", description="Administer a gptrm cluster.")
     p.add_argument("--coordinator", default=os.environ.get("GPTRM_COORDINATOR", DEFAULT_COORDINATOR),
                    help="HOST:PORT[,HOST:PORT...] of coordinators (env GPTRM_COORDINATOR)")
-    p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table",
-                   help="table, wide (more columns on list commands) or json (see README: the JSON contract)")
+    p.add_argument("-o", "--output", choices=("table", "wide", "json", "csv"), default="table",
+                   help="table, wide (more columns on list commands), json (see README: the JSON contract) or "
+                        "csv (usage only)")
     env = os.environ
     p.add_argument("--tls-cert", default=env.get("GPTRM_TLS_CERT", ""), metavar="FILE",
                    help="client certificate for mutual TLS (env GPTRM_TLS_CERT)")
@@ -383,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("shell", choices=("bash", "zsh", "ids"), help="bash or zsh ('ids' lists ids for the script)")
     sp.add_argument("what", nargs="?", help=argparse.SUPPRESS)
     sp.set_defaults(fn=cmd_completion)
+    add_usage_parser(sub, cmd_usage)
     sp = sub.add_parser("top", help="full-screen live view of nodes, GPUs and the queue (q quits)")
     sp.add_argument("--interval", "-n", type=float, default=2.0, help="seconds between refreshes")
     sp.set_defaults(fn=cmd_top)
@@ -410,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         _check_text(parser, args)
+        if args.output == "csv" and args.command != "usage":
+            raise UsageError(f"-o csv: only usage writes CSV, not {args.command}")
         if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise UsageError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
         transport = Transport(args.coordinator.split(","), timeout_s=args.timeout, security=_security(args))

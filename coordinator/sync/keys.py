@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from common.errors import ValidationError
 
@@ -100,6 +101,21 @@ class Keys:
     def service_history(self, service_id: str) -> str:
         """``service-history/<service_id>`` (value: ``ServiceLoadHistory``)."""
         return self.service_histories_prefix + _check_name("service_id", service_id)
+
+    @property
+    def usage_prefix(self) -> str:
+        """Prefix of every ``usage/<yyyy-mm-ddThh>`` key (one hour's usage, UTC)."""
+        return self.prefix + "usage/"
+
+    def usage_hour(self, hour_unix_s: int) -> str:
+        """``usage/<yyyy-mm-ddThh>`` of the hour starting at ``hour_unix_s`` (value: ``UsageBucket``)."""
+        when = datetime.fromtimestamp(hour_unix_s, tz=UTC)
+        return self.usage_prefix + when.strftime("%Y-%m-%dT%H")
+
+    @property
+    def usage_marks(self) -> str:
+        """How far the usage ledger has accounted (value: ``UsageMarks``)."""
+        return self.prefix + "usage-marks"
 
     def node(self, node_id: str) -> str:
         """``nodes/<node_id>`` (value: ``NodeRecord``)."""

@@ -317,3 +317,63 @@ class TaskLogChunk(_message.Message):
     seq: int
     data: bytes
     def __init__(self, task_id: _Optional[str] = ..., node_id: _Optional[str] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UsageRequest(_message.Message):
+    __slots__ = ("since_unix_s", "until_unix_s", "by")
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    since_unix_s: float
+    until_unix_s: float
+    by: str
+    def __init__(self, since_unix_s: _Optional[float] = ..., until_unix_s: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
+
+class UsageReportRow(_message.Message):
+    __slots__ = ("key", "gpu_hours_by_model", "gpu_hours", "cpu_core_hours", "energy_kwh", "cost", "tasks")
+    class GpuHoursByModelEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_BY_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORE_HOURS_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_KWH_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    gpu_hours_by_model: _containers.ScalarMap[str, float]
+    gpu_hours: float
+    cpu_core_hours: float
+    energy_kwh: float
+    cost: float
+    tasks: int
+    def __init__(self, key: _Optional[str] = ..., gpu_hours_by_model: _Optional[_Mapping[str, float]] = ..., gpu_hours: _Optional[float] = ..., cpu_core_hours: _Optional[float] = ..., energy_kwh: _Optional[float] = ..., cost: _Optional[float] = ..., tasks: _Optional[int] = ...) -> None: ...
+
+class UsageReport(_message.Message):
+    __slots__ = ("since_unix_s", "until_unix_s", "by", "rows", "accounted_until_unix_s", "price_gpu_hour", "price_kwh")
+    class PriceGpuHourEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTED_UNTIL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    PRICE_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    PRICE_KWH_FIELD_NUMBER: _ClassVar[int]
+    since_unix_s: float
+    until_unix_s: float
+    by: str
+    rows: _containers.RepeatedCompositeFieldContainer[UsageReportRow]
+    accounted_until_unix_s: float
+    price_gpu_hour: _containers.ScalarMap[str, float]
+    price_kwh: float
+    def __init__(self, since_unix_s: _Optional[float] = ..., until_unix_s: _Optional[float] = ..., by: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[UsageReportRow, _Mapping]]] = ..., accounted_until_unix_s: _Optional[float] = ..., price_gpu_hour: _Optional[_Mapping[str, float]] = ..., price_kwh: _Optional[float] = ...) -> None: ...

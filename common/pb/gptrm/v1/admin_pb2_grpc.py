@@ -140,6 +140,11 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_types__pb2.Service.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/gptrm.v1.Admin/GetUsage',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.UsageReport.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -274,6 +279,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """accounted usage and cost, per queue, user or GPU model
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -381,6 +393,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CancelService,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.ServiceRef.FromString,
                     response_serializer=gptrm_dot_v1_dot_types__pb2.Service.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.UsageRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.UsageReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -950,6 +967,33 @@ class Admin:
             '/gptrm.v1.Admin/CancelService',
             gptrm_dot_v1_dot_admin__pb2.ServiceRef.SerializeToString,
             gptrm_dot_v1_dot_types__pb2.Service.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/GetUsage',
+            gptrm_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.UsageReport.FromString,
             options,
             channel_credentials,
             insecure,

@@ -712,3 +712,44 @@ class TelemetrySample(_message.Message):
     simulated: bool
     task_qos: _containers.RepeatedCompositeFieldContainer[TaskQos]
     def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ...) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("queue", "user", "gpu_model", "gpu_s", "cpu_core_s", "energy_j", "tasks")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORE_S_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    user: str
+    gpu_model: str
+    gpu_s: float
+    cpu_core_s: float
+    energy_j: float
+    tasks: int
+    def __init__(self, queue: _Optional[str] = ..., user: _Optional[str] = ..., gpu_model: _Optional[str] = ..., gpu_s: _Optional[float] = ..., cpu_core_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., tasks: _Optional[int] = ...) -> None: ...
+
+class UsageBucket(_message.Message):
+    __slots__ = ("hour_unix_s", "rows")
+    HOUR_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    hour_unix_s: int
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    def __init__(self, hour_unix_s: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ...) -> None: ...
+
+class UsageMarks(_message.Message):
+    __slots__ = ("accounted_until_unix_s", "task_energy_j")
+    class TaskEnergyJEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ACCOUNTED_UNTIL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    TASK_ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    accounted_until_unix_s: float
+    task_energy_j: _containers.ScalarMap[str, float]
+    def __init__(self, accounted_until_unix_s: _Optional[float] = ..., task_energy_j: _Optional[_Mapping[str, float]] = ...) -> None: ...
