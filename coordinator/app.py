@@ -33,15 +33,19 @@ from coordinator.qos.lost_nodes import LostNodes
 from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
 from coordinator.qos.watch import QosWatch
+from coordinator.queue_admin import QueueAdmin
+from coordinator.queues import load_toml
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
+from coordinator.scheduler.queueing import LeaderQueues
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.state import LeaderState
 from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
+from coordinator.sync.queues import QueueStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore
 from coordinator.tasks import TaskTable
@@ -94,6 +98,7 @@ class LeaderDuties:
         if not app.leadership.election.is_leader:
             return False
         app.state.adopt(state.tasks, state.nodes)
+        await app.queue_admin.recover()
         if app.store.keys.policy in state.quarantined:
             current = app.policy.current
             self._log.warning("policy_fallback", policy=current.name, threshold=current.threshold,
@@ -167,6 +172,8 @@ class App:
     admission: Admission
     supervisor: Supervisor
     usage: UsageDuty
+    queues: LeaderQueues
+    queue_admin: QueueAdmin
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -203,6 +210,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     :returns: the components, not started (see :meth:`App.start`).
     """
     keys = Keys(cfg.etcd_prefix)
+    if cfg.queues_file:
+        load_toml(cfg.queues_file)   # a broken file stops the replica now, not at its first take-over
     events = EventBus()
     leadership = Leadership(client, keys, cfg.replica_id, cfg.advertise_address, ttl_s=cfg.lease_ttl_s, events=events)
     quarantine = Quarantine(client, keys, leadership.election)   # every read value that is unusable goes here
@@ -231,11 +240,14 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                  fit=lambda: snapshots.fit(tasks.values(), policy.current.threshold,
                                                            threshold_mode(policy.current)),
                                  on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
+    queues = LeaderQueues(state, registry)
+    queue_admin = QueueAdmin(QueueStore(client, keys, leadership.election, quarantine=quarantine), leadership, locks,
+                             state, queues, events, queues_file=cfg.queues_file)
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
-                          protection_s=cfg.preemption_protection_s)
+                          protection_s=cfg.preemption_protection_s, may_preempt=queues.may_preempt)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
-                           gang_label=cfg.gang_topology_label)
+                           gang_label=cfg.gang_topology_label, queues=queues)
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
@@ -265,6 +277,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
                                   creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
+              queues=queues, queue_admin=queue_admin,
               usage=UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
                               tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),
                               interval_s=cfg.usage_interval_s))

@@ -131,6 +131,9 @@ class CoordinatorConfig:
                                             "name found in the GPU's model prices it, e.g. H100=2.5; TOML: a table)",
                                             check=_prices, metavar="MODEL=PRICE,...")
     price_kwh: float = option(0.0, "price of one kWh of the energy tasks draw", check=non_negative)
+    queues_file: str = option("", "team queues (TOML) stored in etcd when none are stored yet; afterwards "
+                              "`gptrmctl queues set/rm` change them ('' none: one default queue)",
+                              flag="queues", metavar="FILE")
 
     @property
     def gpu_hour_prices(self) -> dict[str, float]:

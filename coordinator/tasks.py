@@ -112,12 +112,15 @@ class TaskTable:
     # ---- admission and state changes ------------------------------------------------------------
 
     async def submit(self, spec: types_pb2.TaskSpec, request_id: str, *, service_id: str = "",
-                     replica_index: int = 0, admit: Callable[[types_pb2.Task], None] | None = None) -> types_pb2.Task:
+                     replica_index: int = 0, admit: Callable[[types_pb2.Task], None] | None = None,
+                     queue: str = "", submitted_by: str = "") -> types_pb2.Task:
         """Validate, profile and persist a new PENDING task (idempotent per ``request_id``).
 
         ``service_id`` and ``replica_index`` mark a service's replica (``coordinator/adaptor/services.py``).
         ``admit`` decides whether the profiled task could ever be placed (raising ``PlacementError`` when
         not); without it only the GPU count per node is checked against the largest known node.
+        ``queue`` is the team queue it runs in, resolved by the caller (default: the spec's);
+        ``submitted_by`` the submitter's identity.
 
         :raises ValidationError: naming the spec field that is wrong.
         :raises PlacementError: ``admit`` refused it.
@@ -132,7 +135,8 @@ class TaskTable:
         task = types_pb2.Task(spec=spec, state=pb_enum(types_pb2.TaskState, TaskState.PENDING),
                               demand=profile.to_proto(), reason="waiting for the scheduler",
                               id=f"t-{uuid.uuid4().hex[:10]}",
-                              submit_unix_s=time.time(), service_id=service_id, replica_index=replica_index)
+                              submit_unix_s=time.time(), service_id=service_id, replica_index=replica_index,
+                              queue=queue or spec.queue, submitted_by=submitted_by[:256])
         if admit is not None:
             admit(task)
         stored = await self._leadership.write(self._store.create_task, task, request_id)

@@ -42,10 +42,12 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
+from coordinator.api.auth import current_principal, queue_refusal
 from coordinator.api.deps import AdminDeps
 from coordinator.api.pages import paginate
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
+from coordinator.queue_admin import queue_from_proto, queue_to_proto
 from coordinator.scheduler.policy import threshold_mode
 from coordinator.sync.usage import hours_between
 from coordinator.usage.ledger import add_rows
@@ -324,7 +326,21 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("request_id", "longer than 128 characters")
         # The door: a task no known node could hold even empty is refused, unless the operator queues it anyway.
         admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
-        return await self._app.tasks.submit(request.spec, request.request_id, admit=admit)
+        queue, submitter = self._queue_for(request.spec)
+        return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
+                                            submitted_by=submitter)
+
+    def _queue_for(self, spec: types_pb2.TaskSpec) -> tuple[str, str]:
+        """The team queue a submission goes to, and who submits it.
+
+        :raises PermissionDenied: the caller may not submit to that queue (audited as refused).
+        :raises ValidationError: no such queue, or none named and the caller has no default."""
+        principal = current_principal()
+        queue = self._app.queue_admin.resolve(spec.queue, principal)
+        refusal = queue_refusal(principal, queue) if principal is not None and principal.via != "none" else None
+        if refusal is not None:
+            raise refusal
+        return queue, principal.name if principal is not None else ""
 
     @_rpc
     async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
@@ -378,10 +394,31 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                                            threshold_mode=mode))
 
     @_rpc
+    async def ListQueues(self, request: admin_pb2.ListQueuesRequest, context: Ctx) -> admin_pb2.ListQueuesResponse:
+        if self._app.leadership.leading:
+            return self._app.queue_admin.views(request.name)
+        return await self._app.queue_admin.stored_views(request.name)
+
+    @_rpc
+    async def SetQueue(self, request: admin_pb2.SetQueueRequest, context: Ctx) -> admin_pb2.QueueView:
+        if not request.HasField("queue"):
+            raise ValidationError("queue", "is required")
+        queue = await self._app.queue_admin.set(queue_from_proto(request.queue))
+        return self._app.queue_admin.views(queue.name).queues[0]
+
+    @_rpc
+    async def RemoveQueue(self, request: admin_pb2.QueueRef, context: Ctx) -> admin_pb2.QueueView:
+        removed = await self._app.queue_admin.remove(_require_id(request.name, "name"))
+        return admin_pb2.QueueView(queue=queue_to_proto(removed))
+
+    @_rpc
     async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
         if not request.HasField("spec"):
             raise ValidationError("spec", "is required")
-        return await self._app.services.create(request.spec, request.request_id)
+        spec = types_pb2.TaskSpec()
+        spec.CopyFrom(request.spec)
+        spec.queue, _submitter = self._queue_for(spec)   # its replicas run in the queue resolved now
+        return await self._app.services.create(spec, request.request_id)
 
     @_rpc
     async def GetService(self, request: admin_pb2.ServiceRef, context: Ctx) -> admin_pb2.ServiceView:

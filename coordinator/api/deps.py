@@ -15,6 +15,7 @@ from coordinator.events import EventBus
 from coordinator.monitor import NodeRegistry, ResourceMonitor
 from coordinator.nodes import NodeService
 from coordinator.qos.lost_nodes import LostNodes
+from coordinator.queue_admin import QueueAdmin
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
@@ -58,3 +59,4 @@ class AdminDeps(Protocol):
     admission: Admission
     supervisor: Supervisor
     usage: UsageDuty
+    queue_admin: QueueAdmin

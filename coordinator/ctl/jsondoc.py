@@ -47,7 +47,8 @@ __all__ = [
     "proto_schemas",
 ]
 
-SCHEMA_DOCUMENTS = ("status", "node", "nodes", "task", "tasks", "policy", "event", "log_chunk", "service", "usage")
+SCHEMA_DOCUMENTS = ("status", "node", "nodes", "task", "tasks", "policy", "event", "log_chunk", "service", "usage",
+                    "queues")
 """The hand-written schema files (``schemas/<name>.json``), one per kind of document."""
 
 _INTS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,

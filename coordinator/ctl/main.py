@@ -18,6 +18,7 @@ from coordinator.ctl import human, render
 from coordinator.ctl.argtypes import int_between
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
+from coordinator.ctl.queues import add_queues_parser, queue_dict, queue_update, queues_dict, queues_table
 from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.ctl.usage import add_usage_parser, usage_csv, usage_dict, usage_request, usage_table
 from coordinator.simulator.cli import add_simulate_parser
@@ -294,6 +295,27 @@ def cmd_usage(t: Transport, args: argparse.Namespace) -> None:
         _out(args, d, usage_table(d))
 
 
+def cmd_queues(t: Transport, args: argparse.Namespace) -> None:
+    words = list(args.words)
+    if words[:1] in (["set"], ["rm"]):
+        if len(words) != 2:
+            raise CtlError(f"queues {words[0]}: give exactly one NAME", EXIT_USAGE)
+        verb, name = words
+        if verb == "rm":
+            view = t.call("RemoveQueue", admin_pb2.QueueRef(name=name), write=True)
+            _out(args, queue_dict(view), f"queue {name} removed")
+            return
+        current = t.call("ListQueues", admin_pb2.ListQueuesRequest())
+        known = next((v.queue for v in current.queues if v.queue.name == name and current.managed), None)
+        view = t.call("SetQueue", admin_pb2.SetQueueRequest(queue=queue_update(known, name, args)), write=True)
+        _out(args, queue_dict(view), f"queue {name} set")
+        return
+    if len(words) > 1:
+        raise CtlError("queues: give one NAME, or set NAME / rm NAME", EXIT_USAGE)
+    d = queues_dict(t.call("ListQueues", admin_pb2.ListQueuesRequest(name=words[0] if words else "")))
+    _out(args, d, queues_table(d))
+
+
 def cmd_top(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.top import run_top
 
@@ -394,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("what", nargs="?", help=argparse.SUPPRESS)
     sp.set_defaults(fn=cmd_completion)
     add_usage_parser(sub, cmd_usage)
+    add_queues_parser(sub, cmd_queues)
     sp = sub.add_parser("top", help="full-screen live view of nodes, GPUs and the queue (q quits)")
     sp.add_argument("--interval", "-n", type=float, default=2.0, help="seconds between refreshes")
     sp.set_defaults(fn=cmd_top)

@@ -154,6 +154,9 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "energy_j": t.energy_j,
         "master_port": t.allocation.master_port,
         "parts": [part_dict(p) for p in t.parts],
+        "queue": t.queue or "default",
+        "submitted_by": t.submitted_by,
+        "borrowed_gpus": t.borrowed_gpus,
     }
 
 

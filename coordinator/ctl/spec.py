@@ -38,6 +38,7 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the command under torchrun with the task's nodes, rank, GPUs and rendezvous "
                         "(torchrun --nnodes ... --master-port ... -- ARGV)")
     p.add_argument("--priority", type=int, help="higher runs first")
+    p.add_argument("--queue", metavar="NAME", help="the team queue it runs in (default: your credential's default)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--restart-policy", help="never | on-failure | always")
@@ -132,6 +133,8 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
         d["run_as_user"] = args.run_as_user
     if args.launcher is not None:
         d["launcher"] = args.launcher
+    if args.queue is not None:
+        d["queue"] = args.queue
     return _parse(d, "flags")
 
 

@@ -46,6 +46,7 @@ from coordinator.profiler.taskspec import (
 __all__ = ["validate_argv_env", "validate_profiled_demand", "validate_service", "validate_sizes", "validate_spec"]
 
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_QUEUE_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 """A POSIX user name as useradd accepts it (the agent still checks its own allowlist)."""
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 """An environment variable name the agent accepts (what a shell can name)."""
@@ -283,6 +284,8 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
             raise ValidationError("spec.run_as_user", f"invalid user name {spec.run_as_user[:64]!r}")
         if spec.launcher not in ("", "torchrun"):
             raise ValidationError("spec.launcher", f"unknown launcher {spec.launcher[:64]!r} (torchrun, or none)")
+        if spec.queue and not _QUEUE_RE.fullmatch(spec.queue):
+            raise ValidationError("spec.queue", f"invalid queue name {spec.queue[:64]!r} ([a-z0-9][a-z0-9-]{{0,62}})")
         if spec.HasField("service"):
             validate_service(spec)
 

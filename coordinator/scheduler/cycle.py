@@ -26,8 +26,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
-from common.domain import Placement, Rejection
+from common.domain import Placement, Rejection, Request
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
@@ -39,9 +40,11 @@ from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Preemption, ScaleOut
 from coordinator.profiler import Profiler
+from coordinator.queues import ANY_MODEL, Admission
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
+from coordinator.scheduler.queueing import LeaderQueues, QueuePlan
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.supervisor import Beat, no_beat
@@ -49,11 +52,18 @@ from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
 from coordinator.tasks import TaskTable
 
-__all__ = ["FORCED_CYCLE_S", "SchedulerCycle"]
+__all__ = ["FORCED_CYCLE_S", "SchedulerCycle", "on_pool"]
 
 FORCED_CYCLE_S = 30.0
 """A cycle runs at least this often even when nothing seems to have changed."""
 _PERIOD_S = 1.0
+
+
+def on_pool(request: Request, pool: str) -> Request:
+    """A request held to the GPU pool its queue admitted it in (a pool a queue names is one GPU model)."""
+    if pool == ANY_MODEL or request.gpu_model:
+        return request
+    return replace(request, gpu_model=pool)
 
 
 class SchedulerCycle:
@@ -79,13 +89,16 @@ class SchedulerCycle:
     :param profiler: expected run times (tasks with a deadline are ordered by slack within a priority).
     :param on_unplaced: told of every task a cycle could not place (the Resource Adaptor's wake-ups).
     :param gang_label: the node label whose shared value multi-node tasks prefer ("" none).
+    :param queues: the team queues (admission, fair order across queues, reclaim); None: none.
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOut,
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
-                 on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "") -> None:
+                 on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
+                 queues: LeaderQueues | None = None) -> None:
         self._preemptor, self._profiler = preemptor, profiler
+        self._queues = queues
         self._gang_label = gang_label
         self._on_unplaced = on_unplaced
         self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
@@ -119,7 +132,8 @@ class SchedulerCycle:
             r = e.record.reserved
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
                           r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
-        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes)
+        queues = (self._queues.config, tuple(sorted(self._queues.gates.items()))) if self._queues else None
+        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues
 
     async def cycle(self) -> int:
         """One scheduling cycle; returns the number of placements committed.
@@ -144,6 +158,16 @@ class SchedulerCycle:
         runs = {t.id: run_s for t in pending if (run_s := self._profiler.expected_run_s(t.spec)) is not None}
         expected = {t.id: runs[t.id] for t in pending if t.spec.qos.deadline_unix_s and t.id in runs}
         requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
+        by_id = {t.id: t for t in pending}
+        plan = None
+        if self._queues is not None and self._queues.config.managed:
+            self._queues.accrue()
+            plan = self._queues.plan([by_id[r.task_id] for r in requests])
+            for task_id, reason in plan.refused.items():
+                self._metrics.decisions.labels(outcome="waiting").inc()
+                self._tasks.note_reason(task_id, reason)
+            by_request = {r.task_id: r for r in requests}
+            requests = [on_pool(by_request[task_id], plan.admissions[task_id].pool) for task_id in plan.order]
         snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
@@ -151,11 +175,18 @@ class SchedulerCycle:
                                            gang_label=self._gang_label)
         decisions = engine.place_batch(requests)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
-        commits, by_id, rejected = [], {t.id: t for t in pending}, []
+        commits: list[PlacementCommit] = []
+        rejected: list[types_pb2.Task] = []
         ports = PortBook.of(self._tasks.values())
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
+                if plan is not None:
+                    marked = self._borrowing(task, decision, plan.admissions[task.id])
+                    if marked is None:
+                        self._metrics.decisions.labels(outcome="waiting").inc()
+                        continue
+                    task = marked
                 commits.append((task, task.revision, self._allocation(task, decision, ports)))
                 self._metrics.decisions.labels(outcome="placed").inc()
             else:
@@ -165,11 +196,47 @@ class SchedulerCycle:
         committed = await self._commit(commits) if commits else 0
         preempted = bool(rejected) and await self._preemptor.after_rejections(rejected, policy.name,
                                                                               policy.threshold, mode)
+        if plan is not None and await self._reclaim(plan, {c[0].id for c in commits}, by_id):
+            preempted = True
         self._metrics.sched_latency.observe(time.perf_counter() - started)
         self.cycles += 1
         if not commits and not preempted:
             self._idle = (inputs, started)
         return committed
+
+    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission) -> types_pb2.Task | None:
+        """The task as it is committed: with the GPUs its queue borrows for it (a copy; the record in the
+        leader state changes only when etcd stored the placement). None when it was placed on GPUs of
+        another pool than its queue admitted it in (only possible for an any-model task when some queue
+        names a model): it waits for the next cycle."""
+        assert self._queues is not None
+        model = self._queues.placed_model(placement)
+        if model is not None and self._queues.config.pool_of(model) != admission.pool:
+            self._tasks.note_reason(task.id, f"admitted in GPU pool {admission.pool!r}, placed on {model!r}: "
+                                             "waiting for room in its pool")
+            return None
+        if not admission.borrowed:
+            return task
+        marked = types_pb2.Task()
+        marked.CopyFrom(task)
+        marked.borrowed_gpus = admission.borrowed
+        return marked
+
+    async def _reclaim(self, plan: QueuePlan, placed: set[str], by_id: dict[str, types_pb2.Task]) -> bool:
+        """Queues owed GPUs within their quota take them back from borrowers (one victim set per queue)."""
+        assert self._queues is not None
+        waiting = [by_id[t] for t in (*plan.order, *plan.refused) if t not in placed and t in by_id]
+        victims = self._queues.reclaim(waiting)
+        if not victims:
+            return False
+        for_queue: dict[str, list[types_pb2.Task]] = {}
+        for v in victims:
+            task = self._tasks.find(v.task_id)
+            if task is not None:
+                for_queue.setdefault(v.for_queue, []).append(task)
+        stopped = [tid for queue, tasks in sorted(for_queue.items())
+                   for tid in await self._preemptor.reclaim(tasks, queue)]
+        return bool(stopped)
 
     def _allocation(self, task: types_pb2.Task, placement: Placement, ports: PortBook) -> types_pb2.Allocation:
         """The allocation of a placement: nodes in rank order with their addresses, and a master port

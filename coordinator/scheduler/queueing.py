@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.domain import Placement
 from common.pb.gptrm.v1 import types_pb2
 from common.types import NodeState, TaskState
 from coordinator.monitor.nodes import NodeRegistry
@@ -95,7 +96,7 @@ def queued(task: types_pb2.Task) -> QueuedTask:
     """A pending task's queue view."""
     n = max(1, task.spec.nodes)
     return QueuedTask(task.id, queue_of(task), whole_gpus(task), task.demand.cpu_cores * n,
-                      task.demand.mem_bytes * n / _GIB)
+                      task.demand.mem_bytes * n / _GIB, task.spec.constraints.gpu_model or ANY_MODEL)
 
 
 def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
@@ -193,10 +194,12 @@ class LeaderQueues:
     """
 
     def __init__(self, state: LeaderState, registry: NodeRegistry, clock: Callable[[], float] = time.time) -> None:
-        self._state, self._registry, self._clock = state, registry, clock
+        self._state, self._registry, self.clock = state, registry, clock
         self.decay = UsageDecay.for_config(state.queues)
         self.gates: dict[str, Gate] = {}
-        """Each queue's budget gate (set by the usage duty; ``run`` when absent)."""
+        """Each queue's budget gate (``run`` when absent), set by :meth:`set_budgets`."""
+        self.budget_used: dict[str, float] = {}
+        """What each queue with a budget consumed in its current period, in its budget's unit."""
         self._accrued_at: float | None = None
 
     @property
@@ -226,7 +229,7 @@ class LeaderQueues:
 
     def accrue(self) -> None:
         """Add the GPU- and core-seconds each queue held since the last call to its decayed usage."""
-        now = self._clock()
+        now = self.clock()
         if self.decay.half_life_s != self.config.half_life_h * 3600.0:
             self.decay = UsageDecay.for_config(self.config)
         last, self._accrued_at = self._accrued_at, now
@@ -240,12 +243,22 @@ class LeaderQueues:
         """:func:`plan_queues` for the cycle's pending tasks (in the scheduler's order)."""
         held, stopping = self.holdings()
         return plan_queues(self.config, [queued(t) for t in pending], held + stopping, self.capacity(),
-                           self.decay, self._clock(), self.gates)
+                           self.decay, self.clock(), self.gates)
 
     def reclaim(self, waiting: Sequence[types_pb2.Task]) -> list[Victim]:
         """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order)."""
         held, stopping = self.holdings()
         return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping)
+
+    def placed_model(self, placement: Placement) -> str | None:
+        """The GPU model a placement's first GPU has (None: it took no GPU or the node is unknown)."""
+        for a in placement.assignments:
+            entry = self._registry.get(a.node_id)
+            if entry is not None and a.gpu_indices:
+                for g in entry.inventory.gpus:
+                    if g.index == a.gpu_indices[0]:
+                        return g.model or ANY_MODEL
+        return None
 
     def may_preempt(self, task: types_pb2.Task, victim: types_pb2.Task) -> bool:
         """Priority preemption stays within a queue once queues are configured (reclaim crosses them)."""

@@ -377,3 +377,119 @@ class UsageReport(_message.Message):
     price_gpu_hour: _containers.ScalarMap[str, float]
     price_kwh: float
     def __init__(self, since_unix_s: _Optional[float] = ..., until_unix_s: _Optional[float] = ..., by: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[UsageReportRow, _Mapping]]] = ..., accounted_until_unix_s: _Optional[float] = ..., price_gpu_hour: _Optional[_Mapping[str, float]] = ..., price_kwh: _Optional[float] = ...) -> None: ...
+
+class QueueQuota(_message.Message):
+    __slots__ = ("gpu_model", "gpus", "has_limit", "limit", "has_lend", "lend")
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    HAS_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    HAS_LEND_FIELD_NUMBER: _ClassVar[int]
+    LEND_FIELD_NUMBER: _ClassVar[int]
+    gpu_model: str
+    gpus: int
+    has_limit: bool
+    limit: int
+    has_lend: bool
+    lend: int
+    def __init__(self, gpu_model: _Optional[str] = ..., gpus: _Optional[int] = ..., has_limit: _Optional[bool] = ..., limit: _Optional[int] = ..., has_lend: _Optional[bool] = ..., lend: _Optional[int] = ...) -> None: ...
+
+class QueueBudget(_message.Message):
+    __slots__ = ("kind", "amount", "period", "action")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    amount: float
+    period: str
+    action: str
+    def __init__(self, kind: _Optional[str] = ..., amount: _Optional[float] = ..., period: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+
+class Queue(_message.Message):
+    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    HAS_CPU_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    HAS_MEM_GIB_FIELD_NUMBER: _ClassVar[int]
+    MEM_GIB_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FOR_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    HAS_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    parent: str
+    quotas: _containers.RepeatedCompositeFieldContainer[QueueQuota]
+    weight: float
+    has_cpu: bool
+    cpu: float
+    has_mem_gib: bool
+    mem_gib: float
+    members: _containers.RepeatedScalarFieldContainer[str]
+    default_for: _containers.RepeatedScalarFieldContainer[str]
+    budget: QueueBudget
+    has_budget: bool
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ...) -> None: ...
+
+class QueueHeld(_message.Message):
+    __slots__ = ("gpu_model", "own", "borrowed")
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
+    gpu_model: str
+    own: int
+    borrowed: int
+    def __init__(self, gpu_model: _Optional[str] = ..., own: _Optional[int] = ..., borrowed: _Optional[int] = ...) -> None: ...
+
+class QueueView(_message.Message):
+    __slots__ = ("queue", "held", "running", "pending", "fair_order", "budget_used", "budget_gate", "leaf")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    FAIR_ORDER_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_USED_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_GATE_FIELD_NUMBER: _ClassVar[int]
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    held: _containers.RepeatedCompositeFieldContainer[QueueHeld]
+    running: int
+    pending: int
+    fair_order: int
+    budget_used: float
+    budget_gate: str
+    leaf: bool
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., held: _Optional[_Iterable[_Union[QueueHeld, _Mapping]]] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., fair_order: _Optional[int] = ..., budget_used: _Optional[float] = ..., budget_gate: _Optional[str] = ..., leaf: _Optional[bool] = ...) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("queues", "managed", "half_life_h", "stale")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    MANAGED_FIELD_NUMBER: _ClassVar[int]
+    HALF_LIFE_H_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueView]
+    managed: bool
+    half_life_h: float
+    stale: bool
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueView, _Mapping]]] = ..., managed: _Optional[bool] = ..., half_life_h: _Optional[float] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class SetQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
+
+class QueueRef(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...

@@ -145,6 +145,21 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.UsageReport.FromString,
                 _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/gptrm.v1.Admin/ListQueues',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
+        self.SetQueue = channel.unary_unary(
+                '/gptrm.v1.Admin/SetQueue',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.SetQueueRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.QueueView.FromString,
+                _registered_method=True)
+        self.RemoveQueue = channel.unary_unary(
+                '/gptrm.v1.Admin/RemoveQueue',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.QueueRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.QueueView.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -286,6 +301,27 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueues(self, request, context):
+        """the team queues, what each holds and waits for
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQueue(self, request, context):
+        """create or change one queue (the whole tree is validated)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveQueue(self, request, context):
+        """refused while it holds or waits for work, or has children
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -398,6 +434,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.UsageRequest.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.UsageReport.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ListQueuesRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'SetQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueue,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.SetQueueRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.QueueView.SerializeToString,
+            ),
+            'RemoveQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveQueue,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.QueueRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.QueueView.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -994,6 +1045,87 @@ class Admin:
             '/gptrm.v1.Admin/GetUsage',
             gptrm_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.UsageReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/ListQueues',
+            gptrm_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/SetQueue',
+            gptrm_dot_v1_dot_admin__pb2.SetQueueRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.QueueView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/RemoveQueue',
+            gptrm_dot_v1_dot_admin__pb2.QueueRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.QueueView.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,266 @@
+"""The leader's team queues: the tree in etcd, the admin's changes to it, who may submit where, and
+what each queue holds.
+
+- A new leader reads the stored tree; when none is stored and ``--queues FILE`` names a TOML file
+  (:func:`coordinator.queues.load_toml`), that file's tree is stored. From then on etcd is the
+  truth and ``gptrmctl queues set/rm`` change it, under the ``queues`` lock, compared on the key's
+  revision, validated as a whole tree (:class:`~coordinator.queues.QueueConfig`).
+- A queue is removed only when no unfinished task is in it.
+- **Who may submit where** (:meth:`QueueAdmin.resolve`): a credential that names queues
+  (certificate SAN URIs or the token file's ``queues=``) may submit to those only, the first being
+  its default; a credential that names none may submit to the queues whose ``members`` list it
+  (or ``"*"``), and its default is the queue whose ``default_for`` lists it. Without
+  authentication (``--insecure`` alone) every queue is open. Without configured queues every task
+  runs in the one implicit ``default`` queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Protocol
+
+from common.errors import IllegalTransition, NotFound, PermissionDenied, ValidationError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import admin_pb2
+from common.types import TERMINAL_STATES, TaskState
+from coordinator.events import EventBus
+from coordinator.queues import (
+    ANY_MODEL,
+    DEFAULT_QUEUE,
+    Queue,
+    QueueConfig,
+    QueueUse,
+    budget_state,
+    load_toml,
+    queue_use,
+    rebalance,
+)
+from coordinator.queues.fairshare import order_queues
+from coordinator.scheduler.queueing import LeaderQueues, queue_of
+from coordinator.state import LeaderState
+from coordinator.sync.leadership import Leadership
+from coordinator.sync.lock import AdminLocks
+from coordinator.sync.queues import QueueStore
+
+__all__ = ["QueueAdmin", "Submitter", "queue_from_proto", "queue_to_proto"]
+
+_NO_USE = QueueUse()
+
+
+class Submitter(Protocol):
+    """Who submits (``coordinator.api.auth.Principal``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def via(self) -> str: ...
+
+    @property
+    def default_queue(self) -> str: ...
+
+    @property
+    def any_queue(self) -> bool: ...
+
+
+def queue_to_proto(q: Queue) -> admin_pb2.Queue:
+    """The API form of a queue."""
+    out = admin_pb2.Queue(name=q.name, parent=q.parent or "", weight=q.weight, members=list(q.members),
+                          default_for=list(q.default_for))
+    for model in sorted(set(q.gpus) | set(q.limit) | set(q.lend)):
+        quota = out.quotas.add(gpu_model=model, gpus=q.gpus.get(model, 0))
+        if model in q.limit:
+            quota.has_limit, quota.limit = True, q.limit[model]
+        if model in q.lend:
+            quota.has_lend, quota.lend = True, q.lend[model]
+    if q.cpu is not None:
+        out.has_cpu, out.cpu = True, q.cpu
+    if q.mem_gib is not None:
+        out.has_mem_gib, out.mem_gib = True, q.mem_gib
+    if q.budget is not None:
+        out.has_budget = True
+        out.budget.CopyFrom(admin_pb2.QueueBudget(kind=q.budget.kind, amount=q.budget.amount,
+                                                  period=q.budget.period, action=q.budget.action))
+    return out
+
+
+def queue_from_proto(msg: admin_pb2.Queue) -> Queue:
+    """A queue from the API, validated (:class:`ValidationError` naming the field)."""
+    data: dict[str, object] = {"name": msg.name, "weight": msg.weight or 1.0}
+    if msg.parent:
+        data["parent"] = msg.parent
+    gpus: dict[str, int] = {}
+    limit: dict[str, int] = {}
+    lend: dict[str, int] = {}
+    for i, quota in enumerate(msg.quotas):
+        model = quota.gpu_model or ANY_MODEL
+        if model in gpus:
+            raise ValidationError(f"queue.quotas[{i}].gpu_model", f"{model!r} is given twice")
+        gpus[model] = quota.gpus
+        if quota.has_limit:
+            limit[model] = quota.limit
+        if quota.has_lend:
+            lend[model] = quota.lend
+    data.update(gpus=gpus, limit=limit, lend=lend, members=list(msg.members), default_for=list(msg.default_for))
+    if msg.has_cpu:
+        data["cpu"] = msg.cpu
+    if msg.has_mem_gib:
+        data["mem_gib"] = msg.mem_gib
+    if msg.has_budget:
+        data["budget"] = {"kind": msg.budget.kind, "amount": msg.budget.amount,
+                          "period": msg.budget.period or "month", "action": msg.budget.action or "hold"}
+    return Queue.from_dict(data, where="queue")
+
+
+class QueueAdmin:
+    """The queue tree on the leader: recovery, changes, access, and views.
+
+    :param store: the queue tree in etcd.
+    :param leadership: leader check and fenced writes.
+    :param locks: the admin locks (``queues``).
+    :param state: the leader's state (holds the tree; tasks for the views and the removal check).
+    :param queues: the scheduler's queue side (capacity, holdings, decayed usage, budget gates).
+    :param events: the cluster event log.
+    :param queues_file: the TOML file stored when etcd holds no tree ("" none).
+    """
+
+    def __init__(self, store: QueueStore, leadership: Leadership, locks: AdminLocks, state: LeaderState,
+                 queues: LeaderQueues, events: EventBus, queues_file: str = "") -> None:
+        self._store, self._leadership, self._locks, self._state = store, leadership, locks, state
+        self._queues, self._events, self._file = queues, events, queues_file
+        self._log = get_logger("coordinator")
+
+    # ---- a new leader -------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Read the stored tree; store ``--queues FILE`` when there is none.
+
+        :raises ConfigError, ValidationError: the file is unreadable or invalid (the leader then gives up
+            its lease: a replica with another file may lead)."""
+        stored = await asyncio.to_thread(self._store.get)
+        if not stored.revision and self._file:
+            config = await asyncio.to_thread(load_toml, self._file)
+            stored = await self._leadership.write_as_leader(self._store.put, config, 0)
+            self._log.info("queues_loaded", file=self._file, queues=len(config.queues))
+        elif stored.revision and self._file:
+            self._log.info("queues_file_ignored", file=self._file,
+                           reason="etcd holds queues already; gptrmctl queues set/rm change them")
+        self._state.apply_queues(stored.config, stored.revision)
+
+    # ---- admin changes ------------------------------------------------------------------------
+
+    async def set(self, queue: Queue) -> Queue:
+        """Create or replace one queue (the whole tree validated). :raises ValidationError, NotLeader."""
+        self._leadership.require_leader()
+        async with self._locks.hold("queues"):
+            config = self._state.queues.set(queue)
+            stored = await self._leadership.write(self._store.put, config, self._state.queues_revision)
+            self._state.apply_queues(stored.config, stored.revision)
+        self._log.info("queue_set", queue=queue.name)
+        self._events.publish("queues", f"queue {queue.name} set", queue=queue.name)
+        return stored.config.get(queue.name)
+
+    async def remove(self, name: str) -> Queue:
+        """Remove an empty leaf queue. :raises NotFound, IllegalTransition (it holds or waits for work)."""
+        self._leadership.require_leader()
+        async with self._locks.hold("queues"):
+            config = self._state.queues
+            if not config.managed or name not in config:
+                raise NotFound(f"no queue named {name!r}")
+            busy = [t.id for t in self._state.tasks.values() if queue_of(t) == name and t.state not in TERMINAL_STATES]
+            if busy:
+                raise IllegalTransition(f"queue {name}: {len(busy)} unfinished task(s) in it "
+                                        f"({', '.join(sorted(busy)[:5])}); cancel or wait for them first")
+            removed = config.get(name)
+            stored = await self._leadership.write(self._store.put, config.remove(name), self._state.queues_revision)
+            self._state.apply_queues(stored.config, stored.revision)
+        self._log.info("queue_removed", queue=name)
+        self._events.publish("queues", f"queue {name} removed", queue=name)
+        return removed
+
+    # ---- who may submit where -----------------------------------------------------------------
+
+    def resolve(self, asked: str, principal: Submitter | None) -> str:
+        """The queue a submit goes to: ``asked``, or the submitter's default. (Whether the submitter's
+        credential names that queue is the servicer's check, ``coordinator.api.auth.queue_refusal``.)
+
+        :raises PermissionDenied: the credential names no queues and the queue's members leave it out.
+        :raises ValidationError: no such leaf queue, or no queue given and none is the submitter's default.
+        """
+        config = self._state.queues
+        open_mode = principal is None or principal.via == "none"
+        name = asked or (principal.default_queue if principal is not None else "")
+        if not name:
+            if not config.managed:
+                name = DEFAULT_QUEUE.name
+            else:
+                try:
+                    name = config.default_queue(principal.name if principal is not None else "anonymous")
+                except NotFound as e:
+                    raise ValidationError("spec.queue", str(e)) from None
+        if name not in config.names or not config.is_leaf(name):
+            known = ", ".join(n for n in config.names if config.is_leaf(n))
+            raise ValidationError("spec.queue", f"no queue {name!r} takes tasks (queues: {known})")
+        if open_mode or principal is None:
+            return name
+        if principal.any_queue and config.managed and not config.may_submit(principal.name, name):
+            raise PermissionDenied(f"queue {name!r}: {principal.name!r} is not among its members")
+        return name
+
+    # ---- views --------------------------------------------------------------------------------
+
+    async def stored_views(self, name: str = "") -> admin_pb2.ListQueuesResponse:
+        """:meth:`views` on a standby: the tree etcd holds, without what the leader alone knows (``stale``)."""
+        stored = await asyncio.to_thread(self._store.get)
+        out = self._views(stored.config, name, leading=False)
+        out.stale = True
+        return out
+
+    def views(self, name: str = "") -> admin_pb2.ListQueuesResponse:
+        """Every queue (tree order), or one: its settings, what it holds (own and borrowed), its tasks,
+        its place in the fair order and its budget."""
+        return self._views(self._state.queues, name, leading=True)
+
+    def _views(self, config: QueueConfig, name: str, *, leading: bool) -> admin_pb2.ListQueuesResponse:
+        if name and name not in config.names:
+            raise NotFound(f"no queue named {name!r}")
+        held, stopping = self._queues.holdings() if leading else ([], [])
+        current = rebalance(config, held + stopping)
+        use = queue_use(current)
+        capacity = self._queues.capacity()
+        now = self._queues.clock()
+        order = order_queues(config, use, self._queues.decay, capacity, now) if config.managed else []
+        rank = {q: i + 1 for i, q in enumerate(order)}
+        counts: dict[tuple[str, str], int] = {}
+        for t in self._state.tasks.values():
+            kind = "pending" if t.state == TaskState.PENDING else "running" if t.allocation.nodes and \
+                t.state not in TERMINAL_STATES else ""
+            if kind:
+                counts[queue_of(t), kind] = counts.get((queue_of(t), kind), 0) + 1
+        out = admin_pb2.ListQueuesResponse(managed=config.managed, half_life_h=config.half_life_h)
+        for q in _tree_order(config):
+            if name and q.name != name:
+                continue
+            view = out.queues.add(queue=queue_to_proto(q), leaf=config.is_leaf(q.name),
+                                  running=counts.get((q.name, "running"), 0),
+                                  pending=counts.get((q.name, "pending"), 0),
+                                  budget_gate=self._queues.gates.get(q.name, "run"))
+            for model, h in sorted(use.get(q.name, _NO_USE).gpus.items()):
+                view.held.add(gpu_model=model, own=h.own, borrowed=h.borrowed)
+            view.fair_order = rank.get(q.name, 0)
+            if q.budget is not None:
+                used = self._queues.budget_used.get(q.name)
+                if used is not None:
+                    view.budget_used = budget_state(q.budget, used, now).fraction
+        return out
+
+
+def _tree_order(config: QueueConfig) -> Iterable[Queue]:
+    """Each parent before its children, siblings by name."""
+    def walk(parent: str | None) -> Iterable[Queue]:
+        for q in sorted((q for q in config.all_queues if q.parent == parent), key=lambda q: q.name):
+            yield q
+            yield from walk(q.name)
+    return walk(None)
+
