@@ -49,7 +49,7 @@ from coordinator.sync.queues import QueueStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore
 from coordinator.tasks import TaskTable
-from coordinator.usage import UsageDuty, UsageMetrics
+from coordinator.usage import Prices, UsageDuty, UsageMetrics
 from coordinator.version import VERSION
 
 __all__ = ["VERSION", "App", "LeaderDuties", "build"]
@@ -75,6 +75,7 @@ class LeaderDuties:
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
         sup.add("usage", lambda beat: app.usage.run(beat=beat), interval_s=cfg.usage_interval_s)
+        sup.add("budgets", lambda beat: app.queue_admin.watch_budgets(beat=beat), interval_s=30.0)
         if cfg.power_capping == "on":
             sup.add("capping", lambda beat: app.capper.run(beat=beat), interval_s=2.0)
 
@@ -116,8 +117,8 @@ class LeaderDuties:
 
     def start_leading(self) -> None:
         """Run the scheduler, the power manager, the QoS watch, the finished-task retention, the lost-node
-        sweep, the services' replica controller, the usage ledger, the power capping loop (``--power-capping
-        on``) and, after the agents' grace, the reconcile of unreported tasks.
+        sweep, the services' replica controller, the usage ledger, the queues' budget readings, the power
+        capping loop (``--power-capping on``) and, after the agents' grace, the reconcile of unreported tasks.
 
         Each runs under the supervisor (``coordinator.supervisor``): restarted when it fails, and the lease
         given up when one keeps failing."""
@@ -241,8 +242,12 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                            threshold_mode(policy.current)),
                                  on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
     queues = LeaderQueues(state, registry)
+    usage = UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
+                      tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),
+                      interval_s=cfg.usage_interval_s)
     queue_admin = QueueAdmin(QueueStore(client, keys, leadership.election, quarantine=quarantine), leadership, locks,
-                             state, queues, events, queues_file=cfg.queues_file)
+                             state, queues, usage, Prices(cfg.gpu_hour_prices, cfg.price_kwh), events,
+                             queues_file=cfg.queues_file)
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s, may_preempt=queues.may_preempt)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
@@ -278,8 +283,6 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                   creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
-              usage=UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
-                              tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),
-                              interval_s=cfg.usage_interval_s))
+              usage=usage)
     quarantine.listener = app.on_quarantined
     return app

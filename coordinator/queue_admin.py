@@ -28,20 +28,27 @@ from coordinator.events import EventBus
 from coordinator.queues import (
     ANY_MODEL,
     DEFAULT_QUEUE,
+    WARN_FRACTION,
+    BudgetState,
     Queue,
     QueueConfig,
     QueueUse,
+    budget_gate,
     budget_state,
     load_toml,
+    period_start,
     queue_use,
     rebalance,
+    warning_due,
 )
 from coordinator.queues.fairshare import order_queues
 from coordinator.scheduler.queueing import LeaderQueues, queue_of
 from coordinator.state import LeaderState
+from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
 from coordinator.sync.queues import QueueStore
+from coordinator.usage import Prices, UsageDuty, summarize
 
 __all__ = ["QueueAdmin", "Submitter", "queue_from_proto", "queue_to_proto"]
 
@@ -120,15 +127,19 @@ class QueueAdmin:
     :param leadership: leader check and fenced writes.
     :param locks: the admin locks (``queues``).
     :param state: the leader's state (holds the tree; tasks for the views and the removal check).
-    :param queues: the scheduler's queue side (capacity, holdings, decayed usage, budget gates).
+    :param queues: the scheduler's queue side (capacity, holdings, decayed usage, budget readings).
+    :param usage: the usage ledger (what budgeted queues consumed).
+    :param prices: prices of GPU-hours and energy (``cost`` budgets).
     :param events: the cluster event log.
     :param queues_file: the TOML file stored when etcd holds no tree ("" none).
     """
 
     def __init__(self, store: QueueStore, leadership: Leadership, locks: AdminLocks, state: LeaderState,
-                 queues: LeaderQueues, events: EventBus, queues_file: str = "") -> None:
+                 queues: LeaderQueues, usage: UsageDuty, prices: Prices, events: EventBus,
+                 queues_file: str = "") -> None:
         self._store, self._leadership, self._locks, self._state = store, leadership, locks, state
-        self._queues, self._events, self._file = queues, events, queues_file
+        self._queues, self._usage, self._prices = queues, usage, prices
+        self._events, self._file = events, queues_file
         self._log = get_logger("coordinator")
 
     # ---- a new leader -------------------------------------------------------------------------
@@ -242,18 +253,61 @@ class QueueAdmin:
         for q in _tree_order(config):
             if name and q.name != name:
                 continue
+            state = self._queues.budgets.get(q.name) if leading else None
+            others = any(k[1] == "pending" and k[0] != q.name for k in counts)
             view = out.queues.add(queue=queue_to_proto(q), leaf=config.is_leaf(q.name),
                                   running=counts.get((q.name, "running"), 0),
                                   pending=counts.get((q.name, "pending"), 0),
-                                  budget_gate=self._queues.gates.get(q.name, "run"))
+                                  budget_gate=budget_gate(q, state, others),
+                                  budget_used=state.fraction if state else 0.0)
             for model, h in sorted(use.get(q.name, _NO_USE).gpus.items()):
                 view.held.add(gpu_model=model, own=h.own, borrowed=h.borrowed)
             view.fair_order = rank.get(q.name, 0)
-            if q.budget is not None:
-                used = self._queues.budget_used.get(q.name)
-                if used is not None:
-                    view.budget_used = budget_state(q.budget, used, now).fraction
         return out
+
+    # ---- budgets ------------------------------------------------------------------------------
+
+    async def check_budgets(self) -> None:
+        """Read what each budgeted queue consumed in its current period (the usage ledger, priced) into the
+        scheduler's budget readings; an event the first time a queue passes 80 % and 100 % in a period."""
+        config = self._state.queues
+        budgeted = [q for q in config.queues if q.budget is not None] if config.managed else []
+        readings: dict[str, BudgetState] = {}
+        now = self._queues.clock()
+        by_start: dict[float, list[Queue]] = {}
+        for q in budgeted:
+            assert q.budget is not None
+            by_start.setdefault(period_start(q.budget.period, now), []).append(q)
+        for start, queues in by_start.items():
+            hours, _accounted = await self._usage.report(start, now, now)
+            rows = {r.key: r for r in summarize((hours[h] for h in sorted(hours)), by="queue", prices=self._prices)}
+            for q in queues:
+                assert q.budget is not None
+                row = rows.get(q.name)
+                used = 0.0 if row is None else {"gpu_hours": row.gpu_hours, "kwh": row.energy_kwh,
+                                                "cost": row.cost}[q.budget.kind]
+                readings[q.name] = budget_state(q.budget, used, now)
+        for name, current in readings.items():
+            previous = self._queues.budgets.get(name)
+            for line in (WARN_FRACTION, 1.0):
+                if warning_due(previous, current, line):
+                    budget = config.get(name).budget
+                    assert budget is not None
+                    what = "past" if line >= 1.0 else f"at {current.fraction * 100:.0f}% of"
+                    self._log.warning("queue_budget", queue=name, fraction=round(current.fraction, 4),
+                                      kind=budget.kind, period=budget.period)
+                    self._events.publish("queues", f"queue {name} is {what} its {budget.kind} budget of "
+                                         f"{budget.amount:g} per {budget.period}"
+                                         + (f"; new work: {budget.action}" if line >= 1.0 else ""),
+                                         queue=name, fraction=round(current.fraction, 4))
+        self._queues.budgets = readings
+
+    async def watch_budgets(self, beat: Beat = no_beat, interval_s: float = 30.0) -> None:
+        """:meth:`check_budgets` every ``interval_s`` while leading (a leader duty)."""
+        while True:
+            await self.check_budgets()
+            beat()
+            await asyncio.sleep(interval_s)
 
 
 def _tree_order(config: QueueConfig) -> Iterable[Queue]:

@@ -50,7 +50,6 @@ from coordinator.monitor.nodes import NodeEntry
 from coordinator.queue_admin import queue_from_proto, queue_to_proto
 from coordinator.scheduler.policy import threshold_mode
 from coordinator.sync.usage import hours_between
-from coordinator.usage.ledger import add_rows
 from coordinator.usage.report import BY, Prices, summarize
 from coordinator.version import VERSION
 
@@ -278,20 +277,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         if by not in BY:
             raise ValidationError("by", f"must be one of {', '.join(BY)}, got {by!r}")
         hours = hours_between(since, until)
-        duty = self._app.usage
-        for _attempt in range(3):
-            revision = duty.revision
-            stored, accounted = await asyncio.to_thread(duty.read, hours)
-            # On the leader, what is not written yet too (unless a write landed meanwhile: read again).
-            if self._app.leadership.leading and revision and duty.revision == revision:
-                wanted = set(hours)
-                for hour, rows in duty.preview(now).items():
-                    if hour in wanted:
-                        add_rows(stored.setdefault(hour, {}), rows, max_rows=1 << 30)
-                accounted = now
-                break
-            if not self._app.leadership.leading:
-                break
+        stored, accounted = await self._app.usage.report(since, until, now)
         cfg = self._app.cfg
         prices = Prices(cfg.gpu_hour_prices, cfg.price_kwh)
         report = summarize((stored[h] for h in sorted(stored)), by=by, prices=prices)

@@ -132,7 +132,7 @@ class SchedulerCycle:
             r = e.record.reserved
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
                           r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
-        queues = (self._queues.config, tuple(sorted(self._queues.gates.items()))) if self._queues else None
+        queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues
 
     async def cycle(self) -> int:

@@ -35,6 +35,7 @@ from coordinator.queues import (
     ANY_MODEL,
     DEFAULT_QUEUE,
     Admission,
+    BudgetState,
     Demand,
     Gate,
     Held,
@@ -45,6 +46,7 @@ from coordinator.queues import (
     UsageDecay,
     Victim,
     admit,
+    budget_gate,
     order_pending,
     queue_use,
     rebalance,
@@ -196,10 +198,8 @@ class LeaderQueues:
     def __init__(self, state: LeaderState, registry: NodeRegistry, clock: Callable[[], float] = time.time) -> None:
         self._state, self._registry, self.clock = state, registry, clock
         self.decay = UsageDecay.for_config(state.queues)
-        self.gates: dict[str, Gate] = {}
-        """Each queue's budget gate (``run`` when absent), set by :meth:`set_budgets`."""
-        self.budget_used: dict[str, float] = {}
-        """What each queue with a budget consumed in its current period, in its budget's unit."""
+        self.budgets: dict[str, BudgetState] = {}
+        """Each budgeted queue's last budget reading (``coordinator.queue_admin.QueueAdmin.check_budgets``)."""
         self._accrued_at: float | None = None
 
     @property
@@ -239,11 +239,22 @@ class LeaderQueues:
         for h in (*held, *stopping):
             self.decay.add(h.queue, now, gpu_s=h.gpus * (now - last), cpu_s=h.cpu * (now - last))
 
+    def gates(self, pending: Sequence[QueuedTask]) -> dict[str, Gate]:
+        """Each queue's budget gate for a cycle with these pending tasks (only queues past a budget appear)."""
+        config = self.config
+        waiting = {t.queue for t in pending}
+        out: dict[str, Gate] = {}
+        for name, state in self.budgets.items():
+            if name in config and state.fraction >= 1.0:
+                out[name] = budget_gate(config.get(name), state, others_waiting=bool(waiting - {name}))
+        return out
+
     def plan(self, pending: Sequence[types_pb2.Task]) -> QueuePlan:
         """:func:`plan_queues` for the cycle's pending tasks (in the scheduler's order)."""
         held, stopping = self.holdings()
-        return plan_queues(self.config, [queued(t) for t in pending], held + stopping, self.capacity(),
-                           self.decay, self.clock(), self.gates)
+        queued_tasks = [queued(t) for t in pending]
+        return plan_queues(self.config, queued_tasks, held + stopping, self.capacity(), self.decay, self.clock(),
+                           self.gates(queued_tasks))
 
     def reclaim(self, waiting: Sequence[types_pb2.Task]) -> list[Victim]:
         """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order)."""

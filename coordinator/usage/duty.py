@@ -34,7 +34,7 @@ from common.types import TERMINAL_STATES
 from coordinator.monitor import NodeRegistry
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
-from coordinator.sync.usage import MAX_MARKS, MAX_ROWS, UsageStore
+from coordinator.sync.usage import MAX_MARKS, MAX_ROWS, UsageStore, hours_between
 from coordinator.usage.ledger import HOUR_S, RowKey, Rows, Usage, account, add_rows, hour_of
 
 __all__ = ["MAX_QUEUE_LABELS", "UsageDuty", "UsageMetrics", "bucket_rows", "rows_bucket"]
@@ -175,6 +175,25 @@ class UsageDuty:
             return {}
         return account(self._tasks(), self._marks.accounted_until_unix_s, until, self._marks.task_energy_j,
                        self.model_of, self.energy_of).hours
+
+    async def report(self, since: float, until: float, now: float) -> tuple[dict[int, Rows], float | None]:
+        """The rows of every hour holding ``[since, until)``: what is stored and, on the leader, what is not
+        written yet (a write landing meanwhile is read again); and up to when usage is complete."""
+        hours = hours_between(since, until)
+        stored: dict[int, Rows] = {}
+        accounted: float | None = None
+        for _attempt in range(3):
+            revision = self.revision
+            stored, accounted = await asyncio.to_thread(self.read, hours)
+            if self._leadership.leading and revision and self.revision == revision:
+                wanted = set(hours)
+                for hour, rows in self.preview(now).items():
+                    if hour in wanted:
+                        add_rows(stored.setdefault(hour, {}), rows, max_rows=1 << 30)
+                return stored, now
+            if not self._leadership.leading:
+                break
+        return stored, accounted
 
     async def flush(self) -> bool:
         """Account up to now - settle and store it (one fenced transaction); False when there was nothing new.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -185,11 +186,34 @@ class Cluster:
             p.stop()
         for p, _, _ in self.coordinators.values():
             p.stop()
+        kill_leftover_tasks(self.tmp)
 
     def logs(self) -> str:
         parts = [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p in self.agents.values()]
         parts += [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p, _, _ in self.coordinators.values()]
         return "\n".join(parts)
+
+
+def kill_leftover_tasks(root: Path) -> int:
+    """Kill what the test's tasks left running: an agent that stops leaves its tasks alive on purpose (a
+    restarted agent adopts them), so a test's tasks would outlive it. A process is a task of the test's when
+    its working directory or its command line lies in an agent's state directory (``root/agent-*``: the
+    tasks' work directories and the task wrappers' FIFO paths are there). Returns how many were killed."""
+    mark, killed = os.path.join(str(root), "agent-"), 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry.name}/cwd")
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(mark) or mark in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 _NOT_HOLDING = frozenset({types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,
