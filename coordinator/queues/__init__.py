@@ -1,7 +1,8 @@
 """Team queues: the pure model (no etcd, no gRPC, no clock).
 
 - :mod:`~coordinator.queues.model` — the queue tree (:class:`Queue`, :class:`QueueConfig`), GPU
-  pools, access (``may_submit``, ``default_queue``), :class:`Budget` and :class:`Prices`.
+  pools, access (``may_submit``, ``default_queue``) and :class:`Budget` (prices are not part of the
+  queue tree: they are the coordinator's flags, applied by :mod:`coordinator.usage.report`).
 - :mod:`~coordinator.queues.tomlfile` — the configuration file (:func:`load_toml`).
 - :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`).
 - :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
@@ -9,8 +10,7 @@
 - :mod:`~coordinator.queues.holdings` — running tasks (:class:`Holding`), their ``borrowed`` counts
   recomputed (:func:`rebalance`) and summed per queue (:func:`queue_use`).
 - :mod:`~coordinator.queues.reclaim` — taking borrowed GPUs back (:func:`reclaim_victims`).
-- :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning, the gate past 100 %,
-  and :func:`cost`.
+- :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning and the gate past 100 %.
 
 Everything here works on plain values passed in (what each queue holds, the cluster's capacity,
 ``now``); the scheduler, etcd storage, gptrmctl and authentication build those values and act on
@@ -26,8 +26,6 @@ from coordinator.queues.budget import (
     Gate,
     budget_gate,
     budget_state,
-    consumed,
-    cost,
     period_start,
     warning_due,
 )
@@ -42,7 +40,6 @@ from coordinator.queues.model import (
     BudgetAction,
     BudgetKind,
     BudgetPeriod,
-    Prices,
     Queue,
     QueueConfig,
     normalise_model,
@@ -69,7 +66,6 @@ __all__ = [
     "Holding",
     "Pending",
     "PoolState",
-    "Prices",
     "Queue",
     "QueueConfig",
     "QueueUse",
@@ -78,8 +74,6 @@ __all__ = [
     "admit",
     "budget_gate",
     "budget_state",
-    "consumed",
-    "cost",
     "dumps_toml",
     "load_toml",
     "loads_toml",

@@ -1,10 +1,12 @@
-"""Budgets and prices: how much of its :class:`~coordinator.queues.model.Budget` a queue has used,
+"""Budgets: how much of its :class:`~coordinator.queues.model.Budget` a queue has used,
 when to warn, and what its new work may do past 100 %.
 
 - :func:`period_start` — the start of the calendar period (UTC) that holds ``now``: midnight for
   ``day``, Monday midnight for ``week``, the first of the month for ``month``.
 - :func:`budget_state` — ``(fraction, period_start)``: the fraction of the budget that ``used``
-  (consumed since the period start, in the budget's unit) makes.
+  (consumed since the period start, in the budget's unit) makes. What was consumed comes from the
+  usage report rows (:func:`coordinator.usage.report.summarize`): their GPU-hours, kWh or cost,
+  the cost at the coordinator's ``--price-gpu-hour``/``--price-kwh`` prices.
 - :func:`warning_due` — whether the :data:`WARN_FRACTION` (80 %) line was crossed between two
   readings; it is true once per period: at the first reading at or past the line in a period,
   including the first reading of a new period that starts already past it.
@@ -12,25 +14,20 @@ when to warn, and what its new work may do past 100 %.
   with ``action = "lowest"`` and no other queue waiting: run at the lowest priority on capacity
   nobody else waits for); ``hold`` (past 100 % with ``action = "hold"``, or ``lowest`` while
   another queue waits). Running work is never stopped by a budget.
-- :func:`cost` — what GPU-seconds per model and energy cost at :class:`~coordinator.queues.model.Prices`;
-  :func:`consumed` — the same usage in a budget kind's unit (GPU-hours, kWh or cost), for ``used``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Literal, NamedTuple
 
-from coordinator.queues.model import Budget, BudgetKind, BudgetPeriod, Prices, Queue
+from coordinator.queues.model import Budget, BudgetPeriod, Queue
 
-__all__ = ["WARN_FRACTION", "BudgetState", "Gate", "budget_gate", "budget_state", "consumed", "cost",
-           "period_start", "warning_due"]
+__all__ = ["WARN_FRACTION", "BudgetState", "Gate", "budget_gate", "budget_state", "period_start", "warning_due"]
 
 WARN_FRACTION = 0.8
 """Past this fraction of its budget, a queue's owners are told (once per period)."""
 Gate = Literal["run", "lowest", "hold"]
-_J_PER_KWH = 3.6e6
 
 
 class BudgetState(NamedTuple):
@@ -79,19 +76,3 @@ def budget_gate(queue: Queue, state: BudgetState | None, others_waiting: bool) -
     if queue.budget.action == "hold" or others_waiting:
         return "hold"
     return "lowest"
-
-
-def cost(gpu_seconds_by_model: Mapping[str, float], energy_j: float, prices: Prices) -> float:
-    """GPU time at each model's hourly price (``"*"`` for models not listed) plus energy at the
-    price per kWh."""
-    gpu = sum(seconds / 3600.0 * prices.gpu_hour(model) for model, seconds in gpu_seconds_by_model.items())
-    return gpu + energy_j / _J_PER_KWH * prices.per_kwh
-
-
-def consumed(kind: BudgetKind, gpu_seconds_by_model: Mapping[str, float], energy_j: float, prices: Prices) -> float:
-    """Usage in the unit of a budget ``kind``: GPU-hours, kWh, or :func:`cost`."""
-    if kind == "gpu_hours":
-        return sum(gpu_seconds_by_model.values()) / 3600.0
-    if kind == "kwh":
-        return energy_j / _J_PER_KWH
-    return cost(gpu_seconds_by_model, energy_j, prices)

@@ -1,4 +1,4 @@
-"""The queue tree: :class:`Queue`, :class:`Budget`, :class:`Prices` and :class:`QueueConfig`.
+"""The queue tree: :class:`Queue`, :class:`Budget` and :class:`QueueConfig`.
 
 A queue belongs to at most one parent (an organisation above its teams); tasks are submitted to
 leaf queues. Per GPU **pool** a queue has
@@ -59,7 +59,6 @@ __all__ = [
     "BudgetAction",
     "BudgetKind",
     "BudgetPeriod",
-    "Prices",
     "Queue",
     "QueueConfig",
     "normalise_model",
@@ -90,14 +89,15 @@ def _quoted(key: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Budgets and prices
+# Budgets
 
 
 @dataclass(frozen=True)
 class Budget:
     """How much a queue may consume per period, and what happens past it.
 
-    :param kind: ``gpu_hours``, ``kwh`` (energy) or ``cost`` (in the currency of :class:`Prices`).
+    :param kind: ``gpu_hours``, ``kwh`` (energy) or ``cost`` (in the currency of the coordinator's
+        ``--price-gpu-hour``/``--price-kwh`` flags, as usage reports compute it).
     :param amount: the allowance per period, in the kind's unit; positive.
     :param period: ``day``, ``week`` (from Monday) or ``month``, calendar periods in UTC.
     :param action: past 100 %: ``lowest`` lets new work run only on capacity no other queue waits
@@ -135,45 +135,6 @@ class Budget:
                      action=data.get("action", "hold"))
         budget.validate(where)
         return budget
-
-
-@dataclass(frozen=True)
-class Prices:
-    """What GPU time and energy cost, for ``cost`` budgets and reports.
-
-    :param per_gpu_hour: price of one GPU-hour per GPU model; ``"*"`` is the price of models not
-        listed (a model neither listed nor covered by ``"*"`` costs nothing).
-    :param per_kwh: price of one kWh of energy.
-    """
-
-    per_gpu_hour: Mapping[str, float] = field(default_factory=dict)
-    per_kwh: float = 0.0
-
-    def gpu_hour(self, model: str) -> float:
-        """The price of one GPU-hour of ``model``."""
-        return self.per_gpu_hour.get(normalise_model(model), self.per_gpu_hour.get(ANY_MODEL, 0.0))
-
-    def validate(self, where: str = "prices") -> None:
-        """Raise :class:`ValidationError` for a negative or non-numeric price."""
-        for model, price in self.per_gpu_hour.items():
-            _non_negative_number(price, f"{where}.per_gpu_hour[{_quoted(model)}]")
-        _non_negative_number(self.per_kwh, f"{where}.per_kwh")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data: ``{"per_gpu_hour": {model: price}, "per_kwh": price}``."""
-        return {"per_gpu_hour": dict(self.per_gpu_hour), "per_kwh": self.per_kwh}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "prices") -> Prices:
-        """The prices in ``data`` (as :meth:`to_dict` writes it), validated."""
-        _no_unknown_keys(data, {"per_gpu_hour", "per_kwh"}, where)
-        per_gpu_hour = data.get("per_gpu_hour", {})
-        if not isinstance(per_gpu_hour, Mapping):
-            raise ValidationError(f"{where}.per_gpu_hour", "is not a table of model = price")
-        prices = cls(per_gpu_hour={normalise_model(str(k)): v for k, v in per_gpu_hour.items()},
-                     per_kwh=data.get("per_kwh", 0.0))
-        prices.validate(where)
-        return prices
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,14 +292,13 @@ DEFAULT_QUEUE = Queue(name="default", members=("*",), default_for=("*",))
 
 @dataclass(frozen=True)
 class QueueConfig:
-    """Every queue, the fair-share half-life and the prices; validated whole when built.
+    """Every queue and the fair-share half-life; validated whole when built.
 
     With no queues it holds the implicit :data:`DEFAULT_QUEUE` (:attr:`managed` is then False).
     """
 
     queues: tuple[Queue, ...] = ()
     half_life_h: float = DEFAULT_HALF_LIFE_H
-    prices: Prices = field(default_factory=Prices)
     _by_name: dict[str, Queue] = field(init=False, repr=False, compare=False)
     _children: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     _named_models: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -484,25 +444,23 @@ class QueueConfig:
     # -- plain data ------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data in the layout of the TOML file (``half_life_h``, ``queue``, ``prices``)."""
-        return {"half_life_h": self.half_life_h, "queue": [q.to_dict() for q in self.queues],
-                "prices": self.prices.to_dict()}
+        """Plain data in the layout of the TOML file (``half_life_h``, ``queue``)."""
+        return {"half_life_h": self.half_life_h, "queue": [q.to_dict() for q in self.queues]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QueueConfig:
         """The configuration in ``data`` (a parsed TOML file or :meth:`to_dict`'s output), validated."""
         if not isinstance(data, Mapping):
             raise ValidationError("queues", "is not a table")
-        _no_unknown_keys(data, {"half_life_h", "queue", "prices"}, "")
+        if "prices" in data:
+            raise ValidationError("prices", "is not part of the queue configuration: prices are the coordinator's "
+                                  "flags --price-gpu-hour and --price-kwh")
+        _no_unknown_keys(data, {"half_life_h", "queue"}, "")
         raw = data.get("queue", [])
         if not isinstance(raw, list):
             raise ValidationError("queue", "is not an array of tables ([[queue]])")
-        prices = data.get("prices", {})
-        if not isinstance(prices, Mapping):
-            raise ValidationError("prices", "is not a table")
         return cls(queues=tuple(Queue.from_dict(q, f"queue[{i}]") for i, q in enumerate(raw)),
-                   half_life_h=data.get("half_life_h", DEFAULT_HALF_LIFE_H),
-                   prices=Prices.from_dict(prices))
+                   half_life_h=data.get("half_life_h", DEFAULT_HALF_LIFE_H))
 
     # -- validation ------------------------------------------------------------------------
 
@@ -510,9 +468,6 @@ class QueueConfig:
         h = self.half_life_h
         if isinstance(h, bool) or not isinstance(h, int | float) or not math.isfinite(h) or h <= 0:
             raise ValidationError("half_life_h", f"{h!r} is not a positive number of hours")
-        if not isinstance(self.prices, Prices):
-            raise ValidationError("prices", "is not a Prices")
-        self.prices.validate()
         where = {q.name: f"queue[{i}]" for i, q in enumerate(self.queues)}
         seen: set[str] = set()
         for i, q in enumerate(self.queues):

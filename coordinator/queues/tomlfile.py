@@ -4,10 +4,6 @@ Format (every key optional except each queue's ``name``)::
 
     half_life_h = 24                  # half-life of the decayed usage fair share weighs, hours
 
-    [prices]
-    per_kwh = 0.25                    # price of a kWh, for "cost" budgets
-    per_gpu_hour = { "NVIDIA H100 80GB HBM3" = 2.5, "*" = 1.0 }
-
     [[queue]]
     name = "org"                      # [a-z0-9][a-z0-9-]{0,62}, unique
     gpus = { "*" = 16 }               # bounds the children's quotas
@@ -27,7 +23,9 @@ Format (every key optional except each queue's ``name``)::
 
 Meaning and validation: :mod:`coordinator.queues.model`. A file that is not TOML, or cannot be
 read, is a :class:`~common.errors.ConfigError` naming the file; a file whose content is invalid is a
-:class:`~common.errors.ValidationError` naming the field (``queue[1].limit["*"]``).
+:class:`~common.errors.ValidationError` naming the field (``queue[1].limit["*"]``). Prices are not
+part of this file: a ``[prices]`` table is refused, since prices are the coordinator's flags
+``--price-gpu-hour`` and ``--price-kwh``.
 :func:`dumps_toml` writes a configuration back in this format (without the comments);
 ``loads_toml(dumps_toml(c)) == c``.
 """
@@ -70,8 +68,7 @@ def loads_toml(text: str, source: str = "<string>") -> QueueConfig:
 def dumps_toml(config: QueueConfig) -> str:
     """``config`` as a TOML document in the format above."""
     data = config.to_dict()
-    lines = [f"half_life_h = {_value(data['half_life_h'])}", "", "[prices]"]
-    lines += [f"{_key(k)} = {_value(v)}" for k, v in data["prices"].items()]
+    lines = [f"half_life_h = {_value(data['half_life_h'])}"]
     for queue in data["queue"]:
         lines += ["", "[[queue]]"]
         lines += [f"{_key(k)} = {_value(v)}" for k, v in queue.items()]

@@ -29,12 +29,16 @@ DEFAULT_QUEUE = "default"
 
 @dataclass(frozen=True)
 class Prices:
-    """Prices per GPU-hour by model name, and per kWh."""
+    """Prices per GPU-hour by model name, and per kWh: the coordinator's ``--price-gpu-hour`` and
+    ``--price-kwh`` flags. The only prices in gptrm; the queue tree has none (``cost`` budgets are
+    read from the cost of :func:`summarize`'s rows)."""
 
     per_gpu_hour: Mapping[str, float] = field(default_factory=dict)
     per_kwh: float = 0.0
 
     def gpu_hour(self, model: str) -> float:
+        """The price of one GPU-hour of ``model`` (module docstring: exact name, else the longest
+        configured name found in it, case-insensitive, else 0)."""
         if model in self.per_gpu_hour:
             return self.per_gpu_hour[model]
         found = [name for name in self.per_gpu_hour if name and name.lower() in model.lower()]

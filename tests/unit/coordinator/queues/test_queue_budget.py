@@ -1,5 +1,5 @@
 """Budgets: calendar periods in UTC, the fraction used, the 80 % warning once per period, the gate
-past 100 %, and cost at prices."""
+past 100 %."""
 
 from __future__ import annotations
 
@@ -12,12 +12,9 @@ from hypothesis import strategies as st
 from coordinator.queues import (
     Budget,
     BudgetState,
-    Prices,
     Queue,
     budget_gate,
     budget_state,
-    consumed,
-    cost,
     period_start,
     warning_due,
 )
@@ -93,19 +90,3 @@ def test_budget_gate(action: str, fraction: float, others_waiting: bool, gate: s
 def test_budget_gate_without_budget_or_reading_runs() -> None:
     assert budget_gate(Queue("a"), BudgetState(5.0, 0.0), True) == "run"
     assert budget_gate(Queue("a", budget=Budget("kwh", 1)), None, True) == "run"
-
-
-def test_cost_prices_gpu_hours_per_model_and_energy() -> None:
-    prices = Prices({H100: 3.0, "*": 1.0}, per_kwh=0.5)
-    assert cost({H100: 7200, "L4": 3600}, 3.6e6 * 4, prices) == pytest.approx(2 * 3.0 + 1.0 + 4 * 0.5)
-    assert cost({}, 0.0, prices) == 0.0
-    assert cost({"": 3600}, 0.0, prices) == 1.0                    # "" is any model, as in the queues
-    assert cost({"L4": 3600}, 0.0, Prices({H100: 3.0})) == 0.0    # neither listed nor "*"
-
-
-def test_consumed_is_in_the_budget_kinds_unit() -> None:
-    prices = Prices({"*": 2.0}, per_kwh=0.5)
-    usage = ({H100: 3600.0, "L4": 1800.0}, 7.2e6)
-    assert consumed("gpu_hours", *usage, prices) == pytest.approx(1.5)
-    assert consumed("kwh", *usage, prices) == pytest.approx(2.0)
-    assert consumed("cost", *usage, prices) == pytest.approx(1.5 * 2.0 + 2.0 * 0.5)

@@ -10,14 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.errors import ConfigError, ValidationError
-from coordinator.queues import Budget, Prices, Queue, QueueConfig, dumps_toml, load_toml, loads_toml
+from coordinator.queues import Budget, Queue, QueueConfig, dumps_toml, load_toml, loads_toml
 
 EXAMPLE = """
 half_life_h = 24          # decayed-usage half-life for fair share
-
-[prices]
-per_kwh = 0.25
-per_gpu_hour = { "NVIDIA H100 80GB HBM3" = 2.5, "*" = 1.0 }
 
 [[queue]]
 name = "org"
@@ -60,7 +56,6 @@ def test_the_documented_example_loads(tmp_path: Path) -> None:
     assert a.budget == Budget("gpu_hours", 1000, "month", "hold")
     assert config.get("b").gpus == {"*": 4}
     assert config.get("b").weight == 2
-    assert config.prices == Prices({"NVIDIA H100 80GB HBM3": 2.5, "*": 1.0}, 0.25)
     assert config.default_queue("team-a-ci") == "a"
 
 
@@ -79,8 +74,6 @@ def test_validation_error_names_the_queue_index_and_key() -> None:
 @pytest.mark.parametrize(("text", "field"), [
     ('colour = "red"', "colour"),
     ('queue = "a"', "queue"),
-    ('prices = 3', "prices"),
-    ('[prices]\nper_gpu_hour = 3', "prices.per_gpu_hour"),
     ('[[queue]]\nname = "a"\nbudget = 3', "queue[0].budget"),
     ('[[queue]]\nname = "a"\ngpus = 3', "queue[0].gpus"),
 ])
@@ -88,6 +81,18 @@ def test_malformed_sections_name_the_field(text: str, field: str) -> None:
     with pytest.raises(ValidationError) as excinfo:
         loads_toml(text)
     assert excinfo.value.field == field
+
+
+@pytest.mark.parametrize("text", [
+    '[prices]\nper_kwh = 0.25\nper_gpu_hour = { "*" = 1.0 }\n\n[[queue]]\nname = "a"\n',
+    '[prices]\n',
+    'prices = 3',
+])
+def test_prices_are_refused_as_coordinator_flags(text: str) -> None:
+    with pytest.raises(ValidationError) as excinfo:
+        loads_toml(text)
+    assert excinfo.value.field == "prices"
+    assert "--price-gpu-hour" in str(excinfo.value) and "--price-kwh" in str(excinfo.value)
 
 
 def test_unreadable_or_non_toml_files_are_config_errors(tmp_path: Path) -> None:
@@ -136,8 +141,7 @@ def configs(draw: st.DrawFn) -> QueueConfig:
     # a parent with quotas or caps must bound its children's; drop those of parents for simplicity
     parents = {q.parent for q in queues}
     queues = [Queue(**{**q.__dict__, "cpu": None, "mem_gib": None}) if q.name in parents else q for q in queues]
-    prices = Prices(draw(st.dictionaries(models, st.floats(0, 100), max_size=3)), draw(st.floats(0, 10)))
-    return QueueConfig(queues=tuple(queues), half_life_h=draw(st.floats(0.01, 1000)), prices=prices)
+    return QueueConfig(queues=tuple(queues), half_life_h=draw(st.floats(0.01, 1000)))
 
 
 @settings(max_examples=150, deadline=None)

@@ -187,6 +187,15 @@ class TestRowsAndReports:
         with pytest.raises(ValidationError):
             summarize(hours, by="node", prices=prices)
 
+    def test_gpu_hour_price_by_model_name(self) -> None:
+        prices = Prices({"H100": 2.0, "NVIDIA H100 80GB HBM3": 3.0, "A100": 1.0, "A100-80GB": 1.5, "": 7.0})
+        assert prices.gpu_hour("NVIDIA H100 80GB HBM3") == 3.0   # the exact name
+        assert prices.gpu_hour("NVIDIA H100 PCIe") == 2.0        # a configured name found in the model
+        assert prices.gpu_hour("nvidia a100-80gb pcie") == 1.5   # the longest one, case-insensitive
+        assert prices.gpu_hour("NVIDIA A100-SXM4-40GB") == 1.0
+        assert prices.gpu_hour("NVIDIA L4") == 0.0               # none: free ("" matches nothing)
+        assert Prices().gpu_hour("H100") == 0.0
+
     def test_queue_labels_are_bounded(self) -> None:
         metrics = UsageMetrics(CollectorRegistry(), max_labels=4)
         metrics.add({H: {RowKey(f"q{i}", "u", "m"): Usage(gpu_s=1.0, energy_j=2.0) for i in range(5)}
