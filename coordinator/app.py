@@ -75,7 +75,8 @@ class LeaderDuties:
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
         sup.add("usage", lambda beat: app.usage.run(beat=beat), interval_s=cfg.usage_interval_s)
-        sup.add("budgets", lambda beat: app.queue_admin.watch_budgets(beat=beat), interval_s=30.0)
+        sup.add("budgets", lambda beat: app.queue_admin.watch_budgets(beat=beat, interval_s=cfg.usage_interval_s),
+                interval_s=cfg.usage_interval_s)
         if cfg.power_capping == "on":
             sup.add("capping", lambda beat: app.capper.run(beat=beat), interval_s=2.0)
 

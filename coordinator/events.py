@@ -15,7 +15,7 @@ EventKind = str
 qos_violation, scale."""
 
 KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd", "audit",
-         "power", "preemption", "qos_violation", "scale")
+         "power", "preemption", "qos_violation", "scale", "queues")
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,3 +179,30 @@ class TestQueues:
         res = cluster.ctl("--token", toks["alice"], "-o", "json", "tasks", json.loads(res.stdout)["task_id"])
         task = json.loads(res.stdout)
         assert task["queue"] == "a" and task["submitted_by"] == "alice"   # alice's default queue
+
+    def test_a_queue_past_its_budget_gets_no_new_work_while_another_waits(self, cluster: Cluster,
+                                                                          tmp_path: Path) -> None:
+        """Queue a may use 0.001 GPU-hours a day (3.6 GPU-seconds) and holds new work past it: after one task of
+        a ran 5 s on one GPU, a's next task waits with the budget as its reason while b's tasks run; the 80 % and
+        100 % lines are events; `queues` shows the reading."""
+        path = tmp_path / "queues.toml"
+        path.write_text(QUEUES.replace('default_for = ["alice"]',
+                                       'default_for = ["alice"]\nbudget = { kind = "gpu_hours", amount = 0.001, '
+                                       'period = "day", action = "hold" }'))
+        cluster.start_coordinator("c1", "--queues", str(path), "--usage-interval", "1")
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
+        wait_until(lambda: any(n["state"] == "ready" for n in cluster.ctl_json("nodes")["nodes"]), what="node ready")
+        first = cluster.submit("--queue", "a", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--", "sleep", "5")
+        wait_until(lambda: cluster.task_in(first, "succeeded"), timeout_s=30, what="a's first task")
+        views = wait_until(lambda: (v := _queue_views(cluster)) and v["a"]["budget_used"] >= 1.0 and v,
+                           timeout_s=30, interval_s=0.5, what="a's budget reading past 100 %")
+        assert views["a"]["budget_gate"] == "hold" and views["b"]["budget_gate"] == "run"
+        b_ids = [cluster.submit("--queue", "b", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--", "sleep",
+                                "30") for _ in range(2)]
+        held = cluster.submit("--queue", "a", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--", "true")
+        wait_until(lambda: all(cluster.task_in(t, "running") for t in b_ids), timeout_s=30, what="b's tasks running")
+        wait_until(lambda: "past its budget" in cluster.task(held)["reason"], timeout_s=15, what="a's task held")
+        assert cluster.task(held)["state"] == "pending"
+        events = cluster.ctl("-o", "json", "events").stdout
+        assert "queue a is at" in events and "queue a is past its gpu_hours budget" in events
