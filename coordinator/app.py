@@ -33,7 +33,7 @@ from coordinator.qos.lost_nodes import LostNodes
 from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
 from coordinator.qos.watch import QosWatch
-from coordinator.queue_admin import QueueAdmin
+from coordinator.queue_admin import QueueAdmin, QueueMetrics
 from coordinator.queues import load_toml
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.cycle import SchedulerCycle
@@ -285,5 +285,6 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
               usage=usage)
+    metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
     quarantine.listener = app.on_quarantined
     return app

@@ -17,8 +17,11 @@ what each queue holds.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from common.errors import IllegalTransition, NotFound, PermissionDenied, ValidationError
 from common.logging import get_logger
@@ -50,7 +53,7 @@ from coordinator.sync.lock import AdminLocks
 from coordinator.sync.queues import QueueStore
 from coordinator.usage import Prices, UsageDuty, summarize
 
-__all__ = ["QueueAdmin", "Submitter", "queue_from_proto", "queue_to_proto"]
+__all__ = ["MAX_QUEUE_SERIES", "QueueAdmin", "QueueMetrics", "Submitter", "queue_from_proto", "queue_to_proto"]
 
 _NO_USE = QueueUse()
 
@@ -318,3 +321,48 @@ def _tree_order(config: QueueConfig) -> Iterable[Queue]:
             yield from walk(q.name)
     return walk(None)
 
+
+
+MAX_QUEUE_SERIES = 256
+"""Queues with series of their own; the rest are summed under ``queue="other"`` (bounded cardinality)."""
+
+
+class QueueMetrics(Collector):
+    """Per-queue series, computed at scrape on the leader (a standby exports none):
+    ``gptrm_queue_gpus{queue,kind=own|borrowed}``, ``gptrm_queue_tasks{queue,state=running|pending}`` and
+    ``gptrm_queue_budget_used_ratio{queue}``. At most :data:`MAX_QUEUE_SERIES` queues by name, in tree order.
+
+    :param admin: the queue views.
+    :param leading: whether this replica leads.
+    """
+
+    def __init__(self, admin: QueueAdmin, leading: Callable[[], bool]) -> None:
+        self._admin, self._leading = admin, leading
+
+    def collect(self) -> Iterator[Metric]:
+        gpus = GaugeMetricFamily("gptrm_queue_gpus", "GPUs a queue holds: within its quota (own) or borrowed",
+                                 labels=["queue", "kind"])
+        tasks = GaugeMetricFamily("gptrm_queue_tasks", "A queue's tasks holding GPUs (running) or waiting (pending)",
+                                  labels=["queue", "state"])
+        budget = GaugeMetricFamily("gptrm_queue_budget_used_ratio",
+                                   "Fraction of its budget a queue used in the current period", labels=["queue"])
+        if self._leading():
+            resp = self._admin.views()
+            sums: dict[tuple[str, str, str], float] = {}
+            for i, view in enumerate(v for v in resp.queues if v.leaf):
+                name = view.queue.name if i < MAX_QUEUE_SERIES else "other"
+                for key, value in ((("gpus", name, "own"), sum(h.own for h in view.held)),
+                                   (("gpus", name, "borrowed"), sum(h.borrowed for h in view.held)),
+                                   (("tasks", name, "running"), view.running),
+                                   (("tasks", name, "pending"), view.pending)):
+                    sums[key] = sums.get(key, 0.0) + value
+                if view.queue.has_budget and name != "other":
+                    budget.add_metric([name], view.budget_used)
+            for (family, queue, label), total in sums.items():
+                (gpus if family == "gpus" else tasks).add_metric([queue, label], total)
+        yield gpus
+        yield tasks
+        yield budget
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())

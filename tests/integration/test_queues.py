@@ -9,6 +9,7 @@ never holds more than its quota.
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,12 @@ class TestQueues:
         assert views["b"]["pending"] == 4 and views["a"]["running"] == 4
         events = cluster.ctl("-o", "json", "events").stdout
         assert "reclaims its quota" in events and a_ids
+        with urllib.request.urlopen(f"http://{cluster.metrics_address('c1')}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for series, value in (('gptrm_queue_gpus{kind="own",queue="a"}', 4.0),
+                              ('gptrm_queue_gpus{kind="borrowed",queue="b"}', 0.0),
+                              ('gptrm_queue_tasks{queue="b",state="pending"}', 4.0)):
+            assert f"{series} {value}" in text, series
 
     def test_reclaim_survives_the_leader_killed(self, cluster: Cluster, tmp_path: Path) -> None:
         queues = str(_queues_file(tmp_path))

@@ -14,7 +14,8 @@ REQUIRED = (
     "gptrm_cluster_utilization_mean_ratio", "gptrm_cluster_utilization_stddev_ratio", "gptrm_cluster_power_watts",
     "gptrm_cluster_energy_joules", "gptrm_node_power_watts", "gptrm_node_utilization_ratio", "gptrm_gpu_power_watts",
     "gptrm_gpu_utilization_ratio", "gptrm_tasks", "gptrm_scheduler_decisions_total",
-    "gptrm_scheduler_cycle_duration_seconds",
+    "gptrm_scheduler_cycle_duration_seconds", "gptrm_queue_gpus", "gptrm_queue_tasks", "gptrm_queue_gpu_seconds_total",
+    "gptrm_queue_budget_used_ratio",
 )  # fmt: skip
 
 
@@ -33,10 +34,11 @@ class TestGrafanaDashboard:
         assert any(re.search(rf"\b{metric}(_bucket)?\b", e) for e in expressions())
 
     def test_metrics_exist_in_the_coordinator(self) -> None:
-        """Every gptrm_ name the dashboard queries is defined by coordinator/monitor/metrics.py."""
-        source = (ROOT / "coordinator" / "monitor" / "metrics.py").read_text(encoding="utf-8")
+        """Every gptrm_ name the dashboard queries is defined in the coordinator (counters as NAME_total)."""
+        source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "coordinator").rglob("*.py"))
         names = {n.removesuffix("_bucket") for e in expressions() for n in re.findall(r"gptrm_[a-z_]+", e)}
         defined = set(re.findall(r'"(gptrm_[a-z_]+)"', source))
+        defined |= {f"{n}_total" for n in defined}
         gauges = {f"gptrm_gpu_{s}" for s in re.findall(r'\("([a-z_]+)", "GPU', source)}
         assert names <= defined | gauges
 
