@@ -17,6 +17,7 @@ what each queue holds.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
@@ -168,7 +169,7 @@ class QueueAdmin:
         """Create or replace one queue (the whole tree validated). :raises ValidationError, NotLeader."""
         self._leadership.require_leader()
         async with self._locks.hold("queues"):
-            config = self._state.queues.set(queue)
+            config = _named(lambda: self._state.queues.set(queue), self._state.queues, queue)
             stored = await self._leadership.write(self._store.put, config, self._state.queues_revision)
             self._state.apply_queues(stored.config, stored.revision)
         self._log.info("queue_set", queue=queue.name)
@@ -311,6 +312,20 @@ class QueueAdmin:
             await self.check_budgets()
             beat()
             await asyncio.sleep(interval_s)
+
+
+def _named(change: Callable[[], QueueConfig], before: QueueConfig, queue: Queue) -> QueueConfig:
+    """``change()``, its validation error naming queues by name (``queue 'org'.gpus``) rather than by their
+    index in the tree (``queue[0].gpus``, the form that points into a TOML file)."""
+    try:
+        return change()
+    except ValidationError as e:
+        names = [q.name for q in before.queues]
+        if queue.name not in names:
+            names.append(queue.name)
+        field = re.sub(r"^queue\[(\d+)\]", lambda m: f"queue {names[int(m.group(1))]!r}"
+                       if int(m.group(1)) < len(names) else m.group(0), e.field)
+        raise ValidationError(field, e.problem) from None
 
 
 def _tree_order(config: QueueConfig) -> Iterable[Queue]:

@@ -213,3 +213,40 @@ class TestQueues:
         assert cluster.task(held)["state"] == "pending"
         events = cluster.ctl("-o", "json", "events").stdout
         assert "queue a is at" in events and "queue a is past its gpu_hours budget" in events
+
+    def test_queues_set_show_and_rm_from_gptrmctl(self, cluster: Cluster) -> None:
+        """Without queues every task runs in `default`; `queues set` builds a tree (validated whole: a child
+        may not exceed its parent's quota), `queues` shows it, `rm` is refused while the queue holds work."""
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        d = cluster.ctl_json("queues")
+        validate(d, "queues")
+        assert d["managed"] is False and [q["name"] for q in d["queues"]] == ["default"]
+        for argv in (("org", "--gpus", "8"), ("t1", "--parent", "org", "--gpus", "6", "--limit", "8",
+                                              "--members", "*", "--default-for", "*"),
+                     ("t2", "--parent", "org", "--gpus", "2", "--lend", "0", "--weight", "2",
+                      "--budget", "kwh:10/day:lowest")):
+            res = cluster.ctl("-o", "json", "queues", "set", *argv)
+            assert res.returncode == 0, res.stderr
+        res = cluster.ctl("queues", "set", "t3", "--parent", "org", "--gpus", "4")
+        assert res.returncode != 0 and "org" in res.stderr          # 6 + 2 + 4 > the parent's 8
+        d = cluster.ctl_json("queues")
+        validate(d, "queues")
+        by_name = {q["name"]: q for q in d["queues"]}
+        assert d["managed"] and [q["name"] for q in d["queues"]] == ["org", "t1", "t2"]
+        assert by_name["t1"]["quotas"] == [{"gpu_model": "*", "gpus": 6, "limit": 8, "lend": None}]
+        assert by_name["t2"]["budget"] == {"kind": "kwh", "amount": 10.0, "period": "day", "action": "lowest"}
+        assert not by_name["org"]["leaf"] and by_name["t2"]["weight"] == 2.0
+        res = cluster.ctl("queues", "set", "t1", "--gpus", "5")     # flags not given keep their value
+        assert res.returncode == 0, res.stderr
+        assert cluster.ctl_json("queues", "t1")["queues"][0]["quotas"][0] == {"gpu_model": "*", "gpus": 5, "limit": 8,
+                                                                            "lend": None}
+        task = cluster.submit("--gpus", "1", "--", "true")          # no node: it waits in its default queue
+        assert cluster.task(task)["queue"] == "t1"
+        res = cluster.ctl("queues", "rm", "t1")
+        assert res.returncode != 0 and "unfinished" in res.stderr
+        assert cluster.ctl("queues", "rm", "org").returncode != 0   # it has children
+        assert cluster.ctl("cancel", task).returncode == 0
+        wait_until(lambda: cluster.ctl("queues", "rm", "t1").returncode == 0, timeout_s=15, what="t1 removed")
+        assert [q["name"] for q in cluster.ctl_json("queues")["queues"]] == ["org", "t2"]
+        assert "queue t1 removed" in cluster.ctl("-o", "json", "events").stdout
