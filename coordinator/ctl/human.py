@@ -308,7 +308,10 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         + (f": {escape(reason)}" if reason else ""),
         f"kind          {d['kind']}" + (" (profiled as inference)" if d["kind"] == "unspecified" else "")
         + f"  priority {d['priority']}",
-        f"submitted     {age(d['submit_unix_s'], now)} ago",
+        f"submitted     {age(d['submit_unix_s'], now)} ago"
+        + (f" by {escape(d['submitted_by'])}" if d.get("submitted_by") else ""),
+        f"queue         {escape(d.get('queue', 'default'))}"
+        + (f" ({d['borrowed_gpus']} GPU(s) borrowed from others' idle quota)" if d.get("borrowed_gpus") else ""),
         f"demand        {demand_text(d['demand'])}",
         "placement     " + (", ".join(f"{escape(a['node_id'])} GPUs {', '.join(map(str, a['gpu_indices']))}"
                                       for a in d["allocation"]) or "-"),
