@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -390,17 +390,9 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
 
         async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
             principal = await ic.admit(method, context, request)
-            _CURRENT.set(principal)
-            try:
-                result = inner_us(request, context)
-                if inspect.isasyncgen(result):
-                    async for item in result:
-                        yield item
-                else:
-                    await result
-            except BaseException as e:
-                await ic.failed(principal, method, context, request, e, audited)
-                raise
+            async for item in _relay(ic, principal, method, context, request, lambda: inner_us(request, context),
+                                     audited):
+                yield item
             if audited:   # an admin-only read (TaskLogs): one record when the stream ends
                 ic.finish(principal, method, context, request, None, None)
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
@@ -422,18 +414,25 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
 
     async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         principal = await ic.admit(method, context)
-        _CURRENT.set(principal)
-        try:
-            result = inner_ss(requests, context)
-            if inspect.isasyncgen(result):
-                async for item in result:
-                    yield item
-            else:
-                await result
-        except BaseException as e:
-            await ic.failed(principal, method, context, None, e, audited)
-            raise
+        async for item in _relay(ic, principal, method, context, None, lambda: inner_ss(requests, context), audited):
+            yield item
     return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
+
+
+async def _relay(ic: AuthInterceptor, principal: Principal | None, method: str, context: grpc.aio.ServicerContext,
+                 request: Any, call: Callable[[], Any], audited: bool) -> AsyncIterator[Any]:
+    """A streaming handler run as ``principal``: its items (or its one awaited result), a failure audited."""
+    _CURRENT.set(principal)
+    try:
+        result = call()
+        if inspect.isasyncgen(result):
+            async for item in result:
+                yield item
+        else:
+            await result
+    except BaseException as e:
+        await ic.failed(principal, method, context, request, e, audited)
+        raise
 
 
 class Security:

@@ -57,7 +57,7 @@ from coordinator.state import LeaderState
 __all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueuedTask", "holding_of", "plan_queues", "queue_of",
            "queued", "reclaim_for"]
 
-HOLDING_STATES = (TaskState.SCHEDULED, TaskState.RUNNING, TaskState.PAUSED, TaskState.PREEMPTED)
+HOLDING_STATES = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED, TaskState.PREEMPTED)
 """States in which a task holds GPUs (a PREEMPTED task until its agent reports it stopped)."""
 _GIB = float(1 << 30)
 
