@@ -246,7 +246,9 @@ class LeaderQueues:
         out: dict[str, Gate] = {}
         for name, state in self.budgets.items():
             if name in config and state.fraction >= 1.0:
-                out[name] = budget_gate(config.get(name), state, others_waiting=bool(waiting - {name}))
+                gate = budget_gate(config.get(name), state, others_waiting=bool(waiting - {name}))
+                if gate != "run":
+                    out[name] = gate
         return out
 
     def plan(self, pending: Sequence[types_pb2.Task]) -> QueuePlan:
