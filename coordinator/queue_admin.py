@@ -24,7 +24,7 @@ from typing import Protocol
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.errors import IllegalTransition, NotFound, PermissionDenied, ValidationError
+from common.errors import GptrmError, IllegalTransition, NotFound, PermissionDenied, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2
 from common.types import TERMINAL_STATES, TaskState
@@ -37,6 +37,7 @@ from coordinator.queues import (
     Queue,
     QueueConfig,
     QueueUse,
+    UsageDecay,
     budget_gate,
     budget_state,
     load_toml,
@@ -162,6 +163,25 @@ class QueueAdmin:
             self._log.info("queues_file_ignored", file=self._file,
                            reason="etcd holds queues already; gptrmctl queues set/rm change them")
         self._state.apply_queues(stored.config, stored.revision)
+        await self.restore_decay()
+
+    async def restore_decay(self) -> None:
+        """Rebuild each queue's decayed past usage from the usage ledger's hours (the last eight half-lives,
+        beyond which usage weighs under 0.4 %), so that a new leader orders the queues as the old one did."""
+        config = self._state.queues
+        if not config.managed:
+            return
+        now = self._queues.clock()
+        decay = UsageDecay.for_config(config)
+        try:
+            hours, accounted = await self._usage.report(now - 8 * decay.half_life_s, now, now)
+        except GptrmError as e:   # the fair order then starts without history; nothing else depends on it
+            self._log.warning("queue_usage_history_unavailable", reason=str(e))
+            return
+        for hour in sorted(hours):
+            for key, used in hours[hour].items():
+                decay.add(key.queue or DEFAULT_QUEUE.name, hour + 1800.0, gpu_s=used.gpu_s, cpu_s=used.cpu_core_s)
+        self._queues.restore(decay, accounted or now)
 
     # ---- admin changes ------------------------------------------------------------------------
 

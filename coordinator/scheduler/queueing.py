@@ -227,6 +227,10 @@ class LeaderQueues:
                 (stopping if t.state == TaskState.PREEMPTED else holding).append(holding_of(t, self._registry))
         return holding, stopping
 
+    def restore(self, decay: UsageDecay, accounted_until: float) -> None:
+        """Continue from ``decay`` (rebuilt from the usage ledger up to ``accounted_until``)."""
+        self.decay, self._accrued_at = decay, accounted_until
+
     def accrue(self) -> None:
         """Add the GPU- and core-seconds each queue held since the last call to its decayed usage."""
         now = self.clock()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskState
@@ -91,3 +93,32 @@ def test_the_leader_builds_holdings_capacity_and_gates_from_its_state() -> None:
                                            TWO.queues[1])), 2)
     assert queues.gates(pending) == {"a": "lowest"}     # nobody else waits
     assert queues.gates([*pending, QueuedTask("x", "b", 1)]) == {"a": "hold"}
+
+
+def test_a_new_leader_rebuilds_decayed_usage_from_the_ledger() -> None:
+    """QueueAdmin.restore_decay: each stored hour's GPU-seconds enter the decay at the hour's middle, and
+    accrual continues from where the ledger is accounted."""
+    import asyncio
+
+    from coordinator.queue_admin import QueueAdmin
+    from coordinator.usage.ledger import RowKey, Usage
+
+    now = 10 * 3600.0 + 600.0
+    hours = {9 * 3600: {RowKey("a", "alice", "H100"): Usage(gpu_s=3600.0)},
+             8 * 3600: {RowKey("b", "bob", "H100"): Usage(gpu_s=7200.0), RowKey("", "x", "H100"): Usage(gpu_s=1.0)}}
+
+    class Ledger:
+        async def report(self, since: float, until: float, at: float) -> tuple[dict, float]:
+            assert since == now - 8 * 3600.0 and until == at == now    # 8 half-lives of 1 h
+            return hours, now - 5.0
+
+    registry = NodeRegistry(1.0, 30.0)
+    state = LeaderState(registry)
+    state.apply_queues(QueueConfig(queues=TWO.queues, half_life_h=1.0), 1)
+    queues = LeaderQueues(state, registry, clock=lambda: now)
+    admin = QueueAdmin(None, None, None, state, queues, Ledger(), None, None)  # type: ignore[arg-type]
+    asyncio.run(admin.restore_decay())
+    a, b = queues.decay.at("a", now).gpu_s, queues.decay.at("b", now).gpu_s
+    assert a == pytest.approx(3600.0 * 0.5 ** ((now - 9.5 * 3600) / 3600))
+    assert b == pytest.approx(7200.0 * 0.5 ** ((now - 8.5 * 3600) / 3600))
+    assert queues.decay.at("default", now).gpu_s > 0
