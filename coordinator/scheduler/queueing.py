@@ -14,6 +14,13 @@ simulator both call:
 3. a queue past its budget gates its new work: ``hold`` refuses it, ``lowest`` puts it after
    everyone else's.
 
+Admission is monotone within a cycle: what the cycle admits only adds to the queues' use, and more
+use never turns a refusal into an admission (more held means less under quota and limit, less
+idle quota to lend, more already borrowed). So a demand refused once is refused for every later
+task of the cycle asking exactly the same (queue, model, GPUs, cores, memory) without asking
+admission again; its reason is the first refusal's. With thousands of waiting tasks of a few
+shapes (a replayed trace, a backlog) this keeps a cycle near one admission per distinct demand.
+
 A task counts whole GPUs: ``ceil(gpus per node) × nodes`` (a shared fraction of a GPU counts as
 one; quotas are in GPUs, as operators write them).
 
@@ -140,8 +147,11 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
     by_id = {t.task_id: t for t in pending}
     plan = QueuePlan([])
     known = []
+    leaf: dict[str, bool] = {}
     for t in pending:
-        if t.queue in config and config.is_leaf(t.queue):
+        if t.queue not in leaf:
+            leaf[t.queue] = t.queue in config and config.is_leaf(t.queue)
+        if leaf[t.queue]:
             known.append(t)
         else:
             plan.refused[t.task_id] = f"queue {t.queue!r} does not exist (any more)"
@@ -149,15 +159,22 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
     order = order_pending(config, [Pending(t.task_id, t.queue, t.gpus, t.cpu) for t in known], use, decay,
                           capacity, now)
     last: list[str] = []
+    # Within a cycle use only grows, and admission never admits a demand on more use than it refused
+    # it on: a refused demand is refused again for every later task asking exactly the same.
+    refused: dict[tuple[str, str, int, float, float], str] = {}
     for task_id in order:
         t = by_id[task_id]
         gate = (gates or {}).get(t.queue, "run")
         if gate == "hold":
             plan.refused[task_id] = f"queue {t.queue}: past its budget, new work is held"
             continue
-        decision = admit(config, use, capacity, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
+        key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
+        if key in refused:
+            plan.refused[task_id] = refused[key]
+            continue
+        decision = admit(config, use, capacity, Demand(*key))
         if not decision.admit:
-            plan.refused[task_id] = decision.reason
+            plan.refused[task_id] = refused[key] = decision.reason
             continue
         _add(use, t.queue, decision.pool, t, decision.borrowed)
         plan.admissions[task_id] = decision
