@@ -184,16 +184,18 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
 
 
 def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Sequence[Holding],
-                stopping: Sequence[Holding] = ()) -> list[Victim]:
+                stopping: Sequence[Holding] = (), idle: Mapping[str, int] | None = None) -> list[Victim]:
     """Tasks to preempt so that the ``waiting`` tasks (in fair order) get back the quota others borrow.
 
     :param holdings: the tasks holding GPUs that could be victims.
     :param stopping: PREEMPTED tasks: their GPUs are on their way back and count as free, so a claim is
         not served twice while its victims stop.
+    :param idle: GPUs per model that no task holds: they count as free too, so nothing is preempted for
+        a demand that idle GPUs already cover (it waits for placement, e.g. on fragmented nodes).
     """
     if not config.managed:
         return []
-    free: dict[str, int] = {}
+    free: dict[str, int] = dict(idle or {})
     for h in stopping:
         free[h.gpu_model] = free.get(h.gpu_model, 0) + h.gpus
     demands = [Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib) for t in waiting
@@ -263,9 +265,14 @@ class LeaderQueues:
                            self.decay, self.clock(), self.gates)
 
     def reclaim(self, waiting: Sequence[types_pb2.Task]) -> list[Victim]:
-        """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order)."""
+        """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order); GPUs no task holds count
+        as free."""
         held, stopping = self.holdings()
-        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping)
+        idle = self.capacity()
+        for h in (*held, *stopping):
+            idle[h.gpu_model] = idle.get(h.gpu_model, 0) - h.gpus
+        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping,
+                           {model: n for model, n in idle.items() if n > 0})
 
     def placed_model(self, placement: Placement) -> str | None:
         """The GPU model a placement's first GPU has (None: it took no GPU or the node is unknown)."""

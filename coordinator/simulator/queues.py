@@ -22,7 +22,8 @@ the task table:
    to ``place_batch`` itself; the tests compare both. A job placed on GPUs of another pool than the
    one it was admitted in waits, as in the leader.
 3. With ``reclaim``, after the pass :func:`~coordinator.scheduler.queueing.reclaim_for` runs over
-   the jobs left waiting (the plan's order, then its refused ones) and the running jobs; its
+   the jobs left waiting (the plan's order, then its refused ones) and the running jobs, with the
+   GPUs no running job holds as idle (as the leader passes them); its
    victims are preempted the way :mod:`coordinator.simulator.qos` preempts (they stop at once, lose
    their progress and go back to the queue with their original request, running their whole
    duration again later: restart from scratch, no checkpoint modelled), then one more pass runs, as
@@ -177,7 +178,11 @@ class SimQueues:
                    if (k := self.by_id[task_id]) not in sim.placed]
         if not waiting:
             return
-        victims = reclaim_for(self.config, waiting, self.holdings())
+        holdings = self.holdings()
+        idle = dict(self.capacity)
+        for h in holdings:
+            idle[h.gpu_model] = idle.get(h.gpu_model, 0) - h.gpus
+        victims = reclaim_for(self.config, waiting, holdings, idle={m: n for m, n in idle.items() if n > 0})
         if not victims:
             return
         assert sim.qos is not None

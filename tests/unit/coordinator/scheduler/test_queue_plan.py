@@ -1,5 +1,5 @@
 """plan_queues: a demand refused once in a cycle is refused again without asking admission, and the plan
-equals asking admission for every task."""
+equals asking admission for every task. reclaim_for: idle GPUs count as free."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from coordinator.queues import Demand, Holding, Pending, Queue, QueueConfig, Usa
 from coordinator.queues import queue_use, rebalance
 from coordinator.queues.admission import Held, QueueUse
 from coordinator.scheduler import queueing
-from coordinator.scheduler.queueing import QueuedTask, plan_queues
+from coordinator.scheduler.queueing import QueuedTask, plan_queues, reclaim_for
 
 CONFIG = QueueConfig(queues=(
     Queue(name="org", gpus={"*": 10}, limit={"*": 14}),
@@ -81,3 +81,25 @@ def test_a_refused_demand_is_decided_once_per_cycle(monkeypatch: pytest.MonkeyPa
     plan = plan_queues(CONFIG, pending, holdings, CAPACITY, UsageDecay.for_config(CONFIG), 0.0)
     assert len(calls) == 1 and plan.order == [] and len(plan.refused) == 10
     assert len(set(plan.refused.values())) == 1 and "limit 2" in plan.refused["t9"]
+
+
+class TestReclaimWithIdleGpus:
+    """Queue x (quota 4, holding nothing) waits with a 4-GPU task while y holds eight 1-GPU tasks, four of
+    them on x's lent quota (rebalance marks the newest as borrowing)."""
+
+    TWO = QueueConfig(queues=(Queue(name="x", gpus={"*": 4}), Queue(name="y", gpus={"*": 4})))
+    BORROWERS = [Holding(f"y{i}", "y", "TEST-GPU", 1, 0, True, float(i)) for i in range(8)]
+    WAITING = [QueuedTask("x0", "x", 4)]
+
+    def test_without_idle_gpus_the_newest_borrowers_are_preempted(self) -> None:
+        victims = reclaim_for(self.TWO, self.WAITING, self.BORROWERS)
+        assert sorted(v.task_id for v in victims) == ["y4", "y5", "y6", "y7"]
+
+    def test_idle_gpus_that_cover_the_demand_spare_every_borrower(self) -> None:
+        """The waiting task is unplaced for another reason (fragmentation): preempting would free nothing
+        it lacks, and the victims would take the GPUs back by borrowing again."""
+        assert reclaim_for(self.TWO, self.WAITING, self.BORROWERS, idle={"TEST-GPU": 4}) == []
+
+    def test_idle_gpus_count_towards_the_demand(self) -> None:
+        victims = reclaim_for(self.TWO, self.WAITING, self.BORROWERS, idle={"TEST-GPU": 3})
+        assert [v.task_id for v in victims] == ["y7"]
