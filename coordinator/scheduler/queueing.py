@@ -10,7 +10,12 @@ simulator both call:
    past usage (:func:`~coordinator.queues.order_pending`); within a queue their order is kept;
 2. in that order each task is admitted or not (:func:`~coordinator.queues.admit`): within its
    queue's quota, or within its limit by borrowing what others lend; what it borrows is recorded,
-   and counted in its queue's use for the tasks after it in the same cycle;
+   and counted in its queue's use for the tasks after it in the same cycle. Quota comes first:
+   a first round over the fair order admits the tasks that fit within their queue's quota, and a
+   second round, in the same order, those that borrow, so a queue's idle quota is never lent in a
+   cycle in which its own tasks ask for it. (Lending it first let a borrower earlier in fair
+   order take the GPUs that reclaim had just freed for the lender, and reclaim took them again
+   the next cycle, without end.) The plan's order is the fair order of all admitted tasks;
 3. a queue past its budget gates its new work: ``hold`` refuses it, ``lowest`` puts it after
    everyone else's.
 
@@ -158,16 +163,35 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
     use = dict(queue_use(rebalance(config, holdings)))
     order = order_pending(config, [Pending(t.task_id, t.queue, t.gpus, t.cpu) for t in known], use, decay,
                           capacity, now)
-    last: list[str] = []
     # Within a cycle use only grows, and admission never admits a demand on more use than it refused
-    # it on: a refused demand is refused again for every later task asking exactly the same.
+    # it on: a refused demand is refused again for every later task asking exactly the same, and one
+    # that had to borrow still has to (or is refused).
     refused: dict[tuple[str, str, int, float, float], str] = {}
-    for task_id in order:
+    borrows: set[tuple[str, str, int, float, float]] = set()
+    later: list[str] = []
+    for task_id in order:                              # first round: within quota only
         t = by_id[task_id]
-        gate = (gates or {}).get(t.queue, "run")
-        if gate == "hold":
+        if (gates or {}).get(t.queue, "run") == "hold":
             plan.refused[task_id] = f"queue {t.queue}: past its budget, new work is held"
             continue
+        key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
+        if key in refused:
+            plan.refused[task_id] = refused[key]
+            continue
+        if key in borrows:
+            later.append(task_id)
+            continue
+        decision = admit(config, use, capacity, Demand(*key))
+        if not decision.admit:
+            plan.refused[task_id] = refused[key] = decision.reason
+        elif decision.borrowed:
+            borrows.add(key)
+            later.append(task_id)
+        else:
+            _add(use, t.queue, decision.pool, t, 0)
+            plan.admissions[task_id] = decision
+    for task_id in later:                              # second round: borrowing what is still lent
+        t = by_id[task_id]
         key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
         if key in refused:
             plan.refused[task_id] = refused[key]
@@ -178,8 +202,10 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
             continue
         _add(use, t.queue, decision.pool, t, decision.borrowed)
         plan.admissions[task_id] = decision
-        (last if gate == "lowest" else plan.order).append(task_id)
-    plan.order.extend(last)
+    admitted = [task_id for task_id in order if task_id in plan.admissions]
+    lowest = {task_id for task_id in admitted if (gates or {}).get(by_id[task_id].queue, "run") == "lowest"}
+    plan.order = [task_id for task_id in admitted if task_id not in lowest]
+    plan.order += [task_id for task_id in admitted if task_id in lowest]
     return plan
 
 
