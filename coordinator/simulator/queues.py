@@ -160,6 +160,7 @@ class SimQueues:
         model = self.node_model[sim.index[placement.node_ids[0]]]
         if self.config.pool_of(model) != admission.pool:
             sim.engine.release(placement, req.gpu_mem_per_gpu_bytes)     # the leader leaves it waiting too
+            sim.refused.clear()                                          # something was released
             return
         bucket = sim.buckets[sim.shapes[k]]
         bucket.remove((queue_key(req), k))

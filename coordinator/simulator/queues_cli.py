@@ -15,6 +15,12 @@ written to ``<out>/queues.toml``. The per-queue figures
 three runs) are printed as a table and written to ``queues.json``, ``queues.csv`` and ``queues.md``,
 beside ``results.json``/``results.md`` of the three runs. ``--records FILE`` writes each run's
 per-job records to ``FILE`` with the run name before the suffix (``records-fcfs.csv``, ...).
+
+Example (the Philly week on 100 servers)::
+
+    gptrmctl simulate --jobs ../shared/traces/philly_jobs.csv --nodes ../shared/traces/philly_nodes.csv \
+        --nodes-limit 100 --policies first-fit --queues proportional --records /tmp/q/records.csv \
+        --no-plots --out /tmp/q
 """
 
 from __future__ import annotations
