@@ -10,9 +10,21 @@ simulator both call:
    past usage (:func:`~coordinator.queues.order_pending`); within a queue their order is kept;
 2. in that order each task is admitted or not (:func:`~coordinator.queues.admit`): within its
    queue's quota, or within its limit by borrowing what others lend; what it borrows is recorded,
-   and counted in its queue's use for the tasks after it in the same cycle;
+   and counted in its queue's use for the tasks after it in the same cycle. Quota comes first:
+   a first round over the fair order admits the tasks that fit within their queue's quota, and a
+   second round, in the same order, those that borrow, so a queue's idle quota is never lent in a
+   cycle in which its own tasks ask for it. (Lending it first let a borrower earlier in fair
+   order take the GPUs that reclaim had just freed for the lender, and reclaim took them again
+   the next cycle, without end.) The plan's order is the fair order of all admitted tasks;
 3. a queue past its budget gates its new work: ``hold`` refuses it, ``lowest`` puts it after
    everyone else's.
+
+Admission is monotone within a cycle: what the cycle admits only adds to the queues' use, and more
+use never turns a refusal into an admission (more held means less under quota and limit, less
+idle quota to lend, more already borrowed). So a demand refused once is refused for every later
+task of the cycle asking exactly the same (queue, model, GPUs, cores, memory) without asking
+admission again; its reason is the first refusal's. With thousands of waiting tasks of a few
+shapes (a replayed trace, a backlog) this keeps a cycle near one admission per distinct demand.
 
 A task counts whole GPUs: ``ceil(gpus per node) × nodes`` (a shared fraction of a GPU counts as
 one; quotas are in GPUs, as operators write them).
@@ -142,43 +154,76 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
     by_id = {t.task_id: t for t in pending}
     plan = QueuePlan([])
     known = []
+    leaf: dict[str, bool] = {}
     for t in pending:
-        if t.queue in config and config.is_leaf(t.queue):
+        if t.queue not in leaf:
+            leaf[t.queue] = t.queue in config and config.is_leaf(t.queue)
+        if leaf[t.queue]:
             known.append(t)
         else:
             plan.refused[t.task_id] = f"queue {t.queue!r} does not exist (any more)"
     use = dict(queue_use(rebalance(config, holdings)))
     order = order_pending(config, [Pending(t.task_id, t.queue, t.gpus, t.cpu) for t in known], use, decay,
                           capacity, now)
-    last: list[str] = []
-    for task_id in order:
+    # Within a cycle use only grows, and admission never admits a demand on more use than it refused
+    # it on: a refused demand is refused again for every later task asking exactly the same, and one
+    # that had to borrow still has to (or is refused).
+    refused: dict[tuple[str, str, int, float, float], str] = {}
+    borrows: set[tuple[str, str, int, float, float]] = set()
+    later: list[str] = []
+    for task_id in order:                              # first round: within quota only
         t = by_id[task_id]
-        gate = (gates or {}).get(t.queue, "run")
-        if gate == "hold":
+        if (gates or {}).get(t.queue, "run") == "hold":
             plan.refused[task_id] = f"queue {t.queue}: past its budget, new work is held"
             continue
-        decision = admit(config, use, capacity, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
+        key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
+        if key in refused:
+            plan.refused[task_id] = refused[key]
+            continue
+        if key in borrows:
+            later.append(task_id)
+            continue
+        decision = admit(config, use, capacity, Demand(*key))
         if not decision.admit:
-            plan.refused[task_id] = decision.reason
+            plan.refused[task_id] = refused[key] = decision.reason
+        elif decision.borrowed:
+            borrows.add(key)
+            later.append(task_id)
+        else:
+            _add(use, t.queue, decision.pool, t, 0)
+            plan.admissions[task_id] = decision
+    for task_id in later:                              # second round: borrowing what is still lent
+        t = by_id[task_id]
+        key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
+        if key in refused:
+            plan.refused[task_id] = refused[key]
+            continue
+        decision = admit(config, use, capacity, Demand(*key))
+        if not decision.admit:
+            plan.refused[task_id] = refused[key] = decision.reason
             continue
         _add(use, t.queue, decision.pool, t, decision.borrowed)
         plan.admissions[task_id] = decision
-        (last if gate == "lowest" else plan.order).append(task_id)
-    plan.order.extend(last)
+    admitted = [task_id for task_id in order if task_id in plan.admissions]
+    lowest = {task_id for task_id in admitted if (gates or {}).get(by_id[task_id].queue, "run") == "lowest"}
+    plan.order = [task_id for task_id in admitted if task_id not in lowest]
+    plan.order += [task_id for task_id in admitted if task_id in lowest]
     return plan
 
 
 def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Sequence[Holding],
-                stopping: Sequence[Holding] = ()) -> list[Victim]:
+                stopping: Sequence[Holding] = (), idle: Mapping[str, int] | None = None) -> list[Victim]:
     """Tasks to preempt so that the ``waiting`` tasks (in fair order) get back the quota others borrow.
 
     :param holdings: the tasks holding GPUs that could be victims.
     :param stopping: PREEMPTED tasks: their GPUs are on their way back and count as free, so a claim is
         not served twice while its victims stop.
+    :param idle: GPUs per model that no task holds: they count as free too, so nothing is preempted for
+        a demand that idle GPUs already cover (it waits for placement, e.g. on fragmented nodes).
     """
     if not config.managed:
         return []
-    free: dict[str, int] = {}
+    free: dict[str, int] = dict(idle or {})
     for h in stopping:
         free[h.gpu_model] = free.get(h.gpu_model, 0) + h.gpus
     demands = [Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib) for t in waiting
@@ -263,9 +308,14 @@ class LeaderQueues:
                            self.gates(queued_tasks))
 
     def reclaim(self, waiting: Sequence[types_pb2.Task]) -> list[Victim]:
-        """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order)."""
+        """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order); GPUs no task holds count
+        as free."""
         held, stopping = self.holdings()
-        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping)
+        idle = self.capacity()
+        for h in (*held, *stopping):
+            idle[h.gpu_model] = idle.get(h.gpu_model, 0) - h.gpus
+        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping,
+                           {model: n for model, n in idle.items() if n > 0})
 
     def placed_model(self, placement: Placement) -> str | None:
         """The GPU model a placement's first GPU has (None: it took no GPU or the node is unknown)."""

@@ -10,6 +10,11 @@ Example::
 
     gptrmctl simulate --jobs ../shared/traces/philly_jobs.csv --nodes ../shared/traces/philly_nodes.csv \\
         --nodes-limit 100 --policies max-utilization,round-robin --power-down-after 600 --out /tmp/sim
+
+With ``--queues FILE|proportional`` the first policy is replayed three times — FCFS without queues,
+strict quotas, quotas with borrowing and reclaim — and a per-queue report under contention is
+written (:mod:`coordinator.simulator.queues_cli`). ``--records FILE`` writes per-job records, one
+file per run (:func:`coordinator.simulator.queue_report.write_records`).
 """
 
 from __future__ import annotations
@@ -72,6 +77,13 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qos", action="store_true",
                    help="replay each policy without and with preemption; print per-priority-class queueing delay "
                    "and what preemption costs the low class (writes qos.md)")
+    p.add_argument("--queues", metavar="FILE|proportional",
+                   help="team queues (TOML file, or 'proportional': one queue per trace group, quota by its "
+                        "GPU-hours): replay the first policy FCFS without queues, with strict quotas, and with "
+                        "borrowing and reclaim; per-queue table under contention (writes queues.md/json/csv/toml)")
+    p.add_argument("--records", type=Path, metavar="FILE",
+                   help="per-job records CSV (job_id,queue,submit_s,start_s,end_s,gpus,nodes,resizes), one file "
+                        "per run: the run or policy name goes before the suffix (records-fcfs.csv)")
     p.add_argument("--out", required=True, type=Path, help="output directory")
 
 
@@ -175,6 +187,13 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
     if not jobs:
         raise _usage(f"{args.jobs}: no jobs to replay")
     configs = _configs(args, names, max(j.request.submit_s for j in jobs))
+    if args.queues is not None:
+        if args.qos:
+            raise _usage("--queues and --qos are separate reports; give one of them")
+        from coordinator.simulator.queues_cli import run_queues
+
+        run_queues(args, cluster, jobs, configs[0])
+        return
     if args.qos:
         from coordinator.simulator.qos_cli import run_qos
 
@@ -193,6 +212,12 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
         f"spare nodes {args.spare_nodes}; keep order {args.keep_order}; seed {args.seed}",
     ]
     write_outputs(args.out, results, title="Trace replay", notes=notes, plots=not args.no_plots)
+    if args.records is not None:
+        from coordinator.simulator.queue_report import write_records
+        from coordinator.simulator.queues_cli import records_path
+
+        for name, result in results.items():
+            write_records(records_path(args.records, name), result, jobs)
     sys.stdout.write(markdown_table(results_json(results)))
     sys.stdout.write(f"wrote {args.out / 'results.json'}, {args.out / 'results.md'}\n")
 

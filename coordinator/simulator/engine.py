@@ -24,6 +24,16 @@ round-robin cursor, so the decisions equal those of ``place_batch`` over the who
 Priorities and preemption (``SimConfig(preemption=True)``): after each pass the QoS Manager's
 victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`.
 
+Team queues (``SimConfig(queues=...)``): each job runs in the queue its trace ``group`` names
+(:attr:`SimJob.queue`), and every pass goes through the scheduler's own
+:func:`coordinator.scheduler.queueing.plan_queues` (admission and fair order) and, with
+``reclaim``, :func:`~coordinator.scheduler.queueing.reclaim_for` afterwards; see
+:mod:`coordinator.simulator.queues`. The shape buckets stay (they hold the pending jobs in queue
+order), but a pass places the plan's order, not the buckets' heads.
+
+Every run of a job (from a start to its end or preemption) is kept in :attr:`SimResult.runs`, so
+per-job records can be written and per-queue figures recomputed from them.
+
 Node power is the production Resource Adaptor's: with ``power_down_after_s`` the replay drives
 :class:`coordinator.adaptor.power.PowerManager` with the ``simulated`` node provider in virtual
 time (:mod:`coordinator.simulator.adaptor_driver`). It powers down nodes idle longer than
@@ -50,9 +60,11 @@ from coordinator.simulator.adaptor_driver import SimAdaptor
 from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, summarize_jobs
 
 if TYPE_CHECKING:
+    from coordinator.queues import QueueConfig
     from coordinator.simulator.qos import SimPreemption
+    from coordinator.simulator.queues import SimQueues
 
-__all__ = ["SimConfig", "SimJob", "SimResult", "Simulator"]
+__all__ = ["JobRun", "SimConfig", "SimJob", "SimResult", "Simulator"]
 
 # event kinds; at one timestamp they are applied in this order
 _COMPLETE, _ARRIVE, _POWER = 0, 1, 2
@@ -69,10 +81,31 @@ class SimJob:
 
     :param request: what the placement engine sees (``submit_s`` is the arrival time).
     :param duration_s: run time once started.
+    :param queue: the team queue it is submitted to (from the trace's ``group``; used only when the
+        replay has queues).
     """
 
     request: Request
     duration_s: float
+    queue: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    """One run of a job: from a start until it ended or was preempted.
+
+    :param job: the job's index in the replayed jobs.
+    :param start_s: when it started.
+    :param end_s: when it ended or was preempted.
+    :param placement: where it ran.
+    :param preempted: whether the run was cut short.
+    """
+
+    job: int
+    start_s: float
+    end_s: float
+    placement: Placement
+    preempted: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +129,8 @@ class SimConfig:
     :param keep_series: record samples per timestamp for plots.
     :param preemption: let higher-priority jobs preempt lower-priority ones (:mod:`coordinator.simulator.qos`).
     :param protection_s: a job is not preempted again within this many seconds.
+    :param queues: team queues to replay (None: no queues, every pending job may be placed).
+    :param reclaim: with ``queues``, let queues owed their quota preempt borrowers.
     """
 
     policy: str
@@ -111,6 +146,8 @@ class SimConfig:
     keep_series: bool = True
     preemption: bool = False
     protection_s: float = 120.0
+    queues: QueueConfig | None = None
+    reclaim: bool = True
 
     def __post_init__(self) -> None:
         if self.power_down_after_s is not None and self.power_down_after_s < 0:
@@ -132,6 +169,9 @@ class SimResult:
     :param placements: ``job id → node ids`` chosen for each finished job.
     :param series: samples for plots (None unless ``keep_series``).
     :param events: events processed.
+    :param preempted: ``job id → (times preempted, run seconds lost)``.
+    :param runs: every run of every job, in the order they ended (a job still running at the end
+        has none for that run).
     """
 
     policy: str
@@ -141,6 +181,7 @@ class SimResult:
     series: Series | None
     events: int
     preempted: dict[str, tuple[int, float]] = field(default_factory=dict)
+    runs: list[JobRun] = field(default_factory=list)
 
 
 class Simulator:
@@ -200,8 +241,15 @@ class Simulator:
         self.records: list[JobRecord] = []
         self.processed = 0
         self.job_events = 0  # arrivals and completions still in the heap
+        self.runs: list[JobRun] = []
+        self.queues: SimQueues | None = None
+        if config.queues is not None and config.queues.managed:
+            from coordinator.simulator.queues import SimQueues
+
+            self.queues = SimQueues(self, config.queues, reclaim=config.reclaim)
         self.qos: SimPreemption | None = None
-        if config.preemption:
+        if config.preemption or self.queues is not None:
+            # Reclaim preempts the way priority preemption does (the same bookkeeping).
             from coordinator.simulator.qos import SimPreemption
 
             self.qos = SimPreemption(self, config.protection_s)
@@ -248,8 +296,10 @@ class Simulator:
             grew = self._power_step() if self.adaptor is not None else False
             if released or arrived or grew:
                 self._schedule(now, released or grew)
-                if self.qos is not None:
+                if self.qos is not None and self.config.preemption:
                     self.qos.after_pass(now)
+                if self.queues is not None:
+                    self.queues.after_pass(now)
             if self.adaptor is not None:
                 self._power_step()
                 self._arm_power_step(now)
@@ -309,6 +359,9 @@ class Simulator:
         if released:
             # Resources came back: every shape may fit again.
             self.refused.clear()
+        if self.queues is not None:
+            self.queues.schedule(now)
+            return
         if self.config.exact_batches:
             self._schedule_exact(now)
             return
@@ -389,10 +442,13 @@ class Simulator:
                                       energy_j=power_w * (now - start)))
         self.placements_by_id[req.task_id] = placement.node_ids
 
-    def _release(self, k: int, now: float) -> Placement:
+    def _release(self, k: int, now: float, preempted: bool = False) -> Placement:
         """Job ``k`` stops running (it ended or was preempted): give its reservations back; the adaptor
         sees its nodes idle."""
+        if self.queues is not None:
+            self.queues.released(k, now)
         placement = self.placed.pop(k)
+        self.runs.append(JobRun(k, self.start_times[k], now, placement, preempted))
         req = self.jobs[k].request
         self.engine.release(placement, req.gpu_mem_per_gpu_bytes)
         indices = [self.index[node_id] for node_id in placement.node_ids]
@@ -420,4 +476,5 @@ class Simulator:
             series=self.metrics.series,
             events=self.processed,
             preempted=self.qos.per_job() if self.qos is not None else {},
+            runs=self.runs,
         )

@@ -114,15 +114,16 @@ class SimPreemption:
             if not victims:
                 continue
             for v in victims:
-                self._preempt(by_id[v.id], now)
+                self.preempt(by_id[v.id], now)
             self._place(k, now)
             return True
         return False
 
-    def _preempt(self, k: int, now: float) -> None:
-        """Stop job ``k``: give its reservations back and queue it again with its original request."""
+    def preempt(self, k: int, now: float) -> None:
+        """Stop job ``k``: give its reservations back and queue it again with its original request
+        (team-queue reclaim, :mod:`coordinator.simulator.queues`, preempts through this too)."""
         sim = self.sim
-        sim._release(k, now)
+        sim._release(k, now, preempted=True)
         self.lost_run_s[k] += now - sim.start_times.pop(k)
         self.count[k] += 1
         self.last_s[k] = now

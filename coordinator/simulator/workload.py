@@ -17,12 +17,14 @@ submission takes:
 A job asking for more GPUs than the widest node is a gang spread evenly over
 ``ceil(gpus / width)`` nodes (Philly's 16- and 32-GPU jobs on 8-GPU servers).
 
-A job's priority comes from its ``group`` (openb QoS class; see :func:`coordinator.simulator.qos.priority_of`).
+A job's priority comes from its ``group`` (openb QoS class; see :func:`coordinator.simulator.qos.priority_of`),
+and so does its team queue (:func:`queue_name`: Philly's virtual clusters become queues).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -39,15 +41,28 @@ from common.domain import (
 from common.types import TaskKind
 from coordinator.monitor.power_model import PowerModel
 from coordinator.profiler.profiler import DEFAULT_GPU_MEM_BYTES, Profiler
+from coordinator.queues.model import DEFAULT_QUEUE
 from coordinator.simulator.engine import SimJob
 from coordinator.simulator.node_defaults import NodeDefaults
 from coordinator.simulator.qos import priority_of
 from coordinator.simulator.trace import TraceJob, TraceNode
 
-__all__ = ["GIB", "NodeDefaults", "build_cluster", "build_jobs", "gang_split", "job_spec", "profiler_for"]
+__all__ = ["GIB", "NodeDefaults", "build_cluster", "build_jobs", "gang_split", "job_spec", "profiler_for",
+           "queue_name"]
 
 GIB = 1024**3
 _CPU_ONLY_WIDTH = 4  # a CPU-only node is sized like a 4-GPU server's host
+
+
+def queue_name(group: str) -> str:
+    """The team queue a trace ``group`` stands for: lower case, characters a queue name may not hold
+    turned into ``-``, at most 63 characters; an empty group is the ``default`` queue.
+
+    :param group: the trace's ``group`` column.
+    :returns: a valid queue name (:data:`coordinator.queues.NAME_PATTERN`).
+    """
+    name = re.sub(r"[^a-z0-9-]", "-", group.strip().lower()).strip("-")[:63]
+    return name or DEFAULT_QUEUE.name
 
 
 def _node(node: TraceNode, defaults: NodeDefaults, power: PowerModel) -> NodeSnapshot:
@@ -148,5 +163,5 @@ def build_jobs(jobs: Sequence[TraceJob], cluster: ClusterSnapshot, profiler: Pro
         request: Request = prof.request(job.job_id, job_spec(job, width), submit_s=job.submit_s)
         # The profiler's expected run time of a replayed job is the trace's (the time-aware policy reads it).
         request = replace(request, expected_run_s=job.duration_s)
-        out.append(SimJob(request=request, duration_s=job.duration_s))
+        out.append(SimJob(request=request, duration_s=job.duration_s, queue=queue_name(job.group)))
     return out

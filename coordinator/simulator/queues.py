@@ -1,0 +1,193 @@
+"""Team queues in the replay, decided by the scheduler's own queue code.
+
+With ``SimConfig(queues=config)`` every scheduling pass of the
+:class:`~coordinator.simulator.engine.Simulator` goes through :class:`SimQueues`, which does what
+the leader's cycle does (:mod:`coordinator.scheduler.cycle`), over the replay's jobs instead of
+the task table:
+
+1. The pending jobs, in the engine's queue order (:func:`common.domain.queue_key`), become
+   :class:`~coordinator.scheduler.queueing.QueuedTask` values (queue from :attr:`SimJob.queue`,
+   whole GPUs ``ceil(gpus per node) × nodes``), the running jobs become
+   :class:`~coordinator.queues.Holding` values (their queue, GPUs, the ``borrowed`` count their
+   admission gave them, preemptible, start time), and
+   :func:`~coordinator.scheduler.queueing.plan_queues` decides admission and fair order against the
+   cluster's GPUs per model and the queues' decayed usage. Only the plan's ``order`` is offered to
+   placement, in that order (each request held to its admitted GPU pool by
+   :func:`coordinator.scheduler.cycle.on_pool`); refused jobs wait.
+2. Placement decides what ``place_batch`` over that order would (in the order, or for the policies
+   that sort, by descending compute demand unless ``keep_order``). Between releases reservations
+   only grow, so a shape the placement engine refused stays refused until something is released:
+   the engine's cross-pass refusal set is kept (it holds placement refusals only, never queue
+   refusals, which the plan decides afresh each pass). ``exact_batches`` hands the ordered requests
+   to ``place_batch`` itself; the tests compare both. A job placed on GPUs of another pool than the
+   one it was admitted in waits, as in the leader.
+3. With ``reclaim``, after the pass :func:`~coordinator.scheduler.queueing.reclaim_for` runs over
+   the jobs left waiting (the plan's order, then its refused ones) and the running jobs, with the
+   GPUs no running job holds as idle (as the leader passes them); its
+   victims are preempted the way :mod:`coordinator.simulator.qos` preempts (they stop at once, lose
+   their progress and go back to the queue with their original request, running their whole
+   duration again later: restart from scratch, no checkpoint modelled), then one more pass runs, as
+   the leader's next cycle would.
+
+Decayed usage (:class:`~coordinator.queues.UsageDecay`) advances in virtual time: the GPU- and
+core-seconds each queue's running jobs held are added whenever a job stops and before every plan,
+so nothing held between two passes is missed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING
+
+from common.domain import Placement, Request, queue_key
+from coordinator.queues import ANY_MODEL, Holding, QueueConfig, UsageDecay
+from coordinator.scheduler.cycle import on_pool
+from coordinator.scheduler.queueing import QueuedTask, QueuePlan, plan_queues, reclaim_for
+
+if TYPE_CHECKING:
+    from coordinator.simulator.engine import Simulator
+
+__all__ = ["SimQueues", "whole_gpus"]
+
+_GIB = float(1 << 30)
+
+
+def whole_gpus(request: Request) -> int:
+    """The whole GPUs a request asks for over all its nodes (a shared fraction counts as one), as the
+    queues count them."""
+    return math.ceil(request.demand.gpus - 1e-9) * request.nodes if request.demand.gpus > 0 else 0
+
+
+class SimQueues:
+    """Team queues inside one replay (owned by the simulator; module docstring).
+
+    :param sim: the simulator whose passes it runs.
+    :param config: the queue tree.
+    :param reclaim: preempt borrowers for queues owed their quota.
+    """
+
+    def __init__(self, sim: Simulator, config: QueueConfig, *, reclaim: bool) -> None:
+        self.sim = sim
+        self.config = config
+        self.reclaim = reclaim
+        self.decay = UsageDecay.for_config(config)
+        self.capacity: dict[str, int] = {}
+        self.node_model: list[str] = []
+        for node in sim.base.nodes:
+            model = node.gpu_model or ANY_MODEL
+            self.node_model.append(model)
+            if node.capacity.gpus > 0:
+                self.capacity[model] = self.capacity.get(model, 0) + int(node.capacity.gpus)
+        self.tasks = [QueuedTask(j.request.task_id, j.queue, whole_gpus(j.request),
+                                 j.request.demand.cpu_cores * j.request.nodes,
+                                 j.request.demand.mem_bytes * j.request.nodes / _GIB,
+                                 j.request.gpu_model or ANY_MODEL) for j in sim.jobs]
+        self.by_id = {t.task_id: k for k, t in enumerate(self.tasks)}
+        self.borrowed: dict[int, int] = {}     # running job → GPUs borrowed, as admitted
+        self.model: dict[int, str] = {}        # running job → GPU model it holds
+        self.plan: QueuePlan | None = None     # the last pass's plan
+        self.accrued_at: float | None = None
+        self.passes = 0
+        self.reclaims = 0
+
+    def _accrue(self, now: float) -> None:
+        """Add what each queue's running jobs held since the last call to its decayed usage."""
+        last, self.accrued_at = self.accrued_at, now
+        if last is None or now <= last:
+            return
+        dt = now - last
+        for k in self.sim.placed:
+            t = self.tasks[k]
+            self.decay.add(t.queue, now, gpu_s=t.gpus * dt, cpu_s=t.cpu * dt)
+
+    def released(self, k: int, now: float) -> None:
+        """Job ``k`` stops holding its GPUs at ``now`` (ended or preempted); called before it is released."""
+        self._accrue(now)
+        self.borrowed.pop(k, None)
+        self.model.pop(k, None)
+
+    def holdings(self) -> list[Holding]:
+        """The running jobs as the queues see them."""
+        sim = self.sim
+        out = []
+        for k in sim.placed:
+            t = self.tasks[k]
+            out.append(Holding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
+                               sim.start_times[k], t.cpu, t.mem_gib))
+        return out
+
+    def schedule(self, now: float) -> None:
+        """One pass: plan admission and fair order, place the plan's order (module docstring, steps 1-2)."""
+        sim = self.sim
+        self.passes += 1
+        pending = sorted(item for bucket in sim.buckets.values() for item in bucket)
+        self._accrue(now)
+        plan = plan_queues(self.config, [self.tasks[k] for _, k in pending], self.holdings(), self.capacity,
+                           self.decay, now)
+        self.plan = plan
+        jobs = [self.by_id[task_id] for task_id in plan.order]
+        requests = [on_pool(sim.jobs[k].request, plan.admissions[sim.jobs[k].request.task_id].pool) for k in jobs]
+        if sim.config.exact_batches:
+            decisions = sim.engine.place_batch(requests, keep_order=sim.config.keep_order)
+            for k, decision in zip(jobs, decisions, strict=True):
+                if isinstance(decision, Placement):
+                    self._book(k, decision, now)
+                elif sim.adaptor is not None:
+                    sim.adaptor.unplaced(sim.jobs[k].request)
+            return
+        items = list(zip(jobs, requests, strict=True))
+        if sim.engine.policy.sorts_requests and not sim.config.keep_order:
+            items.sort(key=lambda item: -item[1].compute_demand)     # stable: plan order among equals
+        for k, req in items:
+            shape = req.shape
+            if shape in sim.refused:
+                continue
+            decision = sim.engine.place(req)
+            if not isinstance(decision, Placement):
+                sim.refused.add(shape)
+                if sim.adaptor is not None:
+                    sim.adaptor.unplaced(sim.jobs[k].request)
+                continue
+            self._book(k, decision, now)
+
+    def _book(self, k: int, placement: Placement, now: float) -> None:
+        """Start job ``k`` on ``placement`` with what its admission borrowed (or undo it: another pool)."""
+        sim = self.sim
+        req = sim.jobs[k].request
+        admission = self.plan.admissions[req.task_id] if self.plan is not None else None
+        assert admission is not None
+        model = self.node_model[sim.index[placement.node_ids[0]]]
+        if self.config.pool_of(model) != admission.pool:
+            sim.engine.release(placement, req.gpu_mem_per_gpu_bytes)     # the leader leaves it waiting too
+            sim.refused.clear()                                          # something was released
+            return
+        bucket = sim.buckets[sim.shapes[k]]
+        bucket.remove((queue_key(req), k))
+        heapq.heapify(bucket)
+        self.borrowed[k] = admission.borrowed
+        self.model[k] = model
+        sim._placed(k, placement, now)
+
+    def after_pass(self, now: float) -> None:
+        """Reclaim for the jobs the pass left waiting, then pass once more (module docstring, step 3)."""
+        if not self.reclaim or self.plan is None:
+            return
+        sim = self.sim
+        plan = self.plan
+        waiting = [self.tasks[k] for task_id in (*plan.order, *plan.refused)
+                   if (k := self.by_id[task_id]) not in sim.placed]
+        if not waiting:
+            return
+        holdings = self.holdings()
+        idle = dict(self.capacity)
+        for h in holdings:
+            idle[h.gpu_model] = idle.get(h.gpu_model, 0) - h.gpus
+        victims = reclaim_for(self.config, waiting, holdings, idle={m: n for m, n in idle.items() if n > 0})
+        if not victims:
+            return
+        assert sim.qos is not None
+        for v in victims:
+            sim.qos.preempt(self.by_id[v.task_id], now)
+        self.reclaims += len(victims)
+        sim._schedule(now, True)
