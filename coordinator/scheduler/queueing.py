@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from common.domain import Placement
 from common.pb.gptrm.v1 import types_pb2
+from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.queues import (
@@ -72,6 +73,7 @@ __all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueuedTask", "holding
 HOLDING_STATES = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED, TaskState.PREEMPTED)
 """States in which a task holds GPUs (a PREEMPTED task until its agent reports it stopped)."""
 _GIB = float(1 << 30)
+_WAKEABLE = ("off", "powering-on")
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +311,24 @@ class LeaderQueues:
 
     def reclaim(self, waiting: Sequence[types_pb2.Task]) -> list[Victim]:
         """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order); GPUs no task holds count
-        as free."""
+        as free (:meth:`idle`)."""
         held, stopping = self.holdings()
-        idle = self.capacity()
-        for h in (*held, *stopping):
-            idle[h.gpu_model] = idle.get(h.gpu_model, 0) - h.gpus
-        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping,
-                           {model: n for model, n in idle.items() if n > 0})
+        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping, self.idle())
+
+    def idle(self) -> dict[str, int]:
+        """GPUs per model that no task holds and that work may get: on schedulable nodes, and on nodes the
+        Resource Adaptor powered off or is waking (it wakes one for a task that needs it). GPUs of
+        cordoned, draining, unready or lost nodes are not counted, so they never stop a reclaim."""
+        out: dict[str, int] = {}
+        for entry in self._registry:
+            if not (self._registry.schedulable(entry) or power_label(entry.record.power_state) in _WAKEABLE):
+                continue
+            taken = set(entry.record.reserved_gpu_indices)
+            for g in entry.inventory.gpus:
+                if g.index not in taken:
+                    model = g.model or ANY_MODEL
+                    out[model] = out.get(model, 0) + 1
+        return out
 
     def placed_model(self, placement: Placement) -> str | None:
         """The GPU model a placement's first GPU has (None: it took no GPU or the node is unknown)."""

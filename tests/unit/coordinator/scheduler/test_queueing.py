@@ -122,3 +122,31 @@ def test_a_new_leader_rebuilds_decayed_usage_from_the_ledger() -> None:
     assert a == pytest.approx(3600.0 * 0.5 ** ((now - 9.5 * 3600) / 3600))
     assert b == pytest.approx(7200.0 * 0.5 ** ((now - 8.5 * 3600) / 3600))
     assert queues.decay.at("default", now).gpu_s > 0
+
+
+def test_idle_gpus_are_those_work_may_get() -> None:
+    """Free GPUs of a ready node and of a powered-off one count as idle; a cordoned node's do not, so a
+    cordon never stops a reclaim."""
+    registry = NodeRegistry(1.0, 30.0)
+    state = LeaderState(registry)
+    for node_id in ("ready", "cordoned", "off"):
+        inv = types_pb2.NodeInventory(node_id=node_id)
+        for i in range(4):
+            inv.gpus.add(index=i, model="H100")
+        registry.connect(inv, outbox=None)  # type: ignore[arg-type]
+    for node_id, change in (("cordoned", "cordoned"), ("off", "power_state")):
+        entry = registry.get(node_id)
+        assert entry is not None
+        record = types_pb2.NodeRecord()
+        record.CopyFrom(entry.record)
+        if change == "cordoned":
+            record.cordoned = True
+        else:
+            record.power_state = types_pb2.NODE_POWER_STATE_OFF
+        state.apply_node(record)
+    state.apply_placement(_task("r", "b", TaskState.RUNNING, [0, 1], 1.0))   # on "n1": not a node here
+    placed = _task("q", "b", TaskState.RUNNING, [], 1.0)
+    placed.allocation.nodes.add(node_id="ready", gpu_indices=[0, 1, 2], gpu_share=1.0,
+                                demand=types_pb2.ResourceVector(gpus=3))
+    state.apply_placement(placed)
+    assert LeaderQueues(state, registry).idle() == {"H100": 1 + 4}
