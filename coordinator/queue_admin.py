@@ -147,6 +147,11 @@ class QueueAdmin:
         self._events, self._file = events, queues_file
         self._log = get_logger("coordinator")
 
+    @property
+    def managed(self) -> bool:
+        """Whether queues are configured (else one implicit default queue)."""
+        return self._state.queues.managed
+
     # ---- a new leader -------------------------------------------------------------------------
 
     async def recover(self) -> None:
@@ -381,7 +386,7 @@ class QueueMetrics(Collector):
                                   labels=["queue", "state"])
         budget = GaugeMetricFamily("gptrm_queue_budget_used_ratio",
                                    "Fraction of its budget a queue used in the current period", labels=["queue"])
-        if self._leading():
+        if self._leading() and self._admin.managed:
             resp = self._admin.views()
             sums: dict[tuple[str, str, str], float] = {}
             for i, view in enumerate(v for v in resp.queues if v.leaf):
