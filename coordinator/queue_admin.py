@@ -296,6 +296,17 @@ class QueueAdmin:
 
     # ---- budgets ------------------------------------------------------------------------------
 
+    def budget_readings(self) -> list[admin_pb2.UsageBudget]:
+        """Every budgeted queue's budget, the fraction used in its current period and its gate now."""
+        out = []
+        for view in self.views().queues:
+            q = view.queue
+            if q.has_budget:
+                out.append(admin_pb2.UsageBudget(queue=q.name, kind=q.budget.kind, amount=q.budget.amount,
+                                                 period=q.budget.period, action=q.budget.action,
+                                                 fraction=view.budget_used, gate=view.budget_gate))
+        return out
+
     async def check_budgets(self) -> None:
         """Read what each budgeted queue consumed in its current period (the usage ledger, priced) into the
         scheduler's budget readings; an event the first time a queue passes 80 % and 100 % in a period."""

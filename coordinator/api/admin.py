@@ -281,12 +281,15 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         cfg = self._app.cfg
         prices = Prices(cfg.gpu_hour_prices, cfg.price_kwh)
         report = summarize((stored[h] for h in sorted(stored)), by=by, prices=prices)
-        return admin_pb2.UsageReport(
+        out = admin_pb2.UsageReport(
             since_unix_s=hours[0] if hours else since, until_unix_s=hours[-1] + 3600 if hours else until, by=by,
             accounted_until_unix_s=accounted or 0.0, price_gpu_hour=prices.per_gpu_hour, price_kwh=prices.per_kwh,
             rows=[admin_pb2.UsageReportRow(key=r.key, gpu_hours_by_model=r.gpu_hours_by_model, gpu_hours=r.gpu_hours,
                                            cpu_core_hours=r.cpu_core_hours, energy_kwh=r.energy_kwh, cost=r.cost,
                                            tasks=r.tasks) for r in report])
+        if self._app.leadership.leading:
+            out.budgets.extend(self._app.queue_admin.budget_readings())
+        return out
 
     @_rpc
     async def GetTask(self, request: admin_pb2.GetTaskRequest, context: Ctx) -> types_pb2.Task:

@@ -84,6 +84,8 @@ def usage_dict(report: admin_pb2.UsageReport) -> dict[str, Any]:
         "prices": {"gpu_hour": dict(sorted(report.price_gpu_hour.items())), "kwh": report.price_kwh},
         "rows": rows,
         "total": total,
+        "budgets": [{"queue": b.queue, "kind": b.kind, "amount": b.amount, "period": b.period, "action": b.action,
+                     "fraction": b.fraction, "gate": b.gate} for b in report.budgets],
     }
 
 
@@ -111,7 +113,13 @@ def usage_table(d: Mapping[str, Any]) -> str:
     head = f"usage {_when(d['since_unix_s'])} → {_when(d['until_unix_s'])} by {d['by']}"
     if d["accounted_until_unix_s"]:
         head += f" (accounted until {_when(d['accounted_until_unix_s'])})"
-    return head + "\n" + human.table(headers, rows, right=(1, 2, 3, 4, 5))
+    text = head + "\n" + human.table(headers, rows, right=(1, 2, 3, 4, 5))
+    if d.get("budgets"):
+        text += "\nbudgets (current period):\n" + human.table(
+            ["QUEUE", "BUDGET", "USED", "NEW WORK"],
+            [[human.truncate(b["queue"], 40), f"{b['amount']:g} {b['kind']}/{b['period']} ({b['action']})",
+              f"{b['fraction'] * 100:.0f}%", b["gate"]] for b in d["budgets"]], right=(2,))
+    return text
 
 
 def _cell(value: Any) -> str:

@@ -213,6 +213,11 @@ class TestQueues:
         assert cluster.task(held)["state"] == "pending"
         events = cluster.ctl("-o", "json", "events").stdout
         assert "queue a is at" in events and "queue a is past its gpu_hours budget" in events
+        usage = cluster.ctl_json("usage", "--since", "1h")
+        validate(usage, "usage")
+        (budget,) = usage["budgets"]
+        assert budget["queue"] == "a" and budget["fraction"] >= 1.0 and budget["gate"] == "hold"
+        assert "budgets (current period)" in cluster.ctl("usage", "--since", "1h").stdout
 
     def test_queues_set_show_and_rm_from_gptrmctl(self, cluster: Cluster) -> None:
         """Without queues every task runs in `default`; `queues set` builds a tree (validated whole: a child

@@ -356,7 +356,7 @@ class UsageReportRow(_message.Message):
     def __init__(self, key: _Optional[str] = ..., gpu_hours_by_model: _Optional[_Mapping[str, float]] = ..., gpu_hours: _Optional[float] = ..., cpu_core_hours: _Optional[float] = ..., energy_kwh: _Optional[float] = ..., cost: _Optional[float] = ..., tasks: _Optional[int] = ...) -> None: ...
 
 class UsageReport(_message.Message):
-    __slots__ = ("since_unix_s", "until_unix_s", "by", "rows", "accounted_until_unix_s", "price_gpu_hour", "price_kwh")
+    __slots__ = ("since_unix_s", "until_unix_s", "by", "rows", "accounted_until_unix_s", "price_gpu_hour", "price_kwh", "budgets")
     class PriceGpuHourEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +371,7 @@ class UsageReport(_message.Message):
     ACCOUNTED_UNTIL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     PRICE_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
     PRICE_KWH_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
     since_unix_s: float
     until_unix_s: float
     by: str
@@ -378,7 +379,26 @@ class UsageReport(_message.Message):
     accounted_until_unix_s: float
     price_gpu_hour: _containers.ScalarMap[str, float]
     price_kwh: float
-    def __init__(self, since_unix_s: _Optional[float] = ..., until_unix_s: _Optional[float] = ..., by: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[UsageReportRow, _Mapping]]] = ..., accounted_until_unix_s: _Optional[float] = ..., price_gpu_hour: _Optional[_Mapping[str, float]] = ..., price_kwh: _Optional[float] = ...) -> None: ...
+    budgets: _containers.RepeatedCompositeFieldContainer[UsageBudget]
+    def __init__(self, since_unix_s: _Optional[float] = ..., until_unix_s: _Optional[float] = ..., by: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[UsageReportRow, _Mapping]]] = ..., accounted_until_unix_s: _Optional[float] = ..., price_gpu_hour: _Optional[_Mapping[str, float]] = ..., price_kwh: _Optional[float] = ..., budgets: _Optional[_Iterable[_Union[UsageBudget, _Mapping]]] = ...) -> None: ...
+
+class UsageBudget(_message.Message):
+    __slots__ = ("queue", "kind", "amount", "period", "action", "fraction", "gate")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    kind: str
+    amount: float
+    period: str
+    action: str
+    fraction: float
+    gate: str
+    def __init__(self, queue: _Optional[str] = ..., kind: _Optional[str] = ..., amount: _Optional[float] = ..., period: _Optional[str] = ..., action: _Optional[str] = ..., fraction: _Optional[float] = ..., gate: _Optional[str] = ...) -> None: ...
 
 class QueueQuota(_message.Message):
     __slots__ = ("gpu_model", "gpus", "has_limit", "limit", "has_lend", "lend")
