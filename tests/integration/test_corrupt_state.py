@@ -120,6 +120,10 @@ CORRUPTIONS = {
     "requests": Corruption(
         after={"requests/r-bad": GARBAGE, "requests/r-inv": b"tasks/../x"},
         bad=("requests/r-bad", "requests/r-inv"), request_ids=("r-bad", "r-inv")),
+    "queues-garbage": Corruption(before={"queues": GARBAGE}, bad=("queues",)),
+    "queues-invalid": Corruption(   # a limit below the quota: the tree does not validate
+        before={"queues": json.dumps({"queue": [{"name": "a", "gpus": {"*": 4}, "limit": {"*": 1}}]}).encode()},
+        bad=("queues",)),
 }
 
 
