@@ -91,6 +91,8 @@ class Demand:
     :param queue: the (leaf) queue it was submitted to.
     :param gpu_model: a concrete GPU model, or ``"*"`` (or ``""``) for any model.
     :param gpus: GPUs it needs (all of them at once).
+    :param per_node: of them, GPUs it needs on each of ``node_count`` nodes (0: unknown; reclaim then
+        counts GPUs only, wherever they are).
     """
 
     queue: str
@@ -98,6 +100,8 @@ class Demand:
     gpus: int = 0
     cpu: float = 0.0
     mem_gib: float = 0.0
+    per_node: int = 0
+    node_count: int = 1
 
 
 @dataclass(frozen=True)

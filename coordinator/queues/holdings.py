@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from coordinator.queues.admission import Held, QueueUse
 from coordinator.queues.model import QueueConfig
@@ -29,6 +29,8 @@ class Holding:
     :param borrowed: how many of them are beyond its queue's quota (0 ≤ borrowed ≤ gpus).
     :param start_time: when it started (seconds, the caller's epoch); newer tasks are reclaimed first.
     :param cpu: cores it asked for; ``mem_gib``: memory it asked for.
+    :param nodes: GPUs it holds on each node, when the caller knows (reclaim then frees whole nodes'
+        worth for tasks that need them; :func:`~coordinator.queues.reclaim.reclaim_victims`).
     """
 
     task_id: str
@@ -40,6 +42,7 @@ class Holding:
     start_time: float
     cpu: float = 0.0
     mem_gib: float = 0.0
+    nodes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 def rebalance(config: QueueConfig, holdings: Sequence[Holding]) -> list[Holding]:

@@ -26,6 +26,14 @@ its ``borrowed`` count; what is freed beyond the demand is counted as free for t
 A demand whose missing GPUs the candidates cannot cover gets no victims (nothing is preempted in
 vain), and a task is chosen at most once. Without configured queues nothing is reclaimed.
 
+**Where the GPUs are** (``free_by_node`` given, and a demand that says how many GPUs it needs on each
+of how many nodes, ``per_node`` × ``node_count``): GPUs scattered over many nodes do not place an
+8-GPU task or a gang of whole nodes, so the claim is made node by node instead. For each node of the
+model, the GPUs free there (and those of victims already chosen) count first; the rest come from the
+newest eligible tasks holding GPUs on that node, just enough of them; a node that cannot be freed
+that way is out. The ``node_count`` nodes that cost the fewest preempted GPUs (then by name) are
+taken, and their victims are the claim's; with fewer such nodes, nothing is preempted.
+
 The ``borrowed`` counts are taken as given; :func:`~coordinator.queues.holdings.rebalance` keeps
 them current as tasks end.
 """
@@ -56,16 +64,20 @@ class Victim:
 
 
 def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: Sequence[Demand],
-                    free: Mapping[str, int] | None = None) -> list[Victim]:
+                    free: Mapping[str, int] | None = None,
+                    free_by_node: Mapping[str, tuple[str, int]] | None = None) -> list[Victim]:
     """Victims to preempt for the ``waiting`` demands owed within their quota (module docstring).
 
     :param holdings: every running task.
     :param waiting: pending demands, in the order they should be served.
     :param free: GPUs free now per concrete model (default: none).
+    :param free_by_node: node → (its GPU model, GPUs free there now): claims of demands that give
+        ``per_node`` are then made node by node (module docstring).
     """
     if not config.managed:
         return []
     spare: dict[str, int] = defaultdict(int, free or {})
+    node_spare: dict[str, list] = {n: [normalise_model(m), f] for n, (m, f) in (free_by_node or {}).items()}
     held: dict[tuple[str, str], int] = defaultdict(int)            # (queue, pool) -> GPUs
     for h in holdings:
         held[h.queue, config.pool_of(h.gpu_model)] += h.gpus
@@ -77,21 +89,26 @@ def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: S
             continue
         queue = config.get(demand.queue)
         model = normalise_model(demand.gpu_model)
-        best: tuple[int, str, list[Holding]] | None = None
+        best: tuple[int, str, list[Holding], list[str]] | None = None
         for candidate_model in (models if model == ANY_MODEL else [model]):
             pool = config.pool_of(candidate_model)
             scope = _scope(config, held, queue.name, pool, demand.gpus)
             if scope is None:
                 continue                                            # not owed: it would borrow
-            chosen = _cover(holdings, taken, scope, candidate_model, demand.gpus - spare[candidate_model])
+            nodes: list[str] = []
+            if free_by_node is not None and demand.per_node > 0:
+                covered = _cover_nodes(holdings, taken, scope, candidate_model, demand, node_spare)
+                chosen, nodes = covered if covered is not None else (None, [])
+            else:
+                chosen = _cover(holdings, taken, scope, candidate_model, demand.gpus - spare[candidate_model])
             if chosen is None:
                 continue
             cost = sum(h.gpus for h in chosen)
             if best is None or cost < best[0]:
-                best = (cost, candidate_model, chosen)
+                best = (cost, candidate_model, chosen, nodes)
         if best is None:
             continue
-        _, chosen_model, chosen = best
+        _, chosen_model, chosen, chosen_nodes = best
         freed = spare[chosen_model] + sum(h.gpus for h in chosen)
         spare[chosen_model] = freed - demand.gpus
         held[queue.name, config.pool_of(chosen_model)] += demand.gpus
@@ -99,7 +116,59 @@ def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: S
             taken.add(h.task_id)
             held[h.queue, config.pool_of(h.gpu_model)] -= h.gpus
             victims.append(Victim(h.task_id, h.queue, h.gpu_model, h.gpus, h.borrowed, queue.name))
+            for node, gpus in h.nodes.items():                      # freed where it ran
+                if node in node_spare:
+                    node_spare[node][1] += gpus
+        for node in chosen_nodes:                                    # the demand takes them
+            node_spare[node][1] -= demand.per_node
     return victims
+
+
+def _node_options(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str,
+                  per_node: int, node_spare: Mapping[str, list]) -> list[tuple[int, str, list[Holding]]]:
+    """Per node of ``model`` that can be freed for ``per_node`` GPUs: (GPUs preempted, node, victims)."""
+    on_node: dict[str, list[Holding]] = defaultdict(list)
+    for h in holdings:
+        if (h.queue not in scope and h.borrowed > 0 and h.preemptible and h.gpus > 0 and h.task_id not in taken
+                and normalise_model(h.gpu_model) == model):
+            for node in h.nodes:
+                on_node[node].append(h)
+    options = []
+    for node, (node_model, spare) in node_spare.items():
+        if node_model != model:
+            continue
+        missing = per_node - spare
+        chosen: list[Holding] = []
+        if missing > 0:
+            total = 0
+            for h in sorted(on_node.get(node, ()), key=lambda h: (h.start_time, h.task_id), reverse=True):
+                if total >= missing:
+                    break
+                chosen.append(h)
+                total += h.nodes[node]
+            if total < missing:
+                continue
+            for h in list(chosen):                                  # let go of the ones not needed
+                if total - h.nodes[node] >= missing:
+                    chosen.remove(h)
+                    total -= h.nodes[node]
+        options.append((sum(h.gpus for h in chosen), node, chosen))
+    return sorted(options, key=lambda o: (o[0], o[1]))
+
+
+def _cover_nodes(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str, demand: Demand,
+                 node_spare: Mapping[str, list]) -> tuple[list[Holding], list[str]] | None:
+    """Victims that free ``demand.per_node`` GPUs on each of ``demand.node_count`` nodes of ``model``, and those
+    nodes (module docstring); None when too few nodes can be freed."""
+    options = _node_options(holdings, taken, scope, model, demand.per_node, node_spare)
+    if len(options) < max(1, demand.node_count):
+        return None
+    chosen: dict[str, Holding] = {}
+    nodes = []
+    for _cost, node, victims in options[:max(1, demand.node_count)]:
+        chosen.update((h.task_id, h) for h in victims)
+        nodes.append(node)
+    return list(chosen.values()), nodes
 
 
 def _scope(config: QueueConfig, held: Mapping[tuple[str, str], int], queue: str, pool: str,

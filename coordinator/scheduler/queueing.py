@@ -86,6 +86,8 @@ class QueuedTask:
     cpu: float = 0.0
     mem_gib: float = 0.0
     gpu_model: str = ANY_MODEL
+    per_node: int = 0           # whole GPUs it needs on each of node_count nodes (0: unknown)
+    node_count: int = 1
 
 
 @dataclass
@@ -111,16 +113,21 @@ def whole_gpus(task: types_pb2.Task) -> int:
 def queued(task: types_pb2.Task) -> QueuedTask:
     """A pending task's queue view."""
     n = max(1, task.spec.nodes)
-    return QueuedTask(task.id, queue_of(task), whole_gpus(task), task.demand.cpu_cores * n,
-                      task.demand.mem_bytes * n / _GIB, task.spec.constraints.gpu_model or ANY_MODEL)
+    gpus = whole_gpus(task)
+    return QueuedTask(task.id, queue_of(task), gpus, task.demand.cpu_cores * n,
+                      task.demand.mem_bytes * n / _GIB, task.spec.constraints.gpu_model or ANY_MODEL,
+                      gpus // n, n)
 
 
 def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
     """A placed task's holding: its GPUs (of the model of its rank-0 node's first GPU), borrowed count as
     stored at placement (:func:`~coordinator.queues.rebalance` recomputes it)."""
     gpus, model = 0, ANY_MODEL
+    per_node: dict[str, int] = {}
     for na in task.allocation.nodes:
-        gpus += len(na.gpu_indices) or math.ceil(na.demand.gpus - 1e-9)
+        on_node = len(na.gpu_indices) or math.ceil(na.demand.gpus - 1e-9)
+        gpus += on_node
+        per_node[na.node_id] = per_node.get(na.node_id, 0) + on_node
         if model == ANY_MODEL and na.gpu_indices:
             entry = registry.get(na.node_id)
             if entry is not None:
@@ -130,7 +137,7 @@ def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
     return Holding(task.id, queue_of(task), model, gpus, min(task.borrowed_gpus, gpus),
                    task.spec.preemptible if task.spec.HasField("preemptible") else True,
                    task.allocation.created_unix_s or task.submit_unix_s,
-                   task.demand.cpu_cores * n, task.demand.mem_bytes * n / _GIB)
+                   task.demand.cpu_cores * n, task.demand.mem_bytes * n / _GIB, per_node)
 
 
 def _add(use: dict[str, QueueUse], queue: str, pool: str, task: QueuedTask, borrowed: int) -> None:
@@ -214,7 +221,8 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
 
 
 def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Sequence[Holding],
-                stopping: Sequence[Holding] = (), idle: Mapping[str, int] | None = None) -> list[Victim]:
+                stopping: Sequence[Holding] = (), idle: Mapping[str, int] | None = None,
+                idle_by_node: Mapping[str, tuple[str, int]] | None = None) -> list[Victim]:
     """Tasks to preempt so that the ``waiting`` tasks (in fair order) get back the quota others borrow.
 
     :param holdings: the tasks holding GPUs that could be victims.
@@ -222,15 +230,25 @@ def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Se
         not served twice while its victims stop.
     :param idle: GPUs per model that no task holds: they count as free too, so nothing is preempted for
         a demand that idle GPUs already cover (it waits for placement, e.g. on fragmented nodes).
+    :param idle_by_node: node → (GPU model, GPUs no task holds there): claims are then made node by node
+        (a task that needs 8 GPUs on one node, or whole nodes for a gang, gets victims on nodes it can use;
+        :func:`~coordinator.queues.reclaim_victims`); the stopping tasks' GPUs count on their nodes.
     """
     if not config.managed:
         return []
     free: dict[str, int] = dict(idle or {})
     for h in stopping:
         free[h.gpu_model] = free.get(h.gpu_model, 0) + h.gpus
-    demands = [Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib) for t in waiting
+    by_node: dict[str, tuple[str, int]] | None = None
+    if idle_by_node is not None:
+        by_node = dict(idle_by_node)
+        for h in stopping:
+            for node, gpus in h.nodes.items():
+                if node in by_node:
+                    by_node[node] = (by_node[node][0], by_node[node][1] + gpus)
+    demands = [Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib, t.per_node, t.node_count) for t in waiting
                if t.queue in config and config.is_leaf(t.queue)]
-    return reclaim_victims(config, rebalance(config, holdings), demands, free)
+    return reclaim_victims(config, rebalance(config, holdings), demands, free, by_node)
 
 
 class LeaderQueues:
@@ -313,21 +331,33 @@ class LeaderQueues:
         """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order); GPUs no task holds count
         as free (:meth:`idle`)."""
         held, stopping = self.holdings()
-        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping, self.idle())
+        by_node = self.idle_by_node()
+        idle: dict[str, int] = {}
+        for model, free in by_node.values():
+            idle[model] = idle.get(model, 0) + free
+        return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping,
+                           {m: n for m, n in idle.items() if n > 0}, by_node)
 
     def idle(self) -> dict[str, int]:
-        """GPUs per model that no task holds and that work may get: on schedulable nodes, and on nodes the
-        Resource Adaptor powered off or is waking (it wakes one for a task that needs it). GPUs of
-        cordoned, draining, unready or lost nodes are not counted, so they never stop a reclaim."""
+        """GPUs per model that no task holds and that work may get (:meth:`idle_by_node`, summed)."""
         out: dict[str, int] = {}
+        for model, free in self.idle_by_node().values():
+            if free:
+                out[model] = out.get(model, 0) + free
+        return out
+
+    def idle_by_node(self) -> dict[str, tuple[str, int]]:
+        """Node → (its GPU model, GPUs no task holds there), for the nodes work may get: schedulable ones,
+        and those the Resource Adaptor powered off or is waking (it wakes one for a task that needs it).
+        Cordoned, draining, unready and lost nodes are left out, so they never stop a reclaim."""
+        out: dict[str, tuple[str, int]] = {}
         for entry in self._registry:
-            if not (self._registry.schedulable(entry) or power_label(entry.record.power_state) in _WAKEABLE):
+            if not entry.inventory.gpus or not (self._registry.schedulable(entry)
+                                                or power_label(entry.record.power_state) in _WAKEABLE):
                 continue
             taken = set(entry.record.reserved_gpu_indices)
-            for g in entry.inventory.gpus:
-                if g.index not in taken:
-                    model = g.model or ANY_MODEL
-                    out[model] = out.get(model, 0) + 1
+            model = entry.inventory.gpus[0].model or ANY_MODEL
+            out[entry.node_id] = (model, sum(1 for g in entry.inventory.gpus if g.index not in taken))
         return out
 
     def placed_model(self, placement: Placement) -> str | None:

@@ -82,7 +82,8 @@ class SimQueues:
         self.tasks = [QueuedTask(j.request.task_id, j.queue, whole_gpus(j.request),
                                  j.request.demand.cpu_cores * j.request.nodes,
                                  j.request.demand.mem_bytes * j.request.nodes / _GIB,
-                                 j.request.gpu_model or ANY_MODEL) for j in sim.jobs]
+                                 j.request.gpu_model or ANY_MODEL, whole_gpus(j.request) // j.request.nodes,
+                                 j.request.nodes) for j in sim.jobs]
         self.by_id = {t.task_id: k for k, t in enumerate(self.tasks)}
         self.borrowed: dict[int, int] = {}     # running job → GPUs borrowed, as admitted
         self.model: dict[int, str] = {}        # running job → GPU model it holds
@@ -114,7 +115,8 @@ class SimQueues:
         for k in sim.placed:
             t = self.tasks[k]
             out.append(Holding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
-                               sim.start_times[k], t.cpu, t.mem_gib))
+                               sim.start_times[k], t.cpu, t.mem_gib,
+                               {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
         return out
 
     def schedule(self, now: float) -> None:
@@ -183,7 +185,10 @@ class SimQueues:
         idle = dict(self.capacity)
         for h in holdings:
             idle[h.gpu_model] = idle.get(h.gpu_model, 0) - h.gpus
-        victims = reclaim_for(self.config, waiting, holdings, idle={m: n for m, n in idle.items() if n > 0})
+        by_node = {node.node_id: (self.node_model[i], int(node.capacity.gpus - math.ceil(sim.running_gpus[i] - 1e-9)))
+                   for i, node in enumerate(sim.base.nodes) if node.capacity.gpus > 0}
+        victims = reclaim_for(self.config, waiting, holdings, idle={m: n for m, n in idle.items() if n > 0},
+                              idle_by_node=by_node)
         if not victims:
             return
         assert sim.qos is not None

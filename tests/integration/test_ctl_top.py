@@ -102,7 +102,8 @@ class TestTop:
         top = PtyProcess([str(BIN / "gptrmctl"), "--insecure", "--coordinator", cluster.address(), "top",
                           "--interval", "0.3"])
         try:
-            wait_until(lambda: top.read_for(0.3) or "Eq.1" in "".join(top.frames()), 30, what="first frame")
+            # The live view is drawing (a frame is on the screen), not still starting up.
+            wait_until(lambda: (top.read_for(0.3), "Eq.1" in "".join(top.frames()))[1], 30, what="first frame")
             top.proc.send_signal(signal.SIGINT)
             assert top.proc.wait(timeout=20) == 0
         finally:

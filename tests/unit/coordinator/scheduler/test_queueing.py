@@ -80,7 +80,7 @@ def test_the_leader_builds_holdings_capacity_and_gates_from_its_state() -> None:
     held, stopping = queues.holdings()
     assert sorted(h.task_id for h in held) == ["r", "s"] and [h.task_id for h in stopping] == ["p"]
     assert {h.gpu_model for h in held} == {"H100"} and queues.capacity() == {"H100": 8}
-    assert queued(state.tasks["w"]) == QueuedTask("w", "a", 1)
+    assert queued(state.tasks["w"]) == QueuedTask("w", "a", 1, per_node=1, node_count=1)
     queues.accrue()
     clock[0] += 10.0
     queues.accrue()
