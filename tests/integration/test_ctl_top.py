@@ -46,6 +46,14 @@ class PtyProcess:
                 return
             self.output += chunk
 
+    def wait_exit(self, timeout_s: float) -> int:
+        """Wait for the exit code while reading what it writes: a terminal nobody reads fills up and blocks
+        the writer (the live view's last frame and its screen restore would never finish)."""
+        end = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < end:
+            self.read_for(0.1)
+        return self.proc.wait(timeout=1)
+
     def frames(self) -> list[str]:
         """Each full redraw, with escape sequences removed (rich's screen mode homes the cursor per frame)."""
         text = self.output.decode(errors="replace")
@@ -91,7 +99,7 @@ class TestTop:
             assert len(powers) > 1, "GPU power never changed between refreshes"
             assert "busy" in frame and "running" in frame
             top.send(b"q")
-            assert top.proc.wait(timeout=20) == 0
+            assert top.wait_exit(20) == 0
         finally:
             top.close()
 
@@ -105,7 +113,7 @@ class TestTop:
             # The live view is drawing (a frame is on the screen), not still starting up.
             wait_until(lambda: (top.read_for(0.3), "Eq.1" in "".join(top.frames()))[1], 30, what="first frame")
             top.proc.send_signal(signal.SIGINT)
-            assert top.proc.wait(timeout=20) == 0
+            assert top.wait_exit(20) == 0
         finally:
             top.close()
 
