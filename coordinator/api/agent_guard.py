@@ -7,26 +7,58 @@
   receives that node's decisions. When the old stream has gone silent for longer, the new one
   fences it: the old stream is closed and the event is logged (``node_stream_fenced``).
 - A task status or decision acknowledgement counts only for a task the coordinator placed on
-  that node; any other is refused, logged and audited, and the task is left unchanged.
+  that node; any other is ignored, and the task is left unchanged. One for a task that node held
+  earlier (it was requeued, preempted or placed elsewhere since: a late report, not a forgery) is
+  logged at debug level (``agent_ack_stale``); one for a task never placed on that node is refused,
+  logged and audited. The task's history tells the two apart (its SCHEDULED entries name the nodes
+  of each placement); where that history no longer reaches back to the submission (it keeps the
+  newest changes only) or the record has none, the report counts as stale. A status or
+  acknowledgement for a task the coordinator does not know passes (the scheduler stops the task).
 
 The last two hold with or without certificates.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING
 
 import grpc
 
 from common.logging import get_logger
-from common.pb.gptrm.v1 import agent_pb2
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.types import TaskState
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.sync import placed_nodes
 from coordinator.tasks import TaskTable
 
 if TYPE_CHECKING:
     from coordinator.api.auth import Security
 
-__all__ = ["AgentGuard"]
+__all__ = ["AgentGuard", "Holding", "holding"]
+
+
+class Holding(Enum):
+    """How a node stands to a task it reports on."""
+
+    UNKNOWN = "unknown"   # no such task (the coordinator does not know it)
+    NOW = "now"           # placed on the node now
+    EARLIER = "earlier"   # placed on it before, or it cannot be told that it never was
+    NEVER = "never"       # never placed on it
+
+
+def holding(task: types_pb2.Task | None, node_id: str) -> Holding:
+    """Whether ``node_id`` holds ``task`` now, held it earlier, or never did (see the module docstring)."""
+    if task is None:
+        return Holding.UNKNOWN
+    if any(na.node_id == node_id for na in task.allocation.nodes):
+        return Holding.NOW
+    if any(p.node_id == node_id for p in task.parts) or any(node_id in placed_nodes(c) for c in task.history):
+        return Holding.EARLIER
+    first = task.history[0] if task.history else None
+    complete = (first is not None and first.state == TaskState.PENDING
+                and first.time_unix_s == task.submit_unix_s)   # the entry create_task writes
+    return Holding.NEVER if complete else Holding.EARLIER
 
 
 class AgentGuard:
@@ -75,27 +107,30 @@ class AgentGuard:
         if entry.outbox is not None:
             entry.outbox.put_nowait(None)   # ends the old stream; its disconnect is ignored (older stream id)
 
-    def _owns(self, entry: NodeEntry, task_id: str) -> bool | None:
-        """True if placed on this node, False if placed elsewhere (or nowhere), None if unknown."""
+    def _allowed(self, entry: NodeEntry, task_id: str, method: str, refused_event: str, reason: str) -> bool:
+        """Whether a message about ``task_id`` from this node is applied. One for a task the node held earlier
+        is logged at debug level; one for a task never placed on it is logged as ``refused_event`` and
+        audited as refused (``method``, ``reason``)."""
         task = self._tasks.find(task_id)
-        if task is None:
-            return None
-        return any(na.node_id == entry.node_id for na in task.allocation.nodes)
+        held = holding(task, entry.node_id)
+        if held in (Holding.UNKNOWN, Holding.NOW):
+            return True
+        if held is Holding.EARLIER and task is not None:
+            self._log.debug("agent_ack_stale", node_id=entry.node_id, task_id=task_id, method=method,
+                            task_state=TaskState(task.state).name)
+            return False
+        self._log.warning(refused_event, node_id=entry.node_id, task_id=task_id, reason=reason)
+        self._refuse(entry.node_id, method, task_id, reason, entry.node_id)
+        return False
 
     def status_allowed(self, entry: NodeEntry, status: agent_pb2.TaskStatus) -> bool:
         """May this node report this task's status? (Unknown tasks pass: the scheduler stops them.)"""
-        if self._owns(entry, status.task_id) is not False:
-            return True
         reason = f"node {entry.node_id!r} reported a status for task {status.task_id!r}, which is not placed on it"
-        self._log.warning("task_status_refused", node_id=entry.node_id, task_id=status.task_id, reason=reason)
-        self._refuse(entry.node_id, "TaskStatus", status.task_id, reason, entry.node_id)
-        return False
+        return self._allowed(entry, status.task_id, "TaskStatus", "task_status_refused", reason)
 
     def ack_allowed(self, entry: NodeEntry, ack: agent_pb2.DecisionAck) -> bool:
         """May this node acknowledge (or refuse) a decision about this task?"""
-        if not ack.task_id or self._owns(entry, ack.task_id) is not False:
+        if not ack.task_id:
             return True
         reason = f"node {entry.node_id!r} acknowledged a decision for task {ack.task_id!r}, not placed on it"
-        self._log.warning("decision_ack_refused", node_id=entry.node_id, task_id=ack.task_id, reason=reason)
-        self._refuse(entry.node_id, "DecisionAck", ack.task_id, reason, entry.node_id)
-        return False
+        return self._allowed(entry, ack.task_id, "DecisionAck", "decision_ack_refused", reason)

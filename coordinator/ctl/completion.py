@@ -4,7 +4,9 @@ Commands and each command's flags are completed from the parser, so they never d
 it; ``-o`` completes its formats, and the TASK / NODE arguments of ``tasks``, ``cancel``,
 ``pause``, ``resume``, ``logs``, ``nodes``, ``drain``, ``cordon`` and ``uncordon`` are completed with
 the ids the coordinator knows (``gptrmctl completion ids tasks|nodes``, which prints nothing
-when no coordinator answers). zsh uses the same function through ``bashcompinit``.
+when no coordinator answers). The global options are offered after a command too, for a word
+that starts with ``-``, and ``--coordinator`` is used for the ids wherever it stands.
+zsh uses the same function through ``bashcompinit``.
 
 Install::
 
@@ -35,9 +37,10 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
-def _flags(parser: argparse.ArgumentParser) -> list[str]:
-    """Its flags, and the choices of its positional arguments (``bash zsh`` for ``completion``)."""
-    words = [o for a in parser._actions for o in a.option_strings if o.startswith("--") or len(o) == 2]
+def _flags(parser: argparse.ArgumentParser, leave_out: frozenset[str] = frozenset()) -> list[str]:
+    """Its flags but ``leave_out``, and the choices of its positional arguments (``bash zsh`` for ``completion``)."""
+    words = [o for a in parser._actions for o in a.option_strings
+             if (o.startswith("--") or len(o) == 2) and o not in leave_out]
     for a in parser._actions:
         if not a.option_strings and a.choices and not isinstance(a, argparse._SubParsersAction):
             words += [str(c) for c in a.choices]
@@ -54,9 +57,12 @@ def _valued(parser: argparse.ArgumentParser) -> Iterator[str]:
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     """The completion script for ``shell`` (``bash`` or ``zsh``)."""
     commands = _subparsers(parser)
+    # The global options, which every command also takes: after a command they are offered only for a word
+    # that starts with "-", so a command's own flags and ids are not buried under them.
+    globals_ = [o for a in parser._actions if not isinstance(a, argparse._HelpAction) for o in a.option_strings]
     cases = []
     for name, sub in sorted(commands.items()):
-        words = _flags(sub) + sorted(_subparsers(sub))
+        words = _flags(sub, frozenset(globals_)) + sorted(_subparsers(sub))
         ids = ID_COMMANDS.get(name, "")
         cases.append(f"    {name}) opts={shlex.quote(' '.join(words))}; ids={ids} ;;")
     valued = "|".join(sorted(set(_valued(parser))))
@@ -68,7 +74,7 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
       --coordinator) coord="${{COMP_WORDS[i+1]}}"; ((i++)) ;;
       {valued}) ((i++)) ;;
       -*) ;;
-      *) cmd="${{COMP_WORDS[i]}}"; break ;;
+      *) [[ -z "$cmd" ]] && cmd="${{COMP_WORDS[i]}}" ;;
     esac
   done
   case "$prev" in
@@ -81,6 +87,9 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
   case "$cmd" in
 {chr(10).join(cases)}
   esac
+  if [[ "$cur" == -* ]]; then
+    opts="$opts {' '.join(globals_)}"
+  fi
   if [[ -n "$ids" && "$cur" != -* ]]; then
     local found
     found=$(gptrmctl ${{coord:+--coordinator "$coord"}} --timeout 2 completion ids "$ids" 2>/dev/null)

@@ -335,27 +335,60 @@ def cmd_completion(t: Transport, args: argparse.Namespace) -> None:
     print(completion_script(build_parser(), args.shell), end="")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gptrmctl", description="Administer a gptrm cluster.")
-    p.add_argument("--coordinator", default=os.environ.get("GPTRM_COORDINATOR", DEFAULT_COORDINATOR),
-                   help="HOST:PORT[,HOST:PORT...] of coordinators (env GPTRM_COORDINATOR)")
-    p.add_argument("-o", "--output", choices=("table", "wide", "json", "csv"), default="table",
-                   help="table, wide (more columns on list commands), json (see README: the JSON contract) or "
-                        "csv (usage only)")
+_GLOBALS_NOTE = ("Global options may come before the command or after it (gptrmctl tasks -o wide); given in "
+                 "both places, the one after the command wins.")
+
+
+def _global_options() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """The options every command takes (connection, credentials, output format), as (flags, add_argument
+    keywords) with their defaults; read once per parser build, so the environment is read then."""
     env = os.environ
-    p.add_argument("--tls-cert", default=env.get("GPTRM_TLS_CERT", ""), metavar="FILE",
-                   help="client certificate for mutual TLS (env GPTRM_TLS_CERT)")
-    p.add_argument("--tls-key", default=env.get("GPTRM_TLS_KEY", ""), metavar="FILE",
-                   help="client private key (env GPTRM_TLS_KEY)")
-    p.add_argument("--tls-ca", default=env.get("GPTRM_TLS_CA", ""), metavar="FILE",
-                   help="CA bundle that the coordinator's certificate must chain to (env GPTRM_TLS_CA)")
-    p.add_argument("--insecure", action="store_true",
-                   default=env.get("GPTRM_INSECURE", "").lower() in ("1", "true", "yes", "on"),
-                   help="plaintext gRPC, for a coordinator started with --insecure (env GPTRM_INSECURE)")
-    p.add_argument("--token", default=env.get("GPTRM_TOKEN", ""),
-                   help="bearer token (env GPTRM_TOKEN; prefer the env var: flags show in ps)")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-request deadline, seconds")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return [
+        (("--coordinator",), dict(default=env.get("GPTRM_COORDINATOR", DEFAULT_COORDINATOR),
+                                  help="HOST:PORT[,HOST:PORT...] of coordinators (env GPTRM_COORDINATOR)")),
+        (("-o", "--output"), dict(choices=("table", "wide", "json", "csv"), default="table",
+                                  help="table, wide (more columns on list commands), json (see README: the JSON "
+                                       "contract) or csv (usage only)")),
+        (("--tls-cert",), dict(default=env.get("GPTRM_TLS_CERT", ""), metavar="FILE",
+                               help="client certificate for mutual TLS (env GPTRM_TLS_CERT)")),
+        (("--tls-key",), dict(default=env.get("GPTRM_TLS_KEY", ""), metavar="FILE",
+                              help="client private key (env GPTRM_TLS_KEY)")),
+        (("--tls-ca",), dict(default=env.get("GPTRM_TLS_CA", ""), metavar="FILE",
+                             help="CA bundle that the coordinator's certificate must chain to (env GPTRM_TLS_CA)")),
+        (("--insecure",), dict(action="store_true",
+                               default=env.get("GPTRM_INSECURE", "").lower() in ("1", "true", "yes", "on"),
+                               help="plaintext gRPC, for a coordinator started with --insecure (env GPTRM_INSECURE)")),
+        (("--token",), dict(default=env.get("GPTRM_TOKEN", ""),
+                            help="bearer token (env GPTRM_TOKEN; prefer the env var: flags show in ps)")),
+        (("--timeout",), dict(type=float, default=10.0, help="per-request deadline, seconds")),
+        (("--debug",), dict(action="store_true", help="show tracebacks")),
+    ]
+
+
+def _add_global_options(target: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                        after_command: bool = False) -> None:
+    """Add the global options to the top-level parser (with their defaults) or, ``after_command``, to a
+    command's parser with no default (``SUPPRESS``): there a value is set only when given, and then it
+    replaces the one given before the command, since a command's parser writes into the same namespace."""
+    for flags, kwargs in _global_options():
+        if after_command:
+            kwargs = {**kwargs, "default": argparse.SUPPRESS}
+        target.add_argument(*flags, **kwargs)
+
+
+def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's and sub-command's parser below ``parser`` (``tasks``, ``policy``, ``policy set``, ...)."""
+    out: list[argparse.ArgumentParser] = []
+    for action in parser._actions:  # argparse has no public accessor for its subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):   # an alias names the same parser twice
+                out += [sub, *_command_parsers(sub)]
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gptrmctl", description="Administer a gptrm cluster.", epilog=_GLOBALS_NOTE)
+    _add_global_options(p)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("status", help="cluster status").set_defaults(fn=cmd_status)
     sp = sub.add_parser("nodes", help="list nodes, show one, or remove a lost one (nodes rm NODE)")
@@ -422,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_top)
     add_certs_parser(sub, _Parser)
     add_simulate_parser(sub)
+    for command in _command_parsers(p):
+        _add_global_options(command.add_argument_group("global options", _GLOBALS_NOTE), after_command=True)
     return p
 
 

@@ -9,7 +9,7 @@ Example::
     store = Store(client, keys, election)
 """
 
-from coordinator.sync._records import add_reservation, remove_reservation
+from coordinator.sync._records import add_reservation, placed_nodes, remove_reservation
 from coordinator.sync.client import KV, EtcdClient, EtcdTls, connect
 from coordinator.sync.election import Election
 from coordinator.sync.keys import DEFAULT_PREFIX, Keys
@@ -42,5 +42,6 @@ __all__ = [
     "check_transition",
     "connect",
     "is_legal",
+    "placed_nodes",
     "remove_reservation",
 ]

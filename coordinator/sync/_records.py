@@ -31,6 +31,8 @@ __all__ = [
     "parse_node",
     "parse_request",
     "parse_task",
+    "placed_nodes",
+    "placed_reason",
     "prepare_placement",
     "remove_reservation",
 ]
@@ -111,6 +113,22 @@ def parse_request(kv: KV) -> str:
     if not task_id or "/" in task_id or any(ord(c) < 0x20 for c in task_id):
         raise ValidationError("request", f"etcd key {kv.key!r} holds {task_id!r}, not a task id")
     return task_id
+
+
+_PLACED_ON = "placed on "
+_NODE_SEPARATOR = ", "   # node ids hold no whitespace (the gateway refuses them), so this splits them
+
+
+def placed_reason(node_ids: Sequence[str]) -> str:
+    """The reason of a SCHEDULED history entry: the nodes the task was placed on (``placed on n1, n2``)."""
+    return _PLACED_ON + _NODE_SEPARATOR.join(node_ids)
+
+
+def placed_nodes(change: types_pb2.TaskStateChange) -> tuple[str, ...]:
+    """The nodes a SCHEDULED history entry placed the task on (none for any other entry)."""
+    if change.state != TaskState.SCHEDULED or not change.reason.startswith(_PLACED_ON):
+        return ()
+    return tuple(change.reason[len(_PLACED_ON):].split(_NODE_SEPARATOR))
 
 
 def append_history(task: types_pb2.Task, state: TaskState, reason: str, now_unix_s: float, limit: int) -> None:
@@ -227,8 +245,8 @@ def prepare_placement(
     scheduled = pb_enum(types_pb2.TaskState, TaskState.SCHEDULED)
     new.parts.extend(types_pb2.TaskPart(node_id=na.node_id, rank=i, state=scheduled)
                      for i, na in enumerate(alloc.nodes))
-    nodes = ", ".join(na.node_id for na in alloc.nodes)
-    append_history(new, TaskState.SCHEDULED, f"placed on {nodes}", now_unix_s, history_limit)
+    append_history(new, TaskState.SCHEDULED, placed_reason([na.node_id for na in alloc.nodes]), now_unix_s,
+                   history_limit)
     node_ids = tuple(dict.fromkeys(na.node_id for na in alloc.nodes))
     return Prepared(
         task.id, expected_revision, new, alloc, new.SerializeToString(), alloc.SerializeToString(), node_ids

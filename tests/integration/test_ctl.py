@@ -111,6 +111,8 @@ class TestHumanOutput:
         wide = cluster.ctl("-o", "wide", "tasks").stdout
         assert "KIND" in wide.splitlines()[0] and "unspecified" in wide and "1000 cores" in wide
         assert "RESERVED" in cluster.ctl("-o", "wide", "nodes").stdout
+        after = cluster.ctl("tasks", "-o", "wide")   # a global option after the command, as kubectl takes it
+        assert after.returncode == 0 and "KIND" in after.stdout.splitlines()[0], after.stderr
         cluster.ctl("cancel", ok["task_id"])
         cluster.ctl("cancel", big["task_id"])
 
