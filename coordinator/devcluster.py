@@ -3,7 +3,9 @@
 Starts ``gptrm-coordinator`` (which starts its own embedded etcd) and ``gptrm-agent`` as
 child processes with state under ``.gptrm/`` in the working directory, waits until the
 local node is visible through the Admin API, prints the gptrmctl commands to try, and on
-Ctrl-C stops the agent, then the coordinator (which stops etcd), in that order.
+Ctrl-C (or SIGTERM) stops the agent, then the coordinator (which stops etcd), in that order, then
+kills what the agent's tasks left running: an agent that stops leaves its tasks alive on purpose
+(a restarted agent adopts them), which is right in production and surprising in a demo.
 
 The coordinator runs with its production defaults (threshold 0.9 in whole-gpus mode: host CPU,
 memory, disk and shared GPUs are capped, whole GPUs are not), so every GPU of the one local node
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import grpc
 
+from common.leftover_tasks import kill_leftover_tasks
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
 
 LISTEN = os.environ.get("GPTRM_DEV_LISTEN", "127.0.0.1:7770")
@@ -43,7 +46,10 @@ def _wait_for_node(deadline_s: float) -> str | None:
 
 
 def main() -> int:
+    # SIGTERM stops the cluster the way Ctrl-C does (the finally below runs for both).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     state = Path(".gptrm").resolve()
+    agent_state = state / "agent"
     bin_dir = Path(sys.executable).parent
     # Plaintext and no authentication on loopback: the coordinator logs a warning and
     # `gptrmctl status` says so; the printed gptrmctl commands pass --insecure to connect.
@@ -53,7 +59,7 @@ def main() -> int:
                               "--state-dir", str(state / "coordinator"), "--etcd", "embedded",
                               "--coordinator-id", "dev-coordinator", "--insecure"], env=env)
     agent = subprocess.Popen([str(bin_dir / "gptrm-agent"), "--coordinator", LISTEN, "--gpu-backend",
-                              os.environ.get("GPTRM_GPU_BACKEND", "auto"), "--state-dir", str(state / "agent"),
+                              os.environ.get("GPTRM_GPU_BACKEND", "auto"), "--state-dir", str(agent_state),
                               "--data-paths", str(Path.cwd()), "--advertise-address", "127.0.0.1", "--insecure"],
                              env=env)
     procs = [agent, coord]
@@ -89,6 +95,9 @@ Ctrl-C stops everything.
                     p.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     p.kill()
+        killed = kill_leftover_tasks(str(agent_state) + os.sep)
+        if killed:
+            print(f"gptrm: stopped {killed} task process(es) left by the dev cluster's agents", flush=True)
 
 
 if __name__ == "__main__":

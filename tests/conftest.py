@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,10 +15,19 @@ from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
 @pytest.fixture(autouse=True)
 def _restore_structlog() -> Iterator[None]:
     """A test that runs a command's main() (which configures logging to the stderr pytest captures for
-    that test only) must not leave later tests logging into a closed stream."""
+    that test only) must not leave later tests logging into a closed stream: structlog's configuration and
+    the standard library's root handlers and levels (which configure_logging sets too) are put back."""
     saved = structlog.get_config()
+    loggers = [logging.getLogger(name) for name in ("", "grpc", "gptrm")]
+    levels = [lg.level for lg in loggers]
+    handlers = list(loggers[0].handlers)
     yield
     structlog.configure(**saved)
+    for lg, level in zip(loggers, levels, strict=True):
+        lg.setLevel(level)
+    for h in list(loggers[0].handlers):
+        if h not in handlers and isinstance(h.formatter, structlog.stdlib.ProcessorFormatter):
+            loggers[0].removeHandler(h)
 
 
 @pytest.fixture(scope="session")

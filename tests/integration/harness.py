@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from common.etcd_embedded import free_port
+from common.leftover_tasks import kill_leftover_tasks
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 
 T = TypeVar("T")
@@ -186,34 +186,13 @@ class Cluster:
             p.stop()
         for p, _, _ in self.coordinators.values():
             p.stop()
-        kill_leftover_tasks(self.tmp)
+        # Agents leave their tasks running on purpose; the test's tasks must not outlive it.
+        kill_leftover_tasks(os.path.join(str(self.tmp), "agent-"))
 
     def logs(self) -> str:
         parts = [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p in self.agents.values()]
         parts += [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p, _, _ in self.coordinators.values()]
         return "\n".join(parts)
-
-
-def kill_leftover_tasks(root: Path) -> int:
-    """Kill what the test's tasks left running: an agent that stops leaves its tasks alive on purpose (a
-    restarted agent adopts them), so a test's tasks would outlive it. A process is a task of the test's when
-    its working directory or its command line lies in an agent's state directory (``root/agent-*``: the
-    tasks' work directories and the task wrappers' FIFO paths are there). Returns how many were killed."""
-    mark, killed = os.path.join(str(root), "agent-"), 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{entry.name}/cwd")
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if cwd.startswith(mark) or mark in cmdline:
-            with contextlib.suppress(OSError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-    return killed
 
 
 _NOT_HOLDING = frozenset({types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,

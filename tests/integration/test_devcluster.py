@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from common.etcd_embedded import free_port
+from common.leftover_tasks import leftover_task_pids
 from tests.integration.harness import wait_until
 
 BANNER_END = "Ctrl-C stops everything."
@@ -24,6 +25,7 @@ class DevCluster:
     """``python -m coordinator.devcluster`` in a temporary directory, its stdout collected line by line."""
 
     def __init__(self, cwd: Path) -> None:
+        self.agent_state = cwd / ".gptrm" / "agent"
         self.listen = f"127.0.0.1:{free_port()}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPTRM_DEV_LISTEN": self.listen,
                "GPTRM_DEV_METRICS": f"127.0.0.1:{free_port()}", "GPTRM_GPU_BACKEND": "simulated"}
@@ -99,3 +101,37 @@ class TestMakeRunFirstMinutes:
             for tid in ids:
                 _ctl(ctl, "cancel", tid)
         wait_until(lambda: set(states()) == {"cancelled"}, 60, interval_s=0.5, what="all cancelled")
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting to be reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_tasks_too(devcluster: DevCluster) -> None:
+    """Ctrl-C stops the agent, the coordinator and what the agent's tasks left running, and says so."""
+    commands = devcluster.printed_commands()
+    [submit] = [c for c in commands if " submit " in c]
+    ctl = [*shlex.split(submit)[:2], "--coordinator", devcluster.listen]   # gptrmctl --insecure
+    res = _ctl([*ctl, "-o", "json"], "submit", "--name", "long", "--", "sleep", "300")
+    assert res.returncode == 0, res.stderr
+    task_id = json.loads(res.stdout)["task_id"]
+
+    def sleeping() -> list[int]:
+        prefix = str(devcluster.agent_state) + os.sep
+        return [pid for pid in leftover_task_pids(prefix)
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]]
+
+    pids = wait_until(sleeping, 60, interval_s=0.5, what=f"task {task_id}'s sleep 300 to run")
+    devcluster.stop()
+    assert devcluster.proc.returncode == 0, "\n".join(devcluster.lines[-50:])
+    left = [pid for pid in pids if not _gone(pid)]
+    assert not left, f"task {task_id}'s processes {left} outlived the dev cluster"
+    assert not leftover_task_pids(str(devcluster.agent_state) + os.sep)
+    assert any("task process(es) left by the dev cluster's agents" in line for line in devcluster.lines), \
+        "\n".join(devcluster.lines[-50:])
