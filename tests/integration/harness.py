@@ -195,6 +195,13 @@ class Cluster:
         return "\n".join(parts)
 
 
+def default_sigint() -> None:
+    """In the child before exec: Ctrl-C acts by default, also when the tests were started in the background
+    (a shell without job control starts background commands with SIGINT ignored, and an ignored signal
+    stays ignored across exec, so Python would not turn it into KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 _NOT_HOLDING = frozenset({types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED,
                           types_pb2.TASK_STATE_CANCELLED})
 

@@ -13,7 +13,7 @@ import subprocess
 import termios
 import time
 
-from tests.integration.harness import BIN, Cluster, wait_until
+from tests.integration.harness import BIN, Cluster, default_sigint, wait_until
 
 _ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|[()][0-9A-Za-z]|[=>78])")
 _POWER = re.compile(r"(\d+)/700 W")
@@ -27,7 +27,7 @@ class PtyProcess:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm"},
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=default_sigint)
         os.close(slave)
         self.output = b""
 

@@ -16,7 +16,7 @@ import pytest
 
 from common.etcd_embedded import free_port
 from common.leftover_tasks import leftover_task_pids
-from tests.integration.harness import wait_until
+from tests.integration.harness import default_sigint, wait_until
 
 BANNER_END = "Ctrl-C stops everything."
 
@@ -32,7 +32,7 @@ class DevCluster:
         self.lines: list[str] = []
         self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.devcluster"], cwd=cwd, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=default_sigint)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
