@@ -229,7 +229,8 @@ def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Se
     :param stopping: PREEMPTED tasks: their GPUs are on their way back and count as free, so a claim is
         not served twice while its victims stop.
     :param idle: GPUs per model that no task holds: they count as free too, so nothing is preempted for
-        a demand that idle GPUs already cover (it waits for placement, e.g. on fragmented nodes).
+        a demand that idle GPUs already cover (it waits for placement, e.g. on fragmented nodes); by
+        default, ``idle_by_node`` summed per model.
     :param idle_by_node: node → (GPU model, GPUs no task holds there): claims are then made node by node
         (a task that needs 8 GPUs on one node, or whole nodes for a gang, gets victims on nodes it can use;
         :func:`~coordinator.queues.reclaim_victims`); the stopping tasks' GPUs count on their nodes.
@@ -237,6 +238,9 @@ def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Se
     if not config.managed:
         return []
     free: dict[str, int] = dict(idle or {})
+    if idle is None and idle_by_node is not None:
+        for model, n in idle_by_node.values():
+            free[model] = free.get(model, 0) + n
     for h in stopping:
         free[h.gpu_model] = free.get(h.gpu_model, 0) + h.gpus
     by_node: dict[str, tuple[str, int]] | None = None
@@ -331,20 +335,8 @@ class LeaderQueues:
         """:func:`reclaim_for` for the tasks a cycle left waiting (in fair order); GPUs no task holds count
         as free (:meth:`idle`)."""
         held, stopping = self.holdings()
-        by_node = self.idle_by_node()
-        idle: dict[str, int] = {}
-        for model, free in by_node.values():
-            idle[model] = idle.get(model, 0) + free
         return reclaim_for(self.config, [queued(t) for t in waiting], held, stopping,
-                           {m: n for m, n in idle.items() if n > 0}, by_node)
-
-    def idle(self) -> dict[str, int]:
-        """GPUs per model that no task holds and that work may get (:meth:`idle_by_node`, summed)."""
-        out: dict[str, int] = {}
-        for model, free in self.idle_by_node().values():
-            if free:
-                out[model] = out.get(model, 0) + free
-        return out
+                           idle_by_node=self.idle_by_node())
 
     def idle_by_node(self) -> dict[str, tuple[str, int]]:
         """Node → (its GPU model, GPUs no task holds there), for the nodes work may get: schedulable ones,

@@ -182,13 +182,9 @@ class SimQueues:
         if not waiting:
             return
         holdings = self.holdings()
-        idle = dict(self.capacity)
-        for h in holdings:
-            idle[h.gpu_model] = idle.get(h.gpu_model, 0) - h.gpus
         by_node = {node.node_id: (self.node_model[i], int(node.capacity.gpus - math.ceil(sim.running_gpus[i] - 1e-9)))
                    for i, node in enumerate(sim.base.nodes) if node.capacity.gpus > 0}
-        victims = reclaim_for(self.config, waiting, holdings, idle={m: n for m, n in idle.items() if n > 0},
-                              idle_by_node=by_node)
+        victims = reclaim_for(self.config, waiting, holdings, idle_by_node=by_node)
         if not victims:
             return
         assert sim.qos is not None

@@ -5,7 +5,6 @@ task never placed on it is refused and audited."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -17,24 +16,16 @@ from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.state import LeaderState
 from coordinator.sync import Election, EtcdClient, Keys, Store
 from coordinator.tasks import TaskTable
+from tests.helpers.audit import RecordingAudit
 
 S = TaskState
-
-
-class _Audit:
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def record(self, **fields: Any) -> dict[str, Any]:
-        self.records.append(fields)
-        return fields
 
 
 class _Security:
     """What the guard uses of the server's Security when it refuses: the audit log."""
 
     def __init__(self) -> None:
-        self.audit = _Audit()
+        self.audit = RecordingAudit()
 
 
 class _Leader:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from coordinator.api.handshake_audit import HandshakeAuditTap, HandshakeRefusals
+from tests.helpers.audit import RecordingAudit
 from tests.helpers.clock import FakeClock
 
 _LINE = (b"I1123 21:26:37.604990   13947 ssl_transport_security.cc:2563] Handshake failed with error "
@@ -14,19 +14,10 @@ _LINE = (b"I1123 21:26:37.604990   13947 ssl_transport_security.cc:2563] Handsha
          b"certificate has expired")
 
 
-class _Audit:
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def record(self, **fields: Any) -> dict[str, Any]:
-        self.records.append(fields)
-        return fields
-
-
 class TestHandshakeRefusals:
     def test_handshake_lines_become_refused_records(self) -> None:
         """A handshake failure is one refused tls-handshake record with the library's reason; other lines are not."""
-        audit = _Audit()
+        audit = RecordingAudit()
         refusals = HandshakeRefusals(audit, now=FakeClock())
         refusals.feed(b"I1123 chttp2_server.cc:1] some other line")
         refusals.feed(_LINE)
@@ -40,7 +31,7 @@ class TestHandshakeRefusals:
 
     def test_bursts_are_folded_into_one_summary(self) -> None:
         """Past the per-second budget refusals are counted, and one summary record says how many."""
-        audit, clock = _Audit(), FakeClock()
+        audit, clock = RecordingAudit(), FakeClock()
         refusals = HandshakeRefusals(audit, max_per_s=3, now=clock)
         for _ in range(10):
             refusals.feed(_LINE)
@@ -56,7 +47,7 @@ class TestHandshakeAuditTap:
         """Bytes written to the tapped descriptor reach its original file unchanged; handshake lines are audited."""
         target = tmp_path / "stderr"
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        audit = _Audit()
+        audit = RecordingAudit()
         tap = HandshakeAuditTap(HandshakeRefusals(audit), fd=fd)
         tap.start()
         payload = b"plain line\n" + _LINE + b"\npartial"

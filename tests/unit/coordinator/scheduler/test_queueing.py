@@ -149,4 +149,4 @@ def test_idle_gpus_are_those_work_may_get() -> None:
     placed.allocation.nodes.add(node_id="ready", gpu_indices=[0, 1, 2], gpu_share=1.0,
                                 demand=types_pb2.ResourceVector(gpus=3))
     state.apply_placement(placed)
-    assert LeaderQueues(state, registry).idle() == {"H100": 1 + 4}
+    assert LeaderQueues(state, registry).idle_by_node() == {"ready": ("H100", 1), "off": ("H100", 4)}
