@@ -83,6 +83,11 @@ class CoordinatorConfig:
                                       "fits on nodes of one value is kept there; '' turns it off)", metavar="LABEL")
     preemption_protection_s: float = option(120.0, "a task is not preempted again within this many seconds of "
                                             "its last preemption", flag="preemption_protection", check=non_negative)
+    elastic_interval_s: float = option(300.0, "an elastic task is resized at most once per this many seconds",
+                                       flag="elastic_interval", check=non_negative)
+    elastic_restart_cost_s: float = option(30.0, "what a resize's restart is assumed to cost an elastic task until "
+                                           "its own restarts were measured", flag="elastic_restart_cost",
+                                           check=non_negative)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "serve plaintext gRPC; agents are not authenticated (trusted networks only)")
     tls_cert: str = option("", "server certificate (PEM) for mutual TLS", metavar="FILE")

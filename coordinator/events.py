@@ -12,10 +12,10 @@ __all__ = ["Event", "EventBus", "EventKind"]
 
 EventKind = str
 """One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd, audit, power, preemption,
-qos_violation, scale."""
+qos_violation, scale, queues, resize."""
 
 KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd", "audit",
-         "power", "preemption", "qos_violation", "scale", "queues")
+         "power", "preemption", "qos_violation", "scale", "queues", "resize")
 
 
 @dataclass(frozen=True, slots=True)

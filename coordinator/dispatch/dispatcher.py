@@ -6,8 +6,9 @@ import uuid
 from collections.abc import Callable
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
-from coordinator.dispatch.launch import launch_argv, start_fields
+from coordinator.dispatch.launch import launch_argv, restart_env, start_fields
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.profiler.elastic_spec import metrics_mapping_of
 from coordinator.profiler.qos_spec import metrics_url_of
 
 __all__ = ["Dispatcher"]
@@ -57,10 +58,10 @@ class Dispatcher:
             self.send(na.node_id, agent_pb2.Decision(
                 decision_id=f"{task.allocation.decision_id}/{na.node_id}",
                 start=agent_pb2.StartTask(task_id=task.id, gpu_indices=na.gpu_indices, gpu_uuids=na.gpu_uuids,
-                                          argv=launch_argv(spec, launch), env=spec.env,
+                                          argv=launch_argv(spec, launch), env=restart_env(task),
                                           stop_grace_s=spec.stop_grace_s or _DEFAULT_GRACE_S,
                                           gpu_share=na.gpu_share, demand=na.demand,
-                                          metrics_url=metrics_url_of(spec), metrics_mapping=spec.metrics_mapping,
+                                          metrics_url=metrics_url_of(spec), metrics_mapping=metrics_mapping_of(spec),
                                           run_as_user=spec.run_as_user, **launch)))
 
     def stop(self, task: types_pb2.Task, reason: str, *, checkpoint_signal: str = "",

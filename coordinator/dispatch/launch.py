@@ -27,7 +27,7 @@ from typing import Any
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 
-__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "PortBook", "launch_argv", "node_address", "start_fields"]
+__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "PortBook", "launch_argv", "node_address", "restart_env", "start_fields"]
 
 DEFAULT_TASK_PORTS = (29500, 29999)
 """The range used for a node whose agent advertises none (an older agent)."""
@@ -84,6 +84,17 @@ def start_fields(task: types_pb2.Task, rank: int) -> dict[str, Any]:
             "world_size": sum(len(n.gpu_indices) for n in nodes), "master_addr": addresses[0],
             "master_port": task.allocation.master_port, "node_addresses": addresses,
             "node_ids": [n.node_id for n in nodes]}
+
+
+def restart_env(task: types_pb2.Task) -> dict[str, str]:
+    """The task's environment: its spec's, plus how often it was started before (``GPTRM_RESTART_COUNT``:
+    restarts after a failure, preemptions and resizes) and, for an elastic task, why it was last resized
+    (``GPTRM_RESIZE_REASON``, "" when never)."""
+    env = dict(task.spec.env)
+    env["GPTRM_RESTART_COUNT"] = str(task.restarts + task.preemptions + task.elastic.resizes)
+    if task.spec.HasField("elastic"):
+        env["GPTRM_RESIZE_REASON"] = task.elastic.resize_reason
+    return env
 
 
 def launch_argv(spec: types_pb2.TaskSpec, fields: dict[str, Any]) -> list[str]:

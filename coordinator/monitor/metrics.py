@@ -273,6 +273,12 @@ class Metrics:
         self.decisions = Counter("gptrm_scheduler_decisions_total", "placement decisions", ["outcome"], registry=r)
         self.preemptions = Counter("gptrm_preemptions_total", "running tasks preempted by higher-priority work",
                                    registry=r)
+        self.resizes = Counter("gptrm_elastic_resizes_total", "elastic tasks resized, by direction (grow, shrink)",
+                               ["direction"], registry=r)
+        self.elastic_gpus = Gauge("gptrm_elastic_gpus", "GPUs held by running elastic tasks, by part (minimum: "
+                                  "what their ranges guarantee; extra: what they took beyond it)", ["part"],
+                                  registry=r)
+        self.elastic_tasks = Gauge("gptrm_elastic_tasks", "elastic tasks placed or running", registry=r)
         self.qos_violations = Counter("gptrm_qos_violations_total", "QoS violations raised, by kind "
                                       "(deadline, latency, throughput)", ["kind"], registry=r)
         self.commit_latency = Histogram("gptrm_sync_commit_duration_seconds", "etcd commit of a placement batch",

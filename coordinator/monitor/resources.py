@@ -173,6 +173,13 @@ class NodeHistory:
             return self.times[order], self.host[order, HOST_FIELDS.index(field)]
         return self.times[order], self.gpu[order, gpu_index, _G[field]]
 
+    def latest(self, field: str, gpu_index: int) -> float | None:
+        """One GPU field of the latest sample (None when there is none, or it was not measured)."""
+        if self.count == 0 or not 0 <= gpu_index < self.gpu.shape[1]:
+            return None
+        value = float(self.gpu[(self.head - 1) % self.capacity, gpu_index, _G[field]])
+        return None if math.isnan(value) else value
+
     @property
     def nbytes(self) -> int:
         return self.times.nbytes + self.gpu.nbytes + self.host.nbytes

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.profiler.elastic_spec import validate_elastic
 from coordinator.profiler.qos_spec import validate_qos_spec
 from coordinator.profiler.taskspec import (
     MAX_ARG_BYTES,
@@ -258,7 +259,8 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     than any node has; an unknown precision; negative QoS targets or grace period; and the QoS
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
     a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
-    :func:`validate_service` refuses; a launcher other than ``torchrun``.
+    :func:`validate_service` refuses; a launcher other than ``torchrun``; an elastic range
+    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -288,6 +290,7 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
             raise ValidationError("spec.queue", f"invalid queue name {spec.queue[:64]!r} ([a-z0-9][a-z0-9-]{{0,62}})")
         if spec.HasField("service"):
             validate_service(spec)
+        validate_elastic(spec, max_gpus_per_node)
 
 
 def validate_profiled_demand(demand: Resources) -> None:

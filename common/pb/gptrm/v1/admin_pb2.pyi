@@ -25,6 +25,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_QOS_VIOLATION: _ClassVar[EventKind]
     EVENT_KIND_SCALE: _ClassVar[EventKind]
     EVENT_KIND_QUEUES: _ClassVar[EventKind]
+    EVENT_KIND_RESIZE: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -40,6 +41,7 @@ EVENT_KIND_PREEMPTION: EventKind
 EVENT_KIND_QOS_VIOLATION: EventKind
 EVENT_KIND_SCALE: EventKind
 EVENT_KIND_QUEUES: EventKind
+EVENT_KIND_RESIZE: EventKind
 
 class ServiceRef(_message.Message):
     __slots__ = ("service_id",)

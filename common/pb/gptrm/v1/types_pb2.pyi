@@ -171,7 +171,7 @@ class Constraints(_message.Message):
     def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue")
+    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue", "elastic")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class TaskSpec(_message.Message):
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     LAUNCHER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: TaskKind
     model: ModelSpec
@@ -242,7 +243,66 @@ class TaskSpec(_message.Message):
     service: ServiceSpec
     launcher: str
     queue: str
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ...) -> None: ...
+    elastic: ElasticSpec
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ...) -> None: ...
+
+class ElasticSpec(_message.Message):
+    __slots__ = ("min_gpus", "max_gpus", "min_nodes", "max_nodes", "throughput_counter")
+    MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    min_gpus: int
+    max_gpus: int
+    min_nodes: int
+    max_nodes: int
+    throughput_counter: str
+    def __init__(self, min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., throughput_counter: _Optional[str] = ...) -> None: ...
+
+class ElasticPoint(_message.Message):
+    __slots__ = ("gpus", "throughput")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    throughput: float
+    def __init__(self, gpus: _Optional[int] = ..., throughput: _Optional[float] = ...) -> None: ...
+
+class ResizeRecord(_message.Message):
+    __slots__ = ("time_unix_s", "from_gpus", "to_gpus", "reason", "expected_speedup")
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    FROM_GPUS_FIELD_NUMBER: _ClassVar[int]
+    TO_GPUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    time_unix_s: float
+    from_gpus: int
+    to_gpus: int
+    reason: str
+    expected_speedup: float
+    def __init__(self, time_unix_s: _Optional[float] = ..., from_gpus: _Optional[int] = ..., to_gpus: _Optional[int] = ..., reason: _Optional[str] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
+
+class ElasticStatus(_message.Message):
+    __slots__ = ("gpus", "target_gpus", "resizes", "resize_reason", "last_resize_unix_s", "restart_cost_s", "curve", "history", "resize_stop_unix_s")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_GPUS_FIELD_NUMBER: _ClassVar[int]
+    RESIZES_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_REASON_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESIZE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COST_S_FIELD_NUMBER: _ClassVar[int]
+    CURVE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_STOP_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    target_gpus: int
+    resizes: int
+    resize_reason: str
+    last_resize_unix_s: float
+    restart_cost_s: float
+    curve: _containers.RepeatedCompositeFieldContainer[ElasticPoint]
+    history: _containers.RepeatedCompositeFieldContainer[ResizeRecord]
+    resize_stop_unix_s: float
+    def __init__(self, gpus: _Optional[int] = ..., target_gpus: _Optional[int] = ..., resizes: _Optional[int] = ..., resize_reason: _Optional[str] = ..., last_resize_unix_s: _Optional[float] = ..., restart_cost_s: _Optional[float] = ..., curve: _Optional[_Iterable[_Union[ElasticPoint, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[ResizeRecord, _Mapping]]] = ..., resize_stop_unix_s: _Optional[float] = ...) -> None: ...
 
 class ServiceSpec(_message.Message):
     __slots__ = ("min_replicas", "max_replicas", "target_util", "pack_replicas")
@@ -367,7 +427,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus", "elastic")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +453,7 @@ class Task(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
     BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -418,7 +479,8 @@ class Task(_message.Message):
     queue: str
     submitted_by: str
     borrowed_gpus: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ...) -> None: ...
+    elastic: ElasticStatus
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ..., elastic: _Optional[_Union[ElasticStatus, _Mapping]] = ...) -> None: ...
 
 class TaskPart(_message.Message):
     __slots__ = ("node_id", "rank", "state", "exit_code", "has_exit_code", "reason")

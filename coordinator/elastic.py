@@ -1,0 +1,232 @@
+"""The leader's elastic allocator: learns each elastic task's speed-up and carries out resizes.
+
+The rules are :mod:`coordinator.scheduler.elastic`'s (shared with the simulator); this module feeds
+them the leader's tasks and carries out what they decide:
+
+- **learning** (:meth:`ElasticAllocator.observe`, once per scheduling cycle): each running elastic
+  task's throughput at its current size — the rate of its own counter (``elastic.throughput_counter``,
+  scraped by its agent with its metrics), else its GPUs' utilization × GPUs — folded into its
+  :class:`~coordinator.scheduler.elastic.SpeedupCurve`. The first :data:`WARMUP_S` after a start are
+  skipped (a restart's warm-up is not its speed). The curve is stored with the task at each resize, so
+  a new leader continues from it.
+- **a resize** (:meth:`ElasticAllocator.resize`) is a checkpoint-restart: ``RUNNING → PREEMPTED``
+  (fenced, keeping its allocation, with the new target size, the reason and the curve in
+  ``Task.elastic``), a StopTask with its checkpoint signal and stop grace, then, when its agents
+  report it ended, back to ``PENDING`` with its reservations released (the preemption path of
+  :mod:`coordinator.qos.preemption`), and placed again at the target by the next cycle. Resizes count
+  in ``elastic.resizes``, never in ``restarts`` (so never against ``max_restarts``) nor in
+  ``preemptions``.
+- **restart cost**, measured: from a resize's stop until the task ran again, folded into a moving
+  average and stored with the task at its next resize.
+
+A leader killed during a resize leaves a PREEMPTED task holding its allocation in etcd: the new
+leader re-sends its stop when its agents re-register and requeues it when they report it ended (or,
+after the grace, when none does), so it runs exactly once and no GPU is held twice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.events import EventBus
+from coordinator.monitor.metrics import Metrics
+from coordinator.monitor.resources import ResourceMonitor
+from coordinator.profiler.elastic_spec import elastic_range
+from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
+from coordinator.qos.preemption import started_s
+from coordinator.scheduler.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
+from coordinator.tasks import TaskTable
+
+__all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator", "curve_of", "elastic_gpus"]
+
+WARMUP_S = 20.0
+"""Throughput readings in the first seconds after a start are not its speed."""
+HISTORY = 20
+"""Resize records kept per task."""
+_FRESH_S = 10.0
+_COST_EWMA = 0.5
+_PLACED = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED)
+
+
+def elastic_gpus(task: types_pb2.Task) -> int:
+    """GPUs its allocation holds."""
+    return sum(len(na.gpu_indices) for na in task.allocation.nodes)
+
+
+def curve_of(task: types_pb2.Task) -> SpeedupCurve:
+    """The speed-up curve stored with a task (values that are not positive and finite are dropped)."""
+    pts = {p.gpus: p.throughput for p in task.elastic.curve
+           if 0 < p.gpus <= 4096 and math.isfinite(p.throughput) and p.throughput > 0}
+    return SpeedupCurve(tuple(sorted(pts.items())))
+
+
+class ElasticAllocator:
+    """Elastic tasks on the leader: their learned curves, their allocator view, and their resizes.
+
+    :param tasks: the task table (state changes go through it).
+    :param dispatcher: stop decisions with the checkpoint signal.
+    :param monitor: task metrics readings and GPU telemetry.
+    :param events: the cluster event log (``resize`` events).
+    :param metrics: ``gptrm_elastic_*``.
+    :param settings: hysteresis interval and default restart cost.
+    :param now: the clock (unix seconds).
+    """
+
+    def __init__(self, tasks: TaskTable, dispatcher: Dispatcher, monitor: ResourceMonitor, events: EventBus,
+                 metrics: Metrics, settings: ElasticSettings, now: Callable[[], float] = time.time) -> None:
+        self._tasks, self._dispatcher, self._monitor, self._events = tasks, dispatcher, monitor, events
+        self._metrics, self.settings, self._now = metrics, settings, now
+        self._curves: dict[str, SpeedupCurve] = {}
+        self._log = get_logger("elastic")
+
+    # ---- what the cycle asks ----------------------------------------------------------------------
+
+    def range(self, task: types_pb2.Task) -> ElasticRange | None:
+        """The sizes a task may run at (None: not elastic)."""
+        return elastic_range(task.spec)
+
+    def curve(self, task: types_pb2.Task) -> SpeedupCurve:
+        """Its learned curve (this leader's readings on top of what was stored)."""
+        curve = self._curves.get(task.id)
+        return curve if curve is not None else curve_of(task)
+
+    def wish(self, task: types_pb2.Task, rng: ElasticRange) -> int:
+        """The size a pending elastic task's placement aims at: the allocator's target, else its maximum."""
+        target = task.elastic.target_gpus
+        return rng.clamp(target) if target else rng.maximum
+
+    def restart_cost_s(self, task: types_pb2.Task) -> float:
+        """Its measured restart cost (the stored average, with the restart just finished folded in)."""
+        stored = task.elastic.restart_cost_s
+        stop = task.elastic.resize_stop_unix_s
+        if stop > 0 and task.state == TaskState.RUNNING:
+            started = started_s(task)
+            if started > stop:
+                cost = started - stop
+                stored = cost if stored <= 0 else (1 - _COST_EWMA) * stored + _COST_EWMA * cost
+        return stored if stored > 0 else self.settings.restart_cost_s
+
+    def jobs(self) -> list[ElasticJob]:
+        """The running elastic tasks as the allocator's rules see them."""
+        out: list[ElasticJob] = []
+        for task in self._tasks.values():
+            if task.state != TaskState.RUNNING or not task.spec.HasField("elastic"):
+                continue
+            rng = self.range(task)
+            size = elastic_gpus(task)
+            if rng is None or size <= 0:
+                continue
+            out.append(ElasticJob(task.id, task.spec.priority, rng, size,
+                                  tuple((na.node_id, len(na.gpu_indices)) for na in task.allocation.nodes),
+                                  self.curve(task), self.restart_cost_s(task),
+                                  task.elastic.last_resize_unix_s or None))
+        return out
+
+    # ---- learning -----------------------------------------------------------------------------------
+
+    def observe(self) -> None:
+        """Fold each running elastic task's current throughput into its curve; refresh the gauges."""
+        now = self._now()
+        placed = minimum = extra = 0
+        live: set[str] = set()
+        for task in self._tasks.values():
+            if not task.spec.HasField("elastic") or task.state not in _PLACED:
+                continue
+            placed += 1
+            live.add(task.id)
+            size = elastic_gpus(task)
+            rng = self.range(task)
+            if rng is not None:
+                minimum += min(size, rng.minimum)
+                extra += max(0, size - rng.minimum)
+            if task.state != TaskState.RUNNING or size <= 0 or now - started_s(task) < WARMUP_S:
+                continue
+            rate = self._throughput(task, size, now)
+            if rate is not None:
+                self._curves[task.id] = self.curve(task).observe(size, rate)
+        for task_id in [t for t in self._curves if t not in live]:
+            del self._curves[task_id]
+        self._metrics.elastic_tasks.set(placed)
+        self._metrics.elastic_gpus.labels("minimum").set(minimum)
+        self._metrics.elastic_gpus.labels("extra").set(extra)
+
+    def _throughput(self, task: types_pb2.Task, size: int, now: float) -> float | None:
+        """Its counter's rate (fresh readings only), else its GPUs' mean utilization × GPUs."""
+        if task.spec.elastic.throughput_counter:
+            reading = self._monitor.task_qos(task.id)
+            if reading is None or reading.tokens_per_s is None or now - reading.received_unix_s > _FRESH_S:
+                return None
+            return reading.tokens_per_s
+        busy = 0.0
+        seen = 0
+        for na in task.allocation.nodes:
+            hist = self._monitor.history(na.node_id)
+            if hist is None:
+                continue
+            for i in na.gpu_indices:
+                util = hist.latest("util_gpu", i)
+                if util is not None:
+                    busy += util
+                    seen += 1
+        if not seen:
+            return None
+        return busy / seen * size
+
+    # ---- carrying decisions out ----------------------------------------------------------------------
+
+    async def resize(self, decisions: Sequence[Resize]) -> list[str]:
+        """Stop each task for its resize (checkpoint signal, grace, back in the queue at its new size); the
+        ids stopped. A task that changed meanwhile is skipped."""
+        done: list[str] = []
+        for d in decisions:
+            task = self._tasks.find(d.task_id)
+            if task is None or task.state != TaskState.RUNNING:
+                continue
+            try:
+                stored = await self._tasks.transition(task.id, TaskState.PREEMPTED, f"resizing: {d.reason}",
+                                                      elastic=self._status(task, d))
+            except GptrmError as e:   # it changed meanwhile (ended, or a lost compare)
+                self._log.info("resize_skipped", task_id=task.id, reason=str(e))
+                continue
+            signal = stored.spec.checkpoint_signal or DEFAULT_CHECKPOINT_SIGNAL
+            self._dispatcher.stop(stored, f"resizing to {d.to_gpus} GPU(s): {d.reason}", checkpoint_signal=signal)
+            direction = "grow" if d.grow else "shrink"
+            self._metrics.resizes.labels(direction).inc()
+            self._log.info("task_resizing", task_id=task.id, from_gpus=d.from_gpus, to_gpus=d.to_gpus,
+                           direction=direction, reason=d.reason, expected_speedup=round(d.expected_speedup, 3),
+                           for_task=d.for_task)
+            self._events.publish("resize", f"task {task.id} {direction}s {d.from_gpus} → {d.to_gpus} GPU(s): "
+                                 f"{d.reason}", task_id=task.id, direction=direction, from_gpus=d.from_gpus,
+                                 to_gpus=d.to_gpus, reason=d.reason, expected_speedup=f"{d.expected_speedup:.3f}",
+                                 for_task=d.for_task)
+            done.append(task.id)
+        return done
+
+    def _status(self, task: types_pb2.Task, d: Resize) -> types_pb2.ElasticStatus:
+        now = self._now()
+        status = types_pb2.ElasticStatus()
+        status.CopyFrom(task.elastic)
+        status.gpus = d.from_gpus
+        status.target_gpus = d.to_gpus
+        status.resizes = task.elastic.resizes + 1
+        status.resize_reason = d.reason[:512]
+        status.last_resize_unix_s = now
+        status.restart_cost_s = self.restart_cost_s(task) if task.elastic.resize_stop_unix_s else \
+            task.elastic.restart_cost_s
+        status.resize_stop_unix_s = now
+        del status.curve[:]
+        status.curve.extend(types_pb2.ElasticPoint(gpus=n, throughput=t) for n, t in self.curve(task).points)
+        record = types_pb2.ResizeRecord(time_unix_s=now, from_gpus=d.from_gpus, to_gpus=d.to_gpus,
+                                        reason=d.reason[:512], expected_speedup=d.expected_speedup)
+        history = [record, *task.elastic.history][:HISTORY]
+        del status.history[:]
+        status.history.extend(history)
+        return status
+

@@ -1,0 +1,547 @@
+"""The elastic allocator: training jobs that grow into idle GPUs and give them back.
+
+An elastic job runs at any size of its range (:class:`ElasticRange`): GPUs on one node up to a
+node's width, whole nodes beyond it. It is resized by a checkpoint-restart, so every decision
+weighs what a size is worth against what a restart costs, and a job resizes at most once per
+``interval_s`` (hysteresis).
+
+The rules, pure and shared by the leader (:mod:`coordinator.elastic`) and the simulator
+(:mod:`coordinator.simulator.elastic`):
+
+- **Sizing before commit** (:func:`size_placements`): a cycle places every pending elastic job at
+  its minimum along with the rest of the queue; when nothing was left waiting, the jobs just
+  placed then take the idle GPUs left over, each up to its wish (its maximum for a new job, the
+  allocator's target for a resized one), handed out by marginal speed-up per GPU. No restart is
+  involved: nothing has started yet.
+- **Shrink** (:func:`plan_shrinks`): a task left waiting takes GPUs from running elastic jobs of
+  no higher priority, never below their minimum, from the node where that loses the least
+  speed-up; the job restarts at the smaller size.
+- **Grow** (:func:`plan_grows`): when no task is waiting, idle GPUs go to running elastic jobs by
+  marginal speed-up per GPU, and a job grows only when what it gains over the hysteresis interval
+  beats the restart: ``interval × (1 − T(now)/T(new)) > restart cost``. A grow only ever uses GPUs
+  of nodes that are up: the caller passes idle GPUs of ready nodes only, so a grow never wakes a
+  powered-off node.
+
+Speed-up is learned per job (:class:`SpeedupCurve`): its measured throughput at each size it ran
+(its own Prometheus counter, or GPU utilization × GPUs), interpolated in log-log between measured
+sizes and extrapolated with the power law fitted to them (``T ∝ n^α``, ``α`` within [0, 1]; a job
+measured at one size only assumes :data:`PRIOR_EXPONENT`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from common.domain import NodeSnapshot, Placement, Rejection, Request
+
+__all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT", "ElasticJob",
+           "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "idle_gpus", "node_accepts", "plan_grows",
+           "plan_shrinks", "request_at", "size_placements"]
+
+DEFAULT_INTERVAL_S = 300.0
+"""A job resizes at most once per this many seconds."""
+DEFAULT_RESTART_COST_S = 30.0
+"""What a restart costs a job until its own restarts were measured."""
+PRIOR_EXPONENT = 0.8
+"""``T ∝ n^α`` assumed for a job measured at fewer than two sizes (about 1.74× per doubling)."""
+MAX_CURVE_POINTS = 16
+_EWMA = 0.3            # weight of a new throughput reading at a size already measured
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticRange:
+    """The sizes an elastic job may run at, in GPUs.
+
+    Sizes up to ``node_gpus`` are GPUs on one node; beyond it, whole nodes of ``node_gpus`` each.
+
+    :param min_gpus: the smallest size (≥ 1).
+    :param max_gpus: the largest size.
+    :param node_gpus: GPUs per node for sizes beyond one node (a multi-node job's GPUs per node).
+    """
+
+    min_gpus: int
+    max_gpus: int
+    node_gpus: int
+
+    def __post_init__(self) -> None:
+        if self.min_gpus < 1 or self.max_gpus < self.min_gpus or self.node_gpus < 1:
+            raise ValueError(f"elastic range {self.min_gpus}:{self.max_gpus} (node width {self.node_gpus}) is empty")
+        if not self.sizes:
+            raise ValueError(f"elastic range {self.min_gpus}:{self.max_gpus} holds no size of whole nodes of "
+                             f"{self.node_gpus} GPUs")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Every size of the range, ascending."""
+        small = [s for s in range(self.min_gpus, min(self.max_gpus, self.node_gpus) + 1)]
+        big = [k * self.node_gpus for k in range(2, self.max_gpus // self.node_gpus + 1)
+               if k * self.node_gpus >= self.min_gpus]
+        return tuple(small + big)
+
+    @property
+    def minimum(self) -> int:
+        """The smallest size."""
+        return self.sizes[0]
+
+    @property
+    def maximum(self) -> int:
+        """The largest size."""
+        return self.sizes[-1]
+
+    def up(self, size: int) -> int | None:
+        """The next size above ``size`` (None at the top)."""
+        return next((s for s in self.sizes if s > size), None)
+
+    def down(self, size: int) -> int | None:
+        """The next size below ``size`` (None at the bottom)."""
+        return next((s for s in reversed(self.sizes) if s < size), None)
+
+    def clamp(self, size: int) -> int:
+        """The largest size of the range not above ``size`` (the minimum when ``size`` is below it)."""
+        return next((s for s in reversed(self.sizes) if s <= size), self.minimum)
+
+    def shape(self, size: int) -> tuple[int, int]:
+        """``(nodes, GPUs per node)`` of a size."""
+        if size <= self.node_gpus:
+            return 1, size
+        return size // self.node_gpus, self.node_gpus
+
+
+def request_at(request: Request, rng: ElasticRange, size: int) -> Request:
+    """The placement request of an elastic job at ``size`` GPUs (its other per-node demands unchanged)."""
+    nodes, per_node = rng.shape(size)
+    demand = replace(request.demand, gpus=float(per_node),
+                     gpu_mem_total_bytes=request.gpu_mem_per_gpu_bytes * per_node)
+    return replace(request, demand=demand, nodes=nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedupCurve:
+    """A job's measured throughput by size, and what it predicts for sizes not measured.
+
+    :param points: ``(GPUs, throughput)`` pairs, ascending by GPUs, throughput > 0 (any unit: samples,
+        tokens, or busy GPUs).
+    """
+
+    points: tuple[tuple[int, float], ...] = ()
+
+    def observe(self, gpus: int, throughput: float) -> SpeedupCurve:
+        """The curve with a reading at ``gpus`` folded in (a moving average at a size already measured)."""
+        if gpus < 1 or not math.isfinite(throughput) or throughput <= 0:
+            return self
+        known = dict(self.points)
+        old = known.get(gpus)
+        known[gpus] = throughput if old is None else (1 - _EWMA) * old + _EWMA * throughput
+        pts = sorted(known.items())
+        if len(pts) > MAX_CURVE_POINTS:   # keep the extremes and the most recently measured size
+            keep = {pts[0][0], pts[-1][0], gpus}
+            rest = [p for p in pts if p[0] not in keep][: MAX_CURVE_POINTS - len(keep)]
+            pts = [p for p in pts if p[0] in keep] + rest
+            pts.sort()
+        return SpeedupCurve(tuple(pts))
+
+    @property
+    def exponent(self) -> float:
+        """``α`` of the power law ``T ∝ n^α`` fitted to the measured sizes (least squares in log-log), within
+        [0, 1]; :data:`PRIOR_EXPONENT` with fewer than two sizes."""
+        if len(self.points) < 2:
+            return PRIOR_EXPONENT
+        xs = [math.log(n) for n, _ in self.points]
+        ys = [math.log(t) for _, t in self.points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        if var <= _EPS:
+            return PRIOR_EXPONENT
+        alpha = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
+        return min(1.0, max(0.0, alpha))
+
+    def throughput(self, gpus: int) -> float:
+        """Predicted throughput at ``gpus`` (relative units, ``gpus^α``, when nothing was measured)."""
+        pts = self.points
+        if gpus < 1:
+            return 0.0
+        if not pts:
+            return float(gpus) ** PRIOR_EXPONENT
+        for n, t in pts:
+            if n == gpus:
+                return t
+        alpha = self.exponent
+        if gpus < pts[0][0]:
+            return pts[0][1] * (gpus / pts[0][0]) ** alpha
+        if gpus > pts[-1][0]:
+            return pts[-1][1] * (gpus / pts[-1][0]) ** alpha
+        for (n0, t0), (n1, t1) in itertools.pairwise(pts):
+            if n0 < gpus < n1:   # log-log interpolation between the measured neighbours
+                w = math.log(gpus / n0) / math.log(n1 / n0)
+                return math.exp((1 - w) * math.log(t0) + w * math.log(t1))
+        return float(gpus) ** alpha   # not reached
+
+    def speedup(self, gpus: int) -> float:
+        """Throughput at ``gpus`` over throughput at one GPU."""
+        one = self.throughput(1)
+        return self.throughput(gpus) / one if one > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """``{"GPUs": throughput}`` of the measured sizes (for the CLI's JSON)."""
+        return {str(n): t for n, t in self.points}
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticJob:
+    """A running elastic job as the allocator sees it.
+
+    :param task_id: its id.
+    :param priority: its priority.
+    :param range: the sizes it may run at.
+    :param size: GPUs it holds now.
+    :param nodes: the nodes it holds, in rank order, with its GPUs on each.
+    :param curve: its learned throughput curve.
+    :param restart_cost_s: what a restart costs it (measured, else the default).
+    :param last_resize_s: when it was last resized (None: never), for the hysteresis.
+    """
+
+    task_id: str
+    priority: int
+    range: ElasticRange
+    size: int
+    nodes: tuple[tuple[str, int], ...]
+    curve: SpeedupCurve = field(default_factory=SpeedupCurve)
+    restart_cost_s: float = DEFAULT_RESTART_COST_S
+    last_resize_s: float | None = None
+
+    def settled(self, now: float, interval_s: float) -> bool:
+        """Whether its hysteresis allows a resize now."""
+        return self.last_resize_s is None or now - self.last_resize_s >= interval_s
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticSettings:
+    """How the allocator decides.
+
+    :param interval_s: a job resizes at most once per this many seconds (and a grow must pay its restart
+        back within it).
+    :param restart_cost_s: the restart cost assumed for a job whose restarts were not measured yet.
+    """
+
+    interval_s: float = DEFAULT_INTERVAL_S
+    restart_cost_s: float = DEFAULT_RESTART_COST_S
+
+    def __post_init__(self) -> None:
+        if self.interval_s < 0 or not math.isfinite(self.interval_s):
+            raise ValueError(f"elastic interval must be ≥ 0 s, got {self.interval_s}")
+        if self.restart_cost_s < 0 or not math.isfinite(self.restart_cost_s):
+            raise ValueError(f"elastic restart cost must be ≥ 0 s, got {self.restart_cost_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """One resize decision.
+
+    :param task_id: the job.
+    :param from_gpus: its size now.
+    :param to_gpus: its size after the restart.
+    :param reason: why, in words.
+    :param expected_speedup: predicted throughput after over before (below 1 for a shrink).
+    :param for_task: the waiting task a shrink makes room for ("" for a grow).
+    """
+
+    task_id: str
+    from_gpus: int
+    to_gpus: int
+    reason: str
+    expected_speedup: float
+    for_task: str = ""
+
+    @property
+    def grow(self) -> bool:
+        """Whether it grows."""
+        return self.to_gpus > self.from_gpus
+
+
+def _marginal(curve: SpeedupCurve, size: int, to: int) -> float:
+    """Speed-up (over one GPU) gained per GPU going from ``size`` to ``to``."""
+    return (curve.speedup(to) - curve.speedup(size)) / max(1, to - size)
+
+
+def _pays_back(curve: SpeedupCurve, size: int, to: int, restart_cost_s: float, horizon_s: float) -> bool:
+    """Whether growing from ``size`` to ``to`` saves more than a restart costs within ``horizon_s``."""
+    now, new = curve.throughput(size), curve.throughput(to)
+    return new > now and horizon_s * (1.0 - now / new) > restart_cost_s
+
+
+def _hand_out(jobs: Sequence[tuple[str, ElasticRange, SpeedupCurve, int, int]], idle_gpus: int,
+              idle_nodes: int) -> dict[str, int]:
+    """Idle GPUs to jobs by marginal speed-up per GPU: each step gives the best job its next size.
+
+    :param jobs: ``(id, range, curve, size now, largest size wished)``.
+    :param idle_gpus: GPUs free for sizes within one node.
+    :param idle_nodes: whole nodes free for sizes beyond one node.
+    :returns: id → new size, for the jobs that got more.
+    """
+    sizes = {j[0]: j[3] for j in jobs}
+    by_id = {j[0]: j for j in jobs}
+    heap: list[tuple[float, str]] = []
+
+    def push(job_id: str) -> None:
+        _id, rng, curve, _size, wish = by_id[job_id]
+        nxt = rng.up(sizes[job_id])
+        if nxt is not None and nxt <= wish:
+            gain = _marginal(curve, sizes[job_id], nxt)
+            if gain > _EPS:
+                heapq.heappush(heap, (-gain, job_id))
+
+    for j in jobs:
+        push(j[0])
+    while heap and (idle_gpus > 0 or idle_nodes > 0):
+        _gain, job_id = heapq.heappop(heap)
+        rng = by_id[job_id][1]
+        size = sizes[job_id]
+        nxt = rng.up(size)
+        assert nxt is not None
+        if nxt <= rng.node_gpus:
+            if idle_gpus < nxt - size:
+                continue
+            idle_gpus -= nxt - size
+        else:   # whole nodes: going from one node to two takes a second node, and so on
+            extra = nxt // rng.node_gpus - max(1, size // rng.node_gpus)
+            if idle_nodes < extra:
+                continue
+            idle_nodes -= extra
+        sizes[job_id] = nxt
+        push(job_id)
+    return {job_id: s for job_id, s in sizes.items() if s != by_id[job_id][3]}
+
+
+def size_placements(engine_place: _Placer, placed: Sequence[tuple[Request, ElasticRange, SpeedupCurve, Placement, int]],
+                    idle_gpus: int, idle_nodes: int) -> dict[str, Placement | None]:
+    """Sizing before commit: elastic jobs placed at their minimum in this cycle take idle GPUs up to their wish.
+
+    :param engine_place: the cycle's engine (its reservations include the whole batch).
+    :param placed: ``(request at its minimum, range, curve, its placement, wish)`` for each job placed.
+    :param idle_gpus: whole GPUs the engine has free on ready nodes after the batch (within-node sizes).
+    :param idle_nodes: nodes entirely free after the batch (sizes beyond one node).
+    :returns: task id → its new placement, for the jobs that got bigger (the others keep theirs); None for a
+        job that no longer fits even at its old size once released (it waits for the next cycle).
+    """
+    plan = _hand_out([(r.task_id, rng, curve, rng.minimum if not p.assignments else _size_of(p), wish)
+                      for r, rng, curve, p, wish in placed], idle_gpus, idle_nodes)
+    out: dict[str, Placement | None] = {}
+    for request, rng, _curve, placement, _wish in placed:
+        target = plan.get(request.task_id)
+        if target is None:
+            continue
+        engine_place.release(placement, request.gpu_mem_per_gpu_bytes)
+        size: int | None = target
+        while size is not None and size > _size_of(placement):
+            decision = engine_place.place(request_at(request, rng, size))
+            if isinstance(decision, Placement):
+                out[request.task_id] = decision
+                break
+            size = rng.down(size)
+        else:   # nothing bigger fits after all: back where it was (None in the rare case it no longer fits)
+            again = engine_place.place(request_at(request, rng, _size_of(placement)))
+            out[request.task_id] = again if isinstance(again, Placement) else None
+    return out
+
+
+class _Placer(Protocol):
+    """What :func:`size_placements` needs of a placement engine."""
+
+    def place(self, req: Request) -> Placement | Rejection: ...
+
+    def release(self, placement: Placement, gpu_mem_per_gpu_bytes: int) -> None: ...
+
+
+def idle_gpus(nodes: Iterable[NodeSnapshot]) -> dict[str, int]:
+    """Node id → whole GPUs free on it, for the nodes that are schedulable and up (a grow never wakes a node)."""
+    out: dict[str, int] = {}
+    for node in nodes:
+        if node.schedulable and node.powered_on and node.gpus:
+            out[node.node_id] = sum(1 for g in node.gpus
+                                    if g.share_free >= 1.0 - _EPS and g.mem_free_bytes >= g.mem_total_bytes)
+    return out
+
+
+def node_accepts(node: NodeSnapshot, request: Request) -> bool:
+    """Whether the request's constraints (GPU model, node selector, nodes to avoid) allow the node at all."""
+    if request.gpu_model and request.gpu_model.lower() not in node.gpu_model.lower():
+        return False
+    if node.node_id in request.avoid_nodes:
+        return False
+    return all(node.labels.get(k) == v for k, v in request.node_selector.items())
+
+
+def _size_of(placement: Placement) -> int:
+    return sum(len(a.gpu_indices) for a in placement.assignments)
+
+
+def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], node_gpus: Mapping[str, int],
+               now: float, settings: ElasticSettings) -> list[Resize]:
+    """Grow running elastic jobs into idle GPUs (call only when no task is waiting).
+
+    A job within one node grows on its own node; a multi-node job grows by whole idle nodes. Among the
+    jobs the hysteresis allows, idle GPUs go by marginal speed-up per GPU, and a job grows only when the
+    gain pays for the restart within the interval.
+
+    :param jobs: the running elastic jobs.
+    :param idle_by_node: node id → whole GPUs idle on it (ready nodes only).
+    :param node_gpus: node id → its GPUs (to tell entirely idle nodes).
+    :param now: the clock the jobs' ``last_resize_s`` uses.
+    :param settings: the allocator's settings.
+    """
+    eligible = [j for j in jobs if j.settled(now, settings.interval_s) and j.size < j.range.maximum]
+    if not eligible:
+        return []
+    free_nodes = sum(1 for n, idle in idle_by_node.items() if idle > 0 and idle >= node_gpus.get(n, 0))
+    idle = dict(idle_by_node)
+    out: list[Resize] = []
+    # Jobs within one node compete for their own node's idle GPUs; multi-node jobs for the whole idle nodes.
+    by_node: dict[str, list[ElasticJob]] = {}
+    wide: list[ElasticJob] = []
+    for j in eligible:
+        if j.size < j.range.node_gpus and len(j.nodes) == 1:
+            by_node.setdefault(j.nodes[0][0], []).append(j)
+        else:
+            wide.append(j)
+    granted: dict[str, int] = {}
+    for node_id, group in sorted(by_node.items()):
+        if idle.get(node_id, 0) <= 0:
+            continue
+        cap = {j.task_id: min(j.range.maximum, j.range.node_gpus) for j in group}
+        granted.update(_hand_out([(j.task_id, j.range, j.curve, j.size, cap[j.task_id]) for j in group],
+                                 idle[node_id], 0))
+    if wide and free_nodes:
+        granted.update(_hand_out([(j.task_id, j.range, j.curve, j.size, j.range.maximum) for j in wide], 0,
+                                 free_nodes))
+    for j in eligible:
+        to = granted.get(j.task_id)
+        if to is None:
+            continue
+        # Shrink the grant until it pays its restart back (a smaller step may still).
+        while to is not None and to > j.size and not _pays_back(j.curve, j.size, to, j.restart_cost_s,
+                                                                 settings.interval_s):
+            to = j.range.down(to)
+        if to is None or to <= j.size:
+            continue
+        gain = j.curve.throughput(to) / j.curve.throughput(j.size)
+        out.append(Resize(j.task_id, j.size, to, f"idle GPUs: expected speed-up ×{gain:.2f} for "
+                          f"{to - j.size} more GPU(s)", gain))
+    return out
+
+
+def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], now: float,
+                 settings: ElasticSettings, accepts: Callable[[Request, str], bool] = lambda req, node_id: True,
+                 ) -> list[Resize]:
+    """Shrink running elastic jobs (never below their minimum) so that waiting tasks can be placed.
+
+    For each waiting request in the given order (the queue's), the node (or nodes, for a gang) where its
+    GPUs can be found losing the least speed-up: idle GPUs first, then elastic jobs of no higher priority
+    than the request that the hysteresis allows to resize, the job losing the least per GPU first. A job
+    is shrunk once per call, to the smallest size any request needed of it.
+
+    :param waiting: requests left waiting (whole GPUs only; shared fractions are skipped), in queue order.
+    :param jobs: the running elastic jobs.
+    :param idle_by_node: node id → whole GPUs idle on it (schedulable nodes).
+    :param now: the clock the jobs' ``last_resize_s`` uses.
+    :param settings: the allocator's settings.
+    :param accepts: whether a request's constraints allow a node (:func:`node_accepts`).
+    """
+    idle = dict(idle_by_node)
+    jobs = [j for j in jobs if j.settled(now, settings.interval_s) and j.size > j.range.minimum]
+    if not jobs:
+        return []
+    size = {j.task_id: j.size for j in jobs}
+    gpus_on: dict[str, dict[str, int]] = {j.task_id: dict(j.nodes) for j in jobs}
+    on_node: dict[str, list[ElasticJob]] = {}
+    for j in jobs:
+        for node_id, _g in j.nodes:
+            on_node.setdefault(node_id, []).append(j)
+    chosen: dict[str, tuple[int, str]] = {}   # job → (new size, for task)
+    for req in waiting:
+        need = req.whole_gpus
+        if need <= 0:
+            continue
+        if req.nodes == 1 and any(free >= need and accepts(req, n) for n, free in idle.items()):
+            continue   # its GPUs are free already: it waits for something else (CPU, memory), not for these
+        options: list[tuple[float, str, dict[str, int]]] = []
+        for node_id, group in on_node.items():
+            if not accepts(req, node_id):
+                continue
+            plan = _free_on(node_id, need - idle.get(node_id, 0), [j for j in group if j.priority <= req.priority],
+                            size, gpus_on)
+            if plan is not None:
+                options.append((plan[0], node_id, plan[1]))
+        if len(options) < req.nodes:
+            continue
+        options.sort(key=lambda o: (o[0], o[1]))
+        for _loss, node_id, new_sizes in options[: req.nodes]:
+            freed = 0
+            for job_id, new in new_sizes.items():
+                step = size[job_id] - new
+                freed += step
+                size[job_id] = new
+                _take_from(gpus_on[job_id], node_id, step)
+                chosen[job_id] = (new, req.task_id)
+            idle[node_id] = max(0, idle.get(node_id, 0) + freed - need)
+    out: list[Resize] = []
+    by_id = {j.task_id: j for j in jobs}
+    for job_id, (new, for_task) in sorted(chosen.items()):
+        j = by_id[job_id]
+        ratio = j.curve.throughput(new) / j.curve.throughput(j.size)
+        out.append(Resize(job_id, j.size, new, f"{for_task} is waiting for GPUs: shrinks to {new} "
+                          f"(expected throughput ×{ratio:.2f})", ratio, for_task))
+    return out
+
+
+def _take_from(gpus: dict[str, int], node_id: str, freed: int) -> None:
+    """Book ``freed`` GPUs of a job as given back on ``node_id`` (whole nodes drop out when emptied)."""
+    left = gpus.get(node_id, 0) - freed
+    if left > 0:
+        gpus[node_id] = left
+    else:
+        gpus.pop(node_id, None)
+
+
+def _free_on(node_id: str, short: int, group: Sequence[ElasticJob], size: Mapping[str, int],
+             gpus_on: Mapping[str, Mapping[str, int]]) -> tuple[float, dict[str, int]] | None:
+    """Shrinks of the jobs on one node that free ``short`` GPUs there, losing the least speed-up per GPU;
+    ``(speed-up lost, job → new size)``, None when they cannot. ``short ≤ 0`` needs none."""
+    if short <= 0:
+        return 0.0, {}
+    new: dict[str, int] = {}
+    here = {j.task_id: gpus_on[j.task_id].get(node_id, 0) for j in group}
+    loss = 0.0
+    freed = 0
+    heap: list[tuple[float, str]] = []
+    by_id = {j.task_id: j for j in group}
+
+    def push(j: ElasticJob) -> None:
+        cur = new.get(j.task_id, size[j.task_id])
+        down = j.range.down(cur)
+        # A step must come off this node: within one node any GPU does; a multi-node job gives back a whole node.
+        if down is None or here[j.task_id] < cur - down:
+            return
+        heapq.heappush(heap, (_marginal(j.curve, down, cur), j.task_id))
+
+    for j in group:
+        push(j)
+    while heap and freed < short:
+        per_gpu, job_id = heapq.heappop(heap)
+        j = by_id[job_id]
+        cur = new.get(job_id, size[job_id])
+        down = j.range.down(cur)
+        assert down is not None
+        new[job_id] = down
+        here[job_id] -= cur - down
+        freed += cur - down
+        loss += per_gpu * (cur - down)
+        push(j)
+    if freed < short:
+        return None
+    return loss, new
