@@ -12,6 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from common.elastic import ElasticSettings
 from common.errors import EtcdUnavailable, Fenced, GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
@@ -24,6 +25,7 @@ from coordinator.adaptor.services import ServiceController, ServiceMetrics, chec
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
+from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
 from coordinator.nodes import NodeService
@@ -251,9 +253,12 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                              queues_file=cfg.queues_file)
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s, may_preempt=queues.may_preempt)
+    elastic = ElasticAllocator(tasks, dispatcher, monitor, events, metrics,
+                               ElasticSettings(interval_s=cfg.elastic_interval_s,
+                                               restart_cost_s=cfg.elastic_restart_cost_s))
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
-                           gang_label=cfg.gang_topology_label, queues=queues)
+                           gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic)
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)

@@ -1,12 +1,12 @@
 """The leader's elastic allocator: learns each elastic task's speed-up and carries out resizes.
 
-The rules are :mod:`coordinator.scheduler.elastic`'s (shared with the simulator); this module feeds
+The rules are :mod:`common.elastic`'s (shared with the simulator); this module feeds
 them the leader's tasks and carries out what they decide:
 
 - **learning** (:meth:`ElasticAllocator.observe`, once per scheduling cycle): each running elastic
   task's throughput at its current size — the rate of its own counter (``elastic.throughput_counter``,
   scraped by its agent with its metrics), else its GPUs' utilization × GPUs — folded into its
-  :class:`~coordinator.scheduler.elastic.SpeedupCurve`. The first :data:`WARMUP_S` after a start are
+  :class:`~common.elastic.SpeedupCurve`. The first :data:`WARMUP_S` after a start are
   skipped (a restart's warm-up is not its speed). The curve is stored with the task at each resize, so
   a new leader continues from it.
 - **a resize** (:meth:`ElasticAllocator.resize`) is a checkpoint-restart: ``RUNNING → PREEMPTED``
@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
@@ -41,7 +42,6 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler.elastic_spec import elastic_range
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.qos.preemption import started_s
-from coordinator.scheduler.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from coordinator.tasks import TaskTable
 
 __all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator", "curve_of", "elastic_gpus"]

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from common.pb.gptrm.v1 import types_pb2
 
-__all__ = ["AgentSignals", "Preemption", "RequeuePreempted", "Restarts", "ScaleOut", "WakeupSignal"]
+__all__ = ["AgentSignals", "Elasticity", "Preemption", "RequeuePreempted", "Restarts", "ScaleOut", "WakeupSignal"]
 
 
 class WakeupSignal(Protocol):
@@ -64,3 +65,22 @@ class Preemption(Protocol):
                                mode: str = ...) -> bool: ...
 
     async def reclaim(self, victims: Sequence[types_pb2.Task], queue: str) -> list[str]: ...
+
+
+class Elasticity(Protocol):
+    """The elastic allocator as a scheduling cycle uses it (``coordinator.elastic.ElasticAllocator``)."""
+
+    @property
+    def settings(self) -> ElasticSettings: ...
+
+    def range(self, task: types_pb2.Task) -> ElasticRange | None: ...
+
+    def curve(self, task: types_pb2.Task) -> SpeedupCurve: ...
+
+    def wish(self, task: types_pb2.Task, rng: ElasticRange) -> int: ...
+
+    def jobs(self) -> list[ElasticJob]: ...
+
+    def observe(self) -> None: ...
+
+    async def resize(self, decisions: Sequence[Resize]) -> list[str]: ...

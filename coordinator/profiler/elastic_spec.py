@@ -11,10 +11,10 @@ checkpoint-restart, so the task must be restartable from its checkpoints; sharin
 
 from __future__ import annotations
 
+from common.elastic import ElasticRange
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.qos import metric_name_problem
-from coordinator.scheduler.elastic import ElasticRange
 
 __all__ = ["MAX_ELASTIC_GPUS", "elastic_range", "is_elastic", "metrics_mapping_of", "validate_elastic"]
 

@@ -11,7 +11,11 @@ One cycle, in this order (each step needs the previous one's output):
 4. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED,
    allocation, node reservation, all or nothing per placement);
 5. push: only committed placements become StartTask decisions on the agents' streams;
-6. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
+6. elastic: running elastic tasks shrink (never below their minimum) for tasks left waiting, or grow
+   into idle GPUs when none waits (:mod:`common.elastic`, carried out by ``coordinator/elastic.py``);
+   pending elastic tasks are placed at their minimum in step 3 and, when nothing was left waiting, take
+   the idle GPUs left over before the commit;
+7. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
    what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for it.
    Pending tasks of lower priority than a preemptor still waiting for its victims are left out
    of step 1, so that they do not take what was freed for it.
@@ -25,10 +29,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from common.domain import Placement, Rejection, Request
+from common.domain import Decision, NodeSnapshot, Placement, Rejection, Request
+from common.elastic import ElasticRange, idle_gpus, node_accepts, plan_grows, plan_shrinks, request_at, size_placements
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
@@ -38,7 +43,7 @@ from coordinator.dispatch.launch import PortBook, node_address
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
-from coordinator.ports import Preemption, ScaleOut
+from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
 from coordinator.queues import ANY_MODEL, Admission
 from coordinator.scheduler.placement import PlacementEngine
@@ -90,14 +95,16 @@ class SchedulerCycle:
     :param on_unplaced: told of every task a cycle could not place (the Resource Adaptor's wake-ups).
     :param gang_label: the node label whose shared value multi-node tasks prefer ("" none).
     :param queues: the team queues (admission, fair order across queues, reclaim); None: none.
+    :param elastic: the elastic allocator (None: elastic tasks run at their minimum and never resize).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOut,
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
-                 queues: LeaderQueues | None = None) -> None:
+                 queues: LeaderQueues | None = None, elastic: Elasticity | None = None) -> None:
         self._preemptor, self._profiler = preemptor, profiler
+        self._elastic = elastic
         self._queues = queues
         self._gang_label = gang_label
         self._on_unplaced = on_unplaced
@@ -133,7 +140,9 @@ class SchedulerCycle:
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
                           r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
-        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues
+        # Elastic tasks whose hysteresis has run out may now shrink for what waits.
+        settled = self._elastic_settled()
+        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues, settled
 
     async def cycle(self) -> int:
         """One scheduling cycle; returns the number of placements committed.
@@ -149,6 +158,8 @@ class SchedulerCycle:
                                                if t.state == TaskState.PENDING and t.not_before_unix_s <= now])
         if not pending:
             self._idle = None
+            if self._elastic is not None and self._elastic_settled():
+                await self._elastic_step([], self._snapshots.snapshot(self._tasks.values(), self._registry).nodes)
             return 0
         inputs = (self._inputs(), tuple(t.id for t in pending))
         if self._idle is not None and self._idle[0] == inputs and started - self._idle[1] < FORCED_CYCLE_S:
@@ -168,12 +179,21 @@ class SchedulerCycle:
                 self._tasks.note_reason(task_id, reason)
             by_request = {r.task_id: r for r in requests}
             requests = [on_pool(by_request[task_id], plan.admissions[task_id].pool) for task_id in plan.order]
+        ranges: dict[str, ElasticRange] = {}
+        if self._elastic is not None:
+            for i, r in enumerate(requests):
+                rng = self._elastic.range(by_id[r.task_id])
+                if rng is not None:   # placed at its minimum first; it takes what is left over below
+                    ranges[r.task_id] = rng
+                    requests[i] = request_at(r, rng, rng.minimum)
         snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
         engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold, mode=mode,
                                            gang_label=self._gang_label)
         decisions = engine.place_batch(requests)
+        if ranges:
+            decisions = self._size_elastic(engine, requests, decisions, ranges, by_id)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits: list[PlacementCommit] = []
         rejected: list[types_pb2.Task] = []
@@ -187,6 +207,8 @@ class SchedulerCycle:
                         self._metrics.decisions.labels(outcome="waiting").inc()
                         continue
                     task = marked
+                if task.id in ranges:
+                    task = _sized(task, decision)
                 commits.append((task, task.revision, self._allocation(task, decision, ports)))
                 self._metrics.decisions.labels(outcome="placed").inc()
             else:
@@ -194,8 +216,14 @@ class SchedulerCycle:
                 self._note_rejection(task, decision, policy.name)
                 rejected.append(task)
         committed = await self._commit(commits) if commits else 0
-        preempted = bool(rejected) and await self._preemptor.after_rejections(rejected, policy.name,
-                                                                              policy.threshold, mode)
+        resized = False
+        if self._elastic is not None:
+            waiting = [r for r, d in zip(requests, decisions, strict=True) if not isinstance(d, Placement)]
+            nodes = [engine.node_snapshot(i) for i in range(len(snapshot.nodes))]
+            resized = await self._elastic_step(waiting, nodes)
+        # A shrink makes room for what waits more cheaply than a preemption: none this cycle.
+        preempted = resized or (bool(rejected) and await self._preemptor.after_rejections(
+            rejected, policy.name, policy.threshold, mode))
         if plan is not None and await self._reclaim(plan, {c[0].id for c in commits}, by_id):
             preempted = True
         self._metrics.sched_latency.observe(time.perf_counter() - started)
@@ -203,6 +231,56 @@ class SchedulerCycle:
         if not commits and not preempted:
             self._idle = (inputs, started)
         return committed
+
+    def _elastic_settled(self) -> int:
+        """Running elastic tasks whose hysteresis allows a resize now."""
+        if self._elastic is None:
+            return 0
+        now, interval = time.time(), self._elastic.settings.interval_s
+        return sum(1 for j in self._elastic.jobs() if j.settled(now, interval))
+
+    def _size_elastic(self, engine: PlacementEngine, requests: list[Request], decisions: list[Decision],
+                      ranges: dict[str, ElasticRange], by_id: dict[str, types_pb2.Task]) -> list[Decision]:
+        """Elastic tasks placed at their minimum take the idle GPUs left over, when nothing was left waiting."""
+        assert self._elastic is not None
+        pairs = list(zip(requests, decisions, strict=True))
+        if any(not isinstance(d, Placement) and r.whole_gpus > 0 for r, d in pairs):
+            return decisions
+        placed = [(r, ranges[r.task_id], self._elastic.curve(by_id[r.task_id]), d,
+                   self._elastic.wish(by_id[r.task_id], ranges[r.task_id]))
+                  for r, d in pairs if isinstance(d, Placement) and r.task_id in ranges]
+        if not placed:
+            return decisions
+        nodes = [engine.node_snapshot(i) for i in range(len(engine.state.nodes))]
+        idle = idle_gpus(nodes)
+        whole = sum(1 for n in nodes if idle.get(n.node_id, 0) and idle[n.node_id] == len(n.gpus))
+        sized = size_placements(engine, placed, sum(idle.values()), whole)
+        out: list[Decision] = []
+        for r, d in pairs:
+            if r.task_id not in sized:
+                out.append(d)
+                continue
+            new = sized[r.task_id]
+            out.append(new if new is not None else Rejection(r.task_id, "its GPUs were taken while it was sized"))
+        return out
+
+    async def _elastic_step(self, waiting: list[Request], nodes: Sequence[NodeSnapshot]) -> bool:
+        """Shrink running elastic tasks for what waits, or grow them into idle GPUs when nothing does; True when
+        a resize is under way."""
+        assert self._elastic is not None
+        self._elastic.observe()
+        jobs = self._elastic.jobs()
+        if not jobs:
+            return False
+        idle = idle_gpus(nodes)
+        now, settings = time.time(), self._elastic.settings
+        if waiting:
+            by_node = {n.node_id: n for n in nodes}
+            decisions = plan_shrinks(waiting, jobs, idle, now, settings,
+                                     accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
+        else:
+            decisions = plan_grows(jobs, idle, {n.node_id: len(n.gpus) for n in nodes}, now, settings)
+        return bool(decisions) and bool(await self._elastic.resize(decisions))
 
     def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission) -> types_pb2.Task | None:
         """The task as it is committed: with the GPUs its queue borrows for it (a copy; the record in the
@@ -292,3 +370,11 @@ class SchedulerCycle:
         if rejection.scale_out:
             self._scale_out.request(task.id, rejection.reason, policy=policy)
         self._on_unplaced(task)
+
+
+def _sized(task: types_pb2.Task, placement: Placement) -> types_pb2.Task:
+    """An elastic task as it is committed: with the GPUs of its placement (a copy)."""
+    sized = types_pb2.Task()
+    sized.CopyFrom(task)
+    sized.elastic.gpus = sum(len(a.gpu_indices) for a in placement.assignments)
+    return sized
