@@ -25,13 +25,14 @@ from agent import config as config_mod
 from agent.config import AgentConfig
 from agent.logpump import LogPump
 from agent.logstore import LogService
+from agent.metrics import AgentMetrics, serve_metrics
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.sampler import Sampler, open_gpu_backend, sampler_for
 from agent.stream import AgentStream, Backoff
 from agent.systemd_task import choose_runtime
 from agent.task_user import TaskUserPolicy, parse_uid_range
-from common.errors import ConfigError
+from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
 from common.netaddr import parse_port_range, primary_address
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
@@ -111,6 +112,18 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:
             loop.call_soon_threadsafe(outbox.add_sample, sample)
 
+        metrics_server = None
+        if cfg.metrics_listen:
+            metrics = AgentMetrics(latest=lambda: sampler.latest, devices=gpus.devices(),
+                                   tasks=lambda: runtime.table.tasks, node=cfg.node_name,
+                                   gpu_backend=sampler.backend, simulated=sampler.simulated,
+                                   host_simulated=inventory.host_simulated, version=AGENT_VERSION)
+            try:
+                metrics_server = serve_metrics(metrics, cfg.metrics_listen)
+            except OSError as e:
+                await asyncio.to_thread(pump.stop)
+                raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
+            log.info("metrics_serving", metrics_listen=cfg.metrics_listen)
         sampler_stop = threading.Event()
         sampler_thread = threading.Thread(target=sampler.run, args=(emit_sample, sampler_stop),
                                           name="sampler", daemon=True)
@@ -128,6 +141,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             await asyncio.to_thread(sampler_thread.join, 5)
             await runtime.shutdown()
             await asyncio.to_thread(pump.stop)
+            if metrics_server is not None:
+                await asyncio.to_thread(metrics_server.shutdown)
             log.info("agent_stopped", pending_events=outbox.pending_events, dropped_samples=outbox.dropped_total)
     finally:
         gpus.close()
