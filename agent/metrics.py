@@ -28,7 +28,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServer
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from agent.collectors import GpuDevice
@@ -56,6 +56,8 @@ REQUEST_TIMEOUT_S = 10.0
 """A connection that sends nothing for this long is closed."""
 
 _MIB = 1 << 20
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The classic text format, which :func:`render` writes (and dcgm-exporter serves)."""
 
 # dcgm-exporter's field name, help (its wording), GpuSample field, factor to dcgm's unit.
 DCGM_GAUGES: tuple[tuple[str, str, str, float], ...] = (
@@ -252,7 +254,7 @@ def _wsgi_app(metrics: AgentMetrics) -> Callable[..., list[bytes]]:
             body = render(metrics)
         finally:
             slots.release()
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))])
         return [body]
 
     return app
