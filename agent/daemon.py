@@ -92,6 +92,17 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         runtime.adopt()
         logs = LogService(state_dir, lambda task_id: task_id in runtime.table.tasks)
         inventory = _inventory(cfg, sampler)
+        metrics_server = None
+        if cfg.metrics_listen:
+            metrics = AgentMetrics(latest=lambda: sampler.latest, devices=gpus.devices(),
+                                   tasks=lambda: runtime.table.tasks, node=cfg.node_name,
+                                   gpu_backend=sampler.backend, simulated=sampler.simulated,
+                                   host_simulated=inventory.host_simulated, version=AGENT_VERSION)
+            try:
+                metrics_server = serve_metrics(metrics, cfg.metrics_listen)
+            except OSError as e:
+                await asyncio.to_thread(pump.stop)
+                raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
         files = tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
         client_tls = ClientTls(files) if files is not None else None
@@ -107,23 +118,12 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
                  host_simulated=inventory.host_simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s,
-                 advertise_address=inventory.advertise_address, task_port_range=cfg.task_port_range)
+                 advertise_address=inventory.advertise_address, task_port_range=cfg.task_port_range,
+                 metrics_listen=cfg.metrics_listen)
 
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:
             loop.call_soon_threadsafe(outbox.add_sample, sample)
 
-        metrics_server = None
-        if cfg.metrics_listen:
-            metrics = AgentMetrics(latest=lambda: sampler.latest, devices=gpus.devices(),
-                                   tasks=lambda: runtime.table.tasks, node=cfg.node_name,
-                                   gpu_backend=sampler.backend, simulated=sampler.simulated,
-                                   host_simulated=inventory.host_simulated, version=AGENT_VERSION)
-            try:
-                metrics_server = serve_metrics(metrics, cfg.metrics_listen)
-            except OSError as e:
-                await asyncio.to_thread(pump.stop)
-                raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
-            log.info("metrics_serving", metrics_listen=cfg.metrics_listen)
         sampler_stop = threading.Event()
         sampler_thread = threading.Thread(target=sampler.run, args=(emit_sample, sampler_stop),
                                           name="sampler", daemon=True)
