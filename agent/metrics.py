@@ -137,6 +137,7 @@ class AgentMetrics(Collector):
             yield fam
         used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=_DCGM_LABELS)
         free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=_DCGM_LABELS)
+        # NVML's memory info (v1) has total = used + free, so free is what used leaves of total.
         for gpu, values in labels:
             if gpu.HasField("mem_used_bytes"):
                 used.add_metric(values, gpu.mem_used_bytes // _MIB)

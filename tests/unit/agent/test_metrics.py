@@ -17,10 +17,11 @@ from agent.collectors import Sample as Reading
 from agent.collectors.simulated import SimulatedGpus
 from agent.config import load
 from agent.metrics import MAX_LABEL_CHARS, AgentMetrics, render, serve_metrics
-from agent.sampler import Sampler
+from agent.sampler import Sampler, open_gpu_backend
 from agent.tasktable import TaskRecord
 from common.errors import CollectorError, ConfigError
 from tests.helpers.clock import FakeClock
+from tests.helpers.fake_pynvml import FakeNvml, make_gpus
 
 Log = structlog.typing.FilteringBoundLogger
 GIB = 1 << 30
@@ -175,6 +176,22 @@ class TestExposition:
         assert info.value == 1.0
         assert info.labels == {"node": "n1", "version": "0.1.0", "gpu_backend": "simulated", "simulated": "true",
                                "host_simulated": "false"}
+
+    def test_nvml_backend(self, clock: FakeClock, log: Log) -> None:
+        """Real (here: fake NVML) GPUs are labelled nvml and not simulated, with the same DCGM names and labels."""
+        gpus = open_gpu_backend("nvml", "", log, nvml_module=FakeNvml(make_gpus(2)))
+        sampler = Sampler(gpus, [], interval_s=1.0, log=log, now=clock, clock=clock, sleep=clock.sleep)
+        sampler.sample_once()
+        metrics = AgentMetrics(latest=lambda: sampler.latest, devices=gpus.devices(), tasks=dict, node="gpu01",
+                               gpu_backend=gpus.backend, simulated=gpus.simulated)
+        families = {f.name: f for f in text_string_to_metric_families(render(metrics).decode())}
+        [info] = families["gptrm_agent_info"].samples
+        assert info.labels["gpu_backend"] == "nvml" and info.labels["simulated"] == "false"
+        dcgm = {name for name in families if name.startswith("DCGM_")}
+        assert dcgm and dcgm <= set(DCGM_DEFAULT_COUNTERS)
+        models = {d.index: d.model for d in gpus.devices()}
+        for s in families["DCGM_FI_DEV_GPU_UTIL"].samples:
+            assert set(s.labels) == DCGM_LABELS and s.labels["modelName"] == models[int(s.labels["gpu"])]
 
     def test_collectors_succeeding(self, node: Node) -> None:
         """Every collector the sampler ran has success 1 and its duration."""
