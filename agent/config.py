@@ -71,6 +71,9 @@ class AgentConfig:
         "", "simulated host beside simulated GPUs: CORES:MEM_GIB, or 'real' for this machine "
         f"(default: {CORES_PER_GPU} cores and {MEM_GIB_PER_GPU} GiB per simulated GPU)",
         check=check_simulate_host, metavar="CORES:MEM_GIB")
+    metrics_listen: str = option("", "serve Prometheus metrics (per-GPU under dcgm-exporter's names, collector health, "
+                                 "task GPUs) at http://HOST:PORT/metrics ('' disables)", check=host_port,
+                                 metavar="HOST:PORT")
     interval_s: float = option(1.0, "sampling interval, seconds", flag="interval", check=positive)
     qos_window_s: float = option(30.0, "window of a task's latency p95 and token rate from its own metrics, seconds",
                                  flag="qos_window", check=positive)

@@ -25,13 +25,14 @@ from agent import config as config_mod
 from agent.config import AgentConfig
 from agent.logpump import LogPump
 from agent.logstore import LogService
+from agent.metrics import AgentMetrics, serve_metrics
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.sampler import Sampler, open_gpu_backend, sampler_for
 from agent.stream import AgentStream, Backoff
 from agent.systemd_task import choose_runtime
 from agent.task_user import TaskUserPolicy, parse_uid_range
-from common.errors import ConfigError
+from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
 from common.netaddr import parse_port_range, primary_address
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
@@ -91,6 +92,17 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         runtime.adopt()
         logs = LogService(state_dir, lambda task_id: task_id in runtime.table.tasks)
         inventory = _inventory(cfg, sampler)
+        metrics_server = None
+        if cfg.metrics_listen:
+            metrics = AgentMetrics(latest=lambda: sampler.latest, devices=gpus.devices(),
+                                   tasks=lambda: runtime.table.tasks, node=cfg.node_name,
+                                   gpu_backend=sampler.backend, simulated=sampler.simulated,
+                                   host_simulated=inventory.host_simulated, version=AGENT_VERSION)
+            try:
+                metrics_server = serve_metrics(metrics, cfg.metrics_listen)
+            except OSError as e:
+                await asyncio.to_thread(pump.stop)
+                raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
         boot_id = int.from_bytes(os.urandom(8), "big") >> 1
         files = tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
         client_tls = ClientTls(files) if files is not None else None
@@ -106,7 +118,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,
                  host_simulated=inventory.host_simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s,
-                 advertise_address=inventory.advertise_address, task_port_range=cfg.task_port_range)
+                 advertise_address=inventory.advertise_address, task_port_range=cfg.task_port_range,
+                 metrics_listen=cfg.metrics_listen)
 
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:
             loop.call_soon_threadsafe(outbox.add_sample, sample)
@@ -128,6 +141,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             await asyncio.to_thread(sampler_thread.join, 5)
             await runtime.shutdown()
             await asyncio.to_thread(pump.stop)
+            if metrics_server is not None:
+                await asyncio.to_thread(metrics_server.shutdown)
             log.info("agent_stopped", pending_events=outbox.pending_events, dropped_samples=outbox.dropped_total)
     finally:
         gpus.close()

@@ -4,7 +4,8 @@ The GPU backend (NVML or simulated) is chosen once, at start-up, by
 :func:`open_gpu_backend`; its handles stay open for the life of the process. Each tick
 the sampler times every collector, logs ``collector``/``duration_s``/``ok``, keeps going
 when one fails, attributes GPU usage to tasks and hands one ``types_pb2.TelemetrySample``
-to a callback.
+to a callback. The latest tick (its sample and how each collector did) stays readable from
+other threads through :attr:`Sampler.latest`, for the agent's ``/metrics``.
 
 Example::
 
@@ -22,7 +23,8 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -55,7 +57,9 @@ from common.topology import SIMULATED_TOPOLOGIES
 
 __all__ = [
     "BACKENDS",
+    "CollectorRun",
     "Sampler",
+    "SamplerState",
     "attribute_gpu_usage",
     "build_sampler",
     "choose_host_shape",
@@ -198,6 +202,31 @@ def choose_host_shape(gpus: GpuBackend, simulate_host: str, log: Log) -> HostSha
     return shape
 
 
+@dataclass(frozen=True, slots=True)
+class CollectorRun:
+    """How one collector did on a tick."""
+
+    name: str
+    ok: bool
+    """False when it raised (anything but NoData, which is a tick with nothing to report)."""
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerState:
+    """The latest tick as a whole, replaced (never changed) once per tick so another thread reads
+    one consistent tick."""
+
+    sample: types_pb2.TelemetrySample
+    """The tick's sample, as emitted; readers must not change it."""
+    collectors: tuple[CollectorRun, ...]
+    """Every collector of the tick, in the order they ran (the GPU backend first)."""
+    samples_total: int
+    """Ticks sampled since the sampler was built."""
+    failures_total: Mapping[str, int]
+    """Ticks each collector failed since the sampler was built (collectors that never failed: absent)."""
+
+
 class Sampler:
     """Reads the GPU backend and the other collectors once per tick.
 
@@ -234,6 +263,9 @@ class Sampler:
         self._failing: dict[str, str] = {}
         self._task_energy_j: dict[str, float] = {}
         self._last_tick: float | None = None
+        self._failures_total: dict[str, int] = {}
+        self._samples_total = 0
+        self._latest: SamplerState | None = None
 
     @property
     def backend(self) -> str:
@@ -255,6 +287,11 @@ class Sampler:
         """The backend, for power limits and (when simulated) task placement."""
         return self._gpus
 
+    @property
+    def latest(self) -> SamplerState | None:
+        """The latest tick, None before the first; safe to read from any thread."""
+        return self._latest
+
     def inventory(self) -> list[types_pb2.GpuInfo]:
         """The GPUs for ``NodeInventory.gpus``, with current power limits."""
         return [d.to_proto() for d in self._gpus.devices()]
@@ -265,8 +302,9 @@ class Sampler:
         host: HostReading | None = None
         cpu_power_w: float | None = None
         task_qos: list[TaskQosReading] = []
+        runs: list[CollectorRun] = []
         for collector in self._collectors:
-            for reading in self._run(collector):
+            for reading in self._run(collector, runs):
                 if isinstance(reading, GpuReading):
                     gpus.append(reading)
                 elif isinstance(reading, HostReading):
@@ -280,8 +318,11 @@ class Sampler:
         self._last_tick = tick
         if host is not None:
             host = dataclasses.replace(host, tasks=self._with_energy(attribute_gpu_usage(host.tasks, gpus), elapsed))
-        return telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated,
-                                  task_qos=task_qos)
+        sample = telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated,
+                                    task_qos=task_qos)
+        self._samples_total += 1
+        self._latest = SamplerState(sample, tuple(runs), self._samples_total, dict(self._failures_total))
+        return sample
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
         """Sample every ``interval_s`` until ``stop`` is set, passing each sample to ``emit``.
@@ -309,21 +350,26 @@ class Sampler:
                 close()
         self._gpus.close()
 
-    def _run(self, collector: Collector) -> Sequence[Sample]:
-        """One collector's readings; an empty list when it had nothing or failed."""
+    def _run(self, collector: Collector, runs: list[CollectorRun]) -> Sequence[Sample]:
+        """One collector's readings; an empty list when it had nothing or failed. Appends how it did to ``runs``."""
         start = self._clock()
         try:
             readings = collector.collect()
         except NoData as e:
             duration_s = self._clock() - start
+            runs.append(CollectorRun(collector.name, True, duration_s))
             self._log.debug(
                 "collector_had_no_data", collector=collector.name, duration_s=duration_s, ok=True, reason=str(e)
             )
             return []
         except Exception as e:  # the loop must outlive any collector bug
-            self._report_failure(collector.name, e, self._clock() - start)
+            duration_s = self._clock() - start
+            runs.append(CollectorRun(collector.name, False, duration_s))
+            self._failures_total[collector.name] = self._failures_total.get(collector.name, 0) + 1
+            self._report_failure(collector.name, e, duration_s)
             return []
         duration_s = self._clock() - start
+        runs.append(CollectorRun(collector.name, True, duration_s))
         if self._failing.pop(collector.name, None) is not None:
             self._log.info("collector_recovered", collector=collector.name, duration_s=duration_s, ok=True)
         else:
