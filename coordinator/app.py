@@ -178,6 +178,7 @@ class App:
     usage: UsageDuty
     queues: LeaderQueues
     queue_admin: QueueAdmin
+    elastic: ElasticAllocator
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -289,7 +290,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                   creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
-              usage=usage)
+              usage=usage, elastic=elastic)
     metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
     quarantine.listener = app.on_quarantined
     return app

@@ -26,7 +26,6 @@ after the grace, when none does), so it runs exactly once and no GPU is held twi
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -39,12 +38,12 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.resources import ResourceMonitor
-from coordinator.profiler.elastic_spec import elastic_range
+from coordinator.profiler.elastic_spec import curve_of, elastic_range
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.qos.preemption import started_s
 from coordinator.tasks import TaskTable
 
-__all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator", "curve_of", "elastic_gpus"]
+__all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator", "elastic_gpus"]
 
 WARMUP_S = 20.0
 """Throughput readings in the first seconds after a start are not its speed."""
@@ -58,13 +57,6 @@ _PLACED = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState
 def elastic_gpus(task: types_pb2.Task) -> int:
     """GPUs its allocation holds."""
     return sum(len(na.gpu_indices) for na in task.allocation.nodes)
-
-
-def curve_of(task: types_pb2.Task) -> SpeedupCurve:
-    """The speed-up curve stored with a task (values that are not positive and finite are dropped)."""
-    pts = {p.gpus: p.throughput for p in task.elastic.curve
-           if 0 < p.gpus <= 4096 and math.isfinite(p.throughput) and p.throughput > 0}
-    return SpeedupCurve(tuple(sorted(pts.items())))
 
 
 class ElasticAllocator:

@@ -305,6 +305,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             task.qos_reading.CopyFrom(reading.to_proto())
         if task.state not in TERMINAL_STATES:
             task.energy_j += self._app.monitor.task_energy.current(task_id)   # so far; stored when it ends
+            if task.spec.HasField("elastic") and self._app.leadership.leading:
+                # The curve learned so far (stored only with each resize).
+                del task.elastic.curve[:]
+                task.elastic.curve.extend(types_pb2.ElasticPoint(gpus=n, throughput=t)
+                                          for n, t in self._app.elastic.curve(task).points)
         return task
 
     @_rpc

@@ -11,6 +11,7 @@ from coordinator.adaptor.services import ServiceController
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Reconciler
 from coordinator.dispatch.logs import LogRelay
+from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import NodeRegistry, ResourceMonitor
 from coordinator.nodes import NodeService
@@ -60,3 +61,4 @@ class AdminDeps(Protocol):
     supervisor: Supervisor
     usage: UsageDuty
     queue_admin: QueueAdmin
+    elastic: ElasticAllocator

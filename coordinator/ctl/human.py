@@ -323,6 +323,8 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
     ]
     if d.get("qos_reading") is not None:
         lines.append(f"qos           {escape(qos_line(d['qos_reading']))}")
+    if d.get("elastic") is not None:
+        lines += elastic_lines(d["elastic"], now)
     if d.get("parts"):
         if d.get("master_port"):
             lines.append(f"rendezvous    port {d['master_port']} on rank 0")
@@ -332,6 +334,22 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
     if d["log_tail"]:
         lines += ["log tail:", escape(d["log_tail"].rstrip(), keep_newlines=True)]
     return "\n".join(lines)
+
+
+def elastic_lines(e: Mapping[str, Any], now: Callable[[], float] = time.time) -> list[str]:
+    """An elastic task's range, size, resizes and learned curve (``gptrmctl tasks TASK``)."""
+    size = f"{e['gpus']} GPU(s) now" if e["gpus"] else "none held now"
+    lines = [f"elastic       {e['min_gpus']}:{e['max_gpus']} GPUs, {size}, next placement aims at {e['target_gpus']}",
+             f"resizes       {e['resizes']}" + (f", last {age(e['last_resize_unix_s'], now)} ago: "
+                                                f"{escape(e['resize_reason'])}" if e["last_resize_unix_s"] else "")
+             + (f"  (restart cost {e['restart_cost_s']:.0f} s measured)" if e.get("restart_cost_s") else "")]
+    unit = escape(e["throughput_counter"]) + "/s" if e["throughput_counter"] else "busy GPUs"
+    if e["curve"]:
+        lines.append("speed-up      " + ", ".join(f"{p['gpus']} GPU(s) {p['throughput']:.4g} {unit} "
+                                                  f"(×{p['speedup']:.2f})" for p in e["curve"]))
+    else:
+        lines.append("speed-up      not measured yet")
+    return lines
 
 
 def qos_line(reading: dict[str, Any] | None) -> str:

@@ -13,6 +13,7 @@ from common.power_states import power_label
 from common.topology import format_cpu_list, link_code
 from common.types import DEFAULT_THRESHOLD_MODE, TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
+from coordinator.profiler.elastic_spec import curve_of, elastic_range
 
 __all__ = ["dump_json", "enum_label", "event_dict", "log_chunk_dict", "node_dict", "policy_dict", "status_dict",
            "task_dict"]
@@ -157,6 +158,28 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "queue": t.queue or "default",
         "submitted_by": t.submitted_by,
         "borrowed_gpus": t.borrowed_gpus,
+        "elastic": elastic_dict(t),
+    }
+
+
+def elastic_dict(t: types_pb2.Task) -> dict[str, Any] | None:
+    """An elastic task's range, size, resizes and learned curve (None for a task of fixed size)."""
+    if not t.spec.HasField("elastic"):
+        return None
+    rng = elastic_range(t.spec)
+    assert rng is not None
+    e = t.elastic
+    curve = curve_of(t)
+    return {
+        "min_gpus": rng.minimum, "max_gpus": rng.maximum,
+        "gpus": sum(len(n.gpu_indices) for n in t.allocation.nodes),
+        "target_gpus": e.target_gpus or rng.maximum,
+        "resizes": e.resizes, "resize_reason": e.resize_reason,
+        "last_resize_unix_s": e.last_resize_unix_s or None,
+        "restart_cost_s": e.restart_cost_s or None,
+        "throughput_counter": t.spec.elastic.throughput_counter,
+        "curve": [{"gpus": n, "throughput": tp, "speedup": curve.speedup(n)} for n, tp in curve.points],
+        "history": [proto_dict(h) for h in e.history],
     }
 
 

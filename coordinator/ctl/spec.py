@@ -29,11 +29,19 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="model_name", help="model name (the profiler learns per name)")
     p.add_argument("--params-b", type=float, help="model parameters, billions")
     p.add_argument("--precision", help="fp32 | bf16 | fp16 | fp8 | int8 | int4")
-    p.add_argument("--gpus", type=float, help="explicit GPUs per node (overrides the profile)")
+    p.add_argument("--gpus", metavar="N|MIN:MAX",
+                   help="explicit GPUs per node (overrides the profile); MIN:MAX makes a training task elastic: it "
+                        "runs at any size of the range on one node, grown into idle GPUs and shrunk for waiting "
+                        "work by checkpoint-restart")
     p.add_argument("--gpu-mem-gib", type=float, help="explicit GPU memory per GPU, GiB")
     p.add_argument("--cpu", type=float, help="explicit CPU cores")
     p.add_argument("--mem-gib", type=float, help="explicit host memory, GiB")
-    p.add_argument("--nodes", type=int, help="gang size (nodes)")
+    p.add_argument("--nodes", metavar="N|MIN:MAX",
+                   help="gang size (nodes); MIN:MAX makes a multi-node training task elastic in whole nodes of "
+                        "--gpus GPUs each")
+    p.add_argument("--throughput-counter", metavar="METRIC",
+                   help="elastic tasks: the Prometheus counter on --metrics-port that measures its progress "
+                        "(samples, tokens); default: GPU utilization × GPUs")
     p.add_argument("--launcher", choices=("torchrun",),
                    help="run the command under torchrun with the task's nodes, rank, GPUs and rendezvous "
                         "(torchrun --nnodes ... --master-port ... -- ARGV)")
@@ -112,16 +120,25 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
                                ("precision", args.precision)) if v is not None}
     if model:
         d["model"] = model
-    demand = {k: v for k, v in (("gpus", args.gpus),
+    gpus, nodes = _range(args.gpus, "--gpus", float), _range(args.nodes, "--nodes", int)
+    elastic = _elastic_from_args(gpus, nodes, args.throughput_counter)
+    if elastic:
+        d["elastic"] = elastic
+        if "min_nodes" in elastic and gpus is not None:
+            d["gpus_per_node"] = int(gpus[0])
+        gpus = (elastic.get("min_gpus", gpus[0] if gpus else None), None)
+        nodes = None
+    demand = {k: v for k, v in (("gpus", gpus[0] if gpus else None),
                                 ("gpu_mem_bytes", _gib(args.gpu_mem_gib, "--gpu-mem-gib")),
                                 ("cpu_cores", args.cpu),
                                 ("mem_bytes", _gib(args.mem_gib, "--mem-gib"))) if v is not None}
     if demand:
         d["demand"] = demand
-        if args.gpus is not None and 0 < args.gpus < 1:
+        if gpus and gpus[0] is not None and 0 < gpus[0] < 1:
             d["allow_gpu_sharing"] = True
-    for key, value in (("nodes", args.nodes), ("priority", args.priority), ("restart_policy", args.restart_policy),
-                       ("max_restarts", args.max_restarts), ("stop_grace_s", args.stop_grace_s)):
+    for key, value in (("nodes", nodes[0] if nodes else None), ("priority", args.priority),
+                       ("restart_policy", args.restart_policy), ("max_restarts", args.max_restarts),
+                       ("stop_grace_s", args.stop_grace_s)):
         if value is not None:
             d[key] = value
     _qos_from_args(args, d)
@@ -136,6 +153,44 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
     if args.queue is not None:
         d["queue"] = args.queue
     return _parse(d, "flags")
+
+
+def _range(text: str | None, flag: str, kind: type) -> tuple[Any, Any] | None:
+    """``N`` → ``(N, None)``, ``MIN:MAX`` → ``(MIN, MAX)``; None when the flag was not given."""
+    if text is None:
+        return None
+    lo, sep, hi = text.partition(":")
+    try:
+        low = kind(lo)
+        high = kind(hi) if sep else None
+    except ValueError:
+        raise CtlError(f"submit: {flag}: expected N or MIN:MAX, got {text[:64]!r}", EXIT_USAGE) from None
+    if not math.isfinite(low) or low < 0 or (high is not None and (high < 0 or not math.isfinite(high))):
+        raise CtlError(f"submit: {flag}: must be finite and not negative, got {text[:64]!r}", EXIT_USAGE)
+    return low, high
+
+
+def _elastic_from_args(gpus: tuple[Any, Any] | None, nodes: tuple[Any, Any] | None,
+                       counter: str | None) -> dict[str, Any]:
+    """``elastic`` of the spec from ``--gpus MIN:MAX`` or ``--nodes MIN:MAX`` (the coordinator checks the values)."""
+    if gpus is not None and gpus[1] is not None:
+        if nodes is not None and nodes[1] is not None:
+            raise CtlError("submit: give --gpus MIN:MAX (one node) or --nodes MIN:MAX, not both", EXIT_USAGE)
+        if gpus[0] != int(gpus[0]) or gpus[1] != int(gpus[1]):
+            raise CtlError("submit: --gpus MIN:MAX: whole GPUs only", EXIT_USAGE)
+        out: dict[str, Any] = {"min_gpus": int(gpus[0]), "max_gpus": int(gpus[1])}
+    elif nodes is not None and nodes[1] is not None:
+        if gpus is None or gpus[0] < 1 or gpus[0] != int(gpus[0]):
+            raise CtlError("submit: --nodes MIN:MAX needs --gpus N (whole GPUs on each node)", EXIT_USAGE)
+        out = {"min_nodes": nodes[0], "max_nodes": nodes[1]}
+    else:
+        if counter is not None:
+            raise CtlError("submit: --throughput-counter is for elastic tasks (--gpus MIN:MAX or --nodes MIN:MAX)",
+                           EXIT_USAGE)
+        return {}
+    if counter is not None:
+        out["throughput_counter"] = counter
+    return out
 
 
 def _qos_from_args(args: argparse.Namespace, d: dict[str, Any]) -> None:

@@ -11,12 +11,14 @@ checkpoint-restart, so the task must be restartable from its checkpoints; sharin
 
 from __future__ import annotations
 
-from common.elastic import ElasticRange
+import math
+
+from common.elastic import ElasticRange, SpeedupCurve
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.qos import metric_name_problem
 
-__all__ = ["MAX_ELASTIC_GPUS", "elastic_range", "is_elastic", "metrics_mapping_of", "validate_elastic"]
+__all__ = ["MAX_ELASTIC_GPUS", "curve_of", "elastic_range", "is_elastic", "metrics_mapping_of", "validate_elastic"]
 
 MAX_ELASTIC_GPUS = 4096
 _KINDS = (types_pb2.TASK_KIND_TRAINING, types_pb2.TASK_KIND_FINE_TUNING)
@@ -101,3 +103,10 @@ def metrics_mapping_of(spec: types_pb2.TaskSpec) -> types_pb2.MetricsMapping:
         mapping.tokens_counter = spec.elastic.throughput_counter
         mapping.flavour = mapping.flavour or "custom"
     return mapping
+
+
+def curve_of(task: types_pb2.Task) -> SpeedupCurve:
+    """The speed-up curve stored with a task (values that are not positive and finite are dropped)."""
+    pts = {p.gpus: p.throughput for p in task.elastic.curve
+           if 0 < p.gpus <= 4096 and math.isfinite(p.throughput) and p.throughput > 0}
+    return SpeedupCurve(tuple(sorted(pts.items())))
