@@ -17,8 +17,9 @@ The rules, pure and shared by the leader (:mod:`coordinator.elastic`) and the si
   no higher priority, never below their minimum, from the node where that loses the least
   speed-up; the job restarts at the smaller size.
 - **Grow** (:func:`plan_grows`): when no task is waiting, idle GPUs go to running elastic jobs by
-  marginal speed-up per GPU, and a job grows only when what it gains over the hysteresis interval
-  beats the restart: ``interval × (1 − T(now)/T(new)) > restart cost``. A grow only ever uses GPUs
+  marginal speed-up per GPU, and a job grows only when the time it saves beats the restart:
+  ``horizon × (1 − T(now)/T(new)) > restart cost``, the horizon being its remaining run time when known
+  (the profiler's estimate; the trace's in the simulator), else an hour. A grow only ever uses GPUs
   of nodes that are up: the caller passes idle GPUs of ready nodes only, so a grow never wakes a
   powered-off node.
 
@@ -39,14 +40,16 @@ from typing import Protocol
 
 from common.domain import NodeSnapshot, Placement, Rejection, Request
 
-__all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT", "ElasticJob",
-           "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "idle_gpus", "node_accepts", "plan_grows",
-           "plan_shrinks", "request_at", "size_placements"]
+__all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT",
+           "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "idle_gpus", "node_accepts",
+           "plan_grows", "plan_shrinks", "request_at", "size_placements"]
 
 DEFAULT_INTERVAL_S = 300.0
 """A job resizes at most once per this many seconds."""
 DEFAULT_RESTART_COST_S = 30.0
 """What a restart costs a job until its own restarts were measured."""
+DEFAULT_HORIZON_S = 3600.0
+"""How long a grown job is assumed to keep running at its new size, when its remaining run time is unknown."""
 PRIOR_EXPONENT = 0.8
 """``T ∝ n^α`` assumed for a job measured at fewer than two sizes (about 1.74× per doubling)."""
 MAX_CURVE_POINTS = 16
@@ -204,6 +207,7 @@ class ElasticJob:
     :param curve: its learned throughput curve.
     :param restart_cost_s: what a restart costs it (measured, else the default).
     :param last_resize_s: when it was last resized (None: never), for the hysteresis.
+    :param remaining_s: its expected remaining run time at its current size (None: unknown).
     """
 
     task_id: str
@@ -214,6 +218,7 @@ class ElasticJob:
     curve: SpeedupCurve = field(default_factory=SpeedupCurve)
     restart_cost_s: float = DEFAULT_RESTART_COST_S
     last_resize_s: float | None = None
+    remaining_s: float | None = None
 
     def settled(self, now: float, interval_s: float) -> bool:
         """Whether its hysteresis allows a resize now."""
@@ -224,19 +229,23 @@ class ElasticJob:
 class ElasticSettings:
     """How the allocator decides.
 
-    :param interval_s: a job resizes at most once per this many seconds (and a grow must pay its restart
-        back within it).
+    :param interval_s: a job resizes at most once per this many seconds.
     :param restart_cost_s: the restart cost assumed for a job whose restarts were not measured yet.
+    :param horizon_s: a grow must pay its restart back within this long (or the job's remaining run time
+        when that is known and shorter).
     """
 
     interval_s: float = DEFAULT_INTERVAL_S
     restart_cost_s: float = DEFAULT_RESTART_COST_S
+    horizon_s: float = DEFAULT_HORIZON_S
 
     def __post_init__(self) -> None:
         if self.interval_s < 0 or not math.isfinite(self.interval_s):
             raise ValueError(f"elastic interval must be ≥ 0 s, got {self.interval_s}")
         if self.restart_cost_s < 0 or not math.isfinite(self.restart_cost_s):
             raise ValueError(f"elastic restart cost must be ≥ 0 s, got {self.restart_cost_s}")
+        if self.horizon_s <= 0 or not math.isfinite(self.horizon_s):
+            raise ValueError(f"elastic horizon must be > 0 s, got {self.horizon_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +396,7 @@ def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], node
 
     A job within one node grows on its own node; a multi-node job grows by whole idle nodes. Among the
     jobs the hysteresis allows, idle GPUs go by marginal speed-up per GPU, and a job grows only when the
-    gain pays for the restart within the interval.
+    time it saves within the horizon (its remaining run time when known) pays for the restart.
 
     :param jobs: the running elastic jobs.
     :param idle_by_node: node id → whole GPUs idle on it (ready nodes only).
@@ -424,8 +433,8 @@ def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], node
         if to is None:
             continue
         # Shrink the grant until it pays its restart back (a smaller step may still).
-        while to is not None and to > j.size and not _pays_back(j.curve, j.size, to, j.restart_cost_s,
-                                                                 settings.interval_s):
+        horizon = settings.horizon_s if j.remaining_s is None else min(settings.horizon_s, j.remaining_s)
+        while to is not None and to > j.size and not _pays_back(j.curve, j.size, to, j.restart_cost_s, horizon):
             to = j.range.down(to)
         if to is None or to <= j.size:
             continue

@@ -256,7 +256,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                           protection_s=cfg.preemption_protection_s, may_preempt=queues.may_preempt)
     elastic = ElasticAllocator(tasks, dispatcher, monitor, events, metrics,
                                ElasticSettings(interval_s=cfg.elastic_interval_s,
-                                               restart_cost_s=cfg.elastic_restart_cost_s))
+                                               restart_cost_s=cfg.elastic_restart_cost_s), profiler)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic)

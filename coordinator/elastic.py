@@ -38,9 +38,11 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.resources import ResourceMonitor
+from coordinator.profiler import Profiler
 from coordinator.profiler.elastic_spec import curve_of, elastic_range
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.qos.preemption import started_s
+from coordinator.qos.watch import remaining_run_s
 from coordinator.tasks import TaskTable
 
 __all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator", "elastic_gpus"]
@@ -68,11 +70,14 @@ class ElasticAllocator:
     :param events: the cluster event log (``resize`` events).
     :param metrics: ``gptrm_elastic_*``.
     :param settings: hysteresis interval and default restart cost.
+    :param profiler: expected run times (a grow must pay its restart back within what is left of it).
     :param now: the clock (unix seconds).
     """
 
     def __init__(self, tasks: TaskTable, dispatcher: Dispatcher, monitor: ResourceMonitor, events: EventBus,
-                 metrics: Metrics, settings: ElasticSettings, now: Callable[[], float] = time.time) -> None:
+                 metrics: Metrics, settings: ElasticSettings, profiler: Profiler | None = None,
+                 now: Callable[[], float] = time.time) -> None:
+        self._profiler = profiler
         self._tasks, self._dispatcher, self._monitor, self._events = tasks, dispatcher, monitor, events
         self._metrics, self.settings, self._now = metrics, settings, now
         self._curves: dict[str, SpeedupCurve] = {}
@@ -108,6 +113,7 @@ class ElasticAllocator:
     def jobs(self) -> list[ElasticJob]:
         """The running elastic tasks as the allocator's rules see them."""
         out: list[ElasticJob] = []
+        now = self._now()
         for task in self._tasks.values():
             if task.state != TaskState.RUNNING or not task.spec.HasField("elastic"):
                 continue
@@ -118,8 +124,14 @@ class ElasticAllocator:
             out.append(ElasticJob(task.id, task.spec.priority, rng, size,
                                   tuple((na.node_id, len(na.gpu_indices)) for na in task.allocation.nodes),
                                   self.curve(task), self.restart_cost_s(task),
-                                  task.elastic.last_resize_unix_s or None))
+                                  task.elastic.last_resize_unix_s or None, self._remaining_s(task, now)))
         return out
+
+    def _remaining_s(self, task: types_pb2.Task, now: float) -> float | None:
+        """What is left of its run time by the profiler's estimate (None: no estimate, or it ran past it)."""
+        expected = self._profiler.expected_run_s(task.spec) if self._profiler is not None else None
+        left = None if expected is None else remaining_run_s(task, expected, now)
+        return left if left else None
 
     # ---- learning -----------------------------------------------------------------------------------
 

@@ -137,3 +137,33 @@ class TestNoModelNoDemand:
         """A named model without its size (and no demand) is still refused: it cannot be profiled."""
         err = _refused(spec_from_mapping({"argv": ["true"], "model": {"name": "llama"}}))
         assert err.field == "spec.model.params_billions"
+
+
+TRAIN: dict[str, Any] = {"name": "train", "kind": "training", "argv": ["train"], "demand": {"gpus": 1}}
+
+
+class TestElasticPart:
+    def _spec(self, **fields: Any) -> types_pb2.TaskSpec:
+        return spec_from_mapping({**TRAIN, **fields})
+
+    def test_a_valid_range_passes(self) -> None:
+        validate_spec(self._spec(elastic={"min_gpus": 1, "max_gpus": 8}), max_gpus_per_node=8)
+        validate_spec(self._spec(elastic={"min_nodes": 1, "max_nodes": 4}, gpus_per_node=8), max_gpus_per_node=8)
+
+    @pytest.mark.parametrize(("fields", "field"), [
+        ({"elastic": {"min_gpus": 0, "max_gpus": 4}}, "spec.elastic.min_gpus"),
+        ({"elastic": {"min_gpus": 4, "max_gpus": 2}}, "spec.elastic.max_gpus"),
+        ({"elastic": {"min_gpus": 1, "max_gpus": 16}}, "spec.elastic.max_gpus"),
+        ({"elastic": {"min_gpus": 1, "max_gpus": 2, "min_nodes": 1, "max_nodes": 2}}, "spec.elastic"),
+        ({"elastic": {"min_nodes": 1, "max_nodes": 2}}, "spec.gpus_per_node"),
+        ({"elastic": {"min_gpus": 1, "max_gpus": 2}, "kind": "inference"}, "spec.elastic"),
+        ({"elastic": {"min_gpus": 1, "max_gpus": 2}, "nodes": 2}, "spec.nodes"),
+        ({"elastic": {"min_gpus": 1, "max_gpus": 2, "throughput_counter": "samples_total"}},
+         "spec.elastic.throughput_counter"),
+        ({"elastic": {"min_gpus": 1, "max_gpus": 2, "throughput_counter": "bad name"}, "metrics_port": 9000},
+         "spec.elastic.throughput_counter"),
+    ])
+    def test_bad_ranges_name_their_field(self, fields: dict[str, Any], field: str) -> None:
+        with pytest.raises(ValidationError) as info:
+            validate_spec(self._spec(**fields), max_gpus_per_node=8)
+        assert info.value.field == field

@@ -1,0 +1,136 @@
+"""Elastic training end to end: real coordinator, agent and task processes on a 4-GPU simulated node.
+
+The elastic task appends one line per start to a marker file — its ``WORLD_SIZE``, ``GPTRM_RESTART_COUNT`` and
+``GPTRM_RESIZE_REASON`` — and exits on its checkpoint signal (SIGUSR1), as a training job that checkpoints would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+
+from common.pb.gptrm.v1 import admin_pb2
+from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, assert_gpus_held_once, wait_until
+
+_INTERVAL_S = "4"   # the hysteresis: short, so that growing back is quick
+
+
+def _submit(c: Cluster, *args: str) -> str:
+    res = c.ctl("-o", "json", "submit", *ROOT_TASKS_SUBMIT, *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["task_id"]
+
+
+def _task(c: Cluster, task_id: str, coordinator: str | None = None) -> dict:
+    res = c.ctl("-o", "json", "tasks", task_id, coordinator=coordinator)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _elastic(c: Cluster, marker: Path, ckpt: Path, checkpoint_s: float = 0.0) -> str:
+    """Submit the 1:4 elastic task; it takes ``checkpoint_s`` to checkpoint after its signal."""
+    script = (f'echo "$WORLD_SIZE|$GPTRM_RESTART_COUNT|$GPTRM_RESIZE_REASON" >> {marker}; '
+              f"trap 'sleep {checkpoint_s}; echo checkpoint >> {ckpt}; exit 0' USR1; while true; do sleep 0.1; done")
+    return _submit(c, "--name", "trainer", "--kind", "training", "--gpus", "1:4", "--gpu-mem-gib", "10",
+                   "--cpu", "0.1", "--stop-grace-s", "3", "--", "sh", "-c", script)
+
+
+def _starts(marker: Path) -> list[tuple[int, int, str]]:
+    """(WORLD_SIZE, GPTRM_RESTART_COUNT, GPTRM_RESIZE_REASON) of each start so far."""
+    if not marker.exists():
+        return []
+    out = []
+    for line in marker.read_text().splitlines():
+        world, count, reason = line.split("|", 2)
+        out.append((int(world), int(count), reason))
+    return out
+
+
+def _running_instances(marker: Path) -> int:
+    """Live processes of the elastic task (its shell names the marker file)."""
+    n = 0
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if len(cmd) >= 3 and cmd[0] == "sh" and str(marker) in cmd[2]:
+            n += 1
+    return n
+
+
+class TestElastic:
+    def test_grows_shrinks_for_a_waiting_task_and_grows_back(self, cluster: Cluster, tmp_path: Path) -> None:
+        """1:4 on an idle 4-GPU node runs at 4; a 2-GPU task arrives: the elastic one is signalled, restarts
+        at 2 and the new task runs, each within 30 s; once it ended, the elastic one grows back to 4."""
+        cluster.start_coordinator("c1", "--elastic-interval", _INTERVAL_S)
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
+        trainer = _elastic(cluster, marker, ckpt)
+        wait_until(lambda: _starts(marker), what="elastic task started")
+        assert _starts(marker) == [(4, 0, "")]   # it took the whole idle node at once, no restart
+        t = _task(cluster, trainer)
+        assert t["elastic"]["gpus"] == 4 and t["elastic"]["min_gpus"] == 1 and t["elastic"]["max_gpus"] == 4
+
+        other = _submit(cluster, "--name", "other", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
+                        "sh", "-c", "sleep 6")
+        wait_until(ckpt.exists, timeout_s=30, what="checkpoint signal to the elastic task")
+        wait_until(lambda: len(_starts(marker)) == 2, timeout_s=30, what="elastic task restarted")
+        world, count, reason = _starts(marker)[1]
+        assert (world, count) == (2, 1) and other in reason
+        wait_until(lambda: _task(cluster, other)["state"] in ("running", "succeeded"), timeout_s=30,
+                   what="the waiting task runs")
+        t = _task(cluster, trainer)
+        assert t["restarts"] == 0 and t["preemptions"] == 0 and t["elastic"]["resizes"] == 1
+
+        wait_until(lambda: _task(cluster, other)["state"] == "succeeded", what="the other task ended")
+        wait_until(lambda: len(_starts(marker)) == 3, timeout_s=60, what="elastic task grew back")
+        world, count, reason = _starts(marker)[2]
+        assert (world, count) == (4, 2) and "idle GPUs" in reason
+        t = wait_until(lambda: (t := _task(cluster, trainer))["state"] == "running" and t, what="running at 4")
+        history = t["elastic"]["history"]
+        assert [(h["from_gpus"], h["to_gpus"]) for h in history] == [(2, 4), (4, 2)]   # latest first
+        # A resize waits out the hysteresis: the grow came at least the interval after the shrink.
+        assert history[0]["time_unix_s"] - history[1]["time_unix_s"] >= float(_INTERVAL_S)
+        events = cluster.ctl("-o", "json", "events").stdout
+        assert '"resize"' in events
+        detail = cluster.ctl("tasks", trainer).stdout
+        assert "elastic       1:4 GPUs" in detail and "resizes       2" in detail
+        assert _running_instances(marker) == 1
+
+    def test_leader_killed_during_a_resize(self, cluster: Cluster, tmp_path: Path) -> None:
+        """The leader killed (-9) while the elastic task is being shrunk: the new leader finishes the resize; the
+        task runs exactly once, at 2 GPUs beside the waiting task, and no GPU is held twice."""
+        flags = ("--task-grace", "3", "--elastic-interval", "600")
+        cluster.start_coordinator("c1", *flags)
+        cluster.wait_leader("c1")
+        cluster.start_coordinator("c2", *flags)
+        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
+        trainer = _elastic(cluster, marker, ckpt, checkpoint_s=2.0)
+        wait_until(lambda: _starts(marker) == [(4, 0, "")], what="elastic task at 4 GPUs")
+        wait_until(lambda: _task(cluster, trainer)["state"] == "running", what="elastic task running")
+        other = _submit(cluster, "--name", "other", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
+                        "sh", "-c", "sleep 600")
+        admin = cluster.admin("c1")
+        wait_until(lambda: admin.GetTask(admin_pb2.GetTaskRequest(task_id=trainer), timeout=5).state == 9,
+                   timeout_s=30, interval_s=0.02, what="resize under way (PREEMPTED)")
+        assert not ckpt.exists()   # still checkpointing
+        cluster.proc("c1").kill()
+        c2 = cluster.address("c2")
+        cluster.wait_leader("c2")
+
+        def settled() -> bool:
+            tasks = list(cluster.admin("c2").ListTasks(admin_pb2.ListTasksRequest(), timeout=10).tasks)
+            assert_gpus_held_once(tasks)
+            states = {t.id: t.state for t in tasks}
+            return states.get(trainer) == 4 and states.get(other) == 4   # both RUNNING
+
+        wait_until(settled, timeout_s=60, what="both running under the new leader")
+        starts = _starts(marker)
+        assert [s[0] for s in starts] == [4, 2]
+        assert _running_instances(marker) == 1
+        t = _task(cluster, trainer, coordinator=c2)
+        assert t["elastic"]["gpus"] == 2 and t["elastic"]["resizes"] == 1
