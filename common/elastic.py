@@ -31,6 +31,7 @@ measured at one size only assumes :data:`PRIOR_EXPONENT`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -71,21 +72,19 @@ class ElasticRange:
     min_gpus: int
     max_gpus: int
     node_gpus: int
+    sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """Every size of the range, ascending."""
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or self.max_gpus < self.min_gpus or self.node_gpus < 1:
             raise ValueError(f"elastic range {self.min_gpus}:{self.max_gpus} (node width {self.node_gpus}) is empty")
+        small = list(range(self.min_gpus, min(self.max_gpus, self.node_gpus) + 1))
+        big = [k * self.node_gpus for k in range(2, self.max_gpus // self.node_gpus + 1)
+               if k * self.node_gpus >= self.min_gpus]
+        object.__setattr__(self, "sizes", tuple(small + big))
         if not self.sizes:
             raise ValueError(f"elastic range {self.min_gpus}:{self.max_gpus} holds no size of whole nodes of "
                              f"{self.node_gpus} GPUs")
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """Every size of the range, ascending."""
-        small = [s for s in range(self.min_gpus, min(self.max_gpus, self.node_gpus) + 1)]
-        big = [k * self.node_gpus for k in range(2, self.max_gpus // self.node_gpus + 1)
-               if k * self.node_gpus >= self.min_gpus]
-        return tuple(small + big)
 
     @property
     def minimum(self) -> int:
@@ -99,11 +98,13 @@ class ElasticRange:
 
     def up(self, size: int) -> int | None:
         """The next size above ``size`` (None at the top)."""
-        return next((s for s in self.sizes if s > size), None)
+        i = bisect.bisect_right(self.sizes, size)
+        return self.sizes[i] if i < len(self.sizes) else None
 
     def down(self, size: int) -> int | None:
         """The next size below ``size`` (None at the bottom)."""
-        return next((s for s in reversed(self.sizes) if s < size), None)
+        i = bisect.bisect_left(self.sizes, size)
+        return self.sizes[i - 1] if i > 0 else None
 
     def clamp(self, size: int) -> int:
         """The largest size of the range not above ``size`` (the minimum when ``size`` is below it)."""
@@ -124,6 +125,21 @@ def request_at(request: Request, rng: ElasticRange, size: int) -> Request:
     return replace(request, demand=demand, nodes=nodes)
 
 
+def _fit_exponent(points: Sequence[tuple[int, float]]) -> float:
+    """Least-squares ``α`` of ``log T = α log n + c`` over the points, within [0, 1] (the prior with fewer than two
+    distinct sizes)."""
+    if len(points) < 2:
+        return PRIOR_EXPONENT
+    xs = [math.log(n) for n, _ in points]
+    ys = [math.log(t) for _, t in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var <= _EPS:
+        return PRIOR_EXPONENT
+    alpha = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
+    return min(1.0, max(0.0, alpha))
+
+
 @dataclass(frozen=True, slots=True)
 class SpeedupCurve:
     """A job's measured throughput by size, and what it predicts for sizes not measured.
@@ -133,6 +149,17 @@ class SpeedupCurve:
     """
 
     points: tuple[tuple[int, float], ...] = ()
+    exponent: float = field(init=False, repr=False, compare=False)
+    """``α`` of the power law ``T ∝ n^α`` fitted to the measured sizes (least squares in log-log), within [0, 1];
+    :data:`PRIOR_EXPONENT` with fewer than two sizes."""
+    _one: float = field(init=False, repr=False, compare=False)
+    _memo: dict[int, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
+        object.__setattr__(self, "exponent", _fit_exponent(self.points))
+        object.__setattr__(self, "_one", 0.0)
+        object.__setattr__(self, "_one", self.throughput(1))
 
     def observe(self, gpus: int, throughput: float) -> SpeedupCurve:
         """The curve with a reading at ``gpus`` folded in (a moving average at a size already measured)."""
@@ -149,23 +176,15 @@ class SpeedupCurve:
             pts.sort()
         return SpeedupCurve(tuple(pts))
 
-    @property
-    def exponent(self) -> float:
-        """``α`` of the power law ``T ∝ n^α`` fitted to the measured sizes (least squares in log-log), within
-        [0, 1]; :data:`PRIOR_EXPONENT` with fewer than two sizes."""
-        if len(self.points) < 2:
-            return PRIOR_EXPONENT
-        xs = [math.log(n) for n, _ in self.points]
-        ys = [math.log(t) for _, t in self.points]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        var = sum((x - mx) ** 2 for x in xs)
-        if var <= _EPS:
-            return PRIOR_EXPONENT
-        alpha = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
-        return min(1.0, max(0.0, alpha))
-
     def throughput(self, gpus: int) -> float:
         """Predicted throughput at ``gpus`` (relative units, ``gpus^α``, when nothing was measured)."""
+        memo = self._memo
+        value = memo.get(gpus)
+        if value is None:
+            value = memo[gpus] = self._predict(gpus)
+        return value
+
+    def _predict(self, gpus: int) -> float:
         pts = self.points
         if gpus < 1:
             return 0.0
@@ -187,7 +206,7 @@ class SpeedupCurve:
 
     def speedup(self, gpus: int) -> float:
         """Throughput at ``gpus`` over throughput at one GPU."""
-        one = self.throughput(1)
+        one = self._one
         return self.throughput(gpus) / one if one > 0 else 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -451,8 +470,9 @@ def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by
 
     For each waiting request in the given order (the queue's), the node (or nodes, for a gang) where its
     GPUs can be found losing the least speed-up: idle GPUs first, then elastic jobs of no higher priority
-    than the request that the hysteresis allows to resize, the job losing the least per GPU first. A job
-    is shrunk once per call, to the smallest size any request needed of it.
+    than the request that the hysteresis allows to resize, the job losing the least per GPU first. Of the
+    nodes that could, the :data:`_OPTIONS` needing the fewest GPUs taken are weighed. A job is shrunk once
+    per call, to the smallest size any request needed of it.
 
     :param waiting: requests left waiting (whole GPUs only; shared fractions are skipped), in queue order.
     :param jobs: the running elastic jobs.
@@ -461,43 +481,26 @@ def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by
     :param settings: the allocator's settings.
     :param accepts: whether a request's constraints allow a node (:func:`node_accepts`).
     """
-    idle = dict(idle_by_node)
     jobs = [j for j in jobs if j.settled(now, settings.interval_s) and j.size > j.range.minimum]
     if not jobs:
         return []
-    size = {j.task_id: j.size for j in jobs}
-    gpus_on: dict[str, dict[str, int]] = {j.task_id: dict(j.nodes) for j in jobs}
-    on_node: dict[str, list[ElasticJob]] = {}
-    for j in jobs:
-        for node_id, _g in j.nodes:
-            on_node.setdefault(node_id, []).append(j)
+    index = _ShrinkIndex(jobs, idle_by_node)
     chosen: dict[str, tuple[int, str]] = {}   # job → (new size, for task)
     for req in waiting:
         need = req.whole_gpus
         if need <= 0:
             continue
-        if req.nodes == 1 and any(free >= need and accepts(req, n) for n, free in idle.items()):
+        free = index.constrained_fit if req.constraint_key is not None else None
+        if req.nodes == 1 and (index.fits_idle(need) if free is None else free(req, need, accepts)):
             continue   # its GPUs are free already: it waits for something else (CPU, memory), not for these
-        options: list[tuple[float, str, dict[str, int]]] = []
-        for node_id, group in on_node.items():
-            if not accepts(req, node_id):
-                continue
-            plan = _free_on(node_id, need - idle.get(node_id, 0), [j for j in group if j.priority <= req.priority],
-                            size, gpus_on)
-            if plan is not None:
-                options.append((plan[0], node_id, plan[1]))
+        options = index.options(req, need, accepts)
         if len(options) < req.nodes:
             continue
         options.sort(key=lambda o: (o[0], o[1]))
         for _loss, node_id, new_sizes in options[: req.nodes]:
-            freed = 0
+            index.take(node_id, need, new_sizes)
             for job_id, new in new_sizes.items():
-                step = size[job_id] - new
-                freed += step
-                size[job_id] = new
-                _take_from(gpus_on[job_id], node_id, step)
                 chosen[job_id] = (new, req.task_id)
-            idle[node_id] = max(0, idle.get(node_id, 0) + freed - need)
     out: list[Resize] = []
     by_id = {j.task_id: j for j in jobs}
     for job_id, (new, for_task) in sorted(chosen.items()):
@@ -506,6 +509,82 @@ def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by
         out.append(Resize(job_id, j.size, new, f"{for_task} is waiting for GPUs: shrinks to {new} "
                           f"(expected throughput ×{ratio:.2f})", ratio, for_task))
     return out
+
+
+_OPTIONS = 16
+"""Nodes weighed per waiting request (those needing the fewest GPUs taken first); the least loss among them wins."""
+
+
+class _ShrinkIndex:
+    """What :func:`plan_shrinks` books as it goes: idle GPUs by node and by count, each job's size and GPUs by
+    node, and an upper bound of what shrinking could free on each node, so a request looks at few nodes."""
+
+    def __init__(self, jobs: Sequence[ElasticJob], idle_by_node: Mapping[str, int]) -> None:
+        self.idle = dict(idle_by_node)
+        self.size = {j.task_id: j.size for j in jobs}
+        self.gpus_on: dict[str, dict[str, int]] = {j.task_id: dict(j.nodes) for j in jobs}
+        self.on_node: dict[str, list[ElasticJob]] = {}
+        self.room: dict[str, int] = {}    # node → at most what shrinking its jobs could free there
+        for j in jobs:
+            for node_id, g in j.nodes:
+                self.on_node.setdefault(node_id, []).append(j)
+                self.room[node_id] = self.room.get(node_id, 0) + min(g, j.size - j.range.minimum)
+        self.idle_count: dict[int, int] = {}       # idle GPUs → nodes with that many
+        for v in self.idle.values():
+            self.idle_count[v] = self.idle_count.get(v, 0) + 1
+        # idle + room → nodes with elastic jobs and that much potential (an insertion-ordered set)
+        self.by_potential: dict[int, dict[str, None]] = {}
+        for node_id in self.on_node:
+            self.by_potential.setdefault(self._potential(node_id), {})[node_id] = None
+
+    def _potential(self, node_id: str) -> int:
+        return self.idle.get(node_id, 0) + self.room.get(node_id, 0)
+
+    def fits_idle(self, need: int) -> bool:
+        """Whether some node has ``need`` idle GPUs."""
+        return any(v >= need and n > 0 for v, n in self.idle_count.items())
+
+    def constrained_fit(self, req: Request, need: int, accepts: Callable[[Request, str], bool]) -> bool:
+        """Whether some node the request accepts has ``need`` idle GPUs."""
+        return any(v >= need and accepts(req, n) for n, v in self.idle.items())
+
+    def options(self, req: Request, need: int,
+                accepts: Callable[[Request, str], bool]) -> list[tuple[float, str, dict[str, int]]]:
+        """Up to :data:`_OPTIONS` (more for a gang) nodes where the request's GPUs can be found, with the speed-up
+        lost and the shrinks: nodes with the most to give first."""
+        want = max(_OPTIONS, 2 * req.nodes)
+        out: list[tuple[float, str, dict[str, int]]] = []
+        for potential in sorted((p for p in self.by_potential if p >= need), reverse=True):
+            for node_id in self.by_potential[potential]:
+                short = need - self.idle.get(node_id, 0)
+                if not accepts(req, node_id):
+                    continue
+                group = [j for j in self.on_node[node_id] if j.priority <= req.priority]
+                plan = _free_on(node_id, short, group, self.size, self.gpus_on)
+                if plan is not None:
+                    out.append((plan[0], node_id, plan[1]))
+                    if len(out) >= want:
+                        return out
+        return out
+
+    def take(self, node_id: str, need: int, new_sizes: Mapping[str, int]) -> None:
+        """Book a request placed on a node with these shrinks."""
+        freed = 0
+        for job_id, new in new_sizes.items():
+            step = self.size[job_id] - new
+            freed += step
+            self.size[job_id] = new
+            _take_from(self.gpus_on[job_id], node_id, step)
+        if node_id in self.on_node:
+            self.by_potential.get(self._potential(node_id), {}).pop(node_id, None)
+        self.room[node_id] = max(0, self.room.get(node_id, 0) - freed)
+        old = self.idle.get(node_id, 0)
+        new_idle = max(0, old + freed - need)
+        self.idle[node_id] = new_idle
+        self.idle_count[old] = self.idle_count.get(old, 1) - 1
+        self.idle_count[new_idle] = self.idle_count.get(new_idle, 0) + 1
+        if node_id in self.on_node:
+            self.by_potential.setdefault(self._potential(node_id), {})[node_id] = None
 
 
 def _take_from(gpus: dict[str, int], node_id: str, freed: int) -> None:

@@ -81,13 +81,16 @@ class ElasticAllocator:
         self._tasks, self._dispatcher, self._monitor, self._events = tasks, dispatcher, monitor, events
         self._metrics, self.settings, self._now = metrics, settings, now
         self._curves: dict[str, SpeedupCurve] = {}
+        self._ranges: dict[str, ElasticRange | None] = {}   # a task's spec never changes
         self._log = get_logger("elastic")
 
     # ---- what the cycle asks ----------------------------------------------------------------------
 
     def range(self, task: types_pb2.Task) -> ElasticRange | None:
         """The sizes a task may run at (None: not elastic)."""
-        return elastic_range(task.spec)
+        if task.id not in self._ranges:
+            self._ranges[task.id] = elastic_range(task.spec)
+        return self._ranges[task.id]
 
     def curve(self, task: types_pb2.Task) -> SpeedupCurve:
         """Its learned curve (this leader's readings on top of what was stored)."""
@@ -157,6 +160,8 @@ class ElasticAllocator:
                 self._curves[task.id] = self.curve(task).observe(size, rate)
         for task_id in [t for t in self._curves if t not in live]:
             del self._curves[task_id]
+        for task_id in [t for t in self._ranges if self._tasks.find(t) is None]:
+            del self._ranges[task_id]
         self._metrics.elastic_tasks.set(placed)
         self._metrics.elastic_gpus.labels("minimum").set(minimum)
         self._metrics.elastic_gpus.labels("extra").set(extra)
