@@ -4,12 +4,15 @@
 imports, each with its importer (the tree's nesting). The test venv has every extra installed, so
 an optional import by a library the agent uses still shows up: structlog imports rich when it is
 installed (for its console renderer and tracebacks). That import is allowed; an agent-only install has no
-rich, and the second test hides the extras' packages as such an install would and checks the agent
-still imports.
+rich, and the other tests hide the extras' packages as such an install would: the agent still
+imports and loads its config, and, started and sampling, loads none of them and its own code never
+tries to.
 """
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +95,47 @@ def test_agent_imports_with_the_extras_absent() -> None:
     modules = set(res.stdout.split())
     assert "agent.daemon" in modules
     assert not {m for m in modules if m.split(".")[0] in FORBIDDEN}
+
+
+RUN = """
+import importlib.abc, json, os, sys, threading, traceback
+HIDDEN = {hidden!r}
+ROOT = {root!r}
+attempts = []
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HIDDEN:
+            frames = [f.filename for f in traceback.extract_stack()[:-1] if "importlib" not in f.filename]
+            attempts.append([name, frames[-1] if frames else "?"])
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, Hide())
+def report():
+    print(json.dumps({{"attempts": attempts, "modules": sorted(sys.modules)}}), flush=True)
+    os._exit(0)
+threading.Timer({seconds}, report).start()
+from agent.daemon import main
+main(sys.argv[1:])
+"""
+
+
+def test_running_agent_imports_no_extra(tmp_path: Path) -> None:
+    """The agent started (simulated GPUs, a few samples, reconnecting to a closed port) with the extras' packages
+    unimportable: no module of an extra is loaded, and no gptrm module so much as tries one (an optional import
+    inside a library, structlog's of rich, is that library's business)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hidden = sorted(set(FORBIDDEN) - {"coordinator"} | {"grpc_health", "grpc_reflection", "jsonschema"})
+    code = RUN.format(hidden=hidden, root=str(ROOT), seconds=3.0)
+    argv = ["--insecure", "--coordinator", f"127.0.0.1:{port}", "--gpu-backend", "simulated", "--interval", "0.2",
+            "--state-dir", str(tmp_path / "state"), "--runtime", "process", "--log-level", "error"]
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout.splitlines()[-1])
+    modules = set(report["modules"])
+    assert {"agent.daemon", "agent.stream", "grpc"} <= modules
+    assert not {m for m in modules if m.split(".")[0] in FORBIDDEN}
+    ours = [(name, where) for name, where in report["attempts"]
+            if Path(where).resolve().is_relative_to(ROOT) and "site-packages" not in where]
+    assert not ours, f"gptrm code tried to import a package of an extra: {ours}"
