@@ -11,7 +11,8 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
   once the provider accepted it is *off* as soon as its agent is silent. A node that got work
   meanwhile, or a provider failure, returns it to *ready* (its last safe state: it is still on).
 - **A power-off that did not happen**: a node whose agent still streams ``--power-off-grace``
-  seconds after the provider accepted its power-off (the same stream, never silent) is reported
+  seconds after the provider accepted its power-off (the same stream, never silent: heard from
+  within three heartbeat intervals, :meth:`NodeRegistry.stream_live`) is reported
   once (a ``power`` event, ``gptrm_adaptor_power_off_ignored_total``) and goes back to *ready*: it
   is on and takes work. It is not powered off again before ``--power-off-retry`` seconds, a wait
   that doubles with each further ignored power-off (up to ``--power-off-retry-max``) and is
@@ -269,7 +270,7 @@ class PowerManager:
         if power_label(entry.record.power_state) != "powering-off":
             await self._set(entry, PS.NODE_POWER_STATE_POWERING_OFF, reason)
         result = await self._request("power_off", entry.node_id, reason)
-        if result.ok and self._off_grace_s is not None and entry.connected:
+        if result.ok and self._off_grace_s is not None and self._registry.stream_live(entry):
             # Accepted; it is off once its agent falls silent (_await_silence), which a shutdown takes a while.
             self._off_accepted[entry.node_id] = (self._now(), entry.stream_id)
         elif result.ok:
@@ -287,7 +288,7 @@ class PowerManager:
         async with self._locks.hold(f"power-{node_id}"):
             if power_label(entry.record.power_state) != "powering-off":
                 self._off_accepted.pop(node_id, None)
-            elif not entry.connected or entry.stream_id != stream_id:
+            elif not self._registry.stream_live(entry) or entry.stream_id != stream_id:
                 self._off_accepted.pop(node_id, None)
                 self._off_backoff.pop(node_id, None)
                 await self._set(entry, PS.NODE_POWER_STATE_OFF, "agent silent after power-off")

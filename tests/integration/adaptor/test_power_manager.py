@@ -70,6 +70,8 @@ class Rig:
                 await self.app.power_manager.step()
                 accepted = self.app.power_manager._off_accepted
                 for entry in self.app.registry:   # the provider's power-off ends the node's stream
+                    if entry.node_id in self.streaming_on:
+                        self.app.registry.heartbeat(entry)
                     if entry.connected and entry.node_id not in self.streaming_on and (
                             entry.node_id in accepted or power_label(entry.record.power_state) == "off"):
                         self.app.registry.disconnect(entry.node_id, entry.stream_id)
