@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# .venv serves `make run` (coordinator + agent) and `make test` (every extra and the test tools).
+VENV_EXTRAS ?= all,dev
 
 .PHONY: run test test-faults proto proto-check lint typecheck bench soak clean venv install uninstall
 
@@ -11,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[$(VENV_EXTRAS)]'
 	touch $(STAMP)
 
 ## run: embedded etcd + coordinator + one local agent (simulated GPUs unless NVML works), in the foreground
@@ -52,15 +54,17 @@ clean:
 
 ## install: (root) the package in its own venv under $(PREFIX), units, example configs (never
 ## overwritten), system users. DESTDIR=... stages the tree without root and creates no users.
+## EXTRAS= (empty) installs the agent only (a GPU host); the default adds gptrm-coordinator and gptrmctl.
 DESTDIR   ?=
 PREFIX    ?= /opt/gptrm
 UNITDIR   ?= /etc/systemd/system
 CONFDIR   ?= /etc/gptrm
 SYSUSERSDIR ?= /usr/lib/sysusers.d
 PIP_ARGS  ?=
+EXTRAS    ?= coordinator,ctl
 install:
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)/venv
-	$(DESTDIR)$(PREFIX)/venv/bin/python -m pip install --quiet $(PIP_ARGS) .
+	$(DESTDIR)$(PREFIX)/venv/bin/python -m pip install --quiet $(PIP_ARGS) '.$(if $(EXTRAS),[$(EXTRAS)])'
 	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/README.md
 	install -D -m 0644 systemd/gptrm-coordinator.service $(DESTDIR)$(UNITDIR)/gptrm-coordinator.service
 	install -D -m 0644 systemd/gptrm-agent.service $(DESTDIR)$(UNITDIR)/gptrm-agent.service

@@ -244,7 +244,10 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                  idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
                                  fit=lambda: snapshots.fit(tasks.values(), policy.current.threshold,
                                                            threshold_mode(policy.current)),
-                                 on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc())
+                                 on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc(),
+                                 power_off_grace_s=cfg.power_off_grace_s, power_off_retry_s=cfg.power_off_retry_s,
+                                 power_off_retry_max_s=cfg.power_off_retry_max_s,
+                                 on_power_off_ignored=metrics.power_off_ignored.inc)
     queues = LeaderQueues(state, registry)
     usage = UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
                       tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),

@@ -118,6 +118,14 @@ class CoordinatorConfig:
     spare_nodes: int = option(1, "idle nodes kept powered on", check=non_negative)
     wake_timeout_s: float = option(300.0, "seconds a woken node may take to register before the wake is retried",
                                    flag="wake_timeout", check=positive)
+    power_off_grace_s: float = option(300.0, "seconds a node's agent may go on streaming after the provider accepted "
+                                      "its power-off (its shutdown time) before the power-off counts as ignored",
+                                      flag="power_off_grace", check=positive)
+    power_off_retry_s: float = option(600.0, "seconds before a node whose power-off was ignored is powered off "
+                                      "again; doubles with each further ignored power-off", flag="power_off_retry",
+                                      check=positive)
+    power_off_retry_max_s: float = option(14400.0, "longest wait before powering off again a node that ignored "
+                                          "its power-offs, seconds", flag="power_off_retry_max", check=positive)
     power_capping: str = option("off", "lower GPU power limits where the work gains little from power and its QoS "
                                 "allows", choices=("off", "on"))
     power_cap_interval_s: float = option(30.0, "least seconds between a GPU's power-limit change and its next "

@@ -8,8 +8,15 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
   the ``--spare-nodes`` idle nodes kept on, and usable by no pending task (a pending task that fits on
   none of the idle nodes keeps none of them on), goes *draining* (nothing new lands on it), is confirmed
   idle after one more scheduling period, goes *powering-off* and is handed to the node provider;
-  once the provider accepted it is *off*. A node that got work meanwhile, or a provider failure,
-  returns it to *ready* (its last safe state: it is still on).
+  once the provider accepted it is *off* as soon as its agent is silent. A node that got work
+  meanwhile, or a provider failure, returns it to *ready* (its last safe state: it is still on).
+- **A power-off that did not happen**: a node whose agent still streams ``--power-off-grace``
+  seconds after the provider accepted its power-off (the same stream, never silent: heard from
+  within three heartbeat intervals, :meth:`NodeRegistry.stream_live`) is reported
+  once (a ``power`` event, ``gptrm_adaptor_power_off_ignored_total``) and goes back to *ready*: it
+  is on and takes work. It is not powered off again before ``--power-off-retry`` seconds, a wait
+  that doubles with each further ignored power-off (up to ``--power-off-retry-max``) and is
+  forgotten once a power-off of the node takes effect. So a node is shown *off* only while silent.
 - **Scale-out**: when the scheduler could not place a pending task (the cycle's rejection hook),
   and the ready nodes cannot hold it but off nodes would (fitting as the placement filter itself
   decides, :class:`~coordinator.scheduler.snapshot.NodeFit`: constraints, every dimension at or under
@@ -23,7 +30,8 @@ Every change is a fenced write of the node record, made under the node's etcd lo
 (``locks/power-<node>``), published as a ``power`` event and logged. After a leader change the
 new leader resumes from the stored states: *draining* rolls back to *ready*, *powering-off* is
 handed to the provider again (or rolled back when the node got work), *powering-on* waits for
-the agent with a fresh deadline. A node whose power state is not ready is never schedulable, and
+the agent with a fresh deadline; a power-off accepted by the old leader but not yet silent is
+asked for again. A node whose power state is not ready is never schedulable, and
 an absent stream of a node that is off or switching is expected: it never becomes ``lost``.
 """
 
@@ -101,6 +109,12 @@ class PowerManager:
     :param fit: called once per step for a :data:`Fit` over the cluster as it is then.
     :param on_provider_failure: called with the action of every provider request that was tried and
         failed (``gptrm_adaptor_provider_failures_total``).
+    :param power_off_grace_s: how long a node's agent may go on streaming after the provider accepted
+        its power-off (the provider's shutdown time) before the power-off counts as ignored; None: the
+        node is off once the provider accepted (the simulator, whose agents stop with the request).
+    :param power_off_retry_s: the wait before a node whose power-off was ignored is powered off again;
+        it doubles with each further ignored power-off, up to ``power_off_retry_max_s``.
+    :param on_power_off_ignored: called once per ignored power-off (``gptrm_adaptor_power_off_ignored_total``).
     :param now: monotonic clock (injected in tests; the simulator's virtual clock).
     :param wall: unix clock stamped on power-state changes (the simulator's virtual clock).
     :param sleep: waits ``period_s`` before a draining node is confirmed idle (the simulator,
@@ -113,6 +127,8 @@ class PowerManager:
                  idle_power_w: Callable[[NodeEntry], float] = lambda e: 0.0,
                  fit: Callable[[], Fit], on_change: Callable[[], None] = lambda: None, period_s: float = 1.0,
                  on_provider_failure: Callable[[str], None] = lambda action: None,
+                 power_off_grace_s: float | None = None, power_off_retry_s: float = 600.0,
+                 power_off_retry_max_s: float = 14400.0, on_power_off_ignored: Callable[[], None] = lambda: None,
                  now: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._registry, self._state, self._store, self._leadership = registry, state, store, leadership
@@ -121,7 +137,14 @@ class PowerManager:
         self._idle_power_w, self._on_change, self._period_s, self._now = idle_power_w, on_change, period_s, now
         self._fit, self._on_provider_failure = fit, on_provider_failure
         self._wall, self._sleep = wall, sleep
+        self._off_grace_s, self._off_retry_s, self._off_retry_max_s = (power_off_grace_s, power_off_retry_s,
+                                                                       power_off_retry_max_s)
+        self._on_power_off_ignored = on_power_off_ignored
         self._idle_since: dict[str, float] = {}
+        # node → (when the provider accepted its power-off, the stream then open): waiting for silence.
+        self._off_accepted: dict[str, tuple[float, int]] = {}
+        # node → (the current wait after an ignored power-off, no power-off before): its backoff.
+        self._off_backoff: dict[str, tuple[float, float]] = {}
         self._wake_deadline: dict[str, float] = {}
         self._unplaced: set[str] = set()
         self._created: set[str] = set()          # tasks a new node was asked for
@@ -139,6 +162,7 @@ class PowerManager:
         """Step every period while leading (cancelled when leadership ends)."""
         self._idle_since.clear()
         self._wake_deadline.clear()
+        self._off_accepted.clear()   # a power-off accepted under an earlier term is asked for again
         while True:
             try:
                 await self.step()
@@ -160,6 +184,8 @@ class PowerManager:
             label = power_label(entry.record.power_state)
             if label == "draining" and entry.node_id not in self._busy_ids():
                 await self._set(entry, PS.NODE_POWER_STATE_READY, "power-down interrupted: back in service")
+            elif label == "powering-off" and entry.node_id in self._off_accepted:
+                await self._await_silence(entry, now)
             elif label == "powering-off":
                 await self._power_off(entry, "power-down resumed after a leader change")
             elif label == "powering-on":
@@ -184,6 +210,8 @@ class PowerManager:
         needs no such hint.
         """
         due = list(self._wake_deadline.values())
+        if self._off_grace_s is not None:
+            due += [accepted + self._off_grace_s for accepted, _ in self._off_accepted.values()]
         if self._after > 0 and self._provider.can_power and len(self._idle_since) > self._spare:
             due.append(min(self._idle_since.values()) + self._after)
         return min(due, default=None)
@@ -194,7 +222,10 @@ class PowerManager:
         now = self._now()
         idle: list[NodeEntry] = []
         for entry in self._registry:
-            if entry.connected and entry.state == NodeState.READY and _is_ready(entry) and not entry.holds_tasks:
+            backoff = self._off_backoff.get(entry.node_id)
+            if backoff is not None and now < backoff[1]:
+                self._idle_since.pop(entry.node_id, None)   # its last power-off was ignored: not yet again
+            elif entry.connected and entry.state == NodeState.READY and _is_ready(entry) and not entry.holds_tasks:
                 self._idle_since.setdefault(entry.node_id, now)
                 idle.append(entry)
             else:
@@ -239,10 +270,46 @@ class PowerManager:
         if power_label(entry.record.power_state) != "powering-off":
             await self._set(entry, PS.NODE_POWER_STATE_POWERING_OFF, reason)
         result = await self._request("power_off", entry.node_id, reason)
-        if result.ok:
+        if result.ok and self._off_grace_s is not None and self._registry.stream_live(entry):
+            # Accepted; it is off once its agent falls silent (_await_silence), which a shutdown takes a while.
+            self._off_accepted[entry.node_id] = (self._now(), entry.stream_id)
+        elif result.ok:
+            self._off_accepted.pop(entry.node_id, None)
+            self._off_backoff.pop(entry.node_id, None)
             await self._set(entry, PS.NODE_POWER_STATE_OFF, reason)
         elif result.attempted or power_label(entry.record.power_state) == "powering-off":
             await self._set(entry, PS.NODE_POWER_STATE_READY, f"power-off failed, node left on: {result.reason}")
+
+    async def _await_silence(self, entry: NodeEntry, now: float) -> None:
+        """A node whose power-off the provider accepted: off once silent, back in service if it streams on."""
+        node_id = entry.node_id
+        accepted, stream_id = self._off_accepted[node_id]
+        grace = self._off_grace_s or 0.0
+        async with self._locks.hold(f"power-{node_id}"):
+            if power_label(entry.record.power_state) != "powering-off":
+                self._off_accepted.pop(node_id, None)
+            elif not self._registry.stream_live(entry) or entry.stream_id != stream_id:
+                self._off_accepted.pop(node_id, None)
+                self._off_backoff.pop(node_id, None)
+                await self._set(entry, PS.NODE_POWER_STATE_OFF, "agent silent after power-off")
+            elif now - accepted >= grace:
+                self._off_accepted.pop(node_id, None)
+                await self._power_off_ignored(entry, now, now - accepted)
+
+    async def _power_off_ignored(self, entry: NodeEntry, now: float, streaming_s: float) -> None:
+        """Report once, put the node back in service, and hold off its next power-off (doubling each time)."""
+        node_id = entry.node_id
+        previous = self._off_backoff.get(node_id)
+        wait = self._off_retry_s if previous is None else min(previous[0] * 2, self._off_retry_max_s)
+        self._off_backoff[node_id] = (wait, now + wait)
+        self._on_power_off_ignored()
+        self._log.warning("power_off_ignored", node_id=node_id, streaming_s=round(streaming_s, 1),
+                          retry_after_s=wait)
+        self._events.publish("power", f"node {node_id} still streams {streaming_s:.0f}s after its power-off was "
+                             f"accepted: power-off ignored, back in service, next power-off not before {wait:g}s",
+                             node_id=node_id, outcome="power_off_ignored", retry_after_s=wait)
+        await self._set(entry, PS.NODE_POWER_STATE_READY,
+                        f"power-off accepted but the node still streams: next try in {wait:g}s")
 
     # ---- scale-out --------------------------------------------------------------------------------
 

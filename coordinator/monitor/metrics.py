@@ -288,6 +288,9 @@ class Metrics:
                                        ["resource"], registry=r)
         self.provider_failures = Counter("gptrm_adaptor_provider_failures_total",
                                          "node provider requests that failed", ["action"], registry=r)
+        self.power_off_ignored = Counter("gptrm_adaptor_power_off_ignored_total",
+                                         "power-offs the provider accepted while the node went on streaming "
+                                         "past --power-off-grace", registry=r)
         self.power_cap_changes = Counter("gptrm_adaptor_power_cap_changes_total",
                                          "GPU power-limit changes by the capping loop, by direction (down, up)",
                                          ["direction"], registry=r)

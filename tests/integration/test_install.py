@@ -111,13 +111,24 @@ class TestNotify:
 
 class TestPlainPipInstall:
     def test_simulate_after_a_plain_pip_install(self, tmp_path: Path) -> None:
-        """`pip install .` into a fresh venv without extras, then gptrmctl simulate on a small generated trace:
+        """`pip install .` into a fresh venv is the agent alone: the agent imports, gptrmctl and gptrm-coordinator
+        name the extra they need. Then `pip install .[ctl]` and gptrmctl simulate on a small generated trace:
         exit 0, results written, one notice that plots need the sim extra."""
         venv = tmp_path / "venv"
         subprocess.run([shutil.which("python3") or "python3", "-m", "venv", str(venv)], check=True, timeout=120)
         py = venv / "bin" / "python"
         subprocess.run([str(py), "-m", "pip", "install", "--quiet", str(ROOT)], check=True, capture_output=True,
                        timeout=600, cwd=tmp_path)
+        res = subprocess.run([str(py), "-c", "import sys, agent.daemon; print(' '.join(sorted(sys.modules)))"],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert not {"numpy", "rich", "cryptography", "etcd3", "yaml"} & set(res.stdout.split())
+        for exe, extra in (("gptrmctl", "ctl"), ("gptrm-coordinator", "coordinator")):
+            res = subprocess.run([str(venv / "bin" / exe), "--help"], capture_output=True, text=True, timeout=60,
+                                 cwd=tmp_path)
+            assert res.returncode == 1 and f"pip install 'gptrm[{extra}]'" in res.stderr, res.stderr
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", f"{ROOT}[ctl]"], check=True,
+                       capture_output=True, timeout=600, cwd=tmp_path)
         assert subprocess.run([str(py), "-c", "import matplotlib"], capture_output=True, cwd=tmp_path).returncode != 0
         (tmp_path / "trace").mkdir()
         jobs, nodes = synthetic_trace(tmp_path / "trace", n_jobs=60, n_nodes=8)

@@ -32,11 +32,13 @@ echo >> {log}
 
 class Rig:
     """A leading replica whose provider command logs each request, then runs ``tail`` (its exit); its power
-    manager's idle times are on a fake clock that each step moves on."""
+    manager's idle times are on a fake clock that each step moves on. A node whose power-off was accepted
+    falls silent after the step, unless it is in ``streaming_on`` (a power-off that does not happen)."""
 
     def __init__(self, app: App, log: Path) -> None:
         self.app, self.log = app, log
         self.clock = FakeClock()
+        self.streaming_on: set[str] = set()
         app.power_manager._now = self.clock   # the clock the manager was built with (time.monotonic)
 
     def node(self, node_id: str, gpus: int, *, off: bool = False, gpu_mem_gib: int = 80,
@@ -66,8 +68,12 @@ class Rig:
         async def go() -> None:
             for _ in range(n):
                 await self.app.power_manager.step()
+                accepted = self.app.power_manager._off_accepted
                 for entry in self.app.registry:   # the provider's power-off ends the node's stream
-                    if entry.connected and power_label(entry.record.power_state) == "off":
+                    if entry.node_id in self.streaming_on:
+                        self.app.registry.heartbeat(entry)
+                    if entry.connected and entry.node_id not in self.streaming_on and (
+                            entry.node_id in accepted or power_label(entry.record.power_state) == "off"):
                         self.app.registry.disconnect(entry.node_id, entry.stream_id)
                 self.clock.advance(0.05)   # past --power-down-after
         asyncio.run(go())
@@ -79,6 +85,12 @@ class Rig:
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def ignored(self) -> float:
+        return self.app.metrics.registry.get_sample_value("gptrm_adaptor_power_off_ignored_total") or 0.0
+
+    def power_offs(self) -> int:
+        return sum(1 for r in self.requests() if r["action"] == "power_off")
 
     def failures(self, action: str) -> float:
         return self.app.metrics.registry.get_sample_value("gptrm_adaptor_provider_failures_total",
@@ -224,3 +236,59 @@ class TestProviderFailures:
         reported = [e for e in failing_rig.app.events.recent(50) if e.kind == "power" and e.node_id == "n1"
                     and "node provider failed to power_off" in e.message]
         assert len(reported) == 1
+
+
+class TestPowerOffIgnored:
+    """The provider accepts power_off (exit 0) but the node's agent goes on streaming."""
+
+    def test_reported_once_back_in_service_and_retried_after_a_doubling_backoff(self, rig: Rig) -> None:
+        cfg = CoordinatorConfig()   # the rig's power-off settings are the defaults
+        grace, retry = cfg.power_off_grace_s, cfg.power_off_retry_s
+        rig.node("n1", 8)
+        rig.streaming_on.add("n1")
+        rig.steps(2)                 # idle, then draining → powering-off → accepted
+        assert rig.power_offs() == 1 and rig.power("n1") == "powering-off"
+        rig.clock.advance(grace / 2)
+        rig.steps(3)                 # still shutting down as far as anyone knows: not off, not asked again
+        assert rig.power_offs() == 1 and rig.power("n1") == "powering-off" and rig.ignored() == 0
+        rig.clock.advance(grace / 2)
+        rig.steps(1)
+        entry = rig.app.registry.get("n1")
+        assert rig.power("n1") == "ready" and rig.app.registry.schedulable(entry)
+        assert rig.ignored() == 1
+        reported = [e for e in rig.app.events.recent(50) if e.fields.get("outcome") == "power_off_ignored"]
+        assert len(reported) == 1 and reported[0].node_id == "n1" and reported[0].kind == "power"
+        assert "→ ready" in rig.app.events.recent(1)[0].message
+        # idle and ready, but its power-off was ignored: not asked again before the backoff
+        rig.steps(20)
+        rig.clock.advance(retry - 5.0)
+        rig.steps(2)
+        assert rig.power_offs() == 1 and rig.power("n1") == "ready" and rig.ignored() == 1
+        rig.clock.advance(5.0)
+        rig.steps(3)
+        assert rig.power_offs() == 2 and rig.power("n1") == "powering-off"
+        # ignored again: reported again, and the wait doubles
+        rig.clock.advance(grace)
+        rig.steps(1)
+        assert rig.power("n1") == "ready" and rig.ignored() == 2
+        rig.clock.advance(2 * retry - 5.0)
+        rig.steps(2)
+        assert rig.power_offs() == 2
+        rig.clock.advance(5.0)
+        # this time the node goes down: off once silent, and the backoff is forgotten
+        rig.streaming_on.discard("n1")
+        rig.steps(3)
+        assert rig.power_offs() == 3 and rig.power("n1") == "off"
+        assert "n1" not in rig.app.power_manager._off_backoff and rig.ignored() == 2
+
+    def test_a_node_that_falls_silent_is_off_never_before(self, rig: Rig) -> None:
+        """Accepted while the agent still streams: powering-off, then off once the stream ends."""
+        rig.node("n1", 8)
+        rig.streaming_on.add("n1")
+        rig.steps(2)
+        assert rig.power("n1") == "powering-off"
+        rig.streaming_on.discard("n1")
+        rig.steps(1)                 # the step that sees it accepted ends its stream (the rig), the next: off
+        rig.steps(1)
+        assert rig.power("n1") == "off" and rig.ignored() == 0 and rig.power_offs() == 1
+        assert not rig.app.registry.get("n1").connected

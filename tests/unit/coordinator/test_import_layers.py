@@ -3,8 +3,9 @@
 Every module under ``coordinator/`` is parsed; each import (also those under ``if TYPE_CHECKING:``
 and inside functions) becomes an edge between the units that hold the two modules. A unit is a
 sub-package (``coordinator/scheduler/``) or a top-level module (``coordinator/tasks.py``). The
-composition roots and consumers (``app``, ``server``, ``devcluster``, ``simulator``, ``ctl``) may
-import anything, so their outgoing edges are not part of the graph; no component imports them.
+composition roots and consumers (``app``, ``server``, ``devcluster``, ``simulator``, ``ctl``, and
+``scripts``, the console-script entry points) may import anything, so their outgoing edges are not
+part of the graph; no component imports them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 COORDINATOR = Path(__file__).resolve().parents[3] / "coordinator"
-ROOTS = frozenset({"app", "server", "devcluster", "simulator", "ctl"})
+ROOTS = frozenset({"app", "server", "devcluster", "simulator", "ctl", "scripts"})
 
 Edges = dict[str, dict[str, list[str]]]
 
