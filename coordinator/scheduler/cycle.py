@@ -33,7 +33,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from common.domain import Decision, NodeSnapshot, Placement, Rejection, Request
-from common.elastic import ElasticRange, idle_gpus, node_accepts, plan_grows, plan_shrinks, request_at, size_placements
+from common.elastic import (
+    ElasticJob,
+    ElasticRange,
+    Resize,
+    SpeedupCurve,
+    idle_gpus,
+    node_accepts,
+    plan_grows,
+    plan_shrinks,
+    request_at,
+    size_placements,
+)
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
@@ -49,7 +60,7 @@ from coordinator.queues import ANY_MODEL, Admission
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
-from coordinator.scheduler.queueing import LeaderQueues, QueuePlan
+from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, queue_of
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.supervisor import Beat, no_beat
@@ -193,7 +204,7 @@ class SchedulerCycle:
                                            gang_label=self._gang_label)
         decisions = engine.place_batch(requests)
         if ranges:
-            decisions = self._size_elastic(engine, requests, decisions, ranges, by_id)
+            decisions = self._size_elastic(engine, requests, decisions, ranges, by_id, plan)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits: list[PlacementCommit] = []
         rejected: list[types_pb2.Task] = []
@@ -240,7 +251,8 @@ class SchedulerCycle:
         return sum(1 for j in self._elastic.jobs() if j.settled(now, interval))
 
     def _size_elastic(self, engine: PlacementEngine, requests: list[Request], decisions: list[Decision],
-                      ranges: dict[str, ElasticRange], by_id: dict[str, types_pb2.Task]) -> list[Decision]:
+                      ranges: dict[str, ElasticRange], by_id: dict[str, types_pb2.Task],
+                      plan: QueuePlan | None) -> list[Decision]:
         """Elastic tasks placed at their minimum take the idle GPUs left over, when nothing was left waiting."""
         assert self._elastic is not None
         pairs = list(zip(requests, decisions, strict=True))
@@ -249,6 +261,16 @@ class SchedulerCycle:
         placed = [(r, ranges[r.task_id], self._elastic.curve(by_id[r.task_id]), d,
                    self._elastic.wish(by_id[r.task_id], ranges[r.task_id]))
                   for r, d in pairs if isinstance(d, Placement) and r.task_id in ranges]
+        if plan is not None:   # with team queues, growth stays within the queue's quota (it never borrows)
+            headroom = self._queues.headroom() if self._queues is not None else {}
+            capped: list[tuple[Request, ElasticRange, SpeedupCurve, Placement, int]] = []
+            for r, rng, curve, placement, wish in placed:
+                key = (queue_of(by_id[r.task_id]), plan.admissions[r.task_id].pool)
+                left = headroom.get(key, 0) - rng.minimum
+                wish = min(wish, rng.minimum + max(0, left))
+                headroom[key] = left - (wish - rng.minimum)
+                capped.append((r, rng, curve, placement, wish))
+            placed = capped
         if not placed:
             return decisions
         nodes = [engine.node_snapshot(i) for i in range(len(engine.state.nodes))]
@@ -256,9 +278,9 @@ class SchedulerCycle:
         whole = sum(1 for n in nodes if idle.get(n.node_id, 0) and idle[n.node_id] == len(n.gpus))
         sized = size_placements(engine, placed, sum(idle.values()), whole)
         out: list[Decision] = []
-        for r, d in pairs:
+        for r, decision in pairs:
             if r.task_id not in sized:
-                out.append(d)
+                out.append(decision)
                 continue
             new = sized[r.task_id]
             out.append(new if new is not None else Rejection(r.task_id, "its GPUs were taken while it was sized"))
@@ -279,8 +301,42 @@ class SchedulerCycle:
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
-            decisions = plan_grows(jobs, idle, {n.node_id: len(n.gpus) for n in nodes}, now, settings)
+            decisions = self._within_quota(plan_grows(self._quota_capped(jobs), idle,
+                                                      {n.node_id: len(n.gpus) for n in nodes}, now, settings))
         return bool(decisions) and bool(await self._elastic.resize(decisions))
+
+    def _queue_key(self, task_id: str) -> tuple[str, str] | None:
+        """(queue, GPU pool) of a placed task, when team queues are in force."""
+        task = self._tasks.find(task_id)
+        if self._queues is None or not self._queues.config.managed or task is None:
+            return None
+        return queue_of(task), self._queues.pool_of_task(task)
+
+    def _quota_capped(self, jobs: list[ElasticJob]) -> list[ElasticJob]:
+        """With team queues, each job may grow at most into what its queue's quota leaves free."""
+        if self._queues is None or not self._queues.config.managed:
+            return jobs
+        headroom = self._queues.headroom()
+        out = []
+        for j in jobs:
+            key = self._queue_key(j.task_id)
+            top = min(j.range.max_gpus, j.size + (headroom.get(key, 0) if key else 0))
+            out.append(replace(j, range=ElasticRange(j.range.min_gpus, max(j.size, top), j.range.node_gpus)))
+        return out
+
+    def _within_quota(self, grows: list[Resize]) -> list[Resize]:
+        """The grows that fit their queue's free quota together (first come first kept)."""
+        if self._queues is None or not self._queues.config.managed:
+            return grows
+        headroom = self._queues.headroom()
+        out = []
+        for r in grows:
+            key = self._queue_key(r.task_id)
+            extra = r.to_gpus - r.from_gpus
+            if key is not None and headroom.get(key, 0) >= extra:
+                headroom[key] -= extra
+                out.append(r)
+        return out
 
     def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission) -> types_pb2.Task | None:
         """The task as it is committed: with the GPUs its queue borrows for it (a copy; the record in the

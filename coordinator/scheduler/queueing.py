@@ -352,6 +352,25 @@ class LeaderQueues:
             out[entry.node_id] = (model, sum(1 for g in entry.inventory.gpus if g.index not in taken))
         return out
 
+    def headroom(self) -> dict[tuple[str, str], int]:
+        """(queue, GPU pool) → GPUs of its quota it does not hold (what elastic tasks of the queue may grow into:
+        growth never borrows). Only pools a queue has a quota in appear."""
+        config = self.config
+        held_in: dict[tuple[str, str], int] = {}
+        held, stopping = self.holdings()
+        for h in (*held, *stopping):
+            key = (h.queue, config.pool_of(h.gpu_model))
+            held_in[key] = held_in.get(key, 0) + h.gpus
+        out: dict[tuple[str, str], int] = {}
+        for q in config.all_queues:
+            for pool in q.gpus:
+                out[(q.name, pool)] = max(0, q.quota_in(pool) - held_in.get((q.name, pool), 0))
+        return out
+
+    def pool_of_task(self, task: types_pb2.Task) -> str:
+        """The GPU pool a placed task's GPUs are in."""
+        return self.config.pool_of(holding_of(task, self._registry).gpu_model)
+
     def placed_model(self, placement: Placement) -> str | None:
         """The GPU model a placement's first GPU has (None: it took no GPU or the node is unknown)."""
         for a in placement.assignments:

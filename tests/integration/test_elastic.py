@@ -134,3 +134,20 @@ class TestElastic:
         assert _running_instances(marker) == 1
         t = _task(cluster, trainer, coordinator=c2)
         assert t["elastic"]["gpus"] == 2 and t["elastic"]["resizes"] == 1
+
+    def test_growth_stays_within_the_queues_quota(self, cluster: Cluster, tmp_path: Path) -> None:
+        """With team queues, an elastic 1:4 task of a queue with a 2-GPU quota takes 2 GPUs of an idle 4-GPU node,
+        not 4: growing never borrows."""
+        queues = tmp_path / "queues.toml"
+        queues.write_text('[[queue]]\nname = "team"\ngpus = { "*" = 2 }\nmembers = ["*"]\ndefault_for = ["*"]\n'
+                          '[[queue]]\nname = "other"\ngpus = { "*" = 2 }\nmembers = ["*"]\n')
+        cluster.start_coordinator("c1", "--queues", str(queues), "--elastic-interval", _INTERVAL_S)
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
+        trainer = _elastic(cluster, marker, ckpt)
+        wait_until(lambda: _starts(marker), what="elastic task started")
+        assert _starts(marker) == [(2, 0, "")]
+        t = _task(cluster, trainer)
+        assert t["queue"] == "team" and t["elastic"]["gpus"] == 2 and t["borrowed_gpus"] == 0
