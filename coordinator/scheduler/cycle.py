@@ -165,11 +165,13 @@ class SchedulerCycle:
         """
         started = time.perf_counter()
         now = time.time()   # restart backoff: a requeued task waits until its not_before time
+        if self._elastic is not None:
+            self._elastic.observe()   # every cycle: the curves learn while the tasks run
         pending = self._preemptor.schedulable([t for t in self._tasks.values()
                                                if t.state == TaskState.PENDING and t.not_before_unix_s <= now])
         if not pending:
             self._idle = None
-            if self._elastic is not None and self._elastic_settled():
+            if self._elastic is not None and self._elastic_settled(grow=True):
                 await self._elastic_step([], self._snapshots.snapshot(self._tasks.values(), self._registry).nodes)
             return 0
         inputs = (self._inputs(), tuple(t.id for t in pending))
@@ -243,12 +245,13 @@ class SchedulerCycle:
             self._idle = (inputs, started)
         return committed
 
-    def _elastic_settled(self) -> int:
-        """Running elastic tasks whose hysteresis allows a resize now."""
+    def _elastic_settled(self, *, grow: bool = False) -> int:
+        """Running elastic tasks whose hysteresis allows a resize now (``grow``: and below their maximum)."""
         if self._elastic is None:
             return 0
         now, interval = time.time(), self._elastic.settings.interval_s
-        return sum(1 for j in self._elastic.jobs() if j.settled(now, interval))
+        return sum(1 for j in self._elastic.jobs()
+                   if j.settled(now, interval) and (not grow or j.size < j.range.maximum))
 
     def _size_elastic(self, engine: PlacementEngine, requests: list[Request], decisions: list[Decision],
                       ranges: dict[str, ElasticRange], by_id: dict[str, types_pb2.Task],
@@ -290,7 +293,6 @@ class SchedulerCycle:
         """Shrink running elastic tasks for what waits, or grow them into idle GPUs when nothing does; True when
         a resize is under way."""
         assert self._elastic is not None
-        self._elastic.observe()
         jobs = self._elastic.jobs()
         if not jobs:
             return False
