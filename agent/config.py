@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, check_simulate_host
 from agent.logpump import DEFAULT_MAX_BYTES, DEFAULT_NODE_MAX_BYTES
 from agent.task_user import DEFAULT_TASK_UIDS, parse_uid_range
-from common.config import host_port, load_config, option, positive
+from common.config import host_port, load_config, non_negative, option, positive
 from common.errors import ConfigError
 from common.netaddr import address_problem, parse_port_range
 from common.paths import default_state_dir
@@ -90,6 +90,9 @@ class AgentConfig:
                                       check=_positive_int)
     backoff_initial_s: float = option(0.2, "first reconnect delay, seconds", flag="backoff_initial", check=positive)
     backoff_max_s: float = option(5.0, "longest reconnect delay, seconds", flag="backoff_max", check=positive)
+    redirect_jitter_s: float = option(1.0, "after a redirect to the leader, wait a random time up to this many "
+                                      "seconds before following it (a leader change sends every agent at once)",
+                                      flag="redirect_jitter", check=non_negative)
     task_uids: str = option(DEFAULT_TASK_UIDS, "uids handed to tasks one each when the agent is root (FIRST-LAST), "
                             "so no two tasks share a uid; 'off' runs every task as --task-user",
                             check=_uid_range, metavar="FIRST-LAST|off")

@@ -85,8 +85,9 @@ class AgentStream:
     def __init__(self, addresses: Sequence[str], register: Callable[[], agent_pb2.Register], outbox: Outbox,
                  on_decision: DecisionHandler, backoff: Backoff, batch_samples: int = 1,
                  credentials: Callable[[], grpc.ChannelCredentials] | None = None,
-                 logs: LogService | None = None) -> None:
+                 logs: LogService | None = None, redirect_jitter_s: float = 0.0) -> None:
         self.addresses = list(addresses)
+        self._redirect_jitter_s = redirect_jitter_s
         self._credentials = credentials
         self._register = register
         self.outbox = outbox
@@ -125,6 +126,10 @@ class AgentStream:
                 # dead leader, whose restarted address redirects back; then back off and rotate.
                 if r.address and redirects <= _MAX_REDIRECTS_IN_ROW:
                     redirect = r.address
+                    # A leader change sends the whole fleet to one coordinator: arrive spread out, not at once.
+                    if self._redirect_jitter_s > 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), timeout=random.uniform(0, self._redirect_jitter_s))
                     continue
                 redirects = 0
             except (TimeoutError, grpc.aio.AioRpcError, ConnectionError) as e:

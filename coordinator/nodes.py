@@ -28,9 +28,53 @@ from coordinator.sync.lock import AdminLocks
 from coordinator.sync.store import Store
 from coordinator.tasks import TaskTable
 
-__all__ = ["NodeService"]
+__all__ = ["NodeService", "NodeWrites"]
 
 _DRAINED_BACK = "node drained before the task started: back in the queue"
+
+
+class NodeWrites:
+    """Node records written as agents register, batched: registrations that arrive while a write is under way
+    share the next fenced transaction (:meth:`~coordinator.sync.store.Store.put_nodes`). After a leader change
+    every agent registers again at once; one etcd round trip per registration would make the new leader see
+    its cluster only after minutes.
+
+    :param leadership: fenced writes.
+    :param store: the store.
+    :param max_batch: records per write at most.
+    """
+
+    def __init__(self, leadership: Leadership, store: Store, max_batch: int = 512) -> None:
+        self._leadership, self._store, self._max = leadership, store, max_batch
+        self._pending: list[tuple[types_pb2.NodeRecord, asyncio.Future[types_pb2.NodeRecord]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.writes = 0   # transactions' worth of batches written (for tests and benchmarks)
+
+    async def put(self, record: types_pb2.NodeRecord) -> types_pb2.NodeRecord:
+        """Write one record (with the others waiting); the record as stored.
+
+        :raises GptrmError: the batch's write failed (each of its callers gets the error).
+        """
+        future: asyncio.Future[types_pb2.NodeRecord] = asyncio.get_running_loop().create_future()
+        self._pending.append((record, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[: self._max], self._pending[self._max :]
+            try:
+                stored = await self._leadership.write(self._store.put_nodes, [r for r, _f in batch])
+            except Exception as e:   # every waiter of this batch gets it; the next batch still goes
+                for _r, future in batch:
+                    if not future.done():
+                        future.set_exception(e)
+                continue
+            self.writes += 1
+            for (_r, future), record in zip(batch, stored, strict=True):
+                if not future.done():
+                    future.set_result(record)
 
 
 class NodeService:
@@ -57,6 +101,7 @@ class NodeService:
         self._locks, self._tasks, self._dispatcher, self._reconciler = locks, tasks, dispatcher, reconciler
         self._metrics, self._events = metrics, events
         self._drained: set[str] = set()   # draining nodes whose "drained" event went out
+        self.registrations = NodeWrites(leadership, store)
         self._log = get_logger("coordinator")
 
     # ---- agent streams ------------------------------------------------------------------------
@@ -72,7 +117,7 @@ class NodeService:
             self._events.publish("node_joined", f"node {inv.node_id} joined with {len(inv.gpus)} GPUs"
                                  + (" (simulated)" if inv.simulated else ""), node_id=inv.node_id)
         try:
-            await self._leadership.write(self._store.put_node, entry.record)
+            await self.registrations.put(entry.record)
         except GptrmError as e:
             log.warning("node_persist_failed", reason=str(e))
         await self._reconciler.on_agent_registered(entry, register)

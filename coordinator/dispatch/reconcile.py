@@ -76,13 +76,17 @@ class Reconciler:
                 self._events.publish("decision", f"stopping task {status.task_id} on {entry.node_id}: it is not "
                                      "placed there any more", node_id=entry.node_id, task_id=status.task_id)
                 self._dispatcher.stop_unknown(entry.node_id, status.task_id)
-        for task in self._tasks.values():
-            on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
-            if on_node and is_gang(task) and task.state in _ACTIVE:
+        # Only the tasks placed on this node (kept by the leader state): a leader change re-registers every
+        # node, and a pass over every task per registration would grow with the cluster squared.
+        for task_id in sorted(entry.task_ids):
+            task = self._tasks.find(task_id)
+            if task is None or all(na.node_id != entry.node_id for na in task.allocation.nodes):
+                continue
+            if is_gang(task) and task.state in _ACTIVE:
                 await self._gang_registered(task, entry.node_id, task.id in reported)
-            elif on_node and task.state == TaskState.SCHEDULED and task.id not in reported:
+            elif task.state == TaskState.SCHEDULED and task.id not in reported:
                 self._dispatcher.start(task)
-            elif on_node and task.state == TaskState.PREEMPTED and task.id in reported:
+            elif task.state == TaskState.PREEMPTED and task.id in reported:
                 self._dispatcher.stop(task, task.reason, checkpoint_signal=task.spec.checkpoint_signal or "SIGUSR1")
 
     async def _gang_registered(self, task: types_pb2.Task, node_id: str, reported: bool) -> None:

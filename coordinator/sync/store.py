@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from common.errors import IllegalTransition, NotFound
+from common.errors import IllegalTransition, NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import DEFAULT_THRESHOLD_MODE, TaskState
@@ -94,6 +94,7 @@ class Store:
         self._quarantine = quarantine or Quarantine(client, keys, election)
         self._policy_check = policy_check
         self._writer = FencedWriter(client, keys, election, max_txn_ops, self._quarantine)
+        self._max_txn_ops = max_txn_ops
         self._placements = Placements(
             client,
             keys,
@@ -147,6 +148,49 @@ class Store:
                 self._log.debug("node_stored", node_id=node_id)
                 return new
         raise Conflict(f"node {node_id}: record kept changing ({ATTEMPTS} attempts)")
+
+    def put_nodes(self, records: Sequence[types_pb2.NodeRecord], *,
+                  keep_reservations: bool = True) -> list[types_pb2.NodeRecord]:
+        """:meth:`put_node` for many records in few fenced transactions (many agents registering at once, as
+        after a leader change): each chunk reads its nodes in one round trip and writes them in one
+        transaction, every node compared on the revision read. A chunk whose compare failed (a node changed
+        meanwhile) is written node by node with :meth:`put_node`.
+
+        :returns: the records as stored, in the order given (one per node id; the last record given wins).
+        """
+        by_id = {r.inventory.node_id: r for r in records}
+        for node_id in by_id:
+            if not node_id:
+                raise ValidationError("node.inventory.node_id", "is empty")
+        ids = list(by_id)
+        stored: dict[str, types_pb2.NodeRecord] = {}
+        chunk = max(1, self._max_txn_ops - 1)   # one compare each, besides the fencing compare
+        for i in range(0, len(ids), chunk):
+            part = ids[i : i + chunk]
+            current = self._writer.read_nodes(part)
+            compares, puts, new = [], [], {}
+            for node_id in part:
+                record = types_pb2.NodeRecord()
+                record.CopyFrom(by_id[node_id])
+                key = self._keys.node(node_id)
+                if node_id in current:
+                    old, revision = current[node_id]
+                    if keep_reservations:
+                        record.reserved.CopyFrom(old.reserved)
+                        record.ClearField("reserved_gpu_indices")
+                        record.reserved_gpu_indices.extend(old.reserved_gpu_indices)
+                    compares.append(cmp_mod(key, revision))
+                else:
+                    compares.append(cmp_create(key, 0))
+                puts.append(op_put(key, record.SerializeToString()))
+                new[node_id] = record
+            if self._writer.write(compares, puts).succeeded:
+                stored.update(new)
+                self._log.debug("nodes_stored", nodes=len(part))
+            else:
+                for node_id in part:
+                    stored[node_id] = self.put_node(by_id[node_id], keep_reservations=keep_reservations)
+        return [stored[r.inventory.node_id] for r in records]
 
     def get_node(self, node_id: str) -> types_pb2.NodeRecord:
         """The stored node. :raises NotFound: no such node."""

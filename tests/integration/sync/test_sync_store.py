@@ -273,6 +273,47 @@ class TestNodesPolicyRecovery:
         reset = store.put_node(beat, keep_reservations=False)
         assert list(reset.reserved_gpu_indices) == []
 
+    def test_put_nodes_in_batches_keeps_reservations(
+        self, store: Store, node: types_pb2.NodeRecord, make_node: Callable, make_task: Callable,
+        make_allocation: Callable, sync_client: EtcdClient, keys: Keys, make_election: MakeElection,
+    ) -> None:
+        """Many registrations in few transactions: every record stored, n1's reservation kept, chunks bounded by
+        the transaction size; a standby's batch is refused."""
+        task = store.create_task(make_task())
+        store.commit_placements([(task, task.revision, make_allocation("n1", [0]))])
+        small = Store(sync_client, keys, store._election, max_txn_ops=8)   # chunks of 7 nodes
+        records = [make_node(f"n{i}") for i in range(1, 21)]
+        for r in records:
+            r.last_seen_unix_s = 7.0
+        stored = small.put_nodes(records)
+        assert [r.inventory.node_id for r in stored] == [f"n{i}" for i in range(1, 21)]
+        assert list(store.get_node("n1").reserved_gpu_indices) == [0]
+        assert all(store.get_node(f"n{i}").last_seen_unix_s == 7.0 for i in range(1, 21))
+        with pytest.raises(NotLeader):
+            Store(sync_client, keys, make_election("coord-z")).put_nodes(records[:2])
+
+    def test_put_nodes_falls_back_per_node_when_one_changed(
+        self, store: Store, make_node: Callable, sync_client: EtcdClient, keys: Keys
+    ) -> None:
+        """A node written after the batch read it (another writer) makes the chunk's compare fail: every record
+        is then written on its own, nothing lost."""
+        store.put_nodes([make_node("n1"), make_node("n2")])
+        real_read = store._writer.read_nodes
+
+        def read_then_race(ids):   # type: ignore[no-untyped-def]
+            got = real_read(ids)
+            other = make_node("n2")
+            other.last_seen_unix_s = 99.0
+            store.put_node(other)
+            return got
+
+        store._writer.read_nodes = read_then_race   # type: ignore[method-assign]
+        a, b = make_node("n1"), make_node("n2")
+        a.last_seen_unix_s = b.last_seen_unix_s = 5.0
+        stored = store.put_nodes([a, b])
+        assert [r.last_seen_unix_s for r in stored] == [5.0, 5.0]
+        assert store.get_node("n2").last_seen_unix_s == 5.0
+
     def test_nodes_listed_and_deleted(self, store: Store, make_node: Callable) -> None:
         """Nodes list by id; delete removes one; a missing node is NotFound."""
         for node_id in ("n2", "n1", "n3"):
