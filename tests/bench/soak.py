@@ -136,10 +136,12 @@ class SoakGenerator(Generator):
     :param targets: every coordinator address; agent ``k`` starts at ``targets[k % len]``.
     """
 
-    def __init__(self, targets: list[str], per_channel: int, interval_s: float, backoff_max_s: float) -> None:
+    def __init__(self, targets: list[str], per_channel: int, interval_s: float, backoff_max_s: float,
+                 redirect_jitter_s: float = 0.0) -> None:
         super().__init__(targets[0], per_channel, interval_s, heartbeats=False)
         self.targets = targets
         self.backoff_max_s = backoff_max_s
+        self.redirect_jitter_s = redirect_jitter_s   # like the agent's --redirect-jitter
         self.pools: dict[tuple[str, int], grpc.aio.Channel] = {}
         self.sims: dict[int, SimAgent] = {}
         self.counts = dict.fromkeys(("starts", "finished", "cancelled", "reconnects", "redirects", "acks",
@@ -183,6 +185,8 @@ class SoakGenerator(Generator):
                 raise
             first = False
             if redirect:
+                if self.redirect_jitter_s > 0:
+                    await asyncio.sleep(rng.uniform(0, self.redirect_jitter_s))
                 continue
             at += 1
             attempt += 1
