@@ -115,6 +115,10 @@ async def _kill_once(cluster: Cluster, flags: tuple[str, ...], agents: int, time
             if out["ready"] == out["ready"] and out["placed"] == out["placed"]:
                 return out
         await asyncio.sleep(0.1)
+    leaders = await _leaders(cluster)
+    status = await _status(cluster.address(leaders[0])) if len(leaders) == 1 else None
+    if status is not None:
+        print(f"  timed out: nodes by state {dict((c.key, c.count) for c in status.nodes_by_state)}", flush=True)
     return out
 
 

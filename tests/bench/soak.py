@@ -175,7 +175,8 @@ class SoakGenerator(Generator):
             except _Redirected as r:
                 self.counts["redirects"] += 1
                 redirect = r.address
-            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as e:
+            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, asyncio.InvalidStateError) as e:
+                # InvalidStateError: a write raced the end of the call (the coordinator went away mid-write).
                 if first and not ready.done():
                     print(f"agent {k}: {e!r}"[:300], file=sys.stderr, flush=True)
                 self.errors += 1
