@@ -719,7 +719,7 @@ async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
     best = max((r.agents for r in coord_rows if r.passed), default=0)
     print(f"largest passing agent count: {best} ({best * GPUS} GPUs); target 2000 agents × 8 GPUs: "
           f"{'met' if best >= 2000 else 'NOT met'}")
-    big = max(coord_rows, key=lambda r: r.agents, default=None)
+    big = max((r for r in coord_rows if r.rss), key=lambda r: r.agents, default=None)   # measured steps
     if big is not None and not math.isnan(big.kib_per_node):
         print(f"coordinator memory at {big.agents} agents: RSS {big.rss:.0f} MB, idle {big.idle_rss:.0f} MB: "
               f"{big.kib_per_node:.0f} KiB per node above idle; target ≤ {args.max_kib_per_node:g} KiB: "
