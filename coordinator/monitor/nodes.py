@@ -20,16 +20,43 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeAlias
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.power_states import power_label
 from common.types import NodeState
 
-Outbox: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
-"""A connected node's stream queue: messages to send, then None to end the stream."""
+OUTBOX_LIMIT = 1024
+"""Messages a stream's outbox holds for its agent before the stream is ended (the agent stopped reading)."""
 
-__all__ = ["NodeEntry", "NodeRegistry"]
+
+class Outbox(asyncio.Queue[agent_pb2.CoordinatorMessage | None]):
+    """A connected node's stream queue: messages to send, then None to end the stream.
+
+    Bounded: once ``limit`` messages wait (an agent that stopped reading, or a stream gRPC cannot
+    drain), the next one is not queued; None is, so the stream ends after what it holds, and
+    everything later is dropped. The agent reconnects, and what it missed is made good: unseen
+    starts are re-sent by the reconciler (an agent acts on a decision id at most once), the agent
+    re-sends the events not acknowledged, and the log readers of that stream end with Unavailable.
+
+    :param limit: messages held at most, None aside.
+    """
+
+    def __init__(self, limit: int = OUTBOX_LIMIT) -> None:
+        super().__init__()
+        self.limit = limit
+        self.overflowed = False
+
+    def put_nowait(self, item: agent_pb2.CoordinatorMessage | None) -> None:
+        if item is not None:
+            if self.overflowed:
+                return
+            if self.qsize() >= self.limit:
+                self.overflowed = True
+                item = None
+        super().put_nowait(item)
+
+
+__all__ = ["OUTBOX_LIMIT", "NodeEntry", "NodeRegistry", "Outbox"]
 
 _MISSED_HEARTBEATS = 3
 _POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_READY)
