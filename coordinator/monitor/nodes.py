@@ -20,11 +20,15 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.power_states import power_label
 from common.types import NodeState
 
+StreamQueue: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
+"""What a connected node's stream sends: messages, then None to end the stream (on the gateway's
+streams an :class:`Outbox`, which bounds it)."""
 OUTBOX_LIMIT = 1024
 """Messages a stream's outbox holds for its agent before the stream is ended (the agent stopped reading)."""
 
@@ -56,7 +60,7 @@ class Outbox(asyncio.Queue[agent_pb2.CoordinatorMessage | None]):
         super().put_nowait(item)
 
 
-__all__ = ["OUTBOX_LIMIT", "NodeEntry", "NodeRegistry", "Outbox"]
+__all__ = ["OUTBOX_LIMIT", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue"]
 
 _MISSED_HEARTBEATS = 3
 _POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_READY)
@@ -76,7 +80,7 @@ class NodeEntry:
     last_seen_unix_s: float = 0.0
     state: NodeState = NodeState.NOT_READY
     dropped_samples_total: int = 0
-    outbox: Outbox | None = None         # the stream's decision queue while connected
+    outbox: StreamQueue | None = None         # the stream's decision queue while connected
     _held: set[str] = field(default_factory=set, repr=False)   # changed by coordinator.state only
 
     @property
@@ -140,7 +144,7 @@ class NodeRegistry:
             self._nodes[node_id] = entry
         return entry
 
-    def connect(self, inventory: types_pb2.NodeInventory, outbox: Outbox) -> tuple[NodeEntry, bool]:
+    def connect(self, inventory: types_pb2.NodeInventory, outbox: StreamQueue) -> tuple[NodeEntry, bool]:
         """A node registered on a new stream; returns (entry, first time seen)."""
         node_id = inventory.node_id
         is_new = node_id not in self._nodes
