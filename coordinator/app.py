@@ -225,7 +225,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     wakeup = Wakeup()
     registry = NodeRegistry(cfg.heartbeat_interval_s, cfg.lost_grace_s)
     power = PowerModel()
-    monitor = ResourceMonitor(cfg.history_s, cfg.sampling_interval_s, power_model=power)   # Alg. 3's curves
+    monitor = ResourceMonitor(cfg.history_s, cfg.sampling_interval_s, power_model=power,   # Alg. 3's curves
+                              fine_s=cfg.history_fine_s)
     profiler = Profiler()
     dispatcher = Dispatcher(registry, epoch=lambda: leadership.epoch)
     scale_out = ScaleOutRequests(events)

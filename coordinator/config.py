@@ -65,6 +65,8 @@ class CoordinatorConfig:
     lost_node_gc_s: float = option(7 * 86400.0, "seconds a node stays lost before it is removed (0: only "
                                    "`gptrmctl nodes rm` removes it)", flag="lost_node_gc", check=non_negative)
     history_s: float = option(900.0, "telemetry history kept per node, seconds", flag="history", check=positive)
+    history_fine_s: float = option(60.0, "of that history, the newest seconds kept per sample; the rest is kept "
+                                   "per minute (each field's mean and maximum)", flag="history_fine", check=positive)
     task_grace_s: float = option(30.0, "seconds a recovered RUNNING task may go unreported before it fails",
                                  flag="task_grace", check=non_negative)
     finished_retention_s: float = option(7 * 86400.0, "seconds a finished task stays listed before it is removed "

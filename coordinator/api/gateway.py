@@ -25,7 +25,7 @@ from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
 from common.topology import validate_gpu_topology
 from coordinator.api.agent_guard import AgentGuard
 from coordinator.api.deps import GatewayDeps
-from coordinator.monitor.nodes import NodeEntry
+from coordinator.monitor.nodes import NodeEntry, Outbox
 
 if TYPE_CHECKING:
     from coordinator.api.auth import Security
@@ -103,7 +103,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
         if not app.leadership.leading:
             yield app.leadership.redirect_message()
             return
-        outbox: asyncio.Queue[agent_pb2.CoordinatorMessage | None] = asyncio.Queue()
+        outbox = Outbox()
         entry = await app.nodes.connected(first.register, outbox)
         stream_id = entry.stream_id
         yield agent_pb2.CoordinatorMessage(welcome=agent_pb2.Welcome(

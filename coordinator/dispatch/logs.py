@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from common.errors import NotFound, Unavailable, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, agent_pb2, types_pb2
-from coordinator.monitor.nodes import NodeRegistry, Outbox
+from coordinator.monitor.nodes import NodeRegistry, StreamQueue
 
 __all__ = ["MAX_QUEUED", "MAX_SESSIONS", "MAX_TAIL_LINES", "LogRelay"]
 
@@ -32,7 +32,7 @@ class _Session:
     request_id: str
     node_id: str
     task_id: str
-    outbox: Outbox
+    outbox: StreamQueue
     queue: asyncio.Queue[agent_pb2.LogChunk | None] = field(default_factory=asyncio.Queue)
     error: Exception | None = None
     ended: bool = False
@@ -123,7 +123,7 @@ class LogRelay:
         elif chunk.eof:
             session.end()
 
-    def stream_ended(self, node_id: str, outbox: Outbox) -> None:
+    def stream_ended(self, node_id: str, outbox: StreamQueue) -> None:
         """A node's stream (the one with this outbox) ended: the sessions it carried end with Unavailable."""
         for session in list(self._sessions.values()):
             if session.node_id == node_id and session.outbox is outbox:

@@ -26,10 +26,41 @@ from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.power_states import power_label
 from common.types import NodeState
 
-Outbox: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
-"""A connected node's stream queue: messages to send, then None to end the stream."""
+StreamQueue: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
+"""What a connected node's stream sends: messages, then None to end the stream (on the gateway's
+streams an :class:`Outbox`, which bounds it)."""
+OUTBOX_LIMIT = 1024
+"""Messages a stream's outbox holds for its agent before the stream is ended (the agent stopped reading)."""
 
-__all__ = ["NodeEntry", "NodeRegistry"]
+
+class Outbox(asyncio.Queue[agent_pb2.CoordinatorMessage | None]):
+    """A connected node's stream queue: messages to send, then None to end the stream.
+
+    Bounded: once ``limit`` messages wait (an agent that stopped reading, or a stream gRPC cannot
+    drain), the next one is not queued; None is, so the stream ends after what it holds, and
+    everything later is dropped. The agent reconnects, and what it missed is made good: unseen
+    starts are re-sent by the reconciler (an agent acts on a decision id at most once), the agent
+    re-sends the events not acknowledged, and the log readers of that stream end with Unavailable.
+
+    :param limit: messages held at most, None aside.
+    """
+
+    def __init__(self, limit: int = OUTBOX_LIMIT) -> None:
+        super().__init__()
+        self.limit = limit
+        self.overflowed = False
+
+    def put_nowait(self, item: agent_pb2.CoordinatorMessage | None) -> None:
+        if item is not None:
+            if self.overflowed:
+                return
+            if self.qsize() >= self.limit:
+                self.overflowed = True
+                item = None
+        super().put_nowait(item)
+
+
+__all__ = ["OUTBOX_LIMIT", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue"]
 
 _MISSED_HEARTBEATS = 3
 _POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_READY)
@@ -49,7 +80,7 @@ class NodeEntry:
     last_seen_unix_s: float = 0.0
     state: NodeState = NodeState.NOT_READY
     dropped_samples_total: int = 0
-    outbox: Outbox | None = None         # the stream's decision queue while connected
+    outbox: StreamQueue | None = None         # the stream's decision queue while connected
     _held: set[str] = field(default_factory=set, repr=False)   # changed by coordinator.state only
 
     @property
@@ -113,7 +144,7 @@ class NodeRegistry:
             self._nodes[node_id] = entry
         return entry
 
-    def connect(self, inventory: types_pb2.NodeInventory, outbox: Outbox) -> tuple[NodeEntry, bool]:
+    def connect(self, inventory: types_pb2.NodeInventory, outbox: StreamQueue) -> tuple[NodeEntry, bool]:
         """A node registered on a new stream; returns (entry, first time seen)."""
         node_id = inventory.node_id
         is_new = node_id not in self._nodes

@@ -5,7 +5,8 @@ A node's GPU power is modelled as linear in its compute utilization ``u``:
 the datasheet one (per GPU, times the GPU count): H100 70/700 W, A100 50/400 W, L4 16/72 W,
 V100 35/300 W, T4 10/70 W, P100 30/250 W; an unknown model is guessed from its memory. Once a
 node has at least 30 ``(u, power)`` samples spanning at least 0.2 of utilization, an ordinary
-least-squares line through its most recent samples replaces the default (unless the fit is
+least-squares line through its most recent samples (about the last 2,048, kept as
+per-chunk sums: see :class:`NodePowerFit`) replaces the default (unless the fit is
 non-physical: a negative idle power or a non-increasing slope). The coordinator's Resource
 Monitor feeds every telemetry sample in (the node's mean GPU utilization and the sum of its
 GPUs' power); a node's line is refitted once 30 new samples have arrived since the last fit, so
@@ -48,6 +49,7 @@ MIN_SAMPLES = 30
 MIN_SPAN = 0.2
 REFIT_EVERY = 30   # new samples between two fits of the same node
 _WINDOW = 2048
+_CHUNKS = 32   # a fit window is kept as this many chunks of sums
 _GIB = 1024**3
 
 
@@ -86,19 +88,27 @@ def fit_line(util: np.ndarray, power_w: np.ndarray) -> PowerCurve | None:
 
 
 class NodePowerFit:
-    """The recent ``(util, power)`` samples of one node, in a fixed ring.
+    """The recent ``(util, power)`` samples of one node, kept as the sums a least-squares line needs.
 
-    The ring is allocated and written once, when the node is first seen (``2 × window`` float32:
-    16 KiB at the default window), so a coordinator's memory does not creep up for half an hour
-    as thousands of nodes fill their windows one Python float at a time.
+    The window is cut into :data:`_CHUNKS` chunks of ``ceil(window / _CHUNKS)`` samples; each
+    closed chunk keeps its count, Σu, Σp, Σu², Σu·p and its lowest and highest utilization (one
+    row of a float64 array allocated once: 1.8 KiB per node, where the samples themselves took
+    16 KiB at the default window), the open chunk the same in Python floats. The fit uses the
+    open chunk and as many of the newest closed chunks as keep it within ``window`` samples, so
+    the window slides a chunk at a time: between ``window - chunk`` and ``window`` samples once full
+    (exactly ``window`` when a chunk has just closed and the chunk size divides it).
 
-    :param window: how many recent samples the fit uses.
+    :param window: how many recent samples the fit uses, at most.
     """
 
     def __init__(self, window: int = _WINDOW) -> None:
-        self._ring = np.full((2, max(2, window)), 0.0, dtype=np.float32)   # rows: util, power
-        self._next = 0           # where the next sample goes
-        self._count = 0          # samples in the ring
+        window = max(2, window)
+        self._chunk = max(1, math.ceil(window / _CHUNKS))    # samples per chunk
+        self._nchunks = max(1, window // self._chunk)         # closed chunks kept
+        self._closed = np.zeros((self._nchunks, 7))           # rows: n, Σu, Σp, Σu², Σu·p, min u, max u
+        self._next = 0           # the row the open chunk goes to when it closes
+        self._nclosed = 0        # closed chunks held
+        self._open = [0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf]
         self._added = 0          # samples accepted so far
         self._fitted_at = -1     # ``_added`` when the fit was last computed (-1: never)
         self._fit: PowerCurve | None = None
@@ -110,16 +120,30 @@ class NodePowerFit:
         :param power_w: measured power in watts.
         """
         if math.isfinite(util) and math.isfinite(power_w) and 0.0 <= util <= 1.0 and power_w >= 0:
-            ring, i = self._ring, self._next
-            ring[0, i] = util
-            ring[1, i] = power_w
-            self._next = (i + 1) % ring.shape[1]
-            self._count = min(self._count + 1, ring.shape[1])
+            o = self._open
+            o[0] += 1.0
+            o[1] += util
+            o[2] += power_w
+            o[3] += util * util
+            o[4] += util * power_w
+            if util < o[5]:
+                o[5] = util
+            if util > o[6]:
+                o[6] = util
             self._added += 1
+            if o[0] >= self._chunk:
+                self._closed[self._next] = o
+                self._next = (self._next + 1) % self._nchunks
+                self._nclosed = min(self._nclosed + 1, self._nchunks)
+                self._open = [0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf]
+
+    def _used(self) -> int:
+        """Closed chunks the fit uses: the newest ones that, with the open chunk, stay within the window."""
+        return min(self._nclosed, self._nchunks - (1 if self._open[0] else 0))
 
     def __len__(self) -> int:
         """Samples in the window."""
-        return self._count
+        return int(self._open[0]) + self._used() * self._chunk
 
     def curve(self) -> PowerCurve | None:
         """The fitted curve once there are enough samples over a wide enough range, else None.
@@ -129,7 +153,7 @@ class NodePowerFit:
 
         :returns: the fit or None.
         """
-        if self._count < MIN_SAMPLES:
+        if len(self) < MIN_SAMPLES:
             return None
         if self._fitted_at < 0 or self._added - self._fitted_at >= REFIT_EVERY:
             self._fitted_at = self._added
@@ -137,11 +161,23 @@ class NodePowerFit:
         return self._fit
 
     def _compute(self) -> PowerCurve | None:
-        """Least squares over the window, when it spans enough utilization."""
-        util = self._ring[0, :self._count].astype(np.float64)   # the order of samples does not matter
-        if float(np.ptp(util)) < MIN_SPAN:
+        """Least squares over the window, when it spans enough utilization: from the sums,
+        slope = cov(u, p) / var(u) and intercept = mean(p) − slope · mean(u)."""
+        k = self._used()
+        rows = self._closed[(np.arange(k) + (self._next - k)) % self._nchunks]
+        n, su, sp, suu, sup = (float(rows[:, j].sum()) + self._open[j] for j in range(5))
+        lo = min(float(rows[:, 5].min()) if k else math.inf, self._open[5])
+        hi = max(float(rows[:, 6].max()) if k else -math.inf, self._open[6])
+        if n < 2 or hi - lo < MIN_SPAN:
             return None
-        return fit_line(util, self._ring[1, :self._count].astype(np.float64))
+        var = suu - su * su / n
+        if var <= 0.0:
+            return None
+        slope = (sup - su * sp / n) / var
+        intercept = (sp - slope * su) / n
+        if intercept < 0 or slope <= 0:
+            return None
+        return PowerCurve(idle_w=intercept, max_w=intercept + slope)
 
 
 class PowerModel:

@@ -1,8 +1,11 @@
 """Resource Monitor (coordinator side): telemetry history, current values, cluster objectives.
 
-Each node keeps fixed-size ring buffers (numpy, preallocated once) of every GPU and host
-field, so memory is bounded by ``history_s / interval`` samples whatever the ingest rate.
-Absent fields (NVML ``NotSupported``) are stored as NaN.
+Each node keeps its history of every GPU and host field in packed float32 rings (numpy,
+preallocated once, see :class:`NodeHistory`): the last ``fine_s`` seconds (default a minute)
+per sample, the rest of ``history_s`` per minute (each field's mean and maximum), so a node's
+memory is fixed whatever its uptime or the ingest rate: about 37 KiB for 8 GPUs and 15 minutes,
+where one row per second for 15 minutes took 369 KiB. Absent fields (NVML ``NotSupported``) are
+stored as NaN.
 
 The paper's objectives over the active nodes reflect every batch received (recomputed,
 vectorised, by the first reader after a batch):
@@ -40,8 +43,8 @@ from coordinator.monitor.sample_check import sample_problem
 from coordinator.monitor.task_energy import TaskEnergy
 from coordinator.monitor.task_qos import TaskQos, TaskQosStore
 
-__all__ = ["GPU_FIELDS", "HOST_FIELDS", "NODE_HISTORY_BYTES", "ClusterObjectives", "NodeHistory", "ResourceMonitor",
-           "TaskQos"]
+__all__ = ["COARSE_BUCKET_S", "FINE_HISTORY_S", "GPU_FIELDS", "HOST_FIELDS", "NODE_HISTORY_BYTES", "ClusterObjectives",
+           "NodeHistory", "ResourceMonitor", "TaskQos"]
 
 GPU_FIELDS = (
     "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j",
@@ -52,6 +55,10 @@ HOST_FIELDS = (
 )
 NODE_HISTORY_BYTES = 4 * 1024 * 1024
 """Most bytes of telemetry history kept per node: a node with many GPUs keeps fewer samples."""
+FINE_HISTORY_S = 60.0
+"""Default seconds of history kept per sample (the fine ring); older history is kept per bucket."""
+COARSE_BUCKET_S = 60.0
+"""Seconds of one bucket of the downsampled (coarse) history: per-minute means and maxima."""
 _G = {name: i for i, name in enumerate(GPU_FIELDS)}
 _WIDTH = len(GPU_FIELDS)
 # protobuf field number -> ring column, for reading a GpuSample with ListFields().
@@ -73,23 +80,46 @@ class ClusterObjectives:
 
 
 class NodeHistory:
-    """Ring buffers of one node's telemetry.
+    """One node's telemetry history in packed float32 arrays, at two resolutions.
+
+    Every sample is one row of ``n_gpus * len(GPU_FIELDS) + len(HOST_FIELDS)`` float32 values
+    (GPU ``g``'s field ``f`` at column ``g * len(GPU_FIELDS) + f``, then the host fields):
+
+    - the fine ring keeps the last ``capacity`` samples as they came (per second at 1 Hz);
+    - the coarse ring keeps, per ``bucket_s`` bucket of sample time (per minute), each field's
+      mean and maximum over the bucket's samples, for ``coarse_capacity`` buckets. A bucket is
+      closed when the first sample of a later bucket arrives; its samples are then the newest
+      rows of the fine ring, which therefore covers at least one bucket (see ``ResourceMonitor``).
+
+    Everything is allocated (and written) once, so a node's memory is fixed whatever its uptime.
 
     :param n_gpus: GPUs in the node's inventory (fixed for the life of the history).
-    :param capacity: samples kept (history seconds / sampling interval).
+    :param capacity: samples of the fine ring.
+    :param coarse_capacity: buckets of the coarse ring (0: no downsampled history).
+    :param bucket_s: seconds of one coarse bucket.
     """
 
-    __slots__ = ("_energy_start", "capacity", "count", "energy_delta_j", "energy_j", "gpu", "gpu_point", "head",
-                 "host", "last_power_w", "last_time", "n_gpus", "times")
+    __slots__ = ("_bucket", "_bucket_n", "_energy_start", "bucket_s", "capacity", "ccount", "chead",
+                 "coarse_capacity", "coarse_max", "coarse_mean", "coarse_times", "count", "energy_delta_j", "energy_j",
+                 "gpu_point", "head", "last_power_w", "last_time", "n_gpus", "rows", "times")
 
-    def __init__(self, n_gpus: int, capacity: int) -> None:
+    def __init__(self, n_gpus: int, capacity: int, coarse_capacity: int = 0, bucket_s: float = COARSE_BUCKET_S) -> None:
         self.n_gpus = n_gpus
         self.capacity = capacity
+        width = n_gpus * _WIDTH + len(HOST_FIELDS)
         self.times = np.zeros(capacity, dtype=np.float64)
-        self.gpu = np.full((capacity, n_gpus, len(GPU_FIELDS)), np.nan, dtype=np.float32)
-        self.host = np.full((capacity, len(HOST_FIELDS)), np.nan, dtype=np.float32)
+        self.rows = np.full((capacity, width), np.nan, dtype=np.float32)
         self.head = 0
         self.count = 0
+        self.coarse_capacity = coarse_capacity
+        self.bucket_s = bucket_s
+        self.coarse_times = np.zeros(coarse_capacity, dtype=np.float64)     # each bucket's start
+        self.coarse_mean = np.full((coarse_capacity, width), np.nan, dtype=np.float32)
+        self.coarse_max = np.full((coarse_capacity, width), np.nan, dtype=np.float32)
+        self.chead = 0
+        self.ccount = 0
+        self._bucket = -math.inf    # index (sample time // bucket_s) of the open bucket
+        self._bucket_n = 0          # rows of the fine ring in the open bucket
         self.energy_j = 0.0
         self.energy_delta_j = 0.0
         self.last_time = 0.0
@@ -98,15 +128,33 @@ class NodeHistory:
         # (mean GPU utilization, sum of GPU power) of the last sample, None when it lacked either.
         self.gpu_point: tuple[float, float] | None = None
 
+    @property
+    def gpu(self) -> np.ndarray:
+        """The fine ring's GPU fields as a (capacity, n_gpus, len(GPU_FIELDS)) view."""
+        return self.rows[:, :self.n_gpus * _WIDTH].reshape(self.capacity, self.n_gpus, _WIDTH)
+
+    @property
+    def host(self) -> np.ndarray:
+        """The fine ring's host fields as a (capacity, len(HOST_FIELDS)) view."""
+        return self.rows[:, self.n_gpus * _WIDTH:]
+
     def append(self, sample: types_pb2.TelemetrySample) -> tuple[float, float, float, float]:
         """Store one sample; returns (compute util, power W, GPU memory used, GPU memory total).
 
         Hot path (one call per node per second): the set fields of each GPU are read with
-        ``ListFields`` (one C call per GPU), gathered into a flat list and copied into the
-        ring row in one numpy assignment; the node summary is summed from the same list.
+        ``ListFields`` (one C call per GPU), gathered into a flat list with the host fields and
+        copied into the ring row in one numpy assignment; the node summary is summed from the
+        same list. A sample of a later bucket first closes the open one (once a minute).
         """
-        i = self.head
         t = sample.time_unix_s
+        if self.coarse_capacity:
+            bucket = t // self.bucket_s
+            if bucket > self._bucket:     # an older sample (a late batch) joins the open bucket
+                if self._bucket_n:
+                    self._close_bucket()
+                self._bucket = bucket
+            self._bucket_n = min(self._bucket_n + 1, self.capacity)
+        i = self.head
         self.times[i] = t
         n, width = self.n_gpus, _WIDTH
         flat = [math.nan] * (n * width)
@@ -120,12 +168,10 @@ class NodeHistory:
                 col = column(fd.number)
                 if col is not None:
                     flat[base + col] = value
-        if n:
-            self.gpu[i] = np.asarray(flat, dtype=np.float32).reshape(n, width)
         h = sample.host
         host = [h.cpu_util, h.load1, h.mem_used_bytes, h.mem_total_bytes, h.net_rx_bytes_total, h.net_tx_bytes_total,
                 h.cpu_power_w if h.HasField("cpu_power_w") else math.nan]
-        self.host[i] = host
+        self.rows[i] = flat + host
         self.head = (i + 1) % self.capacity
         self.count = min(self.count + 1, self.capacity)
         self.gpu_point = None
@@ -147,6 +193,23 @@ class NodeHistory:
         self._integrate(t, power, counters)
         return u, power, mem_used, mem_total
 
+    def _close_bucket(self) -> None:
+        """Downsample the open bucket (the newest ``_bucket_n`` rows of the fine ring) into the coarse ring:
+        per column the mean and the maximum of the values present (NaN where none was)."""
+        k = self._bucket_n
+        block = self.rows[(np.arange(k) + (self.head - k)) % self.capacity]
+        present = ~np.isnan(block)
+        counts = present.sum(axis=0)
+        sums = np.where(present, block, 0.0).sum(axis=0, dtype=np.float64)
+        j = self.chead
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.coarse_mean[j] = sums / counts
+        self.coarse_max[j] = np.fmax.reduce(block, axis=0)    # fmax skips NaN
+        self.coarse_times[j] = self._bucket * self.bucket_s
+        self.chead = (j + 1) % self.coarse_capacity
+        self.ccount = min(self.ccount + 1, self.coarse_capacity)
+        self._bucket_n = 0
+
     def _integrate(self, t: float, power: float, counters: float | None) -> None:
         """Energy since the first sample: from the summed NVML counters when every GPU has one
         (``counters``), else the trapezoid rule over the node's power."""
@@ -166,30 +229,56 @@ class NodeHistory:
         self.last_time = t
         self.last_power_w = power
 
-    def series(self, field: str, gpu_index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(times, values) oldest first for one GPU field (with ``gpu_index``) or host field."""
-        order = (np.arange(self.count) + (self.head - self.count)) % self.capacity
+    def _column(self, field: str, gpu_index: int | None) -> int:
         if gpu_index is None:
-            return self.times[order], self.host[order, HOST_FIELDS.index(field)]
-        return self.times[order], self.gpu[order, gpu_index, _G[field]]
+            return self.n_gpus * _WIDTH + HOST_FIELDS.index(field)
+        if not 0 <= gpu_index < self.n_gpus:
+            raise IndexError(f"GPU index {gpu_index} out of range (the node has {self.n_gpus})")
+        return gpu_index * _WIDTH + _G[field]
+
+    def series(self, field: str, gpu_index: int | None = None, stat: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+        """(times, values) oldest first for one GPU field (with ``gpu_index``) or host field.
+
+        The samples of the fine ring come as they were; before them, one value per closed bucket
+        that began before the oldest of those samples, timed at the bucket's start: the bucket's
+        mean (``stat="mean"``) or maximum (``stat="max"``, e.g. for a peak of memory). The bucket
+        the fine ring starts in is thus both in its per-bucket value and in its samples that remain.
+        """
+        col = self._column(field, gpu_index)
+        order = (np.arange(self.count) + (self.head - self.count)) % self.capacity
+        times, values = self.times[order], self.rows[order, col]
+        if not self.ccount:
+            return times, values
+        if stat not in ("mean", "max"):
+            raise ValueError(f"stat must be 'mean' or 'max', not {stat!r}")
+        corder = (np.arange(self.ccount) + (self.chead - self.ccount)) % self.coarse_capacity
+        ctimes = self.coarse_times[corder]
+        keep = corder[ctimes < times[0]] if len(times) else corder
+        coarse = self.coarse_mean if stat == "mean" else self.coarse_max
+        return np.concatenate([self.coarse_times[keep], times]), np.concatenate([coarse[keep, col], values])
 
     def latest(self, field: str, gpu_index: int) -> float | None:
         """One GPU field of the latest sample (None when there is none, or it was not measured)."""
-        if self.count == 0 or not 0 <= gpu_index < self.gpu.shape[1]:
+        if self.count == 0 or not 0 <= gpu_index < self.n_gpus:
             return None
-        value = float(self.gpu[(self.head - 1) % self.capacity, gpu_index, _G[field]])
+        value = float(self.rows[(self.head - 1) % self.capacity, gpu_index * _WIDTH + _G[field]])
         return None if math.isnan(value) else value
 
     @property
     def nbytes(self) -> int:
-        return self.times.nbytes + self.gpu.nbytes + self.host.nbytes
+        return (self.times.nbytes + self.rows.nbytes + self.coarse_times.nbytes + self.coarse_mean.nbytes
+                + self.coarse_max.nbytes)
 
 
 class ResourceMonitor:
     """Aggregates telemetry from every node.
 
     :param history_s: seconds of history kept per node.
-    :param interval_s: the agents' sampling interval (sets the ring size).
+    :param interval_s: the agents' sampling interval (sets the fine ring's size).
+    :param fine_s: seconds of that history kept per sample (at least one coarse bucket when
+        ``history_s`` is longer); the rest of ``history_s`` is kept per ``bucket_s`` (mean and
+        maximum of each field), so a node's memory is bounded by both, whatever its uptime.
+    :param bucket_s: seconds of one bucket of the downsampled history.
     :param now: wall clock (injected in tests).
     :param power_model: fed every sample's (mean GPU utilization, summed GPU power), so that
         Alg. 3's per-node power curves are fitted from the node's own telemetry; None: not fed.
@@ -197,11 +286,18 @@ class ResourceMonitor:
     """
 
     def __init__(self, history_s: float, interval_s: float, now: Callable[[], float] = time.time,
-                 power_model: PowerModel | None = None, max_qos_tasks: int = 4096) -> None:
+                 power_model: PowerModel | None = None, max_qos_tasks: int = 4096,
+                 fine_s: float = FINE_HISTORY_S, bucket_s: float = COARSE_BUCKET_S) -> None:
         self.power_model = power_model
         self._task_qos = TaskQosStore(max_qos_tasks, now)
         self.task_energy = TaskEnergy()
-        self.capacity = max(2, math.ceil(history_s / interval_s))
+        if history_s > fine_s:
+            fine_s = max(fine_s, bucket_s)    # a closed bucket's samples are all still in the fine ring
+            self.coarse_capacity = math.ceil((history_s - fine_s) / bucket_s) + 1   # +1: the one fine_s starts in
+        else:
+            fine_s, self.coarse_capacity = history_s, 0
+        self.capacity = max(2, math.ceil(fine_s / interval_s))
+        self.bucket_s = bucket_s
         self._now = now
         self._hist: dict[str, NodeHistory] = {}
         self._slot: dict[str, int] = {}
@@ -223,8 +319,12 @@ class ResourceMonitor:
     def _ensure(self, node_id: str, n_gpus: int) -> tuple[NodeHistory, int]:
         hist = self._hist.get(node_id)
         if hist is None or hist.n_gpus != n_gpus:
-            per_sample = 8 + 4 * (n_gpus * len(GPU_FIELDS) + len(HOST_FIELDS))
-            hist = NodeHistory(n_gpus, max(2, min(self.capacity, NODE_HISTORY_BYTES // per_sample)))
+            width = n_gpus * len(GPU_FIELDS) + len(HOST_FIELDS)
+            fine, coarse = self.capacity, self.coarse_capacity
+            size = fine * (8 + 4 * width) + coarse * (8 + 8 * width)    # times, rows; times, means and maxima
+            if size > NODE_HISTORY_BYTES:    # hundreds of GPUs: fewer samples and buckets, same byte budget
+                fine, coarse = max(2, fine * NODE_HISTORY_BYTES // size), coarse * NODE_HISTORY_BYTES // size
+            hist = NodeHistory(n_gpus, fine, coarse, self.bucket_s)
             self._hist[node_id] = hist
         slot = self._slot.get(node_id)
         if slot is None:

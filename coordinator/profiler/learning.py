@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
@@ -16,8 +17,8 @@ __all__ = ["UsageHistory", "learn_from_task", "learn_run_time"]
 class UsageHistory(Protocol):
     """A node's telemetry history (``coordinator.monitor.NodeHistory``)."""
 
-    def series(self, field: str, gpu_index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(times, values) of one field, for one GPU."""
+    def series(self, field: str, gpu_index: int | None = None, stat: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+        """(times, values) of one field, for one GPU: per sample lately, per-minute ``stat`` (mean or max) before."""
 
 
 def learn_from_task(profiler: Profiler, task: types_pb2.Task, history: UsageHistory | None) -> bool:
@@ -37,16 +38,29 @@ def learn_from_task(profiler: Profiler, task: types_pb2.Task, history: UsageHist
     started = next((h.time_unix_s for h in task.history if h.state == TaskState.RUNNING), 0.0)
     peak_mem, utils = 0.0, []
     for i in na.gpu_indices:
-        times, mem = history.series("mem_used_bytes", i)
+        times, mem = history.series("mem_used_bytes", i, stat="max")   # older history: the peak of each minute
         _, util = history.series("util_gpu", i)
         window = times >= started
         if window.any():
             peak_mem = max(peak_mem, float(mem[window].max()))
-            utils.append(float(util[window].mean()))
+            utils.append(_time_mean(times[window], util[window]))
     if peak_mem <= 0 or not utils:
         return False
     profiler.observe(task.spec, int(peak_mem), sum(utils) / len(utils))
     return True
+
+
+def _time_mean(times: np.ndarray, values: np.ndarray) -> float:
+    """Mean of a series weighted by the time each value stands for (until the next one; the last one as
+    long as the one before it), so that a per-minute mean of older history counts as its minute, not as
+    one sample; the plain mean when the times give no weights."""
+    present = ~np.isnan(values)
+    times, values = times[present], values[present]
+    if len(values) < 2:
+        return float(values.mean()) if len(values) else math.nan
+    spans = np.diff(times)
+    weights = np.clip(np.append(spans, spans[-1]), 0.0, None)
+    return float(np.average(values, weights=weights)) if weights.sum() > 0 else float(values.mean())
 
 
 def learn_run_time(profiler: Profiler, task: types_pb2.Task) -> bool:

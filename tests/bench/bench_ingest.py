@@ -24,13 +24,16 @@ warm-up, for ``--window`` seconds it measures:
   the time waited so far (at least ``--poll-ms``); a sample not visible after ``--lag-timeout``
   counts as an infinite lag;
 - CPU (% of one core) of the coordinator (all threads, and ``loop %``: its main thread, the asyncio
-  loop, which saturates at 100 % whatever the cores), its RSS, the generators', etcd's, and
+  loop, which saturates at 100 % whatever the cores), its RSS (also per node: RSS above the idle RSS
+  read once the coordinator leads and before any agent connects, divided by the agents), the
+  generators', etcd's, and
   ``other%``: what the rest of the host used meanwhile (on a shared machine a busy neighbour
   shows there, and is named in a note: the figures are then pessimistic);
 - after the window, the time one full ``/metrics`` scrape takes (it renders every GPU's gauges).
 
 A step passes when p99 lag < 1 s and samples/s seen >= 95 % of agents x 1 Hz. By default the
-ramp stops after the first failing step (``--keep-going`` to continue).
+ramp stops after the first failing step (``--keep-going`` to continue). The per-node memory of
+the largest step is compared with ``--max-kib-per-node`` (reported, not a pass condition).
 
 Baseline, in the same run: the same generator and lag measurement against a bare
 ``grpc.aio`` server (``--role baseline-server``) that only keeps each node's latest sample and
@@ -335,6 +338,7 @@ class Row:
     cpu: float = 0.0
     loop_cpu: float = 0.0
     rss: float = 0.0
+    idle_rss: float = 0.0
     gen_cpu: float = 0.0
     me_cpu: float = 0.0
     etcd_cpu: float = 0.0
@@ -353,6 +357,11 @@ class Row:
     def other_cpu(self) -> float:
         """CPU the rest of the host used meanwhile (other processes, kernel): a noisy neighbour shows here."""
         return max(0.0, self.host_cpu - self.cpu - self.gen_cpu - self.me_cpu - self.etcd_cpu)
+
+    @property
+    def kib_per_node(self) -> float:
+        """The server's RSS above its idle RSS (before any agent), per agent, KiB."""
+        return (self.rss - self.idle_rss) * 1024 / self.agents if self.agents and self.idle_rss else math.nan
 
     @property
     def p50(self) -> float:
@@ -537,9 +546,11 @@ async def run_ramp(args: argparse.Namespace, label: str, address: str, metrics_a
     host = HostMeter()
     ours = {os.getpid(), server_pid, *(g.proc.pid for g in gens), *([etcd_pid] if etcd_pid else [])}
     have = 0
+    idle_rss = psutil.Process(server_pid).memory_info().rss / 2**20   # before any agent: the per-node baseline
+    print(f"  [{label}] idle RSS {idle_rss:.0f} MB", flush=True)
     try:
         for count in steps:
-            row = Row(label, count)
+            row = Row(label, count, idle_rss=idle_rss)
             new = list(range(have, count))
             t0 = time.monotonic()
             answers = await asyncio.gather(*(
@@ -593,8 +604,8 @@ async def run_ramp(args: argparse.Namespace, label: str, address: str, metrics_a
 
 
 HEADER = (f"{'server':<12}{'agents':>7}{'gpus':>7}{'offered/s':>10}{'seen/s':>9}{'p50 lag':>9}{'p99 lag':>9}"
-          f"{'max lag':>9}{'cpu %':>7}{'loop %':>7}{'rss MB':>8}{'gen cpu%':>9}{'etcd%':>6}{'other%':>7}"
-          f"{'gen late99':>11}{'getnode50':>10}{'scrape s':>9}{'result':>7}")
+          f"{'max lag':>9}{'cpu %':>7}{'loop %':>7}{'rss MB':>8}{'idle MB':>8}{'KiB/node':>9}"
+          f"{'gen cpu%':>9}{'etcd%':>6}{'other%':>7}{'gen late99':>11}{'getnode50':>10}{'scrape s':>9}{'result':>7}")
 
 
 def _ms(x: float) -> str:
@@ -604,7 +615,7 @@ def _ms(x: float) -> str:
 def format_row(r: Row) -> str:
     return (f"{r.label:<12}{r.agents:>7}{r.agents * GPUS:>7}{r.offered:>10.0f}{r.seen:>9.0f}{_ms(r.p50):>9}"
             f"{_ms(r.p99):>9}{_ms(max(r.lags) if r.lags else math.nan):>9}{r.cpu:>7.0f}{r.loop_cpu:>7.0f}"
-            f"{r.rss:>8.0f}{r.gen_cpu:>9.0f}{r.etcd_cpu:>6.0f}{r.other_cpu:>7.0f}{_ms(r.late_p99):>11}"
+            f"{r.rss:>8.0f}{r.idle_rss:>8.0f}{r.kib_per_node:>9.0f}{r.gen_cpu:>9.0f}{r.etcd_cpu:>6.0f}{r.other_cpu:>7.0f}{_ms(r.late_p99):>11}"
             f"{_ms(percentile(r.rtts, 50)):>10}{r.scrape_s:>9.2f}{'pass' if r.passed else 'FAIL':>7}")
 
 
@@ -708,6 +719,11 @@ async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
     best = max((r.agents for r in coord_rows if r.passed), default=0)
     print(f"largest passing agent count: {best} ({best * GPUS} GPUs); target 2000 agents × 8 GPUs: "
           f"{'met' if best >= 2000 else 'NOT met'}")
+    big = max((r for r in coord_rows if r.rss), key=lambda r: r.agents, default=None)   # measured steps
+    if big is not None and not math.isnan(big.kib_per_node):
+        print(f"coordinator memory at {big.agents} agents: RSS {big.rss:.0f} MB, idle {big.idle_rss:.0f} MB: "
+              f"{big.kib_per_node:.0f} KiB per node above idle; target ≤ {args.max_kib_per_node:g} KiB: "
+              f"{'met' if big.kib_per_node <= args.max_kib_per_node else 'NOT met'}")
     print(f"probe: {sum(r.polls for r in rows)} GetNode polls, {sum(len(r.lags) for r in rows)} lag samples; "
           f"probe process cpu {max((r.me_cpu for r in rows), default=0):.0f}% max")
     if args.micro:
@@ -746,6 +762,8 @@ def main() -> None:
                    help="skip timing one full /metrics scrape after each step")
     p.add_argument("--no-micro", dest="micro", action="store_false",
                    help="skip timing the coordinator's ResourceMonitor.ingest in-process")
+    p.add_argument("--max-kib-per-node", type=float, default=100.0,
+                   help="target coordinator RSS above its idle RSS per node, KiB (reported, not a pass condition)")
     p.add_argument("--keep-going", action="store_true", help="run every step even after one fails")
     p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
     p.add_argument("--keep-dir", default="", help="keep state and logs in this directory instead of a temporary one")

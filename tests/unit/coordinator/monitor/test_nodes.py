@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.pb.gptrm.v1 import types_pb2
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState
-from coordinator.monitor.nodes import NodeRegistry
+from coordinator.monitor.nodes import NodeRegistry, Outbox
 from tests.helpers.clock import FakeClock
 
 
@@ -69,3 +69,18 @@ class TestPowerStates:
         assert entry.state == NodeState.READY and not reg.schedulable(entry)
         entry.record.power_state = types_pb2.NODE_POWER_STATE_READY
         assert reg.schedulable(entry)
+
+
+class TestOutbox:
+    def test_a_full_outbox_ends_its_stream_instead_of_growing(self) -> None:
+        """Past its limit an outbox queues the end of the stream once and drops what follows; the end
+        itself always goes in."""
+        outbox = Outbox(limit=3)
+        for i in range(10):
+            outbox.put_nowait(agent_pb2.CoordinatorMessage(event_ack=agent_pb2.EventAck(up_to_seq=i)))
+        assert outbox.overflowed and outbox.qsize() == 4
+        got = [outbox.get_nowait() for _ in range(4)]
+        assert [m.event_ack.up_to_seq for m in got[:3]] == [0, 1, 2] and got[3] is None
+        outbox.put_nowait(None)   # a stream ended elsewhere (a newer stream of the node) still ends
+        assert outbox.get_nowait() is None
+

@@ -101,6 +101,27 @@ class TestWindow:
         assert curve.idle_w == pytest.approx(200, abs=0.01) and curve.max_w == pytest.approx(800, abs=0.05)
 
 
+    def test_sums_fit_like_least_squares_over_the_window(self) -> None:
+        """The fit from per-chunk sums is the least-squares line of the samples in the window, which slides a
+        chunk at a time and never holds more than the window; the kept state is the same size however many
+        samples came."""
+        fit, rng = NodePowerFit(window=256), np.random.default_rng(11)
+        util = rng.uniform(0, 1, 1000)
+        power = 300 + 2000 * util + rng.normal(0, 40, 1000)
+        size = fit._closed.nbytes
+        for n, (u, p) in enumerate(zip(util, power, strict=True), start=1):
+            fit.add(float(u), float(p))
+            assert len(fit) <= 256
+            if n in (40, 256, 700, 1000):
+                k = len(fit)
+                assert k > 256 - 8 or n < 256
+                expected = fit_line(util[n - k:n], power[n - k:n])
+                got = fit._compute()
+                assert got is not None and expected is not None
+                assert got.idle_w == pytest.approx(expected.idle_w) and got.max_w == pytest.approx(expected.max_w)
+        assert fit._closed.nbytes == size <= 32 * 7 * 8
+
+
 class TestOnlineFit:
     """Telemetry reaches the fit through the Resource Monitor; refits are spaced out."""
 

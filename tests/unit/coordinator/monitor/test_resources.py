@@ -122,4 +122,71 @@ class TestPoisonedSamples:
         mon.ingest("big", 256, [_sample(1, [0.5], [100])])
         mon.ingest("small", 8, [_sample(1, [0.5], [100])])
         assert mon.history("big").nbytes <= NODE_HISTORY_BYTES
-        assert mon.history("small").capacity == 900
+        assert (mon.history("small").capacity, mon.history("small").coarse_capacity) == (60, 15)
+
+
+class TestDownsampledHistory:
+    """The last minute per sample, older history per minute (mean and maximum), memory fixed by the settings."""
+
+    def test_history_older_than_the_fine_window_comes_back_per_minute(self) -> None:
+        mon = ResourceMonitor(history_s=600, interval_s=1, now=lambda: 1000.0)
+        for t in range(300):
+            mon.ingest("a", 1, [_sample(t, [0.5], [float(t)], cpu_power=float(2 * t))])
+        hist = mon.history("a")
+        times, power = hist.series("power_w", 0)
+        # Buckets [0, 60) ... [180, 240) closed, each timed at its start; then every sample of the last minute.
+        assert list(times[:4]) == [0, 60, 120, 180] and list(power[:4]) == [29.5, 89.5, 149.5, 209.5]
+        assert list(times[4:]) == list(range(240, 300)) and list(power[4:]) == list(range(240, 300))
+        _, peak = hist.series("power_w", 0, stat="max")
+        assert list(peak[:4]) == [59, 119, 179, 239] and list(peak[4:]) == list(range(240, 300))
+        host_times, cpu_power = hist.series("cpu_power_w")
+        assert list(host_times) == list(times) and list(cpu_power[:2]) == [59.0, 179.0]
+        assert hist.latest("power_w", 0) == 299.0 and hist.latest("power_w", 1) is None
+        with pytest.raises(ValueError):
+            hist.series("power_w", 0, stat="median")
+
+    def test_a_bucket_the_fine_window_starts_in_is_kept_too(self) -> None:
+        """No gap: the closed bucket the oldest sample falls in comes back as well (its mean, then its samples left)."""
+        mon = ResourceMonitor(history_s=600, interval_s=1, now=lambda: 1000.0)
+        for t in range(330):
+            mon.ingest("a", 1, [_sample(t, [0.5], [float(t)])])
+        times, power = mon.history("a").series("power_w", 0)
+        assert list(times[:6]) == [0, 60, 120, 180, 240, 270] and power[4] == 269.5
+        assert len(times) == 5 + 60
+
+    def test_absent_fields_late_samples_and_empty_buckets(self) -> None:
+        """A field missing from some samples of a minute is the mean of those that had it (NaN when none had);
+        a late sample (older than the open minute) joins that minute; a silent minute leaves no row."""
+        mon = ResourceMonitor(history_s=600, interval_s=1, now=lambda: 1000.0)
+        for t in range(60):
+            s = _sample(t, [0.5], [100.0 if t % 2 else 300.0])
+            if t < 30:
+                s.gpus[0].temperature_c = 40.0 + t
+            mon.ingest("a", 1, [s])
+        mon.ingest("a", 1, [_sample(60, [0.5], [50.0]), _sample(30.5, [0.5], [1000.0])])   # the second one late
+        for t in range(180, 300):                                                         # [120, 180) silent
+            mon.ingest("a", 1, [_sample(t, [0.5], [50.0])])
+        hist = mon.history("a")
+        times, power = hist.series("power_w", 0)
+        assert list(times[:3]) == [0, 60, 180] and list(power[:3]) == [200.0, 525.0, 50.0]
+        _, temp = hist.series("temperature_c", 0)
+        assert temp[0] == pytest.approx(40 + 14.5) and math.isnan(temp[1])
+        _, hottest = hist.series("temperature_c", 0, stat="max")
+        assert hottest[0] == 69.0 and math.isnan(hottest[1])
+
+    def test_a_nodes_memory_is_bounded_whatever_its_uptime(self) -> None:
+        """A day of 1 Hz samples from 8 GPUs: the arrays are those allocated at the first sample (about 37 KiB
+        for 15 minutes, where per-second rows took 369 KiB), and the series spans the history asked for."""
+        mon = ResourceMonitor(history_s=900, interval_s=1, now=lambda: 1e6)
+        utils, power = [0.5] * 8, [300.0] * 8
+        mon.ingest("a", 8, [_sample(0, utils, power)])
+        hist = mon.history("a")
+        first = mon.memory_bytes
+        assert first == hist.nbytes < 40 * 1024
+        for t in range(1, 86_400, 7):      # one sample every 7 s keeps the test quick; the buckets still close
+            hist.append(_sample(t, utils, power))
+        assert mon.memory_bytes == first
+        times, _ = hist.series("util_gpu", 3)
+        assert len(times) <= hist.capacity + hist.coarse_capacity
+        assert 86_400 - 900 - 60 <= times[0] <= 86_400 - 900
+
