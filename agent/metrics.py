@@ -20,11 +20,9 @@ cut to :data:`MAX_LABEL_CHARS`, and at most :data:`MAX_TASKS` tasks are listed.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,6 +32,7 @@ from prometheus_client.registry import Collector
 from agent.collectors import GpuDevice
 from agent.sampler import SamplerState
 from agent.tasktable import TaskRecord
+from common.metrics_http import QuietHandler, serve_wsgi
 from common.pb.gptrm.v1 import types_pb2
 
 __all__ = [
@@ -227,13 +226,10 @@ def render(metrics: AgentMetrics) -> bytes:
     return text
 
 
-class _Handler(WSGIRequestHandler):
+class _Handler(QuietHandler):
     """Closes idle connections; logs no access lines (scrapes come every few seconds)."""
 
     timeout = REQUEST_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Log nothing."""
 
 
 def _wsgi_app(metrics: AgentMetrics) -> Callable[..., list[bytes]]:
@@ -268,12 +264,4 @@ def serve_metrics(metrics: AgentMetrics, listen: str) -> ThreadingWSGIServer:
     :returns: the server (``server_address`` says where it listens; ``shutdown()`` stops it).
     :raises OSError: the address cannot be bound.
     """
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-
-    class Server(ThreadingWSGIServer):
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    server = make_server(host, int(port), _wsgi_app(metrics), Server, handler_class=_Handler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    return serve_wsgi(listen, _wsgi_app(metrics), _Handler)

@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import gzip
 import math
-import socket
-import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from common.metrics_http import serve_wsgi
 
 if TYPE_CHECKING:
     from coordinator.monitor.nodes import NodeRegistry
@@ -320,13 +319,6 @@ class Metrics:
         return output, content_type
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Request handler that leaves access logging to nobody (scrapes come every few seconds)."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Log nothing."""
-
-
 def _wsgi_app(metrics: Metrics) -> Callable[..., list[bytes]]:
     """The /metrics endpoint: GET (any path), OPTIONS; gzip when the client accepts it."""
 
@@ -358,12 +350,4 @@ def serve_metrics(metrics: Metrics, listen: str) -> ThreadingWSGIServer:
     :param listen: ``HOST:PORT`` (``[::]:PORT`` for IPv6; port 0 picks a free one).
     :returns: the server (``server_address`` says where it listens; ``shutdown()`` stops it).
     """
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-
-    class Server(ThreadingWSGIServer):
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    server = make_server(host, int(port), _wsgi_app(metrics), Server, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    return serve_wsgi(listen, _wsgi_app(metrics))

@@ -162,9 +162,9 @@ class Cluster:
         return subprocess.run([str(BIN / "gptrmctl"), "--coordinator", addr, *_plaintext_unless_tls(args), *args],
                               capture_output=True, text=True, timeout=timeout_s)
 
-    def ctl_json(self, *args: str) -> Any:
+    def ctl_json(self, *args: str, coordinator: str | None = None) -> Any:
         """``gptrmctl -o json ARGS``'s document (the command must succeed)."""
-        res = self.ctl("-o", "json", *args)
+        res = self.ctl("-o", "json", *args, coordinator=coordinator)
         assert res.returncode == 0, f"{args}: {res.stderr}"
         return json.loads(res.stdout)
 
@@ -172,9 +172,9 @@ class Cluster:
         """Submit with gptrmctl; returns the task id."""
         return str(self.ctl_json("submit", *args)["task_id"])
 
-    def task(self, task_id: str) -> dict[str, Any]:
-        """``gptrmctl tasks TASK`` as JSON."""
-        return dict(self.ctl_json("tasks", task_id))
+    def task(self, task_id: str, coordinator: str | None = None) -> dict[str, Any]:
+        """``gptrmctl tasks TASK`` as JSON (asking ``coordinator`` only, when given)."""
+        return dict(self.ctl_json("tasks", task_id, coordinator=coordinator))
 
     def task_in(self, task_id: str, *states: str) -> dict[str, Any] | None:
         """The task when it is in one of ``states`` (for :func:`wait_until`), else None."""

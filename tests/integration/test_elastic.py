@@ -18,15 +18,7 @@ _INTERVAL_S = "4"   # the hysteresis: short, so that growing back is quick
 
 
 def _submit(c: Cluster, *args: str) -> str:
-    res = c.ctl("-o", "json", "submit", *ROOT_TASKS_SUBMIT, *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["task_id"]
-
-
-def _task(c: Cluster, task_id: str, coordinator: str | None = None) -> dict:
-    res = c.ctl("-o", "json", "tasks", task_id, coordinator=coordinator)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return c.submit(*ROOT_TASKS_SUBMIT, *args)
 
 
 def _elastic(c: Cluster, marker: Path, ckpt: Path, checkpoint_s: float = 0.0) -> str:
@@ -70,7 +62,7 @@ class TestElastic:
         trainer = _elastic(cluster, marker, ckpt)
         wait_until(lambda: _starts(marker), what="elastic task started")
         assert _starts(marker) == [(4, 0, "")]   # it took the whole idle node at once, no restart
-        t = _task(cluster, trainer)
+        t = cluster.task(trainer)
         assert t["elastic"]["gpus"] == 4 and t["elastic"]["min_gpus"] == 1 and t["elastic"]["max_gpus"] == 4
 
         other = _submit(cluster, "--name", "other", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
@@ -79,16 +71,16 @@ class TestElastic:
         wait_until(lambda: len(_starts(marker)) == 2, timeout_s=30, what="elastic task restarted")
         world, count, reason = _starts(marker)[1]
         assert (world, count) == (2, 1) and other in reason
-        wait_until(lambda: _task(cluster, other)["state"] in ("running", "succeeded"), timeout_s=30,
+        wait_until(lambda: cluster.task(other)["state"] in ("running", "succeeded"), timeout_s=30,
                    what="the waiting task runs")
-        t = _task(cluster, trainer)
+        t = cluster.task(trainer)
         assert t["restarts"] == 0 and t["preemptions"] == 0 and t["elastic"]["resizes"] == 1
 
-        wait_until(lambda: _task(cluster, other)["state"] == "succeeded", what="the other task ended")
+        wait_until(lambda: cluster.task(other)["state"] == "succeeded", what="the other task ended")
         wait_until(lambda: len(_starts(marker)) == 3, timeout_s=60, what="elastic task grew back")
         world, count, reason = _starts(marker)[2]
         assert (world, count) == (4, 2) and "idle GPUs" in reason
-        t = wait_until(lambda: (t := _task(cluster, trainer))["state"] == "running" and t, what="running at 4")
+        t = wait_until(lambda: (t := cluster.task(trainer))["state"] == "running" and t, what="running at 4")
         history = t["elastic"]["history"]
         assert [(h["from_gpus"], h["to_gpus"]) for h in history] == [(2, 4), (4, 2)]   # latest first
         # A resize waits out the hysteresis: the grow came at least the interval after the shrink.
@@ -111,7 +103,7 @@ class TestElastic:
         marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
         trainer = _elastic(cluster, marker, ckpt, checkpoint_s=2.0)
         wait_until(lambda: _starts(marker) == [(4, 0, "")], what="elastic task at 4 GPUs")
-        wait_until(lambda: _task(cluster, trainer)["state"] == "running", what="elastic task running")
+        wait_until(lambda: cluster.task(trainer)["state"] == "running", what="elastic task running")
         other = _submit(cluster, "--name", "other", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
                         "sh", "-c", "sleep 600")
         admin = cluster.admin("c1")
@@ -133,7 +125,7 @@ class TestElastic:
         wait_until(lambda: len(_starts(marker)) >= 2, what="the elastic task's second start")
         assert [s[0] for s in _starts(marker)] == [4, 2]
         assert _running_instances(marker) == 1
-        t = _task(cluster, trainer, coordinator=c2)
+        t = cluster.task(trainer, coordinator=c2)
         assert t["elastic"]["gpus"] == 2 and t["elastic"]["resizes"] == 1
 
     def test_growth_stays_within_the_queues_quota(self, cluster: Cluster, tmp_path: Path) -> None:
@@ -150,5 +142,5 @@ class TestElastic:
         trainer = _elastic(cluster, marker, ckpt)
         wait_until(lambda: _starts(marker), what="elastic task started")
         assert _starts(marker) == [(2, 0, "")]
-        t = _task(cluster, trainer)
+        t = cluster.task(trainer)
         assert t["queue"] == "team" and t["elastic"]["gpus"] == 2 and t["borrowed_gpus"] == 0

@@ -12,15 +12,7 @@ from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Clust
 
 
 def _submit(c: Cluster, *args: str) -> str:
-    res = c.ctl("-o", "json", "submit", *ROOT_TASKS_SUBMIT, *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["task_id"]
-
-
-def _task(c: Cluster, task_id: str, coordinator: str | None = None) -> dict:
-    res = c.ctl("-o", "json", "tasks", task_id, coordinator=coordinator)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return c.submit(*ROOT_TASKS_SUBMIT, *args)
 
 
 def _states(history: list[dict]) -> list[str]:
@@ -41,7 +33,7 @@ def _two_running_victims(cluster: Cluster, tmp_path: Path) -> tuple[list[str], l
     markers = [tmp_path / "v1.ckpt", tmp_path / "v2.ckpt"]
     victims = [_victim(cluster, f"low-{i}", m) for i, m in enumerate(markers)]
     for v in victims:
-        wait_until(lambda v=v: _task(cluster, v)["state"] == "running", what=f"{v} running")
+        wait_until(lambda v=v: cluster.task(v)["state"] == "running", what=f"{v} running")
     return victims, markers
 
 
@@ -59,20 +51,20 @@ class TestPreemption:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         victims, markers = _two_running_victims(cluster, tmp_path)
-        submitted = {v: _task(cluster, v)["submit_unix_s"] for v in victims}
+        submitted = {v: cluster.task(v)["submit_unix_s"] for v in victims}
         high = _submit(cluster, "--name", "urgent", "--priority", "10", "--gpus", "2", "--gpu-mem-gib", "10",
                        "--cpu", "0.1", "--", "sh", "-c", "sleep 3")
         wait_until(lambda: all(m.exists() for m in markers), timeout_s=5.0, what="both victims signalled")
-        wait_until(lambda: _task(cluster, high)["state"] == "running", timeout_s=5.0, what="urgent running")
+        wait_until(lambda: cluster.task(high)["state"] == "running", timeout_s=5.0, what="urgent running")
         for v in victims:
-            t = _task(cluster, v)
+            t = cluster.task(v)
             assert t["preemptions"] == 1
             states = _states(t["history"])
             assert states[states.index("preempted"):][:2] == ["preempted", "pending"]
             assert t["submit_unix_s"] == submitted[v] and t["priority"] == 0
-        wait_until(lambda: _task(cluster, high)["state"] == "succeeded", what="urgent finished")
+        wait_until(lambda: cluster.task(high)["state"] == "succeeded", what="urgent finished")
         for v in victims:
-            t = wait_until(lambda v=v: (t := _task(cluster, v))["state"] == "running" and t, what=f"{v} running again")
+            t = wait_until(lambda v=v: (t := cluster.task(v))["state"] == "running" and t, what=f"{v} running again")
             assert _states(t["history"]).count("running") == 2
         events = cluster.ctl("-o", "json", "events").stdout
         assert "preemption" in events and high in events
@@ -95,9 +87,9 @@ class TestPreemption:
         wait_until(lambda: _metric(cluster, "gptrm_scheduler_cycle_duration_seconds_count") > cycles
                    and _metric(cluster, waiting) > refused,
                    what="a scheduling cycle that refused the task")
-        assert _task(cluster, same)["state"] == "pending"
+        assert cluster.task(same)["state"] == "pending"
         assert not any(m.exists() for m in markers)
-        assert all(_task(cluster, v)["preemptions"] == 0 for v in victims)
+        assert all(cluster.task(v)["preemptions"] == 0 for v in victims)
 
     def test_leader_killed_right_after_submit(self, cluster: Cluster, tmp_path: Path) -> None:
         """With the leader killed (-9) right after the submit the end state is the same: victims signalled,
@@ -126,13 +118,13 @@ class TestPreemption:
         wait_until(urgent_ran, what="urgent running (before or after the leader change)")
         assert all(m.exists() for m in markers)
         for v in victims:
-            t = _task(cluster, v, c2)
+            t = cluster.task(v, c2)
             assert t["preemptions"] == 1
             states = _states(t["history"])
             assert states[states.index("preempted"):][:2] == ["preempted", "pending"]
-        wait_until(lambda: gpus_held_once() and _task(cluster, high, c2)["state"] == "succeeded", what="urgent done")
+        wait_until(lambda: gpus_held_once() and cluster.task(high, c2)["state"] == "succeeded", what="urgent done")
         for v in victims:
-            wait_until(lambda v=v: gpus_held_once() and _task(cluster, v, c2)["state"] == "running",
+            wait_until(lambda v=v: gpus_held_once() and cluster.task(v, c2)["state"] == "running",
                        what=f"{v} running again")
         assert {t.id for t in gpus_held_once()} == {high, *victims}
 
@@ -144,12 +136,12 @@ class TestPreemption:
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
         stubborn = _submit(cluster, "--name", "stubborn", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
                            "--stop-grace-s", "1", "--", "sh", "-c", "trap '' USR1 TERM; while true; do sleep 0.1; done")
-        t = wait_until(lambda: (t := _task(cluster, stubborn))["state"] == "running" and t, what="stubborn running")
+        t = wait_until(lambda: (t := cluster.task(stubborn))["state"] == "running" and t, what="stubborn running")
         pid = t["pids"][0]
         high = _submit(cluster, "--name", "urgent", "--priority", "1", "--gpus", "1", "--gpu-mem-gib", "10",
                        "--cpu", "0.1", "--", "sleep", "30")
-        wait_until(lambda: _task(cluster, high)["state"] == "running", what="urgent running")
-        assert _task(cluster, stubborn)["state"] == "pending"
+        wait_until(lambda: cluster.task(high)["state"] == "running", what="urgent running")
+        assert cluster.task(stubborn)["state"] == "pending"
         try:
             os.kill(pid, 0)
             alive = True
