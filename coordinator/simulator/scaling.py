@@ -10,9 +10,8 @@ One **true** curve per model, throughput by GPU count for 1..:data:`MAX_GPUS` (:
 - **batch size**: one fixed per-GPU batch ``b`` per model, the largest measured on one GPU that is also
   measured at every placement and every scale of both files, so every point is a measurement at the
   same ``b`` (the models' largest batches are not measured at the largest scales: memory and the
-  global batch limit). Should a placement or scale lack ``b``, its throughput per replica at the batch
-  nearest to ``b`` (in log) stands in for it (with ``b``'s own batch); with the data as shipped this
-  never happens.
+  global batch limit). Should a placement or scale lack ``b``, its throughput per replica measured at the
+  batch nearest to ``b`` (in log) stands in for it; with the data as shipped this never happens.
 - **GPU count**: a placement's count is the sum of its digits, a scale's its ``num_replicas``. A count
   measured several ways (``4`` on one node, ``22``, ``1111``, or 16 replicas on 8, 12 or 16 nodes)
   takes its best measurement: the placement a scheduler would choose. Counts not measured are
@@ -93,12 +92,12 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 def _nearest(rows: Sequence[tuple[int, float]], bsz: int) -> float:
     """Throughput per replica at ``bsz`` from ``(local_bsz, step_time)`` rows: measured at ``bsz``, else the
-    nearest batch's samples per step per second (``bsz / step_time`` of the nearest batch, module docstring)."""
+    throughput per replica measured at the nearest batch (module docstring)."""
     exact = [step for b, step in rows if b == bsz]
     if exact:
         return bsz / min(exact)
-    b, step = min(rows, key=lambda r: (abs(math.log(r[0] / bsz)), r[0]))
-    return bsz / step
+    near, step = min(rows, key=lambda r: (abs(math.log(r[0] / bsz)), r[0]))
+    return near / step
 
 
 def load_curve(model_dir: Path, max_gpus: int = MAX_GPUS) -> ScalingCurve:
@@ -127,7 +126,7 @@ def load_curve(model_dir: Path, max_gpus: int = MAX_GPUS) -> ScalingCurve:
     bsz = candidates[-1] if candidates and common else min(b for b, _ in one)
     points: dict[int, float] = {}
     for n, per in by_count.items():
-        if 1 <= n:
+        if n >= 1:
             points[n] = max(n * _nearest(rows, bsz) for rows in per.values())
     counts = sorted(points)
     out: list[float] = []
