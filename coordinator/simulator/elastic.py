@@ -25,8 +25,9 @@ A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its 
 progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
 with its target size, and the next pass — run at once — places it at its minimum and sizes it towards
 the target as in steps 1-2. It holds its GPUs for ``restart_cost_s`` before progressing again. Its old
-completion event is ignored when it comes (the stale-completion bookkeeping of
-:mod:`coordinator.simulator.qos`), and a new one is scheduled at every start. A job resizes at most once
+completion event is ignored when it comes (stale-completion bookkeeping as in
+:mod:`coordinator.simulator.qos`, by the current run's end time: a grown run ends before the run it replaced
+would have), and a new one is scheduled at every start. A job resizes at most once
 per ``interval_s`` (the rules' hysteresis); a pass runs when a job's hysteresis runs out, so a job that
 may grow again does not wait for the next arrival or completion.
 
@@ -43,7 +44,6 @@ planned.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -175,7 +175,7 @@ class SimElastic:
             self.by_id[req.task_id] = k
             sim.requests[k] = request_at(req, rng, rng.minimum)
         self.running: set[int] = set()
-        self.stale: Counter[int] = Counter()
+        self.end_s: dict[int, float] = {}      # running elastic job → when its current run ends
         self.pass_placed: list[int] = []
         self.passes = 0
         self._snapshots: dict[int, tuple[Any, tuple[Any, ...], NodeSnapshot]] = {}
@@ -189,12 +189,14 @@ class SimElastic:
         self.pass_placed.append(k)
         return True
 
-    def stale_completion(self, k: int) -> bool:
-        """Whether a completion event of job ``k`` belongs to a run that was resized (then it is ignored)."""
-        if self.stale[k]:
-            self.stale[k] -= 1
-            return True
-        return False
+    def stale_completion(self, k: int, now: float) -> bool:
+        """Whether a completion event of job ``k`` at ``now`` belongs to a run that was resized (then it is
+        ignored): the job is not running, or its current run ends at another time. (Runs of one job end out of
+        order — a grown run ends before the run it replaced would have — so a count of stale events, as for
+        preemptions, would not tell them apart.)"""
+        if k not in self.jobs:
+            return False
+        return k not in self.running or self.end_s.get(k) != now
 
     def finished(self, k: int, start_s: float, energy_j: float) -> tuple[float, float]:
         """Job ``k`` completed; ``(first start, energy of all its runs)`` for its record."""
@@ -202,6 +204,7 @@ class SimElastic:
         if job is None:
             return start_s, energy_j
         self.running.discard(k)
+        self.end_s.pop(k, None)
         job.work = 0.0
         return (job.first_start_s if job.first_start_s is not None else start_s), job.energy_j + energy_j
 
@@ -272,7 +275,9 @@ class SimElastic:
             job.first_start_s = now
         job.sizes.append((now, job.size))
         self.running.add(k)
-        self.sim._start(k, placement, now, job.owed_s + job.work / job.true.at(job.size))
+        run_s = job.owed_s + job.work / job.true.at(job.size)
+        self.end_s[k] = now + run_s   # the completion event's time, computed the same way
+        self.sim._start(k, placement, now, run_s)
 
     def _observe(self, now: float) -> None:
         """Fold each running job's throughput at its size into its learned curve, once per run (past its
@@ -340,7 +345,7 @@ class SimElastic:
         else:
             job.shrinks += 1
         self.running.discard(k)
-        self.stale[k] += 1
+        self.end_s.pop(k, None)
         sim.refused.clear()
         sim._arrive(k)
         due = now + self.settings.interval_s

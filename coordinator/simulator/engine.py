@@ -473,7 +473,7 @@ class Simulator:
         """Job ``k`` ends: release its reservations (the adaptor sees its nodes idle)."""
         if self.qos is not None and self.qos.stale_completion(k):
             return   # the end of a run that was preempted
-        if self.elastic is not None and self.elastic.stale_completion(k):
+        if self.elastic is not None and self.elastic.stale_completion(k, now):
             return   # the end of a run that was resized
         placement = self._release(k, now)
         req = self.jobs[k].request
