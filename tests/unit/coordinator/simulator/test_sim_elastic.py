@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import random
 from dataclasses import replace
@@ -19,8 +20,15 @@ from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.elastic import ElasticSimConfig
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
 from coordinator.simulator.queue_report import write_records
-from coordinator.simulator.scaling import MAX_GPUS, MODELS, ScalingCurve, assign_models, default_scaling_dir, \
-    load_curves, model_for
+from coordinator.simulator.scaling import (
+    MAX_GPUS,
+    MODELS,
+    ScalingCurve,
+    assign_models,
+    default_scaling_dir,
+    load_curves,
+    model_for,
+)
 from tests.helpers.sim import cluster, job, node, write_csv
 
 SCALING = default_scaling_dir()
@@ -42,7 +50,7 @@ def test_measured_curves_rise_with_gpus_and_are_sublinear() -> None:
     for model, c in curves.items():
         t = c.throughput
         assert len(t) == MAX_GPUS
-        assert all(b >= a for a, b in zip(t, t[1:], strict=False)), model        # never slower with more GPUs
+        assert all(b >= a for a, b in itertools.pairwise(t)), model        # never slower with more GPUs
         assert t[-1] > 2 * t[0], model                                            # and faster at scale
         # Sublinear: at most 5 % above linear anywhere (measurement noise at 2 GPUs), well under at 64.
         assert all(t[n - 1] <= 1.05 * n * t[0] for n in range(1, MAX_GPUS + 1)), model
@@ -164,7 +172,8 @@ def test_records_name_the_sizes_an_elastic_job_was_resized_to(tmp_path: Path) ->
     jobs, config = grow_then_shrink()
     _, result = replay(jobs, config)
     write_records(tmp_path / "r.csv", result, jobs)
-    rows = [r for r in csv.DictReader(open(tmp_path / "r.csv", encoding="utf-8")) if r["job_id"] == "a"]
+    with open(tmp_path / "r.csv", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r["job_id"] == "a"]
     assert [r["gpus"] for r in rows] == ["4", "8", "4", "8"]
     assert {r["resizes"] for r in rows} == {"100:8;450:4;750:8"}
 
