@@ -346,6 +346,7 @@ class SimElastic:
             job.shrinks += 1
         self.running.discard(k)
         self.end_s.pop(k, None)
+        sim.job_events -= 1   # its completion event is stale now: the replay does not wait for it
         sim.refused.clear()
         sim._arrive(k)
         due = now + self.settings.interval_s

@@ -303,6 +303,8 @@ class Simulator:
             while events and events[0][0] == now:
                 _, kind, _, payload = heapq.heappop(events)
                 self.processed += 1
+                if kind == _COMPLETE and self.elastic is not None and self.elastic.stale_completion(payload, now):
+                    continue   # the end of a run that was resized (no longer counted as a job event since)
                 if kind < _POWER:
                     self.job_events -= 1
                 if kind == _COMPLETE:
@@ -473,8 +475,6 @@ class Simulator:
         """Job ``k`` ends: release its reservations (the adaptor sees its nodes idle)."""
         if self.qos is not None and self.qos.stale_completion(k):
             return   # the end of a run that was preempted
-        if self.elastic is not None and self.elastic.stale_completion(k, now):
-            return   # the end of a run that was resized
         placement = self._release(k, now)
         req = self.jobs[k].request
         start = self.start_times.pop(k)

@@ -109,6 +109,8 @@ def test_elastic_job_grows_into_an_idle_node_and_shrinks_for_a_rigid_job() -> No
     assert [x for r in a_runs for x in r[:3]] == pytest.approx([1.0, 100.0, 4.0, 100.0, 450.0, 8.0, 450.0, 750.0, 4.0,
                                                                 750.0, end_a, 8.0])
     assert (result.metrics["resizes_grow"], result.metrics["resizes_shrink"]) == (2, 1)
+    # The replay ends with A: the ends its resized runs would have had (the first at 1 + 4000 / 4) are not waited for.
+    assert result.metrics["horizon_s"] == pytest.approx(end_a)
     a = sim.elastic.jobs[1] if sim.elastic is not None else None
     assert a is not None and a.curve.points == ((4, 4.0), (8, 6.0))     # learned from what it ran at, nothing else
     c_run = next(r for r in result.runs if r.job == 2)
