@@ -38,6 +38,7 @@ from typing import Any
 
 from common.domain import ClusterSnapshot
 from common.errors import GptrmError, UsageError
+from common.logging import configure_logging
 from coordinator.simulator.elastic import ElasticSimConfig, elastic_config
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult
 from coordinator.simulator.replay import ProgressBar, run_policies, write_outputs
@@ -139,6 +140,8 @@ def run_elastic(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequen
     :returns: run name → result.
     :raises UsageError: the scaling data cannot be read, or a flag is out of range.
     """
+    # The power-down runs would bury the table under the adaptor's node-by-node log: warnings only, on stderr.
+    configure_logging("warning", stream=sys.stderr)
     scaling: Path = args.scaling
     try:
         curves = load_curves(scaling)
