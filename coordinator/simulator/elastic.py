@@ -299,9 +299,12 @@ class SimElastic:
         if (waiting and not self.config.shrink) or (not waiting and not self.config.grow):
             return False
         interval = self.settings.interval_s
-        # Only jobs the hysteresis lets resize: the rules leave the others out first thing.
+        start_times = sim.start_times
+        # Only jobs the hysteresis lets resize (the rules leave the others out first thing), and only jobs that
+        # were running before this timestamp: on the leader a task placed by a cycle is not running yet when
+        # that cycle resizes, so a job is never resized in the pass that started it.
         settled = [self._as_job(k) for k in sorted(self.running)
-                   if (last := self.jobs[k].last_resize_s) is None or now - last >= interval]
+                   if start_times[k] < now and ((last := self.jobs[k].last_resize_s) is None or now - last >= interval)]
         if not settled:
             return False
         jobs = settled
