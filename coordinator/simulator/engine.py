@@ -256,6 +256,7 @@ class Simulator:
         self.refused: set[Shape] = set()
         self.waiting = 0
         self.placed: dict[int, Placement] = {}
+        self.held: dict[int, Request] = {}   # running job → the request the adaptor was told it holds
         self.start_times: dict[int, float] = {}
         self.placements_by_id: dict[str, tuple[str, ...]] = {}
         self.records: list[JobRecord] = []
@@ -453,7 +454,11 @@ class Simulator:
         self.start_times[k] = now
         indices = [self.index[node_id] for node_id in placement.node_ids]
         if self.adaptor is not None:
-            self.adaptor.placed(self.requests[k], indices)
+            # What it holds (an elastic job's placement may be larger than the request it was placed with);
+            # the adaptor is told the same when the run ends.
+            held = replace(self.requests[k], demand=placement.demand, nodes=len(placement.node_ids))
+            self.held[k] = held
+            self.adaptor.placed(held, indices)
         for i in indices:
             self._run_on(i, placement.demand.gpus, start=True)
         self._push(now + run_s, _COMPLETE, k)
@@ -503,7 +508,7 @@ class Simulator:
         for i in indices:
             self._run_on(i, placement.demand.gpus, start=False)
         if self.adaptor is not None:
-            self.adaptor.finished(req, indices)
+            self.adaptor.finished(self.held.pop(k, req), indices)
         return placement
 
     def _result(self) -> SimResult:
