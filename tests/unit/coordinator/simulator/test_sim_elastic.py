@@ -165,9 +165,12 @@ def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_power_down_leaves_grows_to_ready_nodes() -> None:
     jobs, config = grow_then_shrink()
-    _, result = replay(jobs, config, power_down_after_s=0.0, spare_nodes=0, wake_delay_s=60.0)
+    sim, result = replay(jobs, config, power_down_after_s=0.0, spare_nodes=0, wake_delay_s=60.0)
     assert len(result.jobs) == 3 and result.metrics["unplaced_jobs"] == 0
     assert result.metrics["powered_gpu_hours"] >= result.metrics["allocated_gpu_hours"] > 0
+    # The adaptor was told what every run held, and the same when it ended: nothing is left reserved.
+    assert sim.adaptor is not None
+    assert all(e.record.reserved.gpus == 0 for e in sim.adaptor.entries)
 
 
 def test_records_name_the_sizes_an_elastic_job_was_resized_to(tmp_path: Path) -> None:
