@@ -13,8 +13,9 @@ Example::
 
 With ``--queues FILE|proportional`` the first policy is replayed three times — FCFS without queues,
 strict quotas, quotas with borrowing and reclaim — and a per-queue report under contention is
-written (:mod:`coordinator.simulator.queues_cli`). ``--records FILE`` writes per-job records, one
-file per run (:func:`coordinator.simulator.queue_report.write_records`).
+written (:mod:`coordinator.simulator.queues_cli`). With ``--elastic`` it is replayed rigid and with
+elastic jobs, with and without power-down (:mod:`coordinator.simulator.elastic_cli`). ``--records FILE``
+writes per-job records, one file per run (:func:`coordinator.simulator.queue_report.write_records`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,18 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="team queues (TOML file, or 'proportional': one queue per trace group, quota by its "
                         "GPU-hours): replay the first policy FCFS without queues, with strict quotas, and with "
                         "borrowing and reclaim; per-queue table under contention (writes queues.md/json/csv/toml)")
+    p.add_argument("--elastic", action="store_true",
+                   help="replay the first policy in FIFO order rigid and elastic (jobs resized by the elastic "
+                        "allocator's rules), with and without power-down (default 600 s), at --elastic-max-factor "
+                        "and at 2, and with only shrinks or only grows; writes report.md")
+    p.add_argument("--elastic-max-factor", type=float, default=4.0, metavar="F",
+                   help="with --elastic: a job's maximum is F × its trace GPUs, at most 64 (default 4)")
+    p.add_argument("--elastic-interval", type=float, default=300.0, metavar="SECONDS",
+                   help="with --elastic: a job resizes at most once per this long (default 300)")
+    p.add_argument("--restart-cost", type=float, default=30.0, metavar="SECONDS",
+                   help="with --elastic: what a resize costs a job, GPUs held without progress (default 30)")
+    p.add_argument("--scaling", type=Path, default=None, metavar="DIR",
+                   help="with --elastic: measured scaling curves (pollux/<model>/...; default ../shared/scaling)")
     p.add_argument("--records", type=Path, metavar="FILE",
                    help="per-job records CSV (job_id,queue,submit_s,start_s,end_s,gpus,nodes,resizes), one file "
                         "per run: the run or policy name goes before the suffix (records-fcfs.csv)")
@@ -187,6 +200,16 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
     if not jobs:
         raise _usage(f"{args.jobs}: no jobs to replay")
     configs = _configs(args, names, max(j.request.submit_s for j in jobs))
+    if args.elastic:
+        if args.queues is not None or args.qos:
+            raise _usage("--elastic is its own report; give it without --queues and --qos")
+        from coordinator.simulator.elastic_cli import run_elastic
+        from coordinator.simulator.scaling import default_scaling_dir
+
+        if args.scaling is None:
+            args.scaling = default_scaling_dir()
+        run_elastic(args, cluster, jobs, configs[0])
+        return
     if args.queues is not None:
         if args.qos:
             raise _usage("--queues and --qos are separate reports; give one of them")

@@ -34,6 +34,12 @@ order), but a pass places the plan's order, not the buckets' heads.
 Every run of a job (from a start to its end or preemption) is kept in :attr:`SimResult.runs`, so
 per-job records can be written and per-queue figures recomputed from them.
 
+Elastic jobs (``SimConfig(elastic=...)``): jobs resize between their minimum and maximum by the
+production rules of :mod:`common.elastic`; every pass goes through
+:class:`coordinator.simulator.elastic.SimElastic` (placement at the minimum, sizing before commit,
+then shrinks for what waits or grows into idle GPUs), and an elastic job's run time follows from its
+work and its true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`.
+
 Node power is the production Resource Adaptor's: with ``power_down_after_s`` the replay drives
 :class:`coordinator.adaptor.power.PowerManager` with the ``simulated`` node provider in virtual
 time (:mod:`coordinator.simulator.adaptor_driver`). It powers down nodes idle longer than
@@ -61,13 +67,14 @@ from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, su
 
 if TYPE_CHECKING:
     from coordinator.queues import QueueConfig
+    from coordinator.simulator.elastic import ElasticSimConfig, SimElastic
     from coordinator.simulator.qos import SimPreemption
     from coordinator.simulator.queues import SimQueues
 
 __all__ = ["JobRun", "SimConfig", "SimJob", "SimResult", "Simulator"]
 
-# event kinds; at one timestamp they are applied in this order
-_COMPLETE, _ARRIVE, _POWER = 0, 1, 2
+# event kinds; at one timestamp they are applied in this order (a tick: an elastic job's hysteresis ran out)
+_COMPLETE, _ARRIVE, _POWER, _TICK = 0, 1, 2, 3
 
 Shape = tuple[Any, ...]
 """:attr:`common.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
@@ -99,6 +106,7 @@ class JobRun:
     :param end_s: when it ended or was preempted.
     :param placement: where it ran.
     :param preempted: whether the run was cut short.
+    :param resized: whether it was cut short for a resize (an elastic job; then also ``preempted``).
     """
 
     job: int
@@ -106,6 +114,7 @@ class JobRun:
     end_s: float
     placement: Placement
     preempted: bool
+    resized: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +140,7 @@ class SimConfig:
     :param protection_s: a job is not preempted again within this many seconds.
     :param queues: team queues to replay (None: no queues, every pending job may be placed).
     :param reclaim: with ``queues``, let queues owed their quota preempt borrowers.
+    :param elastic: resize elastic jobs (:mod:`coordinator.simulator.elastic`; None: every job is rigid).
     """
 
     policy: str
@@ -148,8 +158,11 @@ class SimConfig:
     protection_s: float = 120.0
     queues: QueueConfig | None = None
     reclaim: bool = True
+    elastic: ElasticSimConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.elastic is not None and (self.preemption or self.queues is not None or self.exact_batches):
+            raise ValueError("elastic replays run without preemption, team queues and exact batches")
         if self.power_down_after_s is not None and self.power_down_after_s < 0:
             raise ValueError(f"power_down_after_s must be ≥ 0, got {self.power_down_after_s}")
         if self.wake_delay_s < 0:
@@ -231,11 +244,19 @@ class Simulator:
         self.power_due: float | None = None
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = 0
-        self.shapes = [j.request.shape for j in self.jobs]
+        # The request each pending job is placed with (an elastic job's at its minimum size).
+        self.requests = [j.request for j in self.jobs]
+        self.elastic: SimElastic | None = None
+        if config.elastic is not None:
+            from coordinator.simulator.elastic import SimElastic
+
+            self.elastic = SimElastic(self, config.elastic)
+        self.shapes = [r.shape for r in self.requests]
         self.buckets: dict[Shape, list[tuple[QueueKey, int]]] = {}
         self.refused: set[Shape] = set()
         self.waiting = 0
         self.placed: dict[int, Placement] = {}
+        self.held: dict[int, Request] = {}   # running job → the request the adaptor was told it holds
         self.start_times: dict[int, float] = {}
         self.placements_by_id: dict[str, tuple[str, ...]] = {}
         self.records: list[JobRecord] = []
@@ -257,7 +278,7 @@ class Simulator:
     def _push(self, t: float, kind: int, payload: int) -> None:
         """Schedule an event (payload: a job index; unused for a power step)."""
         self.seq += 1
-        if kind != _POWER:
+        if kind < _POWER:
             self.job_events += 1
         heapq.heappush(self.events, (t, kind, self.seq, payload))
 
@@ -279,11 +300,13 @@ class Simulator:
             now = events[0][0]
             self.now = now
             self.metrics.advance(now if until is None else min(now, until))
-            released = arrived = False
+            released = arrived = ticked = False
             while events and events[0][0] == now:
                 _, kind, _, payload = heapq.heappop(events)
                 self.processed += 1
-                if kind != _POWER:
+                if kind == _COMPLETE and self.elastic is not None and self.elastic.stale_completion(payload, now):
+                    continue   # the end of a run that was resized (no longer counted as a job event since)
+                if kind < _POWER:
                     self.job_events -= 1
                 if kind == _COMPLETE:
                     self._complete(payload, now)
@@ -293,8 +316,10 @@ class Simulator:
                 elif kind == _ARRIVE:
                     self._arrive(payload)
                     arrived = True
+                elif kind == _TICK:
+                    ticked = True
             grew = self._power_step() if self.adaptor is not None else False
-            if released or arrived or grew:
+            if released or arrived or grew or ticked:
                 self._schedule(now, released or grew)
                 if self.qos is not None and self.config.preemption:
                     self.qos.after_pass(now)
@@ -310,10 +335,10 @@ class Simulator:
 
     def _arrive(self, k: int) -> None:
         """Queue job ``k`` in its shape's bucket (ordered by the production queue key)."""
-        heapq.heappush(self.buckets.setdefault(self.shapes[k], []), (queue_key(self.jobs[k].request), k))
+        heapq.heappush(self.buckets.setdefault(self.shapes[k], []), (queue_key(self.requests[k]), k))
         self.waiting += 1
         if self.adaptor is not None:
-            self.adaptor.arrived(self.jobs[k].request)
+            self.adaptor.arrived(self.requests[k])
 
     def _power_step(self) -> bool:
         """Step the adaptor, follow its power states; True when a node came back into service."""
@@ -355,7 +380,14 @@ class Simulator:
         self.refused.clear()
 
     def _schedule(self, now: float, released: bool) -> None:
-        """One scheduling pass at ``now``."""
+        """One scheduling pass at ``now`` (with elastic jobs: their passes, sizing and resizes)."""
+        if self.elastic is not None:
+            self.elastic.schedule(now, released)
+            return
+        self._pass(now, released)
+
+    def _pass(self, now: float, released: bool) -> None:
+        """Place what the queue's order lets fit now."""
         if released:
             # Resources came back: every shape may fit again.
             self.refused.clear()
@@ -370,18 +402,18 @@ class Simulator:
         for shape, bucket in self.buckets.items():
             if bucket and shape not in self.refused:
                 key, k = bucket[0]
-                heads.append(((-self.jobs[k].request.compute_demand if sorts else 0.0, key), shape))
+                heads.append(((-self.requests[k].compute_demand if sorts else 0.0, key), shape))
         heapq.heapify(heads)
         while heads:
             (rank, _), shape = heapq.heappop(heads)
             bucket = self.buckets[shape]
             k = bucket[0][1]
-            decision = self.engine.place(self.jobs[k].request)
+            decision = self.engine.place(self.requests[k])
             if not isinstance(decision, Placement):
                 self.refused.add(shape)
                 if self.adaptor is not None:
                     # Its shape's later jobs need the same nodes: the head stands for them.
-                    self.adaptor.unplaced(self.jobs[k].request)
+                    self.adaptor.unplaced(self.requests[k])
                 continue
             heapq.heappop(bucket)
             self._placed(k, decision, now)
@@ -408,17 +440,32 @@ class Simulator:
         self._placed(k, placement, now)
 
     def _placed(self, k: int, placement: Placement, now: float) -> None:
-        """Book a placement and start the job (only ready nodes are schedulable: they are up)."""
+        """Book a placement and start the job (only ready nodes are schedulable: they are up); an elastic job
+        starts once the pass has sized it (:meth:`SimElastic.schedule`)."""
         self.waiting -= 1
         self.placed[k] = placement
+        if self.elastic is not None and self.elastic.placed(k):
+            return
+        self._start(k, placement, now, self.jobs[k].duration_s)
+
+    def _start(self, k: int, placement: Placement, now: float, run_s: float) -> None:
+        """Job ``k`` starts running on ``placement`` (already booked) and ends ``run_s`` later."""
+        self.placed[k] = placement
         self.start_times[k] = now
-        req = self.jobs[k].request
         indices = [self.index[node_id] for node_id in placement.node_ids]
         if self.adaptor is not None:
-            self.adaptor.placed(req, indices)
+            # What it holds (an elastic job's placement may be larger than the request it was placed with);
+            # the adaptor is told the same when the run ends.
+            held = replace(self.requests[k], demand=placement.demand, nodes=len(placement.node_ids))
+            self.held[k] = held
+            self.adaptor.placed(held, indices)
         for i in indices:
             self._run_on(i, placement.demand.gpus, start=True)
-        self._push(now + self.jobs[k].duration_s, _COMPLETE, k)
+        self._push(now + run_s, _COMPLETE, k)
+
+    def _tick_at(self, t: float) -> None:
+        """Run a pass at ``t`` even if no job event happens then (an elastic job may resize)."""
+        self._push(t, _TICK, 0)
 
     def _run_on(self, i: int, gpus: float, *, start: bool) -> None:
         """A job using ``gpus`` GPUs starts or stops running on node ``i``."""
@@ -436,26 +483,32 @@ class Simulator:
         placement = self._release(k, now)
         req = self.jobs[k].request
         start = self.start_times.pop(k)
-        power_w = sum(self.metrics.gpu_power_w(self.index[node_id], placement.demand.gpus)
-                      for node_id in placement.node_ids)
-        self.records.append(JobRecord(req.task_id, req.submit_s, start, now, req.compute_demand,
-                                      energy_j=power_w * (now - start)))
+        energy_j = self.run_energy_j(placement, now - start)
+        if self.elastic is not None:
+            start, energy_j = self.elastic.finished(k, start, energy_j)
+        self.records.append(JobRecord(req.task_id, req.submit_s, start, now, req.compute_demand, energy_j=energy_j))
         self.placements_by_id[req.task_id] = placement.node_ids
 
-    def _release(self, k: int, now: float, preempted: bool = False) -> Placement:
+    def run_energy_j(self, placement: Placement, seconds: float) -> float:
+        """What the GPUs of a placement draw over ``seconds`` (the agent's per-task energy attribution)."""
+        power_w = sum(self.metrics.gpu_power_w(self.index[node_id], placement.demand.gpus)
+                      for node_id in placement.node_ids)
+        return power_w * seconds
+
+    def _release(self, k: int, now: float, preempted: bool = False, resized: bool = False) -> Placement:
         """Job ``k`` stops running (it ended or was preempted): give its reservations back; the adaptor
         sees its nodes idle."""
         if self.queues is not None:
             self.queues.released(k, now)
         placement = self.placed.pop(k)
-        self.runs.append(JobRun(k, self.start_times[k], now, placement, preempted))
+        self.runs.append(JobRun(k, self.start_times[k], now, placement, preempted, resized))
         req = self.jobs[k].request
         self.engine.release(placement, req.gpu_mem_per_gpu_bytes)
         indices = [self.index[node_id] for node_id in placement.node_ids]
         for i in indices:
             self._run_on(i, placement.demand.gpus, start=False)
         if self.adaptor is not None:
-            self.adaptor.finished(req, indices)
+            self.adaptor.finished(self.held.pop(k, req), indices)
         return placement
 
     def _result(self) -> SimResult:
@@ -466,6 +519,8 @@ class Simulator:
             summary["power_offs"] = sum(1 for _, action, _ in requests if action == "power_off")
             summary["power_ons"] = sum(1 for _, action, _ in requests if action == "power_on")
         summary["preemptions"] = self.qos.preemptions if self.qos is not None else 0
+        if self.elastic is not None:
+            summary.update(self.elastic.summary())
         # The same time-weighted metrics up to the last arrival (before the cluster drains).
         summary["during_arrivals"] = self.metrics.checkpoint or self.metrics.summary()
         return SimResult(

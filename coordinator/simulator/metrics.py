@@ -15,6 +15,8 @@ Definitions (all over the replay's horizon, from the first submission to the las
   a powered node with no work still draws its idle power, a powered-down node nothing.
 - ``active_node_hours``: ``∫ N_on dt`` over every powered node; ``busy_node_hours``: the same
   over nodes running at least one job.
+- ``powered_gpu_hours``: ``∫ Σ_{n on} GPUs_n dt``; ``allocated_gpu_hours``: ``∫ Σ_n used_n dt`` (GPUs
+  held by running jobs).
 - ``fragmentation``: time average of the GPUs free on partly used nodes (stranded: a job
   needing a whole server cannot use them), as a fraction of the cluster's GPUs.
 """
@@ -125,6 +127,10 @@ class MetricsRecorder:
         self.int_on = 0.0
         self.int_busy = 0.0
         self.int_stranded = 0.0
+        self.gpus_on = self.total_gpus
+        self.gpus_used = 0.0
+        self.int_gpus_on = 0.0
+        self.int_gpus_used = 0.0
 
     def _contribution(self, i: int) -> tuple[int, int, float, float, float, int, float]:
         """Node ``i``'s share of the running sums: (on, has GPUs, u, u², power, busy, stranded GPUs)."""
@@ -160,6 +166,8 @@ class MetricsRecorder:
         :param powered: whether it is powered (None: unchanged).
         """
         self._apply(self._contribution(i), -1)
+        self.gpus_on -= self.cap[i] if self.powered[i] else 0.0
+        self.gpus_used -= self.used[i]
         if used_gpus is not None:
             self.used[i] = used_gpus if used_gpus > _EPS else 0.0
         if busy is not None:
@@ -167,6 +175,8 @@ class MetricsRecorder:
         if powered is not None:
             self.powered[i] = powered
         self._apply(self._contribution(i), +1)
+        self.gpus_on += self.cap[i] if self.powered[i] else 0.0
+        self.gpus_used += self.used[i]
 
     def gpu_power_w(self, i: int, gpus: float) -> float:
         """What ``gpus`` busy GPUs of node ``i`` draw (their share of its idle and full-load power)."""
@@ -209,6 +219,8 @@ class MetricsRecorder:
         self.int_on += self.n_on * dt
         self.int_busy += self.n_busy * dt
         self.int_stranded += self.stranded * dt
+        self.int_gpus_on += self.gpus_on * dt
+        self.int_gpus_used += self.gpus_used * dt
         self.last_s = t_s
 
     def sample(self, t_s: float, queue_len: int) -> None:
@@ -232,7 +244,8 @@ class MetricsRecorder:
         """The time-weighted metrics over ``[start_s, last time]``.
 
         :returns: ``util_mean``, ``util_std``, ``energy_kwh``, ``mean_power_w``, ``active_node_hours``,
-            ``busy_node_hours``, ``fragmentation``, ``fragmented_gpus_mean``, ``horizon_s``.
+            ``busy_node_hours``, ``fragmentation``, ``fragmented_gpus_mean``, ``horizon_s``,
+            ``powered_gpu_hours``, ``allocated_gpu_hours``.
         """
         horizon = self.last_s - self.start_s
         on = self.t_on if self.t_on > 0 else 1.0
@@ -248,6 +261,8 @@ class MetricsRecorder:
             "fragmentation": stranded_mean / self.total_gpus if self.total_gpus > 0 else 0.0,
             "fragmented_gpus_mean": stranded_mean,
             "horizon_s": horizon,
+            "powered_gpu_hours": self.int_gpus_on / 3600.0,
+            "allocated_gpu_hours": self.int_gpus_used / 3600.0,
         }
 
 

@@ -41,8 +41,8 @@ from coordinator.simulator.queues import whole_gpus
 __all__ = ["RECORDS_HEADER", "proportional_queues", "queue_stats", "queue_table_rows", "strict", "write_records"]
 
 RECORDS_HEADER = ("job_id", "queue", "submit_s", "start_s", "end_s", "gpus", "nodes", "resizes")
-"""The records file's columns; ``resizes`` is empty (reserved for elastic jobs: ``time:size`` pairs
-separated by ``;``)."""
+"""The records file's columns; ``resizes`` is empty but for an elastic job that was resized: then every row
+of it holds ``time:size`` pairs separated by ``;``, the start and GPUs of each run after a resize."""
 
 
 def proportional_queues(jobs: Sequence[SimJob], cluster_gpus: int) -> QueueConfig:
@@ -200,9 +200,12 @@ def write_records(path: Path, result: SimResult, jobs: Sequence[SimJob]) -> None
     """
     t0 = min((j.request.submit_s for j in jobs), default=0.0)
     runs_of: dict[int, list[tuple[float, float, float, int]]] = defaultdict(list)
+    resized: set[int] = set()
     for r in result.runs:
         runs_of[r.job].append((r.start_s, r.end_s, r.placement.demand.gpus * len(r.placement.node_ids),
                                len(r.placement.node_ids)))
+        if r.resized:
+            resized.add(r.job)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
@@ -212,9 +215,10 @@ def write_records(path: Path, result: SimResult, jobs: Sequence[SimJob]) -> None
             runs = sorted(runs_of.get(k, ()))
             if not runs:
                 w.writerow([req.task_id, j.queue, _t(req.submit_s - t0), "", "", f"{whole_gpus(req)}", req.nodes, ""])
+            sizes = ";".join(f"{_t(start - t0)}:{gpus:g}" for start, _e, gpus, _n in runs[1:]) if k in resized else ""
             for start, end, gpus, nodes in runs:
                 w.writerow([req.task_id, j.queue, _t(req.submit_s - t0), _t(start - t0), _t(end - t0), f"{gpus:g}",
-                            nodes, ""])
+                            nodes, sizes])
 
 
 def _t(seconds: float) -> str:

@@ -1,0 +1,375 @@
+"""Elastic jobs in the replay, resized by the leader's own rules (:mod:`common.elastic`).
+
+With ``SimConfig(elastic=ElasticSimConfig(...))`` every job of a replay that asks for whole GPUs and
+has a model (:func:`elastic_config`) is elastic: it may run at any size of
+``ElasticRange(min_gpus, min(max_gpus, max_factor × its trace GPUs), node_gpus)`` (node width: the
+cluster's widest node). Its **work** is its trace duration × its model's true throughput at its trace
+GPU count (:mod:`coordinator.simulator.scaling`), and at a size ``n`` it progresses at the true
+throughput at ``n``: it ends when its work is done, so a job that grows finishes sooner.
+
+Every scheduling pass of the :class:`~coordinator.simulator.engine.Simulator` goes through
+:meth:`SimElastic.schedule`, which does what the leader's cycle does
+(:mod:`coordinator.scheduler.cycle`, ``_size_elastic`` and ``_elastic_step``), in the same order:
+
+1. the pending jobs are placed in queue order, elastic ones at their minimum
+   (``request_at(request, range, range.minimum)``, the engine's placement request for them);
+2. when no whole-GPU job was left waiting, :func:`~common.elastic.size_placements` gives the elastic jobs
+   placed in this pass the idle GPUs left over, each up to its wish (its target size after a resize, else
+   its maximum); then the jobs start;
+3. with jobs left waiting, :func:`~common.elastic.plan_shrinks` shrinks running elastic jobs for them;
+   else :func:`~common.elastic.plan_grows` grows running elastic jobs into the idle GPUs of ready nodes
+   (:func:`~common.elastic.idle_gpus` over the engine's node snapshots, which carry the adaptor's ready
+   flags: a grow never wakes a node).
+
+A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its placement released, its
+progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
+with its target size, and the next pass — run at once — places it at its minimum and sizes it towards
+the target as in steps 1-2. It holds its GPUs for ``restart_cost_s`` before progressing again. Its old
+completion event is ignored when it comes (stale-completion bookkeeping as in
+:mod:`coordinator.simulator.qos`, by the current run's end time: a grown run ends before the run it replaced
+would have), and a new one is scheduled at every start. A job resizes at most once
+per ``interval_s`` (the rules' hysteresis); a pass runs when a job's hysteresis runs out, so a job that
+may grow again does not wait for the next arrival or completion.
+
+The allocator **learns** each job's curve as the leader does: a :class:`~common.elastic.SpeedupCurve`
+per job, fed the job's true throughput at the size it runs (what its throughput counter would read)
+once a run is past its restart and :data:`coordinator.elastic.WARMUP_S`. It never sees the true curve
+at sizes the job has not run at.
+
+Disabling grows or shrinks (``grow=False``, ``shrink=False``) attributes the gain of elasticity: the
+cycle's structure stays (a pass with jobs left waiting never grows), only that kind of resize is not
+planned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from common.domain import NodeSnapshot, Placement
+from common.elastic import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_RESTART_COST_S,
+    ElasticJob,
+    ElasticRange,
+    ElasticSettings,
+    Resize,
+    SpeedupCurve,
+    idle_gpus,
+    node_accepts,
+    plan_grows,
+    plan_shrinks,
+    request_at,
+    size_placements,
+)
+from coordinator.elastic import WARMUP_S
+from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
+
+if TYPE_CHECKING:
+    from coordinator.simulator.engine import SimJob, Simulator
+
+__all__ = ["ElasticSimConfig", "SimElastic", "elastic_config", "gpu_hours"]
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticSimConfig:
+    """Which jobs are elastic and how they resize.
+
+    :param curves: model name → its true throughput curve.
+    :param models: the model of each replayed job, by index ("" or missing: a rigid job).
+    :param max_factor: a job's maximum is this × its trace GPUs (capped at ``max_gpus``).
+    :param min_gpus: every elastic job's minimum.
+    :param max_gpus: the largest maximum.
+    :param node_gpus: node width of the ranges (None: the cluster's widest node).
+    :param interval_s: the rules' hysteresis (:class:`~common.elastic.ElasticSettings`).
+    :param restart_cost_s: what a resize costs a job (GPUs held, no progress), and what the rules assume.
+    :param grow: plan grows (False: shrink only).
+    :param shrink: plan shrinks (False: grow only).
+    """
+
+    curves: Mapping[str, ScalingCurve]
+    models: Sequence[str]
+    max_factor: float = 4.0
+    min_gpus: int = 1
+    max_gpus: int = MAX_GPUS
+    node_gpus: int | None = None
+    interval_s: float = DEFAULT_INTERVAL_S
+    restart_cost_s: float = DEFAULT_RESTART_COST_S
+    grow: bool = True
+    shrink: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_factor < 1 or not math.isfinite(self.max_factor):
+            raise ValueError(f"elastic max factor must be ≥ 1, got {self.max_factor}")
+        if self.min_gpus < 1 or self.max_gpus < self.min_gpus:
+            raise ValueError(f"elastic sizes {self.min_gpus}..{self.max_gpus} are empty")
+        ElasticSettings(self.interval_s, self.restart_cost_s)   # validates both
+
+
+def gpu_hours(job: SimJob) -> float:
+    """A trace job's GPU-hours: its duration × its whole GPUs over all its nodes."""
+    return job.duration_s * job.request.whole_gpus / 3600.0
+
+
+def elastic_config(jobs: Sequence[SimJob], curves: Mapping[str, ScalingCurve], *, seed: int = 0,
+                   **kwargs: Any) -> ElasticSimConfig:
+    """Every job that asks for whole GPUs is elastic, with the model its GPU-hours draw
+    (:func:`coordinator.simulator.scaling.assign_models`); the other keyword arguments go to
+    :class:`ElasticSimConfig`."""
+    models = assign_models([gpu_hours(j) for j in jobs], seed)
+    return ElasticSimConfig(curves=curves, models=tuple(m if j.request.whole_gpus >= 1 else ""
+                                                        for m, j in zip(models, jobs, strict=True)), **kwargs)
+
+
+@dataclass(slots=True)
+class _Job:
+    """An elastic job's state in the replay."""
+
+    range: ElasticRange
+    true: ScalingCurve
+    work: float                      # samples left to train
+    curve: SpeedupCurve = field(default_factory=SpeedupCurve)
+    target: int | None = None        # size the last resize aimed at
+    last_resize_s: float | None = None
+    owed_s: float = 0.0              # restart still to pay at the start of the next run
+    size: int = 0                    # GPUs of the current run
+    observed: bool = False           # the current run's throughput was folded into the curve
+    first_start_s: float | None = None
+    energy_j: float = 0.0            # energy of the runs that ended in a resize
+    grows: int = 0
+    shrinks: int = 0
+    sizes: list[tuple[float, int]] = field(default_factory=list)   # (start, GPUs) of every run
+
+
+def _size_of(placement: Placement) -> int:
+    return sum(len(a.gpu_indices) for a in placement.assignments)
+
+
+class SimElastic:
+    """Elastic jobs inside one replay (owned by the simulator; module docstring).
+
+    :param sim: the simulator whose passes it runs; its placement requests of elastic jobs become their
+        minimum-size requests here.
+    :param config: which jobs are elastic and how they resize.
+    """
+
+    def __init__(self, sim: Simulator, config: ElasticSimConfig) -> None:
+        self.sim = sim
+        self.config = config
+        self.settings = ElasticSettings(config.interval_s, config.restart_cost_s)
+        width = config.node_gpus or max((len(n.gpus) for n in sim.base.nodes), default=1) or 1
+        self.jobs: dict[int, _Job] = {}
+        self.by_id: dict[str, int] = {}
+        for k, job in enumerate(sim.jobs):
+            model = config.models[k] if k < len(config.models) else ""
+            req = job.request
+            gpus = req.whole_gpus
+            if not model or gpus < 1 or req.demand.gpus < 1:
+                continue
+            top = max(config.min_gpus, min(config.max_gpus, int(config.max_factor * gpus)))
+            rng = ElasticRange(config.min_gpus, top, width)
+            true = config.curves[model]
+            self.jobs[k] = _Job(rng, true, job.duration_s * true.at(gpus))
+            self.by_id[req.task_id] = k
+            sim.requests[k] = request_at(req, rng, rng.minimum)
+        self.running: set[int] = set()
+        self.end_s: dict[int, float] = {}      # running elastic job → when its current run ends
+        self.pass_placed: list[int] = []
+        self.passes = 0
+        self._snapshots: dict[int, tuple[Any, tuple[Any, ...], NodeSnapshot]] = {}
+
+    # ---- hooks the simulator calls -------------------------------------------------------------------
+
+    def placed(self, k: int) -> bool:
+        """Job ``k`` was placed by the current pass; True when it is elastic (it starts after the sizing)."""
+        if k not in self.jobs:
+            return False
+        self.pass_placed.append(k)
+        return True
+
+    def stale_completion(self, k: int, now: float) -> bool:
+        """Whether a completion event of job ``k`` at ``now`` belongs to a run that was resized (then it is
+        ignored): the job is not running, or its current run ends at another time. (Runs of one job end out of
+        order — a grown run ends before the run it replaced would have — so a count of stale events, as for
+        preemptions, would not tell them apart.)"""
+        if k not in self.jobs:
+            return False
+        return k not in self.running or self.end_s.get(k) != now
+
+    def finished(self, k: int, start_s: float, energy_j: float) -> tuple[float, float]:
+        """Job ``k`` completed; ``(first start, energy of all its runs)`` for its record."""
+        job = self.jobs.get(k)
+        if job is None:
+            return start_s, energy_j
+        self.running.discard(k)
+        self.end_s.pop(k, None)
+        job.work = 0.0
+        return (job.first_start_s if job.first_start_s is not None else start_s), job.energy_j + energy_j
+
+    def schedule(self, now: float, released: bool) -> None:
+        """Passes at ``now`` until no resize follows one (module docstring, steps 1-3)."""
+        while True:
+            self.passes += 1
+            self.pass_placed = []
+            self.sim._pass(now, released)
+            self._start_placed(now)
+            if not self._step(now):
+                return
+            released = True
+
+    # ---- the cycle's steps ---------------------------------------------------------------------------
+
+    def _left_waiting(self) -> bool:
+        """Whether a whole-GPU job is still pending (a shape's jobs all ask for the same GPUs)."""
+        sim = self.sim
+        return any(bucket and sim.requests[bucket[0][1]].whole_gpus > 0 for bucket in sim.buckets.values())
+
+    def _nodes(self) -> list[NodeSnapshot]:
+        """Every node as the engine sees it now (ready flags and reservations); a node's snapshot is rebuilt
+        only when its reservations changed or the engine was rebuilt."""
+        state = self.sim.engine.state
+        out = []
+        for i in range(len(state.nodes)):
+            key = (tuple(state.slot_share[i]), tuple(state.slot_mem[i]), tuple(state.used_cols[i]))
+            cached = self._snapshots.get(i)
+            if cached is None or cached[0] is not state or cached[1] != key:
+                cached = (state, key, state.node_snapshot(i))
+                self._snapshots[i] = cached
+            out.append(cached[2])
+        return out
+
+    def _start_placed(self, now: float) -> None:
+        """Size the elastic jobs this pass placed (when nothing whole was left waiting), then start them."""
+        sim = self.sim
+        placed = self.pass_placed
+        if not placed:
+            return
+        sized: dict[str, Placement | None] = {}
+        if not self._left_waiting():
+            nodes = self._nodes()
+            idle = idle_gpus(nodes)
+            whole = sum(1 for n in nodes if idle.get(n.node_id, 0) and idle[n.node_id] == len(n.gpus))
+            batch = []
+            for k in placed:
+                job = self.jobs[k]
+                wish = job.range.clamp(job.target) if job.target else job.range.maximum
+                batch.append((sim.requests[k], job.range, job.curve, sim.placed[k], wish))
+            sized = size_placements(sim.engine, batch, sum(idle.values()), whole)
+        for k in placed:
+            task_id = sim.jobs[k].request.task_id
+            placement = sized[task_id] if task_id in sized else sim.placed[k]
+            if placement is None:   # its GPUs were taken while it was sized: it waits for the next pass
+                sim.placed.pop(k)
+                sim._arrive(k)
+                continue
+            self._begin(k, placement, now)
+
+    def _begin(self, k: int, placement: Placement, now: float) -> None:
+        """Job ``k`` starts a run on ``placement``: its restart, then its work at its true throughput."""
+        job = self.jobs[k]
+        job.size = _size_of(placement)
+        job.observed = False
+        if job.first_start_s is None:
+            job.first_start_s = now
+        job.sizes.append((now, job.size))
+        self.running.add(k)
+        run_s = job.owed_s + job.work / job.true.at(job.size)
+        self.end_s[k] = now + run_s   # the completion event's time, computed the same way
+        self.sim._start(k, placement, now, run_s)
+
+    def _observe(self, now: float) -> None:
+        """Fold each running job's throughput at its size into its learned curve, once per run (past its
+        restart and warm-up)."""
+        start_times = self.sim.start_times
+        for k in self.running:
+            job = self.jobs[k]
+            if not job.observed and now >= start_times[k] + job.owed_s + WARMUP_S:
+                job.curve = job.curve.observe(job.size, job.true.at(job.size))
+                job.observed = True
+
+    def _step(self, now: float) -> bool:
+        """Shrink for jobs left waiting, or grow into idle GPUs when none waits; True when a job resized."""
+        if not self.running:
+            return False
+        sim = self.sim
+        self._observe(now)
+        waiting = sim.waiting > 0
+        if (waiting and not self.config.shrink) or (not waiting and not self.config.grow):
+            return False
+        interval = self.settings.interval_s
+        start_times = sim.start_times
+        # Only jobs the hysteresis lets resize (the rules leave the others out first thing), and only jobs that
+        # were running before this timestamp: on the leader a task placed by a cycle is not running yet when
+        # that cycle resizes, so a job is never resized in the pass that started it.
+        settled = [self._as_job(k) for k in sorted(self.running)
+                   if start_times[k] < now and ((last := self.jobs[k].last_resize_s) is None or now - last >= interval)]
+        if not settled:
+            return False
+        jobs = settled
+        nodes = self._nodes()
+        idle = idle_gpus(nodes)
+        if waiting:
+            if not any(j.size > j.range.minimum for j in settled):
+                return False   # nothing to shrink: plan_shrinks would find nothing (cheaper than asking it)
+            pending = sorted(item for bucket in sim.buckets.values() for item in bucket)
+            by_node = {n.node_id: n for n in nodes}
+            decisions = plan_shrinks([sim.requests[k] for _, k in pending], jobs, idle, now, self.settings,
+                                     accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
+        else:
+            decisions = plan_grows(jobs, idle, {n.node_id: len(n.gpus) for n in nodes}, now, self.settings)
+        for d in decisions:
+            self._resize(self.by_id[d.task_id], d, now)
+        return bool(decisions)
+
+    def _as_job(self, k: int) -> ElasticJob:
+        job = self.jobs[k]
+        req = self.sim.jobs[k].request
+        placement = self.sim.placed[k]
+        return ElasticJob(req.task_id, req.priority, job.range, job.size,
+                          tuple((a.node_id, len(a.gpu_indices)) for a in placement.assignments), job.curve,
+                          self.settings.restart_cost_s, job.last_resize_s)
+
+    def _resize(self, k: int, decision: Resize, now: float) -> None:
+        """Carry out a resize: the run ends (progress kept), the job goes back to the queue at its target."""
+        sim = self.sim
+        job = self.jobs[k]
+        placement = sim._release(k, now, preempted=True, resized=True)
+        start = sim.start_times.pop(k)
+        ran = now - start
+        job.work = max(0.0, job.work - max(0.0, ran - job.owed_s) * job.true.at(job.size))
+        job.energy_j += sim.run_energy_j(placement, ran)
+        job.owed_s = self.config.restart_cost_s
+        job.target = decision.to_gpus
+        job.last_resize_s = now
+        if decision.grow:
+            job.grows += 1
+        else:
+            job.shrinks += 1
+        self.running.discard(k)
+        self.end_s.pop(k, None)
+        sim.job_events -= 1   # its completion event is stale now: the replay does not wait for it
+        sim.refused.clear()
+        sim._arrive(k)
+        due = now + self.settings.interval_s
+        while due - now < self.settings.interval_s:
+            due = math.nextafter(due, math.inf)
+        sim._tick_at(due)   # its hysteresis runs out then: it may resize again
+
+    # ---- results -------------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """``elastic_jobs``, ``resizes_grow``, ``resizes_shrink`` and per elastic job ``grows_per_job``,
+        ``shrinks_per_job``."""
+        n = len(self.jobs)
+        grows = sum(j.grows for j in self.jobs.values())
+        shrinks = sum(j.shrinks for j in self.jobs.values())
+        return {"elastic_jobs": n, "resizes_grow": grows, "resizes_shrink": shrinks,
+                "grows_per_job": grows / n if n else 0.0, "shrinks_per_job": shrinks / n if n else 0.0,
+                "elastic_passes": self.passes}
+
+    def sizes(self, k: int) -> list[tuple[float, int]]:
+        """``(start, GPUs)`` of every run of job ``k`` (empty for a rigid job)."""
+        job = self.jobs.get(k)
+        return list(job.sizes) if job is not None else []

@@ -1,0 +1,203 @@
+"""Elastic jobs in the simulator: the measured scaling curves, a hand-computed replay where an elastic job
+grows into an idle node and shrinks for a rigid job, and the production rules doing the deciding."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import common.elastic as rules
+from coordinator.simulator import elastic as sim_elastic
+from coordinator.simulator.cli import add_simulate_parser, run_simulate
+from coordinator.simulator.elastic import ElasticSimConfig
+from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
+from coordinator.simulator.queue_report import write_records
+from coordinator.simulator.scaling import (
+    MAX_GPUS,
+    MODELS,
+    ScalingCurve,
+    assign_models,
+    default_scaling_dir,
+    load_curves,
+    model_for,
+)
+from tests.helpers.sim import cluster, job, node, write_csv
+
+SCALING = default_scaling_dir()
+needs_scaling = pytest.mark.skipif(not (SCALING / "pollux").is_dir(), reason=f"no scaling data at {SCALING}")
+
+
+def toy_curve() -> ScalingCurve:
+    """Throughput n at 1..4 GPUs, 6 at 8 (one more per two GPUs beyond 4)."""
+    return ScalingCurve("toy", 1, tuple(float(n) if n <= 4 else 4.0 + (n - 4) / 2 for n in range(1, MAX_GPUS + 1)),
+                        (1, 2, 3, 4, 8))
+
+
+# ---- the scaling data --------------------------------------------------------------------------------------
+
+@needs_scaling
+def test_measured_curves_rise_with_gpus_and_are_sublinear() -> None:
+    curves = load_curves(SCALING)
+    assert set(curves) == set(MODELS)
+    for model, c in curves.items():
+        t = c.throughput
+        assert len(t) == MAX_GPUS
+        assert all(b >= a for a, b in itertools.pairwise(t)), model        # never slower with more GPUs
+        assert t[-1] > 2 * t[0], model                                            # and faster at scale
+        # Sublinear: at most 5 % above linear anywhere (measurement noise at 2 GPUs), well under at 64.
+        assert all(t[n - 1] <= 1.05 * n * t[0] for n in range(1, MAX_GPUS + 1)), model
+        assert c.speedup(64) < 0.9 * 64, model
+        assert c.local_bsz > 0 and 1 in c.measured and 64 in c.measured
+
+
+def test_models_follow_the_gpu_hour_classes() -> None:
+    rng = random.Random(1)
+    assert model_for(0.5, rng) in ("cifar10", "ncf")
+    assert model_for(1.0, rng) in ("deepspeech2", "bert")
+    assert model_for(99.9, rng) == "yolov3"
+    assert model_for(100.0, rng) == "imagenet"
+    hours = [0.1] * 200 + [5.0] * 200
+    drawn = assign_models(hours, seed=7)
+    assert drawn == assign_models(hours, seed=7)                     # seeded
+    assert {"cifar10", "ncf"} == set(drawn[:200]) and {"deepspeech2", "bert"} == set(drawn[200:])
+
+
+# ---- a replay computed by hand -----------------------------------------------------------------------------
+
+def grow_then_shrink() -> tuple[list[SimJob], ElasticSimConfig]:
+    """Two 4-GPU nodes. Rigid B (4 GPUs, 100 s) at t=0; elastic A (trace 2 GPUs × 2000 s, so 4000 samples at the
+    toy curve's throughput 2; range 1..8) at t=1; rigid C (4 GPUs, 100 s) at t=450. Hysteresis 300 s, restart 30 s."""
+    jobs = [job("b", 4, 0.0, 100.0), job("a", 2, 1.0, 2000.0), job("c", 4, 450.0, 100.0)]
+    config = ElasticSimConfig(curves={"toy": toy_curve()}, models=("", "toy", ""), max_factor=4.0, interval_s=300.0,
+                              restart_cost_s=30.0)
+    return jobs, config
+
+
+def replay(jobs: list[SimJob], config: ElasticSimConfig | None, **kwargs: Any) -> tuple[Simulator, SimResult]:
+    sim = Simulator(cluster(node("n1"), node("n2")), jobs,
+                    SimConfig("first-fit", keep_order=True, keep_series=False, elastic=config, **kwargs))
+    return sim, sim.run()
+
+
+def test_elastic_job_grows_into_an_idle_node_and_shrinks_for_a_rigid_job() -> None:
+    jobs, config = grow_then_shrink()
+    sim, result = replay(jobs, config)
+    # t=1: A placed at 1 GPU on n2 (n1 holds B), sized before it starts to n2's four GPUs (no whole node idle).
+    # t=100: B ends; nothing waits, so A grows 4 → 8 onto n1 (learned: 4 samples/s at 4 GPUs; the prior
+    #        exponent 0.8 predicts ×1.74 at 8, which pays the 30 s restart back within 300 s). It did
+    #        99 s × 4 = 396 samples, 3604 left.
+    # t=450: C waits; A (settled since 400) shrinks 8 → 4 for it: 320 s at 6 samples/s after its restart, 1920
+    #        samples, 1684 left. A is queued before C (submitted earlier): placed at 1 GPU on n1, C goes to n2,
+    #        then A is sized to its target 4 on n1.
+    # t=550: C ends, but A resized at 450: it waits for its hysteresis, which runs out at 750 (a tick):
+    #        A grows 4 → 8 (now learned ×1.5 at 8: 300 × (1 - 1/1.5) = 100 s > 30 s); 270 s × 4 = 1080 done,
+    #        604 left, so it ends at 750 + 30 + 604 / 6.
+    jct = {r.job_id: r.end_s - r.submit_s for r in result.jobs}
+    end_a = 780.0 + 604.0 / 6.0
+    assert jct == pytest.approx({"b": 100.0, "a": end_a - 1.0, "c": 100.0})
+    a_runs = [(r.start_s, r.end_s, r.placement.demand.gpus * len(r.placement.node_ids), r.resized)
+              for r in result.runs if r.job == 1]
+    assert [r[3] for r in a_runs] == [True, True, True, False]
+    assert [x for r in a_runs for x in r[:3]] == pytest.approx([1.0, 100.0, 4.0, 100.0, 450.0, 8.0, 450.0, 750.0, 4.0,
+                                                                750.0, end_a, 8.0])
+    assert (result.metrics["resizes_grow"], result.metrics["resizes_shrink"]) == (2, 1)
+    # The replay ends with A: the ends its resized runs would have had (the first at 1 + 4000 / 4) are not waited for.
+    assert result.metrics["horizon_s"] == pytest.approx(end_a)
+    a = sim.elastic.jobs[1] if sim.elastic is not None else None
+    assert a is not None and a.curve.points == ((4, 4.0), (8, 6.0))     # learned from what it ran at, nothing else
+    c_run = next(r for r in result.runs if r.job == 2)
+    assert c_run.start_s == 450.0 and c_run.placement.node_ids == ("n2",)
+
+
+def test_rigid_replay_of_the_same_jobs_for_contrast() -> None:
+    jobs, _ = grow_then_shrink()
+    _, result = replay(jobs, None)
+    # A runs its trace 2 GPUs for 2000 s from t=1 on n2; C finds n1 free at 450.
+    jct = {r.job_id: r.end_s - r.submit_s for r in result.jobs}
+    assert jct == pytest.approx({"b": 100.0, "a": 2000.0, "c": 100.0})
+
+
+def test_grows_or_shrinks_can_be_left_out() -> None:
+    jobs, config = grow_then_shrink()
+
+    _, grow_only = replay(jobs, replace(config, shrink=False))
+    # No shrink at t=450: C waits for A, which ends at 100 + 30 + 3604 / 6.
+    end_a = 130.0 + 3604.0 / 6.0
+    jct = {r.job_id: r.end_s - r.submit_s for r in grow_only.jobs}
+    assert jct == pytest.approx({"b": 100.0, "a": end_a - 1.0, "c": end_a + 100.0 - 450.0})
+    assert (grow_only.metrics["resizes_grow"], grow_only.metrics["resizes_shrink"]) == (1, 0)
+    _, shrink_only = replay(jobs, replace(config, grow=False))
+    # No grow at t=100: A keeps 4 GPUs on n2 and ends at 1 + 4000 / 4; C takes n1 at 450.
+    jct = {r.job_id: r.end_s - r.submit_s for r in shrink_only.jobs}
+    assert jct == pytest.approx({"b": 100.0, "a": 1000.0, "c": 100.0})
+    assert (shrink_only.metrics["resizes_grow"], shrink_only.metrics["resizes_shrink"]) == (0, 0)
+
+
+def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The simulator's names are common.elastic's own functions, not copies...
+    for name in ("plan_grows", "plan_shrinks", "size_placements", "request_at", "idle_gpus", "node_accepts"):
+        assert getattr(sim_elastic, name) is getattr(rules, name), name
+    # ...and the replay goes through them.
+    calls: list[str] = []
+
+    def spy(name: str) -> Any:
+        real = getattr(rules, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return real(*args, **kwargs)
+        return wrapped
+
+    for name in ("plan_grows", "plan_shrinks", "size_placements"):
+        monkeypatch.setattr(sim_elastic, name, spy(name))
+    jobs, config = grow_then_shrink()
+    replay(jobs, config)
+    assert {"plan_grows", "plan_shrinks", "size_placements"} <= set(calls)
+
+
+def test_power_down_leaves_grows_to_ready_nodes() -> None:
+    jobs, config = grow_then_shrink()
+    sim, result = replay(jobs, config, power_down_after_s=0.0, spare_nodes=0, wake_delay_s=60.0)
+    assert len(result.jobs) == 3 and result.metrics["unplaced_jobs"] == 0
+    assert result.metrics["powered_gpu_hours"] >= result.metrics["allocated_gpu_hours"] > 0
+    # The adaptor was told what every run held, and the same when it ended: nothing is left reserved.
+    assert sim.adaptor is not None
+    assert all(e.record.reserved.gpus == 0 for e in sim.adaptor.entries)
+
+
+def test_records_name_the_sizes_an_elastic_job_was_resized_to(tmp_path: Path) -> None:
+    jobs, config = grow_then_shrink()
+    _, result = replay(jobs, config)
+    write_records(tmp_path / "r.csv", result, jobs)
+    with open(tmp_path / "r.csv", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r["job_id"] == "a"]
+    assert [r["gpus"] for r in rows] == ["4", "8", "4", "8"]
+    assert {r["resizes"] for r in rows} == {"100:8;450:4;750:8"}
+
+
+@needs_scaling
+def test_simulate_elastic_writes_the_report(tmp_path: Path) -> None:
+    rows = [f"j{i},{60 * i},{600 + 300 * (i % 5)},{1 + (i % 3)},1,,,g,," for i in range(24)]
+    jobs_csv = write_csv(tmp_path / "jobs.csv", "job_id,submit_s,duration_s,gpus,gpu_share,cpu_cores,mem_gib,"
+                         "group,status,orig_submit", rows)
+    nodes_csv = write_csv(tmp_path / "nodes.csv", "node_id,gpus,gpu_model,gpu_mem_gib,cpu_cores,mem_gib",
+                          ["n1,4,,,,", "n2,4,,,,"])
+    parser = argparse.ArgumentParser()
+    add_simulate_parser(parser.add_subparsers())
+    args = parser.parse_args(["simulate", "--jobs", str(jobs_csv), "--nodes", str(nodes_csv), "--policies",
+                              "first-fit", "--elastic", "--no-plots", "--out", str(tmp_path / "out"),
+                              "--records", str(tmp_path / "rec.csv")])
+    run_simulate(None, args)
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(data) == ["fcfs", "fcfs-pd", "elastic", "elastic-pd", "elastic-x2", "shrink-only", "grow-only"]
+    assert all(d["completed_jobs"] == 24 for d in data.values())
+    assert "Pollux" in (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "rec-elastic.csv").is_file()
