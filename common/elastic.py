@@ -8,11 +8,12 @@ weighs what a size is worth against what a restart costs, and a job resizes at m
 The rules, pure and shared by the leader (:mod:`coordinator.elastic`) and the simulator
 (:mod:`coordinator.simulator.elastic`):
 
-- **Sizing before commit** (:func:`size_placements`): a cycle places every pending elastic job at
-  its minimum along with the rest of the queue; when nothing was left waiting, the jobs just
-  placed then take the idle GPUs left over, each up to its wish (its maximum for a new job, the
-  allocator's target for a resized one), handed out by marginal speed-up per GPU. No restart is
-  involved: nothing has started yet.
+- **Sizing before commit** (:func:`first_size`, :func:`place_down`, :func:`size_placements`): a cycle
+  places every pending elastic job along with the rest of the queue at its first size — the target
+  of the resize that requeued it, else its minimum — and, refused there, at the largest smaller size
+  that fits; when nothing was left waiting, the jobs just placed then take the idle GPUs left over,
+  each up to its wish (its maximum for a new job, the allocator's target for a resized one), handed
+  out by marginal speed-up per GPU. No restart is involved: nothing has started yet.
 - **Shrink** (:func:`plan_shrinks`): a task left waiting takes GPUs from running elastic jobs of
   no higher priority, never below their minimum, from the node where that loses the least
   speed-up; the job restarts at the smaller size.
@@ -42,8 +43,9 @@ from typing import Protocol
 from common.domain import NodeSnapshot, Placement, Rejection, Request
 
 __all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT",
-           "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "idle_gpus", "node_accepts",
-           "plan_grows", "plan_shrinks", "request_at", "size_placements"]
+           "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "first_size", "idle_gpus",
+           "node_accepts", "nodes_with_room", "place_down", "plan_grows", "plan_shrinks", "request_at",
+           "size_placements"]
 
 DEFAULT_INTERVAL_S = 300.0
 """A job resizes at most once per this many seconds."""
@@ -304,14 +306,16 @@ def _pays_back(curve: SpeedupCurve, size: int, to: int, restart_cost_s: float, h
 
 
 def _hand_out(jobs: Sequence[tuple[str, ElasticRange, SpeedupCurve, int, int]], idle_gpus: int,
-              idle_nodes: int) -> dict[str, int]:
+              idle_nodes: Mapping[int, int]) -> dict[str, int]:
     """Idle GPUs to jobs by marginal speed-up per GPU: each step gives the best job its next size.
 
     :param jobs: ``(id, range, curve, size now, largest size wished)``.
     :param idle_gpus: GPUs free for sizes within one node.
-    :param idle_nodes: whole nodes free for sizes beyond one node.
+    :param idle_nodes: node width → nodes with at least that many GPUs free (sizes beyond one node take whole
+        nodes' worth of the job's width; a node taken counts against every width).
     :returns: id → new size, for the jobs that got more.
     """
+    nodes_left = dict(idle_nodes)
     sizes = {j[0]: j[3] for j in jobs}
     by_id = {j[0]: j for j in jobs}
     heap: list[tuple[float, str]] = []
@@ -326,7 +330,7 @@ def _hand_out(jobs: Sequence[tuple[str, ElasticRange, SpeedupCurve, int, int]], 
 
     for j in jobs:
         push(j[0])
-    while heap and (idle_gpus > 0 or idle_nodes > 0):
+    while heap and (idle_gpus > 0 or any(nodes_left.values())):
         _gain, job_id = heapq.heappop(heap)
         rng = by_id[job_id][1]
         size = sizes[job_id]
@@ -338,27 +342,51 @@ def _hand_out(jobs: Sequence[tuple[str, ElasticRange, SpeedupCurve, int, int]], 
             idle_gpus -= nxt - size
         else:   # whole nodes: going from one node to two takes a second node, and so on
             extra = nxt // rng.node_gpus - max(1, size // rng.node_gpus)
-            if idle_nodes < extra:
+            if nodes_left.get(rng.node_gpus, 0) < extra:
                 continue
-            idle_nodes -= extra
+            for w in nodes_left:
+                nodes_left[w] = max(0, nodes_left[w] - extra)
         sizes[job_id] = nxt
         push(job_id)
     return {job_id: s for job_id, s in sizes.items() if s != by_id[job_id][3]}
 
 
+def first_size(rng: ElasticRange, target: int) -> int:
+    """The size a pending elastic job is placed at first: the target a resize gave it (a shrink planned room for
+    exactly that), else its minimum."""
+    return rng.clamp(target) if target else rng.minimum
+
+
+def place_down(engine: _Placer, request: Request, rng: ElasticRange, refused: int) -> Placement | None:
+    """A job refused at ``refused`` GPUs, placed at the largest smaller size of its range that fits (None: not
+    even its minimum does)."""
+    size = rng.down(refused)
+    while size is not None:
+        decision = engine.place(request_at(request, rng, size))
+        if isinstance(decision, Placement):
+            return decision
+        size = rng.down(size)
+    return None
+
+
+def nodes_with_room(idle_by_node: Mapping[str, int], widths: Iterable[int]) -> dict[int, int]:
+    """Width → nodes with at least that many idle GPUs (what a multi-node job of that width may grow into)."""
+    return {w: sum(1 for idle in idle_by_node.values() if idle >= w) for w in set(widths)}
+
+
 def size_placements(engine_place: _Placer, placed: Sequence[tuple[Request, ElasticRange, SpeedupCurve, Placement, int]],
-                    idle_gpus: int, idle_nodes: int) -> dict[str, Placement | None]:
-    """Sizing before commit: elastic jobs placed at their minimum in this cycle take idle GPUs up to their wish.
+                    idle_by_node: Mapping[str, int]) -> dict[str, Placement | None]:
+    """Sizing before commit: elastic jobs placed in this cycle take idle GPUs up to their wish.
 
     :param engine_place: the cycle's engine (its reservations include the whole batch).
-    :param placed: ``(request at its minimum, range, curve, its placement, wish)`` for each job placed.
-    :param idle_gpus: whole GPUs the engine has free on ready nodes after the batch (within-node sizes).
-    :param idle_nodes: nodes entirely free after the batch (sizes beyond one node).
+    :param placed: ``(request as placed, range, curve, its placement, wish)`` for each job placed.
+    :param idle_by_node: node id → whole GPUs the engine has free on it after the batch (ready nodes only).
     :returns: task id → its new placement, for the jobs that got bigger (the others keep theirs); None for a
         job that no longer fits even at its old size once released (it waits for the next cycle).
     """
     plan = _hand_out([(r.task_id, rng, curve, rng.minimum if not p.assignments else _size_of(p), wish)
-                      for r, rng, curve, p, wish in placed], idle_gpus, idle_nodes)
+                      for r, rng, curve, p, wish in placed], sum(idle_by_node.values()),
+                     nodes_with_room(idle_by_node, (rng.node_gpus for _r, rng, _c, _p, _w in placed)))
     out: dict[str, Placement | None] = {}
     for request, rng, _curve, placement, _wish in placed:
         target = plan.get(request.task_id)
@@ -409,8 +437,8 @@ def _size_of(placement: Placement) -> int:
     return sum(len(a.gpu_indices) for a in placement.assignments)
 
 
-def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], node_gpus: Mapping[str, int],
-               now: float, settings: ElasticSettings) -> list[Resize]:
+def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], now: float,
+               settings: ElasticSettings) -> list[Resize]:
     """Grow running elastic jobs into idle GPUs (call only when no task is waiting).
 
     A job within one node grows on its own node; a multi-node job grows by whole idle nodes. Among the
@@ -419,14 +447,12 @@ def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], node
 
     :param jobs: the running elastic jobs.
     :param idle_by_node: node id → whole GPUs idle on it (ready nodes only).
-    :param node_gpus: node id → its GPUs (to tell entirely idle nodes).
     :param now: the clock the jobs' ``last_resize_s`` uses.
     :param settings: the allocator's settings.
     """
     eligible = [j for j in jobs if j.settled(now, settings.interval_s) and j.size < j.range.maximum]
     if not eligible:
         return []
-    free_nodes = sum(1 for n, idle in idle_by_node.items() if idle > 0 and idle >= node_gpus.get(n, 0))
     idle = dict(idle_by_node)
     out: list[Resize] = []
     # Jobs within one node compete for their own node's idle GPUs; multi-node jobs for the whole idle nodes.
@@ -443,10 +469,11 @@ def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], node
             continue
         cap = {j.task_id: min(j.range.maximum, j.range.node_gpus) for j in group}
         granted.update(_hand_out([(j.task_id, j.range, j.curve, j.size, cap[j.task_id]) for j in group],
-                                 idle[node_id], 0))
-    if wide and free_nodes:
+                                 idle[node_id], {}))
+    if wide:
+        free = {n: v for n, v in idle.items() if all(n != node for j in wide for node, _g in j.nodes)}
         granted.update(_hand_out([(j.task_id, j.range, j.curve, j.size, j.range.maximum) for j in wide], 0,
-                                 free_nodes))
+                                 nodes_with_room(free, (j.range.node_gpus for j in wide))))
     for j in eligible:
         to = granted.get(j.task_id)
         if to is None:

@@ -38,8 +38,10 @@ from common.elastic import (
     ElasticRange,
     Resize,
     SpeedupCurve,
+    first_size,
     idle_gpus,
     node_accepts,
+    place_down,
     plan_grows,
     plan_shrinks,
     request_at,
@@ -196,9 +198,9 @@ class SchedulerCycle:
         if self._elastic is not None:
             for i, r in enumerate(requests):
                 rng = self._elastic.range(by_id[r.task_id])
-                if rng is not None:   # placed at its minimum first; it takes what is left over below
+                if rng is not None:   # at its first size; smaller when that is refused, more when GPUs are left
                     ranges[r.task_id] = rng
-                    requests[i] = request_at(r, rng, rng.minimum)
+                    requests[i] = request_at(r, rng, first_size(rng, by_id[r.task_id].elastic.target_gpus))
         snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
@@ -206,6 +208,14 @@ class SchedulerCycle:
                                            gang_label=self._gang_label)
         decisions = engine.place_batch(requests)
         if ranges:
+            for i, (r, d) in enumerate(zip(requests, decisions, strict=True)):
+                if r.task_id in ranges and not isinstance(d, Placement) and r.whole_gpus * r.nodes > \
+                        ranges[r.task_id].minimum:
+                    smaller = place_down(engine, r, ranges[r.task_id], r.whole_gpus * r.nodes)
+                    if smaller is not None:
+                        decisions[i] = smaller
+                        requests[i] = request_at(r, ranges[r.task_id],
+                                                 sum(len(a.gpu_indices) for a in smaller.assignments))
             decisions = self._size_elastic(engine, requests, decisions, ranges, by_id, plan)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits: list[PlacementCommit] = []
@@ -277,9 +287,7 @@ class SchedulerCycle:
         if not placed:
             return decisions
         nodes = [engine.node_snapshot(i) for i in range(len(engine.state.nodes))]
-        idle = idle_gpus(nodes)
-        whole = sum(1 for n in nodes if idle.get(n.node_id, 0) and idle[n.node_id] == len(n.gpus))
-        sized = size_placements(engine, placed, sum(idle.values()), whole)
+        sized = size_placements(engine, placed, idle_gpus(nodes))
         out: list[Decision] = []
         for r, decision in pairs:
             if r.task_id not in sized:
@@ -303,8 +311,7 @@ class SchedulerCycle:
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
-            decisions = self._within_quota(plan_grows(self._quota_capped(jobs), idle,
-                                                      {n.node_id: len(n.gpus) for n in nodes}, now, settings))
+            decisions = self._within_quota(plan_grows(self._quota_capped(jobs), idle, now, settings))
         return bool(decisions) and bool(await self._elastic.resize(decisions))
 
     def _queue_key(self, task_id: str) -> tuple[str, str] | None:

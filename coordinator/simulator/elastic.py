@@ -57,8 +57,10 @@ from common.elastic import (
     ElasticSettings,
     Resize,
     SpeedupCurve,
+    first_size,
     idle_gpus,
     node_accepts,
+    place_down,
     plan_grows,
     plan_shrinks,
     request_at,
@@ -173,7 +175,7 @@ class SimElastic:
             true = config.curves[model]
             self.jobs[k] = _Job(rng, true, job.duration_s * true.at(gpus))
             self.by_id[req.task_id] = k
-            sim.requests[k] = request_at(req, rng, rng.minimum)
+            sim.requests[k] = request_at(req, rng, first_size(rng, 0))
         self.running: set[int] = set()
         self.end_s: dict[int, float] = {}      # running elastic job → when its current run ends
         self.pass_placed: list[int] = []
@@ -214,6 +216,7 @@ class SimElastic:
             self.passes += 1
             self.pass_placed = []
             self.sim._pass(now, released)
+            self._place_smaller(now)
             self._start_placed(now)
             if not self._step(now):
                 return
@@ -240,6 +243,20 @@ class SimElastic:
             out.append(cached[2])
         return out
 
+    def _place_smaller(self, now: float) -> None:
+        """Elastic jobs the pass refused above their minimum (a resize's target) at the largest smaller size that
+        fits (:func:`~common.elastic.place_down`), in queue order, as the cycle does after its batch."""
+        sim = self.sim
+        refused = sorted(item for shape, bucket in sim.buckets.items() if shape in sim.refused for item in bucket
+                         if item[1] in self.jobs and sim.requests[item[1]].whole_gpus * sim.requests[item[1]].nodes
+                         > self.jobs[item[1]].range.minimum)
+        for key, k in refused:
+            job = self.jobs[k]
+            req = sim.requests[k]
+            placement = place_down(sim.engine, sim.jobs[k].request, job.range, req.whole_gpus * req.nodes)
+            if placement is not None:
+                sim._book_exact((key, k), placement, now)
+
     def _start_placed(self, now: float) -> None:
         """Size the elastic jobs this pass placed (when nothing whole was left waiting), then start them."""
         sim = self.sim
@@ -248,15 +265,13 @@ class SimElastic:
             return
         sized: dict[str, Placement | None] = {}
         if not self._left_waiting():
-            nodes = self._nodes()
-            idle = idle_gpus(nodes)
-            whole = sum(1 for n in nodes if idle.get(n.node_id, 0) and idle[n.node_id] == len(n.gpus))
+            idle = idle_gpus(self._nodes())
             batch = []
             for k in placed:
                 job = self.jobs[k]
                 wish = job.range.clamp(job.target) if job.target else job.range.maximum
                 batch.append((sim.requests[k], job.range, job.curve, sim.placed[k], wish))
-            sized = size_placements(sim.engine, batch, sum(idle.values()), whole)
+            sized = size_placements(sim.engine, batch, idle)
         for k in placed:
             task_id = sim.jobs[k].request.task_id
             placement = sized[task_id] if task_id in sized else sim.placed[k]
@@ -318,7 +333,7 @@ class SimElastic:
             decisions = plan_shrinks([sim.requests[k] for _, k in pending], jobs, idle, now, self.settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
-            decisions = plan_grows(jobs, idle, {n.node_id: len(n.gpus) for n in nodes}, now, self.settings)
+            decisions = plan_grows(jobs, idle, now, self.settings)
         for d in decisions:
             self._resize(self.by_id[d.task_id], d, now)
         return bool(decisions)
@@ -351,6 +366,9 @@ class SimElastic:
         self.end_s.pop(k, None)
         sim.job_events -= 1   # its completion event is stale now: the replay does not wait for it
         sim.refused.clear()
+        # Back in the queue at its first size: the resize's target (the cycle's request for a requeued task).
+        sim.requests[k] = request_at(sim.jobs[k].request, job.range, first_size(job.range, job.target))
+        sim.shapes[k] = sim.requests[k].shape
         sim._arrive(k)
         due = now + self.settings.interval_s
         while due - now < self.settings.interval_s:

@@ -15,8 +15,10 @@ from common.elastic import (
     ElasticRange,
     ElasticSettings,
     SpeedupCurve,
+    first_size,
     idle_gpus,
     node_accepts,
+    place_down,
     plan_grows,
     plan_shrinks,
     request_at,
@@ -163,30 +165,46 @@ class TestShrink:
 
 class TestGrow:
     def test_grows_into_its_own_nodes_idle_gpus(self) -> None:
-        out = plan_grows([_job("e", 2, hi=4)], {"n1": 2, "n2": 8}, {"n1": 4, "n2": 8}, NOW, SETTINGS)
+        out = plan_grows([_job("e", 2, hi=4)], {"n1": 2, "n2": 8}, NOW, SETTINGS)
         assert [(r.from_gpus, r.to_gpus) for r in out] == [(2, 4)]
         assert out[0].grow and out[0].expected_speedup > 1
 
     def test_not_when_the_restart_does_not_pay(self) -> None:
         costly = ElasticJob("e", 0, ElasticRange(1, 4, 4), 2, (("n1", 2),), restart_cost_s=10_000.0)
-        assert plan_grows([costly], {"n1": 2}, {"n1": 4}, NOW, SETTINGS) == []
+        assert plan_grows([costly], {"n1": 2}, NOW, SETTINGS) == []
         short = ElasticJob("e", 0, ElasticRange(1, 4, 4), 2, (("n1", 2),), remaining_s=20.0)
-        assert plan_grows([short], {"n1": 2}, {"n1": 4}, NOW, SETTINGS) == []
+        assert plan_grows([short], {"n1": 2}, NOW, SETTINGS) == []
 
     def test_hysteresis_and_range(self) -> None:
-        assert plan_grows([_job("e", 2, last=NOW - 1)], {"n1": 2}, {"n1": 4}, NOW, SETTINGS) == []
-        assert plan_grows([_job("e", 4, hi=4)], {"n1": 4}, {"n1": 8}, NOW, SETTINGS) == []
+        assert plan_grows([_job("e", 2, last=NOW - 1)], {"n1": 2}, NOW, SETTINGS) == []
+        assert plan_grows([_job("e", 4, hi=4)], {"n1": 4}, NOW, SETTINGS) == []
 
     def test_idle_gpus_go_to_the_better_scaling_job(self) -> None:
         jobs = [_job("scales", 1, curve=_linear(1.0)), _job("flat", 1, curve=_linear(0.1))]
-        out = {r.task_id: r.to_gpus for r in plan_grows(jobs, {"n1": 1}, {"n1": 8}, NOW, SETTINGS)}
+        out = {r.task_id: r.to_gpus for r in plan_grows(jobs, {"n1": 1}, NOW, SETTINGS)}
         assert out == {"scales": 2}
+
+    def test_a_multi_node_job_grows_only_into_nodes_of_its_width(self) -> None:
+        """An idle 4-GPU node is no room for a part of 8 GPUs."""
+        wide = ElasticJob("wide", 0, ElasticRange(8, 32, 8), 16, (("n1", 8), ("n2", 8)))
+        assert plan_grows([wide], {"n1": 0, "n2": 0, "n3": 4, "n4": 4}, NOW, SETTINGS) == []
 
     def test_a_multi_node_job_grows_by_whole_idle_nodes(self) -> None:
         wide = ElasticJob("wide", 0, ElasticRange(8, 32, 8), 16, (("n1", 8), ("n2", 8)))
-        out = plan_grows([wide], {"n1": 0, "n2": 0, "n3": 8, "n4": 5}, {f"n{i}": 8 for i in range(1, 5)}, NOW,
+        out = plan_grows([wide], {"n1": 0, "n2": 0, "n3": 8, "n4": 5}, NOW,
                          SETTINGS)
         assert [(r.from_gpus, r.to_gpus) for r in out] == [(16, 24)]
+
+
+class TestFirstSize:
+    def test_a_requeued_job_comes_back_at_its_target_else_smaller(self) -> None:
+        rng = ElasticRange(1, 8, 8)
+        assert first_size(rng, 0) == 1 and first_size(rng, 6) == 6 and first_size(rng, 99) == 8
+        engine = PlacementEngine.from_name(ClusterSnapshot(nodes=(make_node("n1", gpus=4, gpu_mem_gib=40,
+                                                                             disk_gib=100),)), "max-utilization")
+        placement = place_down(engine, request_at(_req("e", 1), rng, 6), rng, 6)
+        assert placement is not None and sum(len(a.gpu_indices) for a in placement.assignments) == 4
+        assert place_down(engine, request_at(_req("f", 1), rng, 2), rng, 2) is None   # not even 1 GPU is left
 
 
 class TestSizing:
@@ -202,7 +220,7 @@ class TestSizing:
         first = engine.place(req)
         assert isinstance(first, Placement)
         idle = idle_gpus(engine.snapshot().nodes)
-        sized = size_placements(engine, [(req, rng, SpeedupCurve(), first, 3)], sum(idle.values()), 0)
+        sized = size_placements(engine, [(req, rng, SpeedupCurve(), first, 3)], idle)
         placement = sized["e"]
         assert placement is not None and sum(len(a.gpu_indices) for a in placement.assignments) == 3
         assert idle_gpus(engine.snapshot().nodes) == {"n1": 1}
@@ -216,7 +234,7 @@ class TestSizing:
             p = engine.place(r)
             assert isinstance(p, Placement)
             placed.append((r, rng, SpeedupCurve(), p, 8))
-        sized = size_placements(engine, placed, 6, 0)
+        sized = size_placements(engine, placed, idle_gpus(engine.snapshot().nodes))
         sizes = {t: sum(len(a.gpu_indices) for a in p.assignments) for t, p in sized.items() if p is not None}
         assert sizes == {"a": 4, "b": 4}   # the same prior curve: an even split
 
