@@ -263,7 +263,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                restart_cost_s=cfg.elastic_restart_cost_s), profiler)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
-                           gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic)
+                           gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
+                           on_shrunk=power_manager.shrunk_for)
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)

@@ -47,6 +47,7 @@ from typing import Protocol, TypeAlias, TypeVar
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from common.pbenum import pb_enum
 from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.adaptor.providers import NodeProvider, ProviderResult
@@ -147,6 +148,7 @@ class PowerManager:
         self._off_backoff: dict[str, tuple[float, float]] = {}
         self._wake_deadline: dict[str, float] = {}
         self._unplaced: set[str] = set()
+        self._shrunk: dict[str, types_pb2.Task] = {}   # GPUs shrinks gave up, each asked for once
         self._created: set[str] = set()          # tasks a new node was asked for
         self._log = get_logger("adaptor")
 
@@ -155,6 +157,15 @@ class PowerManager:
     def unplaced(self, task: types_pb2.Task) -> None:
         """The scheduler could not place ``task`` this cycle: a candidate for a wake."""
         self._unplaced.add(task.id)
+
+    def shrunk_for(self, task_id: str, gpus: int) -> None:
+        """Elastic tasks gave up ``gpus`` GPUs so that waiting task ``task_id`` runs at once: wake an off node that
+        holds them, as that task would have woken one had no elastic task been there; once it is up the shrunk
+        tasks grow back into it. (A grow alone never wakes a node.)"""
+        if gpus > 0:
+            wanted = types_pb2.Task(id=f"{task_id}/shrunk", state=pb_enum(types_pb2.TaskState, TaskState.PENDING))
+            wanted.demand.gpus = float(gpus)
+            self._shrunk[wanted.id] = wanted
 
     # ---- the loop ---------------------------------------------------------------------------------
 
@@ -314,14 +325,15 @@ class PowerManager:
     # ---- scale-out --------------------------------------------------------------------------------
 
     async def _wake_for_unplaced(self) -> None:
-        if not self._unplaced:
+        if not self._unplaced and not self._shrunk:
             return
         tasks = self._state.tasks
         fit = self._fit()
         waking = [e for e in self._registry if power_label(e.record.power_state) == "powering-on"]
         ready = [e for e in self._registry if _is_ready(e) and e.connected and e.state == NodeState.READY]
-        for task_id in sorted(self._unplaced):
-            task = tasks.get(task_id)
+        shrunk, self._shrunk = self._shrunk, {}
+        for task_id in sorted(self._unplaced) + sorted(shrunk):
+            task = shrunk.get(task_id) or tasks.get(task_id)
             if task is None or task.state != TaskState.PENDING:
                 self._unplaced.discard(task_id)
                 self._created.discard(task_id)
@@ -331,6 +343,16 @@ class PowerManager:
             fitting_on = _count(itertools.chain(waking, ready), fits, need)   # capacity coming first
             if fitting_on >= need:
                 continue   # capacity is there (or coming): the scheduler places it
+            if task_id in shrunk:   # never ask a provider to create a node for it: an off one, or nothing
+                for entry in sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
+                                     and fits(e)), key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus),
+                                                                  e.node_id))[:need]:
+                    waking.append(entry)
+                    async with self._locks.hold(f"power-{entry.node_id}"):
+                        if power_label(entry.record.power_state) == "off":
+                            await self._power_on(entry, f"elastic tasks gave up {int(task.demand.gpus)} GPU(s) "
+                                                 f"for {task_id.removesuffix('/shrunk')}", _demand(task))
+                continue
             off = sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
                           and fits(e)),
                          key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus), e.node_id))

@@ -109,15 +109,18 @@ class SchedulerCycle:
     :param gang_label: the node label whose shared value multi-node tasks prefer ("" none).
     :param queues: the team queues (admission, fair order across queues, reclaim); None: none.
     :param elastic: the elastic allocator (None: elastic tasks run at their minimum and never resize).
+    :param on_shrunk: told ``(waiting task, GPUs)`` when elastic tasks shrink for a waiting task (the Resource
+        Adaptor wakes a node for what they gave up).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
                  store: Store, leadership: Leadership, dispatcher: Dispatcher, scale_out: ScaleOut,
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
-                 queues: LeaderQueues | None = None, elastic: Elasticity | None = None) -> None:
+                 queues: LeaderQueues | None = None, elastic: Elasticity | None = None,
+                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None) -> None:
         self._preemptor, self._profiler = preemptor, profiler
-        self._elastic = elastic
+        self._elastic, self._on_shrunk = elastic, on_shrunk
         self._queues = queues
         self._gang_label = gang_label
         self._on_unplaced = on_unplaced
@@ -312,7 +315,14 @@ class SchedulerCycle:
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
             decisions = self._within_quota(plan_grows(self._quota_capped(jobs), idle, now, settings))
-        return bool(decisions) and bool(await self._elastic.resize(decisions))
+        done = set(await self._elastic.resize(decisions)) if decisions else set()
+        gave: dict[str, int] = {}
+        for d in decisions:
+            if d.task_id in done and d.for_task:
+                gave[d.for_task] = gave.get(d.for_task, 0) + d.from_gpus - d.to_gpus
+        for task_id, gpus in sorted(gave.items()):
+            self._on_shrunk(task_id, gpus)
+        return bool(done)
 
     def _queue_key(self, task_id: str) -> tuple[str, str] | None:
         """(queue, GPU pool) of a placed task, when team queues are in force."""

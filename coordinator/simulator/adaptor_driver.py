@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from common.domain import NodeSnapshot, Request
+from common.domain import NodeSnapshot, Request, Resources
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.power_states import power_label
@@ -140,6 +140,14 @@ class SimAdaptor:
         task = self.state.tasks.get(req.task_id)
         if task is not None:
             self.manager.unplaced(task)
+
+    def shrunk_for(self, task_id: str, gpus: int) -> None:
+        """Elastic jobs gave up ``gpus`` GPUs for a waiting job (a wake candidate, as on the leader)."""
+        waiting = self._requests.get(task_id)
+        per_gpu = waiting.gpu_mem_per_gpu_bytes if waiting is not None else 0
+        self._requests[f"{task_id}/shrunk"] = Request(f"{task_id}/shrunk", Resources(
+            gpus=float(gpus), gpu_mem_total_bytes=per_gpu * gpus), gpu_mem_per_gpu_bytes=per_gpu)
+        self.manager.shrunk_for(task_id, gpus)
 
     def placed(self, req: Request, node_indices: Sequence[int]) -> None:
         """A job was placed on these nodes: they are busy and reserved."""

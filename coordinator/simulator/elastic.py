@@ -334,8 +334,14 @@ class SimElastic:
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
             decisions = plan_grows(jobs, idle, now, self.settings)
+        gave: dict[str, int] = {}
         for d in decisions:
             self._resize(self.by_id[d.task_id], d, now)
+            if d.for_task:
+                gave[d.for_task] = gave.get(d.for_task, 0) + d.from_gpus - d.to_gpus
+        if sim.adaptor is not None:   # as the cycle tells the leader's power manager
+            for task_id, gpus in sorted(gave.items()):
+                sim.adaptor.shrunk_for(task_id, gpus)
         return bool(decisions)
 
     def _as_job(self, k: int) -> ElasticJob:
