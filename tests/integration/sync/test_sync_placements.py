@@ -228,6 +228,23 @@ class TestPipelinedCommits:
         assert {n.inventory.node_id: sorted(n.reserved_gpu_indices) for n in store.list_nodes()} == \
             reserved_from_allocations(store, tasks)
 
+    def test_a_node_shared_with_a_failed_batch_is_read_again(
+        self, sync_client: EtcdClient, keys: Keys, leader: Election, make_node: Callable, make_task: Callable,
+        make_allocation: Callable,
+    ) -> None:
+        """30 placements on one node take 4 transactions of ≤ 9; the first one fails on a stale task, so its
+        placements go one per transaction and change the node's record: the next batch reads the record again
+        instead of comparing against the revision it had, and commits at once."""
+        store = Store(sync_client, keys, leader, max_txn_ops=20, max_txns_in_flight=4)
+        store.put_node(make_node("n1", gpus=30))
+        tasks = stored_tasks(store, 30, make_task)
+        stale = tasks[4]
+        store.update_task(stale.id, stale.revision, log_tail="touched by someone else")
+        result = store.commit_placements([(t, t.revision, make_allocation("n1", [i])) for i, t in enumerate(tasks)])
+        assert set(result.rejected) == {stale.id} and len(result.committed) == 29
+        assert result.transactions == 8 + 3   # the failed batch's 8 others one by one, then 9 + 9 + 3
+        assert list(store.get_node("n1").reserved_gpu_indices) == [i for i in range(30) if i != 4]
+
     def test_concurrent_commits_never_reserve_a_gpu_twice(
         self, sync_client: EtcdClient, client_factory: Callable[[], EtcdClient], keys: Keys, leader: Election,
         make_node: Callable, make_task: Callable, make_allocation: Callable,
