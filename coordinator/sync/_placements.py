@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from common.errors import EtcdUnavailable, Fenced, GptrmError, NotFound, NotLeader
@@ -11,7 +13,17 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.sync import _records as rec
 from coordinator.sync._fenced import FencedWriter, Nodes
-from coordinator.sync.client import Compare, EtcdClient, Op, cmp_create, cmp_mod, op_delete, op_get, op_put
+from coordinator.sync.client import (
+    Compare,
+    EtcdClient,
+    Op,
+    TxnResult,
+    cmp_create,
+    cmp_mod,
+    op_delete,
+    op_get,
+    op_put,
+)
 from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
 from coordinator.sync.state_machine import Conflict
@@ -45,11 +57,18 @@ class CommitResult:
 
     def add(self, p: rec.Prepared, revision: int) -> None:
         """Record one committed placement."""
-        task = types_pb2.Task()
-        task.CopyFrom(p.task)
-        task.revision = revision
+        p.task.revision = revision   # the prepared task is this commit's own message: handed out as stored
         self.committed[p.task_id] = revision
-        self.stored[p.task_id] = task
+        self.stored[p.task_id] = p.task
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    """A batch sent to etcd (or about to be), the nodes whose records it writes, and its outcome to come."""
+
+    batch: list[rec.Prepared]
+    nodes: frozenset[str]
+    future: Future[tuple[TxnResult | None, Nodes]]
 
 
 class Placements:
@@ -73,14 +92,18 @@ class Placements:
         max_txn_ops: int = 128,
         max_txn_bytes: int = 1024 * 1024,
         history_limit: int = 100,
+        max_in_flight: int = 4,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight {max_in_flight} must be at least 1")
         self._client, self._keys, self._writer, self._election = client, keys, writer, election
         self._wall, self._history_limit = wall, history_limit
-        self._max_ops, self._max_bytes = max_txn_ops, max_txn_bytes
+        self._max_ops, self._max_bytes, self._max_in_flight = max_txn_ops, max_txn_bytes, max_in_flight
         self._log = get_logger("sync")
 
     def commit(self, placements: Sequence[PlacementCommit]) -> CommitResult:
-        """Batch, commit, and fall back to one placement per transaction for a batch that conflicts."""
+        """Batch, commit (several node-disjoint batches in flight), and fall back to one placement per
+        transaction for a batch that conflicts."""
         started = time.monotonic()
         result = CommitResult()
         epoch = self._election.require_epoch()
@@ -95,11 +118,13 @@ class Placements:
                 result.rejected[task.id] = e
             except ValueError as e:  # a state number outside TaskState
                 result.rejected[task.id] = GptrmError(f"task {task.id}: {e}")
-        for batch in rec.batches(prepared, self._max_ops, self._max_bytes):
-            try:
-                self._commit_batch(batch, result)
-            except EtcdUnavailable as e:
-                result.rejected.update({p.task_id: e for p in batch if p.task_id not in result.committed})
+        # Placements on the same nodes next to each other (a stable sort: among them, the caller's order,
+        # which decides who gets a whole GPU that two of them ask for), so that batches() writes each
+        # node record once and most batches share no node.
+        prepared.sort(key=lambda p: p.node_ids)
+        batches = list(rec.batches(prepared, self._max_ops, self._max_bytes))
+        if batches:
+            self._commit_batches(batches, result)
         for task_id, error in result.rejected.items():
             self._log.info("placement_rejected", task_id=task_id, reason=str(error))
         self._log.info(
@@ -111,30 +136,97 @@ class Placements:
         )
         return result
 
-    def _commit_batch(self, batch: list[rec.Prepared], result: CommitResult) -> None:
-        nodes = self._writer.read_nodes(n for p in batch for n in p.node_ids)
+    def _commit_batches(self, batches: list[list[rec.Prepared]], result: CommitResult) -> None:
+        """Commit ``batches`` with up to ``max_in_flight`` transactions in flight at once.
+
+        The node records are read once, up front; after that this call keeps them as its own
+        transactions wrote them (the record put and the transaction's revision), so a batch needs no
+        read of its own. Every batch still compares each node's mod revision: a record changed by
+        anyone else (a heartbeat, a release) fails the batch, whose placements then go one per
+        transaction after a fresh read, exactly as when nothing is cached. Two batches in flight
+        never share a node record: a batch that shares one with a batch in flight waits for it, so
+        its reservation starts from what that batch stored. (Were it not so, the compare on the
+        mod revision would still let only one of them commit: a node is never reserved twice.)
+        etcd applies transactions one after another but takes new ones while it writes the last;
+        meanwhile this process builds the next.
+        """
+        nodes = self._writer.read_nodes(n for batch in batches for p in batch for n in p.node_ids)
+        stale: set[str] = set()   # nodes whose stored record is unknown since a batch failed
+        window = self._max_in_flight if len(batches) > 1 else 1
+        pool = ThreadPoolExecutor(window, thread_name_prefix="gptrm-commit") if window > 1 else None
+        in_flight: deque[_InFlight] = deque()
         try:
-            for p in batch:
-                self._reserve(p, nodes)
+            for batch in batches:
+                batch_nodes = frozenset(n for p in batch for n in p.node_ids)
+                while in_flight and (len(in_flight) >= window or any(batch_nodes & f.nodes for f in in_flight)):
+                    self._settle(in_flight.popleft(), nodes, stale, result)
+                if batch_nodes & stale:
+                    reread = batch_nodes & stale
+                    stale -= reread
+                    for n in reread:
+                        nodes.pop(n, None)
+                    nodes.update(self._writer.read_nodes(reread))
+                mine = {n: nodes[n] for n in batch_nodes if n in nodes}
+                future: Future[tuple[TxnResult | None, Nodes]]
+                if pool is None:
+                    future = Future()
+                    try:
+                        future.set_result(self._write_batch(batch, mine))
+                    except Exception as e:   # raised again by _settle, as a pooled batch's would be
+                        future.set_exception(e)
+                else:
+                    future = pool.submit(self._write_batch, batch, mine)
+                in_flight.append(_InFlight(batch, batch_nodes, future))
+            while in_flight:
+                self._settle(in_flight.popleft(), nodes, stale, result)
+        finally:
+            if pool is not None:   # after Fenced or NotLeader: what is still in flight finishes, unread
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _write_batch(self, batch: list[rec.Prepared], nodes: Nodes) -> tuple[TxnResult | None, Nodes]:
+        """Reserve the batch on copies of its node records and write it in one fenced transaction (in a
+        worker thread when pipelined). None: a reservation failed before anything was sent."""
+        work: Nodes = {}
+        for node_id, (record, revision) in nodes.items():
+            copy = types_pb2.NodeRecord()
+            copy.CopyFrom(record)
+            work[node_id] = (copy, revision)
+        try:
+            rec.add_reservations({n: r for n, (r, _rev) in work.items()},
+                                 (na for p in batch for na in p.allocation.nodes))
         except (Conflict, NotFound):
-            outcome = None  # decided placement by placement below
-        else:
-            outcome = self._writer.write(*self._placement_ops(batch, nodes))
+            return None, work   # decided placement by placement
+        return self._writer.write(*self._placement_ops(batch, work)), work
+
+    def _settle(self, flight: _InFlight, nodes: Nodes, stale: set[str], result: CommitResult) -> None:
+        """Record a batch's outcome; a batch that did not commit goes one placement per transaction."""
+        batch = flight.batch
+        try:
+            outcome, written = flight.future.result()
+        except EtcdUnavailable as e:   # outcome unknown: the task says, once read again
+            stale |= flight.nodes
+            result.rejected.update({p.task_id: e for p in batch})
+            return
         if outcome is not None and outcome.succeeded:
             for p in batch:
                 result.add(p, outcome.revision)
             result.transactions += 1
+            nodes.update((n, (record, outcome.revision)) for n, (record, _old) in written.items())
             return
+        stale |= flight.nodes
         if len(batch) > 1:
             self._log.info("placement_batch_conflicted", placements=len(batch))
-        for p in batch:
-            try:
-                result.add(p, self._commit_one(p))
-                result.transactions += 1
-            except (Fenced, NotLeader, EtcdUnavailable):
-                raise
-            except GptrmError as e:  # Conflict, NotFound, IllegalTransition, CoordinationError from etcd
-                result.rejected[p.task_id] = e
+        try:
+            for p in batch:
+                try:
+                    result.add(p, self._commit_one(p))
+                    result.transactions += 1
+                except (Fenced, NotLeader, EtcdUnavailable):
+                    raise
+                except GptrmError as e:  # Conflict, NotFound, IllegalTransition, CoordinationError from etcd
+                    result.rejected[p.task_id] = e
+        except EtcdUnavailable as e:
+            result.rejected.update({p.task_id: e for p in batch if p.task_id not in result.committed})
 
     @staticmethod
     def _reserve(p: rec.Prepared, nodes: Nodes) -> None:

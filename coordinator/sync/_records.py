@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
 from common.domain import Resources
-from common.errors import CoordinationError, ValidationError
+from common.errors import CoordinationError, NotFound, ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskState
@@ -21,6 +21,7 @@ from coordinator.sync.state_machine import Conflict, check_transition
 __all__ = [
     "Prepared",
     "add_reservation",
+    "add_reservations",
     "append_history",
     "apply_updates",
     "batches",
@@ -197,6 +198,28 @@ def add_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) 
     _store_reservation(record, reservation)
 
 
+def add_reservations(records: Mapping[str, types_pb2.NodeRecord],
+                     allocations: Iterable[types_pb2.NodeAllocation]) -> None:
+    """:func:`add_reservation` of every allocation in turn, each record converted once both ways (a batch of
+    placements adds many allocations to few nodes).
+
+    :raises NotFound: an allocation names a node not in ``records``.
+    :raises Conflict: a whole-GPU allocation asks for a GPU already reserved (by the record or an earlier
+        allocation); the records are then left partly changed.
+    """
+    held: dict[str, NodeReservation] = {}
+    try:
+        for na in allocations:
+            if na.node_id not in records:
+                raise NotFound(f"node {na.node_id!r} has no record")
+            current = held.get(na.node_id) or _reservation(records[na.node_id])
+            held[na.node_id] = current.add(na.node_id, _demand(na.demand), na.gpu_indices, na.gpu_share)
+    except ReservationConflict as e:
+        raise Conflict(str(e)) from None
+    for node_id, reservation in held.items():
+        _store_reservation(records[node_id], reservation)
+
+
 def remove_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) -> None:
     """Undo :func:`add_reservation`; never goes below zero."""
     _store_reservation(record, _reservation(record).remove(_demand(na.demand), na.gpu_indices))
@@ -232,15 +255,14 @@ def prepare_placement(
     check_transition(task.id, TaskState(task.state), TaskState.SCHEDULED)
     if not allocation.nodes or any(not na.node_id for na in allocation.nodes):
         raise ValidationError("allocation.nodes", f"task {task.id}: every allocation needs at least one node id")
-    alloc = types_pb2.Allocation()
+    new = types_pb2.Task()
+    new.CopyFrom(task)
+    new.revision = 0
+    alloc = new.allocation   # the allocation record is the task's own copy, serialized on its own too
     alloc.CopyFrom(allocation)
     alloc.task_id = task.id
     alloc.leader_epoch = alloc.leader_epoch or epoch
     alloc.created_unix_s = alloc.created_unix_s or now_unix_s
-    new = types_pb2.Task()
-    new.CopyFrom(task)
-    new.revision = 0
-    new.allocation.CopyFrom(alloc)
     new.ClearField("parts")   # one part per node, rank i on nodes[i], until its agent reports
     scheduled = pb_enum(types_pb2.TaskState, TaskState.SCHEDULED)
     new.parts.extend(types_pb2.TaskPart(node_id=na.node_id, rank=i, state=scheduled)
@@ -260,21 +282,54 @@ def batches(prepared: Sequence[Prepared], max_ops: int, max_bytes: int) -> Itera
     absent) + 1 per distinct node; success ops = 2 per placement + 1 per distinct node; both
     must stay within ``max_ops`` (etcd's ``--max-txn-ops``), and the values within ``max_bytes``
     (under etcd's ``--max-request-bytes``). A placement too big on its own gets its own batch.
+
+    A run of consecutive placements on the same nodes (``Placements.commit`` sorts them so) is
+    kept in one transaction when it fits in an empty one: each node record is then written by
+    one transaction, not by every transaction that holds one of its placements, and most
+    transactions share no node record, so they can be in flight together. A run too big for one
+    transaction is split.
     """
     batch: list[Prepared] = []
     nodes: set[str] = set()
     size = 0
-    for p in prepared:
-        new_nodes = set(p.node_ids) - nodes
-        grown_ops = 1 + 2 * (len(batch) + 1) + len(nodes) + len(new_nodes)
-        grown_size = size + len(p.task_bytes) + len(p.allocation_bytes) + _NODE_BYTES_ESTIMATE * len(new_nodes)
-        if batch and (grown_ops > max_ops or grown_size > max_bytes):
-            yield batch
+
+    def ops(placements: int, node_count: int) -> int:
+        return 1 + 2 * placements + node_count
+
+    def value_bytes(ps: Sequence[Prepared], new_nodes: int) -> int:
+        return sum(len(p.task_bytes) + len(p.allocation_bytes) for p in ps) + _NODE_BYTES_ESTIMATE * new_nodes
+
+    for run in _runs(prepared):
+        new_nodes = set(run[0].node_ids) - nodes
+        fits = (ops(len(batch) + len(run), len(nodes) + len(new_nodes)) <= max_ops
+                and size + value_bytes(run, len(new_nodes)) <= max_bytes)
+        alone = ops(len(run), len(run[0].node_ids)) <= max_ops and value_bytes(run, len(run[0].node_ids)) <= max_bytes
+        if batch and not fits and alone:
+            yield batch   # the run goes whole into the next transaction
             batch, nodes, size = [], set(), 0
-            new_nodes = set(p.node_ids)
-            grown_size = len(p.task_bytes) + len(p.allocation_bytes) + _NODE_BYTES_ESTIMATE * len(new_nodes)
-        batch.append(p)
-        nodes |= new_nodes
-        size = grown_size
+        for p in run:
+            new_nodes = set(p.node_ids) - nodes
+            grown_ops = ops(len(batch) + 1, len(nodes) + len(new_nodes))
+            grown_size = size + value_bytes([p], len(new_nodes))
+            if batch and (grown_ops > max_ops or grown_size > max_bytes):
+                yield batch
+                batch, nodes, size = [], set(), 0
+                new_nodes = set(p.node_ids)
+                grown_size = value_bytes([p], len(new_nodes))
+            batch.append(p)
+            nodes |= new_nodes
+            size = grown_size
     if batch:
         yield batch
+
+
+def _runs(prepared: Sequence[Prepared]) -> Iterator[list[Prepared]]:
+    """Consecutive placements with the same ``node_ids``."""
+    run: list[Prepared] = []
+    for p in prepared:
+        if run and p.node_ids != run[0].node_ids:
+            yield run
+            run = []
+        run.append(p)
+    if run:
+        yield run

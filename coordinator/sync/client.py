@@ -100,6 +100,22 @@ class _RangePage(Protocol):
     more: bool
 
 
+class _ResponseOp(Protocol):
+    """What is read of one of etcd's ``ResponseOp``."""
+
+    response_range: _RangePage
+
+    def WhichOneof(self, group: str) -> str | None: ...
+
+
+class _TxnResponse(Protocol):
+    """What is read of etcd's ``TxnResponse``."""
+
+    header: _Header
+    succeeded: bool
+    responses: Sequence[_ResponseOp]
+
+
 class _WatchResponse(Protocol):
     """What is read of etcd3's watch response: its events (each proxies an ``mvccpb.KeyValue``)."""
 
@@ -108,6 +124,16 @@ class _WatchResponse(Protocol):
 
 def _range_page(raw: _Raw, _timeout: float, *, start: bytes, end: bytes, revision: int) -> _RangePage:
     return raw.get_range_response(start, end, limit=_PAGE, revision=revision or None)
+
+
+def _txn(raw: _Raw, _timeout: float, *, request: object) -> _TxnResponse:
+    # The request goes to etcd's KV stub as it was built (see _kv.py); a gRPC error goes through
+    # etcd3's own translation and endpoint bookkeeping, as in its transaction().
+    try:
+        return raw.kvstub.Txn(request, raw.timeout, credentials=raw.call_credentials, metadata=raw.metadata)
+    except grpc.RpcError as e:
+        raw._manage_grpc_errors(e)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,20 +353,15 @@ class EtcdClient:
 
     def txn(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
         """One etcd transaction: if every compare holds run ``success``, else ``failure``."""
-        ok, responses = self._call(
-            "txn", lambda raw, _t: raw.transaction(compare=list(compare), success=list(success), failure=list(failure))
-        )
+        request = etcdrpc.TxnRequest(compare=compare, success=success, failure=failure)
+        response = self._call("txn", partial(_txn, request=request))
         out: list[list[KV] | None] = []
-        revision = 0
-        for resp in responses:
-            if isinstance(resp, list):
-                out.append([kv_from_meta(v, m) for v, m in resp])
-                revision = revision or next((m.response_header.revision for _v, m in resp), 0)
+        for resp in response.responses:
+            if resp.WhichOneof("response") == "response_range":
+                out.append([kv_from_proto(kv) for kv in resp.response_range.kvs])
             else:
                 out.append(None)
-                inner = getattr(resp, resp.WhichOneof("response"))
-                revision = revision or inner.header.revision
-        return TxnResult(bool(ok), revision, out)
+        return TxnResult(bool(response.succeeded), response.header.revision, out)
 
     def grant_lease(self, ttl_s: int) -> tuple[int, int]:
         """Grant a lease; returns its id and the TTL etcd granted (it may raise a too small TTL)."""

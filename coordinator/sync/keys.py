@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -21,9 +22,14 @@ DEFAULT_PREFIX = "/gptrm/v1/"
 """Prefix of every gptrm key unless the coordinator is configured otherwise."""
 
 
+_BAD_NAME = re.compile(r"[/\x00-\x1f]")
+"""A "/" or a control character: what no name may hold."""
+
+
 def _check_name(kind: str, name: str) -> str:
-    # A "/" would let one id reach into another collection's range (tasks/a/b vs tasks/a).
-    if not name or "/" in name or any(ord(c) < 0x20 for c in name):
+    # A "/" would let one id reach into another collection's range (tasks/a/b vs tasks/a). One regex
+    # search instead of a loop over the characters: three keys per placement are built on the commit path.
+    if not name or _BAD_NAME.search(name):
         raise ValidationError(kind, f"{name!r} is not a valid name (non-empty, no '/', no control characters)")
     return name
 

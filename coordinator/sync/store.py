@@ -63,6 +63,8 @@ class Store:
     :param wall: wall clock for history and allocation timestamps.
     :param max_txn_ops: etcd's ``--max-txn-ops`` (default 128).
     :param max_txn_bytes: value bytes per placement batch (etcd's ``--max-request-bytes`` is 1.5 MiB).
+    :param max_txns_in_flight: placement transactions sent to etcd at once by one ``commit_placements``
+        (never two that write the same node record).
     :param history_limit: state changes kept per task (oldest dropped first).
     :param request_ttl_s: how long a submit's request id is remembered for idempotency.
     :param id_factory: makes task ids.
@@ -80,6 +82,7 @@ class Store:
         wall: Callable[[], float] = time.time,
         max_txn_ops: int = 128,
         max_txn_bytes: int = 1024 * 1024,
+        max_txns_in_flight: int = 4,
         history_limit: int = 100,
         request_ttl_s: float = 24 * 3600.0,
         id_factory: Callable[[], str] = rec.new_task_id,
@@ -104,6 +107,7 @@ class Store:
             max_txn_ops=max_txn_ops,
             max_txn_bytes=max_txn_bytes,
             history_limit=history_limit,
+            max_in_flight=max_txns_in_flight,
         )
         self._request_lease = (0, 0.0)
         self._request_lease_lock = threading.Lock()
