@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -262,10 +263,10 @@ class TestPipelinedCommits:
         def heartbeats() -> None:
             while not stop.is_set():
                 for n in range(4):
-                    try:   # keeps the reservations, bumps the revision
+                    # Keeps the reservations, bumps the revision; a Conflict (the commits kept changing the
+                    # record for 5 tries) waits for the next round.
+                    with contextlib.suppress(Conflict):
                         stores[0].put_node(make_node(f"n{n}", gpus=16))
-                    except Conflict:   # the commits kept changing the record for 5 tries: the next round
-                        pass
 
         beating = threading.Thread(target=heartbeats)
         beating.start()
