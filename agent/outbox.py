@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import random
 
 from agent.summary import Summariser
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
@@ -30,11 +31,12 @@ class Outbox:
 
     :param max_samples: telemetry samples (or summaries) kept while they cannot be sent.
     :param sampling_interval_s: the agent's sampling interval (what a report interval is compared with).
+    :param rng: spreads the agents' reports after a change of interval (see :mod:`agent.summary`).
     """
 
-    def __init__(self, max_samples: int, sampling_interval_s: float = 1.0) -> None:
+    def __init__(self, max_samples: int, sampling_interval_s: float = 1.0, rng: random.Random | None = None) -> None:
         self.wakeup = asyncio.Event()
-        self.summary = Summariser(sampling_interval_s)
+        self.summary = Summariser(sampling_interval_s, rng if rng is not None else random.Random())
         self._samples: collections.deque[types_pb2.TelemetrySample] = collections.deque(maxlen=max_samples)
         self._events: collections.OrderedDict[int, agent_pb2.TaskStatus] = collections.OrderedDict()
         self._seq = 0

@@ -17,6 +17,10 @@ and sends one summary of the samples of each report interval. What a summary hol
 - ``time_unix_s`` is the last sample's, ``summarised_samples`` the count and ``summary_of_s`` the
   seconds covered since the previous report's last sample.
 
+After each change of interval the first window has a random length (between one sampling interval
+and the report interval): every agent hears of a change at the same moment, and without this their
+reports would all fall in the same second of each interval.
+
 Memory is bounded whatever the interval: running sums, counts and maxima per GPU and field, and
 the last sample, never the samples themselves.
 """
@@ -24,6 +28,7 @@ the last sample, never the samples themselves.
 from __future__ import annotations
 
 import math
+import random
 
 from common.pb.gptrm.v1 import types_pb2
 
@@ -65,11 +70,15 @@ class Summariser:
     since the last report cover the report interval, then their summary.
 
     :param sampling_interval_s: the agent's own sampling interval.
+    :param rng: draws the length of the first window after a change; None: a whole report interval
+        (deterministic, for tests).
     """
 
-    def __init__(self, sampling_interval_s: float) -> None:
+    def __init__(self, sampling_interval_s: float, rng: random.Random | None = None) -> None:
         self.sampling_interval_s = sampling_interval_s
         self.report_interval_s = sampling_interval_s
+        self._rng = rng
+        self._window_s = sampling_interval_s   # the current window's length (the first after a change: random)
         self._last: types_pb2.TelemetrySample | None = None
         self._count = 0
         self._gpu: dict[tuple[int, str], _Acc] = {}
@@ -88,8 +97,11 @@ class Summariser:
     def set_report_interval(self, report_interval_s: float) -> types_pb2.TelemetrySample | None:
         """The coordinator asked for another interval. Returns the summary of what was pending when
         the new interval no longer summarises (so nothing sampled is lost), else None."""
-        was = self.summarising
+        was, old = self.summarising, self.report_interval_s
         self.report_interval_s = max(self.sampling_interval_s, report_interval_s)
+        if self.report_interval_s != old:
+            self._window_s = (self._rng.uniform(self.sampling_interval_s, self.report_interval_s)
+                              if self._rng is not None else self.report_interval_s)
         if was and not self.summarising and self._count:
             return self._flush()
         return None
@@ -103,7 +115,8 @@ class Summariser:
             self._since = sample.time_unix_s - self.sampling_interval_s   # first sample, or the clock went back
         self._accumulate(sample)
         # Half a sampling interval of slack: sample times jitter, and a report due now must not wait a tick.
-        if sample.time_unix_s - self._since >= self.report_interval_s - 0.5 * self.sampling_interval_s:
+        if sample.time_unix_s - self._since >= self._window_s - 0.5 * self.sampling_interval_s:
+            self._window_s = self.report_interval_s
             return self._flush()
         return None
 

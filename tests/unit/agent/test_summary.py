@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 
 import pytest
@@ -101,13 +102,26 @@ class TestSummariser:
 
 class TestOutboxSummaries:
     def test_outbox_queues_summaries_and_its_quiet_time_follows(self) -> None:
-        box = Outbox(10, sampling_interval_s=1.0)
+        """After a change the first window is random (agents spread their reports), the next ones whole."""
+        box = Outbox(10, sampling_interval_s=1.0, rng=random.Random(7))
         assert box.quiet_s == 0.0
         box.set_report_interval(5.0)
         assert box.quiet_s == 6.0
-        for i in range(12):
+        for i in range(14):
             box.add_sample(_sample(100 + i, 0.5, 300, 10))
-        assert [x.summarised_samples for x in box.take_samples(10)] == [5, 5]
-        box.set_report_interval(0.0)   # an older coordinator: every sample again, the pending two first
-        box.add_sample(_sample(112, 0.5, 300, 10))
-        assert [x.summarised_samples for x in box.take_samples(10)] == [2, 0]
+        counts = [x.summarised_samples for x in box.take_samples(10)]
+        assert 1 <= counts[0] <= 5 and counts[1:] == [5, 5]
+        box.set_report_interval(0.0)   # an older coordinator: every sample again, what was pending first
+        box.add_sample(_sample(114, 0.5, 300, 10))
+        pending = 14 - sum(counts)
+        assert [x.summarised_samples for x in box.take_samples(10)] == ([pending] if pending else []) + [0]
+
+    def test_first_windows_spread_over_the_interval(self) -> None:
+        """Many agents told the same interval at the same moment report at different seconds."""
+        firsts = set()
+        for seed in range(50):
+            s = Summariser(1.0, random.Random(seed))
+            s.set_report_interval(10.0)
+            out = _feed(s, [_sample(100 + i, 0.5, 300, 10) for i in range(10)])
+            firsts.add(out[0].time_unix_s)
+        assert len(firsts) >= 7
