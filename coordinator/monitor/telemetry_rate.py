@@ -6,7 +6,7 @@ per *report interval* instead (mean, max and last of its own samples: ``agent/su
 
     report interval = max(sampling interval, nodes / budget), rounded up to one of STEPS_S
 
-so ingest stays at or under the budget up to ``budget × 15`` nodes (beyond that the interval stays
+(nodes: those connected, and those not LOST that may reconnect any moment) so ingest stays at or under the budget up to ``budget × 15`` nodes (beyond that the interval stays
 at 15 s and ingest grows again; the status shows it). Hysteresis: the interval goes up at once
 (over budget is the failure this prevents), and down only when the lower interval would load at
 most :data:`DOWN_MARGIN` of the budget and the current one has held :data:`HOLD_S`, so a
@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2
+from common.types import NodeState
 from coordinator.monitor.nodes import NodeRegistry
 
 __all__ = ["DOWN_MARGIN", "HOLD_S", "STEPS_S", "RateMetrics", "TelemetryRate", "interval_for"]
@@ -116,8 +117,10 @@ class TelemetryRate:
             self._on_change(interval_s)
 
     def tick(self) -> float:
-        """One pass: count the connected nodes, decide, and measure the ingest rate."""
-        nodes = sum(1 for e in self._registry if e.connected)
+        """One pass: count the nodes (connected or not LOST), decide, and measure the ingest rate."""
+        # Connected nodes, and those that may reconnect any moment (not LOST): a leader that just took over
+        # knows every node from etcd before their agents reconnect, and welcomes them at the interval they need.
+        nodes = sum(1 for e in self._registry if e.connected or e.state != NodeState.LOST)
         now = self._now()
         self._counts.append((now, self._samples_total()))
         while len(self._counts) > 2 and now - self._counts[0][0] > _RATE_WINDOW_S:

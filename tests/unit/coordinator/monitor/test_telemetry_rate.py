@@ -75,12 +75,24 @@ class TestController:
         registry.disconnect("n2", registry.get("n2").stream_id)
         seen: list[float] = []
         rate = TelemetryRate(registry, 1.0, 1.0, on_change=seen.append, now=clock)
-        assert rate.tick() == 2.0 and rate.nodes == 2 and seen == [2.0]
+        # n2 is disconnected but not LOST (it may come back any moment): it counts, but is not pushed to.
+        assert rate.tick() == 5.0 and rate.nodes == 3 and seen == [5.0]
         for q in queues[:2]:
             msg = q.get_nowait()
-            assert msg.WhichOneof("body") == "telemetry_rate" and msg.telemetry_rate.report_interval_s == 2.0
+            assert msg.WhichOneof("body") == "telemetry_rate" and msg.telemetry_rate.report_interval_s == 5.0
         assert queues[2].empty()
-        assert registry.silence_limit_s == 6.0
+        assert registry.silence_limit_s == 15.0
+        clock.advance(31.0)   # n2 LOST (30 s grace), and 30 s held: 2 nodes at 1/s fit 2 s at 100 %, not 80 %
+        registry.refresh()
+        assert rate.tick() == 5.0 and rate.nodes == 2
+
+    def test_a_new_leader_counts_the_nodes_it_loaded(self) -> None:
+        """Nodes known from etcd, not yet reconnected, size the interval the first agents are welcomed at."""
+        clock = FakeClock()
+        registry = NodeRegistry(1.0, 30.0, now=clock)
+        for i in range(300):
+            registry.load(types_pb2.NodeRecord(inventory=types_pb2.NodeInventory(node_id=f"n{i}")))
+        assert TelemetryRate(registry, 100.0, 1.0, now=clock).tick() == 5.0
 
     def test_ingest_rate_and_metrics(self) -> None:
         clock = FakeClock()
