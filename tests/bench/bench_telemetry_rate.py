@@ -171,6 +171,7 @@ class Result:
     loop_cpu: float = 0.0
     rss: float = 0.0
     gen_cpu: float = 0.0
+    gen_rss: float = 0.0
     other_cpu: float = 0.0
     max_age_s: float = math.nan
     stale: int = 0
@@ -179,17 +180,23 @@ class Result:
     fresh: bool = False
 
 
-async def list_nodes(address: str) -> list[admin_pb2.NodeView]:
-    out: list[admin_pb2.NodeView] = []
+async def node_ages(address: str) -> tuple[list[float], int]:
+    """(age of every node's latest sample when its page was answered, nodes without one)."""
+    ages: list[float] = []
+    missing = 0
     async with grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
         stub = admin_pb2_grpc.AdminStub(ch)
         token = ""
         while True:
+            asked = time.time()
             page = await stub.ListNodes(admin_pb2.ListNodesRequest(page_size=1000, page_token=token), timeout=60)
-            out.extend(page.nodes)
+            # The page is read at some point between asking and answering: measure from the ask (a node's
+            # sample can be no older then than it is at the ask), so a slow page does not count as staleness.
+            ages.extend(asked - v.latest.time_unix_s for v in page.nodes if v.has_latest)
+            missing += sum(1 for v in page.nodes if not v.has_latest)
             token = page.next_page_token
             if not token:
-                return out
+                return ages, missing
 
 
 async def status(address: str) -> admin_pb2.ClusterStatus:
@@ -255,14 +262,12 @@ async def run_one(args: argparse.Namespace, label: str, agents: int, fixed: bool
         st = await status(address)
         res.interval_s = st.telemetry_rate.report_interval_s
         res.states = ", ".join(f"{c.key} {c.count}" for c in st.nodes_by_state)
-        views = await list_nodes(address)
-        now = time.time()
-        ages = [now - v.latest.time_unix_s for v in views if v.has_latest]
-        res.no_sample = sum(1 for v in views if not v.has_latest)
+        res.gen_rss = sum(psutil.Process(g.proc.pid).memory_info().rss for g in gens) / 2**20
+        ages, res.no_sample = await node_ages(address)
         res.max_age_s = max(ages) if ages else math.nan
         res.stale = sum(1 for a in ages if a > args.fresh)
         ready = sum(c.count for c in st.nodes_by_state if c.key == "ready")
-        res.fresh = (res.stale == 0 and res.no_sample == 0 and len(views) == agents and ready == agents)
+        res.fresh = res.stale == 0 and res.no_sample == 0 and len(ages) == agents and ready == agents
         return res
     finally:
         for g in gens:
@@ -273,12 +278,13 @@ async def run_one(args: argparse.Namespace, label: str, agents: int, fixed: bool
 
 
 HEADER = (f"{'run':<10}{'agents':>7}{'conn s':>7}{'interval':>9}{'offered/s':>10}{'ingest/s':>9}{'cpu %':>7}"
-          f"{'loop %':>7}{'rss MB':>8}{'gen cpu%':>9}{'other%':>7}{'max age':>8}{'stale':>6}  states / fresh")
+          f"{'loop %':>7}{'rss MB':>8}{'gen cpu%':>9}{'gen MB':>7}{'other%':>7}{'max age':>8}{'stale':>6}"
+          "  states / fresh")
 
 
 def fmt(r: Result, fresh_s: float) -> str:
     return (f"{r.label:<10}{r.agents:>7}{r.connect_s:>7.0f}{r.interval_s:>8g}s{r.offered:>10.0f}{r.ingest:>9.0f}"
-            f"{r.cpu:>7.0f}{r.loop_cpu:>7.0f}{r.rss:>8.0f}{r.gen_cpu:>9.0f}{r.other_cpu:>7.0f}{r.max_age_s:>7.1f}s"
+            f"{r.cpu:>7.0f}{r.loop_cpu:>7.0f}{r.rss:>8.0f}{r.gen_cpu:>9.0f}{r.gen_rss:>7.0f}{r.other_cpu:>7.0f}{r.max_age_s:>7.1f}s"
             f"{r.stale:>6}  {r.states}; every node fresh within {fresh_s:g}s: {'yes' if r.fresh else 'NO'}")
 
 
