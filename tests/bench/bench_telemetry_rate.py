@@ -21,7 +21,10 @@ the same agents at a fixed 1 Hz, for ``--baseline-agents`` (as many as one coord
 on the machine; 0 skips it). ``other%`` is what the rest of the host used meanwhile: on a shared machine
 a busy neighbour shows there and the figures are pessimistic.
 
-The coordinator keeps ``--history`` seconds of telemetry per node (default 60 here: its ring buffers
+The simulated agents reconnect 1-5 s after their stream ends (counted as ``reconn``). The coordinator runs
+with ``--lease-ttl 10`` (default 2): on the shared 2-core machine a registration storm of 30,000 agents
+stalls etcd and the coordinator's loop for seconds, and with 2 s the leader lost its lease, dropping every
+stream. The coordinator keeps ``--history`` seconds of telemetry per node (default 60 here: its ring buffers
 are sized per node from the sampling interval, 0.4 MB a node at the default 900 s, which alone would
 not fit 30,000 nodes in this machine's memory).
 """
@@ -90,10 +93,27 @@ class RateGenerator(Generator):
         super().__init__(target, per_channel, 1.0, heartbeats=False)
         self.fixed = fixed
         self.rate_changes = 0
+        self.reconnects = 0
 
     async def _agent(self, k: int, channel: grpc.aio.Channel, ready: asyncio.Future) -> None:
-        call = None
+        """Register, stream, and (like an agent) reconnect after 1-5 s when the stream ends."""
         rng = random.Random(k)
+        while True:
+            try:
+                await self._session(k, channel, ready, rng)
+            except (grpc.aio.AioRpcError, ConnectionError, asyncio.InvalidStateError) as e:
+                self.errors += 1
+                if self.errors <= 20:
+                    print(f"agent {k}: {e!r}"[:300], file=sys.stderr, flush=True)
+            if not ready.done():
+                ready.set_result(False)
+                return
+            self.reconnects += 1
+            await asyncio.sleep(rng.uniform(1.0, 5.0))
+
+    async def _session(self, k: int, channel: grpc.aio.Channel, ready: asyncio.Future, rng: random.Random) -> None:
+        call = None
+        streaming = False
         try:
             async with self._sem:
                 call = channel.stream_stream(CONNECT_METHOD, request_serializer=_raw,
@@ -103,7 +123,9 @@ class RateGenerator(Generator):
                 if first is grpc.aio.EOF or not first.HasField("welcome"):
                     raise ConnectionError(f"no welcome: {first}")
             self.connected += 1
-            ready.set_result(True)
+            streaming = True
+            if not ready.done():
+                ready.set_result(True)
             every = [1.0 if self.fixed else max(1.0, first.welcome.report_interval_s)]
             changed = [False]
             reader = asyncio.create_task(self._listen(call, every, changed))
@@ -115,6 +137,8 @@ class RateGenerator(Generator):
                 delay = due - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                    if reader.done():
+                        break
                 t = time.time()
                 key = (n % 2, every[0])
                 if key not in templates:   # a new interval: the summaries of this agent for it (two variants)
@@ -131,14 +155,9 @@ class RateGenerator(Generator):
                 if time.time() - due > every[0]:
                     self.skipped += 1
                     due = time.time() + every[0]
-        except (grpc.aio.AioRpcError, ConnectionError) as e:
-            self.errors += 1
-            print(f"agent {k}: {e!r}"[:300], file=sys.stderr, flush=True)
         finally:
-            if ready.done():
+            if streaming:
                 self.connected -= 1
-            else:
-                ready.set_result(False)
             if call is not None:
                 call.cancel()
 
@@ -153,7 +172,7 @@ class RateGenerator(Generator):
                         self.rate_changes += 1
 
     def stats(self) -> dict:
-        return {**super().stats(), "rate_changes": self.rate_changes}
+        return {**super().stats(), "rate_changes": self.rate_changes, "reconnects": self.reconnects}
 
 
 # ---- orchestrator -------------------------------------------------------------------------------------------------
@@ -172,6 +191,7 @@ class Result:
     rss: float = 0.0
     gen_cpu: float = 0.0
     gen_rss: float = 0.0
+    reconnects: int = 0
     other_cpu: float = 0.0
     max_age_s: float = math.nan
     stale: int = 0
@@ -216,7 +236,8 @@ async def run_one(args: argparse.Namespace, label: str, agents: int, fixed: bool
                                                             else [])
         coord = Proc(coordinator_argv(address, etcd.endpoints, "/bench/", tmp / f"coord-{label}",
                                       metrics_listen=metrics,
-                                      extra=["--history", str(args.history), "--lost-grace", "120", *budget]),
+                                      extra=["--history", str(args.history), "--lost-grace", "120",
+                                             "--lease-ttl", str(args.lease_ttl), *budget]),
                      tmp / f"coordinator-{label}.log").start()
         wait_leader(address, proc=coord)
         gen_args = argparse.Namespace(generators=args.generators, streams_per_channel=args.streams_per_channel,
@@ -259,6 +280,7 @@ async def run_one(args: argparse.Namespace, label: str, agents: int, fixed: bool
         res.ingest = (c1 - c0) / (tb - ta)
         res.offered = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True)) / (tb - ta)
         res.connected = sum(a["connected"] for a in after)
+        res.reconnects = sum(a["reconnects"] for a in after)
         st = await status(address)
         res.interval_s = st.telemetry_rate.report_interval_s
         res.states = ", ".join(f"{c.key} {c.count}" for c in st.nodes_by_state)
@@ -279,13 +301,14 @@ async def run_one(args: argparse.Namespace, label: str, agents: int, fixed: bool
 
 HEADER = (f"{'run':<10}{'agents':>7}{'conn s':>7}{'interval':>9}{'offered/s':>10}{'ingest/s':>9}{'cpu %':>7}"
           f"{'loop %':>7}{'rss MB':>8}{'gen cpu%':>9}{'gen MB':>7}{'other%':>7}{'max age':>8}{'stale':>6}"
-          "  states / fresh")
+          f"{'reconn':>7}  states / fresh")
 
 
 def fmt(r: Result, fresh_s: float) -> str:
     return (f"{r.label:<10}{r.agents:>7}{r.connect_s:>7.0f}{r.interval_s:>8g}s{r.offered:>10.0f}{r.ingest:>9.0f}"
-            f"{r.cpu:>7.0f}{r.loop_cpu:>7.0f}{r.rss:>8.0f}{r.gen_cpu:>9.0f}{r.gen_rss:>7.0f}{r.other_cpu:>7.0f}{r.max_age_s:>7.1f}s"
-            f"{r.stale:>6}  {r.states}; every node fresh within {fresh_s:g}s: {'yes' if r.fresh else 'NO'}")
+            f"{r.cpu:>7.0f}{r.loop_cpu:>7.0f}{r.rss:>8.0f}{r.gen_cpu:>9.0f}{r.gen_rss:>7.0f}{r.other_cpu:>7.0f}"
+            f"{r.max_age_s:>7.1f}s{r.stale:>6}{r.reconnects:>7}  {r.states}; "
+            f"every node fresh within {fresh_s:g}s: {'yes' if r.fresh else 'NO'}")
 
 
 async def orchestrate(args: argparse.Namespace) -> None:
@@ -311,6 +334,7 @@ def main() -> None:
                    help="agents of the fixed 1 Hz baseline (0: skip)")
     p.add_argument("--budget", type=float, default=0.0, help="--ingest-budget of the coordinator (0: its default)")
     p.add_argument("--history", type=float, default=60.0, help="--history of the coordinator, seconds")
+    p.add_argument("--lease-ttl", type=float, default=10.0, help="--lease-ttl of the coordinator, seconds")
     p.add_argument("--generators", type=int, default=1, help="load-generator processes")
     p.add_argument("--streams-per-channel", type=int, default=50)
     p.add_argument("--connect-step", type=int, default=2_000, help="agents added per ramp step")
