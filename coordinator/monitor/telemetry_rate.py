@@ -6,8 +6,9 @@ per *report interval* instead (mean, max and last of its own samples: ``agent/su
 
     report interval = max(sampling interval, nodes / budget), rounded up to one of STEPS_S
 
-(nodes: those connected, and those not LOST that may reconnect any moment) so ingest stays at or under the budget up to ``budget × 15`` nodes (beyond that the interval stays
-at 15 s and ingest grows again; the status shows it). Hysteresis: the interval goes up at once
+(nodes: those connected, and those not LOST that may reconnect any moment), so ingest stays at or
+under the budget up to ``budget × 15`` nodes (beyond that the interval stays at 15 s and ingest grows
+again; the status shows it). Hysteresis: the interval goes up at once
 (over budget is the failure this prevents), and down only when the lower interval would load at
 most :data:`DOWN_MARGIN` of the budget and the current one has held :data:`HOLD_S`, so a
 reconnect storm or a few nodes coming and going does not flap 30,000 agents between intervals.
