@@ -69,7 +69,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     state_dir = Path(cfg.state_dir).expanduser()
     state_dir.mkdir(parents=True, exist_ok=True)
-    outbox = Outbox(cfg.buffer_samples)   # the stream sends as soon as something is added
+    outbox = Outbox(cfg.buffer_samples, cfg.interval_s)   # the stream sends as soon as something is added
     gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name,
                             simulate_topology=cfg.simulate_topology)
     try:

@@ -2,8 +2,13 @@
 
 On every connection the agent registers (inventory + full task table), waits for the
 coordinator's Welcome, re-sends every unacknowledged task-status event and the buffered
-telemetry oldest first, then keeps sending telemetry (and a heartbeat whenever no telemetry
-went out for a heartbeat interval) while it carries out decisions. A standby answers with a
+telemetry oldest first, then keeps sending telemetry (and a heartbeat whenever nothing went
+out for a heartbeat interval) while it carries out decisions. The coordinator's report interval
+(Welcome, then TelemetryRate) goes to the outbox, which then queues one summary per interval; the
+heartbeat follows it (a heartbeat after max(heartbeat interval, report interval + one sampling
+interval) of silence, the extra sampling interval so a summary a little late is not doubled), so
+a node reporting every 10 s sends nothing in between and the coordinator's liveness window widens
+to match. A standby answers with a
 Redirect, which is followed at once; any other failure tries the next configured address
 after an exponential backoff with full jitter.
 """
@@ -161,6 +166,7 @@ class AgentStream:
             if not first.HasField("welcome"):
                 raise ConnectionError("first coordinator message was not a welcome")
             self.welcome = first.welcome
+            self.outbox.set_report_interval(first.welcome.report_interval_s)   # 0 (older coordinator): every sample
             self.connects_total += 1
             self._backoff.reset()
             self.connected.set()
@@ -181,9 +187,10 @@ class AgentStream:
 
     async def _write(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reader: asyncio.Task) -> None:
         sent_seq = 0
-        heartbeat_s = (self.welcome.heartbeat_interval_s if self.welcome else 0) or 1.0
+        welcome_beat_s = (self.welcome.heartbeat_interval_s if self.welcome else 0) or 1.0
         last_beat = 0.0
         while not stop.is_set() and not reader.done():
+            heartbeat_s = max(welcome_beat_s, self.outbox.quiet_s)
             while self._acks:
                 await call.write(agent_pb2.AgentMessage(decision_ack=self._acks.popleft()))
             while not self._log_chunks.empty():
@@ -232,6 +239,10 @@ class AgentStream:
                 self.kick()
             elif which == "log_request" and self._logs is not None:
                 self._logs.handle(msg.log_request, self._send_chunk)
+            elif which == "telemetry_rate":
+                self.outbox.set_report_interval(msg.telemetry_rate.report_interval_s)
+                self._log.info("telemetry_rate_changed", report_interval_s=msg.telemetry_rate.report_interval_s)
+                self.kick()
             elif which == "redirect":
                 raise _Redirected(msg.redirect.leader_address)
             elif which is None and msg.ByteSize():

@@ -28,6 +28,7 @@ from coordinator.dispatch.logs import LogRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
+from coordinator.monitor.telemetry_rate import RateMetrics, TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
 from coordinator.qos import RestartPolicy
@@ -179,6 +180,7 @@ class App:
     queues: LeaderQueues
     queue_admin: QueueAdmin
     elastic: ElasticAllocator
+    telemetry_rate: TelemetryRate
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -203,7 +205,7 @@ class App:
         """Campaign for leadership and start what every replica runs (node states, the etcd probe)."""
         self.loop = loop
         self.leadership.start(LeaderDuties(self), loop)
-        return [asyncio.create_task(self.nodes.watch()),
+        return [asyncio.create_task(self.nodes.watch()), asyncio.create_task(self.telemetry_rate.run()),
                 asyncio.create_task(self.leadership.watch_etcd(on_recovered=self.wakeup.set))]
 
 
@@ -268,6 +270,9 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
+    telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,
+                                   samples_total=lambda: monitor.samples_total, on_change=qos.set_report_interval)
+    metrics.registry.register(RateMetrics(telemetry_rate))
     capper = PowerCapper(registry, monitor.latest.get, tasks.view, qos, dispatcher, events,
                          metrics.power_cap_changes, interval_s=cfg.power_cap_interval_s)
     services = ServiceController(ServiceStore(client, keys, leadership.election, quarantine=quarantine,
@@ -295,7 +300,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                   creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
-              usage=usage, elastic=elastic)
+              usage=usage, elastic=elastic, telemetry_rate=telemetry_rate)
     metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
     quarantine.listener = app.on_quarantined
     return app

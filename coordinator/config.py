@@ -57,6 +57,12 @@ class CoordinatorConfig:
                                         check=positive)
     heartbeat_interval_s: float = option(1.0, "agent heartbeat interval, seconds", flag="heartbeat_interval",
                                          check=positive)
+    # 3,000: tests/bench/bench_ingest.py holds 3,500 agents × 8 GPUs at 1 Hz on one core of the 2-core
+    # development machine (81 % of a core); 3,000 leaves room for the leader's other duties.
+    ingest_budget_per_s: float = option(3000.0, "telemetry samples a second the leader ingests at most: beyond "
+                                        "budget × sampling interval nodes, agents send summaries at a longer "
+                                        "report interval (1, 2, 5, 10 or 15 s)", flag="ingest_budget",
+                                        check=positive)
     lost_grace_s: float = option(30.0, "seconds without a stream before a node is LOST", flag="lost_grace",
                                  check=positive)
     lost_task_grace_s: float = option(60.0, "seconds a node stays lost before its tasks are failed (and requeued "

@@ -190,7 +190,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: Ctx) -> admin_pb2.ClusterStatus:
         app, leadership = self._app, self._app.leadership
         leader_id, address, epoch = leadership.leader_info()
-        o = app.monitor.objectives
+        o, rate = app.monitor.objectives, app.telemetry_rate
         gpus_total = sum(len(e.inventory.gpus) for e in app.registry if e.state != NodeState.LOST)
         gpus_alloc = sum(len(e.record.reserved_gpu_indices) for e in app.registry)
         return admin_pb2.ClusterStatus(
@@ -210,6 +210,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                                       has_last_pass=v.last_pass_age_s is not None,
                                                       last_error=v.last_error)
                            for v in app.supervisor.views()],
+            telemetry_rate=admin_pb2.TelemetryRateStatus(
+                report_interval_s=rate.report_interval_s, sampling_interval_s=rate.sampling_interval_s,
+                ingest_budget_per_s=rate.budget_per_s, ingest_per_s=rate.ingest_per_s, reporting_nodes=rate.nodes),
         )
 
     async def _from_etcd(self, fn: Callable[..., R], *args: Any) -> tuple[bool, R | None]:

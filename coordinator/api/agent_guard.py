@@ -100,7 +100,7 @@ class AgentGuard:
             return
         if self._registry.stream_live(entry):
             reason = (f"node {node_id!r} already has a live stream; a second one is refused until the first has "
-                      f"been silent for {3 * self._registry.heartbeat_interval_s:g}s")
+                      f"been silent for {self._registry.silence_limit_s:g}s")
             self._refuse(principal, "Connect", node_id, reason, node_id)
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, reason)
         self._log.warning("node_stream_fenced", node_id=node_id, reason="the previous stream went silent")

@@ -14,6 +14,7 @@ from coordinator.dispatch.logs import LogRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import NodeRegistry, ResourceMonitor
+from coordinator.monitor.telemetry_rate import TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.qos.lost_nodes import LostNodes
 from coordinator.queue_admin import QueueAdmin
@@ -38,6 +39,7 @@ class GatewayDeps(Protocol):
     nodes: NodeService
     logs: LogRelay
     reconciler: Reconciler
+    telemetry_rate: TelemetryRate
 
 
 class AdminDeps(Protocol):
@@ -62,3 +64,4 @@ class AdminDeps(Protocol):
     usage: UsageDuty
     queue_admin: QueueAdmin
     elastic: ElasticAllocator
+    telemetry_rate: TelemetryRate

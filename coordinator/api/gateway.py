@@ -108,7 +108,8 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
         stream_id = entry.stream_id
         yield agent_pb2.CoordinatorMessage(welcome=agent_pb2.Welcome(
             node_id=entry.node_id, sampling_interval_s=app.cfg.sampling_interval_s, leader_epoch=app.leadership.epoch,
-            coordinator_id=app.cfg.replica_id, heartbeat_interval_s=app.cfg.heartbeat_interval_s))
+            coordinator_id=app.cfg.replica_id, heartbeat_interval_s=app.cfg.heartbeat_interval_s,
+            report_interval_s=app.telemetry_rate.report_interval_s))   # the telemetry rate in force
         reader = asyncio.create_task(self._read(entry, request_iterator, outbox))
         try:
             while True:

@@ -156,12 +156,24 @@ def status_text(d: Mapping[str, Any]) -> str:
         f"power         {_watts(o['power_w'])} (Eq. 3)  energy {(o['energy_j'] or 0) / 3.6e6:.3f} kWh since start",
         f"security      {'INSECURE: plaintext gRPC, agents unauthenticated' if d['insecure'] else 'mutual TLS'}"
         f" (auth: {escape(d['auth'] or 'unknown')})",
+        *_rate_lines(d.get("telemetry_rate")),
         *([f"telemetry     {d['telemetry_rejected_total']} samples refused (NaN, negative or impossible values)"]
           if d.get("telemetry_rejected_total") else []),
         *([f"quarantined   {len(d['quarantined_keys'])} corrupt etcd value(s) moved aside: "
            + escape(", ".join(d["quarantined_keys"]))] if d.get("quarantined_keys") else []),
         *_duty_lines(d.get("leader_duties") or []),
     ])
+
+
+def _rate_lines(r: Mapping[str, Any] | None) -> list[str]:
+    """The telemetry rate in force: every sample, or one summary per report interval, and the ingest."""
+    if not r or not r["report_interval_s"]:
+        return []
+    every, sampling = r["report_interval_s"], r["sampling_interval_s"]
+    how = (f"every {every:g} s (summaries of {sampling:g} s samples)" if every > sampling
+           else f"every sample ({sampling:g} s)")
+    return [f"telemetry     {how}, {r['reporting_nodes']} nodes reporting; ingest {r['ingest_per_s']:,.0f}/s "
+            f"(budget {r['ingest_budget_per_s']:,.0f}/s)"]
 
 
 def _duty_lines(duties: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -66,7 +66,7 @@ _ROOTS: tuple[MessageDesc, ...] = (
     types_pb2.TaskSpec.DESCRIPTOR, types_pb2.ResourceVector.DESCRIPTOR, types_pb2.NodeAllocation.DESCRIPTOR,
     types_pb2.TaskStateChange.DESCRIPTOR, types_pb2.GpuInfo.DESCRIPTOR, types_pb2.GpuSample.DESCRIPTOR,
     types_pb2.HostSample.DESCRIPTOR, types_pb2.TaskQos.DESCRIPTOR, admin_pb2.ClusterObjectives.DESCRIPTOR,
-    types_pb2.ScaleDecision.DESCRIPTOR,
+    types_pb2.ScaleDecision.DESCRIPTOR, admin_pb2.TelemetryRateStatus.DESCRIPTOR,
 )
 
 

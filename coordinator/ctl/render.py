@@ -59,6 +59,7 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
         "leader_duties": [{"name": d.name, "state": d.state, "failures": d.failures,
                            "last_pass_age_s": d.last_pass_age_s if d.has_last_pass else None,
                            "last_error": d.last_error} for d in s.leader_duties],
+        "telemetry_rate": proto_dict(s.telemetry_rate),
     }
 
 

@@ -3,7 +3,10 @@
 States (derived, never set directly except cordon/drain):
 
 - READY: a stream is open and heartbeats arrive;
-- NOT_READY: no heartbeat for 3 heartbeat intervals (or the stream dropped, within the grace);
+- NOT_READY: nothing heard for 3 liveness intervals (or the stream dropped, within the grace). The
+  liveness interval is the longer of the heartbeat interval and the telemetry report interval in
+  force (:meth:`NodeRegistry.set_report_interval`): an agent reporting a summary every 10 s sends
+  nothing in between, and stays READY;
 - LOST: no stream for ``lost_grace_s``;
 - CORDONED / DRAINING: an admin's choice, shown while the node is otherwise healthy.
 
@@ -110,6 +113,9 @@ class NodeRegistry:
                  now: Callable[[], float] = time.monotonic) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lost_grace_s = lost_grace_s
+        self.report_interval_s = 0.0     # the telemetry report interval in force (0: every sample)
+        self._previous_report_s = 0.0    # a longer interval just left, honoured until _previous_until
+        self._previous_until = 0.0
         self._now = now
         self._nodes: dict[str, NodeEntry] = {}
         self._next_slot = 0
@@ -178,9 +184,26 @@ class NodeRegistry:
         entry.disconnected_at = self._now()
         self._derive(entry)
 
+    def set_report_interval(self, interval_s: float) -> None:
+        """The telemetry report interval changed. A longer one widens the liveness window at once (before an
+        agent hears of it); after a shorter one the longer window still holds for three of its intervals,
+        because an agent keeps its old interval until the push reaches it and its next summary is due."""
+        if interval_s < self.report_interval_s:
+            self._previous_report_s = self.report_interval_s
+            self._previous_until = self._now() + _MISSED_HEARTBEATS * self.report_interval_s
+        self.report_interval_s = interval_s
+
+    @property
+    def silence_limit_s(self) -> float:
+        """Seconds a connected node may be silent before it is NOT_READY: 3 liveness intervals."""
+        interval = max(self.heartbeat_interval_s, self.report_interval_s)
+        if self._previous_report_s and self._now() < self._previous_until:
+            interval = max(interval, self._previous_report_s)
+        return _MISSED_HEARTBEATS * interval
+
     def stream_live(self, entry: NodeEntry) -> bool:
-        """Whether the node's current stream is open and heard from within 3 heartbeat intervals."""
-        return entry.connected and self._now() - entry.last_heartbeat <= _MISSED_HEARTBEATS * self.heartbeat_interval_s
+        """Whether the node's current stream is open and heard from within 3 liveness intervals."""
+        return entry.connected and self._now() - entry.last_heartbeat <= self.silence_limit_s
 
     def lost_for(self, entry: NodeEntry) -> float:
         """Seconds the node has been LOST (0 when it is not)."""
@@ -197,12 +220,14 @@ class NodeRegistry:
         """Re-derive one node's state at once (after its admin or power state changed)."""
         return self._derive(entry)
 
-    def _derive(self, entry: NodeEntry) -> NodeState:
+    def _derive(self, entry: NodeEntry, silence_s: float | None = None) -> NodeState:
         now = self._now()
+        if silence_s is None:
+            silence_s = self.silence_limit_s
         switched = entry.record.power_state not in _POWER_ON   # off or switching: a missing stream is expected
         if not entry.connected and now - entry.disconnected_at >= self.lost_grace_s and not switched:
             state = NodeState.LOST
-        elif not entry.connected or now - entry.last_heartbeat > _MISSED_HEARTBEATS * self.heartbeat_interval_s:
+        elif not entry.connected or now - entry.last_heartbeat > silence_s:
             state = NodeState.NOT_READY
         elif entry.record.draining:
             state = NodeState.DRAINING
@@ -216,9 +241,10 @@ class NodeRegistry:
     def refresh(self) -> list[tuple[NodeEntry, NodeState]]:
         """Re-derive every node's state; returns the (entry, old state) pairs that changed."""
         changed = []
+        silence_s = self.silence_limit_s
         for entry in self._nodes.values():
             old = entry.state
-            if self._derive(entry) != old:
+            if self._derive(entry, silence_s) != old:
                 changed.append((entry, old))
         return changed
 

@@ -100,9 +100,15 @@ class QosWatch:
         self._tasks, self._monitor, self._profiler = tasks, monitor, profiler
         self._events, self._violations, self._now = events, violations, now
         self._fresh_s = max(_MIN_FRESH_S, 3 * sampling_interval_s)
+        self._sampling_interval_s = sampling_interval_s
         self._active: dict[tuple[str, str], str] = {}   # (task id, kind) → what is violated, while it is
         self._deadline: dict[str, str] = {}             # task id → "at-risk" or "missed"
         self._log = get_logger("qos")
+
+    def set_report_interval(self, interval_s: float) -> None:
+        """Telemetry (and the QoS readings in it) now arrives once per ``interval_s``: a reading is stale after
+        three of those."""
+        self._fresh_s = max(_MIN_FRESH_S, 3 * max(self._sampling_interval_s, interval_s))
 
     async def run(self, leading: Callable[[], bool], beat: Beat = no_beat) -> None:
         """A pass a second while this replica leads."""

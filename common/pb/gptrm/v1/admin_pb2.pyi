@@ -96,7 +96,7 @@ class CountEntry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("coordinator_id", "is_leader", "leader_id", "leader_address", "leader_epoch", "uptime_s", "nodes_by_state", "tasks_by_state", "objectives", "policy", "version", "stale", "gpus_total", "gpus_allocated", "insecure", "auth", "quarantined_keys", "telemetry_rejected_total", "leader_duties")
+    __slots__ = ("coordinator_id", "is_leader", "leader_id", "leader_address", "leader_epoch", "uptime_s", "nodes_by_state", "tasks_by_state", "objectives", "policy", "version", "stale", "gpus_total", "gpus_allocated", "insecure", "auth", "quarantined_keys", "telemetry_rejected_total", "leader_duties", "telemetry_rate")
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class ClusterStatus(_message.Message):
     QUARANTINED_KEYS_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     LEADER_DUTIES_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_RATE_FIELD_NUMBER: _ClassVar[int]
     coordinator_id: str
     is_leader: bool
     leader_id: str
@@ -135,7 +136,22 @@ class ClusterStatus(_message.Message):
     quarantined_keys: _containers.RepeatedScalarFieldContainer[str]
     telemetry_rejected_total: int
     leader_duties: _containers.RepeatedCompositeFieldContainer[LeaderDutyStatus]
-    def __init__(self, coordinator_id: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., nodes_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., tasks_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., objectives: _Optional[_Union[ClusterObjectives, _Mapping]] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., version: _Optional[str] = ..., stale: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., insecure: _Optional[bool] = ..., auth: _Optional[str] = ..., quarantined_keys: _Optional[_Iterable[str]] = ..., telemetry_rejected_total: _Optional[int] = ..., leader_duties: _Optional[_Iterable[_Union[LeaderDutyStatus, _Mapping]]] = ...) -> None: ...
+    telemetry_rate: TelemetryRateStatus
+    def __init__(self, coordinator_id: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., nodes_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., tasks_by_state: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., objectives: _Optional[_Union[ClusterObjectives, _Mapping]] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., version: _Optional[str] = ..., stale: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., insecure: _Optional[bool] = ..., auth: _Optional[str] = ..., quarantined_keys: _Optional[_Iterable[str]] = ..., telemetry_rejected_total: _Optional[int] = ..., leader_duties: _Optional[_Iterable[_Union[LeaderDutyStatus, _Mapping]]] = ..., telemetry_rate: _Optional[_Union[TelemetryRateStatus, _Mapping]] = ...) -> None: ...
+
+class TelemetryRateStatus(_message.Message):
+    __slots__ = ("report_interval_s", "sampling_interval_s", "ingest_budget_per_s", "ingest_per_s", "reporting_nodes")
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    INGEST_BUDGET_PER_S_FIELD_NUMBER: _ClassVar[int]
+    INGEST_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REPORTING_NODES_FIELD_NUMBER: _ClassVar[int]
+    report_interval_s: float
+    sampling_interval_s: float
+    ingest_budget_per_s: float
+    ingest_per_s: float
+    reporting_nodes: int
+    def __init__(self, report_interval_s: _Optional[float] = ..., sampling_interval_s: _Optional[float] = ..., ingest_budget_per_s: _Optional[float] = ..., ingest_per_s: _Optional[float] = ..., reporting_nodes: _Optional[int] = ...) -> None: ...
 
 class LeaderDutyStatus(_message.Message):
     __slots__ = ("name", "state", "failures", "last_pass_age_s", "has_last_pass", "last_error")

@@ -88,32 +88,42 @@ class Heartbeat(_message.Message):
     def __init__(self, time_unix_s: _Optional[float] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "decision", "redirect", "event_ack", "log_request")
+    __slots__ = ("welcome", "decision", "redirect", "event_ack", "log_request", "telemetry_rate")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     EVENT_ACK_FIELD_NUMBER: _ClassVar[int]
     LOG_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_RATE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     decision: Decision
     redirect: Redirect
     event_ack: EventAck
     log_request: LogRequest
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ..., log_request: _Optional[_Union[LogRequest, _Mapping]] = ...) -> None: ...
+    telemetry_rate: TelemetryRate
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ..., log_request: _Optional[_Union[LogRequest, _Mapping]] = ..., telemetry_rate: _Optional[_Union[TelemetryRate, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "sampling_interval_s", "leader_epoch", "coordinator_id", "heartbeat_interval_s")
+    __slots__ = ("node_id", "sampling_interval_s", "leader_epoch", "coordinator_id", "heartbeat_interval_s", "report_interval_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     sampling_interval_s: float
     leader_epoch: int
     coordinator_id: str
     heartbeat_interval_s: float
-    def __init__(self, node_id: _Optional[str] = ..., sampling_interval_s: _Optional[float] = ..., leader_epoch: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    report_interval_s: float
+    def __init__(self, node_id: _Optional[str] = ..., sampling_interval_s: _Optional[float] = ..., leader_epoch: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
+
+class TelemetryRate(_message.Message):
+    __slots__ = ("report_interval_s",)
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    report_interval_s: float
+    def __init__(self, report_interval_s: _Optional[float] = ...) -> None: ...
 
 class Redirect(_message.Message):
     __slots__ = ("leader_address", "leader_id")

@@ -636,7 +636,7 @@ class GpuProcess(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., used_mem_bytes: _Optional[int] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("index", "uuid", "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j", "temperature_c", "sm_clock_mhz", "mem_clock_mhz", "ecc_corrected_total", "ecc_uncorrected_total", "healthy", "health_reason", "processes", "mig_enabled", "simulated", "xid_last")
+    __slots__ = ("index", "uuid", "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j", "temperature_c", "sm_clock_mhz", "mem_clock_mhz", "ecc_corrected_total", "ecc_uncorrected_total", "healthy", "health_reason", "processes", "mig_enabled", "simulated", "xid_last", "util_gpu_max", "power_w_max", "temperature_c_max", "mem_used_bytes_max")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     UTIL_GPU_FIELD_NUMBER: _ClassVar[int]
@@ -657,6 +657,10 @@ class GpuSample(_message.Message):
     MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     XID_LAST_FIELD_NUMBER: _ClassVar[int]
+    UTIL_GPU_MAX_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_MAX_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_MAX_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_MAX_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     util_gpu: float
@@ -677,7 +681,11 @@ class GpuSample(_message.Message):
     mig_enabled: bool
     simulated: bool
     xid_last: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., util_gpu: _Optional[float] = ..., util_mem: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temperature_c: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., ecc_corrected_total: _Optional[int] = ..., ecc_uncorrected_total: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., mig_enabled: _Optional[bool] = ..., simulated: _Optional[bool] = ..., xid_last: _Optional[int] = ...) -> None: ...
+    util_gpu_max: float
+    power_w_max: float
+    temperature_c_max: float
+    mem_used_bytes_max: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., util_gpu: _Optional[float] = ..., util_mem: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temperature_c: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., ecc_corrected_total: _Optional[int] = ..., ecc_uncorrected_total: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., mig_enabled: _Optional[bool] = ..., simulated: _Optional[bool] = ..., xid_last: _Optional[int] = ..., util_gpu_max: _Optional[float] = ..., power_w_max: _Optional[float] = ..., temperature_c_max: _Optional[float] = ..., mem_used_bytes_max: _Optional[int] = ...) -> None: ...
 
 class DiskSample(_message.Message):
     __slots__ = ("path", "total_bytes", "used_bytes", "read_bytes_total", "write_bytes_total")
@@ -734,7 +742,7 @@ class TaskQos(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., latency_p95_s: _Optional[float] = ..., ttft_p95_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., window_s: _Optional[float] = ..., metrics_unavailable: _Optional[str] = ..., scraped_unix_s: _Optional[float] = ...) -> None: ...
 
 class HostSample(_message.Message):
-    __slots__ = ("cpu_util", "load1", "load5", "load15", "mem_used_bytes", "mem_total_bytes", "disks", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w", "tasks", "simulated")
+    __slots__ = ("cpu_util", "load1", "load5", "load15", "mem_used_bytes", "mem_total_bytes", "disks", "net_rx_bytes_total", "net_tx_bytes_total", "cpu_power_w", "tasks", "simulated", "cpu_util_max", "mem_used_bytes_max", "cpu_power_w_max")
     CPU_UTIL_FIELD_NUMBER: _ClassVar[int]
     LOAD1_FIELD_NUMBER: _ClassVar[int]
     LOAD5_FIELD_NUMBER: _ClassVar[int]
@@ -747,6 +755,9 @@ class HostSample(_message.Message):
     CPU_POWER_W_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    CPU_UTIL_MAX_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_MAX_FIELD_NUMBER: _ClassVar[int]
+    CPU_POWER_W_MAX_FIELD_NUMBER: _ClassVar[int]
     cpu_util: float
     load1: float
     load5: float
@@ -759,21 +770,28 @@ class HostSample(_message.Message):
     cpu_power_w: float
     tasks: _containers.RepeatedCompositeFieldContainer[TaskUsage]
     simulated: bool
-    def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ..., simulated: _Optional[bool] = ...) -> None: ...
+    cpu_util_max: float
+    mem_used_bytes_max: int
+    cpu_power_w_max: float
+    def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ..., simulated: _Optional[bool] = ..., cpu_util_max: _Optional[float] = ..., mem_used_bytes_max: _Optional[int] = ..., cpu_power_w_max: _Optional[float] = ...) -> None: ...
 
 class TelemetrySample(_message.Message):
-    __slots__ = ("time_unix_s", "gpus", "host", "simulated", "task_qos")
+    __slots__ = ("time_unix_s", "gpus", "host", "simulated", "task_qos", "summarised_samples", "summary_of_s")
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     TASK_QOS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARISED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_OF_S_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
     host: HostSample
     simulated: bool
     task_qos: _containers.RepeatedCompositeFieldContainer[TaskQos]
-    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ...) -> None: ...
+    summarised_samples: int
+    summary_of_s: float
+    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ..., summarised_samples: _Optional[int] = ..., summary_of_s: _Optional[float] = ...) -> None: ...
 
 class UsageRow(_message.Message):
     __slots__ = ("queue", "user", "gpu_model", "gpu_s", "cpu_core_s", "energy_j", "tasks")

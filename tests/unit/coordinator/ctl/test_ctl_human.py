@@ -60,3 +60,22 @@ class TestCells:
     def test_durations(self) -> None:
         """Ages use the largest whole unit."""
         assert [fmt_duration(s) for s in (5, 90, 7200, 3 * 86400)] == ["5s", "2m", "2h", "3d"]
+
+
+class TestStatusTelemetryRate:
+    def _status(self, every: float) -> str:
+        from common.pb.gptrm.v1 import admin_pb2
+        from coordinator.ctl import render
+        from coordinator.ctl.human import status_text
+
+        return status_text(render.status_dict(admin_pb2.ClusterStatus(telemetry_rate=admin_pb2.TelemetryRateStatus(
+            report_interval_s=every, sampling_interval_s=1, ingest_budget_per_s=3000, ingest_per_s=2990.4,
+            reporting_nodes=30000))))
+
+    def test_summaries_show_their_interval(self) -> None:
+        """`gptrmctl status` says how often agents report, how many, and the ingest against its budget."""
+        assert ("telemetry     every 10 s (summaries of 1 s samples), 30000 nodes reporting; ingest 2,990/s "
+                "(budget 3,000/s)") in self._status(10)
+
+    def test_every_sample(self) -> None:
+        assert "telemetry     every sample (1 s)" in self._status(1)

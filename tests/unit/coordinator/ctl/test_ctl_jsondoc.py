@@ -102,6 +102,9 @@ class TestSchemas:
         validate({"nodes": [render.node_dict(make_node_view(with_telemetry=False))], "stale": False}, "nodes")
         validate(render.task_dict(make_task()), "task")
         validate(render.status_dict(admin_pb2.ClusterStatus()), "status")
+        validate(render.status_dict(admin_pb2.ClusterStatus(telemetry_rate=admin_pb2.TelemetryRateStatus(
+            report_interval_s=10, sampling_interval_s=1, ingest_budget_per_s=3000, ingest_per_s=2990.5,
+            reporting_nodes=30000))), "status")
         validate(render.policy_dict(types_pb2.Policy(name="p", threshold=0.9)), "policy")
         validate(render.event_dict(admin_pb2.Event(seq=0, kind=admin_pb2.EVENT_KIND_ETCD)), "event")
 
