@@ -173,20 +173,25 @@ class PlacementEngine:
             return self._remember(req, whole, self._reject_hopeless(req, hopeless))
         entry = self._shapes.lookup(req, values, whole)
         mask = entry.mask
+        policy = self.policy
+        keyed = entry.keyed if policy.ranked_by_key else None
         if req.nodes > 1 and self._gang_groups is not None:
-            mask = prefer_one_group(mask, self._gang_groups, req.nodes, entry.keyed)
+            mask = prefer_one_group(mask, self._gang_groups, req.nodes, keyed)
         if req.nodes > len(state.nodes):
             chosen = np.zeros(0, dtype=np.int64)
-        elif entry.keyed is not None:
-            chosen = first_k_keyed(entry.keyed, mask, req.nodes)
+        elif mask is entry.mask:
+            # The whole feasible set: the policy reads the entry's block index, not every node.
+            chosen = policy.select_indexed(state.view, entry, req)
+        elif keyed is not None:
+            chosen = first_k_keyed(keyed, mask, req.nodes)
         else:
-            chosen = self.policy.select(state.view, mask, req)
+            chosen = policy.select(state.view, mask, req)
         if len(chosen) < req.nodes:
             rejection = self._reject(req, np.array(values, dtype=np.float64), mask)
             state.refresh_bounds()
             return self._remember(req, whole, rejection)
         assignments = tuple(state.commit(i, req, values, whole, entry.exact) for i in chosen.tolist())
-        self.policy.committed(chosen, len(state.nodes))
+        policy.committed(chosen, len(state.nodes))
         return Placement(task_id=req.task_id, assignments=assignments, demand=req.demand, policy=self.policy.name)
 
     def release(self, placement: Placement, gpu_mem_per_gpu_bytes: int) -> None:

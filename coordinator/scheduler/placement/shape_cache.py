@@ -9,6 +9,14 @@ shape the engine keeps
 * ``keyed``: for policies that rank by a per-node key (Alg. 1-3), that key on the feasible nodes
   and ``+inf`` on the others, so choosing a node is a single ``argmin``.
 
+Each entry also keeps a **block index** over its arrays: the nodes are cut into blocks of
+``BLOCK`` consecutive indices, and per block the entry keeps the smallest key (keyed policies) and
+the number of feasible nodes. Choosing the best node is then an ``argmin`` over the block minima
+and one over a single block, and the k-th feasible node (the random baseline's draw) a cumulative
+sum over the block counts and one block's ``flatnonzero``: a decision reads about ``N / BLOCK +
+BLOCK`` entries instead of ``N``. The first of equal minima is the first in node order either way,
+so the choice is exactly ``keyed.argmin()``'s.
+
 The cluster state appends the index of every node it changes to a log. Before a shape is used
 again, the nodes logged since its last use are re-checked one by one with the scalar filter
 (:meth:`PlacementState.fits`, the scalar filter's own ``used + demand <= limit`` comparisons) and the
@@ -29,21 +37,27 @@ import numpy as np
 
 from common.domain import Request
 from coordinator.scheduler.placement.state import PlacementState, is_exact
-from coordinator.scheduler.policies.base import BoolArray, FloatArray, KeyedPolicy, Policy
+from coordinator.scheduler.policies.base import BoolArray, FloatArray, IntArray, Policy
 
-__all__ = ["ShapeCache", "ShapeEntry"]
+__all__ = ["BLOCK", "ShapeCache", "ShapeEntry"]
 
 _ENTRIES = 32          # shapes remembered (least recently used dropped first)
 _LOG_MAX = 1 << 16     # changed-node log length before it is cut and every entry rebuilt
 _REBUILD_BASE = 8      # replaying more changed nodes than base + N / per_node costs more than a rebuild
 _REBUILD_PER_NODE = 256
+BLOCK = 128            # nodes per block of an entry's block index
 
 ShapeKey = tuple[tuple[float, int, float, int, int], int, int,
                  tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None]
 
 
+def _blocks(n: int) -> int:
+    """How many blocks ``n`` nodes make (at least one)."""
+    return max(1, -(-n // BLOCK))
+
+
 class ShapeEntry:
-    """One shape's current filter result and keys.
+    """One shape's current filter result and keys, with their block index.
 
     :param mask: feasible nodes.
     :param keyed: the policy's key on feasible nodes, +inf elsewhere (None: the policy has no key).
@@ -51,13 +65,92 @@ class ShapeEntry:
     :param exact: :func:`~coordinator.scheduler.placement.state.is_exact` of the shape's demand vector.
     """
 
-    __slots__ = ("exact", "keyed", "mask", "seen")
+    __slots__ = ("_block_key", "_block_mask", "_block_min", "block_count", "exact", "keyed", "mask", "seen")
 
     def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool) -> None:
-        self.mask = mask
-        self.keyed = keyed
         self.seen = seen
         self.exact = exact
+        self.mask = mask
+        self.keyed = keyed
+        self.reindex(mask, keyed)
+
+    def reindex(self, mask: BoolArray, keyed: FloatArray | None) -> None:
+        """Take new arrays (a rebuild) and compute their block index from scratch.
+
+        The arrays are copied into buffers padded to whole blocks (refused, key +inf), and
+        :attr:`mask` and :attr:`keyed` become views of their first ``N`` entries.
+        """
+        n = len(mask)
+        blocks = _blocks(n)
+        padded_mask = np.zeros(blocks * BLOCK, dtype=np.bool_)
+        padded_mask[:n] = mask
+        self.mask = padded_mask[:n]
+        self._block_mask = padded_mask.reshape(blocks, BLOCK)
+        self.block_count = self._block_mask.sum(axis=1)
+        if keyed is None:
+            self.keyed = None
+            self._block_key = self._block_min = None
+            return
+        padded_key = np.full(blocks * BLOCK, np.inf)
+        padded_key[:n] = keyed
+        self.keyed = padded_key[:n]
+        self._block_key = padded_key.reshape(blocks, BLOCK)
+        self._block_min = self._block_key.min(axis=1)
+
+    def refresh_minima(self, blocks: set[int]) -> None:
+        """Recompute the smallest key of the given blocks (their nodes' keys changed; the counts are kept
+        by whoever changes the mask)."""
+        if self._block_key is not None and self._block_min is not None:
+            block_key, low = self._block_key, self._block_min
+            for b in blocks:
+                low[b] = block_key[b].min()
+
+    def best(self) -> int:
+        """The feasible node with the smallest key, the first of equal ones (-1: none is feasible).
+
+        Exactly ``keyed.argmin()`` where that node is feasible: the first block holding the
+        smallest key, then the first node holding it in that block.
+        """
+        assert self._block_min is not None and self._block_key is not None
+        b = int(self._block_min.argmin())
+        i = b * BLOCK + int(self._block_key[b].argmin())
+        return i if i < len(self.mask) and self.mask[i] else -1
+
+    def first_k(self, count: int) -> IntArray:
+        """The ``count`` feasible nodes with the smallest keys, best first (ties: earlier node); fewer when
+        fewer are feasible. The same order as a stable sort of the feasible nodes by key.
+
+        Takes the best, sets it aside (refused, key +inf), repeats, and puts the taken ones back.
+        """
+        assert self._block_min is not None and self._block_key is not None
+        chosen: list[int] = []
+        saved: list[float] = []
+        keyed, mask = self.keyed, self.mask
+        assert keyed is not None
+        for _ in range(count):
+            i = self.best()
+            if i < 0:
+                break
+            chosen.append(i)
+            saved.append(float(keyed[i]))
+            keyed[i], mask[i] = np.inf, False
+            self._block_min[i // BLOCK] = self._block_key[i // BLOCK].min()
+        for i, k in zip(chosen, saved, strict=True):
+            keyed[i], mask[i] = k, True
+        self.refresh_minima({i // BLOCK for i in chosen})
+        return np.array(chosen, dtype=np.int64)
+
+    def feasible_count(self) -> int:
+        """How many nodes are feasible."""
+        return int(self.block_count.sum())
+
+    def nth(self, k: int) -> int:
+        """The ``k``-th feasible node in node order (0-based; ``k < feasible_count()``):
+        ``flatnonzero(mask)[k]`` without the full scan."""
+        cumulative = np.cumsum(self.block_count)
+        b = int(np.searchsorted(cumulative, k, side="right"))
+        before = int(cumulative[b - 1]) if b else 0
+        return b * BLOCK + int(np.flatnonzero(self._block_mask[b])[k - before])
 
 
 class ShapeCache:
@@ -70,7 +163,7 @@ class ShapeCache:
     def __init__(self, state: PlacementState, policy: Policy) -> None:
         self._state = state
         self._policy = policy
-        self._keyed = policy if isinstance(policy, KeyedPolicy) else None   # keeps a key per shape
+        self._keyed = policy.rank_key()   # keeps a key per shape (None: the policy ranks by none)
         self._entries: OrderedDict[ShapeKey, ShapeEntry] = OrderedDict()
         self._replay_max = _REBUILD_BASE + len(state.nodes) // _REBUILD_PER_NODE
 
@@ -104,21 +197,29 @@ class ShapeCache:
         if pending == 0:
             return entry
         if pending > self._replay_max:
-            fresh = self._build(req, values, whole, entry.exact)
-            entry.mask, entry.keyed, entry.seen = fresh.mask, fresh.keyed, fresh.seen
+            mask, keyed = self._arrays(req, values, whole, entry.exact)
+            entry.reindex(mask, keyed)
+            entry.seen = len(log)
             return entry
         self._replay(entry, req, values, whole, log[entry.seen :] if pending > 1 else (log[-1],))
         entry.seen = len(log)
         return entry
 
-    def _build(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool) -> ShapeEntry:
-        """A fresh entry from the vectorised filter and the policy's key array."""
+    def _arrays(
+        self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool
+    ) -> tuple[BoolArray, FloatArray | None]:
+        """The vectorised filter's mask and the policy's key array (+inf on refused nodes)."""
         state = self._state
         mask = state.feasible_mask(req, values, whole, exact)
         keyed = None
         if self._keyed is not None:
             keyed = np.where(mask, self._keyed.key_array(state.view, req), np.inf)
-        return ShapeEntry(mask, keyed, len(state.changes), exact)
+        return mask, keyed
+
+    def _build(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool) -> ShapeEntry:
+        """A fresh entry from the vectorised filter and the policy's key array."""
+        mask, keyed = self._arrays(req, values, whole, exact)
+        return ShapeEntry(mask, keyed, len(self._state.changes), exact)
 
     def _replay(
         self,
@@ -138,11 +239,19 @@ class ShapeCache:
         per_gpu = req.gpu_mem_per_gpu_bytes
         mask, keyed = entry.mask, entry.keyed
         fits, policy, view = state.fits, self._keyed, state.view
+        count = entry.block_count
+        touched: set[int] = set()
         for x in changed:
             if x < 0:
                 x = ~x
             elif not mask[x]:
                 continue
+            was = mask[x]
             ok = mask[x] = fits(x, values, whole, per_gpu, static)
+            if ok != was:
+                count[x // BLOCK] += 1 if ok else -1
             if keyed is not None and policy is not None:
                 keyed[x] = policy.key_at(view, req, x) if ok else np.inf
+                touched.add(x // BLOCK)
+        if touched:
+            entry.refresh_minima(touched)

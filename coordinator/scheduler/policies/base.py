@@ -48,6 +48,7 @@ __all__ = [
     "NodeRow",
     "Policy",
     "PolicyArgs",
+    "ShapeIndex",
     "constraint_reason",
     "dimension_reason",
     "feasible",
@@ -57,6 +58,7 @@ __all__ = [
     "is_shared",
     "limit_factors",
     "node_arrays",
+    "select_best",
     "validate_threshold",
     "validate_threshold_mode",
 ]
@@ -237,6 +239,28 @@ def node_arrays(nodes: Sequence[NodeSnapshot]) -> NodeArrays:
                       idle_w=idle, slope_w=slope, before_w=np.where(awake, idle + slope * util, 0.0))
 
 
+class ShapeIndex(Protocol):
+    """What the engine's shape cache keeps for one request shape
+    (:class:`~coordinator.scheduler.placement.shape_cache.ShapeEntry`), as policies read it."""
+
+    mask: BoolArray
+    """Feasible nodes (read-only)."""
+    keyed: FloatArray | None
+    """The :meth:`Policy.rank_key` key on feasible nodes, +inf elsewhere (None without a rank key)."""
+
+    def best(self) -> int:
+        """The feasible node with the smallest key (ties: the earlier), -1 when none is feasible."""
+
+    def first_k(self, count: int) -> IntArray:
+        """Up to ``count`` feasible nodes by ascending key, ties in node order."""
+
+    def feasible_count(self) -> int:
+        """How many nodes are feasible."""
+
+    def nth(self, k: int) -> int:
+        """The ``k``-th feasible node in node order (``flatnonzero(mask)[k]``)."""
+
+
 class Policy(Protocol):
     """A placement policy: a filter, a rank, and a vectorised selection over :class:`NodeArrays`."""
 
@@ -263,6 +287,12 @@ class Policy(Protocol):
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Note that the engine placed a request on these node indices (policy state, if any)."""
+
+    def rank_key(self) -> KeyedPolicy | None:
+        """The per-node key the shape cache keeps for this policy's requests (None: it keeps none)."""
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """``select`` from the shape cache's entry for the request (its mask, and its block index)."""
 
 
 def first_k_keyed(keyed: FloatArray, mask: BoolArray, count: int) -> IntArray:
@@ -393,8 +423,20 @@ class ThresholdPolicy:
         """Filter: see :func:`feasible`."""
         return feasible(req, node, self.threshold, self.threshold_mode)
 
+    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
+        """Indices of up to ``req.nodes`` feasible nodes, in choice order (every subclass defines it)."""
+        raise NotImplementedError
+
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Stateless: nothing to remember."""
+
+    def rank_key(self) -> KeyedPolicy | None:
+        """No per-node key to keep."""
+        return None
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """``select`` on the entry's mask (policies whose choice the block index speeds up override this)."""
+        return self.select(view, entry.mask, req)
 
 
 class KeyedPolicy(ThresholdPolicy, ABC):
@@ -434,3 +476,24 @@ class KeyedPolicy(ThresholdPolicy, ABC):
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The ``req.nodes`` feasible nodes with the smallest key."""
         return first_k_by_key(self.key_array(view, req), mask, req.nodes)
+
+    def rank_key(self) -> KeyedPolicy:
+        """Its own key."""
+        return self
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """The entry's ``req.nodes`` best nodes by the key it keeps (this policy's)."""
+        return select_best(entry, req.nodes)
+
+
+def select_best(entry: ShapeIndex, count: int) -> IntArray:
+    """Up to ``count`` feasible nodes of a shape entry by ascending kept key (ties: earlier node).
+
+    :param entry: the shape cache's entry (its ``keyed`` is not None).
+    :param count: how many nodes the request needs.
+    :returns: node indices, best first.
+    """
+    if count == 1:
+        best = entry.best()
+        return np.array([best] if best >= 0 else [], dtype=np.int64)
+    return entry.first_k(count)

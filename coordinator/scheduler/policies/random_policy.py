@@ -22,6 +22,7 @@ from coordinator.scheduler.policies.base import (
     IntArray,
     NodeArrays,
     PolicyArgs,
+    ShapeIndex,
     ThresholdPolicy,
     feasible,
 )
@@ -99,6 +100,16 @@ class RandomPolicy(ThresholdPolicy):
             k = int(self.rng.integers(len(candidates)))
             return candidates[k : k + 1]
         return candidates[draw(len(candidates), req.nodes, self.rng)]
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """:meth:`select` with the same draws; one node is found from the entry's block counts
+        (the k-th feasible node) instead of listing every feasible one."""
+        if req.nodes != 1:
+            return self.select(view, entry.mask, req)
+        n = entry.feasible_count()
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.array([entry.nth(int(self.rng.integers(n)))], dtype=np.int64)
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,
