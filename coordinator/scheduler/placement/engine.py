@@ -53,13 +53,14 @@ from coordinator.scheduler.policies import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_
 from coordinator.scheduler.policies.base import (
     BoolArray,
     FloatArray,
+    IntArray,
     constraint_reason,
     dimension_reason,
     first_k_keyed,
     gpu_fit_reason,
 )
 
-__all__ = ["PlacementEngine", "describe_demand"]
+__all__ = ["PlacementEngine", "collector_paused", "describe_demand"]
 
 _GIB = 1024**3
 _SAMPLE_REASONS = 5
@@ -82,7 +83,7 @@ def describe_demand(req: Request) -> str:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for one batch (or one state build), then restore it as it was.
 
     A batch allocates many small acyclic objects (decisions, tuples), which keeps triggering
@@ -112,10 +113,29 @@ class PlacementEngine:
     def __init__(self, snapshot: ClusterSnapshot, policy: Policy, *, gang_label: str = "") -> None:
         self.policy = policy
         self._gang_groups = label_groups(snapshot.nodes, gang_label)
-        with _collector_paused():   # building the state allocates a few Python objects per node and GPU
+        with collector_paused():   # building the state allocates a few Python objects per node and GPU
             self.state = PlacementState(snapshot, policy.threshold, policy.threshold_mode)
         self._refusals = RefusalMemo()
         self._shapes = ShapeCache(self.state, policy)
+
+    @classmethod
+    def on_state(cls, state: PlacementState, policy: Policy, shapes: ShapeCache,
+                 gang_groups: IntArray | None) -> PlacementEngine:
+        """An engine on a state kept across cycles (:class:`~coordinator.scheduler.placement.live.LivePlacement`).
+
+        :param state: the state, brought up to date with this cycle's snapshot.
+        :param policy: a fresh policy.
+        :param shapes: the state's shape cache for this policy's key.
+        :param gang_groups: :func:`label_groups` of the state's nodes.
+        :returns: the engine (a fresh refusal memo: nothing refused yet this cycle).
+        """
+        engine = cls.__new__(cls)
+        engine.policy = policy
+        engine._gang_groups = gang_groups
+        engine.state = state
+        engine._refusals = RefusalMemo()
+        engine._shapes = shapes
+        return engine
 
     @classmethod
     def from_name(
@@ -149,7 +169,7 @@ class PlacementEngine:
             # Alg. 1-3: largest compute demand first; sorted() is stable, so ties keep queue order.
             order = sorted(order, key=lambda k: -requests[k].compute_demand)
         decisions: list[Decision | None] = [None] * len(requests)
-        with _collector_paused():
+        with collector_paused():
             for k in order:
                 decisions[k] = self.place(requests[k])
         return [d for d in decisions if d is not None]

@@ -135,6 +135,7 @@ class PlacementState:
         # Every node changed, in order (read by the shape cache): ``i`` after a commit on node i,
         # which only ever takes room away, and ``~i`` after a release, which gives room back.
         self.changes: list[int] = []
+        self._touched: set[int] = set()   # nodes committed to or released on since last applied (see apply)
         self._init_derived()
         self.refresh_bounds()
 
@@ -152,7 +153,7 @@ class PlacementState:
         self.limit = np.where(self.schedulable, self._scaled(self.factors), -np.inf)
         self.limit_cols: list[list[float]] = self.limit.T.tolist()
         # The dimensions in which a shared request's limit is lower, with those limits (one row each).
-        shared = limit_factors(threshold, mode, shared=True)
+        shared = self._shared_factors = limit_factors(threshold, mode, shared=True)
         self.shared_dims = [k for k in range(_DIMS) if shared[k] != self.factors[k]]
         shared_limit = np.where(self.schedulable, self._scaled(shared), -np.inf)[self.shared_dims]
         self.shared_limit: FloatArray = np.ascontiguousarray(shared_limit)
@@ -502,6 +503,7 @@ class PlacementState:
         u = self.used_cols[i]
         self.used_cols[i] = [u[0] + demand[0], u[1] + demand[1], u[2] + demand[2], u[3] + demand[3], u[4] + demand[4]]
         self._refresh_node(i, positions)
+        self._touched.add(i)
         ids = self.slot_ids[i]
         return NodeAssignment(
             node_id=self.nodes[i].node_id, gpu_indices=tuple(ids[k] for k in positions), gpu_share=share
@@ -528,6 +530,123 @@ class PlacementState:
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
         self.used_cols[i] = [0.0 if abs(x) < CRUMB else x for x in column]
         self._refresh_node(i, grew=True)
+        self._touched.add(i)
+        self.refresh_bounds()
+
+    def matches(self, i: int, node: NodeSnapshot) -> bool:
+        """Whether node ``i`` of this state is ``node`` already (its reservations, GPUs and everything
+        placement reads), so that applying ``node`` would change nothing.
+
+        :param i: node index.
+        :param node: a snapshot of the node with the same id.
+        :returns: True when nothing differs.
+        """
+        old = self.nodes[i]
+        if node is old:
+            return not self.touched(i)
+        if (node.node_id != old.node_id or node.capacity != old.capacity or node.power != old.power
+                or node.powered_on != old.powered_on or node.schedulable != old.schedulable
+                or node.gpu_model != old.gpu_model or node.labels != old.labels or node.topology != old.topology):
+            return False
+        if list(node.used.as_tuple()) != self.used_cols[i]:
+            return False
+        gpus = node.gpus
+        ids, mems, shares = self.slot_ids[i], self.slot_mem[i], self.slot_share[i]
+        if len(gpus) != len(ids):
+            return False
+        for k, g in enumerate(gpus):
+            if g.index != ids[k] or g.mem_free_bytes != mems[k] or g.share_free != shares[k]:
+                return False
+        return True
+
+    def touched(self, i: int) -> bool:
+        """Whether node ``i`` was committed to or released on since it was last applied or built."""
+        return i in self._touched
+
+    def mark_applied(self) -> None:
+        """Note that every node now holds what its last snapshot says (the start of a cycle)."""
+        self._touched.clear()
+
+    def apply(self, nodes: Iterable[NodeSnapshot]) -> bool:
+        """Bring the state to new snapshots of some of its nodes (a persistent state's per-cycle update).
+
+        Each node, found by id, takes everything the snapshot says: reservations, per-GPU free memory
+        and share, capacity and limits, power curve and power state, schedulability, model, labels,
+        topology. It is logged as a release in :attr:`changes` (so every shape entry re-checks it)
+        and the bounds are recomputed. The result is what a state built from the full snapshot
+        holds (``tests/unit/coordinator/scheduler/test_live_state.py`` checks it).
+
+        :param nodes: snapshots of nodes this state has (same ids).
+        :returns: False, having changed nothing, when a node is unknown or has more GPUs than it had
+            (the caller builds a new state); True when applied.
+        """
+        changed: list[tuple[int, NodeSnapshot]] = []
+        for node in nodes:
+            i = self.index.get(node.node_id)
+            if i is None or len(node.gpus) > len(self.slot_ids[i]):   # a GPU more: the indexes are sized at build
+                return False
+            changed.append((i, node))
+        if not changed:
+            return True
+        labels_changed = False
+        for i, node in changed:
+            old = self.nodes[i]
+            labels_changed = labels_changed or (node.labels != old.labels or node.gpu_model != old.gpu_model)
+            self._apply_node(i, node)
+        if labels_changed:
+            self._static.clear()
+        self._after_apply()
+        return True
+
+    def _apply_node(self, i: int, node: NodeSnapshot) -> None:
+        """Write one node's snapshot into the columns and lists (see :meth:`apply`)."""
+        self.nodes[i] = node
+        cap = [float(x) for x in node.capacity.as_tuple()]
+        self.cap[:, i] = cap
+        schedulable = node.schedulable
+        self.schedulable[i] = schedulable
+        self.schedulable_list[i] = schedulable
+        factors = self.factors
+        limit = [f * c for f, c in zip(factors, cap, strict=True)] if schedulable else [-math.inf] * _DIMS
+        self.limit[:, i] = limit
+        self.limit_cols[i] = self.limit[:, i].tolist()
+        if self.shared_dims:
+            shared = [self._shared_factors[k] * cap[k] if schedulable else -math.inf for k in self.shared_dims]
+            self.shared_limit[:, i] = shared
+            self.shared_limit_cols[i] = self.shared_limit[:, i].tolist()
+        hlimit = self.limit[:, i].copy()
+        hlimit[list(_BYTE_DIMS)] = np.floor(hlimit[list(_BYTE_DIMS)])
+        self.hlimit_cols[i] = hlimit.tolist()
+        used = [float(x) for x in node.used.as_tuple()]
+        self.used_cols[i] = used
+        self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
+        self.powered_on[i] = node.powered_on
+        self.cap_gpus[i] = cap[0]
+        self.idle[i] = node.power.idle_w
+        self.slope[i] = node.power.max_w - node.power.idle_w
+        view = self.view
+        view.cap_gpus_safe[i] = cap[0] if cap[0] > 0 else 1.0
+        view.idle_w[i] = self.idle[i]
+        view.slope_w[i] = self.slope[i]
+        old_count = len(self.slot_ids[i])
+        gpus = node.gpus
+        self.slot_ids[i] = [g.index for g in gpus]
+        self.slot_total[i] = [g.mem_total_bytes for g in gpus]
+        self.slot_mem[i] = [g.mem_free_bytes for g in gpus]
+        self.slot_share[i] = [g.share_free for g in gpus]
+        self.slot_topology[i] = [g.topology_group for g in gpus]
+        for k in range(len(gpus), old_count):   # GPUs the node no longer has leave the shared index
+            self._partial.update(i, k, 0.0, 0.0)
+        self._refresh_node(i, grew=True)
+
+    def _after_apply(self) -> None:
+        """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""
+        magnitude = np.max(np.abs(np.concatenate((self.cap, self.used_array()), axis=1)), axis=1, initial=1.0)
+        self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
+        n = len(self.nodes)
+        limit = np.max(self.limit, axis=1, initial=-np.inf) if n else np.full(_DIMS, -np.inf)
+        self.limit_bound = [float(x) + s for x, s in zip(limit.tolist(), self.slack, strict=True)]
+        self._bounds_stale = True
         self.refresh_bounds()
 
     def gpu_slots(self, i: int) -> tuple[GpuSlot, ...]:
