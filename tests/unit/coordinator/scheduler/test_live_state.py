@@ -98,7 +98,8 @@ def test_incremental_equals_rebuilt(seed: int, policy: str, cycles: list[list[st
     threshold = rng.choice((0.7, 0.9, 1.0))
     mode = rng.choice(("whole-gpus", "paper"))
     gang_label = rng.choice(("", "rack"))
-    nodes = [replace(n, labels={"rack": f"r{i % 2}"}) for i, n in enumerate(random_cluster(rng, rng.randint(1, 12)).nodes)]
+    start = random_cluster(rng, rng.randint(1, 12)).nodes
+    nodes = [replace(n, labels={"rack": f"r{i % 2}"}) for i, n in enumerate(start)]
     snapshot = ClusterSnapshot(nodes=tuple(nodes))
     live = LivePlacement()
     for ops in cycles:
