@@ -253,24 +253,34 @@ class PlacementState:
             self.whole_desc[:, i] = self._padded(self.free_desc[i])
         self._dirty.clear()
 
-    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False) -> None:
+    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False,
+                      free: list[float] | None = None) -> None:
         """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs).
 
         :param i: node index.
-        :param slots: the GPU positions that changed (None: all of them).
+        :param slots: the GPU positions whose entry in the shared-GPU index may change (None: all of them).
         :param grew: the node gained room (a release), rather than lost it (a commit).
+        :param free: the node's ``free_desc`` already brought up to date by the caller (None: recompute it).
         """
         view = self.view
         column = self.used_cols[i]
         self._dirty.add(i)
         h = self.hlimit_cols[i]
-        room = self.room_cols[i] = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
-                                    h[4] - column[4]]
+        r0, r1, r2, r3, r4 = room = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
+                                     h[4] - column[4]]
+        self.room_cols[i] = room
         if self.schedulable_list[i]:
             low = self.room_min
-            for k in range(_DIMS):
-                if room[k] < low[k]:
-                    low[k] = room[k]
+            if r0 < low[0]:
+                low[0] = r0
+            if r1 < low[1]:
+                low[1] = r1
+            if r2 < low[2]:
+                low[2] = r2
+            if r3 < low[3]:
+                low[3] = r3
+            if r4 < low[4]:
+                low[4] = r4
         cap_gpus = self.cap_gpus[i]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
         view.used_gpus[i] = column[0]
@@ -278,7 +288,7 @@ class PlacementState:
         view.neg_util[i] = -util
         view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
         shares, mems = self.slot_share[i], self.slot_mem[i]
-        self.free_desc[i] = _free_whole(mems, shares)
+        self.free_desc[i] = _free_whole(mems, shares) if free is None else free
         partial = self._partial
         indexed = partial.where
         for k in range(len(shares)) if slots is None else slots:
@@ -498,11 +508,18 @@ class PlacementState:
         share = 1.0 if whole > 0 else demand[0]
         if not exact:
             self.exact = False
+        free: list[float] | None = None
+        if whole > 0:
+            # Whole GPUs were fully free (so never in the shared index) and are fully taken (so not
+            # in it after either): the node's free list loses exactly their memory values.
+            free = self.free_desc[i]
+            for k in positions:
+                free.remove(mem[k])
         for k in positions:
             mem[k], share_free[k] = take_gpu(mem[k], share_free[k], per_gpu, share)
         u = self.used_cols[i]
         self.used_cols[i] = [u[0] + demand[0], u[1] + demand[1], u[2] + demand[2], u[3] + demand[3], u[4] + demand[4]]
-        self._refresh_node(i, positions)
+        self._refresh_node(i, () if whole > 0 else positions, free=free)
         self._touched.add(i)
         ids = self.slot_ids[i]
         return NodeAssignment(
