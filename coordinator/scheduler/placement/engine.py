@@ -192,8 +192,10 @@ class PlacementEngine:
         if hopeless is not None:
             return self._remember(req, whole, self._reject_hopeless(req, hopeless))
         entry = self._shapes.lookup(req, values, whole)
-        mask = entry.mask
         policy = self.policy
+        if entry.suspects and (req.nodes != 1 or not policy.confirms_lazily):
+            entry.settle()   # everything but a lazily confirmed choice reads the exact mask
+        mask = entry.mask
         keyed = entry.keyed if policy.ranked_by_key else None
         if req.nodes > 1 and self._gang_groups is not None:
             mask = prefer_one_group(mask, self._gang_groups, req.nodes, keyed)
@@ -207,6 +209,7 @@ class PlacementEngine:
         else:
             chosen = policy.select(state.view, mask, req)
         if len(chosen) < req.nodes:
+            entry.settle()
             rejection = self._reject(req, np.array(values, dtype=np.float64), mask)
             state.refresh_bounds()
             return self._remember(req, whole, rejection)

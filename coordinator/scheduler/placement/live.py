@@ -41,6 +41,7 @@ class LivePlacement:
         self._shapes: dict[str, ShapeCache] = {}
         self._groups: tuple[str, IntArray | None] | None = None
         self.builds = 0      # full builds so far
+        self.compared = 0    # nodes compared with the state by the last update
         self.applied = 0     # nodes applied by the last update
 
     def engine(self, snapshot: ClusterSnapshot, name: str, threshold: float = DEFAULT_THRESHOLD, *,
@@ -66,7 +67,7 @@ class LivePlacement:
             self._shapes = {}
             self._groups = None
             self.builds += 1
-            self.applied = len(snapshot.nodes)
+            self.compared = self.applied = len(snapshot.nodes)
         self._nodes = snapshot.nodes
         state.taken_at_s = snapshot.taken_at_s
         state.mark_applied()
@@ -84,7 +85,7 @@ class LivePlacement:
         if len(nodes) != len(last):
             return False
         suspects = {i for i, (new, old) in enumerate(zip(nodes, last, strict=True)) if new is not old}
-        suspects.update(i for i in range(len(nodes)) if state.touched(i))
+        suspects.update(state.touched_nodes())
         changed = []
         for i in sorted(suspects):
             node = nodes[i]
@@ -99,5 +100,5 @@ class LivePlacement:
             return False
         if labels:
             self._groups = None
-        self.applied = len(changed)
+        self.compared, self.applied = len(suspects), len(changed)
         return True

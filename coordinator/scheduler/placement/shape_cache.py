@@ -17,6 +17,13 @@ sum over the block counts and one block's ``flatnonzero``: a decision reads abou
 BLOCK`` entries instead of ``N``. The first of equal minima is the first in node order either way,
 so the choice is exactly ``keyed.argmin()``'s.
 
+For policies that take the first feasible node from a point on (first-fit, round-robin:
+``confirms_lazily``), a node that was only committed to since the entry was current (commits
+only take room away) is not re-checked at once: it stays in the mask as a *suspect*, and is
+re-checked when a choice lands on it (:meth:`ShapeEntry.confirm`), or with every other suspect
+before anything else reads the mask (:meth:`ShapeEntry.settle`). A choice therefore still lands on
+the first node that passes the filter now.
+
 The cluster state appends the index of every node it changes to a log. Before a shape is used
 again, the nodes logged since its last use are re-checked one by one with the scalar filter
 (:meth:`PlacementState.fits`, the scalar filter's own ``used + demand <= limit`` comparisons) and the
@@ -47,8 +54,8 @@ _REBUILD_BASE = 8      # replaying more changed nodes than base + N / per_node c
 _REBUILD_PER_NODE = 256
 BLOCK = 128            # nodes per block of an entry's block index
 
-ShapeKey = tuple[tuple[float, int, float, int, int], int, int,
-                 tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None]
+ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
+ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey]
 
 
 def _blocks(n: int) -> int:
@@ -65,14 +72,46 @@ class ShapeEntry:
     :param exact: :func:`~coordinator.scheduler.placement.state.is_exact` of the shape's demand vector.
     """
 
-    __slots__ = ("_block_key", "_block_mask", "_block_min", "block_count", "exact", "keyed", "mask", "seen")
+    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_state", "block_count", "exact", "keyed",
+                 "mask", "seen", "suspects")
 
-    def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool) -> None:
+    def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool,
+                 state: PlacementState | None = None,
+                 check: tuple[tuple[float, int, float, int, int], int, int, ConstraintKey] | None = None) -> None:
         self.seen = seen
         self.exact = exact
         self.mask = mask
         self.keyed = keyed
+        self.suspects: set[int] = set()   # feasible in the mask, committed to since, not yet re-checked
+        self._state = state
+        self._check = check               # (values, whole, per-GPU memory, constraints): the filter's arguments
         self.reindex(mask, keyed)
+
+    def confirm(self, i: int) -> bool:
+        """Whether node ``i`` (feasible in the mask) passes the filter now: a suspect is re-checked, and
+        dropped from the mask when it no longer passes.
+
+        :param i: a node the mask holds as feasible.
+        :returns: True when it is feasible now.
+        """
+        if i not in self.suspects:
+            return True
+        self.suspects.discard(i)
+        state, check = self._state, self._check
+        assert state is not None and check is not None
+        values, whole, per_gpu, constraints = check
+        if state.fits(i, values, whole, per_gpu, state.static_for(constraints)):
+            return True
+        self.mask[i] = False
+        self.block_count[i // BLOCK] -= 1
+        return False
+
+    def settle(self) -> None:
+        """Re-check every suspect, so that the mask (and the counts) are exact."""
+        for i in list(self.suspects):
+            if self.mask[i]:
+                self.confirm(i)
+        self.suspects.clear()
 
     def reindex(self, mask: BoolArray, keyed: FloatArray | None) -> None:
         """Take new arrays (a rebuild) and compute their block index from scratch.
@@ -80,6 +119,7 @@ class ShapeEntry:
         The arrays are copied into buffers padded to whole blocks (refused, key +inf), and
         :attr:`mask` and :attr:`keyed` become views of their first ``N`` entries.
         """
+        self.suspects = set()
         n = len(mask)
         blocks = _blocks(n)
         padded_mask = np.zeros(blocks * BLOCK, dtype=np.bool_)
@@ -164,6 +204,7 @@ class ShapeCache:
         self._state = state
         self._policy = policy
         self._keyed = policy.rank_key()   # keeps a key per shape (None: the policy ranks by none)
+        self._lazy = policy.confirms_lazily and self._keyed is None
         self._entries: OrderedDict[ShapeKey, ShapeEntry] = OrderedDict()
         self._replay_max = _REBUILD_BASE + len(state.nodes) // _REBUILD_PER_NODE
 
@@ -184,10 +225,11 @@ class ShapeCache:
         if len(log) > _LOG_MAX:
             log.clear()
             self._entries.clear()
-        key = (values, whole, req.gpu_mem_per_gpu_bytes, req.constraint_key)
+        constraints = req.constraint_key
+        key = (values, whole, req.gpu_mem_per_gpu_bytes, constraints)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._build(req, values, whole, is_exact(values))
+            entry = self._build(req, values, whole, is_exact(values), constraints)
             self._entries[key] = entry
             if len(self._entries) > _ENTRIES:
                 self._entries.popitem(last=False)
@@ -201,7 +243,7 @@ class ShapeCache:
             entry.reindex(mask, keyed)
             entry.seen = len(log)
             return entry
-        self._replay(entry, req, values, whole, log[entry.seen :] if pending > 1 else (log[-1],))
+        self._replay(entry, req, values, whole, log[entry.seen :] if pending > 1 else (log[-1],), constraints)
         entry.seen = len(log)
         return entry
 
@@ -216,10 +258,12 @@ class ShapeCache:
             keyed = np.where(mask, self._keyed.key_array(state.view, req), np.inf)
         return mask, keyed
 
-    def _build(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool) -> ShapeEntry:
+    def _build(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool,
+               constraints: ConstraintKey) -> ShapeEntry:
         """A fresh entry from the vectorised filter and the policy's key array."""
         mask, keyed = self._arrays(req, values, whole, exact)
-        return ShapeEntry(mask, keyed, len(self._state.changes), exact)
+        return ShapeEntry(mask, keyed, len(self._state.changes), exact, self._state,
+                          (values, whole, req.gpu_mem_per_gpu_bytes, constraints))
 
     def _replay(
         self,
@@ -228,6 +272,7 @@ class ShapeCache:
         values: tuple[float, int, float, int, int],
         whole: int,
         changed: list[int] | tuple[int],
+        constraints: ConstraintKey,
     ) -> None:
         """Re-check the nodes logged since the entry was last current (a node logged twice is checked twice).
 
@@ -235,16 +280,22 @@ class ShapeCache:
         room away) and is skipped; released nodes (logged as ``~i``) and feasible ones are re-checked.
         """
         state = self._state
-        static = state.static_mask(req)
+        static = state.static_for(constraints)
         per_gpu = req.gpu_mem_per_gpu_bytes
         mask, keyed = entry.mask, entry.keyed
         fits, policy, view = state.fits, self._keyed, state.view
         count = entry.block_count
         touched: set[int] = set()
+        suspects = entry.suspects if self._lazy else None
         for x in changed:
             if x < 0:
                 x = ~x
+                if suspects is not None:
+                    suspects.discard(x)   # re-checked now
             elif not mask[x]:
+                continue
+            elif suspects is not None:
+                suspects.add(x)           # re-checked when a choice lands on it (ShapeEntry.confirm)
                 continue
             was = mask[x]
             ok = mask[x] = fits(x, values, whole, per_gpu, static)

@@ -69,6 +69,7 @@ _BYTE_DIMS = (1, 3, 4)
 _DYADIC = 2.0**20  # float values that are multiples of 2**-20 (and below 2**32) add without rounding
 _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
+_SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
 def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
@@ -245,13 +246,22 @@ class PlacementState:
         Commits update the Python mirrors only; the arrays the vectorised filter reads (``used``,
         ``headroom``, ``whole_desc``) are brought up to date here, just before they are read.
         """
-        if not self._dirty:
+        dirty = self._dirty
+        if not dirty:
             return
-        for i in self._dirty:
-            self.used[:, i] = self.used_cols[i]
-            self.headroom[:, i] = self.room_cols[i]
-            self.whole_desc[:, i] = self._padded(self.free_desc[i])
-        self._dirty.clear()
+        if len(dirty) < _SYNC_BULK:
+            for i in dirty:
+                self.used[:, i] = self.used_cols[i]
+                self.headroom[:, i] = self.room_cols[i]
+                self.whole_desc[:, i] = self._padded(self.free_desc[i])
+        else:   # many columns (a cycle's update, a long batch): one fancy-indexed write per array
+            idx = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
+            order = idx.tolist()
+            used_cols, room_cols, free_desc, padded = self.used_cols, self.room_cols, self.free_desc, self._padded
+            self.used[:, idx] = np.array([used_cols[i] for i in order], dtype=np.float64).T
+            self.headroom[:, idx] = np.array([room_cols[i] for i in order], dtype=np.float64).T
+            self.whole_desc[:, idx] = np.array([padded(free_desc[i]) for i in order], dtype=np.float64).T
+        dirty.clear()
 
     def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False,
                       free: list[float] | None = None) -> None:
@@ -306,6 +316,8 @@ class PlacementState:
         used = self.used_array()   # also brings whole_desc up to date
         room = np.max(self.limit - used, axis=1, initial=-np.inf) if used.shape[1] else np.full(_DIMS, -1.0)
         self.room_bound = [float(r) + s for r, s in zip(room.tolist(), self.slack, strict=True)]
+        # A demand at or under both bounds in every dimension passes hopeless()'s loop: checked at once.
+        self._pass_bound = tuple(min(r, m) for r, m in zip(self.room_bound, self.limit_bound, strict=True))
         if self.used.shape[1]:
             self.whole_bound = np.max(self.whole_desc, axis=1).tolist()
         else:
@@ -319,6 +331,18 @@ class PlacementState:
         :param whole: ``req.whole_gpus``.
         :returns: a short reason, or None.
         """
+        p = self._pass_bound
+        if not (values[0] <= p[0] and values[1] <= p[1] and values[2] <= p[2] and values[3] <= p[3]
+                and values[4] <= p[4]):
+            reason = self._over_bound(values)
+            if reason is not None:
+                return reason
+        if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):
+            return f"no node has {whole} free GPUs"
+        return None
+
+    def _over_bound(self, values: tuple[float, int, float, int, int]) -> str | None:
+        """:meth:`hopeless`'s reason for the first dimension over a bound (None: none is)."""
         for name, d, bound, most, f in zip(DIMENSIONS, values, self.room_bound, self.limit_bound, self.factors,
                                            strict=True):
             if d > most:
@@ -327,8 +351,6 @@ class PlacementState:
                 return f"{name} more than any node has"
             if d > bound:
                 return f"{name} over threshold on every node" if f < 1.0 else f"{name} over capacity on every node"
-        if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):
-            return f"no node has {whole} free GPUs"
         return None
 
     def static_mask(self, req: Request) -> BoolArray | None:
@@ -338,7 +360,12 @@ class PlacementState:
         :param req: the request.
         :returns: a mask over nodes (treat it as read-only), or None when the request has no constraint.
         """
-        key = req.constraint_key
+        return self.static_for(req.constraint_key)
+
+    def static_for(
+        self, key: tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
+    ) -> BoolArray | None:
+        """:meth:`static_mask` of the requests whose ``constraint_key`` is ``key``."""
         if key is None:
             return None
         mask = self._static.get(key)
@@ -560,25 +587,29 @@ class PlacementState:
         """
         old = self.nodes[i]
         if node is old:
-            return not self.touched(i)
-        if (node.node_id != old.node_id or node.capacity != old.capacity or node.power != old.power
-                or node.powered_on != old.powered_on or node.schedulable != old.schedulable
-                or node.gpu_model != old.gpu_model or node.labels != old.labels or node.topology != old.topology):
-            return False
-        if list(node.used.as_tuple()) != self.used_cols[i]:
+            return i not in self._touched
+        if node.used.as_tuple() != tuple(self.used_cols[i]):
             return False
         gpus = node.gpus
-        ids, mems, shares = self.slot_ids[i], self.slot_mem[i], self.slot_share[i]
-        if len(gpus) != len(ids):
+        if [g.mem_free_bytes for g in gpus] != self.slot_mem[i] or [g.share_free for g in gpus] != self.slot_share[i]:
             return False
-        for k, g in enumerate(gpus):
-            if g.index != ids[k] or g.mem_free_bytes != mems[k] or g.share_free != shares[k]:
-                return False
-        return True
+        if gpus is not old.gpus and (
+            [g.index for g in gpus] != self.slot_ids[i]
+            or [g.mem_total_bytes for g in gpus] != self.slot_total[i]
+            or [g.topology_group for g in gpus] != self.slot_topology[i]
+        ):
+            return False
+        return (node.node_id == old.node_id and node.capacity == old.capacity and node.power == old.power
+                and node.powered_on == old.powered_on and node.schedulable == old.schedulable
+                and node.gpu_model == old.gpu_model and node.labels == old.labels and node.topology == old.topology)
 
     def touched(self, i: int) -> bool:
         """Whether node ``i`` was committed to or released on since it was last applied or built."""
         return i in self._touched
+
+    def touched_nodes(self) -> set[int]:
+        """Every node committed to or released on since it was last applied or built (do not modify)."""
+        return self._touched
 
     def mark_applied(self) -> None:
         """Note that every node now holds what its last snapshot says (the start of a cycle)."""

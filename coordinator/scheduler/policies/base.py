@@ -248,6 +248,10 @@ class ShapeIndex(Protocol):
     keyed: FloatArray | None
     """The :meth:`Policy.rank_key` key on feasible nodes, +inf elsewhere (None without a rank key)."""
 
+    def confirm(self, i: int) -> bool:
+        """Whether node ``i``, feasible in ``mask``, is feasible now (for ``confirms_lazily`` policies:
+        a node committed to since may no longer be; it is then dropped from ``mask``)."""
+
     def best(self) -> int:
         """The feasible node with the smallest key (ties: the earlier), -1 when none is feasible."""
 
@@ -271,6 +275,9 @@ class Policy(Protocol):
     """True when the batch is processed by descending compute demand (Alg. 1-3), else in queue order."""
     scale_out: bool
     """True when a request no node can take asks the node provider for a new node."""
+    confirms_lazily: bool
+    """True when ``select_indexed`` (for one node) calls ``entry.confirm`` on each node it would choose
+    and looks on when that says no, so the shape cache may leave nodes committed to un-rechecked."""
     ranked_by_key: bool
     """True for a :class:`KeyedPolicy`: ``select`` takes the feasible nodes with the smallest
     ``key_array`` (ties: earlier node), so the engine keeps the key per request shape and updates
@@ -413,6 +420,7 @@ class ThresholdPolicy:
     """
 
     ranked_by_key = False
+    confirms_lazily = False
 
     def __init__(self, args: PolicyArgs) -> None:
         self.args = args

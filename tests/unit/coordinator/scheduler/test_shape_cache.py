@@ -98,6 +98,7 @@ class TestEntriesStayExact:
                 req = rng.choice(shapes)
                 values = req.demand.as_tuple()
                 entry = engine._shapes.lookup(req, values, req.whole_gpus)
+                entry.settle()   # nodes only committed to are re-checked lazily by first-fit and round-robin
                 mask, keyed = fresh_arrays(engine, req)
                 assert np.array_equal(entry.mask, mask), (seed, k)
                 if keyed is not None:
@@ -118,7 +119,9 @@ class TestEntriesStayExact:
         cache = engine._shapes
 
         def lookup() -> np.ndarray:
-            mask = cache.lookup(probe, values, 0).mask
+            entry = cache.lookup(probe, values, 0)
+            entry.settle()
+            mask = entry.mask
             assert np.array_equal(mask, fresh_arrays(engine, probe)[0])
             return mask
 
