@@ -30,6 +30,7 @@ from coordinator.scheduler.policies.base import (
 __all__ = ["NAME", "RandomArgs", "RandomPolicy", "build", "draw", "feasible", "rank"]
 
 NAME = "random"
+_LIST_MAX = 8192   # up to this many nodes, listing the feasible ones costs less than reading the block counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +103,9 @@ class RandomPolicy(ThresholdPolicy):
         return candidates[draw(len(candidates), req.nodes, self.rng)]
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
-        """:meth:`select` with the same draws; one node is found from the entry's block counts
-        (the k-th feasible node) instead of listing every feasible one."""
-        if req.nodes != 1:
+        """:meth:`select` with the same draws; on a large cluster one node is found from the entry's
+        block counts (the k-th feasible node) instead of listing every feasible one."""
+        if req.nodes != 1 or len(entry.mask) <= _LIST_MAX:
             return self.select(view, entry.mask, req)
         n = entry.feasible_count()
         if n == 0:
