@@ -549,9 +549,8 @@ class PlacementState:
         self._refresh_node(i, () if whole > 0 else positions, free=free)
         self._touched.add(i)
         ids = self.slot_ids[i]
-        return NodeAssignment(
-            node_id=self.nodes[i].node_id, gpu_indices=tuple(ids[k] for k in positions), gpu_share=share
-        )
+        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=tuple([ids[k] for k in positions]),
+                              gpu_share=share)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
@@ -599,9 +598,14 @@ class PlacementState:
             or [g.topology_group for g in gpus] != self.slot_topology[i]
         ):
             return False
-        return (node.node_id == old.node_id and node.capacity == old.capacity and node.power == old.power
-                and node.powered_on == old.powered_on and node.schedulable == old.schedulable
-                and node.gpu_model == old.gpu_model and node.labels == old.labels and node.topology == old.topology)
+        # Snapshots of one node usually share these objects (the snapshot builder keeps its inventory
+        # part): identity answers first, equality where they differ.
+        for a, b in ((node.capacity, old.capacity), (node.power, old.power), (node.labels, old.labels),
+                     (node.topology, old.topology)):
+            if a is not b and a != b:
+                return False
+        return (node.node_id == old.node_id and node.powered_on == old.powered_on
+                and node.schedulable == old.schedulable and node.gpu_model == old.gpu_model)
 
     def touched(self, i: int) -> bool:
         """Whether node ``i`` was committed to or released on since it was last applied or built."""
