@@ -285,24 +285,40 @@ class ShapeCache:
         mask, keyed = entry.mask, entry.keyed
         fits, policy, view = state.fits, self._keyed, state.view
         count = entry.block_count
+        if keyed is None or policy is None:
+            suspects = entry.suspects if self._lazy else None
+            for x in changed:
+                if x < 0:
+                    x = ~x
+                    was = mask[x]
+                    if suspects is not None:
+                        suspects.discard(x)   # re-checked now
+                elif not mask[x]:
+                    continue
+                elif suspects is not None:
+                    suspects.add(x)           # re-checked when a choice lands on it (ShapeEntry.confirm)
+                    continue
+                else:
+                    was = True
+                ok = fits(x, values, whole, per_gpu, static)
+                if ok != was:
+                    mask[x] = ok
+                    count[x // BLOCK] += 1 if ok else -1
+            return
         touched: set[int] = set()
-        suspects = entry.suspects if self._lazy else None
         for x in changed:
             if x < 0:
                 x = ~x
-                if suspects is not None:
-                    suspects.discard(x)   # re-checked now
+                was = mask[x]
             elif not mask[x]:
                 continue
-            elif suspects is not None:
-                suspects.add(x)           # re-checked when a choice lands on it (ShapeEntry.confirm)
-                continue
-            was = mask[x]
-            ok = mask[x] = fits(x, values, whole, per_gpu, static)
+            else:
+                was = True
+            ok = fits(x, values, whole, per_gpu, static)
             if ok != was:
+                mask[x] = ok
                 count[x // BLOCK] += 1 if ok else -1
-            if keyed is not None and policy is not None:
-                keyed[x] = policy.key_at(view, req, x) if ok else np.inf
-                touched.add(x // BLOCK)
+            keyed[x] = policy.key_at(view, req, x) if ok else np.inf
+            touched.add(x // BLOCK)
         if touched:
             entry.refresh_minima(touched)
