@@ -39,6 +39,7 @@ part of it (it only says how many of the feasible nodes to take).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -180,14 +181,19 @@ class ShapeEntry:
         self.refresh_minima({i // BLOCK for i in chosen})
         return np.array(chosen, dtype=np.int64)
 
-    def feasible_count(self) -> int:
-        """How many nodes are feasible."""
-        return int(self.block_count.sum())
+    def pick(self, draw: Callable[[int], int]) -> int:
+        """The ``draw(n)``-th feasible node in node order, ``n`` being how many are feasible (-1, with
+        no draw, when none is): ``flatnonzero(mask)[draw(len(...))]`` from the block counts, without
+        listing every feasible node.
 
-    def nth(self, k: int) -> int:
-        """The ``k``-th feasible node in node order (0-based; ``k < feasible_count()``):
-        ``flatnonzero(mask)[k]`` without the full scan."""
+        :param draw: given ``n > 0``, a position in ``range(n)``.
+        :returns: a node index, or -1.
+        """
         cumulative = np.cumsum(self.block_count)
+        n = int(cumulative[-1])
+        if n == 0:
+            return -1
+        k = draw(n)
         b = int(np.searchsorted(cumulative, k, side="right"))
         before = int(cumulative[b - 1]) if b else 0
         return b * BLOCK + int(np.flatnonzero(self._block_mask[b])[k - before])

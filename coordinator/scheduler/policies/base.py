@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -258,11 +258,8 @@ class ShapeIndex(Protocol):
     def first_k(self, count: int) -> IntArray:
         """Up to ``count`` feasible nodes by ascending key, ties in node order."""
 
-    def feasible_count(self) -> int:
-        """How many nodes are feasible."""
-
-    def nth(self, k: int) -> int:
-        """The ``k``-th feasible node in node order (``flatnonzero(mask)[k]``)."""
+    def pick(self, draw: Callable[[int], int]) -> int:
+        """The ``draw(n)``-th of the ``n`` feasible nodes in node order (-1, with no draw, when none is)."""
 
 
 class Policy(Protocol):

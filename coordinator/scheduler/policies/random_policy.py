@@ -107,10 +107,9 @@ class RandomPolicy(ThresholdPolicy):
         block counts (the k-th feasible node) instead of listing every feasible one."""
         if req.nodes != 1 or len(entry.mask) <= _LIST_MAX:
             return self.select(view, entry.mask, req)
-        n = entry.feasible_count()
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        return np.array([entry.nth(int(self.rng.integers(n)))], dtype=np.int64)
+        rng = self.rng
+        chosen = entry.pick(lambda n: int(rng.integers(n)))
+        return np.array([chosen] if chosen >= 0 else [], dtype=np.int64)
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

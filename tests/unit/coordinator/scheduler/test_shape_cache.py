@@ -17,7 +17,7 @@ from common.domain import Placement, Request, Resources
 from coordinator.scheduler.placement import shape_cache as _shape_cache
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.placement.state import is_exact
-from coordinator.scheduler.policies import POLICIES
+from coordinator.scheduler.policies import POLICIES, random_policy
 from tests.helpers.builders import GIB, make_request, random_cluster
 
 POLICY_NAMES = sorted(p for p in POLICIES if p != "time-aware")  # no paper reference: its own tests
@@ -60,6 +60,18 @@ class TestMatchesReference:
         """300 random clusters; each batch draws from 2-5 shapes, so most lookups replay changes."""
         for seed in range(300):
             rng = random.Random(50_000 + seed)
+            cluster = random_cluster(rng, rng.randint(1, 40))
+            requests = repeated_requests(rng, rng.randint(5, 80), catalogue(rng, rng.randint(2, 5)))
+            assert_matches_reference(policy, cluster, requests, rng.choice((0.7, 0.9, 1.0)), seed)
+
+    @pytest.mark.parametrize("policy", POLICY_NAMES)
+    def test_many_blocks(self, policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Blocks of 3 nodes, and random drawing from the block counts at any cluster size: choices
+        across many blocks (best key, k-th feasible node, gangs) are still the reference's."""
+        monkeypatch.setattr(_shape_cache, "BLOCK", 3)
+        monkeypatch.setattr(random_policy, "_LIST_MAX", 0)
+        for seed in range(200):
+            rng = random.Random(70_000 + seed)
             cluster = random_cluster(rng, rng.randint(1, 40))
             requests = repeated_requests(rng, rng.randint(5, 80), catalogue(rng, rng.randint(2, 5)))
             assert_matches_reference(policy, cluster, requests, rng.choice((0.7, 0.9, 1.0)), seed)
