@@ -193,29 +193,31 @@ class PlacementEngine:
             return self._remember(req, whole, self._reject_hopeless(req, hopeless))
         entry = self._shapes.lookup(req, values, whole)
         policy = self.policy
-        if entry.suspects and (req.nodes != 1 or not policy.confirms_lazily):
+        count = req.nodes
+        if entry.suspects and (count != 1 or not policy.confirms_lazily):
             entry.settle()   # everything but a lazily confirmed choice reads the exact mask
         mask = entry.mask
         keyed = entry.keyed if policy.ranked_by_key else None
-        if req.nodes > 1 and self._gang_groups is not None:
-            mask = prefer_one_group(mask, self._gang_groups, req.nodes, keyed)
-        if req.nodes > len(state.nodes):
+        if count > 1 and self._gang_groups is not None:
+            mask = prefer_one_group(mask, self._gang_groups, count, keyed)
+        if count > len(state.nodes):
             chosen = np.zeros(0, dtype=np.int64)
         elif mask is entry.mask:
             # The whole feasible set: the policy reads the entry's block index, not every node.
             chosen = policy.select_indexed(state.view, entry, req)
         elif keyed is not None:
-            chosen = first_k_keyed(keyed, mask, req.nodes)
+            chosen = first_k_keyed(keyed, mask, count)
         else:
             chosen = policy.select(state.view, mask, req)
-        if len(chosen) < req.nodes:
+        if len(chosen) < count:
             entry.settle()
             rejection = self._reject(req, np.array(values, dtype=np.float64), mask)
             state.refresh_bounds()
             return self._remember(req, whole, rejection)
-        assignments = tuple(state.commit(i, req, values, whole, entry.exact) for i in chosen.tolist())
+        commit, exact = state.commit, entry.exact
+        assignments = tuple([commit(i, req, values, whole, exact) for i in chosen.tolist()])
         policy.committed(chosen, len(state.nodes))
-        return Placement(task_id=req.task_id, assignments=assignments, demand=req.demand, policy=self.policy.name)
+        return Placement(task_id=req.task_id, assignments=assignments, demand=req.demand, policy=policy.name)
 
     def release(self, placement: Placement, gpu_mem_per_gpu_bytes: int) -> None:
         """Give a finished task's reservations back (for simulators and long-lived engines).
