@@ -38,7 +38,7 @@ class LivePlacement:
         self.state: PlacementState | None = None
         self._nodes: tuple[NodeSnapshot, ...] = ()
         self._settings: tuple[float, str] | None = None
-        self._shapes: dict[str, ShapeCache] = {}
+        self._shapes: tuple[str, ShapeCache] | None = None   # the policy's name, its shape cache
         self._groups: tuple[str, IntArray | None] | None = None
         self.builds = 0      # full builds so far
         self.compared = 0    # nodes compared with the state by the last update
@@ -64,7 +64,7 @@ class LivePlacement:
             with collector_paused():
                 state = self.state = PlacementState(snapshot, policy.threshold, policy.threshold_mode)
             self._settings = settings
-            self._shapes = {}
+            self._shapes = None
             self._groups = None
             self.builds += 1
             self.compared = self.applied = len(snapshot.nodes)
@@ -72,9 +72,10 @@ class LivePlacement:
         state.taken_at_s = snapshot.taken_at_s
         state.mark_applied()
         state.refresh_bounds()   # the last batch's commits left them loose (upper bounds still)
-        shapes = self._shapes.get(name)
-        if shapes is None:
-            shapes = self._shapes[name] = ShapeCache(state, policy)
+        # One cache at a time: caches share the state's change log, which one of them may cut.
+        if self._shapes is None or self._shapes[0] != name:
+            self._shapes = (name, ShapeCache(state, policy))
+        shapes = self._shapes[1]
         if self._groups is None or self._groups[0] != gang_label:
             self._groups = (gang_label, label_groups(state.nodes, gang_label))
         return PlacementEngine.on_state(state, policy, shapes, self._groups[1])

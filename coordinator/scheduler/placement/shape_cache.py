@@ -244,7 +244,7 @@ class ShapeCache:
         pending = len(log) - entry.seen
         if pending == 0:
             return entry
-        if pending > self._replay_max:
+        if pending > self._replay_max or pending < 0:   # (< 0: the log was cut since)
             mask, keyed = self._arrays(req, values, whole, entry.exact)
             entry.reindex(mask, keyed)
             entry.seen = len(log)
