@@ -14,10 +14,18 @@ overall rate and, separately, the placed and the refused decisions' rates, becau
 cost very different amounts.
 
 Rates are decisions per CPU second of this process (``time.process_time``), so other work on a
-shared machine does not count against them; the engine is single-threaded. ``decisions/s`` is
-one ``place_batch`` call over the whole queue, engine construction from the snapshot included,
-the fastest of ``--repeat`` runs (each on a fresh engine); the placed/refused columns time each
-``place`` call of one separate run, so they leave out the batch's sort and garbage-collector pause.
+shared machine does not count against them; the engine is single-threaded. ``decisions/s`` is one
+leader cycle on the placement state kept across cycles
+(:class:`~coordinator.scheduler.placement.live.LivePlacement`): bringing it to the cycle's snapshot
+(the nodes the previous batch reserved on, compared with the state and found equal, as once the
+leader stored those placements, and ``--changed`` nodes, 1 % by default, with a new power curve,
+applied), then one ``place_batch`` over the whole queue; the fastest of ``--repeat`` cycles
+(:func:`time_live`; ``compared`` and ``applied`` count the nodes of that cycle's update).
+``rebuilt/s`` is the same batch on an engine built from the snapshot, construction included, the
+fastest of ``--repeat`` runs. The placed/refused columns time each ``place`` call of one separate
+run on a fresh engine, so they leave out the batch's sort and garbage-collector pause. Building the
+snapshot itself from the leader's tables (:class:`~coordinator.scheduler.snapshot.SnapshotBuilder`)
+is not timed here: the bench starts from a ``ClusterSnapshot``.
 
 The literal reference (tests/helpers/reference_algorithms.py) sorts every node per
 request in Python; it is timed on the first ``--reference-requests`` requests of the same queue
