@@ -121,15 +121,18 @@ class TimeAware(ThresholdPolicy):
         if req.nodes != 1:
             return self.select(view, entry.mask, req)
         now = self._now()
-        ends = self._node_ends(view.used_gpus, now)
         end = now + req.expected_run_s
         self._pending_end = end
+        if len(self._ends) != len(entry.mask):
+            self._ends = np.full(len(entry.mask), -np.inf)
         candidates = np.flatnonzero(entry.mask)
         if len(candidates) == 0:
             return candidates.astype(np.int64)
         busy = candidates[view.used_gpus[candidates] > 0]
         if len(busy):
-            gap = np.abs(ends[busy] - end)
+            # Ends of the feasible busy nodes only: an empty node's end is forgotten when it is chosen
+            # (committed), which gives what _node_ends's forgetting at every choice gives.
+            gap = np.abs(np.maximum(self._ends[busy], now) - end)
             candidates = busy[gap == gap.min()]
         best = candidates[int(view.neg_util[candidates].argmin())]
         self._chosen_empty = np.array([view.used_gpus[best] <= 0])
