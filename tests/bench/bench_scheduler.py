@@ -4,7 +4,8 @@ Run with ``.venv/bin/python tests/bench/bench_scheduler.py [--nodes N] [--reques
 [--threshold-mode whole-gpus|paper]`` (the engine's default mode unless given; the reference
 always applies the paper's rule). ``--topology hgx|pcie-nvlink-pairs`` gives every node a GPU
 topology of that kind (the allocator then walks its islands); ``--racks N`` labels the nodes with N
-``rack`` values and places gangs by them.
+``rack`` values and places gangs by them. ``--expected-runs`` gives every request an expected run
+time (time-aware then orders by expected ends; without one it ranks like Alg. 1).
 
 The cluster mixes H100/A100/L4 nodes, a third of them partly busy. The queue is drawn from a
 catalogue of task shapes such as the profiler produces (shared inference slices, 1-8 GPU
@@ -56,6 +57,7 @@ from coordinator.scheduler.policies import POLICIES  # noqa: E402
 
 GIB = 1024**3
 TARGET_RATE = 20_000  # decisions/s per leader cycle (state update included) for 10,000 requests
+EXPECTED_RUNS_S = (600.0, 3600.0, 4 * 3600.0, 24 * 3600.0)   # --expected-runs draws from these
 # (gpus, GPU model, GiB per GPU, idle W, max W per GPU, cores, host GiB, weight)
 NODE_TYPES = (
     (8, "NVIDIA H100 80GB HBM3", 80, 70.0, 700.0, 192, 2048, 0.55),
@@ -227,6 +229,9 @@ def main() -> None:
     parser.add_argument("--topology", default="none", choices=("none", "hgx", "pcie-nvlink-pairs", "pcie"),
                         help="GPU topology of every node")
     parser.add_argument("--racks", type=int, default=0, help="rack labels (gangs placed by them); 0: none")
+    parser.add_argument("--expected-runs", action="store_true",
+                        help="give every request an expected run time (10 min to a day); without, time-aware "
+                             "ranks like max-utilization")
     parser.add_argument("--changed", type=int, default=0,
                         help="nodes with a new power curve per cycle besides those the last batch reserved on "
                              "(default: 1%% of the nodes)")
@@ -234,12 +239,18 @@ def main() -> None:
     rng = random.Random(args.seed)
     cluster = make_cluster(rng, args.nodes, args.topology, args.racks)
     queue = make_queue(rng, args.requests)
+    if args.expected_runs:
+        # The profiler's expected run times (what time-aware ranks by), from a separate stream so the
+        # queue's shapes are those of a run without them.
+        runs = random.Random(args.seed + 1)
+        queue = [replace(r, expected_run_s=runs.choice(EXPECTED_RUNS_S)) for r in queue]
     reference = load_reference()
     subset = queue[: args.reference_requests]
     mode = args.threshold_mode or "default"
     changed = args.changed or max(1, args.nodes // 100)
     print(f"{args.requests} queued requests on {args.nodes} nodes, threshold {args.threshold:g} ({mode} mode), "
-          f"topology {args.topology}, racks {args.racks}")
+          f"topology {args.topology}, racks {args.racks}, "
+          f"{'expected run times' if args.expected_runs else 'no expected run times'}")
     print(
         f"reference rates are extrapolated from its first {len(subset)} requests on the same cluster "
         "(it re-sorts every node for each request, so its rate barely depends on the queue length)"
