@@ -39,6 +39,14 @@ def _best_fit_whole(
     mem_free: Sequence[float], share_free: Sequence[float], topology: Sequence[int], count: int, mem_per_gpu: int
 ) -> tuple[int, ...] | None:
     """``count`` fully free GPUs with ≥ ``mem_per_gpu`` free, topology-aware best fit."""
+    if count == 1:
+        # The least free memory, ties to the lower index: min() of the (memory, index) pairs below,
+        # in one pass without building them (the most common request).
+        one, least = -1, 0.0
+        for i, mem in enumerate(mem_free):
+            if share_free[i] >= _FULL and mem >= mem_per_gpu and (one < 0 or mem < least):
+                one, least = i, mem
+        return (one,) if one >= 0 else None
     eligible = [
         (mem, i)
         for i, (mem, share) in enumerate(zip(mem_free, share_free, strict=True))
@@ -46,8 +54,6 @@ def _best_fit_whole(
     ]
     if len(eligible) < count:
         return None
-    if count == 1:
-        return (min(eligible)[1],)
     eligible.sort()
     groups: dict[int, list[tuple[float, int]]] = {}
     for mem, i in eligible:

@@ -60,6 +60,7 @@ from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
 from coordinator.queues import ANY_MODEL, Admission
 from coordinator.scheduler.placement import PlacementEngine
+from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, queue_of
@@ -125,6 +126,7 @@ class SchedulerCycle:
         self._gang_label = gang_label
         self._on_unplaced = on_unplaced
         self._tasks, self._registry, self._snapshots, self._policy = tasks, registry, snapshots, policy
+        self._placement = LivePlacement()
         self._store, self._leadership, self._dispatcher = store, leadership, dispatcher
         self._scale_out, self._metrics, self._events, self._wakeup = scale_out, metrics, events, wakeup
         self._log = get_logger("scheduler")
@@ -207,8 +209,9 @@ class SchedulerCycle:
         snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
-        engine = PlacementEngine.from_name(snapshot, policy.name, threshold=policy.threshold, mode=mode,
-                                           gang_label=self._gang_label)
+        # The placement state is kept from cycle to cycle; only nodes whose snapshot changed are applied.
+        engine = self._placement.engine(snapshot, policy.name, threshold=policy.threshold, mode=mode,
+                                        gang_label=self._gang_label)
         decisions = engine.place_batch(requests)
         if ranges:
             for i, (r, d) in enumerate(zip(requests, decisions, strict=True)):

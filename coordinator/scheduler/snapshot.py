@@ -125,14 +125,34 @@ class SnapshotBuilder:
     def __init__(self, power: PowerModel) -> None:
         self._power = power
         self._statics: dict[str, _NodeStatic] = {}
+        self._views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
 
     def snapshot(self, tasks: Iterable[types_pb2.Task], registry: NodeRegistry) -> ClusterSnapshot:
-        """Schedulable nodes in node-id order, with what live allocations hold on each GPU."""
+        """Schedulable nodes in node-id order, with what live allocations hold on each GPU.
+
+        A node whose inputs (inventory, recorded reservation, what allocations hold on it, power
+        curve) are those of the last snapshot is the same object as in the last snapshot, so the
+        kept placement state (:class:`~coordinator.scheduler.placement.live.LivePlacement`) sees at
+        once which nodes changed.
+        """
         holdings = _holdings(tasks)
         schedulable = registry.schedulable
-        nodes = tuple(self._view(e, holdings.get(e.node_id))
+        views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
+        nodes = tuple(self._kept_view(e, holdings.get(e.node_id), views)
                       for e in sorted(registry, key=lambda e: e.node_id) if schedulable(e))
+        self._views = views   # nodes no longer in the snapshot are forgotten
         return ClusterSnapshot(nodes=nodes, taken_at_s=time.time())
+
+    def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None,
+                   views: dict[str, tuple[tuple[object, ...], NodeSnapshot]]) -> NodeSnapshot:
+        """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed."""
+        r = e.record.reserved
+        key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
+               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0])
+        last = self._views.get(e.node_id)
+        view = last[1] if last is not None and last[0] == key else self._view(e, held)
+        views[e.node_id] = (key, view)
+        return view
 
     def fit(self, tasks: Iterable[types_pb2.Task], threshold: float, mode: str = DEFAULT_THRESHOLD_MODE) -> NodeFit:
         """A :class:`NodeFit` over the leader's tables now: a node as this cycle's snapshot would show it

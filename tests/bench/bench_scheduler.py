@@ -4,7 +4,8 @@ Run with ``.venv/bin/python tests/bench/bench_scheduler.py [--nodes N] [--reques
 [--threshold-mode whole-gpus|paper]`` (the engine's default mode unless given; the reference
 always applies the paper's rule). ``--topology hgx|pcie-nvlink-pairs`` gives every node a GPU
 topology of that kind (the allocator then walks its islands); ``--racks N`` labels the nodes with N
-``rack`` values and places gangs by them.
+``rack`` values and places gangs by them. ``--expected-runs`` gives every request an expected run
+time (time-aware then orders by expected ends; without one it ranks like Alg. 1).
 
 The cluster mixes H100/A100/L4 nodes, a third of them partly busy. The queue is drawn from a
 catalogue of task shapes such as the profiler produces (shared inference slices, 1-8 GPU
@@ -14,10 +15,18 @@ overall rate and, separately, the placed and the refused decisions' rates, becau
 cost very different amounts.
 
 Rates are decisions per CPU second of this process (``time.process_time``), so other work on a
-shared machine does not count against them; the engine is single-threaded. ``decisions/s`` is
-one ``place_batch`` call over the whole queue, engine construction from the snapshot included,
-the fastest of ``--repeat`` runs (each on a fresh engine); the placed/refused columns time each
-``place`` call of one separate run, so they leave out the batch's sort and garbage-collector pause.
+shared machine does not count against them; the engine is single-threaded. ``decisions/s`` is one
+leader cycle on the placement state kept across cycles
+(:class:`~coordinator.scheduler.placement.live.LivePlacement`): bringing it to the cycle's snapshot
+(the nodes the previous batch reserved on, compared with the state and found equal, as once the
+leader stored those placements, and ``--changed`` nodes, 1 % by default, with a new power curve,
+applied), then one ``place_batch`` over the whole queue; the fastest of ``--repeat`` cycles
+(:func:`time_live`; ``compared`` and ``applied`` count the nodes of that cycle's update).
+``rebuilt/s`` is the same batch on an engine built from the snapshot, construction included, the
+fastest of ``--repeat`` runs. The placed/refused columns time each ``place`` call of one separate
+run on a fresh engine, so they leave out the batch's sort and garbage-collector pause. Building the
+snapshot itself from the leader's tables (:class:`~coordinator.scheduler.snapshot.SnapshotBuilder`)
+is not timed here: the bench starts from a ``ClusterSnapshot``.
 
 The literal reference (tests/helpers/reference_algorithms.py) sorts every node per
 request in Python; it is timed on the first ``--reference-requests`` requests of the same queue
@@ -38,13 +47,17 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dataclasses import replace  # noqa: E402
+
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, PowerCurve, Request, Resources  # noqa: E402
 from common.topology import simulated_topology, topology_from_facts  # noqa: E402
 from coordinator.scheduler.placement.engine import PlacementEngine  # noqa: E402
+from coordinator.scheduler.placement.live import LivePlacement  # noqa: E402
 from coordinator.scheduler.policies import POLICIES  # noqa: E402
 
 GIB = 1024**3
-TARGET_RATE = 20_000  # decisions/s for 10,000 requests on 5,000 nodes
+TARGET_RATE = 20_000  # decisions/s per leader cycle (state update included) for 10,000 requests
+EXPECTED_RUNS_S = (600.0, 3600.0, 4 * 3600.0, 24 * 3600.0)   # --expected-runs draws from these
 # (gpus, GPU model, GiB per GPU, idle W, max W per GPU, cores, host GiB, weight)
 NODE_TYPES = (
     (8, "NVIDIA H100 80GB HBM3", 80, 70.0, 700.0, 192, 2048, 0.55),
@@ -152,6 +165,47 @@ def time_production(
     return best, placed, placed_s, refused, refused_s
 
 
+def time_live(
+    cluster: ClusterSnapshot, queue: list[Request], policy: str, seed: int, threshold: float, repeat: int,
+    changed: int, gang_label: str = "", mode: str | None = None,
+) -> tuple[float, int, int]:
+    """Seconds for one leader cycle on a kept state (best of ``repeat``), the nodes it compared and applied.
+
+    The first cycle builds the state (untimed, as a leader does once). A timed cycle is what the
+    leader does per cycle: bring the kept state to the cycle's snapshot, then place the queue. That
+    snapshot has new node objects (1) for every node the previous batch reserved on, holding what
+    the state holds (as once the leader stored those placements: each is compared and found equal)
+    and (2) for ``changed`` other nodes with a new power curve (a refit from telemetry: each is
+    applied). So that every cycle places the same queue on the same cluster, the previous batch is
+    undone before it, untimed (the leader never does that: its next snapshot has the placements).
+    """
+    modes = {} if mode is None else {"mode": mode}
+    live = LivePlacement()
+    live.engine(cluster, policy, threshold, seed=seed, gang_label=gang_label, **modes).place_batch(queue)
+    rng = random.Random(seed)
+    clock = time.process_time
+    best, compared, applied = float("inf"), 0, 0
+    for r in range(repeat):
+        state = live.state
+        assert state is not None
+        reserved = [i for i in range(len(cluster.nodes)) if state.touched(i)]
+        live.engine(cluster, policy, threshold, seed=seed, gang_label=gang_label, **modes)   # undo (untimed)
+        state.used_array()   # and write the undone columns, which a leader would not have
+        nodes = list(cluster.nodes)
+        for i in reserved:
+            nodes[i] = replace(nodes[i])
+        for i in rng.sample(range(len(nodes)), min(changed, len(nodes))):
+            node = nodes[i]
+            nodes[i] = replace(node, power=PowerCurve(idle_w=node.power.idle_w + r + 1, max_w=node.power.max_w))
+        snapshot = ClusterSnapshot(nodes=tuple(nodes))
+        start = clock()
+        live.engine(snapshot, policy, threshold, seed=seed, gang_label=gang_label, **modes).place_batch(queue)
+        spent = clock() - start
+        if spent < best:
+            best, compared, applied = spent, live.compared, live.applied
+    return best, compared, applied
+
+
 def time_reference(
     reference: ModuleType, cluster: ClusterSnapshot, queue: list[Request], policy: str, threshold: float
 ) -> float:
@@ -175,20 +229,38 @@ def main() -> None:
     parser.add_argument("--topology", default="none", choices=("none", "hgx", "pcie-nvlink-pairs", "pcie"),
                         help="GPU topology of every node")
     parser.add_argument("--racks", type=int, default=0, help="rack labels (gangs placed by them); 0: none")
+    parser.add_argument("--expected-runs", action="store_true",
+                        help="give every request an expected run time (10 min to a day); without, time-aware "
+                             "ranks like max-utilization")
+    parser.add_argument("--changed", type=int, default=0,
+                        help="nodes with a new power curve per cycle besides those the last batch reserved on "
+                             "(default: 1%% of the nodes)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     cluster = make_cluster(rng, args.nodes, args.topology, args.racks)
     queue = make_queue(rng, args.requests)
+    if args.expected_runs:
+        # The profiler's expected run times (what time-aware ranks by), from a separate stream so the
+        # queue's shapes are those of a run without them.
+        runs = random.Random(args.seed + 1)
+        queue = [replace(r, expected_run_s=runs.choice(EXPECTED_RUNS_S)) for r in queue]
     reference = load_reference()
     subset = queue[: args.reference_requests]
     mode = args.threshold_mode or "default"
+    changed = args.changed or max(1, args.nodes // 100)
     print(f"{args.requests} queued requests on {args.nodes} nodes, threshold {args.threshold:g} ({mode} mode), "
-          f"topology {args.topology}, racks {args.racks}")
+          f"topology {args.topology}, racks {args.racks}, "
+          f"{'expected run times' if args.expected_runs else 'no expected run times'}")
     print(
         f"reference rates are extrapolated from its first {len(subset)} requests on the same cluster "
         "(it re-sorts every node for each request, so its rate barely depends on the queue length)"
     )
-    header = f"{'policy':<16} {'decisions/s':>12} {'placed':>7} {'placed/s':>10} {'refused':>8} {'refused/s':>10}"
+    print(f"decisions/s: one leader cycle on the kept state (LivePlacement), snapshot update included: the "
+          f"nodes the previous batch reserved on are compared (equal), {changed} nodes with a new power curve "
+          "applied, then the batch; rebuilt/s: the batch on an engine built from the snapshot (the state "
+          "built every cycle, as before)")
+    header = (f"{'policy':<16} {'decisions/s':>12} {'compared':>9} {'applied':>8} {'rebuilt/s':>10} {'placed':>7} "
+              f"{'placed/s':>10} {'refused':>8} {'refused/s':>10}")
     print(header + f" {'reference/s':>12} {'speed-up':>9}")
     below = []
     for policy in POLICIES:
@@ -196,9 +268,11 @@ def main() -> None:
             cluster, queue, policy, args.seed, args.threshold, args.repeat, "rack" if args.racks else "",
             args.threshold_mode
         )
-        rate = len(queue) / total_s
-        row = (f"{policy:<16} {rate:>12,.0f} {placed:>7} {placed / max(placed_s, 1e-9):>10,.0f} "
-               f"{refused:>8} {refused / max(refused_s, 1e-9):>10,.0f}")
+        live_s, compared, applied = time_live(cluster, queue, policy, args.seed, args.threshold, args.repeat,
+                                              changed, "rack" if args.racks else "", args.threshold_mode)
+        rate = len(queue) / live_s
+        row = (f"{policy:<16} {rate:>12,.0f} {compared:>9} {applied:>8} {len(queue) / total_s:>10,.0f} {placed:>7} "
+               f"{placed / max(placed_s, 1e-9):>10,.0f} {refused:>8} {refused / max(refused_s, 1e-9):>10,.0f}")
         try:
             ref_rate = len(subset) / time_reference(reference, cluster, subset, policy, args.threshold)
         except ValueError:   # a policy beyond the paper's (time-aware): no literal reference to compare with

@@ -53,13 +53,14 @@ from coordinator.scheduler.policies import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_
 from coordinator.scheduler.policies.base import (
     BoolArray,
     FloatArray,
+    IntArray,
     constraint_reason,
     dimension_reason,
     first_k_keyed,
     gpu_fit_reason,
 )
 
-__all__ = ["PlacementEngine", "describe_demand"]
+__all__ = ["PlacementEngine", "collector_paused", "describe_demand"]
 
 _GIB = 1024**3
 _SAMPLE_REASONS = 5
@@ -82,7 +83,7 @@ def describe_demand(req: Request) -> str:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for one batch (or one state build), then restore it as it was.
 
     A batch allocates many small acyclic objects (decisions, tuples), which keeps triggering
@@ -112,10 +113,29 @@ class PlacementEngine:
     def __init__(self, snapshot: ClusterSnapshot, policy: Policy, *, gang_label: str = "") -> None:
         self.policy = policy
         self._gang_groups = label_groups(snapshot.nodes, gang_label)
-        with _collector_paused():   # building the state allocates a few Python objects per node and GPU
+        with collector_paused():   # building the state allocates a few Python objects per node and GPU
             self.state = PlacementState(snapshot, policy.threshold, policy.threshold_mode)
         self._refusals = RefusalMemo()
         self._shapes = ShapeCache(self.state, policy)
+
+    @classmethod
+    def on_state(cls, state: PlacementState, policy: Policy, shapes: ShapeCache,
+                 gang_groups: IntArray | None) -> PlacementEngine:
+        """An engine on a state kept across cycles (:class:`~coordinator.scheduler.placement.live.LivePlacement`).
+
+        :param state: the state, brought up to date with this cycle's snapshot.
+        :param policy: a fresh policy.
+        :param shapes: the state's shape cache for this policy's key.
+        :param gang_groups: :func:`label_groups` of the state's nodes.
+        :returns: the engine (a fresh refusal memo: nothing refused yet this cycle).
+        """
+        engine = cls.__new__(cls)
+        engine.policy = policy
+        engine._gang_groups = gang_groups
+        engine.state = state
+        engine._refusals = RefusalMemo()
+        engine._shapes = shapes
+        return engine
 
     @classmethod
     def from_name(
@@ -149,7 +169,7 @@ class PlacementEngine:
             # Alg. 1-3: largest compute demand first; sorted() is stable, so ties keep queue order.
             order = sorted(order, key=lambda k: -requests[k].compute_demand)
         decisions: list[Decision | None] = [None] * len(requests)
-        with _collector_paused():
+        with collector_paused():
             for k in order:
                 decisions[k] = self.place(requests[k])
         return [d for d in decisions if d is not None]
@@ -172,22 +192,32 @@ class PlacementEngine:
         if hopeless is not None:
             return self._remember(req, whole, self._reject_hopeless(req, hopeless))
         entry = self._shapes.lookup(req, values, whole)
+        policy = self.policy
+        count = req.nodes
+        if entry.suspects and (count != 1 or not policy.confirms_lazily):
+            entry.settle()   # everything but a lazily confirmed choice reads the exact mask
         mask = entry.mask
-        if req.nodes > 1 and self._gang_groups is not None:
-            mask = prefer_one_group(mask, self._gang_groups, req.nodes, entry.keyed)
-        if req.nodes > len(state.nodes):
+        keyed = entry.keyed if policy.ranked_by_key else None
+        if count > 1 and self._gang_groups is not None:
+            mask = prefer_one_group(mask, self._gang_groups, count, keyed)
+        if count > len(state.nodes):
             chosen = np.zeros(0, dtype=np.int64)
-        elif entry.keyed is not None:
-            chosen = first_k_keyed(entry.keyed, mask, req.nodes)
+        elif mask is entry.mask:
+            # The whole feasible set: the policy reads the entry's block index, not every node.
+            chosen = policy.select_indexed(state.view, entry, req)
+        elif keyed is not None:
+            chosen = first_k_keyed(keyed, mask, count)
         else:
-            chosen = self.policy.select(state.view, mask, req)
-        if len(chosen) < req.nodes:
+            chosen = policy.select(state.view, mask, req)
+        if len(chosen) < count:
+            entry.settle()
             rejection = self._reject(req, np.array(values, dtype=np.float64), mask)
             state.refresh_bounds()
             return self._remember(req, whole, rejection)
-        assignments = tuple(state.commit(i, req, values, whole, entry.exact) for i in chosen.tolist())
-        self.policy.committed(chosen, len(state.nodes))
-        return Placement(task_id=req.task_id, assignments=assignments, demand=req.demand, policy=self.policy.name)
+        commit, exact = state.commit, entry.exact
+        assignments = tuple([commit(i, req, values, whole, exact) for i in chosen.tolist()])
+        policy.committed(chosen, len(state.nodes))
+        return Placement(task_id=req.task_id, assignments=assignments, demand=req.demand, policy=policy.name)
 
     def release(self, placement: Placement, gpu_mem_per_gpu_bytes: int) -> None:
         """Give a finished task's reservations back (for simulators and long-lived engines).

@@ -48,6 +48,8 @@ class RefusalMemo:
         :param whole: ``req.whole_gpus``.
         :returns: the earlier rejection, or None.
         """
+        if not self._refused:
+            return None
         constraints = req.constraint_key
         for old in self._refused:
             # A shared (or GPU-less) request never dominates a whole-GPU one. The other way round

@@ -9,6 +9,21 @@ shape the engine keeps
 * ``keyed``: for policies that rank by a per-node key (Alg. 1-3), that key on the feasible nodes
   and ``+inf`` on the others, so choosing a node is a single ``argmin``.
 
+Each entry also keeps a **block index** over its arrays: the nodes are cut into blocks of
+``BLOCK`` consecutive indices, and per block the entry keeps the smallest key (keyed policies) and
+the number of feasible nodes. Choosing the best node is then an ``argmin`` over the block minima
+and one over a single block, and the k-th feasible node (the random baseline's draw) a cumulative
+sum over the block counts and one block's ``flatnonzero``: a decision reads about ``N / BLOCK +
+BLOCK`` entries instead of ``N``. The first of equal minima is the first in node order either way,
+so the choice is exactly ``keyed.argmin()``'s.
+
+For policies that take the first feasible node from a point on (first-fit, round-robin:
+``confirms_lazily``), a node that was only committed to since the entry was current (commits
+only take room away) is not re-checked at once: it stays in the mask as a *suspect*, and is
+re-checked when a choice lands on it (:meth:`ShapeEntry.confirm`), or with every other suspect
+before anything else reads the mask (:meth:`ShapeEntry.settle`). A choice therefore still lands on
+the first node that passes the filter now.
+
 The cluster state appends the index of every node it changes to a log. Before a shape is used
 again, the nodes logged since its last use are re-checked one by one with the scalar filter
 (:meth:`PlacementState.fits`, the scalar filter's own ``used + demand <= limit`` comparisons) and the
@@ -24,26 +39,33 @@ part of it (it only says how many of the feasible nodes to take).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
 from common.domain import Request
 from coordinator.scheduler.placement.state import PlacementState, is_exact
-from coordinator.scheduler.policies.base import BoolArray, FloatArray, KeyedPolicy, Policy
+from coordinator.scheduler.policies.base import BoolArray, FloatArray, IntArray, Policy
 
-__all__ = ["ShapeCache", "ShapeEntry"]
+__all__ = ["BLOCK", "ShapeCache", "ShapeEntry"]
 
 _ENTRIES = 32          # shapes remembered (least recently used dropped first)
 _LOG_MAX = 1 << 16     # changed-node log length before it is cut and every entry rebuilt
 _REBUILD_BASE = 8      # replaying more changed nodes than base + N / per_node costs more than a rebuild
 _REBUILD_PER_NODE = 256
+BLOCK = 128            # nodes per block of an entry's block index
 
-ShapeKey = tuple[tuple[float, int, float, int, int], int, int,
-                 tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None]
+ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
+ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey]
+
+
+def _blocks(n: int) -> int:
+    """How many blocks ``n`` nodes make (at least one)."""
+    return max(1, -(-n // BLOCK))
 
 
 class ShapeEntry:
-    """One shape's current filter result and keys.
+    """One shape's current filter result and keys, with their block index.
 
     :param mask: feasible nodes.
     :param keyed: the policy's key on feasible nodes, +inf elsewhere (None: the policy has no key).
@@ -51,13 +73,130 @@ class ShapeEntry:
     :param exact: :func:`~coordinator.scheduler.placement.state.is_exact` of the shape's demand vector.
     """
 
-    __slots__ = ("exact", "keyed", "mask", "seen")
+    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_state", "block_count", "exact", "keyed",
+                 "mask", "seen", "suspects")
 
-    def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool) -> None:
-        self.mask = mask
-        self.keyed = keyed
+    def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool,
+                 state: PlacementState | None = None,
+                 check: tuple[tuple[float, int, float, int, int], int, int, ConstraintKey] | None = None) -> None:
         self.seen = seen
         self.exact = exact
+        self.mask = mask
+        self.keyed = keyed
+        self.suspects: set[int] = set()   # feasible in the mask, committed to since, not yet re-checked
+        self._state = state
+        self._check = check               # (values, whole, per-GPU memory, constraints): the filter's arguments
+        self.reindex(mask, keyed)
+
+    def confirm(self, i: int) -> bool:
+        """Whether node ``i`` (feasible in the mask) passes the filter now: a suspect is re-checked, and
+        dropped from the mask when it no longer passes.
+
+        :param i: a node the mask holds as feasible.
+        :returns: True when it is feasible now.
+        """
+        if i not in self.suspects:
+            return True
+        self.suspects.discard(i)
+        state, check = self._state, self._check
+        assert state is not None and check is not None
+        values, whole, per_gpu, constraints = check
+        if state.fits(i, values, whole, per_gpu, state.static_for(constraints)):
+            return True
+        self.mask[i] = False
+        self.block_count[i // BLOCK] -= 1
+        return False
+
+    def settle(self) -> None:
+        """Re-check every suspect, so that the mask (and the counts) are exact."""
+        for i in list(self.suspects):
+            if self.mask[i]:
+                self.confirm(i)
+        self.suspects.clear()
+
+    def reindex(self, mask: BoolArray, keyed: FloatArray | None) -> None:
+        """Take new arrays (a rebuild) and compute their block index from scratch.
+
+        The arrays are copied into buffers padded to whole blocks (refused, key +inf), and
+        :attr:`mask` and :attr:`keyed` become views of their first ``N`` entries.
+        """
+        self.suspects = set()
+        n = len(mask)
+        blocks = _blocks(n)
+        padded_mask = np.zeros(blocks * BLOCK, dtype=np.bool_)
+        padded_mask[:n] = mask
+        self.mask = padded_mask[:n]
+        self._block_mask = padded_mask.reshape(blocks, BLOCK)
+        self.block_count = self._block_mask.sum(axis=1)
+        if keyed is None:
+            self.keyed = None
+            self._block_key = self._block_min = None
+            return
+        padded_key = np.full(blocks * BLOCK, np.inf)
+        padded_key[:n] = keyed
+        self.keyed = padded_key[:n]
+        self._block_key = padded_key.reshape(blocks, BLOCK)
+        self._block_min = self._block_key.min(axis=1)
+
+    def refresh_minima(self, blocks: set[int]) -> None:
+        """Recompute the smallest key of the given blocks (their nodes' keys changed; the counts are kept
+        by whoever changes the mask)."""
+        if self._block_key is not None and self._block_min is not None:
+            block_key, low = self._block_key, self._block_min
+            for b in blocks:
+                low[b] = block_key[b].min()
+
+    def best(self) -> int:
+        """The feasible node with the smallest key, the first of equal ones (-1: none is feasible).
+
+        Exactly ``keyed.argmin()`` where that node is feasible: the first block holding the
+        smallest key, then the first node holding it in that block.
+        """
+        assert self._block_min is not None and self._block_key is not None
+        b = int(self._block_min.argmin())
+        i = b * BLOCK + int(self._block_key[b].argmin())
+        return i if i < len(self.mask) and self.mask[i] else -1
+
+    def first_k(self, count: int) -> IntArray:
+        """The ``count`` feasible nodes with the smallest keys, best first (ties: earlier node); fewer when
+        fewer are feasible. The same order as a stable sort of the feasible nodes by key.
+
+        Takes the best, sets it aside (refused, key +inf), repeats, and puts the taken ones back.
+        """
+        assert self._block_min is not None and self._block_key is not None
+        chosen: list[int] = []
+        saved: list[float] = []
+        keyed, mask = self.keyed, self.mask
+        assert keyed is not None
+        for _ in range(count):
+            i = self.best()
+            if i < 0:
+                break
+            chosen.append(i)
+            saved.append(float(keyed[i]))
+            keyed[i], mask[i] = np.inf, False
+            self._block_min[i // BLOCK] = self._block_key[i // BLOCK].min()
+        for i, k in zip(chosen, saved, strict=True):
+            keyed[i], mask[i] = k, True
+        self.refresh_minima({i // BLOCK for i in chosen})
+        return np.array(chosen, dtype=np.int64)
+
+    def pick(self, draw: Callable[[int], int]) -> int:
+        """The ``draw(n)``-th feasible node in node order, ``n`` being how many are feasible (-1, with
+        no draw, when none is): ``flatnonzero(mask)[draw(len(...))]`` from the block counts, without
+        listing every feasible node.
+
+        :param draw: given ``n > 0``, a position in ``range(n)``.
+        :returns: a node index, or -1.
+        """
+        cumulative = np.cumsum(self.block_count)
+        n = int(cumulative[-1])
+        if n == 0:
+            return -1
+        k = draw(n)
+        b = int(np.searchsorted(cumulative, k, side="right"))
+        before = int(cumulative[b - 1]) if b else 0
+        return b * BLOCK + int(np.flatnonzero(self._block_mask[b])[k - before])
 
 
 class ShapeCache:
@@ -70,7 +209,8 @@ class ShapeCache:
     def __init__(self, state: PlacementState, policy: Policy) -> None:
         self._state = state
         self._policy = policy
-        self._keyed = policy if isinstance(policy, KeyedPolicy) else None   # keeps a key per shape
+        self._keyed = policy.rank_key()   # keeps a key per shape (None: the policy ranks by none)
+        self._lazy = policy.confirms_lazily and self._keyed is None
         self._entries: OrderedDict[ShapeKey, ShapeEntry] = OrderedDict()
         self._replay_max = _REBUILD_BASE + len(state.nodes) // _REBUILD_PER_NODE
 
@@ -91,10 +231,11 @@ class ShapeCache:
         if len(log) > _LOG_MAX:
             log.clear()
             self._entries.clear()
-        key = (values, whole, req.gpu_mem_per_gpu_bytes, req.constraint_key)
+        constraints = req.constraint_key
+        key = (values, whole, req.gpu_mem_per_gpu_bytes, constraints)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._build(req, values, whole, is_exact(values))
+            entry = self._build(req, values, whole, is_exact(values), constraints)
             self._entries[key] = entry
             if len(self._entries) > _ENTRIES:
                 self._entries.popitem(last=False)
@@ -103,22 +244,32 @@ class ShapeCache:
         pending = len(log) - entry.seen
         if pending == 0:
             return entry
-        if pending > self._replay_max:
-            fresh = self._build(req, values, whole, entry.exact)
-            entry.mask, entry.keyed, entry.seen = fresh.mask, fresh.keyed, fresh.seen
+        if pending > self._replay_max or pending < 0:   # (< 0: the log was cut since)
+            mask, keyed = self._arrays(req, values, whole, entry.exact)
+            entry.reindex(mask, keyed)
+            entry.seen = len(log)
             return entry
-        self._replay(entry, req, values, whole, log[entry.seen :] if pending > 1 else (log[-1],))
+        self._replay(entry, req, values, whole, log[entry.seen :] if pending > 1 else (log[-1],), constraints)
         entry.seen = len(log)
         return entry
 
-    def _build(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool) -> ShapeEntry:
-        """A fresh entry from the vectorised filter and the policy's key array."""
+    def _arrays(
+        self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool
+    ) -> tuple[BoolArray, FloatArray | None]:
+        """The vectorised filter's mask and the policy's key array (+inf on refused nodes)."""
         state = self._state
         mask = state.feasible_mask(req, values, whole, exact)
         keyed = None
         if self._keyed is not None:
             keyed = np.where(mask, self._keyed.key_array(state.view, req), np.inf)
-        return ShapeEntry(mask, keyed, len(state.changes), exact)
+        return mask, keyed
+
+    def _build(self, req: Request, values: tuple[float, int, float, int, int], whole: int, exact: bool,
+               constraints: ConstraintKey) -> ShapeEntry:
+        """A fresh entry from the vectorised filter and the policy's key array."""
+        mask, keyed = self._arrays(req, values, whole, exact)
+        return ShapeEntry(mask, keyed, len(self._state.changes), exact, self._state,
+                          (values, whole, req.gpu_mem_per_gpu_bytes, constraints))
 
     def _replay(
         self,
@@ -127,6 +278,7 @@ class ShapeCache:
         values: tuple[float, int, float, int, int],
         whole: int,
         changed: list[int] | tuple[int],
+        constraints: ConstraintKey,
     ) -> None:
         """Re-check the nodes logged since the entry was last current (a node logged twice is checked twice).
 
@@ -134,15 +286,45 @@ class ShapeCache:
         room away) and is skipped; released nodes (logged as ``~i``) and feasible ones are re-checked.
         """
         state = self._state
-        static = state.static_mask(req)
+        static = state.static_for(constraints)
         per_gpu = req.gpu_mem_per_gpu_bytes
         mask, keyed = entry.mask, entry.keyed
         fits, policy, view = state.fits, self._keyed, state.view
+        count = entry.block_count
+        if keyed is None or policy is None:
+            suspects = entry.suspects if self._lazy else None
+            for x in changed:
+                if x < 0:
+                    x = ~x
+                    was = mask[x]
+                    if suspects is not None:
+                        suspects.discard(x)   # re-checked now
+                elif not mask[x]:
+                    continue
+                elif suspects is not None:
+                    suspects.add(x)           # re-checked when a choice lands on it (ShapeEntry.confirm)
+                    continue
+                else:
+                    was = True
+                ok = fits(x, values, whole, per_gpu, static)
+                if ok != was:
+                    mask[x] = ok
+                    count[x // BLOCK] += 1 if ok else -1
+            return
+        touched: set[int] = set()
         for x in changed:
             if x < 0:
                 x = ~x
+                was = mask[x]
             elif not mask[x]:
                 continue
-            ok = mask[x] = fits(x, values, whole, per_gpu, static)
-            if keyed is not None and policy is not None:
-                keyed[x] = policy.key_at(view, req, x) if ok else np.inf
+            else:
+                was = True
+            ok = fits(x, values, whole, per_gpu, static)
+            if ok != was:
+                mask[x] = ok
+                count[x // BLOCK] += 1 if ok else -1
+            keyed[x] = policy.key_at(view, req, x) if ok else np.inf
+            touched.add(x // BLOCK)
+        if touched:
+            entry.refresh_minima(touched)

@@ -69,6 +69,7 @@ _BYTE_DIMS = (1, 3, 4)
 _DYADIC = 2.0**20  # float values that are multiples of 2**-20 (and below 2**32) add without rounding
 _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
+_SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
 def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
@@ -135,6 +136,7 @@ class PlacementState:
         # Every node changed, in order (read by the shape cache): ``i`` after a commit on node i,
         # which only ever takes room away, and ``~i`` after a release, which gives room back.
         self.changes: list[int] = []
+        self._touched: set[int] = set()   # nodes committed to or released on since last applied (see apply)
         self._init_derived()
         self.refresh_bounds()
 
@@ -152,7 +154,7 @@ class PlacementState:
         self.limit = np.where(self.schedulable, self._scaled(self.factors), -np.inf)
         self.limit_cols: list[list[float]] = self.limit.T.tolist()
         # The dimensions in which a shared request's limit is lower, with those limits (one row each).
-        shared = limit_factors(threshold, mode, shared=True)
+        shared = self._shared_factors = limit_factors(threshold, mode, shared=True)
         self.shared_dims = [k for k in range(_DIMS) if shared[k] != self.factors[k]]
         shared_limit = np.where(self.schedulable, self._scaled(shared), -np.inf)[self.shared_dims]
         self.shared_limit: FloatArray = np.ascontiguousarray(shared_limit)
@@ -244,32 +246,51 @@ class PlacementState:
         Commits update the Python mirrors only; the arrays the vectorised filter reads (``used``,
         ``headroom``, ``whole_desc``) are brought up to date here, just before they are read.
         """
-        if not self._dirty:
+        dirty = self._dirty
+        if not dirty:
             return
-        for i in self._dirty:
-            self.used[:, i] = self.used_cols[i]
-            self.headroom[:, i] = self.room_cols[i]
-            self.whole_desc[:, i] = self._padded(self.free_desc[i])
-        self._dirty.clear()
+        if len(dirty) < _SYNC_BULK:
+            for i in dirty:
+                self.used[:, i] = self.used_cols[i]
+                self.headroom[:, i] = self.room_cols[i]
+                self.whole_desc[:, i] = self._padded(self.free_desc[i])
+        else:   # many columns (a cycle's update, a long batch): one fancy-indexed write per array
+            idx = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
+            order = idx.tolist()
+            used_cols, room_cols, free_desc, padded = self.used_cols, self.room_cols, self.free_desc, self._padded
+            self.used[:, idx] = np.array([used_cols[i] for i in order], dtype=np.float64).T
+            self.headroom[:, idx] = np.array([room_cols[i] for i in order], dtype=np.float64).T
+            self.whole_desc[:, idx] = np.array([padded(free_desc[i]) for i in order], dtype=np.float64).T
+        dirty.clear()
 
-    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False) -> None:
+    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False,
+                      free: list[float] | None = None) -> None:
         """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs).
 
         :param i: node index.
-        :param slots: the GPU positions that changed (None: all of them).
+        :param slots: the GPU positions whose entry in the shared-GPU index may change (None: all of them).
         :param grew: the node gained room (a release), rather than lost it (a commit).
+        :param free: the node's ``free_desc`` already brought up to date by the caller (None: recompute it).
         """
         view = self.view
         column = self.used_cols[i]
         self._dirty.add(i)
         h = self.hlimit_cols[i]
-        room = self.room_cols[i] = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
-                                    h[4] - column[4]]
+        r0, r1, r2, r3, r4 = room = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
+                                     h[4] - column[4]]
+        self.room_cols[i] = room
         if self.schedulable_list[i]:
             low = self.room_min
-            for k in range(_DIMS):
-                if room[k] < low[k]:
-                    low[k] = room[k]
+            if r0 < low[0]:
+                low[0] = r0
+            if r1 < low[1]:
+                low[1] = r1
+            if r2 < low[2]:
+                low[2] = r2
+            if r3 < low[3]:
+                low[3] = r3
+            if r4 < low[4]:
+                low[4] = r4
         cap_gpus = self.cap_gpus[i]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
         view.used_gpus[i] = column[0]
@@ -277,7 +298,7 @@ class PlacementState:
         view.neg_util[i] = -util
         view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
         shares, mems = self.slot_share[i], self.slot_mem[i]
-        self.free_desc[i] = _free_whole(mems, shares)
+        self.free_desc[i] = _free_whole(mems, shares) if free is None else free
         partial = self._partial
         indexed = partial.where
         for k in range(len(shares)) if slots is None else slots:
@@ -295,6 +316,8 @@ class PlacementState:
         used = self.used_array()   # also brings whole_desc up to date
         room = np.max(self.limit - used, axis=1, initial=-np.inf) if used.shape[1] else np.full(_DIMS, -1.0)
         self.room_bound = [float(r) + s for r, s in zip(room.tolist(), self.slack, strict=True)]
+        # A demand at or under both bounds in every dimension passes hopeless()'s loop: checked at once.
+        self._pass_bound = tuple(min(r, m) for r, m in zip(self.room_bound, self.limit_bound, strict=True))
         if self.used.shape[1]:
             self.whole_bound = np.max(self.whole_desc, axis=1).tolist()
         else:
@@ -308,6 +331,18 @@ class PlacementState:
         :param whole: ``req.whole_gpus``.
         :returns: a short reason, or None.
         """
+        p = self._pass_bound
+        if not (values[0] <= p[0] and values[1] <= p[1] and values[2] <= p[2] and values[3] <= p[3]
+                and values[4] <= p[4]):
+            reason = self._over_bound(values)
+            if reason is not None:
+                return reason
+        if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):
+            return f"no node has {whole} free GPUs"
+        return None
+
+    def _over_bound(self, values: tuple[float, int, float, int, int]) -> str | None:
+        """:meth:`hopeless`'s reason for the first dimension over a bound (None: none is)."""
         for name, d, bound, most, f in zip(DIMENSIONS, values, self.room_bound, self.limit_bound, self.factors,
                                            strict=True):
             if d > most:
@@ -316,8 +351,6 @@ class PlacementState:
                 return f"{name} more than any node has"
             if d > bound:
                 return f"{name} over threshold on every node" if f < 1.0 else f"{name} over capacity on every node"
-        if whole > self.width or (whole > 0 and self.whole_bound[whole - 1] < req.gpu_mem_per_gpu_bytes):
-            return f"no node has {whole} free GPUs"
         return None
 
     def static_mask(self, req: Request) -> BoolArray | None:
@@ -327,7 +360,12 @@ class PlacementState:
         :param req: the request.
         :returns: a mask over nodes (treat it as read-only), or None when the request has no constraint.
         """
-        key = req.constraint_key
+        return self.static_for(req.constraint_key)
+
+    def static_for(
+        self, key: tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
+    ) -> BoolArray | None:
+        """:meth:`static_mask` of the requests whose ``constraint_key`` is ``key``."""
         if key is None:
             return None
         mask = self._static.get(key)
@@ -497,15 +535,22 @@ class PlacementState:
         share = 1.0 if whole > 0 else demand[0]
         if not exact:
             self.exact = False
+        free: list[float] | None = None
+        if whole > 0:
+            # Whole GPUs were fully free (so never in the shared index) and are fully taken (so not
+            # in it after either): the node's free list loses exactly their memory values.
+            free = self.free_desc[i]
+            for k in positions:
+                free.remove(mem[k])
         for k in positions:
             mem[k], share_free[k] = take_gpu(mem[k], share_free[k], per_gpu, share)
         u = self.used_cols[i]
         self.used_cols[i] = [u[0] + demand[0], u[1] + demand[1], u[2] + demand[2], u[3] + demand[3], u[4] + demand[4]]
-        self._refresh_node(i, positions)
+        self._refresh_node(i, () if whole > 0 else positions, free=free)
+        self._touched.add(i)
         ids = self.slot_ids[i]
-        return NodeAssignment(
-            node_id=self.nodes[i].node_id, gpu_indices=tuple(ids[k] for k in positions), gpu_share=share
-        )
+        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=tuple([ids[k] for k in positions]),
+                              gpu_share=share)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
@@ -528,6 +573,132 @@ class PlacementState:
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
         self.used_cols[i] = [0.0 if abs(x) < CRUMB else x for x in column]
         self._refresh_node(i, grew=True)
+        self._touched.add(i)
+        self.refresh_bounds()
+
+    def matches(self, i: int, node: NodeSnapshot) -> bool:
+        """Whether node ``i`` of this state is ``node`` already (its reservations, GPUs and everything
+        placement reads), so that applying ``node`` would change nothing.
+
+        :param i: node index.
+        :param node: a snapshot of the node with the same id.
+        :returns: True when nothing differs.
+        """
+        old = self.nodes[i]
+        if node is old:
+            return i not in self._touched
+        if node.used.as_tuple() != tuple(self.used_cols[i]):
+            return False
+        gpus = node.gpus
+        if [g.mem_free_bytes for g in gpus] != self.slot_mem[i] or [g.share_free for g in gpus] != self.slot_share[i]:
+            return False
+        if gpus is not old.gpus and (
+            [g.index for g in gpus] != self.slot_ids[i]
+            or [g.mem_total_bytes for g in gpus] != self.slot_total[i]
+            or [g.topology_group for g in gpus] != self.slot_topology[i]
+        ):
+            return False
+        # Snapshots of one node usually share these objects (the snapshot builder keeps its inventory
+        # part): identity answers first, equality where they differ.
+        for a, b in ((node.capacity, old.capacity), (node.power, old.power), (node.labels, old.labels),
+                     (node.topology, old.topology)):
+            if a is not b and a != b:
+                return False
+        return (node.node_id == old.node_id and node.powered_on == old.powered_on
+                and node.schedulable == old.schedulable and node.gpu_model == old.gpu_model)
+
+    def touched(self, i: int) -> bool:
+        """Whether node ``i`` was committed to or released on since it was last applied or built."""
+        return i in self._touched
+
+    def touched_nodes(self) -> set[int]:
+        """Every node committed to or released on since it was last applied or built (do not modify)."""
+        return self._touched
+
+    def mark_applied(self) -> None:
+        """Note that every node now holds what its last snapshot says (the start of a cycle)."""
+        self._touched.clear()
+
+    def apply(self, nodes: Iterable[NodeSnapshot]) -> bool:
+        """Bring the state to new snapshots of some of its nodes (a persistent state's per-cycle update).
+
+        Each node, found by id, takes everything the snapshot says: reservations, per-GPU free memory
+        and share, capacity and limits, power curve and power state, schedulability, model, labels,
+        topology. It is logged as a release in :attr:`changes` (so every shape entry re-checks it)
+        and the bounds are recomputed. The result is what a state built from the full snapshot
+        holds (``tests/unit/coordinator/scheduler/test_live_state.py`` checks it).
+
+        :param nodes: snapshots of nodes this state has (same ids).
+        :returns: False, having changed nothing, when a node is unknown or has more GPUs than it had
+            (the caller builds a new state); True when applied.
+        """
+        changed: list[tuple[int, NodeSnapshot]] = []
+        for node in nodes:
+            i = self.index.get(node.node_id)
+            if i is None or len(node.gpus) > len(self.slot_ids[i]):   # a GPU more: the indexes are sized at build
+                return False
+            changed.append((i, node))
+        if not changed:
+            return True
+        labels_changed = False
+        for i, node in changed:
+            old = self.nodes[i]
+            labels_changed = labels_changed or (node.labels != old.labels or node.gpu_model != old.gpu_model)
+            self._apply_node(i, node)
+        if labels_changed:
+            self._static.clear()
+        self._after_apply()
+        return True
+
+    def _apply_node(self, i: int, node: NodeSnapshot) -> None:
+        """Write one node's snapshot into the columns and lists (see :meth:`apply`)."""
+        self.nodes[i] = node
+        cap = [float(x) for x in node.capacity.as_tuple()]
+        self.cap[:, i] = cap
+        schedulable = node.schedulable
+        self.schedulable[i] = schedulable
+        self.schedulable_list[i] = schedulable
+        factors = self.factors
+        limit = [f * c for f, c in zip(factors, cap, strict=True)] if schedulable else [-math.inf] * _DIMS
+        self.limit[:, i] = limit
+        self.limit_cols[i] = self.limit[:, i].tolist()
+        if self.shared_dims:
+            shared = [self._shared_factors[k] * cap[k] if schedulable else -math.inf for k in self.shared_dims]
+            self.shared_limit[:, i] = shared
+            self.shared_limit_cols[i] = self.shared_limit[:, i].tolist()
+        hlimit = self.limit[:, i].copy()
+        hlimit[list(_BYTE_DIMS)] = np.floor(hlimit[list(_BYTE_DIMS)])
+        self.hlimit_cols[i] = hlimit.tolist()
+        used = [float(x) for x in node.used.as_tuple()]
+        self.used_cols[i] = used
+        self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
+        self.powered_on[i] = node.powered_on
+        self.cap_gpus[i] = cap[0]
+        self.idle[i] = node.power.idle_w
+        self.slope[i] = node.power.max_w - node.power.idle_w
+        view = self.view
+        view.cap_gpus_safe[i] = cap[0] if cap[0] > 0 else 1.0
+        view.idle_w[i] = self.idle[i]
+        view.slope_w[i] = self.slope[i]
+        old_count = len(self.slot_ids[i])
+        gpus = node.gpus
+        self.slot_ids[i] = [g.index for g in gpus]
+        self.slot_total[i] = [g.mem_total_bytes for g in gpus]
+        self.slot_mem[i] = [g.mem_free_bytes for g in gpus]
+        self.slot_share[i] = [g.share_free for g in gpus]
+        self.slot_topology[i] = [g.topology_group for g in gpus]
+        for k in range(len(gpus), old_count):   # GPUs the node no longer has leave the shared index
+            self._partial.update(i, k, 0.0, 0.0)
+        self._refresh_node(i, grew=True)
+
+    def _after_apply(self) -> None:
+        """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""
+        magnitude = np.max(np.abs(np.concatenate((self.cap, self.used_array()), axis=1)), axis=1, initial=1.0)
+        self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
+        n = len(self.nodes)
+        limit = np.max(self.limit, axis=1, initial=-np.inf) if n else np.full(_DIMS, -np.inf)
+        self.limit_bound = [float(x) + s for x, s in zip(limit.tolist(), self.slack, strict=True)]
+        self._bounds_stale = True
         self.refresh_bounds()
 
     def gpu_slots(self, i: int) -> tuple[GpuSlot, ...]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -48,6 +48,7 @@ __all__ = [
     "NodeRow",
     "Policy",
     "PolicyArgs",
+    "ShapeIndex",
     "constraint_reason",
     "dimension_reason",
     "feasible",
@@ -57,6 +58,7 @@ __all__ = [
     "is_shared",
     "limit_factors",
     "node_arrays",
+    "select_best",
     "validate_threshold",
     "validate_threshold_mode",
 ]
@@ -237,6 +239,29 @@ def node_arrays(nodes: Sequence[NodeSnapshot]) -> NodeArrays:
                       idle_w=idle, slope_w=slope, before_w=np.where(awake, idle + slope * util, 0.0))
 
 
+class ShapeIndex(Protocol):
+    """What the engine's shape cache keeps for one request shape
+    (:class:`~coordinator.scheduler.placement.shape_cache.ShapeEntry`), as policies read it."""
+
+    mask: BoolArray
+    """Feasible nodes (read-only)."""
+    keyed: FloatArray | None
+    """The :meth:`Policy.rank_key` key on feasible nodes, +inf elsewhere (None without a rank key)."""
+
+    def confirm(self, i: int) -> bool:
+        """Whether node ``i``, feasible in ``mask``, is feasible now (for ``confirms_lazily`` policies:
+        a node committed to since may no longer be; it is then dropped from ``mask``)."""
+
+    def best(self) -> int:
+        """The feasible node with the smallest key (ties: the earlier), -1 when none is feasible."""
+
+    def first_k(self, count: int) -> IntArray:
+        """Up to ``count`` feasible nodes by ascending key, ties in node order."""
+
+    def pick(self, draw: Callable[[int], int]) -> int:
+        """The ``draw(n)``-th of the ``n`` feasible nodes in node order (-1, with no draw, when none is)."""
+
+
 class Policy(Protocol):
     """A placement policy: a filter, a rank, and a vectorised selection over :class:`NodeArrays`."""
 
@@ -247,6 +272,9 @@ class Policy(Protocol):
     """True when the batch is processed by descending compute demand (Alg. 1-3), else in queue order."""
     scale_out: bool
     """True when a request no node can take asks the node provider for a new node."""
+    confirms_lazily: bool
+    """True when ``select_indexed`` (for one node) calls ``entry.confirm`` on each node it would choose
+    and looks on when that says no, so the shape cache may leave nodes committed to un-rechecked."""
     ranked_by_key: bool
     """True for a :class:`KeyedPolicy`: ``select`` takes the feasible nodes with the smallest
     ``key_array`` (ties: earlier node), so the engine keeps the key per request shape and updates
@@ -263,6 +291,12 @@ class Policy(Protocol):
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Note that the engine placed a request on these node indices (policy state, if any)."""
+
+    def rank_key(self) -> KeyedPolicy | None:
+        """The per-node key the shape cache keeps for this policy's requests (None: it keeps none)."""
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """``select`` from the shape cache's entry for the request (its mask, and its block index)."""
 
 
 def first_k_keyed(keyed: FloatArray, mask: BoolArray, count: int) -> IntArray:
@@ -383,6 +417,7 @@ class ThresholdPolicy:
     """
 
     ranked_by_key = False
+    confirms_lazily = False
 
     def __init__(self, args: PolicyArgs) -> None:
         self.args = args
@@ -393,8 +428,20 @@ class ThresholdPolicy:
         """Filter: see :func:`feasible`."""
         return feasible(req, node, self.threshold, self.threshold_mode)
 
+    def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
+        """Indices of up to ``req.nodes`` feasible nodes, in choice order (every subclass defines it)."""
+        raise NotImplementedError
+
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Stateless: nothing to remember."""
+
+    def rank_key(self) -> KeyedPolicy | None:
+        """No per-node key to keep."""
+        return None
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """``select`` on the entry's mask (policies whose choice the block index speeds up override this)."""
+        return self.select(view, entry.mask, req)
 
 
 class KeyedPolicy(ThresholdPolicy, ABC):
@@ -434,3 +481,24 @@ class KeyedPolicy(ThresholdPolicy, ABC):
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The ``req.nodes`` feasible nodes with the smallest key."""
         return first_k_by_key(self.key_array(view, req), mask, req.nodes)
+
+    def rank_key(self) -> KeyedPolicy:
+        """Its own key."""
+        return self
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """The entry's ``req.nodes`` best nodes by the key it keeps (this policy's)."""
+        return select_best(entry, req.nodes)
+
+
+def select_best(entry: ShapeIndex, count: int) -> IntArray:
+    """Up to ``count`` feasible nodes of a shape entry by ascending kept key (ties: earlier node).
+
+    :param entry: the shape cache's entry (its ``keyed`` is not None).
+    :param count: how many nodes the request needs.
+    :returns: node indices, best first.
+    """
+    if count == 1:
+        best = entry.best()
+        return np.array([best] if best >= 0 else [], dtype=np.int64)
+    return entry.first_k(count)

@@ -18,6 +18,7 @@ from coordinator.scheduler.policies.base import (
     IntArray,
     NodeArrays,
     PolicyArgs,
+    ShapeIndex,
     ThresholdPolicy,
     feasible,
 )
@@ -63,6 +64,7 @@ class FirstFit(ThresholdPolicy):
     name = NAME
     sorts_requests = False
     scale_out = False
+    confirms_lazily = True
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank`."""
@@ -71,6 +73,15 @@ class FirstFit(ThresholdPolicy):
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The first ``req.nodes`` feasible nodes."""
         return first_k(mask, req.nodes)
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """:meth:`select`; for one node, the first that the entry confirms feasible now."""
+        if req.nodes != 1:
+            return self.select(view, entry.mask, req)
+        while True:
+            chosen = first_k(entry.mask, 1)
+            if len(chosen) == 0 or entry.confirm(int(chosen[0])):
+                return chosen
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

@@ -22,6 +22,7 @@ from coordinator.scheduler.policies.base import (
     IntArray,
     NodeArrays,
     PolicyArgs,
+    ShapeIndex,
     ThresholdPolicy,
     feasible,
 )
@@ -29,6 +30,7 @@ from coordinator.scheduler.policies.base import (
 __all__ = ["NAME", "RandomArgs", "RandomPolicy", "build", "draw", "feasible", "rank"]
 
 NAME = "random"
+_LIST_MAX = 8192   # up to this many nodes, listing the feasible ones costs less than reading the block counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,15 @@ class RandomPolicy(ThresholdPolicy):
             k = int(self.rng.integers(len(candidates)))
             return candidates[k : k + 1]
         return candidates[draw(len(candidates), req.nodes, self.rng)]
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """:meth:`select` with the same draws; on a large cluster one node is found from the entry's
+        block counts (the k-th feasible node) instead of listing every feasible one."""
+        if req.nodes != 1 or len(entry.mask) <= _LIST_MAX:
+            return self.select(view, entry.mask, req)
+        rng = self.rng
+        chosen = entry.pick(lambda n: int(rng.integers(n)))
+        return np.array([chosen] if chosen >= 0 else [], dtype=np.int64)
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

@@ -20,6 +20,7 @@ from coordinator.scheduler.policies.base import (
     IntArray,
     NodeArrays,
     PolicyArgs,
+    ShapeIndex,
     ThresholdPolicy,
     feasible,
 )
@@ -84,6 +85,7 @@ class RoundRobin(ThresholdPolicy):
     name = NAME
     sorts_requests = False
     scale_out = False
+    confirms_lazily = True
 
     def __init__(self, args: RoundRobinArgs) -> None:
         super().__init__(args)
@@ -96,6 +98,15 @@ class RoundRobin(ThresholdPolicy):
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The next ``req.nodes`` feasible nodes from the cursor."""
         return rotate(mask, self.cursor, req.nodes)
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """:meth:`select`; for one node, the next that the entry confirms feasible now."""
+        if req.nodes != 1:
+            return self.select(view, entry.mask, req)
+        while True:
+            chosen = rotate(entry.mask, self.cursor, 1)
+            if len(chosen) == 0 or entry.confirm(int(chosen[0])):
+                return chosen
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Move the cursor past the last node chosen."""

@@ -31,10 +31,14 @@ from coordinator.scheduler.policies.base import (
     BoolArray,
     FloatArray,
     IntArray,
+    KeyedPolicy,
     NodeArrays,
     PolicyArgs,
+    ShapeIndex,
     ThresholdPolicy,
+    select_best,
 )
+from coordinator.scheduler.policies.max_utilization import MaxUtilization, MaxUtilizationArgs
 
 __all__ = ["NAME", "TimeAware", "TimeAwareArgs", "build"]
 
@@ -63,6 +67,11 @@ class TimeAware(ThresholdPolicy):
         self._now = now
         self._ends: FloatArray = np.zeros(0)
         self._pending_end = 0.0
+        self._chosen_empty: BoolArray = np.zeros(0, dtype=np.bool_)
+        # A request without an expected run time is ranked by Alg. 1's key (fullest first, then
+        # node order); the shape cache keeps that key, so such requests are chosen like Alg. 1's.
+        self._fullest = MaxUtilization(MaxUtilizationArgs(threshold=args.threshold,
+                                                          threshold_mode=args.threshold_mode))
 
     def _node_ends(self, used_gpus: FloatArray, now: float) -> FloatArray:
         """Expected end per node (-inf on empty nodes, whose memory is forgotten)."""
@@ -87,13 +96,55 @@ class TimeAware(ThresholdPolicy):
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
         """The ``req.nodes`` feasible nodes first in the time-aware order."""
         candidates = np.flatnonzero(mask).astype(np.int64)
-        return self._order(view.neg_util, view.used_gpus, candidates, req)[: req.nodes]
+        chosen = self._order(view.neg_util, view.used_gpus, candidates, req)[: req.nodes]
+        self._chosen_empty = view.used_gpus[chosen] <= 0
+        return chosen
+
+    def rank_key(self) -> KeyedPolicy:
+        """Alg. 1's key, the order of requests without an expected run time."""
+        return self._fullest
+
+    def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
+        """:meth:`select`, reading the shape cache where that gives the same nodes.
+
+        Without an expected run time the order is Alg. 1's, which the entry keeps (its block
+        index finds the best node without a sort). With one, a single node is found with a few
+        passes over the feasible nodes (closest end among busy ones, then fullest, then node
+        order: the first of :meth:`_order`'s order) instead of sorting them all.
+        """
+        if req.expected_run_s is None:
+            self._pending_end = self._now()
+            chosen = select_best(entry, req.nodes)
+            # Nodes empty when chosen start a new memory of ends (what _node_ends's forgetting gives).
+            self._chosen_empty = view.used_gpus[chosen] <= 0
+            return chosen
+        if req.nodes != 1:
+            return self.select(view, entry.mask, req)
+        now = self._now()
+        end = now + req.expected_run_s
+        self._pending_end = end
+        if len(self._ends) != len(entry.mask):
+            self._ends = np.full(len(entry.mask), -np.inf)
+        candidates = np.flatnonzero(entry.mask)
+        if len(candidates) == 0:
+            return candidates.astype(np.int64)
+        busy = candidates[view.used_gpus[candidates] > 0]
+        if len(busy):
+            # Ends of the feasible busy nodes only: an empty node's end is forgotten when it is chosen
+            # (committed), which gives what _node_ends's forgetting at every choice gives.
+            gap = np.abs(np.maximum(self._ends[busy], now) - end)
+            candidates = busy[gap == gap.min()]
+        best = candidates[int(view.neg_util[candidates].argmin())]
+        self._chosen_empty = np.array([view.used_gpus[best] <= 0])
+        return np.array([best], dtype=np.int64)
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
-        """The chosen nodes now hold work expected to end at the request's end (the latest end wins)."""
+        """The chosen nodes now hold work expected to end at the request's end (the latest end wins;
+        a node that was empty when chosen remembers only this end)."""
         if len(self._ends) != n_nodes:
             self._ends = np.full(n_nodes, -np.inf)
-        self._ends[indices] = np.maximum(self._ends[indices], self._pending_end)
+        before = np.where(self._chosen_empty, -np.inf, self._ends[indices])
+        self._ends[indices] = np.maximum(before, self._pending_end)
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Node ids in the order tried, from snapshots (the readable form of :meth:`select`)."""

@@ -211,6 +211,24 @@ class TestSnapshot:
         nodes = app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes
         assert [n.node_id for n in nodes] == ["cpu-only", "n1"]
 
+    def test_unchanged_nodes_keep_their_objects(self, setup: Setup) -> None:
+        """A node none of whose inputs changed is the last snapshot's object (the kept placement state
+        finds the changed nodes by that); a node with a new allocation is a new object."""
+        app, _ = setup
+        app.registry.connect(inventory("n2", 4), outbox=None)
+
+        def nodes() -> dict[str, NodeSnapshot]:
+            return {n.node_id: n for n in app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes}
+
+        first = nodes()
+        again = nodes()
+        assert all(again[k] is first[k] for k in first)
+        app.state.apply_task(running("r1", "n2", [0]))
+        app.registry.get("n2").record.reserved.gpus = 1.0
+        third = nodes()
+        assert third["n1"] is first["n1"] and third["n2"] is not first["n2"]
+        assert tuple(third.values()) == reference_snapshot(app)
+
     def test_gpu_topology_built_once_per_registration(self, setup: Setup) -> None:
         """A node's GPU topology is derived when it registers and shared by every snapshot until it
         registers again; the snapshot still matches a build from scratch."""

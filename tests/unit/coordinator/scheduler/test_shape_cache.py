@@ -17,7 +17,7 @@ from common.domain import Placement, Request, Resources
 from coordinator.scheduler.placement import shape_cache as _shape_cache
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.placement.state import is_exact
-from coordinator.scheduler.policies import POLICIES
+from coordinator.scheduler.policies import POLICIES, random_policy
 from tests.helpers.builders import GIB, make_request, random_cluster
 
 POLICY_NAMES = sorted(p for p in POLICIES if p != "time-aware")  # no paper reference: its own tests
@@ -65,6 +65,18 @@ class TestMatchesReference:
             assert_matches_reference(policy, cluster, requests, rng.choice((0.7, 0.9, 1.0)), seed)
 
     @pytest.mark.parametrize("policy", POLICY_NAMES)
+    def test_many_blocks(self, policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Blocks of 3 nodes, and random drawing from the block counts at any cluster size: choices
+        across many blocks (best key, k-th feasible node, gangs) are still the reference's."""
+        monkeypatch.setattr(_shape_cache, "BLOCK", 3)
+        monkeypatch.setattr(random_policy, "_LIST_MAX", 0)
+        for seed in range(200):
+            rng = random.Random(70_000 + seed)
+            cluster = random_cluster(rng, rng.randint(1, 40))
+            requests = repeated_requests(rng, rng.randint(5, 80), catalogue(rng, rng.randint(2, 5)))
+            assert_matches_reference(policy, cluster, requests, rng.choice((0.7, 0.9, 1.0)), seed)
+
+    @pytest.mark.parametrize("policy", POLICY_NAMES)
     def test_repeated_inexact_shapes(self, policy: str) -> None:
         """Non-dyadic core counts (the general filter path) with repeated shapes."""
         for seed in range(60):
@@ -98,6 +110,7 @@ class TestEntriesStayExact:
                 req = rng.choice(shapes)
                 values = req.demand.as_tuple()
                 entry = engine._shapes.lookup(req, values, req.whole_gpus)
+                entry.settle()   # nodes only committed to are re-checked lazily by first-fit and round-robin
                 mask, keyed = fresh_arrays(engine, req)
                 assert np.array_equal(entry.mask, mask), (seed, k)
                 if keyed is not None:
@@ -118,7 +131,9 @@ class TestEntriesStayExact:
         cache = engine._shapes
 
         def lookup() -> np.ndarray:
-            mask = cache.lookup(probe, values, 0).mask
+            entry = cache.lookup(probe, values, 0)
+            entry.settle()
+            mask = entry.mask
             assert np.array_equal(mask, fresh_arrays(engine, probe)[0])
             return mask
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from common.domain import ClusterSnapshot, Placement, Request, Resources
+from coordinator.scheduler.placement import shape_cache
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import time_aware
-from tests.helpers.builders import GIB, make_node
+from tests.helpers.builders import GIB, make_node, random_cluster, random_requests
 
 
 def req(task_id: str, gpus: int, run_s: float | None) -> Request:
@@ -57,3 +62,36 @@ class TestTimeAware:
         assert place(engine, req("b", 1, 5000.0)) == "n2"
         engine.release(first, 0)
         assert place(engine, req("c", 1, 100.0)) == "n2"   # n1 is empty now: busy n2 comes first
+
+
+class TestIndexedSelection:
+    """``select_indexed`` (the shape cache's key and block index, one pass for expected ends) chooses what
+    ``select`` (every feasible node sorted) chooses, with releases in between as in the simulator."""
+
+    def test_same_choices_as_the_sorted_order(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Random clusters and requests, some without an expected run time, some gangs; blocks of 3 nodes."""
+        monkeypatch.setattr(shape_cache, "BLOCK", 3)
+        for seed in range(150):
+            rng = random.Random(80_000 + seed)
+            cluster = random_cluster(rng, rng.randint(1, 30))
+            clock = [1000.0]
+            engines = []
+            for indexed in (True, False):
+                policy = time_aware.build(1.0, now=lambda c=clock: c[0])
+                if not indexed:
+                    monkeypatch.setattr(policy, "select_indexed",
+                                        lambda view, entry, r, p=policy: p.select(view, entry.mask, r))
+                engines.append(PlacementEngine(cluster, policy))
+            placed: list[tuple[Placement, Request]] = []
+            for k, base in enumerate(random_requests(rng, 60)):
+                run_s = rng.choice((None, 50.0, 400.0, 3000.0))
+                request = Request(task_id=f"t{k}", demand=base.demand, nodes=base.nodes, expected_run_s=run_s)
+                clock[0] += rng.choice((0.0, 10.0, 200.0))
+                if placed and rng.random() < 0.3:
+                    done, done_req = placed.pop(rng.randrange(len(placed)))
+                    for engine in engines:
+                        engine.release(done, done_req.gpu_mem_per_gpu_bytes)
+                decisions = [engine.place(request) for engine in engines]
+                assert decisions[0] == decisions[1], (seed, k)
+                if isinstance(decisions[0], Placement):
+                    placed.append((decisions[0], request))
