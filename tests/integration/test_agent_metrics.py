@@ -8,10 +8,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from tests.unit.agent.test_metrics_endpoint import DCGM_DEFAULT_COUNTERS, DCGM_LABELS, MEASURED
 
 from common.etcd_embedded import free_port
 from tests.integration.harness import Cluster, wait_until
+from tests.unit.agent.test_metrics_endpoint import DCGM_DEFAULT_COUNTERS, DCGM_LABELS, MEASURED
 
 
 def _scrape(url: str) -> dict[str, list[Sample]]:
