@@ -108,11 +108,10 @@ def main() -> None:
     waiting = _waiting(args.waiting, rng)
     settings = ElasticSettings()
     idle = idle_gpus(snapshot.nodes)
-    widths = {n.node_id: len(n.gpus) for n in snapshot.nodes}
     print(f"{len(snapshot.nodes)} nodes × 8 GPUs, {len(jobs)} running elastic jobs, {sum(idle.values())} idle GPUs, "
           f"{len(waiting)} waiting tasks")
 
-    grow_s, grows = _best(lambda: plan_grows(jobs, idle, widths, NOW, settings), args.repeat)
+    grow_s, grows = _best(lambda: plan_grows(jobs, idle, NOW, settings), args.repeat)
     # Shrinking is for a full cluster: the same jobs with no GPU idle anywhere.
     full = dict.fromkeys(idle, 0)
     shrink_s, shrinks = _best(lambda: plan_shrinks(waiting, jobs, full, NOW, settings), args.repeat)
@@ -126,9 +125,7 @@ def main() -> None:
             d = engine.place(r)
             if isinstance(d, Placement):
                 placed.append((r, rng_e, SpeedupCurve(), d, 8))
-        left = idle_gpus(engine.snapshot().nodes)
-        whole = sum(1 for k, v in left.items() if v == widths[k])
-        return len(size_placements(engine, placed, sum(left.values()), whole))
+        return len(size_placements(engine, placed, idle_gpus(engine.snapshot().nodes)))
 
     sizing_s, sized = _best(sizing, args.repeat)
 
