@@ -318,7 +318,7 @@ class SimElastic:
         # Only jobs the hysteresis lets resize (the rules leave the others out first thing), and only jobs that
         # were running before this timestamp: on the leader a task placed by a cycle is not running yet when
         # that cycle resizes, so a job is never resized in the pass that started it.
-        settled = [self._as_job(k) for k in sorted(self.running)
+        settled = [self._as_job(k, now) for k in sorted(self.running)
                    if start_times[k] < now and ((last := self.jobs[k].last_resize_s) is None or now - last >= interval)]
         if not settled:
             return False
@@ -344,13 +344,19 @@ class SimElastic:
                 sim.adaptor.shrunk_for(task_id, gpus)
         return bool(decisions)
 
-    def _as_job(self, k: int) -> ElasticJob:
+    def _as_job(self, k: int, now: float) -> ElasticJob:
+        """Job ``k`` as the rules see it; its remaining run time at its size stands for the profiler's estimate the
+        leader passes (the trace's duration is what the simulator's profiler knows, as for ``time-aware``)."""
         job = self.jobs[k]
         req = self.sim.jobs[k].request
         placement = self.sim.placed[k]
+        elapsed = now - self.sim.start_times[k]
+        rate = job.true.at(job.size)
+        left = max(0.0, job.work - max(0.0, elapsed - job.owed_s) * rate)
+        remaining = left / rate + max(0.0, job.owed_s - elapsed) if rate > 0 else None
         return ElasticJob(req.task_id, req.priority, job.range, job.size,
                           tuple((a.node_id, len(a.gpu_indices)) for a in placement.assignments), job.curve,
-                          self.settings.restart_cost_s, job.last_resize_s)
+                          self.settings.restart_cost_s, job.last_resize_s, remaining or None)
 
     def _resize(self, k: int, decision: Resize, now: float) -> None:
         """Carry out a resize: the run ends (progress kept), the job goes back to the queue at its target."""
