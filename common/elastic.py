@@ -44,8 +44,8 @@ from common.domain import NodeSnapshot, Placement, Rejection, Request
 
 __all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT",
            "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "first_size", "idle_gpus",
-           "node_accepts", "nodes_with_room", "place_down", "plan_grows", "plan_shrinks", "request_at",
-           "size_placements"]
+           "node_accepts", "nodes_with_room", "place_down", "placement_gpus", "plan_grows", "plan_shrinks",
+           "request_at", "size_placements"]
 
 DEFAULT_INTERVAL_S = 300.0
 """A job resizes at most once per this many seconds."""
@@ -384,7 +384,7 @@ def size_placements(engine_place: _Placer, placed: Sequence[tuple[Request, Elast
     :returns: task id → its new placement, for the jobs that got bigger (the others keep theirs); None for a
         job that no longer fits even at its old size once released (it waits for the next cycle).
     """
-    plan = _hand_out([(r.task_id, rng, curve, rng.minimum if not p.assignments else _size_of(p), wish)
+    plan = _hand_out([(r.task_id, rng, curve, rng.minimum if not p.assignments else placement_gpus(p), wish)
                       for r, rng, curve, p, wish in placed], sum(idle_by_node.values()),
                      nodes_with_room(idle_by_node, (rng.node_gpus for _r, rng, _c, _p, _w in placed)))
     out: dict[str, Placement | None] = {}
@@ -394,14 +394,14 @@ def size_placements(engine_place: _Placer, placed: Sequence[tuple[Request, Elast
             continue
         engine_place.release(placement, request.gpu_mem_per_gpu_bytes)
         size: int | None = target
-        while size is not None and size > _size_of(placement):
+        while size is not None and size > placement_gpus(placement):
             decision = engine_place.place(request_at(request, rng, size))
             if isinstance(decision, Placement):
                 out[request.task_id] = decision
                 break
             size = rng.down(size)
         else:   # nothing bigger fits after all: back where it was (None in the rare case it no longer fits)
-            again = engine_place.place(request_at(request, rng, _size_of(placement)))
+            again = engine_place.place(request_at(request, rng, placement_gpus(placement)))
             out[request.task_id] = again if isinstance(again, Placement) else None
     return out
 
@@ -433,7 +433,8 @@ def node_accepts(node: NodeSnapshot, request: Request) -> bool:
     return all(node.labels.get(k) == v for k, v in request.node_selector.items())
 
 
-def _size_of(placement: Placement) -> int:
+def placement_gpus(placement: Placement) -> int:
+    """Whole GPUs a placement holds over its nodes (an elastic job's size)."""
     return sum(len(a.gpu_indices) for a in placement.assignments)
 
 

@@ -39,13 +39,13 @@ from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler
-from coordinator.profiler.elastic_spec import curve_of, elastic_range
+from coordinator.profiler.elastic_spec import curve_of, elastic_gpus, elastic_range
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.qos.preemption import started_s
 from coordinator.qos.watch import remaining_run_s
 from coordinator.tasks import TaskTable
 
-__all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator", "elastic_gpus"]
+__all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator"]
 
 WARMUP_S = 20.0
 """Throughput readings in the first seconds after a start are not its speed."""
@@ -54,11 +54,6 @@ HISTORY = 20
 _FRESH_S = 10.0
 _COST_EWMA = 0.5
 _PLACED = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED)
-
-
-def elastic_gpus(task: types_pb2.Task) -> int:
-    """GPUs its allocation holds."""
-    return sum(len(na.gpu_indices) for na in task.allocation.nodes)
 
 
 class ElasticAllocator:

@@ -343,24 +343,18 @@ class PowerManager:
             fitting_on = _count(itertools.chain(waking, ready), fits, need)   # capacity coming first
             if fitting_on >= need:
                 continue   # capacity is there (or coming): the scheduler places it
-            if task_id in shrunk:   # never ask a provider to create a node for it: an off one, or nothing
-                for entry in sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
-                                     and fits(e)), key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus),
-                                                                  e.node_id))[:need]:
-                    waking.append(entry)
-                    async with self._locks.hold(f"power-{entry.node_id}"):
-                        if power_label(entry.record.power_state) == "off":
-                            await self._power_on(entry, f"elastic tasks gave up {int(task.demand.gpus)} GPU(s) "
-                                                 f"for {task_id.removesuffix('/shrunk')}", _demand(task))
-                continue
             off = sorted((e for e in self._registry if power_label(e.record.power_state) == "off"
                           and fits(e)),
                          key=lambda e: (self._idle_power_w(e), len(e.inventory.gpus), e.node_id))
+            reason = (f"elastic tasks gave up {int(task.demand.gpus)} GPU(s) for {task_id.removesuffix('/shrunk')}"
+                      if task_id in shrunk else f"task {task_id} needs it")
             for entry in off[: need - fitting_on]:
                 waking.append(entry)
                 async with self._locks.hold(f"power-{entry.node_id}"):
                     if power_label(entry.record.power_state) == "off":
-                        await self._power_on(entry, f"task {task_id} needs it", _demand(task))
+                        await self._power_on(entry, reason, _demand(task))
+            if task_id in shrunk:
+                continue   # never ask a provider to create a node for what shrinks gave up: an off one, or nothing
             if len(off) < need - fitting_on and task_id not in self._created:
                 # Even every off node would not do: ask the provider for a new one (static: a recommendation).
                 result = await self._request("create", "", f"task {task_id} fits on no node", _demand(task))

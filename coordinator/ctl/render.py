@@ -13,7 +13,7 @@ from common.power_states import power_label
 from common.topology import format_cpu_list, link_code
 from common.types import DEFAULT_THRESHOLD_MODE, TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
-from coordinator.profiler.elastic_spec import curve_of, elastic_range
+from coordinator.profiler.elastic_spec import curve_of, elastic_gpus, elastic_range
 
 __all__ = ["dump_json", "enum_label", "event_dict", "log_chunk_dict", "node_dict", "policy_dict", "status_dict",
            "task_dict"]
@@ -173,7 +173,7 @@ def elastic_dict(t: types_pb2.Task) -> dict[str, Any] | None:
     curve = curve_of(t)
     return {
         "min_gpus": rng.minimum, "max_gpus": rng.maximum,
-        "gpus": sum(len(n.gpu_indices) for n in t.allocation.nodes),
+        "gpus": elastic_gpus(t),
         "target_gpus": e.target_gpus or rng.maximum,
         "resizes": e.resizes, "resize_reason": e.resize_reason,
         "last_resize_unix_s": e.last_resize_unix_s or None,

@@ -18,7 +18,8 @@ from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.qos import metric_name_problem
 
-__all__ = ["MAX_ELASTIC_GPUS", "curve_of", "elastic_range", "is_elastic", "metrics_mapping_of", "validate_elastic"]
+__all__ = ["MAX_ELASTIC_GPUS", "curve_of", "elastic_gpus", "elastic_range", "is_elastic", "metrics_mapping_of",
+           "validate_elastic"]
 
 MAX_ELASTIC_GPUS = 4096
 _KINDS = (types_pb2.TASK_KIND_TRAINING, types_pb2.TASK_KIND_FINE_TUNING)
@@ -27,6 +28,11 @@ _KINDS = (types_pb2.TASK_KIND_TRAINING, types_pb2.TASK_KIND_FINE_TUNING)
 def is_elastic(spec: types_pb2.TaskSpec) -> bool:
     """Whether the spec asks for an elastic size."""
     return spec.HasField("elastic")
+
+
+def elastic_gpus(task: types_pb2.Task) -> int:
+    """GPUs its allocation holds (an elastic task's size now; 0 while it holds none)."""
+    return sum(len(na.gpu_indices) for na in task.allocation.nodes)
 
 
 def elastic_range(spec: types_pb2.TaskSpec) -> ElasticRange | None:

@@ -36,12 +36,14 @@ from common.domain import Decision, NodeSnapshot, Placement, Rejection, Request
 from common.elastic import (
     ElasticJob,
     ElasticRange,
+    ElasticSettings,
     Resize,
     SpeedupCurve,
     first_size,
     idle_gpus,
     node_accepts,
     place_down,
+    placement_gpus,
     plan_grows,
     plan_shrinks,
     request_at,
@@ -220,8 +222,7 @@ class SchedulerCycle:
                     smaller = place_down(engine, r, ranges[r.task_id], r.whole_gpus * r.nodes)
                     if smaller is not None:
                         decisions[i] = smaller
-                        requests[i] = request_at(r, ranges[r.task_id],
-                                                 sum(len(a.gpu_indices) for a in smaller.assignments))
+                        requests[i] = request_at(r, ranges[r.task_id], placement_gpus(smaller))
             decisions = self._size_elastic(engine, requests, decisions, ranges, by_id, plan)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits: list[PlacementCommit] = []
@@ -317,7 +318,7 @@ class SchedulerCycle:
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
-            decisions = self._within_quota(plan_grows(self._quota_capped(jobs), idle, now, settings))
+            decisions = self._grows_within_quota(jobs, idle, now, settings)
         done = set(await self._elastic.resize(decisions)) if decisions else set()
         gave: dict[str, int] = {}
         for d in decisions:
@@ -334,26 +335,22 @@ class SchedulerCycle:
             return None
         return queue_of(task), self._queues.pool_of_task(task)
 
-    def _quota_capped(self, jobs: list[ElasticJob]) -> list[ElasticJob]:
-        """With team queues, each job may grow at most into what its queue's quota leaves free."""
+    def _grows_within_quota(self, jobs: list[ElasticJob], idle: dict[str, int], now: float,
+                            settings: ElasticSettings) -> list[Resize]:
+        """:func:`plan_grows`; with team queues, each job may grow at most into what its queue's quota leaves free
+        in its GPU pool, and the grows are kept (first come first kept) while they fit that together."""
         if self._queues is None or not self._queues.config.managed:
-            return jobs
+            return plan_grows(jobs, idle, now, settings)
         headroom = self._queues.headroom()
-        out = []
+        keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
+        capped = []
         for j in jobs:
-            key = self._queue_key(j.task_id)
+            key = keys[j.task_id]
             top = min(j.range.max_gpus, j.size + (headroom.get(key, 0) if key else 0))
-            out.append(replace(j, range=ElasticRange(j.range.min_gpus, max(j.size, top), j.range.node_gpus)))
-        return out
-
-    def _within_quota(self, grows: list[Resize]) -> list[Resize]:
-        """The grows that fit their queue's free quota together (first come first kept)."""
-        if self._queues is None or not self._queues.config.managed:
-            return grows
-        headroom = self._queues.headroom()
+            capped.append(replace(j, range=ElasticRange(j.range.min_gpus, max(j.size, top), j.range.node_gpus)))
         out = []
-        for r in grows:
-            key = self._queue_key(r.task_id)
+        for r in plan_grows(capped, idle, now, settings):
+            key = keys[r.task_id]
             extra = r.to_gpus - r.from_gpus
             if key is not None and headroom.get(key, 0) >= extra:
                 headroom[key] -= extra
@@ -454,5 +451,5 @@ def _sized(task: types_pb2.Task, placement: Placement) -> types_pb2.Task:
     """An elastic task as it is committed: with the GPUs of its placement (a copy)."""
     sized = types_pb2.Task()
     sized.CopyFrom(task)
-    sized.elastic.gpus = sum(len(a.gpu_indices) for a in placement.assignments)
+    sized.elastic.gpus = placement_gpus(placement)
     return sized

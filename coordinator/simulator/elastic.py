@@ -61,6 +61,7 @@ from common.elastic import (
     idle_gpus,
     node_accepts,
     place_down,
+    placement_gpus,
     plan_grows,
     plan_shrinks,
     request_at,
@@ -143,10 +144,6 @@ class _Job:
     grows: int = 0
     shrinks: int = 0
     sizes: list[tuple[float, int]] = field(default_factory=list)   # (start, GPUs) of every run
-
-
-def _size_of(placement: Placement) -> int:
-    return sum(len(a.gpu_indices) for a in placement.assignments)
 
 
 class SimElastic:
@@ -284,7 +281,7 @@ class SimElastic:
     def _begin(self, k: int, placement: Placement, now: float) -> None:
         """Job ``k`` starts a run on ``placement``: its restart, then its work at its true throughput."""
         job = self.jobs[k]
-        job.size = _size_of(placement)
+        job.size = placement_gpus(placement)
         job.observed = False
         if job.first_start_s is None:
             job.first_start_s = now
@@ -344,6 +341,12 @@ class SimElastic:
                 sim.adaptor.shrunk_for(task_id, gpus)
         return bool(decisions)
 
+    def _work_left(self, k: int, now: float) -> float:
+        """Work running job ``k`` has left at ``now``: it progresses at its true throughput once its restart is paid."""
+        job = self.jobs[k]
+        ran = now - self.sim.start_times[k]
+        return max(0.0, job.work - max(0.0, ran - job.owed_s) * job.true.at(job.size))
+
     def _as_job(self, k: int, now: float) -> ElasticJob:
         """Job ``k`` as the rules see it; its remaining run time at its size stands for the profiler's estimate the
         leader passes (the trace's duration is what the simulator's profiler knows, as for ``time-aware``)."""
@@ -352,8 +355,7 @@ class SimElastic:
         placement = self.sim.placed[k]
         elapsed = now - self.sim.start_times[k]
         rate = job.true.at(job.size)
-        left = max(0.0, job.work - max(0.0, elapsed - job.owed_s) * rate)
-        remaining = left / rate + max(0.0, job.owed_s - elapsed) if rate > 0 else None
+        remaining = self._work_left(k, now) / rate + max(0.0, job.owed_s - elapsed) if rate > 0 else None
         return ElasticJob(req.task_id, req.priority, job.range, job.size,
                           tuple((a.node_id, len(a.gpu_indices)) for a in placement.assignments), job.curve,
                           self.settings.restart_cost_s, job.last_resize_s, remaining or None)
@@ -363,9 +365,8 @@ class SimElastic:
         sim = self.sim
         job = self.jobs[k]
         placement = sim._release(k, now, preempted=True, resized=True)
-        start = sim.start_times.pop(k)
-        ran = now - start
-        job.work = max(0.0, job.work - max(0.0, ran - job.owed_s) * job.true.at(job.size))
+        job.work = self._work_left(k, now)
+        ran = now - sim.start_times.pop(k)
         job.energy_j += sim.run_energy_j(placement, ran)
         job.owed_s = self.config.restart_cost_s
         job.target = decision.to_gpus

@@ -37,7 +37,7 @@ import grpc.aio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import REPO, work_dir
 from bench_ingest import generator_main, start_generators
-from soak import COORDINATORS, SoakGenerator
+from soak import COORDINATORS, SoakGenerator, _interrupted
 
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
@@ -179,10 +179,6 @@ async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
             if name in cluster.coordinators:
                 cluster.proc(name).stop()
         await asyncio.to_thread(etcd.stop)
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> None:
