@@ -109,6 +109,8 @@ class AgentStream:
         self.welcome: agent_pb2.Welcome | None = None
         self.connects_total = 0
         self._next = 0
+        # Epoch of the leader whose session broke, until the next welcome (``Register.lost_leader_epoch``).
+        self._lost_epoch = 0
 
     def kick(self) -> None:
         """Something was added to the outbox: send it now."""
@@ -145,6 +147,10 @@ class AgentStream:
                                 exc_info=True)
             finally:
                 self.connected.clear()
+            if self.connects_total != connects and self.welcome is not None:
+                # A welcomed session broke (or its leader stepped down naming no successor): the next
+                # standby asked holds this agent until a new leader is known rather than send it back.
+                self._lost_epoch = self.welcome.leader_epoch
             if stop.is_set():
                 break
             self._next += 1
@@ -157,7 +163,9 @@ class AgentStream:
                    else grpc.aio.insecure_channel(address))
         async with channel:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
-            await call.write(agent_pb2.AgentMessage(register=self._register()))
+            register = self._register()
+            register.lost_leader_epoch = self._lost_epoch
+            await call.write(agent_pb2.AgentMessage(register=register))
             first = await asyncio.wait_for(call.read(), timeout=10)
             if first is grpc.aio.EOF:
                 raise ConnectionError("stream closed before welcome")
@@ -166,6 +174,7 @@ class AgentStream:
             if not first.HasField("welcome"):
                 raise ConnectionError("first coordinator message was not a welcome")
             self.welcome = first.welcome
+            self._lost_epoch = 0
             self.outbox.set_report_interval(first.welcome.report_interval_s)   # 0 (older coordinator): every sample
             self.connects_total += 1
             self._backoff.reset()

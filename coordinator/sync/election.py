@@ -66,6 +66,8 @@ class Election:
         background thread; the coordinator must stop acting as leader at once.
     :param on_elected: called with our ``LeaderRecord`` when this candidate wins, on a background thread.
     :param wall: wall clock for ``LeaderRecord.since_unix_s``.
+    :param on_observed: called with the leader record seen on the key (None: deleted) each time the
+        watch reports a change, on a background thread.
     :param refresh_hook: passed to :class:`Lease` (tests stall it to play a GC pause).
     """
 
@@ -82,12 +84,14 @@ class Election:
         on_elected: Callable[[types_pb2.LeaderRecord], None] | None = None,
         wall: Callable[[], float] = time.time,
         refresh_hook: Callable[[], None] | None = None,
+        on_observed: Callable[[types_pb2.LeaderRecord | None], None] | None = None,
     ) -> None:
         if not ttl_s > 0:
             raise ValueError(f"election ttl_s {ttl_s} must be positive")
         self._client, self._keys, self._id, self._address = client, keys, candidate_id, address
         self._ttl_s, self._now, self._wall = float(ttl_s), now, wall
         self._on_lost, self._on_elected, self._refresh_hook = on_lost, on_elected, refresh_hook
+        self._on_observed = on_observed
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._leading = False
@@ -349,3 +353,5 @@ class Election:
         record = None if kv is None else _record(kv)
         with self._lock:
             self._observed = record
+        if self._on_observed is not None:
+            self._on_observed(record)

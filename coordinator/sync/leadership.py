@@ -62,13 +62,15 @@ class Leadership:
                  events: EventBus, now: Callable[[], float] = time.monotonic) -> None:
         self.id = replica_id
         self.election = Election(client, keys, replica_id, address, ttl_s=ttl_s, now=now,
-                                 on_lost=self._on_lost, on_elected=self._on_elected)
+                                 on_lost=self._on_lost, on_elected=self._on_elected, on_observed=self._on_observed)
         self._events = events
         self.leading = False
         self.epoch = 0
         self.stale = False
         self._role: LeaderRole | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Set (and replaced) whenever the leader key changes or this replica starts leading.
+        self._leader_changed = asyncio.Event()
         self._log = get_logger("coordinator").bind(leader_id=replica_id)
 
     # ---- election -----------------------------------------------------------------------------
@@ -86,6 +88,14 @@ class Leadership:
     def _on_elected(self, record: types_pb2.LeaderRecord) -> None:
         if self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._take_over(record), self._loop)
+
+    def _on_observed(self, record: types_pb2.LeaderRecord | None) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._signal_leader_changed)
+
+    def _signal_leader_changed(self) -> None:
+        changed, self._leader_changed = self._leader_changed, asyncio.Event()
+        changed.set()
 
     def _on_lost(self, reason: str) -> None:
         if self._loop is not None:
@@ -105,6 +115,7 @@ class Leadership:
         self.leading = True
         self.stale = False
         self._log.info("leadership_acquired", epoch=record.epoch)
+        self._signal_leader_changed()
         self._events.publish("leader", f"{self.id} leads (epoch {record.epoch})", leader_id=self.id,
                              epoch=record.epoch)
         self._role.start_leading()
@@ -149,6 +160,32 @@ class Leadership:
         if leader_id == self.id:
             leader_id, address = "", ""
         return agent_pb2.CoordinatorMessage(redirect=agent_pb2.Redirect(leader_address=address, leader_id=leader_id))
+
+    async def hold_after_loss(self, lost_epoch: int, timeout_s: float) -> agent_pb2.CoordinatorMessage | None:
+        """An agent whose session with the leader of ``lost_epoch`` just broke asks this replica.
+
+        Sending it back to that leader (what a standby's view shows until the lease expires) would
+        cost it a failed connection and a backoff per try while the leader is being replaced; so it
+        is held here until a leader of another epoch is known, or ``timeout_s`` passed (the leader
+        was alive after all: only the agent's stream broke). Returns None when this replica leads
+        meanwhile (serve the agent here), else the redirect to send.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.leading:
+            seen = self.election.observe()   # kept current by the election's watch: no etcd read per agent
+            if seen is not None and seen.coordinator_id != self.id and seen.epoch != lost_epoch:
+                break   # another replica leads now
+            # No leader yet, the lost one still on the key, or this replica taking over: wait.
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            changed = self._leader_changed   # the leader key changed, or this replica's take-over ended
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=remaining)
+            except TimeoutError:
+                break
+        return None if self.leading else self.redirect_message()
 
     # ---- fenced writes ------------------------------------------------------------------------
 

@@ -122,6 +122,19 @@ async def _kill_once(cluster: Cluster, flags: tuple[str, ...], agents: int, time
     return out
 
 
+def _agent_stats(before: list[dict], after: list[dict]) -> str:
+    """What the simulated agents went through between two ``stats`` answers of every generator."""
+    redirects = sum(a["redirects"] - b["redirects"] for a, b in zip(after, before, strict=True))
+    failures: dict[str, int] = {}
+    longest: dict[str, float] = {}
+    for a, b in zip(after, before, strict=True):
+        for reason, n in a["failures"].items():
+            failures[reason] = failures.get(reason, 0) + n - b["failures"].get(reason, 0)
+            longest[reason] = max(longest.get(reason, 0.0), a["failure_max_s"].get(reason, 0.0))
+    failed = ", ".join(f"{reason} {n} (longest {longest[reason]:.1f}s)" for reason, n in sorted(failures.items()) if n)
+    return f"{redirects} redirects followed; failed sessions: {failed or 'none'}"
+
+
 def _row(label: str, r: dict[str, float]) -> str:
     worst = max(r["ready"], r["placed"])
     verdict = "ok" if worst <= TARGET_S else "OVER"
@@ -164,9 +177,12 @@ async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
                     break
                 await asyncio.sleep(0.5)
             await asyncio.sleep(args.settle)
+            before = [await g.ask({"cmd": "stats"}, timeout_s=30) for g in gens]
             r = await _kill_once(cluster, flags, args.agents - failed, 120)
             results.append(r)
             print(_row(f"kill {k + 1}", r), flush=True)
+            after = [await g.ask({"cmd": "stats"}, timeout_s=30) for g in gens]
+            print("  agents meanwhile: " + _agent_stats(before, after), flush=True)
         worst = [max(r["ready"], r["placed"]) for r in results]
         print(f"\nkill → every node READY and a new task placed, over {len(worst)} kills: min {min(worst):.2f}s, "
               f"p50 {statistics.median(worst):.2f}s, max {max(worst):.2f}s (target ≤ {TARGET_S:g}s); "

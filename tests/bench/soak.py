@@ -101,6 +101,9 @@ class SimAgent:
     decisions: dict[str, agent_pb2.DecisionAck] = field(default_factory=dict)   # at most once, like the agent
     acks: list[agent_pb2.DecisionAck] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    sessions: int = 0        # sessions welcomed so far
+    epoch: int = 0           # the leader epoch of the last welcome
+    lost_epoch: int = 0      # like the agent's Register.lost_leader_epoch
 
     def emit(self, task_id: str, state: TaskState, decision_id: str = "", reason: str = "") -> None:
         self.seq += 1
@@ -113,9 +116,10 @@ class SimAgent:
         self.wakeup.set()
 
     def register(self) -> bytes:
-        if not self.tasks:
+        if not self.tasks and not self.lost_epoch:
             return register_message(self.k)
         msg = agent_pb2.AgentMessage.FromString(register_message(self.k))
+        msg.register.lost_leader_epoch = self.lost_epoch
         msg.register.tasks.extend(agent_pb2.TaskStatus(task_id=t, state=RUNNING, decision_id=d,
                                                        time_unix_s=time.time()) for t, d in self.tasks.items())
         return msg.SerializeToString()
@@ -146,6 +150,9 @@ class SoakGenerator(Generator):
         self.sims: dict[int, SimAgent] = {}
         self.counts = dict.fromkeys(("starts", "finished", "cancelled", "reconnects", "redirects", "acks",
                                      "events_sent", "events_acked"), 0)
+        # Failed sessions by reason (a gRPC status code or an exception type): how many, and the longest one, s.
+        self.failures: dict[str, int] = {}
+        self.failure_max_s: dict[str, float] = {}
 
     def _channel(self) -> int:   # type: ignore[override]
         """The agent's channel slot: agents of one slot share one connection per coordinator address."""
@@ -170,6 +177,8 @@ class SoakGenerator(Generator):
         while True:
             address = redirect or self.targets[at % len(self.targets)]
             redirect = ""
+            began = time.monotonic()
+            sessions = sim.sessions
             try:
                 await self._session(sim, self._pool(address, slot), ready)
             except _Redirected as r:
@@ -180,11 +189,20 @@ class SoakGenerator(Generator):
                 if first and not ready.done():
                     print(f"agent {k}: {e!r}"[:300], file=sys.stderr, flush=True)
                 self.errors += 1
+                reason = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+                self.failures[reason] = self.failures.get(reason, 0) + 1
+                self.failure_max_s[reason] = max(self.failure_max_s.get(reason, 0.0), time.monotonic() - began)
             except asyncio.CancelledError:
                 if not ready.done():
                     ready.set_result(False)
                 raise
             first = False
+            if sim.sessions != sessions:
+                # Like the agent: a welcome resets the backoff, and a welcomed session that broke (not a
+                # redirect to a named leader) makes the next standby hold this agent until a new leader is known.
+                attempt = 0
+                if not redirect:
+                    sim.lost_epoch = sim.epoch
             if redirect:
                 if self.redirect_jitter_s > 0:
                     await asyncio.sleep(rng.uniform(0, self.redirect_jitter_s))
@@ -195,15 +213,21 @@ class SoakGenerator(Generator):
             await asyncio.sleep(rng.uniform(cap / 2, cap))
 
     async def _session(self, sim: SimAgent, channel: grpc.aio.Channel, ready: asyncio.Future) -> None:
+        # The semaphore paces sending registrations; the answer is awaited outside it, as independent agents
+        # would (a standby may hold an agent until a new leader is known).
         async with self._sem:
             call = channel.stream_stream(CONNECT_METHOD, request_serializer=_raw,
                                          response_deserializer=agent_pb2.CoordinatorMessage.FromString)()
             try:
                 await call.write(sim.register())
-                first = await asyncio.wait_for(call.read(), timeout=20)
             except BaseException:
                 call.cancel()
                 raise
+        try:
+            first = await asyncio.wait_for(call.read(), timeout=20)
+        except BaseException:
+            call.cancel()
+            raise
         if first is grpc.aio.EOF:
             call.cancel()
             raise ConnectionError("stream closed before welcome")
@@ -213,6 +237,8 @@ class SoakGenerator(Generator):
         if not first.HasField("welcome"):
             call.cancel()
             raise ConnectionError("first coordinator message was not a welcome")
+        sim.sessions += 1
+        sim.epoch, sim.lost_epoch = first.welcome.leader_epoch, 0
         self.connected += 1
         if ready.done():
             self.counts["reconnects"] += 1
@@ -320,7 +346,8 @@ class SoakGenerator(Generator):
     def stats(self) -> dict:
         out = super().stats()
         out.update(self.counts, running=sum(len(s.tasks) for s in self.sims.values()),
-                   unacked=sum(len(s.outbox) for s in self.sims.values()))
+                   unacked=sum(len(s.outbox) for s in self.sims.values()), failures=dict(self.failures),
+                   failure_max_s=dict(self.failure_max_s))
         return out
 
     async def close(self) -> None:

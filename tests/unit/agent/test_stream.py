@@ -115,3 +115,52 @@ class TestRedirectLoop:
             return standby.connects
         # 3 connects per round, rounds apart by at least 0.1, 0.2, 0.2 s: at most 4 rounds; a loop makes hundreds.
         assert asyncio.run(scenario()) <= 12
+
+
+class _Flaky(agent_pb2_grpc.AgentGatewayServicer):
+    """Welcomes each connect with a new leader epoch and breaks the first two sessions right after."""
+
+    def __init__(self) -> None:
+        self.lost: list[int] = []    # Register.lost_leader_epoch of every connect
+
+    async def Connect(self, request_iterator: Any, context: Any) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        first = await anext(request_iterator)
+        self.lost.append(first.register.lost_leader_epoch)
+        epoch = 7 + len(self.lost)
+        yield agent_pb2.CoordinatorMessage(welcome=agent_pb2.Welcome(coordinator_id="test", leader_epoch=epoch))
+        if len(self.lost) <= 2:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "leader went away")
+        async for _ in request_iterator:
+            pass
+
+
+class TestLostLeaderEpoch:
+    def test_a_broken_session_names_its_leader_epoch_at_the_next_register(self) -> None:
+        """After a welcomed session breaks, the next Register carries that session's leader epoch (so a
+        standby holds the agent instead of sending it back); a welcome clears it."""
+        async def scenario() -> list[int]:
+            server = grpc.aio.server()
+            gateway = _Flaky()
+            agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+
+            async def ack(decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
+                return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True)
+
+            stream = AgentStream([f"127.0.0.1:{port}"], lambda: agent_pb2.Register(), Outbox(10), ack,
+                                 Backoff(0.02, 0.05))
+            stop = asyncio.Event()
+            runner = asyncio.create_task(stream.run(stop))
+            try:
+                deadline = time.monotonic() + 10
+                while len(gateway.lost) < 3 or not stream.connected.is_set():
+                    assert time.monotonic() < deadline, gateway.lost
+                    await asyncio.sleep(0.02)
+            finally:
+                stop.set()
+                stream.kick()
+                await asyncio.wait_for(runner, 10)
+                await server.stop(None)
+            return gateway.lost
+        assert asyncio.run(scenario()) == [0, 8, 9]

@@ -24,14 +24,16 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("inventory", "tasks", "boot_id")
+    __slots__ = ("inventory", "tasks", "boot_id", "lost_leader_epoch")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    LOST_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     inventory: _types_pb2.NodeInventory
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
     boot_id: int
-    def __init__(self, inventory: _Optional[_Union[_types_pb2.NodeInventory, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., boot_id: _Optional[int] = ...) -> None: ...
+    lost_leader_epoch: int
+    def __init__(self, inventory: _Optional[_Union[_types_pb2.NodeInventory, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., boot_id: _Optional[int] = ..., lost_leader_epoch: _Optional[int] = ...) -> None: ...
 
 class TelemetryBatch(_message.Message):
     __slots__ = ("samples", "dropped_samples_total")
