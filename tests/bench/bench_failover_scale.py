@@ -178,11 +178,19 @@ async def orchestrate(args: argparse.Namespace, tmp: Path) -> None:
                 await asyncio.sleep(0.5)
             await asyncio.sleep(args.settle)
             before = [await g.ask({"cmd": "stats"}, timeout_s=30) for g in gens]
+            killed_at = time.time()
             r = await _kill_once(cluster, flags, args.agents - failed, 120)
             results.append(r)
             print(_row(f"kill {k + 1}", r), flush=True)
             after = [await g.ask({"cmd": "stats"}, timeout_s=30) for g in gens]
             print("  agents meanwhile: " + _agent_stats(before, after), flush=True)
+            if args.trace:
+                traces = [t for g in gens for t in await g.ask({"cmd": "trace", "since": killed_at,
+                                                                "slowest": args.trace}, timeout_s=30)]
+                traces.sort(key=lambda t: -1 if t["welcomed"] is None else t["welcomed"], reverse=True)
+                for t in traces[:args.trace]:
+                    print(f"    agent {t['agent']}: " + "; ".join(f"{at}s {what} ({who})" for at, what, who
+                                                             in t["history"]), flush=True)
         worst = [max(r["ready"], r["placed"]) for r in results]
         print(f"\nkill → every node READY and a new task placed, over {len(worst)} kills: min {min(worst):.2f}s, "
               f"p50 {statistics.median(worst):.2f}s, max {max(worst):.2f}s (target ≤ {TARGET_S:g}s); "
@@ -208,6 +216,8 @@ def main() -> None:
     p.add_argument("--redirect-jitter", type=float, default=1.0, help="agents' --redirect-jitter, seconds")
     p.add_argument("--settle", type=float, default=5.0, help="seconds of steady streaming before each kill")
     p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
+    p.add_argument("--trace", type=int, default=0, help="after each kill, print the session outcomes of the "
+                   "N agents welcomed last")
     p.add_argument("--keep-dir", default="", help="keep state and logs in this directory instead of a temporary one")
     p.add_argument("--role", choices=("orchestrator", "generator"), default="orchestrator", help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)

@@ -270,6 +270,8 @@ async def generator_main(args: argparse.Namespace, gen: Generator | None = None)
                 reply(await gen.add(cmd["indices"], cmd["timeout_s"]))
             elif cmd["cmd"] == "stats":
                 reply(gen.stats())
+            elif cmd["cmd"] == "trace" and hasattr(gen, "trace"):
+                reply(gen.trace(cmd["since"], cmd["slowest"]))
             elif cmd["cmd"] == "quit":
                 break
     finally:

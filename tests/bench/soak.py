@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import math
 import os
@@ -104,6 +105,8 @@ class SimAgent:
     sessions: int = 0        # sessions welcomed so far
     epoch: int = 0           # the leader epoch of the last welcome
     lost_epoch: int = 0      # like the agent's Register.lost_leader_epoch
+    # The last session outcomes: (wall time, "welcome" | "redirect ADDRESS" | "failed REASON", coordinator asked).
+    history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=12))
 
     def emit(self, task_id: str, state: TaskState, decision_id: str = "", reason: str = "") -> None:
         self.seq += 1
@@ -184,12 +187,15 @@ class SoakGenerator(Generator):
             except _Redirected as r:
                 self.counts["redirects"] += 1
                 redirect = r.address
+                sim.history.append((time.time(), f"redirect {r.address or '(none)'}", address))
             except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, asyncio.InvalidStateError) as e:
                 # InvalidStateError: a write raced the end of the call (the coordinator went away mid-write).
                 if first and not ready.done():
                     print(f"agent {k}: {e!r}"[:300], file=sys.stderr, flush=True)
                 self.errors += 1
                 reason = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+                detail = (e.details() or "") if isinstance(e, grpc.aio.AioRpcError) else str(e)
+                sim.history.append((time.time(), f"failed {reason} {detail[:60]}", address))
                 self.failures[reason] = self.failures.get(reason, 0) + 1
                 self.failure_max_s[reason] = max(self.failure_max_s.get(reason, 0.0), time.monotonic() - began)
             except asyncio.CancelledError:
@@ -238,6 +244,7 @@ class SoakGenerator(Generator):
             call.cancel()
             raise ConnectionError("first coordinator message was not a welcome")
         sim.sessions += 1
+        sim.history.append((time.time(), "welcome", first.welcome.coordinator_id))
         sim.epoch, sim.lost_epoch = first.welcome.leader_epoch, 0
         self.connected += 1
         if ready.done():
@@ -349,6 +356,16 @@ class SoakGenerator(Generator):
                    unacked=sum(len(s.outbox) for s in self.sims.values()), failures=dict(self.failures),
                    failure_max_s=dict(self.failure_max_s))
         return out
+
+    def trace(self, since: float, slowest: int) -> list[dict]:
+        """The ``slowest`` agents to be welcomed again after wall time ``since`` (never: first), with their
+        session outcomes since then."""
+        def welcomed(sim: SimAgent) -> float:
+            return next((t for t, what, _ in sim.history if t >= since and what == "welcome"), math.inf)
+        sims = sorted(self.sims.values(), key=welcomed, reverse=True)[:slowest]
+        return [{"agent": sim.k, "welcomed": welcomed(sim) - since if welcomed(sim) != math.inf else None,
+                 "history": [(round(t - since, 2), what, at) for t, what, at in sim.history if t >= since]}
+                for sim in sims]
 
     async def close(self) -> None:
         for t in list(self.tasks):
