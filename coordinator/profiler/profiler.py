@@ -10,8 +10,9 @@ common decoder-only models, e.g. 7B → 33 layers × 4224):
   layer and token; S defaults to 4096, B to 1)
 * **training** (Adam, mixed precision): ``16 · P`` for bf16 weights (2) + gradients (2) + fp32
   master weights (4) + two Adam moments (8) — pure fp32 Adam is 4 + 4 + 8 = 16 too — plus
-  activations ``34 · L · H · S · B`` (Korthikanti et al. 2022, half precision, no recomputation
-  of the attention scores; S defaults to 4096, B to 1)
+  activations ``34 · L · H · S · B`` (bytes per layer of a transformer in half precision: the
+  inputs each layer keeps for its backward pass, with no recomputation of the attention
+  scores; S defaults to 4096, B to 1)
 * **fine-tuning**, LoRA-like: frozen weights ``W`` + 1 % of the parameters trained with Adam
   (``0.01 · 16 · P``) + the same activations (back-propagation still runs through every layer)
 
