@@ -60,12 +60,24 @@ async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
             log.info("embedded_etcd_stopped")
 
 
+# After a leader change the whole fleet connects to the new leader within a second or two. grpc queues
+# the calls its server has not yet handed to the event loop and, past 1,000 of them by default, starts
+# refusing new ones (clients see CANCELLED or INTERNAL, then back off and retry, which only adds load):
+# the queue is sized for a fleet of tens of thousands instead, and a queued call waits up to a minute.
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", 16 << 20),
+    ("grpc.server.max_pending_requests", 40_000),
+    ("grpc.server.max_pending_requests_hard_limit", 50_000),
+    ("grpc.server_max_unrequested_time_in_server", 60),
+]
+
+
 async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.Event,
                       log: FilteringBoundLogger) -> None:
     app = build(cfg, client)
     security = Security.from_config(cfg, app.events)
-    server = grpc.aio.server(interceptors=[security.interceptor],
-                             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20)])
+    server = grpc.aio.server(interceptors=[security.interceptor], options=SERVER_OPTIONS)
     admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app, auth_mode=security.authn.mode), server)
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(app, security), server)
     health = HealthServicer()

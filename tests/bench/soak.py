@@ -105,6 +105,7 @@ class SimAgent:
     sessions: int = 0        # sessions welcomed so far
     epoch: int = 0           # the leader epoch of the last welcome
     lost_epoch: int = 0      # like the agent's Register.lost_leader_epoch
+    report_s: float = 1.0    # the report interval in force (Welcome, then TelemetryRate pushes), as the agent
     # The last session outcomes: (wall time, "welcome" | "redirect ADDRESS" | "failed REASON", coordinator asked).
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=12))
 
@@ -246,6 +247,7 @@ class SoakGenerator(Generator):
         sim.sessions += 1
         sim.history.append((time.time(), "welcome", first.welcome.coordinator_id))
         sim.epoch, sim.lost_epoch = first.welcome.leader_epoch, 0
+        sim.report_s = max(self.interval_s, first.welcome.report_interval_s)
         self.connected += 1
         if ready.done():
             self.counts["reconnects"] += 1
@@ -265,9 +267,9 @@ class SoakGenerator(Generator):
         templates = [telemetry_template(sim.k, v) for v in range(2)]
         sent_seq = 0
         n = 0
-        due = math.floor(time.time()) + (sim.k * GOLDEN) % 1.0 * self.interval_s
+        due = math.floor(time.time()) + (sim.k * GOLDEN) % 1.0 * sim.report_s
         while due < time.time():
-            due += self.interval_s
+            due += sim.report_s
         while not reader.done():
             while sim.acks:
                 await call.write(agent_pb2.AgentMessage(decision_ack=sim.acks.pop(0)).SerializeToString())
@@ -280,11 +282,11 @@ class SoakGenerator(Generator):
                 await call.write(prefix + struct.pack("<d", time.time()) + suffix)
                 self.sent += 1
                 n += 1
-                due += self.interval_s
+                due += sim.report_s
                 if time.time() > due:   # could not keep up: skip the missed ticks
-                    missed = math.floor((time.time() - due) / self.interval_s) + 1
+                    missed = math.floor((time.time() - due) / sim.report_s) + 1
                     self.skipped += missed
-                    due += missed * self.interval_s
+                    due += missed * sim.report_s
             sim.wakeup.clear()
             if sim.acks or any(e.event_seq > sent_seq for e in sim.outbox):
                 continue
@@ -309,6 +311,8 @@ class SoakGenerator(Generator):
                 sim.wakeup.set()
             elif which == "redirect":
                 raise _Redirected(msg.redirect.leader_address)
+            elif which == "telemetry_rate":
+                sim.report_s = max(self.interval_s, msg.telemetry_rate.report_interval_s)
 
     def _decide(self, sim: SimAgent, d: agent_pb2.Decision) -> agent_pb2.DecisionAck:
         """Carry out one decision at most once (a re-delivery gets the recorded answer)."""
