@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import common.elastic as rules
+from common.errors import UsageError
 from coordinator.simulator import elastic as sim_elastic
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.elastic import ElasticSimConfig
@@ -201,3 +202,13 @@ def test_simulate_elastic_writes_the_report(tmp_path: Path) -> None:
     assert all(d["completed_jobs"] == 24 for d in data.values())
     assert "Pollux" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "rec-elastic.csv").is_file()
+    parsed = parser.parse_args(["simulate", "--jobs", str(jobs_csv), "--nodes", str(nodes_csv), "--policies",
+                                "first-fit", "--elastic", "--no-plots", "--out", str(tmp_path / "some"),
+                                "--elastic-runs", "fcfs-pd,elastic-pd"])
+    run_simulate(None, parsed)
+    some = json.loads((tmp_path / "some" / "results.json").read_text())
+    assert list(some) == ["fcfs-pd", "elastic-pd"]
+    assert "elastic-pd vs fcfs-pd" in (tmp_path / "some" / "report.md").read_text()
+    parsed.elastic_runs = "fcfs,elastik"
+    with pytest.raises(UsageError, match="elastik"):
+        run_simulate(None, parsed)
