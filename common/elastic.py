@@ -20,8 +20,10 @@ The rules, pure and shared by the leader (:mod:`coordinator.elastic`) and the si
 - **Grow** (:func:`plan_grows`): when no task is waiting, idle GPUs go to running elastic jobs by
   marginal speed-up per GPU, and a job grows only when the time it saves beats the restart:
   ``horizon × (1 − T(now)/T(new)) > restart cost``, the horizon being its remaining run time when known
-  (the profiler's estimate; the trace's in the simulator), else an hour. A grow only ever uses GPUs
-  of nodes that are up: the caller passes idle GPUs of ready nodes only, so a grow never wakes a
+  (the profiler's estimate; the trace's in the simulator), else an hour. A job within one node grows on
+  its own node; when that node has no room for it, it moves: a grow is a restart anyway, so it takes a
+  bigger size on another node its constraints allow (the one that fits it best). A grow only ever uses
+  GPUs of nodes that are up: the caller passes idle GPUs of ready nodes only, so a grow never wakes a
   powered-off node.
 
 Speed-up is learned per job (:class:`SpeedupCurve`): its measured throughput at each size it ran
@@ -439,17 +441,21 @@ def placement_gpus(placement: Placement) -> int:
 
 
 def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], now: float,
-               settings: ElasticSettings) -> list[Resize]:
+               settings: ElasticSettings, accepts: Callable[[str, str], bool] = lambda task_id, node_id: True,
+               ) -> list[Resize]:
     """Grow running elastic jobs into idle GPUs (call only when no task is waiting).
 
-    A job within one node grows on its own node; a multi-node job grows by whole idle nodes. Among the
-    jobs the hysteresis allows, idle GPUs go by marginal speed-up per GPU, and a job grows only when the
-    time it saves within the horizon (its remaining run time when known) pays for the restart.
+    A job within one node grows on its own node; one whose node has no room left for it moves: a grow is a
+    restart anyway, so it takes a size that fits in another node's idle GPUs (:func:`_moves`). A multi-node
+    job grows by whole idle nodes. Among the jobs the hysteresis allows, idle GPUs go by marginal speed-up
+    per GPU, and a job grows only when the time it saves within the horizon (its remaining run time when
+    known) pays for the restart.
 
     :param jobs: the running elastic jobs.
     :param idle_by_node: node id → whole GPUs idle on it (ready nodes only).
     :param now: the clock the jobs' ``last_resize_s`` uses.
     :param settings: the allocator's settings.
+    :param accepts: whether a job's constraints allow a node, ``(task id, node id)`` (where it may move).
     """
     eligible = [j for j in jobs if j.settled(now, settings.interval_s) and j.size < j.range.maximum]
     if not eligible:
@@ -471,23 +477,92 @@ def plan_grows(jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], now:
         cap = {j.task_id: min(j.range.maximum, j.range.node_gpus) for j in group}
         granted.update(_hand_out([(j.task_id, j.range, j.curve, j.size, cap[j.task_id]) for j in group],
                                  idle[node_id], {}))
-    if wide:
-        free = {n: v for n, v in idle.items() if all(n != node for j in wide for node, _g in j.nodes)}
-        granted.update(_hand_out([(j.task_id, j.range, j.curve, j.size, j.range.maximum) for j in wide], 0,
-                                 nodes_with_room(free, (j.range.node_gpus for j in wide))))
+    grown: dict[str, int] = {}
     for j in eligible:
-        to = granted.get(j.task_id)
+        if j.task_id in granted:
+            to = _paying(j, granted[j.task_id], settings)
+            if to is not None:
+                grown[j.task_id] = to
+                idle[j.nodes[0][0]] -= to - j.size
+    stuck = [j for group in by_node.values() for j in group if j.task_id not in grown]
+    moved = _moves(stuck, idle, settings, accepts) if stuck else {}
+    grown.update(moved)
+    if wide:
+        held = {node for j in wide for node, _g in j.nodes}
+        free = {n: v for n, v in idle.items() if n not in held}
+        wide_granted = _hand_out([(j.task_id, j.range, j.curve, j.size, j.range.maximum) for j in wide], 0,
+                                 nodes_with_room(free, (j.range.node_gpus for j in wide)))
+        for j in wide:
+            if j.task_id in wide_granted and (to := _paying(j, wide_granted[j.task_id], settings)) is not None:
+                grown[j.task_id] = to
+    for j in eligible:
+        to = grown.get(j.task_id)
         if to is None:
             continue
-        # Shrink the grant until it pays its restart back (a smaller step may still).
-        horizon = settings.horizon_s if j.remaining_s is None else min(settings.horizon_s, j.remaining_s)
-        while to is not None and to > j.size and not _pays_back(j.curve, j.size, to, j.restart_cost_s, horizon):
-            to = j.range.down(to)
-        if to is None or to <= j.size:
-            continue
         gain = j.curve.throughput(to) / j.curve.throughput(j.size)
-        out.append(Resize(j.task_id, j.size, to, f"idle GPUs: expected speed-up ×{gain:.2f} for "
+        where = " on another node" if j.task_id in moved else ""
+        out.append(Resize(j.task_id, j.size, to, f"idle GPUs{where}: expected speed-up ×{gain:.2f} for "
                           f"{to - j.size} more GPU(s)", gain))
+    return out
+
+
+def _paying(job: ElasticJob, to: int, settings: ElasticSettings) -> int | None:
+    """The largest size up to ``to`` whose grow pays its restart back within the job's horizon (None: none does)."""
+    horizon = settings.horizon_s if job.remaining_s is None else min(settings.horizon_s, job.remaining_s)
+    size: int | None = to
+    while size is not None and size > job.size and not _pays_back(job.curve, job.size, size, job.restart_cost_s,
+                                                                   horizon):
+        size = job.range.down(size)
+    return size if size is not None and size > job.size else None
+
+
+def _moves(jobs: Sequence[ElasticJob], idle: dict[str, int], settings: ElasticSettings,
+           accepts: Callable[[str, str], bool]) -> dict[str, int]:
+    """Jobs within one node that cannot grow on their own node, moved to another node where a bigger size fits.
+
+    In order of marginal speed-up per GPU of their next size, each job takes the node (other than its own, and one
+    its constraints allow) that fits it best: the fewest idle GPUs that hold its largest size within a node, else
+    the most idle GPUs; it grows to the largest size there that pays its restart back. ``idle`` is booked as it
+    goes (the GPUs a job leaves are not: they are free only once it restarted).
+
+    :returns: job id → new size.
+    """
+    by_count: dict[int, dict[str, None]] = {}   # idle GPUs → nodes with that many (insertion-ordered sets)
+    for node_id, v in sorted(idle.items()):
+        if v > 0:
+            by_count.setdefault(v, {})[node_id] = None
+    if not by_count:
+        return {}
+    order = []
+    for j in jobs:
+        nxt = j.range.up(j.size)
+        if nxt is not None:
+            order.append((-_marginal(j.curve, j.size, nxt), j.task_id, j))
+    order.sort(key=lambda o: (o[0], o[1]))
+    out: dict[str, int] = {}
+    for _gain, _id, j in order:
+        cap = min(j.range.maximum, j.range.node_gpus)
+        own = j.nodes[0][0]
+        bigger = j.range.up(j.size)
+        assert bigger is not None
+        counts = sorted(c for c in by_count if c >= bigger)
+        best = [c for c in counts if c >= cap] + [c for c in reversed(counts) if c < cap]
+        for count in best:
+            target = next((n for n in by_count[count] if n != own and accepts(j.task_id, n)), None)
+            if target is None:
+                continue
+            to = _paying(j, j.range.clamp(min(cap, count)), settings)
+            if to is None:
+                break   # a smaller node would pay back even less
+            out[j.task_id] = to
+            del by_count[count][target]
+            if not by_count[count]:
+                del by_count[count]
+            left = count - to
+            idle[target] = left
+            if left > 0:
+                by_count.setdefault(left, {})[target] = None
+            break
     return out
 
 

@@ -12,7 +12,8 @@ One cycle, in this order (each step needs the previous one's output):
    allocation, node reservation, all or nothing per placement);
 5. push: only committed placements become StartTask decisions on the agents' streams;
 6. elastic: running elastic tasks shrink (never below their minimum) for tasks left waiting, or grow
-   into idle GPUs when none waits (:mod:`common.elastic`, carried out by ``coordinator/elastic.py``);
+   into idle GPUs of ready nodes when none waits — on their own node, else on another one their
+   constraints allow (:mod:`common.elastic`, carried out by ``coordinator/elastic.py``);
    pending elastic tasks are placed at their minimum in step 3 and, when nothing was left waiting, take
    the idle GPUs left over before the commit;
 7. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
@@ -318,7 +319,7 @@ class SchedulerCycle:
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
-            decisions = self._grows_within_quota(jobs, idle, now, settings)
+            decisions = self._grows_within_quota(jobs, idle, now, settings, self._move_accepts(nodes))
         done = set(await self._elastic.resize(decisions)) if decisions else set()
         gave: dict[str, int] = {}
         for d in decisions:
@@ -328,6 +329,23 @@ class SchedulerCycle:
             self._on_shrunk(task_id, gpus)
         return bool(done)
 
+    def _move_accepts(self, nodes: Sequence[NodeSnapshot]) -> Callable[[str, str], bool]:
+        """Whether a running elastic task may move to a node to grow: its constraints allow the node (and, with team
+        queues, the node is in the GPU pool its queue admitted it in)."""
+        by_node = {n.node_id: n for n in nodes}
+        requests: dict[str, Request | None] = {}
+
+        def accepts(task_id: str, node_id: str) -> bool:
+            if task_id not in requests:
+                task = self._tasks.find(task_id)
+                req = request_for(task) if task is not None else None
+                key = self._queue_key(task_id)
+                requests[task_id] = on_pool(req, key[1]) if req is not None and key is not None else req
+            req = requests[task_id]
+            return req is not None and node_id in by_node and node_accepts(by_node[node_id], req)
+
+        return accepts
+
     def _queue_key(self, task_id: str) -> tuple[str, str] | None:
         """(queue, GPU pool) of a placed task, when team queues are in force."""
         task = self._tasks.find(task_id)
@@ -336,11 +354,11 @@ class SchedulerCycle:
         return queue_of(task), self._queues.pool_of_task(task)
 
     def _grows_within_quota(self, jobs: list[ElasticJob], idle: dict[str, int], now: float,
-                            settings: ElasticSettings) -> list[Resize]:
+                            settings: ElasticSettings, accepts: Callable[[str, str], bool]) -> list[Resize]:
         """:func:`plan_grows`; with team queues, each job may grow at most into what its queue's quota leaves free
         in its GPU pool, and the grows are kept (first come first kept) while they fit that together."""
         if self._queues is None or not self._queues.config.managed:
-            return plan_grows(jobs, idle, now, settings)
+            return plan_grows(jobs, idle, now, settings, accepts)
         headroom = self._queues.headroom()
         keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
         capped = []
@@ -349,7 +367,7 @@ class SchedulerCycle:
             top = min(j.range.max_gpus, j.size + (headroom.get(key, 0) if key else 0))
             capped.append(replace(j, range=ElasticRange(j.range.min_gpus, max(j.size, top), j.range.node_gpus)))
         out = []
-        for r in plan_grows(capped, idle, now, settings):
+        for r in plan_grows(capped, idle, now, settings, accepts):
             key = keys[r.task_id]
             extra = r.to_gpus - r.from_gpus
             if key is not None and headroom.get(key, 0) >= extra:

@@ -92,6 +92,9 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --elastic: a job resizes at most once per this long (default 300)")
     p.add_argument("--restart-cost", type=float, default=30.0, metavar="SECONDS",
                    help="with --elastic: what a resize costs a job, GPUs held without progress (default 30)")
+    p.add_argument("--elastic-runs", metavar="NAMES",
+                   help="with --elastic: replay only these runs, comma-separated (fcfs, fcfs-pd, elastic, elastic-pd, "
+                        "elastic-x2, shrink-only, grow-only; default all)")
     p.add_argument("--scaling", type=Path, default=None, metavar="DIR",
                    help="with --elastic: measured scaling curves (pollux/<model>/...; default ../shared/scaling)")
     p.add_argument("--records", type=Path, metavar="FILE",

@@ -19,7 +19,8 @@ Every scheduling pass of the :class:`~coordinator.simulator.engine.Simulator` go
 3. with jobs left waiting, :func:`~common.elastic.plan_shrinks` shrinks running elastic jobs for them;
    else :func:`~common.elastic.plan_grows` grows running elastic jobs into the idle GPUs of ready nodes
    (:func:`~common.elastic.idle_gpus` over the engine's node snapshots, which carry the adaptor's ready
-   flags: a grow never wakes a node).
+   flags: a grow never wakes a node), on their own node or, when it has no room, on another one their
+   request accepts (:func:`~common.elastic.node_accepts`).
 
 A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its placement released, its
 progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
@@ -322,15 +323,17 @@ class SimElastic:
         jobs = settled
         nodes = self._nodes()
         idle = idle_gpus(nodes)
+        by_node = {n.node_id: n for n in nodes}
         if waiting:
             if not any(j.size > j.range.minimum for j in settled):
                 return False   # nothing to shrink: plan_shrinks would find nothing (cheaper than asking it)
             pending = sorted(item for bucket in sim.buckets.values() for item in bucket)
-            by_node = {n.node_id: n for n in nodes}
             decisions = plan_shrinks([sim.requests[k] for _, k in pending], jobs, idle, now, self.settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
         else:
-            decisions = plan_grows(jobs, idle, now, self.settings)
+            decisions = plan_grows(jobs, idle, now, self.settings,
+                                   accepts=lambda tid, nid: nid in by_node and node_accepts(
+                                       by_node[nid], sim.jobs[self.by_id[tid]].request))
         gave: dict[str, int] = {}
         for d in decisions:
             self._resize(self.by_id[d.task_id], d, now)

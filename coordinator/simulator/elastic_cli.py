@@ -13,6 +13,8 @@ first-come-first-served), in report order (:data:`RUNS`):
 - ``shrink-only`` and ``grow-only`` — ``elastic`` with grows, or shrinks, not planned: what each part
   of the rules brings.
 
+``--elastic-runs NAMES`` (comma-separated) replays only those runs.
+
 Each job's model, and so its true throughput curve, comes from its GPU-hours
 (:mod:`coordinator.simulator.scaling`, data from ``--scaling``, default ``../shared/scaling``). The table
 (mean, p50 and p99 JCT, makespan, GPU-hours allocated, energy, allocated over powered GPU-hours, grows
@@ -152,6 +154,13 @@ def run_elastic(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequen
         elastic = elastic_config(jobs, curves, seed=args.seed, max_factor=args.elastic_max_factor,
                                  interval_s=args.elastic_interval, restart_cost_s=args.restart_cost)
         names, configs = elastic_configs(config, elastic, power_down, args.elastic_max_factor)
+        if getattr(args, "elastic_runs", None):
+            wanted = [n.strip() for n in args.elastic_runs.split(",") if n.strip()]
+            unknown = sorted(set(wanted) - set(RUNS))
+            if unknown:
+                raise UsageError(f"--elastic-runs: unknown run(s) {', '.join(unknown)} (known: {', '.join(RUNS)})")
+            kept = [(n, c) for n, c in zip(names, configs, strict=True) if n in wanted]
+            names, configs = [n for n, _ in kept], [c for _, c in kept]
         results = run_policies(cluster, jobs, configs, names=names, progress=ProgressBar(sys.stderr))
     except (GptrmError, ValueError) as e:
         raise UsageError(str(e)) from e

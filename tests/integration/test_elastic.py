@@ -91,6 +91,28 @@ class TestElastic:
         assert "elastic       1:4 GPUs" in detail and "resizes       2" in detail
         assert _running_instances(marker) == 1
 
+    def test_moves_to_another_node_to_grow(self, cluster: Cluster, tmp_path: Path) -> None:
+        """A 2-GPU task holds half of n1 and the elastic 1:4 task the other half; once n2 joins idle, the elastic task
+        restarts there at 4 GPUs (its own node had no room to grow)."""
+        cluster.start_coordinator("c1", "--elastic-interval", _INTERVAL_S)
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        rigid = _submit(cluster, "--name", "rigid", "--gpus", "2", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
+                        "sh", "-c", "sleep 600")
+        wait_until(lambda: cluster.task(rigid)["state"] == "running", what="the rigid task runs")
+        marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
+        trainer = _elastic(cluster, marker, ckpt)
+        wait_until(lambda: _starts(marker), what="elastic task started")
+        assert _starts(marker) == [(2, 0, "")]   # what n1 had left
+        cluster.start_agent("n2", *ROOT_TASKS_AGENT)
+        wait_until(lambda: len(_starts(marker)) == 2, timeout_s=60, what="elastic task moved")
+        world, count, reason = _starts(marker)[1]
+        assert (world, count) == (4, 1) and "another node" in reason
+        t = wait_until(lambda: (t := cluster.task(trainer))["state"] == "running" and t, what="running at 4")
+        assert t["elastic"]["gpus"] == 4 and [a["node_id"] for a in t["allocation"]] == ["n2"]
+        assert cluster.task(rigid)["state"] == "running" and _running_instances(marker) == 1
+
     def test_leader_killed_during_a_resize(self, cluster: Cluster, tmp_path: Path) -> None:
         """The leader killed (-9) while the elastic task is being shrunk: the new leader finishes the resize; the
         task runs exactly once, at 2 GPUs beside the waiting task, and no GPU is held twice."""

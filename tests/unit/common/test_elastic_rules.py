@@ -184,6 +184,37 @@ class TestGrow:
         out = {r.task_id: r.to_gpus for r in plan_grows(jobs, {"n1": 1}, NOW, SETTINGS)}
         assert out == {"scales": 2}
 
+    def test_a_job_whose_node_is_full_moves_to_the_node_that_fits_it_best(self) -> None:
+        """No idle GPU on n1: the grow is a restart anyway, so the job moves — to the node with the fewest idle GPUs
+        that hold its largest size within a node, else to the one with the most."""
+        out = plan_grows([_job("e", 2, hi=4)], {"n1": 0, "n2": 8, "n3": 4, "n4": 3}, NOW, SETTINGS)
+        assert [(r.task_id, r.from_gpus, r.to_gpus) for r in out] == [("e", 2, 4)]
+        assert "another node" in out[0].reason
+        out = plan_grows([_job("e", 2, hi=16)], {"n1": 0, "n2": 6, "n3": 3}, NOW, SETTINGS)
+        assert [(r.from_gpus, r.to_gpus) for r in out] == [(2, 6)]
+
+    def test_a_move_respects_the_jobs_constraints(self) -> None:
+        out = plan_grows([_job("e", 2, hi=8)], {"n1": 0, "n2": 8, "n3": 4}, NOW, SETTINGS,
+                         accepts=lambda task_id, node_id: node_id != "n2")
+        assert [(r.from_gpus, r.to_gpus) for r in out] == [(2, 4)]
+        assert plan_grows([_job("e", 2, hi=8)], {"n1": 0, "n2": 8}, NOW, SETTINGS,
+                          accepts=lambda task_id, node_id: False) == []
+
+    def test_its_own_node_first_and_no_move_that_is_no_bigger(self) -> None:
+        out = plan_grows([_job("e", 2, hi=8)], {"n1": 1, "n2": 8}, NOW, SETTINGS)
+        assert [(r.from_gpus, r.to_gpus) for r in out] == [(2, 3)] and "another node" not in out[0].reason
+        assert plan_grows([_job("e", 3, hi=8)], {"n1": 0, "n2": 3}, NOW, SETTINGS) == []
+
+    def test_moves_share_a_nodes_idle_gpus_by_marginal_speed_up(self) -> None:
+        jobs = [_job("flat", 1, node="n1", hi=4, curve=_linear(0.1)),
+                _job("scales", 1, node="n2", hi=4, curve=_linear(1.0))]
+        out = {r.task_id: r.to_gpus for r in plan_grows(jobs, {"n1": 0, "n2": 0, "n3": 4, "n4": 2}, NOW, SETTINGS)}
+        assert out == {"scales": 4, "flat": 2}
+
+    def test_a_move_that_does_not_pay_its_restart_back_is_not_made(self) -> None:
+        costly = ElasticJob("e", 0, ElasticRange(1, 4, 4), 2, (("n1", 2),), restart_cost_s=10_000.0)
+        assert plan_grows([costly], {"n1": 0, "n2": 4}, NOW, SETTINGS) == []
+
     def test_a_multi_node_job_grows_only_into_nodes_of_its_width(self) -> None:
         """An idle 4-GPU node is no room for a part of 8 GPUs."""
         wide = ElasticJob("wide", 0, ElasticRange(8, 32, 8), 16, (("n1", 8), ("n2", 8)))

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import common.elastic as rules
+from common.errors import UsageError
 from coordinator.simulator import elastic as sim_elastic
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.elastic import ElasticSimConfig
@@ -117,6 +118,21 @@ def test_elastic_job_grows_into_an_idle_node_and_shrinks_for_a_rigid_job() -> No
     assert c_run.start_s == 450.0 and c_run.placement.node_ids == ("n2",)
 
 
+def test_a_job_whose_node_is_full_moves_to_grow() -> None:
+    """Two 4-GPU nodes. Rigid B (2 GPUs, 5000 s) on n1 and rigid C (4 GPUs, 100 s) on n2 at t=0; elastic A (trace
+    2 GPUs × 2000 s, 4000 samples; range 1..8) at t=1."""
+    jobs = [job("b", 2, 0.0, 5000.0), job("c", 4, 0.0, 100.0), job("a", 2, 1.0, 2000.0)]
+    config = ElasticSimConfig(curves={"toy": toy_curve()}, models=("", "", "toy"), max_factor=4.0, interval_s=300.0,
+                              restart_cost_s=30.0)
+    _, result = replay(jobs, config)
+    # t=1: A placed at 1 GPU on n1, sized before it starts to the 2 GPUs left there.
+    # t=100: C ends. n1 has no idle GPU, so A moves: it restarts at 4 GPUs on n2 (the prior exponent predicts ×1.74,
+    #        which pays the 30 s restart back). It did 99 s × 2 = 198 samples; 3802 left at 4 samples/s.
+    a_runs = [(r.start_s, r.end_s, r.placement.node_ids, r.placement.demand.gpus) for r in result.runs if r.job == 2]
+    assert a_runs == [(1.0, 100.0, ("n1",), 2.0), (100.0, pytest.approx(130.0 + 3802.0 / 4), ("n2",), 4.0)]
+    assert result.metrics["resizes_grow"] == 1
+
+
 def test_rigid_replay_of_the_same_jobs_for_contrast() -> None:
     jobs, _ = grow_then_shrink()
     _, result = replay(jobs, None)
@@ -201,3 +217,13 @@ def test_simulate_elastic_writes_the_report(tmp_path: Path) -> None:
     assert all(d["completed_jobs"] == 24 for d in data.values())
     assert "Pollux" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "rec-elastic.csv").is_file()
+    parsed = parser.parse_args(["simulate", "--jobs", str(jobs_csv), "--nodes", str(nodes_csv), "--policies",
+                                "first-fit", "--elastic", "--no-plots", "--out", str(tmp_path / "some"),
+                                "--elastic-runs", "fcfs-pd,elastic-pd"])
+    run_simulate(None, parsed)
+    some = json.loads((tmp_path / "some" / "results.json").read_text())
+    assert list(some) == ["fcfs-pd", "elastic-pd"]
+    assert "elastic-pd vs fcfs-pd" in (tmp_path / "some" / "report.md").read_text()
+    parsed.elastic_runs = "fcfs,elastik"
+    with pytest.raises(UsageError, match="elastik"):
+        run_simulate(None, parsed)
