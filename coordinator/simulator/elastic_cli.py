@@ -178,8 +178,7 @@ def run_elastic(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequen
         f"{config.wake_delay_s:g} s, {config.spare_nodes} spare); elastic: 1..{args.elastic_max_factor:g} × trace "
         f"GPUs (at most 64), hysteresis {args.elastic_interval:g} s, restart cost {args.restart_cost:g} s",
         "- models by GPU-hours: " + ", ".join(f"{m} {n:,}" for m, n in sorted(models.items())),
-        f"- throughput curves: measurements of the Pollux artifact (Qiao et al., \"Pollux: Co-adaptive Cluster "
-        f"Scheduling for Goodput-Optimized Deep Learning\", OSDI '21), read from `{scaling}`",
+        f"- throughput curves: measured training throughput read from `{scaling}` (source: its README)",
     ]
     table = _markdown(rows)
     verdict = _verdict(rows)
