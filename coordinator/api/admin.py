@@ -191,13 +191,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         app, leadership = self._app, self._app.leadership
         leader_id, address, epoch = leadership.leader_info()
         o, rate = app.monitor.objectives, app.telemetry_rate
-        gpus_total = sum(len(e.inventory.gpus) for e in app.registry if e.state != NodeState.LOST)
-        gpus_alloc = sum(len(e.record.reserved_gpu_indices) for e in app.registry)
+        node_counts, gpus_total, gpus_alloc = app.registry.summary()
         return admin_pb2.ClusterStatus(
             coordinator_id=leadership.id, is_leader=leadership.is_leader, leader_id=leader_id,
             leader_address=address,
             leader_epoch=epoch, uptime_s=time.monotonic() - app.started, version=VERSION, stale=leadership.stale,
-            nodes_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(app.registry.counts().items())],
+            nodes_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(node_counts.items())],
             tasks_by_state=[admin_pb2.CountEntry(key=k, count=v) for k, v in sorted(app.tasks.counts().items())],
             objectives=admin_pb2.ClusterObjectives(util_mean=o.util_mean, util_std=o.util_std, power_w=o.power_w,
                                                    gpu_mem_util=o.gpu_mem_util, energy_j=o.energy_j),

@@ -251,12 +251,24 @@ class NodeRegistry:
     def counts(self) -> dict[str, int]:
         """Nodes by state label; a node the Resource Adaptor powered off or is switching counts by its
         power state (``off``, ``powering-on``, ...)."""
+        return self.summary()[0]
+
+    def summary(self) -> tuple[dict[str, int], int, int]:
+        """In one pass over the nodes (``GetStatus`` is polled): :meth:`counts`, the GPUs of nodes not
+        LOST, and the GPUs reserved on every node."""
         out: dict[str, int] = {}
+        gpus_total = gpus_reserved = 0
+        lost = NodeState.LOST
         for entry in self._nodes.values():
-            power = power_label(entry.record.power_state)
-            label = entry.state.label if power == "ready" else power
+            record = entry.record
+            state = entry.state
+            power = power_label(record.power_state)
+            label = state.label if power == "ready" else power
             out[label] = out.get(label, 0) + 1
-        return out
+            if state != lost:
+                gpus_total += len(record.inventory.gpus)
+            gpus_reserved += len(record.reserved_gpu_indices)
+        return out, gpus_total, gpus_reserved
 
     def schedulable(self, entry: NodeEntry) -> bool:
         """May new work be placed here? (Ready, and powered on by the Resource Adaptor.)"""
