@@ -111,15 +111,15 @@ class NodeService:
         inv = register.inventory
         entry, is_new = self._registry.connect(inv, outbox)
         self._metrics.streams.inc()
-        log = self._log.bind(node_id=inv.node_id)
-        log.info("node_registered", gpus=len(inv.gpus), simulated=inv.simulated, new=is_new)
+        self._log.info("node_registered", node_id=inv.node_id, gpus=len(inv.gpus), simulated=inv.simulated,
+                       new=is_new)
         if is_new:
             self._events.publish("node_joined", f"node {inv.node_id} joined with {len(inv.gpus)} GPUs"
                                  + (" (simulated)" if inv.simulated else ""), node_id=inv.node_id)
         try:
             await self.registrations.put(entry.record)
         except GptrmError as e:
-            log.warning("node_persist_failed", reason=str(e))
+            self._log.warning("node_persist_failed", node_id=inv.node_id, reason=str(e))
         await self._reconciler.on_agent_registered(entry, register)
         return entry
 
