@@ -103,6 +103,9 @@ class LeaderDuties:
         if not app.leadership.election.is_leader:
             return False
         app.state.adopt(state.tasks, state.nodes)
+        # The interval for the nodes just loaded, before the first agent is welcomed (the rate's own loop
+        # would set it within a second, after a fleet's worth of welcomes at the shortest interval).
+        app.telemetry_rate.tick()
         await app.queue_admin.recover()
         if app.store.keys.policy in state.quarantined:
             current = app.policy.current
