@@ -256,18 +256,22 @@ class NodeRegistry:
     def summary(self) -> tuple[dict[str, int], int, int]:
         """In one pass over the nodes (``GetStatus`` is polled): :meth:`counts`, the GPUs of nodes not
         LOST, and the GPUs reserved on every node."""
-        out: dict[str, int] = {}
+        by_key: dict[tuple[NodeState, int], int] = {}
         gpus_total = gpus_reserved = 0
         lost = NodeState.LOST
         for entry in self._nodes.values():
             record = entry.record
             state = entry.state
-            power = power_label(record.power_state)
-            label = state.label if power == "ready" else power
-            out[label] = out.get(label, 0) + 1
+            key = (state, record.power_state)
+            by_key[key] = by_key.get(key, 0) + 1
             if state != lost:
                 gpus_total += len(record.inventory.gpus)
             gpus_reserved += len(record.reserved_gpu_indices)
+        out: dict[str, int] = {}
+        for (state, power_state), n in by_key.items():   # labels once per kind, not per node
+            power = power_label(power_state)
+            label = state.label if power == "ready" else power
+            out[label] = out.get(label, 0) + n
         return out, gpus_total, gpus_reserved
 
     def schedulable(self, entry: NodeEntry) -> bool:
