@@ -31,28 +31,16 @@ from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.state import LeaderState
 from coordinator.sync import CommitResult, EtcdClient, Keys, Leadership, Store, connect
+from tests.helpers.roles import IdleRole
 
 GPUS_PER_NODE = 8
 ONE_PER_TXN_OPS = 5
 """1 fencing + 2 per placement + 1 node = 4 compares fit; a second placement (7) does not."""
 
 
-class _Role:
-    """A leader role that takes over at once and runs no duties."""
-
-    async def take_over(self, record: types_pb2.LeaderRecord) -> bool:
-        return True
-
-    def start_leading(self) -> None:
-        pass
-
-    def stand_down(self, reason: str) -> None:
-        pass
-
-
 async def _lead(client: EtcdClient, keys: Keys) -> Leadership:
     leadership = Leadership(client, keys, "bench", "bench:7070", ttl_s=5.0, events=EventBus())
-    leadership.start(_Role(), asyncio.get_running_loop())
+    leadership.start(IdleRole(), asyncio.get_running_loop())
     deadline = time.monotonic() + 10.0
     while not leadership.is_leader:
         if time.monotonic() > deadline:

@@ -9,23 +9,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from common.pb.gptrm.v1 import types_pb2
 from coordinator.events import EventBus
 from coordinator.sync import EtcdClient, Keys
 from coordinator.sync.leadership import Leadership
-
-
-class _Role:
-    """A leader role whose take-over always succeeds."""
-
-    async def take_over(self, record: types_pb2.LeaderRecord) -> bool:
-        return True
-
-    def start_leading(self) -> None:
-        pass
-
-    def stand_down(self, reason: str) -> None:
-        pass
+from tests.helpers.roles import IdleRole
 
 
 async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
@@ -44,7 +31,7 @@ def _scenario(sync_client: EtcdClient, keys: Keys, names: list[str],
             for name in names:
                 replicas[name] = Leadership(sync_client, keys, name, f"127.0.0.1:{1000 + len(replicas)}", ttl_s=2.0,
                                             events=EventBus())
-                replicas[name].start(_Role(), asyncio.get_running_loop())
+                replicas[name].start(IdleRole(), asyncio.get_running_loop())
                 if len(replicas) == 1:
                     await _until(lambda: replicas[names[0]].leading, f"{names[0]} to lead")
             # Every standby has seen the leader (its watch or campaign observed the key).
