@@ -263,22 +263,34 @@ class PlacementState:
             self.whole_desc[:, idx] = np.array([padded(free_desc[i]) for i in order], dtype=np.float64).T
         dirty.clear()
 
-    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False,
-                      free: list[float] | None = None) -> None:
-        """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs).
+    def _refresh_node(self, i: int) -> None:
+        """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs)
+        after it gained room or was rewritten (a release, an applied snapshot): logged as a release.
 
         :param i: node index.
-        :param slots: the GPU positions whose entry in the shared-GPU index may change (None: all of them).
-        :param grew: the node gained room (a release), rather than lost it (a commit).
-        :param free: the node's ``free_desc`` already brought up to date by the caller (None: recompute it).
         """
-        view = self.view
-        column = self.used_cols[i]
+        self._derive(i, self.used_cols[i])
+        shares, mems = self.slot_share[i], self.slot_mem[i]
+        self.free_desc[i] = _free_whole(mems, shares)
+        partial = self._partial
+        indexed = partial.where
+        for k in range(len(shares)):
+            s = shares[k]
+            if 0.0 < s < 1.0 or (i, k) in indexed:   # whole GPUs never enter the index
+                partial.update(i, k, s, mems[k])
+        self.changes.append(~i)
+
+    def _derive(self, i: int, column: list[float]) -> None:
+        """Node ``i``'s headroom (in place), the headroom bound, utilization and power, from its reservations."""
         self._dirty.add(i)
+        self._bounds_stale = True
         h = self.hlimit_cols[i]
-        r0, r1, r2, r3, r4 = room = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
-                                     h[4] - column[4]]
-        self.room_cols[i] = room
+        room = self.room_cols[i]
+        r0 = room[0] = h[0] - column[0]
+        r1 = room[1] = h[1] - column[1]
+        r2 = room[2] = h[2] - column[2]
+        r3 = room[3] = h[3] - column[3]
+        r4 = room[4] = h[4] - column[4]
         if self.schedulable_list[i]:
             low = self.room_min
             if r0 < low[0]:
@@ -291,22 +303,13 @@ class PlacementState:
                 low[3] = r3
             if r4 < low[4]:
                 low[4] = r4
+        view = self.view
         cap_gpus = self.cap_gpus[i]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
         view.used_gpus[i] = column[0]
         view.util[i] = util
         view.neg_util[i] = -util
         view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
-        shares, mems = self.slot_share[i], self.slot_mem[i]
-        self.free_desc[i] = _free_whole(mems, shares) if free is None else free
-        partial = self._partial
-        indexed = partial.where
-        for k in range(len(shares)) if slots is None else slots:
-            s = shares[k]
-            if 0.0 < s < 1.0 or (i, k) in indexed:   # whole GPUs never enter the index
-                partial.update(i, k, s, mems[k])
-        self._bounds_stale = True
-        self.changes.append(~i if grew else i)
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
@@ -516,6 +519,9 @@ class PlacementState:
     ) -> NodeAssignment:
         """Reserve a request on node ``i``: choose its GPUs and update the arrays.
 
+        The node's rows (``used_cols``, ``room_cols``, ``free_desc``, the GPU lists) are updated in
+        place: a batch then leaves no new lists behind for the garbage collector to walk.
+
         :param i: node index.
         :param req: the request.
         :param demand: ``req.demand.as_tuple()``.
@@ -526,27 +532,55 @@ class PlacementState:
         """
         mem, share_free = self.slot_mem[i], self.slot_share[i]
         per_gpu = req.gpu_mem_per_gpu_bytes
-        positions = choose_gpu_indices(
-            mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu,
-            links=self.nodes[i].topology,
-        )
-        if positions is None:
-            raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
-        share = 1.0 if whole > 0 else demand[0]
+        free = self.free_desc[i]
+        positions: tuple[int, ...] | None
+        if whole > 0 and len(free) == whole and free[-1] >= per_gpu:
+            # Exactly the GPUs asked for are fully free, all with the memory: every rule of the
+            # allocator takes all of them (ascending), whatever the topology.
+            positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
+        else:
+            positions = choose_gpu_indices(
+                mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu,
+                links=self.nodes[i].topology,
+            )
+            if positions is None:
+                raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
         if not exact:
             self.exact = False
-        free: list[float] | None = None
         if whole > 0:
             # Whole GPUs were fully free (so never in the shared index) and are fully taken (so not
             # in it after either): the node's free list loses exactly their memory values.
-            free = self.free_desc[i]
+            share = 1.0
             for k in positions:
-                free.remove(mem[k])
-        for k in positions:
-            mem[k], share_free[k] = take_gpu(mem[k], share_free[k], per_gpu, share)
+                m = mem[k]
+                free.remove(m)
+                m -= per_gpu
+                mem[k] = 0 if m < 0 else m            # take_gpu, inline
+                s = share_free[k] - 1.0
+                share_free[k] = 0.0 if s < 0.0 else s
+        elif positions:
+            share = demand[0]
+            (k,) = positions
+            before_mem, before = mem[k], share_free[k]
+            mem[k], share_free[k] = take_gpu(before_mem, before, per_gpu, share)
+            if before >= 1.0:   # a fully free GPU taken in part leaves the free list
+                if share_free[k] < 1.0:
+                    free.remove(before_mem)
+                else:
+                    self.free_desc[i] = _free_whole(mem, share_free)
+            s = share_free[k]
+            if 0.0 < s < 1.0 or (i, k) in self._partial.where:
+                self._partial.update(i, k, s, mem[k])
+        else:
+            share = demand[0]
         u = self.used_cols[i]
-        self.used_cols[i] = [u[0] + demand[0], u[1] + demand[1], u[2] + demand[2], u[3] + demand[3], u[4] + demand[4]]
-        self._refresh_node(i, () if whole > 0 else positions, free=free)
+        u[0] += demand[0]
+        u[1] += demand[1]
+        u[2] += demand[2]
+        u[3] += demand[3]
+        u[4] += demand[4]
+        self._derive(i, u)
+        self.changes.append(i)
         self._touched.add(i)
         ids = self.slot_ids[i]
         return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=tuple([ids[k] for k in positions]),
@@ -572,7 +606,7 @@ class PlacementState:
         self.exact = self.exact and is_exact(values)
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
         self.used_cols[i] = [0.0 if abs(x) < CRUMB else x for x in column]
-        self._refresh_node(i, grew=True)
+        self._refresh_node(i)
         self._touched.add(i)
         self.refresh_bounds()
 
@@ -689,7 +723,7 @@ class PlacementState:
         self.slot_topology[i] = [g.topology_group for g in gpus]
         for k in range(len(gpus), old_count):   # GPUs the node no longer has leave the shared index
             self._partial.update(i, k, 0.0, 0.0)
-        self._refresh_node(i, grew=True)
+        self._refresh_node(i)
 
     def _after_apply(self) -> None:
         """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""
