@@ -38,7 +38,7 @@ Byte counts are held as float64: exact below 2**53 bytes (8 PiB), far above any 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import cast
 
@@ -514,6 +514,62 @@ class PlacementState:
             return True
         return any(s >= share and m >= per_gpu for m, s in zip(self.slot_mem[i], self.slot_share[i], strict=True))
 
+    def checker(
+        self, values: tuple[float, int, float, int, int], whole: int, per_gpu: int,
+        constraints: tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None,
+    ) -> Callable[[int], bool]:
+        """:meth:`fits` for one request shape, as a function of the node alone (what the shape cache
+        re-checks changed nodes with): the same comparisons, with the shape's values bound once.
+
+        :param values: the demand vector.
+        :param whole: whole GPUs needed.
+        :param per_gpu: memory each GPU must have free.
+        :param constraints: the requests' ``constraint_key`` (None: none); its :meth:`static_for`
+            mask is read at each call, so a change of labels is seen.
+        :returns: ``check(i)``, True when the request may go on node ``i`` now.
+        """
+        if constraints is not None:
+            def constrained(i: int) -> bool:
+                return self.fits(i, values, whole, per_gpu, self.static_for(constraints))
+            return constrained
+        used, limits, free_desc = self.used_cols, self.limit_cols, self.free_desc
+        v0, v1, v2, v3, v4 = values
+        if whole > 0:
+            last = whole - 1
+
+            def whole_gpus(i: int) -> bool:
+                u, lim = used[i], limits[i]
+                if (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
+                        and u[4] + v4 <= lim[4]):
+                    free = free_desc[i]
+                    return len(free) > last and free[last] >= per_gpu
+                return False
+            return whole_gpus
+        if v0 <= 0:
+            def no_gpu(i: int) -> bool:
+                u, lim = used[i], limits[i]
+                return (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
+                        and u[4] + v4 <= lim[4])
+            return no_gpu
+        shared_limits, pairs = self.shared_limit_cols, tuple(enumerate(self.shared_dims))
+        slot_mem, slot_share = self.slot_mem, self.slot_share
+
+        def shared_gpu(i: int) -> bool:
+            u, lim = used[i], limits[i]
+            if not (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
+                    and u[4] + v4 <= lim[4]):
+                return False
+            if pairs:
+                shared = shared_limits[i]
+                for row, k in pairs:
+                    if not u[k] + values[k] <= shared[row]:
+                        return False
+            free = free_desc[i]
+            if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
+                return True
+            return any(s >= v0 and m >= per_gpu for m, s in zip(slot_mem[i], slot_share[i], strict=True))
+        return shared_gpu
+
     def commit(
         self, i: int, req: Request, demand: tuple[float, int, float, int, int], whole: int, exact: bool
     ) -> NodeAssignment:
@@ -621,11 +677,16 @@ class PlacementState:
         old = self.nodes[i]
         if node is old:
             return i not in self._touched
-        if node.used.as_tuple() != tuple(self.used_cols[i]):
+        used, u = node.used, self.used_cols[i]
+        if (used.gpus != u[0] or used.gpu_mem_total_bytes != u[1] or used.cpu_cores != u[2] or used.mem_bytes != u[3]
+                or used.disk_bytes != u[4]):
             return False
-        gpus = node.gpus
-        if [g.mem_free_bytes for g in gpus] != self.slot_mem[i] or [g.share_free for g in gpus] != self.slot_share[i]:
+        gpus, mem, share = node.gpus, self.slot_mem[i], self.slot_share[i]
+        if len(gpus) != len(mem):
             return False
+        for g, m, s in zip(gpus, mem, share):
+            if g.mem_free_bytes != m or g.share_free != s:
+                return False
         if gpus is not old.gpus and (
             [g.index for g in gpus] != self.slot_ids[i]
             or [g.mem_total_bytes for g in gpus] != self.slot_total[i]
@@ -634,10 +695,14 @@ class PlacementState:
             return False
         # Snapshots of one node usually share these objects (the snapshot builder keeps its inventory
         # part): identity answers first, equality where they differ.
-        for a, b in ((node.capacity, old.capacity), (node.power, old.power), (node.labels, old.labels),
-                     (node.topology, old.topology)):
-            if a is not b and a != b:
-                return False
+        if node.capacity is not old.capacity and node.capacity != old.capacity:
+            return False
+        if node.power is not old.power and node.power != old.power:
+            return False
+        if node.labels is not old.labels and node.labels != old.labels:
+            return False
+        if node.topology is not old.topology and node.topology != old.topology:
+            return False
         return (node.node_id == old.node_id and node.powered_on == old.powered_on
                 and node.schedulable == old.schedulable and node.gpu_model == old.gpu_model)
 
