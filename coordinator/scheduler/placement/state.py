@@ -38,6 +38,7 @@ Byte counts are held as float64: exact below 2**53 bytes (8 PiB), far above any 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import cast
@@ -185,14 +186,20 @@ class PlacementState:
         self.cap_gpus = self.cap[0].tolist()
         self.idle = [node.power.idle_w for node in nodes]
         self.slope = [node.power.max_w - node.power.idle_w for node in nodes]
+        # The fields a commit changes live in array('d') buffers that the view's arrays are numpy
+        # views of: a commit writes the buffers (a fraction of a numpy scalar write's cost).
+        self.util_buf = array("d", bytes(8 * n))
+        self.neg_util_buf = array("d", bytes(8 * n))
+        self.used_gpus_buf = array("d", self.used[0].tolist())
+        self.before_buf = array("d", bytes(8 * n))
         self.view = NodeArrays(
-            util=np.zeros(n),
-            neg_util=np.zeros(n),
-            used_gpus=self.used[0].copy(),
+            util=np.frombuffer(self.util_buf, dtype=np.float64),
+            neg_util=np.frombuffer(self.neg_util_buf, dtype=np.float64),
+            used_gpus=np.frombuffer(self.used_gpus_buf, dtype=np.float64),
             cap_gpus_safe=np.where(self.cap[0] > 0, self.cap[0], 1.0),
             idle_w=np.array(self.idle, dtype=np.float64),
             slope_w=np.array(self.slope, dtype=np.float64),
-            before_w=np.zeros(n),
+            before_w=np.frombuffer(self.before_buf, dtype=np.float64),
         )
 
     def _init_gpus(self, nodes: tuple[NodeSnapshot, ...]) -> None:
@@ -303,13 +310,12 @@ class PlacementState:
                 low[3] = r3
             if r4 < low[4]:
                 low[4] = r4
-        view = self.view
         cap_gpus = self.cap_gpus[i]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
-        view.used_gpus[i] = column[0]
-        view.util[i] = util
-        view.neg_util[i] = -util
-        view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
+        self.used_gpus_buf[i] = column[0]
+        self.util_buf[i] = util
+        self.neg_util_buf[i] = -util
+        self.before_buf[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
@@ -684,7 +690,7 @@ class PlacementState:
         gpus, mem, share = node.gpus, self.slot_mem[i], self.slot_share[i]
         if len(gpus) != len(mem):
             return False
-        for g, m, s in zip(gpus, mem, share):
+        for g, m, s in zip(gpus, mem, share, strict=True):
             if g.mem_free_bytes != m or g.share_free != s:
                 return False
         if gpus is not old.gpus and (
