@@ -216,6 +216,18 @@ class ShapeEntry:
         self.refresh_minima({i // BLOCK for i in chosen})
         return np.array(chosen, dtype=np.int64)
 
+    def first_from(self, start: int, stop: int = -1) -> int:
+        """The first node the mask holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none:
+        a byte search of the mask's buffer (a suspect counts as feasible, as in :attr:`mask`).
+
+        :param start: the first node to look at.
+        :param stop: one past the last (-1: every node from ``start`` on).
+        :returns: a node index, or -1.
+        """
+        if stop < 0:
+            return self._mbuf.find(1, start)
+        return self._mbuf.find(1, start, stop)
+
     def pick(self, draw: Callable[[int], int]) -> int:
         """The ``draw(n)``-th feasible node in node order, ``n`` being how many are feasible (-1, with
         no draw, when none is): ``flatnonzero(mask)[draw(len(...))]`` from the block counts, without

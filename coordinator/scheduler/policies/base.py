@@ -261,6 +261,9 @@ class ShapeIndex(Protocol):
     def pick(self, draw: Callable[[int], int]) -> int:
         """The ``draw(n)``-th of the ``n`` feasible nodes in node order (-1, with no draw, when none is)."""
 
+    def first_from(self, start: int, stop: int = -1) -> int:
+        """The first node ``mask`` holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none."""
+
 
 class Policy(Protocol):
     """A placement policy: a filter, a rank, and a vectorised selection over :class:`NodeArrays`."""
