@@ -37,6 +37,7 @@ Byte counts are held as float64: exact below 2**53 bytes (8 PiB), far above any 
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from collections.abc import Callable, Iterable
@@ -264,10 +265,17 @@ class PlacementState:
         else:   # many columns (a cycle's update, a long batch): one fancy-indexed write per array
             idx = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
             order = idx.tolist()
-            used_cols, room_cols, free_desc, padded = self.used_cols, self.room_cols, self.free_desc, self._padded
-            self.used[:, idx] = np.array([used_cols[i] for i in order], dtype=np.float64).T
-            self.headroom[:, idx] = np.array([room_cols[i] for i in order], dtype=np.float64).T
-            self.whole_desc[:, idx] = np.array([padded(free_desc[i]) for i in order], dtype=np.float64).T
+            k, width, chain = len(order), self.width, itertools.chain.from_iterable
+            used_cols, room_cols, free_desc = self.used_cols, self.room_cols, self.free_desc
+            # Rows flattened into one array each (no intermediate list per row), then written transposed.
+            self.used[:, idx] = np.fromiter(chain([used_cols[i] for i in order]), np.float64,
+                                            _DIMS * k).reshape(k, _DIMS).T
+            self.headroom[:, idx] = np.fromiter(chain([room_cols[i] for i in order]), np.float64,
+                                                _DIMS * k).reshape(k, _DIMS).T
+            pads = [[-1.0] * m for m in range(width + 1)]
+            free = np.fromiter(chain([part for i in order for part in (free_desc[i], pads[width - len(free_desc[i])])]),
+                               np.float64, width * k)
+            self.whole_desc[:, idx] = free.reshape(k, width).T
         dirty.clear()
 
     def _refresh_node(self, i: int) -> None:
