@@ -754,34 +754,40 @@ class PlacementState:
         if not changed:
             return True
         labels_changed = False
+        columns: dict[int, tuple[list[float], list[float], list[float]]] = {}
         for i, node in changed:
             old = self.nodes[i]
             labels_changed = labels_changed or (node.labels != old.labels or node.gpu_model != old.gpu_model)
-            self._apply_node(i, node)
+            self._apply_node(i, node, columns)
+        self._write_columns(columns)
         if labels_changed:
             self._static.clear()
         self._after_apply()
         return True
 
-    def _apply_node(self, i: int, node: NodeSnapshot) -> None:
-        """Write one node's snapshot into the columns and lists (see :meth:`apply`)."""
+    def _apply_node(self, i: int, node: NodeSnapshot,
+                    columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
+        """Write one node's snapshot into the lists (see :meth:`apply`); its capacity, limit and shared
+        limit go into ``columns``, for :meth:`_write_columns` to write into the arrays."""
         self.nodes[i] = node
         cap = [float(x) for x in node.capacity.as_tuple()]
-        self.cap[:, i] = cap
         schedulable = node.schedulable
-        self.schedulable[i] = schedulable
         self.schedulable_list[i] = schedulable
-        factors = self.factors
-        limit = [f * c for f, c in zip(factors, cap, strict=True)] if schedulable else [-math.inf] * _DIMS
-        self.limit[:, i] = limit
-        self.limit_cols[i] = self.limit[:, i].tolist()
-        if self.shared_dims:
-            shared = [self._shared_factors[k] * cap[k] if schedulable else -math.inf for k in self.shared_dims]
-            self.shared_limit[:, i] = shared
-            self.shared_limit_cols[i] = self.shared_limit[:, i].tolist()
-        hlimit = self.limit[:, i].copy()
-        hlimit[list(_BYTE_DIMS)] = np.floor(hlimit[list(_BYTE_DIMS)])
-        self.hlimit_cols[i] = hlimit.tolist()
+        # The products and floors of _init_dimensions, on Python floats (which round like float64).
+        if schedulable:
+            limit = [f * c for f, c in zip(self.factors, cap, strict=True)]
+            shared = [self._shared_factors[k] * cap[k] for k in self.shared_dims]
+        else:
+            limit = [-math.inf] * _DIMS
+            shared = [-math.inf] * len(self.shared_dims)
+        self.limit_cols[i] = limit
+        self.shared_limit_cols[i] = shared
+        hlimit = limit.copy()
+        for k in _BYTE_DIMS:
+            x = hlimit[k]
+            hlimit[k] = float(math.floor(x)) if math.isfinite(x) else x
+        self.hlimit_cols[i] = hlimit
+        columns[i] = (cap, limit, shared)
         used = [float(x) for x in node.used.as_tuple()]
         self.used_cols[i] = used
         self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
@@ -789,10 +795,6 @@ class PlacementState:
         self.cap_gpus[i] = cap[0]
         self.idle[i] = node.power.idle_w
         self.slope[i] = node.power.max_w - node.power.idle_w
-        view = self.view
-        view.cap_gpus_safe[i] = cap[0] if cap[0] > 0 else 1.0
-        view.idle_w[i] = self.idle[i]
-        view.slope_w[i] = self.slope[i]
         old_count = len(self.slot_ids[i])
         gpus = node.gpus
         self.slot_ids[i] = [g.index for g in gpus]
@@ -803,6 +805,23 @@ class PlacementState:
         for k in range(len(gpus), old_count):   # GPUs the node no longer has leave the shared index
             self._partial.update(i, k, 0.0, 0.0)
         self._refresh_node(i)
+
+    def _write_columns(self, columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
+        """Write applied nodes' capacity, limits, schedulability and power into the arrays, one
+        fancy-indexed assignment per array."""
+        idx = np.fromiter(columns, dtype=np.int64, count=len(columns))
+        order = idx.tolist()
+        rows = list(columns.values())
+        cap = np.array([r[0] for r in rows], dtype=np.float64).T
+        self.cap[:, idx] = cap
+        self.limit[:, idx] = np.array([r[1] for r in rows], dtype=np.float64).T
+        if self.shared_dims:
+            self.shared_limit[:, idx] = np.array([r[2] for r in rows], dtype=np.float64).T
+        self.schedulable[idx] = [self.schedulable_list[i] for i in order]
+        view = self.view
+        view.cap_gpus_safe[idx] = np.where(cap[0] > 0, cap[0], 1.0)
+        view.idle_w[idx] = [self.idle[i] for i in order]
+        view.slope_w[idx] = [self.slope[i] for i in order]
 
     def _after_apply(self) -> None:
         """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""
