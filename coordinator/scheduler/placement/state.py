@@ -71,6 +71,8 @@ _BYTE_DIMS = (1, 3, 4)
 _DYADIC = 2.0**20  # float values that are multiples of 2**-20 (and below 2**32) add without rounding
 _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
+_INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples handed out, each kept once
+_INDICES_MAX = 4096
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
@@ -653,8 +655,14 @@ class PlacementState:
         self.changes.append(i)
         self._touched.add(i)
         ids = self.slot_ids[i]
-        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=tuple([ids[k] for k in positions]),
-                              gpu_share=share)
+        indices = tuple([ids[k] for k in positions])
+        # Placements share one tuple per GPU set: a batch then leaves fewer new objects for the collector.
+        shared = _INDICES.get(indices)
+        if shared is None:
+            if len(_INDICES) >= _INDICES_MAX:
+                _INDICES.clear()
+            shared = _INDICES[indices] = indices
+        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=shared, gpu_share=share)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
