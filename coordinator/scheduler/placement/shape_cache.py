@@ -12,9 +12,9 @@ shape the engine keeps
 Each entry also keeps a **block index** over its arrays: the nodes are cut into blocks of
 ``BLOCK`` consecutive indices, and per block the entry keeps the smallest key (keyed policies) and
 the number of feasible nodes. Choosing the best node is then an ``argmin`` over the block minima
-and one over a single block, and the k-th feasible node (the random baseline's draw) a cumulative
-sum over the block counts and one block's ``flatnonzero``: a decision reads about ``N / BLOCK +
-BLOCK`` entries instead of ``N``. The first of equal minima is the first in node order either way,
+and one over a single block, and the k-th feasible node (the random baseline's draw) a walk over
+the counts of groups of ``GROUP`` blocks, then over one group's block counts, and one block's
+``flatnonzero``: a decision reads about ``N / BLOCK + BLOCK`` entries instead of ``N``. The first of equal minima is the first in node order either way,
 so the choice is exactly ``keyed.argmin()``'s.
 
 For policies that take the first feasible node from a point on (first-fit, round-robin:
@@ -55,6 +55,7 @@ _LOG_MAX = 1 << 16     # changed-node log length before it is cut and every entr
 _REBUILD_BASE = 8      # replaying more changed nodes than base + N / per_node costs more than a rebuild
 _REBUILD_PER_NODE = 256
 BLOCK = 128            # nodes per block of an entry's block index
+GROUP = 16             # blocks per group of the feasible counts (the random draw walks groups, then blocks)
 _INF = array("d", [float("inf")])
 
 ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
@@ -72,8 +73,8 @@ class ShapeEntry:
     The arrays live in Python buffers (a ``bytearray`` for the mask, ``array('d')`` for the keys
     and block minima) that :attr:`mask`, :attr:`keyed` and the block views are numpy views of:
     vectorised reads go through numpy, and the node-by-node updates of a replay write the buffers
-    directly, which costs a fraction of a numpy scalar access. The block counts are a list, with a
-    Fenwick tree over them built on the first :meth:`pick` and kept from then on.
+    directly, which costs a fraction of a numpy scalar access. The feasible counts are lists, per
+    block and per group of ``GROUP`` blocks, so the random draw walks groups and then blocks.
 
     :param mask: feasible nodes.
     :param keyed: the policy's key on feasible nodes, +inf elsewhere (None: the policy has no key).
@@ -83,8 +84,8 @@ class ShapeEntry:
         only for an entry that is never replayed or confirmed.
     """
 
-    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_kbuf", "_lbuf", "_mbuf", "_top", "_tree",
-                 "block_count", "exact", "feasible", "keyed", "mask", "seen", "suspects")
+    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_kbuf", "_lbuf", "_mbuf", "block_count", "exact",
+                 "feasible", "group_count", "keyed", "mask", "seen", "suspects")
 
     def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool,
                  check: Callable[[int], bool] | None = None) -> None:
@@ -122,14 +123,8 @@ class ShapeEntry:
     def count(self, b: int, d: int) -> None:
         """Add ``d`` to block ``b``'s feasible count (the mask changed there)."""
         self.block_count[b] += d
+        self.group_count[b // GROUP] += d
         self.feasible += d
-        tree = self._tree
-        if tree is not None:
-            b += 1
-            size = len(tree)
-            while b < size:
-                tree[b] += d
-                b += b & -b
 
     def reindex(self, mask: BoolArray, keyed: FloatArray | None) -> None:
         """Take new arrays (a rebuild) and compute their block index from scratch.
@@ -146,9 +141,8 @@ class ShapeEntry:
         self.mask = padded_mask[:n]
         self._block_mask = padded_mask.reshape(blocks, BLOCK)
         self.block_count = self._block_mask.sum(axis=1).tolist()
-        self.feasible = sum(self.block_count)
-        self._tree: list[int] | None = None
-        self._top = 0
+        self.group_count = [sum(self.block_count[g : g + GROUP]) for g in range(0, blocks, GROUP)]
+        self.feasible = sum(self.group_count)
         if keyed is None:
             self.keyed = None
             self._block_key = self._block_min = None
@@ -239,35 +233,19 @@ class ShapeEntry:
         n = self.feasible
         if n == 0:
             return -1
-        tree = self._tree
-        if tree is None:
-            tree = self._build_tree()
         rem = draw(n)
-        # The block holding the rem-th feasible node: descend the Fenwick tree (blocks before it
-        # hold at most rem feasible nodes together).
-        b, step, size = 0, self._top, len(tree) - 1
-        while step:
-            nxt = b + step
-            if nxt <= size and tree[nxt] <= rem:
-                b = nxt
-                rem -= tree[nxt]
-            step >>= 1
+        # The group of blocks, then the block, holding the rem-th feasible node (those before hold
+        # at most rem together), then the node within the block.
+        groups, counts = self.group_count, self.block_count
+        g = 0
+        while rem >= groups[g]:
+            rem -= groups[g]
+            g += 1
+        b = g * GROUP
+        while rem >= counts[b]:
+            rem -= counts[b]
+            b += 1
         return b * BLOCK + int(self._block_mask[b].nonzero()[0][rem])
-
-    def _build_tree(self) -> list[int]:
-        """The Fenwick tree of the block counts (kept by :meth:`count` from now on)."""
-        counts = self.block_count
-        size = len(counts)
-        tree = [0, *counts]
-        for j in range(1, size + 1):
-            up = j + (j & -j)
-            if up <= size:
-                tree[up] += tree[j]
-        top = 1
-        while top * 2 <= size:
-            top *= 2
-        self._tree, self._top = tree, top
-        return tree
 
 
 class ShapeCache:
@@ -353,6 +331,7 @@ class ShapeCache:
         policy = self._keyed
         if entry.keyed is None or policy is None:
             suspects = entry.suspects if self._lazy else None
+            counts, groups, block, group, flips = entry.block_count, entry.group_count, BLOCK, GROUP, 0
             for x in changed:
                 if x < 0:
                     x = ~x
@@ -367,9 +346,14 @@ class ShapeCache:
                 else:
                     was = 1
                 ok = check(x)
-                if ok != was:
+                if ok != was:   # ShapeEntry.count, inline
                     mbuf[x] = ok
-                    entry.count(x // BLOCK, 1 if ok else -1)
+                    d = 1 if ok else -1
+                    b = x // block
+                    counts[b] += d
+                    groups[b // group] += d
+                    flips += d
+            entry.feasible += flips
             return
         stale: set[int] = set()
         key_at, view, set_key, inf = policy.key_at, self._state.view, entry.set_key, _INF[0]
