@@ -14,8 +14,9 @@ Each entry also keeps a **block index** over its arrays: the nodes are cut into 
 the number of feasible nodes. Choosing the best node is then an ``argmin`` over the block minima
 and one over a single block, and the k-th feasible node (the random baseline's draw) a walk over
 the counts of groups of ``GROUP`` blocks, then over one group's block counts, and one block's
-``flatnonzero``: a decision reads about ``N / BLOCK + BLOCK`` entries instead of ``N``. The first of equal minima is the first in node order either way,
-so the choice is exactly ``keyed.argmin()``'s.
+``flatnonzero``: a decision reads about ``N / BLOCK + BLOCK`` entries instead of ``N``. The first
+of equal minima is the first in node order either way, so the choice is exactly
+``keyed.argmin()``'s.
 
 For policies that take the first feasible node from a point on (first-fit, round-robin:
 ``confirms_lazily``), a node that was only committed to since the entry was current (commits

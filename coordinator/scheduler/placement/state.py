@@ -105,6 +105,13 @@ def is_exact(values: tuple[float, int, float, int, int]) -> bool:
     )
 
 
+def _rows(columns: FloatArray) -> list[array[float]]:
+    """A ``(5, N)`` array's columns as one ``array('d')`` each."""
+    flat = array("d")
+    flat.frombytes(np.ascontiguousarray(columns.T).tobytes())
+    return [flat[k : k + _DIMS] for k in range(0, len(flat), _DIMS)]
+
+
 def _columns(nodes: tuple[NodeSnapshot, ...], attr: str) -> FloatArray:
     """A ``(5, N)`` float64 array of ``node.<attr>`` vectors."""
     rows = [getattr(node, attr).as_tuple() for node in nodes]
@@ -148,15 +155,16 @@ class PlacementState:
         """Capacity, reservations, limits and headroom per dimension and node."""
         self.cap = _columns(nodes, "capacity")
         self.used = _columns(nodes, "used")
-        # Python mirrors of the per-node columns: committing reads and writes one node, and
-        # Python floats round exactly like numpy float64, so both copies stay identical.
-        self.used_cols: list[list[float]] = self.used.T.tolist()
+        # Python mirrors of the per-node columns (one array('d') of the five values per node, its
+        # values in one place in memory): committing reads and writes one node, and Python floats
+        # round exactly like numpy float64, so both copies stay identical.
+        self.used_cols = _rows(self.used)
         self._dirty: set[int] = set()   # nodes whose numpy columns lag their Python mirrors (see _sync)
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
         self.schedulable_list = [node.schedulable for node in nodes]
         self.factors = limit_factors(threshold, mode, shared=False)
         self.limit = np.where(self.schedulable, self._scaled(self.factors), -np.inf)
-        self.limit_cols: list[list[float]] = self.limit.T.tolist()
+        self.limit_cols = _rows(self.limit)
         # The dimensions in which a shared request's limit is lower, with those limits (one row each).
         shared = self._shared_factors = limit_factors(threshold, mode, shared=True)
         self.shared_dims = [k for k in range(_DIMS) if shared[k] != self.factors[k]]
@@ -166,9 +174,9 @@ class PlacementState:
         # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
         hlimit = self.limit.copy()
         hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
-        self.hlimit_cols: list[list[float]] = hlimit.T.tolist()
+        self.hlimit_cols = _rows(hlimit)
         self.headroom = hlimit - self.used
-        self.room_cols: list[list[float]] = self.headroom.T.tolist()
+        self.room_cols = _rows(self.headroom)
         # A lower bound on every schedulable node's headroom per dimension: a demand at or below
         # it fits everywhere in that dimension, so the filter skips the dimension. Commits only
         # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound.
@@ -269,11 +277,10 @@ class PlacementState:
             order = idx.tolist()
             k, width, chain = len(order), self.width, itertools.chain.from_iterable
             used_cols, room_cols, free_desc = self.used_cols, self.room_cols, self.free_desc
-            # Rows flattened into one array each (no intermediate list per row), then written transposed.
-            self.used[:, idx] = np.fromiter(chain([used_cols[i] for i in order]), np.float64,
-                                            _DIMS * k).reshape(k, _DIMS).T
-            self.headroom[:, idx] = np.fromiter(chain([room_cols[i] for i in order]), np.float64,
-                                                _DIMS * k).reshape(k, _DIMS).T
+            # Rows joined into one array each (no intermediate list per row), then written transposed.
+            self.used[:, idx] = np.frombuffer(b"".join([used_cols[i] for i in order]), np.float64).reshape(k, _DIMS).T
+            self.headroom[:, idx] = np.frombuffer(b"".join([room_cols[i] for i in order]),
+                                                  np.float64).reshape(k, _DIMS).T
             pads = [[-1.0] * m for m in range(width + 1)]
             free = np.fromiter(chain([part for i in order for part in (free_desc[i], pads[width - len(free_desc[i])])]),
                                np.float64, width * k)
@@ -297,7 +304,7 @@ class PlacementState:
                 partial.update(i, k, s, mems[k])
         self.changes.append(~i)
 
-    def _derive(self, i: int, column: list[float]) -> None:
+    def _derive(self, i: int, column: array[float]) -> None:
         """Node ``i``'s headroom (in place), the headroom bound, utilization and power, from its reservations."""
         self._dirty.add(i)
         self._bounds_stale = True
@@ -683,7 +690,7 @@ class PlacementState:
         values = demand.as_tuple()
         self.exact = self.exact and is_exact(values)
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
-        self.used_cols[i] = [0.0 if abs(x) < CRUMB else x for x in column]
+        self.used_cols[i] = array("d", [0.0 if abs(x) < CRUMB else x for x in column])
         self._refresh_node(i)
         self._touched.add(i)
         self.refresh_bounds()
@@ -788,16 +795,15 @@ class PlacementState:
         else:
             limit = [-math.inf] * _DIMS
             shared = [-math.inf] * len(self.shared_dims)
-        self.limit_cols[i] = limit
+        self.limit_cols[i] = array("d", limit)
         self.shared_limit_cols[i] = shared
         hlimit = limit.copy()
         for k in _BYTE_DIMS:
             x = hlimit[k]
             hlimit[k] = float(math.floor(x)) if math.isfinite(x) else x
-        self.hlimit_cols[i] = hlimit
+        self.hlimit_cols[i] = array("d", hlimit)
         columns[i] = (cap, limit, shared)
-        used = [float(x) for x in node.used.as_tuple()]
-        self.used_cols[i] = used
+        self.used_cols[i] = array("d", node.used.as_tuple())
         self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
         self.powered_on[i] = node.powered_on
         self.cap_gpus[i] = cap[0]
