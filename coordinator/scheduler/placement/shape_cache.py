@@ -85,8 +85,8 @@ class ShapeEntry:
         only for an entry that is never replayed or confirmed.
     """
 
-    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_kbuf", "_lbuf", "_mbuf", "block_count", "exact",
-                 "feasible", "group_count", "keyed", "mask", "seen", "suspects")
+    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_kbuf", "_lbuf", "_mbuf", "_ties", "block_count",
+                 "exact", "feasible", "group_count", "keyed", "mask", "seen", "suspects")
 
     def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool,
                  check: Callable[[int], bool] | None = None) -> None:
@@ -153,28 +153,42 @@ class ShapeEntry:
         padded_key[:n] = keyed
         self.keyed = padded_key[:n]
         self._block_key = padded_key.reshape(blocks, BLOCK)
-        self._lbuf = array("d", self._block_key.min(axis=1).tolist())
+        low = self._block_key.min(axis=1)
+        self._lbuf = array("d", low.tolist())
         self._block_min = np.frombuffer(self._lbuf, dtype=np.float64)
+        self._ties = (self._block_key == low[:, None]).sum(axis=1).tolist()   # nodes at their block's minimum
 
     def refresh_minima(self, blocks: set[int]) -> None:
-        """Recompute the smallest key of the given blocks (their nodes' keys changed; the counts are kept
-        by whoever changes the mask)."""
+        """Recompute the smallest key of the given blocks and how many of their nodes hold it (their
+        nodes' keys changed; the feasible counts are kept by whoever changes the mask)."""
         if self._block_key is not None:
-            block_key, low = self._block_key, self._lbuf
+            block_key, low, ties = self._block_key, self._lbuf, self._ties
             for b in blocks:
-                low[b] = block_key[b].min()
+                row = block_key[b]
+                m = row.min()
+                low[b] = m
+                ties[b] = int(np.count_nonzero(row == m))
 
     def set_key(self, i: int, key: float, stale: set[int]) -> None:
-        """Set node ``i``'s key, keeping its block's minimum exact: at once where the new key decides it,
-        else by adding the block to ``stale`` (for :meth:`refresh_minima`)."""
-        kbuf, low = self._kbuf, self._lbuf
+        """Set node ``i``'s key, keeping its block's minimum (and how many nodes hold it) exact: at once
+        where that is known, else by adding the block to ``stale`` (for :meth:`refresh_minima`): when
+        the last node at the minimum leaves it, or with a NaN."""
+        kbuf, low, ties = self._kbuf, self._lbuf, self._ties
         old = kbuf[i]
         kbuf[i] = key
         b = i // BLOCK
         m = low[b]
         if key < m:
             low[b] = key
-        elif not (key == m or (old > m and key > m)):   # the old key may have been the minimum (or a NaN)
+            ties[b] = 1
+        elif key == m:
+            if old != m:
+                ties[b] += 1
+        elif key > m and old > m:
+            pass                      # neither key is the minimum
+        elif key > m and old == m and ties[b] > 1:
+            ties[b] -= 1              # another node still holds the minimum
+        else:
             stale.add(b)
 
     def best(self) -> int:
