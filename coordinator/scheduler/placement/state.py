@@ -839,7 +839,10 @@ class PlacementState:
 
     def _after_apply(self) -> None:
         """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""
-        magnitude = np.max(np.abs(np.concatenate((self.cap, self.used_array()), axis=1)), axis=1, initial=1.0)
+        # The largest magnitude per dimension over capacity and reservations (as at build), without
+        # concatenating the two arrays.
+        magnitude = np.maximum(np.max(np.abs(self.cap), axis=1, initial=1.0),
+                               np.max(np.abs(self.used_array()), axis=1, initial=1.0))
         self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
         n = len(self.nodes)
         limit = np.max(self.limit, axis=1, initial=-np.inf) if n else np.full(_DIMS, -np.inf)
