@@ -48,6 +48,7 @@ import numpy as np
 
 from common.domain import DIMENSIONS, ClusterSnapshot, GpuSlot, NodeAssignment, NodeSnapshot, Request, Resources
 from common.errors import PlacementError
+from common.topology import NodeTopology
 from coordinator.allocator.gpus import choose_gpu_indices
 from coordinator.allocator.reservations import CRUMB, give_back_gpu, take_gpu
 from coordinator.scheduler.placement.partial_gpus import PartialGpus
@@ -73,6 +74,7 @@ _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
 _INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples handed out, each kept once
 _INDICES_MAX = 4096
+_CHOICES_MAX = 4096   # GPU choices remembered by commit
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
@@ -148,6 +150,7 @@ class PlacementState:
         # which only ever takes room away, and ``~i`` after a release, which gives room back.
         self.changes: list[int] = []
         self._touched: set[int] = set()   # nodes committed to or released on since last applied (see apply)
+        self._choices: dict[tuple[object, ...], tuple[NodeTopology | None, tuple[int, ...]]] = {}   # see commit
         self._init_derived()
         self.refresh_bounds()
 
@@ -618,12 +621,22 @@ class PlacementState:
             # allocator takes all of them (ascending), whatever the topology.
             positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
         else:
-            positions = choose_gpu_indices(
-                mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu,
-                links=self.nodes[i].topology,
-            )
-            if positions is None:
-                raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
+            # The allocator's choice is a function of the node's GPU state and the request's GPU needs,
+            # which repeat across nodes and requests: remembered by value (the links by identity, held).
+            links = self.nodes[i].topology
+            topology = self.slot_topology[i]
+            key = (whole, demand[0], per_gpu, id(links), tuple(mem), tuple(share_free), tuple(topology))
+            known = self._choices.get(key)
+            if known is not None and known[0] is links:
+                positions = known[1]
+            else:
+                positions = choose_gpu_indices(mem, share_free, topology, whole=whole, share=demand[0],
+                                               mem_per_gpu=per_gpu, links=links)
+                if positions is None:
+                    raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
+                if len(self._choices) >= _CHOICES_MAX:
+                    self._choices.clear()
+                self._choices[key] = (links, positions)
         if not exact:
             self.exact = False
         if whole > 0:
