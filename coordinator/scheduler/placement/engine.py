@@ -204,7 +204,16 @@ class PlacementEngine:
             chosen = np.zeros(0, dtype=np.int64)
         elif mask is entry.mask:
             # The whole feasible set: the policy reads the entry's block index, not every node.
-            chosen = policy.select_indexed(state.view, entry, req)
+            if count == 1:
+                i = policy.select_one(state.view, entry, req)
+                if i >= 0:   # one node: committed without building arrays
+                    assignment = state.commit(i, req, values, whole, entry.exact)
+                    policy.committed_one(i, len(state.nodes))
+                    return Placement(task_id=req.task_id, assignments=(assignment,), demand=req.demand,
+                                     policy=policy.name)
+                chosen = np.zeros(0, dtype=np.int64)
+            else:
+                chosen = policy.select_indexed(state.view, entry, req)
         elif keyed is not None:
             chosen = first_k_keyed(keyed, mask, count)
         else:

@@ -12,10 +12,11 @@ shape the engine keeps
 Each entry also keeps a **block index** over its arrays: the nodes are cut into blocks of
 ``BLOCK`` consecutive indices, and per block the entry keeps the smallest key (keyed policies) and
 the number of feasible nodes. Choosing the best node is then an ``argmin`` over the block minima
-and one over a single block, and the k-th feasible node (the random baseline's draw) a cumulative
-sum over the block counts and one block's ``flatnonzero``: a decision reads about ``N / BLOCK +
-BLOCK`` entries instead of ``N``. The first of equal minima is the first in node order either way,
-so the choice is exactly ``keyed.argmin()``'s.
+and one over a single block, and the k-th feasible node (the random baseline's draw) a walk over
+the counts of groups of ``GROUP`` blocks, then over one group's block counts, and one block's
+``flatnonzero``: a decision reads about ``N / BLOCK + BLOCK`` entries instead of ``N``. The first
+of equal minima is the first in node order either way, so the choice is exactly
+``keyed.argmin()``'s.
 
 For policies that take the first feasible node from a point on (first-fit, round-robin:
 ``confirms_lazily``), a node that was only committed to since the entry was current (commits
@@ -38,6 +39,7 @@ part of it (it only says how many of the feasible nodes to take).
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -54,6 +56,8 @@ _LOG_MAX = 1 << 16     # changed-node log length before it is cut and every entr
 _REBUILD_BASE = 8      # replaying more changed nodes than base + N / per_node costs more than a rebuild
 _REBUILD_PER_NODE = 256
 BLOCK = 128            # nodes per block of an entry's block index
+GROUP = 16             # blocks per group of the feasible counts (the random draw walks groups, then blocks)
+_INF = array("d", [float("inf")])
 
 ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
 ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey]
@@ -67,25 +71,29 @@ def _blocks(n: int) -> int:
 class ShapeEntry:
     """One shape's current filter result and keys, with their block index.
 
+    The arrays live in Python buffers (a ``bytearray`` for the mask, ``array('d')`` for the keys
+    and block minima) that :attr:`mask`, :attr:`keyed` and the block views are numpy views of:
+    vectorised reads go through numpy, and the node-by-node updates of a replay write the buffers
+    directly, which costs a fraction of a numpy scalar access. The feasible counts are lists, per
+    block and per group of ``GROUP`` blocks, so the random draw walks groups and then blocks.
+
     :param mask: feasible nodes.
     :param keyed: the policy's key on feasible nodes, +inf elsewhere (None: the policy has no key).
     :param seen: length of the change log when this entry was last brought up to date.
     :param exact: :func:`~coordinator.scheduler.placement.state.is_exact` of the shape's demand vector.
+    :param check: the filter for one node now (:meth:`PlacementState.checker` of the shape); None
+        only for an entry that is never replayed or confirmed.
     """
 
-    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_state", "block_count", "exact", "keyed",
-                 "mask", "seen", "suspects")
+    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_kbuf", "_lbuf", "_mbuf", "_ties", "block_count",
+                 "exact", "feasible", "group_count", "keyed", "mask", "seen", "suspects")
 
     def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool,
-                 state: PlacementState | None = None,
-                 check: tuple[tuple[float, int, float, int, int], int, int, ConstraintKey] | None = None) -> None:
+                 check: Callable[[int], bool] | None = None) -> None:
         self.seen = seen
         self.exact = exact
-        self.mask = mask
-        self.keyed = keyed
         self.suspects: set[int] = set()   # feasible in the mask, committed to since, not yet re-checked
-        self._state = state
-        self._check = check               # (values, whole, per-GPU memory, constraints): the filter's arguments
+        self._check = check
         self.reindex(mask, keyed)
 
     def confirm(self, i: int) -> bool:
@@ -98,21 +106,26 @@ class ShapeEntry:
         if i not in self.suspects:
             return True
         self.suspects.discard(i)
-        state, check = self._state, self._check
-        assert state is not None and check is not None
-        values, whole, per_gpu, constraints = check
-        if state.fits(i, values, whole, per_gpu, state.static_for(constraints)):
+        assert self._check is not None
+        if self._check(i):
             return True
-        self.mask[i] = False
-        self.block_count[i // BLOCK] -= 1
+        self._mbuf[i] = False
+        self.count(i // BLOCK, -1)
         return False
 
     def settle(self) -> None:
         """Re-check every suspect, so that the mask (and the counts) are exact."""
+        mbuf = self._mbuf
         for i in list(self.suspects):
-            if self.mask[i]:
+            if mbuf[i]:
                 self.confirm(i)
         self.suspects.clear()
+
+    def count(self, b: int, d: int) -> None:
+        """Add ``d`` to block ``b``'s feasible count (the mask changed there)."""
+        self.block_count[b] += d
+        self.group_count[b // GROUP] += d
+        self.feasible += d
 
     def reindex(self, mask: BoolArray, keyed: FloatArray | None) -> None:
         """Take new arrays (a rebuild) and compute their block index from scratch.
@@ -123,28 +136,60 @@ class ShapeEntry:
         self.suspects = set()
         n = len(mask)
         blocks = _blocks(n)
-        padded_mask = np.zeros(blocks * BLOCK, dtype=np.bool_)
+        self._mbuf = bytearray(blocks * BLOCK)
+        padded_mask = np.frombuffer(self._mbuf, dtype=np.bool_)
         padded_mask[:n] = mask
         self.mask = padded_mask[:n]
         self._block_mask = padded_mask.reshape(blocks, BLOCK)
-        self.block_count = self._block_mask.sum(axis=1)
+        self.block_count = self._block_mask.sum(axis=1).tolist()
+        self.group_count = [sum(self.block_count[g : g + GROUP]) for g in range(0, blocks, GROUP)]
+        self.feasible = sum(self.group_count)
         if keyed is None:
             self.keyed = None
             self._block_key = self._block_min = None
             return
-        padded_key = np.full(blocks * BLOCK, np.inf)
+        self._kbuf = array("d", _INF) * (blocks * BLOCK)
+        padded_key = np.frombuffer(self._kbuf, dtype=np.float64)
         padded_key[:n] = keyed
         self.keyed = padded_key[:n]
         self._block_key = padded_key.reshape(blocks, BLOCK)
-        self._block_min = self._block_key.min(axis=1)
+        low = self._block_key.min(axis=1)
+        self._lbuf = array("d", low.tolist())
+        self._block_min = np.frombuffer(self._lbuf, dtype=np.float64)
+        self._ties = (self._block_key == low[:, None]).sum(axis=1).tolist()   # nodes at their block's minimum
 
     def refresh_minima(self, blocks: set[int]) -> None:
-        """Recompute the smallest key of the given blocks (their nodes' keys changed; the counts are kept
-        by whoever changes the mask)."""
-        if self._block_key is not None and self._block_min is not None:
-            block_key, low = self._block_key, self._block_min
+        """Recompute the smallest key of the given blocks and how many of their nodes hold it (their
+        nodes' keys changed; the feasible counts are kept by whoever changes the mask)."""
+        if self._block_key is not None:
+            block_key, low, ties = self._block_key, self._lbuf, self._ties
             for b in blocks:
-                low[b] = block_key[b].min()
+                row = block_key[b]
+                m = row.min()
+                low[b] = m
+                ties[b] = int(np.count_nonzero(row == m))
+
+    def set_key(self, i: int, key: float, stale: set[int]) -> None:
+        """Set node ``i``'s key, keeping its block's minimum (and how many nodes hold it) exact: at once
+        where that is known, else by adding the block to ``stale`` (for :meth:`refresh_minima`): when
+        the last node at the minimum leaves it, or with a NaN."""
+        kbuf, low, ties = self._kbuf, self._lbuf, self._ties
+        old = kbuf[i]
+        kbuf[i] = key
+        b = i // BLOCK
+        m = low[b]
+        if key < m:
+            low[b] = key
+            ties[b] = 1
+        elif key == m:
+            if old != m:
+                ties[b] += 1
+        elif key > m and old > m:
+            pass                      # neither key is the minimum
+        elif key > m and old == m and ties[b] > 1:
+            ties[b] -= 1              # another node still holds the minimum
+        else:
+            stale.add(b)
 
     def best(self) -> int:
         """The feasible node with the smallest key, the first of equal ones (-1: none is feasible).
@@ -155,7 +200,7 @@ class ShapeEntry:
         assert self._block_min is not None and self._block_key is not None
         b = int(self._block_min.argmin())
         i = b * BLOCK + int(self._block_key[b].argmin())
-        return i if i < len(self.mask) and self.mask[i] else -1
+        return i if i < len(self.mask) and self._mbuf[i] else -1
 
     def first_k(self, count: int) -> IntArray:
         """The ``count`` feasible nodes with the smallest keys, best first (ties: earlier node); fewer when
@@ -166,20 +211,31 @@ class ShapeEntry:
         assert self._block_min is not None and self._block_key is not None
         chosen: list[int] = []
         saved: list[float] = []
-        keyed, mask = self.keyed, self.mask
-        assert keyed is not None
+        kbuf, mbuf, low = self._kbuf, self._mbuf, self._lbuf
         for _ in range(count):
             i = self.best()
             if i < 0:
                 break
             chosen.append(i)
-            saved.append(float(keyed[i]))
-            keyed[i], mask[i] = np.inf, False
-            self._block_min[i // BLOCK] = self._block_key[i // BLOCK].min()
+            saved.append(kbuf[i])
+            kbuf[i], mbuf[i] = _INF[0], False
+            low[i // BLOCK] = self._block_key[i // BLOCK].min()
         for i, k in zip(chosen, saved, strict=True):
-            keyed[i], mask[i] = k, True
+            kbuf[i], mbuf[i] = k, True
         self.refresh_minima({i // BLOCK for i in chosen})
         return np.array(chosen, dtype=np.int64)
+
+    def first_from(self, start: int, stop: int = -1) -> int:
+        """The first node the mask holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none:
+        a byte search of the mask's buffer (a suspect counts as feasible, as in :attr:`mask`).
+
+        :param start: the first node to look at.
+        :param stop: one past the last (-1: every node from ``start`` on).
+        :returns: a node index, or -1.
+        """
+        if stop < 0:
+            return self._mbuf.find(1, start)
+        return self._mbuf.find(1, start, stop)
 
     def pick(self, draw: Callable[[int], int]) -> int:
         """The ``draw(n)``-th feasible node in node order, ``n`` being how many are feasible (-1, with
@@ -189,14 +245,22 @@ class ShapeEntry:
         :param draw: given ``n > 0``, a position in ``range(n)``.
         :returns: a node index, or -1.
         """
-        cumulative = np.cumsum(self.block_count)
-        n = int(cumulative[-1])
+        n = self.feasible
         if n == 0:
             return -1
-        k = draw(n)
-        b = int(np.searchsorted(cumulative, k, side="right"))
-        before = int(cumulative[b - 1]) if b else 0
-        return b * BLOCK + int(np.flatnonzero(self._block_mask[b])[k - before])
+        rem = draw(n)
+        # The group of blocks, then the block, holding the rem-th feasible node (those before hold
+        # at most rem together), then the node within the block.
+        groups, counts = self.group_count, self.block_count
+        g = 0
+        while rem >= groups[g]:
+            rem -= groups[g]
+            g += 1
+        b = g * GROUP
+        while rem >= counts[b]:
+            rem -= counts[b]
+            b += 1
+        return b * BLOCK + int(self._block_mask[b].nonzero()[0][rem])
 
 
 class ShapeCache:
@@ -249,7 +313,7 @@ class ShapeCache:
             entry.reindex(mask, keyed)
             entry.seen = len(log)
             return entry
-        self._replay(entry, req, values, whole, log[entry.seen :] if pending > 1 else (log[-1],), constraints)
+        self._replay(entry, req, log[entry.seen :] if pending > 1 else (log[-1],))
         entry.seen = len(log)
         return entry
 
@@ -268,63 +332,58 @@ class ShapeCache:
                constraints: ConstraintKey) -> ShapeEntry:
         """A fresh entry from the vectorised filter and the policy's key array."""
         mask, keyed = self._arrays(req, values, whole, exact)
-        return ShapeEntry(mask, keyed, len(self._state.changes), exact, self._state,
-                          (values, whole, req.gpu_mem_per_gpu_bytes, constraints))
+        check = self._state.checker(values, whole, req.gpu_mem_per_gpu_bytes, constraints)
+        return ShapeEntry(mask, keyed, len(self._state.changes), exact, check)
 
-    def _replay(
-        self,
-        entry: ShapeEntry,
-        req: Request,
-        values: tuple[float, int, float, int, int],
-        whole: int,
-        changed: list[int] | tuple[int],
-        constraints: ConstraintKey,
-    ) -> None:
+    def _replay(self, entry: ShapeEntry, req: Request, changed: list[int] | tuple[int]) -> None:
         """Re-check the nodes logged since the entry was last current (a node logged twice is checked twice).
 
         A node the entry refused that was only committed to since is still refused (commits take
         room away) and is skipped; released nodes (logged as ``~i``) and feasible ones are re-checked.
         """
-        state = self._state
-        static = state.static_for(constraints)
-        per_gpu = req.gpu_mem_per_gpu_bytes
-        mask, keyed = entry.mask, entry.keyed
-        fits, policy, view = state.fits, self._keyed, state.view
-        count = entry.block_count
-        if keyed is None or policy is None:
+        mbuf, check = entry._mbuf, entry._check
+        assert check is not None
+        policy = self._keyed
+        if entry.keyed is None or policy is None:
             suspects = entry.suspects if self._lazy else None
+            counts, groups, block, group, flips = entry.block_count, entry.group_count, BLOCK, GROUP, 0
             for x in changed:
                 if x < 0:
                     x = ~x
-                    was = mask[x]
+                    was = mbuf[x]
                     if suspects is not None:
                         suspects.discard(x)   # re-checked now
-                elif not mask[x]:
+                elif not mbuf[x]:
                     continue
                 elif suspects is not None:
                     suspects.add(x)           # re-checked when a choice lands on it (ShapeEntry.confirm)
                     continue
                 else:
-                    was = True
-                ok = fits(x, values, whole, per_gpu, static)
-                if ok != was:
-                    mask[x] = ok
-                    count[x // BLOCK] += 1 if ok else -1
+                    was = 1
+                ok = check(x)
+                if ok != was:   # ShapeEntry.count, inline
+                    mbuf[x] = ok
+                    d = 1 if ok else -1
+                    b = x // block
+                    counts[b] += d
+                    groups[b // group] += d
+                    flips += d
+            entry.feasible += flips
             return
-        touched: set[int] = set()
+        stale: set[int] = set()
+        key_at, view, set_key, inf = policy.key_at, self._state.view, entry.set_key, _INF[0]
         for x in changed:
             if x < 0:
                 x = ~x
-                was = mask[x]
-            elif not mask[x]:
+                was = mbuf[x]
+            elif not mbuf[x]:
                 continue
             else:
-                was = True
-            ok = fits(x, values, whole, per_gpu, static)
+                was = 1
+            ok = check(x)
             if ok != was:
-                mask[x] = ok
-                count[x // BLOCK] += 1 if ok else -1
-            keyed[x] = policy.key_at(view, req, x) if ok else np.inf
-            touched.add(x // BLOCK)
-        if touched:
-            entry.refresh_minima(touched)
+                mbuf[x] = ok
+                entry.count(x // BLOCK, 1 if ok else -1)
+            set_key(x, key_at(view, req, x) if ok else inf, stale)
+        if stale:
+            entry.refresh_minima(stale)

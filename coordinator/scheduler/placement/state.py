@@ -37,8 +37,10 @@ Byte counts are held as float64: exact below 2**53 bytes (8 PiB), far above any 
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable
+from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import cast
 
@@ -46,6 +48,7 @@ import numpy as np
 
 from common.domain import DIMENSIONS, ClusterSnapshot, GpuSlot, NodeAssignment, NodeSnapshot, Request, Resources
 from common.errors import PlacementError
+from common.topology import NodeTopology
 from coordinator.allocator.gpus import choose_gpu_indices
 from coordinator.allocator.reservations import CRUMB, give_back_gpu, take_gpu
 from coordinator.scheduler.placement.partial_gpus import PartialGpus
@@ -69,6 +72,9 @@ _BYTE_DIMS = (1, 3, 4)
 _DYADIC = 2.0**20  # float values that are multiples of 2**-20 (and below 2**32) add without rounding
 _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
+_INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples handed out, each kept once
+_INDICES_MAX = 4096
+_CHOICES_MAX = 4096   # GPU choices remembered by commit
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
@@ -99,6 +105,13 @@ def is_exact(values: tuple[float, int, float, int, int]) -> bool:
         and (gpus * _DYADIC).is_integer()
         and (cpu * _DYADIC).is_integer()
     )
+
+
+def _rows(columns: FloatArray) -> list[array[float]]:
+    """A ``(5, N)`` array's columns as one ``array('d')`` each."""
+    flat = array("d")
+    flat.frombytes(np.ascontiguousarray(columns.T).tobytes())
+    return [flat[k : k + _DIMS] for k in range(0, len(flat), _DIMS)]
 
 
 def _columns(nodes: tuple[NodeSnapshot, ...], attr: str) -> FloatArray:
@@ -137,6 +150,7 @@ class PlacementState:
         # which only ever takes room away, and ``~i`` after a release, which gives room back.
         self.changes: list[int] = []
         self._touched: set[int] = set()   # nodes committed to or released on since last applied (see apply)
+        self._choices: dict[tuple[object, ...], tuple[NodeTopology | None, tuple[int, ...]]] = {}   # see commit
         self._init_derived()
         self.refresh_bounds()
 
@@ -144,15 +158,16 @@ class PlacementState:
         """Capacity, reservations, limits and headroom per dimension and node."""
         self.cap = _columns(nodes, "capacity")
         self.used = _columns(nodes, "used")
-        # Python mirrors of the per-node columns: committing reads and writes one node, and
-        # Python floats round exactly like numpy float64, so both copies stay identical.
-        self.used_cols: list[list[float]] = self.used.T.tolist()
+        # Python mirrors of the per-node columns (one array('d') of the five values per node, its
+        # values in one place in memory): committing reads and writes one node, and Python floats
+        # round exactly like numpy float64, so both copies stay identical.
+        self.used_cols = _rows(self.used)
         self._dirty: set[int] = set()   # nodes whose numpy columns lag their Python mirrors (see _sync)
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
         self.schedulable_list = [node.schedulable for node in nodes]
         self.factors = limit_factors(threshold, mode, shared=False)
         self.limit = np.where(self.schedulable, self._scaled(self.factors), -np.inf)
-        self.limit_cols: list[list[float]] = self.limit.T.tolist()
+        self.limit_cols = _rows(self.limit)
         # The dimensions in which a shared request's limit is lower, with those limits (one row each).
         shared = self._shared_factors = limit_factors(threshold, mode, shared=True)
         self.shared_dims = [k for k in range(_DIMS) if shared[k] != self.factors[k]]
@@ -162,9 +177,9 @@ class PlacementState:
         # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
         hlimit = self.limit.copy()
         hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
-        self.hlimit_cols: list[list[float]] = hlimit.T.tolist()
+        self.hlimit_cols = _rows(hlimit)
         self.headroom = hlimit - self.used
-        self.room_cols: list[list[float]] = self.headroom.T.tolist()
+        self.room_cols = _rows(self.headroom)
         # A lower bound on every schedulable node's headroom per dimension: a demand at or below
         # it fits everywhere in that dimension, so the filter skips the dimension. Commits only
         # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound.
@@ -185,14 +200,20 @@ class PlacementState:
         self.cap_gpus = self.cap[0].tolist()
         self.idle = [node.power.idle_w for node in nodes]
         self.slope = [node.power.max_w - node.power.idle_w for node in nodes]
+        # The fields a commit changes live in array('d') buffers that the view's arrays are numpy
+        # views of: a commit writes the buffers (a fraction of a numpy scalar write's cost).
+        self.util_buf = array("d", bytes(8 * n))
+        self.neg_util_buf = array("d", bytes(8 * n))
+        self.used_gpus_buf = array("d", self.used[0].tolist())
+        self.before_buf = array("d", bytes(8 * n))
         self.view = NodeArrays(
-            util=np.zeros(n),
-            neg_util=np.zeros(n),
-            used_gpus=self.used[0].copy(),
+            util=np.frombuffer(self.util_buf, dtype=np.float64),
+            neg_util=np.frombuffer(self.neg_util_buf, dtype=np.float64),
+            used_gpus=np.frombuffer(self.used_gpus_buf, dtype=np.float64),
             cap_gpus_safe=np.where(self.cap[0] > 0, self.cap[0], 1.0),
             idle_w=np.array(self.idle, dtype=np.float64),
             slope_w=np.array(self.slope, dtype=np.float64),
-            before_w=np.zeros(n),
+            before_w=np.frombuffer(self.before_buf, dtype=np.float64),
         )
 
     def _init_gpus(self, nodes: tuple[NodeSnapshot, ...]) -> None:
@@ -257,28 +278,46 @@ class PlacementState:
         else:   # many columns (a cycle's update, a long batch): one fancy-indexed write per array
             idx = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
             order = idx.tolist()
-            used_cols, room_cols, free_desc, padded = self.used_cols, self.room_cols, self.free_desc, self._padded
-            self.used[:, idx] = np.array([used_cols[i] for i in order], dtype=np.float64).T
-            self.headroom[:, idx] = np.array([room_cols[i] for i in order], dtype=np.float64).T
-            self.whole_desc[:, idx] = np.array([padded(free_desc[i]) for i in order], dtype=np.float64).T
+            k, width, chain = len(order), self.width, itertools.chain.from_iterable
+            used_cols, room_cols, free_desc = self.used_cols, self.room_cols, self.free_desc
+            # Rows joined into one array each (no intermediate list per row), then written transposed.
+            self.used[:, idx] = np.frombuffer(b"".join([used_cols[i] for i in order]), np.float64).reshape(k, _DIMS).T
+            self.headroom[:, idx] = np.frombuffer(b"".join([room_cols[i] for i in order]),
+                                                  np.float64).reshape(k, _DIMS).T
+            pads = [[-1.0] * m for m in range(width + 1)]
+            free = np.fromiter(chain([part for i in order for part in (free_desc[i], pads[width - len(free_desc[i])])]),
+                               np.float64, width * k)
+            self.whole_desc[:, idx] = free.reshape(k, width).T
         dirty.clear()
 
-    def _refresh_node(self, i: int, slots: Iterable[int] | None = None, *, grew: bool = False,
-                      free: list[float] | None = None) -> None:
-        """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs).
+    def _refresh_node(self, i: int) -> None:
+        """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs)
+        after it gained room or was rewritten (a release, an applied snapshot): logged as a release.
 
         :param i: node index.
-        :param slots: the GPU positions whose entry in the shared-GPU index may change (None: all of them).
-        :param grew: the node gained room (a release), rather than lost it (a commit).
-        :param free: the node's ``free_desc`` already brought up to date by the caller (None: recompute it).
         """
-        view = self.view
-        column = self.used_cols[i]
+        self._derive(i, self.used_cols[i])
+        shares, mems = self.slot_share[i], self.slot_mem[i]
+        self.free_desc[i] = _free_whole(mems, shares)
+        partial = self._partial
+        indexed = partial.where
+        for k in range(len(shares)):
+            s = shares[k]
+            if 0.0 < s < 1.0 or (i, k) in indexed:   # whole GPUs never enter the index
+                partial.update(i, k, s, mems[k])
+        self.changes.append(~i)
+
+    def _derive(self, i: int, column: array[float]) -> None:
+        """Node ``i``'s headroom (in place), the headroom bound, utilization and power, from its reservations."""
         self._dirty.add(i)
+        self._bounds_stale = True
         h = self.hlimit_cols[i]
-        r0, r1, r2, r3, r4 = room = [h[0] - column[0], h[1] - column[1], h[2] - column[2], h[3] - column[3],
-                                     h[4] - column[4]]
-        self.room_cols[i] = room
+        room = self.room_cols[i]
+        r0 = room[0] = h[0] - column[0]
+        r1 = room[1] = h[1] - column[1]
+        r2 = room[2] = h[2] - column[2]
+        r3 = room[3] = h[3] - column[3]
+        r4 = room[4] = h[4] - column[4]
         if self.schedulable_list[i]:
             low = self.room_min
             if r0 < low[0]:
@@ -293,20 +332,10 @@ class PlacementState:
                 low[4] = r4
         cap_gpus = self.cap_gpus[i]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
-        view.used_gpus[i] = column[0]
-        view.util[i] = util
-        view.neg_util[i] = -util
-        view.before_w[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
-        shares, mems = self.slot_share[i], self.slot_mem[i]
-        self.free_desc[i] = _free_whole(mems, shares) if free is None else free
-        partial = self._partial
-        indexed = partial.where
-        for k in range(len(shares)) if slots is None else slots:
-            s = shares[k]
-            if 0.0 < s < 1.0 or (i, k) in indexed:   # whole GPUs never enter the index
-                partial.update(i, k, s, mems[k])
-        self._bounds_stale = True
-        self.changes.append(~i if grew else i)
+        self.used_gpus_buf[i] = column[0]
+        self.util_buf[i] = util
+        self.neg_util_buf[i] = -util
+        self.before_buf[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
@@ -511,10 +540,69 @@ class PlacementState:
             return True
         return any(s >= share and m >= per_gpu for m, s in zip(self.slot_mem[i], self.slot_share[i], strict=True))
 
+    def checker(
+        self, values: tuple[float, int, float, int, int], whole: int, per_gpu: int,
+        constraints: tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None,
+    ) -> Callable[[int], bool]:
+        """:meth:`fits` for one request shape, as a function of the node alone (what the shape cache
+        re-checks changed nodes with): the same comparisons, with the shape's values bound once.
+
+        :param values: the demand vector.
+        :param whole: whole GPUs needed.
+        :param per_gpu: memory each GPU must have free.
+        :param constraints: the requests' ``constraint_key`` (None: none); its :meth:`static_for`
+            mask is read at each call, so a change of labels is seen.
+        :returns: ``check(i)``, True when the request may go on node ``i`` now.
+        """
+        if constraints is not None:
+            def constrained(i: int) -> bool:
+                return self.fits(i, values, whole, per_gpu, self.static_for(constraints))
+            return constrained
+        used, limits, free_desc = self.used_cols, self.limit_cols, self.free_desc
+        v0, v1, v2, v3, v4 = values
+        if whole > 0:
+            last = whole - 1
+
+            def whole_gpus(i: int) -> bool:
+                u, lim = used[i], limits[i]
+                if (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
+                        and u[4] + v4 <= lim[4]):
+                    free = free_desc[i]
+                    return len(free) > last and free[last] >= per_gpu
+                return False
+            return whole_gpus
+        if v0 <= 0:
+            def no_gpu(i: int) -> bool:
+                u, lim = used[i], limits[i]
+                return (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
+                        and u[4] + v4 <= lim[4])
+            return no_gpu
+        shared_limits, pairs = self.shared_limit_cols, tuple(enumerate(self.shared_dims))
+        slot_mem, slot_share = self.slot_mem, self.slot_share
+
+        def shared_gpu(i: int) -> bool:
+            u, lim = used[i], limits[i]
+            if not (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
+                    and u[4] + v4 <= lim[4]):
+                return False
+            if pairs:
+                shared = shared_limits[i]
+                for row, k in pairs:
+                    if not u[k] + values[k] <= shared[row]:
+                        return False
+            free = free_desc[i]
+            if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
+                return True
+            return any(s >= v0 and m >= per_gpu for m, s in zip(slot_mem[i], slot_share[i], strict=True))
+        return shared_gpu
+
     def commit(
         self, i: int, req: Request, demand: tuple[float, int, float, int, int], whole: int, exact: bool
     ) -> NodeAssignment:
         """Reserve a request on node ``i``: choose its GPUs and update the arrays.
+
+        The node's rows (``used_cols``, ``room_cols``, ``free_desc``, the GPU lists) are updated in
+        place: a batch then leaves no new lists behind for the garbage collector to walk.
 
         :param i: node index.
         :param req: the request.
@@ -526,31 +614,75 @@ class PlacementState:
         """
         mem, share_free = self.slot_mem[i], self.slot_share[i]
         per_gpu = req.gpu_mem_per_gpu_bytes
-        positions = choose_gpu_indices(
-            mem, share_free, self.slot_topology[i], whole=whole, share=demand[0], mem_per_gpu=per_gpu,
-            links=self.nodes[i].topology,
-        )
-        if positions is None:
-            raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
-        share = 1.0 if whole > 0 else demand[0]
+        free = self.free_desc[i]
+        positions: tuple[int, ...] | None
+        if whole > 0 and len(free) == whole and free[-1] >= per_gpu:
+            # Exactly the GPUs asked for are fully free, all with the memory: every rule of the
+            # allocator takes all of them (ascending), whatever the topology.
+            positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
+        else:
+            # The allocator's choice is a function of the node's GPU state and the request's GPU needs,
+            # which repeat across nodes and requests: remembered by value (the links by identity, held).
+            links = self.nodes[i].topology
+            topology = self.slot_topology[i]
+            key = (whole, demand[0], per_gpu, id(links), tuple(mem), tuple(share_free), tuple(topology))
+            known = self._choices.get(key)
+            if known is not None and known[0] is links:
+                positions = known[1]
+            else:
+                positions = choose_gpu_indices(mem, share_free, topology, whole=whole, share=demand[0],
+                                               mem_per_gpu=per_gpu, links=links)
+                if positions is None:
+                    raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
+                if len(self._choices) >= _CHOICES_MAX:
+                    self._choices.clear()
+                self._choices[key] = (links, positions)
         if not exact:
             self.exact = False
-        free: list[float] | None = None
         if whole > 0:
             # Whole GPUs were fully free (so never in the shared index) and are fully taken (so not
             # in it after either): the node's free list loses exactly their memory values.
-            free = self.free_desc[i]
+            share = 1.0
             for k in positions:
-                free.remove(mem[k])
-        for k in positions:
-            mem[k], share_free[k] = take_gpu(mem[k], share_free[k], per_gpu, share)
+                m = mem[k]
+                free.remove(m)
+                m -= per_gpu
+                mem[k] = 0 if m < 0 else m            # take_gpu, inline
+                s = share_free[k] - 1.0
+                share_free[k] = 0.0 if s < 0.0 else s
+        elif positions:
+            share = demand[0]
+            (k,) = positions
+            before_mem, before = mem[k], share_free[k]
+            mem[k], share_free[k] = take_gpu(before_mem, before, per_gpu, share)
+            if before >= 1.0:   # a fully free GPU taken in part leaves the free list
+                if share_free[k] < 1.0:
+                    free.remove(before_mem)
+                else:
+                    self.free_desc[i] = _free_whole(mem, share_free)
+            s = share_free[k]
+            if 0.0 < s < 1.0 or (i, k) in self._partial.where:
+                self._partial.update(i, k, s, mem[k])
+        else:
+            share = demand[0]
         u = self.used_cols[i]
-        self.used_cols[i] = [u[0] + demand[0], u[1] + demand[1], u[2] + demand[2], u[3] + demand[3], u[4] + demand[4]]
-        self._refresh_node(i, () if whole > 0 else positions, free=free)
+        u[0] += demand[0]
+        u[1] += demand[1]
+        u[2] += demand[2]
+        u[3] += demand[3]
+        u[4] += demand[4]
+        self._derive(i, u)
+        self.changes.append(i)
         self._touched.add(i)
         ids = self.slot_ids[i]
-        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=tuple([ids[k] for k in positions]),
-                              gpu_share=share)
+        indices = tuple([ids[k] for k in positions])
+        # Placements share one tuple per GPU set: a batch then leaves fewer new objects for the collector.
+        shared = _INDICES.get(indices)
+        if shared is None:
+            if len(_INDICES) >= _INDICES_MAX:
+                _INDICES.clear()
+            shared = _INDICES[indices] = indices
+        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=shared, gpu_share=share)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
@@ -571,8 +703,8 @@ class PlacementState:
         values = demand.as_tuple()
         self.exact = self.exact and is_exact(values)
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
-        self.used_cols[i] = [0.0 if abs(x) < CRUMB else x for x in column]
-        self._refresh_node(i, grew=True)
+        self.used_cols[i] = array("d", [0.0 if abs(x) < CRUMB else x for x in column])
+        self._refresh_node(i)
         self._touched.add(i)
         self.refresh_bounds()
 
@@ -587,11 +719,16 @@ class PlacementState:
         old = self.nodes[i]
         if node is old:
             return i not in self._touched
-        if node.used.as_tuple() != tuple(self.used_cols[i]):
+        used, u = node.used, self.used_cols[i]
+        if (used.gpus != u[0] or used.gpu_mem_total_bytes != u[1] or used.cpu_cores != u[2] or used.mem_bytes != u[3]
+                or used.disk_bytes != u[4]):
             return False
-        gpus = node.gpus
-        if [g.mem_free_bytes for g in gpus] != self.slot_mem[i] or [g.share_free for g in gpus] != self.slot_share[i]:
+        gpus, mem, share = node.gpus, self.slot_mem[i], self.slot_share[i]
+        if len(gpus) != len(mem):
             return False
+        for g, m, s in zip(gpus, mem, share, strict=True):
+            if g.mem_free_bytes != m or g.share_free != s:
+                return False
         if gpus is not old.gpus and (
             [g.index for g in gpus] != self.slot_ids[i]
             or [g.mem_total_bytes for g in gpus] != self.slot_total[i]
@@ -600,10 +737,14 @@ class PlacementState:
             return False
         # Snapshots of one node usually share these objects (the snapshot builder keeps its inventory
         # part): identity answers first, equality where they differ.
-        for a, b in ((node.capacity, old.capacity), (node.power, old.power), (node.labels, old.labels),
-                     (node.topology, old.topology)):
-            if a is not b and a != b:
-                return False
+        if node.capacity is not old.capacity and node.capacity != old.capacity:
+            return False
+        if node.power is not old.power and node.power != old.power:
+            return False
+        if node.labels is not old.labels and node.labels != old.labels:
+            return False
+        if node.topology is not old.topology and node.topology != old.topology:
+            return False
         return (node.node_id == old.node_id and node.powered_on == old.powered_on
                 and node.schedulable == old.schedulable and node.gpu_model == old.gpu_model)
 
@@ -641,45 +782,46 @@ class PlacementState:
         if not changed:
             return True
         labels_changed = False
+        columns: dict[int, tuple[list[float], list[float], list[float]]] = {}
         for i, node in changed:
             old = self.nodes[i]
             labels_changed = labels_changed or (node.labels != old.labels or node.gpu_model != old.gpu_model)
-            self._apply_node(i, node)
+            self._apply_node(i, node, columns)
+        self._write_columns(columns)
         if labels_changed:
             self._static.clear()
         self._after_apply()
         return True
 
-    def _apply_node(self, i: int, node: NodeSnapshot) -> None:
-        """Write one node's snapshot into the columns and lists (see :meth:`apply`)."""
+    def _apply_node(self, i: int, node: NodeSnapshot,
+                    columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
+        """Write one node's snapshot into the lists (see :meth:`apply`); its capacity, limit and shared
+        limit go into ``columns``, for :meth:`_write_columns` to write into the arrays."""
         self.nodes[i] = node
         cap = [float(x) for x in node.capacity.as_tuple()]
-        self.cap[:, i] = cap
         schedulable = node.schedulable
-        self.schedulable[i] = schedulable
         self.schedulable_list[i] = schedulable
-        factors = self.factors
-        limit = [f * c for f, c in zip(factors, cap, strict=True)] if schedulable else [-math.inf] * _DIMS
-        self.limit[:, i] = limit
-        self.limit_cols[i] = self.limit[:, i].tolist()
-        if self.shared_dims:
-            shared = [self._shared_factors[k] * cap[k] if schedulable else -math.inf for k in self.shared_dims]
-            self.shared_limit[:, i] = shared
-            self.shared_limit_cols[i] = self.shared_limit[:, i].tolist()
-        hlimit = self.limit[:, i].copy()
-        hlimit[list(_BYTE_DIMS)] = np.floor(hlimit[list(_BYTE_DIMS)])
-        self.hlimit_cols[i] = hlimit.tolist()
-        used = [float(x) for x in node.used.as_tuple()]
-        self.used_cols[i] = used
+        # The products and floors of _init_dimensions, on Python floats (which round like float64).
+        if schedulable:
+            limit = [f * c for f, c in zip(self.factors, cap, strict=True)]
+            shared = [self._shared_factors[k] * cap[k] for k in self.shared_dims]
+        else:
+            limit = [-math.inf] * _DIMS
+            shared = [-math.inf] * len(self.shared_dims)
+        self.limit_cols[i] = array("d", limit)
+        self.shared_limit_cols[i] = shared
+        hlimit = limit.copy()
+        for k in _BYTE_DIMS:
+            x = hlimit[k]
+            hlimit[k] = float(math.floor(x)) if math.isfinite(x) else x
+        self.hlimit_cols[i] = array("d", hlimit)
+        columns[i] = (cap, limit, shared)
+        self.used_cols[i] = array("d", node.used.as_tuple())
         self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
         self.powered_on[i] = node.powered_on
         self.cap_gpus[i] = cap[0]
         self.idle[i] = node.power.idle_w
         self.slope[i] = node.power.max_w - node.power.idle_w
-        view = self.view
-        view.cap_gpus_safe[i] = cap[0] if cap[0] > 0 else 1.0
-        view.idle_w[i] = self.idle[i]
-        view.slope_w[i] = self.slope[i]
         old_count = len(self.slot_ids[i])
         gpus = node.gpus
         self.slot_ids[i] = [g.index for g in gpus]
@@ -689,11 +831,31 @@ class PlacementState:
         self.slot_topology[i] = [g.topology_group for g in gpus]
         for k in range(len(gpus), old_count):   # GPUs the node no longer has leave the shared index
             self._partial.update(i, k, 0.0, 0.0)
-        self._refresh_node(i, grew=True)
+        self._refresh_node(i)
+
+    def _write_columns(self, columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
+        """Write applied nodes' capacity, limits, schedulability and power into the arrays, one
+        fancy-indexed assignment per array."""
+        idx = np.fromiter(columns, dtype=np.int64, count=len(columns))
+        order = idx.tolist()
+        rows = list(columns.values())
+        cap = np.array([r[0] for r in rows], dtype=np.float64).T
+        self.cap[:, idx] = cap
+        self.limit[:, idx] = np.array([r[1] for r in rows], dtype=np.float64).T
+        if self.shared_dims:
+            self.shared_limit[:, idx] = np.array([r[2] for r in rows], dtype=np.float64).T
+        self.schedulable[idx] = [self.schedulable_list[i] for i in order]
+        view = self.view
+        view.cap_gpus_safe[idx] = np.where(cap[0] > 0, cap[0], 1.0)
+        view.idle_w[idx] = [self.idle[i] for i in order]
+        view.slope_w[idx] = [self.slope[i] for i in order]
 
     def _after_apply(self) -> None:
         """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""
-        magnitude = np.max(np.abs(np.concatenate((self.cap, self.used_array()), axis=1)), axis=1, initial=1.0)
+        # The largest magnitude per dimension over capacity and reservations (as at build), without
+        # concatenating the two arrays.
+        magnitude = np.maximum(np.max(np.abs(self.cap), axis=1, initial=1.0),
+                               np.max(np.abs(self.used_array()), axis=1, initial=1.0))
         self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
         n = len(self.nodes)
         limit = np.max(self.limit, axis=1, initial=-np.inf) if n else np.full(_DIMS, -np.inf)

@@ -261,6 +261,9 @@ class ShapeIndex(Protocol):
     def pick(self, draw: Callable[[int], int]) -> int:
         """The ``draw(n)``-th of the ``n`` feasible nodes in node order (-1, with no draw, when none is)."""
 
+    def first_from(self, start: int, stop: int = -1) -> int:
+        """The first node ``mask`` holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none."""
+
 
 class Policy(Protocol):
     """A placement policy: a filter, a rank, and a vectorised selection over :class:`NodeArrays`."""
@@ -297,6 +300,12 @@ class Policy(Protocol):
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
         """``select`` from the shape cache's entry for the request (its mask, and its block index)."""
+
+    def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
+        """:meth:`select_indexed` for a one-node request, as a node index (-1: none); the same choice."""
+
+    def committed_one(self, i: int, n_nodes: int) -> None:
+        """:meth:`committed` for a one-node placement on node ``i``."""
 
 
 def first_k_keyed(keyed: FloatArray, mask: BoolArray, count: int) -> IntArray:
@@ -443,6 +452,17 @@ class ThresholdPolicy:
         """``select`` on the entry's mask (policies whose choice the block index speeds up override this)."""
         return self.select(view, entry.mask, req)
 
+    def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
+        """:meth:`select_indexed`'s node for a one-node request, -1 when it chooses none (policies that
+        find it without an array override this)."""
+        chosen = self.select_indexed(view, entry, req)
+        return int(chosen[0]) if len(chosen) else -1
+
+    def committed_one(self, i: int, n_nodes: int) -> None:
+        """:meth:`committed` with the one node ``i`` (nothing to do unless a subclass keeps state)."""
+        if type(self).committed is not ThresholdPolicy.committed:
+            self.committed(np.array([i], dtype=np.int64), n_nodes)
+
 
 class KeyedPolicy(ThresholdPolicy, ABC):
     """A policy that tries nodes by ascending per-node key, ties in snapshot order (Alg. 1-3).
@@ -489,6 +509,10 @@ class KeyedPolicy(ThresholdPolicy, ABC):
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
         """The entry's ``req.nodes`` best nodes by the key it keeps (this policy's)."""
         return select_best(entry, req.nodes)
+
+    def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
+        """The entry's best node by the key it keeps (-1: none)."""
+        return entry.best()
 
 
 def select_best(entry: ShapeIndex, count: int) -> IntArray:

@@ -78,10 +78,15 @@ class FirstFit(ThresholdPolicy):
         """:meth:`select`; for one node, the first that the entry confirms feasible now."""
         if req.nodes != 1:
             return self.select(view, entry.mask, req)
-        while True:
-            chosen = first_k(entry.mask, 1)
-            if len(chosen) == 0 or entry.confirm(int(chosen[0])):
-                return chosen
+        i = self.select_one(view, entry, req)
+        return np.array([i] if i >= 0 else [], dtype=np.int64)
+
+    def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
+        """The first node the entry confirms feasible now (-1: none)."""
+        i = entry.first_from(0)
+        while i >= 0 and not entry.confirm(i):
+            i = entry.first_from(i + 1)   # nodes before i are refused (i now too)
+        return i
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

@@ -107,9 +107,16 @@ class RandomPolicy(ThresholdPolicy):
         block counts (the k-th feasible node) instead of listing every feasible one."""
         if req.nodes != 1 or len(entry.mask) <= _LIST_MAX:
             return self.select(view, entry.mask, req)
-        rng = self.rng
-        chosen = entry.pick(lambda n: int(rng.integers(n)))
+        chosen = self.select_one(view, entry, req)
         return np.array([chosen] if chosen >= 0 else [], dtype=np.int64)
+
+    def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
+        """A one-node request's random node (-1: none), with :meth:`select`'s draw."""
+        if len(entry.mask) <= _LIST_MAX:
+            chosen = self.select(view, entry.mask, req)
+            return int(chosen[0]) if len(chosen) else -1
+        rng = self.rng
+        return entry.pick(lambda n: int(rng.integers(n)))
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

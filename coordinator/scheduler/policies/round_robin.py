@@ -103,14 +103,30 @@ class RoundRobin(ThresholdPolicy):
         """:meth:`select`; for one node, the next that the entry confirms feasible now."""
         if req.nodes != 1:
             return self.select(view, entry.mask, req)
-        while True:
-            chosen = rotate(entry.mask, self.cursor, 1)
-            if len(chosen) == 0 or entry.confirm(int(chosen[0])):
-                return chosen
+        i = self.select_one(view, entry, req)
+        return np.array([i] if i >= 0 else [], dtype=np.int64)
+
+    def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
+        """The next node from the cursor that the entry confirms feasible now (-1: none)."""
+        # rotate(mask, cursor, 1) with each refused suspect dropped: from the cursor to the end, then from
+        # the first node up to the cursor.
+        cursor = self.cursor
+        i = entry.first_from(cursor)
+        while i >= 0 and not entry.confirm(i):
+            i = entry.first_from(i + 1)
+        if i < 0 and cursor > 0:
+            i = entry.first_from(0, cursor)
+            while i >= 0 and not entry.confirm(i):
+                i = entry.first_from(i + 1, cursor)
+        return i
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Move the cursor past the last node chosen."""
         self.cursor = next_cursor(indices, n_nodes)
+
+    def committed_one(self, i: int, n_nodes: int) -> None:
+        """Move the cursor past node ``i`` (:func:`next_cursor` of ``[i]``)."""
+        self.cursor = (i + 1) % n_nodes
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

@@ -18,6 +18,7 @@ Resource Adaptor may wake a node. The paper's Alg. 1-3 are unchanged: this is a 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -116,7 +117,8 @@ class TimeAware(ThresholdPolicy):
             self._pending_end = self._now()
             chosen = select_best(entry, req.nodes)
             # Nodes empty when chosen start a new memory of ends (what _node_ends's forgetting gives).
-            self._chosen_empty = view.used_gpus[chosen] <= 0
+            used = view.used_gpus
+            self._chosen_empty = np.array([used.item(i) <= 0 for i in chosen.tolist()], dtype=np.bool_)
             return chosen
         if req.nodes != 1:
             return self.select(view, entry.mask, req)
@@ -143,6 +145,11 @@ class TimeAware(ThresholdPolicy):
         a node that was empty when chosen remembers only this end)."""
         if len(self._ends) != n_nodes:
             self._ends = np.full(n_nodes, -np.inf)
+        if len(indices) == 1:   # the same as below, on one node without building arrays
+            i, ends, end = int(indices[0]), self._ends, self._pending_end
+            last = -math.inf if self._chosen_empty[0] else ends.item(i)
+            ends[i] = last if last > end or last != last else end   # np.maximum (NaN wins)
+            return
         before = np.where(self._chosen_empty, -np.inf, self._ends[indices])
         self._ends[indices] = np.maximum(before, self._pending_end)
 

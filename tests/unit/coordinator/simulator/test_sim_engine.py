@@ -139,7 +139,7 @@ class TestProductionCode:
 
     def test_calls_the_policy_and_the_engine(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Alg. 1's rank keys and PlacementEngine.place are the functions that decide."""
-        calls: dict[str, int] = {"rank": 0, "place": 0, "rotate": 0}
+        calls: dict[str, int] = {"rank": 0, "place": 0, "round-robin": 0}
 
         def counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -151,16 +151,16 @@ class TestProductionCode:
         mu = coordinator.scheduler.policies.max_utilization.MaxUtilization
         monkeypatch.setattr(mu, "key_array", counting("rank", mu.key_array))
         monkeypatch.setattr(mu, "key_at", counting("rank", mu.key_at))
-        monkeypatch.setattr(coordinator.scheduler.policies.round_robin, "rotate",
-                            counting("rotate", coordinator.scheduler.policies.round_robin.rotate))
+        rr = coordinator.scheduler.policies.round_robin.RoundRobin
+        monkeypatch.setattr(rr, "select_one", counting("round-robin", rr.select_one))
         engine = coordinator.scheduler.placement.engine.PlacementEngine
         monkeypatch.setattr(engine, "place", counting("place", engine.place))
         jobs = [job(f"j{k}", 1 + k % 4, k, 50) for k in range(20)]
         result = Simulator(cluster(node("a", gpus=8), node("b", gpus=8)), jobs, SimConfig("max-utilization")).run()
         assert result.metrics["completed_jobs"] == 20
-        assert calls["rank"] >= 20 and calls["place"] >= 20 and calls["rotate"] == 0
+        assert calls["rank"] >= 20 and calls["place"] >= 20 and calls["round-robin"] == 0
         Simulator(cluster(node("a", gpus=8)), jobs[:3], SimConfig("round-robin")).run()
-        assert calls["rotate"] >= 3
+        assert calls["round-robin"] >= 3
 
     def test_random_policy_is_seeded(self) -> None:
         """The same seed gives the same placements; the random policy's RNG is the injected one."""
