@@ -120,6 +120,7 @@ class NodeRegistry:
         self._nodes: dict[str, NodeEntry] = {}
         self._next_slot = 0
         self._next_stream = 0
+        self.connects_total = 0   # registrations (new streams) since start: the telemetry rate counts their cost
 
     def __iter__(self) -> Iterator[NodeEntry]:
         return iter(list(self._nodes.values()))
@@ -153,6 +154,7 @@ class NodeRegistry:
     def connect(self, inventory: types_pb2.NodeInventory, outbox: StreamQueue) -> tuple[NodeEntry, bool]:
         """A node registered on a new stream; returns (entry, first time seen)."""
         node_id = inventory.node_id
+        self.connects_total += 1
         is_new = node_id not in self._nodes
         old = self._nodes.get(node_id)
         record = types_pb2.NodeRecord()

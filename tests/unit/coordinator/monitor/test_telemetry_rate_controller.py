@@ -10,7 +10,7 @@ import pytest
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState
 from coordinator.monitor.nodes import NodeRegistry
-from coordinator.monitor.telemetry_rate import HOLD_S, RateMetrics, TelemetryRate, interval_for
+from coordinator.monitor.telemetry_rate import HOLD_S, REGISTRATION_COST, RateMetrics, TelemetryRate, interval_for
 from tests.helpers.clock import FakeClock
 
 
@@ -93,6 +93,23 @@ class TestController:
         for i in range(300):
             registry.load(types_pb2.NodeRecord(inventory=types_pb2.NodeInventory(node_id=f"n{i}")))
         assert TelemetryRate(registry, 100.0, 1.0, now=clock).tick() == 5.0
+
+    def test_a_registration_storm_draws_on_the_budget(self) -> None:
+        """Agents registering faster than the budget leaves room for push the interval up at once (each
+        registration costs REGISTRATION_COST samples); once they stop, it comes back down after the hold."""
+        clock = FakeClock()
+        registry = NodeRegistry(1.0, 30.0, now=clock)
+        rate = TelemetryRate(registry, 100.0, 1.0, now=clock)
+        _connect(registry, 50)
+        clock.advance(1.0)
+        assert rate.tick() == 15.0                 # 50 registrations/s × 5 = 250 > the budget of 100
+        clock.advance(1.0)
+        _connect(registry, 5, start=50)
+        assert rate.tick() == 15.0                 # a trickle: no way down before the hold
+        clock.advance(HOLD_S)
+        assert rate.tick() == 1.0                  # 55 nodes, no registrations: 1 s
+        assert rate.decide(55, registrations_per_s=5.0) == 1.0   # 55 + 25 = 80 % of the budget: no change
+        assert REGISTRATION_COST == 5.0
 
     def test_ingest_rate_and_metrics(self) -> None:
         clock = FakeClock()
