@@ -11,7 +11,8 @@ under the budget up to ``budget × 15`` nodes (beyond that the interval stays at
 again; the status shows it). Registrations draw on the same budget: each costs the leader about
 :data:`REGISTRATION_COST` samples' work, so while agents register faster than the budget leaves room
 for (a whole fleet after a leader change, or a cold start), the interval goes up and the
-registrations get the time the telemetry of the agents already back would have taken.
+registrations get the time the telemetry of the agents already back would have taken (below
+:data:`STORM_MIN_PER_S` registrations a second they are ordinary churn and change nothing).
 Hysteresis: the interval goes up at once (over budget is the failure this prevents), and down only
 when the lower interval would load at most :data:`DOWN_MARGIN` of the budget and the current one
 has held :data:`HOLD_S`, so a reconnect storm or a few nodes coming and going does not flap 30,000
@@ -40,7 +41,8 @@ from common.pb.gptrm.v1 import agent_pb2
 from common.types import NodeState
 from coordinator.monitor.nodes import NodeRegistry
 
-__all__ = ["DOWN_MARGIN", "HOLD_S", "REGISTRATION_COST", "STEPS_S", "RateMetrics", "TelemetryRate", "interval_for"]
+__all__ = ["DOWN_MARGIN", "HOLD_S", "REGISTRATION_COST", "STEPS_S", "STORM_MIN_PER_S", "RateMetrics", "TelemetryRate",
+           "interval_for"]
 
 STEPS_S = (1.0, 2.0, 5.0, 10.0, 15.0)
 """The report intervals the leader chooses from (a small set: agents change interval rarely)."""
@@ -52,6 +54,9 @@ _RATE_WINDOW_S = 10.0
 REGISTRATION_COST = 5.0
 """Samples' worth of the leader's work one registration costs (a Connect with its inventory checks, the node
 record's batched write and reconcile: about 1 ms of its event loop, against about 0.2 ms for a sample)."""
+STORM_MIN_PER_S = 50.0
+"""Registrations a second below which they are ordinary churn (agents restarting, a rack rebooting) and leave
+the interval alone; at or above it they are a fleet arriving at once and draw on the budget."""
 
 
 def interval_for(nodes: int, budget_per_s: float, sampling_interval_s: float) -> float:
@@ -101,7 +106,8 @@ class TelemetryRate:
         hysteresis (see the module); records it."""
         self.nodes = nodes
         current = self.report_interval_s
-        budget = self.budget_per_s - REGISTRATION_COST * registrations_per_s   # what telemetry may use now
+        storm = registrations_per_s if registrations_per_s >= STORM_MIN_PER_S else 0.0
+        budget = self.budget_per_s - REGISTRATION_COST * storm   # what telemetry may use now
         if budget <= 0:
             up = max(STEPS_S[-1], self.sampling_interval_s)
         else:

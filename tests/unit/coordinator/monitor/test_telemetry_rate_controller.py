@@ -10,7 +10,14 @@ import pytest
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState
 from coordinator.monitor.nodes import NodeRegistry
-from coordinator.monitor.telemetry_rate import HOLD_S, REGISTRATION_COST, RateMetrics, TelemetryRate, interval_for
+from coordinator.monitor.telemetry_rate import (
+    HOLD_S,
+    REGISTRATION_COST,
+    STORM_MIN_PER_S,
+    RateMetrics,
+    TelemetryRate,
+    interval_for,
+)
 from tests.helpers.clock import FakeClock
 
 
@@ -108,7 +115,8 @@ class TestController:
         assert rate.tick() == 15.0                 # a trickle: no way down before the hold
         clock.advance(HOLD_S)
         assert rate.tick() == 1.0                  # 55 nodes, no registrations: 1 s
-        assert rate.decide(55, registrations_per_s=5.0) == 1.0   # 55 + 25 = 80 % of the budget: no change
+        assert rate.decide(55, registrations_per_s=5.0) == 1.0   # churn below STORM_MIN_PER_S: no change
+        assert rate.decide(55, registrations_per_s=STORM_MIN_PER_S) == 15.0   # 55 + 250 > 100
         assert REGISTRATION_COST == 5.0
 
     def test_ingest_rate_and_metrics(self) -> None:
