@@ -11,7 +11,8 @@ under the budget up to ``budget × 15`` nodes (beyond that the interval stays at
 again; the status shows it). Registrations draw on the same budget: each costs the leader about
 :data:`REGISTRATION_COST` samples' work, so while agents register faster than the budget leaves room
 for (a whole fleet after a leader change, or a cold start), the interval goes up and the
-registrations get the time the telemetry of the agents already back would have taken (below
+registrations get the time the telemetry of the agents already back would have taken; once none
+came for :data:`STORM_QUIET_S`, the interval returns to what the nodes alone need (below
 :data:`STORM_MIN_PER_S` registrations a second they are ordinary churn and change nothing).
 Hysteresis: the interval goes up at once (over budget is the failure this prevents), and down only
 when the lower interval would load at most :data:`DOWN_MARGIN` of the budget and the current one
@@ -41,7 +42,8 @@ from common.pb.gptrm.v1 import agent_pb2
 from common.types import NodeState
 from coordinator.monitor.nodes import NodeRegistry
 
-__all__ = ["DOWN_MARGIN", "HOLD_S", "REGISTRATION_COST", "STEPS_S", "STORM_MIN_PER_S", "RateMetrics", "TelemetryRate",
+__all__ = ["DOWN_MARGIN", "HOLD_S", "REGISTRATION_COST", "STEPS_S", "STORM_MIN_PER_S", "STORM_QUIET_S",
+           "RateMetrics", "TelemetryRate",
            "interval_for"]
 
 STEPS_S = (1.0, 2.0, 5.0, 10.0, 15.0)
@@ -54,6 +56,8 @@ _RATE_WINDOW_S = 10.0
 REGISTRATION_COST = 5.0
 """Samples' worth of the leader's work one registration costs (a Connect with its inventory checks, the node
 record's batched write and reconcile: about 1 ms of its event loop, against about 0.2 ms for a sample)."""
+STORM_QUIET_S = 10.0
+"""Seconds without a registration storm after which an interval a storm raised returns to what the nodes need."""
 STORM_MIN_PER_S = 50.0
 """Registrations a second below which they are ordinary churn (agents restarting, a rack rebooting) and leave
 the interval alone; at or above it they are a fleet arriving at once and draw on the budget."""
@@ -98,6 +102,8 @@ class TelemetryRate:
         self.nodes = 0
         self.changes_total = 0
         self._counts: collections.deque[tuple[float, int]] = collections.deque()
+        self._storm_seen = 0.0         # when registrations last came at STORM_MIN_PER_S or more
+        self._storm_raised = False     # the interval in force is longer than the nodes alone need, for a storm
         self._connects = (now(), registry.connects_total)   # (time, registrations) at the last tick
         self._log = get_logger("coordinator").bind(component="telemetry_rate")
 
@@ -106,16 +112,24 @@ class TelemetryRate:
         hysteresis (see the module); records it."""
         self.nodes = nodes
         current = self.report_interval_s
-        storm = registrations_per_s if registrations_per_s >= STORM_MIN_PER_S else 0.0
-        budget = self.budget_per_s - REGISTRATION_COST * storm   # what telemetry may use now
-        if budget <= 0:
-            up = max(STEPS_S[-1], self.sampling_interval_s)
-        else:
-            up = interval_for(nodes, budget, self.sampling_interval_s)
+        now = self._now()
+        steady = interval_for(nodes, self.budget_per_s, self.sampling_interval_s)   # the nodes alone
+        up = steady
+        if registrations_per_s >= STORM_MIN_PER_S:
+            self._storm_seen = now
+            budget = self.budget_per_s - REGISTRATION_COST * registrations_per_s   # what telemetry may use now
+            up = interval_for(nodes, budget, self.sampling_interval_s) if budget > 0 else max(
+                STEPS_S[-1], self.sampling_interval_s)
         if up > current:
             self._set(up)
-        elif up < current and self._now() - self._changed_at >= HOLD_S:
-            down = interval_for(math.ceil(nodes / DOWN_MARGIN), budget, self.sampling_interval_s)
+            self._storm_raised = up > steady
+        elif self._storm_raised and now - self._storm_seen >= STORM_QUIET_S:
+            # The storm is over: back to what the nodes alone need, without the margin (the nodes did not change).
+            self._storm_raised = False
+            if steady < current:
+                self._set(steady)
+        elif up < current and now - self._changed_at >= HOLD_S:
+            down = interval_for(math.ceil(nodes / DOWN_MARGIN), self.budget_per_s, self.sampling_interval_s)
             if down < current:
                 self._set(down)
         return self.report_interval_s

@@ -14,6 +14,7 @@ from coordinator.monitor.telemetry_rate import (
     HOLD_S,
     REGISTRATION_COST,
     STORM_MIN_PER_S,
+    STORM_QUIET_S,
     RateMetrics,
     TelemetryRate,
     interval_for,
@@ -118,6 +119,21 @@ class TestController:
         assert rate.decide(55, registrations_per_s=5.0) == 1.0   # churn below STORM_MIN_PER_S: no change
         assert rate.decide(55, registrations_per_s=STORM_MIN_PER_S) == 15.0   # 55 + 250 > 100
         assert REGISTRATION_COST == 5.0
+
+    def test_after_a_storm_the_interval_returns_to_what_the_nodes_need(self) -> None:
+        """Once registrations stopped for STORM_QUIET_S, a storm's interval goes back to the nodes' own step at
+        once, without the margin a node count needs to come down (190 nodes at 100/s: 2 s, though 2 s loads
+        95 % of the budget and the margin alone would keep 5 s)."""
+        clock = FakeClock()
+        rate = TelemetryRate(NodeRegistry(1.0, 30.0, now=clock), 100.0, 1.0, now=clock)
+        assert rate.decide(190) == 2.0
+        assert rate.decide(190, registrations_per_s=60.0) == 15.0
+        clock.advance(STORM_QUIET_S - 1)
+        assert rate.decide(190) == 15.0                     # not quiet long enough
+        clock.advance(1)
+        assert rate.decide(190) == 2.0
+        clock.advance(HOLD_S)
+        assert rate.decide(190) == 2.0                      # and it stays
 
     def test_ingest_rate_and_metrics(self) -> None:
         clock = FakeClock()
