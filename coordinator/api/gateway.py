@@ -39,6 +39,8 @@ def _hold_after_loss_s(lease_ttl_s: float) -> float:
     """How long a standby holds an agent that just lost its leader: long enough for the lease to
     expire and a successor to take over, short of the agent's 10 s wait for its first answer."""
     return min(2 * lease_ttl_s + 3.0, 8.0)
+
+
 MAX_GPUS = 256
 """GPUs one node may register (the simulated agent's limit; real servers hold at most 16). The
 leader's telemetry history of one node is bounded in bytes whatever the count
@@ -107,12 +109,12 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         await self.guard.admit(first.register, context)
         if not app.leadership.leading:
-            lost = first.register.lost_leader_epoch
-            redirect = (app.leadership.redirect_message() if not lost else
-                        await app.leadership.hold_after_loss(lost, _hold_after_loss_s(app.cfg.lease_ttl_s)))
+            redirect = await app.leadership.hold_after_loss(first.register.lost_leader_epoch,
+                                                            _hold_after_loss_s(app.cfg.lease_ttl_s))
             if redirect is not None:
                 yield redirect
                 return
+            await self.guard.admit(first.register, context)   # leading now: checked against the leader's table
         outbox = Outbox()
         entry = await app.nodes.connected(first.register, outbox)
         stream_id = entry.stream_id

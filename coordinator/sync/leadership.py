@@ -162,13 +162,15 @@ class Leadership:
         return agent_pb2.CoordinatorMessage(redirect=agent_pb2.Redirect(leader_address=address, leader_id=leader_id))
 
     async def hold_after_loss(self, lost_epoch: int, timeout_s: float) -> agent_pb2.CoordinatorMessage | None:
-        """An agent whose session with the leader of ``lost_epoch`` just broke asks this replica.
+        """An agent asks this standby; its session with the leader of ``lost_epoch`` just broke (0: none did).
 
         Sending it back to that leader (what a standby's view shows until the lease expires) would
         cost it a failed connection and a backoff per try while the leader is being replaced; so it
         is held here until a leader of another epoch is known, or ``timeout_s`` passed (the leader
-        was alive after all: only the agent's stream broke). Returns None when this replica leads
-        meanwhile (serve the agent here), else the redirect to send.
+        was alive after all: only the agent's stream broke). Likewise while no leader is known, or
+        while this replica is taking over. An agent that lost nothing is sent at once to a leader
+        the key names. Returns None when this replica leads meanwhile (serve the agent here), else
+        the redirect to send.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -64,6 +64,13 @@ class TestHoldAfterLoss:
             assert msg is not None and msg.redirect.leader_id == "a"
         _scenario(sync_client, keys, ["a", "b"], body)
 
+    def test_an_agent_that_lost_nothing_is_sent_to_the_leader_at_once(self, sync_client: EtcdClient,
+                                                                       keys: Keys) -> None:
+        async def body(r: dict[str, Leadership]) -> None:
+            msg = await asyncio.wait_for(r["b"].hold_after_loss(0, timeout_s=30), timeout=5)
+            assert msg is not None and msg.redirect.leader_id == "a"
+        _scenario(sync_client, keys, ["a", "b"], body)
+
     def test_the_standby_that_wins_serves_the_held_agent(self, sync_client: EtcdClient, keys: Keys) -> None:
         """The lost leader goes away while the agent is held: the standby takes over and serves it (None)."""
         async def body(r: dict[str, Leadership]) -> None:
