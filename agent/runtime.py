@@ -136,9 +136,11 @@ class TaskRuntime:
     def _report(self, rec: TaskRecord, state: TaskState, reason: str = "", *, exit_code: int | None = None,
                 decision_id: str = "") -> None:
         rec.state = int(state)
+        # Every report names the start decision of the run it is about, so a leader can tell a late report of
+        # an earlier run of the same task (requeued and placed again meanwhile) from one of the run it placed.
         status = agent_pb2.TaskStatus(task_id=rec.task_id, state=pb_enum(types_pb2.TaskState, state), pids=[rec.pid],
                                       reason=reason,
-                                      time_unix_s=time.time(), decision_id=decision_id)
+                                      time_unix_s=time.time(), decision_id=decision_id or rec.decision_id)
         if exit_code is not None:
             status.exit_code = exit_code
             status.has_exit_code = True

@@ -37,6 +37,16 @@ __all__ = ["Reconciler"]
 _ACTIVE = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED)
 
 
+def same_run(decision_id: str, task: types_pb2.Task) -> bool:
+    """Whether an agent's report with start decision ``decision_id`` is about the run ``task``'s placement in force
+    started (``<placement decision>/<node>``). A report without one (an older agent) and a task with no placement
+    recorded are taken as the same run."""
+    placement = task.allocation.decision_id
+    if not decision_id or not placement:
+        return True
+    return decision_id.startswith(placement + "/")
+
+
 class Reconciler:
     """Applies agents' reports in order and reconciles after registrations and leader changes.
 
@@ -155,6 +165,13 @@ class Reconciler:
         state = TaskState(status.state)
         if task is None:
             self._dispatcher.stop_unknown(entry.node_id, status.task_id)
+            return
+        if (state in TERMINAL_STATES and task.state in (TaskState.SCHEDULED, TaskState.STARTING)
+                and not same_run(status.decision_id, task)):
+            # The end of an earlier run (requeued and placed again meanwhile, its end accounted for then), delivered
+            # late after a reconnect: it must not end the run just placed. Acknowledged, not applied.
+            self._log.debug("task_status_stale", task_id=task.id, node_id=entry.node_id,
+                            decision_id=status.decision_id, placement=task.allocation.decision_id)
             return
         if task.state == TaskState.PREEMPTED:
             if state in TERMINAL_STATES:   # stopped for a preemption: back in the queue once every part is

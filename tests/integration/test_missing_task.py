@@ -52,3 +52,29 @@ class TestUnknownTaskAck:
             assert app.tasks.get(task.id).state == TaskState.RUNNING
 
         asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+
+
+class TestLateEndOfAnEarlierRun:
+    def test_a_late_end_of_the_run_before_does_not_end_the_run_just_placed(self, etcd_server: EtcdCluster,
+                                                                          etcd_prefix: str) -> None:
+        """Preempted, requeued and placed again on the same node: the earlier run's end, delivered again after a
+        reconnect, names that run's start decision and leaves the new placement alone; the new run's reports
+        apply."""
+
+        async def scenario(app: App) -> None:
+            entry, task = await _running(app)
+            first = f"{task.allocation.decision_id}/n1"
+            await app.tasks.transition(task.id, TaskState.PREEMPTED, "preempted for a test", preemptions=1)
+            ended = agent_pb2.TaskStatus(task_id=task.id, state=int(TaskState.CANCELLED), decision_id=first,
+                                         exit_code=0, has_exit_code=True)
+            await app.reconciler.on_task_status(entry, ended)   # the preempted run ended: back in the queue
+            await until(lambda: app.tasks.get(task.id).state == TaskState.SCHEDULED)
+            placed = app.tasks.get(task.id).allocation.decision_id
+            assert placed and not first.startswith(placed + "/")
+            await app.reconciler.on_task_status(entry, ended)   # the same end, delivered again
+            assert app.tasks.get(task.id).state == TaskState.SCHEDULED
+            await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(
+                task_id=task.id, state=int(TaskState.RUNNING), decision_id=f"{placed}/n1"))
+            assert app.tasks.get(task.id).state == TaskState.RUNNING
+
+        asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))

@@ -72,6 +72,7 @@ class TestUnrecordableStart:
         assert not ack.ok and "state file" in ack.reason
         assert [TaskState(s.state) for s in statuses][-1] == TaskState.FAILED
         assert "could not record" in statuses[-1].reason and statuses[-1].has_exit_code
+        assert {s.decision_id for s in statuses} == {"d-t2"}   # every report names the run's start decision
         assert rt.table.tasks == {}
         assert sleepers() == []
 
