@@ -23,8 +23,8 @@ Per-GPU state lives in Python lists per node (what the allocator reads when comm
 "k free GPUs with ≥ X bytes" is one comparison over a contiguous row, and partly shared GPUs are
 indexed apart (:class:`~coordinator.scheduler.placement.partial_gpus.PartialGpus`).
 
-Committing or releasing updates one node's Python mirrors (``used_cols``, ``room_cols``,
-``free_desc``, the GPU lists) and logs the node in :attr:`PlacementState.changes`; the numpy
+Committing or releasing updates one node's Python mirrors (``used_cols``, ``free_desc``, the GPU
+lists) and logs the node in :attr:`PlacementState.changes`; the numpy
 columns follow lazily, just before the next vectorised read. :meth:`PlacementState.fits` is the
 filter for one node, which the shape cache uses to re-check the logged nodes.
 
@@ -75,6 +75,7 @@ _BYTES_MAX = 2.0**53
 _INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples handed out, each kept once
 _INDICES_MAX = 4096
 _CHOICES_MAX = 4096   # GPU choices remembered by commit
+_POWER = 4   # values per node in PlacementState.power_rows
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
@@ -175,14 +176,14 @@ class PlacementState:
         self.shared_limit: FloatArray = np.ascontiguousarray(shared_limit)
         self.shared_limit_cols: list[list[float]] = self.shared_limit.T.tolist()
         # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
-        hlimit = self.limit.copy()
-        hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
-        self.hlimit_cols = _rows(hlimit)
-        self.headroom = hlimit - self.used
-        self.room_cols = _rows(self.headroom)
+        # Kept as an array only: a node's headroom is recomputed from it when its column is written (_sync).
+        self.hlimit = self.limit.copy()
+        self.hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
+        self.headroom = self.hlimit - self.used
         # A lower bound on every schedulable node's headroom per dimension: a demand at or below
         # it fits everywhere in that dimension, so the filter skips the dimension. Commits only
-        # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound.
+        # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound. It is
+        # lowered when the changed columns are written (_sync), before anything reads it.
         room = self.headroom[:, self.schedulable]
         self.room_min = room.min(axis=1).tolist() if room.shape[1] else [math.inf] * _DIMS
         self.exact = all(is_exact(node.used.as_tuple()) for node in nodes) and bool(
@@ -196,10 +197,15 @@ class PlacementState:
     def _init_power(self, nodes: tuple[NodeSnapshot, ...]) -> None:
         """The per-node values policies rank by (see :class:`NodeArrays`)."""
         n = len(nodes)
-        self.powered_on = [node.powered_on for node in nodes]
-        self.cap_gpus = self.cap[0].tolist()
-        self.idle = [node.power.idle_w for node in nodes]
-        self.slope = [node.power.max_w - node.power.idle_w for node in nodes]
+        # What a commit reads to derive a node's utilization and power, in one array('d') with
+        # _POWER values per node (GPU capacity, idle W, max - idle W, 1.0 when powered on): a commit
+        # on a node not read for a while then fetches them from one place in memory, not four.
+        columns = np.array([self.cap[0], [node.power.idle_w for node in nodes],
+                            [node.power.max_w - node.power.idle_w for node in nodes],
+                            [1.0 if node.powered_on else 0.0 for node in nodes]], dtype=np.float64).reshape(_POWER, n)
+        self.power_rows = array("d")
+        self.power_rows.frombytes(np.ascontiguousarray(columns.T).tobytes())
+        rows = np.frombuffer(self.power_rows, dtype=np.float64).reshape(n, _POWER)
         # The fields a commit changes live in array('d') buffers that the view's arrays are numpy
         # views of: a commit writes the buffers (a fraction of a numpy scalar write's cost).
         self.util_buf = array("d", bytes(8 * n))
@@ -211,8 +217,8 @@ class PlacementState:
             neg_util=np.frombuffer(self.neg_util_buf, dtype=np.float64),
             used_gpus=np.frombuffer(self.used_gpus_buf, dtype=np.float64),
             cap_gpus_safe=np.where(self.cap[0] > 0, self.cap[0], 1.0),
-            idle_w=np.array(self.idle, dtype=np.float64),
-            slope_w=np.array(self.slope, dtype=np.float64),
+            idle_w=rows[:, 1].copy(),
+            slope_w=rows[:, 2].copy(),
             before_w=np.frombuffer(self.before_buf, dtype=np.float64),
         )
 
@@ -238,7 +244,8 @@ class PlacementState:
         view.util[:] = util
         view.neg_util[:] = -util
         view.used_gpus[:] = used_gpus
-        awake = np.array(self.powered_on, dtype=np.bool_) & np.any(self.used != 0, axis=0)
+        awake = (np.frombuffer(self.power_rows, dtype=np.float64)[_POWER - 1 :: _POWER] != 0.0) & np.any(
+            self.used != 0, axis=0)
         view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
         for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
             self.free_desc[i] = _free_whole(mems, shares)
@@ -270,20 +277,34 @@ class PlacementState:
         dirty = self._dirty
         if not dirty:
             return
+        low = self.room_min
         if len(dirty) < _SYNC_BULK:
+            hlimit, schedulable = self.hlimit, self.schedulable_list
             for i in dirty:
-                self.used[:, i] = self.used_cols[i]
-                self.headroom[:, i] = self.room_cols[i]
+                u = self.used_cols[i]
+                self.used[:, i] = u
+                # ``limit - used`` per dimension, on Python floats (which round like float64)
+                h = hlimit[:, i].tolist()
+                room = [h[0] - u[0], h[1] - u[1], h[2] - u[2], h[3] - u[3], h[4] - u[4]]
+                self.headroom[:, i] = room
                 self.whole_desc[:, i] = self._padded(self.free_desc[i])
+                if schedulable[i]:
+                    for k in range(_DIMS):
+                        if room[k] < low[k]:
+                            low[k] = room[k]
         else:   # many columns (a cycle's update, a long batch): one fancy-indexed write per array
             idx = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
             order = idx.tolist()
             k, width, chain = len(order), self.width, itertools.chain.from_iterable
-            used_cols, room_cols, free_desc = self.used_cols, self.room_cols, self.free_desc
+            used_cols, free_desc = self.used_cols, self.free_desc
             # Rows joined into one array each (no intermediate list per row), then written transposed.
-            self.used[:, idx] = np.frombuffer(b"".join([used_cols[i] for i in order]), np.float64).reshape(k, _DIMS).T
-            self.headroom[:, idx] = np.frombuffer(b"".join([room_cols[i] for i in order]),
-                                                  np.float64).reshape(k, _DIMS).T
+            used = np.frombuffer(b"".join([used_cols[i] for i in order]), np.float64).reshape(k, _DIMS).T
+            self.used[:, idx] = used
+            headroom = self.hlimit[:, idx] - used
+            self.headroom[:, idx] = headroom
+            headroom = headroom[:, self.schedulable[idx]]
+            if headroom.shape[1]:
+                self.room_min = np.minimum(headroom.min(axis=1), low).tolist()
             pads = [[-1.0] * m for m in range(width + 1)]
             free = np.fromiter(chain([part for i in order for part in (free_desc[i], pads[width - len(free_desc[i])])]),
                                np.float64, width * k)
@@ -308,34 +329,17 @@ class PlacementState:
         self.changes.append(~i)
 
     def _derive(self, i: int, column: array[float]) -> None:
-        """Node ``i``'s headroom (in place), the headroom bound, utilization and power, from its reservations."""
+        """Node ``i``'s utilization and power from its reservations; its headroom (and the headroom
+        bound) follow when its column is written (:meth:`_sync`)."""
         self._dirty.add(i)
         self._bounds_stale = True
-        h = self.hlimit_cols[i]
-        room = self.room_cols[i]
-        r0 = room[0] = h[0] - column[0]
-        r1 = room[1] = h[1] - column[1]
-        r2 = room[2] = h[2] - column[2]
-        r3 = room[3] = h[3] - column[3]
-        r4 = room[4] = h[4] - column[4]
-        if self.schedulable_list[i]:
-            low = self.room_min
-            if r0 < low[0]:
-                low[0] = r0
-            if r1 < low[1]:
-                low[1] = r1
-            if r2 < low[2]:
-                low[2] = r2
-            if r3 < low[3]:
-                low[3] = r3
-            if r4 < low[4]:
-                low[4] = r4
-        cap_gpus = self.cap_gpus[i]
+        rows, j = self.power_rows, i * _POWER
+        cap_gpus = rows[j]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
         self.used_gpus_buf[i] = column[0]
         self.util_buf[i] = util
         self.neg_util_buf[i] = -util
-        self.before_buf[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
+        self.before_buf[i] = rows[j + 1] + rows[j + 2] * util if rows[j + 3] and any(column) else 0.0
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
@@ -601,7 +605,7 @@ class PlacementState:
     ) -> NodeAssignment:
         """Reserve a request on node ``i``: choose its GPUs and update the arrays.
 
-        The node's rows (``used_cols``, ``room_cols``, ``free_desc``, the GPU lists) are updated in
+        The node's rows (``used_cols``, ``free_desc``, the GPU lists) are updated in
         place: a batch then leaves no new lists behind for the garbage collector to walk.
 
         :param i: node index.
@@ -782,7 +786,7 @@ class PlacementState:
         if not changed:
             return True
         labels_changed = False
-        columns: dict[int, tuple[list[float], list[float], list[float]]] = {}
+        columns: dict[int, tuple[list[float], list[float], list[float], list[float]]] = {}
         for i, node in changed:
             old = self.nodes[i]
             labels_changed = labels_changed or (node.labels != old.labels or node.gpu_model != old.gpu_model)
@@ -794,9 +798,9 @@ class PlacementState:
         return True
 
     def _apply_node(self, i: int, node: NodeSnapshot,
-                    columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
-        """Write one node's snapshot into the lists (see :meth:`apply`); its capacity, limit and shared
-        limit go into ``columns``, for :meth:`_write_columns` to write into the arrays."""
+                    columns: dict[int, tuple[list[float], list[float], list[float], list[float]]]) -> None:
+        """Write one node's snapshot into the lists (see :meth:`apply`); its capacity, limit, shared
+        limit and headroom limit go into ``columns``, for :meth:`_write_columns` to write into the arrays."""
         self.nodes[i] = node
         cap = [float(x) for x in node.capacity.as_tuple()]
         schedulable = node.schedulable
@@ -814,14 +818,12 @@ class PlacementState:
         for k in _BYTE_DIMS:
             x = hlimit[k]
             hlimit[k] = float(math.floor(x)) if math.isfinite(x) else x
-        self.hlimit_cols[i] = array("d", hlimit)
-        columns[i] = (cap, limit, shared)
+        columns[i] = (cap, limit, shared, hlimit)
         self.used_cols[i] = array("d", node.used.as_tuple())
         self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
-        self.powered_on[i] = node.powered_on
-        self.cap_gpus[i] = cap[0]
-        self.idle[i] = node.power.idle_w
-        self.slope[i] = node.power.max_w - node.power.idle_w
+        j = i * _POWER
+        self.power_rows[j : j + _POWER] = array("d", (cap[0], node.power.idle_w, node.power.max_w - node.power.idle_w,
+                                                      1.0 if node.powered_on else 0.0))
         old_count = len(self.slot_ids[i])
         gpus = node.gpus
         self.slot_ids[i] = [g.index for g in gpus]
@@ -833,7 +835,7 @@ class PlacementState:
             self._partial.update(i, k, 0.0, 0.0)
         self._refresh_node(i)
 
-    def _write_columns(self, columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
+    def _write_columns(self, columns: dict[int, tuple[list[float], list[float], list[float], list[float]]]) -> None:
         """Write applied nodes' capacity, limits, schedulability and power into the arrays, one
         fancy-indexed assignment per array."""
         idx = np.fromiter(columns, dtype=np.int64, count=len(columns))
@@ -842,13 +844,15 @@ class PlacementState:
         cap = np.array([r[0] for r in rows], dtype=np.float64).T
         self.cap[:, idx] = cap
         self.limit[:, idx] = np.array([r[1] for r in rows], dtype=np.float64).T
+        self.hlimit[:, idx] = np.array([r[3] for r in rows], dtype=np.float64).T
         if self.shared_dims:
             self.shared_limit[:, idx] = np.array([r[2] for r in rows], dtype=np.float64).T
         self.schedulable[idx] = [self.schedulable_list[i] for i in order]
         view = self.view
         view.cap_gpus_safe[idx] = np.where(cap[0] > 0, cap[0], 1.0)
-        view.idle_w[idx] = [self.idle[i] for i in order]
-        view.slope_w[idx] = [self.slope[i] for i in order]
+        power = self.power_rows
+        view.idle_w[idx] = [power[i * _POWER + 1] for i in order]
+        view.slope_w[idx] = [power[i * _POWER + 2] for i in order]
 
     def _after_apply(self) -> None:
         """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""
