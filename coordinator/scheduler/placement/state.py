@@ -86,6 +86,15 @@ def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
     return free
 
 
+def _unmark(marks: bytearray, listed: list[int]) -> None:
+    """Clear the byte of every listed node (one numpy assignment for many)."""
+    if len(listed) < _SYNC_BULK:
+        for i in listed:
+            marks[i] = 0
+    else:
+        np.frombuffer(marks, dtype=np.uint8)[listed] = 0
+
+
 def is_exact(values: tuple[float, int, float, int, int]) -> bool:
     """Whether a vector's float dimensions are dyadic (multiples of 2**-20) and its bytes whole.
 
@@ -150,7 +159,10 @@ class PlacementState:
         # Every node changed, in order (read by the shape cache): ``i`` after a commit on node i,
         # which only ever takes room away, and ``~i`` after a release, which gives room back.
         self.changes: list[int] = []
-        self._touched: set[int] = set()   # nodes committed to or released on since last applied (see apply)
+        # Nodes committed to or released on since last applied (see apply): listed once each, and
+        # marked in a byte per node (a commit's membership test reads one byte, not a large set's table).
+        self._touched: list[int] = []
+        self._touched_mark = bytearray(len(nodes))
         self._choices: dict[tuple[object, ...], tuple[NodeTopology | None, tuple[int, ...]]] = {}   # see commit
         self._init_derived()
         self.refresh_bounds()
@@ -163,7 +175,10 @@ class PlacementState:
         # values in one place in memory): committing reads and writes one node, and Python floats
         # round exactly like numpy float64, so both copies stay identical.
         self.used_cols = _rows(self.used)
-        self._dirty: set[int] = set()   # nodes whose numpy columns lag their Python mirrors (see _sync)
+        # Nodes whose numpy columns lag their Python mirrors (see _sync), listed once each and marked
+        # in a byte per node, like the touched nodes.
+        self._dirty: list[int] = []
+        self._dirty_mark = bytearray(len(nodes))
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
         self.schedulable_list = [node.schedulable for node in nodes]
         self.factors = limit_factors(threshold, mode, shared=False)
@@ -277,6 +292,7 @@ class PlacementState:
         dirty = self._dirty
         if not dirty:
             return
+        _unmark(self._dirty_mark, dirty)
         low = self.room_min
         if len(dirty) < _SYNC_BULK:
             hlimit, schedulable = self.hlimit, self.schedulable_list
@@ -304,7 +320,8 @@ class PlacementState:
             self.headroom[:, idx] = headroom
             headroom = headroom[:, self.schedulable[idx]]
             if headroom.shape[1]:
-                self.room_min = np.minimum(headroom.min(axis=1), low).tolist()
+                # fmin: a NaN leaves the bound as it is, as the comparisons of the loop above do
+                self.room_min = np.fmin(np.fmin.reduce(headroom, axis=1), low).tolist()
             pads = [[-1.0] * m for m in range(width + 1)]
             free = np.fromiter(chain([part for i in order for part in (free_desc[i], pads[width - len(free_desc[i])])]),
                                np.float64, width * k)
@@ -331,7 +348,9 @@ class PlacementState:
     def _derive(self, i: int, column: array[float]) -> None:
         """Node ``i``'s utilization and power from its reservations; its headroom (and the headroom
         bound) follow when its column is written (:meth:`_sync`)."""
-        self._dirty.add(i)
+        if not self._dirty_mark[i]:
+            self._dirty_mark[i] = 1
+            self._dirty.append(i)
         self._bounds_stale = True
         rows, j = self.power_rows, i * _POWER
         cap_gpus = rows[j]
@@ -677,7 +696,9 @@ class PlacementState:
         u[4] += demand[4]
         self._derive(i, u)
         self.changes.append(i)
-        self._touched.add(i)
+        if not self._touched_mark[i]:
+            self._touched_mark[i] = 1
+            self._touched.append(i)
         ids = self.slot_ids[i]
         indices = tuple([ids[k] for k in positions])
         # Placements share one tuple per GPU set: a batch then leaves fewer new objects for the collector.
@@ -709,7 +730,9 @@ class PlacementState:
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
         self.used_cols[i] = array("d", [0.0 if abs(x) < CRUMB else x for x in column])
         self._refresh_node(i)
-        self._touched.add(i)
+        if not self._touched_mark[i]:
+            self._touched_mark[i] = 1
+            self._touched.append(i)
         self.refresh_bounds()
 
     def matches(self, i: int, node: NodeSnapshot) -> bool:
@@ -722,7 +745,7 @@ class PlacementState:
         """
         old = self.nodes[i]
         if node is old:
-            return i not in self._touched
+            return not self._touched_mark[i]
         used, u = node.used, self.used_cols[i]
         if (used.gpus != u[0] or used.gpu_mem_total_bytes != u[1] or used.cpu_cores != u[2] or used.mem_bytes != u[3]
                 or used.disk_bytes != u[4]):
@@ -754,14 +777,15 @@ class PlacementState:
 
     def touched(self, i: int) -> bool:
         """Whether node ``i`` was committed to or released on since it was last applied or built."""
-        return i in self._touched
+        return bool(self._touched_mark[i])
 
-    def touched_nodes(self) -> set[int]:
-        """Every node committed to or released on since it was last applied or built (do not modify)."""
+    def touched_nodes(self) -> list[int]:
+        """Every node committed to or released on since it was last applied or built, once each (do not modify)."""
         return self._touched
 
     def mark_applied(self) -> None:
         """Note that every node now holds what its last snapshot says (the start of a cycle)."""
+        _unmark(self._touched_mark, self._touched)
         self._touched.clear()
 
     def apply(self, nodes: Iterable[NodeSnapshot]) -> bool:
