@@ -74,6 +74,7 @@ _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
 _INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples handed out, each kept once
 _INDICES_MAX = 4096
+_ALL: dict[int, tuple[int, ...]] = {}   # (0, ..., n - 1) per GPU count n
 _CHOICES_MAX = 4096   # GPU choices remembered by commit
 _POWER = 4   # values per node in PlacementState.power_rows
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
@@ -587,11 +588,12 @@ class PlacementState:
             last = whole - 1
 
             def whole_gpus(i: int) -> bool:
-                u, lim = used[i], limits[i]
-                if (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
-                        and u[4] + v4 <= lim[4]):
-                    free = free_desc[i]
-                    return len(free) > last and free[last] >= per_gpu
+                # The GPUs first: after a commit on the node they are what most often no longer fits.
+                free = free_desc[i]
+                if len(free) > last and free[last] >= per_gpu:
+                    u, lim = used[i], limits[i]
+                    return (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2]
+                            and u[3] + v3 <= lim[3] and u[4] + v4 <= lim[4])
                 return False
             return whole_gpus
         if v0 <= 0:
@@ -642,7 +644,11 @@ class PlacementState:
         if whole > 0 and len(free) == whole and free[-1] >= per_gpu:
             # Exactly the GPUs asked for are fully free, all with the memory: every rule of the
             # allocator takes all of them (ascending), whatever the topology.
-            positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
+            count = len(share_free)
+            if whole == count:   # every GPU of the node
+                positions = _ALL.get(count) or _ALL.setdefault(count, tuple(range(count)))
+            else:
+                positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
         else:
             # The allocator's choice is a function of the node's GPU state and the request's GPU needs,
             # which repeat across nodes and requests: remembered by value (the links by identity, held).
@@ -666,9 +672,13 @@ class PlacementState:
             # Whole GPUs were fully free (so never in the shared index) and are fully taken (so not
             # in it after either): the node's free list loses exactly their memory values.
             share = 1.0
+            everything = len(positions) == len(free)   # every fully free GPU: none is left
+            if everything:
+                free.clear()
             for k in positions:
                 m = mem[k]
-                free.remove(m)
+                if not everything:
+                    free.remove(m)
                 m -= per_gpu
                 mem[k] = 0 if m < 0 else m            # take_gpu, inline
                 s = share_free[k] - 1.0
@@ -707,7 +717,7 @@ class PlacementState:
             if len(_INDICES) >= _INDICES_MAX:
                 _INDICES.clear()
             shared = _INDICES[indices] = indices
-        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=shared, gpu_share=share)
+        return NodeAssignment(self.nodes[i].node_id, shared, share)   # (positional: cheaper to call)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
