@@ -604,6 +604,22 @@ class PlacementState:
             return no_gpu
         shared_limits, pairs = self.shared_limit_cols, tuple(enumerate(self.shared_dims))
         slot_mem, slot_share = self.slot_mem, self.slot_share
+        if pairs == ((0, 0), (1, 1)):
+            # The usual case (whole-gpus mode, threshold below 1): the GPU count and GPU memory have
+            # lower limits for a shared request, compared here without a loop.
+            def shared_gpu_dims(i: int) -> bool:
+                u, lim = used[i], limits[i]
+                if not (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2]
+                        and u[3] + v3 <= lim[3] and u[4] + v4 <= lim[4]):
+                    return False
+                shared = shared_limits[i]
+                if not (u[0] + v0 <= shared[0] and u[1] + v1 <= shared[1]):
+                    return False
+                free = free_desc[i]
+                if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
+                    return True
+                return any(s >= v0 and m >= per_gpu for m, s in zip(slot_mem[i], slot_share[i], strict=True))
+            return shared_gpu_dims
 
         def shared_gpu(i: int) -> bool:
             u, lim = used[i], limits[i]
