@@ -144,6 +144,7 @@ class PlacementState:
         self.nodes: list[NodeSnapshot] = list(nodes)
         self.taken_at_s = snapshot.taken_at_s
         self.index = {node.node_id: i for i, node in enumerate(nodes)}
+        self.node_ids = [node.node_id for node in nodes]   # (a node keeps its index's id: see apply)
         self._init_dimensions(nodes, threshold, mode)
         self._init_power(nodes)
         self._init_gpus(nodes)
@@ -243,6 +244,9 @@ class PlacementState:
         self.width = max((len(node.gpus) for node in nodes), default=0) or 1
         shape = (self.width, len(nodes))
         self.slot_ids = [[g.index for g in node.gpus] for node in nodes]
+        # 1 where a node's GPU indices are its GPU positions (0, 1, ...): a commit then hands the
+        # positions on as the indices without reading the node's index list.
+        self.plain_ids = bytearray(ids == list(range(len(ids))) for ids in self.slot_ids)
         self.slot_total = [[g.mem_total_bytes for g in node.gpus] for node in nodes]
         self.slot_mem: list[list[float]] = [[g.mem_free_bytes for g in node.gpus] for node in nodes]
         self.slot_share = [[g.share_free for g in node.gpus] for node in nodes]
@@ -725,15 +729,18 @@ class PlacementState:
         if not self._touched_mark[i]:
             self._touched_mark[i] = 1
             self._touched.append(i)
-        ids = self.slot_ids[i]
-        indices = tuple([ids[k] for k in positions])
+        if self.plain_ids[i]:
+            indices = positions
+        else:
+            ids = self.slot_ids[i]
+            indices = tuple([ids[k] for k in positions])
         # Placements share one tuple per GPU set: a batch then leaves fewer new objects for the collector.
         shared = _INDICES.get(indices)
         if shared is None:
             if len(_INDICES) >= _INDICES_MAX:
                 _INDICES.clear()
             shared = _INDICES[indices] = indices
-        return NodeAssignment(self.nodes[i].node_id, shared, share)   # (positional: cheaper to call)
+        return NodeAssignment(self.node_ids[i], shared, share)   # (positional: cheaper to call)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
@@ -876,7 +883,8 @@ class PlacementState:
                                                       1.0 if node.powered_on else 0.0))
         old_count = len(self.slot_ids[i])
         gpus = node.gpus
-        self.slot_ids[i] = [g.index for g in gpus]
+        ids = self.slot_ids[i] = [g.index for g in gpus]
+        self.plain_ids[i] = ids == list(range(len(ids)))
         self.slot_total[i] = [g.mem_total_bytes for g in gpus]
         self.slot_mem[i] = [g.mem_free_bytes for g in gpus]
         self.slot_share[i] = [g.share_free for g in gpus]
