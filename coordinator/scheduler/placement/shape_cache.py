@@ -63,6 +63,11 @@ ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
 ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey]
 
 
+def _position(p: int) -> Callable[[int], int]:
+    """A draw that gives ``p`` whatever the count."""
+    return lambda _n: p
+
+
 def _blocks(n: int) -> int:
     """How many blocks ``n`` nodes make (at least one)."""
     return max(1, -(-n // BLOCK))
@@ -224,6 +229,19 @@ class ShapeEntry:
             kbuf[i], mbuf[i] = k, True
         self.refresh_minima({i // BLOCK for i in chosen})
         return np.array(chosen, dtype=np.int64)
+
+    def pick_many(self, draw: Callable[[int], list[int] | None]) -> list[int] | None:
+        """The feasible nodes at the positions ``draw(n)`` gives (``n`` being how many are feasible), in
+        its order: ``flatnonzero(mask)[draw(len(...))]`` from the block counts, without listing every
+        feasible node; None when the draw gives None.
+
+        :param draw: given ``n`` (≥ 0), distinct positions in ``range(n)``, or None.
+        :returns: node indices, or None.
+        """
+        positions = draw(self.feasible)
+        if positions is None:
+            return None
+        return [self.pick(_position(p)) for p in positions]
 
     def first_from(self, start: int, stop: int = -1) -> int:
         """The first node the mask holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none:
