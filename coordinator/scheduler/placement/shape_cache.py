@@ -363,21 +363,38 @@ class ShapeCache:
         assert check is not None
         policy = self._keyed
         if entry.keyed is None or policy is None:
-            suspects = entry.suspects if self._lazy else None
             counts, groups, block, group, flips = entry.block_count, entry.group_count, BLOCK, GROUP, 0
+            if not self._lazy:
+                # Every logged node the mask holds is re-checked now.
+                for x in changed:
+                    if x >= 0:
+                        if not mbuf[x]:
+                            continue
+                        was = 1
+                    else:
+                        x = ~x
+                        was = mbuf[x]
+                    ok = check(x)
+                    if ok != was:   # ShapeEntry.count, inline
+                        mbuf[x] = ok
+                        d = 1 if ok else -1
+                        b = x // block
+                        counts[b] += d
+                        groups[b // group] += d
+                        flips += d
+                entry.feasible += flips
+                return
+            suspects = entry.suspects   # (lazily confirmed: a node only committed to becomes a suspect)
             for x in changed:
                 if x < 0:
                     x = ~x
                     was = mbuf[x]
-                    if suspects is not None:
-                        suspects.discard(x)   # re-checked now
-                elif not mbuf[x]:
-                    continue
-                elif suspects is not None:
-                    suspects.add(x)           # re-checked when a choice lands on it (ShapeEntry.confirm)
+                    suspects.discard(x)   # re-checked now
+                elif mbuf[x]:
+                    suspects.add(x)       # re-checked when a choice lands on it (ShapeEntry.confirm)
                     continue
                 else:
-                    was = 1
+                    continue
                 ok = check(x)
                 if ok != was:   # ShapeEntry.count, inline
                     mbuf[x] = ok

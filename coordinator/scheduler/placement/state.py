@@ -622,7 +622,10 @@ class PlacementState:
                 free = free_desc[i]
                 if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
                     return True
-                return any(s >= v0 and m >= per_gpu for m, s in zip(slot_mem[i], slot_share[i], strict=True))
+                for m, s in zip(slot_mem[i], slot_share[i], strict=True):  # noqa: SIM110 - cheaper than any()
+                    if s >= v0 and m >= per_gpu:
+                        return True
+                return False
             return shared_gpu_dims
 
         def shared_gpu(i: int) -> bool:
@@ -638,7 +641,10 @@ class PlacementState:
             free = free_desc[i]
             if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
                 return True
-            return any(s >= v0 and m >= per_gpu for m, s in zip(slot_mem[i], slot_share[i], strict=True))
+            for m, s in zip(slot_mem[i], slot_share[i], strict=True):  # noqa: SIM110 - cheaper than any()
+                if s >= v0 and m >= per_gpu:
+                    return True
+            return False
         return shared_gpu
 
     def commit(
