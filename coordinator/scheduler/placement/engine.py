@@ -209,8 +209,7 @@ class PlacementEngine:
                 if i >= 0:   # one node: committed without building arrays
                     assignment = state.commit(i, req, values, whole, entry.exact)
                     policy.committed_one(i, len(state.nodes))
-                    return Placement(task_id=req.task_id, assignments=(assignment,), demand=req.demand,
-                                     policy=policy.name)
+                    return Placement(req.task_id, (assignment,), req.demand, policy.name)   # (positional: cheaper)
                 chosen = np.zeros(0, dtype=np.int64)
             else:
                 chosen = policy.select_indexed(state.view, entry, req)
@@ -226,7 +225,7 @@ class PlacementEngine:
         commit, exact = state.commit, entry.exact
         assignments = tuple([commit(i, req, values, whole, exact) for i in chosen.tolist()])
         policy.committed(chosen, len(state.nodes))
-        return Placement(task_id=req.task_id, assignments=assignments, demand=req.demand, policy=policy.name)
+        return Placement(req.task_id, assignments, req.demand, policy.name)
 
     def release(self, placement: Placement, gpu_mem_per_gpu_bytes: int) -> None:
         """Give a finished task's reservations back (for simulators and long-lived engines).

@@ -63,6 +63,11 @@ ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
 ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey]
 
 
+def _position(p: int) -> Callable[[int], int]:
+    """A draw that gives ``p`` whatever the count."""
+    return lambda _n: p
+
+
 def _blocks(n: int) -> int:
     """How many blocks ``n`` nodes make (at least one)."""
     return max(1, -(-n // BLOCK))
@@ -225,6 +230,19 @@ class ShapeEntry:
         self.refresh_minima({i // BLOCK for i in chosen})
         return np.array(chosen, dtype=np.int64)
 
+    def pick_many(self, draw: Callable[[int], list[int] | None]) -> list[int] | None:
+        """The feasible nodes at the positions ``draw(n)`` gives (``n`` being how many are feasible), in
+        its order: ``flatnonzero(mask)[draw(len(...))]`` from the block counts, without listing every
+        feasible node; None when the draw gives None.
+
+        :param draw: given ``n`` (≥ 0), distinct positions in ``range(n)``, or None.
+        :returns: node indices, or None.
+        """
+        positions = draw(self.feasible)
+        if positions is None:
+            return None
+        return [self.pick(_position(p)) for p in positions]
+
     def first_from(self, start: int, stop: int = -1) -> int:
         """The first node the mask holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none:
         a byte search of the mask's buffer (a suspect counts as feasible, as in :attr:`mask`).
@@ -345,21 +363,38 @@ class ShapeCache:
         assert check is not None
         policy = self._keyed
         if entry.keyed is None or policy is None:
-            suspects = entry.suspects if self._lazy else None
             counts, groups, block, group, flips = entry.block_count, entry.group_count, BLOCK, GROUP, 0
+            if not self._lazy:
+                # Every logged node the mask holds is re-checked now.
+                for x in changed:
+                    if x >= 0:
+                        if not mbuf[x]:
+                            continue
+                        was = 1
+                    else:
+                        x = ~x
+                        was = mbuf[x]
+                    ok = check(x)
+                    if ok != was:   # ShapeEntry.count, inline
+                        mbuf[x] = ok
+                        d = 1 if ok else -1
+                        b = x // block
+                        counts[b] += d
+                        groups[b // group] += d
+                        flips += d
+                entry.feasible += flips
+                return
+            suspects = entry.suspects   # (lazily confirmed: a node only committed to becomes a suspect)
             for x in changed:
                 if x < 0:
                     x = ~x
                     was = mbuf[x]
-                    if suspects is not None:
-                        suspects.discard(x)   # re-checked now
-                elif not mbuf[x]:
-                    continue
-                elif suspects is not None:
-                    suspects.add(x)           # re-checked when a choice lands on it (ShapeEntry.confirm)
+                    suspects.discard(x)   # re-checked now
+                elif mbuf[x]:
+                    suspects.add(x)       # re-checked when a choice lands on it (ShapeEntry.confirm)
                     continue
                 else:
-                    was = 1
+                    continue
                 ok = check(x)
                 if ok != was:   # ShapeEntry.count, inline
                     mbuf[x] = ok

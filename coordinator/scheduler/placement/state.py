@@ -23,8 +23,8 @@ Per-GPU state lives in Python lists per node (what the allocator reads when comm
 "k free GPUs with ≥ X bytes" is one comparison over a contiguous row, and partly shared GPUs are
 indexed apart (:class:`~coordinator.scheduler.placement.partial_gpus.PartialGpus`).
 
-Committing or releasing updates one node's Python mirrors (``used_cols``, ``room_cols``,
-``free_desc``, the GPU lists) and logs the node in :attr:`PlacementState.changes`; the numpy
+Committing or releasing updates one node's Python mirrors (``used_cols``, ``free_desc``, the GPU
+lists) and logs the node in :attr:`PlacementState.changes`; the numpy
 columns follow lazily, just before the next vectorised read. :meth:`PlacementState.fits` is the
 filter for one node, which the shape cache uses to re-check the logged nodes.
 
@@ -74,7 +74,9 @@ _DYADIC_MAX = 2.0**32
 _BYTES_MAX = 2.0**53
 _INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples handed out, each kept once
 _INDICES_MAX = 4096
+_ALL: dict[int, tuple[int, ...]] = {}   # (0, ..., n - 1) per GPU count n
 _CHOICES_MAX = 4096   # GPU choices remembered by commit
+_POWER = 4   # values per node in PlacementState.power_rows
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
@@ -83,6 +85,15 @@ def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
     free = [m for m, s in zip(mem_free, share_free, strict=True) if s >= 1.0]
     free.sort(reverse=True)
     return free
+
+
+def _unmark(marks: bytearray, listed: list[int]) -> None:
+    """Clear the byte of every listed node (one numpy assignment for many)."""
+    if len(listed) < _SYNC_BULK:
+        for i in listed:
+            marks[i] = 0
+    else:
+        np.frombuffer(marks, dtype=np.uint8)[listed] = 0
 
 
 def is_exact(values: tuple[float, int, float, int, int]) -> bool:
@@ -133,6 +144,7 @@ class PlacementState:
         self.nodes: list[NodeSnapshot] = list(nodes)
         self.taken_at_s = snapshot.taken_at_s
         self.index = {node.node_id: i for i, node in enumerate(nodes)}
+        self.node_ids = [node.node_id for node in nodes]   # (a node keeps its index's id: see apply)
         self._init_dimensions(nodes, threshold, mode)
         self._init_power(nodes)
         self._init_gpus(nodes)
@@ -149,7 +161,10 @@ class PlacementState:
         # Every node changed, in order (read by the shape cache): ``i`` after a commit on node i,
         # which only ever takes room away, and ``~i`` after a release, which gives room back.
         self.changes: list[int] = []
-        self._touched: set[int] = set()   # nodes committed to or released on since last applied (see apply)
+        # Nodes committed to or released on since last applied (see apply): listed once each, and
+        # marked in a byte per node (a commit's membership test reads one byte, not a large set's table).
+        self._touched: list[int] = []
+        self._touched_mark = bytearray(len(nodes))
         self._choices: dict[tuple[object, ...], tuple[NodeTopology | None, tuple[int, ...]]] = {}   # see commit
         self._init_derived()
         self.refresh_bounds()
@@ -162,7 +177,10 @@ class PlacementState:
         # values in one place in memory): committing reads and writes one node, and Python floats
         # round exactly like numpy float64, so both copies stay identical.
         self.used_cols = _rows(self.used)
-        self._dirty: set[int] = set()   # nodes whose numpy columns lag their Python mirrors (see _sync)
+        # Nodes whose numpy columns lag their Python mirrors (see _sync), listed once each and marked
+        # in a byte per node, like the touched nodes.
+        self._dirty: list[int] = []
+        self._dirty_mark = bytearray(len(nodes))
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
         self.schedulable_list = [node.schedulable for node in nodes]
         self.factors = limit_factors(threshold, mode, shared=False)
@@ -175,14 +193,14 @@ class PlacementState:
         self.shared_limit: FloatArray = np.ascontiguousarray(shared_limit)
         self.shared_limit_cols: list[list[float]] = self.shared_limit.T.tolist()
         # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
-        hlimit = self.limit.copy()
-        hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
-        self.hlimit_cols = _rows(hlimit)
-        self.headroom = hlimit - self.used
-        self.room_cols = _rows(self.headroom)
+        # Kept as an array only: a node's headroom is recomputed from it when its column is written (_sync).
+        self.hlimit = self.limit.copy()
+        self.hlimit[list(_BYTE_DIMS)] = np.floor(self.limit[list(_BYTE_DIMS)])
+        self.headroom = self.hlimit - self.used
         # A lower bound on every schedulable node's headroom per dimension: a demand at or below
         # it fits everywhere in that dimension, so the filter skips the dimension. Commits only
-        # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound.
+        # lower headroom, so ``min(bound, new headroom)`` keeps it exact; releases leave it a bound. It is
+        # lowered when the changed columns are written (_sync), before anything reads it.
         room = self.headroom[:, self.schedulable]
         self.room_min = room.min(axis=1).tolist() if room.shape[1] else [math.inf] * _DIMS
         self.exact = all(is_exact(node.used.as_tuple()) for node in nodes) and bool(
@@ -196,10 +214,15 @@ class PlacementState:
     def _init_power(self, nodes: tuple[NodeSnapshot, ...]) -> None:
         """The per-node values policies rank by (see :class:`NodeArrays`)."""
         n = len(nodes)
-        self.powered_on = [node.powered_on for node in nodes]
-        self.cap_gpus = self.cap[0].tolist()
-        self.idle = [node.power.idle_w for node in nodes]
-        self.slope = [node.power.max_w - node.power.idle_w for node in nodes]
+        # What a commit reads to derive a node's utilization and power, in one array('d') with
+        # _POWER values per node (GPU capacity, idle W, max - idle W, 1.0 when powered on): a commit
+        # on a node not read for a while then fetches them from one place in memory, not four.
+        columns = np.array([self.cap[0], [node.power.idle_w for node in nodes],
+                            [node.power.max_w - node.power.idle_w for node in nodes],
+                            [1.0 if node.powered_on else 0.0 for node in nodes]], dtype=np.float64).reshape(_POWER, n)
+        self.power_rows = array("d")
+        self.power_rows.frombytes(np.ascontiguousarray(columns.T).tobytes())
+        rows = np.frombuffer(self.power_rows, dtype=np.float64).reshape(n, _POWER)
         # The fields a commit changes live in array('d') buffers that the view's arrays are numpy
         # views of: a commit writes the buffers (a fraction of a numpy scalar write's cost).
         self.util_buf = array("d", bytes(8 * n))
@@ -211,8 +234,8 @@ class PlacementState:
             neg_util=np.frombuffer(self.neg_util_buf, dtype=np.float64),
             used_gpus=np.frombuffer(self.used_gpus_buf, dtype=np.float64),
             cap_gpus_safe=np.where(self.cap[0] > 0, self.cap[0], 1.0),
-            idle_w=np.array(self.idle, dtype=np.float64),
-            slope_w=np.array(self.slope, dtype=np.float64),
+            idle_w=rows[:, 1].copy(),
+            slope_w=rows[:, 2].copy(),
             before_w=np.frombuffer(self.before_buf, dtype=np.float64),
         )
 
@@ -221,6 +244,9 @@ class PlacementState:
         self.width = max((len(node.gpus) for node in nodes), default=0) or 1
         shape = (self.width, len(nodes))
         self.slot_ids = [[g.index for g in node.gpus] for node in nodes]
+        # 1 where a node's GPU indices are its GPU positions (0, 1, ...): a commit then hands the
+        # positions on as the indices without reading the node's index list.
+        self.plain_ids = bytearray(ids == list(range(len(ids))) for ids in self.slot_ids)
         self.slot_total = [[g.mem_total_bytes for g in node.gpus] for node in nodes]
         self.slot_mem: list[list[float]] = [[g.mem_free_bytes for g in node.gpus] for node in nodes]
         self.slot_share = [[g.share_free for g in node.gpus] for node in nodes]
@@ -238,7 +264,8 @@ class PlacementState:
         view.util[:] = util
         view.neg_util[:] = -util
         view.used_gpus[:] = used_gpus
-        awake = np.array(self.powered_on, dtype=np.bool_) & np.any(self.used != 0, axis=0)
+        awake = (np.frombuffer(self.power_rows, dtype=np.float64)[_POWER - 1 :: _POWER] != 0.0) & np.any(
+            self.used != 0, axis=0)
         view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
         for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
             self.free_desc[i] = _free_whole(mems, shares)
@@ -270,20 +297,36 @@ class PlacementState:
         dirty = self._dirty
         if not dirty:
             return
+        _unmark(self._dirty_mark, dirty)
+        low = self.room_min
         if len(dirty) < _SYNC_BULK:
+            hlimit, schedulable = self.hlimit, self.schedulable_list
             for i in dirty:
-                self.used[:, i] = self.used_cols[i]
-                self.headroom[:, i] = self.room_cols[i]
+                u = self.used_cols[i]
+                self.used[:, i] = u
+                # ``limit - used`` per dimension, on Python floats (which round like float64)
+                h = hlimit[:, i].tolist()
+                room = [h[0] - u[0], h[1] - u[1], h[2] - u[2], h[3] - u[3], h[4] - u[4]]
+                self.headroom[:, i] = room
                 self.whole_desc[:, i] = self._padded(self.free_desc[i])
+                if schedulable[i]:
+                    for k in range(_DIMS):
+                        if room[k] < low[k]:
+                            low[k] = room[k]
         else:   # many columns (a cycle's update, a long batch): one fancy-indexed write per array
             idx = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
             order = idx.tolist()
             k, width, chain = len(order), self.width, itertools.chain.from_iterable
-            used_cols, room_cols, free_desc = self.used_cols, self.room_cols, self.free_desc
+            used_cols, free_desc = self.used_cols, self.free_desc
             # Rows joined into one array each (no intermediate list per row), then written transposed.
-            self.used[:, idx] = np.frombuffer(b"".join([used_cols[i] for i in order]), np.float64).reshape(k, _DIMS).T
-            self.headroom[:, idx] = np.frombuffer(b"".join([room_cols[i] for i in order]),
-                                                  np.float64).reshape(k, _DIMS).T
+            used = np.frombuffer(b"".join([used_cols[i] for i in order]), np.float64).reshape(k, _DIMS).T
+            self.used[:, idx] = used
+            headroom = self.hlimit[:, idx] - used
+            self.headroom[:, idx] = headroom
+            headroom = headroom[:, self.schedulable[idx]]
+            if headroom.shape[1]:
+                # fmin: a NaN leaves the bound as it is, as the comparisons of the loop above do
+                self.room_min = np.fmin(np.fmin.reduce(headroom, axis=1), low).tolist()
             pads = [[-1.0] * m for m in range(width + 1)]
             free = np.fromiter(chain([part for i in order for part in (free_desc[i], pads[width - len(free_desc[i])])]),
                                np.float64, width * k)
@@ -308,34 +351,19 @@ class PlacementState:
         self.changes.append(~i)
 
     def _derive(self, i: int, column: array[float]) -> None:
-        """Node ``i``'s headroom (in place), the headroom bound, utilization and power, from its reservations."""
-        self._dirty.add(i)
+        """Node ``i``'s utilization and power from its reservations; its headroom (and the headroom
+        bound) follow when its column is written (:meth:`_sync`)."""
+        if not self._dirty_mark[i]:
+            self._dirty_mark[i] = 1
+            self._dirty.append(i)
         self._bounds_stale = True
-        h = self.hlimit_cols[i]
-        room = self.room_cols[i]
-        r0 = room[0] = h[0] - column[0]
-        r1 = room[1] = h[1] - column[1]
-        r2 = room[2] = h[2] - column[2]
-        r3 = room[3] = h[3] - column[3]
-        r4 = room[4] = h[4] - column[4]
-        if self.schedulable_list[i]:
-            low = self.room_min
-            if r0 < low[0]:
-                low[0] = r0
-            if r1 < low[1]:
-                low[1] = r1
-            if r2 < low[2]:
-                low[2] = r2
-            if r3 < low[3]:
-                low[3] = r3
-            if r4 < low[4]:
-                low[4] = r4
-        cap_gpus = self.cap_gpus[i]
+        rows, j = self.power_rows, i * _POWER
+        cap_gpus = rows[j]
         util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
         self.used_gpus_buf[i] = column[0]
         self.util_buf[i] = util
         self.neg_util_buf[i] = -util
-        self.before_buf[i] = self.idle[i] + self.slope[i] * util if self.powered_on[i] and any(column) else 0.0
+        self.before_buf[i] = rows[j + 1] + rows[j + 2] * util if rows[j + 3] and any(column) else 0.0
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
@@ -564,11 +592,12 @@ class PlacementState:
             last = whole - 1
 
             def whole_gpus(i: int) -> bool:
-                u, lim = used[i], limits[i]
-                if (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
-                        and u[4] + v4 <= lim[4]):
-                    free = free_desc[i]
-                    return len(free) > last and free[last] >= per_gpu
+                # The GPUs first: after a commit on the node they are what most often no longer fits.
+                free = free_desc[i]
+                if len(free) > last and free[last] >= per_gpu:
+                    u, lim = used[i], limits[i]
+                    return (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2]
+                            and u[3] + v3 <= lim[3] and u[4] + v4 <= lim[4])
                 return False
             return whole_gpus
         if v0 <= 0:
@@ -579,6 +608,25 @@ class PlacementState:
             return no_gpu
         shared_limits, pairs = self.shared_limit_cols, tuple(enumerate(self.shared_dims))
         slot_mem, slot_share = self.slot_mem, self.slot_share
+        if pairs == ((0, 0), (1, 1)):
+            # The usual case (whole-gpus mode, threshold below 1): the GPU count and GPU memory have
+            # lower limits for a shared request, compared here without a loop.
+            def shared_gpu_dims(i: int) -> bool:
+                u, lim = used[i], limits[i]
+                if not (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2]
+                        and u[3] + v3 <= lim[3] and u[4] + v4 <= lim[4]):
+                    return False
+                shared = shared_limits[i]
+                if not (u[0] + v0 <= shared[0] and u[1] + v1 <= shared[1]):
+                    return False
+                free = free_desc[i]
+                if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
+                    return True
+                for m, s in zip(slot_mem[i], slot_share[i], strict=True):  # noqa: SIM110 - cheaper than any()
+                    if s >= v0 and m >= per_gpu:
+                        return True
+                return False
+            return shared_gpu_dims
 
         def shared_gpu(i: int) -> bool:
             u, lim = used[i], limits[i]
@@ -593,7 +641,10 @@ class PlacementState:
             free = free_desc[i]
             if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
                 return True
-            return any(s >= v0 and m >= per_gpu for m, s in zip(slot_mem[i], slot_share[i], strict=True))
+            for m, s in zip(slot_mem[i], slot_share[i], strict=True):  # noqa: SIM110 - cheaper than any()
+                if s >= v0 and m >= per_gpu:
+                    return True
+            return False
         return shared_gpu
 
     def commit(
@@ -601,7 +652,7 @@ class PlacementState:
     ) -> NodeAssignment:
         """Reserve a request on node ``i``: choose its GPUs and update the arrays.
 
-        The node's rows (``used_cols``, ``room_cols``, ``free_desc``, the GPU lists) are updated in
+        The node's rows (``used_cols``, ``free_desc``, the GPU lists) are updated in
         place: a batch then leaves no new lists behind for the garbage collector to walk.
 
         :param i: node index.
@@ -619,7 +670,11 @@ class PlacementState:
         if whole > 0 and len(free) == whole and free[-1] >= per_gpu:
             # Exactly the GPUs asked for are fully free, all with the memory: every rule of the
             # allocator takes all of them (ascending), whatever the topology.
-            positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
+            count = len(share_free)
+            if whole == count:   # every GPU of the node
+                positions = _ALL.get(count) or _ALL.setdefault(count, tuple(range(count)))
+            else:
+                positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
         else:
             # The allocator's choice is a function of the node's GPU state and the request's GPU needs,
             # which repeat across nodes and requests: remembered by value (the links by identity, held).
@@ -643,9 +698,13 @@ class PlacementState:
             # Whole GPUs were fully free (so never in the shared index) and are fully taken (so not
             # in it after either): the node's free list loses exactly their memory values.
             share = 1.0
+            everything = len(positions) == len(free)   # every fully free GPU: none is left
+            if everything:
+                free.clear()
             for k in positions:
                 m = mem[k]
-                free.remove(m)
+                if not everything:
+                    free.remove(m)
                 m -= per_gpu
                 mem[k] = 0 if m < 0 else m            # take_gpu, inline
                 s = share_free[k] - 1.0
@@ -673,16 +732,21 @@ class PlacementState:
         u[4] += demand[4]
         self._derive(i, u)
         self.changes.append(i)
-        self._touched.add(i)
-        ids = self.slot_ids[i]
-        indices = tuple([ids[k] for k in positions])
+        if not self._touched_mark[i]:
+            self._touched_mark[i] = 1
+            self._touched.append(i)
+        if self.plain_ids[i]:
+            indices = positions
+        else:
+            ids = self.slot_ids[i]
+            indices = tuple([ids[k] for k in positions])
         # Placements share one tuple per GPU set: a batch then leaves fewer new objects for the collector.
         shared = _INDICES.get(indices)
         if shared is None:
             if len(_INDICES) >= _INDICES_MAX:
                 _INDICES.clear()
             shared = _INDICES[indices] = indices
-        return NodeAssignment(node_id=self.nodes[i].node_id, gpu_indices=shared, gpu_share=share)
+        return NodeAssignment(self.node_ids[i], shared, share)   # (positional: cheaper to call)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
@@ -705,7 +769,9 @@ class PlacementState:
         column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
         self.used_cols[i] = array("d", [0.0 if abs(x) < CRUMB else x for x in column])
         self._refresh_node(i)
-        self._touched.add(i)
+        if not self._touched_mark[i]:
+            self._touched_mark[i] = 1
+            self._touched.append(i)
         self.refresh_bounds()
 
     def matches(self, i: int, node: NodeSnapshot) -> bool:
@@ -718,7 +784,7 @@ class PlacementState:
         """
         old = self.nodes[i]
         if node is old:
-            return i not in self._touched
+            return not self._touched_mark[i]
         used, u = node.used, self.used_cols[i]
         if (used.gpus != u[0] or used.gpu_mem_total_bytes != u[1] or used.cpu_cores != u[2] or used.mem_bytes != u[3]
                 or used.disk_bytes != u[4]):
@@ -750,14 +816,15 @@ class PlacementState:
 
     def touched(self, i: int) -> bool:
         """Whether node ``i`` was committed to or released on since it was last applied or built."""
-        return i in self._touched
+        return bool(self._touched_mark[i])
 
-    def touched_nodes(self) -> set[int]:
-        """Every node committed to or released on since it was last applied or built (do not modify)."""
+    def touched_nodes(self) -> list[int]:
+        """Every node committed to or released on since it was last applied or built, once each (do not modify)."""
         return self._touched
 
     def mark_applied(self) -> None:
         """Note that every node now holds what its last snapshot says (the start of a cycle)."""
+        _unmark(self._touched_mark, self._touched)
         self._touched.clear()
 
     def apply(self, nodes: Iterable[NodeSnapshot]) -> bool:
@@ -782,7 +849,7 @@ class PlacementState:
         if not changed:
             return True
         labels_changed = False
-        columns: dict[int, tuple[list[float], list[float], list[float]]] = {}
+        columns: dict[int, tuple[list[float], list[float], list[float], list[float]]] = {}
         for i, node in changed:
             old = self.nodes[i]
             labels_changed = labels_changed or (node.labels != old.labels or node.gpu_model != old.gpu_model)
@@ -794,9 +861,9 @@ class PlacementState:
         return True
 
     def _apply_node(self, i: int, node: NodeSnapshot,
-                    columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
-        """Write one node's snapshot into the lists (see :meth:`apply`); its capacity, limit and shared
-        limit go into ``columns``, for :meth:`_write_columns` to write into the arrays."""
+                    columns: dict[int, tuple[list[float], list[float], list[float], list[float]]]) -> None:
+        """Write one node's snapshot into the lists (see :meth:`apply`); its capacity, limit, shared
+        limit and headroom limit go into ``columns``, for :meth:`_write_columns` to write into the arrays."""
         self.nodes[i] = node
         cap = [float(x) for x in node.capacity.as_tuple()]
         schedulable = node.schedulable
@@ -814,17 +881,16 @@ class PlacementState:
         for k in _BYTE_DIMS:
             x = hlimit[k]
             hlimit[k] = float(math.floor(x)) if math.isfinite(x) else x
-        self.hlimit_cols[i] = array("d", hlimit)
-        columns[i] = (cap, limit, shared)
+        columns[i] = (cap, limit, shared, hlimit)
         self.used_cols[i] = array("d", node.used.as_tuple())
         self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
-        self.powered_on[i] = node.powered_on
-        self.cap_gpus[i] = cap[0]
-        self.idle[i] = node.power.idle_w
-        self.slope[i] = node.power.max_w - node.power.idle_w
+        j = i * _POWER
+        self.power_rows[j : j + _POWER] = array("d", (cap[0], node.power.idle_w, node.power.max_w - node.power.idle_w,
+                                                      1.0 if node.powered_on else 0.0))
         old_count = len(self.slot_ids[i])
         gpus = node.gpus
-        self.slot_ids[i] = [g.index for g in gpus]
+        ids = self.slot_ids[i] = [g.index for g in gpus]
+        self.plain_ids[i] = ids == list(range(len(ids)))
         self.slot_total[i] = [g.mem_total_bytes for g in gpus]
         self.slot_mem[i] = [g.mem_free_bytes for g in gpus]
         self.slot_share[i] = [g.share_free for g in gpus]
@@ -833,7 +899,7 @@ class PlacementState:
             self._partial.update(i, k, 0.0, 0.0)
         self._refresh_node(i)
 
-    def _write_columns(self, columns: dict[int, tuple[list[float], list[float], list[float]]]) -> None:
+    def _write_columns(self, columns: dict[int, tuple[list[float], list[float], list[float], list[float]]]) -> None:
         """Write applied nodes' capacity, limits, schedulability and power into the arrays, one
         fancy-indexed assignment per array."""
         idx = np.fromiter(columns, dtype=np.int64, count=len(columns))
@@ -842,13 +908,15 @@ class PlacementState:
         cap = np.array([r[0] for r in rows], dtype=np.float64).T
         self.cap[:, idx] = cap
         self.limit[:, idx] = np.array([r[1] for r in rows], dtype=np.float64).T
+        self.hlimit[:, idx] = np.array([r[3] for r in rows], dtype=np.float64).T
         if self.shared_dims:
             self.shared_limit[:, idx] = np.array([r[2] for r in rows], dtype=np.float64).T
         self.schedulable[idx] = [self.schedulable_list[i] for i in order]
         view = self.view
         view.cap_gpus_safe[idx] = np.where(cap[0] > 0, cap[0], 1.0)
-        view.idle_w[idx] = [self.idle[i] for i in order]
-        view.slope_w[idx] = [self.slope[i] for i in order]
+        power = self.power_rows
+        view.idle_w[idx] = [power[i * _POWER + 1] for i in order]
+        view.slope_w[idx] = [power[i * _POWER + 2] for i in order]
 
     def _after_apply(self) -> None:
         """The whole-cluster values that :meth:`apply` may have moved: bounds, slack, exactness."""

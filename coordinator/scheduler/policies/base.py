@@ -261,6 +261,10 @@ class ShapeIndex(Protocol):
     def pick(self, draw: Callable[[int], int]) -> int:
         """The ``draw(n)``-th of the ``n`` feasible nodes in node order (-1, with no draw, when none is)."""
 
+    def pick_many(self, draw: Callable[[int], list[int] | None]) -> list[int] | None:
+        """The feasible nodes at the positions ``draw(n)`` gives among the ``n`` feasible ones in node
+        order, in its order (None when the draw gives None)."""
+
     def first_from(self, start: int, stop: int = -1) -> int:
         """The first node ``mask`` holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none."""
 

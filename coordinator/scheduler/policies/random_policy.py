@@ -103,12 +103,20 @@ class RandomPolicy(ThresholdPolicy):
         return candidates[draw(len(candidates), req.nodes, self.rng)]
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
-        """:meth:`select` with the same draws; on a large cluster one node is found from the entry's
+        """:meth:`select` with the same draws; on a large cluster the nodes are found from the entry's
         block counts (the k-th feasible node) instead of listing every feasible one."""
-        if req.nodes != 1 or len(entry.mask) <= _LIST_MAX:
+        if len(entry.mask) <= _LIST_MAX:
             return self.select(view, entry.mask, req)
-        chosen = self.select_one(view, entry, req)
-        return np.array([chosen] if chosen >= 0 else [], dtype=np.int64)
+        if req.nodes == 1:
+            chosen = self.select_one(view, entry, req)
+            return np.array([chosen] if chosen >= 0 else [], dtype=np.int64)
+        count, rng = req.nodes, self.rng
+        # A gang: draw(n, count, rng) among the n feasible nodes, as select does; with fewer than
+        # count feasible, no draw, and select lists them.
+        nodes = entry.pick_many(lambda n: draw(n, count, rng).tolist() if n >= count else None)
+        if nodes is None:
+            return self.select(view, entry.mask, req)
+        return np.array(nodes, dtype=np.int64)
 
     def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
         """A one-node request's random node (-1: none), with :meth:`select`'s draw."""

@@ -45,7 +45,7 @@ def partial(state: PlacementState) -> set[tuple[int, int, float, float]]:
 def assert_same(live: PlacementState, fresh: PlacementState) -> None:
     """Everything placement reads is equal (the live state may only have looser lower bounds)."""
     assert live.nodes == fresh.nodes
-    for name in ("cap", "limit", "shared_limit", "schedulable"):
+    for name in ("cap", "limit", "hlimit", "shared_limit", "schedulable"):
         assert np.array_equal(getattr(live, name), getattr(fresh, name)), name
     assert np.array_equal(live.used_array(), fresh.used_array())   # also brings whole_desc up to date
     # The live state keeps the width it was built with (nodes may since have fewer GPUs): rows past
@@ -57,8 +57,8 @@ def assert_same(live: PlacementState, fresh: PlacementState) -> None:
     assert np.array_equal(live.headroom, fresh.headroom)
     for name in ("util", "neg_util", "used_gpus", "cap_gpus_safe", "idle_w", "slope_w", "before_w"):
         assert np.array_equal(getattr(live.view, name), getattr(fresh.view, name)), name
-    for name in ("used_cols", "limit_cols", "shared_limit_cols", "hlimit_cols", "room_cols", "free_desc", "slot_ids",
-                 "slot_total", "slot_mem", "slot_share", "slot_topology", "powered_on", "idle", "slope", "cap_gpus",
+    for name in ("used_cols", "limit_cols", "shared_limit_cols", "free_desc", "slot_ids",
+                 "slot_total", "slot_mem", "slot_share", "slot_topology", "plain_ids", "node_ids", "power_rows",
                  "schedulable_list", "limit_bound", "room_bound", "slack"):
         assert getattr(live, name) == getattr(fresh, name), name
     assert partial(live) == partial(fresh)
