@@ -127,6 +127,12 @@ class Reconciler:
         task = self._tasks.find(ack.task_id)
         if task is None:
             return
+        if task.state in (TaskState.SCHEDULED, TaskState.STARTING) and not same_run(ack.decision_id, task):
+            # A refusal of a decision about an earlier run (the stop of the run before the task was placed
+            # again, answered late after a reconnect): the placement in force was not refused.
+            self._log.debug("decision_ack_stale", task_id=task.id, node_id=entry.node_id, decision_id=ack.decision_id,
+                            placement=task.allocation.decision_id)
+            return
         on_node = any(na.node_id == entry.node_id for na in task.allocation.nodes)
         if on_node and is_gang(task):
             await self._gang_ack(task, entry.node_id, ack)

@@ -78,3 +78,25 @@ class TestLateEndOfAnEarlierRun:
             assert app.tasks.get(task.id).state == TaskState.RUNNING
 
         asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+
+    def test_a_late_refusal_of_the_earlier_runs_stop_does_not_fail_the_run_just_placed(
+            self, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+        """The stop sent for the preempted run, refused late as unknown, leaves the new placement alone; a refusal of
+        the new placement's own start still fails it."""
+
+        async def scenario(app: App) -> None:
+            entry, task = await _running(app)
+            await app.tasks.transition(task.id, TaskState.PREEMPTED, "preempted for a test", preemptions=1)
+            await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(
+                task_id=task.id, state=int(TaskState.CANCELLED), decision_id=f"{task.allocation.decision_id}/n1"))
+            await until(lambda: app.tasks.get(task.id).state == TaskState.SCHEDULED)
+            await app.reconciler.on_decision_ack(entry, agent_pb2.DecisionAck(
+                decision_id=f"stop-{task.id}-abc123", ok=False, task_id=task.id, task_unknown=True,
+                reason=f"task {task.id!r} is not running on this node"))
+            assert app.tasks.get(task.id).state == TaskState.SCHEDULED
+            placed = app.tasks.get(task.id).allocation.decision_id
+            await app.reconciler.on_decision_ack(entry, agent_pb2.DecisionAck(
+                decision_id=f"{placed}/n1", ok=False, task_id=task.id, reason="no such GPU"))
+            assert app.tasks.get(task.id).state != TaskState.SCHEDULED   # the start itself was refused
+
+        asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
