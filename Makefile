@@ -24,9 +24,11 @@ run: $(STAMP)
 test: $(STAMP) proto-check typecheck
 	$(PY) -m pytest
 
-## test-faults: every fault scenario (3-member etcd, 3 coordinators, agents; several minutes)
+## test-faults: every fault scenario (3-member etcd, 3 coordinators, agents; several minutes), and the slow
+## fault variants of integration tests (marked `faults`)
 test-faults: $(STAMP)
 	GPTRM_FAULTS=1 $(PY) -m pytest tests/faults
+	GPTRM_FAULTS=1 $(PY) -m pytest -m faults tests/integration
 
 proto: $(STAMP)
 	$(PY) proto/generate.py

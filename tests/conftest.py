@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,16 @@ import pytest
 import structlog
 
 from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``faults`` (slow fault scenarios) run only under ``make test-faults`` (``GPTRM_FAULTS=1``)."""
+    if os.environ.get("GPTRM_FAULTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow fault scenario: run by `make test-faults`")
+    for item in items:
+        if item.get_closest_marker("faults") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,12 @@
 """Fault-scenario fixtures: a fresh 3-member etcd and a :class:`FaultCluster` per test.
 
 Scenarios marked ``faults`` are slow (tens of seconds to minutes each): ``make test`` skips
-them and ``make test-faults`` (``GPTRM_FAULTS=1``) runs them all.
+them and ``make test-faults`` (``GPTRM_FAULTS=1``) runs them all (the hook is in ``tests/conftest.py``,
+so the marker also works on slow fault variants of integration tests).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,15 +14,6 @@ import pytest
 
 from common.etcd_embedded import EtcdCluster
 from tests.faults.cluster import FaultCluster
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("GPTRM_FAULTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow fault scenario: run by `make test-faults`")
-    for item in items:
-        if item.get_closest_marker("faults") is not None:
-            item.add_marker(skip)
 
 
 @pytest.fixture
