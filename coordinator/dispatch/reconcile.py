@@ -47,6 +47,13 @@ def same_run(decision_id: str, task: types_pb2.Task) -> bool:
     return decision_id.startswith(placement + "/")
 
 
+def about_earlier_run(decision_id: str, task: types_pb2.Task) -> bool:
+    """Whether a report or refusal naming ``decision_id`` is about a run before the placement in force, while that
+    placement is not yet confirmed (SCHEDULED or STARTING): delivered late after a reconnect, it must not decide
+    the run just placed."""
+    return task.state in (TaskState.SCHEDULED, TaskState.STARTING) and not same_run(decision_id, task)
+
+
 class Reconciler:
     """Applies agents' reports in order and reconciles after registrations and leader changes.
 
@@ -127,7 +134,7 @@ class Reconciler:
         task = self._tasks.find(ack.task_id)
         if task is None:
             return
-        if task.state in (TaskState.SCHEDULED, TaskState.STARTING) and not same_run(ack.decision_id, task):
+        if about_earlier_run(ack.decision_id, task):
             # A refusal of a decision about an earlier run (the stop of the run before the task was placed
             # again, answered late after a reconnect): the placement in force was not refused.
             self._log.debug("decision_ack_stale", task_id=task.id, node_id=entry.node_id, decision_id=ack.decision_id,
@@ -172,8 +179,7 @@ class Reconciler:
         if task is None:
             self._dispatcher.stop_unknown(entry.node_id, status.task_id)
             return
-        if (state in TERMINAL_STATES and task.state in (TaskState.SCHEDULED, TaskState.STARTING)
-                and not same_run(status.decision_id, task)):
+        if state in TERMINAL_STATES and about_earlier_run(status.decision_id, task):
             # The end of an earlier run (requeued and placed again meanwhile, its end accounted for then), delivered
             # late after a reconnect: it must not end the run just placed. Acknowledged, not applied.
             self._log.debug("task_status_stale", task_id=task.id, node_id=entry.node_id,
