@@ -233,7 +233,7 @@ class SimElastic:
         state = self.sim.engine.state
         out = []
         for i in range(len(state.nodes)):
-            key = (tuple(state.slot_share[i]), tuple(state.slot_mem[i]), tuple(state.used_cols[i]))
+            key = (tuple(state.slot_share[i]), tuple(state.slot_mem[i]), state.used_of(i))
             cached = self._snapshots.get(i)
             if cached is None or cached[0] is not state or cached[1] != key:
                 cached = (state, key, state.node_snapshot(i))

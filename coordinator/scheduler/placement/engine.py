@@ -299,7 +299,7 @@ class PlacementEngine:
         policy = self.policy
         return (
             constraint_reason(req, node)
-            or dimension_reason(req, state.used_cols[i], node.capacity.as_tuple(), policy.threshold,
+            or dimension_reason(req, state.used_of(i), node.capacity.as_tuple(), policy.threshold,
                                 policy.threshold_mode)
             or gpu_fit_reason(req, state.slot_mem[i], state.slot_share[i])
             or "gang incomplete"

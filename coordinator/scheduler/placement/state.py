@@ -23,7 +23,7 @@ Per-GPU state lives in Python lists per node (what the allocator reads when comm
 "k free GPUs with ≥ X bytes" is one comparison over a contiguous row, and partly shared GPUs are
 indexed apart (:class:`~coordinator.scheduler.placement.partial_gpus.PartialGpus`).
 
-Committing or releasing updates one node's Python mirrors (``used_cols``, ``free_desc``, the GPU
+Committing or releasing updates one node's Python mirrors (``rows``, ``free_desc``, the GPU
 lists) and logs the node in :attr:`PlacementState.changes`; the numpy
 columns follow lazily, just before the next vectorised read. :meth:`PlacementState.fits` is the
 filter for one node, which the shape cache uses to re-check the logged nodes.
@@ -76,7 +76,10 @@ _INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples hande
 _INDICES_MAX = 4096
 _ALL: dict[int, tuple[int, ...]] = {}   # (0, ..., n - 1) per GPU count n
 _CHOICES_MAX = 4096   # GPU choices remembered by commit
-_POWER = 4   # values per node in PlacementState.power_rows
+_POWER = 8   # values per node in PlacementState.power_rows
+_LIM = 5     # where a node's limits start in its PlacementState.rows entry (its reservations are at 0-4)
+_SHARED = 10   # where its shared requests' lower limits start there
+_USED_GPUS, _UTIL, _NEG_UTIL, _BEFORE = 4, 5, 6, 7   # the derived values' places in a power row
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
@@ -119,10 +122,11 @@ def is_exact(values: tuple[float, int, float, int, int]) -> bool:
 
 
 def _rows(columns: FloatArray) -> list[array[float]]:
-    """A ``(5, N)`` array's columns as one ``array('d')`` each."""
+    """A ``(K, N)`` array's columns as one ``array('d')`` each."""
     flat = array("d")
     flat.frombytes(np.ascontiguousarray(columns.T).tobytes())
-    return [flat[k : k + _DIMS] for k in range(0, len(flat), _DIMS)]
+    width = columns.shape[0]
+    return [flat[k : k + width] for k in range(0, len(flat), width)]
 
 
 def _columns(nodes: tuple[NodeSnapshot, ...], attr: str) -> FloatArray:
@@ -173,10 +177,6 @@ class PlacementState:
         """Capacity, reservations, limits and headroom per dimension and node."""
         self.cap = _columns(nodes, "capacity")
         self.used = _columns(nodes, "used")
-        # Python mirrors of the per-node columns (one array('d') of the five values per node, its
-        # values in one place in memory): committing reads and writes one node, and Python floats
-        # round exactly like numpy float64, so both copies stay identical.
-        self.used_cols = _rows(self.used)
         # Nodes whose numpy columns lag their Python mirrors (see _sync), listed once each and marked
         # in a byte per node, like the touched nodes.
         self._dirty: list[int] = []
@@ -185,13 +185,16 @@ class PlacementState:
         self.schedulable_list = [node.schedulable for node in nodes]
         self.factors = limit_factors(threshold, mode, shared=False)
         self.limit = np.where(self.schedulable, self._scaled(self.factors), -np.inf)
-        self.limit_cols = _rows(self.limit)
         # The dimensions in which a shared request's limit is lower, with those limits (one row each).
         shared = self._shared_factors = limit_factors(threshold, mode, shared=True)
         self.shared_dims = [k for k in range(_DIMS) if shared[k] != self.factors[k]]
         shared_limit = np.where(self.schedulable, self._scaled(shared), -np.inf)[self.shared_dims]
         self.shared_limit: FloatArray = np.ascontiguousarray(shared_limit)
-        self.shared_limit_cols: list[list[float]] = self.shared_limit.T.tolist()
+        # Python mirrors of the per-node columns, one array('d') per node holding its reservations
+        # (0-4), its limits (_LIM) and its shared limits (_SHARED on), so that the filter for one node
+        # reads one place in memory: committing reads and writes one node, and Python floats
+        # round exactly like numpy float64, so both copies stay identical.
+        self.rows = _rows(np.concatenate((self.used, self.limit, self.shared_limit)))
         # Headroom: ``limit - used`` for the float dimensions, ``floor(limit) - used`` for bytes.
         # Kept as an array only: a node's headroom is recomputed from it when its column is written (_sync).
         self.hlimit = self.limit.copy()
@@ -214,29 +217,29 @@ class PlacementState:
     def _init_power(self, nodes: tuple[NodeSnapshot, ...]) -> None:
         """The per-node values policies rank by (see :class:`NodeArrays`)."""
         n = len(nodes)
-        # What a commit reads to derive a node's utilization and power, in one array('d') with
-        # _POWER values per node (GPU capacity, idle W, max - idle W, 1.0 when powered on): a commit
-        # on a node not read for a while then fetches them from one place in memory, not four.
-        columns = np.array([self.cap[0], [node.power.idle_w for node in nodes],
-                            [node.power.max_w - node.power.idle_w for node in nodes],
-                            [1.0 if node.powered_on else 0.0 for node in nodes]], dtype=np.float64).reshape(_POWER, n)
+        # What a commit reads and writes to derive a node's utilization and power, in one array('d')
+        # with _POWER values per node: read, GPU capacity, idle W, max - idle W, 1.0 when powered on;
+        # written, the GPUs reserved, utilization, its negation and the power drawn now. A commit on
+        # a node not read for a while then fetches one 64-byte row, not five places in memory; the
+        # view's arrays are strided numpy views of the written columns (a commit writes the row, a
+        # fraction of a numpy scalar write's cost).
+        columns = np.zeros((_POWER, n), dtype=np.float64)
+        columns[0] = self.cap[0]
+        columns[1] = [node.power.idle_w for node in nodes]
+        columns[2] = [node.power.max_w - node.power.idle_w for node in nodes]
+        columns[3] = [1.0 if node.powered_on else 0.0 for node in nodes]
+        columns[_USED_GPUS] = self.used[0]
         self.power_rows = array("d")
         self.power_rows.frombytes(np.ascontiguousarray(columns.T).tobytes())
         rows = np.frombuffer(self.power_rows, dtype=np.float64).reshape(n, _POWER)
-        # The fields a commit changes live in array('d') buffers that the view's arrays are numpy
-        # views of: a commit writes the buffers (a fraction of a numpy scalar write's cost).
-        self.util_buf = array("d", bytes(8 * n))
-        self.neg_util_buf = array("d", bytes(8 * n))
-        self.used_gpus_buf = array("d", self.used[0].tolist())
-        self.before_buf = array("d", bytes(8 * n))
         self.view = NodeArrays(
-            util=np.frombuffer(self.util_buf, dtype=np.float64),
-            neg_util=np.frombuffer(self.neg_util_buf, dtype=np.float64),
-            used_gpus=np.frombuffer(self.used_gpus_buf, dtype=np.float64),
+            util=rows[:, _UTIL],
+            neg_util=rows[:, _NEG_UTIL],
+            used_gpus=rows[:, _USED_GPUS],
             cap_gpus_safe=np.where(self.cap[0] > 0, self.cap[0], 1.0),
             idle_w=rows[:, 1].copy(),
             slope_w=rows[:, 2].copy(),
-            before_w=np.frombuffer(self.before_buf, dtype=np.float64),
+            before_w=rows[:, _BEFORE],
         )
 
     def _init_gpus(self, nodes: tuple[NodeSnapshot, ...]) -> None:
@@ -250,7 +253,9 @@ class PlacementState:
         self.slot_total = [[g.mem_total_bytes for g in node.gpus] for node in nodes]
         self.slot_mem: list[list[float]] = [[g.mem_free_bytes for g in node.gpus] for node in nodes]
         self.slot_share = [[g.share_free for g in node.gpus] for node in nodes]
-        self.slot_topology = [[g.topology_group for g in node.gpus] for node in nodes]
+        # Topology groups per node as tuples, each distinct one kept once (commit's choice memo keys them by identity).
+        self._topologies: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.slot_topology = [self._topology_of(node.gpus) for node in nodes]
         self._partial = PartialGpus(sum(len(node.gpus) for node in nodes))
         self.whole_desc = np.full(shape, -1.0)
         self.free_desc: list[list[float]] = [[] for _ in nodes]   # whole_desc's columns as lists, unpadded
@@ -264,7 +269,7 @@ class PlacementState:
         view.util[:] = util
         view.neg_util[:] = -util
         view.used_gpus[:] = used_gpus
-        awake = (np.frombuffer(self.power_rows, dtype=np.float64)[_POWER - 1 :: _POWER] != 0.0) & np.any(
+        awake = (np.frombuffer(self.power_rows, dtype=np.float64)[3 :: _POWER] != 0.0) & np.any(
             self.used != 0, axis=0)
         view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
         for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
@@ -275,6 +280,11 @@ class PlacementState:
         if n:
             columns = [self._padded(free) for free in self.free_desc]
             self.whole_desc = np.ascontiguousarray(np.array(columns, dtype=np.float64).T)
+
+    def _topology_of(self, gpus: tuple[GpuSlot, ...]) -> tuple[int, ...]:
+        """The GPUs' topology groups, as the one tuple the state keeps for that value."""
+        groups = tuple([g.topology_group for g in gpus])
+        return self._topologies.setdefault(groups, groups)
 
     def _padded(self, free: list[float]) -> list[float]:
         """A ``free_desc`` list as a ``whole_desc`` column: padded with -1 to the widest node."""
@@ -302,8 +312,8 @@ class PlacementState:
         if len(dirty) < _SYNC_BULK:
             hlimit, schedulable = self.hlimit, self.schedulable_list
             for i in dirty:
-                u = self.used_cols[i]
-                self.used[:, i] = u
+                u = self.rows[i]
+                self.used[:, i] = u[:_DIMS]
                 # ``limit - used`` per dimension, on Python floats (which round like float64)
                 h = hlimit[:, i].tolist()
                 room = [h[0] - u[0], h[1] - u[1], h[2] - u[2], h[3] - u[3], h[4] - u[4]]
@@ -317,9 +327,10 @@ class PlacementState:
             idx = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
             order = idx.tolist()
             k, width, chain = len(order), self.width, itertools.chain.from_iterable
-            used_cols, free_desc = self.used_cols, self.free_desc
-            # Rows joined into one array each (no intermediate list per row), then written transposed.
-            used = np.frombuffer(b"".join([used_cols[i] for i in order]), np.float64).reshape(k, _DIMS).T
+            rows, free_desc = self.rows, self.free_desc
+            # Rows joined into one array (no intermediate list per row), their reservations written transposed.
+            joined = np.frombuffer(b"".join([rows[i] for i in order]), np.float64)
+            used = joined.reshape(k, len(joined) // k)[:, :_DIMS].T
             self.used[:, idx] = used
             headroom = self.hlimit[:, idx] - used
             self.headroom[:, idx] = headroom
@@ -339,7 +350,7 @@ class PlacementState:
 
         :param i: node index.
         """
-        self._derive(i, self.used_cols[i])
+        self._derive(i, self.rows[i])
         shares, mems = self.slot_share[i], self.slot_mem[i]
         self.free_desc[i] = _free_whole(mems, shares)
         partial = self._partial
@@ -351,19 +362,21 @@ class PlacementState:
         self.changes.append(~i)
 
     def _derive(self, i: int, column: array[float]) -> None:
-        """Node ``i``'s utilization and power from its reservations; its headroom (and the headroom
-        bound) follow when its column is written (:meth:`_sync`)."""
+        """Node ``i``'s utilization and power from its reservations (``column``: its :attr:`rows` entry);
+        its headroom (and the headroom bound) follow when its column is written (:meth:`_sync`)."""
         if not self._dirty_mark[i]:
             self._dirty_mark[i] = 1
             self._dirty.append(i)
         self._bounds_stale = True
         rows, j = self.power_rows, i * _POWER
         cap_gpus = rows[j]
-        util = column[0] / cap_gpus if cap_gpus > 0 else 0.0
-        self.used_gpus_buf[i] = column[0]
-        self.util_buf[i] = util
-        self.neg_util_buf[i] = -util
-        self.before_buf[i] = rows[j + 1] + rows[j + 2] * util if rows[j + 3] and any(column) else 0.0
+        used_gpus = column[0]
+        util = used_gpus / cap_gpus if cap_gpus > 0 else 0.0
+        rows[j + 4] = used_gpus
+        rows[j + 5] = util
+        rows[j + 6] = -util
+        reserved = column[0] or column[1] or column[2] or column[3] or column[4]   # any() of the reservations
+        rows[j + 7] = rows[j + 1] + rows[j + 2] * util if rows[j + 3] and reserved else 0.0
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
@@ -544,18 +557,17 @@ class PlacementState:
         """
         if static is not None and not static[i]:
             return False
-        u, lim = self.used_cols[i], self.limit_cols[i]
+        u = self.rows[i]
         if not (
-            u[0] + values[0] <= lim[0]
-            and u[1] + values[1] <= lim[1]
-            and u[2] + values[2] <= lim[2]
-            and u[3] + values[3] <= lim[3]
-            and u[4] + values[4] <= lim[4]
+            u[0] + values[0] <= u[5]
+            and u[1] + values[1] <= u[6]
+            and u[2] + values[2] <= u[7]
+            and u[3] + values[3] <= u[8]
+            and u[4] + values[4] <= u[9]
         ):
             return False
         if whole == 0 and values[0] > 0 and self.shared_dims:
-            shared = self.shared_limit_cols[i]
-            if not all(u[k] + values[k] <= shared[row] for row, k in enumerate(self.shared_dims)):
+            if not all(u[k] + values[k] <= u[_SHARED + row] for row, k in enumerate(self.shared_dims)):
                 return False
         if whole > 0:
             free = self.free_desc[i]
@@ -586,7 +598,7 @@ class PlacementState:
             def constrained(i: int) -> bool:
                 return self.fits(i, values, whole, per_gpu, self.static_for(constraints))
             return constrained
-        used, limits, free_desc = self.used_cols, self.limit_cols, self.free_desc
+        rows, free_desc = self.rows, self.free_desc
         v0, v1, v2, v3, v4 = values
         if whole > 0:
             last = whole - 1
@@ -595,29 +607,28 @@ class PlacementState:
                 # The GPUs first: after a commit on the node they are what most often no longer fits.
                 free = free_desc[i]
                 if len(free) > last and free[last] >= per_gpu:
-                    u, lim = used[i], limits[i]
-                    return (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2]
-                            and u[3] + v3 <= lim[3] and u[4] + v4 <= lim[4])
+                    u = rows[i]
+                    return (u[0] + v0 <= u[5] and u[1] + v1 <= u[6] and u[2] + v2 <= u[7]
+                            and u[3] + v3 <= u[8] and u[4] + v4 <= u[9])
                 return False
             return whole_gpus
         if v0 <= 0:
             def no_gpu(i: int) -> bool:
-                u, lim = used[i], limits[i]
-                return (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
-                        and u[4] + v4 <= lim[4])
+                u = rows[i]
+                return (u[0] + v0 <= u[5] and u[1] + v1 <= u[6] and u[2] + v2 <= u[7] and u[3] + v3 <= u[8]
+                        and u[4] + v4 <= u[9])
             return no_gpu
-        shared_limits, pairs = self.shared_limit_cols, tuple(enumerate(self.shared_dims))
+        pairs = tuple((_SHARED + row, k) for row, k in enumerate(self.shared_dims))
         slot_mem, slot_share = self.slot_mem, self.slot_share
-        if pairs == ((0, 0), (1, 1)):
+        if pairs == ((_SHARED, 0), (_SHARED + 1, 1)):
             # The usual case (whole-gpus mode, threshold below 1): the GPU count and GPU memory have
             # lower limits for a shared request, compared here without a loop.
             def shared_gpu_dims(i: int) -> bool:
-                u, lim = used[i], limits[i]
-                if not (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2]
-                        and u[3] + v3 <= lim[3] and u[4] + v4 <= lim[4]):
+                u = rows[i]
+                if not (u[0] + v0 <= u[5] and u[1] + v1 <= u[6] and u[2] + v2 <= u[7]
+                        and u[3] + v3 <= u[8] and u[4] + v4 <= u[9]):
                     return False
-                shared = shared_limits[i]
-                if not (u[0] + v0 <= shared[0] and u[1] + v1 <= shared[1]):
+                if not (u[0] + v0 <= u[10] and u[1] + v1 <= u[11]):
                     return False
                 free = free_desc[i]
                 if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
@@ -629,15 +640,13 @@ class PlacementState:
             return shared_gpu_dims
 
         def shared_gpu(i: int) -> bool:
-            u, lim = used[i], limits[i]
-            if not (u[0] + v0 <= lim[0] and u[1] + v1 <= lim[1] and u[2] + v2 <= lim[2] and u[3] + v3 <= lim[3]
-                    and u[4] + v4 <= lim[4]):
+            u = rows[i]
+            if not (u[0] + v0 <= u[5] and u[1] + v1 <= u[6] and u[2] + v2 <= u[7] and u[3] + v3 <= u[8]
+                    and u[4] + v4 <= u[9]):
                 return False
-            if pairs:
-                shared = shared_limits[i]
-                for row, k in pairs:
-                    if not u[k] + values[k] <= shared[row]:
-                        return False
+            for at, k in pairs:
+                if not u[k] + values[k] <= u[at]:
+                    return False
             free = free_desc[i]
             if free and free[0] >= per_gpu:   # a fully free GPU with the memory holds any share
                 return True
@@ -652,7 +661,7 @@ class PlacementState:
     ) -> NodeAssignment:
         """Reserve a request on node ``i``: choose its GPUs and update the arrays.
 
-        The node's rows (``used_cols``, ``free_desc``, the GPU lists) are updated in
+        The node's rows (``rows``, ``free_desc``, the GPU lists) are updated in
         place: a batch then leaves no new lists behind for the garbage collector to walk.
 
         :param i: node index.
@@ -677,10 +686,11 @@ class PlacementState:
                 positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
         else:
             # The allocator's choice is a function of the node's GPU state and the request's GPU needs,
-            # which repeat across nodes and requests: remembered by value (the links by identity, held).
+            # which repeat across nodes and requests: remembered by value (the links by identity, held;
+            # the topology groups by identity too, each distinct tuple kept once by the state).
             links = self.nodes[i].topology
             topology = self.slot_topology[i]
-            key = (whole, demand[0], per_gpu, id(links), tuple(mem), tuple(share_free), tuple(topology))
+            key = (whole, demand[0], per_gpu, id(links), id(topology), *mem, *share_free)
             known = self._choices.get(key)
             if known is not None and known[0] is links:
                 positions = known[1]
@@ -724,7 +734,7 @@ class PlacementState:
                 self._partial.update(i, k, s, mem[k])
         else:
             share = demand[0]
-        u = self.used_cols[i]
+        u = self.rows[i]
         u[0] += demand[0]
         u[1] += demand[1]
         u[2] += demand[2]
@@ -766,8 +776,10 @@ class PlacementState:
                                                   self.slot_total[i][k])
         values = demand.as_tuple()
         self.exact = self.exact and is_exact(values)
-        column = [u - d for u, d in zip(self.used_cols[i], values, strict=True)]
-        self.used_cols[i] = array("d", [0.0 if abs(x) < CRUMB else x for x in column])
+        row = self.rows[i]
+        for k, d in enumerate(values):
+            x = row[k] - d
+            row[k] = 0.0 if abs(x) < CRUMB else x
         self._refresh_node(i)
         if not self._touched_mark[i]:
             self._touched_mark[i] = 1
@@ -785,7 +797,7 @@ class PlacementState:
         old = self.nodes[i]
         if node is old:
             return not self._touched_mark[i]
-        used, u = node.used, self.used_cols[i]
+        used, u = node.used, self.rows[i]
         if (used.gpus != u[0] or used.gpu_mem_total_bytes != u[1] or used.cpu_cores != u[2] or used.mem_bytes != u[3]
                 or used.disk_bytes != u[4]):
             return False
@@ -798,7 +810,7 @@ class PlacementState:
         if gpus is not old.gpus and (
             [g.index for g in gpus] != self.slot_ids[i]
             or [g.mem_total_bytes for g in gpus] != self.slot_total[i]
-            or [g.topology_group for g in gpus] != self.slot_topology[i]
+            or tuple([g.topology_group for g in gpus]) != self.slot_topology[i]
         ):
             return False
         # Snapshots of one node usually share these objects (the snapshot builder keeps its inventory
@@ -875,18 +887,18 @@ class PlacementState:
         else:
             limit = [-math.inf] * _DIMS
             shared = [-math.inf] * len(self.shared_dims)
-        self.limit_cols[i] = array("d", limit)
-        self.shared_limit_cols[i] = shared
         hlimit = limit.copy()
         for k in _BYTE_DIMS:
             x = hlimit[k]
             hlimit[k] = float(math.floor(x)) if math.isfinite(x) else x
         columns[i] = (cap, limit, shared, hlimit)
-        self.used_cols[i] = array("d", node.used.as_tuple())
+        row = self.rows[i] = array("d", node.used.as_tuple())
+        row.extend(limit)
+        row.extend(shared)
         self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
         j = i * _POWER
-        self.power_rows[j : j + _POWER] = array("d", (cap[0], node.power.idle_w, node.power.max_w - node.power.idle_w,
-                                                      1.0 if node.powered_on else 0.0))
+        self.power_rows[j : j + 4] = array("d", (cap[0], node.power.idle_w, node.power.max_w - node.power.idle_w,
+                                                 1.0 if node.powered_on else 0.0))
         old_count = len(self.slot_ids[i])
         gpus = node.gpus
         ids = self.slot_ids[i] = [g.index for g in gpus]
@@ -894,7 +906,7 @@ class PlacementState:
         self.slot_total[i] = [g.mem_total_bytes for g in gpus]
         self.slot_mem[i] = [g.mem_free_bytes for g in gpus]
         self.slot_share[i] = [g.share_free for g in gpus]
-        self.slot_topology[i] = [g.topology_group for g in gpus]
+        self.slot_topology[i] = self._topology_of(gpus)
         for k in range(len(gpus), old_count):   # GPUs the node no longer has leave the shared index
             self._partial.update(i, k, 0.0, 0.0)
         self._refresh_node(i)
@@ -931,6 +943,14 @@ class PlacementState:
         self._bounds_stale = True
         self.refresh_bounds()
 
+    def used_of(self, i: int) -> tuple[float, float, float, float, float]:
+        """Node ``i``'s reservations now, in :data:`~common.domain.DIMENSIONS` order.
+
+        :param i: node index.
+        :returns: the five values.
+        """
+        return tuple(self.rows[i][:_DIMS])  # type: ignore[return-value]
+
     def gpu_slots(self, i: int) -> tuple[GpuSlot, ...]:
         """Node ``i``'s GPUs with their current free memory and share.
 
@@ -948,6 +968,6 @@ class PlacementState:
         :param i: node index.
         :returns: the node.
         """
-        u = self.used_cols[i]
+        u = self.rows[i]
         used = Resources(float(u[0]), int(u[1]), float(u[2]), int(u[3]), int(u[4]))
         return replace(self.nodes[i], used=used, gpus=self.gpu_slots(i))

@@ -57,7 +57,7 @@ def assert_same(live: PlacementState, fresh: PlacementState) -> None:
     assert np.array_equal(live.headroom, fresh.headroom)
     for name in ("util", "neg_util", "used_gpus", "cap_gpus_safe", "idle_w", "slope_w", "before_w"):
         assert np.array_equal(getattr(live.view, name), getattr(fresh.view, name)), name
-    for name in ("used_cols", "limit_cols", "shared_limit_cols", "free_desc", "slot_ids",
+    for name in ("rows", "free_desc", "slot_ids",
                  "slot_total", "slot_mem", "slot_share", "slot_topology", "plain_ids", "node_ids", "power_rows",
                  "schedulable_list", "limit_bound", "room_bound", "slack"):
         assert getattr(live, name) == getattr(fresh, name), name
