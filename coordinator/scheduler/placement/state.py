@@ -566,9 +566,9 @@ class PlacementState:
             and u[4] + values[4] <= u[9]
         ):
             return False
-        if whole == 0 and values[0] > 0 and self.shared_dims:
-            if not all(u[k] + values[k] <= u[_SHARED + row] for row, k in enumerate(self.shared_dims)):
-                return False
+        if (whole == 0 and values[0] > 0 and self.shared_dims
+                and not all(u[k] + values[k] <= u[_SHARED + row] for row, k in enumerate(self.shared_dims))):
+            return False
         if whole > 0:
             free = self.free_desc[i]
             return len(free) >= whole and free[whole - 1] >= per_gpu
