@@ -44,7 +44,16 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from common.domain import DIMENSIONS, ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request
+from common.domain import (
+    DIMENSIONS,
+    ClusterSnapshot,
+    Decision,
+    NodeSnapshot,
+    Placement,
+    Rejection,
+    Request,
+    new_placement,
+)
 from coordinator.scheduler.placement.gang_topology import label_groups, prefer_one_group
 from coordinator.scheduler.placement.refusals import RefusalMemo
 from coordinator.scheduler.placement.shape_cache import ShapeCache
@@ -209,7 +218,7 @@ class PlacementEngine:
                 if i >= 0:   # one node: committed without building arrays
                     assignment = state.commit(i, req, values, whole, entry.exact)
                     policy.committed_one(i, len(state.nodes))
-                    return Placement(req.task_id, (assignment,), req.demand, policy.name)   # (positional: cheaper)
+                    return new_placement(req.task_id, (assignment,), req.demand, policy.name)
                 chosen = np.zeros(0, dtype=np.int64)
             else:
                 chosen = policy.select_indexed(state.view, entry, req)
@@ -225,7 +234,7 @@ class PlacementEngine:
         commit, exact = state.commit, entry.exact
         assignments = tuple([commit(i, req, values, whole, exact) for i in chosen.tolist()])
         policy.committed(chosen, len(state.nodes))
-        return Placement(req.task_id, assignments, req.demand, policy.name)
+        return new_placement(req.task_id, assignments, req.demand, policy.name)
 
     def release(self, placement: Placement, gpu_mem_per_gpu_bytes: int) -> None:
         """Give a finished task's reservations back (for simulators and long-lived engines).

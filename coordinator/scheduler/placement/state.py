@@ -46,7 +46,16 @@ from typing import cast
 
 import numpy as np
 
-from common.domain import DIMENSIONS, ClusterSnapshot, GpuSlot, NodeAssignment, NodeSnapshot, Request, Resources
+from common.domain import (
+    DIMENSIONS,
+    ClusterSnapshot,
+    GpuSlot,
+    NodeAssignment,
+    NodeSnapshot,
+    Request,
+    Resources,
+    new_assignment,
+)
 from common.errors import PlacementError
 from common.topology import NodeTopology
 from coordinator.allocator.gpus import choose_gpu_indices
@@ -756,7 +765,7 @@ class PlacementState:
             if len(_INDICES) >= _INDICES_MAX:
                 _INDICES.clear()
             shared = _INDICES[indices] = indices
-        return NodeAssignment(self.node_ids[i], shared, share)   # (positional: cheaper to call)
+        return new_assignment(self.node_ids[i], shared, share)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
@@ -801,12 +810,11 @@ class PlacementState:
         if (used.gpus != u[0] or used.gpu_mem_total_bytes != u[1] or used.cpu_cores != u[2] or used.mem_bytes != u[3]
                 or used.disk_bytes != u[4]):
             return False
-        gpus, mem, share = node.gpus, self.slot_mem[i], self.slot_share[i]
-        if len(gpus) != len(mem):
+        gpus = node.gpus
+        # Two list comparisons (in C) rather than a loop over the GPUs.
+        if ([g.mem_free_bytes for g in gpus] != self.slot_mem[i]
+                or [g.share_free for g in gpus] != self.slot_share[i]):
             return False
-        for g, m, s in zip(gpus, mem, share, strict=True):
-            if g.mem_free_bytes != m or g.share_free != s:
-                return False
         if gpus is not old.gpus and (
             [g.index for g in gpus] != self.slot_ids[i]
             or [g.mem_total_bytes for g in gpus] != self.slot_total[i]

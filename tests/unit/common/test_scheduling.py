@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError
+
 import pytest
 
 from common.domain import (
     ClusterSnapshot,
+    NodeAssignment,
     NodeSnapshot,
+    Placement,
     PowerCurve,
     Request,
     Resources,
+    new_assignment,
+    new_placement,
     queue_key,
 )
 
@@ -74,3 +80,18 @@ class TestRequest:
         ]
         ordered = [r.task_id for r in sorted(reqs, key=queue_key)]
         assert ordered == ["deadline-10", "deadline-20", "no-deadline", "early-low", "late-low"]
+
+
+class TestDecisionBuilders:
+    def test_built_like_the_constructors(self) -> None:
+        """The engine's builders give objects equal to (and hashed like) the constructors' ones, still frozen."""
+        demand = Resources(gpus=2.0, gpu_mem_total_bytes=80, cpu_cores=4.0, mem_bytes=1, disk_bytes=2)
+        a = new_assignment("n1", (0, 3), 1.0)
+        assert a == NodeAssignment("n1", (0, 3), 1.0) and hash(a) == hash(NodeAssignment("n1", (0, 3), 1.0))
+        p = new_placement("t1", (a,), demand, "random")
+        assert p == Placement("t1", (NodeAssignment("n1", (0, 3), 1.0),), demand, "random")
+        assert p.node_ids == ("n1",)
+        with pytest.raises(FrozenInstanceError):
+            a.gpu_share = 0.5  # type: ignore[misc]
+        with pytest.raises(FrozenInstanceError):
+            p.policy = "first-fit"  # type: ignore[misc]
