@@ -90,8 +90,8 @@ class ShapeEntry:
         only for an entry that is never replayed or confirmed.
     """
 
-    __slots__ = ("_block_key", "_block_mask", "_block_min", "_check", "_kbuf", "_lbuf", "_mbuf", "_ties", "block_count",
-                 "exact", "feasible", "group_count", "keyed", "mask", "seen", "suspects")
+    __slots__ = ("_block_key", "_block_mask", "_block_min", "_block_rows", "_check", "_kbuf", "_lbuf", "_mbuf", "_ties",
+                 "block_count", "exact", "feasible", "group_count", "keyed", "mask", "seen", "suspects")
 
     def __init__(self, mask: BoolArray, keyed: FloatArray | None, seen: int, exact: bool,
                  check: Callable[[int], bool] | None = None) -> None:
@@ -146,6 +146,7 @@ class ShapeEntry:
         padded_mask[:n] = mask
         self.mask = padded_mask[:n]
         self._block_mask = padded_mask.reshape(blocks, BLOCK)
+        self._block_rows = list(self._block_mask)   # one view per block, made once
         self.block_count = self._block_mask.sum(axis=1).tolist()
         self.group_count = [sum(self.block_count[g : g + GROUP]) for g in range(0, blocks, GROUP)]
         self.feasible = sum(self.group_count)
@@ -278,7 +279,7 @@ class ShapeEntry:
         while rem >= counts[b]:
             rem -= counts[b]
             b += 1
-        return b * BLOCK + int(self._block_mask[b].nonzero()[0][rem])
+        return b * BLOCK + int(self._block_rows[b].nonzero()[0][rem])
 
 
 class ShapeCache:

@@ -99,6 +99,17 @@ def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
     return free
 
 
+def _shared(indices: tuple[int, ...]) -> tuple[int, ...]:
+    """The one tuple kept for these GPU indices: placements share one tuple per GPU set, so a batch
+    leaves fewer new objects for the collector."""
+    shared = _INDICES.get(indices)
+    if shared is None:
+        if len(_INDICES) >= _INDICES_MAX:
+            _INDICES.clear()
+        shared = _INDICES[indices] = indices
+    return shared
+
+
 def _unmark(marks: bytearray, listed: list[int]) -> None:
     """Clear the byte of every listed node (one numpy assignment for many)."""
     if len(listed) < _SYNC_BULK:
@@ -690,9 +701,9 @@ class PlacementState:
             # allocator takes all of them (ascending), whatever the topology.
             count = len(share_free)
             if whole == count:   # every GPU of the node
-                positions = _ALL.get(count) or _ALL.setdefault(count, tuple(range(count)))
+                positions = _ALL.get(count) or _ALL.setdefault(count, _shared(tuple(range(count))))
             else:
-                positions = tuple([k for k, s in enumerate(share_free) if s >= 1.0])
+                positions = _shared(tuple([k for k, s in enumerate(share_free) if s >= 1.0]))
         else:
             # The allocator's choice is a function of the node's GPU state and the request's GPU needs,
             # which repeat across nodes and requests: remembered by value (the links by identity, held;
@@ -710,6 +721,7 @@ class PlacementState:
                     raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
                 if len(self._choices) >= _CHOICES_MAX:
                     self._choices.clear()
+                positions = _shared(positions)
                 self._choices[key] = (links, positions)
         if not exact:
             self.exact = False
@@ -755,17 +767,11 @@ class PlacementState:
             self._touched_mark[i] = 1
             self._touched.append(i)
         if self.plain_ids[i]:
-            indices = positions
+            indices = positions   # (shared already)
         else:
             ids = self.slot_ids[i]
-            indices = tuple([ids[k] for k in positions])
-        # Placements share one tuple per GPU set: a batch then leaves fewer new objects for the collector.
-        shared = _INDICES.get(indices)
-        if shared is None:
-            if len(_INDICES) >= _INDICES_MAX:
-                _INDICES.clear()
-            shared = _INDICES[indices] = indices
-        return new_assignment(self.node_ids[i], shared, share)
+            indices = _shared(tuple([ids[k] for k in positions]))
+        return new_assignment(self.node_ids[i], indices, share)
 
     def release(self, assignment: NodeAssignment, demand: Resources, per_gpu: int) -> None:
         """Give back what :meth:`commit` reserved (a task ended).
