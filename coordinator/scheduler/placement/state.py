@@ -85,10 +85,9 @@ _INDICES: dict[tuple[int, ...], tuple[int, ...]] = {}   # GPU index tuples hande
 _INDICES_MAX = 4096
 _ALL: dict[int, tuple[int, ...]] = {}   # (0, ..., n - 1) per GPU count n
 _CHOICES_MAX = 4096   # GPU choices remembered by commit
-_POWER = 8   # values per node in PlacementState.power_rows
+_POWER = 4   # values per node in PlacementState.power_rows
 _LIM = 5     # where a node's limits start in its PlacementState.rows entry (its reservations are at 0-4)
 _SHARED = 10   # where its shared requests' lower limits start there
-_USED_GPUS, _UTIL, _NEG_UTIL, _BEFORE = 4, 5, 6, 7   # the derived values' places in a power row
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
 
@@ -237,29 +236,30 @@ class PlacementState:
     def _init_power(self, nodes: tuple[NodeSnapshot, ...]) -> None:
         """The per-node values policies rank by (see :class:`NodeArrays`)."""
         n = len(nodes)
-        # What a commit reads and writes to derive a node's utilization and power, in one array('d')
-        # with _POWER values per node: read, GPU capacity, idle W, max - idle W, 1.0 when powered on;
-        # written, the GPUs reserved, utilization, its negation and the power drawn now. A commit on
-        # a node not read for a while then fetches one 64-byte row, not five places in memory; the
-        # view's arrays are strided numpy views of the written columns (a commit writes the row, a
-        # fraction of a numpy scalar write's cost).
-        columns = np.zeros((_POWER, n), dtype=np.float64)
-        columns[0] = self.cap[0]
-        columns[1] = [node.power.idle_w for node in nodes]
-        columns[2] = [node.power.max_w - node.power.idle_w for node in nodes]
-        columns[3] = [1.0 if node.powered_on else 0.0 for node in nodes]
-        columns[_USED_GPUS] = self.used[0]
+        # What a commit reads to derive a node's utilization and power, in one array('d') with
+        # _POWER values per node (GPU capacity, idle W, max - idle W, 1.0 when powered on): a commit
+        # on a node not read for a while then fetches them from one place in memory, not four.
+        columns = np.array([self.cap[0], [node.power.idle_w for node in nodes],
+                            [node.power.max_w - node.power.idle_w for node in nodes],
+                            [1.0 if node.powered_on else 0.0 for node in nodes]], dtype=np.float64).reshape(_POWER, n)
         self.power_rows = array("d")
         self.power_rows.frombytes(np.ascontiguousarray(columns.T).tobytes())
         rows = np.frombuffer(self.power_rows, dtype=np.float64).reshape(n, _POWER)
+        # The fields a commit changes live in array('d') buffers that the view's arrays are numpy
+        # views of: a commit writes the buffers (a fraction of a numpy scalar write's cost), and the
+        # vectorised passes over them read contiguous memory.
+        self.util_buf = array("d", bytes(8 * n))
+        self.neg_util_buf = array("d", bytes(8 * n))
+        self.used_gpus_buf = array("d", self.used[0].tolist())
+        self.before_buf = array("d", bytes(8 * n))
         self.view = NodeArrays(
-            util=rows[:, _UTIL],
-            neg_util=rows[:, _NEG_UTIL],
-            used_gpus=rows[:, _USED_GPUS],
+            util=np.frombuffer(self.util_buf, dtype=np.float64),
+            neg_util=np.frombuffer(self.neg_util_buf, dtype=np.float64),
+            used_gpus=np.frombuffer(self.used_gpus_buf, dtype=np.float64),
             cap_gpus_safe=np.where(self.cap[0] > 0, self.cap[0], 1.0),
             idle_w=rows[:, 1].copy(),
             slope_w=rows[:, 2].copy(),
-            before_w=rows[:, _BEFORE],
+            before_w=np.frombuffer(self.before_buf, dtype=np.float64),
         )
 
     def _init_gpus(self, nodes: tuple[NodeSnapshot, ...]) -> None:
@@ -289,7 +289,7 @@ class PlacementState:
         view.util[:] = util
         view.neg_util[:] = -util
         view.used_gpus[:] = used_gpus
-        awake = (np.frombuffer(self.power_rows, dtype=np.float64)[3 :: _POWER] != 0.0) & np.any(
+        awake = (np.frombuffer(self.power_rows, dtype=np.float64)[_POWER - 1 :: _POWER] != 0.0) & np.any(
             self.used != 0, axis=0)
         view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
         for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
@@ -392,11 +392,11 @@ class PlacementState:
         cap_gpus = rows[j]
         used_gpus = column[0]
         util = used_gpus / cap_gpus if cap_gpus > 0 else 0.0
-        rows[j + 4] = used_gpus
-        rows[j + 5] = util
-        rows[j + 6] = -util
+        self.used_gpus_buf[i] = used_gpus
+        self.util_buf[i] = util
+        self.neg_util_buf[i] = -util
         reserved = column[0] or column[1] or column[2] or column[3] or column[4]   # any() of the reservations
-        rows[j + 7] = rows[j + 1] + rows[j + 2] * util if rows[j + 3] and reserved else 0.0
+        self.before_buf[i] = rows[j + 1] + rows[j + 2] * util if rows[j + 3] and reserved else 0.0
 
     def refresh_bounds(self) -> None:
         """Recompute the upper bounds on headroom and on free GPUs (after refusals and releases)."""
@@ -911,8 +911,8 @@ class PlacementState:
         row.extend(shared)
         self.exact = self.exact and is_exact(node.used.as_tuple()) and cap[0] < _DYADIC_MAX and cap[2] < _DYADIC_MAX
         j = i * _POWER
-        self.power_rows[j : j + 4] = array("d", (cap[0], node.power.idle_w, node.power.max_w - node.power.idle_w,
-                                                 1.0 if node.powered_on else 0.0))
+        self.power_rows[j : j + _POWER] = array("d", (cap[0], node.power.idle_w, node.power.max_w - node.power.idle_w,
+                                                      1.0 if node.powered_on else 0.0))
         old_count = len(self.slot_ids[i])
         gpus = node.gpus
         ids = self.slot_ids[i] = [g.index for g in gpus]
