@@ -124,6 +124,7 @@ class PlacementEngine:
         self._gang_groups = label_groups(snapshot.nodes, gang_label)
         with collector_paused():   # building the state allocates a few Python objects per node and GPU
             self.state = PlacementState(snapshot, policy.threshold, policy.threshold_mode)
+        self.state.set_derive_on_commit(policy.reads_view)
         self._refusals = RefusalMemo()
         self._shapes = ShapeCache(self.state, policy)
 
@@ -142,6 +143,7 @@ class PlacementEngine:
         engine.policy = policy
         engine._gang_groups = gang_groups
         engine.state = state
+        state.set_derive_on_commit(policy.reads_view)
         engine._refusals = RefusalMemo()
         engine._shapes = shapes
         return engine

@@ -65,6 +65,7 @@ from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD_MODE,
     BoolArray,
     FloatArray,
+    IntArray,
     NodeArrays,
     limit_factors,
 )
@@ -172,6 +173,8 @@ class PlacementState:
         self._init_power(nodes)
         self._init_gpus(nodes)
         self._bounds_stale = True
+        self.derive_on_commit = True   # see set_derive_on_commit
+        self._underived = False        # a commit left a node's view values to _sync
         self._ok_buf = np.empty((_DIMS, len(nodes)), dtype=np.bool_)
         self._sum_buf = np.empty((_DIMS, len(nodes)))
         self._static: dict[tuple[str, frozenset[tuple[str, str]], frozenset[str]], BoolArray] = {}
@@ -328,11 +331,14 @@ class PlacementState:
         if not dirty:
             return
         _unmark(self._dirty_mark, dirty)
+        underived, self._underived = self._underived, False
         low = self.room_min
         if len(dirty) < _SYNC_BULK:
             hlimit, schedulable = self.hlimit, self.schedulable_list
             for i in dirty:
                 u = self.rows[i]
+                if underived:
+                    self._derive_view(i, u)
                 self.used[:, i] = u[:_DIMS]
                 # ``limit - used`` per dimension, on Python floats (which round like float64)
                 h = hlimit[:, i].tolist()
@@ -351,6 +357,8 @@ class PlacementState:
             # Rows joined into one array (no intermediate list per row), their reservations written transposed.
             joined = np.frombuffer(b"".join([rows[i] for i in order]), np.float64)
             used = joined.reshape(k, len(joined) // k)[:, :_DIMS].T
+            if underived:
+                self._derive_columns(idx, used)
             self.used[:, idx] = used
             headroom = self.hlimit[:, idx] - used
             self.headroom[:, idx] = headroom
@@ -363,6 +371,31 @@ class PlacementState:
                                np.float64, width * k)
             self.whole_desc[:, idx] = free.reshape(k, width).T
         dirty.clear()
+
+    def _derive_columns(self, idx: IntArray, used: FloatArray) -> None:
+        """:meth:`_derive_view` for the nodes ``idx`` whose reservations are the columns of ``used``, with
+        numpy: the same operations as in Python, so the same rounding (see :meth:`_init_derived`)."""
+        power = np.frombuffer(self.power_rows, dtype=np.float64).reshape(-1, _POWER)[idx].T
+        cap_gpus, used_gpus = power[0], used[0]
+        util = np.zeros(len(idx))
+        np.divide(used_gpus, cap_gpus, out=util, where=cap_gpus > 0)
+        view = self.view
+        view.used_gpus[idx] = used_gpus
+        view.util[idx] = util
+        view.neg_util[idx] = -util
+        reserved = np.any(used != 0, axis=0)
+        view.before_w[idx] = np.where((power[3] != 0.0) & reserved, power[1] + power[2] * util, 0.0)
+
+    def set_derive_on_commit(self, on: bool) -> None:
+        """Whether a commit writes the node's utilization, GPUs reserved and power drawn into :attr:`view` at
+        once (on: a policy reading them is placing) or leaves them to the next :meth:`_sync` (the columns'
+        write before any vectorised read); turning it on brings every pending value up to date first.
+
+        :param on: the policy placing now reads the view (``Policy.reads_view``).
+        """
+        if on and not self.derive_on_commit:
+            self._sync()
+        self.derive_on_commit = on
 
     def _refresh_node(self, i: int) -> None:
         """Recompute one node's derived entries from its Python mirrors (utilization, power, headroom, GPUs)
@@ -388,6 +421,10 @@ class PlacementState:
             self._dirty_mark[i] = 1
             self._dirty.append(i)
         self._bounds_stale = True
+        self._derive_view(i, column)
+
+    def _derive_view(self, i: int, column: array[float]) -> None:
+        """Write node ``i``'s GPUs reserved, utilization and power drawn into the view's buffers."""
         rows, j = self.power_rows, i * _POWER
         cap_gpus = rows[j]
         used_gpus = column[0]
@@ -761,7 +798,14 @@ class PlacementState:
         u[2] += demand[2]
         u[3] += demand[3]
         u[4] += demand[4]
-        self._derive(i, u)
+        if self.derive_on_commit:
+            self._derive(i, u)
+        else:   # the view's values wait for _sync: no policy placing now reads them
+            if not self._dirty_mark[i]:
+                self._dirty_mark[i] = 1
+                self._dirty.append(i)
+            self._bounds_stale = True
+            self._underived = True
         self.changes.append(i)
         if not self._touched_mark[i]:
             self._touched_mark[i] = 1

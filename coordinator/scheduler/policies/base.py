@@ -286,6 +286,10 @@ class Policy(Protocol):
     """True for a :class:`KeyedPolicy`: ``select`` takes the feasible nodes with the smallest
     ``key_array`` (ties: earlier node), so the engine keeps the key per request shape and updates
     it node by node."""
+    reads_view: bool
+    """True when choosing reads the view's utilization, GPUs reserved or power drawn (:class:`NodeArrays`):
+    the state then writes them at each commit; False lets it write them in bulk before the next
+    vectorised read."""
 
     def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
         """Short reason the request may not go on the node, None when it may."""
@@ -431,6 +435,7 @@ class ThresholdPolicy:
 
     ranked_by_key = False
     confirms_lazily = False
+    reads_view = True
 
     def __init__(self, args: PolicyArgs) -> None:
         self.args = args

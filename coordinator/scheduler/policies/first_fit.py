@@ -65,6 +65,7 @@ class FirstFit(ThresholdPolicy):
     sorts_requests = False
     scale_out = False
     confirms_lazily = True
+    reads_view = False
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank`."""

@@ -82,6 +82,7 @@ class RandomPolicy(ThresholdPolicy):
     name = NAME
     sorts_requests = False
     scale_out = False
+    reads_view = False
 
     def __init__(self, args: RandomArgs, rng: np.random.Generator) -> None:
         super().__init__(args)

@@ -86,6 +86,7 @@ class RoundRobin(ThresholdPolicy):
     sorts_requests = False
     scale_out = False
     confirms_lazily = True
+    reads_view = False
 
     def __init__(self, args: RoundRobinArgs) -> None:
         super().__init__(args)
