@@ -23,9 +23,11 @@ Per-GPU state lives in Python lists per node (what the allocator reads when comm
 "k free GPUs with ≥ X bytes" is one comparison over a contiguous row, and partly shared GPUs are
 indexed apart (:class:`~coordinator.scheduler.placement.partial_gpus.PartialGpus`).
 
-Committing or releasing updates one node's Python mirrors (``rows``, ``free_desc``, the GPU
-lists) and logs the node in :attr:`PlacementState.changes`; the numpy
-columns follow lazily, just before the next vectorised read. :meth:`PlacementState.fits` is the
+Committing or releasing updates one node's Python mirrors (``rows``: its reservations and limits in
+one array, ``free_desc``, the GPU lists) and logs the node in :attr:`PlacementState.changes`; the
+numpy columns follow lazily, just before the next vectorised read. So do the node's utilization,
+GPUs reserved and power drawn (the :attr:`PlacementState.view` policies rank by) when the policy
+placing does not read them (random, first-fit, round-robin). :meth:`PlacementState.fits` is the
 filter for one node, which the shape cache uses to re-check the logged nodes.
 
 Two upper bounds make hopeless requests cheap: the largest headroom of each dimension over all
