@@ -89,7 +89,6 @@ _INDICES_MAX = 4096
 _ALL: dict[int, tuple[int, ...]] = {}   # (0, ..., n - 1) per GPU count n
 _CHOICES_MAX = 4096   # GPU choices remembered by commit
 _POWER = 4   # values per node in PlacementState.power_rows
-_LIM = 5     # where a node's limits start in its PlacementState.rows entry (its reservations are at 0-4)
 _SHARED = 10   # where its shared requests' lower limits start there
 _SYNC_BULK = 64   # dirty columns from which _sync writes them with one fancy-indexed assignment per array
 
@@ -215,7 +214,7 @@ class PlacementState:
         shared_limit = np.where(self.schedulable, self._scaled(shared), -np.inf)[self.shared_dims]
         self.shared_limit: FloatArray = np.ascontiguousarray(shared_limit)
         # Python mirrors of the per-node columns, one array('d') per node holding its reservations
-        # (0-4), its limits (_LIM) and its shared limits (_SHARED on), so that the filter for one node
+        # (0-4), its limits (5-9) and its shared limits (_SHARED on), so that the filter for one node
         # reads one place in memory: committing reads and writes one node, and Python floats
         # round exactly like numpy float64, so both copies stay identical.
         self.rows = _rows(np.concatenate((self.used, self.limit, self.shared_limit)))
@@ -287,16 +286,8 @@ class PlacementState:
 
     def _init_derived(self) -> None:
         """What :meth:`_refresh_node` derives, for every node at once (same operations, same rounding)."""
-        view, n = self.view, len(self.nodes)
-        cap_gpus, used_gpus = self.cap[0], self.used[0]
-        util = np.zeros(n)
-        np.divide(used_gpus, cap_gpus, out=util, where=cap_gpus > 0)
-        view.util[:] = util
-        view.neg_util[:] = -util
-        view.used_gpus[:] = used_gpus
-        awake = (np.frombuffer(self.power_rows, dtype=np.float64)[_POWER - 1 :: _POWER] != 0.0) & np.any(
-            self.used != 0, axis=0)
-        view.before_w[:] = np.where(awake, view.idle_w + view.slope_w * util, 0.0)
+        n = len(self.nodes)
+        self._derive_columns(slice(None), self.used)
         for i, (shares, mems) in enumerate(zip(self.slot_share, self.slot_mem, strict=True)):
             self.free_desc[i] = _free_whole(mems, shares)
             for k, s in enumerate(shares):
@@ -374,12 +365,12 @@ class PlacementState:
             self.whole_desc[:, idx] = free.reshape(k, width).T
         dirty.clear()
 
-    def _derive_columns(self, idx: IntArray, used: FloatArray) -> None:
-        """:meth:`_derive_view` for the nodes ``idx`` whose reservations are the columns of ``used``, with
-        numpy: the same operations as in Python, so the same rounding (see :meth:`_init_derived`)."""
+    def _derive_columns(self, idx: IntArray | slice, used: FloatArray) -> None:
+        """:meth:`_derive_view` for the nodes ``idx`` (every node: ``slice(None)``) whose reservations are the
+        columns of ``used``, with numpy: the same operations as in Python, so the same rounding."""
         power = np.frombuffer(self.power_rows, dtype=np.float64).reshape(-1, _POWER)[idx].T
         cap_gpus, used_gpus = power[0], used[0]
-        util = np.zeros(len(idx))
+        util = np.zeros(used.shape[1])
         np.divide(used_gpus, cap_gpus, out=util, where=cap_gpus > 0)
         view = self.view
         view.used_gpus[idx] = used_gpus
@@ -405,7 +396,8 @@ class PlacementState:
 
         :param i: node index.
         """
-        self._derive(i, self.rows[i])
+        self._mark(i)
+        self._derive_view(i, self.rows[i])
         shares, mems = self.slot_share[i], self.slot_mem[i]
         self.free_desc[i] = _free_whole(mems, shares)
         partial = self._partial
@@ -416,17 +408,17 @@ class PlacementState:
                 partial.update(i, k, s, mems[k])
         self.changes.append(~i)
 
-    def _derive(self, i: int, column: array[float]) -> None:
-        """Node ``i``'s utilization and power from its reservations (``column``: its :attr:`rows` entry);
-        its headroom (and the headroom bound) follow when its column is written (:meth:`_sync`)."""
+    def _mark(self, i: int) -> None:
+        """Note that node ``i``'s reservations changed: its columns (headroom, the headroom bound) are
+        written by the next :meth:`_sync`."""
         if not self._dirty_mark[i]:
             self._dirty_mark[i] = 1
             self._dirty.append(i)
         self._bounds_stale = True
-        self._derive_view(i, column)
 
     def _derive_view(self, i: int, column: array[float]) -> None:
-        """Write node ``i``'s GPUs reserved, utilization and power drawn into the view's buffers."""
+        """Write node ``i``'s GPUs reserved, utilization and power drawn, from its reservations (``column``:
+        its :attr:`rows` entry), into the view's buffers."""
         rows, j = self.power_rows, i * _POWER
         cap_gpus = rows[j]
         used_gpus = column[0]
@@ -800,13 +792,10 @@ class PlacementState:
         u[2] += demand[2]
         u[3] += demand[3]
         u[4] += demand[4]
+        self._mark(i)
         if self.derive_on_commit:
-            self._derive(i, u)
+            self._derive_view(i, u)
         else:   # the view's values wait for _sync: no policy placing now reads them
-            if not self._dirty_mark[i]:
-                self._dirty_mark[i] = 1
-                self._dirty.append(i)
-            self._bounds_stale = True
             self._underived = True
         self.changes.append(i)
         if not self._touched_mark[i]:
