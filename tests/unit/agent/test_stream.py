@@ -12,6 +12,7 @@ import grpc.aio
 from agent.outbox import Outbox
 from agent.stream import AgentStream, Backoff
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+from tests.helpers.agent_stream import accept, running, serving
 
 HEARTBEAT_S = 0.3
 
@@ -32,33 +33,19 @@ class _Gateway(agent_pb2_grpc.AgentGatewayServicer):
 
 
 async def _stream_for(seconds: float, telemetry_every_s: float | None) -> list[str]:
-    server = grpc.aio.server()
     gateway = _Gateway()
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     outbox = Outbox(100)
-
-    async def ack(decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
-        return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True)
-
-    stream = AgentStream([f"127.0.0.1:{port}"], lambda: agent_pb2.Register(), outbox, ack, Backoff(0.05, 0.1))
-    stop = asyncio.Event()
-    runner = asyncio.create_task(stream.run(stop))
-    try:
-        await asyncio.wait_for(stream.connected.wait(), 10)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if telemetry_every_s is not None:
-                outbox.add_sample(types_pb2.TelemetrySample(time_unix_s=time.time()))
-                stream.kick()
-            await asyncio.sleep(telemetry_every_s or 0.05)
-        await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        stream.kick()
-        await asyncio.wait_for(runner, 10)
-        await server.stop(None)
+    async with serving(gateway) as address:
+        stream = AgentStream([address], lambda: agent_pb2.Register(), outbox, accept, Backoff(0.05, 0.1))
+        async with running(stream):
+            await asyncio.wait_for(stream.connected.wait(), 10)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                if telemetry_every_s is not None:
+                    outbox.add_sample(types_pb2.TelemetrySample(time_unix_s=time.time()))
+                    stream.kick()
+                await asyncio.sleep(telemetry_every_s or 0.05)
+            await asyncio.sleep(0.05)
     return gateway.kinds
 
 
@@ -94,24 +81,12 @@ class TestRedirectLoop:
         """A standby that redirects to its own address is not hammered: after two redirects in a row the
         agent backs off, so the connects in half a second stay few."""
         async def scenario() -> int:
-            server = grpc.aio.server()
             standby = _Standby()
-            agent_pb2_grpc.add_AgentGatewayServicer_to_server(standby, server)
-            port = server.add_insecure_port("127.0.0.1:0")
-            standby.address = f"127.0.0.1:{port}"
-            await server.start()
-
-            async def ack(decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
-                return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True)
-
-            stream = AgentStream([standby.address], lambda: agent_pb2.Register(), Outbox(10), ack, Backoff(0.2, 0.4))
-            stop = asyncio.Event()
-            runner = asyncio.create_task(stream.run(stop))
-            await asyncio.sleep(0.5)
-            stop.set()
-            stream.kick()
-            await asyncio.wait_for(runner, 10)
-            await server.stop(None)
+            async with serving(standby) as address:
+                standby.address = address
+                stream = AgentStream([address], lambda: agent_pb2.Register(), Outbox(10), accept, Backoff(0.2, 0.4))
+                async with running(stream):
+                    await asyncio.sleep(0.5)
             return standby.connects
         # 3 connects per round, rounds apart by at least 0.1, 0.2, 0.2 s: at most 4 rounds; a loop makes hundreds.
         assert asyncio.run(scenario()) <= 12
@@ -139,28 +114,13 @@ class TestLostLeaderEpoch:
         """After a welcomed session breaks, the next Register carries that session's leader epoch (so a
         standby holds the agent instead of sending it back); a welcome clears it."""
         async def scenario() -> list[int]:
-            server = grpc.aio.server()
             gateway = _Flaky()
-            agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-
-            async def ack(decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
-                return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True)
-
-            stream = AgentStream([f"127.0.0.1:{port}"], lambda: agent_pb2.Register(), Outbox(10), ack,
-                                 Backoff(0.02, 0.05))
-            stop = asyncio.Event()
-            runner = asyncio.create_task(stream.run(stop))
-            try:
-                deadline = time.monotonic() + 10
-                while len(gateway.lost) < 3 or not stream.connected.is_set():
-                    assert time.monotonic() < deadline, gateway.lost
-                    await asyncio.sleep(0.02)
-            finally:
-                stop.set()
-                stream.kick()
-                await asyncio.wait_for(runner, 10)
-                await server.stop(None)
+            async with serving(gateway) as address:
+                stream = AgentStream([address], lambda: agent_pb2.Register(), Outbox(10), accept, Backoff(0.02, 0.05))
+                async with running(stream):
+                    deadline = time.monotonic() + 10
+                    while len(gateway.lost) < 3 or not stream.connected.is_set():
+                        assert time.monotonic() < deadline, gateway.lost
+                        await asyncio.sleep(0.02)
             return gateway.lost
         assert asyncio.run(scenario()) == [0, 8, 9]

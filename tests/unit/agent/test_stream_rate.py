@@ -7,11 +7,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc.aio
-
 from agent.outbox import Outbox
 from agent.stream import AgentStream, Backoff
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+from tests.helpers.agent_stream import accept, running, serving
 
 SAMPLING_S = 0.05
 REPORT_S = 0.5
@@ -32,36 +31,22 @@ class _Gateway(agent_pb2_grpc.AgentGatewayServicer):
 
 
 async def _run(seconds: float) -> list[agent_pb2.AgentMessage]:
-    server = grpc.aio.server()
     gateway = _Gateway()
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     outbox = Outbox(100, sampling_interval_s=SAMPLING_S)
-
-    async def ack(decision: agent_pb2.Decision) -> agent_pb2.DecisionAck:
-        return agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=True)
-
-    stream = AgentStream([f"127.0.0.1:{port}"], lambda: agent_pb2.Register(), outbox, ack, Backoff(0.05, 0.1))
-    stop = asyncio.Event()
-    runner = asyncio.create_task(stream.run(stop))
-    try:
-        await asyncio.wait_for(stream.connected.wait(), 10)
-        deadline = time.monotonic() + 10
-        while outbox.report_interval_s != REPORT_S and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        t = time.time()
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:   # the sampler: one sample per sampling interval
-            outbox.add_sample(types_pb2.TelemetrySample(time_unix_s=t, gpus=[types_pb2.GpuSample(index=0,
-                                                                                                util_gpu=0.5)]))
-            t += SAMPLING_S
-            await asyncio.sleep(SAMPLING_S)
-    finally:
-        stop.set()
-        stream.kick()
-        await asyncio.wait_for(runner, 10)
-        await server.stop(None)
+    async with serving(gateway) as address:
+        stream = AgentStream([address], lambda: agent_pb2.Register(), outbox, accept, Backoff(0.05, 0.1))
+        async with running(stream):
+            await asyncio.wait_for(stream.connected.wait(), 10)
+            deadline = time.monotonic() + 10
+            while outbox.report_interval_s != REPORT_S and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            t = time.time()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:   # the sampler: one sample per sampling interval
+                outbox.add_sample(types_pb2.TelemetrySample(time_unix_s=t, gpus=[types_pb2.GpuSample(index=0,
+                                                                                                    util_gpu=0.5)]))
+                t += SAMPLING_S
+                await asyncio.sleep(SAMPLING_S)
     return gateway.messages
 
 

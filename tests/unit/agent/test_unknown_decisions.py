@@ -9,13 +9,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
-
 from agent.outbox import Outbox
 from agent.runtime import TaskRuntime
 from agent.stream import AgentStream, Backoff
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
 from common.types import TaskState
+from tests.helpers.agent_stream import running, serving
 
 # Field 42 of Decision, length-delimited and empty: an action a newer coordinator might send.
 _NEWER_ACTION = b"\xd2\x02\x00"
@@ -66,21 +65,13 @@ class TestUnknownDecisions:
                 _newer("d-newer"),
                 agent_pb2.Decision(decision_id="d-stop", stop=agent_pb2.StopTask(task_id="t1", grace_s=2)),
             ])
-            server = grpc.aio.server()
-            agent_pb2_grpc.add_AgentGatewayServicer_to_server(coordinator, server)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            stream = AgentStream([f"127.0.0.1:{port}"], lambda: agent_pb2.Register(), Outbox(100), runtime.handle,
-                                 Backoff(0.05, 0.1))
-            stop = asyncio.Event()
-            runner = asyncio.create_task(stream.run(stop))
             try:
-                await asyncio.wait_for(coordinator.all_acked.wait(), 30)
+                async with serving(coordinator) as address:
+                    stream = AgentStream([address], lambda: agent_pb2.Register(), Outbox(100), runtime.handle,
+                                         Backoff(0.05, 0.1))
+                    async with running(stream):
+                        await asyncio.wait_for(coordinator.all_acked.wait(), 30)
             finally:
-                stop.set()
-                stream.kick()
-                await asyncio.wait_for(runner, 10)
-                await server.stop(None)
                 await runtime.shutdown()
             unset, newer, stopped = coordinator.acks
             assert (unset.decision_id, unset.ok) == ("d-unset", False) and "no action" in unset.reason
