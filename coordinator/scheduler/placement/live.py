@@ -14,8 +14,9 @@ each skipped when it already matches (:meth:`PlacementState.matches`: the usual 
 last batch committed to, once the leader stored that placement). A new or removed node, a node with
 more GPUs than before, or another threshold or mode builds the state again. Each cycle gets a fresh
 policy (a round-robin cursor, the random generator and time-aware's memory start as they would on a
-new engine) and a fresh refusal memo; the choices are those of an engine built from the snapshot
-(``tests/unit/coordinator/scheduler/test_live_state.py``).
+new engine), which the kept shape cache is bound to (entries whose key read the last policy's
+memory are not reused: its shape variants name the policy), and a fresh refusal memo; the choices
+are those of an engine built from the snapshot (``tests/unit/coordinator/scheduler/test_live_state.py``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class LivePlacement:
         if self._shapes is None or self._shapes[0] != name:
             self._shapes = (name, ShapeCache(state, policy))
         shapes = self._shapes[1]
+        shapes.bind(policy)
         if self._groups is None or self._groups[0] != gang_label:
             self._groups = (gang_label, label_groups(state.nodes, gang_label))
         return PlacementEngine.on_state(state, policy, shapes, self._groups[1])

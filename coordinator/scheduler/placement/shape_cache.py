@@ -34,7 +34,10 @@ vectorised pass would compute now, so decisions are unchanged; only their cost i
 
 What a shape is: the demand vector, the whole-GPU count, the per-GPU memory and the
 constraints — everything the filter and the keys read from a request. The gang size is not
-part of it (it only says how many of the feasible nodes to take).
+part of it (it only says how many of the feasible nodes to take). A policy whose key reads more
+than the shape (``varies_key``: time-aware's reads the request's end minute and the policy's
+memory of its nodes) adds its :meth:`~coordinator.scheduler.policies.base.Policy.shape_variant`, so
+one shape has an entry per variant.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ GROUP = 16             # blocks per group of the feasible counts (the random dra
 _INF = array("d", [float("inf")])
 
 ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
-ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey]
+ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey, object]
 
 
 def _position(p: int) -> Callable[[int], int]:
@@ -291,11 +294,20 @@ class ShapeCache:
 
     def __init__(self, state: PlacementState, policy: Policy) -> None:
         self._state = state
+        self._entries: OrderedDict[ShapeKey, ShapeEntry] = OrderedDict()
+        self._replay_max = _REBUILD_BASE + len(state.nodes) // _REBUILD_PER_NODE
+        self.bind(policy)
+
+    def bind(self, policy: Policy) -> None:
+        """Serve ``policy`` from now on: a policy of the same name, made for a new cycle, whose key is
+        computed the same way (its memory, where the key reads one, is part of its shape variants).
+
+        :param policy: the engine's policy.
+        """
         self._policy = policy
         self._keyed = policy.rank_key()   # keeps a key per shape (None: the policy ranks by none)
         self._lazy = policy.confirms_lazily and self._keyed is None
-        self._entries: OrderedDict[ShapeKey, ShapeEntry] = OrderedDict()
-        self._replay_max = _REBUILD_BASE + len(state.nodes) // _REBUILD_PER_NODE
+        self._variant = policy.shape_variant if policy.varies_key else None
 
     def __len__(self) -> int:
         """How many shapes are remembered."""
@@ -315,7 +327,8 @@ class ShapeCache:
             log.clear()
             self._entries.clear()
         constraints = req.constraint_key
-        key = (values, whole, req.gpu_mem_per_gpu_bytes, constraints)
+        variant = self._variant
+        key = (values, whole, req.gpu_mem_per_gpu_bytes, constraints, None if variant is None else variant(req))
         entry = self._entries.get(key)
         if entry is None:
             entry = self._build(req, values, whole, is_exact(values), constraints)

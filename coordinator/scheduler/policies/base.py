@@ -48,6 +48,7 @@ __all__ = [
     "NodeRow",
     "Policy",
     "PolicyArgs",
+    "RankKey",
     "ShapeIndex",
     "constraint_reason",
     "dimension_reason",
@@ -269,6 +270,17 @@ class ShapeIndex(Protocol):
         """The first node ``mask`` holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none."""
 
 
+class RankKey(Protocol):
+    """A per-node key the shape cache keeps per request shape (:meth:`Policy.rank_key`): smaller is
+    tried first, ties in node order. Both forms give the same value for a node, bit for bit."""
+
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """The key of every node."""
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """``key_array(view, req)[i]``, computed for node ``i`` alone."""
+
+
 class Policy(Protocol):
     """A placement policy: a filter, a rank, and a vectorised selection over :class:`NodeArrays`."""
 
@@ -290,6 +302,10 @@ class Policy(Protocol):
     """True when choosing reads the view's utilization, GPUs reserved or power drawn (:class:`NodeArrays`):
     the state then writes them at each commit; False lets it write them in bulk before the next
     vectorised read."""
+    varies_key: bool
+    """True when the rank key depends on more than the request's shape (the request's expected end, the
+    policy's memory): the shape cache then asks :meth:`shape_variant` for each request and keeps one
+    entry per shape and variant."""
 
     def feasible(self, req: Request, node: NodeSnapshot) -> str | None:
         """Short reason the request may not go on the node, None when it may."""
@@ -303,8 +319,13 @@ class Policy(Protocol):
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Note that the engine placed a request on these node indices (policy state, if any)."""
 
-    def rank_key(self) -> KeyedPolicy | None:
+    def rank_key(self) -> RankKey | None:
         """The per-node key the shape cache keeps for this policy's requests (None: it keeps none)."""
+
+    def shape_variant(self, req: Request) -> object:
+        """For a ``varies_key`` policy, called once per request before its shape entry is looked up:
+        what else the rank key depends on for it (hashable; requests of one shape and variant share
+        keys). The key's forms then apply to this request until the next call."""
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
         """``select`` from the shape cache's entry for the request (its mask, and its block index)."""
@@ -436,6 +457,7 @@ class ThresholdPolicy:
     ranked_by_key = False
     confirms_lazily = False
     reads_view = True
+    varies_key = False
 
     def __init__(self, args: PolicyArgs) -> None:
         self.args = args
@@ -453,8 +475,12 @@ class ThresholdPolicy:
     def committed(self, indices: IntArray, n_nodes: int) -> None:
         """Stateless: nothing to remember."""
 
-    def rank_key(self) -> KeyedPolicy | None:
+    def rank_key(self) -> RankKey | None:
         """No per-node key to keep."""
+        return None
+
+    def shape_variant(self, req: Request) -> object:
+        """The key depends on the shape alone."""
         return None
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:

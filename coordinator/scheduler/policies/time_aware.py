@@ -2,24 +2,36 @@
 
 Each request carries the profiler's expected run time (``Request.expected_run_s``: learned per model
 name and kind from finished tasks in production, the trace's in the simulator), so it is expected to
-end at ``now + expected_run_s``. Every node remembers when the work placed on it since it was last
-empty is expected to end (the latest of those ends, never before now). Among the nodes with enough
-resources (the shared threshold filter), the request goes to:
+end at ``now + expected_run_s``. Ends are counted in whole minutes (:data:`END_BUCKET_S`): tasks
+whose ends fall in the same minute end together. Every node remembers the minute in which the work
+placed on it since it was last empty is expected to end (the latest of those minutes, never before
+the current one). Among the nodes with enough resources (the shared threshold filter), the request
+goes to:
 
-1. a node already running work, whose expected end is **closest** to the request's (ties: the
-   fuller node, then snapshot order), so that tasks which end together share nodes and the node
-   empties — and can be powered down — as a whole;
-2. otherwise an empty node (fullest first is moot: snapshot order).
+1. a node already running work whose end minute is **closest** to the request's (ties: the fuller
+   node, then snapshot order), so that tasks which end together share nodes and the node empties
+   — and can be powered down — as a whole;
+2. otherwise an empty node (snapshot order).
 
-A request without an expected run time falls back to Alg. 1's order (fullest node first). Requests
-are taken by descending compute demand like Alg. 1-3; when no node fits, the request waits and the
-Resource Adaptor may wake a node. The paper's Alg. 1-3 are unchanged: this is a separate policy.
+A request without an expected run time (or with one that gives no finite end) falls back to
+Alg. 1's order (fullest node first). Requests are taken by descending compute demand like Alg. 1-3;
+when no node fits, the request waits and the Resource Adaptor may wake a node. The paper's Alg. 1-3
+are unchanged: this is a separate policy.
+
+Counting in minutes makes the order one key per node for a given request end minute (:meth:`TimeAware.key_array`):
+``2 × distance in minutes + (−utilization)`` on a busy node (utilization in ``[0, 1]``, so a nearer
+minute always wins and the fuller node breaks a tie), and a constant above every busy node's on an
+empty node. The engine's shape cache keeps that key per shape and end minute and updates it node by
+node as commits land, like Alg. 1's, so a decision reads the cache's block index instead of every
+feasible node, and a gang takes the smallest keys without a sort.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,18 +44,25 @@ from coordinator.scheduler.policies.base import (
     BoolArray,
     FloatArray,
     IntArray,
-    KeyedPolicy,
     NodeArrays,
     PolicyArgs,
     ShapeIndex,
     ThresholdPolicy,
+    first_k_by_key,
+    node_arrays,
     select_best,
 )
 from coordinator.scheduler.policies.max_utilization import MaxUtilization, MaxUtilizationArgs
 
-__all__ = ["NAME", "TimeAware", "TimeAwareArgs", "build"]
+__all__ = ["END_BUCKET_S", "NAME", "TimeAware", "TimeAwareArgs", "build"]
 
 NAME = "time-aware"
+END_BUCKET_S = 60.0
+"""Expected ends are compared by the minute they fall in: ends in one minute count as together."""
+
+_FAR = float(1 << 20)           # distances in minutes are capped here (about two years)
+_EMPTY = 2.0 * (_FAR + 1.0)     # an empty node's key: above every busy node's (< 2 × _FAR)
+_serials = itertools.count()    # one per policy object: its memory is part of its shape variants
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +73,12 @@ class TimeAwareArgs(PolicyArgs):
 class TimeAware(ThresholdPolicy):
     """Time-aware packing as a :class:`~coordinator.scheduler.policies.base.Policy`.
 
+    Its rank key (:meth:`rank_key` is the policy itself) depends on the request's end minute, the
+    current minute and the policy's memory of its nodes' end minutes, so the shape cache keeps one
+    entry per shape and :meth:`shape_variant`. The key's forms, ``select`` and the memory's update
+    all apply to the request last passed to :meth:`shape_variant` (the engine calls it when it looks
+    the request's shape up, before choosing).
+
     :param args: validated arguments.
     :param now: the clock requests' expected ends are measured on (unix seconds; the simulator's
         virtual clock in a replay).
@@ -62,102 +87,110 @@ class TimeAware(ThresholdPolicy):
     name = NAME
     sorts_requests = True
     scale_out = False
+    varies_key = True
 
     def __init__(self, args: TimeAwareArgs, now: Callable[[], float] = time.time) -> None:
         super().__init__(args)
         self._now = now
-        self._ends: FloatArray = np.zeros(0)
-        self._pending_end = 0.0
-        self._chosen_empty: BoolArray = np.zeros(0, dtype=np.bool_)
+        self._serial = next(_serials)
+        self._minutes = array("d")   # per node: the minute its remembered work ends (-inf: none)
+        self._now_minute = 0.0       # of the request in hand: the current minute,
+        self._end_minute = 0.0       # the minute it is expected to end in (the current one without a run time),
+        self._timed = False          # and whether it has an expected end
+        self._empty: list[bool] = []   # per node chosen for it: empty when chosen
+        self._empty_one = False        # the same for a one-node choice
         # A request without an expected run time is ranked by Alg. 1's key (fullest first, then
-        # node order); the shape cache keeps that key, so such requests are chosen like Alg. 1's.
+        # node order), with Alg. 1's own code.
         self._fullest = MaxUtilization(MaxUtilizationArgs(threshold=args.threshold,
                                                           threshold_mode=args.threshold_mode))
 
-    def _node_ends(self, used_gpus: FloatArray, now: float) -> FloatArray:
-        """Expected end per node (-inf on empty nodes, whose memory is forgotten)."""
-        if len(self._ends) != len(used_gpus):
-            self._ends = np.full(len(used_gpus), -np.inf)
-        self._ends[used_gpus <= 0] = -np.inf
-        return np.where(used_gpus > 0, np.maximum(self._ends, now), -np.inf)
+    def _memory(self, n_nodes: int) -> array[float]:
+        """The nodes' end minutes (a new, empty memory when the node count differs)."""
+        if len(self._minutes) != n_nodes:
+            self._minutes = array("d", [-math.inf]) * n_nodes
+        return self._minutes
 
-    def _order(self, neg_util: FloatArray, used_gpus: FloatArray, candidates: IntArray, req: Request) -> IntArray:
-        """Candidates in the order tried (see the module docstring)."""
+    def shape_variant(self, req: Request) -> object:
+        """Read the clock for ``req``: its end minute, and the current one.
+
+        :param req: the request about to be decided.
+        :returns: None without an expected end (Alg. 1's key, which reads no memory), else this
+            policy's serial, the current minute and the request's end minute.
+        """
         now = self._now()
-        ends = self._node_ends(used_gpus, now)
-        if req.expected_run_s is None:
-            self._pending_end = now
-            return candidates[np.lexsort((candidates, neg_util[candidates]))]
-        end = now + req.expected_run_s
-        self._pending_end = end
-        busy = used_gpus[candidates] > 0
-        gap = np.where(busy, np.abs(ends[candidates] - end), np.inf)
-        return candidates[np.lexsort((candidates, neg_util[candidates], gap, ~busy))]
+        self._now_minute = float(math.floor(now / END_BUCKET_S))
+        run = req.expected_run_s
+        end = now if run is None else now + run
+        if run is None or not math.isfinite(end):
+            self._timed = False
+            self._end_minute = self._now_minute
+            return None
+        self._timed = True
+        self._end_minute = float(math.floor(end / END_BUCKET_S))
+        return self._serial, self._now_minute, self._end_minute
+
+    def rank_key(self) -> TimeAware:
+        """The policy itself: :meth:`key_array` and :meth:`key_at`."""
+        return self
+
+    def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
+        """Every node's key for the request in hand (see the module docstring; smaller first)."""
+        if not self._timed:
+            return self._fullest.key_array(view, req)
+        minutes = np.frombuffer(self._memory(len(view.used_gpus)), dtype=np.float64)
+        far = np.minimum(np.abs(np.maximum(minutes, self._now_minute) - self._end_minute), _FAR)
+        return np.where(view.used_gpus > 0, 2.0 * far + np.maximum(view.neg_util, -1.0), _EMPTY)
+
+    def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
+        """``key_array(view, req)[i]``, with the same operations on one node."""
+        if not self._timed:
+            return view.neg_util.item(i)
+        if not view.used_gpus.item(i) > 0:
+            return _EMPTY
+        m, now_m = self._memory(len(view.used_gpus))[i], self._now_minute
+        far = abs((m if m > now_m else now_m) - self._end_minute)
+        neg_util = view.neg_util.item(i)
+        return 2.0 * (far if far < _FAR else _FAR) + (neg_util if neg_util > -1.0 else -1.0)
 
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
-        """The ``req.nodes`` feasible nodes first in the time-aware order."""
-        candidates = np.flatnonzero(mask).astype(np.int64)
-        chosen = self._order(view.neg_util, view.used_gpus, candidates, req)[: req.nodes]
-        self._chosen_empty = view.used_gpus[chosen] <= 0
-        return chosen
-
-    def rank_key(self) -> KeyedPolicy:
-        """Alg. 1's key, the order of requests without an expected run time."""
-        return self._fullest
+        """The ``req.nodes`` feasible nodes with the smallest keys (ties: the earlier node)."""
+        return self._chose(view, first_k_by_key(self.key_array(view, req), mask, req.nodes))
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
-        """:meth:`select`, reading the shape cache where that gives the same nodes.
+        """:meth:`select` from the shape cache's entry, which keeps this key: its block index."""
+        return self._chose(view, select_best(entry, req.nodes))
 
-        Without an expected run time the order is Alg. 1's, which the entry keeps (its block
-        index finds the best node without a sort). With one, a single node is found with a few
-        passes over the feasible nodes (closest end among busy ones, then fullest, then node
-        order: the first of :meth:`_order`'s order) instead of sorting them all.
-        """
-        if req.expected_run_s is None:
-            self._pending_end = self._now()
-            chosen = select_best(entry, req.nodes)
-            # Nodes empty when chosen start a new memory of ends (what _node_ends's forgetting gives).
-            used = view.used_gpus
-            self._chosen_empty = np.array([used.item(i) <= 0 for i in chosen.tolist()], dtype=np.bool_)
-            return chosen
-        if req.nodes != 1:
-            return self.select(view, entry.mask, req)
-        now = self._now()
-        end = now + req.expected_run_s
-        self._pending_end = end
-        if len(self._ends) != len(entry.mask):
-            self._ends = np.full(len(entry.mask), -np.inf)
-        candidates = np.flatnonzero(entry.mask)
-        if len(candidates) == 0:
-            return candidates.astype(np.int64)
-        busy = candidates[view.used_gpus[candidates] > 0]
-        if len(busy):
-            # Ends of the feasible busy nodes only: an empty node's end is forgotten when it is chosen
-            # (committed), which gives what _node_ends's forgetting at every choice gives.
-            gap = np.abs(np.maximum(self._ends[busy], now) - end)
-            candidates = busy[gap == gap.min()]
-        best = candidates[int(view.neg_util[candidates].argmin())]
-        self._chosen_empty = np.array([view.used_gpus[best] <= 0])
-        return np.array([best], dtype=np.int64)
+    def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
+        """The entry's best node (-1: none)."""
+        i = entry.best()
+        self._empty_one = i >= 0 and not view.used_gpus.item(i) > 0
+        return i
+
+    def _chose(self, view: NodeArrays, chosen: IntArray) -> IntArray:
+        """Note which chosen nodes are empty (their memory starts again when committed)."""
+        used = view.used_gpus
+        self._empty = empty = [not used.item(i) > 0 for i in chosen.tolist()]
+        self._empty_one = bool(empty) and empty[0]
+        return chosen
 
     def committed(self, indices: IntArray, n_nodes: int) -> None:
-        """The chosen nodes now hold work expected to end at the request's end (the latest end wins;
-        a node that was empty when chosen remembers only this end)."""
-        if len(self._ends) != n_nodes:
-            self._ends = np.full(n_nodes, -np.inf)
-        if len(indices) == 1:   # the same as below, on one node without building arrays
-            i, ends, end = int(indices[0]), self._ends, self._pending_end
-            last = -math.inf if self._chosen_empty[0] else ends.item(i)
-            ends[i] = last if last > end or last != last else end   # np.maximum (NaN wins)
-            return
-        before = np.where(self._chosen_empty, -np.inf, self._ends[indices])
-        self._ends[indices] = np.maximum(before, self._pending_end)
+        """The chosen nodes now hold work expected to end in the request's end minute (the latest
+        minute wins; a node that was empty when chosen remembers only this one)."""
+        memory, end = self._memory(n_nodes), self._end_minute
+        for i, empty in zip(indices.tolist(), self._empty, strict=True):
+            last = memory[i]
+            memory[i] = end if empty or end > last else last
+
+    def committed_one(self, i: int, n_nodes: int) -> None:
+        """:meth:`committed` for the one node ``i``."""
+        memory, end = self._memory(n_nodes), self._end_minute
+        last = memory[i]
+        memory[i] = end if self._empty_one or end > last else last
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Node ids in the order tried, from snapshots (the readable form of :meth:`select`)."""
-        neg_util = np.array([-n.compute_util for n in nodes], dtype=np.float64)
-        used = np.array([n.used.gpus for n in nodes], dtype=np.float64)
-        order = self._order(neg_util, used, np.arange(len(nodes), dtype=np.int64), req)
+        self.shape_variant(req)
+        order = np.argsort(self.key_array(node_arrays(nodes), req), kind="stable")
         return [nodes[i].node_id for i in order.tolist()]
 
 
