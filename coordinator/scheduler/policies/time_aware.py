@@ -23,7 +23,9 @@ Counting in minutes makes the order one key per node for a given request end min
 minute always wins and the fuller node breaks a tie), and a constant above every busy node's on an
 empty node. The engine's shape cache keeps that key per shape and end minute and updates it node by
 node as commits land, like Alg. 1's, so a decision reads the cache's block index instead of every
-feasible node, and a gang takes the smallest keys without a sort.
+feasible node, and a gang takes the smallest keys without a sort. That pays off while few end
+minutes interleave (a few models' run times); when many do, a request is decided with a few
+passes over its shape's feasible nodes instead (:meth:`TimeAware.shape_variant`), with the same choice.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import itertools
 import math
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +66,8 @@ END_BUCKET_S = 60.0
 _FAR = float(1 << 20)           # distances in minutes are capped here (about two years)
 _EMPTY = 2.0 * (_FAR + 1.0)     # an empty node's key: above every busy node's (< 2 × _FAR)
 _serials = itertools.count()    # one per policy object: its memory is part of its shape variants
+_WINDOW = 64     # the shape variants of the last this many timed requests are counted
+_FEW = 16        # at most this many distinct ones among them: the shape cache keeps their keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +101,10 @@ class TimeAware(ThresholdPolicy):
         self._minutes = array("d")   # per node: the minute its remembered work ends (-inf: none)
         self._now_minute = 0.0       # of the request in hand: the current minute,
         self._end_minute = 0.0       # the minute it is expected to end in (the current one without a run time),
-        self._timed = False          # and whether it has an expected end
+        self._timed = False          # and whether it has an expected end,
+        self._cached = False         # and whether its key is the shape cache's (else Alg. 1's is)
+        self._window: deque[object] = deque()      # the last _WINDOW timed requests' variants,
+        self._counts: dict[object, int] = {}       # and how often each is among them
         self._empty: list[bool] = []   # per node chosen for it: empty when chosen
         self._empty_one = False        # the same for a one-node choice
         # A request without an expected run time is ranked by Alg. 1's key (fullest first, then
@@ -113,37 +121,65 @@ class TimeAware(ThresholdPolicy):
     def shape_variant(self, req: Request) -> object:
         """Read the clock for ``req``: its end minute, and the current one.
 
+        An entry of the shape cache pays off when requests of its shape and end minute come again
+        soon: it is built with a pass over every node, then each later request reads its block
+        index after re-checking the nodes committed to since. When many end minutes interleave
+        (many models' run times), entries would be rebuilt, or long to bring up to date, more often
+        than read. So the cache keeps a variant's key only when it was asked for before among the
+        last :data:`_WINDOW` timed requests and those asked for at most :data:`_FEW` distinct
+        variants; any other request is decided with a few passes over its shape's feasible nodes
+        (Alg. 1's entry gives them exactly), with the same choice.
+
         :param req: the request about to be decided.
-        :returns: None without an expected end (Alg. 1's key, which reads no memory), else this
-            policy's serial, the current minute and the request's end minute.
+        :returns: None when the request is decided from Alg. 1's entry (no expected end, or a
+            variant the cache does not keep), else this policy's serial, the current minute and the
+            request's end minute.
         """
         now = self._now()
         self._now_minute = float(math.floor(now / END_BUCKET_S))
         run = req.expected_run_s
         end = now if run is None else now + run
         if run is None or not math.isfinite(end):
-            self._timed = False
+            self._timed = self._cached = False
             self._end_minute = self._now_minute
             return None
         self._timed = True
         self._end_minute = float(math.floor(end / END_BUCKET_S))
-        return self._serial, self._now_minute, self._end_minute
+        variant = self._serial, self._now_minute, self._end_minute
+        window, counts = self._window, self._counts
+        seen = counts.get(variant, 0)
+        counts[variant] = seen + 1
+        window.append(variant)
+        if len(window) > _WINDOW:
+            old = window.popleft()
+            left = counts[old] - 1
+            if left:
+                counts[old] = left
+            else:
+                del counts[old]
+        self._cached = seen > 0 and len(counts) <= _FEW
+        return variant if self._cached else None
 
     def rank_key(self) -> TimeAware:
         """The policy itself: :meth:`key_array` and :meth:`key_at`."""
         return self
 
     def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Every node's key for the request in hand (see the module docstring; smaller first)."""
-        if not self._timed:
+        """Every node's key in the shape cache's entry for the request in hand: :meth:`time_keys`,
+        or Alg. 1's key where :meth:`shape_variant` gave None."""
+        if not self._cached:
             return self._fullest.key_array(view, req)
+        return self.time_keys(view)
+
+    def time_keys(self, view: NodeArrays) -> FloatArray:
+        """Every node's time-aware key for the request in hand (see the module docstring; smaller first)."""
         minutes = np.frombuffer(self._memory(len(view.used_gpus)), dtype=np.float64)
         far = np.minimum(np.abs(np.maximum(minutes, self._now_minute) - self._end_minute), _FAR)
         return np.where(view.used_gpus > 0, 2.0 * far + np.maximum(view.neg_util, -1.0), _EMPTY)
 
     def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
         """``key_array(view, req)[i]``, with the same operations on one node."""
-        if not self._timed:
+        if not self._cached:
             return view.neg_util.item(i)
         if not view.used_gpus.item(i) > 0:
             return _EMPTY
@@ -153,15 +189,43 @@ class TimeAware(ThresholdPolicy):
         return 2.0 * (far if far < _FAR else _FAR) + (neg_util if neg_util > -1.0 else -1.0)
 
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
-        """The ``req.nodes`` feasible nodes with the smallest keys (ties: the earlier node)."""
-        return self._chose(view, first_k_by_key(self.key_array(view, req), mask, req.nodes))
+        """The ``req.nodes`` feasible nodes with the smallest keys (ties: the earlier node).
+
+        With an expected end, only the feasible nodes' keys are computed: those of the busy ones
+        (:meth:`time_keys`'s operations), :data:`_EMPTY` for the others.
+        """
+        if not self._timed:
+            return self._chose(view, first_k_by_key(self._fullest.key_array(view, req), mask, req.nodes))
+        candidates = np.flatnonzero(mask)
+        busy = view.used_gpus[candidates] > 0
+        if req.nodes == 1 and len(candidates):
+            if not busy.any():
+                return self._chose(view, candidates[:1].astype(np.int64))
+            nodes = candidates[busy]
+            best = int(nodes[int(self._busy_keys(view, nodes).argmin())])   # the first of equal keys
+            return self._chose(view, np.array([best], dtype=np.int64))
+        keys = np.full(len(candidates), _EMPTY)
+        keys[busy] = self._busy_keys(view, candidates[busy])
+        order = np.argsort(keys, kind="stable")[: req.nodes]
+        return self._chose(view, candidates[order].astype(np.int64))
+
+    def _busy_keys(self, view: NodeArrays, nodes: IntArray) -> FloatArray:
+        """:meth:`time_keys` of the given busy nodes (the same operations)."""
+        minutes = np.frombuffer(self._memory(len(view.used_gpus)), dtype=np.float64)[nodes]
+        far = np.minimum(np.abs(np.maximum(minutes, self._now_minute) - self._end_minute), _FAR)
+        return 2.0 * far + np.maximum(view.neg_util[nodes], -1.0)
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
-        """:meth:`select` from the shape cache's entry, which keeps this key: its block index."""
+        """:meth:`select` from the shape cache's entry: its block index where it keeps this key, its mask else."""
+        if self._timed and not self._cached:
+            return self.select(view, entry.mask, req)
         return self._chose(view, select_best(entry, req.nodes))
 
     def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
-        """The entry's best node (-1: none)."""
+        """The best node by :meth:`select_indexed` (-1: none)."""
+        if self._timed and not self._cached:
+            chosen = self.select(view, entry.mask, req)
+            return int(chosen[0]) if len(chosen) else -1
         i = entry.best()
         self._empty_one = i >= 0 and not view.used_gpus.item(i) > 0
         return i
@@ -190,7 +254,9 @@ class TimeAware(ThresholdPolicy):
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Node ids in the order tried, from snapshots (the readable form of :meth:`select`)."""
         self.shape_variant(req)
-        order = np.argsort(self.key_array(node_arrays(nodes), req), kind="stable")
+        view = node_arrays(nodes)
+        keys = self.time_keys(view) if self._timed else self._fullest.key_array(view, req)
+        order = np.argsort(keys, kind="stable")
         return [nodes[i].node_id for i in order.tolist()]
 
 

@@ -98,6 +98,8 @@ class TestKeyForms:
             for _ in range(5):
                 request = req("t", 1, rng.choice((None, 0.0, 59.0, 600.0, 1e12, float("inf"))))
                 policy.shape_variant(request)
+                if rng.random() < 0.8:
+                    policy.shape_variant(request)   # asked for again: the shape cache keeps its key
                 chosen = np.array(rng.sample(range(n), rng.randint(0, n)), dtype=np.int64)
                 policy.select(view, np.isin(np.arange(n), chosen), request)
                 policy.committed(policy.select(view, np.ones(n, dtype=np.bool_), request), n)
