@@ -5,7 +5,8 @@ Run with ``.venv/bin/python tests/bench/bench_scheduler.py [--nodes N] [--reques
 always applies the paper's rule). ``--topology hgx|pcie-nvlink-pairs`` gives every node a GPU
 topology of that kind (the allocator then walks its islands); ``--racks N`` labels the nodes with N
 ``rack`` values and places gangs by them. ``--expected-runs`` gives every request an expected run
-time (time-aware then orders by expected ends; without one it ranks like Alg. 1).
+time (time-aware then orders by expected ends; without one it ranks like Alg. 1), one of four by
+default, of ``--run-times N`` drawn ones, or drawn per request with ``--run-times 0``.
 
 The cluster mixes H100/A100/L4 nodes, a third of them partly busy. The queue is drawn from a
 catalogue of task shapes such as the profiler produces (shared inference slices, 1-8 GPU
@@ -232,6 +233,9 @@ def main() -> None:
     parser.add_argument("--expected-runs", action="store_true",
                         help="give every request an expected run time (10 min to a day); without, time-aware "
                              "ranks like max-utilization")
+    parser.add_argument("--run-times", type=int, default=len(EXPECTED_RUNS_S),
+                        help="with --expected-runs: how many distinct run times (4: 10 min, 1 h, 4 h, a day; "
+                             "N: N drawn from 10 min to a day, as N models' would be; 0: one drawn per request)")
     parser.add_argument("--changed", type=int, default=0,
                         help="nodes with a new power curve per cycle besides those the last batch reserved on "
                              "(default: 1%% of the nodes)")
@@ -243,14 +247,21 @@ def main() -> None:
         # The profiler's expected run times (what time-aware ranks by), from a separate stream so the
         # queue's shapes are those of a run without them.
         runs = random.Random(args.seed + 1)
-        queue = [replace(r, expected_run_s=runs.choice(EXPECTED_RUNS_S)) for r in queue]
+        if args.run_times == len(EXPECTED_RUNS_S):
+            choices: tuple[float, ...] = EXPECTED_RUNS_S
+        else:
+            choices = tuple(runs.uniform(EXPECTED_RUNS_S[0], EXPECTED_RUNS_S[-1]) for _ in range(args.run_times))
+        queue = [replace(r, expected_run_s=runs.choice(choices) if choices else
+                         runs.uniform(EXPECTED_RUNS_S[0], EXPECTED_RUNS_S[-1])) for r in queue]
     reference = load_reference()
     subset = queue[: args.reference_requests]
     mode = args.threshold_mode or "default"
+    run_times = (f"expected run times ({args.run_times} distinct)" if args.run_times
+                 else "expected run times (one drawn per request)")
     changed = args.changed or max(1, args.nodes // 100)
     print(f"{args.requests} queued requests on {args.nodes} nodes, threshold {args.threshold:g} ({mode} mode), "
           f"topology {args.topology}, racks {args.racks}, "
-          f"{'expected run times' if args.expected_runs else 'no expected run times'}")
+          f"{run_times if args.expected_runs else 'no expected run times'}")
     print(
         f"reference rates are extrapolated from its first {len(subset)} requests on the same cluster "
         "(it re-sorts every node for each request, so its rate barely depends on the queue length)"
