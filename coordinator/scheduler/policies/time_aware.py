@@ -24,8 +24,10 @@ minute always wins and the fuller node breaks a tie), and a constant above every
 empty node. The engine's shape cache keeps that key per shape and end minute and updates it node by
 node as commits land, like Alg. 1's, so a decision reads the cache's block index instead of every
 feasible node, and a gang takes the smallest keys without a sort. That pays off while few end
-minutes interleave (a few models' run times); when many do, a request is decided with a few
-passes over its shape's feasible nodes instead (:meth:`TimeAware.shape_variant`), with the same choice.
+minutes interleave (a few models' run times). When many do, a one-node request is decided from an
+entry per shape whose key does not depend on its end (the busy nodes whose end is not remembered,
+fullest first: all count as ending now) and one pass over the nodes whose end is remembered, and a
+gang from a pass over its shape's feasible nodes (:meth:`TimeAware.shape_variant`): the same choice.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ _EMPTY = 2.0 * (_FAR + 1.0)     # an empty node's key: above every busy node's (
 _serials = itertools.count()    # one per policy object: its memory is part of its shape variants
 _WINDOW = 64     # the shape variants of the last this many timed requests are counted
 _FEW = 16        # at most this many distinct ones among them: the shape cache keeps their keys
+# What the shape cache keeps for a request: Alg. 1's key (no expected end), the time-aware key of its
+# end minute, or the key that finds the fullest node among those whose end is not remembered.
+_ALG1, _TIME, _PRESENT = 0, 1, 2
+_REMEMBERED = 1.0   # the present key of a busy node whose end is remembered (after every other busy node's)
+_IDLE = 2.0         # and of an empty node (after every busy node's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +109,8 @@ class TimeAware(ThresholdPolicy):
         self._now_minute = 0.0       # of the request in hand: the current minute,
         self._end_minute = 0.0       # the minute it is expected to end in (the current one without a run time),
         self._timed = False          # and whether it has an expected end,
-        self._cached = False         # and whether its key is the shape cache's (else Alg. 1's is)
+        self._kind = _ALG1           # and which key the shape cache keeps for it
+        self._remembered = array("q")   # the nodes given an end minute so far, in that order
         self._window: deque[object] = deque()      # the last _WINDOW timed requests' variants,
         self._counts: dict[object, int] = {}       # and how often each is among them
         self._empty: list[bool] = []   # per node chosen for it: empty when chosen
@@ -116,6 +124,7 @@ class TimeAware(ThresholdPolicy):
         """The nodes' end minutes (a new, empty memory when the node count differs)."""
         if len(self._minutes) != n_nodes:
             self._minutes = array("d", [-math.inf]) * n_nodes
+            self._remembered = array("q")
         return self._minutes
 
     def shape_variant(self, req: Request) -> object:
@@ -125,22 +134,25 @@ class TimeAware(ThresholdPolicy):
         soon: it is built with a pass over every node, then each later request reads its block
         index after re-checking the nodes committed to since. When many end minutes interleave
         (many models' run times), entries would be rebuilt, or long to bring up to date, more often
-        than read. So the cache keeps a variant's key only when it was asked for before among the
-        last :data:`_WINDOW` timed requests and those asked for at most :data:`_FEW` distinct
-        variants; any other request is decided with a few passes over its shape's feasible nodes
-        (Alg. 1's entry gives them exactly), with the same choice.
+        than read. So the cache keeps a variant's time-aware key only when it was asked for before
+        among the last :data:`_WINDOW` timed requests and those asked for at most :data:`_FEW`
+        distinct variants. Any other timed request is decided from one entry per shape and minute
+        that does not depend on its end: the *present* key, the fullest first among the busy nodes
+        whose end is not remembered (which all count as ending now), then the others. Its best
+        node, and one pass over the nodes whose end is remembered (those placed on this cycle),
+        give the same choice as the time-aware key.
 
         :param req: the request about to be decided.
-        :returns: None when the request is decided from Alg. 1's entry (no expected end, or a
-            variant the cache does not keep), else this policy's serial, the current minute and the
-            request's end minute.
+        :returns: None without an expected end (Alg. 1's key, which reads no memory); this policy's
+            serial, the current minute and the request's end minute for a time-aware key; this
+            policy's serial and the current minute for the present key.
         """
         now = self._now()
         self._now_minute = float(math.floor(now / END_BUCKET_S))
         run = req.expected_run_s
         end = now if run is None else now + run
         if run is None or not math.isfinite(end):
-            self._timed = self._cached = False
+            self._timed, self._kind = False, _ALG1
             self._end_minute = self._now_minute
             return None
         self._timed = True
@@ -157,19 +169,27 @@ class TimeAware(ThresholdPolicy):
                 counts[old] = left
             else:
                 del counts[old]
-        self._cached = seen > 0 and len(counts) <= _FEW
-        return variant if self._cached else None
+        if seen > 0 and len(counts) <= _FEW:
+            self._kind = _TIME
+            return variant
+        self._kind = _PRESENT
+        return self._serial, self._now_minute
 
     def rank_key(self) -> TimeAware:
         """The policy itself: :meth:`key_array` and :meth:`key_at`."""
         return self
 
     def key_array(self, view: NodeArrays, req: Request) -> FloatArray:
-        """Every node's key in the shape cache's entry for the request in hand: :meth:`time_keys`,
-        or Alg. 1's key where :meth:`shape_variant` gave None."""
-        if not self._cached:
-            return self._fullest.key_array(view, req)
-        return self.time_keys(view)
+        """Every node's key in the shape cache's entry for the request in hand: Alg. 1's, :meth:`time_keys`
+        or the present key, as :meth:`shape_variant` chose."""
+        if self._kind == _TIME:
+            return self.time_keys(view)
+        if self._kind == _PRESENT:
+            minutes = np.frombuffer(self._memory(len(view.used_gpus)), dtype=np.float64)
+            return np.where(view.used_gpus > 0,
+                            np.where(minutes <= self._now_minute, np.maximum(view.neg_util, -1.0), _REMEMBERED),
+                            _IDLE)
+        return self._fullest.key_array(view, req)
 
     def time_keys(self, view: NodeArrays) -> FloatArray:
         """Every node's time-aware key for the request in hand (see the module docstring; smaller first)."""
@@ -179,11 +199,17 @@ class TimeAware(ThresholdPolicy):
 
     def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
         """``key_array(view, req)[i]``, with the same operations on one node."""
-        if not self._cached:
+        kind = self._kind
+        if kind == _ALG1:
             return view.neg_util.item(i)
         if not view.used_gpus.item(i) > 0:
-            return _EMPTY
+            return _EMPTY if kind == _TIME else _IDLE
         m, now_m = self._memory(len(view.used_gpus))[i], self._now_minute
+        if kind == _PRESENT:
+            if m <= now_m:
+                neg_util = view.neg_util.item(i)
+                return neg_util if neg_util > -1.0 else -1.0
+            return _REMEMBERED
         far = abs((m if m > now_m else now_m) - self._end_minute)
         neg_util = view.neg_util.item(i)
         return 2.0 * (far if far < _FAR else _FAR) + (neg_util if neg_util > -1.0 else -1.0)
@@ -216,19 +242,47 @@ class TimeAware(ThresholdPolicy):
         return 2.0 * far + np.maximum(view.neg_util[nodes], -1.0)
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
-        """:meth:`select` from the shape cache's entry: its block index where it keeps this key, its mask else."""
-        if self._timed and not self._cached:
+        """:meth:`select` from the shape cache's entry: its block index where it keeps the request's key,
+        its mask (exact, whichever key it keeps) with the present key."""
+        if self._kind == _PRESENT:
             return self.select(view, entry.mask, req)
         return self._chose(view, select_best(entry, req.nodes))
 
     def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
         """The best node by :meth:`select_indexed` (-1: none)."""
-        if self._timed and not self._cached:
-            chosen = self.select(view, entry.mask, req)
-            return int(chosen[0]) if len(chosen) else -1
         i = entry.best()
+        if self._kind == _PRESENT and i >= 0:
+            return self._present_one(view, entry, i)
         self._empty_one = i >= 0 and not view.used_gpus.item(i) > 0
         return i
+
+    def _present_one(self, view: NodeArrays, entry: ShapeIndex, first: int) -> int:
+        """The time-aware choice of one node from the present key's entry, whose best node is ``first``.
+
+        That node is empty when no busy node is feasible (the choice); else it is the fullest
+        feasible busy node whose end is not remembered, if any: every such node is at the same
+        distance from the request's end minute, so it is the best of them. The nodes whose end is
+        remembered are compared with it by their time-aware keys, ties to the earlier node.
+        """
+        assert entry.keyed is not None
+        key = entry.keyed.item(first)
+        if key == _IDLE:
+            self._empty_one = True
+            return first
+        best_key, best = math.inf, -1
+        if key < _REMEMBERED:
+            far = abs(self._now_minute - self._end_minute)
+            best_key, best = 2.0 * (far if far < _FAR else _FAR) + key, first
+        remembered = np.frombuffer(self._remembered, dtype=np.int64)
+        feasible = remembered[entry.mask[remembered] & (view.used_gpus[remembered] > 0)]
+        if len(feasible):
+            keys = self._busy_keys(view, feasible)
+            low = keys.min()
+            i = int(feasible[keys == low].min())
+            if low < best_key or (low == best_key and i < best):
+                best_key, best = float(low), i
+        self._empty_one = False
+        return best
 
     def _chose(self, view: NodeArrays, chosen: IntArray) -> IntArray:
         """Note which chosen nodes are empty (their memory starts again when committed)."""
@@ -243,12 +297,16 @@ class TimeAware(ThresholdPolicy):
         memory, end = self._memory(n_nodes), self._end_minute
         for i, empty in zip(indices.tolist(), self._empty, strict=True):
             last = memory[i]
+            if last == -math.inf:
+                self._remembered.append(i)
             memory[i] = end if empty or end > last else last
 
     def committed_one(self, i: int, n_nodes: int) -> None:
         """:meth:`committed` for the one node ``i``."""
         memory, end = self._memory(n_nodes), self._end_minute
         last = memory[i]
+        if last == -math.inf:
+            self._remembered.append(i)
         memory[i] = end if self._empty_one or end > last else last
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
