@@ -18,16 +18,17 @@ Alg. 1's order (fullest node first). Requests are taken by descending compute de
 when no node fits, the request waits and the Resource Adaptor may wake a node. The paper's Alg. 1-3
 are unchanged: this is a separate policy.
 
-Counting in minutes makes the order one key per node for a given request end minute (:meth:`TimeAware.key_array`):
-``2 × distance in minutes + (−utilization)`` on a busy node (utilization in ``[0, 1]``, so a nearer
-minute always wins and the fuller node breaks a tie), and a constant above every busy node's on an
-empty node. The engine's shape cache keeps that key per shape and end minute and updates it node by
-node as commits land, like Alg. 1's, so a decision reads the cache's block index instead of every
-feasible node, and a gang takes the smallest keys without a sort. That pays off while few end
-minutes interleave (a few models' run times). When many do, a one-node request is decided from an
-entry per shape whose key does not depend on its end (the busy nodes whose end is not remembered,
-fullest first: all count as ending now) and one pass over the nodes whose end is remembered, and a
-gang from a pass over its shape's feasible nodes (:meth:`TimeAware.shape_variant`): the same choice.
+Counting in minutes makes the order one key per node for a given request end minute
+(:meth:`TimeAware.time_keys`): ``2 × distance in minutes + (−utilization)`` on a busy node
+(utilization taken in ``[0, 1]``, an over-full node counting as full, so a nearer minute always wins
+and the fuller node breaks a tie), and a constant above every busy node's on an empty node. The
+engine's shape cache keeps that key per shape and end minute and updates it node by node as commits
+land, like Alg. 1's, so a decision reads the cache's block index instead of every feasible node, and
+a gang takes the smallest keys without a sort. That pays off while few end minutes interleave (a few
+models' run times). When many do, a one-node request is decided from an entry per shape whose key
+does not depend on its end (the busy nodes whose end is not remembered, fullest first: all count as
+ending now) and one pass over the nodes whose end is remembered, and a gang from a pass over its
+shape's feasible nodes (:meth:`TimeAware.shape_variant`): the same choice.
 """
 
 from __future__ import annotations
