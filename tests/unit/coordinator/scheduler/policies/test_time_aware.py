@@ -197,8 +197,10 @@ class TestKeptAcrossCycles:
     """The leader's placement state and shape cache are kept from cycle to cycle, each cycle with a
     fresh policy (a fresh memory of end minutes): its choices are a fresh engine's."""
 
-    def test_live_engine_decides_as_a_fresh_one(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Batches of a few shapes with expected run times, in the same minute cycle after cycle."""
+    @pytest.mark.parametrize("many_ends", [False, True])
+    def test_live_engine_decides_as_a_fresh_one(self, many_ends: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Batches of a few shapes with expected run times, in the same minute cycle after cycle; with
+        ``many_ends`` their end minutes are spread, so most take the present key."""
         clock = [1000.0]
         monkeypatch.setitem(POLICIES, time_aware.NAME, functools.partial(time_aware.build, now=lambda: clock[0]))
         monkeypatch.setattr(shape_cache, "BLOCK", 3)
@@ -207,13 +209,13 @@ class TestKeptAcrossCycles:
             snapshot = random_cluster(rng, rng.randint(1, 30))
             shapes = random_requests(rng, 3)
             live = LivePlacement()
-            for cycle in range(4):
-                batch = [Request(task_id=f"c{cycle}-{k}", demand=s.demand, nodes=s.nodes,
-                                 expected_run_s=rng.choice((None, 30.0, 400.0)))
+            for cycle in range(6):
+                runs = [rng.uniform(60.0, 3e5) if many_ends else rng.choice((None, 30.0, 400.0)) for _ in range(15)]
+                batch = [Request(task_id=f"c{cycle}-{k}", demand=s.demand, nodes=s.nodes, expected_run_s=runs[k])
                          for k, s in enumerate(rng.choices(shapes, k=rng.randint(1, 15)))]
                 clock[0] += rng.choice((0.0, 1.0))
                 engine = live.engine(snapshot, time_aware.NAME, 1.0)
                 fresh = PlacementEngine.from_name(snapshot, time_aware.NAME, 1.0)
                 assert engine.place_batch(batch) == fresh.place_batch(batch), (seed, cycle)
-                if cycle % 2:   # the leader stored the placements: the next snapshot carries them
+                if rng.random() < 0.8:   # the leader stored the placements: the next snapshot carries them
                     snapshot = fresh.snapshot()
