@@ -109,8 +109,7 @@ class TimeAware(ThresholdPolicy):
         self._minutes = array("d")   # per node: the minute its remembered work ends (-inf: none)
         self._now_minute = 0.0       # of the request in hand: the current minute,
         self._end_minute = 0.0       # the minute it is expected to end in (the current one without a run time),
-        self._timed = False          # and whether it has an expected end,
-        self._kind = _ALG1           # and which key the shape cache keeps for it
+        self._kind = _ALG1           # and which key the shape cache keeps for it (_ALG1: it has no expected end)
         self._remembered = array("q")   # the nodes given an end minute so far, in that order
         self._window: deque[object] = deque()      # the last _WINDOW timed requests' variants,
         self._counts: dict[object, int] = {}       # and how often each is among them
@@ -153,10 +152,9 @@ class TimeAware(ThresholdPolicy):
         run = req.expected_run_s
         end = now if run is None else now + run
         if run is None or not math.isfinite(end):
-            self._timed, self._kind = False, _ALG1
+            self._kind = _ALG1
             self._end_minute = self._now_minute
             return None
-        self._timed = True
         self._end_minute = float(math.floor(end / END_BUCKET_S))
         variant = self._serial, self._now_minute, self._end_minute
         window, counts = self._window, self._counts
@@ -194,9 +192,7 @@ class TimeAware(ThresholdPolicy):
 
     def time_keys(self, view: NodeArrays) -> FloatArray:
         """Every node's time-aware key for the request in hand (see the module docstring; smaller first)."""
-        minutes = np.frombuffer(self._memory(len(view.used_gpus)), dtype=np.float64)
-        far = np.minimum(np.abs(np.maximum(minutes, self._now_minute) - self._end_minute), _FAR)
-        return np.where(view.used_gpus > 0, 2.0 * far + np.maximum(view.neg_util, -1.0), _EMPTY)
+        return np.where(view.used_gpus > 0, self._busy_keys(view, slice(None)), _EMPTY)
 
     def key_at(self, view: NodeArrays, req: Request, i: int) -> float:
         """``key_array(view, req)[i]``, with the same operations on one node."""
@@ -221,7 +217,7 @@ class TimeAware(ThresholdPolicy):
         With an expected end, only the feasible nodes' keys are computed: those of the busy ones
         (:meth:`time_keys`'s operations), :data:`_EMPTY` for the others.
         """
-        if not self._timed:
+        if self._kind == _ALG1:
             return self._chose(view, first_k_by_key(self._fullest.key_array(view, req), mask, req.nodes))
         candidates = np.flatnonzero(mask)
         busy = view.used_gpus[candidates] > 0
@@ -236,8 +232,8 @@ class TimeAware(ThresholdPolicy):
         order = np.argsort(keys, kind="stable")[: req.nodes]
         return self._chose(view, candidates[order].astype(np.int64))
 
-    def _busy_keys(self, view: NodeArrays, nodes: IntArray) -> FloatArray:
-        """:meth:`time_keys` of the given busy nodes (the same operations)."""
+    def _busy_keys(self, view: NodeArrays, nodes: IntArray | slice) -> FloatArray:
+        """The time-aware key of the given nodes (``slice(None)``: every node) as busy nodes."""
         minutes = np.frombuffer(self._memory(len(view.used_gpus)), dtype=np.float64)[nodes]
         far = np.minimum(np.abs(np.maximum(minutes, self._now_minute) - self._end_minute), _FAR)
         return 2.0 * far + np.maximum(view.neg_util[nodes], -1.0)
@@ -314,7 +310,7 @@ class TimeAware(ThresholdPolicy):
         """Node ids in the order tried, from snapshots (the readable form of :meth:`select`)."""
         self.shape_variant(req)
         view = node_arrays(nodes)
-        keys = self.time_keys(view) if self._timed else self._fullest.key_array(view, req)
+        keys = self._fullest.key_array(view, req) if self._kind == _ALG1 else self.time_keys(view)
         order = np.argsort(keys, kind="stable")
         return [nodes[i].node_id for i in order.tolist()]
 
