@@ -304,7 +304,6 @@ class ShapeCache:
 
         :param policy: the engine's policy.
         """
-        self._policy = policy
         self._keyed = policy.rank_key()   # keeps a key per shape (None: the policy ranks by none)
         self._lazy = policy.confirms_lazily and self._keyed is None
         self._variant = policy.shape_variant if policy.varies_key else None
