@@ -168,17 +168,25 @@ def round_robin(requests: Sequence[Request], nodes: list[RefNode], threshold: fl
 
 
 def random_choice(requests: Sequence[Request], nodes: list[RefNode], threshold: float, seed: int) -> dict:
-    """Baseline: queue order; uniformly random among the nodes that fit (numpy Generator, given seed)."""
+    """Baseline: queue order; uniformly random among the nodes that fit, from the uniforms of a numpy
+    Generator with the given seed (``rng.random()``, one at a time). Each node of a request, with ``r``
+    fitting nodes not yet taken by it among ``N``: while ``4 r >= N``, node ``floor(u N)`` for each
+    next ``u`` until it is one of them; otherwise the ``floor(u r)``-th of them in node order."""
     rng = np.random.default_rng(seed)
     result: dict[str, Choice] = {}
     for request in requests:
         candidates = [n for n in nodes if fits(n, request, threshold)]
-        if len(candidates) < request.nodes:
-            chosen: list[RefNode] = []
-        elif request.nodes == 1:
-            chosen = [candidates[int(rng.integers(len(candidates)))]]
-        else:
-            chosen = [candidates[int(j)] for j in rng.choice(len(candidates), size=request.nodes, replace=False)]
+        chosen: list[RefNode] = []
+        if len(candidates) >= request.nodes:
+            for _ in range(request.nodes):
+                left = [n for n in candidates if all(n is not c for c in chosen)]
+                if 4 * len(left) >= len(nodes):
+                    node = nodes[int(rng.random() * len(nodes))]
+                    while all(node is not n for n in left):
+                        node = nodes[int(rng.random() * len(nodes))]
+                else:
+                    node = left[int(rng.random() * len(left))]
+                chosen.append(node)
         commit(chosen, request, result)
     return result
 

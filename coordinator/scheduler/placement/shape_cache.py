@@ -12,8 +12,8 @@ shape the engine keeps
 Each entry also keeps a **block index** over its arrays: the nodes are cut into blocks of
 ``BLOCK`` consecutive indices, and per block the entry keeps the smallest key (keyed policies) and
 the number of feasible nodes. Choosing the best node is then an ``argmin`` over the block minima
-and one over a single block, and the k-th feasible node (the random baseline's draw) a walk over
-the counts of groups of ``GROUP`` blocks, then over one group's block counts, and one block's
+and one over a single block, and the k-th feasible node (one of the random baseline's draws) a walk
+over the counts of groups of ``GROUP`` blocks, then over one group's block counts, and one block's
 ``flatnonzero``: a decision reads about ``N / BLOCK + BLOCK`` entries instead of ``N``. The first
 of equal minima is the first in node order either way, so the choice is exactly
 ``keyed.argmin()``'s.
@@ -64,11 +64,6 @@ _INF = array("d", [float("inf")])
 
 ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
 ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey, object]
-
-
-def _position(p: int) -> Callable[[int], int]:
-    """A draw that gives ``p`` whatever the count."""
-    return lambda _n: p
 
 
 def _blocks(n: int) -> int:
@@ -234,19 +229,6 @@ class ShapeEntry:
         self.refresh_minima({i // BLOCK for i in chosen})
         return np.array(chosen, dtype=np.int64)
 
-    def pick_many(self, draw: Callable[[int], list[int] | None]) -> list[int] | None:
-        """The feasible nodes at the positions ``draw(n)`` gives (``n`` being how many are feasible), in
-        its order: ``flatnonzero(mask)[draw(len(...))]`` from the block counts, without listing every
-        feasible node; None when the draw gives None.
-
-        :param draw: given ``n`` (≥ 0), distinct positions in ``range(n)``, or None.
-        :returns: node indices, or None.
-        """
-        positions = draw(self.feasible)
-        if positions is None:
-            return None
-        return [self.pick(_position(p)) for p in positions]
-
     def first_from(self, start: int, stop: int = -1) -> int:
         """The first node the mask holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none:
         a byte search of the mask's buffer (a suspect counts as feasible, as in :attr:`mask`).
@@ -259,18 +241,18 @@ class ShapeEntry:
             return self._mbuf.find(1, start)
         return self._mbuf.find(1, start, stop)
 
-    def pick(self, draw: Callable[[int], int]) -> int:
-        """The ``draw(n)``-th feasible node in node order, ``n`` being how many are feasible (-1, with
-        no draw, when none is): ``flatnonzero(mask)[draw(len(...))]`` from the block counts, without
-        listing every feasible node.
+    @property
+    def flags(self) -> bytearray:
+        """The mask as bytes (1: feasible), padded to whole blocks with 0: read them, do not write them."""
+        return self._mbuf
 
-        :param draw: given ``n > 0``, a position in ``range(n)``.
-        :returns: a node index, or -1.
+    def nth(self, rem: int) -> int:
+        """The ``rem``-th feasible node in node order (``0 <= rem < feasible``): ``flatnonzero(mask)[rem]``
+        from the block counts, without listing every feasible node.
+
+        :param rem: a position among the feasible nodes.
+        :returns: a node index.
         """
-        n = self.feasible
-        if n == 0:
-            return -1
-        rem = draw(n)
         # The group of blocks, then the block, holding the rem-th feasible node (those before hold
         # at most rem together), then the node within the block.
         groups, counts = self.group_count, self.block_count
@@ -283,6 +265,18 @@ class ShapeEntry:
             rem -= counts[b]
             b += 1
         return b * BLOCK + int(self._block_rows[b].nonzero()[0][rem])
+
+    def set_aside(self, i: int) -> None:
+        """Read feasible node ``i`` as refused (mask and counts; a key is kept) until :meth:`put_back`."""
+        self._mbuf[i] = False
+        self.count(i // BLOCK, -1)
+
+    def put_back(self, nodes: list[int]) -> None:
+        """Undo :meth:`set_aside` for each of ``nodes``."""
+        mbuf = self._mbuf
+        for i in nodes:
+            mbuf[i] = True
+            self.count(i // BLOCK, 1)
 
 
 class ShapeCache:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -259,12 +259,21 @@ class ShapeIndex(Protocol):
     def first_k(self, count: int) -> IntArray:
         """Up to ``count`` feasible nodes by ascending key, ties in node order."""
 
-    def pick(self, draw: Callable[[int], int]) -> int:
-        """The ``draw(n)``-th of the ``n`` feasible nodes in node order (-1, with no draw, when none is)."""
+    feasible: int
+    """How many nodes ``mask`` holds feasible."""
 
-    def pick_many(self, draw: Callable[[int], list[int] | None]) -> list[int] | None:
-        """The feasible nodes at the positions ``draw(n)`` gives among the ``n`` feasible ones in node
-        order, in its order (None when the draw gives None)."""
+    @property
+    def flags(self) -> bytearray:
+        """``mask`` as bytes (1: feasible; read-only), at least as long as ``mask``."""
+
+    def nth(self, rem: int) -> int:
+        """The ``rem``-th of the feasible nodes in node order (``0 <= rem < feasible``)."""
+
+    def set_aside(self, i: int) -> None:
+        """Read feasible node ``i`` as refused (``mask``, ``flags``, ``feasible``) until :meth:`put_back`."""
+
+    def put_back(self, nodes: list[int]) -> None:
+        """Undo :meth:`set_aside` for each of ``nodes``."""
 
     def first_from(self, start: int, stop: int = -1) -> int:
         """The first node ``mask`` holds feasible in ``[start, stop)`` (``stop`` -1: to the end), -1 when none."""

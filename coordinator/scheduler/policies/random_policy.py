@@ -1,13 +1,23 @@
 """Random placement (baseline): a uniformly random feasible node, from an injected RNG.
 
-Requests are taken in queue order. A single-node request draws ``rng.integers(k)`` among the
-``k`` feasible nodes (in snapshot order); a gang of ``n`` draws ``rng.choice(k, n, replace=False)``.
-A request no node can take draws nothing, so the random stream depends only on the placements.
-No scale-out.
+Requests are taken in queue order. The policy reads one stream of uniform floats ``u`` in
+``[0, 1)`` from its generator (``rng.random()``; drawn in chunks of :data:`CHUNK`, which gives
+the same values as drawing them one at a time). A request of ``n`` nodes takes them one after
+another; with ``N`` nodes in the cluster and ``r`` feasible ones not yet taken by this request:
+
+* when at least a quarter of the nodes are such (``4 r >= N``), node ``floor(u N)`` for each
+  next ``u`` until one of them is (rejection: about ``N / r`` draws, at most 4 on average);
+* otherwise the ``floor(u r)``-th of them in node order.
+
+Either way the node is uniformly random among the ``r``, a gang's nodes come in draw order,
+and a request no node set can take draws nothing, so the stream depends only on the
+placements. Most decisions take the first way: one float and one byte read, where finding the
+k-th feasible node walks the shape entry's block counts. No scale-out.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,10 +37,12 @@ from coordinator.scheduler.policies.base import (
     feasible,
 )
 
-__all__ = ["NAME", "RandomArgs", "RandomPolicy", "build", "draw", "feasible", "rank"]
+__all__ = ["CHUNK", "DENSE", "NAME", "Listing", "RandomArgs", "RandomPolicy", "Uniforms", "build", "draw", "feasible",
+           "rank"]
 
 NAME = "random"
-_LIST_MAX = 8192   # up to this many nodes, listing the feasible ones costs less than reading the block counts
+CHUNK = 256   # uniforms drawn from the generator at a time
+DENSE = 4     # rejection while at least 1/DENSE of the nodes can be drawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +61,79 @@ class RandomArgs(PolicyArgs):
             raise ValidationError("policy.seed", f"must be a non-negative integer, got {self.seed!r}")
 
 
-def draw(n_feasible: int, count: int, rng: np.random.Generator) -> IntArray:
-    """Positions (among the feasible nodes) of a uniformly random choice of ``count`` of them.
+class Uniforms:
+    """The generator's uniform floats in ``[0, 1)``, one at a time, drawn :data:`CHUNK` at a time: the
+    values ``rng.random()`` would give call after call (one ``random(CHUNK)`` call instead of
+    ``CHUNK`` calls of a microsecond each).
 
-    :param n_feasible: how many nodes are feasible (≥ ``count``).
-    :param count: how many nodes are needed.
-    :param rng: the random generator.
-    :returns: ``count`` distinct positions in ``range(n_feasible)``.
+    :param rng: the generator; nothing else should draw from it while this is in use.
     """
-    if count == 1:
-        return np.array([rng.integers(n_feasible)], dtype=np.int64)
-    return rng.choice(n_feasible, size=count, replace=False).astype(np.int64)
+
+    __slots__ = ("_left", "rng")
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self._left: list[float] = []   # the chunk's values not given yet, last one next
+
+    def __call__(self) -> float:
+        """The next value."""
+        left = self._left
+        if not left:
+            left.extend(reversed(self.rng.random(CHUNK).tolist()))
+        return left.pop()
+
+
+class Listing:
+    """A mask's feasible nodes with :class:`ShapeIndex`'s drawing reads (``feasible``, ``flags``,
+    ``nth``, ``set_aside``, ``put_back``), for a mask that is not a shape entry's."""
+
+    __slots__ = ("_pool", "feasible", "flags")
+
+    def __init__(self, mask: BoolArray) -> None:
+        self.flags = bytearray(mask.tobytes())
+        self._pool = np.flatnonzero(mask).tolist()   # feasible and not set aside, in node order
+        self.feasible = len(self._pool)
+
+    def nth(self, p: int) -> int:
+        return int(self._pool[p])
+
+    def set_aside(self, i: int) -> None:
+        self.flags[i] = 0
+        del self._pool[bisect_left(self._pool, i)]
+        self.feasible -= 1
+
+    def put_back(self, nodes: list[int]) -> None:
+        """Nothing to restore: the listing is this call's own."""
+
+
+def draw(source: ShapeIndex | Listing, n_nodes: int, count: int, uniform: Uniforms) -> list[int]:
+    """``count`` distinct feasible nodes by the module's rule, in draw order; none (nothing drawn) when
+    fewer are feasible.
+
+    :param source: the feasible nodes (a shape entry, exact: no suspects).
+    :param n_nodes: how many nodes the cluster has.
+    :param count: how many nodes are needed.
+    :param uniform: the policy's stream.
+    :returns: node indices.
+    """
+    if source.feasible < count:
+        return []
+    flags = source.flags
+    chosen: list[int] = []
+    for _ in range(count):
+        left = source.feasible
+        if DENSE * left >= n_nodes:
+            i = int(uniform() * n_nodes)
+            while not flags[i]:
+                i = int(uniform() * n_nodes)
+        else:
+            i = source.nth(int(uniform() * left))
+        chosen.append(i)
+        if count > 1:
+            source.set_aside(i)   # not drawn twice
+    if count > 1:
+        source.put_back(chosen)
+    return chosen
 
 
 def rank(nodes: Sequence[NodeSnapshot], rng: np.random.Generator) -> list[NodeId]:
@@ -76,7 +150,8 @@ class RandomPolicy(ThresholdPolicy):
     """Random placement as a :class:`~coordinator.scheduler.policies.base.Policy`.
 
     :param args: validated arguments.
-    :param rng: the injected random generator (tests pass a seeded one).
+    :param rng: the injected random generator (tests pass a seeded one); the policy draws its
+        uniforms from it (:class:`Uniforms`) and :meth:`rank` its permutations.
     """
 
     name = NAME
@@ -87,45 +162,24 @@ class RandomPolicy(ThresholdPolicy):
     def __init__(self, args: RandomArgs, rng: np.random.Generator) -> None:
         super().__init__(args)
         self.rng = rng
+        self.uniform = Uniforms(rng)
 
     def rank(self, req: Request, nodes: Sequence[NodeSnapshot]) -> list[NodeId]:
         """Rank: see :func:`rank` (consumes randomness)."""
         return rank(nodes, self.rng)
 
     def select(self, view: NodeArrays, mask: BoolArray, req: Request) -> IntArray:
-        """``req.nodes`` random feasible nodes; none drawn when too few are feasible."""
-        candidates = mask.nonzero()[0].astype(np.int64, copy=False)
-        if len(candidates) < req.nodes:
-            return candidates
-        if req.nodes == 1:
-            # draw(n, 1, rng) without building its array: the same single rng.integers(n) call.
-            k = int(self.rng.integers(len(candidates)))
-            return candidates[k : k + 1]
-        return candidates[draw(len(candidates), req.nodes, self.rng)]
+        """``req.nodes`` random feasible nodes (:func:`draw`); none drawn when too few are feasible."""
+        return np.array(draw(Listing(mask), len(mask), req.nodes, self.uniform), dtype=np.int64)
 
     def select_indexed(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> IntArray:
-        """:meth:`select` with the same draws; on a large cluster the nodes are found from the entry's
-        block counts (the k-th feasible node) instead of listing every feasible one."""
-        if len(entry.mask) <= _LIST_MAX:
-            return self.select(view, entry.mask, req)
-        if req.nodes == 1:
-            chosen = self.select_one(view, entry, req)
-            return np.array([chosen] if chosen >= 0 else [], dtype=np.int64)
-        count, rng = req.nodes, self.rng
-        # A gang: draw(n, count, rng) among the n feasible nodes, as select does; with fewer than
-        # count feasible, no draw, and select lists them.
-        nodes = entry.pick_many(lambda n: draw(n, count, rng).tolist() if n >= count else None)
-        if nodes is None:
-            return self.select(view, entry.mask, req)
-        return np.array(nodes, dtype=np.int64)
+        """:meth:`select` with the same draws, read from the entry's flags and block counts."""
+        return np.array(draw(entry, len(entry.mask), req.nodes, self.uniform), dtype=np.int64)
 
     def select_one(self, view: NodeArrays, entry: ShapeIndex, req: Request) -> int:
         """A one-node request's random node (-1: none), with :meth:`select`'s draw."""
-        if len(entry.mask) <= _LIST_MAX:
-            chosen = self.select(view, entry.mask, req)
-            return int(chosen[0]) if len(chosen) else -1
-        rng = self.rng
-        return entry.pick(lambda n: int(rng.integers(n)))
+        chosen = draw(entry, len(entry.mask), 1, self.uniform)
+        return chosen[0] if chosen else -1
 
 
 def build(threshold: float = DEFAULT_THRESHOLD, *, seed: int | None = None,

@@ -66,10 +66,9 @@ class TestMatchesReference:
 
     @pytest.mark.parametrize("policy", POLICY_NAMES)
     def test_many_blocks(self, policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Blocks of 3 nodes, and random drawing from the block counts at any cluster size: choices
-        across many blocks (best key, k-th feasible node, gangs) are still the reference's."""
+        """Blocks of 3 nodes: choices across many blocks (best key, k-th feasible node, gangs) are still
+        the reference's."""
         monkeypatch.setattr(_shape_cache, "BLOCK", 3)
-        monkeypatch.setattr(random_policy, "_LIST_MAX", 0)
         for seed in range(200):
             rng = random.Random(70_000 + seed)
             cluster = random_cluster(rng, rng.randint(1, 40))
@@ -151,3 +150,32 @@ class TestEntriesStayExact:
             assert isinstance(engine.place(filler), Placement)
         assert len(engine.state.changes) < 40  # 25 + 40 entries without the cut
         assert lookup() is not rebuilt
+
+
+class TestRandomDraws:
+    """The random baseline draws the same nodes from a shape entry as from a listing of its mask."""
+
+    def test_entry_and_listing_draw_alike(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Blocks of 3; one node and gangs of 2-5, dense and sparse masks: ``select_indexed`` (the entry's
+        flags, block counts, nodes set aside) gives ``select``'s nodes (a listing), and leaves the entry
+        as it was."""
+        monkeypatch.setattr(_shape_cache, "BLOCK", 3)
+        branches = set()
+        for seed in range(150):
+            rng = random.Random(90_000 + seed)
+            engine = PlacementEngine.from_name(random_cluster(rng, rng.randint(1, 60)), "random", 1.0, seed=seed)
+            for k, shape in enumerate(catalogue(rng, 4)):
+                req = Request(f"t{k}", shape, nodes=rng.choice((1, 2, 3, 5)))
+                values = req.demand.as_tuple()
+                entry = engine._shapes.lookup(req, values, req.whole_gpus)
+                before = (entry.mask.copy(), list(entry.block_count), list(entry.group_count), entry.feasible)
+                from_entry = random_policy.build(1.0, seed=seed + k).select_indexed(engine.state.view, entry, req)
+                listed = random_policy.build(1.0, seed=seed + k).select(engine.state.view, entry.mask.copy(), req)
+                assert from_entry.tolist() == listed.tolist(), (seed, k)
+                assert np.array_equal(entry.mask, before[0])
+                assert (entry.block_count, entry.group_count, entry.feasible) == before[1:]
+                dense = random_policy.DENSE * entry.feasible >= len(entry.mask)
+                branches.add((dense, req.nodes > 1, len(from_entry) > 0))
+        # Every way but a dense mask refusing one node (dense: at least one is feasible).
+        assert branches == {(d, g, p) for d in (True, False) for g in (True, False) for p in (True, False)
+                            if d <= (g or p)}
