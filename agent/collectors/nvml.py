@@ -12,6 +12,12 @@ ancestor). A query that fails leaves that fact unknown and is logged once, at op
 A field the GPU does not support is absent from the reading and never queried again on
 that GPU; a GPU that fell off the bus is reported ``healthy=False`` while the others are
 still sampled.
+
+The energy counter is the exception to reading everything every tick: its query costs about
+4 ms of CPU per GPU on an H200 (driver 580), where every other field of a tick together costs
+under 1 ms, so 8 GPUs read at 1 Hz would take 3 % of a core for it alone. It is read every
+:data:`ENERGY_READ_S` seconds and carried forward in between by the GPU's power readings
+(:class:`EnergyCounter`): the reported counter is exact at each read and never goes back.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -32,7 +39,9 @@ from common.errors import CollectorError, ValidationError
 from common.topology import MAX_CPUS, MAX_NUMA_NODE, GpuTopologyFacts, LinkLevel
 
 __all__ = [
+    "ENERGY_READ_S",
     "NAME",
+    "EnergyCounter",
     "NvmlCollector",
     "load_pynvml",
     "open_nvml",
@@ -42,6 +51,7 @@ __all__ = [
 ]
 
 NAME = "nvml"
+ENERGY_READ_S = 10.0   # a GPU's energy counter is read this often, carried forward by its power in between
 
 Log = structlog.typing.FilteringBoundLogger
 RawGpu = Mapping[str, Any]
@@ -115,19 +125,74 @@ def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path(
     return NvmlCollector(nvml, handles, devices, log)
 
 
+class EnergyCounter:
+    """One GPU's energy counter as the collector reports it, in mJ: NVML's counter where it was just
+    read, else the counter at the last read plus the trapezoid of the power readings since.
+
+    The value never decreases: where the power readings ran ahead of the counter, the value is held
+    until the counter (or the next estimate from it) passes it, so an estimate's error is never
+    carried past the next read. Only the counter itself going back (the driver reloaded) sets it lower.
+    """
+
+    __slots__ = ("_at", "_power_mw", "_raw", "_since_read", "read_at", "value")
+
+    def __init__(self) -> None:
+        self.value: float | None = None    # what was reported last (mJ)
+        self.read_at: float | None = None  # clock of the last counter read
+        self._raw = 0.0                    # the counter at that read
+        self._since_read = 0.0             # mJ the power readings add up to since then
+        self._at = 0.0                     # clock of the last power reading
+        self._power_mw: float | None = None
+
+    def due(self, now: float, every_s: float) -> bool:
+        """Whether the counter should be read now: never read, ``every_s`` passed, or no power to
+        carry it by."""
+        return self.read_at is None or now - self.read_at >= every_s or self._power_mw is None
+
+    def read(self, now: float, raw_mj: float, power_mw: float | None) -> float:
+        """The value after a read of the counter (``raw_mj``) with the power at the same tick."""
+        raw = float(raw_mj)
+        if self.value is None or (self.read_at is not None and raw < self._raw):
+            self.value = raw   # the first read, or the counter restarted
+        else:
+            self.value = max(self.value, raw)
+        self._raw, self._since_read, self.read_at, self._at, self._power_mw = raw, 0.0, now, now, power_mw
+        return self.value
+
+    def carry(self, now: float, power_mw: float | None) -> float | None:
+        """The value at a tick without a read (None before the first read): the counter at the last
+        read plus the mean of each two successive power readings times the time between them
+        (mW × s = mJ). Without a power reading the value stays and the next tick reads the counter."""
+        if self.value is None:
+            return None
+        if power_mw is not None and self._power_mw is not None and now > self._at:
+            self._since_read += 0.5 * (power_mw + self._power_mw) * (now - self._at)
+            self.value = max(self.value, self._raw + self._since_read)
+        self._at, self._power_mw = now, power_mw
+        return self.value
+
+
 class NvmlCollector:
-    """The node's GPUs read through NVML; built by :func:`open_nvml`."""
+    """The node's GPUs read through NVML; built by :func:`open_nvml`.
+
+    :param clock: monotonic seconds (tests pass a fake one).
+    :param energy_read_s: how often each GPU's energy counter is read (0: every tick).
+    """
 
     name = NAME
     backend = NAME
     simulated = False
 
-    def __init__(self, nvml: Any, handles: list[Any], devices: list[GpuDevice], log: Log) -> None:
+    def __init__(self, nvml: Any, handles: list[Any], devices: list[GpuDevice], log: Log, *,
+                 clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S) -> None:
         """:param nvml: the initialised ``pynvml`` module. :param handles: one per GPU index."""
         self._nvml = nvml
         self._handles = handles
         self._devices = devices
         self._log = log
+        self._clock = clock
+        self._energy_read_s = energy_read_s
+        self._energy = [EnergyCounter() for _ in handles]
         self._unsupported: list[set[str]] = [set() for _ in handles]
         self._unhealthy: dict[int, str] = {}
         self._closed = False
@@ -173,16 +238,19 @@ class NvmlCollector:
             _shutdown_quietly(self._nvml)
 
     def _read_gpu(self, index: int) -> dict[str, Any]:
-        """Raw values of every supported field of GPU ``index``.
+        """Raw values of every supported field of GPU ``index`` (the energy counter read when due,
+        else carried forward: :class:`EnergyCounter`).
 
         :raises NVMLError: only GpuIsLost or ResetRequired; other failures drop the field.
         """
         nvml, handle, unsupported = self._nvml, self._handles[index], self._unsupported[index]
         lost = (nvml.NVMLError_GpuIsLost, nvml.NVMLError_ResetRequired)
         not_supported = (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound)
+        now, energy = self._clock(), self._energy[index]
+        read_energy = energy.due(now, self._energy_read_s)
         raw: dict[str, Any] = {}
         for field, call in _FIELDS.items():
-            if field in unsupported:
+            if field in unsupported or (field == "energy" and not read_energy):
                 continue
             try:
                 raw[field] = call(nvml, handle)
@@ -193,6 +261,12 @@ class NvmlCollector:
                 self._log.debug("gpu_field_marked_unsupported", gpu_index=index, field=field)
             except nvml.NVMLError as e:
                 self._log.debug("gpu_field_failed", gpu_index=index, field=field, reason=str(e))
+        if "energy" in raw:
+            raw["energy"] = energy.read(now, raw["energy"], raw.get("power_usage"))
+        elif "energy" not in unsupported:
+            carried = energy.carry(now, raw.get("power_usage"))
+            if carried is not None:
+                raw["energy"] = carried
         return raw
 
     def _track_health(self, reading: GpuReading) -> None:

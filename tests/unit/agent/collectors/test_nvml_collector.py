@@ -10,7 +10,14 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from agent.collectors.nvml import NvmlCollector, load_pynvml, open_nvml, parse_gpu_reading, parse_topology_groups
+from agent.collectors.nvml import (
+    EnergyCounter,
+    NvmlCollector,
+    load_pynvml,
+    open_nvml,
+    parse_gpu_reading,
+    parse_topology_groups,
+)
 from common.errors import CollectorError, ValidationError
 from tests.helpers import fake_pynvml
 from tests.helpers.fake_pynvml import FakeGpu, FakeNvml, make_gpus
@@ -132,14 +139,14 @@ class TestNvmlCollector:
 
     def test_unsupported_field_absent_and_not_requeried(self, log: Log) -> None:
         """A NotSupported field is None and its NVML call is never made again on that GPU."""
-        nvml = FakeNvml([busy_gpu(0, unsupported={"nvmlDeviceGetTotalEnergyConsumption"}), busy_gpu(1)])
+        nvml = FakeNvml([busy_gpu(0, unsupported={"nvmlDeviceGetTemperature"}), busy_gpu(1)])
         gpus = open_nvml(log, nvml)
         first = gpus.collect()
         second = gpus.collect()
-        assert first[0].energy_j is None and second[0].energy_j is None
-        assert second[1].energy_j == pytest.approx(123_456.789)
-        assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)] == 1
-        assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 1)] == 2
+        assert first[0].temperature_c is None and second[0].temperature_c is None
+        assert second[1].temperature_c == 71.0
+        assert nvml.calls[("nvmlDeviceGetTemperature", 0)] == 1
+        assert nvml.calls[("nvmlDeviceGetTemperature", 1)] == 2
         assert second[0].power_w == 350.5
 
     def test_other_error_drops_field_this_tick_only(self, log: Log) -> None:
@@ -268,3 +275,90 @@ class TestParseTopologyGroups:
     def test_groups(self, count: int, linked: dict[tuple[int, int], bool | None], expected: list[int]) -> None:
         """Linked GPUs share a group, unlinked ones do not, all-unknown gives -1."""
         assert parse_topology_groups(count, linked) == expected
+
+
+class FakeClock:
+    """Monotonic seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TestEnergyCounter:
+    """The energy counter is read every ENERGY_READ_S and carried forward by the power in between."""
+
+    def collector(self, log: Log, nvml: FakeNvml, clock: FakeClock, every_s: float = 10.0) -> NvmlCollector:
+        opened = open_nvml(log, nvml)
+        return NvmlCollector(nvml, opened._handles, opened.devices(), log, clock=clock, energy_read_s=every_s)
+
+    def test_read_when_due_carried_by_power_between(self, log: Log) -> None:
+        """One counter read per 10 s; in between the counter grows by the trapezoid of the power;
+        at the next read it is the counter again; the other fields are read every tick."""
+        gpu = busy_gpu(0, power_mw=300_000, energy_mj=1_000_000)
+        nvml, clock = FakeNvml([gpu]), FakeClock()
+        gpus = self.collector(log, nvml, clock)
+        calls = nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)]
+        assert gpus.collect()[0].energy_j == pytest.approx(1_000.0)
+        clock.now += 1.0
+        gpu.power_mw = 500_000
+        assert gpus.collect()[0].energy_j == pytest.approx(1_000.0 + 400.0)      # (300 + 500) / 2 W × 1 s
+        clock.now += 2.0
+        assert gpus.collect()[0].energy_j == pytest.approx(1_400.0 + 1_000.0)    # 500 W × 2 s
+        assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)] == calls + 1
+        assert nvml.calls[("nvmlDeviceGetPowerUsage", 0)] >= 3
+        clock.now += 7.0
+        gpu.energy_mj = 1_000_000 + 4_000_000                                    # what the GPU really used
+        assert gpus.collect()[0].energy_j == pytest.approx(5_000.0)
+        assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)] == calls + 2
+
+    def test_never_goes_back_unless_the_counter_does(self, log: Log) -> None:
+        """A carried value ahead of the counter is held until the estimate from the counter passes it (its
+        error is not carried on); a counter that went back (a driver reload) is taken as it is."""
+        gpu = busy_gpu(0, power_mw=600_000, energy_mj=0)
+        nvml, clock = FakeNvml([gpu]), FakeClock()
+        gpus = self.collector(log, nvml, clock)
+        gpus.collect()
+        clock.now += 9.0
+        assert gpus.collect()[0].energy_j == pytest.approx(5_400.0)
+        clock.now += 1.0
+        gpu.energy_mj = 4_500_000   # the GPU drew less than its power readings said
+        assert gpus.collect()[0].energy_j == pytest.approx(5_400.0)   # held
+        clock.now += 1.0            # estimated from the counter: 4,500 + 600, still below what was reported
+        assert gpus.collect()[0].energy_j == pytest.approx(5_400.0)
+        clock.now += 1.0            # 4,500 + 1,200 passes it
+        assert gpus.collect()[0].energy_j == pytest.approx(5_700.0)
+        clock.now += 10.0
+        gpu.energy_mj = 3_000       # below the last read: the counter restarted
+        assert gpus.collect()[0].energy_j == pytest.approx(3.0)
+
+    def test_without_power_read_every_tick(self, log: Log) -> None:
+        """A GPU without a power reading has nothing to carry the counter by: it is read every tick."""
+        nvml, clock = FakeNvml([busy_gpu(0, unsupported={"nvmlDeviceGetPowerUsage"})]), FakeClock()
+        gpus = self.collector(log, nvml, clock)
+        before = nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)]
+        for _ in range(3):
+            clock.now += 1.0
+            assert gpus.collect()[0].energy_j == pytest.approx(123_456.789)
+        assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)] == before + 3
+
+    def test_every_tick_when_asked(self, log: Log) -> None:
+        """energy_read_s 0 reads the counter at every tick, as the value the GPU gives."""
+        gpu = busy_gpu(0)
+        nvml, clock = FakeNvml([gpu]), FakeClock()
+        gpus = self.collector(log, nvml, clock, every_s=0.0)
+        for k in range(3):
+            clock.now += 1.0
+            gpu.energy_mj = 1_000 * k
+            assert gpus.collect()[0].energy_j == pytest.approx(max(1.0 * k, 0.0))
+
+    def test_counter_alone(self) -> None:
+        """No value before the first read; a read without power makes the next tick due."""
+        counter = EnergyCounter()
+        assert counter.carry(1.0, 100_000) is None and counter.due(1.0, 10.0)
+        assert counter.read(1.0, 50_000, None) == 50_000
+        assert counter.due(2.0, 10.0)
+        counter.read(2.0, 60_000, 100_000)
+        assert not counter.due(3.0, 10.0) and counter.due(12.0, 10.0)
