@@ -1,11 +1,12 @@
 """Which NVML call costs the agent's process what memory: a manual check on a GPU host.
 
-    python3 tests/device/nvml_footprint.py
+    python3 tests/device/nvml_footprint.py [--init-flags]
 
 Runs, in this process, the steps the agent's NVML collector takes (``nvmlInit``, the handles,
 the inventory and topology reads of :func:`agent.collectors.nvml.open_nvml`, then each field of
 a tick once) and prints after each step the RSS, the anonymous part, and which NVIDIA libraries
-are mapped (``libcuda`` loaded by a call shows here).
+are mapped (``libcuda`` loaded by a call shows here). ``--init-flags`` compares ``nvmlInitWithFlags``'s
+flags instead, each in a process of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +32,26 @@ def state() -> dict[str, object]:
                 libs.add(name)
     return {"rss_mb": round(mem.rss / 1e6, 1), "anon_mb": round((mem.rss - mem.shared) / 1e6, 1),
             "libs": sorted(libs)}
+
+
+def init_flags() -> None:
+    """Each ``nvmlInitWithFlags`` flag in a process of its own: what it maps and costs, and whether a
+    tick's reads still work after it."""
+    import subprocess
+
+    for flag in ("0", "NVML_INIT_FLAG_NO_ATTACH", "NVML_INIT_FLAG_NO_GPUS"):
+        code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+                "import nvml_footprint as f, pynvml; before = f.state(); "
+                f"pynvml.nvmlInitWithFlags({flag if flag == '0' else 'pynvml.' + flag}); after = f.state(); "
+                "h = pynvml.nvmlDeviceGetHandleByIndex(0); ok = {}\n"
+                "for name in ('nvmlDeviceGetUtilizationRates', 'nvmlDeviceGetPowerUsage', 'nvmlDeviceGetMemoryInfo', "
+                "'nvmlDeviceGetComputeRunningProcesses', 'nvmlDeviceGetEnforcedPowerLimit'):\n"
+                "    try: getattr(pynvml, name)(h); ok[name] = 'ok'\n"
+                "    except Exception as e: ok[name] = str(e)\n"
+                "print(json.dumps({'flag': %r, 'before': before, 'after_init': after, 'after_reads': f.state(), "
+                "'reads': ok}))" % flag)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        print(done.stdout.strip() or done.stderr.strip()[-800:], flush=True)
 
 
 def main() -> None:
@@ -75,4 +96,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--init-flags"]:
+        init_flags()
+    else:
+        main()
