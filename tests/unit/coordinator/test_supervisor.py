@@ -12,14 +12,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from common.sdnotify import SystemdNotifier, watchdog_loop
 from coordinator.supervisor import Beat, InjectedFault, Supervisor, parse_faults
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.helpers.clock import FakeClock
 
 
 class Harness:
@@ -27,7 +20,7 @@ class Harness:
 
     def __init__(self, **kw: object) -> None:
         self.registry = CollectorRegistry()
-        self.clock = Clock()
+        self.clock = FakeClock(1000.0)
         self.delays: list[float] = []
         self.gave_up: list[tuple[str, str]] = []
         counter = Counter("gptrm_leader_duty_failures_total", "x", ["duty"], registry=self.registry)

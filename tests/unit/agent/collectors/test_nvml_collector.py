@@ -20,6 +20,7 @@ from agent.collectors.nvml import (
 )
 from common.errors import CollectorError, ValidationError
 from tests.helpers import fake_pynvml
+from tests.helpers.clock import FakeClock
 from tests.helpers.fake_pynvml import FakeGpu, FakeNvml, make_gpus
 
 Log = structlog.typing.FilteringBoundLogger
@@ -277,16 +278,6 @@ class TestParseTopologyGroups:
         assert parse_topology_groups(count, linked) == expected
 
 
-class FakeClock:
-    """Monotonic seconds that move only when told."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class TestEnergyCounter:
     """The energy counter is read every ENERGY_READ_S and carried forward by the power in between."""
 
@@ -302,14 +293,14 @@ class TestEnergyCounter:
         gpus = self.collector(log, nvml, clock)
         calls = nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)]
         assert gpus.collect()[0].energy_j == pytest.approx(1_000.0)
-        clock.now += 1.0
+        clock.t += 1.0
         gpu.power_mw = 500_000
         assert gpus.collect()[0].energy_j == pytest.approx(1_000.0 + 400.0)      # (300 + 500) / 2 W × 1 s
-        clock.now += 2.0
+        clock.t += 2.0
         assert gpus.collect()[0].energy_j == pytest.approx(1_400.0 + 1_000.0)    # 500 W × 2 s
         assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)] == calls + 1
         assert nvml.calls[("nvmlDeviceGetPowerUsage", 0)] >= 3
-        clock.now += 7.0
+        clock.t += 7.0
         gpu.energy_mj = 1_000_000 + 4_000_000                                    # what the GPU really used
         assert gpus.collect()[0].energy_j == pytest.approx(5_000.0)
         assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)] == calls + 2
@@ -321,16 +312,16 @@ class TestEnergyCounter:
         nvml, clock = FakeNvml([gpu]), FakeClock()
         gpus = self.collector(log, nvml, clock)
         gpus.collect()
-        clock.now += 9.0
+        clock.t += 9.0
         assert gpus.collect()[0].energy_j == pytest.approx(5_400.0)
-        clock.now += 1.0
+        clock.t += 1.0
         gpu.energy_mj = 4_500_000   # the GPU drew less than its power readings said
         assert gpus.collect()[0].energy_j == pytest.approx(5_400.0)   # held
-        clock.now += 1.0            # estimated from the counter: 4,500 + 600, still below what was reported
+        clock.t += 1.0            # estimated from the counter: 4,500 + 600, still below what was reported
         assert gpus.collect()[0].energy_j == pytest.approx(5_400.0)
-        clock.now += 1.0            # 4,500 + 1,200 passes it
+        clock.t += 1.0            # 4,500 + 1,200 passes it
         assert gpus.collect()[0].energy_j == pytest.approx(5_700.0)
-        clock.now += 10.0
+        clock.t += 10.0
         gpu.energy_mj = 3_000       # below the last read: the counter restarted
         assert gpus.collect()[0].energy_j == pytest.approx(3.0)
 
@@ -340,7 +331,7 @@ class TestEnergyCounter:
         gpus = self.collector(log, nvml, clock)
         before = nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)]
         for _ in range(3):
-            clock.now += 1.0
+            clock.t += 1.0
             assert gpus.collect()[0].energy_j == pytest.approx(123_456.789)
         assert nvml.calls[("nvmlDeviceGetTotalEnergyConsumption", 0)] == before + 3
 
@@ -350,7 +341,7 @@ class TestEnergyCounter:
         nvml, clock = FakeNvml([gpu]), FakeClock()
         gpus = self.collector(log, nvml, clock, every_s=0.0)
         for k in range(3):
-            clock.now += 1.0
+            clock.t += 1.0
             gpu.energy_mj = 1_000 * k
             assert gpus.collect()[0].energy_j == pytest.approx(max(1.0 * k, 0.0))
 

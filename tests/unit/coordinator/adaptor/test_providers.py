@@ -12,6 +12,7 @@ import pytest
 from common.errors import ConfigError
 from coordinator.adaptor.providers import CommandProvider, StaticProvider, build_provider
 from coordinator.events import EventBus
+from tests.helpers.clock import FakeClock
 
 
 def script(tmp: Path, body: str) -> str:
@@ -22,14 +23,6 @@ def script(tmp: Path, body: str) -> str:
     return str(path)
 
 
-class Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class TestCommandProvider:
@@ -50,7 +43,7 @@ class TestCommandProvider:
     ])
     def test_failures_are_events_and_back_off(self, tmp_path: Path, body: str, reason: str) -> None:
         """A non-zero exit, garbage output or a hang fails with an event, and the retry waits out a doubling backoff."""
-        events, clock = EventBus(), Clock()
+        events, clock = EventBus(), FakeClock(100.0)
         provider = CommandProvider(script(tmp_path, body), events, timeout_s=0.5, backoff_s=10, now=clock)
         result = asyncio.run(provider.request("power_off", "n1", "idle"))
         assert not result.ok and result.attempted and reason in result.reason
@@ -67,7 +60,7 @@ class TestCommandProvider:
         """After a failure, an accepted retry leaves nothing backing off."""
         flag = tmp_path / "fail"
         flag.touch()
-        clock = Clock()
+        clock = FakeClock(100.0)
         provider = CommandProvider(script(tmp_path, f"cat >/dev/null; test ! -e {flag}\n"), EventBus(),
                                    backoff_s=1, now=clock)
         assert not asyncio.run(provider.request("power_on", "n1", "wake")).ok
