@@ -3,7 +3,7 @@
 Run it as root on a GPU host, with the agent's dependencies importable (an agent install, or
 the wheels on ``PYTHONPATH``)::
 
-    python3 tests/device/gpu_check.py --out DIR [--load-seconds 12]
+    python3 tests/device/gpu_check.py --out DIR [--load-seconds 12] [--set-power-limit]
 
 It writes ``DIR/gpu_check.json`` and ``DIR/metrics.txt`` and prints a summary:
 
@@ -12,8 +12,9 @@ It writes ``DIR/gpu_check.json`` and ``DIR/metrics.txt`` and prints a summary:
    while a load runs on GPU 0 (a bf16 matrix product loop in PyTorch, when PyTorch is there),
    the load's process counted as a task's;
 3. what each NVML field the collector reads costs per call, what a tick of the collector costs
-   with the energy counter read every tick and as it is, and a power limit set on GPU 0
-   through the collector, read back over 3 s, and the old one restored;
+   with the energy counter read every tick and as it is, and (``--set-power-limit`` only: it
+   changes the GPU's setting for 3 s) a power limit set on GPU 0 through the collector, read
+   back over 3 s, and the old one restored;
 4. ``gptrm-agent --gpu-backend nvml --metrics-listen`` with no coordinator: its ``/metrics``
    (dcgm-exporter's names, the collector gauges) and its RSS beside its import floor.
 """
@@ -75,8 +76,8 @@ def device_dict(device: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(device).items()}
 
 
-def readings(load_seconds: float) -> dict[str, Any]:
-    """Steps 2 and 3: samples idle and under load, and a power limit set and restored."""
+def readings(load_seconds: float, set_power_limit: bool) -> dict[str, Any]:
+    """Steps 2 and 3: samples idle and under load, and (when asked) a power limit set and restored."""
     from google.protobuf.json_format import MessageToDict
 
     from agent.sampler import build_sampler
@@ -101,7 +102,8 @@ def readings(load_seconds: float) -> dict[str, Any]:
             sampler.sample_once()   # rates (energy, counters) need two samples under load
             time.sleep(1.0)
             out["loaded"] = MessageToDict(sampler.sample_once())
-        out["power_limit"] = power_limit(sampler.gpus)
+        if set_power_limit:
+            out["power_limit"] = power_limit(sampler.gpus)
     finally:
         if load is not None:
             load.wait(timeout=load_seconds + 30)
@@ -267,11 +269,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--load-seconds", type=float, default=12.0)
     parser.add_argument("--agent-seconds", type=float, default=10.0)
+    parser.add_argument("--set-power-limit", action="store_true",
+                        help="set GPU 0's power limit 100 W lower for 3 s, then restore it (changes the GPU's "
+                             "setting meanwhile: only on a host that is yours to change)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"uid": os.getuid(), "python": sys.version.split()[0]}
     for name, step in (("inventory", inventory), ("nvml_costs", nvml_costs), ("collector_cost", collector_cost),
-                       ("readings", lambda: readings(args.load_seconds)),
+                       ("readings", lambda: readings(args.load_seconds, args.set_power_limit)),
                        ("agent", lambda: agent_run(args.out, args.agent_seconds))):
         started = time.monotonic()
         try:
