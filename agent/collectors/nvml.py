@@ -89,7 +89,8 @@ def load_pynvml() -> ModuleType:
         raise CollectorError(f"NVML unavailable: cannot import pynvml (nvidia-ml-py): {e}") from e
 
 
-def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path("/sys")) -> NvmlCollector:
+def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path("/sys"),
+              clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S) -> NvmlCollector:
     """Initialise NVML, open every GPU's handle and read the inventory.
 
     Example::
@@ -101,6 +102,8 @@ def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path(
     :param log: logger for GPU health changes.
     :param module: the ``pynvml`` module (tests pass a fake); imported when None.
     :param sysfs: where sysfs is mounted (a GPU's NUMA node when NVML does not tell it).
+    :param clock: monotonic seconds (tests pass a fake one).
+    :param energy_read_s: how often each GPU's energy counter is read (0: every tick).
     :returns: the collector, owning NVML until :meth:`NvmlCollector.close`.
     :raises CollectorError: when pynvml is missing, the library is not found or nvmlInit fails.
     """
@@ -122,7 +125,7 @@ def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path(
         for d, f in zip(devices, facts, strict=True)
     ]
     log.info("nvml_opened", gpu_count=count, models=sorted({d.model for d in devices}))
-    return NvmlCollector(nvml, handles, devices, log)
+    return NvmlCollector(nvml, handles, devices, log, clock=clock, energy_read_s=energy_read_s)
 
 
 class EnergyCounter:
@@ -152,7 +155,7 @@ class EnergyCounter:
     def read(self, now: float, raw_mj: float, power_mw: float | None) -> float:
         """The value after a read of the counter (``raw_mj``) with the power at the same tick."""
         raw = float(raw_mj)
-        if self.value is None or (self.read_at is not None and raw < self._raw):
+        if self.value is None or raw < self._raw:
             self.value = raw   # the first read, or the counter restarted
         else:
             self.value = max(self.value, raw)

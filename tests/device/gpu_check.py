@@ -175,26 +175,25 @@ def nvml_costs(rounds: int = 30) -> dict[str, Any]:
 def collector_cost(ticks: int = 40) -> dict[str, Any]:
     """CPU ms per tick of the NVML collector over every GPU, the energy counter read every tick and
     every ``ENERGY_READ_S`` (ticks 1 s apart on the collector's clock, back to back in real time)."""
-    from agent.collectors.nvml import ENERGY_READ_S, NvmlCollector, open_nvml
+    from agent.collectors.nvml import ENERGY_READ_S, open_nvml
     from common.logging import get_logger
 
     log = get_logger("gpu_check")
-    opened = open_nvml(log)
-    try:
-        out: dict[str, Any] = {"gpus": len(opened.devices())}
-        tick = [0.0]
-        for every_s in (0.0, ENERGY_READ_S):
-            gpus = NvmlCollector(opened._nvml, opened._handles, opened.devices(), log, clock=lambda: tick[0],
-                                 energy_read_s=every_s)
+    out: dict[str, Any] = {}
+    tick = [0.0]
+    for every_s in (0.0, ENERGY_READ_S):
+        gpus = open_nvml(log, clock=lambda: tick[0], energy_read_s=every_s)
+        try:
+            out["gpus"] = len(gpus.devices())
             started = time.process_time()
             for _ in range(ticks):
                 gpus.collect()
                 tick[0] += 1.0
             spent_ms = (time.process_time() - started) * 1000
             out[f"energy every {every_s:g} s: cpu_ms_per_tick"] = round(spent_ms / ticks, 3)
-        return out
-    finally:
-        opened.close()
+        finally:
+            gpus.close()
+    return out
 
 
 def rss_by_mapping(pid: int) -> dict[str, int]:

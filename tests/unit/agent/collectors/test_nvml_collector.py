@@ -282,8 +282,7 @@ class TestEnergyCounter:
     """The energy counter is read every ENERGY_READ_S and carried forward by the power in between."""
 
     def collector(self, log: Log, nvml: FakeNvml, clock: FakeClock, every_s: float = 10.0) -> NvmlCollector:
-        opened = open_nvml(log, nvml)
-        return NvmlCollector(nvml, opened._handles, opened.devices(), log, clock=clock, energy_read_s=every_s)
+        return open_nvml(log, nvml, clock=clock, energy_read_s=every_s)
 
     def test_read_when_due_carried_by_power_between(self, log: Log) -> None:
         """One counter read per 10 s; in between the counter grows by the trapezoid of the power;
