@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -148,10 +147,10 @@ def measure(label: str, argv: list[str]) -> Result:
 
 
 def closed_address() -> str:
-    """A loopback address nothing listens on (a port bound, then closed again)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    """A loopback address nothing listens on (a free port, not bound)."""
+    from _bench_util import free_port
+
+    return f"127.0.0.1:{free_port()}"
 
 
 def measure_agent(seconds: float, coordinator: str = "", label: str = AGENT_LABEL) -> Result:

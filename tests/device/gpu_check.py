@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,13 +46,6 @@ while time.time() < end:
     torch.cuda.synchronize()
 """
 FLOOR = "import sys; sys.path.insert(0, {repo!r}); import agent.daemon; print('up', flush=True); sys.stdin.read()"
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def inventory() -> dict[str, Any]:
@@ -215,6 +207,8 @@ def agent_run(out_dir: Path, seconds: float, backend: str = "nvml") -> dict[str,
     """Step 4: the daemon with NVML and a metrics endpoint, no coordinator; its /metrics and RSS."""
     import psutil
     from prometheus_client.parser import text_string_to_metric_families
+
+    from common.etcd_embedded import free_port
 
     port = free_port()
     floor = subprocess.Popen([sys.executable, "-c", FLOOR.format(repo=str(REPO))], stdin=subprocess.PIPE,
