@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, check_simulate_host
+from agent.launch import TASK_PATH, path_problem
 from agent.logpump import DEFAULT_MAX_BYTES, DEFAULT_NODE_MAX_BYTES
 from agent.task_user import DEFAULT_TASK_UIDS, parse_uid_range
 from common.config import host_port, load_config, non_negative, option, positive
@@ -100,6 +101,13 @@ class AgentConfig:
                             "agent is root (falls back to 'nobody' if the default user is missing; ignored when "
                             "not root)")
     task_users_allowed: list[str] = option([], "other users a task spec may ask for (run_as_user)")
+    task_path: str = option(TASK_PATH, "PATH of every task whose spec sets none (tasks get a clean environment, "
+                            "never the agent's: name here where the hosts' launchers live, e.g. a shared venv's bin)",
+                            check=path_problem, metavar="DIR[:DIR...]")
+    task_namespaces: str = option("auto", "give each task its own PID, mount and IPC namespace and /dev/shm (capped "
+                                  "by its memory demand), so it sees no other task's processes and leaves no IPC "
+                                  "objects behind: auto (where the agent is root and unshare works) or off",
+                                  choices=("auto", "off"))
     runtime: str = option("auto", "task runtime: each task a transient systemd service (systemd-run: own cgroup, "
                           "only its GPUs' device nodes), a process group of the agent (process), or auto "
                           "(systemd-run when the agent is root on a systemd host, else process)",

@@ -85,7 +85,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                        node_max_bytes=cfg.task_logs_total_mib * 1024 * 1024)
         pump.start()
         runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=runtime_kind,
-                              pump=pump)
+                              pump=pump, task_path=cfg.task_path, namespaces=cfg.task_namespaces)
         sampler = sampler_for(gpus, interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
                               task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
                               task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)

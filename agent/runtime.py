@@ -32,9 +32,10 @@ from typing import Any
 import psutil
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from agent import systemd_task, taskfs
+from agent import launch, systemd_task, taskfs
 from agent.collectors.task_metrics import MetricsTarget
 from agent.cpu_binding import binding_for, process_prefix
+from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import TaskUser, TaskUserPolicy, UidClaims
@@ -49,23 +50,6 @@ from common.types import TaskState
 
 __all__ = ["TASK_PATH", "TaskRuntime", "check_master_port", "launch_env"]
 
-# The wrapper (root) joins the task's cgroup when it has one, holds the output FIFO open for
-# reading and writing (so the task never gets SIGPIPE while the agent restarts), and outlives the
-# task: its TERM trap is a handler, not "ignore", so the task (which gets the group's SIGTERM
-# itself) keeps the default disposition, and the wrapper waits for the real exit status and
-# records it even if the agent is gone by then. The checkpoint signals a preemption may send to
-# the group are trapped the same way. Arguments: FIFO, exit-code file, cgroup directory or "",
-# then the command (``setpriv ... -- argv`` when the task runs as another user).
-_WRAPPER = (
-    'fifo=$1 exitf=$2 cg=$3; shift 3; '
-    'if [ -n "$cg" ]; then echo $$ > "$cg/cgroup.procs" || echo "gptrm: cannot join $cg" >&2; fi; '
-    'exec 3<>"$fifo" || exit 125; exec >&3 2>&3; '
-    'trap : TERM INT HUP QUIT USR1 USR2 ALRM; "$@" 3>&- & c=$!; '
-    'while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; '
-    'echo $code > "$exitf.tmp" && mv "$exitf.tmp" "$exitf"; exit $code'
-)
-TASK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-"""A task's ``PATH`` unless its spec sets one (never the agent's)."""
 _KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit"})
 _LOG_TAIL_BYTES = 4096
 _MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
@@ -103,10 +87,14 @@ class TaskRuntime:
     :param runtime: ``process`` (a child process group) or ``systemd-run`` (a transient service
         outside the agent's cgroup and sandbox, with only the task's GPU device nodes; see
         :mod:`agent.systemd_task`).
+    :param task_path: a task's ``PATH`` unless its spec sets one.
+    :param namespaces: ``auto`` gives each task its own PID, mount and IPC namespace and ``/dev/shm``
+        where the host allows it (see :mod:`agent.launch`); ``off`` never does.
     """
 
     def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_users: TaskUserPolicy | None = None,
-                 runtime: str = "process", pump: LogPump | None = None, cgroups: bool = True) -> None:
+                 runtime: str = "process", pump: LogPump | None = None, cgroups: bool = True,
+                 task_path: str = TASK_PATH, namespaces: str = "auto") -> None:
         self.state_dir = Path(state_dir)
         taskfs.secure_state_dir(self.state_dir)
         self.table = TaskTable.load(self.state_dir / "tasks.json")
@@ -126,10 +114,15 @@ class TaskRuntime:
         if runtime == "systemd-run" and not systemd_task.systemd_running():
             raise GptrmError("--runtime systemd-run: systemd is not PID 1 or systemd-run is missing on this host")
         self._runtime = runtime
+        self._task_path = task_path
+        self._programs = launch.Programs.find()
+        self._namespaces = namespaces != "off" and self._programs.namespaces_work()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._watchers: dict[str, asyncio.Task] = {}
         self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
         self._log = get_logger("agent").bind(component="runtime")
+        self._log.info("task_isolation", namespaces=self._namespaces, configured=namespaces,
+                       programs={k: getattr(self._programs, k) for k in self._programs.__slots__})
 
     # ---- reporting --------------------------------------------------------------------------
 
@@ -256,17 +249,20 @@ class TaskRuntime:
         switch = user is not None and user.switch
         self._record_or_refuse(st.task_id)
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
-        task_env = _task_env(st, user, paths.work_dir)
+        task_env = _task_env(st, user, paths.work_dir, self._task_path)
+        launch.write_env_file(paths.env_file, task_env)
         cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id)
         devices = getattr(self._gpus, "devices", None)
         binding = binding_for(devices(), st.gpu_indices) if devices is not None else None
         # The process runtime binds the task alone (inside the wrapper, before setpriv); a
         # systemd unit is bound by its properties instead.
-        bind = process_prefix(binding) if self._runtime != "systemd-run" else []
-        command = ["/bin/sh", "-c", _WRAPPER, "gptrm-task", str(paths.fifo), str(paths.exit_file),
-                   str(cgroup.path) if cgroup else "", *bind,
-                   *(user.setpriv_argv() if switch and user is not None else []),
-                   *st.argv]
+        bind = (process_prefix(binding, taskset=self._programs.taskset, numactl=self._programs.numactl)
+                if self._runtime != "systemd-run" else [])
+        isolate = launch.namespace_prefix(self._programs, st.demand.mem_bytes) if self._namespaces else []
+        drop = user.setpriv_argv(self._programs.setpriv) if switch and user is not None else []
+        command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
+                                      cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
+                                      prefix=[*isolate, *bind, *drop], argv=st.argv)
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
                        gpu_indices=list(st.gpu_indices), user=user.name if user else "",
                        uid=user.uid if user else os.geteuid(), runtime=self._runtime,
@@ -277,13 +273,13 @@ class TaskRuntime:
         proc: asyncio.subprocess.Process | None = None
         try:
             if self._runtime == "systemd-run":
-                pid = await systemd_task.start_service(st.task_id, command, task_env,
-                                                       gpu_indices=list(st.gpu_indices), paths=paths,
-                                                       binding=binding)
+                pid = await systemd_task.start_service(st.task_id, command, gpu_indices=list(st.gpu_indices),
+                                                       paths=paths, binding=binding)
             else:
                 proc = await asyncio.create_subprocess_exec(
                     *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=task_env, start_new_session=True)
+                    stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=launch.root_env(),
+                    start_new_session=True)
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
@@ -497,9 +493,10 @@ def _read_exit(path: str) -> int | None:
         os.close(fd)
 
 
-def _task_env(st: agent_pb2.StartTask, user: TaskUser | None, workdir: Path) -> dict[str, str]:
-    """A task's whole environment: nothing of the agent's (see the module docstring)."""
-    base = {"PATH": TASK_PATH, "LANG": os.environ.get("LANG") or "C.UTF-8"}
+def _task_env(st: agent_pb2.StartTask, user: TaskUser | None, workdir: Path, path: str = TASK_PATH) -> dict[str, str]:
+    """A task's whole environment: nothing of the agent's (see the module docstring); applied to the task's own
+    process only, after the drop to its user (:mod:`agent.launch`)."""
+    base = {"PATH": path, "LANG": os.environ.get("LANG") or "C.UTF-8"}
     if user is not None and user.switch:
         base.update(user.env(str(workdir)))
     else:

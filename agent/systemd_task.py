@@ -14,8 +14,10 @@ A task started this way is a unit of its own, ``gptrm-task-<id>.service``, start
   ``NoNewPrivileges=yes``;
 - ``AllowedCPUs=`` (and ``NUMAPolicy=bind``, ``NUMAMask=``) from the task's GPUs' CPU affinity
   and NUMA nodes (:mod:`agent.cpu_binding`);
-- its environment from a 0600 file in the agent's own directory, read by PID 1 and removed once
-  the unit has started, so secrets in a task's env never appear in any process's command line.
+- the unit's own environment is the fixed one of every root step (:func:`agent.launch.root_env`);
+  the task's environment reaches the task's own process only, after the drop to its user, from a
+  0600 file in the agent's own directory that the wrapper opens and removes
+  (:mod:`agent.launch`), so secrets in a task's env never appear in any process's command line.
 
 The agent is not the task's parent: it learns the unit's main pid from ``systemctl show`` and
 watches it like a task it adopted after a restart. The main process is a session leader (PID 1
@@ -26,22 +28,21 @@ whatever is left in the unit's cgroup when the main process ends is killed by sy
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from agent.cpu_binding import CpuBinding, systemd_properties
-from agent.taskfs import TaskPaths, open_nofollow
+from agent.launch import root_env
+from agent.taskfs import TaskPaths
 from common.errors import GptrmError
 
-__all__ = ["NVIDIA_CONTROL_NODES", "choose_runtime", "environment_file", "start_service", "systemd_running",
+__all__ = ["NVIDIA_CONTROL_NODES", "choose_runtime", "start_service", "systemd_running",
            "unit_argv", "unit_name"]
 
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 _UNIT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _START_TIMEOUT_S = 30.0
 
 
@@ -65,28 +66,13 @@ def unit_name(task_id: str) -> str:
     return f"gptrm-task-{task_id}.service"
 
 
-def environment_file(env: Mapping[str, str]) -> str:
-    """The text of an ``EnvironmentFile=``: one ``KEY="value"`` line each, values escaped for systemd."""
-    lines = []
-    for key, value in env.items():
-        if not _ENV_KEY.match(key):
-            raise GptrmError(f"env: {key!r} is not a valid variable name")
-        if "\0" in value:
-            raise GptrmError(f"env: {key} holds a NUL byte")
-        # Inside double quotes systemd reads \\ and \" as escapes and keeps every other character,
-        # newlines and "$" included, as it is (an EnvironmentFile is not expanded).
-        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'{key}="{quoted}"\n')
-    return "".join(lines)
-
-
-def unit_argv(task_id: str, *, gpu_indices: Sequence[int], workdir: Path, env_file: Path,
+def unit_argv(task_id: str, *, gpu_indices: Sequence[int], workdir: Path,
               binding: CpuBinding | None = None) -> list[str]:
     """The ``systemd-run`` prefix that starts one task as a transient service (bound to ``binding``'s CPUs)."""
     devices = [*NVIDIA_CONTROL_NODES, *(f"/dev/nvidia{int(i)}" for i in gpu_indices)]
     return ["systemd-run", "--quiet", "--collect", "--service-type=exec", f"--unit={unit_name(task_id)}",
             f"--description=gptrm task {task_id}", f"--working-directory={workdir}",
-            f"--property=EnvironmentFile={env_file}", "--property=StandardInput=null",
+            *(f"--setenv={k}={v}" for k, v in root_env().items()), "--property=StandardInput=null",
             "--property=NoNewPrivileges=yes", "--property=DevicePolicy=closed",
             *(f"--property=DeviceAllow={d} rw" for d in devices), *systemd_properties(binding)]
 
@@ -105,24 +91,13 @@ async def _run(argv: Sequence[str]) -> str:
     return out.decode(errors="replace")
 
 
-async def start_service(task_id: str, command: Sequence[str], env: Mapping[str, str], *,
-                        gpu_indices: Sequence[int], paths: TaskPaths, binding: CpuBinding | None = None) -> int:
+async def start_service(task_id: str, command: Sequence[str], *, gpu_indices: Sequence[int], paths: TaskPaths,
+                        binding: CpuBinding | None = None) -> int:
     """Start the task's unit and return its main pid (0 when it already ended).
 
     :raises GptrmError: systemd refused the unit (the message carries systemd-run's own words).
     """
-    env_file = paths.env_file
-    fd = open_nofollow(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_EXCL)
-    try:
-        os.write(fd, environment_file(env).encode())
-    finally:
-        os.close(fd)
-    try:
-        await _run([*unit_argv(task_id, gpu_indices=gpu_indices, workdir=paths.work_dir, env_file=env_file,
-                               binding=binding),
-                    *command])
-    finally:
-        env_file.unlink(missing_ok=True)   # read by PID 1 when the unit started
+    await _run([*unit_argv(task_id, gpu_indices=gpu_indices, workdir=paths.work_dir, binding=binding), *command])
     shown = await _run(["systemctl", "show", "--property=MainPID", "--value", unit_name(task_id)])
     try:
         return max(0, int(shown.strip() or 0))

@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.launch import ROOT_PATH
 from agent.taskkill import uids_running
 from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
@@ -93,15 +94,19 @@ class TaskUser:
     switch: bool
     exclusive: bool = False
 
-    def setpriv_argv(self) -> list[str]:
+    def setpriv_argv(self, setpriv: str) -> list[str]:
         """The prefix that drops to this user before exec.
 
         ``setpriv`` (util-linux) rather than ``subprocess(user=...)``: switching credentials in a
         forked child of a process with gRPC threads can crash the child before exec, while a plain
         exec of setpriv is safe. ``--no-new-privs`` keeps setuid programs from regaining root.
+
+        :param setpriv: setpriv's absolute path (a root step never looks a program up on a PATH).
         """
+        if not os.path.isabs(setpriv):
+            raise GptrmError(f"setpriv must be named by its absolute path, not {setpriv!r}")
         groups = "--clear-groups" if self.exclusive else f"--groups={','.join(map(str, self.groups or (self.gid,)))}"
-        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", groups, "--no-new-privs", "--"]
+        return [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", groups, "--no-new-privs", "--"]
 
     @classmethod
     def own(cls, uid: int) -> TaskUser:
@@ -240,8 +245,8 @@ class TaskUserPolicy:
                                   f"create {DEFAULT_TASK_USER!r} (make install does) or set --task-user") from None
             log.warning("task_user_fallback", reason=f"user {DEFAULT_TASK_USER!r} does not exist; tasks run as "
                         f"{FALLBACK_TASK_USER!r} (make install creates {DEFAULT_TASK_USER!r})")
-        if shutil.which("setpriv") is None:
-            raise ConfigError("task_user: switching users needs setpriv (util-linux), which is not on PATH")
+        if shutil.which("setpriv", path=ROOT_PATH) is None:
+            raise ConfigError(f"task_user: switching users needs setpriv (util-linux), which is not in {ROOT_PATH}")
         if pw.pw_uid == 0:
             raise ConfigError(f"task_user: {name!r} is root; tasks never run as root by default "
                               "(list 'root' in --task-users-allowed for specs that must)")

@@ -84,7 +84,7 @@ class TestArgv:
     def test_systemd_properties(self, tmp_path: Path) -> None:
         """AllowedCPUs, NUMAPolicy=bind and NUMAMask on the unit."""
         binding = binding_for(pairs_server().devices(), [6, 7], ALL)
-        argv = systemd_task.unit_argv("t-1", gpu_indices=[6, 7], workdir=tmp_path, env_file=tmp_path / "env",
+        argv = systemd_task.unit_argv("t-1", gpu_indices=[6, 7], workdir=tmp_path,
                                       binding=binding)
         assert argv[-3:] == ["--property=AllowedCPUs=16-31", "--property=NUMAPolicy=bind",
                              "--property=NUMAMask=1"]

@@ -1,9 +1,9 @@
 """Tasks started as transient systemd services (``runtime = "systemd-run"``).
 
 systemd is not PID 1 on the machines that run the tests, so ``systemd-run`` and ``systemctl``
-are stand-ins written here: ``systemd-run`` records its options, reads the environment file
-with a POSIX-shell tokenizer (the quoting rules systemd documents for ``EnvironmentFile=``),
-and starts the command detached in a new session, as PID 1 would; ``systemctl show`` returns
+are stand-ins written here: ``systemd-run`` records its options, gives the unit the environment
+its ``--setenv=`` options name and nothing else, and starts the command detached in a new
+session, as PID 1 would; ``systemctl show`` returns
 its pid. The agent code under test is the real runtime.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from common.types import TaskState
 from tests.helpers.builders import start_decision
 
 _FAKE_SYSTEMD_RUN = r'''
-import json, os, shlex, sys
+import json, os, sys
 state = os.environ["FAKE_SYSTEMD_DIR"]
 args, props, opts = sys.argv[1:], {}, {}
 while args and args[0].startswith("--"):
@@ -38,15 +37,15 @@ while args and args[0].startswith("--"):
     if a.startswith("--property="):
         k, v = a[len("--property="):].split("=", 1)
         props.setdefault(k, []).append(v)
+    elif a.startswith("--setenv="):
+        k, v = a[len("--setenv="):].split("=", 1)
+        opts.setdefault("setenv", {})[k] = v
     elif "=" in a:
         k, v = a[2:].split("=", 1)
         opts[k] = v
     else:
         opts[a[2:]] = True
-env = {"PATH": os.environ["PATH"]}
-for token in shlex.split(open(props["EnvironmentFile"][0]).read(), comments=True):
-    k, v = token.split("=", 1)
-    env[k] = v
+env = opts.get("setenv", {})
 unit = opts["unit"]
 json.dump({"opts": opts, "props": props, "argv": args}, open(os.path.join(state, unit + ".json"), "w"))
 pid = os.fork()
@@ -107,21 +106,6 @@ async def _until(statuses: list[agent_pb2.TaskStatus], state: TaskState, timeout
     raise AssertionError(f"no {state.label} status within {timeout}s: {[s.state for s in statuses]}")
 
 
-class TestEnvironmentFile:
-    def test_values_survive_shell_quoting(self) -> None:
-        """Quotes, dollars, backticks, backslashes and newlines come back unchanged through POSIX-shell rules."""
-        env = {"A": 'say "hi" $HOME `id` \\n back\\slash', "B": "line1\nline2", "EMPTY": ""}
-        parsed = dict(t.split("=", 1) for t in shlex.split(systemd_task.environment_file(env)))
-        assert parsed == env
-
-    def test_bad_names_and_nul_are_refused(self) -> None:
-        """A variable name systemd cannot take, or a NUL in a value, is refused naming the variable."""
-        with pytest.raises(GptrmError, match="'1BAD' is not a valid variable name"):
-            systemd_task.environment_file({"1BAD": "x"})
-        with pytest.raises(GptrmError, match="env: K holds a NUL byte"):
-            systemd_task.environment_file({"K": "a\0b"})
-
-
 class TestChooseRuntime:
     def test_auto_uses_systemd_only_for_root_on_systemd(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """auto picks systemd-run for a root agent on a systemd host and process otherwise; explicit choices stay."""
@@ -137,8 +121,7 @@ class TestUnitArgv:
     def test_only_the_tasks_gpus_and_no_file_opened_by_pid1(self, tmp_path: Path) -> None:
         """The unit gets the control nodes and its own GPUs' device nodes only; PID 1 opens no output file
         (the root wrapper writes to the FIFO in the agent's own directory, and drops to the task's user)."""
-        argv = systemd_task.unit_argv("t-1", gpu_indices=[1, 3], workdir=tmp_path,
-                                      env_file=tmp_path / "environment")
+        argv = systemd_task.unit_argv("t-1", gpu_indices=[1, 3], workdir=tmp_path)
         allowed = [a.split("=", 2)[2] for a in argv if a.startswith("--property=DeviceAllow=")]
         assert allowed == [f"{d} rw" for d in systemd_task.NVIDIA_CONTROL_NODES] + \
             ["/dev/nvidia1 rw", "/dev/nvidia3 rw"]
@@ -146,6 +129,9 @@ class TestUnitArgv:
         assert {"--unit=gptrm-task-t-1.service", "--service-type=exec"} <= set(argv)
         assert not [a for a in argv if "StandardOutput" in a or "StandardError" in a]
         assert "--scope" not in argv   # a scope would stay inside the agent's namespaces
+        assert [a for a in argv if a.startswith("--setenv=")] == ["--setenv=PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+                                                                   "--setenv=LANG=C.UTF-8"]
+        assert not [a for a in argv if "EnvironmentFile" in a]   # the task's env never reaches PID 1 or the wrapper
 
     def test_unit_name_refuses_odd_ids(self) -> None:
         """A task id that is not a plain unit-name fragment is refused rather than escaped."""
