@@ -328,11 +328,17 @@ class TaskRuntime:
     async def _do_stop(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
         rec = self._known(decision.stop.task_id)
         grace = decision.stop.grace_s or rec.stop_grace_s
+        watcher = self._watchers.get(rec.task_id)
+        if _read_exit(rec.exit_file) is not None:
+            # It ended by itself before the stop came (a gang's other part failing at the same moment, say):
+            # it reports its own end, not a stop.
+            if watcher is not None:
+                await asyncio.shield(watcher)
+            return rec.task_id, TaskState(rec.state)
         rec.stopping = True
         self.table.save()
         if _alive(rec):
             self._descendants[rec.task_id] = descendants(rec.pid)
-        watcher = self._watchers.get(rec.task_id)
         checkpoint = _checkpoint_signal(decision.stop.checkpoint_signal)
         if checkpoint is not None:
             # A preemption: the task may checkpoint (and exit) on its signal within its grace.
@@ -434,6 +440,9 @@ class TaskRuntime:
             reason = (f"exited with code {code}" if code is not None and code >= 0
                       else f"killed by signal {-code}" if code is not None else "ended while the agent was down; "
                       "exit code unknown")
+            said = _own_words(rec.log_path)
+            if said:
+                reason = f"{reason}: {said}"
         self._log.info("task_exited", task_id=rec.task_id, exit_code=code, state=state.label)
         self._report(rec, state, reason, exit_code=code if code is not None else -1)
         self.table.tasks.pop(rec.task_id, None)
@@ -469,6 +478,14 @@ class TaskRuntime:
 def _metric_overrides(mapping: types_pb2.MetricsMapping) -> dict[str, str]:
     """The role → name overrides of a StartTask's mapping (bounded; checked when scraped)."""
     return {role: getattr(mapping, role)[:_MAX_METRICS_FIELD] for role in ROLES if getattr(mapping, role)}
+
+
+def _own_words(log_path: str) -> str:
+    """The last line of a task's log when the agent's own start steps wrote it ("gptrm: ..."): why the task could
+    not start (its program not on its PATH, its environment or /dev/shm not set up)."""
+    lines = _tail(log_path, 1024).rstrip("\n").splitlines()
+    last = lines[-1] if lines else ""
+    return last.removeprefix("gptrm: ")[:_MAX_METRICS_FIELD] if last.startswith("gptrm: ") else ""
 
 
 def _create_time(pid: int) -> float:
