@@ -85,11 +85,18 @@ EXEC_STUB = (
     'exec "$@"'
 )
 
-# The root step inside a new mount namespace: a private /dev/shm of the task's own. Arguments: the
-# mount program, the tmpfs options, then the command.
-_SHM_STEP = ('m=$1 o=$2; shift 2; '
-             '"$m" -t tmpfs -o "$o" gptrm-shm /dev/shm || { echo "gptrm: cannot mount /dev/shm" >&2; exit 125; }; '
-             'exec "$@"')
+# The root step in the task's new mount and IPC namespaces, whose next child is PID 1 of its new PID
+# namespace. That child mounts the namespace's own /proc and a private /dev/shm, then runs the rest
+# of the command (setpriv, the exec stub, the task). This step stays in the task's process group, so
+# like the wrapper it handles (rather than dies of) the signals sent to the group, and it waits for
+# the real exit status. Arguments: the mount program, the tmpfs options, then the command.
+_NS_STEP = (
+    'm=$1 o=$2; shift 2; '
+    'trap : TERM INT HUP QUIT USR1 USR2 ALRM; '
+    '( "$m" -t proc -o nosuid,nodev,noexec gptrm-proc /proc && "$m" -t tmpfs -o "$o" gptrm-shm /dev/shm '
+    '|| { echo "gptrm: cannot set up the task\'s own /proc and /dev/shm" >&2; exit 125; }; exec "$@" ) & c=$!; '
+    'while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; exit $code'
+)
 
 
 def root_env() -> dict[str, str]:
@@ -132,8 +139,8 @@ def namespace_prefix(programs: Programs, shm_bytes: int) -> list[str]:
     """The root prefix that runs the rest of a command in a PID, mount and IPC namespace of its own,
     with a private ``/dev/shm`` of ``shm_bytes`` (0: the kernel's default size, half the host's memory)."""
     opts = "nosuid,nodev,mode=1777" + (f",size={int(shm_bytes)}" if shm_bytes > 0 else "")
-    return [programs.unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--propagation", "private",
-            "/bin/sh", "-c", _SHM_STEP, "gptrm-ns", programs.mount, opts]
+    return [programs.unshare, "--pid", "--mount", "--ipc", "--propagation", "private",
+            "/bin/sh", "-c", _NS_STEP, "gptrm-ns", programs.mount, opts]
 
 
 def path_problem(value: str) -> str | None:

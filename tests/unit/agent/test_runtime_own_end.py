@@ -29,6 +29,20 @@ class TestOwnEnd:
         async def scenario() -> None:
             statuses: list[agent_pb2.TaskStatus] = []
             rt = TaskRuntime(tmp_path / "state", statuses.append, gpus=None)
+            # The agent finishes the task's end only once the stop has come, so the stop meets a task whose
+            # exit code is recorded but not yet reported (the window a gang's other part hits).
+            stop_came = asyncio.Event()
+            known, end_processes = rt._known, rt._end_processes
+
+            def _known(task_id: str):  # type: ignore[no-untyped-def]
+                stop_came.set()
+                return known(task_id)
+
+            async def _end_processes(rec):  # type: ignore[no-untyped-def]
+                await stop_came.wait()
+                await end_processes(rec)
+
+            rt._known, rt._end_processes = _known, _end_processes  # type: ignore[method-assign]
             assert (await rt.handle(start_decision("t1", ["torchrun-missing", "train.py"]))).ok
             rec = rt.table.tasks["t1"]
             deadline = time.monotonic() + 20
