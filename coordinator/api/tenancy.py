@@ -189,14 +189,12 @@ def _redact(msg: Message, sees: Callable[[str], bool], queue: str | None) -> Non
             m.log_tail = REDACTED
     for fd in _PATHS[kind]:
         value = getattr(m, fd.name)
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            for item in value.values():
+        if isinstance(value, Message):
+            if m.HasField(fd.name):
+                _redact(value, sees, queue)
+        else:   # a repeated field, or a map (its values)
+            for item in (value.values() if hasattr(value, "values") else value):
                 _redact(item, sees, queue)
-        elif fd.label == FieldDescriptor.LABEL_REPEATED:  # type: ignore[attr-defined]
-            for item in value:
-                _redact(item, sees, queue)
-        elif m.HasField(fd.name):
-            _redact(value, sees, queue)
 
 
 def redacted(message: Any, caller: Caller | None, config: QueueConfig) -> Any:
