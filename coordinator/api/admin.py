@@ -88,11 +88,7 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     @functools.wraps(fn)
     async def wrapper(self: AdminService, request: Any, context: Ctx) -> R:
         try:
-            answer = await fn(self, request, context)
-            caller = current_principal()
-            if caller is None or caller.cluster_admin:
-                return answer
-            return redacted(answer, caller, self._app.queue_admin.config)
+            return self._shown(await fn(self, request, context))
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NotFound as e:
@@ -171,6 +167,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, app: AdminDeps, *, auth_mode: str = "none") -> None:
         self._app = app
         self.auth_mode = auth_mode
+
+    def _shown(self, answer: R) -> R:
+        """``answer`` as the caller may read it: the one redaction point of every Admin answer and streamed item."""
+        caller = current_principal()
+        if caller is None or caller.cluster_admin:
+            return answer
+        return redacted(answer, caller, self._app.queue_admin.config)
 
     def _not_leader(self, error: NotLeader) -> str:
         leadership = self._app.leadership
@@ -501,9 +504,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         queue = self._app.events.subscribe() if request.follow else None
         try:
             for e in self._app.events.recent(min(backlog, 1000)):
-                yield _event_pb(e)
+                yield self._shown(_event_pb(e))
             while queue is not None:
-                yield _event_pb(await queue.get())
+                yield self._shown(_event_pb(await queue.get()))
         finally:
             if queue is not None:
                 self._app.events.unsubscribe(queue)
@@ -516,7 +519,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             task_id = self._own_task(_require_id(request.task_id, "task_id"))   # agents stream to the leader only
             task = self._app.tasks.get(task_id)
             async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
-                yield chunk
+                yield self._shown(chunk)
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NotFound as e:

@@ -155,20 +155,35 @@ def _message_type(fd: FieldDescriptor) -> Descriptor | None:
     return mt
 
 
-def _holds_secrets(desc: Any, visiting: frozenset[str] = frozenset()) -> bool:
-    """Whether a message of type ``desc`` can hold a secret field (itself, or a message within it)."""
-    name = desc.full_name
-    if name in _HOLDS:
-        return _HOLDS[name]
-    if name in visiting:
-        return False
-    inner = visiting | {name}
-    paths = tuple(fd for fd in desc.fields
-                  if (mt := _message_type(fd)) is not None and _holds_secrets(mt, inner))
-    holds = name in SECRET_FIELDS or bool(paths)
-    _PATHS[name] = paths
-    _HOLDS[name] = holds
-    return holds
+def _holds_secrets(desc: Any) -> bool:
+    """Whether a message of type ``desc`` can hold a secret field (itself, or a message within it).
+
+    Decided once per type, over every type reachable from it (a closed set, so recursive types are
+    decided exactly), and kept with, per type, the fields that lead to a secret (:data:`_PATHS`)."""
+    if desc.full_name in _HOLDS:
+        return _HOLDS[desc.full_name]
+    reachable: dict[str, Any] = {}
+    todo = [desc]
+    while todo:
+        d = todo.pop()
+        if d.full_name in reachable or d.full_name in _HOLDS:
+            continue
+        reachable[d.full_name] = d
+        todo.extend(mt for fd in d.fields if (mt := _message_type(fd)) is not None)
+    holds = {name: name in SECRET_FIELDS for name in reachable}
+    changed = True
+    while changed:
+        changed = False
+        for name, d in reachable.items():
+            if not holds[name] and any((mt := _message_type(fd)) is not None
+                                       and holds.get(mt.full_name, _HOLDS.get(mt.full_name, False))
+                                       for fd in d.fields):
+                holds[name] = changed = True
+    for name, d in reachable.items():
+        _PATHS[name] = tuple(fd for fd in d.fields if (mt := _message_type(fd)) is not None
+                             and holds.get(mt.full_name, _HOLDS.get(mt.full_name, False)))
+    _HOLDS.update(holds)
+    return _HOLDS[desc.full_name]
 
 
 def _redact(msg: Message, sees: Callable[[str], bool], queue: str | None) -> None:

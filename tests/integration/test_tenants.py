@@ -73,7 +73,7 @@ def tenants(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdCluster) 
     try:
         t = Tenants(c, toks, tmp / "audit.log", "")
         c.start_coordinator("c1", "--queues", str(tmp / "queues.toml"), "--admin-tokens", str(tmp / "tokens"),
-                            "--audit-log", str(t.audit))
+                            "--audit-log", str(t.audit), "--usage-interval", "1")
         wait_until(lambda: t.ctl("root", "status").returncode == 0, what="c1 up")
         c.start_agent("n1", *ROOT_TASKS_AGENT)
         wait_until(lambda: t.json("root", "nodes")["nodes"], what="n1 registered")
@@ -167,6 +167,21 @@ class TestSecrets:
             assert SECRET not in listed and SECRET not in human and "alice-job" in listed, who
         for who in ("alice", "root"):
             assert tenants.json(who, "tasks", tenants.task)["spec"]["env"] == {"HF_TOKEN": SECRET}, who
+
+
+class TestUsage:
+    def test_a_team_reads_its_own_queues_usage(self, tenants: Tenants) -> None:
+        """Once alice's task has used something, bob's usage report (by queue or by user) has no row of queue a nor
+        of alice; a viewer's has them."""
+        def used_by_a(who: str, by: str, key: str) -> bool:
+            return any(r["key"] == key and r["cpu_core_hours"] > 0
+                       for r in tenants.json(who, "usage", "--since", "1h", "--by", by)["rows"])
+        wait_until(lambda: used_by_a("root", "queue", "a"), timeout_s=30, what="usage of queue a accounted")
+        assert used_by_a("vera", "queue", "a") and used_by_a("vera", "user", "alice")
+        bob = tenants.json("bob", "usage", "--since", "1h")
+        validate(bob, "usage")
+        assert "a" not in [r["key"] for r in bob["rows"]] and [b["queue"] for b in bob["budgets"]] == ["b"]
+        assert not used_by_a("bob", "user", "alice") and used_by_a("alice", "user", "alice")
 
 
 class TestAudit:
