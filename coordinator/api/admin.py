@@ -12,8 +12,9 @@
 - EtcdUnavailable → UNAVAILABLE;
 - Unavailable (a node's agent not connected) → UNAVAILABLE, with the refusal marker.
 
-Every answer passes through :func:`coordinator.api.tenancy.redacted` (in :func:`_rpc`): what a
-caller reads of a queue it does not cover has its secret fields redacted.
+Every answer and streamed item passes through :func:`coordinator.api.tenancy.redacted`
+(``AdminService._shown``, called by :func:`_rpc` and the streams): what a caller reads of a queue
+it does not cover has its secret fields redacted.
 """
 
 from __future__ import annotations
@@ -443,9 +444,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def SetQueue(self, request: admin_pb2.SetQueueRequest, context: Ctx) -> admin_pb2.QueueView:
         if not request.HasField("queue"):
             raise ValidationError("queue", "is required")
-        wanted = queue_from_proto(request.queue)
-        self._may_change_queue(wanted.name, wanted.parent)
-        queue = await self._app.queue_admin.set(wanted)
+        self._may_change_queue(request.queue.name, request.queue.parent or None)   # before judging what it asks
+        queue = await self._app.queue_admin.set(queue_from_proto(request.queue))
         return self._app.queue_admin.views(queue.name).queues[0]
 
     @_rpc
