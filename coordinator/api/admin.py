@@ -444,7 +444,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def SetQueue(self, request: admin_pb2.SetQueueRequest, context: Ctx) -> admin_pb2.QueueView:
         if not request.HasField("queue"):
             raise ValidationError("queue", "is required")
-        self._may_change_queue(request.queue.name, request.queue.parent or None)   # before judging what it asks
+        self._may_change_queue(request.queue.name, request.queue.parent or None,   # before judging what it asks
+                               tuple(request.queue.default_for))
         queue = await self._app.queue_admin.set(queue_from_proto(request.queue))
         return self._app.queue_admin.views(queue.name).queues[0]
 
@@ -456,13 +457,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         removed = await self._app.queue_admin.remove(name)
         return admin_pb2.QueueView(queue=queue_to_proto(removed))
 
-    def _may_change_queue(self, name: str, parent: str | None) -> None:
-        """Refuse a change of queue ``name`` (to sit under ``parent``) unless the caller has admin over its
-        parent (:func:`~coordinator.api.tenancy.queue_change_refusal`), judged on the leader's tree.
+    def _may_change_queue(self, name: str, parent: str | None, default_for: tuple[str, ...] = ()) -> None:
+        """Refuse a change of queue ``name`` (to sit under ``parent``, the default of ``default_for``; a removal:
+        none) unless the caller may make it (:func:`~coordinator.api.tenancy.queue_change_refusal`), judged on
+        the leader's tree.
 
         :raises NotLeader: on a standby. :raises PermissionDenied: audited as refused."""
         self._app.leadership.require_leader()
-        refusal = queue_change_refusal(current_principal(), self._app.queue_admin.config, name, parent)
+        refusal = queue_change_refusal(current_principal(), self._app.queue_admin.config, name, parent, default_for)
         if refusal is not None:
             raise refusal
 

@@ -10,7 +10,8 @@ scale) is refused unless the caller covers the task's or service's queue (:func:
 **Queue changes** (:func:`queue_change_refusal`): creating, changing or removing a queue needs
 admin over its parent, now and after the change: a cluster admin, or a queue admin whose queues
 include that parent or one of its ancestors. A top-level queue is the cluster admin's, so a team
-can neither raise its own queue's limit nor add itself to another queue's members.
+can neither raise its own queue's limit nor add itself to another queue's members. Whose default
+queue a queue is (``default_for``) only the cluster admin changes.
 
 **Secrets** (:data:`SECRET_FIELDS`): the values of a task's ``spec.env`` (also in a service's
 replica template), and a task's ``log_tail`` (the end of its output, which ``TaskLogs`` streams
@@ -111,23 +112,29 @@ def _administers(caller: Caller, config: QueueConfig, queue: str | None) -> bool
     return queue is not None and caller.role == "queue-admin" and _below(config, queue, caller.queues)
 
 
-def queue_change_refusal(caller: Caller | None, config: QueueConfig, name: str,
-                         parent: str | None) -> PermissionDenied | None:
+def queue_change_refusal(caller: Caller | None, config: QueueConfig, name: str, parent: str | None,
+                         default_for: tuple[str, ...] = ()) -> PermissionDenied | None:
     """The refusal to raise when ``caller`` may not create, change or remove queue ``name`` (so that it
-    sits under ``parent``, None: top level), or None when it may: it needs admin over the queue's
-    parent now (when the queue exists) and over ``parent``.
+    sits under ``parent``, None: top level, and is the default queue of ``default_for``; a removal
+    passes the empty tuple), or None when it may: it needs admin over the queue's parent now (when
+    the queue exists) and over ``parent``; and whose default queue it is stays the cluster admin's
+    choice (it routes the submissions of identities outside the team).
 
     A stored tree read between this check and the write may have moved the queue meanwhile: only
     another caller with admin over its old parent can have moved it.
     """
     if caller is None or caller.cluster_admin:
         return None
-    now = config.get(name).parent if config.managed and name in config else parent
+    exists = config.managed and name in config
+    now = config.get(name).parent if exists else parent
     for where in dict.fromkeys((now, parent)):
         if not _administers(caller, config, where):
             above = f"its parent {where!r}" if where is not None else "the top level (the cluster admin's)"
             return PermissionDenied(f"queue {name!r}: changing it needs admin over {above}; {caller.name!r} is "
                                     f"{_scope(caller)}", caller.name, caller.role)
+    if set(default_for) != set(config.get(name).default_for if exists else ()):
+        return PermissionDenied(f"queue {name!r}: whose default queue it is (default_for) is the cluster admin's "
+                                f"to change; {caller.name!r} is {_scope(caller)}", caller.name, caller.role)
     return None
 
 

@@ -13,7 +13,7 @@ from common.tokens import TokenFile, new_token, token_line
 from coordinator.api.auth import Authenticator, AuthRefused, Principal
 from coordinator.api.tenancy import REDACTED, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.ctl.main import main as ctl_main
-from coordinator.queues import QueueConfig
+from coordinator.queues import Queue, QueueConfig
 
 # org ─┬─ a ─┬─ a1
 #      │     └─ a2
@@ -58,6 +58,16 @@ class TestQueueChanges:
         assert (refusal is None) == allowed, refusal
         if refusal is not None:
             assert f"queue {name!r}: changing it needs admin over" in str(refusal) and refusal.principal == who.name
+
+    def test_whose_default_a_queue_is_stays_the_cluster_admins(self) -> None:
+        """A queue admin may not make a queue below its own the default of others (it would receive their
+        submissions and see their secrets), nor remove one that is; the cluster admin may."""
+        tree = TREE.set(Queue.from_dict({"name": "a2", "parent": "a", "gpus": {"*": 2}, "default_for": ["*"]}))
+        refusal = queue_change_refusal(LEAD, TREE, "a1", "a", ("*",))
+        assert refusal is not None and "default_for" in str(refusal)
+        assert queue_change_refusal(LEAD, tree, "a2", "a", ("*",)) is None       # kept as it is
+        assert queue_change_refusal(LEAD, tree, "a2", "a") is not None            # removed (or cleared)
+        assert queue_change_refusal(ROOT, TREE, "a1", "a", ("*",)) is None
 
 
 class TestRedaction:
