@@ -1,8 +1,9 @@
 """Tenants confined to their queues, end to end: a real coordinator with bearer tokens and an audit
 file, a real agent, gptrmctl as each tenant.
 
-Queues ``a`` (alice's) and ``b`` (bob's, with a limit and a budget); tokens: ``root`` (admin, the
-cluster admin), ``alice`` and ``bob`` (submitters of a and b), ``vera`` (viewer). Alice's task runs
+Queues ``a`` (alice's), ``b`` (bob's, with a limit and a budget) and ``lab``; tokens: ``root``
+(admin, the cluster admin), ``alice`` and ``bob`` (submitters of a and b), ``vera`` (viewer),
+``lead`` (queue-admin of lab). Alice's task runs
 with a secret in its environment and prints a line. One cluster serves the module; each test acts
 on its own things (or only tries and is refused), so none depends on another.
 """
@@ -38,6 +39,9 @@ limit = { "*" = 2 }
 budget = { kind = "gpu_hours", amount = 10, period = "day", action = "hold" }
 members = ["bob"]
 default_for = ["bob"]
+[[queue]]
+name = "lab"
+gpus = { "*" = 1 }
 """
 SECRET = "supersecret123"
 
@@ -64,10 +68,11 @@ class Tenants:
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdCluster) -> Iterator[Tenants]:
     tmp = tmp_path_factory.mktemp("tenants")
-    toks = {who: new_token() for who in ("root", "alice", "bob", "vera")}
+    toks = {who: new_token() for who in ("root", "alice", "bob", "vera", "lead")}
     (tmp / "tokens").write_text("\n".join([
         token_line("root", "admin", toks["root"]), token_line("alice", "submitter", toks["alice"], queues=("a",)),
-        token_line("bob", "submitter", toks["bob"], queues=("b",)), token_line("vera", "viewer", toks["vera"])]) + "\n")
+        token_line("bob", "submitter", toks["bob"], queues=("b",)), token_line("vera", "viewer", toks["vera"]),
+        token_line("lead", "queue-admin", toks["lead"], queues=("lab",))]) + "\n")
     (tmp / "queues.toml").write_text(QUEUES)
     c = Cluster(tmp, etcd_server.endpoints, f"/gptrm-test/tenants-{uuid.uuid4().hex[:8]}/")
     try:
@@ -132,6 +137,17 @@ class TestQueueChanges:
         (a,) = tenants.json("vera", "queues", "a")["queues"]
         assert a["members"] == ["alice"]
         _refused(tenants.ctl("bob", "submit", "--queue", "a", "--cpu", "0.1", "--", "true"))
+
+    def test_a_queue_admin_manages_the_queues_below_its_own(self, tenants: Tenants) -> None:
+        """lead (queue-admin of lab) creates, changes and removes lab-x below lab, but may not change lab itself."""
+        for argv in (["lab-x", "--parent", "lab", "--gpus", "1", "--members", "lead"], ["lab-x", "--gpus", "0"]):
+            res = tenants.ctl("lead", "queues", "set", *argv)
+            assert res.returncode == 0, res.stderr
+        assert tenants.json("vera", "queues", "lab-x")["queues"][0]["parent"] == "lab"
+        res = tenants.ctl("lead", "queues", "set", "lab", "--gpus", "2")
+        _refused(res)
+        assert "changing it needs admin over the top level" in res.stderr
+        assert tenants.ctl("lead", "queues", "rm", "lab-x").returncode == 0
 
     def test_set_queue_is_audited_with_its_queue_as_target(self, tenants: Tenants) -> None:
         """The cluster admin's SetQueue leaves an `ok` record whose target is the queue it set."""
