@@ -4,14 +4,18 @@ Every certificate names one *principal* and one *role*:
 
 - ``node``: an agent; the node name is the CN and a ``urn:gptrm:node:NAME`` SAN URI, and the
   coordinator accepts that agent's stream only for that node;
-- ``admin`` / ``viewer``: a person or tool calling the Admin API (``gptrmctl``);
+- ``admin`` (cluster admin), ``queue-admin`` (a team lead: its queues and the queues below them),
+  ``submitter`` (a team member: submits to and acts on its queues' tasks) and ``viewer``
+  (read-only): a person or tool calling the Admin API (``gptrmctl``); what each may do is
+  ``coordinator.api.auth``'s and ``docs/tenants.md``'s;
 - ``coordinator``: a coordinator (server and client auth, SAN DNS/IP for every host name), also
   usable by an etcd member or as the coordinator's etcd client certificate.
 
-The role is the certificate's OU and, redundantly, a ``urn:gptrm:role:ROLE`` SAN URI. An
-``admin`` or ``viewer`` certificate may also name the queues its holder may submit to, one
+The role is the certificate's OU and, redundantly, a ``urn:gptrm:role:ROLE`` SAN URI. A
+person's certificate (:data:`QUEUE_KINDS`) may also name the queues its holder may submit to, one
 ``urn:gptrm:queue:NAME`` SAN URI per queue, in order (the first is the holder's default queue;
-see :func:`validate_queues`); reading one back refuses the certificate when a queue URI is
+see :func:`validate_queues`); a ``queue-admin`` certificate must name the queues it administers
+(:func:`validate_role_queues`). Reading one back refuses the certificate when a queue URI is
 invalid, rather than dropping or widening it. Keys are
 ECDSA P-256, written 0600 and never overwritten. Nothing here shells out to openssl.
 
@@ -63,17 +67,18 @@ __all__ = [
     "revoke",
     "validate_name",
     "validate_queues",
+    "validate_role_queues",
 ]
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 CRL_FILE = "crl.pem"
-KINDS = ("node", "admin", "viewer", "coordinator")
-LIFETIME_DAYS = {"ca": 3650, "node": 365, "coordinator": 365, "admin": 90, "viewer": 90}
+QUEUE_KINDS = ("admin", "queue-admin", "submitter", "viewer")
+"""The roles of people and tools (certificates and bearer tokens), highest first; they may name
+queues (never nodes or coordinators)."""
+KINDS = ("node", *QUEUE_KINDS, "coordinator")
+LIFETIME_DAYS = {"ca": 3650, "node": 365, "coordinator": 365, **dict.fromkeys(QUEUE_KINDS, 90)}
 """Default validity per kind: a CA outlives many rotations; people's certificates expire soonest."""
-
-QUEUE_KINDS = ("admin", "viewer")
-"""The kinds of certificate that may name queues (people and tools, never nodes or coordinators)."""
 MAX_QUEUES = 32
 """The most queues one credential names."""
 
@@ -122,6 +127,22 @@ def validate_queues(queues: Sequence[str], field: str = "queues") -> tuple[str, 
     if repeated:
         raise ValidationError(field, f"queue {repeated[0]!r} is named more than once")
     return out
+
+
+def validate_role_queues(role: str, queues: Sequence[str], field: str = "queues") -> tuple[str, ...]:
+    """``queues`` as :func:`validate_queues` checks them, for a credential of ``role``: only the
+    roles of :data:`QUEUE_KINDS` name queues, and a ``queue-admin`` names at least one (the queues
+    it administers).
+
+    :raises ValidationError: naming ``field``.
+    """
+    held = validate_queues(queues, field)
+    if held and role not in QUEUE_KINDS:
+        raise ValidationError(field, f"a {role} credential names no queues (only {', '.join(QUEUE_KINDS[:-1])} "
+                                     f"and {QUEUE_KINDS[-1]} credentials do), got {list(held)}")
+    if not held and role == "queue-admin":
+        raise ValidationError(field, "a queue-admin credential names the queues it administers (--queues A,B)")
+    return held
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +250,9 @@ def issue(ca_dir: Path, kind: str, names: Sequence[str], *, out_dir: Path | None
     :param names: the node/user name, or the coordinator's host names and IP addresses (first is the CN).
     :param days: validity (default :data:`LIFETIME_DAYS`); negative values issue already-expired
         certificates, which only tests want.
-    :param queues: the queues the holder may submit to, first the default (``admin`` and
-        ``viewer`` only); one ``urn:gptrm:queue:NAME`` SAN URI each, in this order.
+    :param queues: the queues the holder may submit to, first the default (people's roles only,
+        :data:`QUEUE_KINDS`; a ``queue-admin`` names at least one); one ``urn:gptrm:queue:NAME``
+        SAN URI each, in this order.
     :raises ValidationError: unknown kind, no name, a name with characters outside the allowed set,
         or queues that are invalid (:func:`validate_queues`) or given for a node or coordinator.
     :raises GptrmError: the CA is missing, or the files already exist.
@@ -243,9 +265,7 @@ def issue(ca_dir: Path, kind: str, names: Sequence[str], *, out_dir: Path | None
         raise ValidationError("name", f"a {kind} certificate names exactly one principal, got {len(names)}")
     for n in names:
         validate_name(n, "host" if kind == "coordinator" else "name")
-    queues = validate_queues(queues)
-    if queues and kind not in QUEUE_KINDS:
-        raise ValidationError("queues", f"only {' and '.join(QUEUE_KINDS)} certificates name queues, not {kind}")
+    queues = validate_role_queues(kind, queues)
     ca_cert, ca_key = _load_ca(Path(ca_dir))
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gptrm"),
@@ -305,9 +325,7 @@ def identity_from_pem(pem: bytes | str) -> Identity:
     if role not in KINDS:
         raise ValidationError("certificate.role", f"no gptrm role (OU or {_ROLE_URI}ROLE URI), got {role!r}")
     validate_name(name, "certificate.name")
-    held = validate_queues(queues, "certificate.queues")
-    if held and role not in QUEUE_KINDS:
-        raise ValidationError("certificate.queues", f"a {role} certificate names no queues, got {list(held)}")
+    held = validate_role_queues(role, queues, "certificate.queues")
     return Identity(name=name, role=role, serial=cert.serial_number, not_after=cert.not_valid_after_utc,
                     fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(), queues=held)
 

@@ -2,10 +2,14 @@
 
 The coordinator's ``--admin-tokens FILE`` holds one line per principal::
 
-    # NAME  ROLE    HASH            [QUEUES]
-    alice   admin   sha256:3f4c...  queues=ml-vision,shared
-    grafana viewer  sha256:9ab1...
+    # NAME  ROLE        HASH            [QUEUES]
+    root    admin       sha256:3f4c...
+    alice   submitter   sha256:77d0...  queues=ml-vision,shared
+    lead    queue-admin sha256:51ee...  queues=ml
+    grafana viewer      sha256:9ab1...
 
+The role is one of :data:`TOKEN_ROLES` (``admin``, ``queue-admin``, ``submitter``, ``viewer``;
+what each may do: ``coordinator.api.auth``).
 The optional fourth field ``queues=A,B`` names the queues the holder may submit to, in order
 (the first is its default; names as :func:`common.certs.validate_queues` allows). A line with
 three fields names no queues, as every line did before the field existed.
@@ -31,12 +35,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.certs import validate_name, validate_queues
+from common.certs import QUEUE_KINDS, validate_name, validate_queues, validate_role_queues
 from common.errors import ConfigError, ValidationError
 
 __all__ = ["TOKEN_ROLES", "TokenFile", "TokenHolder", "hash_token", "new_token", "token_line"]
 
-TOKEN_ROLES = ("admin", "viewer")
+TOKEN_ROLES = QUEUE_KINDS
+"""The roles a token gives, as a person's certificate does."""
 _MAX_TOKEN_LEN = 512
 _QUEUES_FIELD = "queues="
 
@@ -69,7 +74,7 @@ def token_line(name: str, role: str, token: str, queues: Sequence[str] = ()) -> 
     validate_name(name, "name")
     if role not in TOKEN_ROLES:
         raise ValidationError("role", f"must be one of {', '.join(TOKEN_ROLES)}, got {role!r}")
-    held = validate_queues(queues)
+    held = validate_role_queues(role, queues)
     line = f"{name} {role} {hash_token(token)}"
     return f"{line} {_QUEUES_FIELD}{','.join(held)}" if held else line
 
@@ -111,6 +116,10 @@ class TokenFile:
             except ValidationError as e:
                 raise ConfigError(f"{where}: {e}") from None
             queues = _queues_field(parts[3], where) if len(parts) == 4 else ()
+            try:
+                validate_role_queues(role, queues)
+            except ValidationError as e:
+                raise ConfigError(f"{where}: {e}") from None
             table[digest.lower()] = TokenHolder(name, role, queues)
         self._by_hash = table
         self._stamp = (st.st_mtime_ns, st.st_size)

@@ -102,7 +102,8 @@ class CoordinatorConfig:
     tls_key: str = option("", "server private key (PEM)", metavar="FILE")
     tls_ca: str = option("", "CA bundle that client certificates must chain to", metavar="FILE")
     tls_crl: str = option("", "CA-signed CRL of revoked client certificates (re-read on SIGHUP)", metavar="FILE")
-    admin_tokens: str = option("", "file of 'NAME ROLE sha256:HEX' bearer-token lines (re-read on change)",
+    admin_tokens: str = option("", "file of 'NAME ROLE sha256:HEX [queues=A,B]' bearer-token lines, ROLE one of "
+                               "admin, queue-admin, submitter, viewer (re-read on change; docs/tenants.md)",
                                metavar="FILE")
     audit_log: str = option("", "append-only JSON-lines audit log of admin writes and refused calls",
                             metavar="FILE")

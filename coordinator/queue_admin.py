@@ -152,6 +152,11 @@ class QueueAdmin:
         """Whether queues are configured (else one implicit default queue)."""
         return self._state.queues.managed
 
+    @property
+    def config(self) -> QueueConfig:
+        """The tree as this replica holds it (a standby's is not the leader's: judge changes on the leader)."""
+        return self._state.queues
+
     # ---- a new leader -------------------------------------------------------------------------
 
     async def recover(self) -> None:

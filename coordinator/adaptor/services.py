@@ -196,8 +196,10 @@ class ServiceController:
 
     # ---- admin operations ---------------------------------------------------------------------
 
-    async def create(self, spec: types_pb2.TaskSpec, request_id: str = "") -> types_pb2.Service:
-        """Validate and store a new service at MIN replicas (the next tick creates them).
+    async def create(self, spec: types_pb2.TaskSpec, request_id: str = "", *,
+                     submitted_by: str = "") -> types_pb2.Service:
+        """Validate and store a new service at MIN replicas (the next tick creates them), created by
+        ``submitted_by`` (its replicas are submitted in that name).
 
         A request id makes the create idempotent: the service id is derived from it, so a client that
         retries across a leader change gets the one service it created, never a second one.
@@ -226,7 +228,8 @@ class ServiceController:
         live = [e for e in self._registry if e.state != NodeState.LOST]
         max_gpus = max((len(e.inventory.gpus) for e in live), default=0)
         svc = types_pb2.Service(id=service_id, spec=spec, desired=spec.service.min_replicas,
-                                submit_unix_s=self._wall(), reason="created at MIN replicas")
+                                submit_unix_s=self._wall(), reason="created at MIN replicas",
+                                submitted_by=submitted_by[:256])
         template = replica_spec(svc, 0)
         validate_spec(template, max_gpus_per_node=max_gpus)
         gpus = max(1, gpus_used(self._profiler.profile(template).to_proto().gpus))
@@ -632,7 +635,8 @@ class ServiceController:
                 spec.constraints.avoid_nodes.extend(self._spread(svc, replicas, spec))
             rt.unspread.discard(index)
             unplaced = True
-            task = await self._tasks.submit(spec, request_id="", service_id=svc.id, replica_index=index)
+            task = await self._tasks.submit(spec, request_id="", service_id=svc.id, replica_index=index,
+                                            submitted_by=svc.submitted_by)
             rt.created[task.id] = self._clock()
             self._log.info("replica_created", service_id=svc.id, task_id=task.id, replica=index)
 

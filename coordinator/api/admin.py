@@ -2,14 +2,19 @@
 
 - ValidationError → INVALID_ARGUMENT (the message names the field);
 - NotFound → NOT_FOUND;
-- PermissionDenied (a queue the caller's credential does not name) → PERMISSION_DENIED, which
-  the auth interceptor audits as ``refused``;
+- PermissionDenied (a queue the caller's credential does not cover: a submit there, an action on
+  a task or service there, a change of a queue not below its own; :mod:`coordinator.api.tenancy`)
+  → PERMISSION_DENIED, which the auth interceptor audits as ``refused``;
 - NotLeader → FAILED_PRECONDITION, with the leader's address in trailing metadata
   ``gptrm-leader-address`` so clients can follow it;
 - IllegalTransition / Fenced → FAILED_PRECONDITION;
 - PlacementError (a submitted task no known node could ever hold) → FAILED_PRECONDITION;
 - EtcdUnavailable → UNAVAILABLE;
 - Unavailable (a node's agent not connected) → UNAVAILABLE, with the refusal marker.
+
+Every answer and streamed item passes through :func:`coordinator.api.tenancy.redacted`
+(``AdminService._shown``, called by :func:`_rpc` and the streams): what a caller reads of a queue
+it does not cover has its secret fields redacted.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
-from coordinator.api.auth import current_principal, queue_refusal
+from coordinator.api.auth import QUEUE_ADMIN, current_principal, queue_refusal
 from coordinator.api.deps import AdminDeps
 from coordinator.api.pages import paginate
+from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry
 from coordinator.queue_admin import queue_from_proto, queue_to_proto
@@ -77,12 +83,13 @@ def redact(text: str) -> str:
 
 
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Translate gptrm errors into gRPC status codes; anything unexpected is INTERNAL, never a crash."""
+    """Translate gptrm errors into gRPC status codes; anything unexpected is INTERNAL, never a crash.
+    The answer is what the caller may read of it (:func:`~coordinator.api.tenancy.redacted`)."""
 
     @functools.wraps(fn)
     async def wrapper(self: AdminService, request: Any, context: Ctx) -> R:
         try:
-            return await fn(self, request, context)
+            return self._shown(await fn(self, request, context))
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NotFound as e:
@@ -161,6 +168,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, app: AdminDeps, *, auth_mode: str = "none") -> None:
         self._app = app
         self.auth_mode = auth_mode
+
+    def _shown(self, answer: R) -> R:
+        """``answer`` as the caller may read it: the one redaction point of every Admin answer and streamed item."""
+        caller = current_principal()
+        if caller is None or caller.cluster_admin:
+            return answer
+        return redacted(answer, caller, self._app.queue_admin.config)
 
     def _not_leader(self, error: NotLeader) -> str:
         leadership = self._app.leadership
@@ -282,7 +296,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         stored, accounted = await self._app.usage.report(since, until, now)
         cfg = self._app.cfg
         prices = Prices(cfg.gpu_hour_prices, cfg.price_kwh)
-        report = summarize((stored[h] for h in sorted(stored)), by=by, prices=prices)
+        shown = usage_filter(current_principal(), self._app.queue_admin.config)
+        hours_read = (stored[h] for h in sorted(stored)) if shown is None else \
+            ({key: used for key, used in stored[h].items() if shown(key.queue)} for h in sorted(stored))
+        report = summarize(hours_read, by=by, prices=prices)
         out = admin_pb2.UsageReport(
             since_unix_s=hours[0] if hours else since, until_unix_s=hours[-1] + 3600 if hours else until, by=by,
             accounted_until_unix_s=accounted or 0.0, price_gpu_hour=prices.per_gpu_hour, price_kwh=prices.per_kwh,
@@ -290,7 +307,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                            cpu_core_hours=r.cpu_core_hours, energy_kwh=r.energy_kwh, cost=r.cost,
                                            tasks=r.tasks) for r in report])
         if self._app.leadership.leading:
-            out.budgets.extend(self._app.queue_admin.budget_readings())
+            out.budgets.extend(b for b in self._app.queue_admin.budget_readings() if shown is None or shown(b.queue))
         return out
 
     @_rpc
@@ -334,21 +351,49 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         principal = current_principal()
         queue = self._app.queue_admin.resolve(spec.queue, principal)
         refusal = queue_refusal(principal, queue) if principal is not None and principal.via != "none" else None
+        if refusal is not None and principal is not None and principal.role == QUEUE_ADMIN \
+                and covers(principal, self._app.queue_admin.config, queue):
+            refusal = None   # a queue admin submits anywhere below its queues
         if refusal is not None:
             raise refusal
         return queue, principal.name if principal is not None else ""
 
+    def _own_task(self, task_id: str) -> str:
+        """``task_id``, once the caller may act on that task (its queue is one the caller covers).
+
+        :raises NotLeader: on a standby (judged on the leader, where the task is known).
+        :raises NotFound: no such task.
+        :raises PermissionDenied: the task's queue is not the caller's (audited as refused)."""
+        self._app.leadership.require_leader()
+        task = self._app.tasks.get(task_id)
+        refusal = act_refusal(current_principal(), self._app.queue_admin.config, task.queue, f"task {task_id}")
+        if refusal is not None:
+            raise refusal
+        return task_id
+
+    def _own_service(self, service_id: str) -> str:
+        """``service_id``, once the caller may act on that service (as :meth:`_own_task`)."""
+        self._app.leadership.require_leader()
+        svc = self._app.services.services.get(service_id)
+        if svc is None:
+            raise NotFound(f"service {service_id!r} not found")
+        refusal = act_refusal(current_principal(), self._app.queue_admin.config, svc.spec.queue,
+                              f"service {service_id}")
+        if refusal is not None:
+            raise refusal
+        return service_id
+
     @_rpc
     async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
-        return await self._app.tasks.cancel(_require_id(request.task_id, "task_id"))
+        return await self._app.tasks.cancel(self._own_task(_require_id(request.task_id, "task_id")))
 
     @_rpc
     async def PauseTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
-        return await self._app.tasks.pause(_require_id(request.task_id, "task_id"))
+        return await self._app.tasks.pause(self._own_task(_require_id(request.task_id, "task_id")))
 
     @_rpc
     async def ResumeTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
-        return await self._app.tasks.resume(_require_id(request.task_id, "task_id"))
+        return await self._app.tasks.resume(self._own_task(_require_id(request.task_id, "task_id")))
 
     async def _node_op(self, request: admin_pb2.NodeRef, **state: bool) -> admin_pb2.NodeView:
         node_id = _require_id(request.node_id, "node_id")
@@ -399,13 +444,29 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def SetQueue(self, request: admin_pb2.SetQueueRequest, context: Ctx) -> admin_pb2.QueueView:
         if not request.HasField("queue"):
             raise ValidationError("queue", "is required")
+        self._may_change_queue(request.queue.name, request.queue.parent or None,   # before judging what it asks
+                               tuple(request.queue.default_for))
         queue = await self._app.queue_admin.set(queue_from_proto(request.queue))
         return self._app.queue_admin.views(queue.name).queues[0]
 
     @_rpc
     async def RemoveQueue(self, request: admin_pb2.QueueRef, context: Ctx) -> admin_pb2.QueueView:
-        removed = await self._app.queue_admin.remove(_require_id(request.name, "name"))
+        name = _require_id(request.name, "name")
+        config = self._app.queue_admin.config
+        self._may_change_queue(name, config.get(name).parent if config.managed and name in config else None)
+        removed = await self._app.queue_admin.remove(name)
         return admin_pb2.QueueView(queue=queue_to_proto(removed))
+
+    def _may_change_queue(self, name: str, parent: str | None, default_for: tuple[str, ...] = ()) -> None:
+        """Refuse a change of queue ``name`` (to sit under ``parent``, the default of ``default_for``; a removal:
+        none) unless the caller may make it (:func:`~coordinator.api.tenancy.queue_change_refusal`), judged on
+        the leader's tree.
+
+        :raises NotLeader: on a standby. :raises PermissionDenied: audited as refused."""
+        self._app.leadership.require_leader()
+        refusal = queue_change_refusal(current_principal(), self._app.queue_admin.config, name, parent, default_for)
+        if refusal is not None:
+            raise refusal
 
     @_rpc
     async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
@@ -413,8 +474,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("spec", "is required")
         spec = types_pb2.TaskSpec()
         spec.CopyFrom(request.spec)
-        spec.queue, _submitter = self._queue_for(spec)   # its replicas run in the queue resolved now
-        return await self._app.services.create(spec, request.request_id)
+        spec.queue, submitter = self._queue_for(spec)   # its replicas run in the queue resolved now
+        return await self._app.services.create(spec, request.request_id, submitted_by=submitter)
 
     @_rpc
     async def GetService(self, request: admin_pb2.ServiceRef, context: Ctx) -> admin_pb2.ServiceView:
@@ -433,32 +494,34 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("replicas", "give a count or auto, not both")
         if not request.auto and not request.replicas:
             raise ValidationError("replicas", "must be at least 1 (or auto)")
-        return await self._app.services.scale(service_id, None if request.auto else request.replicas)
+        return await self._app.services.scale(self._own_service(service_id),
+                                              None if request.auto else request.replicas)
 
     @_rpc
     async def CancelService(self, request: admin_pb2.ServiceRef, context: Ctx) -> types_pb2.Service:
-        return await self._app.services.cancel(_require_id(request.service_id, "service_id"))
+        return await self._app.services.cancel(self._own_service(_require_id(request.service_id, "service_id")))
 
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
         queue = self._app.events.subscribe() if request.follow else None
         try:
             for e in self._app.events.recent(min(backlog, 1000)):
-                yield _event_pb(e)
+                yield self._shown(_event_pb(e))
             while queue is not None:
-                yield _event_pb(await queue.get())
+                yield self._shown(_event_pb(await queue.get()))
         finally:
             if queue is not None:
                 self._app.events.unsubscribe(queue)
 
     async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx):
-        """A task's output (one part's: ``rank``) from its node's agent (admin only: output can hold secrets)."""
+        """A task's output (one part's: ``rank``) from its node's agent: output can hold secrets, so only to a
+        caller that covers the task's queue (a refusal, PermissionDenied, is answered and audited by the
+        auth interceptor)."""
         try:
-            task_id = _require_id(request.task_id, "task_id")
-            self._app.leadership.require_leader()   # agents stream to the leader only
+            task_id = self._own_task(_require_id(request.task_id, "task_id"))   # agents stream to the leader only
             task = self._app.tasks.get(task_id)
             async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
-                yield chunk
+                yield self._shown(chunk)
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NotFound as e:

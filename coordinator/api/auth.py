@@ -3,17 +3,29 @@
 Principals and roles:
 
 - a client certificate issued by ``gptrmctl certs`` names its holder and role (``node``,
-  ``admin``, ``viewer``, ``coordinator``; see :mod:`common.certs`);
+  ``coordinator``, or a person's role below; see :mod:`common.certs`);
 - a bearer token (``authorization: Bearer TOKEN``) listed, hashed, in ``--admin-tokens``
-  gives ``admin`` or ``viewer``; a token outranks the certificate it arrives with, except that
-  a node certificate can never call the Admin API.
+  gives a person's role; a token outranks the certificate it arrives with, except that a node
+  certificate can never call the Admin API.
+
+A person's role (:data:`ROLES`, highest first):
+
+- ``admin``: the cluster admin; every call (policy, nodes, every queue, every task). Credentials
+  issued before the team roles existed were all ``admin`` and keep this meaning.
+- ``queue-admin``: a team lead; what a submitter may, over its queues and every queue below them,
+  and changes to the queues below its own (changing a queue needs admin over its parent).
+- ``submitter``: a team member; submits to its queues and acts on their tasks and services
+  (logs, pause, resume, cancel, scale).
+- ``viewer``: reads; never a secret field (:mod:`coordinator.api.tenancy`).
 
 What each call needs (:func:`required_role`): Health is open (load balancers probe it);
 reflection needs any authenticated principal; ``AgentGateway`` needs a node certificate (with
-TLS); Admin reads (``Get*``, ``List*``, ``Stream*``, ``Watch*``) need ``viewer`` and everything
-else ``admin`` (unknown methods fail closed). No credentials is UNAUTHENTICATED, the wrong role
-PERMISSION_DENIED, each with a message naming what is missing. Every refusal and every call that
-needs ``admin`` leaves one audit record (:mod:`coordinator.api.audit`).
+TLS); Admin reads (``Get*``, ``List*``, ``Stream*``, ``Watch*``) need ``viewer``, the per-task and
+per-queue calls of :data:`TEAM_METHODS` a team role (which queue they touch is the servicer's
+check, :mod:`coordinator.api.tenancy`), and everything else ``admin`` (unknown methods fail
+closed). A role satisfies what the roles below it need. No credentials is UNAUTHENTICATED, the
+wrong role PERMISSION_DENIED, each with a message naming what is missing. Every refusal and every
+call that is not a read leaves one audit record (:mod:`coordinator.api.audit`).
 
 Without TLS and without tokens (``--insecure`` alone: ``make run``, loopback tests) nothing is
 checked and callers act as ``anonymous`` admins; the coordinator logs a warning at start and
@@ -52,21 +64,33 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from common.certs import identity_from_pem, load_crl_serials
+from common.certs import QUEUE_KINDS, identity_from_pem, load_crl_serials
 from common.errors import ConfigError, GptrmError, PermissionDenied, ValidationError
 from common.logging import get_logger
 from common.tls import ServerTls, tls_files
 from common.tokens import TokenFile
 from coordinator.api.audit import AuditLog
 
-__all__ = ["AuthInterceptor", "AuthRefused", "Authenticator", "Principal", "Security", "current_principal",
-           "queue_refusal", "required_role"]
+__all__ = ["ADMIN", "QUEUE_ADMIN", "ROLES", "SUBMITTER", "TEAM_METHODS", "VIEWER", "AuthInterceptor", "AuthRefused",
+           "Authenticator", "Principal", "Security", "current_principal", "queue_refusal", "required_role"]
 
 ADMIN_SERVICE = "gptrm.v1.Admin"
 GATEWAY_SERVICE = "gptrm.v1.AgentGateway"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 _READ_PREFIXES = ("Get", "List", "Stream", "Watch", "Describe")
 _ANY = "any"
+ADMIN, QUEUE_ADMIN, SUBMITTER, VIEWER = "admin", "queue-admin", "submitter", "viewer"
+ROLES = QUEUE_KINDS
+"""A person's roles, highest first (``admin``, ``queue-admin``, ``submitter``, ``viewer``): each may do
+what the roles after it may."""
+_RANK = {role: len(ROLES) - i for i, role in enumerate(ROLES)}
+TEAM_METHODS = {
+    "SubmitTask": SUBMITTER, "CancelTask": SUBMITTER, "PauseTask": SUBMITTER, "ResumeTask": SUBMITTER,
+    "TaskLogs": SUBMITTER, "CreateService": SUBMITTER, "ScaleService": SUBMITTER, "CancelService": SUBMITTER,
+    "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN,
+}
+"""The Admin calls a team role may make, each confined by the servicer to the caller's queues; the
+role each needs at least. TaskLogs is here, not a read: task output can hold secrets."""
 _CACHE_MAX = 4096
 
 
@@ -75,7 +99,7 @@ class Principal:
     """An authenticated caller.
 
     :param name: certificate CN/SAN name, token name, or ``anonymous``.
-    :param role: ``admin``, ``viewer``, ``node``, ``coordinator``.
+    :param role: one of :data:`ROLES`, ``node`` or ``coordinator``.
     :param via: ``certificate``, ``token`` or ``none`` (no authentication configured).
     :param queues: the queues the credential names, in its order (the first is the default);
         empty when it names none, which means any queue (:attr:`any_queue`).
@@ -91,6 +115,15 @@ class Principal:
         """Whether this principal may use any queue: its credential names none (the open mode's
         ``anonymous``, and certificates and tokens issued without queues)."""
         return not self.queues
+
+    @property
+    def cluster_admin(self) -> bool:
+        """Whether this principal may do anything (role ``admin``, or the open mode's ``anonymous``)."""
+        return self.role == ADMIN
+
+    def at_least(self, role: str) -> bool:
+        """Whether this principal's role is ``role`` or above it (:data:`ROLES`)."""
+        return _RANK.get(self.role, 0) >= _RANK[role]
 
     @property
     def default_queue(self) -> str:
@@ -148,8 +181,16 @@ def required_role(method: str) -> str | None:
     if service == GATEWAY_SERVICE:
         return "node"
     if service == ADMIN_SERVICE and name.startswith(_READ_PREFIXES):
-        return "viewer"
-    return "admin"
+        return VIEWER
+    if service == ADMIN_SERVICE and name in TEAM_METHODS:
+        return TEAM_METHODS[name]
+    return ADMIN
+
+
+def _roles_from(needed: str) -> str:
+    """``admin, queue-admin or submitter``: the roles that satisfy ``needed``, highest first."""
+    ok = ROLES[:ROLES.index(needed) + 1]
+    return ok[0] if len(ok) == 1 else f"{', '.join(ok[:-1])} or {ok[-1]}"
 
 
 def _bearer(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
@@ -269,28 +310,36 @@ class Authenticator:
                                   "bearer token is not recognised (unknown, removed, or this coordinator has no "
                                   "--admin-tokens)", cert.name if cert else "", cert.role if cert else "")
             principal = Principal(who.name, who.role, "token", who.queues)   # the token's queues, not the certificate's
-        if principal is None or principal.role not in ("admin", "viewer"):
+        if principal is None or principal.role not in ROLES:
             raise AuthRefused(grpc.StatusCode.UNAUTHENTICATED if principal is None else
                               grpc.StatusCode.PERMISSION_DENIED,
-                              f"{short} needs credentials with role {needed if needed != _ANY else 'viewer'}: "
-                              "a client certificate with role admin or viewer, or a bearer token "
+                              f"{short} needs credentials with role {_roles_from(VIEWER if needed == _ANY else needed)}"
+                              f": a client certificate with one of the roles {', '.join(ROLES)}, or a bearer token "
                               "(gptrmctl --token / GPTRM_TOKEN)" + (f"; certificate {principal.name!r} has role "
                                                                     f"{principal.role!r}" if principal else ""),
                               principal.name if principal else "", principal.role if principal else "")
-        if needed == "admin" and principal.role != "admin":
+        if needed != _ANY and not principal.at_least(needed):
             raise AuthRefused(grpc.StatusCode.PERMISSION_DENIED,
-                              f"{short} needs role admin; {principal.name!r} has role {principal.role!r}",
-                              principal.name, principal.role)
+                              f"{short} needs role {_roles_from(needed)}; {principal.name!r} has role "
+                              f"{principal.role!r}", principal.name, principal.role)
         return principal
 
 
 def _target(request: Any, response: Any = None) -> str:
-    for field in ("task_id", "node_id", "service", "name"):
+    """What a call acts on, for its audit record: the task, node, service, policy or queue it names
+    (SetQueue's queue message), else what it created (the response's id), else the queue a submit asks for."""
+    for field in ("task_id", "node_id", "service_id", "name"):
         value = getattr(request, field, None)
         if isinstance(value, str) and value:
             return value
+    name = getattr(getattr(request, "queue", None), "name", None)
+    if isinstance(name, str) and name:
+        return name
     value = getattr(response, "id", None)
-    return value if isinstance(value, str) else ""
+    if isinstance(value, str) and value:
+        return value
+    asked = getattr(getattr(request, "spec", None), "queue", None)
+    return f"queue {asked}" if isinstance(asked, str) and asked else ""
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -310,7 +359,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or required_role(method) is None:
             return handler
-        audited = required_role(method) == "admin" and method.startswith(f"/{ADMIN_SERVICE}/")
+        audited = required_role(method) != VIEWER and method.startswith(f"/{ADMIN_SERVICE}/")
         return _wrap(handler, self, method, audited)
 
     async def admit(self, method: str, context: grpc.aio.ServicerContext, request: Any = None) -> Principal | None:
@@ -393,7 +442,7 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
             async for item in _relay(ic, principal, method, context, request, lambda: inner_us(request, context),
                                      audited):
                 yield item
-            if audited:   # an admin-only read (TaskLogs): one record when the stream ends
+            if audited:   # a read of secrets (TaskLogs): one record when the stream ends
                 ic.finish(principal, method, context, request, None, None)
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
     if handler.stream_unary is not None:

@@ -1,11 +1,15 @@
 """``gptrmctl certs``: the cluster's CA, certificates, revocation and bearer tokens (no coordinator needed).
 
     gptrmctl certs ca create [--dir DIR]
-    gptrmctl certs issue node NAME | admin NAME | viewer NAME | coordinator HOST [HOST...] [--days N]
-                         [--queues A,B]    (admin/viewer: the queues the holder may submit to, first the default)
+    gptrmctl certs issue node NAME | ROLE NAME | coordinator HOST [HOST...] [--days N] [--queues A,B]
+        ROLE: admin (cluster admin), queue-admin (its queues and those below them; --queues required),
+        submitter (submits to and acts on its queues' tasks), viewer (read-only, secrets redacted);
+        --queues: the queues the holder may submit to, first the default
     gptrmctl certs revoke CERT_FILE            (adds it to DIR/crl.pem; coordinators read --tls-crl)
-    gptrmctl certs token NAME admin|viewer [--queues A,B]
+    gptrmctl certs token NAME ROLE [--queues A,B]
                                                (prints the token once and the --admin-tokens line)
+
+What each role may do, and which fields are secret: docs/tenants.md.
 """
 
 from __future__ import annotations
@@ -55,8 +59,9 @@ def _queues(text: str) -> tuple[str, ...]:
 
 
 _QUEUES_HELP = ("comma-separated queues the holder may submit to, the first its default "
-                "(lower-case letters, digits, '-'; at most 32). Without it the credential names no queue "
-                "and may submit to any")
+                "(lower-case letters, digits, '-'; at most 32); a submitter acts on these queues' tasks, a "
+                "queue-admin (which must name them) also on the queues below them. Without it the credential "
+                "names no queue: an admin may submit to any, a submitter to the queues whose members list it")
 
 
 def _ca_create(args: argparse.Namespace) -> None:
@@ -105,9 +110,9 @@ def add_certs_parser(subparsers: Any, parser_class: type[argparse.ArgumentParser
     iss.add_argument("names", nargs="+", metavar="NAME",
                      help="node or user name; for coordinator, every host name and IP it is reached by")
     iss.add_argument("--days", type=_days, default=None,
-                     help="validity (default node/coordinator 365, admin/viewer 90)")
+                     help="validity (default node/coordinator 365, people's roles 90)")
     iss.add_argument("--out", help="where to write the certificate and key (default: the CA directory)")
-    iss.add_argument("--queues", type=_queues, default=(), metavar="A,B", help="admin/viewer only: " + _QUEUES_HELP)
+    iss.add_argument("--queues", type=_queues, default=(), metavar="A,B", help="people's roles only: " + _QUEUES_HELP)
     iss.set_defaults(fn=_run(_issue))
     rev = csub.add_parser("revoke", help="revoke a certificate (CA-signed CRL in the CA directory)")
     rev.add_argument("cert", metavar="CERT_FILE")

@@ -211,7 +211,7 @@ def service_dict(v: admin_pb2.ServiceView) -> dict[str, Any]:
     return {
         "service_id": s.id, "name": s.spec.name, "min_replicas": s.spec.service.min_replicas,
         "max_replicas": s.spec.service.max_replicas, "target": target, "desired": s.desired, "pinned": s.pinned,
-        "stopped": s.stopped,
+        "stopped": s.stopped, "submitted_by": s.submitted_by,
         "reason": s.reason, "signal": _num(s.signal), "load": _num(s.load), "forecast_load": _num(s.forecast_load),
         "forecast_replicas": s.forecast_replicas, "forecast_model": s.forecast_model or "none",
         "forecast_mape": _num(s.forecast_mape), "lead_time_s": s.lead_time_s,

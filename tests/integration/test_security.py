@@ -30,7 +30,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     other = d / "other"
     for argv in (["ca", "create"], ["issue", "coordinator", "127.0.0.1", "localhost"], ["issue", "node", "n1"],
                  ["issue", "node", "n2"], ["issue", "admin", "alice"], ["issue", "viewer", "eve"],
-                 ["issue", "admin", "bob"]):
+                 ["issue", "admin", "bob"], ["issue", "submitter", "sam", "--queues", "default"]):
         assert ctl_main(["certs", "--dir", str(d), *argv]) == 0
     certs.issue(d, "node", ["old"], days=-1)   # already expired: gptrmctl refuses to issue one
     for argv in (["ca", "create"], ["issue", "admin", "mallory"]):
@@ -108,6 +108,22 @@ class TestMutualTls:
         assert lines[-1]["target"] == "t-1" and "NOT_FOUND" in lines[-1]["reason"]
         events = cluster.ctl(*viewer, "-o", "json", "events")
         assert '"kind": "audit"' in events.stdout
+
+    def test_a_submitter_certificate_acts_on_its_queue_only(self, cluster: Cluster, pki: Path, tmp_path: Path) -> None:
+        """A certificate issued by `gptrmctl certs issue submitter sam --queues default` submits to its queue and
+        cancels its task there, but may not drain a node (audited as refused)."""
+        audit = tmp_path / "audit.log"
+        _start_tls(cluster, pki, audit)
+        sam = _tls(pki, "submitter-sam")
+        res = cluster.ctl(*sam, "-o", "json", "submit", "--queue-unplaceable", "--cpu", "0.1", "--", "true")
+        assert res.returncode == 0, res.stderr
+        task = json.loads(res.stdout)
+        assert (task["queue"], task["submitted_by"]) == ("default", "sam")
+        assert cluster.ctl(*sam, "cancel", task["task_id"]).returncode == 0
+        res = cluster.ctl(*sam, "drain", "n1")
+        assert res.returncode == 1 and "DrainNode needs role admin; 'sam' has role 'submitter'" in res.stderr
+        assert [(r["principal"], r["method"], r["outcome"]) for r in _audit(audit)] == [
+            ("sam", "SubmitTask", "ok"), ("sam", "CancelTask", "ok"), ("sam", "DrainNode", "refused")]
 
     def test_bad_certificates_are_refused_and_never_fall_back_to_plaintext(self, cluster: Cluster, pki: Path,
                                                                             tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ class TestQueues:
     @pytest.mark.parametrize("kind", ["node", "coordinator"])
     def test_node_and_coordinator_certificates_name_no_queues(self, ca: Path, kind: str) -> None:
         """Queues for a node or coordinator certificate are refused, naming the field, and nothing is written."""
-        with pytest.raises(ValidationError, match="only admin and viewer") as e:
+        with pytest.raises(ValidationError, match="names no queues") as e:
             certs.issue(ca, kind, ["h1"], queues=["a"])
         assert e.value.field == "queues"
         assert sorted(p.name for p in ca.iterdir()) == ["ca.crt", "ca.key"]
@@ -156,6 +156,7 @@ class TestQueues:
         ("admin", ["urn:gptrm:queue:a", "urn:gptrm:queue:a"], "more than once"),
         ("admin", [f"urn:gptrm:queue:q{i}" for i in range(33)], "at most 32"),
         ("node", ["urn:gptrm:queue:a"], "names no queues"),
+        ("queue-admin", [], "names the queues it administers"),
     ])
     def test_certificate_with_a_bad_queue_uri_is_refused(self, ca: Path, role: str, uris: list[str],
                                                           problem: str) -> None:

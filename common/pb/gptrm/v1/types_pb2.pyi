@@ -329,7 +329,7 @@ class ScaleDecision(_message.Message):
     def __init__(self, time_unix_s: _Optional[float] = ..., from_replicas: _Optional[int] = ..., to_replicas: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Service(_message.Message):
-    __slots__ = ("id", "spec", "desired", "pinned", "submit_unix_s", "reason", "decisions", "revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "lead_time_s", "forecast_model", "stopped")
+    __slots__ = ("id", "spec", "desired", "pinned", "submit_unix_s", "reason", "decisions", "revision", "signal", "load", "forecast_load", "forecast_replicas", "forecast_mape", "lead_time_s", "forecast_model", "stopped", "submitted_by")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     DESIRED_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +346,7 @@ class Service(_message.Message):
     LEAD_TIME_S_FIELD_NUMBER: _ClassVar[int]
     FORECAST_MODEL_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     desired: int
@@ -362,7 +363,8 @@ class Service(_message.Message):
     lead_time_s: float
     forecast_model: str
     stopped: bool
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., desired: _Optional[int] = ..., pinned: _Optional[bool] = ..., submit_unix_s: _Optional[float] = ..., reason: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[ScaleDecision, _Mapping]]] = ..., revision: _Optional[int] = ..., signal: _Optional[float] = ..., load: _Optional[float] = ..., forecast_load: _Optional[float] = ..., forecast_replicas: _Optional[int] = ..., forecast_mape: _Optional[float] = ..., lead_time_s: _Optional[float] = ..., forecast_model: _Optional[str] = ..., stopped: _Optional[bool] = ...) -> None: ...
+    submitted_by: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., desired: _Optional[int] = ..., pinned: _Optional[bool] = ..., submit_unix_s: _Optional[float] = ..., reason: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[ScaleDecision, _Mapping]]] = ..., revision: _Optional[int] = ..., signal: _Optional[float] = ..., load: _Optional[float] = ..., forecast_load: _Optional[float] = ..., forecast_replicas: _Optional[int] = ..., forecast_mape: _Optional[float] = ..., lead_time_s: _Optional[float] = ..., forecast_model: _Optional[str] = ..., stopped: _Optional[bool] = ..., submitted_by: _Optional[str] = ...) -> None: ...
 
 class ServiceLoadHistory(_message.Message):
     __slots__ = ("service_id", "bucket_s", "last_bucket", "values", "error_times_unix_s", "errors", "capacity", "saved_unix_s")

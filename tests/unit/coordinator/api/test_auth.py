@@ -33,14 +33,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class TestRequiredRole:
     @pytest.mark.parametrize(("method", "role"), [
         ("/gptrm.v1.Admin/GetStatus", "viewer"), ("/gptrm.v1.Admin/ListTasks", "viewer"),
-        ("/gptrm.v1.Admin/StreamEvents", "viewer"), ("/gptrm.v1.Admin/CancelTask", "admin"),
+        ("/gptrm.v1.Admin/StreamEvents", "viewer"), ("/gptrm.v1.Admin/CancelTask", "submitter"),
         ("/gptrm.v1.Admin/SetPolicy", "admin"), ("/gptrm.v1.Admin/SomethingNew", "admin"),
-        ("/gptrm.v1.Admin/TaskLogs", "admin"),   # task output can hold secrets: not a viewer read
+        ("/gptrm.v1.Admin/CordonNode", "admin"), ("/gptrm.v1.Admin/SetQueue", "queue-admin"),
+        ("/gptrm.v1.Admin/TaskLogs", "submitter"),   # task output can hold secrets: not a viewer read
         ("/gptrm.v1.AgentGateway/Connect", "node"), ("/grpc.health.v1.Health/Check", None),
         ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "any"), ("/other.Svc/X", "admin"),
     ])
     def test_table(self, method: str, role: str | None) -> None:
-        """Reads need viewer, writes and unknown methods admin, the gateway a node, health nothing."""
+        """Reads need viewer, per-task calls a submitter, queue changes a queue admin, other writes and
+        unknown methods admin, the gateway a node, health nothing."""
         assert required_role(method) == role
 
 
