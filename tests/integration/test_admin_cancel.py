@@ -1,0 +1,90 @@
+"""Admin calls whose caller goes away (a client deadline of a few milliseconds) leave nothing behind: no etcd
+admin lock held, no queue tree in etcd that the leader's state does not follow (coordinator/sync/lock.py
+``AdminLocks``, coordinator/queue_admin.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from coordinator.app import App
+from coordinator.queues import Queue
+from coordinator.sync import Keys, connect
+from coordinator.sync.queues import QueueStore
+from tests.helpers.inproc import run_leading
+from tests.integration.harness import Cluster, wait_until
+
+DEADLINES_S = (0.001, 0.002, 0.005, 0.005, 0.01)
+"""The deadlines of the calls cut short (the probe's 1-10 ms)."""
+
+
+class TestCancelledAdminCalls:
+    def test_a_call_cut_short_leaves_no_lock_held(self, cluster: Cluster) -> None:
+        """SetQueue, SetPolicy and CordonNode each sent several times with a deadline of a few milliseconds,
+        then once normally: the normal call succeeds (its lock was given back when the cut-short calls ended)."""
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1")
+        admin = cluster.admin("c1")
+        wait_until(lambda: any(n.record.inventory.node_id == "n1"
+                               for n in admin.ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes),
+                   30, 0.1, "n1 to register")
+        calls: dict[str, Callable[[int, float], object]] = {
+            "SetQueue": lambda i, t: admin.SetQueue(admin_pb2.SetQueueRequest(queue=admin_pb2.Queue(
+                name=f"q{i}", members=["*"], quotas=[admin_pb2.QueueQuota(gpus=1)])), timeout=t),
+            "SetPolicy": lambda i, t: admin.SetPolicy(types_pb2.Policy(
+                name=("load-balancing", "max-utilization")[i % 2], threshold=0.8), timeout=t),
+            "CordonNode": lambda i, t: admin.CordonNode(admin_pb2.NodeRef(node_id="n1"), timeout=t),
+        }
+        for method, call in calls.items():
+            for i, deadline in enumerate(DEADLINES_S):
+                with contextlib.suppress(grpc.RpcError):   # cut short, or quick enough to answer
+                    call(i, deadline)
+            try:
+                call(len(DEADLINES_S), 30.0)
+            except grpc.RpcError as e:
+                pytest.fail(f"{method} after calls cut short: {e.code().name} {e.details()}")
+        view = admin.GetNode(admin_pb2.GetNodeRequest(node_id="n1"), timeout=5)
+        assert view.record.cordoned
+
+
+class TestCancelledQueueChange:
+    def test_cancelled_at_any_point_etcd_and_the_leader_agree(self, etcd_server: EtcdCluster,
+                                                              etcd_prefix: str) -> None:
+        """A queue change cancelled at every point from its start to its end: afterwards etcd's tree and revision
+        are the leader's, the ``queues`` lock is free, and the next change succeeds."""
+        asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix,
+                                lambda app: self._cancel_everywhere(app, etcd_server.endpoints), lock_timeout_s=5.0))
+
+    async def _cancel_everywhere(self, app: App, endpoints: list[str]) -> None:
+        client = connect(endpoints, 2.0)
+        stored_tree = QueueStore(client, Keys(app.cfg.etcd_prefix), app.leadership.election)
+        try:
+            # How long one change takes here, so that the cancellations fall before, inside and after its
+            # lock, its write and its application.
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await app.queue_admin.set(Queue("q0", gpus={"*": 1}, members=("*",)))
+            took = loop.time() - started
+            completed = 0
+            for i in range(1, 25):
+                change = asyncio.create_task(app.queue_admin.set(Queue(f"q{i}", gpus={"*": 1}, members=("*",))))
+                await asyncio.sleep(took * (i % 12) / 10)
+                change.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await change
+                    completed += 1
+                stored = await asyncio.to_thread(stored_tree.get)
+                assert (stored.revision, stored.config.names) == (app.state.queues_revision,
+                                                                  app.state.queues.names), f"cancelled change {i}"
+                assert await asyncio.to_thread(client.get, Keys(app.cfg.etcd_prefix).lock("queues")) is None
+            await app.queue_admin.set(Queue("last", gpus={"*": 1}, members=("*",)))
+            assert "last" in app.state.queues.names
+        finally:
+            client.close()
