@@ -50,6 +50,7 @@ from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry, stored_state
 from coordinator.queue_admin import queue_from_proto, queue_to_proto
 from coordinator.scheduler.policy import threshold_mode
+from coordinator.sync.lock import settle
 from coordinator.sync.usage import hours_between
 from coordinator.usage.report import BY, Prices, summarize
 from coordinator.version import VERSION
@@ -88,7 +89,7 @@ class Served(enum.Enum):
     LEADER = "leader"
     """The leader alone: a standby redirects the call (``NotLeader`` with the leader's address, which gptrmctl
     follows) before it reads the request, since its checks need the leader's tables (queues, tasks, nodes,
-    the policy in force)."""
+    the policy in force). On the leader the call runs to its end even if its client goes away meanwhile."""
 
 
 SERVED_BY: Mapping[str, Served] = {
@@ -113,7 +114,10 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     @functools.wraps(fn)
     async def wrapper(self: AdminService, request: Any, context: Ctx) -> R:
         try:
-            self._route(fn.__name__)
+            if self._route(fn.__name__) is Served.LEADER:
+                # A change, once begun, runs to its end even when the client goes away (its deadline passes):
+                # an etcd write and its application to the leader's memory are never separated.
+                return await settle(fn(self, request, context))
             return await fn(self, request, context)
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -198,13 +202,15 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         leadership = self._app.leadership
         return not_leader_message(leadership.id, error, holds_lease=leadership.election.is_leader)
 
-    def _route(self, method: str) -> None:
-        """Redirect a call this replica must not answer (:data:`SERVED_BY`).
+    def _route(self, method: str) -> Served:
+        """Redirect a call this replica must not answer (:data:`SERVED_BY`); returns where ``method`` is served.
 
         :raises NotLeader: a leader-only method on a replica that does not lead.
         """
-        if SERVED_BY[method] is Served.LEADER:
+        served = SERVED_BY[method]
+        if served is Served.LEADER:
             self._app.leadership.require_leader()
+        return served
 
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
         view = admin_pb2.NodeView(record=entry.record, state=pb_enum(types_pb2.NodeState, entry.state),

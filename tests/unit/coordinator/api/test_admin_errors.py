@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import EtcdUnavailable
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
-from coordinator.api.admin import SERVED_BY, AdminService, _rpc
+from coordinator.api.admin import SERVED_BY, AdminService, Served, _rpc
 
 
 class _Broken(AdminService):
@@ -18,8 +18,8 @@ class _Broken(AdminService):
     def __init__(self) -> None:   # no app: the overridden methods use none
         pass
 
-    def _route(self, method: str) -> None:   # leads: every method is answered here
-        pass
+    def _route(self, method: str) -> Served:   # leads: every method is answered here
+        return SERVED_BY[method]
 
     @_rpc
     async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: grpc.aio.ServicerContext) -> None:
