@@ -82,7 +82,7 @@ class Served(enum.Enum):
     """Which replicas answer an Admin method."""
 
     ANY = "any"
-    """Every replica, from its own memory (its status, its event log, the usage ledger)."""
+    """Every replica, from its own memory (its status, its event log)."""
     STORED = "stored"
     """The leader from its memory; a standby from what etcd holds (the leader's writes), or from its own memory
     marked ``stale`` when etcd does not answer."""
@@ -93,9 +93,9 @@ class Served(enum.Enum):
 
 
 SERVED_BY: Mapping[str, Served] = {
-    "GetStatus": Served.ANY, "StreamEvents": Served.ANY, "GetUsage": Served.ANY,
+    "GetStatus": Served.ANY, "StreamEvents": Served.ANY,
     "ListNodes": Served.STORED, "GetNode": Served.STORED, "ListTasks": Served.STORED, "GetTask": Served.STORED,
-    "GetPolicy": Served.STORED, "ListQueues": Served.STORED, "GetService": Served.STORED,
+    "GetPolicy": Served.STORED, "ListQueues": Served.STORED, "GetService": Served.STORED, "GetUsage": Served.STORED,
     "SubmitTask": Served.LEADER, "CancelTask": Served.LEADER, "PauseTask": Served.LEADER,
     "ResumeTask": Served.LEADER, "TaskLogs": Served.LEADER,
     "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
