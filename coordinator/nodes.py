@@ -183,7 +183,7 @@ class NodeService:
         entry = self._registry.get(node_id)
         if entry is None:
             raise NotFound(f"node {node_id!r} not found")
-        async with self._locks.hold("drain"):
+        async def change() -> None:   # run to its end once the lock is held, even if the caller goes away
             async with self._state.node_writes:
                 record = types_pb2.NodeRecord()
                 record.CopyFrom(entry.record)
@@ -198,6 +198,8 @@ class NodeService:
                                  f"draining={entry.record.draining}", node_id=node_id)
             if draining:
                 await self._drain(entry)
+
+        await self._locks.run("drain", change)
         return entry
 
     async def _drain(self, entry: NodeEntry) -> None:

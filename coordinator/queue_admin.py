@@ -53,6 +53,7 @@ from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
 from coordinator.sync.queues import QueueStore
+from coordinator.sync.state_machine import Conflict
 from coordinator.usage import Prices, UsageDuty, summarize
 
 __all__ = ["MAX_QUEUE_SERIES", "QueueAdmin", "QueueMetrics", "Submitter", "queue_from_proto", "queue_to_proto"]
@@ -198,18 +199,21 @@ class QueueAdmin:
     async def set(self, queue: Queue) -> Queue:
         """Create or replace one queue (the whole tree validated). :raises ValidationError, NotLeader."""
         self._leadership.require_leader()
-        async with self._locks.hold("queues"):
+
+        async def change() -> QueueConfig:
             config = _named(lambda: self._state.queues.set(queue), self._state.queues, queue)
-            stored = await self._leadership.write(self._store.put, config, self._state.queues_revision)
-            self._state.apply_queues(stored.config, stored.revision)
+            return await self._store_queues(config)
+
+        stored = await self._locks.run("queues", change)
         self._log.info("queue_set", queue=queue.name)
         self._events.publish("queues", f"queue {queue.name} set", queue=queue.name)
-        return stored.config.get(queue.name)
+        return stored.get(queue.name)
 
     async def remove(self, name: str) -> Queue:
         """Remove an empty leaf queue. :raises NotFound, IllegalTransition (it holds or waits for work)."""
         self._leadership.require_leader()
-        async with self._locks.hold("queues"):
+
+        async def change() -> Queue:
             config = self._state.queues
             if not config.managed or name not in config:
                 raise NotFound(f"no queue named {name!r}")
@@ -218,11 +222,29 @@ class QueueAdmin:
                 raise IllegalTransition(f"queue {name}: {len(busy)} unfinished task(s) in it "
                                         f"({', '.join(sorted(busy)[:5])}); cancel or wait for them first")
             removed = config.get(name)
-            stored = await self._leadership.write(self._store.put, config.remove(name), self._state.queues_revision)
-            self._state.apply_queues(stored.config, stored.revision)
+            await self._store_queues(config.remove(name))
+            return removed
+
+        removed = await self._locks.run("queues", change)
         self._log.info("queue_removed", queue=name)
         self._events.publish("queues", f"queue {name} removed", queue=name)
         return removed
+
+    async def _store_queues(self, config: QueueConfig) -> QueueConfig:
+        """Write the tree (compared on the revision the leader's state follows) and apply what etcd stored.
+        Called under the ``queues`` lock, through :meth:`AdminLocks.run`, so that a caller gone meanwhile never
+        leaves etcd a revision ahead of the leader's state."""
+        try:
+            stored = await self._leadership.write(self._store.put, config, self._state.queues_revision)
+        except Conflict:
+            # etcd holds a tree the leader's state does not follow (a write that was stored although its answer
+            # was lost): follow it, so that the admin's next change compares against it instead of failing too.
+            current = await asyncio.to_thread(self._store.get)
+            self._state.apply_queues(current.config, current.revision)
+            self._log.warning("queues_reread", revision=current.revision, reason="the stored tree changed meanwhile")
+            raise
+        self._state.apply_queues(stored.config, stored.revision)
+        return stored.config
 
     # ---- who may submit where -----------------------------------------------------------------
 

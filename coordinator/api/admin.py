@@ -20,12 +20,13 @@ it does not cover has its secret fields redacted.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -52,14 +53,15 @@ from coordinator.api.deps import AdminDeps
 from coordinator.api.pages import paginate
 from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.events import KINDS, Event
-from coordinator.monitor.nodes import NodeEntry
+from coordinator.monitor.nodes import NodeEntry, stored_state
 from coordinator.queue_admin import queue_from_proto, queue_to_proto
 from coordinator.scheduler.policy import threshold_mode
+from coordinator.sync.lock import settle
 from coordinator.sync.usage import hours_between
 from coordinator.usage.report import BY, Prices, summarize
 from coordinator.version import VERSION
 
-__all__ = ["AdminService", "not_leader_message"]
+__all__ = ["SERVED_BY", "AdminService", "Served", "not_leader_message"]
 
 _EVENT_KINDS = {name: admin_pb2.EventKind.Value(f"EVENT_KIND_{name.upper()}") for name in KINDS}
 R = TypeVar("R")
@@ -82,13 +84,47 @@ def redact(text: str) -> str:
     return _ADDRESS.sub("<address>", text)
 
 
+class Served(enum.Enum):
+    """Which replicas answer an Admin method."""
+
+    ANY = "any"
+    """Every replica, from its own memory (its status, its event log)."""
+    STORED = "stored"
+    """The leader from its memory; a standby from what etcd holds (the leader's writes), or from its own memory
+    marked ``stale`` when etcd does not answer."""
+    LEADER = "leader"
+    """The leader alone: a standby redirects the call (``NotLeader`` with the leader's address, which gptrmctl
+    follows) before it reads the request, since its checks need the leader's tables (queues, tasks, nodes,
+    the policy in force). On the leader the call runs to its end even if its client goes away meanwhile."""
+
+
+SERVED_BY: Mapping[str, Served] = {
+    "GetStatus": Served.ANY, "StreamEvents": Served.ANY,
+    "ListNodes": Served.STORED, "GetNode": Served.STORED, "ListTasks": Served.STORED, "GetTask": Served.STORED,
+    "GetPolicy": Served.STORED, "ListQueues": Served.STORED, "GetService": Served.STORED, "GetUsage": Served.STORED,
+    "SubmitTask": Served.LEADER, "CancelTask": Served.LEADER, "PauseTask": Served.LEADER,
+    "ResumeTask": Served.LEADER, "TaskLogs": Served.LEADER,
+    "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
+    "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
+    "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
+    "CancelService": Served.LEADER,
+}
+"""Where each Admin method is answered: the one place a standby decides to redirect or serve
+(:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
+
+
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Translate gptrm errors into gRPC status codes; anything unexpected is INTERNAL, never a crash.
-    The answer is what the caller may read of it (:func:`~coordinator.api.tenancy.redacted`)."""
+    """Route the call (:data:`SERVED_BY`), then translate gptrm errors into gRPC status codes; anything
+    unexpected is INTERNAL, never a crash. The answer is what the caller may read of it
+    (:func:`~coordinator.api.tenancy.redacted`)."""
 
     @functools.wraps(fn)
     async def wrapper(self: AdminService, request: Any, context: Ctx) -> R:
         try:
+            if self._route(fn.__name__) is Served.LEADER:
+                # A change, once begun, runs to its end even when the client goes away (its deadline passes):
+                # an etcd write and its application to the leader's memory are never separated.
+                return self._shown(await settle(fn(self, request, context)))
             return self._shown(await fn(self, request, context))
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -180,6 +216,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         leadership = self._app.leadership
         return not_leader_message(leadership.id, error, holds_lease=leadership.election.is_leader)
 
+    def _route(self, method: str) -> Served:
+        """Redirect a call this replica must not answer (:data:`SERVED_BY`); returns where ``method`` is served.
+
+        :raises NotLeader: a leader-only method on a replica that does not lead.
+        """
+        served = SERVED_BY[method]
+        if served is Served.LEADER:
+            self._app.leadership.require_leader()
+        return served
+
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
         view = admin_pb2.NodeView(record=entry.record, state=pb_enum(types_pb2.NodeState, entry.state),
                                   dropped_samples_total=entry.dropped_samples_total,
@@ -245,11 +291,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 raise ValidationError("states", f"unknown node state {s}")
         wanted = set(request.states)
         read, records = await self._from_etcd(self._app.store.list_nodes)
-        if read:
-            views = [admin_pb2.NodeView(record=r, state=r.state or pb_enum(types_pb2.NodeState, NodeState.NOT_READY))
-                     for r in records or ()]
-        else:
-            views = [self._view(e) for e in self._app.registry]
+        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
         views = [v for v in views if not wanted or v.state in wanted]
         page, token = paginate(views, lambda v: (v.record.inventory.node_id,), request.page_size, request.page_token)
         return admin_pb2.ListNodesResponse(nodes=page, stale=not read and self._app.leadership.stale,
@@ -258,6 +300,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_rpc
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:
         node_id = _require_id(request.node_id, "node_id")
+        read, record = await self._from_etcd(self._app.store.get_node, node_id)
+        if read and record is not None:
+            return _stored_view(record)
         entry = self._app.registry.get(node_id)
         if entry is None:
             raise NotFound(f"node {node_id!r} not found")
@@ -419,7 +464,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     @_rpc
     async def GetPolicy(self, request: admin_pb2.GetPolicyRequest, context: Ctx) -> types_pb2.Policy:
-        return _with_mode(self._app.policy.current)
+        read, stored = await self._from_etcd(self._app.store.get_policy)
+        return _with_mode(stored if read and stored is not None else self._app.policy.current)
 
     @_rpc
     async def SetPolicy(self, request: types_pb2.Policy, context: Ctx) -> types_pb2.Policy:
@@ -518,7 +564,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         caller that covers the task's queue (a refusal, PermissionDenied, is answered and audited by the
         auth interceptor)."""
         try:
-            task_id = self._own_task(_require_id(request.task_id, "task_id"))   # agents stream to the leader only
+            self._route("TaskLogs")   # agents stream to the leader only
+            task_id = self._own_task(_require_id(request.task_id, "task_id"))
             task = self._app.tasks.get(task_id)
             async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
                 yield self._shown(chunk)
@@ -526,13 +573,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except NotFound as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except NotLeader as e:
+        except NotLeader as e:   # marked as _rpc marks it: gptrmctl follows the address, or waits for a leader
+            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
             if e.leader_address:
-                context.set_trailing_metadata(((LEADER_METADATA_KEY, e.leader_address),))
+                metadata.append((LEADER_METADATA_KEY, e.leader_address))
+            context.set_trailing_metadata(tuple(metadata))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
         except Unavailable as e:
             context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
+
+def _stored_view(record: types_pb2.NodeRecord) -> admin_pb2.NodeView:
+    """A node as a standby shows it: its stored record, in the state that record says (``stored_state``)."""
+    return admin_pb2.NodeView(record=record, state=pb_enum(types_pb2.NodeState, stored_state(record)))
 
 
 def _with_mode(policy: types_pb2.Policy) -> types_pb2.Policy:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.pbenum import pb_enum
 from common.power_states import power_label
 from common.types import NodeState
 
@@ -63,10 +64,28 @@ class Outbox(asyncio.Queue[agent_pb2.CoordinatorMessage | None]):
         super().put_nowait(item)
 
 
-__all__ = ["OUTBOX_LIMIT", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue"]
+__all__ = ["OUTBOX_LIMIT", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue", "admin_state", "stored_state"]
 
 _MISSED_HEARTBEATS = 3
 _POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_READY)
+
+
+def admin_state(record: types_pb2.NodeRecord) -> NodeState:
+    """A healthy node's state: DRAINING or CORDONED by its record's admin flags, else READY."""
+    if record.draining:
+        return NodeState.DRAINING
+    if record.cordoned:
+        return NodeState.CORDONED
+    return NodeState.READY
+
+
+def stored_state(record: types_pb2.NodeRecord) -> NodeState:
+    """A node's state as a replica that does not lead shows it from the stored record: the health the leader
+    last stored (NOT_READY and LOST win, as on the leader; none stored reads NOT_READY), else the admin
+    flags as stored (a cordon stored after the health was is still shown)."""
+    if record.state in (0, NodeState.NOT_READY, NodeState.LOST):
+        return NodeState(record.state or NodeState.NOT_READY)
+    return admin_state(record)
 
 
 @dataclass
@@ -173,7 +192,8 @@ class NodeRegistry:
         entry.outbox = outbox
         entry.last_heartbeat = self._now()
         entry.last_seen_unix_s = now_unix
-        self._derive(entry)
+        # Stored with the registration: what a replica that does not lead shows (stored_state).
+        record.state = pb_enum(types_pb2.NodeState, self._derive(entry))
         return entry, is_new
 
     def disconnect(self, node_id: str, stream_id: int) -> None:
@@ -231,12 +251,8 @@ class NodeRegistry:
             state = NodeState.LOST
         elif not entry.connected or now - entry.last_heartbeat > silence_s:
             state = NodeState.NOT_READY
-        elif entry.record.draining:
-            state = NodeState.DRAINING
-        elif entry.record.cordoned:
-            state = NodeState.CORDONED
         else:
-            state = NodeState.READY
+            state = admin_state(entry.record)
         entry.state = state
         return state
 

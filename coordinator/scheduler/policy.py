@@ -82,9 +82,12 @@ class PolicySetting:
         """
         self._leadership.require_leader()
         self.validate(policy)
-        async with self._locks.hold("policy"):
+
+        async def change() -> None:   # stored and in force together, even if the caller goes away meanwhile
             await self._leadership.write(self._store.put_policy, policy)
-        self.current = policy
+            self.current = policy
+
+        await self._locks.run("policy", change)
         mode = threshold_mode(policy)
         self._events.publish("policy", f"policy {policy.name} threshold {policy.threshold:.2f} ({mode})",
                              policy=policy.name, threshold=policy.threshold, threshold_mode=mode)

@@ -7,8 +7,9 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
+from typing import TypeVar
 
 from common.errors import CoordinationError
 from common.logging import get_logger
@@ -16,7 +17,31 @@ from coordinator.sync.client import EtcdClient, WatchEvent, WatchHandle
 from coordinator.sync.keys import Keys
 from coordinator.sync.lease import Lease, claim_key, release_key
 
-__all__ = ["AdminLocks", "Lock"]
+__all__ = ["AdminLocks", "Lock", "settle"]
+
+R = TypeVar("R")
+
+
+async def settle(work: Awaitable[R]) -> R:
+    """Await ``work`` to its end even when the caller is cancelled meanwhile; the cancellation is then
+    raised once ``work`` has ended (its result or error dropped: the caller is gone).
+
+    What must happen together or not at all (an etcd write and its application to the leader's memory,
+    taking or giving back a lock) runs through this, so that a cancelled call (a client's deadline passing
+    in the middle of an admin change) never leaves one half done.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])   # waiting is cancelled, the task is not
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()   # retrieved: its error, if any, went to no one
+        raise asyncio.CancelledError
+    return task.result()
 
 
 class Lock:
@@ -72,6 +97,7 @@ class Lock:
         self._token = f"{holder}:{uuid.uuid4().hex}".encode() if holder else uuid.uuid4().hex.encode()
         self._lease: Lease | None = None
         self._cancelled = threading.Event()
+        self._wake = threading.Event()   # set when the key is deleted, or on cancel(): a waiting acquire retries
         self._timeout_s = timeout_s
         self._log = get_logger("sync").bind(key=self._key)
 
@@ -95,14 +121,14 @@ class Lock:
         """Block until we hold the lock.
 
         :param timeout: seconds to wait; None waits until acquired or :meth:`cancel` is called.
-        :raises CoordinationError: ``lock KEY not acquired after Ns``, or cancelled, or already held by us.
+        :raises CoordinationError: ``lock KEY not acquired after Ns``, or cancelled (also by a :meth:`cancel`
+            made before this call started), or already held by us.
         :raises EtcdUnavailable: etcd did not answer.
         """
         if self._lease is not None:
             raise CoordinationError(f"lock {self._key!r} is already held by this Lock object")
-        self._cancelled.clear()
         deadline = None if timeout is None else self._now() + timeout
-        freed = threading.Event()
+        freed = self._wake
 
         def on_change(events: list[WatchEvent] | None) -> None:
             if events is None or any(e.kind == "delete" for e in events):
@@ -115,16 +141,17 @@ class Lock:
             self._log.warning("watch_failed", reason=str(e))
         try:
             attempt = 0
-            while not self._try_acquire():
+            while self._cancelled.is_set() or not self._try_acquire():
+                if self._cancelled.is_set():
+                    raise CoordinationError(f"lock {self._key!r}: acquire cancelled after {attempt} attempts")
                 attempt += 1
                 remaining = None if deadline is None else deadline - self._now()
                 if remaining is not None and remaining <= 0:
                     raise CoordinationError(f"lock {self._key!r} not acquired after {timeout}s")
-                if self._cancelled.is_set():
-                    raise CoordinationError(f"lock {self._key!r}: acquire cancelled after {attempt} attempts")
                 freed.wait(min(remaining, 0.5) if remaining is not None else 0.5)
                 freed.clear()
         finally:
+            self._cancelled.clear()   # spent: a later acquire of this object waits again
             if watch is not None:
                 watch.cancel()
         self._log.info("lock_acquired", lease_id=self._lease.id if self._lease else None, attempt=attempt + 1)
@@ -168,8 +195,10 @@ class Lock:
         return deleted
 
     def cancel(self) -> None:
-        """Make a pending :meth:`acquire` (on another thread) give up within half a second."""
+        """Make a pending :meth:`acquire` (on another thread) give up at once, or the next one if none is
+        under way yet (a cancel that races the acquire's start is not lost)."""
         self._cancelled.set()
+        self._wake.set()
 
     def __enter__(self) -> Lock:
         self.acquire(self._timeout_s)
@@ -190,6 +219,12 @@ class AdminLocks:
         locks = AdminLocks(client, keys, holder="coord-a")
         async with locks.hold("policy"):
             await change_policy()        # CoordinationError when another holder kept it for timeout_s
+        await locks.run("queues", change_queues)   # the change runs to its end even if the caller goes away
+
+    A lock is never left behind by a cancelled caller (an admin call whose client gave up): a caller
+    cancelled while the lock is being taken makes the taking give up, waits for it, and gives back
+    whatever it got; giving back runs to its end whatever happens to the caller. So the lock is free
+    again when the holder's call ends, not when its lease expires (which, kept alive, it never would).
 
     :param client: the etcd client.
     :param keys: key names.
@@ -207,12 +242,39 @@ class AdminLocks:
     async def hold(self, name: str) -> AsyncIterator[None]:
         """Hold ``locks/<name>`` for the body (blocking etcd calls run in a worker thread).
 
+        The body itself may be cancelled part-way (:meth:`run` when it must not be).
+
         :raises CoordinationError: not acquired within ``timeout_s``.
         :raises EtcdUnavailable: etcd did not answer.
         """
         lock = Lock(self._client, self._keys, name, self._ttl_s, holder=self._holder, timeout_s=self._timeout_s)
-        await asyncio.to_thread(lock.acquire, self._timeout_s)
+        acquiring = asyncio.ensure_future(asyncio.to_thread(lock.acquire, self._timeout_s))
+        try:
+            await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            lock.cancel()
+            await settle(self._give_back(lock, acquiring))
+            raise
         try:
             yield
         finally:
-            await asyncio.to_thread(lock.release)
+            await settle(asyncio.to_thread(lock.release))
+
+    @staticmethod
+    async def _give_back(lock: Lock, acquiring: asyncio.Future[None]) -> None:
+        """After a cancelled :meth:`hold`: wait for the acquiring thread to end, then release what it got."""
+        with contextlib.suppress(Exception):   # refused or cancelled: nothing to give back
+            await acquiring
+        await asyncio.to_thread(lock.release)   # a no-op unless the thread took the lock after all
+
+    async def run(self, name: str, change: Callable[[], Awaitable[R]]) -> R:
+        """Hold ``locks/<name>`` while ``change()`` runs; once the lock is taken the change runs to its end
+        even if the caller is cancelled meanwhile (:func:`settle`), so an etcd write and its application to
+        memory are never separated by a client's deadline. A caller cancelled before the lock is taken
+        changes nothing.
+
+        :raises CoordinationError: not acquired within ``timeout_s``.
+        :raises EtcdUnavailable: etcd did not answer.
+        """
+        async with self.hold(name):
+            return await settle(change())

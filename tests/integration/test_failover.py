@@ -159,3 +159,40 @@ class TestNoRefusalDuringFailover:
         leader = _one_leader(cluster, names)
         tasks = cluster.admin(leader).ListTasks(admin_pb2.ListTasksRequest(), timeout=10).tasks
         assert len(tasks) == len(rids) == len({t.id for t in tasks})
+
+
+class TestStandby:
+    def test_submit_to_a_standby_with_queues_goes_to_the_leader(self, cluster: Cluster) -> None:
+        """A submit sent to a standby only is redirected before the queue is checked (the standby holds no queue
+        table): gptrmctl follows it and the leader accepts the task into its queue."""
+        names = ["c1", "c2"]
+        for n in names:
+            cluster.start_coordinator(n)
+        leader = _one_leader(cluster, names)
+        standby = next(n for n in names if n != leader)
+        wait_until(lambda: cluster.status(standby).leader_id == leader, 20, 0.1, "standby to see the leader")
+        res = cluster.ctl("queues", "set", "b", "--gpus", "1", "--members", "*", coordinator=cluster.address(leader))
+        assert res.returncode == 0, res.stderr
+        task = cluster.ctl_json("submit", "--queue", "b", "--queue-unplaceable", "--gpus", "1", "--", "true",
+                                coordinator=cluster.address(standby))
+        stored = cluster.admin(leader).GetTask(admin_pb2.GetTaskRequest(task_id=task["task_id"]), timeout=5)
+        assert stored.spec.queue == "b"
+
+    def test_a_standby_shows_the_nodes_state(self, cluster: Cluster) -> None:
+        """A standby lists a registered node ready (not not-ready), and cordoned once the leader cordoned it."""
+        names = ["c1", "c2"]
+        for n in names:
+            cluster.start_coordinator(n)
+        leader = _one_leader(cluster, names)
+        standby = next(n for n in names if n != leader)
+        cluster.start_agent("n1")
+
+        def state_on_standby() -> int:
+            nodes = cluster.admin(standby).ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes
+            return nodes[0].state if nodes else 0
+
+        wait_until(lambda: state_on_standby() == types_pb2.NODE_STATE_READY, 30, 0.1, "n1 ready on the standby")
+        cluster.admin(leader).CordonNode(admin_pb2.NodeRef(node_id="n1"), timeout=10)
+        wait_until(lambda: state_on_standby() == types_pb2.NODE_STATE_CORDONED, 10, 0.1, "n1 cordoned on the standby")
+        view = cluster.admin(standby).GetNode(admin_pb2.GetNodeRequest(node_id="n1"), timeout=5)
+        assert view.state == types_pb2.NODE_STATE_CORDONED

@@ -110,11 +110,8 @@ class TestLock:
         thread = threading.Thread(target=wait_forever)
         thread.start()
 
-        def cancelled() -> bool:
-            waiter.cancel()   # a cancel before acquire starts is forgotten by it, so cancel until it gives up
-            return bool(errors)
-
-        wait_until(cancelled, timeout_s=10.0, interval_s=0.05, what="the blocked acquire to give up")
+        waiter.cancel()   # before the acquire starts or while it waits: either way it gives up
+        wait_until(lambda: bool(errors), timeout_s=10.0, interval_s=0.05, what="the blocked acquire to give up")
         thread.join(timeout=10.0)
         assert "cancelled" in str(errors[0]) and not waiter.is_acquired()
         holder.release()
