@@ -399,8 +399,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def SetQueue(self, request: admin_pb2.SetQueueRequest, context: Ctx) -> admin_pb2.QueueView:
         if not request.HasField("queue"):
             raise ValidationError("queue", "is required")
-        queue = await self._app.queue_admin.set(queue_from_proto(request.queue))
-        return self._app.queue_admin.views(queue.name).queues[0]
+        done = await self._app.queue_admin.set(queue_from_proto(request.queue))
+        view = self._app.queue_admin.views(done.queue.name).queues[0]
+        view.existing_work = done.existing_work
+        return view
 
     @_rpc
     async def RemoveQueue(self, request: admin_pb2.QueueRef, context: Ctx) -> admin_pb2.QueueView:

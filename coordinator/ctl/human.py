@@ -27,6 +27,7 @@ __all__ = [
     "task_detail",
     "tasks_table",
     "truncate",
+    "truncate_words",
 ]
 
 GIB = 1024**3
@@ -55,6 +56,17 @@ def escape(text: Any, *, keep_newlines: bool = False) -> str:
 def truncate(text: str, width: int) -> str:
     """Cut the tail of ``text`` to ``width`` characters, marking the cut with ``…``."""
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def truncate_words(text: str, width: int) -> str:
+    """Like :func:`truncate`, but cut after a whole word (a reason is never cut mid-word); a single word longer
+    than ``width`` is cut as :func:`truncate` cuts it."""
+    if len(text) <= width:
+        return text
+    head = text[: max(0, width - 1)]
+    if text[len(head)] != " " and " " in head:     # the cut falls inside a word: leave that word out
+        head = head[: head.rfind(" ")]
+    return head.rstrip(" ,;:—") + "…"
 
 
 def lead_with_cause(reason: str) -> str:
@@ -305,7 +317,7 @@ def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
         if wide:
             row += [t["kind"], demand_text(t["demand"]), "-" if t["exit_code"] is None else t["exit_code"],
                     t["restarts"], t.get("preemptions", 0)]
-        row.append(reason if wide else truncate(reason, REASON_WIDTH))
+        row.append(reason if wide else truncate_words(reason, REASON_WIDTH))
         rows.append(row)
     return table(headers, rows, right=(3, 5))
 
