@@ -248,10 +248,11 @@ def _admit_in(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mappin
                                        f"in all with this task, more than its limit of {ancestor_limit}.", pool)
     state = pool_state(config, use, capacity, pool, borrower=queue.name)
     if borrowed > state.available:
-        return Admission(False, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, {borrowed} "
-                                   f"beyond its quota of {quota}, but only {max(0, state.available)} can be borrowed "
-                                   f"now: {state.lendable} lent by other queues plus {state.unassigned} under no "
-                                   f"queue's quota, minus {state.borrowed} already borrowed.", pool)
+        return Admission(False, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, more than "
+                                   f"its quota of {quota}, so the task needs {borrowed} borrowed; only "
+                                   f"{max(0, state.available)} can be borrowed now ({state.lendable} lent by other "
+                                   f"queues plus {state.unassigned} under no queue's quota, minus {state.borrowed} "
+                                   f"already borrowed).", pool)
     return Admission(True, borrowed, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task: "
                                      f"{total - borrowed} within its quota of {quota} and {borrowed} borrowed, of "
                                      f"{state.available} that can be borrowed.", pool)

@@ -102,7 +102,7 @@ def _a_takes_its_quota_back(c: Cluster, tmp_path: Path, b_ids: list[str], marker
         task = c.task(t)
         assert [h["state"] for h in task["history"]][-2:] == ["preempted", "pending"]
         assert "reclaimed by queue a" in task["history"][-2]["reason"]
-        assert "Queue b would hold 5 GPUs with this task, 1 beyond its quota of 4" in task["reason"]   # it waits
+        assert "Queue b would hold 5 GPUs with this task, more than its quota of 4" in task["reason"]   # it waits
     assert all(c.task(t)["queue"] == "a" and c.task(t)["borrowed_gpus"] == 0 for t in a_ids)
     return a_ids
 

@@ -63,9 +63,9 @@ def test_lend_caps_what_others_may_borrow() -> None:
     assert admit(config, {"a": use(4)}, CAPACITY, Demand("a", H100, 1)).borrowed == 1
     decision = admit(config, {"a": use(4)}, CAPACITY, Demand("a", H100, 2))
     assert not decision.admit
-    assert decision.reason == ("Queue a would hold 6 GPUs with this task, 2 beyond its quota of 4, but only 1 can be "
-                               "borrowed now: 1 lent by other queues plus 0 under no queue's quota, minus 0 already "
-                               "borrowed.")
+    assert decision.reason == ("Queue a would hold 6 GPUs with this task, more than its quota of 4, so the task "
+                               "needs 2 borrowed; only 1 can be borrowed now (1 lent by other queues plus 0 under no "
+                               "queue's quota, minus 0 already borrowed).")
 
 
 def test_a_lender_lends_only_its_idle_quota() -> None:
@@ -149,10 +149,10 @@ def test_any_model_prefers_a_pool_without_borrowing() -> None:
     decision = admit(config, {"a": QueueUse(gpus={A100: Held(2, 2), H100: Held(2)})}, capacity,
                      Demand("a", "*", 3))
     assert not decision.admit
-    assert decision.reason.startswith(f"For {H100} GPUs: Queue a would hold 5 GPUs of model {H100} with this task, 3 "
-                                      f"beyond its quota of 2, but only ")
-    assert (" For GPUs of models no queue names: Queue a would hold 7 GPUs with this task, 3 beyond its quota of 2, "
-            "but only ") in decision.reason
+    assert decision.reason.startswith(f"For {H100} GPUs: Queue a would hold 5 GPUs of model {H100} with this task, "
+                                      f"more than its quota of 2, so the task needs 3 borrowed; only ")
+    assert (" For GPUs of models no queue names: Queue a would hold 7 GPUs with this task, more than its quota of 2, "
+            "so the task needs 3 borrowed; only ") in decision.reason
     assert "[" not in decision.reason
 
 

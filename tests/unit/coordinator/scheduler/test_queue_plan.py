@@ -120,7 +120,7 @@ def test_quota_is_admitted_before_anything_is_lent() -> None:
                                   queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
     plan = plan_queues(two, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-own"]
-    assert "3 beyond its quota of 2, but only 0 can be borrowed" in plan.refused["y-more"]
+    assert "quota of 2, so the task needs 3 borrowed; only 0 can be borrowed" in plan.refused["y-more"]
 
 
 class TestReclaimWithIdleGpus:
