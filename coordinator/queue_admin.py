@@ -427,7 +427,8 @@ def _named(change: Callable[[], T], before: QueueConfig, queue: Queue) -> T:
     try:
         return change()
     except ValidationError as e:
-        names = [q.name for q in before.queues]
+        # the tree as built: a first queue comes after the default queue it keeps (_set_keeping_default)
+        names = [q.name for q in before.queues] or ([DEFAULT_QUEUE.name] if queue.name != DEFAULT_QUEUE.name else [])
         if queue.name not in names:
             names.append(queue.name)
         field = re.sub(r"^queue\[(\d+)\]", lambda m: f"queue {names[int(m.group(1))]!r}"

@@ -27,7 +27,8 @@ from coordinator.sync.state_machine import Conflict
 __all__ = ["MAX_QUEUES_BYTES", "QueueStore", "StoredQueues"]
 
 MAX_QUEUES_BYTES = 1 << 20
-"""The largest queue tree stored or read (about 2,000 queues with members and budgets)."""
+"""The largest queue tree stored or read, in bytes (the tree's own bounds, such as
+:data:`~coordinator.queues.MAX_QUEUES`, are :class:`~coordinator.queues.QueueConfig`'s)."""
 
 
 @dataclass(frozen=True, slots=True)

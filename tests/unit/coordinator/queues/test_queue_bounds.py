@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -80,7 +81,8 @@ def test_a_cycle_is_still_named() -> None:
 @contextmanager
 def _few_frames(spare: int) -> Iterator[None]:
     """Lower the recursion limit to ``spare`` frames above the caller's: a recursive walk of a deeper tree fails."""
-    frame, depth = sys._getframe(), 0
+    frame: FrameType | None = sys._getframe()
+    depth = 0
     while frame is not None:
         depth, frame = depth + 1, frame.f_back
     old = sys.getrecursionlimit()
