@@ -1,17 +1,27 @@
 """Queue changes on a running cluster strand nothing, and a hostile stored tree never stops the leader.
 
-Real coordinator (and agent where tasks must run) on the shared real etcd.
+Real coordinator (and agent where tasks must run) on the shared real etcd; the last test builds the
+coordinator in-process (``tests.helpers.inproc``) to see on which thread SetQueue validates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import urllib.request
+from typing import ClassVar
 
+import pytest
+
+from common.errors import ValidationError
 from common.etcd_embedded import EtcdCluster
+from coordinator.app import App
+from coordinator.queues import MAX_QUEUES, Queue
 from coordinator.sync import Keys
 from coordinator.sync.client import connect, op_put
 from tests.helpers.ctl_schema import validate
+from tests.helpers.inproc import run_leading
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 
@@ -100,3 +110,38 @@ class TestQueueChanges:
         cluster.start_agent("n1", *ROOT_TASKS_AGENT)
         task = cluster.submit(*ROOT_TASKS_SUBMIT, "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--", "true")
         wait_until(lambda: cluster.task(task)["state"] == "succeeded", timeout_s=30, what="a task scheduled and run")
+
+
+class _Witness(Queue):
+    """A queue that notes the thread each validation of it runs on."""
+
+    threads: ClassVar[set[int]] = set()
+
+    def validate(self, where: str) -> None:
+        _Witness.threads.add(threading.get_ident())
+        super().validate(where)
+
+
+def test_set_queue_validates_the_tree_off_the_event_loop(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """SetQueue's work that grows with the tree (building and validating it whole) runs in a worker thread, so
+    the leader's event loop keeps serving (heartbeats, GetStatus) however large the tree is."""
+    keys = Keys(etcd_prefix)
+    stored = {"queue": [{"name": f"q{i}", "members": ["*"]} for i in range(MAX_QUEUES - 1)]}
+    client = connect(etcd_server.endpoints, timeout_s=2.0)
+    try:
+        client.txn([], [op_put(keys.queues, json.dumps(stored).encode())])
+    finally:
+        client.close()
+
+    async def scenario(app: App) -> None:
+        assert len(app.queue_admin.views().queues) == MAX_QUEUES - 1
+        loop_thread = threading.get_ident()
+        _Witness.threads.clear()
+        done = await app.queue_admin.set(_Witness("last", gpus={"*": 1}, members=("*",)))
+        assert done.queue.name == "last" and done.existing_work == "No existing task changed queue."
+        assert _Witness.threads and loop_thread not in _Witness.threads
+        with pytest.raises(ValidationError) as excinfo:       # one more is past the bound, named
+            await app.queue_admin.set(Queue("one-too-many"))
+        assert excinfo.value.field == "queue" and f"at most {MAX_QUEUES}" in excinfo.value.problem
+
+    asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
