@@ -429,7 +429,7 @@ def service_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -
         lines.append("decisions")
         for dec in d["decisions"][:5]:
             lines.append(f"  {age(dec.get('time_unix_s', 0), now):>4} ago  {dec.get('from_replicas', 0)} → "
-                         f"{dec.get('to_replicas', 0)}  {escape(truncate(dec.get('reason', ''), 100))}")
+                         f"{dec.get('to_replicas', 0)}  {escape(truncate_words(dec.get('reason', ''), 100))}")
     rows = [[r["replica"], r["task_id"], r["state"], escape(r["node"] or "-"), _qos_text(r["qos_reading"])]
             for r in d["replicas"]]
     lines.append(table(["REPLICA", "TASK", "STATE", "NODE", "QOS"], rows, right=(0,)) if rows else "no replicas")

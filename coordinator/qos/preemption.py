@@ -379,8 +379,8 @@ class Preemptor:
                              f"{', '.join(nodes)}", task_id=task.id, preemptor=task.id, victims=",".join(stopped),
                              reason=f"{task.id} cannot be placed while lower-priority work holds "
                              f"{', '.join(nodes)}")
-        self._tasks.note_reason(task.id, f"waiting for {len(stopped)} preempted task(s) to stop: "
-                                         f"{', '.join(stopped)}")
+        self._tasks.note_reason(task.id, f"Waiting for {len(stopped)} preempted task(s) to stop: "
+                                         f"{', '.join(stopped)}.")
 
     async def _stop(self, victims: Sequence[types_pb2.Task], reason: str, by: str) -> tuple[list[str], float]:
         """Move each victim to PREEMPTED (fenced) and stop it with its checkpoint signal; the ids stopped
