@@ -12,7 +12,8 @@ what each queue holds.
   task ran until then, as a queue of the tree (everyone's, no quota, no limit): its tasks keep running
   (or wait there when a queue with a quota reclaims their GPUs), and submits without ``--queue`` still
   go to it until a queue claims ``default_for = "*"`` or an admin removes it (``queues rm default``).
-  ``SetQueue`` answers what it did with existing work (``QueueView.existing_work``).
+  ``SetQueue`` answers what it did with existing work (``QueueView.existing_work``). A ``--queues`` file
+  stored by a new leader keeps ``default`` the same way while unfinished tasks are in it.
 - **Who may submit where** (:meth:`QueueAdmin.resolve`): a credential that names queues
   (certificate SAN URIs or the token file's ``queues=``) may submit to those only, the first being
   its default; a credential that names none may submit to the queues whose ``members`` list it
@@ -173,6 +174,7 @@ class QueueAdmin:
         stored = await asyncio.to_thread(self._store.get)
         if not stored.revision and self._file:
             config = await asyncio.to_thread(load_toml, self._file)
+            config = self._keeping_default_work(config)
             stored = await self._leadership.write_as_leader(self._store.put, config, 0)
             self._log.info("queues_loaded", file=self._file, queues=len(config.queues))
         elif stored.revision and self._file:
@@ -180,6 +182,26 @@ class QueueAdmin:
                            reason="etcd holds queues already; gptrmctl queues set/rm change them")
         self._state.apply_queues(stored.config, stored.revision)
         await self.restore_decay()
+
+    def _keeping_default_work(self, config: QueueConfig) -> QueueConfig:
+        """``config`` (the ``--queues`` file, stored on a cluster that ran without queues) with the implicit
+        ``default`` queue kept when unfinished tasks are in it and the file has no queue of that name, so they
+        are not stranded; it lends its ``"*"`` default to a queue of the file that claims it."""
+        default = DEFAULT_QUEUE.name
+        if default in config or not any(queue_of(t) == default and t.state not in TERMINAL_STATES
+                                        for t in self._state.tasks.values()):
+            return config
+        claimed = {who for q in config.queues for who in q.default_for}
+        kept = replace(DEFAULT_QUEUE, default_for=tuple(w for w in DEFAULT_QUEUE.default_for if w not in claimed))
+        try:
+            with_default = QueueConfig(queues=(kept, *config.queues), half_life_h=config.half_life_h)
+        except ValidationError as e:          # e.g. the file is at the bound on queues: stored as it is
+            self._log.warning("queues_default_not_kept", file=self._file, reason=str(e))
+            return config
+        self._log.warning("queues_default_kept", file=self._file,
+                          reason="tasks of the implicit default queue are unfinished; remove it with "
+                                 "gptrmctl queues rm default once it is empty")
+        return with_default
 
     async def restore_decay(self) -> None:
         """Rebuild each queue's decayed past usage from the usage ledger's hours (the last eight half-lives,

@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 import urllib.request
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -60,6 +61,27 @@ class TestQueueChanges:
         assert cluster.task(running)["state"] == "running"
         for task in (running, waiting, later):
             assert cluster.ctl("cancel", task).returncode == 0
+
+    def test_a_queues_file_read_by_a_new_leader_keeps_default_while_it_holds_work(self, cluster: Cluster,
+                                                                                   tmp_path: Path) -> None:
+        """A cluster that ran without queues gets a leader with `--queues FILE` (no `default` in it): `default`
+        is kept for its waiting task, which never reads "does not exist"; the file's `"*"` default wins."""
+        cluster.start_coordinator("c1")
+        cluster.wait_leader("c1")
+        task = cluster.submit("--gpus", "1", "--", "true")                     # no node: it waits in default
+        assert cluster.task(task)["queue"] == "default"
+        path = tmp_path / "queues.toml"
+        path.write_text('[[queue]]\nname = "vision"\ngpus = { "*" = 4 }\nmembers = ["*"]\ndefault_for = ["*"]\n')
+        cluster.proc("c1").stop()
+        cluster.start_coordinator("c1", "--queues", str(path))
+        cluster.wait_leader("c1", timeout_s=30)
+        queues = {q["name"]: q for q in cluster.ctl_json("queues")["queues"]}
+        assert sorted(queues) == ["default", "vision"] and queues["default"]["pending"] == 1
+        assert queues["default"]["default_for"] == [] and queues["vision"]["default_for"] == ["*"]
+        later = cluster.submit("--gpus", "1", "--", "true")
+        assert cluster.task(later)["queue"] == "vision"
+        wait_until(lambda: cluster.task(later)["reason"] != "", timeout_s=15, what="a cycle after the new leader")
+        assert "does not exist" not in cluster.task(task)["reason"]
 
     def test_set_parent_is_refused_while_the_queue_holds_work(self, cluster: Cluster) -> None:
         """A queue with a pending task neither gets a child queue (it would stop taking tasks) nor moves under
