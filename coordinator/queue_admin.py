@@ -245,7 +245,7 @@ class QueueAdmin:
             if not config.managed or name not in config:
                 raise NotFound(f"no queue named {name!r}")
             removed = config.get(name)
-            after = config.remove(name)
+            after = await asyncio.to_thread(config.remove, name)      # validates the tree: off the loop
             self._refuse_stranding(config, after)
             stored = await self._leadership.write(self._store.put, after, self._state.queues_revision)
             self._state.apply_queues(stored.config, stored.revision)
