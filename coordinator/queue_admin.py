@@ -429,17 +429,16 @@ def _set_keeping_default(config: QueueConfig, queue: Queue) -> tuple[QueueConfig
     implicitly; with sentences saying so (module docstring)."""
     notes: list[str] = []
     default = DEFAULT_QUEUE.name
+    claimed = [who for who in queue.default_for if who in DEFAULT_QUEUE.default_for] if queue.name != default else []
     if queue.name != default and not config.managed:
         config = config.set(DEFAULT_QUEUE)
         notes.append(f"Queue {default}, in which every task ran until now, is kept with no quota and no limit: "
                      f"its tasks keep running (a queue reclaiming its quota may preempt them, and they then "
-                     f"wait in {default}), and submits without --queue still go to it; remove it with "
-                     f"`gptrmctl queues rm {default}` once it is empty.")
-    if queue.name != default and default in config and config.get(default) == DEFAULT_QUEUE:
-        claimed = [who for who in queue.default_for if who in DEFAULT_QUEUE.default_for]
-        if claimed:
-            config = config.set(replace(DEFAULT_QUEUE, default_for=()))
-            notes.append(f"Submits without --queue now go to queue {queue.name} instead of queue {default}.")
+                     f"wait in {default})" + ("" if claimed else ", and submits without --queue still go to it")
+                     + f"; remove it with `gptrmctl queues rm {default}` once it is empty.")
+    if claimed and default in config and config.get(default) == DEFAULT_QUEUE:
+        config = config.set(replace(DEFAULT_QUEUE, default_for=()))
+        notes.append(f"Submits without --queue now go to queue {queue.name} instead of queue {default}.")
     return config.set(queue), notes
 
 
@@ -456,9 +455,6 @@ def _named(change: Callable[[], T], before: QueueConfig, queue: Queue) -> T:
         field = re.sub(r"^queue\[(\d+)\]", lambda m: f"queue {names[int(m.group(1))]!r}"
                        if int(m.group(1)) < len(names) else m.group(0), e.field)
         raise ValidationError(field, e.problem) from None
-
-
-
 
 
 MAX_QUEUE_SERIES = 256
