@@ -61,6 +61,8 @@ class TestQueueChanges:
         assert cluster.task(running)["state"] == "running"
         for task in (running, waiting, later):
             assert cluster.ctl("cancel", task).returncode == 0
+        wait_until(lambda: cluster.task(running)["state"] == "cancelled", timeout_s=30,
+                   what="the running task stopped (no process left behind)")
 
     def test_a_queues_file_read_by_a_new_leader_keeps_default_while_it_holds_work(self, cluster: Cluster,
                                                                                    tmp_path: Path) -> None:
