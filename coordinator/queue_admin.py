@@ -5,7 +5,15 @@ what each queue holds.
   (:func:`coordinator.queues.load_toml`), that file's tree is stored. From then on etcd is the
   truth and ``gptrmctl queues set/rm`` change it, under the ``queues`` lock, compared on the key's
   revision, validated as a whole tree (:class:`~coordinator.queues.QueueConfig`).
-- A queue is removed only when no unfinished task is in it.
+- A change never strands work (:func:`_stranded`, one rule for ``set`` and ``rm``): a queue that holds
+  unfinished tasks is not removed, not given child queues (it would stop taking tasks) and not moved
+  under another parent.
+- The first queue set on a cluster without queues keeps the implicit ``default`` queue, in which every
+  task ran until then, as a queue of the tree (everyone's, no quota, no limit): its tasks keep running
+  (or wait there when a queue with a quota reclaims their GPUs), and submits without ``--queue`` still
+  go to it until a queue claims ``default_for = "*"`` or an admin removes it (``queues rm default``).
+  ``SetQueue`` answers what it did with existing work (``QueueView.existing_work``). A ``--queues`` file
+  stored by a new leader keeps ``default`` the same way while unfinished tasks are in it.
 - **Who may submit where** (:meth:`QueueAdmin.resolve`): a credential that names queues
   (certificate SAN URIs or the token file's ``queues=``) may submit to those only, the first being
   its default; a credential that names none may submit to the queues whose ``members`` list it
@@ -18,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -56,7 +65,10 @@ from coordinator.sync.queues import QueueStore
 from coordinator.sync.state_machine import Conflict
 from coordinator.usage import Prices, UsageDuty, summarize
 
-__all__ = ["MAX_QUEUE_SERIES", "QueueAdmin", "QueueMetrics", "Submitter", "queue_from_proto", "queue_to_proto"]
+__all__ = ["MAX_QUEUE_SERIES", "QueueAdmin", "QueueMetrics", "QueueSet", "Submitter", "queue_from_proto",
+           "queue_to_proto"]
+
+T = TypeVar("T")
 
 _NO_USE = QueueUse()
 
@@ -168,6 +180,7 @@ class QueueAdmin:
         stored = await asyncio.to_thread(self._store.get)
         if not stored.revision and self._file:
             config = await asyncio.to_thread(load_toml, self._file)
+            config = self._keeping_default_work(config)
             stored = await self._leadership.write_as_leader(self._store.put, config, 0)
             self._log.info("queues_loaded", file=self._file, queues=len(config.queues))
         elif stored.revision and self._file:
@@ -175,6 +188,26 @@ class QueueAdmin:
                            reason="etcd holds queues already; gptrmctl queues set/rm change them")
         self._state.apply_queues(stored.config, stored.revision)
         await self.restore_decay()
+
+    def _keeping_default_work(self, config: QueueConfig) -> QueueConfig:
+        """``config`` (the ``--queues`` file, stored on a cluster that ran without queues) with the implicit
+        ``default`` queue kept when unfinished tasks are in it and the file has no queue of that name, so they
+        are not stranded; it lends its ``"*"`` default to a queue of the file that claims it."""
+        default = DEFAULT_QUEUE.name
+        if default in config or not any(queue_of(t) == default and t.state not in TERMINAL_STATES
+                                        for t in self._state.tasks.values()):
+            return config
+        claimed = {who for q in config.queues for who in q.default_for}
+        kept = replace(DEFAULT_QUEUE, default_for=tuple(w for w in DEFAULT_QUEUE.default_for if w not in claimed))
+        try:
+            with_default = QueueConfig(queues=(kept, *config.queues), half_life_h=config.half_life_h)
+        except ValidationError as e:          # e.g. the file is at the bound on queues: stored as it is
+            self._log.warning("queues_default_not_kept", file=self._file, reason=str(e))
+            return config
+        self._log.warning("queues_default_kept", file=self._file,
+                          reason="tasks of the implicit default queue are unfinished; remove it with "
+                                 "gptrmctl queues rm default once it is empty")
+        return with_default
 
     async def restore_decay(self) -> None:
         """Rebuild each queue's decayed past usage from the usage ledger's hours (the last eight half-lives,
@@ -196,18 +229,21 @@ class QueueAdmin:
 
     # ---- admin changes ------------------------------------------------------------------------
 
-    async def set(self, queue: Queue) -> Queue:
-        """Create or replace one queue (the whole tree validated). :raises ValidationError, NotLeader."""
+    async def set(self, queue: Queue) -> QueueSet:
+        """Create or replace one queue (the whole tree validated, off the event loop: its cost grows with the
+        tree). :raises ValidationError, NotLeader, IllegalTransition (it would strand work, :func:`_stranded`)."""
         self._leadership.require_leader()
 
-        async def change() -> QueueConfig:
-            config = _named(lambda: self._state.queues.set(queue), self._state.queues, queue)
-            return await self._store_queues(config)
+        async def change() -> tuple[QueueConfig, list[str]]:
+            before = self._state.queues
+            config, notes = await asyncio.to_thread(_named, lambda: _set_keeping_default(before, queue), before, queue)
+            self._refuse_stranding(before, config)
+            return await self._store_queues(config), notes
 
-        stored = await self._locks.run("queues", change)
-        self._log.info("queue_set", queue=queue.name)
+        stored, notes = await self._locks.run("queues", change)
+        self._log.info("queue_set", queue=queue.name, kept_default=bool(notes))
         self._events.publish("queues", f"queue {queue.name} set", queue=queue.name)
-        return stored.get(queue.name)
+        return QueueSet(stored.get(queue.name), " ".join(notes) or _UNCHANGED)
 
     async def remove(self, name: str) -> Queue:
         """Remove an empty leaf queue. :raises NotFound, IllegalTransition (it holds or waits for work)."""
@@ -217,12 +253,10 @@ class QueueAdmin:
             config = self._state.queues
             if not config.managed or name not in config:
                 raise NotFound(f"no queue named {name!r}")
-            busy = [t.id for t in self._state.tasks.values() if queue_of(t) == name and t.state not in TERMINAL_STATES]
-            if busy:
-                raise IllegalTransition(f"queue {name}: {len(busy)} unfinished task(s) in it "
-                                        f"({', '.join(sorted(busy)[:5])}); cancel or wait for them first")
             removed = config.get(name)
-            await self._store_queues(config.remove(name))
+            after = await asyncio.to_thread(config.remove, name)      # validates the tree: off the loop
+            self._refuse_stranding(config, after)
+            await self._store_queues(after)
             return removed
 
         removed = await self._locks.run("queues", change)
@@ -245,6 +279,19 @@ class QueueAdmin:
             raise
         self._state.apply_queues(stored.config, stored.revision)
         return stored.config
+
+    def _refuse_stranding(self, before: QueueConfig, after: QueueConfig) -> None:
+        """:raises IllegalTransition: ``after`` strands unfinished tasks (:func:`_stranded`)."""
+        busy: dict[str, list[str]] = {}
+        for t in self._state.tasks.values():
+            if t.state not in TERMINAL_STATES and _stranded(before, after, queue_of(t)):
+                busy.setdefault(queue_of(t), []).append(t.id)
+        if busy:
+            name = min(busy)
+            ids = sorted(busy[name])
+            raise IllegalTransition(f"queue {name}: {len(ids)} unfinished task(s) in it ({', '.join(ids[:5])}) "
+                                    f"and the change would {_stranded(before, after, name)}; cancel or wait for "
+                                    f"them first")
 
     # ---- who may submit where -----------------------------------------------------------------
 
@@ -290,7 +337,7 @@ class QueueAdmin:
         return self._views(self._state.queues, name, leading=True)
 
     def _views(self, config: QueueConfig, name: str, *, leading: bool) -> admin_pb2.ListQueuesResponse:
-        if name and name not in config.names:
+        if name and name not in config:
             raise NotFound(f"no queue named {name!r}")
         held, stopping = self._queues.holdings() if leading else ([], [])
         current = rebalance(config, held + stopping)
@@ -305,12 +352,11 @@ class QueueAdmin:
                 t.state not in TERMINAL_STATES else ""
             if kind:
                 counts[queue_of(t), kind] = counts.get((queue_of(t), kind), 0) + 1
+        waiting = {queue for queue, kind in counts if kind == "pending"}
         out = admin_pb2.ListQueuesResponse(managed=config.managed, half_life_h=config.half_life_h)
-        for q in _tree_order(config):
-            if name and q.name != name:
-                continue
+        for q in (config.get(name),) if name else config.tree_order():
             state = self._queues.budgets.get(q.name) if leading else None
-            others = any(k[1] == "pending" and k[0] != q.name for k in counts)
+            others = bool(waiting - {q.name})
             view = out.queues.add(queue=queue_to_proto(q), leaf=config.is_leaf(q.name),
                                   running=counts.get((q.name, "running"), 0),
                                   pending=counts.get((q.name, "pending"), 0),
@@ -377,28 +423,65 @@ class QueueAdmin:
             await asyncio.sleep(interval_s)
 
 
-def _named(change: Callable[[], QueueConfig], before: QueueConfig, queue: Queue) -> QueueConfig:
+_UNCHANGED = "No existing task changed queue."
+
+
+@dataclass(frozen=True)
+class QueueSet:
+    """What :meth:`QueueAdmin.set` did: the queue as stored, and a sentence on what became of existing work."""
+
+    queue: Queue
+    existing_work: str
+
+
+def _stranded(before: QueueConfig, after: QueueConfig, name: str) -> str:
+    """What the change from ``before`` to ``after`` does to the tasks of queue ``name`` that strands them
+    ("" nothing): the queue is removed, gets child queues (it stops taking tasks) or moves under another
+    parent. The one rule behind ``queues rm`` and ``queues set``."""
+    if name not in before or not before.is_leaf(name):
+        return ""                       # its tasks already wait on a queue that takes none
+    if name not in after:
+        return "remove it"
+    if not after.is_leaf(name):
+        return f"give it child queues ({', '.join(after.children(name)[:5])}), after which it takes no tasks"
+    old, new = before.get(name).parent, after.get(name).parent
+    if old != new:
+        return f"move it from under {old or 'no queue'} to under {new or 'no queue'}"
+    return ""
+
+
+def _set_keeping_default(config: QueueConfig, queue: Queue) -> tuple[QueueConfig, list[str]]:
+    """``config.set(queue)``, keeping the implicit ``default`` queue when ``queue`` is the first one set, and
+    moving the implicit ``default_for`` entries ``queue`` claims from a ``default`` queue still as it was
+    implicitly; with sentences saying so (module docstring)."""
+    notes: list[str] = []
+    default = DEFAULT_QUEUE.name
+    claimed = [who for who in queue.default_for if who in DEFAULT_QUEUE.default_for] if queue.name != default else []
+    if queue.name != default and not config.managed:
+        config = config.set(DEFAULT_QUEUE)
+        notes.append(f"Queue {default}, in which every task ran until now, is kept with no quota and no limit: "
+                     f"its tasks keep running (a queue reclaiming its quota may preempt them, and they then "
+                     f"wait in {default})" + ("" if claimed else ", and submits without --queue still go to it")
+                     + f"; remove it with `gptrmctl queues rm {default}` once it is empty.")
+    if claimed and default in config and config.get(default) == DEFAULT_QUEUE:
+        config = config.set(replace(DEFAULT_QUEUE, default_for=()))
+        notes.append(f"Submits without --queue now go to queue {queue.name} instead of queue {default}.")
+    return config.set(queue), notes
+
+
+def _named(change: Callable[[], T], before: QueueConfig, queue: Queue) -> T:
     """``change()``, its validation error naming queues by name (``queue 'org'.gpus``) rather than by their
     index in the tree (``queue[0].gpus``, the form that points into a TOML file)."""
     try:
         return change()
     except ValidationError as e:
-        names = [q.name for q in before.queues]
+        # the tree as built: a first queue comes after the default queue it keeps (_set_keeping_default)
+        names = [q.name for q in before.queues] or ([DEFAULT_QUEUE.name] if queue.name != DEFAULT_QUEUE.name else [])
         if queue.name not in names:
             names.append(queue.name)
         field = re.sub(r"^queue\[(\d+)\]", lambda m: f"queue {names[int(m.group(1))]!r}"
                        if int(m.group(1)) < len(names) else m.group(0), e.field)
         raise ValidationError(field, e.problem) from None
-
-
-def _tree_order(config: QueueConfig) -> Iterable[Queue]:
-    """Each parent before its children, siblings by name."""
-    def walk(parent: str | None) -> Iterable[Queue]:
-        for q in sorted((q for q in config.all_queues if q.parent == parent), key=lambda q: q.name):
-            yield q
-            yield from walk(q.name)
-    return walk(None)
-
 
 
 MAX_QUEUE_SERIES = 256

@@ -492,8 +492,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("queue", "is required")
         self._may_change_queue(request.queue.name, request.queue.parent or None,   # before judging what it asks
                                tuple(request.queue.default_for))
-        queue = await self._app.queue_admin.set(queue_from_proto(request.queue))
-        return self._app.queue_admin.views(queue.name).queues[0]
+        done = await self._app.queue_admin.set(queue_from_proto(request.queue))
+        view = self._app.queue_admin.views(done.queue.name).queues[0]
+        view.existing_work = done.existing_work
+        return view
 
     @_rpc
     async def RemoveQueue(self, request: admin_pb2.QueueRef, context: Ctx) -> admin_pb2.QueueView:

@@ -27,6 +27,7 @@ __all__ = [
     "task_detail",
     "tasks_table",
     "truncate",
+    "truncate_words",
 ]
 
 GIB = 1024**3
@@ -55,6 +56,17 @@ def escape(text: Any, *, keep_newlines: bool = False) -> str:
 def truncate(text: str, width: int) -> str:
     """Cut the tail of ``text`` to ``width`` characters, marking the cut with ``…``."""
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def truncate_words(text: str, width: int) -> str:
+    """Like :func:`truncate`, but cut after a whole word (a reason is never cut mid-word); a single word longer
+    than ``width`` is cut as :func:`truncate` cuts it."""
+    if len(text) <= width:
+        return text
+    head = text[: max(0, width - 1)]
+    if text[len(head)] != " " and " " in head:     # the cut falls inside a word: leave that word out
+        head = head[: head.rfind(" ")]
+    return head.rstrip(" ,;:—") + "…"
 
 
 def lead_with_cause(reason: str) -> str:
@@ -305,7 +317,7 @@ def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
         if wide:
             row += [t["kind"], demand_text(t["demand"]), "-" if t["exit_code"] is None else t["exit_code"],
                     t["restarts"], t.get("preemptions", 0)]
-        row.append(reason if wide else truncate(reason, REASON_WIDTH))
+        row.append(reason if wide else truncate_words(reason, REASON_WIDTH))
         rows.append(row)
     return table(headers, rows, right=(3, 5))
 
@@ -417,7 +429,7 @@ def service_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -
         lines.append("decisions")
         for dec in d["decisions"][:5]:
             lines.append(f"  {age(dec.get('time_unix_s', 0), now):>4} ago  {dec.get('from_replicas', 0)} → "
-                         f"{dec.get('to_replicas', 0)}  {escape(truncate(dec.get('reason', ''), 100))}")
+                         f"{dec.get('to_replicas', 0)}  {escape(truncate_words(dec.get('reason', ''), 100))}")
     rows = [[r["replica"], r["task_id"], r["state"], escape(r["node"] or "-"), _qos_text(r["qos_reading"])]
             for r in d["replicas"]]
     lines.append(table(["REPLICA", "TASK", "STATE", "NODE", "QOS"], rows, right=(0,)) if rows else "no replicas")

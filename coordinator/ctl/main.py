@@ -308,7 +308,8 @@ def cmd_queues(t: Transport, args: argparse.Namespace) -> None:
         current = t.call("ListQueues", admin_pb2.ListQueuesRequest())
         known = next((v.queue for v in current.queues if v.queue.name == name and current.managed), None)
         view = t.call("SetQueue", admin_pb2.SetQueueRequest(queue=queue_update(known, name, args)), write=True)
-        _out(args, queue_dict(view), f"queue {name} set")
+        _out(args, queue_dict(view), f"queue {name} set" + (f"\n{human.escape(view.existing_work)}"
+                                                             if view.existing_work else ""))
         return
     if len(words) > 1:
         raise CtlError("queues: give one NAME, or set NAME / rm NAME", EXIT_USAGE)

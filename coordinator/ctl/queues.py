@@ -118,9 +118,10 @@ def queue_update(current: admin_pb2.Queue | None, name: str, args: argparse.Name
 
 
 def queue_dict(v: admin_pb2.QueueView) -> dict[str, Any]:
-    """One queue of the ``queues`` document."""
+    """One queue of the ``queues`` document; ``queues set``'s adds ``existing_work`` (what the change did with
+    existing tasks)."""
     q = v.queue
-    return {
+    out = {
         "name": q.name,
         "parent": q.parent or None,
         "leaf": v.leaf,
@@ -140,6 +141,9 @@ def queue_dict(v: admin_pb2.QueueView) -> dict[str, Any]:
         "budget_used": v.budget_used,
         "budget_gate": v.budget_gate or "run",
     }
+    if v.existing_work:
+        out["existing_work"] = v.existing_work
+    return out
 
 
 def queues_dict(resp: admin_pb2.ListQueuesResponse) -> dict[str, Any]:

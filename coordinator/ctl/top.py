@@ -127,7 +127,7 @@ def _queue(tasks: Sequence[Mapping[str, Any]], width: int) -> Table:
     reason_width = max(20, width - 60)
     for x in live[:_QUEUE_ROWS]:
         where = ",".join(f"{a['node_id']}:{'+'.join(map(str, a['gpu_indices']))}" for a in x["allocation"])
-        detail = where or human.truncate(human.lead_with_cause(x["reason"]), reason_width)
+        detail = where or human.truncate_words(human.lead_with_cause(x["reason"]), reason_width)
         t.add_row(x["task_id"], human.escape(human.truncate(x["name"], 20)), x["state"], str(x["priority"]),
                   human.escape(detail))
     if len(live) > _QUEUE_ROWS:

@@ -367,7 +367,8 @@ class Preemptor:
 
     async def _preempt(self, task: types_pb2.Task, victims: list[types_pb2.Task]) -> None:
         prio = task.spec.priority
-        stopped, grace = await self._stop(victims, f"preempted by {task.id} (priority {prio})", task.id)
+        stopped, grace = await self._stop(victims, f"Preempted by task {task.id}, of priority {prio}, which needs "
+                                                    f"the GPUs this task held.", task.id)
         if not stopped:
             return
         self._claims[task.id] = _Claim(prio, tuple(stopped), self._now() + 2 * grace + _CLAIM_SLACK_S)
@@ -378,8 +379,8 @@ class Preemptor:
                              f"{', '.join(nodes)}", task_id=task.id, preemptor=task.id, victims=",".join(stopped),
                              reason=f"{task.id} cannot be placed while lower-priority work holds "
                              f"{', '.join(nodes)}")
-        self._tasks.note_reason(task.id, f"waiting for {len(stopped)} preempted task(s) to stop: "
-                                         f"{', '.join(stopped)}")
+        self._tasks.note_reason(task.id, f"Waiting for {len(stopped)} preempted task(s) to stop: "
+                                         f"{', '.join(stopped)}.")
 
     async def _stop(self, victims: Sequence[types_pb2.Task], reason: str, by: str) -> tuple[list[str], float]:
         """Move each victim to PREEMPTED (fenced) and stop it with its checkpoint signal; the ids stopped
@@ -405,7 +406,9 @@ class Preemptor:
         queue). Returns the ids stopped."""
         if not victims:
             return []
-        stopped, _grace = await self._stop(victims, f"reclaimed by queue {queue} (within its quota)", queue)
+        reason = (f"Preempted: reclaimed by queue {queue}, which needs the GPUs it lent for its own work within "
+                  f"its quota.")
+        stopped, _grace = await self._stop(victims, reason, queue)
         if stopped:
             self._log.info("tasks_reclaimed", queue=queue, victims=",".join(stopped))
             self._events.publish("preemption", f"queue {queue} reclaims its quota from {', '.join(stopped)}",
@@ -415,5 +418,6 @@ class Preemptor:
 
     async def victim_stopped(self, task: types_pb2.Task) -> types_pb2.Task:
         """A PREEMPTED task ended on its agents: back in the queue (``PENDING``), its reservations released."""
-        return await self._tasks.transition(task.id, TaskState.PENDING, f"{task.reason}; back in the queue",
-                                            release=True)
+        back = (f"{task.reason} It stopped and waits in its queue to run again." if task.reason.endswith(".")
+                else f"{task.reason}; back in the queue")
+        return await self._tasks.transition(task.id, TaskState.PENDING, back, release=True)

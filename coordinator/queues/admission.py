@@ -107,7 +107,8 @@ class Demand:
 @dataclass(frozen=True)
 class Admission:
     """The decision: ``admit``; how many of the task's GPUs are ``borrowed`` (0 when refused);
-    ``reason`` with the numbers behind it; the ``pool`` the decision was made in."""
+    ``reason``, whole sentences with the numbers behind it (what ``gptrmctl tasks`` shows a waiting task); the
+    ``pool`` the decision was made in."""
 
     admit: bool
     borrowed: int
@@ -181,7 +182,7 @@ def admit(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[st
             raise ValidationError(f"demand.{name}", f"{getattr(demand, name)!r} is below 0")
     model = normalise_model(demand.gpu_model)
     if not config.managed:
-        return Admission(True, 0, "no queues configured", config.pool_of(model))
+        return Admission(True, 0, "No queues are configured, so every task is admitted.", config.pool_of(model))
     refused = _caps(config, use, demand)
     if refused is not None:
         return Admission(False, 0, refused, config.pool_of(model))
@@ -192,21 +193,34 @@ def admit(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[st
     admitted = [d for d in decisions if d.admit]
     if admitted:
         return min(admitted, key=lambda d: d.borrowed)      # min keeps the first of equals
-    return Admission(False, 0, "; ".join(f"[{d.pool}] {d.reason}" for d in decisions), decisions[0].pool)
+    if len(decisions) == 1:
+        return decisions[0]
+    return Admission(False, 0, " ".join(f"For {_pool_words(d.pool)}: {d.reason}" for d in decisions),
+                     decisions[0].pool)
+
+
+def _pool_words(pool: str) -> str:
+    return "GPUs of models no queue names" if pool == ANY_MODEL else f"{pool} GPUs"
+
+
+def _gpus(n: int, pool: str) -> str:
+    """``1 GPU``, ``5 GPUs``, ``5 GPUs of model H100``: a count in words, for reasons."""
+    return f"{n} GPU{'' if n == 1 else 's'}" + ("" if pool == ANY_MODEL else f" of model {pool}")
 
 
 def _caps(config: QueueConfig, use: Mapping[str, QueueUse], demand: Demand) -> str | None:
     for name in (demand.queue, *config.ancestors(demand.queue)):
         queue = config.get(name)
         held = _subtree_use(config, use, name)
-        for resource, unit in (("cpu", "cores"), ("mem_gib", "GiB")):
+        for resource, unit in (("cpu", "cores"), ("mem_gib", "GiB of memory")):
             cap = getattr(queue, resource)
             asked = getattr(demand, resource)
             if cap is None or asked == 0:
                 continue
             total = sum(getattr(u, resource) for u in held) + asked
             if total > cap:
-                return f"queue {name}: {total:g} {unit} of {resource} would exceed its quota {cap:g}"
+                return (f"Queue {name}'s tasks would ask for {total:g} {unit} in all with this one, more than its "
+                        f"cap of {cap:g} {unit}.")
     return None
 
 
@@ -216,26 +230,29 @@ def _admit_in(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mappin
     quota = queue.quota_in(pool)
     held = use.get(queue.name, _NO_USE).held_in(config, pool).total
     total = held + demand.gpus
-    where = "" if pool == ANY_MODEL else f" {pool}"
     if total <= quota:
-        return Admission(True, 0, f"queue {queue.name}: {total} of quota {quota}{where}", pool)
+        return Admission(True, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, within its "
+                                  f"quota of {quota}.", pool)
     borrowed = min(demand.gpus, total - quota)
     limit = queue.limit_in(pool)
     if limit is not None and total > limit:
-        return Admission(False, 0, f"queue {queue.name}: {total} ({total - borrowed} of quota {quota}{where} + "
-                                   f"{borrowed} borrowed) would exceed its limit {limit}", pool)
+        return Admission(False, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, more than "
+                                   f"its limit of {limit}; its quota is {quota}.", pool)
     for name in config.ancestors(queue.name):
         ancestor_limit = config.get(name).limit_in(pool)
         if ancestor_limit is None:
             continue
         subtree = sum(u.held_in(config, pool).total for u in _subtree_use(config, use, name)) + demand.gpus
         if subtree > ancestor_limit:
-            return Admission(False, 0, f"queue {name} (above {queue.name}): {subtree}{where} would exceed its "
-                                       f"limit {ancestor_limit}", pool)
+            return Admission(False, 0, f"Queue {name}, above queue {queue.name}, would hold {_gpus(subtree, pool)} "
+                                       f"in all with this task, more than its limit of {ancestor_limit}.", pool)
     state = pool_state(config, use, capacity, pool, borrower=queue.name)
     if borrowed > state.available:
-        return Admission(False, 0, f"queue {queue.name}: {total} of quota {quota}{where} needs {borrowed} borrowed, "
-                                   f"{max(0, state.available)} can be (lendable {state.lendable} + unassigned "
-                                   f"{state.unassigned} − borrowed {state.borrowed})", pool)
-    return Admission(True, borrowed, f"queue {queue.name}: {total} of quota {quota}{where}, {borrowed} borrowed "
-                                     f"of {state.available} available", pool)
+        return Admission(False, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, more than "
+                                   f"its quota of {quota}, so the task needs {borrowed} borrowed; only "
+                                   f"{max(0, state.available)} can be borrowed now ({state.lendable} lent by other "
+                                   f"queues plus {state.unassigned} under no queue's quota, minus {state.borrowed} "
+                                   f"already borrowed).", pool)
+    return Admission(True, borrowed, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task: "
+                                     f"{total - borrowed} within its quota of {quota} and {borrowed} borrowed, of "
+                                     f"{state.available} that can be borrowed.", pool)

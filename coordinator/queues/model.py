@@ -36,6 +36,15 @@ nothing is reclaimed (:data:`DEFAULT_QUEUE`).
 :meth:`~QueueConfig.set` and :meth:`~QueueConfig.remove` return a new, validated configuration.
 Validation errors are :class:`~common.errors.ValidationError` naming the field by the queue's
 index in the configuration, e.g. ``queue[1].limit["*"]: 2 is below its quota 4``.
+
+Bounds. A tree comes from admins, a TOML file and etcd, none of which is trusted, and every leader
+duty (the scheduling cycle, ``gptrmctl queues``, ``/metrics``) walks it; so a tree is refused past
+:data:`MAX_QUEUES` queues or :data:`MAX_DEPTH` levels, a GPU model name past
+:data:`MAX_MODEL_CHARS` characters (or :data:`MAX_MODELS` per table), more than
+:data:`MAX_IDENTITIES` members (or ``default_for`` entries) or an identity past
+:data:`MAX_IDENTITY_CHARS` characters, and numbers beyond :data:`MAX_GPUS` GPUs,
+:data:`MAX_CORES` cores, :data:`MAX_MEM_GIB` GiB, :data:`MAX_WEIGHT` or :data:`MAX_AMOUNT`.
+Every walk over the tree is iterative, and validating a tree is linear in its size.
 ``to_dict``/``from_dict`` turn a queue or a whole configuration into plain JSON/TOML data and back
 (the layout of :mod:`coordinator.queues.toml`).
 """
@@ -54,6 +63,17 @@ __all__ = [
     "ANY_MODEL",
     "DEFAULT_HALF_LIFE_H",
     "DEFAULT_QUEUE",
+    "MAX_AMOUNT",
+    "MAX_CORES",
+    "MAX_DEPTH",
+    "MAX_GPUS",
+    "MAX_IDENTITIES",
+    "MAX_IDENTITY_CHARS",
+    "MAX_MEM_GIB",
+    "MAX_MODELS",
+    "MAX_MODEL_CHARS",
+    "MAX_QUEUES",
+    "MAX_WEIGHT",
     "NAME_PATTERN",
     "Budget",
     "BudgetAction",
@@ -70,6 +90,28 @@ DEFAULT_HALF_LIFE_H = 24.0
 """Half-life of the decayed past usage that fair share weighs, in hours."""
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 """What a queue name must match, whole."""
+MAX_QUEUES = 1000
+"""The most queues a tree holds."""
+MAX_DEPTH = 16
+"""The most levels a tree has (a root alone is one level)."""
+MAX_MODELS = 64
+"""The most GPU models one of a queue's ``gpus``/``limit``/``lend`` tables names."""
+MAX_MODEL_CHARS = 128
+"""The longest GPU model name."""
+MAX_IDENTITIES = 1000
+"""The most identities a queue's ``members`` (and its ``default_for``) lists."""
+MAX_IDENTITY_CHARS = 256
+"""The longest identity in ``members`` or ``default_for``."""
+MAX_GPUS = 1_000_000
+"""The largest GPU count of a quota, limit or lend entry."""
+MAX_CORES = 10_000_000.0
+"""The largest ``cpu`` cap, in cores."""
+MAX_MEM_GIB = 1_000_000_000.0
+"""The largest ``mem_gib`` cap, in GiB."""
+MAX_WEIGHT = 1_000_000.0
+"""The largest ``weight``."""
+MAX_AMOUNT = 1e15
+"""The largest budget amount (GPU-hours, kWh or currency) and ``half_life_h``."""
 
 BudgetKind = Literal["gpu_hours", "kwh", "cost"]
 BudgetPeriod = Literal["day", "week", "month"]
@@ -114,8 +156,8 @@ class Budget:
         if self.kind not in _KINDS:
             raise ValidationError(f"{where}.kind", f"{self.kind!r} is not one of {', '.join(_KINDS)}")
         if isinstance(self.amount, bool) or not isinstance(self.amount, int | float) \
-                or not math.isfinite(self.amount) or self.amount <= 0:
-            raise ValidationError(f"{where}.amount", f"{self.amount!r} is not a positive number")
+                or not math.isfinite(self.amount) or not 0 < self.amount <= MAX_AMOUNT:
+            raise ValidationError(f"{where}.amount", f"{self.amount!r} is not a positive number up to {MAX_AMOUNT:g}")
         if self.period not in _PERIODS:
             raise ValidationError(f"{where}.period", f"{self.period!r} is not one of {', '.join(_PERIODS)}")
         if self.action not in _ACTIONS:
@@ -194,22 +236,27 @@ class Queue:
     def validate(self, where: str) -> None:
         """Check this queue alone (the tree is :class:`QueueConfig`'s); fields named under ``where``."""
         if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
-            raise ValidationError(f"{where}.name", f"{self.name!r} does not match {NAME_PATTERN.pattern}")
-        if self.parent is not None and not isinstance(self.parent, str):
-            raise ValidationError(f"{where}.parent", f"{self.parent!r} is not a queue name")
+            raise ValidationError(f"{where}.name", f"{_short(self.name)} does not match {NAME_PATTERN.pattern}")
+        if self.parent is not None and (not isinstance(self.parent, str) or not NAME_PATTERN.fullmatch(self.parent)):
+            raise ValidationError(f"{where}.parent", f"{_short(self.parent)} is not a queue name")
         if self.parent == self.name:
             raise ValidationError(f"{where}.parent", f"queue {self.name} cannot be its own parent")
         if isinstance(self.weight, bool) or not isinstance(self.weight, int | float) \
-                or not math.isfinite(self.weight) or self.weight <= 0:
-            raise ValidationError(f"{where}.weight", f"{self.weight!r} is not a positive number")
+                or not math.isfinite(self.weight) or not 0 < self.weight <= MAX_WEIGHT:
+            raise ValidationError(f"{where}.weight", f"{self.weight!r} is not a positive number up to {MAX_WEIGHT:g}")
         for name in ("gpus", "limit", "lend"):
             values = getattr(self, name)
             if not isinstance(values, Mapping):
                 raise ValidationError(f"{where}.{name}", "is not a table of GPU model = count")
+            if len(values) > MAX_MODELS:
+                raise ValidationError(f"{where}.{name}", f"names {len(values)} GPU models; at most {MAX_MODELS}")
             for model, count in values.items():
-                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                if len(model) > MAX_MODEL_CHARS:
+                    raise ValidationError(f"{where}.{name}[{_quoted(model[:32])}…]",
+                                          f"a GPU model of {len(model)} characters; at most {MAX_MODEL_CHARS}")
+                if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_GPUS:
                     raise ValidationError(f"{where}.{name}[{_quoted(model)}]",
-                                          f"{count!r} is not a whole number of GPUs ≥ 0")
+                                          f"{_short(count)} is not a whole number of GPUs ≥ 0 and ≤ {MAX_GPUS}")
         for model, quota in self.gpus.items():
             limit = self.limit_in(model)
             if limit is not None and limit < quota:
@@ -222,14 +269,21 @@ class Queue:
             quota = self.quota_in(model)
             if lend > quota:
                 raise ValidationError(f"{where}.lend[{_quoted(model)}]", f"{lend} is above its quota {quota}")
-        for name in ("cpu", "mem_gib"):
+        for name, most in (("cpu", MAX_CORES), ("mem_gib", MAX_MEM_GIB)):
             value = getattr(self, name)
             if value is not None:
-                _non_negative_number(value, f"{where}.{name}")
+                _non_negative_number(value, f"{where}.{name}", most)
         for name in ("members", "default_for"):
-            for i, who in enumerate(getattr(self, name)):
+            identities = getattr(self, name)
+            if len(identities) > MAX_IDENTITIES:
+                raise ValidationError(f"{where}.{name}",
+                                      f"lists {len(identities)} identities; at most {MAX_IDENTITIES}")
+            for i, who in enumerate(identities):
                 if not isinstance(who, str) or not who:
-                    raise ValidationError(f"{where}.{name}[{i}]", f"{who!r} is not an identity")
+                    raise ValidationError(f"{where}.{name}[{i}]", f"{_short(who)} is not an identity")
+                if len(who) > MAX_IDENTITY_CHARS:
+                    raise ValidationError(f"{where}.{name}[{i}]",
+                                          f"an identity of {len(who)} characters; at most {MAX_IDENTITY_CHARS}")
         if self.budget is not None:
             self.budget.validate(f"{where}.budget")
 
@@ -373,11 +427,24 @@ class QueueConfig:
         return tuple(out)
 
     def descendants(self, name: str) -> tuple[str, ...]:
-        """Every queue below ``name`` (depth first, children sorted)."""
+        """Every queue below ``name`` (depth first, children sorted); iterative, however deep the tree."""
         out: list[str] = []
-        for child in self.children(name):
+        stack = list(reversed(self.children(name)))
+        while stack:
+            child = stack.pop()
             out.append(child)
-            out.extend(self.descendants(child))
+            stack.extend(reversed(self._children[child]))
+        return tuple(out)
+
+    def tree_order(self) -> tuple[Queue, ...]:
+        """Every queue, each parent before its children, siblings (and roots) by name; iterative."""
+        out: list[Queue] = []
+        roots = sorted(q.name for q in self.all_queues if q.parent is None)
+        stack = list(reversed(roots))
+        while stack:
+            name = stack.pop()
+            out.append(self._by_name[name])
+            stack.extend(reversed(self._children[name]))
         return tuple(out)
 
     # -- pools -----------------------------------------------------------------------------
@@ -459,6 +526,8 @@ class QueueConfig:
         raw = data.get("queue", [])
         if not isinstance(raw, list):
             raise ValidationError("queue", "is not an array of tables ([[queue]])")
+        if len(raw) > MAX_QUEUES:
+            raise ValidationError("queue", f"{len(raw)} queues; at most {MAX_QUEUES}")
         return cls(queues=tuple(Queue.from_dict(q, f"queue[{i}]") for i, q in enumerate(raw)),
                    half_life_h=data.get("half_life_h", DEFAULT_HALF_LIFE_H))
 
@@ -466,8 +535,10 @@ class QueueConfig:
 
     def _validate(self) -> None:
         h = self.half_life_h
-        if isinstance(h, bool) or not isinstance(h, int | float) or not math.isfinite(h) or h <= 0:
-            raise ValidationError("half_life_h", f"{h!r} is not a positive number of hours")
+        if isinstance(h, bool) or not isinstance(h, int | float) or not math.isfinite(h) or not 0 < h <= MAX_AMOUNT:
+            raise ValidationError("half_life_h", f"{_short(h)} is not a positive number of hours up to {MAX_AMOUNT:g}")
+        if len(self.queues) > MAX_QUEUES:
+            raise ValidationError("queue", f"{len(self.queues)} queues; at most {MAX_QUEUES}")
         where = {q.name: f"queue[{i}]" for i, q in enumerate(self.queues)}
         seen: set[str] = set()
         for i, q in enumerate(self.queues):
@@ -481,13 +552,7 @@ class QueueConfig:
         for i, q in enumerate(self.queues):
             if q.parent is not None and q.parent not in parents:
                 raise ValidationError(f"queue[{i}].parent", f"no queue named {q.parent!r}")
-        for i, q in enumerate(self.queues):
-            path, node = [q.name], q.parent
-            while node is not None:
-                if node in path:
-                    raise ValidationError(f"queue[{i}].parent", "cycle " + " -> ".join([*path, node]))
-                path.append(node)
-                node = parents[node]
+        _check_depth(self.queues, parents)
         defaults: dict[str, str] = {}
         for i, q in enumerate(self.queues):
             for who in q.default_for:
@@ -495,8 +560,12 @@ class QueueConfig:
                     raise ValidationError(f"queue[{i}].default_for",
                                           f"{who} already has queue {defaults[who]} as default")
                 defaults[who] = q.name
+        kids_of: dict[str, list[Queue]] = {}
+        for q in self.queues:
+            if q.parent is not None:
+                kids_of.setdefault(q.parent, []).append(q)
         for parent in self.queues:
-            kids = [q for q in self.queues if q.parent == parent.name]
+            kids = kids_of.get(parent.name)
             if not kids:
                 continue
             if parent.lend:
@@ -518,12 +587,44 @@ class QueueConfig:
                                           f"{quota_value:g}")
 
 
+def _check_depth(queues: tuple[Queue, ...], parents: Mapping[str, str | None]) -> None:
+    """Refuse a cycle of parents or a tree deeper than :data:`MAX_DEPTH`, in one pass: each queue's
+    level is found once (walking up to the nearest queue whose level is known) and remembered."""
+    level: dict[str, int] = {}
+    for i, q in enumerate(queues):
+        path: list[str] = []
+        on_path: set[str] = set()
+        node: str | None = q.name
+        while node is not None and node not in level:
+            if node in on_path:
+                cycle = path[path.index(node):]
+                raise ValidationError(f"queue[{i}].parent", "cycle " + " -> ".join([*cycle, node]))
+            path.append(node)
+            on_path.add(node)
+            if len(path) > MAX_DEPTH:
+                break
+            node = parents[node]
+        base = 0 if node is None or node not in level else level[node]
+        if len(path) > MAX_DEPTH or base + len(path) > MAX_DEPTH:
+            raise ValidationError(f"queue[{i}].parent",
+                                  f"queue {q.name} would lie more than {MAX_DEPTH} levels deep; at most {MAX_DEPTH}")
+        for depth, name in enumerate(reversed(path), start=base + 1):
+            level[name] = depth
+
+
 def _no_unknown_keys(data: Mapping[str, Any], known: Iterable[str], where: str) -> None:
     unknown = sorted(set(map(str, data)) - set(known))
     if unknown:
         raise ValidationError(f"{where}.{unknown[0]}" if where else unknown[0], "is not a known field")
 
 
-def _non_negative_number(value: object, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValidationError(where, f"{value!r} is not a number ≥ 0")
+def _non_negative_number(value: object, where: str, most: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 <= value <= most:
+        raise ValidationError(where, f"{_short(value)} is not a number ≥ 0 and ≤ {most:g}")
+
+
+def _short(value: object) -> str:
+    """``repr(value)`` cut to 40 characters, so an error never echoes a hostile value whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"

@@ -169,8 +169,12 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
             leaf[t.queue] = t.queue in config and config.is_leaf(t.queue)
         if leaf[t.queue]:
             known.append(t)
+        elif t.queue in config:
+            plan.refused[t.task_id] = (f"Queue {t.queue} has child queues and takes no tasks, so this task cannot "
+                                       f"start; cancel it and submit it to one of those queues.")
         else:
-            plan.refused[t.task_id] = f"queue {t.queue!r} does not exist (any more)"
+            plan.refused[t.task_id] = (f"Queue {t.queue} does not exist, so this task cannot start; cancel it and "
+                                       f"submit it to a queue that exists.")
     use = dict(queue_use(rebalance(config, holdings)))
     order = order_pending(config, [Pending(t.task_id, t.queue, t.gpus, t.cpu) for t in known], use, decay,
                           capacity, now)
@@ -183,7 +187,8 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
     for task_id in order:                              # first round: within quota only
         t = by_id[task_id]
         if (gates or {}).get(t.queue, "run") == "hold":
-            plan.refused[task_id] = f"queue {t.queue}: past its budget, new work is held"
+            plan.refused[task_id] = (f"Queue {t.queue} is past its budget, so its new work is held until the "
+                                     f"budget's next period.")
             continue
         key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
         if key in refused:

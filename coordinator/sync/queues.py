@@ -4,9 +4,10 @@ The tree is one value so that a change is validated against every other queue an
 in one transaction: no reader ever sees a parent without its child or quotas that overcommit a
 parent. Changes are serialised by the ``queues`` admin lock and compared on the key's revision.
 
-A stored value is untrusted: larger than :data:`MAX_QUEUES_BYTES`, not JSON, or not a valid
-:class:`~coordinator.queues.QueueConfig`, it is moved under ``quarantine/`` and reads as absent
-(the cluster then runs as if it had no queues until an admin sets them again).
+A stored value is untrusted: larger than :data:`MAX_QUEUES_BYTES`, not JSON (nested too deep for the
+parser included), or not a valid :class:`~coordinator.queues.QueueConfig` (beyond its bounds: too
+many queues, too deep a tree, numbers out of range), it is moved under ``quarantine/`` and reads as
+absent (the cluster then runs as if it had no queues until an admin sets them again).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from coordinator.sync.state_machine import Conflict
 __all__ = ["MAX_QUEUES_BYTES", "QueueStore", "StoredQueues"]
 
 MAX_QUEUES_BYTES = 1 << 20
-"""The largest queue tree stored or read (about 2,000 queues with members and budgets)."""
+"""The largest queue tree stored or read, in bytes (the tree's own bounds, such as
+:data:`~coordinator.queues.MAX_QUEUES`, are :class:`~coordinator.queues.QueueConfig`'s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,7 @@ class QueueStore:
             raise CoordinationError(f"etcd key {kv.key!r}: {len(kv.value)} bytes, at most {MAX_QUEUES_BYTES}")
         try:
             config = QueueConfig.from_dict(json.loads(kv.value))
-        except (ValueError, TypeError, GptrmError) as e:
+        except (ValueError, TypeError, RecursionError, GptrmError) as e:
             raise CoordinationError(f"etcd key {kv.key!r}: not a queue tree: {e}") from None
         return StoredQueues(config, kv.mod_revision)
 

@@ -102,7 +102,7 @@ def _a_takes_its_quota_back(c: Cluster, tmp_path: Path, b_ids: list[str], marker
         task = c.task(t)
         assert [h["state"] for h in task["history"]][-2:] == ["preempted", "pending"]
         assert "reclaimed by queue a" in task["history"][-2]["reason"]
-        assert "queue b: 5 of quota 4" in task["reason"]   # it waits: nothing left to borrow
+        assert "Queue b would hold 5 GPUs with this task, more than its quota of 4" in task["reason"]   # it waits
     assert all(c.task(t)["queue"] == "a" and c.task(t)["borrowed_gpus"] == 0 for t in a_ids)
     return a_ids
 
@@ -238,7 +238,7 @@ class TestQueues:
         d = cluster.ctl_json("queues")
         validate(d, "queues")
         by_name = {q["name"]: q for q in d["queues"]}
-        assert d["managed"] and [q["name"] for q in d["queues"]] == ["org", "t1", "t2"]
+        assert d["managed"] and [q["name"] for q in d["queues"]] == ["default", "org", "t1", "t2"]   # default kept
         assert by_name["t1"]["quotas"] == [{"gpu_model": "*", "gpus": 6, "limit": 8, "lend": None}]
         assert by_name["t2"]["budget"] == {"kind": "kwh", "amount": 10.0, "period": "day", "action": "lowest"}
         assert not by_name["org"]["leaf"] and by_name["t2"]["weight"] == 2.0
@@ -253,5 +253,5 @@ class TestQueues:
         assert cluster.ctl("queues", "rm", "org").returncode != 0   # it has children
         assert cluster.ctl("cancel", task).returncode == 0
         wait_until(lambda: cluster.ctl("queues", "rm", "t1").returncode == 0, timeout_s=15, what="t1 removed")
-        assert [q["name"] for q in cluster.ctl_json("queues")["queues"]] == ["org", "t2"]
+        assert [q["name"] for q in cluster.ctl_json("queues")["queues"]] == ["default", "org", "t2"]
         assert "queue t1 removed" in cluster.ctl("-o", "json", "events").stdout

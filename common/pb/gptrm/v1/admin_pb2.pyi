@@ -485,7 +485,7 @@ class QueueHeld(_message.Message):
     def __init__(self, gpu_model: _Optional[str] = ..., own: _Optional[int] = ..., borrowed: _Optional[int] = ...) -> None: ...
 
 class QueueView(_message.Message):
-    __slots__ = ("queue", "held", "running", "pending", "fair_order", "budget_used", "budget_gate", "leaf")
+    __slots__ = ("queue", "held", "running", "pending", "fair_order", "budget_used", "budget_gate", "leaf", "existing_work")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -494,6 +494,7 @@ class QueueView(_message.Message):
     BUDGET_USED_FIELD_NUMBER: _ClassVar[int]
     BUDGET_GATE_FIELD_NUMBER: _ClassVar[int]
     LEAF_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_WORK_FIELD_NUMBER: _ClassVar[int]
     queue: Queue
     held: _containers.RepeatedCompositeFieldContainer[QueueHeld]
     running: int
@@ -502,7 +503,8 @@ class QueueView(_message.Message):
     budget_used: float
     budget_gate: str
     leaf: bool
-    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., held: _Optional[_Iterable[_Union[QueueHeld, _Mapping]]] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., fair_order: _Optional[int] = ..., budget_used: _Optional[float] = ..., budget_gate: _Optional[str] = ..., leaf: _Optional[bool] = ...) -> None: ...
+    existing_work: str
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., held: _Optional[_Iterable[_Union[QueueHeld, _Mapping]]] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., fair_order: _Optional[int] = ..., budget_used: _Optional[float] = ..., budget_gate: _Optional[str] = ..., leaf: _Optional[bool] = ..., existing_work: _Optional[str] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ("name",)

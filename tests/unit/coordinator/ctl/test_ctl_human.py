@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.ctl.human import demand_text, escape, fmt_duration, lead_with_cause, table, truncate
+from coordinator.ctl.human import (
+    REASON_WIDTH,
+    demand_text,
+    escape,
+    fmt_duration,
+    lead_with_cause,
+    table,
+    truncate,
+    truncate_words,
+)
+from coordinator.queues import Demand, Held, Queue, QueueConfig, QueueUse, admit
 
 GIB = 1 << 30
 
@@ -34,6 +44,33 @@ class TestLeadWithCause:
     def test_cause_first(self, reason: str, expected: str) -> None:
         """The trailing parenthesised cause moves to the front; reasons without one are unchanged."""
         assert lead_with_cause(reason) == expected
+
+
+class TestQueueReasons:
+    CONFIG = QueueConfig(queues=(Queue("default", members=("*",)), Queue("vision", gpus={"*": 4}, lend={"*": 0})))
+
+    def _refused(self, demand: Demand, capacity: dict[str, int]) -> str:
+        decision = admit(self.CONFIG, {"default": QueueUse(gpus={"H100": Held(0, 4)})}, capacity, demand)
+        assert not decision.admit
+        return decision.reason
+
+    def test_a_queue_reason_is_whole_sentences_kept_in_order(self) -> None:
+        """A waiting task's queue reason reads as sentences, starts with its subject, and is shown as built
+        (no cause rotated to the front, no ``[*]`` pool tag)."""
+        reason = self._refused(Demand("default", "H100", 2), {"H100": 4})
+        assert reason == ("Queue default would hold 6 GPUs with this task, more than its quota of 0, so the task "
+                          "needs 2 borrowed; only 0 can be borrowed now (0 lent by other queues plus 0 under no "
+                          "queue's quota, minus 4 already borrowed).")
+        assert lead_with_cause(reason) == reason and "[" not in reason
+
+    def test_a_long_reason_is_cut_after_a_whole_word(self) -> None:
+        """The task table's cell ends on a whole word and marks the cut."""
+        reason = self._refused(Demand("default", "H100", 2), {"H100": 4})
+        cell = truncate_words(reason, REASON_WIDTH)
+        assert len(cell) <= REASON_WIDTH and cell.endswith("…")
+        assert reason.startswith(cell[:-1]) and reason[len(cell) - 1] == " "
+        assert truncate_words("x" * 100, 10) == "x" * 9 + "…"          # one long word: cut where it must be
+        assert truncate_words("short", 10) == "short"
 
 
 class TestCells:

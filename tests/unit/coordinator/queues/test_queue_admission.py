@@ -30,7 +30,7 @@ CAPACITY = {H100: 8}
 def test_within_quota_is_admitted_without_borrowing() -> None:
     decision = admit(two_teams(), {"a": use(2)}, CAPACITY, Demand("a", H100, 2))
     assert (decision.admit, decision.borrowed) == (True, 0)
-    assert decision.reason == "queue a: 4 of quota 4"
+    assert decision.reason == "Queue a would hold 4 GPUs with this task, within its quota of 4."
 
 
 def test_within_quota_is_admitted_even_while_others_borrow_it() -> None:
@@ -42,7 +42,8 @@ def test_within_quota_is_admitted_even_while_others_borrow_it() -> None:
 def test_beyond_quota_borrows_idle_lendable_quota() -> None:
     decision = admit(two_teams(), {"a": use(4)}, CAPACITY, Demand("a", H100, 3))
     assert (decision.admit, decision.borrowed) == (True, 3)
-    assert decision.reason == "queue a: 7 of quota 4, 3 borrowed of 4 available"
+    assert decision.reason == ("Queue a would hold 7 GPUs with this task: 4 within its quota of 4 and 3 borrowed, "
+                               "of 4 that can be borrowed.")
 
 
 def test_only_the_part_beyond_quota_is_borrowed() -> None:
@@ -54,7 +55,8 @@ def test_limit_bounds_what_a_queue_holds_borrowed_included() -> None:
     decision = admit(two_teams(limit={"*": 5}), {"a": use(4)}, CAPACITY, Demand("a", H100, 2))
     assert not decision.admit
     assert decision.borrowed == 0
-    assert decision.reason == "queue a: 6 (4 of quota 4 + 2 borrowed) would exceed its limit 5"
+    assert decision.reason == ("Queue a would hold 6 GPUs with this task, more than its limit of 5; its quota "
+                               "is 4.")
 
 
 def test_lend_caps_what_others_may_borrow() -> None:
@@ -62,7 +64,9 @@ def test_lend_caps_what_others_may_borrow() -> None:
     assert admit(config, {"a": use(4)}, CAPACITY, Demand("a", H100, 1)).borrowed == 1
     decision = admit(config, {"a": use(4)}, CAPACITY, Demand("a", H100, 2))
     assert not decision.admit
-    assert "needs 2 borrowed, 1 can be (lendable 1 + unassigned 0 − borrowed 0)" in decision.reason
+    assert decision.reason == ("Queue a would hold 6 GPUs with this task, more than its quota of 4, so the task "
+                               "needs 2 borrowed; only 1 can be borrowed now (1 lent by other queues plus 0 under no "
+                               "queue's quota, minus 0 already borrowed).")
 
 
 def test_a_lender_lends_only_its_idle_quota() -> None:
@@ -104,7 +108,8 @@ def test_an_ancestors_limit_bounds_its_subtree() -> None:
     held = {"a": use(2), "b": use(2, 1)}
     decision = admit(config, held, CAPACITY, Demand("a", H100, 2))
     assert not decision.admit
-    assert decision.reason == "queue org (above a): 7 would exceed its limit 6"
+    assert decision.reason == ("Queue org, above queue a, would hold 7 GPUs in all with this task, more than its "
+                               "limit of 6.")
     assert admit(config, held, CAPACITY, Demand("a", H100, 1)).admit
 
 
@@ -113,11 +118,14 @@ def test_cpu_and_memory_caps_apply_to_the_queue_and_its_ancestors() -> None:
                                  Queue("b", parent="org")))
     decision = admit(config, {"a": use(cpu=8)}, CAPACITY, Demand("a", H100, 0, cpu=4))
     assert not decision.admit
-    assert decision.reason == "queue a: 12 cores of cpu would exceed its quota 10"
+    assert decision.reason == ("Queue a's tasks would ask for 12 cores in all with this one, more than its cap of "
+                               "10 cores.")
     decision = admit(config, {"a": use(cpu=8), "b": use(cpu=6)}, CAPACITY, Demand("b", H100, 0, cpu=4))
-    assert decision.reason == "queue org: 18 cores of cpu would exceed its quota 16"
+    assert decision.reason == ("Queue org's tasks would ask for 18 cores in all with this one, more than its cap of "
+                               "16 cores.")
     decision = admit(config, {"b": use(mem_gib=90)}, CAPACITY, Demand("b", H100, 0, mem_gib=20))
-    assert decision.reason == "queue org: 110 GiB of mem_gib would exceed its quota 100"
+    assert decision.reason == ("Queue org's tasks would ask for 110 GiB of memory in all with this one, more than its "
+                               "cap of 100 GiB of memory.")
     assert admit(config, {"a": use(cpu=8)}, CAPACITY, Demand("a", H100, 0, cpu=2)).admit
 
 
@@ -144,13 +152,17 @@ def test_any_model_prefers_a_pool_without_borrowing() -> None:
     decision = admit(config, {"a": QueueUse(gpus={A100: Held(2, 2), H100: Held(2)})}, capacity,
                      Demand("a", "*", 3))
     assert not decision.admit
-    assert decision.reason.startswith(f"[{H100}] queue a: 5 of quota 2 {H100} needs 3 borrowed")
-    assert "; [*] queue a: 7 of quota 2 needs 3 borrowed" in decision.reason
+    assert decision.reason.startswith(f"For {H100} GPUs: Queue a would hold 5 GPUs of model {H100} with this task, "
+                                      f"more than its quota of 2, so the task needs 3 borrowed; only ")
+    assert (" For GPUs of models no queue names: Queue a would hold 7 GPUs with this task, more than its quota of 2, "
+            "so the task needs 3 borrowed; only ") in decision.reason
+    assert "[" not in decision.reason
 
 
 def test_without_queues_everything_is_admitted_and_nothing_borrowed() -> None:
     decision = admit(QueueConfig(), {"default": use(100)}, CAPACITY, Demand("default", H100, 50))
-    assert (decision.admit, decision.borrowed, decision.reason) == (True, 0, "no queues configured")
+    assert (decision.admit, decision.borrowed) == (True, 0)
+    assert decision.reason == "No queues are configured, so every task is admitted."
 
 
 @pytest.mark.parametrize(("demand", "field"), [
@@ -176,5 +188,6 @@ def test_a_parent_limited_to_its_quota_keeps_borrowing_among_its_children() -> N
     assert admit(config, {}, capacity, Demand("a", H100, 4)).borrowed == 2          # b's idle quota
     decision = admit(config, {"b": use(2)}, capacity, Demand("a", H100, 3))          # would need other's
     assert not decision.admit
-    assert decision.reason == "queue org (above a): 5 would exceed its limit 4"
+    assert decision.reason == ("Queue org, above queue a, would hold 5 GPUs in all with this task, more than its "
+                               "limit of 4.")
     assert admit(config, {}, capacity, Demand("other", H100, 8)).borrowed == 4      # others may borrow org's

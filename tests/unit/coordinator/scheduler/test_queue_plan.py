@@ -104,7 +104,7 @@ def test_a_refused_demand_is_decided_once_per_cycle(monkeypatch: pytest.MonkeyPa
     pending = [QueuedTask(f"t{i}", "d", 2) for i in range(10)]
     plan = plan_queues(CONFIG, pending, holdings, CAPACITY, UsageDecay.for_config(CONFIG), 0.0)
     assert len(calls) == 1 and plan.order == [] and len(plan.refused) == 10
-    assert len(set(plan.refused.values())) == 1 and "limit 2" in plan.refused["t9"]
+    assert len(set(plan.refused.values())) == 1 and "limit of 2" in plan.refused["t9"]
 
 
 def test_quota_is_admitted_before_anything_is_lent() -> None:
@@ -120,7 +120,7 @@ def test_quota_is_admitted_before_anything_is_lent() -> None:
                                   queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
     plan = plan_queues(two, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-own"]
-    assert "needs 3 borrowed, 0 can be" in plan.refused["y-more"]
+    assert "quota of 2, so the task needs 3 borrowed; only 0 can be borrowed" in plan.refused["y-more"]
 
 
 class TestReclaimWithIdleGpus:
