@@ -39,7 +39,7 @@ from coordinator.monitor import NodeRegistry
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.usage import MAX_MARKS, MAX_ROWS, UsageStore, hours_between
-from coordinator.usage.ledger import HOUR_S, RowKey, Rows, Usage, account, add_rows, hour_of
+from coordinator.usage.ledger import HOUR_S, ReleasedOf, RowKey, Rows, Usage, account, add_rows, hour_of
 
 __all__ = ["MAX_QUEUE_LABELS", "AccountedPass", "UsageDuty", "UsageMetrics", "bucket_rows", "rows_bucket"]
 
@@ -129,14 +129,16 @@ class UsageDuty:
     :param settle_s: a pass accounts up to this many seconds before now.
     :param now: wall clock (injected in tests).
     :param on_accounted: called with each pass once it is stored.
+    :param released: the allocation a task gave up when it last went back to the queue (the leader's state).
     """
 
     def __init__(self, store: UsageStore, leadership: Leadership, tasks: Callable[[], Iterable[types_pb2.Task]],
                  registry: NodeRegistry, energy_now: Callable[[str], float], metrics: UsageMetrics, *,
                  interval_s: float = 60.0, settle_s: float = 2.0, now: Callable[[], float] = time.time,
-                 on_accounted: OnAccounted | None = None) -> None:
+                 on_accounted: OnAccounted | None = None, released: ReleasedOf | None = None) -> None:
         self._store, self._leadership, self._tasks, self._registry = store, leadership, tasks, registry
         self.on_accounted = on_accounted
+        self._released: ReleasedOf = released or (lambda _task_id: ())
         self._energy_now, self._metrics = energy_now, metrics
         self.interval_s, self.settle_s, self._now = interval_s, settle_s, now
         self._marks: types_pb2.UsageMarks | None = None
@@ -195,7 +197,7 @@ class UsageDuty:
         if self._marks is None or until <= self._marks.accounted_until_unix_s:
             return {}
         return account(self._tasks(), self._marks.accounted_until_unix_s, until, self._marks.task_energy_j,
-                       self.model_of, self.energy_of).hours
+                       self.model_of, self.energy_of, self._released).hours
 
     async def report(self, since: float, until: float, now: float) -> tuple[dict[int, Rows], float | None]:
         """The rows of every hour holding ``[since, until)``: what is stored and, on the leader, what is not
@@ -227,7 +229,7 @@ class UsageDuty:
         since, until = marks.accounted_until_unix_s, self._now() - self.settle_s
         if not until > since:
             return False
-        acc = account(self._tasks(), since, until, marks.task_energy_j, self.model_of, self.energy_of)
+        acc = account(self._tasks(), since, until, marks.task_energy_j, self.model_of, self.energy_of, self._released)
         stored = await asyncio.to_thread(self._store.get_hours, list(acc.hours))
         buckets = {}
         for hour, rows in acc.hours.items():
