@@ -105,8 +105,8 @@ def test_dev_cluster_coordinator_flags_win(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("GPTRM_DEV_COORDINATOR_ARGS", "--price-kwh 0.2 --price-gpu-hour 'H100=2.5'")
     dc = DevCluster(tmp_path)
     try:
-        [status] = [c for c in dc.printed_commands() if c.endswith(" status")]
-        ctl = [*shlex.split(status)[:-1], "--coordinator", dc.listen]
+        dc.printed_commands()   # the node registered
+        ctl = [str(Path(sys.executable).parent / "gptrmctl"), "--insecure", "--coordinator", dc.listen]
         res = subprocess.run([*ctl, "-o", "json", "usage"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["prices"] == {"gpu_hour": {"H100": 2.5}, "kwh": 0.2}
