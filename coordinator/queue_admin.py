@@ -145,6 +145,8 @@ class QueueAdmin:
         self._store, self._leadership, self._locks, self._state = store, leadership, locks, state
         self._queues, self._usage, self._prices = queues, usage, prices
         self._events, self._file = events, queues_file
+        self._used: dict[str, tuple[str, str, float, float]] = {}
+        """Queue → (budget kind, period, used in the period, when) of the last budget reading."""
         self._log = get_logger("coordinator")
 
     @property
@@ -199,6 +201,7 @@ class QueueAdmin:
             self._state.apply_queues(stored.config, stored.revision)
         self._log.info("queue_set", queue=queue.name)
         self._events.publish("queues", f"queue {queue.name} set", queue=queue.name)
+        self._rebudget(stored.config.get(queue.name))
         return stored.config.get(queue.name)
 
     async def remove(self, name: str) -> Queue:
@@ -334,8 +337,24 @@ class QueueAdmin:
                 current = budget_state(q.budget, used, now)
                 before = budget_state(q.budget, used - added.get(q.name, {}).get(q.budget.kind, 0.0), now)
                 readings[q.name] = current
+                self._used[q.name] = (q.budget.kind, q.budget.period, used, now)
                 for line in lines_crossed(before.fraction, current.fraction):
                     self._announce(q, line, current)
+        self._queues.budgets = readings
+        self._used = {name: used for name, used in self._used.items() if name in readings}
+
+    def _rebudget(self, queue: Queue) -> None:
+        """A queue's budget was set: its reading follows the new amount at once (the gate with it), and the lines
+        the change itself took it past are announced. A new kind or period waits for the next pass's reading."""
+        readings = dict(self._queues.budgets)
+        last = self._used.get(queue.name)
+        if queue.budget is None:
+            readings.pop(queue.name, None)
+        elif last is not None and queue.name in readings and last[:2] == (queue.budget.kind, queue.budget.period):
+            before, current = readings[queue.name], budget_state(queue.budget, last[2], last[3])
+            readings[queue.name] = current
+            for line in lines_crossed(before.fraction, current.fraction):
+                self._announce(queue, line, current)
         self._queues.budgets = readings
 
     def _used_by_queue(self, hours: Iterable[Rows]) -> dict[str, dict[str, float]]:

@@ -235,6 +235,42 @@ class TestBudgetsAsAccounted:
         lead(scenario)
 
 
+    def test_a_lowered_budget_applies_and_is_announced_at_once(self, lead: Callable[..., None]) -> None:
+        """Queue a used 0.56 of 10 GPU-hours (6 %); lowered to 0.6 GPU-hours it is at 93 % at once (80 % announced,
+        new work still runs), to 0.5 at 111 % (100 % announced, new work held) — without waiting for a pass."""
+        day = (math.floor(time.time() / 86400) + 4) * 86400
+        clock = [float(day + HOUR_S)]
+
+        def announced(app: App) -> list[str]:
+            return [e.message for e in app.events.recent(1000) if e.kind == "queues" and "budget" in e.message]
+
+        def queue(amount: float) -> Queue:
+            return Queue.from_dict({"name": "a", "gpus": {"*": 4}, "members": ["*"],
+                                    "budget": {"kind": "gpu_hours", "amount": amount, "period": "day"}})
+
+        async def scenario(app: App, store: UsageStore) -> None:
+            await app.queue_admin.set(queue(10))
+            tasks = [running("t-a", day + HOUR_S, 2, queue="a")]
+            duty = UsageDuty(store, app.leadership, lambda: tasks, app.registry, lambda i: 0.0,
+                             UsageMetrics(CollectorRegistry()), settle_s=0.0, now=lambda: clock[0],
+                             on_accounted=app.queue_admin.check_budgets)
+            await duty.flush()
+            clock[0] += 1000
+            assert await duty.flush()
+            assert app.queues.budgets["a"].fraction == pytest.approx(2000 / 3600 / 10)
+            await app.queue_admin.set(queue(0.6))
+            assert app.queues.budgets["a"].fraction == pytest.approx(2000 / 3600 / 0.6)
+            assert [m.split(" (")[0] for m in announced(app)] == ["queue a is at 93% of its gpu_hours budget of 0.6 "
+                                                                  "per day"]
+            await app.queue_admin.set(queue(0.5))
+            assert {q.queue.name: q.budget_gate for q in app.queue_admin.views().queues} == {"a": "hold"}
+            assert len(announced(app)) == 2 and announced(app)[1].startswith("queue a is past its gpu_hours budget")
+            await app.queue_admin.set(queue(0.4))      # already past both lines: nothing more
+            assert len(announced(app)) == 2
+
+        lead(scenario)
+
+
 class TestGetUsage:
     def test_report_prices_and_refusals(self, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
         """GetUsage sums the stored hours of the period per queue, user or model with the configured prices, and
