@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[$(VENV_EXTRAS)]'
 	touch $(STAMP)
 
-## run: embedded etcd + coordinator + one local agent (simulated GPUs unless NVML works), in the foreground
+## run: embedded etcd + coordinator + one local agent (simulated GPUs unless NVML works), in the foreground;
+## ARGS="..." passes coordinator flags through, e.g. make run ARGS="--price-kwh 0.2 --usage-interval 10"
+ARGS ?=
+run: export GPTRM_DEV_COORDINATOR_ARGS = $(ARGS)
 run: $(STAMP)
 	$(PY) -m coordinator.devcluster
 

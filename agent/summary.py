@@ -1,7 +1,7 @@
 """Telemetry summaries: one sample per report interval instead of every sample.
 
 The coordinator keeps its ingest within a budget by asking for a longer report interval as
-nodes grow (``TelemetryRate``; see the README, "Telemetry rate"). The agent keeps sampling at its
+nodes grow (``TelemetryRate``; see docs/internals.md, "Telemetry rate"). The agent keeps sampling at its
 own interval — power capping, its ``/metrics`` endpoint and task attribution read every sample —
 and sends one summary of the samples of each report interval. What a summary holds, per field:
 

@@ -78,8 +78,6 @@ class LeaderDuties:
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
         sup.add("usage", lambda beat: app.usage.run(beat=beat), interval_s=cfg.usage_interval_s)
-        sup.add("budgets", lambda beat: app.queue_admin.watch_budgets(beat=beat, interval_s=cfg.usage_interval_s),
-                interval_s=cfg.usage_interval_s)
         if cfg.power_capping == "on":
             sup.add("capping", lambda beat: app.capper.run(beat=beat), interval_s=2.0)
 
@@ -124,7 +122,7 @@ class LeaderDuties:
 
     def start_leading(self) -> None:
         """Run the scheduler, the power manager, the QoS watch, the finished-task retention, the lost-node
-        sweep, the services' replica controller, the usage ledger, the queues' budget readings, the power
+        sweep, the services' replica controller, the usage ledger (and with it the queues' budget readings), the power
         capping loop (``--power-capping on``) and, after the agents' grace, the reconcile of unreported tasks.
 
         Each runs under the supervisor (``coordinator.supervisor``): restarted when it fails, and the lease
@@ -257,10 +255,11 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     queues = LeaderQueues(state, registry)
     usage = UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
                       tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),
-                      interval_s=cfg.usage_interval_s)
+                      interval_s=cfg.usage_interval_s, released=state.released)
     queue_admin = QueueAdmin(QueueStore(client, keys, leadership.election, quarantine=quarantine), leadership, locks,
                              state, queues, usage, Prices(cfg.gpu_hour_prices, cfg.price_kwh), events,
                              queues_file=cfg.queues_file)
+    usage.on_accounted = queue_admin.check_budgets   # budgets are read as usage is accounted
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
                           protection_s=cfg.preemption_protection_s, may_preempt=queues.may_preempt)
     elastic = ElasticAllocator(tasks, dispatcher, monitor, events, metrics,

@@ -148,7 +148,7 @@ class CoordinatorConfig:
                                        "(up: half of it)", flag="service_cooldown", check=non_negative)
     service_max_actions: int = option(6, "scale actions a service may take per 10 minutes", check=positive)
     usage_interval_s: float = option(60.0, "seconds between two writes of the usage ledger to etcd (also at every "
-                                     "hour boundary), and between two readings of the queues' budgets",
+                                     "hour boundary); the queues' budgets are read after each write",
                                      flag="usage_interval", check=positive)
     price_gpu_hour: dict[str, str] = option({}, "price of one GPU-hour by GPU model, MODEL=PRICE[,...] (a model "
                                             "name found in the GPU's model prices it, e.g. H100=2.5; TOML: a table)",

@@ -16,6 +16,7 @@ can be reserved. Without NVML the agent simulates a whole DGX-like host (8×H100
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +30,9 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
 
 LISTEN = os.environ.get("GPTRM_DEV_LISTEN", "127.0.0.1:7770")
 METRICS = os.environ.get("GPTRM_DEV_METRICS", "127.0.0.1:9470")
+COORDINATOR_ARGS = "GPTRM_DEV_COORDINATOR_ARGS"
+"""Extra coordinator flags, shell-quoted (``make run ARGS="--price-kwh 0.2"`` sets it), appended after the
+dev cluster's own so that they win."""
 
 
 def _wait_for_node(deadline_s: float) -> str | None:
@@ -57,7 +61,8 @@ def main() -> int:
     started = time.monotonic()
     coord = subprocess.Popen([str(bin_dir / "gptrm-coordinator"), "--listen", LISTEN, "--metrics-listen", METRICS,
                               "--state-dir", str(state / "coordinator"), "--etcd", "embedded",
-                              "--coordinator-id", "dev-coordinator", "--insecure"], env=env)
+                              "--coordinator-id", "dev-coordinator", "--insecure",
+                              *shlex.split(os.environ.get(COORDINATOR_ARGS, ""))], env=env)
     agent = subprocess.Popen([str(bin_dir / "gptrm-agent"), "--coordinator", LISTEN, "--gpu-backend",
                               os.environ.get("GPTRM_GPU_BACKEND", "auto"), "--state-dir", str(agent_state),
                               "--data-paths", str(Path.cwd()), "--advertise-address", "127.0.0.1", "--insecure"],

@@ -1,7 +1,7 @@
 """What one component needs from another that sits above it in the import order.
 
 The components import downwards only: tasks, then dispatch, then scheduler, then qos, then
-adaptor (see the README's architecture section). Where a lower one calls into a higher one,
+adaptor (see docs/internals.md, Architecture). Where a lower one calls into a higher one,
 it does so through one of these protocols, which the higher component's class satisfies
 structurally; ``coordinator.app`` wires the concrete objects in. This module imports no
 component.

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
@@ -41,7 +41,6 @@ from coordinator.events import EventBus
 from coordinator.queues import (
     ANY_MODEL,
     DEFAULT_QUEUE,
-    WARN_FRACTION,
     BudgetState,
     Queue,
     QueueConfig,
@@ -49,21 +48,22 @@ from coordinator.queues import (
     UsageDecay,
     budget_gate,
     budget_state,
+    lines_crossed,
     load_toml,
     period_start,
     queue_use,
     rebalance,
-    warning_due,
 )
 from coordinator.queues.fairshare import order_queues
 from coordinator.scheduler.queueing import LeaderQueues, queue_of
 from coordinator.state import LeaderState
-from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
 from coordinator.sync.queues import QueueStore
 from coordinator.sync.state_machine import Conflict
-from coordinator.usage import Prices, UsageDuty, summarize
+from coordinator.sync.usage import hours_between
+from coordinator.usage import AccountedPass, Prices, UsageDuty, summarize
+from coordinator.usage.ledger import Rows
 
 __all__ = ["MAX_QUEUE_SERIES", "QueueAdmin", "QueueMetrics", "QueueSet", "Submitter", "queue_from_proto",
            "queue_to_proto"]
@@ -158,6 +158,8 @@ class QueueAdmin:
         self._store, self._leadership, self._locks, self._state = store, leadership, locks, state
         self._queues, self._usage, self._prices = queues, usage, prices
         self._events, self._file = events, queues_file
+        self._used: dict[str, tuple[str, str, float, float]] = {}
+        """Queue → (budget kind, period, used in the period, when) of the last budget reading."""
         self._log = get_logger("coordinator")
 
     @property
@@ -243,6 +245,7 @@ class QueueAdmin:
         stored, notes = await self._locks.run("queues", change)
         self._log.info("queue_set", queue=queue.name, kept_default=bool(notes))
         self._events.publish("queues", f"queue {queue.name} set", queue=queue.name)
+        self._rebudget(stored.get(queue.name))
         return QueueSet(stored.get(queue.name), " ".join(notes) or _UNCHANGED)
 
     async def remove(self, name: str) -> Queue:
@@ -380,47 +383,73 @@ class QueueAdmin:
                                                  fraction=view.budget_used, gate=view.budget_gate))
         return out
 
-    async def check_budgets(self) -> None:
-        """Read what each budgeted queue consumed in its current period (the usage ledger, priced) into the
-        scheduler's budget readings; an event the first time a queue passes 80 % and 100 % in a period."""
+    async def check_budgets(self, accounted: AccountedPass) -> None:
+        """Read what each budgeted queue consumed in its current period, as the usage ledger stored it up to the
+        pass just stored (priced), into the scheduler's budget readings, so that a queue's new work is held from
+        the pass that accounts it past its budget; an event for each line (80 %, 100 %) that pass crossed.
+
+        Called by the usage duty after each stored pass (``UsageDuty.on_accounted``). What the pass added is
+        the difference between the reading before it and after it, so a line is announced by the one pass that
+        crossed it in its period, also when the pass jumped past both lines, and never again by a new leader
+        (its passes start from the stored usage)."""
         config = self._state.queues
         budgeted = [q for q in config.queues if q.budget is not None] if config.managed else []
         readings: dict[str, BudgetState] = {}
-        now = self._queues.clock()
+        now = accounted.until
         by_start: dict[float, list[Queue]] = {}
         for q in budgeted:
             assert q.budget is not None
             by_start.setdefault(period_start(q.budget.period, now), []).append(q)
         for start, queues in by_start.items():
-            hours, _accounted = await self._usage.report(start, now, now)
-            rows = {r.key: r for r in summarize((hours[h] for h in sorted(hours)), by="queue", prices=self._prices)}
+            stored, _accounted = await asyncio.to_thread(self._usage.read, hours_between(start, now))
+            after = self._used_by_queue(stored.values())
+            added = self._used_by_queue(rows for hour, rows in accounted.hours.items() if hour >= start)
             for q in queues:
                 assert q.budget is not None
-                row = rows.get(q.name)
-                used = 0.0 if row is None else {"gpu_hours": row.gpu_hours, "kwh": row.energy_kwh,
-                                                "cost": row.cost}[q.budget.kind]
-                readings[q.name] = budget_state(q.budget, used, now)
-        for name, current in readings.items():
-            previous = self._queues.budgets.get(name)
-            for line in (WARN_FRACTION, 1.0):
-                if warning_due(previous, current, line):
-                    budget = config.get(name).budget
-                    assert budget is not None
-                    what = "past" if line >= 1.0 else f"at {current.fraction * 100:.0f}% of"
-                    self._log.warning("queue_budget", queue=name, fraction=round(current.fraction, 4),
-                                      kind=budget.kind, period=budget.period)
-                    self._events.publish("queues", f"queue {name} is {what} its {budget.kind} budget of "
-                                         f"{budget.amount:g} per {budget.period}"
-                                         + (f"; new work: {budget.action}" if line >= 1.0 else ""),
-                                         queue=name, fraction=round(current.fraction, 4))
+                used = after.get(q.name, {}).get(q.budget.kind, 0.0)
+                current = budget_state(q.budget, used, now)
+                before = budget_state(q.budget, used - added.get(q.name, {}).get(q.budget.kind, 0.0), now)
+                readings[q.name] = current
+                self._used[q.name] = (q.budget.kind, q.budget.period, used, now)
+                for line in lines_crossed(before.fraction, current.fraction):
+                    self._announce(q, line, current)
+        self._queues.budgets = readings
+        self._used = {name: used for name, used in self._used.items() if name in readings}
+
+    def _rebudget(self, queue: Queue) -> None:
+        """A queue's budget was set: its reading follows the new amount at once (the gate with it), and the lines
+        the change itself took it past are announced. A new kind or period waits for the next pass's reading."""
+        readings = dict(self._queues.budgets)
+        last = self._used.get(queue.name)
+        if queue.budget is None:
+            readings.pop(queue.name, None)
+        elif last is not None and queue.name in readings and last[:2] == (queue.budget.kind, queue.budget.period):
+            before, current = readings[queue.name], budget_state(queue.budget, last[2], last[3])
+            readings[queue.name] = current
+            for line in lines_crossed(before.fraction, current.fraction):
+                self._announce(queue, line, current)
         self._queues.budgets = readings
 
-    async def watch_budgets(self, beat: Beat = no_beat, interval_s: float = 30.0) -> None:
-        """:meth:`check_budgets` every ``interval_s`` while leading (a leader duty)."""
-        while True:
-            await self.check_budgets()
-            beat()
-            await asyncio.sleep(interval_s)
+    def _used_by_queue(self, hours: Iterable[Rows]) -> dict[str, dict[str, float]]:
+        """Queue → what its rows in ``hours`` add up to in each budget kind (gpu_hours, kwh, cost)."""
+        return {r.key: {"gpu_hours": r.gpu_hours, "kwh": r.energy_kwh, "cost": r.cost}
+                for r in summarize(hours, by="queue", prices=self._prices)}
+
+    def _announce(self, queue: Queue, line: float, current: BudgetState) -> None:
+        """A ``queues`` event (and a log line): ``queue`` crossed ``line`` of its budget."""
+        budget = queue.budget
+        assert budget is not None
+        fraction = round(current.fraction, 4)
+        self._log.warning("queue_budget", queue=queue.name, line=line, fraction=fraction, kind=budget.kind,
+                          period=budget.period)
+        head = f"queue {queue.name} is at {current.fraction * 100:.0f}% of its {budget.kind} budget of " \
+               f"{budget.amount:g} per {budget.period}"
+        if line >= 1.0:
+            head = f"queue {queue.name} is past its {budget.kind} budget of {budget.amount:g} per " \
+                   f"{budget.period} ({current.fraction * 100:.0f}%); new work: {budget.action}"
+        else:
+            head += f" (past {line * 100:.0f}%)"
+        self._events.publish("queues", head, queue=queue.name, line=line, fraction=fraction)
 
 
 _UNCHANGED = "No existing task changed queue."

@@ -52,6 +52,7 @@ class LeaderState:
         self._on_forget = on_forget
         self._tasks: dict[str, types_pb2.Task] = {}
         self._services: dict[str, types_pb2.Service] = {}
+        self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
         self.queues = QueueConfig()
         """The team queues as etcd stored them (immutable; replaced by :meth:`apply_queues`)."""
         self.queues_revision = 0
@@ -81,6 +82,7 @@ class LeaderState:
             entry.record = record
         self._tasks.clear()
         self._tasks.update(tasks)
+        self._released.clear()
         for entry in self._registry:
             entry._held.clear()
         for task in tasks.values():
@@ -99,8 +101,18 @@ class LeaderState:
     # ---- tasks ------------------------------------------------------------------------------------
 
     def apply_task(self, stored: types_pb2.Task) -> None:
-        """Follow a task record etcd stored (a submit, a state change, an update, a re-read)."""
+        """Follow a task record etcd stored (a submit, a state change, an update, a re-read). A task back in the
+        queue no longer has its allocation: the one it gave up is kept (:meth:`released`)."""
+        before = self._tasks.get(stored.id)
+        if before is not None and before.allocation.nodes and not stored.allocation.nodes:
+            self._released[stored.id] = tuple(before.allocation.nodes)
         self._tasks[stored.id] = stored
+
+    def released(self, task_id: str) -> tuple[types_pb2.NodeAllocation, ...]:
+        """The allocation ``task_id`` last gave up when it went back to the queue (a preemption, a resize, a
+        restart, a drain), so that the time it held it is accounted to the GPUs that ran it; empty when this
+        replica did not see it happen."""
+        return self._released.get(task_id, ())
 
     def apply_placement(self, stored: types_pb2.Task) -> None:
         """Follow a placement etcd committed: the task as stored, and its allocation reserved on its nodes."""
@@ -125,6 +137,7 @@ class LeaderState:
 
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention), or one etcd no longer has."""
+        self._released.pop(task_id, None)
         if self._tasks.pop(task_id, None) is not None and self._on_forget is not None:
             self._on_forget(task_id)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -48,6 +48,9 @@ _GPU_GAUGES = (
     ("sm_clock_hertz", "GPU SM clock", "sm_clock_mhz", 1e6),
     ("energy_joules", "GPU energy counter since driver load", "energy_j", 1.0),
 )
+_GPU_COUNTERS = frozenset({"energy_joules"})
+"""Suffixes of the per-GPU series that only grow (a driver reload restarts them, as a counter may):
+exposed as counters, their samples named ``..._total``."""
 
 
 def _escape(value: str) -> str:
@@ -56,7 +59,7 @@ def _escape(value: str) -> str:
 
 
 class _GpuGauges:
-    """The per-GPU gauges of every node's latest sample, rendered as exposition text.
+    """The per-GPU gauges (and the energy counter) of every node's latest sample, rendered as exposition text.
 
     :param monitor: the latest samples.
     :param registry: GPU models from the inventories.
@@ -68,19 +71,27 @@ class _GpuGauges:
         self._monitor = monitor
         self._registry = registry
 
-    def render(self, names: Collection[str] | None = None) -> str:
+    def render(self, names: Collection[str] | None = None, openmetrics: bool = False) -> str:
         """The families in ``names`` (all when None), each with its HELP and TYPE lines.
 
-        :param names: metric names asked for (a ``name[]`` filter), or None.
-        :returns: exposition lines, valid in both the text format and OpenMetrics.
+        :param names: metric names asked for (a ``name[]`` filter; a counter by its family or sample name), or None.
+        :param openmetrics: OpenMetrics (a counter's HELP and TYPE name the family, without ``_total``) rather
+            than the text format (they name the samples, as prometheus-client writes them).
+        :returns: exposition lines.
         """
-        wanted = [(name, help_text, field, scale)
-                  for name, (_, help_text, field, scale) in zip(self.families, _GPU_GAUGES, strict=True)
-                  if names is None or name in names]
+        wanted = []
+        heads = []
+        for name, (suffix, help_text, field, scale) in zip(self.families, _GPU_GAUGES, strict=True):
+            counter = suffix in _GPU_COUNTERS
+            series = f"{name}_total" if counter else name
+            if names is not None and name not in names and series not in names:
+                continue
+            wanted.append((series, help_text, field, scale))
+            head = name if openmetrics else series
+            heads.append(f"# HELP {head} {help_text}\n# TYPE {head} {'counter' if counter else 'gauge'}\n")
         if not wanted:
             return ""
-        outs: list[list[str]] = [[f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"]
-                                 for name, help_text, _, _ in wanted]
+        outs: list[list[str]] = [[head] for head in heads]
         for node_id, sample in list(self._monitor.latest.items()):
             entry = self._registry.get(node_id)
             models = {g.index: g.model for g in entry.inventory.gpus} if entry else {}
@@ -96,8 +107,10 @@ class _GpuGauges:
 
 
 class _TelemetryCollector(Collector):
-    """Turns the monitor's latest samples and the registry into node and cluster gauges at scrape time."""
+    """Turns the monitor's latest samples and the registry into node and cluster gauges (and the cluster's
+    energy counter) at scrape time."""
 
+    counters = frozenset({"gptrm_cluster_energy_joules"})
     names = (
         "gptrm_node_utilization_ratio", "gptrm_node_power_watts", "gptrm_node_cpu_utilization_ratio",
         "gptrm_node_cpu_power_watts", "gptrm_node_memory_used_bytes", "gptrm_cluster_utilization_mean_ratio",
@@ -111,11 +124,12 @@ class _TelemetryCollector(Collector):
         self._registry = registry
         self._task_counts = task_counts
 
-    def describe(self) -> list[GaugeMetricFamily]:
+    def describe(self) -> list[Metric]:
         """The families :meth:`collect` yields (so that a ``name[]`` filter finds this collector)."""
-        return [GaugeMetricFamily(name, "") for name in self.names]
+        return [CounterMetricFamily(name, "") if name in self.counters else GaugeMetricFamily(name, "")
+                for name in self.names]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         yield from self._node_families()
         obj = self._monitor.objectives
         for name, help_text, value in (
@@ -124,9 +138,11 @@ class _TelemetryCollector(Collector):
              obj.util_std),
             ("gptrm_cluster_power_watts", "Eq. 3: total power of the cluster", obj.power_w),
             ("gptrm_cluster_gpu_memory_utilization_ratio", "GPU memory used / total", obj.gpu_mem_util),
-            ("gptrm_cluster_energy_joules", "energy since the coordinator started", obj.energy_j),
         ):
             yield GaugeMetricFamily(name, help_text, value=value)
+        # Only grows (the sum of every node's energy since this replica started): a counter, gptrm_..._total.
+        yield CounterMetricFamily("gptrm_cluster_energy_joules", "energy since the coordinator started",
+                                  value=obj.energy_j)
         tasks = GaugeMetricFamily("gptrm_tasks", "tasks by state", labels=["state"])
         for state, count in sorted(self._task_counts().items()):
             tasks.add_metric([state], count)
@@ -312,7 +328,7 @@ class Metrics:
         encoder, content_type = choose_encoder(accept)
         wanted = None if names is None else set(names)
         output = encoder(self.registry if wanted is None else self.registry.restricted_registry(wanted))
-        gpus = self._gpus.render(wanted).encode()
+        gpus = self._gpus.render(wanted, openmetrics=content_type.startswith("application/openmetrics")).encode()
         if gpus:
             eof = b"# EOF\n"   # OpenMetrics ends with it; the GPU families go before
             output = output[: -len(eof)] + gpus + eof if output.endswith(eof) else output + gpus

@@ -26,8 +26,8 @@ from coordinator.queues.budget import (
     Gate,
     budget_gate,
     budget_state,
+    lines_crossed,
     period_start,
-    warning_due,
 )
 from coordinator.queues.fairshare import Consumed, Pending, UsageDecay, order_pending, order_queues, weighted_share
 from coordinator.queues.holdings import Holding, queue_use, rebalance
@@ -79,6 +79,7 @@ __all__ = [
     "budget_gate",
     "budget_state",
     "dumps_toml",
+    "lines_crossed",
     "load_toml",
     "loads_toml",
     "normalise_model",
@@ -89,6 +90,5 @@ __all__ = [
     "queue_use",
     "rebalance",
     "reclaim_victims",
-    "warning_due",
     "weighted_share",
 ]

@@ -7,9 +7,10 @@ when to warn, and what its new work may do past 100 %.
   (consumed since the period start, in the budget's unit) makes. What was consumed comes from the
   usage report rows (:func:`coordinator.usage.report.summarize`): their GPU-hours, kWh or cost,
   the cost at the coordinator's ``--price-gpu-hour``/``--price-kwh`` prices.
-- :func:`warning_due` — whether the :data:`WARN_FRACTION` (80 %) line was crossed between two
-  readings; it is true once per period: at the first reading at or past the line in a period,
-  including the first reading of a new period that starts already past it.
+- :func:`lines_crossed` — which of the lines (:data:`WARN_FRACTION`, 80 %, and 100 %) an accounting
+  pass crossed: the pass that took the period's fraction from under a line to at or past it, however
+  far past (a pass from 56 % to 167 % crosses both). Each pass adds to what the passes before it
+  stored, so within a period every line is crossed by exactly one pass, whichever leader made it.
 - :func:`budget_gate` — the decision for a queue's *new* work: ``run``; ``lowest`` (past 100 %
   with ``action = "lowest"`` and no other queue waiting: run at the lowest priority on capacity
   nobody else waits for); ``hold`` (past 100 % with ``action = "hold"``, or ``lowest`` while
@@ -23,7 +24,7 @@ from typing import Literal, NamedTuple
 
 from coordinator.queues.model import Budget, BudgetPeriod, Queue
 
-__all__ = ["WARN_FRACTION", "BudgetState", "Gate", "budget_gate", "budget_state", "period_start", "warning_due"]
+__all__ = ["WARN_FRACTION", "BudgetState", "Gate", "budget_gate", "budget_state", "lines_crossed", "period_start"]
 
 WARN_FRACTION = 0.8
 """Past this fraction of its budget, a queue's owners are told (once per period)."""
@@ -57,12 +58,10 @@ def budget_state(budget: Budget, used: float, now: float) -> BudgetState:
     return BudgetState(max(0.0, used) / budget.amount, period_start(budget.period, now))
 
 
-def warning_due(previous: BudgetState | None, current: BudgetState, line: float = WARN_FRACTION) -> bool:
-    """Whether the ``line`` was crossed between the ``previous`` reading (None: there was none)
-    and the ``current`` one: true at the first reading of a period at or past the line."""
-    if current.fraction < line:
-        return False
-    return previous is None or previous.period_start != current.period_start or previous.fraction < line
+def lines_crossed(before: float, after: float, lines: tuple[float, ...] = (WARN_FRACTION, 1.0)) -> list[float]:
+    """The ``lines`` (fractions of a budget) that an accounting pass taking the period's fraction used from
+    ``before`` to ``after`` crossed: those with ``before < line <= after``."""
+    return [line for line in lines if before < line <= after]
 
 
 def budget_gate(queue: Queue, state: BudgetState | None, others_waiting: bool) -> Gate:

@@ -46,7 +46,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     :param p: the parser.
     """
     d = NodeDefaults()
-    p.add_argument("--jobs", required=True, type=Path, help="jobs CSV (schema of shared/traces/README.md)")
+    p.add_argument("--jobs", required=True, type=Path, help="jobs CSV (schema: docs/simulator.md, Traces)")
     p.add_argument("--nodes", required=True, type=Path, help="nodes CSV")
     p.add_argument("--nodes-limit", type=int, help="replay on N nodes, evenly spaced in file order")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")

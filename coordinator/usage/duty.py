@@ -14,6 +14,9 @@ revision as read. So:
 - ``settle_s`` leaves the state changes in flight time to land in the task table before the window
   that holds them is accounted.
 
+After each pass is stored, ``on_accounted`` (the queues' budget check) is given what the pass added, so
+that budgets are read as usage is accounted, from what is stored, one pass at a time.
+
 Energy follows the agents' reports, which a new leader receives again within a sample or two (an
 agent reports each task's total since it started there).
 """
@@ -23,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -35,12 +39,26 @@ from coordinator.monitor import NodeRegistry
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.usage import MAX_MARKS, MAX_ROWS, UsageStore, hours_between
-from coordinator.usage.ledger import HOUR_S, RowKey, Rows, Usage, account, add_rows, hour_of
+from coordinator.usage.ledger import HOUR_S, ReleasedOf, RowKey, Rows, Usage, account, add_rows, hour_of
 
-__all__ = ["MAX_QUEUE_LABELS", "UsageDuty", "UsageMetrics", "bucket_rows", "rows_bucket"]
+__all__ = ["MAX_QUEUE_LABELS", "AccountedPass", "UsageDuty", "UsageMetrics", "bucket_rows", "rows_bucket"]
 
 MAX_QUEUE_LABELS = 256
 """Distinct ``queue`` label values of the usage counters; later queues count under ``other``."""
+
+
+@dataclass(frozen=True, slots=True)
+class AccountedPass:
+    """One stored pass of the usage duty: it accounted ``[since, until)`` and added ``hours`` (hour → rows) to
+    what was stored before it."""
+
+    since: float
+    until: float
+    hours: dict[int, Rows]
+
+
+OnAccounted = Callable[[AccountedPass], Awaitable[None]]
+"""Called after each stored pass (the queues' budget check)."""
 
 
 class UsageMetrics:
@@ -110,12 +128,17 @@ class UsageDuty:
     :param interval_s: seconds between passes.
     :param settle_s: a pass accounts up to this many seconds before now.
     :param now: wall clock (injected in tests).
+    :param on_accounted: called with each pass once it is stored.
+    :param released: the allocation a task gave up when it last went back to the queue (the leader's state).
     """
 
     def __init__(self, store: UsageStore, leadership: Leadership, tasks: Callable[[], Iterable[types_pb2.Task]],
                  registry: NodeRegistry, energy_now: Callable[[str], float], metrics: UsageMetrics, *,
-                 interval_s: float = 60.0, settle_s: float = 2.0, now: Callable[[], float] = time.time) -> None:
+                 interval_s: float = 60.0, settle_s: float = 2.0, now: Callable[[], float] = time.time,
+                 on_accounted: OnAccounted | None = None, released: ReleasedOf | None = None) -> None:
         self._store, self._leadership, self._tasks, self._registry = store, leadership, tasks, registry
+        self.on_accounted = on_accounted
+        self._released: ReleasedOf = released or (lambda _task_id: ())
         self._energy_now, self._metrics = energy_now, metrics
         self.interval_s, self.settle_s, self._now = interval_s, settle_s, now
         self._marks: types_pb2.UsageMarks | None = None
@@ -174,7 +197,7 @@ class UsageDuty:
         if self._marks is None or until <= self._marks.accounted_until_unix_s:
             return {}
         return account(self._tasks(), self._marks.accounted_until_unix_s, until, self._marks.task_energy_j,
-                       self.model_of, self.energy_of).hours
+                       self.model_of, self.energy_of, self._released).hours
 
     async def report(self, since: float, until: float, now: float) -> tuple[dict[int, Rows], float | None]:
         """The rows of every hour holding ``[since, until)``: what is stored and, on the leader, what is not
@@ -196,7 +219,8 @@ class UsageDuty:
         return stored, accounted
 
     async def flush(self) -> bool:
-        """Account up to now - settle and store it (one fenced transaction); False when there was nothing new.
+        """Account up to now - settle and store it (one fenced transaction), then hand the stored pass to
+        ``on_accounted``; False when there was nothing new.
 
         :raises Conflict: the stored usage changed meanwhile (the marks are read again at the next pass).
         :raises NotLeader, Fenced, EtcdUnavailable: as a fenced write.
@@ -205,7 +229,7 @@ class UsageDuty:
         since, until = marks.accounted_until_unix_s, self._now() - self.settle_s
         if not until > since:
             return False
-        acc = account(self._tasks(), since, until, marks.task_energy_j, self.model_of, self.energy_of)
+        acc = account(self._tasks(), since, until, marks.task_energy_j, self.model_of, self.energy_of, self._released)
         stored = await asyncio.to_thread(self._store.get_hours, list(acc.hours))
         buckets = {}
         for hour, rows in acc.hours.items():
@@ -221,6 +245,8 @@ class UsageDuty:
         revision = await self._leadership.write(self._store.commit, buckets, new, self._marks_revision)
         self._marks, self._marks_revision = new, revision
         self._metrics.add(acc.hours)
+        if self.on_accounted is not None:
+            await self.on_accounted(AccountedPass(since, until, acc.hours))
         return True
 
     async def run(self, beat: Beat = no_beat) -> None:

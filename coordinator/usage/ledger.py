@@ -14,12 +14,15 @@ rows and the marks of the next pass.
   drew since the task's mark, spread over the hours it held its allocation in the window, and
   moves the mark; a finished task's mark is dropped once its end is behind the window.
 - **Tasks** counts each task once, in the hour it ended.
+- **GPU models**: time held goes to the model of the GPUs that held it. A task back in the queue (preempted,
+  resized, restarted) has no allocation any more; the time it held before that goes to the allocation it
+  gave up (:data:`ReleasedOf`), the time since its latest placement to its allocation now.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.pb.gptrm.v1 import types_pb2
@@ -33,6 +36,7 @@ __all__ = [
     "Accrual",
     "EnergyOf",
     "ModelOf",
+    "ReleasedOf",
     "RowKey",
     "Usage",
     "account",
@@ -59,6 +63,13 @@ ModelOf = Callable[[str, list[int]], str]
 
 EnergyOf = Callable[[types_pb2.Task], float]
 """A task → joules it drew so far (all its runs), as far as is known now."""
+
+ReleasedOf = Callable[[str], Sequence[types_pb2.NodeAllocation]]
+"""A task id → the allocation the task last gave up when it went back to the queue (empty: not known)."""
+
+
+def _none_released(_task_id: str) -> Sequence[types_pb2.NodeAllocation]:
+    return ()
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -139,29 +150,38 @@ def _ended_at(task: types_pb2.Task) -> float | None:
     return task.history[-1].time_unix_s if task.history else task.submit_unix_s
 
 
-def _shares(task: types_pb2.Task, model_of: ModelOf) -> list[tuple[str, float, float]]:
-    """(GPU model, GPUs, CPU cores) of each node of its allocation (the demand's when it holds none now)."""
+def _shares(nodes: Sequence[types_pb2.NodeAllocation], demand: types_pb2.ResourceVector,
+            model_of: ModelOf) -> list[tuple[str, float, float]]:
+    """(GPU model, GPUs, CPU cores) of each node of an allocation (the demand's, model unknown, when empty)."""
     out = []
-    for na in task.allocation.nodes:
+    for na in nodes:
         share = na.gpu_share if 0 < na.gpu_share <= 1 else 1.0
         gpus = len(na.gpu_indices) * share
         cores = na.demand.cpu_cores if math.isfinite(na.demand.cpu_cores) and na.demand.cpu_cores > 0 else 0.0
         out.append((model_of(na.node_id, list(na.gpu_indices))[:LABEL_CHARS] if na.gpu_indices else "", gpus, cores))
     if not out:
-        d = task.demand
-        gpus = d.gpus if math.isfinite(d.gpus) and d.gpus > 0 else 0.0
-        cores = d.cpu_cores if math.isfinite(d.cpu_cores) and d.cpu_cores > 0 else 0.0
+        gpus = demand.gpus if math.isfinite(demand.gpus) and demand.gpus > 0 else 0.0
+        cores = demand.cpu_cores if math.isfinite(demand.cpu_cores) and demand.cpu_cores > 0 else 0.0
         out.append(("unknown" if gpus else "", gpus, cores))
     return out
 
 
+def _requeued_at(task: types_pb2.Task) -> float:
+    """When the task last went back to the queue after holding an allocation (-inf: never)."""
+    for i in range(len(task.history) - 1, 0, -1):
+        if task.history[i].state == TaskState.PENDING and task.history[i - 1].state != TaskState.PENDING:
+            return task.history[i].time_unix_s
+    return -math.inf
+
+
 def account(tasks: Iterable[types_pb2.Task], since: float, until: float, marks: Mapping[str, float],
-            model_of: ModelOf, energy_of: EnergyOf) -> Accrual:
+            model_of: ModelOf, energy_of: EnergyOf, released: ReleasedOf = _none_released) -> Accrual:
     """What ``tasks`` used in ``[since, until)``.
 
     :param marks: task id → joules of that task already accounted (the previous pass's ``marks``).
     :param model_of: the GPU model of a node's GPUs.
     :param energy_of: the joules a task drew so far.
+    :param released: the allocation a task gave up when it last went back to the queue.
     :returns: usage per hour and row, and the marks for the pass that starts at ``until``.
     """
     acc = Accrual()
@@ -170,13 +190,18 @@ def account(tasks: Iterable[types_pb2.Task], since: float, until: float, marks: 
         if ended is not None and ended < since and task.id not in marks:
             continue   # accounted by an earlier pass
         key = (task.queue[:LABEL_CHARS], task.submitted_by[:LABEL_CHARS])
-        shares = _shares(task, model_of)
+        shares = _shares(task.allocation.nodes, task.demand, model_of)
+        gave_up = released(task.id)
+        earlier = _shares(gave_up, task.demand, model_of) if gave_up else shares
+        if not task.allocation.nodes:
+            shares = earlier
+        requeued = _requeued_at(task)
         held = held_intervals(task, since, until)
         # Seconds held per hour, then per row: the weights energy is spread by.
         weights: dict[tuple[int, str], float] = {}
         for start, end in held:
             for hour, seconds in split_hours(start, end):
-                for model, gpus, cores in shares:
+                for model, gpus, cores in earlier if start < requeued else shares:
                     usage = acc.row(hour, RowKey(*key, model))
                     usage.gpu_s += gpus * seconds
                     usage.cpu_core_s += cores * seconds

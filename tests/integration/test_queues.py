@@ -219,6 +219,40 @@ class TestQueues:
         assert budget["queue"] == "a" and budget["fraction"] >= 1.0 and budget["gate"] == "hold"
         assert "budgets (current period)" in cluster.ctl("usage", "--since", "1h").stdout
 
+    def test_budget_lines_are_announced_once_across_a_leader_change(self, cluster: Cluster, tmp_path: Path) -> None:
+        """Queue a's budget (3.6 GPU-seconds a day) is crossed by one task: the leader announces 80 % and 100 % once
+        each; after it stops, the new leader reads the same budget (and holds a's work) without announcing
+        either again."""
+        path = tmp_path / "queues.toml"
+        path.write_text(QUEUES.replace('default_for = ["alice"]',
+                                       'default_for = ["alice"]\nbudget = { kind = "gpu_hours", amount = 0.001, '
+                                       'period = "day", action = "hold" }'))
+        cluster.start_coordinator("c1", "--queues", str(path), "--usage-interval", "1")
+        cluster.wait_leader("c1")
+        cluster.start_coordinator("c2", "--queues", str(path), "--usage-interval", "1")
+        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
+        wait_until(lambda: any(n["state"] == "ready" for n in cluster.ctl_json("nodes")["nodes"]), what="node ready")
+        first = cluster.submit("--queue", "a", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--", "sleep", "5")
+        wait_until(lambda: cluster.task_in(first, "succeeded"), timeout_s=30, what="a's first task")
+
+        def announced(name: str) -> list[str]:
+            res = cluster.ctl("-o", "json", "events", coordinator=cluster.address(name))
+            assert res.returncode == 0, res.stderr
+            return [e["message"] for e in map(json.loads, res.stdout.splitlines())
+                    if e["kind"] == "queues" and "budget" in e["message"]]
+
+        wait_until(lambda: len(announced("c1")) == 2 and (v := _queue_views(cluster)) and v["a"]["budget_used"] >= 1,
+                   timeout_s=30, interval_s=0.5, what="c1 announcing a's 80 % and 100 % lines")
+        cluster.proc("c1").stop()
+        cluster.wait_leader("c2")
+        views = wait_until(lambda: (v := _queue_views(cluster)) and v["a"]["budget_used"] >= 1.0 and v,
+                           timeout_s=30, interval_s=0.5, what="c2's budget reading")
+        assert views["a"]["budget_gate"] == "hold"
+        accounted = cluster.ctl_json("usage", "--since", "1h")["accounted_until_unix_s"]
+        wait_until(lambda: cluster.ctl_json("usage", "--since", "1h")["accounted_until_unix_s"] > accounted + 2,
+                   timeout_s=30, interval_s=0.5, what="c2's next usage passes")
+        assert announced("c2") == []
+
     def test_queues_set_show_and_rm_from_gptrmctl(self, cluster: Cluster) -> None:
         """Without queues every task runs in `default`; `queues set` builds a tree (validated whole: a child
         may not exceed its parent's quota), `queues` shows it, `rm` is refused while the queue holds work."""

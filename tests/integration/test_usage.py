@@ -103,3 +103,32 @@ class TestUsage:
         wait_until(lambda: node_ready(cluster), 30, 0.2, "node on c2")
         tasks += run_tasks(cluster, 1)
         wait_until(lambda: matches(cluster, tasks), 30, 0.5, "usage after the leader change")
+
+    def test_a_preempted_tasks_hours_go_to_the_gpu_model_that_ran_them(self, cluster: Cluster) -> None:
+        """A 4-GPU priority-0 task runs, is preempted by a 4-GPU priority-10 task and waits in the queue with no
+        allocation: the hours it ran are accounted to the node's H100s, none to ``unknown``."""
+        cluster.start_coordinator("c1", "--usage-interval", "1")
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1")
+        wait_until(lambda: node_ready(cluster), 30, 0.2, "node")
+        low = cluster.submit("--name", "low", "--priority", "0", "--gpus", "4", "--gpu-mem-gib", "10", "--cpu", "1",
+                             "--stop-grace-s", "1", "--", "sleep", "600")
+        wait_until(lambda: cluster.task_in(low, "running"), 30, 0.2, "low running")
+        high = cluster.submit("--name", "high", "--priority", "10", "--gpus", "4", "--gpu-mem-gib", "10", "--cpu",
+                              "1", "--", "sleep", "600")
+        wait_until(lambda: cluster.task_in(high, "running"), 30, 0.2, "high running")
+        requeued = wait_until(lambda: (t := cluster.task(low))["state"] == "pending" and "preempted" in
+                              [h["state"] for h in t["history"]] and t, 30, 0.2, "low preempted and pending")
+        assert not requeued["allocation"]
+        ran = requeued["history"][-1]["time_unix_s"]
+
+        def by_model() -> dict[str, float] | None:
+            d = cluster.ctl_json("usage", "--since", "1h", "--by", "model")
+            return {r["key"]: r["gpu_hours"] for r in d["rows"]} if d["accounted_until_unix_s"] > ran + 1 else None
+
+        rows = wait_until(by_model, 30, 0.5, "the usage accounted past low's preemption")
+        assert "unknown" not in rows and any("H100" in m for m in rows), rows
+        assert sum(rows.values()) * 3600 >= gpu_seconds({**requeued, "allocation": [{"gpu_indices": [0, 1, 2, 3],
+                                                                                   "gpu_share": 1.0}]}) * 0.99
+        for tid in (low, high):
+            cluster.ctl("cancel", tid)

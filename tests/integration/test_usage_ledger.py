@@ -19,6 +19,7 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.api.admin import AdminService
 from coordinator.app import App
+from coordinator.queues import Queue
 from coordinator.sync import connect
 from coordinator.sync.client import op_put
 from coordinator.sync.keys import Keys
@@ -181,6 +182,93 @@ class TestUsageDuty:
             lead(scenario)
         finally:
             client.close()
+
+
+class TestBudgetsAsAccounted:
+    def test_each_pass_sets_the_reading_and_announces_the_lines_it_crossed_once(self, lead: Callable[..., None]
+                                                                                 ) -> None:
+        """Queue a may use 1 GPU-hour a day; its 2-GPU task runs. The reading (and so the gate) follows each stored
+        pass: 56 % after the first, 167 % after the second, which announces 80 % and 100 % together and holds a's
+        new work at once; a new leader's passes (a second duty continuing from the stored marks) announce
+        nothing again."""
+        day = (math.floor(time.time() / 86400) + 2) * 86400   # later than the app's own passes
+        clock = [float(day + HOUR_S)]
+
+        def announced(app: App) -> list[str]:
+            return [e.message for e in app.events.recent(1000) if e.kind == "queues" and "budget" in e.message]
+
+        async def scenario(app: App, store: UsageStore) -> None:
+            await app.queue_admin.set(Queue.from_dict({
+                "name": "a", "gpus": {"*": 4}, "members": ["*"],
+                "budget": {"kind": "gpu_hours", "amount": 1, "period": "day", "action": "hold"}}))
+            tasks = [running("t-a", day + HOUR_S, 2, queue="a")]
+
+            def duty() -> UsageDuty:
+                return UsageDuty(store, app.leadership, lambda: tasks, app.registry, lambda i: 0.0,
+                                 UsageMetrics(CollectorRegistry()), settle_s=0.0, now=lambda: clock[0],
+                                 on_accounted=app.queue_admin.check_budgets)
+
+            first = duty()
+            await first.flush()                     # accounted up to the task's start
+            clock[0] += 1000                        # 2 GPUs × 1000 s = 0.56 GPU-hours
+            assert await first.flush()
+            assert app.queues.budgets["a"].fraction == pytest.approx(2000 / 3600)
+            assert announced(app) == []
+            assert {q.queue.name: q.budget_gate for q in app.queue_admin.views().queues} == {"a": "run"}
+            clock[0] += 2000                        # 6000 GPU-s: 167 %, past both lines in one pass
+            assert await first.flush()
+            assert app.queues.budgets["a"].fraction == pytest.approx(6000 / 3600)
+            assert {q.queue.name: q.budget_gate for q in app.queue_admin.views().queues} == {"a": "hold"}
+            after_first = announced(app)
+            assert len(after_first) == 2, after_first
+            assert "queue a is at 167% of its gpu_hours budget of 1 per day (past 80%)" in after_first
+            assert any(m.startswith("queue a is past its gpu_hours budget") for m in after_first)
+            second = duty()                         # a new leader: marks from etcd, nothing in memory
+            app.queues.budgets = {}
+            clock[0] += 600
+            assert await second.flush()
+            assert app.queues.budgets["a"].fraction == pytest.approx(7200 / 3600)
+            clock[0] += 600
+            assert await second.flush()
+            assert announced(app) == after_first    # nothing announced twice
+
+        lead(scenario)
+
+
+    def test_a_lowered_budget_applies_and_is_announced_at_once(self, lead: Callable[..., None]) -> None:
+        """Queue a used 0.56 of 10 GPU-hours (6 %); lowered to 0.6 GPU-hours it is at 93 % at once (80 % announced,
+        new work still runs), to 0.5 at 111 % (100 % announced, new work held) — without waiting for a pass."""
+        day = (math.floor(time.time() / 86400) + 4) * 86400
+        clock = [float(day + HOUR_S)]
+
+        def announced(app: App) -> list[str]:
+            return [e.message for e in app.events.recent(1000) if e.kind == "queues" and "budget" in e.message]
+
+        def queue(amount: float) -> Queue:
+            return Queue.from_dict({"name": "a", "gpus": {"*": 4}, "members": ["*"],
+                                    "budget": {"kind": "gpu_hours", "amount": amount, "period": "day"}})
+
+        async def scenario(app: App, store: UsageStore) -> None:
+            await app.queue_admin.set(queue(10))
+            tasks = [running("t-a", day + HOUR_S, 2, queue="a")]
+            duty = UsageDuty(store, app.leadership, lambda: tasks, app.registry, lambda i: 0.0,
+                             UsageMetrics(CollectorRegistry()), settle_s=0.0, now=lambda: clock[0],
+                             on_accounted=app.queue_admin.check_budgets)
+            await duty.flush()
+            clock[0] += 1000
+            assert await duty.flush()
+            assert app.queues.budgets["a"].fraction == pytest.approx(2000 / 3600 / 10)
+            await app.queue_admin.set(queue(0.6))
+            assert app.queues.budgets["a"].fraction == pytest.approx(2000 / 3600 / 0.6)
+            assert [m.split(" (")[0] for m in announced(app)] == ["queue a is at 93% of its gpu_hours budget of 0.6 "
+                                                                  "per day"]
+            await app.queue_admin.set(queue(0.5))
+            assert {q.queue.name: q.budget_gate for q in app.queue_admin.views().queues} == {"a": "hold"}
+            assert len(announced(app)) == 2 and announced(app)[1].startswith("queue a is past its gpu_hours budget")
+            await app.queue_admin.set(queue(0.4))      # already past both lines: nothing more
+            assert len(announced(app)) == 2
+
+        lead(scenario)
 
 
 class TestGetUsage:

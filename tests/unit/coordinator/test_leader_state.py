@@ -143,3 +143,17 @@ def test_only_the_leader_state_changes_what_nodes_hold() -> None:
                     "add_reservation", "remove_reservation"):
                 offenders.append(f"{rel}:{node.lineno} reservation change")
     assert offenders == []
+
+
+def test_a_task_back_in_the_queue_keeps_the_allocation_it_gave_up(state: LeaderState) -> None:
+    """The usage ledger accounts the time a requeued task held its GPUs to them: the state keeps the allocation a
+    stored record dropped, until the task is placed and requeued again or forgotten."""
+    state.apply_placement(_placed("t1", "n1", [0, 1]))
+    assert state.released("t1") == ()
+    state.apply_task(types_pb2.Task(id="t1", state=pb_enum(types_pb2.TaskState, TaskState.PENDING)))
+    assert [(na.node_id, list(na.gpu_indices)) for na in state.released("t1")] == [("n1", [0, 1])]
+    state.apply_placement(_placed("t1", "n2", [3]))
+    state.apply_task(types_pb2.Task(id="t1", state=pb_enum(types_pb2.TaskState, TaskState.PENDING)))
+    assert [(na.node_id, list(na.gpu_indices)) for na in state.released("t1")] == [("n2", [3])]
+    state.forget("t1")
+    assert state.released("t1") == ()

@@ -62,6 +62,21 @@ class TestExposition:
         assert len(fams["gptrm_gpu_energy_joules"].samples) == 3   # unset fields are left out
         assert "gptrm_cluster_power_watts" in fams and "gptrm_node_power_watts" in fams
 
+    @pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
+    def test_energy_series_that_only_grow_are_counters(self, accept: str) -> None:
+        """The per-GPU energy counter and the cluster's energy since start are counters (samples ``..._total``),
+        in the text format and in OpenMetrics, and a name[] filter finds them by either name."""
+        metrics = Metrics(*cluster(), dict)
+        text = metrics.exposition(accept)[0].decode()
+        parse = parse_openmetrics if accept else text_string_to_metric_families
+        fams = {f.name: f for f in parse(text)}
+        for name in ("gptrm_gpu_energy_joules", "gptrm_cluster_energy_joules"):
+            assert fams[name].type == "counter", name
+            assert {s.name for s in fams[name].samples} == {f"{name}_total"}
+        assert fams["gptrm_gpu_power_watts"].type == "gauge"
+        for name in ("gptrm_gpu_energy_joules_total", "gptrm_cluster_energy_joules_total"):
+            assert f"\n{name}" in metrics.exposition(accept, names=[name])[0].decode()
+
     def test_openmetrics_keeps_eof_last(self) -> None:
         """Asked for OpenMetrics, the GPU families come before the closing # EOF and the whole parses."""
         body, content_type = Metrics(*cluster(), dict).exposition("application/openmetrics-text; version=1.0.0")

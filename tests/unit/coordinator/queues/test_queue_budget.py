@@ -1,4 +1,4 @@
-"""Budgets: calendar periods in UTC, the fraction used, the 80 % warning once per period, the gate
+"""Budgets: calendar periods in UTC, the fraction used, the lines an accounting pass crossed, the gate
 past 100 %."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from coordinator.queues import (
     Queue,
     budget_gate,
     budget_state,
+    lines_crossed,
     period_start,
-    warning_due,
 )
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -52,27 +52,24 @@ def test_budget_state_is_the_fraction_and_the_period() -> None:
     assert budget_state(budget, -5, ts(2026, 11, 25)).fraction == 0.0
 
 
-def test_warning_fires_once_per_period() -> None:
-    nov, dec = ts(2026, 11, 1), ts(2026, 12, 1)
-    assert not warning_due(None, BudgetState(0.5, nov))
-    assert warning_due(None, BudgetState(0.8, nov))                        # first reading already past
-    assert warning_due(BudgetState(0.79, nov), BudgetState(0.8, nov))      # crossed
-    assert not warning_due(BudgetState(0.85, nov), BudgetState(0.9, nov))  # already past: no repeat
-    assert not warning_due(BudgetState(0.9, nov), BudgetState(0.1, dec))   # new period, below
-    assert warning_due(BudgetState(0.9, nov), BudgetState(0.95, dec))      # new period, past again
-    assert warning_due(BudgetState(0.1, nov), BudgetState(0.5, nov), line=0.5)
+def test_a_pass_crosses_the_lines_between_its_before_and_after() -> None:
+    assert lines_crossed(0.5, 0.79) == []
+    assert lines_crossed(0.79, 0.8) == [0.8]
+    assert lines_crossed(0.56, 1.67) == [0.8, 1.0]          # one pass past both: both announced
+    assert lines_crossed(0.85, 0.9) == []                   # already past: no repeat
+    assert lines_crossed(0.9, 1.0) == [1.0]
+    assert lines_crossed(1.2, 1.5) == []
+    assert lines_crossed(0.0, 0.95, lines=(0.5,)) == [0.5]
 
 
-@given(st.lists(st.floats(0, 2), min_size=1, max_size=30))
-def test_warning_fires_at_most_once_within_a_rising_period(readings: list[float]) -> None:
-    rising = sorted(readings)
-    previous: BudgetState | None = None
-    fired = 0
-    for fraction in rising:
-        current = BudgetState(fraction, 0.0)
-        fired += warning_due(previous, current)
-        previous = current
-    assert fired == (1 if rising[-1] >= 0.8 else 0)
+@given(st.lists(st.floats(0, 0.5), min_size=1, max_size=30))
+def test_each_line_is_crossed_by_one_pass_of_a_period(additions: list[float]) -> None:
+    """Passes add to what the passes before them stored: each line reached is crossed by exactly one pass."""
+    used, fired = 0.0, []
+    for added in additions:
+        fired += lines_crossed(used, used + added)
+        used += added
+    assert fired == [line for line in (0.8, 1.0) if used >= line]
 
 
 @pytest.mark.parametrize(("action", "fraction", "others_waiting", "gate"), [

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[4]
 DASHBOARD = ROOT / "systemd" / "grafana-dashboard.json"
 REQUIRED = (
     "gptrm_cluster_utilization_mean_ratio", "gptrm_cluster_utilization_stddev_ratio", "gptrm_cluster_power_watts",
-    "gptrm_cluster_energy_joules", "gptrm_node_power_watts", "gptrm_node_utilization_ratio", "gptrm_gpu_power_watts",
-    "gptrm_gpu_utilization_ratio", "gptrm_tasks", "gptrm_scheduler_decisions_total",
+    "gptrm_cluster_energy_joules_total", "gptrm_node_power_watts", "gptrm_node_utilization_ratio",
+    "gptrm_gpu_power_watts", "gptrm_gpu_utilization_ratio", "gptrm_tasks", "gptrm_scheduler_decisions_total",
     "gptrm_scheduler_cycle_duration_seconds", "gptrm_queue_gpus", "gptrm_queue_tasks", "gptrm_queue_gpu_seconds_total",
     "gptrm_queue_budget_used_ratio",
 )  # fmt: skip

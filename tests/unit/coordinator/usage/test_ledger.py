@@ -205,3 +205,20 @@ class TestRowsAndReports:
         assert seen == {"default": 1.0, "q0": 1.0, "q1": 1.0, "other": 3.0}
         assert math.isclose(sum(s.value for s in metrics.energy_joules.collect()[0].samples
                                 if s.name.endswith("_total")), 10.0)
+
+
+def test_time_held_goes_to_the_gpus_that_held_it_across_a_requeue() -> None:
+    """A task ran 100 s on n0 (H100), was preempted back to the queue and ran 50 s on n1 (A100): each model gets
+    its own time. While it waits again with no allocation, the time it held goes to the allocation it gave up,
+    never to ``unknown``."""
+    first = task("t", [(S.PENDING, H), (S.SCHEDULED, H + 10), (S.RUNNING, H + 11), (S.PREEMPTED, H + 110),
+                       (S.PENDING, H + 111)])
+    gave_up = tuple(first.allocation.nodes)
+    moved = task("t", [(S.PENDING, H), (S.SCHEDULED, H + 10), (S.RUNNING, H + 11), (S.PREEMPTED, H + 110),
+                       (S.PENDING, H + 111), (S.SCHEDULED, H + 200), (S.RUNNING, H + 201)])
+    moved.allocation.nodes[0].node_id = "n1"
+    rows = account([moved], H, H + 250, {}, model, no_energy, lambda _id: gave_up).hours[H]
+    assert {k.gpu_model: u.gpu_s for k, u in rows.items()} == {"H100": 2 * 100, "A100": 2 * 50}
+    first.ClearField("allocation")   # back in the queue: no allocation now
+    rows = account([first], H, H + 150, {}, model, no_energy, lambda _id: gave_up).hours[H]
+    assert {k.gpu_model: u.gpu_s for k, u in rows.items()} == {"H100": 2 * 100}
