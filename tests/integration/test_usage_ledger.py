@@ -214,11 +214,11 @@ class TestBudgetsAsAccounted:
             assert await first.flush()
             assert app.queues.budgets["a"].fraction == pytest.approx(2000 / 3600)
             assert announced(app) == []
-            assert {q.queue.name: q.budget_gate for q in app.queue_admin.views().queues} == {"a": "run"}
+            assert app.queue_admin.views("a").queues[0].budget_gate == "run"
             clock[0] += 2000                        # 6000 GPU-s: 167 %, past both lines in one pass
             assert await first.flush()
             assert app.queues.budgets["a"].fraction == pytest.approx(6000 / 3600)
-            assert {q.queue.name: q.budget_gate for q in app.queue_admin.views().queues} == {"a": "hold"}
+            assert app.queue_admin.views("a").queues[0].budget_gate == "hold"
             after_first = announced(app)
             assert len(after_first) == 2, after_first
             assert "queue a is at 167% of its gpu_hours budget of 1 per day (past 80%)" in after_first
@@ -263,7 +263,7 @@ class TestBudgetsAsAccounted:
             assert [m.split(" (")[0] for m in announced(app)] == ["queue a is at 93% of its gpu_hours budget of 0.6 "
                                                                   "per day"]
             await app.queue_admin.set(queue(0.5))
-            assert {q.queue.name: q.budget_gate for q in app.queue_admin.views().queues} == {"a": "hold"}
+            assert app.queue_admin.views("a").queues[0].budget_gate == "hold"
             assert len(announced(app)) == 2 and announced(app)[1].startswith("queue a is past its gpu_hours budget")
             await app.queue_admin.set(queue(0.4))      # already past both lines: nothing more
             assert len(announced(app)) == 2
