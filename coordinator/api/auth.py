@@ -13,7 +13,8 @@ reflection needs any authenticated principal; ``AgentGateway`` needs a node cert
 TLS); Admin reads (``Get*``, ``List*``, ``Stream*``, ``Watch*``) need ``viewer`` and everything
 else ``admin`` (unknown methods fail closed). No credentials is UNAUTHENTICATED, the wrong role
 PERMISSION_DENIED, each with a message naming what is missing. Every refusal and every call that
-needs ``admin`` leaves one audit record (:mod:`coordinator.api.audit`).
+needs ``admin`` and changes something leaves one audit record (:mod:`coordinator.api.audit`); an
+admin-only read (``TaskLogs``) is audited only when refused.
 
 Without TLS and without tokens (``--insecure`` alone: ``make run``, loopback tests) nothing is
 checked and callers act as ``anonymous`` admins; the coordinator logs a warning at start and
@@ -66,6 +67,9 @@ ADMIN_SERVICE = "gptrm.v1.Admin"
 GATEWAY_SERVICE = "gptrm.v1.AgentGateway"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 _READ_PREFIXES = ("Get", "List", "Stream", "Watch", "Describe")
+_ADMIN_READS = frozenset({"TaskLogs"})
+"""Admin-only calls that change nothing: their refusals are audited, their answers are not (a log
+follower would flood the audit trail and the event stream with reads)."""
 _ANY = "any"
 _CACHE_MAX = 4096
 
@@ -310,7 +314,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or required_role(method) is None:
             return handler
-        audited = required_role(method) == "admin" and method.startswith(f"/{ADMIN_SERVICE}/")
+        audited = (required_role(method) == "admin" and method.startswith(f"/{ADMIN_SERVICE}/")
+                   and method.rsplit("/", 1)[-1] not in _ADMIN_READS)
         return _wrap(handler, self, method, audited)
 
     async def admit(self, method: str, context: grpc.aio.ServicerContext, request: Any = None) -> Principal | None:
@@ -393,7 +398,7 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
             async for item in _relay(ic, principal, method, context, request, lambda: inner_us(request, context),
                                      audited):
                 yield item
-            if audited:   # an admin-only read (TaskLogs): one record when the stream ends
+            if audited:   # a streamed change: one record when the stream ends
                 ic.finish(principal, method, context, request, None, None)
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
     if handler.stream_unary is not None:
