@@ -171,13 +171,14 @@ def _address_in_use(address: str) -> bool:
     return False
 
 
-_libc: Any = None
+_prctl: Any = None
+"""libc's prctl, looked up before any fork (the child only calls it)."""
 
 
 def _die_with_parent() -> None:
     """In a child before exec: SIGTERM it when this process dies (even by SIGKILL), so it stops in order."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 class _Stop:
@@ -280,8 +281,8 @@ class DevCluster:
             log.close()
 
 
-def _first_node(listen: str) -> Callable[[], str | None]:
-    stub = admin_pb2_grpc.AdminStub(grpc.insecure_channel(listen))
+def _first_node(channel: grpc.Channel) -> Callable[[], str | None]:
+    stub = admin_pb2_grpc.AdminStub(channel)
 
     def probe() -> str | None:
         try:
@@ -292,8 +293,8 @@ def _first_node(listen: str) -> Callable[[], str | None]:
     return probe
 
 
-def _answers(listen: str) -> Callable[[], str | None]:
-    stub = admin_pb2_grpc.AdminStub(grpc.insecure_channel(listen))
+def _answers(channel: grpc.Channel) -> Callable[[], str | None]:
+    stub = admin_pb2_grpc.AdminStub(channel)
 
     def probe() -> str | None:
         try:
@@ -323,7 +324,7 @@ Ctrl-C stops everything."""
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the dev cluster until Ctrl-C or SIGTERM; returns the exit code (0 after a clean stop)."""
-    global _libc
+    global _prctl
     args = build_parser().parse_args(argv)
     state = Path(args.state_dir).expanduser().resolve()
     stop = _Stop()
@@ -346,8 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"gptrm: {address} is in use (another gptrm coordinator or dev cluster?); give this one "
                       f"another {flag}", file=sys.stderr)
                 return EXIT_FAILED
-        with contextlib.suppress(OSError):
-            _libc = ctypes.CDLL(None, use_errno=True)
+        with contextlib.suppress(OSError, AttributeError):
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
         return _run(DevCluster(args, state, lock, stop))
     finally:
         lock.release()
@@ -355,18 +356,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(dc: DevCluster) -> int:
     args, started = dc.args, time.monotonic()
+    channel = grpc.insecure_channel(args.listen)
     try:
         # Plaintext and no authentication on loopback: the coordinator logs a warning and `gptrmctl status`
         # says so; the printed gptrmctl commands pass --insecure to connect.
         dc.spawn("coordinator", [str(dc.bin / "gptrm-coordinator"), "--listen", args.listen, "--metrics-listen",
                                  args.metrics_listen, "--state-dir", str(dc.state / "coordinator"), "--etcd",
                                  "embedded", "--coordinator-id", "dev-coordinator", "--insecure"])
-        if dc.wait_for("the coordinator answering", _answers(args.listen)) is None:
+        if dc.wait_for("the coordinator answering", _answers(channel)) is None:
             return 0 if dc.stop else _failed(dc)
         dc.spawn("agent", [str(dc.bin / "gptrm-agent"), "--coordinator", args.listen, "--gpu-backend",
                            args.gpu_backend, "--state-dir", str(dc.agent_state), "--data-paths", str(Path.cwd()),
                            "--advertise-address", "127.0.0.1", "--insecure"])
-        node = dc.wait_for("the local node registering", _first_node(args.listen))
+        node = dc.wait_for("the local node registering", _first_node(channel))
         if node is None:
             return 0 if dc.stop else _failed(dc)
         print(_banner(dc, node, started), flush=True)
@@ -380,6 +382,7 @@ def _run(dc: DevCluster) -> int:
               "coordinator and etcd", flush=True)
         return 0
     finally:
+        channel.close()
         dc.shutdown()
 
 
