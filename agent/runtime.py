@@ -33,6 +33,7 @@ import psutil
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from agent import launch, systemd_task, taskfs
+from agent.collectors.simulated import SIM_LOAD_ENV, parse_sim_load
 from agent.collectors.task_metrics import MetricsTarget
 from agent.cpu_binding import binding_for, process_prefix
 from agent.launch import TASK_PATH
@@ -294,7 +295,8 @@ class TaskRuntime:
                          metrics_flavour=st.metrics_mapping.flavour[:_MAX_METRICS_FIELD],
                          metrics_names=_metric_overrides(st.metrics_mapping),
                          own_uid=user.uid if user is not None and user.exclusive else -1,
-                         cgroup=str(cgroup.path) if cgroup else "", piped=True)
+                         cgroup=str(cgroup.path) if cgroup else "", piped=True,
+                         sim_load=self._declared_sim_load(st))
         # No await from here until handle() saves the table (one fsync per start, with the
         # pid, the RUNNING state and the decision's outcome together): an agent killed in
         # between loses nothing it could have recorded.
@@ -319,11 +321,28 @@ class TaskRuntime:
             raise GptrmError(f"task {task_id!r} not started: the agent cannot write its state file "
                              f"{self.table.path} ({e})") from e
 
+    def _declared_sim_load(self, st: agent_pb2.StartTask) -> float:
+        """The load a task declares for simulated GPUs (``GPTRM_SIM_LOAD`` in its env); -1 when it declares
+        none, has a bad value (logged; its GPUs then follow its CPU) or the GPUs are real."""
+        text = st.env.get(SIM_LOAD_ENV)
+        if text is None or not getattr(self._gpus, "simulated", False):
+            return -1.0
+        try:
+            return parse_sim_load(text)
+        except ValueError as e:
+            self._log.warning("sim_load_ignored", task_id=st.task_id, reason=str(e))
+            return -1.0
+
     def _follow_gpus(self, rec: TaskRecord) -> None:
+        """Simulated GPUs: run the task on its GPUs, at the load it declared or following its CPU usage."""
         place = getattr(self._gpus, "place", None)
         if place is not None and rec.gpu_indices:
             mem = rec.gpu_mem_bytes // max(1, len(rec.gpu_indices)) if rec.gpu_mem_bytes else 0
-            place(rec.task_id, rec.gpu_indices, min(1.0, 0.9 * rec.gpu_share), mem, [rec.pid])
+            share = min(1.0, rec.gpu_share)
+            if rec.sim_load >= 0:
+                place(rec.task_id, rec.gpu_indices, share * rec.sim_load, mem, [rec.pid])
+            else:
+                place(rec.task_id, rec.gpu_indices, share, mem, [rec.pid], follows_load=True)
 
     async def _do_stop(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
         rec = self._known(decision.stop.task_id)

@@ -317,6 +317,9 @@ class Sampler:
         elapsed = 0.0 if self._last_tick is None else tick - self._last_tick
         self._last_tick = tick
         if host is not None:
+            observe_load = getattr(self._gpus, "observe_load", None)
+            if observe_load is not None:   # simulated GPUs follow the tasks' CPU usage (from the next tick)
+                observe_load({t.task_id: t.cpu_util for t in host.tasks})
             host = dataclasses.replace(host, tasks=self._with_energy(attribute_gpu_usage(host.tasks, gpus), elapsed))
         sample = telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated,
                                     task_qos=task_qos)

@@ -51,6 +51,7 @@ class TaskRecord:
     own_uid: int = -1               # the uid handed to this task alone (-1: a shared or the agent's user)
     cgroup: str = ""                # the task's own cgroup v2 directory ("" when it has none)
     piped: bool = False             # output goes through tasks/<id>/output.fifo to the log pump
+    sim_load: float = -1.0          # simulated GPUs: the load its GPTRM_SIM_LOAD declared (-1: follows its CPU)
 
 
 @dataclass

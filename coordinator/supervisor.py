@@ -6,8 +6,8 @@ exception is logged with its traceback (``leader_duty_failed``, ``duty=NAME``), 
 (``backoff_s`` doubling up to ``backoff_max_s``; back to ``backoff_s`` once a run lasted
 ``healthy_s`` without failing). A duty that fails ``max_failures`` times within ``window_s``
 is not restarted: ``on_give_up`` is called (the coordinator then gives up its lease so that a
-standby takes over). A duty that returns, or is cancelled because leadership ended, is not a
-failure.
+standby takes over). A duty that returns (``done``: a one-shot duty's work is complete), or is
+cancelled because leadership ended (``stopped``), is not a failure.
 
 Each duty calls its *beat* (see :meth:`Supervisor.beat`) at the end of every pass of its loop;
 the supervisor keeps the time of the last completed pass, which ``gptrmctl status`` shows and
@@ -38,7 +38,9 @@ FAULT_ENV = "GPTRM_FAULT_DUTY"
 Beat = Callable[[], None]
 """Called by a duty at the end of each pass of its loop."""
 
-RUNNING, RESTARTING, STOPPED = "running", "restarting", "stopped"
+RUNNING, RESTARTING, STOPPED, DONE = "running", "restarting", "stopped", "done"
+"""A duty's states: ``done`` is a duty that returned, its work complete (the one-shot reconcile after the
+agents' grace); ``stopped`` one cancelled because leadership ended, or given up after failing."""
 
 
 def no_beat() -> None:
@@ -68,7 +70,7 @@ class DutyView:
     """One duty as ``gptrmctl status`` shows it."""
 
     name: str
-    state: str                       # running | restarting | stopped
+    state: str                       # running | restarting | done | stopped
     failures: int
     last_pass_age_s: float | None    # None: no pass completed yet
     last_error: str
@@ -145,11 +147,12 @@ class Supervisor:
             d.task = asyncio.create_task(self._supervise(d), name=f"duty-{d.name}")
 
     def stop(self) -> None:
-        """Cancel every duty (leadership ended); their state becomes ``stopped``."""
+        """Cancel every duty (leadership ended); their state becomes ``stopped`` (a ``done`` one stays done)."""
         for d in self._duties.values():
             if d.task is not None:
                 d.task.cancel()
-            d.state = STOPPED
+            if d.state != DONE:
+                d.state = STOPPED
 
     async def wait_stopped(self) -> None:
         """Wait until every duty task has ended (tests)."""
@@ -206,8 +209,8 @@ class Supervisor:
                 await self._sleep(delay)
                 delay = min(delay * 2, self._backoff_max_s)
             else:
-                d.state = STOPPED
-                self._log.info("leader_duty_stopped", duty=d.name)
+                d.state = DONE
+                self._log.info("leader_duty_done", duty=d.name)
                 return
 
     def views(self) -> list[DutyView]:

@@ -7,6 +7,13 @@ idle to maximum board power, capped by the power limit::
 
     power_w = min(limit_w, idle_w + (max_w - idle_w) * util)
 
+A task's utilization follows its own load (docs/devcluster.md): a task placed with
+``follows_load`` keeps each of its GPUs as busy as its processes keep CPU cores busy, one busy core
+per GPU being a fully busy GPU (:meth:`SimulatedGpus.observe_load`, fed each tick by the sampler
+with the tasks' CPU usage), so a task that sleeps leaves its GPUs idle and one that computes fills
+them. A task can instead declare a fixed load with ``GPTRM_SIM_LOAD`` in its environment
+(:data:`SIM_LOAD_ENV`, :func:`parse_sim_load`): ``0.7`` or ``70%``.
+
 Every reading and device says ``simulated=True``; UUIDs are ``GPU-sim-<node>-<i>``.
 
 ``--simulate-topology`` describes how the GPUs are linked (:func:`common.topology.simulated_topology`):
@@ -21,13 +28,14 @@ task bound to it runs on CPUs that exist.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading
@@ -37,16 +45,20 @@ from common.topology import SIMULATED_TOPOLOGIES, simulated_topology
 __all__ = [
     "DEFAULT_SIMULATE_SPEC",
     "NAME",
+    "SIM_LOAD_ENV",
     "SimGpuSpec",
     "SimModel",
     "SimulatedGpus",
     "model_for",
+    "parse_sim_load",
     "parse_simulate_spec",
     "resolve_simulated_topology",
     "simulated_power_w",
 ]
 
 NAME = "simulated"
+SIM_LOAD_ENV = "GPTRM_SIM_LOAD"
+"""A task's environment variable declaring the load it puts on its simulated GPUs (0..1, or 0%..100%)."""
 DEFAULT_SIMULATE_SPEC = "8xH100-80GB"
 GIB = 1 << 30
 _IDLE_SM_CLOCK_MHZ = 210
@@ -167,12 +179,35 @@ def simulated_power_w(model: SimModel, util: float, limit_w: float) -> float:
     return min(limit_w, model.idle_w + (model.max_w - model.idle_w) * util)
 
 
+def parse_sim_load(text: str) -> float:
+    """A declared load, ``GPTRM_SIM_LOAD``'s value: a fraction ``0.7`` or a percentage ``70%``, within 0..1.
+
+    :raises ValueError: naming the variable and what is wrong.
+    """
+    value = text.strip()
+    try:
+        load = float(value[:-1]) / 100.0 if value.endswith("%") else float(value)
+    except ValueError:
+        raise ValueError(f"{SIM_LOAD_ENV}={text[:32]!r}: expected a fraction (0.7) or a percentage (70%)") from None
+    if not 0.0 <= load <= 1.0:
+        raise ValueError(f"{SIM_LOAD_ENV}={text[:32]!r}: outside 0..1 (0%..100%)")
+    return load
+
+
 @dataclass(slots=True)
 class _Placement:
     indices: tuple[int, ...]
     util: float
+    """Fixed utilization per GPU; with ``follows``, the most it can reach (its share of each GPU)."""
     mem_bytes: int
     pid: int | None
+    follows: bool = False
+    """Its utilization is ``util × load``, ``load`` following its CPU usage."""
+    load: float = 0.0
+
+    @property
+    def util_now(self) -> float:
+        return self.util * self.load if self.follows else self.util
 
 
 class SimulatedGpus:
@@ -183,6 +218,9 @@ class SimulatedGpus:
         gpus = SimulatedGpus("8xH100-80GB", node_id="n1", clock=fake_clock)
         gpus.place("t1", [0, 1], util_per_gpu=0.9, mem_bytes_per_gpu=40 << 30)
         readings = gpus.collect()   # GPUs 0 and 1 at ~90 % and ~637 W
+        gpus.place("t2", [2], util_per_gpu=1.0, mem_bytes_per_gpu=0, follows_load=True)
+        gpus.observe_load({"t2": 0.5})   # its processes keep half a core busy
+        readings = gpus.collect()   # GPU 2 at ~50 %
         gpus.remove("t1")
 
     :param spec: see :func:`parse_simulate_spec`. :param node_id: goes into the UUIDs.
@@ -242,10 +280,14 @@ class SimulatedGpus:
         util_per_gpu: float,
         mem_bytes_per_gpu: int,
         pids: Sequence[int] = (),
+        *,
+        follows_load: bool = False,
     ) -> None:
         """Run ``task_id`` on ``gpu_indices`` from now on (placing it again replaces it).
 
-        :param util_per_gpu: compute it keeps busy on each GPU, 0..1 (sums over tasks, capped at 1).
+        :param util_per_gpu: compute it keeps busy on each GPU, 0..1 (sums over tasks, capped at 1); with
+            ``follows_load``, the most it can keep busy (its share of each GPU).
+        :param follows_load: its utilization follows its load (:meth:`observe_load`), idle until observed.
         :param mem_bytes_per_gpu: GPU memory it holds on each GPU.
         :param pids: its processes; the first is listed as the GPU process so usage can be attributed.
         :raises ValidationError: unknown or repeated GPU index, util outside 0..1, negative memory.
@@ -261,7 +303,18 @@ class SimulatedGpus:
         if mem_bytes_per_gpu < 0:
             raise ValidationError("mem_bytes_per_gpu", f"{mem_bytes_per_gpu} for task {task_id!r} is negative")
         with self._lock:
-            self._placements[task_id] = _Placement(indices, util_per_gpu, mem_bytes_per_gpu, pids[0] if pids else None)
+            self._placements[task_id] = _Placement(indices, util_per_gpu, mem_bytes_per_gpu, pids[0] if pids else None,
+                                                   follows_load)
+
+    def observe_load(self, cpu_cores: Mapping[str, float]) -> None:
+        """The CPU cores each task keeps busy now (the host collector's per-task usage): a task placed with
+        ``follows_load`` keeps each of its GPUs as busy as that, one core per GPU being a full GPU. Tasks
+        not named keep their last load."""
+        with self._lock:
+            for task_id, cores in cpu_cores.items():
+                p = self._placements.get(task_id)
+                if p is not None and p.follows and math.isfinite(cores):
+                    p.load = min(1.0, max(0.0, cores / max(1, len(p.indices))))
 
     def remove(self, task_id: str) -> None:
         """Stop simulating ``task_id``; unknown ids are ignored (removal is idempotent)."""
@@ -311,7 +364,7 @@ class SimulatedGpus:
             reason = self._health[index]
             return GpuReading(index=index, uuid=device.uuid, healthy=False, health_reason=reason, simulated=True)
         placed = [p for p in self._placements.values() if index in p.indices]
-        util = min(1.0, sum(p.util for p in placed))
+        util = min(1.0, sum(p.util_now for p in placed))
         if util > 0 and self._jitter > 0:
             util = min(1.0, max(0.0, util + self._rng.uniform(-self._jitter, self._jitter)))
         power = simulated_power_w(model, util, device.power_limit_w)

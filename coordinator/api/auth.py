@@ -25,7 +25,8 @@ per-queue calls of :data:`TEAM_METHODS` a team role (which queue they touch is t
 check, :mod:`coordinator.api.tenancy`), and everything else ``admin`` (unknown methods fail
 closed). A role satisfies what the roles below it need. No credentials is UNAUTHENTICATED, the
 wrong role PERMISSION_DENIED, each with a message naming what is missing. Every refusal and every
-call that is not a read leaves one audit record (:mod:`coordinator.api.audit`).
+call that changes something leaves one audit record (:mod:`coordinator.api.audit`); a read that
+needs more than ``viewer`` (``TaskLogs``) is audited only when refused.
 
 Without TLS and without tokens (``--insecure`` alone: ``make run``, loopback tests) nothing is
 checked and callers act as ``anonymous`` admins; the coordinator logs a warning at start and
@@ -78,6 +79,9 @@ ADMIN_SERVICE = "gptrm.v1.Admin"
 GATEWAY_SERVICE = "gptrm.v1.AgentGateway"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 _READ_PREFIXES = ("Get", "List", "Stream", "Watch", "Describe")
+_ADMIN_READS = frozenset({"TaskLogs"})
+"""Calls that need more than ``viewer`` and change nothing: their refusals are audited, their answers
+are not (a log follower would flood the audit trail and the event stream with reads)."""
 _ANY = "any"
 ADMIN, QUEUE_ADMIN, SUBMITTER, VIEWER = "admin", "queue-admin", "submitter", "viewer"
 ROLES = QUEUE_KINDS
@@ -359,7 +363,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or required_role(method) is None:
             return handler
-        audited = required_role(method) != VIEWER and method.startswith(f"/{ADMIN_SERVICE}/")
+        audited = (required_role(method) != VIEWER and method.startswith(f"/{ADMIN_SERVICE}/")
+                   and method.rsplit("/", 1)[-1] not in _ADMIN_READS)
         return _wrap(handler, self, method, audited)
 
     async def admit(self, method: str, context: grpc.aio.ServicerContext, request: Any = None) -> Principal | None:
@@ -442,7 +447,7 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
             async for item in _relay(ic, principal, method, context, request, lambda: inner_us(request, context),
                                      audited):
                 yield item
-            if audited:   # a read of secrets (TaskLogs): one record when the stream ends
+            if audited:   # a streamed change: one record when the stream ends
                 ic.finish(principal, method, context, request, None, None)
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
     if handler.stream_unary is not None:

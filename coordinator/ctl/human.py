@@ -126,6 +126,24 @@ def _plural(n: float, word: str) -> str:
     return f"{n:g} {word}" + ("" if n == 1 else "s")
 
 
+_ACTIONS = {   # verb → (the state that means it is done, the -ing form, what its agents do meanwhile)
+    "cancelled": ("cancelled", "cancelling", "its agents are stopping it"),
+    "paused": ("paused", "pausing", "its agents are suspending its processes"),
+    "resumed": ("running", "resuming", "its agents are continuing its processes"),
+}
+
+
+def task_action_text(verb: str, d: Mapping[str, Any]) -> str:
+    """What ``cancel``, ``pause`` or ``resume`` did to a task, from the task document the call returned:
+    ``task T cancelled`` when it is done, else ``cancelling task T (was running): its agents are stopping it``
+    (the agents report the final state; ``gptrmctl tasks T`` shows it)."""
+    done, ongoing, meanwhile = _ACTIONS[verb]
+    task_id = escape(d["task_id"])
+    if d["state"] == done:
+        return f"task {task_id} {verb}"
+    return f"{ongoing} task {task_id} (was {d['state']}): {meanwhile}"
+
+
 def demand_text(d: Mapping[str, Any]) -> str:
     """A ResourceVector document as ``1 GPU × 10.0 GiB, 1 core, 16.0 GiB memory, 10.0 GiB disk``."""
     gpus = d.get("gpus") or 0
@@ -138,6 +156,16 @@ def demand_text(d: Mapping[str, Any]) -> str:
     if d.get("disk_bytes"):
         parts.append(f"{fmt_bytes(d['disk_bytes'])} disk")
     return ", ".join(parts)
+
+
+def reserved_text(r: Mapping[str, Any]) -> str:
+    """A node's reservation (``NodeRecord.reserved``, whose GPU memory is the node's total, not per GPU) as
+    ``5 GPUs (10.0 GiB GPU memory in all), 1 core, 16.0 GiB memory``."""
+    text = demand_text({**r, "gpu_mem_bytes": 0})
+    if r.get("gpus") and r.get("gpu_mem_bytes"):
+        gpus, _, rest = text.partition(", ")
+        text = f"{gpus} ({fmt_bytes(r['gpu_mem_bytes'])} GPU memory in all), {rest}"
+    return text
 
 
 def _counts(counts: Mapping[str, int]) -> str:
@@ -251,7 +279,7 @@ def node_detail(d: Mapping[str, Any]) -> str:
         "host now      " + (f"CPU {_pct(host['cpu_util'])}, memory {fmt_bytes(host['mem_used_bytes'])} used"
                              + (f", CPU package {_watts(host['cpu_power_w'])}" if host["cpu_power_w"] else "")
                              if host else "-"),
-        f"reserved      {demand_text(r)}",
+        f"reserved      {reserved_text(r)}",
         f"tasks         {escape(', '.join(d['task_ids']) or 'none')}",
     ]
     if d.get("advertise_address"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -217,7 +218,7 @@ def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace
             return
         task = t.call(rpc, admin_pb2.TaskRef(task_id=args.task), write=True)
         d = render.task_dict(task)
-        _out(args, d, f"task {task.id} {verb} ({d['state']})")
+        _out(args, d, human.task_action_text(verb, d))
     return run
 
 
@@ -265,8 +266,11 @@ def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
 
     if args.tail is not None and not 0 <= args.tail <= 100_000:
         raise CtlError(f"logs: --tail must be between 0 and 100000, got {args.tail}", EXIT_USAGE)
-    if not 0 <= args.rank < 2**32:
+    if args.rank < 0:
         raise CtlError(f"logs: --rank must be 0 or more, got {args.rank}", EXIT_USAGE)
+    if args.rank > _UINT32:   # the request's field cannot carry it; no task has that many parts
+        raise CtlError(f"logs: --rank {args.rank} is out of range: a task's ranks run from 0 to its part count "
+                       f"less one (see gptrmctl tasks TASK)", EXIT_USAGE)
     request = admin_pb2.TaskLogsRequest(task_id=args.task, tail_lines=args.tail or 0, follow=args.follow,
                                         rank=args.rank)
     stream = None
@@ -472,6 +476,20 @@ def _security(args: argparse.Namespace) -> Callable[[], ChannelSecurity]:
     return build
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+"""The exit code when the output's reader went away, as a shell reports a process SIGPIPE ended (141)."""
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing what is left in its buffer at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):   # no real stdout (an in-process caller's replacement): nothing to flush
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one gptrmctl command; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -489,7 +507,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             rc = args.fn(transport, args)
         finally:
             transport.close()
+        sys.stdout.flush()   # here, where a reader gone away is caught below, not at interpreter exit
         return int(rc or 0)
+    except BrokenPipeError:
+        # The reader of the output went away (gptrmctl tasks | head): stop quietly, as a tool that
+        # SIGPIPE ended would, with its exit code.
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except CtlError as e:
         print(f"gptrmctl: {e}", file=sys.stderr)
         return e.code

@@ -8,6 +8,12 @@ nodes. Nothing is refused while no node is known at all, nor when a node provide
 (a new node may be the answer); and an operator can queue such a task on purpose
 (``gptrmctl submit --queue-unplaceable``).
 
+An elastic task is judged at both ends of its range: at its minimum (where it starts) and at its
+maximum (what it asked to grow to). A maximum no known node could hold (``--gpus 1:5`` where every
+node has 4 GPUs) is refused like a fixed request of that size, naming ``spec.elastic.max_gpus`` (or
+``max_nodes``), as a batch scheduler refuses a request no node can satisfy, rather than accepting a
+range whose top can never be reached.
+
 Example::
 
     admission = Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False)
@@ -19,9 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from common.domain import NodeSnapshot, Request
+from common.elastic import request_at
 from common.errors import PlacementError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.profiler.elastic_spec import elastic_range
 from coordinator.scheduler.placement.engine import describe_demand
 from coordinator.scheduler.policies.base import feasible
 from coordinator.scheduler.policy import threshold_mode
@@ -94,7 +102,16 @@ class Admission:
             return
         policy = self._policy()
         req = request_for(task)
-        reason = unplaceable_reason(req, self._nodes(), policy.threshold, threshold_mode(policy))
+        nodes = self._nodes()
+        reason = unplaceable_reason(req, nodes, policy.threshold, threshold_mode(policy))
+        rng = elastic_range(task.spec)
+        if reason is None and rng is not None:
+            top = request_at(req, rng, rng.maximum)
+            reason = unplaceable_reason(top, nodes, policy.threshold, threshold_mode(policy))
+            if reason is not None:   # name the field the submitter wrote, not the request derived from it
+                reason = (reason.replace("spec.demand.gpus:", "spec.elastic.max_gpus:")
+                          .replace("spec.nodes:", "spec.elastic.max_nodes:")
+                          + " (the elastic range's maximum; lower it to what a node can hold)")
         if reason is not None:
             self._log.info("task_refused_unplaceable", name=task.spec.name, gpus=req.demand.gpus, nodes=req.nodes,
                            reason=reason)

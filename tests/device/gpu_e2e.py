@@ -10,14 +10,17 @@ whose GPU backend is ``auto``, so NVML on this host), then through ``gptrmctl``:
 coordinator sees it, a one-GPU task running a PyTorch matrix-product loop (what ``CUDA_VISIBLE_DEVICES``
 it got, which GPU it saw), the task and node while it runs (the GPU's telemetry and the task's
 share of it), its logs, the events and the accounted usage, then stops the cluster (Ctrl-C, as a
-user would). Everything goes to ``DIR/gpu_e2e.json``, the cluster's output to ``DIR/devcluster.log``.
+user would). Everything goes to ``DIR/gpu_e2e.json``, the cluster's output to ``DIR/devcluster.log``
+(its banner) and its coordinator's and agent's logs to ``DIR/coordinator.log`` and ``DIR/agent.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +114,9 @@ def main() -> None:
             os.killpg(cluster.pid, signal.SIGKILL)
             report["cluster_exit"] = "killed after 60 s"
         log.close()
+        for name in ("coordinator", "agent"):   # the dev cluster logs its parts to its state directory
+            with contextlib.suppress(OSError):
+                shutil.copyfile(REPO / ".gptrm" / "logs" / f"{name}.log", args.out / f"{name}.log")
     (args.out / "gpu_e2e.json").write_text(json.dumps(report, indent=1, default=str))
     for key in ("up_s", "failed", "submit", "logs", "cluster_exit"):
         if key in report:

@@ -28,8 +28,9 @@ class TestAgentMetrics:
         listen = f"127.0.0.1:{free_port()}"
         cluster.start_agent("n1", "--metrics-listen", listen)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        tid = cluster.submit("--name", "held", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
-                             "sleep", "300")
+        # A sleeping task leaves a simulated GPU idle: this one declares its load (docs/devcluster.md).
+        tid = cluster.submit("--name", "held", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",
+                             "--env", "GPTRM_SIM_LOAD=0.9", "--", "sleep", "300")
         t = wait_until(lambda: cluster.task_in(tid, "running"), what="task to run")
         [gpu] = t["allocation"][0]["gpu_indices"]
         url = f"http://{listen}/metrics"

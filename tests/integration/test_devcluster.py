@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,22 +16,24 @@ from pathlib import Path
 import pytest
 
 from common.etcd_embedded import free_port
-from common.leftover_tasks import leftover_task_pids
+from common.leftover_tasks import kill_leftover_tasks, leftover_task_pids
 from tests.integration.harness import default_sigint, wait_until
 
 BANNER_END = "Ctrl-C stops everything."
+DEVCLUSTER = [sys.executable, "-m", "coordinator.devcluster"]
 
 
 class DevCluster:
     """``python -m coordinator.devcluster`` in a temporary directory, its stdout collected line by line."""
 
     def __init__(self, cwd: Path) -> None:
-        self.agent_state = cwd / ".gptrm" / "agent"
+        self.state = cwd / ".gptrm"
+        self.agent_state = self.state / "agent"
         self.listen = f"127.0.0.1:{free_port()}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPTRM_DEV_LISTEN": self.listen,
                "GPTRM_DEV_METRICS": f"127.0.0.1:{free_port()}", "GPTRM_GPU_BACKEND": "simulated"}
         self.lines: list[str] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.devcluster"], cwd=cwd, env=env,
+        self.proc = subprocess.Popen(DEVCLUSTER, cwd=cwd, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=default_sigint)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -135,3 +138,108 @@ def test_ctrl_c_stops_the_tasks_too(devcluster: DevCluster) -> None:
     assert not leftover_task_pids(str(devcluster.agent_state) + os.sep)
     assert any("task process(es) left by the dev cluster's agents" in line for line in devcluster.lines), \
         "\n".join(devcluster.lines[-50:])
+
+
+def _run_devcluster(cwd: Path, *args: str, env: dict[str, str] | None = None,
+                    timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """The dev cluster run to its end (one that should end by itself); its process group killed if it does not."""
+    proc = subprocess.Popen([*DEVCLUSTER, *args], cwd=cwd, env={**os.environ, **(env or {})}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        kill_leftover_tasks(str(cwd / ".gptrm") + os.sep)
+        pytest.fail(f"the dev cluster did not end by itself within {timeout_s} s:\n{out[-2000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _lock_free(state: Path) -> bool:
+    """Nobody holds the dev cluster's lock on ``state``."""
+    import fcntl
+
+    with (state / "devcluster.lock").open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return True
+
+
+def test_help_parses_and_starts_nothing(tmp_path: Path) -> None:
+    """``--help`` prints the options and exits 0: no state directory, no process."""
+    res = _run_devcluster(tmp_path, "--help", timeout_s=30)
+    assert res.returncode == 0, res.stderr
+    assert "--state-dir" in res.stdout and "--listen" in res.stdout
+    assert not (tmp_path / ".gptrm").exists()
+
+
+def test_an_address_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """The coordinator's address held by another process: refused at once naming it, nothing started."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        res = _run_devcluster(tmp_path, "--listen", address, "--gpu-backend", "simulated", timeout_s=30)
+    assert res.returncode == 1 and f"{address} is in use" in res.stderr, res.stderr
+    assert not (tmp_path / ".gptrm" / "coordinator").exists()
+    assert _lock_free(tmp_path / ".gptrm")
+
+
+@pytest.mark.slow
+def test_a_second_cluster_on_the_same_state_is_refused(devcluster: DevCluster, tmp_path: Path) -> None:
+    """A second dev cluster in the same directory is refused at once, naming the first (pid, address); the
+    first's running task is untouched and no process of the second is left."""
+    commands = devcluster.printed_commands()
+    [submit] = [c for c in commands if " submit " in c]
+    ctl = [*shlex.split(submit)[:2], "--coordinator", devcluster.listen]
+    res = _ctl([*ctl, "-o", "json"], "submit", "--name", "keep", "--", "sleep", "300")
+    assert res.returncode == 0, res.stderr
+    task_id = json.loads(res.stdout)["task_id"]
+
+    def state() -> str:
+        return json.loads(_ctl([*ctl, "-o", "json"], "tasks", task_id).stdout)["state"]
+
+    wait_until(lambda: state() == "running", 60, interval_s=0.5, what=f"task {task_id} running")
+    before = set(leftover_task_pids(str(devcluster.state) + os.sep))
+    second = _run_devcluster(tmp_path, "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen",
+                             f"127.0.0.1:{free_port()}", "--gpu-backend", "simulated", timeout_s=30)
+    assert second.returncode == 1, second.stderr
+    assert "another dev cluster already uses the state directory" in second.stderr
+    assert f"pid {devcluster.proc.pid}" in second.stderr and devcluster.listen in second.stderr, second.stderr
+    assert state() == "running"
+    assert set(leftover_task_pids(str(devcluster.state) + os.sep)) == before
+    _ctl(ctl, "cancel", task_id)
+
+
+@pytest.mark.slow
+def test_banner_last_and_ctrl_c_then_sigterm_exit_0(devcluster: DevCluster) -> None:
+    """The banner is the last thing printed (the logs go to files), and a Ctrl-C followed by the SIGTERM
+    make sends ends with 0; the agent, the coordinator and etcd are gone and the lock is free."""
+    devcluster.printed_commands()
+    assert devcluster.lines[-1] == BANNER_END
+    assert not [line for line in devcluster.lines if line.startswith("{")], "log lines on the terminal"
+    assert (devcluster.state / "logs" / "coordinator.log").stat().st_size > 0
+    devcluster.proc.send_signal(signal.SIGINT)
+    devcluster.proc.send_signal(signal.SIGTERM)
+    devcluster.proc.send_signal(signal.SIGINT)
+    assert devcluster.proc.wait(timeout=60) == 0, "\n".join(devcluster.lines[-20:])
+    assert not leftover_task_pids(str(devcluster.state) + os.sep)
+    assert _lock_free(devcluster.state)
+
+
+@pytest.mark.slow
+def test_a_part_failing_to_start_stops_the_rest(tmp_path: Path) -> None:
+    """The agent cannot start (its state directory is a file): the dev cluster says so with the agent's log,
+    exits 1, and leaves no coordinator, etcd or agent behind."""
+    (tmp_path / ".gptrm").mkdir()
+    (tmp_path / ".gptrm" / "agent").write_text("not a directory")
+    res = _run_devcluster(tmp_path, "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen",
+                          f"127.0.0.1:{free_port()}", "--gpu-backend", "simulated", timeout_s=90)
+    assert res.returncode == 1, res.stderr
+    assert "the agent exited with code" in res.stderr and "agent.log" in res.stderr, res.stderr
+    assert not leftover_task_pids(str(tmp_path / ".gptrm") + os.sep)
+    assert _lock_free(tmp_path / ".gptrm")

@@ -58,6 +58,10 @@ class TestElastic:
         cluster.wait_leader("c1")
         cluster.start_agent("n1", *ROOT_TASKS_AGENT)
         wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        # A maximum no node could hold (the node has 4 GPUs) is refused at submit, naming the field.
+        res = cluster.ctl("submit", "--name", "big", "--kind", "training", "--gpus", "1:5", "--cpu", "0.1", "--",
+                          "sleep", "1")
+        assert res.returncode == 1 and "spec.elastic.max_gpus: 5 GPUs per node requested" in res.stderr, res.stderr
         marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
         trainer = _elastic(cluster, marker, ckpt)
         wait_until(lambda: _starts(marker), what="elastic task started")

@@ -38,8 +38,8 @@ def _failures_metric(c: Cluster, name: str) -> dict[str, float]:
 
 
 def _recovered(d: dict[str, Any]) -> bool:
-    """Failed once, then ran again (a one-shot duty ends ``stopped`` once its second run completed)."""
-    return d["failures"] == 1 and d["last_pass_age_s"] is not None and d["state"] in ("running", "stopped")
+    """Failed once, then ran again (a one-shot duty ends ``done`` once its second run completed)."""
+    return d["failures"] == 1 and d["last_pass_age_s"] is not None and d["state"] in ("running", "done")
 
 
 class TestLeaderDutySupervisor:
@@ -55,7 +55,7 @@ class TestLeaderDutySupervisor:
                             60, 0.2, "every duty to fail once and run again")
         assert set(duties) == set(DUTIES)
         assert all(d["last_error"].startswith("InjectedFault") for d in duties.values())
-        assert {d: duties[d]["state"] for d in DUTIES} == {**{d: "running" for d in DUTIES}, "reconcile": "stopped"}
+        assert {d: duties[d]["state"] for d in DUTIES} == {**{d: "running" for d in DUTIES}, "reconcile": "done"}
         assert _failures_metric(cluster, "c1") == {d: 1.0 for d in DUTIES}
         assert cluster.status("c1").is_leader
         text = cluster.ctl("status").stdout

@@ -158,11 +158,12 @@ def test_cancellation_and_normal_return_are_not_failures() -> None:
         h.sup.add("reconcile", once, interval_s=1.0)
         h.sup.start()
         await started.wait()
-        await _until(lambda: h.sup.views()[1].state == "stopped")
+        await _until(lambda: h.sup.views()[1].state == "done")   # a duty that returned completed its work
+        assert h.sup.views()[0].state == "running"
         h.sup.stop()   # leadership ends
         await h.sup.wait_stopped()
         assert [(v.name, v.state, v.failures) for v in h.sup.views()] == [("cycle", "stopped", 0),
-                                                                         ("reconcile", "stopped", 0)]
+                                                                         ("reconcile", "done", 0)]
         return h
 
     h = asyncio.run(main())

@@ -8,6 +8,7 @@ from agent.collectors.simulated import (
     SimGpuSpec,
     SimulatedGpus,
     model_for,
+    parse_sim_load,
     parse_simulate_spec,
     simulated_power_w,
 )
@@ -196,3 +197,39 @@ class TestSimulatedGpus:
         with pytest.raises(ValidationError) as info:
             make_gpus(clock).place("t", indices, util_per_gpu=util, mem_bytes_per_gpu=mem)
         assert info.value.field == field
+
+
+class TestFollowsLoad:
+    """A task's utilization follows its own load: idle while it sleeps, busy while it computes."""
+
+    def test_idle_until_its_processes_are_busy(self, clock: FakeClock) -> None:
+        """Placed following its load, a task leaves its GPUs idle (idle power) until its CPU usage is observed;
+        one busy core over two GPUs is half of each; a fixed placement is unchanged."""
+        gpus = make_gpus(clock)
+        gpus.place("t", [0, 1], 1.0, 10 * GIB, follows_load=True)
+        gpus.place("fixed", [2], 0.9, 0)
+        readings = gpus.collect()
+        assert [r.util_gpu for r in readings[:3]] == [0.0, 0.0, 0.9]
+        assert readings[0].power_w == model_for(SimGpuSpec("H100", 80, 0)).idle_w and readings[0].simulated
+        gpus.observe_load({"t": 1.0, "fixed": 0.0, "unknown": 3.0})
+        assert [r.util_gpu for r in gpus.collect()[:3]] == [0.5, 0.5, 0.9]
+        gpus.observe_load({"t": 8.0})   # capped at a fully busy GPU
+        assert [r.util_gpu for r in gpus.collect()[:2]] == [1.0, 1.0]
+
+    def test_a_shared_gpu_reaches_its_share(self, clock: FakeClock) -> None:
+        """A task holding half a GPU fills half of it at full load."""
+        gpus = make_gpus(clock)
+        gpus.place("half", [0], 0.5, 0, follows_load=True)
+        gpus.observe_load({"half": 2.0})
+        assert gpus.collect()[0].util_gpu == 0.5
+
+    @pytest.mark.parametrize(("text", "load"), [("0.7", 0.7), (" 70% ", 0.7), ("0", 0.0), ("100%", 1.0)])
+    def test_declared_load(self, text: str, load: float) -> None:
+        """GPTRM_SIM_LOAD takes a fraction or a percentage."""
+        assert parse_sim_load(text) == pytest.approx(load)
+
+    @pytest.mark.parametrize("text", ["busy", "1.5", "-1%", "nan", ""])
+    def test_bad_declared_load(self, text: str) -> None:
+        """What is not a load in 0..1 is refused naming the variable."""
+        with pytest.raises(ValueError, match="GPTRM_SIM_LOAD"):
+            parse_sim_load(text)

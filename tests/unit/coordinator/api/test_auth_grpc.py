@@ -71,6 +71,10 @@ class _Admin(AdminService):
             raise refusal
         return types_pb2.Task(id=request.task_id)
 
+    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.TaskLogChunk]:
+        yield admin_pb2.TaskLogChunk(data=b"hello\n")
+
     async def ListNodes(self, request: admin_pb2.ListNodesRequest,
                         context: grpc.aio.ServicerContext) -> admin_pb2.ListNodesResponse:
         refusal = queue_refusal(current_principal(), "team-z")
@@ -176,6 +180,28 @@ class TestCurrentPrincipal:
     def test_no_principal_outside_a_call(self) -> None:
         """Outside a call (and in servicers served without the interceptor) there is no current principal."""
         assert current_principal() is None
+
+
+class TestReadsAudit:
+    def test_log_reads_are_not_audited_their_refusals_are(self, pki: Path, tmp_path: Path) -> None:
+        """An admin reading a task's logs (an admin-only read) leaves no audit record, however often; a viewer
+        refused them leaves one refused record."""
+        audit = tmp_path / "audit.log"
+
+        async def read(channel: grpc.aio.Channel) -> list[bytes]:
+            stub = admin_pb2_grpc.AdminStub(channel)
+            return [c.data for _ in range(3)
+                    async for c in stub.TaskLogs(admin_pb2.TaskLogsRequest(task_id="t-1"), timeout=10)]
+        assert _serve(pki, audit, _Admin(), "admin-alice", read) == [b"hello\n"] * 3
+        assert _audit(audit) == []
+
+        async def refused(channel: grpc.aio.Channel) -> grpc.aio.AioRpcError:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await read(channel)
+            return info.value
+        assert _serve(pki, audit, _Admin(), "viewer-eve", refused).code() == grpc.StatusCode.PERMISSION_DENIED
+        assert [(r["principal"], r["method"], r["target"], r["outcome"]) for r in _audit(audit)] == \
+            [("eve", "TaskLogs", "t-1", "refused")]
 
 
 class TestQueueRefusal:

@@ -10,7 +10,9 @@ from coordinator.ctl.human import (
     escape,
     fmt_duration,
     lead_with_cause,
+    reserved_text,
     table,
+    task_action_text,
     truncate,
     truncate_words,
 )
@@ -116,3 +118,25 @@ class TestStatusTelemetryRate:
 
     def test_every_sample(self) -> None:
         assert "telemetry     every sample (1 s)" in self._status(1)
+
+
+class TestNodeReserved:
+    def test_gpu_memory_is_the_node_total(self) -> None:
+        """A node's reservation holds the GPU memory of all its reserved GPUs: 5 GPUs and one task's 10 GiB read
+        as 10 GiB in all, not "5 GPUs × 10.0 GiB"."""
+        r = {"gpus": 5.0, "gpu_mem_bytes": 10 * GIB, "cpu_cores": 1.0, "mem_bytes": 0, "disk_bytes": 0}
+        assert reserved_text(r) == "5 GPUs (10.0 GiB GPU memory in all), 1 core, 0 B memory"
+        assert reserved_text({**r, "gpu_mem_bytes": 0}) == "5 GPUs, 1 core, 0 B memory"
+
+
+class TestTaskActions:
+    @pytest.mark.parametrize(("verb", "state", "text"), [
+        ("cancelled", "cancelled", "task t-1 cancelled"),
+        ("cancelled", "running", "cancelling task t-1 (was running): its agents are stopping it"),
+        ("paused", "running", "pausing task t-1 (was running): its agents are suspending its processes"),
+        ("resumed", "running", "task t-1 resumed"),
+        ("resumed", "paused", "resuming task t-1 (was paused): its agents are continuing its processes"),
+    ])
+    def test_says_what_happened(self, verb: str, state: str, text: str) -> None:
+        """cancel, pause and resume say what was done, or what is under way and the state it was in."""
+        assert task_action_text(verb, {"task_id": "t-1", "state": state}) == text

@@ -123,3 +123,24 @@ class TestInternalError:
         assert main([*NOWHERE, "status"]) == EXIT_INTERNAL
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "internal error: KeyError" in err and "Traceback" not in err
+
+
+class TestLogsRank:
+    def test_rank_beyond_any_task_is_out_of_range(self) -> None:
+        """A rank too large for any task is refused as out of range, not as "must be 0 or more"."""
+        err = _usage(_ctl("logs", "t-1", "--rank", "99999999999"), "--rank 99999999999 is out of range")
+        assert "0 or more" not in err
+        _usage(_ctl("logs", "t-1", "--rank", "-1"), "--rank must be 0 or more")
+
+
+class TestBrokenPipe:
+    def test_reader_gone_ends_quietly(self) -> None:
+        """``gptrmctl ... | head``: when the reader of its output has gone, gptrmctl ends with 141 (as SIGPIPE
+        would end a shell tool) and writes nothing on stderr: no internal error, no BrokenPipeError."""
+        argv = [str(BIN / "gptrmctl"), *NOWHERE, "completion", "bash"]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()   # before gptrmctl writes: its first write finds no reader
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == ctl_main_module.EXIT_BROKEN_PIPE == 141, err
+        assert err == b""

@@ -69,3 +69,39 @@ class TestAdmission:
         """A new node may be the answer."""
         policy = types_pb2.Policy(name="max-utilization", threshold=0.9)
         Admission(lambda: NODES, lambda: policy, creates_nodes=True).check(_task(16))
+
+
+def _elastic(lo: int, hi: int, *, nodes: bool = False) -> types_pb2.Task:
+    spec = types_pb2.TaskSpec(name="e", nodes=1, kind=types_pb2.TASK_KIND_TRAINING)
+    if nodes:
+        spec.gpus_per_node = 4
+        spec.elastic.min_nodes, spec.elastic.max_nodes = lo, hi
+    else:
+        spec.elastic.min_gpus, spec.elastic.max_gpus = lo, hi
+    gpus = 4 if nodes else lo
+    demand = types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=GIB, cpu_cores=1.0)
+    return types_pb2.Task(id="e", spec=spec, demand=demand)
+
+
+class TestElasticMaximum:
+    POLICY = types_pb2.Policy(name="max-utilization", threshold=0.9)
+
+    def test_a_maximum_no_node_holds_is_refused(self) -> None:
+        """--gpus 1:5 where every node has 4 GPUs is refused at submit, naming spec.elastic.max_gpus and the
+        largest node; 1:4 is accepted."""
+        four = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
+        admission = Admission(lambda: four, lambda: self.POLICY, creates_nodes=False)
+        admission.check(_elastic(1, 4))
+        with pytest.raises(PlacementError) as info:
+            admission.check(_elastic(1, 5))
+        assert "spec.elastic.max_gpus: 5 GPUs per node requested; the largest node, n1, has 4" in str(info.value)
+        assert "elastic range's maximum" in str(info.value)
+
+    def test_a_maximum_of_more_nodes_than_known_is_refused(self) -> None:
+        """An elastic job in whole nodes whose maximum needs more nodes than could hold a part is refused."""
+        four = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
+        admission = Admission(lambda: four, lambda: self.POLICY, creates_nodes=False)
+        admission.check(_elastic(1, 2, nodes=True))
+        with pytest.raises(PlacementError) as info:
+            admission.check(_elastic(1, 3, nodes=True))
+        assert "spec.elastic.max_nodes: a gang of 3 nodes requested" in str(info.value)
