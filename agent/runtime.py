@@ -37,7 +37,7 @@ from agent.collectors.task_metrics import MetricsTarget
 from agent.cpu_binding import binding_for, process_prefix
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
-from agent.task_user import TaskUser, TaskUserPolicy, UidClaims
+from agent.task_user import NoRoom, TaskUser, TaskUserPolicy, UidClaims
 from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, node_tag
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
@@ -47,20 +47,23 @@ from common.pbenum import pb_enum
 from common.qos import ROLES
 from common.types import TaskState
 
-__all__ = ["TASK_PATH", "TaskRuntime", "check_master_port", "launch_env"]
+__all__ = ["MASTER_LISTEN_FD", "TASK_PATH", "MasterPortTaken", "TaskRuntime", "check_master_port", "launch_env",
+           "master_listen_handoff"]
 
 # The wrapper (root) joins the task's cgroup when it has one, holds the output FIFO open for
 # reading and writing (so the task never gets SIGPIPE while the agent restarts), and outlives the
 # task: its TERM trap is a handler, not "ignore", so the task (which gets the group's SIGTERM
 # itself) keeps the default disposition, and the wrapper waits for the real exit status and
 # records it even if the agent is gone by then. The checkpoint signals a preemption may send to
-# the group are trapped the same way. Arguments: FIFO, exit-code file, cgroup directory or "",
-# then the command (``setpriv ... -- argv`` when the task runs as another user).
+# the group are trapped the same way. Arguments: FIFO, exit-code file, cgroup directory or "", the fd of
+# the task's reserved master-port listener or "" (the wrapper closes its copy once the task holds one:
+# the task alone holds the port), then the command (``setpriv ... -- argv`` when the task runs as another user).
 _WRAPPER = (
-    'fifo=$1 exitf=$2 cg=$3; shift 3; '
+    'fifo=$1 exitf=$2 cg=$3 lfd=$4; shift 4; '
     'if [ -n "$cg" ]; then echo $$ > "$cg/cgroup.procs" || echo "gptrm: cannot join $cg" >&2; fi; '
     'exec 3<>"$fifo" || exit 125; exec >&3 2>&3; '
     'trap : TERM INT HUP QUIT USR1 USR2 ALRM; "$@" 3>&- & c=$!; '
+    'if [ -n "$lfd" ]; then eval "exec $lfd<&-"; fi; '
     'while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; '
     'echo $code > "$exitf.tmp" && mv "$exitf.tmp" "$exitf"; exit $code'
 )
@@ -157,6 +160,10 @@ class TaskRuntime:
         """Root pid of every running task (for per-task CPU/RSS/GPU accounting)."""
         return {r.task_id: [r.pid] for r in self.table.tasks.values()}
 
+    def own_uids(self) -> list[int]:
+        """The uids of this agent's own that its tasks hold now (read by the sampler's thread)."""
+        return [r.own_uid for r in list(self.table.tasks.values()) if r.own_uid >= 0]
+
     def metrics_targets(self) -> dict[str, MetricsTarget]:
         """The metrics endpoint of every running task that declared one (read by the sampler's thread)."""
         return {r.task_id: MetricsTarget.declared(r.metrics_url, r.metrics_flavour, r.metrics_names)
@@ -187,7 +194,8 @@ class TaskRuntime:
                                     task_id=task_id)
                 e = GptrmError(f"the agent failed carrying out {action!r}: {type(e).__name__}: {e}")
             ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=str(e), task_id=task_id,
-                                        task_unknown=isinstance(e, UnknownTask))
+                                        task_unknown=isinstance(e, UnknownTask),
+                                        no_room=isinstance(e, NoRoom))
             self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id,
                               action=action or "", reason=str(e))
         if decision.decision_id:
@@ -241,22 +249,29 @@ class TaskRuntime:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
         if not valid_task_id(st.task_id):
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
-        check_master_port(st)
-        taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
-        user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
+        listener = check_master_port(st)   # held from here until the task's process holds it
         try:
-            return await self._start_as(decision, user)
-        except BaseException:
-            if user is not None and user.exclusive and self._users is not None:
-                self._users.release(user.uid)   # nothing runs as it
-            raise
+            taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
+            user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
+            try:
+                return await self._start_as(decision, user, listener)
+            except BaseException:
+                if user is not None and user.exclusive and self._users is not None:
+                    self._users.release(user.uid)   # nothing runs as it
+                raise
+        finally:
+            if listener is not None:
+                listener.close()   # the task's process has its own copy (or nothing started)
 
-    async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None) -> tuple[str, TaskState]:
+    async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None,
+                        listener: socket.socket | None = None) -> tuple[str, TaskState]:
         st = decision.start
         switch = user is not None and user.switch
         self._record_or_refuse(st.task_id)
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
-        task_env = _task_env(st, user, paths.work_dir)
+        # A systemd unit cannot inherit the listener: the port is free again once the agent closes it.
+        pass_fds, listen_env = master_listen_handoff(listener if self._runtime != "systemd-run" else None)
+        task_env = {**_task_env(st, user, paths.work_dir), **listen_env}
         cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id)
         devices = getattr(self._gpus, "devices", None)
         binding = binding_for(devices(), st.gpu_indices) if devices is not None else None
@@ -264,7 +279,7 @@ class TaskRuntime:
         # systemd unit is bound by its properties instead.
         bind = process_prefix(binding) if self._runtime != "systemd-run" else []
         command = ["/bin/sh", "-c", _WRAPPER, "gptrm-task", str(paths.fifo), str(paths.exit_file),
-                   str(cgroup.path) if cgroup else "", *bind,
+                   str(cgroup.path) if cgroup else "", listen_env.get(MASTER_LISTEN_FD, ""), *bind,
                    *(user.setpriv_argv() if switch and user is not None else []),
                    *st.argv]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
@@ -283,7 +298,8 @@ class TaskRuntime:
             else:
                 proc = await asyncio.create_subprocess_exec(
                     *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=task_env, start_new_session=True)
+                    stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=task_env, start_new_session=True,
+                    pass_fds=pass_fds)
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
@@ -521,20 +537,55 @@ def launch_env(st: agent_pb2.StartTask) -> dict[str, str]:
     return env
 
 
-def check_master_port(st: agent_pb2.StartTask) -> None:
-    """Rank 0's agent refuses a start whose reserved master port it cannot bind (something else holds it).
+class MasterPortTaken(NoRoom):
+    """Rank 0's agent could not reserve a task's master port: something else on this node holds it."""
 
-    :raises GptrmError: naming the task and the port.
+
+MASTER_LISTEN_FD = "GPTRM_MASTER_LISTEN_FD"
+"""The task's variable naming the inherited fd of its listening master-port socket (rank 0 of a gang only)."""
+
+
+def check_master_port(st: agent_pb2.StartTask) -> socket.socket | None:
+    """Reserve the master port of rank 0 of a multi-node task: bind and listen on it now, before anything
+    of the task runs, and keep it until the task's rank-0 process holds it (:func:`master_listen_handoff`).
+    Nothing else on the node can bind a port while this socket listens on it, whatever its uid or socket
+    options (``docs/ports.md``). A single-node task, another rank, or a start without a port reserves
+    nothing (None).
+
+    The socket listens on every address of both families where the host has IPv6 (an IPv6 socket that
+    also takes IPv4), else on every IPv4 address; it is not inherited by anything but the task.
+
+    :raises MasterPortTaken: naming the task and the port, when something else holds the port.
     """
-    if st.node_rank != 0 or not st.master_port:
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", st.master_port))
-        except OSError as e:
-            raise GptrmError(f"task {st.task_id!r} not started: its master port {st.master_port} cannot be bound "
-                             f"on this node ({e.strerror or e})") from None
+    if st.nnodes <= 1 or st.node_rank != 0 or not st.master_port:
+        return None
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address: tuple[str, int] = ("::", st.master_port)
+    except OSError:   # no IPv6 on this host
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = ("0.0.0.0", st.master_port)
+    try:
+        # SO_REUSEADDR: a connection of an earlier run left in TIME_WAIT does not hold the port; a
+        # listener (another task's, or a squatter's) still does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:
+        sock.close()
+        raise MasterPortTaken(f"task {st.task_id!r} not started: its master port {st.master_port} cannot be "
+                              f"bound on this node ({e.strerror or e}); it is placed again") from None
+    return sock
+
+
+def master_listen_handoff(sock: socket.socket | None) -> tuple[tuple[int, ...], dict[str, str]]:
+    """What a start passes on for a reserved master port: the fds the task's process inherits
+    (``pass_fds``) and the variable that names the listening one (:data:`MASTER_LISTEN_FD`); nothing
+    without a reservation. The agent closes its own copy once the process is started."""
+    if sock is None:
+        return (), {}
+    return (sock.fileno(),), {MASTER_LISTEN_FD: str(sock.fileno())}
 
 
 def _not_understood(decision: agent_pb2.Decision, action: str | None) -> str:
