@@ -292,6 +292,8 @@ class TaskRuntime:
         proc: asyncio.subprocess.Process | None = None
         try:
             if self._runtime == "systemd-run":
+                if listener is not None:
+                    listener.close()   # the unit binds the port itself (docs/ports.md)
                 pid = await systemd_task.start_service(st.task_id, command, task_env,
                                                        gpu_indices=list(st.gpu_indices), paths=paths,
                                                        binding=binding)

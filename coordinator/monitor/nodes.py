@@ -84,6 +84,10 @@ class NodeEntry:
     state: NodeState = NodeState.NOT_READY
     dropped_samples_total: int = 0
     outbox: StreamQueue | None = None         # the stream's decision queue while connected
+    # Room its agent last reported (TelemetrySample.task_uid_room, task_ports_free); None: unknown, no limit.
+    task_uid_room: int | None = None
+    task_ports_free: int | None = None
+    ports_refused: dict[int, float] = field(default_factory=dict)   # master port → when a start found it taken
     _held: set[str] = field(default_factory=set, repr=False)   # changed by coordinator.state only
 
     @property
@@ -171,6 +175,7 @@ class NodeRegistry:
         entry.stream_id = self._next_stream
         entry.connected = True
         entry.outbox = outbox
+        entry.task_uid_room = entry.task_ports_free = None   # until this stream's agent reports them
         entry.last_heartbeat = self._now()
         entry.last_seen_unix_s = now_unix
         self._derive(entry)

@@ -2,6 +2,11 @@
 
 Every policy of a cycle reads this one snapshot, taken once at its start, so that
 what the policies compare is consistent even while agents keep streaming.
+
+Task uids are a resource too: a node whose agent reports room for ``task_uid_room`` tasks with a uid
+of their own (``agent/room.py``) and already holds that many placed tasks is unschedulable in the
+snapshot, so placement goes elsewhere or the task waits, instead of a start refused with "no free task
+uid". A node whose agent reports nothing (an older agent, or one that hands out no uids) has no limit.
 """
 
 from __future__ import annotations
@@ -14,27 +19,37 @@ from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Re
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
 from common.topology import NodeTopology, topology_from_gpus
-from common.types import TERMINAL_STATES
+from common.types import TERMINAL_STATES, TaskState
 from coordinator.allocator.reservations import gpu_usage
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, feasible
 from coordinator.scheduler.queue import request_for
 
-__all__ = ["NodeFit", "SnapshotBuilder"]
+__all__ = ["NodeFit", "SnapshotBuilder", "takes_uid"]
 
 _Holdings = dict[str, list[tuple[Sequence[int], int, float]]]
 """Node id → what each live allocation holds there: (GPU indices, memory per GPU, share per GPU)."""
 
 
-def _holdings(tasks: Iterable[types_pb2.Task]) -> _Holdings:
+def _holdings(tasks: Iterable[types_pb2.Task], uids: dict[str, int] | None = None) -> _Holdings:
+    """What live allocations hold on each node's GPUs; with ``uids``, also counts per node the parts that
+    hold a task uid of their agent's own there (:func:`takes_uid`)."""
     holdings: _Holdings = {}
     for task in tasks:
         if task.state in TERMINAL_STATES or not task.allocation.nodes:
             continue
+        own = task.state != TaskState.PENDING and takes_uid(task)
         for na in task.allocation.nodes:
             holdings.setdefault(na.node_id, []).append((na.gpu_indices, na.demand.gpu_mem_bytes, na.gpu_share))
+            if uids is not None and own:
+                uids[na.node_id] = uids.get(na.node_id, 0) + 1
     return holdings
+
+
+def takes_uid(task: types_pb2.Task) -> bool:
+    """Whether a task's parts each take a task uid of their agent's own (a spec naming a user runs as it)."""
+    return not task.spec.run_as_user
 
 
 class NodeFit:
@@ -126,6 +141,9 @@ class SnapshotBuilder:
         self._power = power
         self._statics: dict[str, _NodeStatic] = {}
         self._views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
+        self.uid_room: dict[str, int] = {}
+        """After :meth:`snapshot`: per node whose agent reports its task uids, how many more tasks it can take
+        (≤ 0: none, and the node is unschedulable in that snapshot)."""
 
     def snapshot(self, tasks: Iterable[types_pb2.Task], registry: NodeRegistry) -> ClusterSnapshot:
         """Schedulable nodes in node-id order, with what live allocations hold on each GPU.
@@ -135,22 +153,28 @@ class SnapshotBuilder:
         kept placement state (:class:`~coordinator.scheduler.placement.live.LivePlacement`) sees at
         once which nodes changed.
         """
-        holdings = _holdings(tasks)
+        uids: dict[str, int] = {}
+        holdings = _holdings(tasks, uids)
         schedulable = registry.schedulable
         views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
-        nodes = tuple(self._kept_view(e, holdings.get(e.node_id), views)
+        room: dict[str, int] = {}
+        for e in registry:
+            if e.task_uid_room is not None:
+                room[e.node_id] = e.task_uid_room - uids.get(e.node_id, 0)
+        nodes = tuple(self._kept_view(e, holdings.get(e.node_id), views, room.get(e.node_id, 1) > 0)
                       for e in sorted(registry, key=lambda e: e.node_id) if schedulable(e))
         self._views = views   # nodes no longer in the snapshot are forgotten
+        self.uid_room = room
         return ClusterSnapshot(nodes=nodes, taken_at_s=time.time())
 
     def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None,
-                   views: dict[str, tuple[tuple[object, ...], NodeSnapshot]]) -> NodeSnapshot:
+                   views: dict[str, tuple[tuple[object, ...], NodeSnapshot]], uid_free: bool = True) -> NodeSnapshot:
         """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed."""
         r = e.record.reserved
         key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
-               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0])
+               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free)
         last = self._views.get(e.node_id)
-        view = last[1] if last is not None and last[0] == key else self._view(e, held)
+        view = last[1] if last is not None and last[0] == key else self._view(e, held, schedulable=uid_free)
         views[e.node_id] = (key, view)
         return view
 
@@ -180,7 +204,7 @@ class SnapshotBuilder:
         return [self._view(e, None, empty=True) for e in sorted(registry, key=lambda e: e.node_id)]
 
     def _view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None, *,
-              empty: bool = False) -> NodeSnapshot:
+              empty: bool = False, schedulable: bool = True) -> NodeSnapshot:
         """One node with what ``held`` holds on its GPUs and its recorded reservation (none if ``empty``)."""
         static = self._static_part(e)
         if held is None:
@@ -195,7 +219,7 @@ class SnapshotBuilder:
             node_id=e.node_id, capacity=static.capacity,
             used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                            mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
-            gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
+            gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=schedulable,
             power=self.power_curve(e)[0], topology=static.topology)
 
     def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:
