@@ -47,23 +47,29 @@ from common.pbenum import pb_enum
 from common.qos import ROLES
 from common.types import TaskState
 
-__all__ = ["MASTER_LISTEN_FD", "TASK_PATH", "MasterPortTaken", "TaskRuntime", "check_master_port", "launch_env",
-           "master_listen_handoff"]
+__all__ = [
+    "MASTER_LISTEN_FD",
+    "TASK_PATH",
+    "MasterPortTaken",
+    "TaskRuntime",
+    "binds_port_itself",
+    "check_master_port",
+    "launch_env",
+    "master_listen_handoff",
+]
 
 # The wrapper (root) joins the task's cgroup when it has one, holds the output FIFO open for
 # reading and writing (so the task never gets SIGPIPE while the agent restarts), and outlives the
 # task: its TERM trap is a handler, not "ignore", so the task (which gets the group's SIGTERM
 # itself) keeps the default disposition, and the wrapper waits for the real exit status and
 # records it even if the agent is gone by then. The checkpoint signals a preemption may send to
-# the group are trapped the same way. Arguments: FIFO, exit-code file, cgroup directory or "", the fd of
-# the task's reserved master-port listener or "" (the wrapper closes its copy once the task holds one:
-# the task alone holds the port), then the command (``setpriv ... -- argv`` when the task runs as another user).
+# the group are trapped the same way. Arguments: FIFO, exit-code file, cgroup directory or "",
+# then the command (``setpriv ... -- argv`` when the task runs as another user).
 _WRAPPER = (
-    'fifo=$1 exitf=$2 cg=$3 lfd=$4; shift 4; '
+    'fifo=$1 exitf=$2 cg=$3; shift 3; '
     'if [ -n "$cg" ]; then echo $$ > "$cg/cgroup.procs" || echo "gptrm: cannot join $cg" >&2; fi; '
     'exec 3<>"$fifo" || exit 125; exec >&3 2>&3; '
     'trap : TERM INT HUP QUIT USR1 USR2 ALRM; "$@" 3>&- & c=$!; '
-    'if [ -n "$lfd" ]; then eval "exec $lfd<&-"; fi; '
     'while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; '
     'echo $code > "$exitf.tmp" && mv "$exitf.tmp" "$exitf"; exit $code'
 )
@@ -269,8 +275,12 @@ class TaskRuntime:
         switch = user is not None and user.switch
         self._record_or_refuse(st.task_id)
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
-        # A systemd unit cannot inherit the listener: the port is free again once the agent closes it.
-        pass_fds, listen_env = master_listen_handoff(listener if self._runtime != "systemd-run" else None)
+        # A systemd unit cannot inherit the listener, and torchrun binds the port itself: for those the port
+        # is free again from here (docs/ports.md).
+        handoff = listener if self._runtime != "systemd-run" and not binds_port_itself(st) else None
+        if listener is not None and handoff is None:
+            listener.close()
+        pass_fds, listen_env = master_listen_handoff(handoff)
         task_env = {**_task_env(st, user, paths.work_dir), **listen_env}
         cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id)
         devices = getattr(self._gpus, "devices", None)
@@ -279,7 +289,7 @@ class TaskRuntime:
         # systemd unit is bound by its properties instead.
         bind = process_prefix(binding) if self._runtime != "systemd-run" else []
         command = ["/bin/sh", "-c", _WRAPPER, "gptrm-task", str(paths.fifo), str(paths.exit_file),
-                   str(cgroup.path) if cgroup else "", listen_env.get(MASTER_LISTEN_FD, ""), *bind,
+                   str(cgroup.path) if cgroup else "", *bind,
                    *(user.setpriv_argv() if switch and user is not None else []),
                    *st.argv]
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
@@ -292,8 +302,6 @@ class TaskRuntime:
         proc: asyncio.subprocess.Process | None = None
         try:
             if self._runtime == "systemd-run":
-                if listener is not None:
-                    listener.close()   # the unit binds the port itself (docs/ports.md)
                 pid = await systemd_task.start_service(st.task_id, command, task_env,
                                                        gpu_indices=list(st.gpu_indices), paths=paths,
                                                        binding=binding)
@@ -579,6 +587,12 @@ def check_master_port(st: agent_pb2.StartTask) -> socket.socket | None:
         raise MasterPortTaken(f"task {st.task_id!r} not started: its master port {st.master_port} cannot be "
                               f"bound on this node ({e.strerror or e}); it is placed again") from None
     return sock
+
+
+def binds_port_itself(st: agent_pb2.StartTask) -> bool:
+    """Whether the task's argv is a launcher that binds MASTER_PORT itself and takes no listening fd
+    (``torchrun``: its rendezvous store binds the port): such a task is not handed the reservation."""
+    return bool(st.argv) and Path(st.argv[0]).name == "torchrun"
 
 
 def master_listen_handoff(sock: socket.socket | None) -> tuple[tuple[int, ...], dict[str, str]]:

@@ -31,7 +31,8 @@ from typing import Any
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 
-__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "REFUSED_PORT_S", "PortBook", "launch_argv", "node_address", "restart_env", "start_fields"]
+__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "REFUSED_PORT_S", "PortBook", "launch_argv", "node_address",
+           "restart_env", "start_fields"]
 
 REFUSED_PORT_S = 300.0
 """How long a master port that a start found held by something else on its node is not handed out there."""

@@ -18,14 +18,17 @@ from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Clust
 _COORD = ("--threshold", "1.0")
 _GANG = ("--nodes", "2", "--gpus", "4", "--gpu-mem-gib", "10", "--cpu", "0.1")
 
-# Rank 0 listens on MASTER_ADDR:MASTER_PORT; every other rank connects and sends its rank; rank 0 adds them
+# Rank 0 accepts on the socket its agent listens on MASTER_PORT with and hands it (GPTRM_MASTER_LISTEN_FD);
+# every other rank connects and sends its rank; rank 0 adds them
 # to its own and sends the sum back; every part prints it with what its environment says.
 _MEET = r'''
 import os, socket, time
 rank, nnodes = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 if rank == 0:
-    srv = socket.create_server((addr, port))
+    # The port is rank 0's from the start: its agent listens on it and hands the socket over.
+    srv = socket.socket(fileno=int(os.environ["GPTRM_MASTER_LISTEN_FD"]))
+    assert srv.getsockname()[1] == port
     peers = [srv.accept()[0] for _ in range(nnodes - 1)]
     total = rank + sum(int(c.makefile().readline()) for c in peers)
     for c in peers:
