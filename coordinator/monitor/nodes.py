@@ -100,6 +100,11 @@ class NodeEntry:
         return frozenset(self._held)
 
     @property
+    def held_count(self) -> int:
+        """How many unfinished tasks are placed on this node (without copying :attr:`task_ids`)."""
+        return len(self._held)
+
+    @property
     def holds_tasks(self) -> bool:
         """Whether any unfinished task is placed on this node."""
         return bool(self._held)

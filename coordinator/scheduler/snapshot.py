@@ -19,7 +19,7 @@ from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Re
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
 from common.topology import NodeTopology, topology_from_gpus
-from common.types import TERMINAL_STATES, TaskState
+from common.types import TERMINAL_STATES
 from coordinator.allocator.reservations import gpu_usage
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.power_model import PowerModel
@@ -32,18 +32,13 @@ _Holdings = dict[str, list[tuple[Sequence[int], int, float]]]
 """Node id → what each live allocation holds there: (GPU indices, memory per GPU, share per GPU)."""
 
 
-def _holdings(tasks: Iterable[types_pb2.Task], uids: dict[str, int] | None = None) -> _Holdings:
-    """What live allocations hold on each node's GPUs; with ``uids``, also counts per node the parts that
-    hold a task uid of their agent's own there (:func:`takes_uid`)."""
+def _holdings(tasks: Iterable[types_pb2.Task]) -> _Holdings:
     holdings: _Holdings = {}
     for task in tasks:
         if task.state in TERMINAL_STATES or not task.allocation.nodes:
             continue
-        own = task.state != TaskState.PENDING and takes_uid(task)
         for na in task.allocation.nodes:
             holdings.setdefault(na.node_id, []).append((na.gpu_indices, na.demand.gpu_mem_bytes, na.gpu_share))
-            if uids is not None and own:
-                uids[na.node_id] = uids.get(na.node_id, 0) + 1
     return holdings
 
 
@@ -153,19 +148,28 @@ class SnapshotBuilder:
         kept placement state (:class:`~coordinator.scheduler.placement.live.LivePlacement`) sees at
         once which nodes changed.
         """
-        uids: dict[str, int] = {}
-        holdings = _holdings(tasks, uids)
+        tasks = tasks if isinstance(tasks, list) else list(tasks)
+        holdings = _holdings(tasks)
         schedulable = registry.schedulable
         views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
         room: dict[str, int] = {}
-        for e in registry:
+        named: set[str] | None = None
+        nodes = []
+        for e in sorted(registry, key=lambda e: e.node_id):
+            free = True
             if e.task_uid_room is not None:
-                room[e.node_id] = e.task_uid_room - uids.get(e.node_id, 0)
-        nodes = tuple(self._kept_view(e, holdings.get(e.node_id), views, room.get(e.node_id, 1) > 0)
-                      for e in sorted(registry, key=lambda e: e.node_id) if schedulable(e))
+                left = e.task_uid_room - e.held_count   # every task placed there, counted at once
+                if left <= 0:   # exactly: a task running as a named user takes no uid of the range
+                    if named is None:
+                        named = {t.id for t in tasks if not takes_uid(t)}
+                    left = e.task_uid_room - len(e.task_ids - named)
+                room[e.node_id] = left
+                free = left > 0
+            if schedulable(e):
+                nodes.append(self._kept_view(e, holdings.get(e.node_id), views, free))
         self._views = views   # nodes no longer in the snapshot are forgotten
         self.uid_room = room
-        return ClusterSnapshot(nodes=nodes, taken_at_s=time.time())
+        return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
 
     def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None,
                    views: dict[str, tuple[tuple[object, ...], NodeSnapshot]], uid_free: bool = True) -> NodeSnapshot:

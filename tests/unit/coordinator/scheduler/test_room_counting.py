@@ -12,6 +12,7 @@ from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.snapshot import SnapshotBuilder
+from coordinator.state import LeaderState
 from tests.helpers.builders import make_request
 
 
@@ -33,6 +34,9 @@ def _running(task_id: str, node_id: str, *, run_as_user: str = "") -> types_pb2.
 
 
 def _place(registry: NodeRegistry, tasks: list[types_pb2.Task]) -> tuple[SnapshotBuilder, str]:
+    state = LeaderState(registry)
+    for task in tasks:
+        state.apply_placement(task)   # the leader's record of what each node holds
     builder = SnapshotBuilder(PowerModel())
     snapshot = builder.snapshot(tasks, registry)
     decision = PlacementEngine.from_name(snapshot, "first-fit", threshold=1.0).place(make_request("new", cpu=0.1))
