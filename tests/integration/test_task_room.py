@@ -149,6 +149,8 @@ class TestPorts:
                                   _script(scripts, "squat.py", _SQUAT), str(low1), str(low1 + 1))
         try:
             wait_until(lambda: _bound(low1, low1 + 1), what="the squatter to bind n1's whole range")
+            wait_until(lambda: cluster.ctl_json("nodes", "n1")["task_ports_free"] == 0,
+                       what="n1's agent to report no free task port")
             _start(cluster, "n2", f"{_FIRST_UID + 32}-{_FIRST_UID + 47}", f"{low2}-{low2 + 1}")
             tid = cluster.submit("--nodes", "2", "--gpus", "4", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
                                  _PYTHON, _script(scripts, "gang.py", _GANG))
@@ -169,6 +171,8 @@ class TestUids:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         _start(cluster, "n1", f"{_FIRST_UID + 48}-{_FIRST_UID + 49}", "29500-29999")
+        wait_until(lambda: cluster.ctl_json("nodes", "n1")["task_uid_room"] == 2, what="n1's room for 2 task uids")
+        assert "room          2 tasks with a uid of their own" in cluster.ctl("nodes", "n1").stdout
         ids = [cluster.submit("--name", f"uid-{i}", "--gpus", "0", "--cpu", "0.1", "--", "sleep", f"{3201 + i}")
                for i in range(3)]
         try:
