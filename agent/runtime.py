@@ -9,8 +9,9 @@ own (:mod:`agent.taskfs`): a fresh 0700 working directory, a clean environment (
 ``HOME``, ``LANG``, ``USER``, ``LOGNAME``, its spec's variables and gptrm's), nothing of the
 agent's. ``CUDA_VISIBLE_DEVICES`` holds the allocated GPUs' UUIDs; ``NNODES``, ``NODE_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT`` and the rest of :func:`launch_env` tell a part of a multi-node
-task its rank and its peers. When the task ends, or is
-stopped, whatever it left running is killed, however it detached.
+task its rank and its peers; rank 0's agent listens on the master port from the start and hands
+the socket to the task (``GPTRM_MASTER_LISTEN_FD``, :func:`check_master_port`, ``docs/ports.md``).
+When the task ends, or is stopped, whatever it left running is killed, however it detached.
 
 Decisions are idempotent by id: a re-delivered decision is acknowledged with its recorded outcome
 and never run twice. A decision this agent does not understand (no action, or one newer than
@@ -571,15 +572,17 @@ def check_master_port(st: agent_pb2.StartTask) -> socket.socket | None:
         return None
     try:
         sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        address: tuple[str, int] = ("::", st.master_port)
     except OSError:   # no IPv6 on this host
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        address = ("0.0.0.0", st.master_port)
+        address: tuple[str, int] = ("0.0.0.0", st.master_port)
+    else:
+        address = ("::", st.master_port)
     try:
         # SO_REUSEADDR: a connection of an earlier run left in TIME_WAIT does not hold the port; a
         # listener (another task's, or a squatter's) still does.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(address)
         sock.listen(socket.SOMAXCONN)
     except OSError as e:
