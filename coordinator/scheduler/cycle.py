@@ -152,7 +152,8 @@ class SchedulerCycle:
     def _inputs(self) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
         and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
-        leaves the set) and every node's state, admin flags, stream (inventory), reservations and task uid room.
+        leaves the set) and every node's state, admin flags, stream (inventory), reservations and the room
+        its agent reports (task uids, free ports).
         Power curves only rank, so they are left out."""
         policy = self._policy.current
         tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.values() if t.state not in TERMINAL_STATES)
@@ -160,7 +161,8 @@ class SchedulerCycle:
         for e in self._registry:
             r = e.record.reserved
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
-                          r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes, e.task_uid_room))
+                          r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes, e.task_uid_room,
+                          e.task_ports_free))
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
         settled = self._elastic_settled()
