@@ -27,6 +27,7 @@ from agent.logpump import LogPump
 from agent.logstore import LogService
 from agent.metrics import AgentMetrics, serve_metrics
 from agent.outbox import Outbox
+from agent.room import Room
 from agent.runtime import TaskRuntime
 from agent.sampler import Sampler, open_gpu_backend, sampler_for
 from agent.stream import AgentStream, Backoff
@@ -122,7 +123,10 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                  advertise_address=inventory.advertise_address, task_port_range=cfg.task_port_range,
                  metrics_listen=cfg.metrics_listen)
 
+        room = Room(task_users, runtime.own_uids, parse_port_range(cfg.task_port_range))
+
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:
+            room.fill(sample)   # in the sampler's thread: a scan of /proc at most every few seconds
             loop.call_soon_threadsafe(outbox.add_sample, sample)
 
         sampler_stop = threading.Event()

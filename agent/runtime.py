@@ -9,8 +9,9 @@ own (:mod:`agent.taskfs`): a fresh 0700 working directory, a clean environment (
 ``HOME``, ``LANG``, ``USER``, ``LOGNAME``, its spec's variables and gptrm's), nothing of the
 agent's. ``CUDA_VISIBLE_DEVICES`` holds the allocated GPUs' UUIDs; ``NNODES``, ``NODE_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT`` and the rest of :func:`launch_env` tell a part of a multi-node
-task its rank and its peers. When the task ends, or is
-stopped, whatever it left running is killed, however it detached.
+task its rank and its peers; rank 0's agent listens on the master port from the start and hands
+the socket to the task (``GPTRM_MASTER_LISTEN_FD``, :func:`check_master_port`, ``docs/ports.md``).
+When the task ends, or is stopped, whatever it left running is killed, however it detached.
 
 Decisions are idempotent by id: a re-delivered decision is acknowledged with its recorded outcome
 and never run twice. A decision this agent does not understand (no action, or one newer than
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -39,7 +41,7 @@ from agent.cpu_binding import binding_for, process_prefix
 from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
-from agent.task_user import TaskUser, TaskUserPolicy, UidClaims
+from agent.task_user import NoRoom, TaskUser, TaskUserPolicy, UidClaims
 from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, node_tag
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
@@ -49,8 +51,19 @@ from common.pbenum import pb_enum
 from common.qos import ROLES
 from common.types import TaskState
 
-__all__ = ["TASK_PATH", "TaskRuntime", "check_master_port", "launch_env"]
+__all__ = [
+    "MASTER_LISTEN_FD",
+    "TASK_PATH",
+    "MasterPortTaken",
+    "TaskRuntime",
+    "binds_port_itself",
+    "check_master_port",
+    "launch_env",
+    "master_listen_handoff",
+]
 
+_FIRST_PASSED_FD = 10
+"""The lowest fd number a task inherits from the agent (the master port's listener)."""
 _KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit"})
 _LOG_TAIL_BYTES = 4096
 _MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
@@ -151,6 +164,10 @@ class TaskRuntime:
         """Root pid of every running task (for per-task CPU/RSS/GPU accounting)."""
         return {r.task_id: [r.pid] for r in self.table.tasks.values()}
 
+    def own_uids(self) -> list[int]:
+        """The uids of this agent's own that its tasks hold now (read by the sampler's thread)."""
+        return [r.own_uid for r in list(self.table.tasks.values()) if r.own_uid >= 0]
+
     def metrics_targets(self) -> dict[str, MetricsTarget]:
         """The metrics endpoint of every running task that declared one (read by the sampler's thread)."""
         return {r.task_id: MetricsTarget.declared(r.metrics_url, r.metrics_flavour, r.metrics_names)
@@ -181,7 +198,8 @@ class TaskRuntime:
                                     task_id=task_id)
                 e = GptrmError(f"the agent failed carrying out {action!r}: {type(e).__name__}: {e}")
             ack = agent_pb2.DecisionAck(decision_id=decision.decision_id, ok=False, reason=str(e), task_id=task_id,
-                                        task_unknown=isinstance(e, UnknownTask))
+                                        task_unknown=isinstance(e, UnknownTask),
+                                        no_room=isinstance(e, NoRoom))
             self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id,
                               action=action or "", reason=str(e))
         if decision.decision_id:
@@ -235,22 +253,33 @@ class TaskRuntime:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
         if not valid_task_id(st.task_id):
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
-        check_master_port(st)
-        taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
-        user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
+        listener = check_master_port(st)   # held from here until the task's process holds it
         try:
-            return await self._start_as(decision, user)
-        except BaseException:
-            if user is not None and user.exclusive and self._users is not None:
-                self._users.release(user.uid)   # nothing runs as it
-            raise
+            taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
+            user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
+            try:
+                return await self._start_as(decision, user, listener)
+            except BaseException:
+                if user is not None and user.exclusive and self._users is not None:
+                    self._users.release(user.uid)   # nothing runs as it
+                raise
+        finally:
+            if listener is not None:
+                listener.close()   # the task's process has its own copy (or nothing started)
 
-    async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None) -> tuple[str, TaskState]:
+    async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None,
+                        listener: socket.socket | None = None) -> tuple[str, TaskState]:
         st = decision.start
         switch = user is not None and user.switch
         self._record_or_refuse(st.task_id)
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
-        task_env = _task_env(st, user, paths.work_dir, self._task_path)
+        # A systemd unit cannot inherit the listener, and torchrun binds the port itself: for those the port
+        # is free again from here (docs/ports.md).
+        handoff = listener if self._runtime != "systemd-run" and not binds_port_itself(st) else None
+        if listener is not None and handoff is None:
+            listener.close()
+        pass_fds, listen_env = master_listen_handoff(handoff)
+        task_env = {**_task_env(st, user, paths.work_dir, self._task_path), **listen_env}
         launch.write_env_file(paths.env_file, task_env)
         cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id)
         devices = getattr(self._gpus, "devices", None)
@@ -280,7 +309,7 @@ class TaskRuntime:
                 proc = await asyncio.create_subprocess_exec(
                     *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=launch.root_env(),
-                    start_new_session=True)
+                    start_new_session=True, pass_fds=pass_fds)
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
@@ -554,20 +583,68 @@ def launch_env(st: agent_pb2.StartTask) -> dict[str, str]:
     return env
 
 
-def check_master_port(st: agent_pb2.StartTask) -> None:
-    """Rank 0's agent refuses a start whose reserved master port it cannot bind (something else holds it).
+class MasterPortTaken(NoRoom):
+    """Rank 0's agent could not reserve a task's master port: something else on this node holds it."""
 
-    :raises GptrmError: naming the task and the port.
+
+MASTER_LISTEN_FD = "GPTRM_MASTER_LISTEN_FD"
+"""The task's variable naming the inherited fd of its listening master-port socket (rank 0 of a gang only)."""
+
+
+def check_master_port(st: agent_pb2.StartTask) -> socket.socket | None:
+    """Reserve the master port of rank 0 of a multi-node task: bind and listen on it now, before anything
+    of the task runs, and keep it until the task's rank-0 process holds it (:func:`master_listen_handoff`).
+    Nothing else on the node can bind a port while this socket listens on it, whatever its uid or socket
+    options (``docs/ports.md``). A single-node task, another rank, or a start without a port reserves
+    nothing (None).
+
+    The socket listens on every address of both families where the host has IPv6 (an IPv6 socket that
+    also takes IPv4), else on every IPv4 address; it is not inherited by anything but the task.
+
+    :raises MasterPortTaken: naming the task and the port, when something else holds the port.
     """
-    if st.node_rank != 0 or not st.master_port:
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", st.master_port))
-        except OSError as e:
-            raise GptrmError(f"task {st.task_id!r} not started: its master port {st.master_port} cannot be bound "
-                             f"on this node ({e.strerror or e})") from None
+    if st.nnodes <= 1 or st.node_rank != 0 or not st.master_port:
+        return None
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:   # no IPv6 on this host
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address: tuple[str, int] = ("0.0.0.0", st.master_port)
+    else:
+        address = ("::", st.master_port)
+    try:
+        # SO_REUSEADDR: a connection of an earlier run left in TIME_WAIT does not hold the port; a
+        # listener (another task's, or a squatter's) still does.
+        if sock.fileno() < _FIRST_PASSED_FD:
+            # Below it are the fds the root wrapper and the exec stub use (the output FIFO, the environment).
+            moved = socket.socket(fileno=fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, _FIRST_PASSED_FD))
+            sock.close()
+            sock = moved
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:
+        sock.close()
+        raise MasterPortTaken(f"task {st.task_id!r} not started: its master port {st.master_port} cannot be "
+                              f"bound on this node ({e.strerror or e}); it is placed again") from None
+    return sock
+
+
+def binds_port_itself(st: agent_pb2.StartTask) -> bool:
+    """Whether the task's argv is a launcher that binds MASTER_PORT itself and takes no listening fd
+    (``torchrun``: its rendezvous store binds the port): such a task is not handed the reservation."""
+    return bool(st.argv) and Path(st.argv[0]).name == "torchrun"
+
+
+def master_listen_handoff(sock: socket.socket | None) -> tuple[tuple[int, ...], dict[str, str]]:
+    """What a start passes on for a reserved master port: the fds the task's process inherits
+    (``pass_fds``) and the variable that names the listening one (:data:`MASTER_LISTEN_FD`); nothing
+    without a reservation. The agent closes its own copy once the process is started."""
+    if sock is None:
+        return (), {}
+    return (sock.fileno(),), {MASTER_LISTEN_FD: str(sock.fileno())}
 
 
 def _not_understood(decision: agent_pb2.Decision, action: str | None) -> str:

@@ -46,7 +46,7 @@ from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
 
 __all__ = ["CLAIMS_DIR", "CLAIM_GRACE_S", "DEFAULT_TASK_UIDS", "DEFAULT_TASK_USER", "FALLBACK_TASK_USER",
-           "TaskUser", "TaskUserPolicy", "UidClaims", "parse_uid_range"]
+           "NoRoom", "TaskUser", "TaskUserPolicy", "UidClaims", "parse_uid_range"]
 
 DEFAULT_TASK_USER = "gptrm-task"
 FALLBACK_TASK_USER = "nobody"
@@ -56,6 +56,12 @@ managers hand out, below 2^31 (tools that keep uids in a signed int)."""
 _MIN_TASK_UID = 1000
 CLAIMS_DIR = Path("/run/gptrm/task-uids")
 CLAIM_GRACE_S = 120.0
+
+
+class NoRoom(GptrmError):
+    """A start refused for want of room the scheduler counts (no free task uid; a master port held by
+    something else): the refusal says so (``DecisionAck.no_room``), so the coordinator places the task
+    again, on another node or port, instead of failing it."""
 
 
 def parse_uid_range(text: str) -> range | None:
@@ -162,6 +168,21 @@ class UidClaims:
                 fh.write(f"{self.owner}\n")
             return True
         return False
+
+    def held_elsewhere(self, running: Collection[int]) -> set[int]:
+        """The uids another agent holds a live claim on (one directory listing)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return set()
+        held = set()
+        for name in names:
+            if not name.isdigit():
+                continue
+            path = self.directory / name
+            if self._owner_of(path) != self.owner and not self._stale(path, int(name), running):
+                held.add(int(name))
+        return held
 
     def release(self, uid: int) -> None:
         """Give ``uid`` back (only a claim of this agent's own)."""
@@ -287,8 +308,25 @@ class TaskUserPolicy:
                 continue
             self._next = (i + 1) % n
             return TaskUser.own(uid)
-        raise GptrmError(f"no free task uid: all {n} uids of --task-uids {self.uids.start}-{self.uids.stop - 1} "
+        raise NoRoom(f"no free task uid: all {n} uids of --task-uids {self.uids.start}-{self.uids.stop - 1} "
                          "are in use")
+
+    def room(self, own: Collection[int]) -> int | None:
+        """How many tasks with a uid of their own this agent can run at once, as things stand: the uids of
+        the range held by ``own`` (its running tasks' uids) or free as :meth:`resolve` would find them (no
+        process runs as it, no passwd entry, no other agent's claim). None without a range (no limit). What
+        the coordinator places on this node beyond it would be refused with "no free task uid"."""
+        if self.uids is None:
+            return None
+        running = uids_running(self.uids)
+        try:
+            named = {pw.pw_uid for pw in pwd.getpwall()}
+        except OSError:
+            named = set()
+        elsewhere = self.claims.held_elsewhere(running) if self.claims is not None else set()
+        mine = set(own)
+        busy = (running | named | elsewhere) - mine
+        return len(self.uids) - sum(1 for uid in busy if uid in self.uids)
 
     def release(self, uid: int) -> None:
         """A task's own uid is free again (its last process is gone)."""

@@ -135,6 +135,9 @@ class NodeService:
         samples = batch.samples
         if not samples:
             return
+        last = samples[-1]   # the room its agent counts (placement reads it; unknown from an older agent)
+        entry.task_uid_room = last.task_uid_room if last.HasField("task_uid_room") else None
+        entry.task_ports_free = last.task_ports_free if last.HasField("task_ports_free") else None
         stored = self._monitor.ingest(entry.node_id, len(entry.inventory.gpus), samples)
         self._metrics.samples.inc(stored)
         if stored < len(samples):

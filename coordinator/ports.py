@@ -49,6 +49,10 @@ class Restarts(Protocol):
 
     async def fail(self, task: types_pb2.Task, reason: str) -> types_pb2.Task: ...
 
+    async def place_again(self, task: types_pb2.Task, reason: str) -> types_pb2.Task: ...
+
+    async def again(self, task: types_pb2.Task) -> types_pb2.Task: ...
+
 
 class RequeuePreempted(Protocol):
     """Puts a preempted task whose parts all ended back in the queue (``coordinator.qos.preemption.Preemptor``)."""

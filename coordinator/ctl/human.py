@@ -285,6 +285,11 @@ def node_detail(d: Mapping[str, Any]) -> str:
     if d.get("advertise_address"):
         ports = f", task ports {d['task_port_min']}-{d['task_port_max']}" if d.get("task_port_min") else ""
         head.append(f"address       {escape(d['advertise_address'])}{ports}")
+    room = [f"{d[key]} {what}" for key, what in (("task_uid_room", "tasks with a uid of their own"),
+                                                  ("task_ports_free", "free task ports"))
+            if d.get(key) is not None]
+    if room:
+        head.append(f"room          {', '.join(room)}")
     curve = d["power_curve"]
     if curve is not None:
         origin = f"fitted from {curve['samples']} samples" if curve["source"] == "fitted" else "datasheet"

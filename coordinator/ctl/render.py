@@ -124,6 +124,9 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "advertise_address": inv.advertise_address,
         "task_port_min": inv.task_port_min,
         "task_port_max": inv.task_port_max,
+        # The room its agent last reported (docs/ports.md); null: not reported (no limit).
+        "task_uid_room": v.latest.task_uid_room if v.has_latest and v.latest.HasField("task_uid_room") else None,
+        "task_ports_free": v.latest.task_ports_free if v.has_latest and v.latest.HasField("task_ports_free") else None,
     }
 
 

@@ -102,6 +102,7 @@ class Gangs:
         self._restarts, self._events = restarts, events
         self._locks: dict[str, asyncio.Lock] = {}   # one per task with a report being applied
         self._users: dict[str, int] = {}            # callers holding or waiting for each lock
+        self._again: set[str] = set()               # tasks to place again once ended (a start refused for room)
         self._log = get_logger("scheduler")
 
     # ---- queries ------------------------------------------------------------------------------
@@ -128,9 +129,16 @@ class Gangs:
         await self._locked(task_id, lambda task: self._apply(task, node_id, state, status.reason, code,
                                                              status.log_tail, list(status.pids)))
 
-    async def part_failed(self, task_id: str, node_id: str, reason: str) -> None:
+    async def part_failed(self, task_id: str, node_id: str, reason: str, *, again: bool = False) -> None:
         """A part failed without its agent reporting an exit: its start was refused, its agent no longer runs
-        it, or its node is lost."""
+        it, or its node is lost.
+
+        :param again: its start was refused for want of room (a task uid, the master port): once every part
+            ended, the task goes back in the queue whatever its restart policy (known to this leader only; a
+            new leader applies the policy).
+        """
+        if again:
+            self._again.add(task_id)
         await self._locked(task_id, lambda task: self._apply(task, node_id, TaskState.FAILED, reason, None, "", []))
 
     async def part_gone(self, task_id: str, node_id: str, reason: str) -> None:
@@ -256,5 +264,7 @@ class Gangs:
             updates.update(exit_code=0)
         stored = await self._tasks.transition(task.id, state, reason, release=True, **updates)
         self._log.info("gang_ended", task_id=task.id, state=state.label, reason=reason)
+        again = task.id in self._again
+        self._again.discard(task.id)
         if state == TaskState.FAILED:
-            await self._restarts.after_end(stored)
+            await (self._restarts.again(stored) if again else self._restarts.after_end(stored))

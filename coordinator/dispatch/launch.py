@@ -2,14 +2,18 @@
 
 Part ``i`` of a task runs on ``allocation.nodes[i]`` (its rank). Every part, single-node tasks
 included, gets the same view: the node count, its rank, its GPUs and the task's, rank 0's
-data-plane address and the port reserved there for the task (``Allocation.master_port``), and the
-addresses and node ids of all parts in rank order. The agent turns these StartTask fields into the
-task's environment (``NNODES``, ``NODE_RANK``, ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``, ``GPTRM_NODELIST``, ``GPTRM_NODE_IDS``).
+data-plane address, and the addresses and node ids of all parts in rank order; a multi-node task
+also gets the port reserved on rank 0 for it (``Allocation.master_port``; a single-node task gets
+none). The agent turns these StartTask fields into the task's environment (``NNODES``,
+``NODE_RANK``, ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``GPTRM_NODELIST``, ``GPTRM_NODE_IDS``), and rank 0's agent listens on the port for the task from
+the start (``GPTRM_MASTER_LISTEN_FD``, ``docs/ports.md``).
 
 The master port comes from rank 0's node's advertised range (``--task-port-range``); a port held by
 another task whose rank 0 is on that node (any task placed and not ended) is never handed out again
-until that task ends. The port is stored in the allocation, so a new leader sees it too.
+until that task ends, nor for :data:`REFUSED_PORT_S` a port a start found held by something else. Rank 0
+is a node whose agent reports a free port of its range. The port is stored in the allocation, so a new
+leader sees it too.
 
 Example::
 
@@ -21,14 +25,17 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 
-__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "PortBook", "launch_argv", "node_address", "restart_env", "start_fields"]
+__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "REFUSED_PORT_S", "PortBook", "launch_argv", "node_address",
+           "restart_env", "start_fields"]
 
+REFUSED_PORT_S = 300.0
+"""How long a master port that a start found held by something else on its node is not handed out there."""
 DEFAULT_TASK_PORTS = (29500, 29999)
 """The range used for a node whose agent advertises none (an older agent)."""
 LAUNCHERS = ("", "torchrun")
@@ -49,15 +56,23 @@ class PortBook:
 
     def __init__(self, used: dict[str, set[int]] | None = None) -> None:
         self._used: dict[str, set[int]] = used or {}
+        self._taken: dict[str, int] = {}
 
     @classmethod
-    def of(cls, tasks: Iterable[types_pb2.Task]) -> PortBook:
-        """The ports held by tasks that are placed and not ended, by their rank-0 node."""
-        used: dict[str, set[int]] = {}
+    def of(cls, tasks: Iterable[types_pb2.Task], refused: Mapping[str, Iterable[int]] | None = None) -> PortBook:
+        """The ports held by tasks that are placed and not ended, by their rank-0 node.
+
+        :param refused: per node, ports a start recently found held by something else (not handed out).
+        """
+        used: dict[str, set[int]] = {node: set(ports) for node, ports in (refused or {}).items()}
         for t in tasks:
             if _holds_port(t) and t.allocation.master_port:
                 used.setdefault(t.allocation.nodes[0].node_id, set()).add(t.allocation.master_port)
         return cls(used)
+
+    def taken_here(self, node_id: str) -> int:
+        """How many ports of the node :meth:`take` handed out so far (its agent's last report predates them)."""
+        return self._taken.get(node_id, 0)
 
     def used(self, node_id: str) -> frozenset[int]:
         """The ports held on a node."""
@@ -71,6 +86,7 @@ class PortBook:
         for port in range(max(1, low), min(65535, high) + 1):
             if port not in held:
                 held.add(port)
+                self._taken[node_id] = self._taken.get(node_id, 0) + 1
                 return port
         return 0
 

@@ -16,6 +16,7 @@ its parts start together, and when one fails the others are stopped and the task
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 from common.errors import GptrmError, IllegalTransition
@@ -124,7 +125,9 @@ class Reconciler:
     async def on_decision_ack(self, entry: NodeEntry, ack: agent_pb2.DecisionAck) -> None:
         """An agent refused a decision.
 
-        A refused start fails the task there (requeued when its policy allows). A decision refused
+        A refused start fails the task there (requeued when its policy allows); one refused for want of room
+        the scheduler counts (``no_room``: no free task uid, its master port held by something else) goes
+        back in the queue whatever its policy, to be placed on another node or port. A decision refused
         because the agent runs no such task, for a task this node should be running, means the task
         is gone from the node: it ends (CANCELLED when an admin cancelled it, else FAILED and handed
         to its restart policy) instead of staying RUNNING with its GPUs held.
@@ -145,7 +148,10 @@ class Reconciler:
             await self._gang_ack(task, entry.node_id, ack)
             return
         if task.state in (TaskState.SCHEDULED, TaskState.STARTING):
-            await self._restarts.fail(task, f"agent {entry.node_id} refused: {ack.reason}")
+            if ack.no_room:
+                await self._restarts.place_again(task, f"agent {entry.node_id} refused: {ack.reason}")
+            else:
+                await self._restarts.fail(task, f"agent {entry.node_id} refused: {ack.reason}")
             return
         if not (ack.task_unknown and on_node and task.state in (TaskState.RUNNING, TaskState.PAUSED)):
             return
@@ -169,7 +175,13 @@ class Reconciler:
             self._log.warning("task_missing_on_node", task_id=task.id, node_id=node_id, reason=ack.reason)
             await self.gangs.part_failed(task.id, node_id, f"agent {node_id} no longer runs it: {ack.reason}")
         elif not ack.task_unknown and task.state in (TaskState.SCHEDULED, TaskState.STARTING):
-            await self.gangs.part_failed(task.id, node_id, f"agent {node_id} refused: {ack.reason}")
+            if ack.no_room and part.rank == 0 and task.allocation.master_port:
+                # Held by something else: not handed out on this node again for a while (PortBook).
+                entry = self._registry.get(node_id)
+                if entry is not None:
+                    entry.ports_refused[task.allocation.master_port] = time.monotonic()
+            await self.gangs.part_failed(task.id, node_id, f"agent {node_id} refused: {ack.reason}",
+                                         again=ack.no_room)
 
     async def on_task_status(self, entry: NodeEntry, status: agent_pb2.TaskStatus) -> None:
         """Apply one task-status event from an agent (in order, before it is acknowledged)."""

@@ -103,6 +103,10 @@ class NodeEntry:
     state: NodeState = NodeState.NOT_READY
     dropped_samples_total: int = 0
     outbox: StreamQueue | None = None         # the stream's decision queue while connected
+    # Room its agent last reported (TelemetrySample.task_uid_room, task_ports_free); None: unknown, no limit.
+    task_uid_room: int | None = None
+    task_ports_free: int | None = None
+    ports_refused: dict[int, float] = field(default_factory=dict)   # master port → when a start found it taken
     _held: set[str] = field(default_factory=set, repr=False)   # changed by coordinator.state only
 
     @property
@@ -113,6 +117,11 @@ class NodeEntry:
     def task_ids(self) -> frozenset[str]:
         """The unfinished tasks placed on this node (kept by :class:`coordinator.state.LeaderState`)."""
         return frozenset(self._held)
+
+    @property
+    def held_count(self) -> int:
+        """How many unfinished tasks are placed on this node (without copying :attr:`task_ids`)."""
+        return len(self._held)
 
     @property
     def holds_tasks(self) -> bool:
@@ -190,6 +199,7 @@ class NodeRegistry:
         entry.stream_id = self._next_stream
         entry.connected = True
         entry.outbox = outbox
+        entry.task_uid_room = entry.task_ports_free = None   # until this stream's agent reports them
         entry.last_heartbeat = self._now()
         entry.last_seen_unix_s = now_unix
         # Stored with the registration: what a replica that does not lead shows (stored_state).

@@ -45,6 +45,10 @@ MAX_BATCH = 1_000_000
 MAX_NODES = 4096
 MIN_GPU_SHARE = 0.01
 """Smallest fraction of a GPU a task may ask for."""
+MIN_CPU_CORES = 0.01
+"""Smallest CPU demand a task may give (0 for none): a hundredth of a core, what the kernel can still share out."""
+MIN_BYTES = 1024**2
+"""Smallest memory, GPU memory or disk demand a task may give (0 for none): one MiB."""
 MAX_RESTARTS = 1000
 """Most restarts ``max_restarts`` may allow (each restart backs off, see ``coordinator.qos.restart``)."""
 MAX_REPLICAS = 64

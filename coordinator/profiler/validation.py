@@ -38,6 +38,8 @@ from coordinator.profiler.taskspec import (
     MAX_REPLICAS,
     MAX_RESTARTS,
     MAX_SPEC_BYTES,
+    MIN_BYTES,
+    MIN_CPU_CORES,
     MIN_GPU_SHARE,
     PRECISIONS,
     gpus_used,
@@ -65,6 +67,13 @@ def _number(path: str, value: float, *, high: float, positive: bool = False) -> 
         raise ValidationError(path, f"{value!r} is absurdly large (limit {high:g})")
 
 
+def _at_least(path: str, value: float, low: float, unit: str) -> None:
+    """A demand that is 0 (none) or at least ``low``: a vanishing demand (``5e-324`` cores) is no demand
+    anyone meant, and would let tasks pile up on a node without limit."""
+    if 0 < value < low:
+        raise ValidationError(path, f"{value!r} is below the smallest demand ({low:g} {unit}); give 0 for none")
+
+
 def _validate_demand(demand: Resources, allow_sharing: bool, max_gpus_per_node: int) -> None:
     """The explicit per-node demand vector."""
     _number("spec.demand.gpus", demand.gpus, high=MAX_GPUS)
@@ -73,6 +82,10 @@ def _validate_demand(demand: Resources, allow_sharing: bool, max_gpus_per_node: 
     _number("spec.demand.cpu_cores", demand.cpu_cores, high=MAX_CPU_CORES)
     _number("spec.demand.mem_bytes", demand.mem_bytes, high=MAX_BYTES)
     _number("spec.demand.disk_bytes", demand.disk_bytes, high=MAX_BYTES)
+    _at_least("spec.demand.cpu_cores", demand.cpu_cores, MIN_CPU_CORES, "cores")
+    _at_least("spec.demand.gpu_mem_bytes", per_gpu, MIN_BYTES, "bytes")
+    _at_least("spec.demand.mem_bytes", demand.mem_bytes, MIN_BYTES, "bytes")
+    _at_least("spec.demand.disk_bytes", demand.disk_bytes, MIN_BYTES, "bytes")
     if demand.is_zero():
         raise ValidationError("spec.demand", "is all zero; give at least one positive dimension or leave it out")
     if demand.gpus == 0 and demand.gpu_mem_total_bytes > 0:

@@ -19,7 +19,7 @@ from common.types import TaskState
 if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
-__all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "DEFAULT_MAX_RESTARTS", "RestartPolicy", "backoff_s"]
+__all__ = ["AGAIN_AFTER_S", "BACKOFF_BASE_S", "BACKOFF_CAP_S", "DEFAULT_MAX_RESTARTS", "RestartPolicy", "backoff_s"]
 
 DEFAULT_MAX_RESTARTS = 3
 """Restarts allowed when the spec gives no ``max_restarts``."""
@@ -27,6 +27,8 @@ BACKOFF_BASE_S = 1.0
 """Delay before the first restart."""
 BACKOFF_CAP_S = 300.0
 """Longest delay between two restarts."""
+AGAIN_AFTER_S = 2.0
+"""Delay before a task refused for want of room on its node is placed again (a few of the agents' reports)."""
 
 _RESTART_FROM = {types_pb2.RESTART_POLICY_ON_FAILURE: (TaskState.FAILED,),
                  types_pb2.RESTART_POLICY_ALWAYS: (TaskState.FAILED, TaskState.SUCCEEDED)}
@@ -73,3 +75,19 @@ class RestartPolicy:
         """Mark a task FAILED (releasing what it held), then requeue it if its policy allows."""
         stored = await self._tasks.transition(task.id, TaskState.FAILED, reason, release=True)
         return await self.after_end(stored)
+
+    async def place_again(self, task: types_pb2.Task, reason: str) -> types_pb2.Task:
+        """A start its agent refused for want of room the scheduler counts (a task uid, its master port):
+        nothing of it ran, so it goes back in the queue whatever its policy (:meth:`again`)."""
+        stored = await self._tasks.transition(task.id, TaskState.FAILED, reason, release=True)
+        return await self.again(stored)
+
+    async def again(self, task: types_pb2.Task) -> types_pb2.Task:
+        """Requeue a task that ended without running for want of room on its node (``FAILED → PENDING``):
+        not a restart (never counted against ``max_restarts``), placed again after :data:`AGAIN_AFTER_S`
+        (the node's next report counts what it lacked); never once cancelled."""
+        if task.cancel_requested:
+            return task
+        return await self._tasks.transition(task.id, TaskState.PENDING,
+                                            f"{task.reason}; placing it again in {AGAIN_AFTER_S:.0f}s",
+                                            not_before_unix_s=self._now() + AGAIN_AFTER_S)

@@ -55,7 +55,7 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
-from coordinator.dispatch.launch import PortBook, node_address
+from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
@@ -67,7 +67,7 @@ from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, queue_of
-from coordinator.scheduler.snapshot import SnapshotBuilder
+from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
@@ -135,6 +135,7 @@ class SchedulerCycle:
         self._log = get_logger("scheduler")
         self.cycles = 0
         self.skipped = 0                                # cycles skipped: nothing changed since all waited
+        self._uid_full = 0                              # nodes of this cycle's snapshot without a free task uid
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
 
     async def run(self, beat: Beat = no_beat) -> None:
@@ -151,7 +152,8 @@ class SchedulerCycle:
     def _inputs(self) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
         and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
-        leaves the set) and every node's state, admin flags, stream (inventory) and reservations.
+        leaves the set) and every node's state, admin flags, stream (inventory), reservations and the room
+        its agent reports (task uids, free ports).
         Power curves only rank, so they are left out."""
         policy = self._policy.current
         tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.values() if t.state not in TERMINAL_STATES)
@@ -159,7 +161,8 @@ class SchedulerCycle:
         for e in self._registry:
             r = e.record.reserved
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
-                          r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes))
+                          r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes, e.task_uid_room,
+                          e.task_ports_free))
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
         settled = self._elastic_settled()
@@ -228,7 +231,9 @@ class SchedulerCycle:
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits: list[PlacementCommit] = []
         rejected: list[types_pb2.Task] = []
-        ports = PortBook.of(self._tasks.values())
+        ports = PortBook.of(self._tasks.values(), refused=self._refused_ports())
+        uid_room = dict(self._snapshots.uid_room)
+        self._uid_full = sum(1 for left in uid_room.values() if left <= 0)
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
@@ -238,9 +243,14 @@ class SchedulerCycle:
                         self._metrics.decisions.labels(outcome="waiting").inc()
                         continue
                     task = marked
+                roomy = self._with_room(task, decision, uid_room, ports)
+                if roomy is None:
+                    self._metrics.decisions.labels(outcome="waiting").inc()
+                    continue
+                decision, port = roomy
                 if task.id in ranges:
                     task = _sized(task, decision)
-                commits.append((task, task.revision, self._allocation(task, decision, ports)))
+                commits.append((task, task.revision, self._allocation(task, decision, port)))
                 self._metrics.decisions.labels(outcome="placed").inc()
             else:
                 self._metrics.decisions.labels(outcome="waiting").inc()
@@ -409,9 +419,63 @@ class SchedulerCycle:
                    for tid in await self._preemptor.reclaim(tasks, queue)]
         return bool(stopped)
 
-    def _allocation(self, task: types_pb2.Task, placement: Placement, ports: PortBook) -> types_pb2.Allocation:
-        """The allocation of a placement: nodes in rank order with their addresses, and a master port
-        reserved on the rank-0 node (see :mod:`coordinator.dispatch.launch`)."""
+    def _refused_ports(self) -> dict[str, set[int]]:
+        """Per node, the master ports a start found held by something else in the last
+        :data:`~coordinator.dispatch.launch.REFUSED_PORT_S` seconds (older ones forgotten)."""
+        now = time.monotonic()
+        refused: dict[str, set[int]] = {}
+        for e in self._registry:
+            if e.ports_refused:
+                for port, at in list(e.ports_refused.items()):
+                    if now - at > REFUSED_PORT_S:
+                        del e.ports_refused[port]
+                refused[e.node_id] = set(e.ports_refused)
+        return refused
+
+    def _with_room(self, task: types_pb2.Task, placement: Placement, uid_room: dict[str, int],
+                   ports: PortBook) -> tuple[Placement, int] | None:
+        """The placement as committed, with the room its agents count beyond resources (``agent/room.py``):
+        a task uid on every node (``uid_room``: what each node can still take this cycle, taken here) and,
+        for a multi-node task, a master port on rank 0 (the first node of the placement whose agent reports
+        a free port of its range, made rank 0; the port taken from ``ports``). None, with the task's reason
+        noted, when a node lacks either: it waits for the next cycle, where a node without a free uid is
+        unschedulable."""
+        nodes = placement.node_ids
+        if takes_uid(task):
+            full = [n for n in nodes if uid_room.get(n, 1) <= 0]
+            if full:
+                self._tasks.note_reason(task.id, f"waiting for a task uid: node {full[0]} has none free (every uid "
+                                                 "of its agent's --task-uids is in use)")
+                return None
+        port = 0
+        if len(placement.assignments) > 1:
+            for k, a in enumerate(placement.assignments):
+                entry = self._registry.get(a.node_id)
+                if entry is None:
+                    continue
+                free = entry.task_ports_free
+                if free is not None and free <= ports.taken_here(a.node_id):
+                    continue
+                port = ports.take(a.node_id, entry.inventory.task_port_min, entry.inventory.task_port_max)
+                if port:
+                    if k:   # rank 0 is the first node of the allocation
+                        rest = placement.assignments[:k] + placement.assignments[k + 1:]
+                        placement = replace(placement, assignments=(a, *rest))
+                    break
+            if not port:
+                self._log.warning("master_port_unavailable", task_id=task.id, nodes=",".join(nodes))
+                self._tasks.note_reason(task.id, "waiting for a master port: no node chosen for it has a free port "
+                                                 "of its --task-port-range")
+                return None
+        if takes_uid(task):
+            for n in nodes:
+                if n in uid_room:
+                    uid_room[n] -= 1
+        return placement, port
+
+    def _allocation(self, task: types_pb2.Task, placement: Placement, port: int) -> types_pb2.Allocation:
+        """The allocation of a placement: nodes in rank order with their addresses, and for a multi-node task
+        the master port reserved on the rank-0 node (see :mod:`coordinator.dispatch.launch`)."""
         alloc = types_pb2.Allocation(task_id=task.id, leader_epoch=self._leadership.epoch,
                                      decision_id=f"d-{uuid.uuid4().hex[:12]}", created_unix_s=time.time())
         d = task.demand
@@ -426,14 +490,7 @@ class SchedulerCycle:
                 demand=types_pb2.ResourceVector(gpus=d.gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
                                                 cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
                                                 disk_bytes=d.disk_bytes)))
-        if alloc.nodes:
-            rank0 = alloc.nodes[0].node_id
-            entry = self._registry.get(rank0)
-            inv = entry.inventory if entry else types_pb2.NodeInventory()
-            alloc.master_port = ports.take(rank0, inv.task_port_min, inv.task_port_max)
-            if not alloc.master_port:
-                self._log.warning("master_port_unavailable", task_id=task.id, node_id=rank0,
-                                  port_range=f"{inv.task_port_min}-{inv.task_port_max}")
+        alloc.master_port = port
         return alloc
 
     async def _commit(self, commits: list[PlacementCommit]) -> int:
@@ -458,8 +515,12 @@ class SchedulerCycle:
         return len(result.committed)
 
     def _note_rejection(self, task: types_pb2.Task, rejection: Rejection, policy: str) -> None:
-        if rejection.reason != task.reason:
-            self._tasks.note_reason(task.id, rejection.reason)   # shown by `gptrmctl tasks`
+        reason = rejection.reason
+        if self._uid_full:
+            reason += (f"; {self._uid_full} node(s) have no free task uid (every uid of their agent's --task-uids "
+                       "is in use)")
+        if reason != task.reason:
+            self._tasks.note_reason(task.id, reason)   # shown by `gptrmctl tasks`
         if rejection.scale_out:
             self._scale_out.request(task.id, rejection.reason, policy=policy)
         self._on_unplaced(task)

@@ -2,6 +2,11 @@
 
 Every policy of a cycle reads this one snapshot, taken once at its start, so that
 what the policies compare is consistent even while agents keep streaming.
+
+Task uids are a resource too: a node whose agent reports room for ``task_uid_room`` tasks with a uid
+of their own (``agent/room.py``) and already holds that many placed tasks is unschedulable in the
+snapshot, so placement goes elsewhere or the task waits, instead of a start refused with "no free task
+uid". A node whose agent reports nothing (an older agent, or one that hands out no uids) has no limit.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, feasible
 from coordinator.scheduler.queue import request_for
 
-__all__ = ["NodeFit", "SnapshotBuilder"]
+__all__ = ["NodeFit", "SnapshotBuilder", "takes_uid"]
 
 _Holdings = dict[str, list[tuple[Sequence[int], int, float]]]
 """Node id → what each live allocation holds there: (GPU indices, memory per GPU, share per GPU)."""
@@ -35,6 +40,11 @@ def _holdings(tasks: Iterable[types_pb2.Task]) -> _Holdings:
         for na in task.allocation.nodes:
             holdings.setdefault(na.node_id, []).append((na.gpu_indices, na.demand.gpu_mem_bytes, na.gpu_share))
     return holdings
+
+
+def takes_uid(task: types_pb2.Task) -> bool:
+    """Whether a task's parts each take a task uid of their agent's own (a spec naming a user runs as it)."""
+    return not task.spec.run_as_user
 
 
 class NodeFit:
@@ -126,6 +136,9 @@ class SnapshotBuilder:
         self._power = power
         self._statics: dict[str, _NodeStatic] = {}
         self._views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
+        self.uid_room: dict[str, int] = {}
+        """After :meth:`snapshot`: per node whose agent reports its task uids, how many more tasks it can take
+        (≤ 0: none, and the node is unschedulable in that snapshot)."""
 
     def snapshot(self, tasks: Iterable[types_pb2.Task], registry: NodeRegistry) -> ClusterSnapshot:
         """Schedulable nodes in node-id order, with what live allocations hold on each GPU.
@@ -135,22 +148,37 @@ class SnapshotBuilder:
         kept placement state (:class:`~coordinator.scheduler.placement.live.LivePlacement`) sees at
         once which nodes changed.
         """
+        tasks = tasks if isinstance(tasks, list) else list(tasks)
         holdings = _holdings(tasks)
         schedulable = registry.schedulable
         views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
-        nodes = tuple(self._kept_view(e, holdings.get(e.node_id), views)
-                      for e in sorted(registry, key=lambda e: e.node_id) if schedulable(e))
+        room: dict[str, int] = {}
+        named: set[str] | None = None
+        nodes = []
+        for e in sorted(registry, key=lambda e: e.node_id):
+            free = True
+            if e.task_uid_room is not None:
+                left = e.task_uid_room - e.held_count   # every task placed there, counted at once
+                if left <= 0:   # exactly: a task running as a named user takes no uid of the range
+                    if named is None:
+                        named = {t.id for t in tasks if not takes_uid(t)}
+                    left = e.task_uid_room - len(e.task_ids - named)
+                room[e.node_id] = left
+                free = left > 0
+            if schedulable(e):
+                nodes.append(self._kept_view(e, holdings.get(e.node_id), views, free))
         self._views = views   # nodes no longer in the snapshot are forgotten
-        return ClusterSnapshot(nodes=nodes, taken_at_s=time.time())
+        self.uid_room = room
+        return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
 
     def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None,
-                   views: dict[str, tuple[tuple[object, ...], NodeSnapshot]]) -> NodeSnapshot:
+                   views: dict[str, tuple[tuple[object, ...], NodeSnapshot]], uid_free: bool = True) -> NodeSnapshot:
         """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed."""
         r = e.record.reserved
         key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
-               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0])
+               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free)
         last = self._views.get(e.node_id)
-        view = last[1] if last is not None and last[0] == key else self._view(e, held)
+        view = last[1] if last is not None and last[0] == key else self._view(e, held, schedulable=uid_free)
         views[e.node_id] = (key, view)
         return view
 
@@ -180,7 +208,7 @@ class SnapshotBuilder:
         return [self._view(e, None, empty=True) for e in sorted(registry, key=lambda e: e.node_id)]
 
     def _view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None, *,
-              empty: bool = False) -> NodeSnapshot:
+              empty: bool = False, schedulable: bool = True) -> NodeSnapshot:
         """One node with what ``held`` holds on its GPUs and its recorded reservation (none if ``empty``)."""
         static = self._static_part(e)
         if held is None:
@@ -195,7 +223,7 @@ class SnapshotBuilder:
             node_id=e.node_id, capacity=static.capacity,
             used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                            mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
-            gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=True,
+            gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=schedulable,
             power=self.power_curve(e)[0], topology=static.topology)
 
     def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:

@@ -100,3 +100,29 @@ class TestLateEndOfAnEarlierRun:
             assert app.tasks.get(task.id).state != TaskState.SCHEDULED   # the start itself was refused
 
         asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+
+
+class TestStartRefusedForRoom:
+    def test_a_start_refused_for_want_of_room_is_placed_again_not_failed(self, etcd_server: EtcdCluster,
+                                                                         etcd_prefix: str) -> None:
+        """The agent refuses a start with no_room (no free task uid): the task goes back to PENDING, its reason
+        saying why, not counted as a restart even with restart policy "never", and is placed again."""
+
+        async def scenario(app: App) -> None:
+            entry = await app.nodes.connected(agent_pb2.Register(inventory=inventory("n1")), asyncio.Queue())
+            spec = one_gpu_spec("t")
+            spec.restart_policy = types_pb2.RESTART_POLICY_NEVER
+            task = await app.tasks.submit(spec, "r-1")
+            await until(lambda: app.tasks.get(task.id).state == TaskState.SCHEDULED)
+            placed = app.tasks.get(task.id).allocation.decision_id
+            await app.reconciler.on_decision_ack(entry, agent_pb2.DecisionAck(
+                decision_id=f"{placed}/n1", ok=False, task_id=task.id, no_room=True,
+                reason="no free task uid: all 2 uids of --task-uids 5000-5001 are in use"))
+            again = app.tasks.get(task.id)
+            assert again.state == TaskState.PENDING and again.restarts == 0, again
+            assert "no free task uid" in again.reason and "placing it again" in again.reason
+            assert not entry.record.reserved_gpu_indices   # what it held is free
+            await until(lambda: app.tasks.get(task.id).state == TaskState.SCHEDULED, timeout_s=15.0)
+            assert app.tasks.get(task.id).allocation.decision_id != placed
+
+        asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))

@@ -68,20 +68,22 @@ class TaskStatus(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., pids: _Optional[_Iterable[int]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., time_unix_s: _Optional[float] = ..., event_seq: _Optional[int] = ..., decision_id: _Optional[str] = ...) -> None: ...
 
 class DecisionAck(_message.Message):
-    __slots__ = ("decision_id", "ok", "reason", "resulting_state", "task_id", "task_unknown")
+    __slots__ = ("decision_id", "ok", "reason", "resulting_state", "task_id", "task_unknown", "no_room")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     RESULTING_STATE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    NO_ROOM_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     ok: bool
     reason: str
     resulting_state: _types_pb2.TaskState
     task_id: str
     task_unknown: bool
-    def __init__(self, decision_id: _Optional[str] = ..., ok: _Optional[bool] = ..., reason: _Optional[str] = ..., resulting_state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., task_id: _Optional[str] = ..., task_unknown: _Optional[bool] = ...) -> None: ...
+    no_room: bool
+    def __init__(self, decision_id: _Optional[str] = ..., ok: _Optional[bool] = ..., reason: _Optional[str] = ..., resulting_state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., task_id: _Optional[str] = ..., task_unknown: _Optional[bool] = ..., no_room: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("time_unix_s",)

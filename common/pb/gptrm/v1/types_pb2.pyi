@@ -778,7 +778,7 @@ class HostSample(_message.Message):
     def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ..., simulated: _Optional[bool] = ..., cpu_util_max: _Optional[float] = ..., mem_used_bytes_max: _Optional[int] = ..., cpu_power_w_max: _Optional[float] = ...) -> None: ...
 
 class TelemetrySample(_message.Message):
-    __slots__ = ("time_unix_s", "gpus", "host", "simulated", "task_qos", "summarised_samples", "summary_of_s")
+    __slots__ = ("time_unix_s", "gpus", "host", "simulated", "task_qos", "summarised_samples", "summary_of_s", "task_uid_room", "task_ports_free")
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -786,6 +786,8 @@ class TelemetrySample(_message.Message):
     TASK_QOS_FIELD_NUMBER: _ClassVar[int]
     SUMMARISED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_OF_S_FIELD_NUMBER: _ClassVar[int]
+    TASK_UID_ROOM_FIELD_NUMBER: _ClassVar[int]
+    TASK_PORTS_FREE_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
     host: HostSample
@@ -793,7 +795,9 @@ class TelemetrySample(_message.Message):
     task_qos: _containers.RepeatedCompositeFieldContainer[TaskQos]
     summarised_samples: int
     summary_of_s: float
-    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ..., summarised_samples: _Optional[int] = ..., summary_of_s: _Optional[float] = ...) -> None: ...
+    task_uid_room: int
+    task_ports_free: int
+    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ..., summarised_samples: _Optional[int] = ..., summary_of_s: _Optional[float] = ..., task_uid_room: _Optional[int] = ..., task_ports_free: _Optional[int] = ...) -> None: ...
 
 class UsageRow(_message.Message):
     __slots__ = ("queue", "user", "gpu_model", "gpu_s", "cpu_core_s", "energy_j", "tasks")

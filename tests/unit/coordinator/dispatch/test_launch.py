@@ -7,8 +7,10 @@ import socket
 
 import pytest
 
-from agent.runtime import check_master_port, launch_env
+from agent.runtime import MASTER_LISTEN_FD, MasterPortTaken, check_master_port, launch_env, master_listen_handoff
+from agent.task_user import NoRoom
 from common.errors import GptrmError
+from common.etcd_embedded import free_port
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.dispatch import Dispatcher
@@ -117,22 +119,49 @@ class TestPortBook:
 
 class TestMasterPortCheck:
     def test_rank0_refuses_a_port_in_use(self) -> None:
-        """Rank 0's agent refuses a start whose master port another process listens on, naming it."""
+        """Rank 0's agent refuses a start whose master port another process listens on, naming it, as a start
+        refused for want of room (placed again, not failed)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             s.listen()
             port = s.getsockname()[1]
             st = agent_pb2.StartTask(task_id="t1", nnodes=2, node_rank=0, master_port=port)
-            with pytest.raises(GptrmError, match=f"master port {port}"):
+            with pytest.raises(MasterPortTaken, match=f"master port {port}"):
                 check_master_port(st)
+            assert issubclass(MasterPortTaken, NoRoom) and issubclass(MasterPortTaken, GptrmError)
             st.node_rank = 1
-            check_master_port(st)   # only rank 0 binds it
+            assert check_master_port(st) is None   # only rank 0 holds it
 
-    def test_a_free_port_passes(self) -> None:
+    def test_a_single_node_task_reserves_nothing(self) -> None:
+        """A task outside a gang gets no port and no bind check, even when it names a port in use."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
+            s.listen()
             port = s.getsockname()[1]
-        check_master_port(agent_pb2.StartTask(task_id="t1", nnodes=1, node_rank=0, master_port=port))
+            assert check_master_port(agent_pb2.StartTask(task_id="t1", nnodes=1, node_rank=0,
+                                                         master_port=port)) is None
+
+    def test_rank0_holds_the_port_until_the_task_has_it(self) -> None:
+        """The reservation listens on the port: nothing else can bind it meanwhile, even with SO_REUSEADDR and
+        SO_REUSEPORT; the handoff names the fd the task inherits."""
+        port = free_port()
+        listener = check_master_port(agent_pb2.StartTask(task_id="t1", nnodes=2, node_rank=0, master_port=port))
+        assert listener is not None
+        try:
+            for host in ("127.0.0.1", "0.0.0.0"):
+                with socket.socket() as other:
+                    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                    with pytest.raises(OSError):
+                        other.bind((host, port))
+            fds, env = master_listen_handoff(listener)
+            assert fds == (listener.fileno(),) and env == {MASTER_LISTEN_FD: str(listener.fileno())}
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                conn, _ = listener.accept()   # the task accepts on it as it is
+                conn.close()
+        finally:
+            listener.close()
+        assert master_listen_handoff(None) == ((), {})
 
 
 class TestAgentFlags:

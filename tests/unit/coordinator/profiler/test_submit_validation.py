@@ -68,6 +68,30 @@ class TestServicePart:
         assert info.value.field == "spec.service.max_replicas"
 
 
+class TestVanishingDemands:
+    @pytest.mark.parametrize(
+        ("demand", "field"),
+        [
+            ({"cpu_cores": 1e-9}, "spec.demand.cpu_cores"),
+            ({"cpu_cores": 5e-324}, "spec.demand.cpu_cores"),
+            ({"cpu_cores": 0.009}, "spec.demand.cpu_cores"),
+            ({"cpu_cores": 1, "mem_bytes": 1}, "spec.demand.mem_bytes"),
+            ({"cpu_cores": 1, "disk_bytes": 1000}, "spec.demand.disk_bytes"),
+            ({"gpus": 1, "gpu_mem_bytes": 5}, "spec.demand.gpu_mem_bytes"),
+            ({"gpus": 0.001}, "spec.demand.gpus"),
+        ],
+    )
+    def test_a_demand_below_the_minimum_is_refused(self, demand: dict[str, Any], field: str) -> None:
+        """A CPU, memory, GPU memory or disk demand above 0 but below the smallest one (0.01 cores, 1 MiB;
+        a 0.01 share of a GPU) is refused naming the field: it would let tasks pile up without limit."""
+        err = _refused(_spec(demand=demand, allow_gpu_sharing=True))
+        assert err.field == field and "below the smallest" in str(err)
+
+    def test_the_smallest_demands_pass(self) -> None:
+        """0 (none) and the minimum itself pass."""
+        validate_spec(_spec(demand={"cpu_cores": 0.01, "mem_bytes": 1024**2, "disk_bytes": 0}), max_gpus_per_node=8)
+
+
 class TestArgvAndEnv:
     @pytest.mark.parametrize(
         ("fields", "field", "words"),
