@@ -15,9 +15,16 @@ those. What reaches them depends on the runtime and on what the host allows:
 - otherwise (agent not root, no cgroup): the process group, and the descendants of the task's
   root process found when it is stopped.
 
+A task that declares its host memory (``--mem-gib``, or a model's estimate) gets a memory limit of
+:func:`memory_limit` of it: ``memory.max`` of its own cgroup (with ``memory.swap.max`` 0 where the host
+swaps), or ``MemoryMax=`` of its systemd unit. Pages a task writes to a tmpfs (``/dev/shm``, ``/tmp`` on
+tmpfs, POSIX shared memory) are charged to the cgroup that wrote them, so the limit caps what a task can
+pin there too. The memory controller must be enabled in the agent's cgroup's ``cgroup.subtree_control``;
+the agent tries to enable it, and says in its log (``task_memory_unlimited``) when it cannot.
+
 Example::
 
-    group = TaskCgroup.create(node_tag, "t-1")      # None where no cgroup v2 is writable
+    group = TaskCgroup.create(root, node_tag, "t-1", memory_max=memory_limit(8 << 30))   # None: no cgroup
     ... start the wrapper with group.path ...
     await end_task(cgroup=group, uid=60001)   # once its main process ended: nothing of it is left
 """
@@ -37,10 +44,24 @@ import psutil
 
 from common.logging import get_logger
 
-__all__ = ["TaskCgroup", "cgroup_root", "descendants", "end_task", "node_tag", "uid_processes", "uids_running"]
+__all__ = ["MEMORY_HEADROOM_BYTES", "TaskCgroup", "cgroup_root", "descendants", "end_task", "memory_limit",
+           "node_tag", "uid_processes", "uids_running"]
 
 _ROUNDS = 50
 _ROUND_S = 0.05
+MEMORY_HEADROOM_BYTES = 256 << 20
+"""Least headroom above a task's declared memory before its cgroup limit (a quarter more for larger tasks)."""
+
+
+def memory_limit(declared_bytes: int) -> int | None:
+    """The memory limit of a task that declared ``declared_bytes`` of host memory (None: it declared none).
+
+    Its declaration plus a quarter, at least :data:`MEMORY_HEADROOM_BYTES` more: a task's estimate is
+    rarely exact, and the page cache of the files it reads is charged to it too.
+    """
+    if declared_bytes <= 0:
+        return None
+    return declared_bytes + max(declared_bytes // 4, MEMORY_HEADROOM_BYTES)
 
 
 def node_tag(state_dir: Path) -> str:
@@ -76,18 +97,40 @@ class TaskCgroup:
     path: Path
 
     @classmethod
-    def create(cls, root: Path | None, tag: str, task_id: str) -> TaskCgroup | None:
-        """Make (or reuse) the task's cgroup under ``root``; None when there is no root or it cannot be made."""
+    def create(cls, root: Path | None, tag: str, task_id: str, *, memory_max: int | None = None) -> TaskCgroup | None:
+        """Make (or reuse) the task's cgroup under ``root``, limited to ``memory_max`` bytes of memory when given;
+        None when there is no root or it cannot be made."""
         if root is None:
             return None
+        log = get_logger("agent").bind(component="runtime")
+        if memory_max is not None:
+            _enable_memory(root)
         path = root / f"gptrm-{tag}-{task_id}"
         try:
             path.mkdir(exist_ok=True)
         except OSError as e:
-            get_logger("agent").bind(component="runtime").warning(
-                "task_cgroup_unavailable", task_id=task_id, path=str(path), reason=str(e))
+            log.warning("task_cgroup_unavailable", task_id=task_id, path=str(path), reason=str(e))
             return None
-        return cls(path)
+        group = cls(path)
+        if memory_max is not None:
+            problem = group.limit_memory(memory_max)
+            if problem:
+                log.warning("task_memory_unlimited", task_id=task_id, path=str(path), memory_max=memory_max,
+                            reason=problem)
+        return group
+
+    def limit_memory(self, max_bytes: int) -> str | None:
+        """Cap the cgroup's memory (and swap, where the host swaps: swapped-out tmpfs pages would escape the
+        cap) at ``max_bytes``; returns why it could not, or None."""
+        if not (self.path / "memory.max").exists():
+            return "the memory controller is not enabled for the task's cgroup"
+        try:
+            (self.path / "memory.max").write_text(str(max_bytes))
+            if (self.path / "memory.swap.max").exists():
+                (self.path / "memory.swap.max").write_text("0")
+        except OSError as e:
+            return f"cannot write its memory limit ({e.strerror or e})"
+        return None
 
     def pids(self) -> list[int]:
         try:
@@ -115,6 +158,15 @@ class TaskCgroup:
         except OSError:
             return False
         return True
+
+
+def _enable_memory(root: Path) -> None:
+    """Let the cgroups under ``root`` have memory limits (refused where ``root`` holds processes itself and is
+    not the hierarchy's root; :meth:`TaskCgroup.limit_memory` then says so)."""
+    control = root / "cgroup.subtree_control"
+    with contextlib.suppress(OSError):
+        if "memory" not in control.read_text().split():
+            control.write_text("+memory")
 
 
 def _by_uid(wanted: range) -> list[tuple[psutil.Process, set[int]]]:
