@@ -24,8 +24,9 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -281,10 +282,12 @@ class TaskRuntime:
                 pid = await systemd_task.start_service(st.task_id, command, gpu_indices=list(st.gpu_indices),
                                                        paths=paths, binding=binding, memory_max=memory_max)
             else:
-                proc = await asyncio.create_subprocess_exec(
-                    *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=launch.root_env(),
-                    start_new_session=True)
+                # What the wrapper says before it starts the task (a FIFO it cannot open, ...) lands in the task's
+                # log too: its stderr is the task's FIFO from the start.
+                with _fifo_for_writing(paths.fifo) as err:
+                    proc = await asyncio.create_subprocess_exec(
+                        *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                        stderr=err, cwd=paths.work_dir, env=launch.root_env(), start_new_session=True)
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
@@ -460,6 +463,11 @@ class TaskRuntime:
             state, reason = TaskState.CANCELLED, "stopped by the coordinator"
         elif code == 0:
             state, reason = TaskState.SUCCEEDED, ""
+        elif recorded is None and code is not None and code > 0:
+            # The wrapper records the task's exit code once the task ends: it ended before the task did.
+            last = _tail(rec.log_path, 512).strip().splitlines()[-1:]
+            state, reason = TaskState.FAILED, (f"the task did not start: its wrapper exited with code {code}"
+                                               + (f": {last[0][:300]}" if last else ""))
         else:
             state = TaskState.FAILED
             reason = (f"exited with code {code}" if code is not None and code >= 0
@@ -527,6 +535,20 @@ def _create_time(pid: int) -> float:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return time.time()
+
+
+@contextlib.contextmanager
+def _fifo_for_writing(path: Path) -> Iterator[int]:
+    """The task's FIFO open for writing (blocking writes, like the task's own), or /dev/null where it cannot be."""
+    try:
+        fd = taskfs.open_nofollow(path, os.O_WRONLY, kind=stat.S_IFIFO)
+        os.set_blocking(fd, True)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _read_exit(path: str) -> int | None:
