@@ -306,6 +306,19 @@ class TaskUserPolicy:
         if self.claims is not None:
             self.claims.release(uid)
 
+    def runs_tasks_as(self, uid: int) -> bool:
+        """Whether a task of this agent may run as ``uid`` (never root, and never when tasks run as the agent's
+        own user: then nothing tells a task from the agent's operator)."""
+        if uid == 0 or not self.default.switch:
+            return False
+        if (self.uids is not None and uid in self.uids) or uid == self.default.uid:
+            return True
+        for name in self.allowed:
+            with contextlib.suppress(KeyError):
+                if self._getpwnam(name).pw_uid == uid:
+                    return True
+        return False
+
     def held(self) -> list[int]:
         """The task uids this agent has claimed and not released (none without host-wide claims)."""
         return self.claims.held() if self.claims is not None else []

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 
 from agent.task_user import CLAIMS_DIR
 from agent.taskkill import cgroup_root, memory_limit
+from common.etcd_embedded import free_port
 from tests.integration.harness import Cluster, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run tasks as their own users")
@@ -387,3 +389,20 @@ class TestHostileTasks:
         _ended(cluster, task_id)
         out = cluster.ctl("logs", task_id).stdout
         assert "dd-exit-0" not in out, out
+
+    def test_a_task_cannot_read_the_agents_metrics(self, cluster: Cluster, state_dir: Path) -> None:
+        """The agent's /metrics (loopback) lists every task's id and GPUs: a task's connection gets 403, while a
+        scraper that is not a task (here root) is served and sees the task."""
+        listen = f"127.0.0.1:{free_port()}"
+        _start(cluster, state_dir, "--metrics-listen", listen)
+        fetch = (f"/usr/bin/python3 -c \"import urllib.request as u\ntry: print(u.urlopen('http://{listen}/metrics', "
+                 f"timeout=10).read().decode())\nexcept Exception as e: print('SCRAPE-FAILED', e)\"; sleep 600")
+        task_id = _submit(cluster, fetch)
+        try:
+            out = wait_until(lambda: (o := cluster.ctl("logs", task_id).stdout) and o, 30, what="the task's scrape")
+            assert "SCRAPE-FAILED HTTP Error 403" in out and "gptrm_agent_task" not in out, out
+            with urllib.request.urlopen(f"http://{listen}/metrics", timeout=10) as resp:
+                assert task_id in resp.read().decode()
+        finally:
+            cluster.ctl("cancel", task_id)
+        _ended(cluster, task_id)
