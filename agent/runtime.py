@@ -40,7 +40,7 @@ from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import TaskUser, TaskUserPolicy, UidClaims
-from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, memory_limit, node_tag
+from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, memory_cgroup_root, memory_limit, node_tag
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -104,6 +104,7 @@ class TaskRuntime:
         if self._own_pump:
             self.pump.start()
         self._cgroup_root = cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None
+        self._memory_root = memory_cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None
         self._node_tag = node_tag(self.state_dir)
         if task_users is not None:
             task_users.resume_after([r.own_uid for r in self.table.tasks.values()])
@@ -257,7 +258,8 @@ class TaskRuntime:
         task_env = _task_env(st, user, paths.work_dir, self._task_path)
         launch.write_env_file(paths.env_file, task_env)
         memory_max = memory_limit(st.demand.mem_bytes)
-        cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id, memory_max=memory_max)
+        cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id, memory_max=memory_max,
+                                   memory_root=self._memory_root)
         devices = getattr(self._gpus, "devices", None)
         binding = binding_for(devices(), st.gpu_indices) if devices is not None else None
         # The process runtime binds the task alone (inside the wrapper, before setpriv); a
