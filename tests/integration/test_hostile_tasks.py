@@ -104,6 +104,12 @@ def _ipc_script(state_dir: Path) -> Path:
     return path
 
 
+def _shm_keys() -> set[int]:
+    """The keys of the host's System V shared memory segments."""
+    rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {int(row.split()[0]) for row in rows if row.split()}
+
+
 def memory_limits_available() -> bool:
     """Whether a root agent started by these tests can limit its tasks' memory (as the agent decides it)."""
     return os.geteuid() == 0 and memory_capable_root(cgroup_root(), memory_cgroup_root()) is not None
@@ -400,3 +406,26 @@ class TestHostileTasks:
         finally:
             cluster.ctl("cancel", task_id)
         _ended(cluster, task_id)
+
+    def test_a_uid_whose_task_ended_while_the_agent_was_down_is_cleaned_before_reuse(
+            self, cluster: Cluster, state_dir: Path) -> None:
+        """The agent is stopped while a task holds a System V segment; the task ends meanwhile. The restarted agent
+        removes the segment before the uid (the range holds one) runs another task."""
+        uid = _lone_uid()
+        _start(cluster, state_dir, "--task-uids", f"{uid}-{uid}")
+        script = _ipc_script(state_dir)
+        key, secret = secrets.randbelow(2**30) + 1, f"IPC-SECRET-{secrets.token_hex(6)}"
+        first = _submit(cluster, f"/usr/bin/python3 {script} write {key} {secret}; exec sleep 3005")
+        wait_until(lambda: key in _shm_keys(), 30, what="the task's segment")
+        cluster.agents["n1"].stop()
+        for p in psutil.process_iter(["uids"]):
+            if p.info["uids"] and p.info["uids"].real == uid:
+                p.kill()
+        cluster.start_agent("n1", "--state-dir", str(state_dir), "--task-uids", f"{uid}-{uid}")
+        assert _ended(cluster, first)["state"] == "failed"
+        wait_until(lambda: not (CLAIMS_DIR / str(uid)).exists(), 30, what="the uid given back")
+        second = _submit(cluster, f"id -u; /usr/bin/python3 {script} read {key}")
+        assert _ended(cluster, second)["state"] == "succeeded"
+        out = cluster.ctl("logs", second).stdout
+        assert out.split()[0] == str(uid) and secret not in out and "SHM-NONE" in out, out
+        assert key not in _shm_keys()
