@@ -73,6 +73,11 @@ def _secret(tmp_path: Path) -> tuple[Path, bytes, int]:
     return path, content, path.stat().st_mtime_ns
 
 
+_SHARED_NAMESPACES = ("--task-namespaces", "off")
+"""Tasks in the host's IPC namespace and /dev/shm, as where the agent cannot give them their own: what a task
+leaves there is the agent's to remove."""
+
+
 def _lone_uid() -> int:
     """A task uid for a one-uid ``--task-uids`` range, far from the default range other agents use."""
     return 1_950_000_000 + secrets.randbelow(1_000_000)
@@ -296,11 +301,14 @@ class TestHostileTasks:
             _start(cluster, state_dir)
             task_id = cluster.ctl_json("submit", "--name", "preload", "--gpus", "0", "--cpu", "0.1",
                                        "--env", f"LD_PRELOAD={lib}", "--env", f"LD_LIBRARY_PATH={proof}",
-                                       "--", "/bin/sh", "-c", "id -u")["task_id"]
+                                       "--", "/bin/sh", "-c", f"ls {proof}; id -u")["task_id"]
             assert _ended(cluster, task_id)["state"] == "succeeded"
-            uid = int(cluster.ctl("logs", task_id).stdout.split()[-1])
-            loaded = sorted(p.name for p in proof.iterdir() if p.name.startswith("loaded-"))
+            out = cluster.ctl("logs", task_id).stdout.split()
+            uid = int(out[-1])
+            # Listed by the task itself: what its uid left in /tmp is removed when it ends (root's would stay).
+            loaded = sorted(name for name in out if name.startswith("loaded-"))
             assert loaded == [f"loaded-{uid}"], loaded   # the task's own processes only, never root's
+            assert not (proof / "loaded-0").exists()
             assert uid != 0
         finally:
             shutil.rmtree(proof, ignore_errors=True)
@@ -337,10 +345,10 @@ class TestHostileTasks:
         assert "--env PATH=" in out and "--task-path" in out
 
     def test_a_uid_handed_out_again_finds_no_ipc_of_its_last_task(self, cluster: Cluster, state_dir: Path) -> None:
-        """A task leaves a System V shared memory segment holding a secret, a semaphore set and a message queue;
-        the next task, given the same uid (the range holds one), finds none of them."""
+        """A task in the host's IPC namespace leaves a System V shared memory segment holding a secret, a semaphore
+        set and a message queue; the next task, given the same uid (the range holds one), finds none of them."""
         uid = _lone_uid()
-        _start(cluster, state_dir, "--task-uids", f"{uid}-{uid}")
+        _start(cluster, state_dir, "--task-uids", f"{uid}-{uid}", *_SHARED_NAMESPACES)
         script = _ipc_script(state_dir)
         key, secret = secrets.randbelow(2**30) + 1, f"IPC-SECRET-{secrets.token_hex(6)}"
         first = _submit(cluster, f"/usr/bin/python3 {script} write {key} {secret}")
@@ -379,8 +387,9 @@ class TestHostileTasks:
 
     @pytest.mark.skipif(not memory_limits_available(), reason="no cgroup memory controller for the agent's tasks")
     def test_dev_shm_beyond_the_declared_memory_fails(self, cluster: Cluster, state_dir: Path) -> None:
-        """A task that declared 64 MiB cannot pin three times its memory limit in /dev/shm."""
-        _start(cluster, state_dir)
+        """A task that declared 64 MiB cannot pin three times its memory limit in the host's /dev/shm (its memory
+        cgroup's limit; a task in namespaces of its own also has a /dev/shm of its own, sized by its demand)."""
+        _start(cluster, state_dir, *_SHARED_NAMESPACES)
         limit = memory_limit(64 * _MIB)
         assert limit is not None
         count = 3 * limit // _MIB
@@ -412,7 +421,7 @@ class TestHostileTasks:
         """The agent is stopped while a task holds a System V segment; the task ends meanwhile. The restarted agent
         removes the segment before the uid (the range holds one) runs another task."""
         uid = _lone_uid()
-        _start(cluster, state_dir, "--task-uids", f"{uid}-{uid}")
+        _start(cluster, state_dir, "--task-uids", f"{uid}-{uid}", *_SHARED_NAMESPACES)
         script = _ipc_script(state_dir)
         key, secret = secrets.randbelow(2**30) + 1, f"IPC-SECRET-{secrets.token_hex(6)}"
         first = _submit(cluster, f"/usr/bin/python3 {script} write {key} {secret}; exec sleep 3005")
@@ -421,7 +430,7 @@ class TestHostileTasks:
         for p in psutil.process_iter(["uids"]):
             if p.info["uids"] and p.info["uids"].real == uid:
                 p.kill()
-        cluster.start_agent("n1", "--state-dir", str(state_dir), "--task-uids", f"{uid}-{uid}")
+        cluster.start_agent("n1", "--state-dir", str(state_dir), "--task-uids", f"{uid}-{uid}", *_SHARED_NAMESPACES)
         assert _ended(cluster, first)["state"] == "failed"
         wait_until(lambda: not (CLAIMS_DIR / str(uid)).exists(), 30, what="the uid given back")
         second = _submit(cluster, f"id -u; /usr/bin/python3 {script} read {key}")
