@@ -433,15 +433,16 @@ class TaskRuntime:
         self._scrubbing.add(uid)
         try:
             removed = await asyncio.to_thread(taskfs.scrub_uid, uid)
-            if removed:
-                self._log.info("task_files_removed", task_id=task_id, uid=uid, paths=removed[:20],
-                               count=len(removed))
-            if self._users is not None:
-                self._users.release(uid)
-        except OSError as e:   # the uid stays claimed: better unused than handed over with what it left
+        except OSError as e:
+            # Better unused than handed over with what it left: this agent keeps it out of new starts, and its claim
+            # makes a restarted agent try again.
             self._log.error("task_uid_scrub_failed", task_id=task_id, uid=uid, reason=str(e))
-        finally:
-            self._scrubbing.discard(uid)
+            return
+        if removed:
+            self._log.info("task_files_removed", task_id=task_id, uid=uid, paths=removed[:20], count=len(removed))
+        if self._users is not None:
+            self._users.release(uid)
+        self._scrubbing.discard(uid)
 
     async def _clean_up_after(self, uid: int) -> None:
         """A uid this agent claimed for a task that is no longer in its table (the agent stopped between the
