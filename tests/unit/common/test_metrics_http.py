@@ -62,10 +62,15 @@ class TestMetricsHttp:
         with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as resp:
             assert resp.status == 200 and resp.read() == b"ok\n"
 
-    def test_a_refused_uid_gets_403(self) -> None:
-        srv = serve_wsgi("127.0.0.1:0", _ok, refuse=lambda uid: uid == os.geteuid())
+    @pytest.mark.parametrize("host", ["127.0.0.1", "[::1]"])
+    def test_a_refused_uid_gets_403(self, host: str) -> None:
+        """The peer's socket is found in /proc/net/tcp (IPv4) and tcp6 (IPv6) alike."""
         try:
-            host, port = srv.server_address
+            srv = serve_wsgi(f"{host}:0", _ok, refuse=lambda uid: uid == os.geteuid())
+        except OSError:
+            pytest.skip(f"{host} cannot be bound here")
+        try:
+            port = srv.server_address[1]
             with capture_logs() as logs, pytest.raises(urllib.error.HTTPError) as err:
                 urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10)
             assert err.value.code == 403
