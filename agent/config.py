@@ -81,9 +81,9 @@ class AgentConfig:
     batch_samples: int = option(1, "samples per telemetry message", check=_positive_int)
     buffer_samples: int = option(900, "telemetry samples kept while disconnected (oldest dropped beyond)",
                                  check=_positive_int)
-    data_paths: list[str] = option(["/"], "filesystems whose usage and I/O are reported")
+    data_paths: list[str] = option(["/"], "filesystems whose usage and I/O are reported", path=True)
     labels: dict[str, str] = option({}, "node labels KEY=VALUE[,KEY=VALUE...]")
-    state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)")
+    state_dir: str = option(default_state_dir("agent"), "state directory (task table, task logs)", path=True)
     task_log_max_mib: int = option(DEFAULT_MAX_BYTES >> 20, "most MiB of output kept on disk per task (the "
                                    "newest; the live log and one rotated copy together)", check=_positive_int)
     task_logs_total_mib: int = option(DEFAULT_NODE_MAX_BYTES >> 20, "most MiB of task output kept on this node, all "
@@ -120,9 +120,9 @@ class AgentConfig:
                                   metavar="LOW-HIGH")
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
-    tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE")
-    tls_key: str = option("", "this node's private key (PEM)", metavar="FILE")
-    tls_ca: str = option("", "CA bundle that the coordinator's certificate must chain to", metavar="FILE")
+    tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE", path=True)
+    tls_key: str = option("", "this node's private key (PEM)", metavar="FILE", path=True)
+    tls_ca: str = option("", "CA bundle that the coordinator's certificate must chain to", metavar="FILE", path=True)
 
     @property
     def node_name(self) -> str:

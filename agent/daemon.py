@@ -100,7 +100,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                                    gpu_backend=sampler.backend, simulated=sampler.simulated,
                                    host_simulated=inventory.host_simulated, version=AGENT_VERSION)
             try:
-                metrics_server = serve_metrics(metrics, cfg.metrics_listen)
+                metrics_server = serve_metrics(metrics, cfg.metrics_listen, refuse=task_users.runs_tasks_as)
             except OSError as e:
                 await asyncio.to_thread(pump.stop)
                 raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None

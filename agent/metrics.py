@@ -14,6 +14,9 @@ the task table. A scrape never polls NVML, and no thread updates metrics in the 
   ``simulated`` labels say when the GPUs are simulated), each collector's success and
   duration on the latest tick, and which GPUs each task holds.
 
+Tasks on the host cannot read it: a connection from one of the tasks' uids gets 403 (see
+:mod:`common.metrics_http`; a Prometheus on another host, or on this one as its own user, is served).
+
 Label values that come from outside the agent (task ids, GPU model names, the node name) are
 cut to :data:`MAX_LABEL_CHARS`, and at most :data:`MAX_TASKS` tasks are listed.
 """
@@ -257,11 +260,14 @@ def _wsgi_app(metrics: AgentMetrics) -> Callable[..., list[bytes]]:
     return app
 
 
-def serve_metrics(metrics: AgentMetrics, listen: str) -> ThreadingWSGIServer:
+def serve_metrics(metrics: AgentMetrics, listen: str, *,
+                  refuse: Callable[[int], bool] | None = None) -> ThreadingWSGIServer:
     """Serve ``/metrics`` on ``HOST:PORT`` from a daemon thread.
 
     :param listen: ``HOST:PORT`` (``[::1]:PORT`` for IPv6; port 0 picks a free one).
+    :param refuse: uids (the tasks') whose connections from this host get 403: the task ids, GPUs and power of
+        other tenants' tasks are not theirs to read (see :mod:`common.metrics_http`).
     :returns: the server (``server_address`` says where it listens; ``shutdown()`` stops it).
     :raises OSError: the address cannot be bound.
     """
-    return serve_wsgi(listen, _wsgi_app(metrics), _Handler)
+    return serve_wsgi(listen, _wsgi_app(metrics), _Handler, component="agent", refuse=refuse)

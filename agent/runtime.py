@@ -26,8 +26,9 @@ import fcntl
 import os
 import signal
 import socket
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import NoRoom, TaskUser, TaskUserPolicy, UidClaims
-from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, node_tag
+from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, memory_cgroup_root, memory_limit, node_tag
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -117,6 +118,7 @@ class TaskRuntime:
         if self._own_pump:
             self.pump.start()
         self._cgroup_root = cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None
+        self._memory_root = memory_cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None
         self._node_tag = node_tag(self.state_dir)
         if task_users is not None:
             task_users.resume_after([r.own_uid for r in self.table.tasks.values()])
@@ -134,6 +136,8 @@ class TaskRuntime:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._watchers: dict[str, asyncio.Task] = {}
         self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
+        self._scrubbing: set[int] = set()   # own uids of ended tasks whose leftovers are being removed
+        self._cleanups: set[asyncio.Task] = set()   # after a restart: uids claimed by tasks no longer in the table
         self._log = get_logger("agent").bind(component="runtime")
         self._log.info("task_isolation", namespaces=self._namespaces, configured=namespaces,
                        programs={k: getattr(self._programs, k) for k in self._programs.__slots__})
@@ -219,6 +223,8 @@ class TaskRuntime:
         task_id = decision.start.task_id
         reason = f"task {task_id!r} killed at start: the agent could not record it in its state file ({error})"
         rec = self.table.tasks.pop(task_id, None)
+        if rec is not None and rec.own_uid >= 0:
+            self._scrubbing.add(rec.own_uid)
         watcher = self._watchers.pop(task_id, None)
         if watcher is not None:
             watcher.cancel()
@@ -255,7 +261,7 @@ class TaskRuntime:
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
         listener = check_master_port(st)   # held from here until the task's process holds it
         try:
-            taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0]
+            taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0] + sorted(self._scrubbing)
             user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
             try:
                 return await self._start_as(decision, user, listener)
@@ -281,7 +287,9 @@ class TaskRuntime:
         pass_fds, listen_env = master_listen_handoff(handoff)
         task_env = {**_task_env(st, user, paths.work_dir, self._task_path), **listen_env}
         launch.write_env_file(paths.env_file, task_env)
-        cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id)
+        memory_max = memory_limit(st.demand.mem_bytes)
+        cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id, memory_max=memory_max,
+                                   memory_root=self._memory_root)
         devices = getattr(self._gpus, "devices", None)
         binding = binding_for(devices(), st.gpu_indices) if devices is not None else None
         # The process runtime binds the task alone (inside the wrapper, before setpriv); a
@@ -304,12 +312,15 @@ class TaskRuntime:
         try:
             if self._runtime == "systemd-run":
                 pid = await systemd_task.start_service(st.task_id, command, gpu_indices=list(st.gpu_indices),
-                                                       paths=paths, binding=binding)
+                                                       paths=paths, binding=binding, memory_max=memory_max)
             else:
-                proc = await asyncio.create_subprocess_exec(
-                    *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL, cwd=paths.work_dir, env=launch.root_env(),
-                    start_new_session=True, pass_fds=pass_fds)
+                # What the wrapper says before it starts the task (a FIFO it cannot open, ...) lands in the task's
+                # log too: its stderr is the task's FIFO from the start.
+                with _fifo_for_writing(paths.fifo) as err:
+                    proc = await asyncio.create_subprocess_exec(
+                        *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                        stderr=err, cwd=paths.work_dir, env=launch.root_env(), start_new_session=True,
+                        pass_fds=pass_fds)
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
@@ -448,6 +459,8 @@ class TaskRuntime:
                 await asyncio.sleep(_POLL_S)
             code = None
         await self._end_processes(rec)
+        if rec.own_uid >= 0:
+            self._scrubbing.add(rec.own_uid)   # out of the table from _finish on, not free before _release
         self._finish(rec, code)
         await self._release(rec)
 
@@ -458,14 +471,33 @@ class TaskRuntime:
                        found_at_stop=self._descendants.pop(rec.task_id, None))
 
     async def _release(self, rec: TaskRecord) -> None:
-        """After the task's last process: its working directory, and what its own uid left in shared places."""
+        """After the task's last process: its working directory, and what its own uid left on the host;
+        only then is the uid free for another task."""
         await asyncio.to_thread(taskfs.remove_work, self.state_dir, rec.task_id)
         if rec.own_uid >= 0:
-            removed = await asyncio.to_thread(taskfs.scrub_uid, rec.own_uid)
-            if removed:
-                self._log.info("task_files_removed", task_id=rec.task_id, uid=rec.own_uid, paths=removed[:20])
-            if self._users is not None:
-                self._users.release(rec.own_uid)
+            await self._scrub_and_free(rec.own_uid, rec.task_id)
+
+    async def _scrub_and_free(self, uid: int, task_id: str) -> None:
+        """Remove what ``uid`` left (:func:`agent.taskfs.scrub_uid`), then give the uid back."""
+        self._scrubbing.add(uid)
+        try:
+            removed = await asyncio.to_thread(taskfs.scrub_uid, uid)
+        except OSError as e:
+            # Better unused than handed over with what it left: this agent keeps it out of new starts, and its claim
+            # makes a restarted agent try again.
+            self._log.error("task_uid_scrub_failed", task_id=task_id, uid=uid, reason=str(e))
+            return
+        if removed:
+            self._log.info("task_files_removed", task_id=task_id, uid=uid, paths=removed[:20], count=len(removed))
+        if self._users is not None:
+            self._users.release(uid)
+        self._scrubbing.discard(uid)
+
+    async def _clean_up_after(self, uid: int) -> None:
+        """A uid this agent claimed for a task that is no longer in its table (the agent stopped between the
+        task's end and its clean-up): end what still runs as it, remove what it left, give it back."""
+        await end_task(cgroup=None, uid=uid)
+        await self._scrub_and_free(uid, "")
 
     def _finish(self, rec: TaskRecord, code: int | None) -> None:
         if rec.piped:
@@ -483,6 +515,11 @@ class TaskRuntime:
             state, reason = TaskState.CANCELLED, "stopped by the coordinator"
         elif code == 0:
             state, reason = TaskState.SUCCEEDED, ""
+        elif recorded is None and code is not None and code > 0:
+            # The wrapper records the task's exit code once the task ends: it ended before the task did.
+            last = _tail(rec.log_path, 512).strip().splitlines()[-1:]
+            state, reason = TaskState.FAILED, (f"the task did not start: its wrapper exited with code {code}"
+                                               + (f": {last[0][:300]}" if last else ""))
         else:
             state = TaskState.FAILED
             reason = (f"exited with code {code}" if code is not None and code >= 0
@@ -499,7 +536,15 @@ class TaskRuntime:
         self.table.save()
 
     def adopt(self) -> None:
-        """After an agent restart: follow tasks still alive, report those that ended meanwhile."""
+        """After an agent restart: follow tasks still alive, report those that ended meanwhile (and clean up
+        after their uids), and clean up after uids it still claims that no task of its table holds."""
+        in_table = {r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0}
+        for uid in self._users.held() if self._users is not None else []:
+            if uid not in in_table:
+                self._scrubbing.add(uid)   # not handed out before its clean-up is done
+                cleanup = asyncio.create_task(self._clean_up_after(uid))
+                self._cleanups.add(cleanup)
+                cleanup.add_done_callback(self._cleanups.discard)
         for rec in list(self.table.tasks.values()):
             if rec.piped:
                 try:
@@ -517,7 +562,7 @@ class TaskRuntime:
 
     async def shutdown(self) -> None:
         """Stop watching (tasks keep running; a restarted agent adopts them)."""
-        for w in self._watchers.values():
+        for w in [*self._watchers.values(), *self._cleanups]:
             w.cancel()
         if self._own_pump:
             await asyncio.to_thread(self.pump.stop)
@@ -542,6 +587,20 @@ def _create_time(pid: int) -> float:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return time.time()
+
+
+@contextlib.contextmanager
+def _fifo_for_writing(path: Path) -> Iterator[int]:
+    """The task's FIFO open for writing (blocking writes, like the task's own), or /dev/null where it cannot be."""
+    try:
+        fd = taskfs.open_nofollow(path, os.O_WRONLY, kind=stat.S_IFIFO)
+        os.set_blocking(fd, True)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _read_exit(path: str) -> int | None:

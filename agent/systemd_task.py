@@ -67,14 +67,16 @@ def unit_name(task_id: str) -> str:
 
 
 def unit_argv(task_id: str, *, gpu_indices: Sequence[int], workdir: Path,
-              binding: CpuBinding | None = None) -> list[str]:
-    """The ``systemd-run`` prefix that starts one task as a transient service (bound to ``binding``'s CPUs)."""
+              binding: CpuBinding | None = None, memory_max: int | None = None) -> list[str]:
+    """The ``systemd-run`` prefix that starts one task as a transient service (bound to ``binding``'s CPUs,
+    its memory and swap capped at ``memory_max`` bytes when given: :func:`agent.taskkill.memory_limit`)."""
     devices = [*NVIDIA_CONTROL_NODES, *(f"/dev/nvidia{int(i)}" for i in gpu_indices)]
+    memory = [f"--property=MemoryMax={int(memory_max)}", "--property=MemorySwapMax=0"] if memory_max else []
     return ["systemd-run", "--quiet", "--collect", "--service-type=exec", f"--unit={unit_name(task_id)}",
             f"--description=gptrm task {task_id}", f"--working-directory={workdir}",
             *(f"--setenv={k}={v}" for k, v in root_env().items()), "--property=StandardInput=null",
             "--property=NoNewPrivileges=yes", "--property=DevicePolicy=closed",
-            *(f"--property=DeviceAllow={d} rw" for d in devices), *systemd_properties(binding)]
+            *(f"--property=DeviceAllow={d} rw" for d in devices), *memory, *systemd_properties(binding)]
 
 
 async def _run(argv: Sequence[str]) -> str:
@@ -92,12 +94,13 @@ async def _run(argv: Sequence[str]) -> str:
 
 
 async def start_service(task_id: str, command: Sequence[str], *, gpu_indices: Sequence[int], paths: TaskPaths,
-                        binding: CpuBinding | None = None) -> int:
+                        binding: CpuBinding | None = None, memory_max: int | None = None) -> int:
     """Start the task's unit and return its main pid (0 when it already ended).
 
     :raises GptrmError: systemd refused the unit (the message carries systemd-run's own words).
     """
-    await _run([*unit_argv(task_id, gpu_indices=gpu_indices, workdir=paths.work_dir, binding=binding), *command])
+    await _run([*unit_argv(task_id, gpu_indices=gpu_indices, workdir=paths.work_dir, binding=binding,
+                           memory_max=memory_max), *command])
     shown = await _run(["systemctl", "show", "--property=MainPID", "--value", unit_name(task_id)])
     try:
         return max(0, int(shown.strip() or 0))

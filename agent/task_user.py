@@ -5,12 +5,15 @@
   number. Two tasks never share a uid while either runs, so they cannot read each other's files,
   signal each other's processes or attach to them, and everything a task leaves behind can be
   found by its uid once it ends. A uid is handed out again only after every other free uid of
-  the range has been (least recently used first), never while a process still runs as it.
+  the range has been (least recently used first), never while a process still runs as it, and
+  never before what the task left on the host is removed (:func:`agent.taskfs.scrub_uid`).
 - Several agents on one host (tests, or a host split between clusters) never hand out the same uid
   at once: a uid is claimed by creating ``/run/gptrm/task-uids/<uid>`` exclusively, and given back
-  when the task's last process is gone. Another agent's claim is respected while a process runs
-  as that uid or for :data:`CLAIM_GRACE_S` after it was made (a start in progress); a claim of
-  this agent's own that no running task holds is left from a crash and taken again.
+  when the task's last process is gone and what it left is removed. Another agent's claim is
+  respected while a process runs as that uid or for :data:`CLAIM_GRACE_S` after it was made (a
+  start in progress); a claim of this agent's own that no task of its table holds is left from a
+  crash: a restarted agent cleans up after that uid first (:meth:`agent.runtime.TaskRuntime.adopt`),
+  then hands it out again.
 - ``--task-uids off`` makes every task run as ``--task-user`` (default ``gptrm-task``, created
   by ``make install``; ``nobody`` when it is missing, said in the log); a task user that
   resolves to uid 0 is refused at start-up.
@@ -191,6 +194,14 @@ class UidClaims:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
+    def held(self) -> list[int]:
+        """The uids this agent holds claims on (after a restart: those of tasks it ran before)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit() and self._owner_of(self.directory / n) == self.owner)
+
     def _owner_of(self, path: Path) -> str | None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -329,9 +340,26 @@ class TaskUserPolicy:
         return len(self.uids) - sum(1 for uid in busy if uid in self.uids)
 
     def release(self, uid: int) -> None:
-        """A task's own uid is free again (its last process is gone)."""
+        """A task's own uid is free again (its last process is gone, and what it left is removed)."""
         if self.claims is not None:
             self.claims.release(uid)
+
+    def runs_tasks_as(self, uid: int) -> bool:
+        """Whether a task of this agent may run as ``uid`` (never root, and never when tasks run as the agent's
+        own user: then nothing tells a task from the agent's operator)."""
+        if uid == 0 or not self.default.switch:
+            return False
+        if (self.uids is not None and uid in self.uids) or uid == self.default.uid:
+            return True
+        for name in self.allowed:
+            with contextlib.suppress(KeyError):
+                if self._getpwnam(name).pw_uid == uid:
+                    return True
+        return False
+
+    def held(self) -> list[int]:
+        """The task uids this agent has claimed and not released (none without host-wide claims)."""
+        return self.claims.held() if self.claims is not None else []
 
     def resume_after(self, uids: Collection[int]) -> None:
         """After a restart: go on after the highest uid in ``uids`` (the running tasks' own)."""

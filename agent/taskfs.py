@@ -18,26 +18,56 @@ never opened by path through anything the task could have replaced::
 
 The work directory is created fresh for every start: a restarted task, or a later task given the
 same uid, never finds what an earlier one left. When a task with a uid of its own ends, what that
-uid left in the shared temporary directories (``/tmp``, ``/var/tmp``, ``/dev/shm``) is removed too,
-before the uid can be handed out again. Every removal walks directories by file descriptor and
-never follows a link (``shutil.rmtree`` on Linux).
+uid left on the host is removed too, before the uid can be handed out again (:func:`scrub_uid`):
+
+- its files in every world-writable directory: ``/tmp``, ``/var/tmp``, ``/dev/shm`` (POSIX shared
+  memory and named semaphores), ``/run/lock``, ``/dev/mqueue`` (POSIX message queues, where that
+  file system is mounted) and any other sticky world-writable directory at the top of ``/``,
+  ``/run``, ``/var`` or ``/dev``. What the uid owns there goes, a directory of its own with
+  everything in it; inside a world-writable directory the uid does not own (``/tmp/.X11-unix``),
+  its own entries go, a few levels deep;
+- its System V IPC objects (shared memory segments, semaphore sets, message queues) that it owns
+  or created: another task given the uid later could otherwise attach them.
+
+Every removal works on directory file descriptors and never follows a link (``shutil.rmtree``
+with ``dir_fd``), so another task cannot redirect it by swapping a directory for a link.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.task_user import TaskUser
 from common.errors import GptrmError
 
-__all__ = ["SHARED_TMP_DIRS", "TaskPaths", "open_nofollow", "prepare", "remove_work", "scrub_uid", "secure_state_dir"]
+__all__ = [
+    "SHARED_DIRS",
+    "TaskPaths",
+    "open_nofollow",
+    "prepare",
+    "remove_sysv_ipc",
+    "remove_work",
+    "scrub_uid",
+    "secure_state_dir",
+    "shared_dirs",
+]
 
-SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+"""World-writable directories scrubbed on every host (those that exist)."""
+_SCAN_FOR_SHARED = ("/", "/run", "/var", "/dev")
+"""Directories whose sticky world-writable subdirectories are scrubbed too."""
+_NESTED_DEPTH = 3
+"""How deep :func:`scrub_uid` looks into world-writable directories that are not the uid's own."""
+_IPC_RMID = 0
+_SYSV_IPC = ("shm", "sem", "msg")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,27 +167,113 @@ def remove_work(state_dir: Path, task_id: str) -> None:
         shutil.rmtree(path)
 
 
-def scrub_uid(uid: int, dirs: tuple[str, ...] = SHARED_TMP_DIRS) -> list[str]:
-    """Remove what ``uid`` owns at the top of the shared temporary directories; returns what went.
-
-    Called once no process runs as ``uid``, so nothing is being added meanwhile.
-    """
-    removed = []
-    for top in dirs:
+def shared_dirs() -> list[str]:
+    """The world-writable directories of this host a task may leave files in (see the module docstring)."""
+    found = dict.fromkeys(SHARED_DIRS)
+    for parent in _SCAN_FOR_SHARED:
         try:
-            entries = list(os.scandir(top))
+            entries = list(os.scandir(parent))
         except OSError:
             continue
         for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if st.st_uid != uid:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(entry.path)
+            with contextlib.suppress(OSError):
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISDIR(mode) and mode & stat.S_ISVTX and mode & stat.S_IWOTH:
+                    found[entry.path] = None
+    return list(found)
+
+
+def _scrub_dir(dir_fd: int, where: str, uid: int, depth: int, removed: list[str]) -> None:
+    """Remove what ``uid`` owns in the directory open as ``dir_fd``; look into world-writable
+    directories of other owners below it, ``depth`` levels more."""
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return
+    for name in names:
+        try:
+            st = os.lstat(name, dir_fd=dir_fd)
+        except OSError:
+            continue
+        path = os.path.join(where, name)
+        is_dir = stat.S_ISDIR(st.st_mode)
+        try:
+            if st.st_uid == uid:
+                if is_dir:
+                    shutil.rmtree(name, dir_fd=dir_fd)
                 else:
-                    os.unlink(entry.path)
-                removed.append(entry.path)
-            except OSError:
-                continue
+                    os.unlink(name, dir_fd=dir_fd)
+                removed.append(path)
+            elif is_dir and depth > 0 and st.st_mode & stat.S_IWOTH:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    if os.fstat(fd).st_ino == st.st_ino:   # still the directory just looked at
+                        _scrub_dir(fd, path, uid, depth - 1, removed)
+                finally:
+                    os.close(fd)
+        except OSError:
+            continue
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _sysv_objects(kind: str, uid: int, proc: str) -> list[int]:
+    """Ids of the System V IPC objects of ``kind`` (shm, sem, msg) that ``uid`` owns or created."""
+    try:
+        with open(os.path.join(proc, kind)) as fh:
+            header, *rows = fh.read().splitlines()
+    except OSError:
+        return []
+    cols = header.split()
+    try:
+        at_id, at_uid, at_cuid = cols.index({"shm": "shmid", "sem": "semid", "msg": "msqid"}[kind]), \
+            cols.index("uid"), cols.index("cuid")
+    except ValueError:
+        return []
+    ids = []
+    for row in rows:
+        fields = row.split()
+        with contextlib.suppress(ValueError, IndexError):
+            if uid in (int(fields[at_uid]), int(fields[at_cuid])):
+                ids.append(int(fields[at_id]))
+    return ids
+
+
+def remove_sysv_ipc(uid: int, proc: str = "/proc/sysvipc") -> list[str]:
+    """Remove every System V shared memory segment, semaphore set and message queue ``uid`` owns or
+    created (a segment still attached goes when its last user detaches); returns what went, as
+    ``shm:ID``."""
+    found = {kind: _sysv_objects(kind, uid, proc) for kind in _SYSV_IPC}
+    if not any(found.values()):
+        return []
+    libc = _libc()
+    remove = {"shm": lambda i: libc.shmctl(i, _IPC_RMID, None), "sem": lambda i: libc.semctl(i, 0, _IPC_RMID),
+              "msg": lambda i: libc.msgctl(i, _IPC_RMID, None)}
+    removed = []
+    for kind, ids in found.items():
+        for ipc_id in ids:
+            if remove[kind](ctypes.c_int(ipc_id)) == 0:
+                removed.append(f"{kind}:{ipc_id}")
     return removed
+
+
+def scrub_uid(uid: int, dirs: Iterable[str] | None = None) -> list[str]:
+    """Remove what ``uid`` left on the host (see the module docstring); returns what went.
+
+    Called once no process runs as ``uid``, so nothing is being added meanwhile.
+
+    :param dirs: the world-writable directories to clean (default: :func:`shared_dirs`).
+    """
+    removed: list[str] = []
+    for top in shared_dirs() if dirs is None else dirs:
+        try:
+            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            _scrub_dir(fd, top, uid, _NESTED_DEPTH, removed)
+        finally:
+            os.close(fd)
+    return removed + remove_sysv_ipc(uid)

@@ -15,9 +15,19 @@ those. What reaches them depends on the runtime and on what the host allows:
 - otherwise (agent not root, no cgroup): the process group, and the descendants of the task's
   root process found when it is stopped.
 
+A task that declares its host memory (``--mem-gib``, or a model's estimate) gets a memory limit of
+:func:`memory_limit` of it: ``memory.max`` of its own cgroup (with ``memory.swap.max`` 0 where the host
+swaps), or ``MemoryMax=`` of its systemd unit. Pages a task writes to a tmpfs (``/dev/shm``, ``/tmp`` on
+tmpfs, POSIX shared memory) are charged to the cgroup that wrote them, so the limit caps what a task can
+pin there too. The memory controller must be enabled in the agent's cgroup's ``cgroup.subtree_control``;
+the agent tries to enable it. On a host whose memory controller is mounted as cgroup v1 (a hybrid
+hierarchy), such a task's cgroup is made in the v1 memory hierarchy instead (``memory.limit_in_bytes``
+and ``memory.memsw.limit_in_bytes``), where it tracks and ends the task's processes just as well. The
+agent says in its log (``task_memory_unlimited``) when neither is possible.
+
 Example::
 
-    group = TaskCgroup.create(node_tag, "t-1")      # None where no cgroup v2 is writable
+    group = TaskCgroup.create(root, node_tag, "t-1", memory_max=memory_limit(8 << 30))   # None: no cgroup
     ... start the wrapper with group.path ...
     await end_task(cgroup=group, uid=60001)   # once its main process ended: nothing of it is left
 """
@@ -37,10 +47,24 @@ import psutil
 
 from common.logging import get_logger
 
-__all__ = ["TaskCgroup", "cgroup_root", "descendants", "end_task", "node_tag", "uid_processes", "uids_running"]
+__all__ = ["MEMORY_HEADROOM_BYTES", "TaskCgroup", "cgroup_root", "descendants", "end_task", "memory_capable_root",
+           "memory_cgroup_root", "memory_limit", "node_tag", "uid_processes", "uids_running"]
 
 _ROUNDS = 50
 _ROUND_S = 0.05
+MEMORY_HEADROOM_BYTES = 256 << 20
+"""Least headroom above a task's declared memory before its cgroup limit (a quarter more for larger tasks)."""
+
+
+def memory_limit(declared_bytes: int) -> int | None:
+    """The memory limit of a task that declared ``declared_bytes`` of host memory (None: it declared none).
+
+    Its declaration plus a quarter, at least :data:`MEMORY_HEADROOM_BYTES` more: a task's estimate is
+    rarely exact, and the page cache of the files it reads is charged to it too.
+    """
+    if declared_bytes <= 0:
+        return None
+    return declared_bytes + max(declared_bytes // 4, MEMORY_HEADROOM_BYTES)
 
 
 def node_tag(state_dir: Path) -> str:
@@ -69,6 +93,26 @@ def cgroup_root(proc_root: Path = Path("/proc")) -> Path | None:
     return None
 
 
+def memory_cgroup_root(proc_root: Path = Path("/proc")) -> Path | None:
+    """This process's own cgroup in a writable cgroup v1 memory hierarchy, or None (none mounted: cgroup v2)."""
+    try:
+        mounts = (proc_root / "self" / "mountinfo").read_text().splitlines()
+        own = next((line.split(":", 2)[2] for line in (proc_root / "self" / "cgroup").read_text().splitlines()
+                    if "memory" in line.split(":", 2)[1].split(",")), None)
+    except (OSError, IndexError):
+        return None
+    if own is None:
+        return None
+    for line in mounts:
+        fields = line.split(" - ")
+        if len(fields) != 2 or not fields[1].startswith("cgroup ") or "memory" not in fields[1].split()[-1].split(","):
+            continue
+        path = Path(fields[0].split()[4]) / own.lstrip("/")
+        if os.access(path, os.W_OK) and (path / "memory.limit_in_bytes").exists():
+            return path
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class TaskCgroup:
     """One task's cgroup v2 directory."""
@@ -76,18 +120,46 @@ class TaskCgroup:
     path: Path
 
     @classmethod
-    def create(cls, root: Path | None, tag: str, task_id: str) -> TaskCgroup | None:
-        """Make (or reuse) the task's cgroup under ``root``; None when there is no root or it cannot be made."""
+    def create(cls, root: Path | None, tag: str, task_id: str, *, memory_max: int | None = None,
+               memory_root: Path | None = None) -> TaskCgroup | None:
+        """Make (or reuse) the task's cgroup under ``root``, limited to ``memory_max`` bytes of memory when given
+        (under ``memory_root``, a cgroup v1 memory hierarchy, where ``root`` has no memory controller); None when
+        there is no root or it cannot be made."""
+        if memory_max is not None:
+            root = memory_capable_root(root, memory_root) or root
         if root is None:
             return None
+        log = get_logger("agent").bind(component="runtime")
         path = root / f"gptrm-{tag}-{task_id}"
         try:
             path.mkdir(exist_ok=True)
         except OSError as e:
-            get_logger("agent").bind(component="runtime").warning(
-                "task_cgroup_unavailable", task_id=task_id, path=str(path), reason=str(e))
+            log.warning("task_cgroup_unavailable", task_id=task_id, path=str(path), reason=str(e))
             return None
-        return cls(path)
+        group = cls(path)
+        if memory_max is not None:
+            problem = group.limit_memory(memory_max)
+            if problem:
+                log.warning("task_memory_unlimited", task_id=task_id, path=str(path), memory_max=memory_max,
+                            reason=problem)
+        return group
+
+    def limit_memory(self, max_bytes: int) -> str | None:
+        """Cap the cgroup's memory (and swap, where the host swaps: swapped-out tmpfs pages would escape the
+        cap) at ``max_bytes``; returns why it could not, or None."""
+        if (self.path / "memory.max").exists():
+            writes = [("memory.max", str(max_bytes)), ("memory.swap.max", "0")]
+        elif (self.path / "memory.limit_in_bytes").exists():   # cgroup v1: memory and swap together
+            writes = [("memory.limit_in_bytes", str(max_bytes)), ("memory.memsw.limit_in_bytes", str(max_bytes))]
+        else:
+            return "the memory controller is not enabled for the task's cgroup"
+        try:
+            for i, (name, value) in enumerate(writes):
+                if i == 0 or (self.path / name).exists():
+                    (self.path / name).write_text(value)
+        except OSError as e:
+            return f"cannot write its memory limit ({e.strerror or e})"
+        return None
 
     def pids(self) -> list[int]:
         try:
@@ -115,6 +187,26 @@ class TaskCgroup:
         except OSError:
             return False
         return True
+
+
+def memory_capable_root(root: Path | None, memory_root: Path | None) -> Path | None:
+    """Where a task's cgroup with a memory limit is made: ``root`` (cgroup v2) when its memory controller can be
+    enabled for its children, else ``memory_root`` (a cgroup v1 memory hierarchy), else None."""
+    if root is not None and _enable_memory(root):
+        return root
+    return memory_root
+
+
+def _enable_memory(root: Path) -> bool:
+    """Let the cgroups under ``root`` have memory limits; False where they cannot (no memory controller in this
+    hierarchy, or ``root`` holds processes itself and is not the hierarchy's root)."""
+    control = root / "cgroup.subtree_control"
+    try:
+        if "memory" not in control.read_text().split():
+            control.write_text("+memory")
+        return "memory" in control.read_text().split()
+    except OSError:
+        return False
 
 
 def _by_uid(wanted: range) -> list[tuple[psutil.Process, set[int]]]:

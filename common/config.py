@@ -7,6 +7,11 @@ the flags (later sources win), converts and validates every value, and returns t
 instance. Every error is a :class:`~common.errors.ConfigError` naming the field, the bad
 value and where it came from, so ``main()`` can print one line and exit.
 
+A setting declared with ``path=True`` (a file or directory: state directories, certificates,
+data paths) is made absolute against the directory the process started in (``~`` expanded), so
+nothing depends on the working directory later: a task's wrapper, for one, runs in the task's
+own working directory and would not find a relative path.
+
 Example::
 
     @dataclass(frozen=True, slots=True)
@@ -34,7 +39,8 @@ from common.errors import ConfigError
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["ConfigSource", "host_port", "load_config", "non_negative", "option", "positive", "unit_interval"]
+__all__ = ["ConfigSource", "absolute_path", "host_port", "load_config", "non_negative", "option", "positive",
+           "unit_interval"]
 
 T = TypeVar("T", bound="DataclassInstance")
 Check = Callable[[Any], str | None]
@@ -54,6 +60,7 @@ def option(
     choices: Sequence[str] | None = None,
     check: Check | None = None,
     metavar: str | None = None,
+    path: bool = False,
 ) -> Any:
     """Declare one setting of a config dataclass.
 
@@ -63,9 +70,10 @@ def option(
         ``interval_s``); the TOML key is the flag name with ``_``, the env var upper-case.
     :param choices: allowed values for strings.
     :param check: extra validation, see :data:`Check`.
+    :param path: the value is a path (or, for a list, paths), made absolute when loaded; "" stays "".
     """
     meta = {"help": help, "flag": flag, "choices": tuple(choices) if choices else None, "check": check,
-            "metavar": metavar}
+            "metavar": metavar, "path": path}
     if isinstance(default, (list, dict)):
         shared: list[Any] | dict[Any, Any] = default
 
@@ -99,6 +107,17 @@ def host_port(value: str) -> str | None:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         return f"expected HOST:PORT, got {value!r}"
     return None
+
+
+def absolute_path(value: str) -> str:
+    """``value`` with ``~`` expanded, made absolute against the current directory and normalised; "" stays ""."""
+    return os.path.abspath(os.path.expanduser(value)) if value else value
+
+
+def _absolute(value: Any) -> Any:
+    if isinstance(value, list):
+        return [absolute_path(v) for v in value]
+    return absolute_path(value)
 
 
 def _key(field: dataclasses.Field) -> str:
@@ -245,5 +264,11 @@ def load_config(
         problem = check(value) if check else None
         if problem:
             raise ConfigError(f"{label}: {problem}, got {raw!r} (from {source})")
-        final[name] = value
+        final[name] = _absolute(value) if f.metadata.get("path") else value
+    defaults = cls()
+    for name, f in fields.items():
+        if f.metadata.get("path") and name not in final:   # a default given relative (XDG_STATE_HOME=state)
+            default = getattr(defaults, name)
+            if _absolute(default) != default:
+                final[name] = _absolute(default)
     return cls(**final)

@@ -50,7 +50,7 @@ class CoordinatorConfig:
     etcd_prefix: str = option("/gptrm/v1/", "key prefix in etcd")
     etcd_timeout_s: float = option(5.0, "etcd request timeout, seconds", flag="etcd_timeout", check=positive)
     metrics_listen: str = option("127.0.0.1:9470", "Prometheus metrics HOST:PORT ('' disables)", check=host_port)
-    state_dir: str = option(default_state_dir("coordinator"), "state directory (embedded etcd data)")
+    state_dir: str = option(default_state_dir("coordinator"), "state directory (embedded etcd data)", path=True)
     coordinator_id: str = option("", "unique id of this replica (default HOSTNAME-PID)")
     lease_ttl_s: float = option(2.0, "leader lease TTL, seconds", flag="lease_ttl", check=positive)
     sampling_interval_s: float = option(1.0, "telemetry interval asked of agents, seconds", flag="sampling_interval",
@@ -98,19 +98,20 @@ class CoordinatorConfig:
                                            check=non_negative)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "serve plaintext gRPC; agents are not authenticated (trusted networks only)")
-    tls_cert: str = option("", "server certificate (PEM) for mutual TLS", metavar="FILE")
-    tls_key: str = option("", "server private key (PEM)", metavar="FILE")
-    tls_ca: str = option("", "CA bundle that client certificates must chain to", metavar="FILE")
-    tls_crl: str = option("", "CA-signed CRL of revoked client certificates (re-read on SIGHUP)", metavar="FILE")
+    tls_cert: str = option("", "server certificate (PEM) for mutual TLS", metavar="FILE", path=True)
+    tls_key: str = option("", "server private key (PEM)", metavar="FILE", path=True)
+    tls_ca: str = option("", "CA bundle that client certificates must chain to", metavar="FILE", path=True)
+    tls_crl: str = option("", "CA-signed CRL of revoked client certificates (re-read on SIGHUP)", metavar="FILE",
+                          path=True)
     admin_tokens: str = option("", "file of 'NAME ROLE sha256:HEX [queues=A,B]' bearer-token lines, ROLE one of "
                                "admin, queue-admin, submitter, viewer (re-read on change; docs/tenants.md)",
-                               metavar="FILE")
+                               metavar="FILE", path=True)
     audit_log: str = option("", "append-only JSON-lines audit log of admin writes and refused calls",
-                            metavar="FILE")
+                            metavar="FILE", path=True)
     etcd_cacert: str = option("", "CA bundle verifying etcd's server certificates (https:// endpoints)",
-                              metavar="FILE")
-    etcd_cert: str = option("", "client certificate presented to etcd", metavar="FILE")
-    etcd_key: str = option("", "client private key for etcd", metavar="FILE")
+                              metavar="FILE", path=True)
+    etcd_cert: str = option("", "client certificate presented to etcd", metavar="FILE", path=True)
+    etcd_key: str = option("", "client private key for etcd", metavar="FILE", path=True)
 
     @property
     def etcd_secure(self) -> bool:
@@ -156,7 +157,7 @@ class CoordinatorConfig:
     price_kwh: float = option(0.0, "price of one kWh of the energy tasks draw", check=non_negative)
     queues_file: str = option("", "team queues (TOML) stored in etcd when none are stored yet; afterwards "
                               "`gptrmctl queues set/rm` change them ('' none: one default queue)",
-                              flag="queues", metavar="FILE")
+                              flag="queues", metavar="FILE", path=True)
 
     @property
     def gpu_hour_prices(self) -> dict[str, float]:

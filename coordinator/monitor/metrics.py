@@ -366,4 +366,4 @@ def serve_metrics(metrics: Metrics, listen: str) -> ThreadingWSGIServer:
     :param listen: ``HOST:PORT`` (``[::]:PORT`` for IPv6; port 0 picks a free one).
     :returns: the server (``server_address`` says where it listens; ``shutdown()`` stops it).
     """
-    return serve_wsgi(listen, _wsgi_app(metrics))
+    return serve_wsgi(listen, _wsgi_app(metrics), component="coordinator")

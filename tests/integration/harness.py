@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import psutil
 
+from agent.task_user import CLAIMS_DIR, DEFAULT_TASK_UIDS, parse_uid_range
+from agent.taskkill import node_tag
 from common.etcd_embedded import free_port
 from common.leftover_tasks import kill_leftover_tasks
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
@@ -92,6 +95,65 @@ class Proc:
         return self.log()[-chars:]
 
 
+@dataclass(frozen=True)
+class StartedAgent:
+    """An agent some :class:`Cluster` started: where its state lives and which uids its tasks run as."""
+
+    state_dir: Path
+    task_uids: range | None
+
+    @classmethod
+    def of(cls, argv: list[str]) -> StartedAgent:
+        """From the agent's command line (the last of a repeated flag wins, as for argparse)."""
+        def last(flag: str, default: str) -> str:
+            values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+            values += [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
+            return values[-1] if values else default
+
+        uids = parse_uid_range(last("--task-uids", DEFAULT_TASK_UIDS)) if os.geteuid() == 0 else None
+        return cls(Path(last("--state-dir", "")).absolute(), uids)
+
+
+STARTED_AGENTS: list[StartedAgent] = []
+"""Every agent the harness started in this test session, in order (see :func:`task_processes_left`)."""
+
+
+def _claim_owner(uid: int) -> str | None:
+    try:
+        return (CLAIMS_DIR / str(uid)).read_text().strip()
+    except OSError:
+        return None
+
+
+def task_processes_left(agents: list[StartedAgent]) -> list[psutil.Process]:
+    """Live processes running as a task uid of ``agents`` (real or effective uid), except those of a uid another
+    agent on this host has claimed (another test run's task)."""
+    ranges = [a.task_uids for a in agents if a.task_uids is not None]
+    if not ranges:
+        return []
+    ours = {node_tag(a.state_dir) for a in agents}
+    found = []
+    for p in psutil.process_iter(["uids", "status"]):
+        ids = p.info.get("uids")
+        if ids is None or p.info.get("status") == psutil.STATUS_ZOMBIE:
+            continue
+        uid = next((u for u in (ids.real, ids.effective) if any(u in r for r in ranges)), None)
+        if uid is None:
+            continue
+        owner = _claim_owner(uid)
+        if owner is None or owner in ours:
+            found.append(p)
+    return found
+
+
+def describe(p: psutil.Process) -> str:
+    """``pid N uid U: cmdline`` (what a failure names)."""
+    try:
+        return f"pid {p.pid} uid {p.uids().real}: {' '.join(p.cmdline()) or p.name()}"
+    except psutil.Error:
+        return f"pid {p.pid} (gone)"
+
+
 def _plaintext_unless_tls(args: tuple[str, ...] | list[str]) -> list[str]:
     """``--insecure`` for processes given no TLS settings (what the loopback tests use)."""
     return [] if any(a.startswith(("--tls-", "--insecure")) for a in args) else ["--insecure"]
@@ -137,6 +199,7 @@ class Cluster:
                      *_plaintext_unless_tls(extra), *extra],
                     self.tmp / f"agent-{node_id}.log").start()
         self.agents[node_id] = proc
+        STARTED_AGENTS.append(StartedAgent.of(proc.argv))
         return proc
 
     def address(self, name: str = "c1") -> str:
@@ -186,8 +249,11 @@ class Cluster:
             p.stop()
         for p, _, _ in self.coordinators.values():
             p.stop()
-        # Agents leave their tasks running on purpose; the test's tasks must not outlive it.
+        # Agents leave their tasks running on purpose; the test's tasks must not outlive it, wherever the test
+        # put the agent's state directory.
         kill_leftover_tasks(os.path.join(str(self.tmp), "agent-"))
+        for state_dir in {StartedAgent.of(p.argv).state_dir for p in self.agents.values()}:
+            kill_leftover_tasks(str(state_dir) + os.sep)
 
     def logs(self) -> str:
         parts = [f"==== {p.log_path.name}\n{p.log()[-4000:]}" for p in self.agents.values()]

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 import shutil
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,9 @@ from typing import Any
 import psutil
 import pytest
 
+from agent.task_user import CLAIMS_DIR
+from agent.taskkill import cgroup_root, memory_capable_root, memory_cgroup_root, memory_limit
+from common.etcd_embedded import free_port
 from tests.integration.harness import Cluster, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run tasks as their own users")
@@ -68,10 +73,60 @@ def _secret(tmp_path: Path) -> tuple[Path, bytes, int]:
     return path, content, path.stat().st_mtime_ns
 
 
-def _processes(marker: str) -> list[psutil.Process]:
+_SHARED_NAMESPACES = ("--task-namespaces", "off")
+"""Tasks in the host's IPC namespace and /dev/shm, as where the agent cannot give them their own: what a task
+leaves there is the agent's to remove."""
+
+
+def _lone_uid() -> int:
+    """A task uid for a one-uid ``--task-uids`` range, far from the default range other agents use."""
+    return 1_950_000_000 + secrets.randbelow(1_000_000)
+
+
+_IPC = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+key = int(sys.argv[2])
+if sys.argv[1] == "write":
+    shm = libc.shmget(key, 4096, 0o1600)
+    ctypes.memmove(libc.shmat(shm, None, 0), sys.argv[3].encode(), len(sys.argv[3]))
+    print("created", shm, libc.semget(key, 1, 0o1600), libc.msgget(key, 0o1600))
+else:
+    shm = libc.shmget(key, 0, 0)
+    print(ctypes.string_at(libc.shmat(shm, None, 0), 64) if shm >= 0 else "SHM-NONE")
+    print("SEM-FOUND" if libc.semget(key, 0, 0) >= 0 else "SEM-NONE")
+    print("MSG-FOUND" if libc.msgget(key, 0) >= 0 else "MSG-NONE")
+"""
+
+
+def _ipc_script(state_dir: Path) -> Path:
+    """A script any task can run: ``write KEY SECRET`` leaves a System V segment (holding SECRET), semaphore
+    set and message queue under KEY; ``read KEY`` prints what it finds."""
+    path = state_dir.parent / "ipc.py"
+    path.write_text(_IPC)
+    path.chmod(0o644)
+    return path
+
+
+def _shm_keys() -> set[int]:
+    """The keys of the host's System V shared memory segments."""
+    rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {int(row.split()[0]) for row in rows if row.split()}
+
+
+def memory_limits_available() -> bool:
+    """Whether a root agent started by these tests can limit its tasks' memory (as the agent decides it)."""
+    return os.geteuid() == 0 and memory_capable_root(cgroup_root(), memory_cgroup_root()) is not None
+
+
+def _processes(marker: str, state_dir: Path | None = None) -> list[psutil.Process]:
+    """Processes with ``marker`` as an argument (started in a work directory of ``state_dir``'s agent, when given:
+    other agents on the host may run the same commands)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if marker in (p.info.get("cmdline") or []):
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        if marker in (p.info.get("cmdline") or []) and (
+                state_dir is None or (p.info.get("cwd") or "").startswith(f"{state_dir}/work/")):
             found.append(p)
     return found
 
@@ -134,21 +189,25 @@ class TestHostileTasks:
         """Two tasks run as two uids: the second can neither read the first's log nor signal its process."""
         _start(cluster, state_dir)
         first = _submit(cluster, "echo secret-of-the-first-task; exec sleep 3001")
-        sleeper = wait_until(lambda: _processes("3001"), what="first task running")[0]
-        second = _submit(cluster, f"cat {state_dir}/tasks/{first}/output.log && echo READ-OK || echo READ-DENIED; "
-                         f"kill -TERM {sleeper.pid} && echo SIGNAL-OK || echo SIGNAL-DENIED")
-        task = _ended(cluster, second)
-        out = cluster.ctl("logs", second).stdout
-        assert "READ-DENIED" in out and "SIGNAL-DENIED" in out, out
-        assert "secret-of-the-first-task" not in out
-        assert sleeper.is_running() and sleeper.status() != psutil.STATUS_ZOMBIE
-        assert cluster.ctl_json("tasks", first)["state"] == "running"
-        assert task["state"] == "succeeded"
-        others = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real ==
-                  sleeper.uids().real]
-        # The sleeper, and the exec stub that is PID 1 of its namespace where the agent gives it one.
-        assert sleeper in others and set(others) <= {sleeper, *sleeper.parents()}, \
-            "the first task's uid is its own"
+        try:
+            sleeper = wait_until(lambda: _processes("3001", state_dir), what="first task running")[0]
+            second = _submit(cluster, f"cat {state_dir}/tasks/{first}/output.log && echo READ-OK || "
+                             f"echo READ-DENIED; kill -TERM {sleeper.pid} && echo SIGNAL-OK || echo SIGNAL-DENIED")
+            task = _ended(cluster, second)
+            out = cluster.ctl("logs", second).stdout
+            assert "READ-DENIED" in out and "SIGNAL-DENIED" in out, out
+            assert "secret-of-the-first-task" not in out
+            assert sleeper.is_running() and sleeper.status() != psutil.STATUS_ZOMBIE
+            assert cluster.ctl_json("tasks", first)["state"] == "running"
+            assert task["state"] == "succeeded"
+            others = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real ==
+                      sleeper.uids().real]
+            # The sleeper, and the exec stub that is PID 1 of its namespace where the agent gives it one.
+            assert sleeper in others and set(others) <= {sleeper, *sleeper.parents()}, \
+                "the first task's uid is its own"
+        finally:
+            cluster.ctl("cancel", first)
+        assert _ended(cluster, first)["state"] == "cancelled"
 
     def test_a_task_sees_nothing_of_the_agents_environment(self, cluster: Cluster, state_dir: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,15 +233,15 @@ class TestHostileTasks:
         _start(cluster, state_dir)
         task_id = _submit(cluster, "setsid sleep 3101 & (setsid sh -c 'sleep 3102 & exit 0' &); exec sleep 3103")
         try:
-            wait_until(lambda: _processes("3101") and _processes("3102") and _processes("3103"),
+            wait_until(lambda: all(_processes(m, state_dir) for m in ("3101", "3102", "3103")),
                        what="the task and its two escaped children")
             assert cluster.ctl("cancel", task_id).returncode == 0
             assert _ended(cluster, task_id)["state"] == "cancelled"
-            wait_until(lambda: not (_processes("3101") or _processes("3102") or _processes("3103")), 20,
+            wait_until(lambda: not any(_processes(m, state_dir) for m in ("3101", "3102", "3103")), 20,
                        what="every process of the task gone")
         finally:
             for marker in ("3101", "3102", "3103"):
-                for p in _processes(marker):
+                for p in _processes(marker, state_dir):
                     with contextlib.suppress(psutil.Error):
                         p.kill()
 
@@ -242,11 +301,14 @@ class TestHostileTasks:
             _start(cluster, state_dir)
             task_id = cluster.ctl_json("submit", "--name", "preload", "--gpus", "0", "--cpu", "0.1",
                                        "--env", f"LD_PRELOAD={lib}", "--env", f"LD_LIBRARY_PATH={proof}",
-                                       "--", "/bin/sh", "-c", "id -u")["task_id"]
+                                       "--", "/bin/sh", "-c", f"ls {proof}; id -u")["task_id"]
             assert _ended(cluster, task_id)["state"] == "succeeded"
-            uid = int(cluster.ctl("logs", task_id).stdout.split()[-1])
-            loaded = sorted(p.name for p in proof.iterdir() if p.name.startswith("loaded-"))
+            out = cluster.ctl("logs", task_id).stdout.split()
+            uid = int(out[-1])
+            # Listed by the task itself: what its uid left in /tmp is removed when it ends (root's would stay).
+            loaded = sorted(name for name in out if name.startswith("loaded-"))
             assert loaded == [f"loaded-{uid}"], loaded   # the task's own processes only, never root's
+            assert not (proof / "loaded-0").exists()
             assert uid != 0
         finally:
             shutil.rmtree(proof, ignore_errors=True)
@@ -281,3 +343,98 @@ class TestHostileTasks:
         out = cluster.ctl("logs", task_id).stdout
         assert "torchrun-not-installed: not found on the task's PATH (/usr/local/sbin:" in out, out
         assert "--env PATH=" in out and "--task-path" in out
+
+    def test_a_uid_handed_out_again_finds_no_ipc_of_its_last_task(self, cluster: Cluster, state_dir: Path) -> None:
+        """A task in the host's IPC namespace leaves a System V shared memory segment holding a secret, a semaphore
+        set and a message queue; the next task, given the same uid (the range holds one), finds none of them."""
+        uid = _lone_uid()
+        _start(cluster, state_dir, "--task-uids", f"{uid}-{uid}", *_SHARED_NAMESPACES)
+        script = _ipc_script(state_dir)
+        key, secret = secrets.randbelow(2**30) + 1, f"IPC-SECRET-{secrets.token_hex(6)}"
+        first = _submit(cluster, f"/usr/bin/python3 {script} write {key} {secret}")
+        assert _ended(cluster, first)["state"] == "succeeded", cluster.ctl("logs", first).stdout
+        assert cluster.ctl("logs", first).stdout.startswith("created")
+        wait_until(lambda: not (CLAIMS_DIR / str(uid)).exists(), 30, what="the uid given back")
+        second = _submit(cluster, f"id -u; /usr/bin/python3 {script} read {key}")
+        assert _ended(cluster, second)["state"] == "succeeded"
+        out = cluster.ctl("logs", second).stdout
+        assert out.split()[0] == str(uid), out
+        assert secret not in out and "SHM-NONE" in out and "SEM-NONE" in out and "MSG-NONE" in out, out
+
+    def test_files_a_task_left_in_world_writable_directories_are_gone(self, cluster: Cluster,
+                                                                        state_dir: Path) -> None:
+        """A 0600 file in /run/lock, a POSIX shared memory file and a directory in /dev/shm, and a file inside a
+        root-owned sticky directory of /tmp are removed when the task ends; the root-owned directory stays."""
+        _start(cluster, state_dir)
+        tag = secrets.token_hex(6)
+        shared = Path(f"/tmp/gptrm-shared-{tag}")
+        shared.mkdir(mode=0o1777)
+        shared.chmod(0o1777)
+        left = [Path(f"/run/lock/gptrm-left-{tag}"), Path(f"/dev/shm/gptrm-left-{tag}"),
+                Path(f"/dev/shm/gptrm-dir-{tag}"), shared / "left"]
+        try:
+            task_id = _submit(cluster, f"umask 077; echo secret > {left[0]}; echo x > {left[1]}; mkdir {left[2]}; "
+                              f"echo y > {left[2]}/inner; echo z > {left[3]}; ls {' '.join(map(str, left))}")
+            assert _ended(cluster, task_id)["state"] == "succeeded", cluster.ctl("logs", task_id).stdout
+            wait_until(lambda: not any(p.exists() for p in left), 20,
+                       what=f"every file removed: {[str(p) for p in left if p.exists()]}")
+            assert shared.is_dir()
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)
+            for p in left[:3]:
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+    @pytest.mark.skipif(not memory_limits_available(), reason="no cgroup memory controller for the agent's tasks")
+    def test_dev_shm_beyond_the_declared_memory_fails(self, cluster: Cluster, state_dir: Path) -> None:
+        """A task that declared 64 MiB cannot pin three times its memory limit in the host's /dev/shm (its memory
+        cgroup's limit; a task in namespaces of its own also has a /dev/shm of its own, sized by its demand)."""
+        _start(cluster, state_dir, *_SHARED_NAMESPACES)
+        limit = memory_limit(64 * _MIB)
+        assert limit is not None
+        count = 3 * limit // _MIB
+        task_id = _submit(cluster, f"dd if=/dev/zero of=/dev/shm/gptrm-pin-$GPTRM_TASK_ID bs=1M count={count} "
+                          "2>/dev/null; echo dd-exit-$?", "--mem-gib", str(64 / 1024))
+        _ended(cluster, task_id)
+        out = cluster.ctl("logs", task_id).stdout
+        assert "dd-exit-0" not in out, out
+
+    def test_a_task_cannot_read_the_agents_metrics(self, cluster: Cluster, state_dir: Path) -> None:
+        """The agent's /metrics (loopback) lists every task's id and GPUs: a task's connection gets 403, while a
+        scraper that is not a task (here root) is served and sees the task."""
+        listen = f"127.0.0.1:{free_port()}"
+        _start(cluster, state_dir, "--metrics-listen", listen)
+        fetch = (f"/usr/bin/python3 -c \"import urllib.request as u\ntry: print(u.urlopen('http://{listen}/metrics', "
+                 f"timeout=10).read().decode())\nexcept Exception as e: print('SCRAPE-FAILED', e)\"; sleep 600")
+        task_id = _submit(cluster, fetch)
+        try:
+            out = wait_until(lambda: (o := cluster.ctl("logs", task_id).stdout) and o, 30, what="the task's scrape")
+            assert "SCRAPE-FAILED HTTP Error 403" in out and "gptrm_agent_task" not in out, out
+            with urllib.request.urlopen(f"http://{listen}/metrics", timeout=10) as resp:
+                assert task_id in resp.read().decode()
+        finally:
+            cluster.ctl("cancel", task_id)
+        _ended(cluster, task_id)
+
+    def test_a_uid_whose_task_ended_while_the_agent_was_down_is_cleaned_before_reuse(
+            self, cluster: Cluster, state_dir: Path) -> None:
+        """The agent is stopped while a task holds a System V segment; the task ends meanwhile. The restarted agent
+        removes the segment before the uid (the range holds one) runs another task."""
+        uid = _lone_uid()
+        _start(cluster, state_dir, "--task-uids", f"{uid}-{uid}", *_SHARED_NAMESPACES)
+        script = _ipc_script(state_dir)
+        key, secret = secrets.randbelow(2**30) + 1, f"IPC-SECRET-{secrets.token_hex(6)}"
+        first = _submit(cluster, f"/usr/bin/python3 {script} write {key} {secret}; exec sleep 3005")
+        wait_until(lambda: key in _shm_keys(), 30, what="the task's segment")
+        cluster.agents["n1"].stop()
+        for p in psutil.process_iter(["uids"]):
+            if p.info["uids"] and p.info["uids"].real == uid:
+                p.kill()
+        cluster.start_agent("n1", "--state-dir", str(state_dir), "--task-uids", f"{uid}-{uid}", *_SHARED_NAMESPACES)
+        assert _ended(cluster, first)["state"] == "failed"
+        wait_until(lambda: not (CLAIMS_DIR / str(uid)).exists(), 30, what="the uid given back")
+        second = _submit(cluster, f"id -u; /usr/bin/python3 {script} read {key}")
+        assert _ended(cluster, second)["state"] == "succeeded"
+        out = cluster.ctl("logs", second).stdout
+        assert out.split()[0] == str(uid) and secret not in out and "SHM-NONE" in out, out
+        assert key not in _shm_keys()

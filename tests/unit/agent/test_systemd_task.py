@@ -22,6 +22,7 @@ import pytest
 from agent import systemd_task
 from agent.collectors.simulated import SimulatedGpus
 from agent.runtime import TaskRuntime
+from agent.taskkill import MEMORY_HEADROOM_BYTES, memory_limit
 from common.errors import GptrmError
 from common.pb.gptrm.v1 import agent_pb2
 from common.topology import format_cpu_list
@@ -132,6 +133,18 @@ class TestUnitArgv:
         assert [a for a in argv if a.startswith("--setenv=")] == ["--setenv=PATH=/usr/sbin:/usr/bin:/sbin:/bin",
                                                                    "--setenv=LANG=C.UTF-8"]
         assert not [a for a in argv if "EnvironmentFile" in a]   # the task's env never reaches PID 1 or the wrapper
+
+    def test_a_declared_memory_caps_the_unit(self, tmp_path: Path) -> None:
+        """A task that declared host memory gets MemoryMax= (its declaration plus headroom) and no swap; one that
+        declared none gets no memory property."""
+        limit = memory_limit(4 << 30)
+        assert limit == (4 << 30) + (1 << 30) and memory_limit(64 << 20) == (64 << 20) + MEMORY_HEADROOM_BYTES
+        assert memory_limit(0) is None
+        argv = systemd_task.unit_argv("t-1", gpu_indices=[], workdir=tmp_path,
+                                      memory_max=limit)
+        assert {f"--property=MemoryMax={limit}", "--property=MemorySwapMax=0"} <= set(argv)
+        assert not [a for a in systemd_task.unit_argv("t-1", gpu_indices=[], workdir=tmp_path)
+                    if "Memory" in a]
 
     def test_unit_name_refuses_odd_ids(self) -> None:
         """A task id that is not a plain unit-name fragment is refused rather than escaped."""

@@ -93,6 +93,16 @@ class TestOwnUids:
         p = TaskUserPolicy.from_config("gptrm-task", [], euid=os.geteuid() or 65534, uids=range(2100000100, 2100000108))
         assert p.uids is None and not p.resolve("").switch
 
+    def test_which_uids_tasks_run_as(self) -> None:
+        """Own uids, the task user and allowed users are the tasks'; root and other users are not; an agent that
+        is not root runs tasks as itself, and no uid is told from its own."""
+        p = TaskUserPolicy.from_config("gptrm-task", ["train", "root"], euid=0, uids=range(2100000100, 2100000108),
+                                       getpwnam=_lookup(("gptrm-task", 990), ("train", 1001), ("root", 0)))
+        assert [p.runs_tasks_as(u) for u in (2100000100, 2100000107, 990, 1001, 0, 1002, 2100000108)] == [
+            True, True, True, True, False, False, False]
+        me = TaskUserPolicy.from_config("gptrm-task", [], euid=os.geteuid() or 65534)
+        assert not me.runs_tasks_as(me.default.uid)
+
     @pytest.mark.parametrize("text", ["5-1", "0-10", "abc", "10", "100-4294967295"])
     def test_bad_ranges_name_the_setting(self, text: str) -> None:
         with pytest.raises(ConfigError, match="task_uids"):
@@ -125,6 +135,14 @@ class TestUidClaims:
         assert not b.claim(2100000300, running=())
         a.release(2100000300)
         assert b.claim(2100000300, running=())
+
+    def test_held_lists_this_agents_claims_only(self, tmp_path: Path) -> None:
+        """A restarted agent finds the uids it still claims (to clean up after them), not another agent's."""
+        a, b = UidClaims(tmp_path, "agent-a"), UidClaims(tmp_path, "agent-b")
+        assert a.claim(2100000302, running=()) and a.claim(2100000301, running=()) and b.claim(2100000303, running=())
+        assert a.held() == [2100000301, 2100000302] and b.held() == [2100000303]
+        a.release(2100000301)
+        assert a.held() == [2100000302]
 
     def test_stale_claims(self, tmp_path: Path) -> None:
         """Another agent's claim stands while a process runs as the uid or within the grace; then it is stale.

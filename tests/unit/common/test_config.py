@@ -20,6 +20,8 @@ class Sample:
     paths: list[str] = option(["/"], "paths")
     labels: dict[str, str] = option({}, "labels")
     mode: str = option("a", "mode", choices=("a", "b"))
+    state_dir: str = option("", "a directory", path=True)
+    data: list[str] = option([], "directories", path=True)
 
 
 def _load(argv: list[str], env: dict[str, str] | None = None) -> Sample:
@@ -73,3 +75,30 @@ class TestLoadConfig:
         """A config path that does not exist is a clear error."""
         with pytest.raises(ConfigError, match="not found"):
             _load(["--config", str(tmp_path / "nope.toml")])
+
+    def test_relative_paths_are_made_absolute_at_load(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A relative path from a flag, the environment or the file is made absolute against the directory the
+        process started in (a task's wrapper runs elsewhere); "" and absolute paths stay as they are."""
+        monkeypatch.chdir(tmp_path)
+        f = tmp_path / "c.toml"
+        f.write_text('data = ["a", "/abs", "../b"]\n')
+        cfg = _load(["--config", str(f), "--state-dir", "state/./x"])
+        assert cfg.state_dir == str(tmp_path / "state" / "x")
+        assert cfg.data == [str(tmp_path / "a"), "/abs", str(tmp_path.parent / "b")]
+        assert _load([], {"GPTRM_STATE_DIR": "s"}).state_dir == str(tmp_path / "s")
+        assert _load([]).state_dir == ""
+
+    def test_agent_and_coordinator_paths_are_absolute(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Every path setting of the agent and the coordinator (state directories, certificates, data paths, the
+        coordinator's token, audit and queue files) is absolute once loaded."""
+        from agent import config as agent_config
+        from coordinator import config as coordinator_config
+
+        monkeypatch.chdir(tmp_path)
+        agent = agent_config.load(["--state-dir", "st", "--data-paths", "d1,/d2", "--insecure"])
+        assert (agent.state_dir, agent.data_paths) == (str(tmp_path / "st"), [str(tmp_path / "d1"), "/d2"])
+        coordinator = coordinator_config.load(["--state-dir", "cst", "--audit-log", "audit.jsonl", "--queues",
+                                               "q.toml", "--admin-tokens", "tokens", "--insecure"])
+        assert coordinator.state_dir == str(tmp_path / "cst")
+        assert (coordinator.audit_log, coordinator.queues_file, coordinator.admin_tokens) == (
+            str(tmp_path / "audit.jsonl"), str(tmp_path / "q.toml"), str(tmp_path / "tokens"))
