@@ -15,7 +15,11 @@ simulator both call:
    second round, in the same order, those that borrow, so a queue's idle quota is never lent in a
    cycle in which its own tasks ask for it. (Lending it first let a borrower earlier in fair
    order take the GPUs that reclaim had just freed for the lender, and reclaim took them again
-   the next cycle, without end.) The plan's order is the fair order of all admitted tasks;
+   the next cycle, without end.) In the second round, tasks of queues holding less than their
+   quota (a task larger than what is left of it) borrow first: a team whose jobs are larger than
+   its quota is served ahead of teams already over theirs, and the GPUs its reclaim freed for it
+   (:mod:`coordinator.queues.reclaim`, the partial claim) are not borrowed away by them. The plan's
+   order is the fair order of all admitted tasks;
 3. a queue past its budget gates its new work: ``hold`` refuses it, ``lowest`` puts it after
    everyone else's.
 
@@ -178,8 +182,13 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
     # it on: a refused demand is refused again for every later task asking exactly the same, and one
     # that had to borrow still has to (or is refused).
     refused: dict[tuple[str, str, int, float, float], str] = {}
-    borrows: set[tuple[str, str, int, float, float]] = set()
+    borrows: dict[tuple[str, str, int, float, float], str] = {}     # demand → the pool it borrows in
+    ahead: list[str] = []                              # borrowing from under their queue's quota
     later: list[str] = []
+
+    def under_quota(queue: str, pool: str) -> bool:
+        return use.get(queue, QueueUse()).held_in(config, pool).total < config.get(queue).quota_in(pool)
+
     for task_id in order:                              # first round: within quota only
         t = by_id[task_id]
         if (gates or {}).get(t.queue, "run") == "hold":
@@ -190,18 +199,18 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
             plan.refused[task_id] = refused[key]
             continue
         if key in borrows:
-            later.append(task_id)
+            (ahead if under_quota(t.queue, borrows[key]) else later).append(task_id)
             continue
         decision = admit(config, use, capacity, Demand(*key))
         if not decision.admit:
             plan.refused[task_id] = refused[key] = decision.reason
         elif decision.borrowed:
-            borrows.add(key)
-            later.append(task_id)
+            borrows[key] = decision.pool
+            (ahead if under_quota(t.queue, decision.pool) else later).append(task_id)
         else:
             _add(use, t.queue, decision.pool, t, 0)
             plan.admissions[task_id] = decision
-    for task_id in later:                              # second round: borrowing what is still lent
+    for task_id in (*ahead, *later):                   # second round: borrowing what is still lent
         t = by_id[task_id]
         key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
         if key in refused:

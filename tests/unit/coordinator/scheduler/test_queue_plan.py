@@ -52,17 +52,18 @@ def reference(pending: Sequence[QueuedTask], holdings: Sequence[Holding], decay:
         use[t.queue] = QueueUse(gpus=gpus, cpu=old.cpu + t.cpu, mem_gib=old.mem_gib + t.mem_gib)
         decisions[t.task_id] = (True, borrowed)
 
-    later = []
+    ahead, later = [], []
     for task_id in order:                                   # within quota first
         t = by_id[task_id]
         d = admit(CONFIG, use, CAPACITY, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
         if not d.admit:
             refused.add(task_id)
         elif d.borrowed:
-            later.append(task_id)
+            under = use.get(t.queue, QueueUse()).held_in(CONFIG, d.pool).total < CONFIG.get(t.queue).quota_in(d.pool)
+            (ahead if under else later).append(task_id)
         else:
             take(t, 0, d.pool)
-    for task_id in later:                                   # then borrowing
+    for task_id in ahead + later:                           # then borrowing: queues under their quota first
         t = by_id[task_id]
         d = admit(CONFIG, use, CAPACITY, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
         if d.admit:
@@ -121,6 +122,23 @@ def test_quota_is_admitted_before_anything_is_lent() -> None:
     plan = plan_queues(two, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-own"]
     assert "needs 3 borrowed, 0 can be" in plan.refused["y-more"]
+
+
+def test_a_queue_under_its_quota_borrows_ahead_of_queues_over_theirs() -> None:
+    """x (quota 4, holding 2) asks 4 GPUs: 2 within its quota, 2 borrowed; y (quota 2, holding 2: at its quota)
+    asks 2 more, all borrowed, and comes first in fair order. 2 GPUs are lent (z's idle quota): they go to x,
+    whose task its quota does not cover whole, not to y, already at its quota."""
+    three = QueueConfig(queues=(Queue(name="x", gpus={"*": 4}), Queue(name="y", gpus={"*": 2}),
+                                Queue(name="z", gpus={"*": 2})))
+    holdings = [Holding("x0", "x", "TEST-GPU", 2, 0, True, 0.0), Holding("y0", "y", "TEST-GPU", 2, 0, True, 0.0)]
+    pending = [QueuedTask("y-more", "y", 2), QueuedTask("x-big", "x", 4)]
+    decay = UsageDecay.for_config(three)
+    decay.add("x", 0.0, gpu_s=1e6)                          # x has used more: y comes first in fair order
+    assert queueing.order_pending(three, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
+                                  queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
+    plan = plan_queues(three, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
+    assert plan.order == ["x-big"] and plan.admissions["x-big"].borrowed == 2
+    assert "needs 2 borrowed, 0 can be" in plan.refused["y-more"]
 
 
 class TestReclaimWithIdleGpus:
