@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 import pytest
 
@@ -22,7 +23,7 @@ from coordinator.queues import (
 )
 from coordinator.queues.admission import Held, QueueUse
 from coordinator.scheduler import queueing
-from coordinator.scheduler.queueing import QueuedTask, plan_queues, reclaim_for
+from coordinator.scheduler.queueing import QueuedTask, QueueRoom, plan_queues, reclaim_for, shrink_needed
 
 CONFIG = QueueConfig(queues=(
     Queue(name="org", gpus={"*": 10}, limit={"*": 14}),
@@ -52,7 +53,8 @@ def reference(pending: Sequence[QueuedTask], holdings: Sequence[Holding], decay:
         use[t.queue] = QueueUse(gpus=gpus, cpu=old.cpu + t.cpu, mem_gib=old.mem_gib + t.mem_gib)
         decisions[t.task_id] = (True, borrowed)
 
-    ahead, later = [], []
+    ahead: list[str] = []
+    later: list[str] = []
     for task_id in order:                                   # within quota first
         t = by_id[task_id]
         d = admit(CONFIG, use, CAPACITY, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
@@ -139,6 +141,33 @@ def test_a_queue_under_its_quota_borrows_ahead_of_queues_over_theirs() -> None:
     plan = plan_queues(three, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-big"] and plan.admissions["x-big"].borrowed == 2
     assert "needs 2 borrowed, 0 can be" in plan.refused["y-more"]
+
+
+TEAM = QueueConfig(queues=(Queue(name="team", gpus={"*": 2}, limit={"*": 3}), Queue(name="other", gpus={"*": 2})))
+
+
+class TestElasticRoom:
+    """team (quota 2, limit 3) beside other (quota 2, lending) on 8 GPUs."""
+
+    CAPACITY: ClassVar[dict[str, int]] = {"TEST-GPU": 8}
+
+    def test_elastic_tasks_share_their_queues_room_up_to_its_limit(self) -> None:
+        """Holding 1: room 2 (1 of its quota, then 1 borrowed up to the limit 3), booked as tasks take it."""
+        use = queueing.queue_use([Holding("e", "team", "TEST-GPU", 1, 0, True, 0.0)])
+        room = QueueRoom(TEAM, use, self.CAPACITY)
+        assert room.of("team", "*") == 2
+        assert room.take("team", "*", 1) == 0 and room.of("team", "*") == 1
+        assert room.take("team", "*", 1) == 1 and room.of("team", "*") == 0
+        assert room.of("nowhere", "*") == 0
+
+    def test_what_a_task_waiting_on_the_limit_needs_given_back(self) -> None:
+        """Holding 3 (its elastic task grew to the limit): a 1-GPU task needs 1 back, a 2-GPU one 2 (None when
+        only 1 can shrink); other's task is admitted as it is: nothing."""
+        use = queueing.queue_use(rebalance(TEAM, [Holding("e", "team", "TEST-GPU", 3, 0, True, 0.0)]))
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w1", "team", 1), "*", 2) == 1
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 2) == 2
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 1) is None
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("o", "other", 1), "*", 2) is None
 
 
 class TestReclaimWithIdleGpus:
