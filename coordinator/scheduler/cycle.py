@@ -208,7 +208,7 @@ class SchedulerCycle:
         ranges: dict[str, ElasticRange] = {}
         # With team queues, an elastic task is admitted at its minimum; what it takes beyond that comes out of its
         # queue's room (idle quota, then what it may borrow, within its limit), booked here for the whole cycle.
-        room = self._queues.room(plan.use) if plan is not None and self._queues is not None else None
+        room: QueueRoom | None = None   # built for the first elastic task (it costs a pass over the nodes)
         beyond: dict[str, int] = {}     # elastic task → GPUs beyond its minimum booked in its queue's room, borrowed
         if self._elastic is not None:
             for i, r in enumerate(requests):
@@ -216,6 +216,8 @@ class SchedulerCycle:
                 if rng is not None:   # at its first size; smaller when that is refused, more when GPUs are left
                     ranges[r.task_id] = rng
                     size = first_size(rng, by_id[r.task_id].elastic.target_gpus)
+                    if room is None and plan is not None and self._queues is not None:
+                        room = self._queues.room(plan.use)
                     if room is not None and plan is not None:
                         size = _in_room(room, (queue_of(by_id[r.task_id]), plan.admissions[r.task_id].pool), rng,
                                         rng.minimum, size, beyond, r.task_id)
@@ -328,19 +330,18 @@ class SchedulerCycle:
         idle = idle_gpus(nodes)
         now, settings = time.time(), self._elastic.settings
         blocked: dict[str, str] = {}
+        decisions: list[Resize] = []
         if waiting:
             by_node = {n.node_id: n for n in nodes}
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
-            blocked = {j.task_id: f"{len(waiting)} task(s) wait for GPUs: elastic tasks grow only when none does"
-                       for j in jobs}
+        decisions = decisions or self._give_back(refused, jobs, now, settings)
+        if waiting or decisions:
+            for j in jobs:
+                blocked[j.task_id] = ("tasks wait for GPUs, or for elastic tasks of their queue to give some back: "
+                                      "elastic tasks grow only when none does")
         else:
-            decisions = self._give_back(refused, jobs, now, settings)
-            if decisions:
-                blocked = {j.task_id: f"task {decisions[0].for_task} of its queue waits on the queue's limit"
-                           for j in jobs}
-            else:
-                decisions = self._grows_within_room(jobs, idle, now, settings, self._move_accepts(nodes), blocked)
+            decisions = self._grows_within_room(jobs, idle, now, settings, self._move_accepts(nodes), blocked)
         for d in decisions:
             blocked[d.task_id] = ""
         self._elastic.note_blocked(blocked)
@@ -420,6 +421,7 @@ class SchedulerCycle:
         room = self._queues.room() if self._queues is not None and self._queues.config.managed else None
         keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
         full: dict[str, str] = {}
+        said: dict[tuple[str, str], str] = {}
         capped = []
         for j in jobs:
             key = keys[j.task_id]
@@ -428,7 +430,7 @@ class SchedulerCycle:
                 continue
             left = room.of(*key)
             if left <= 0 and j.size < j.range.maximum:
-                full[j.task_id] = self._queue_full(*key)
+                full[j.task_id] = said[key] if key in said else said.setdefault(key, self._queue_full(*key))
             top = min(j.range.max_gpus, j.size + left)
             capped.append(replace(j, range=ElasticRange(j.range.min_gpus, max(j.size, top), j.range.node_gpus)))
         out = []
@@ -441,7 +443,7 @@ class SchedulerCycle:
                 room.take(*key, extra)
                 out.append(r)
             else:
-                full[r.task_id] = self._queue_full(*key)
+                full[r.task_id] = said[key] if key in said else said.setdefault(key, self._queue_full(*key))
         grown = {r.task_id for r in out}
         any_idle = any(v > 0 for v in idle.values())
         for j in jobs:
