@@ -14,8 +14,12 @@ One cycle, in this order (each step needs the previous one's output):
 6. elastic: running elastic tasks shrink (never below their minimum) for tasks left waiting, or grow
    into idle GPUs of ready nodes when none waits — on their own node, else on another one their
    constraints allow (:mod:`common.elastic`, carried out by ``coordinator/elastic.py``);
-   pending elastic tasks are placed at their minimum in step 3 and, when nothing was left waiting, take
-   the idle GPUs left over before the commit;
+   pending elastic tasks are placed at their first size in step 3 and, when nothing was left waiting, take
+   the idle GPUs left over before the commit. With team queues, whatever an elastic task takes beyond its
+   minimum comes out of its queue's room (idle quota, then borrowed GPUs, within the queue's limits:
+   :class:`~coordinator.scheduler.queueing.QueueRoom`), and a task its queue refused (its limit, or what
+   it may borrow) gets GPUs given back by the queue's running elastic tasks when that lets it in. Why each
+   elastic task does not grow is noted for ``gptrmctl tasks TASK``;
 7. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
    what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for it.
    Pending tasks of lower priority than a preemptor still waiting for its victims are left out
