@@ -16,7 +16,8 @@ The rules, pure and shared by the leader (:mod:`coordinator.elastic`) and the si
   out by marginal speed-up per GPU. No restart is involved: nothing has started yet.
 - **Shrink** (:func:`plan_shrinks`): a task left waiting takes GPUs from running elastic jobs of
   no higher priority, never below their minimum, from the node where that loses the least
-  speed-up; the job restarts at the smaller size.
+  speed-up; the job restarts at the smaller size. A task waiting on its team queue's limit (not on a
+  node) gets GPUs given back by its queue's elastic jobs wherever they run (:func:`plan_give_back`).
 - **Grow** (:func:`plan_grows`): when no task is waiting, idle GPUs go to running elastic jobs by
   marginal speed-up per GPU, and a job grows only when the time it saves beats the restart:
   ``horizon × (1 − T(now)/T(new)) > restart cost``, the horizon being its remaining run time when known
@@ -46,11 +47,13 @@ from common.domain import NodeSnapshot, Placement, Rejection, Request
 
 __all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT",
            "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "first_size", "idle_gpus",
-           "node_accepts", "nodes_with_room", "place_down", "placement_gpus", "plan_grows", "plan_shrinks",
-           "request_at", "size_placements"]
+           "node_accepts", "nodes_with_room", "place_down", "placement_gpus", "plan_give_back", "plan_grows",
+           "plan_shrinks", "request_at", "size_placements"]
 
-DEFAULT_INTERVAL_S = 300.0
-"""A job resizes at most once per this many seconds."""
+DEFAULT_INTERVAL_S = 60.0
+"""A job resizes at most once per this many seconds: long enough that a restart (tens of seconds) is paid back
+between two resizes, short enough that a job grows into GPUs that fell idle, or gives back what a waiting task
+needs, within a minute."""
 DEFAULT_RESTART_COST_S = 30.0
 """What a restart costs a job until its own restarts were measured."""
 DEFAULT_HORIZON_S = 3600.0
@@ -614,6 +617,33 @@ def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by
     return out
 
 
+def plan_give_back(for_task: str, priority: int, gpus: int, jobs: Iterable[ElasticJob], now: float,
+                   settings: ElasticSettings, why: str) -> list[Resize]:
+    """Shrink running elastic jobs (never below their minimum) so that together they give back ``gpus`` GPUs,
+    wherever those are: a task of their team queue waits on the queue's limit (or its borrowing), not on a node.
+    Jobs of no higher priority than ``priority`` that the hysteresis allows are shrunk, the one losing the least
+    speed-up per GPU first; nothing when they cannot give back that many.
+
+    :param for_task: the waiting task.
+    :param gpus: GPUs to give back.
+    :param jobs: the candidates (the waiting task's queue's running elastic jobs, in its GPU pool).
+    :param why: what the task waits on, in words (the resize's reason).
+    """
+    group = [j for j in jobs if j.settled(now, settings.interval_s) and j.size > j.range.minimum
+             and j.priority <= priority]
+    plan = _free_on(None, gpus, group, {j.task_id: j.size for j in group}, {j.task_id: dict(j.nodes) for j in group})
+    if plan is None or gpus <= 0:
+        return []
+    by_id = {j.task_id: j for j in group}
+    out = []
+    for job_id, new in sorted(plan[1].items()):
+        j = by_id[job_id]
+        ratio = j.curve.throughput(new) / j.curve.throughput(j.size)
+        out.append(Resize(job_id, j.size, new, f"{for_task} is waiting on {why}: shrinks to {new} "
+                          f"(expected throughput ×{ratio:.2f})", ratio, for_task))
+    return out
+
+
 _OPTIONS = 16
 """Nodes weighed per waiting request (those needing the fewest GPUs taken first); the least loss among them wins."""
 
@@ -699,14 +729,15 @@ def _take_from(gpus: dict[str, int], node_id: str, freed: int) -> None:
         gpus.pop(node_id, None)
 
 
-def _free_on(node_id: str, short: int, group: Sequence[ElasticJob], size: Mapping[str, int],
+def _free_on(node_id: str | None, short: int, group: Sequence[ElasticJob], size: Mapping[str, int],
              gpus_on: Mapping[str, Mapping[str, int]]) -> tuple[float, dict[str, int]] | None:
-    """Shrinks of the jobs on one node that free ``short`` GPUs there, losing the least speed-up per GPU;
-    ``(speed-up lost, job → new size)``, None when they cannot. ``short ≤ 0`` needs none."""
+    """Shrinks of the jobs on one node (``None``: wherever their GPUs are) that free ``short`` GPUs there, losing
+    the least speed-up per GPU; ``(speed-up lost, job → new size)``, None when they cannot. ``short ≤ 0`` needs
+    none."""
     if short <= 0:
         return 0.0, {}
     new: dict[str, int] = {}
-    here = {j.task_id: gpus_on[j.task_id].get(node_id, 0) for j in group}
+    here = {j.task_id: size[j.task_id] if node_id is None else gpus_on[j.task_id].get(node_id, 0) for j in group}
     loss = 0.0
     freed = 0
     heap: list[tuple[float, str]] = []

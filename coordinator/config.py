@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.config import host_port, load_config, non_negative, option, positive, unit_interval
+from common.elastic import DEFAULT_INTERVAL_S
 from common.errors import ConfigError
 from common.paths import default_state_dir
 from common.tls import tls_files
@@ -91,7 +92,8 @@ class CoordinatorConfig:
                                       "fits on nodes of one value is kept there; '' turns it off)", metavar="LABEL")
     preemption_protection_s: float = option(120.0, "a task is not preempted again within this many seconds of "
                                             "its last preemption", flag="preemption_protection", check=non_negative)
-    elastic_interval_s: float = option(300.0, "an elastic task is resized at most once per this many seconds",
+    elastic_interval_s: float = option(DEFAULT_INTERVAL_S, "an elastic task is resized at most once per this many "
+                                       "seconds (its grows into idle GPUs and its shrinks for waiting tasks alike)",
                                        flag="elastic_interval", check=non_negative)
     elastic_restart_cost_s: float = option(30.0, "what a resize's restart is assumed to cost an elastic task until "
                                            "its own restarts were measured", flag="elastic_restart_cost",

@@ -27,7 +27,7 @@ after the grace, when none does), so it runs exactly once and no GPU is held twi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from common.errors import GptrmError
@@ -77,6 +77,7 @@ class ElasticAllocator:
         self._metrics, self.settings, self._now = metrics, settings, now
         self._curves: dict[str, SpeedupCurve] = {}
         self._ranges: dict[str, ElasticRange | None] = {}   # a task's spec never changes
+        self._blocked: dict[str, str] = {}
         self._log = get_logger("elastic")
 
     # ---- what the cycle asks ----------------------------------------------------------------------
@@ -96,6 +97,15 @@ class ElasticAllocator:
         """The size a pending elastic task's placement aims at: the allocator's target, else its maximum."""
         target = task.elastic.target_gpus
         return rng.clamp(target) if target else rng.maximum
+
+    def note_blocked(self, reasons: Mapping[str, str]) -> None:
+        """What keeps each running elastic task from growing, as the cycle last saw it (task id → words, "" when
+        nothing does); replaces what was noted before."""
+        self._blocked = {task_id: why for task_id, why in reasons.items() if why}
+
+    def grow_blocked(self, task_id: str) -> str:
+        """Why the task did not grow when the cycle last looked ("" when nothing kept it or it was not running)."""
+        return self._blocked.get(task_id, "")
 
     def restart_cost_s(self, task: types_pb2.Task) -> float:
         """Its measured restart cost (the stored average, with the restart just finished folded in)."""

@@ -9,7 +9,7 @@ component.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
@@ -88,3 +88,5 @@ class Elasticity(Protocol):
     def observe(self) -> None: ...
 
     async def resize(self, decisions: Sequence[Resize]) -> list[str]: ...
+
+    def note_blocked(self, reasons: Mapping[str, str]) -> None: ...

@@ -374,6 +374,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 del task.elastic.curve[:]
                 task.elastic.curve.extend(types_pb2.ElasticPoint(gpus=n, throughput=t)
                                           for n, t in self._app.elastic.curve(task).points)
+                task.elastic.interval_s = self._app.elastic.settings.interval_s
+                task.elastic.grow_blocked = self._app.elastic.grow_blocked(task.id)
         return task
 
     @_rpc

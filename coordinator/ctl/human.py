@@ -400,6 +400,13 @@ def elastic_lines(e: Mapping[str, Any], now: Callable[[], float] = time.time) ->
              f"resizes       {e['resizes']}" + (f", last {age(e['last_resize_unix_s'], now)} ago: "
                                                 f"{escape(e['resize_reason'])}" if e["last_resize_unix_s"] else "")
              + (f"  (restart cost {e['restart_cost_s']:.0f} s measured)" if e.get("restart_cost_s") else "")]
+    if e.get("interval_s"):
+        nxt = e.get("next_resize_unix_s")
+        when = f", next one possible in {fmt_duration(nxt - now())}" if nxt and nxt > now() else ""
+        lines.append(f"interval      at most one resize per {e['interval_s']:g} s{when}")
+    if e["gpus"] and e["gpus"] < e["max_gpus"]:
+        lines.append("growing       " + (f"blocked: {escape(e['grow_blocked'])}" if e.get("grow_blocked") else
+                                         "nothing blocks it (it grows when idle GPUs are worth a restart)"))
     unit = escape(e["throughput_counter"]) + "/s" if e["throughput_counter"] else "busy GPUs"
     if e["curve"]:
         lines.append("speed-up      " + ", ".join(f"{p['gpus']} GPU(s) {p['throughput']:.4g} {unit} "

@@ -4,7 +4,8 @@
   pools, access (``may_submit``, ``default_queue``) and :class:`Budget` (prices are not part of the
   queue tree: they are the coordinator's flags, applied by :mod:`coordinator.usage.report`).
 - :mod:`~coordinator.queues.tomlfile` — the configuration file (:func:`load_toml`).
-- :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`).
+- :mod:`~coordinator.queues.admission` — quota, limit and borrowing (:func:`admit`; :func:`room`, what a
+  queue could still be admitted, which elastic tasks grow by).
 - :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
   (:class:`UsageDecay`, :func:`order_queues`, :func:`order_pending`).
 - :mod:`~coordinator.queues.holdings` — running tasks (:class:`Holding`), their ``borrowed`` counts
@@ -19,7 +20,7 @@ the answers.
 
 from __future__ import annotations
 
-from coordinator.queues.admission import Admission, Demand, Held, PoolState, QueueUse, admit, pool_state
+from coordinator.queues.admission import Admission, Demand, Held, PoolState, QueueUse, admit, pool_state, room
 from coordinator.queues.budget import (
     WARN_FRACTION,
     BudgetState,
@@ -90,5 +91,6 @@ __all__ = [
     "queue_use",
     "rebalance",
     "reclaim_victims",
+    "room",
     "weighted_share",
 ]

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from common.errors import ValidationError
 from coordinator.queues.model import ANY_MODEL, QueueConfig, normalise_model
 
-__all__ = ["Admission", "Demand", "Held", "PoolState", "QueueUse", "admit", "pool_state"]
+__all__ = ["Admission", "Demand", "Held", "PoolState", "QueueUse", "admit", "pool_state", "room"]
 
 
 @dataclass(frozen=True)
@@ -256,3 +256,29 @@ def _admit_in(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mappin
     return Admission(True, borrowed, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task: "
                                      f"{total - borrowed} within its quota of {quota} and {borrowed} borrowed, of "
                                      f"{state.available} that can be borrowed.", pool)
+
+
+def room(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[str, int], queue: str,
+         pool: str) -> int:
+    """The most GPUs ``queue`` could be admitted in ``pool`` now (what an elastic task of it may grow by): its idle
+    quota plus what it may borrow, within its limit and its ancestors' limits over their subtrees; the same rule as
+    :func:`admit` (a demand of up to this many GPUs is admitted, ignoring cores and memory), 0 when none.
+
+    :raises ValidationError: ``queue`` names no leaf queue.
+    """
+    if queue not in config or not config.is_leaf(queue):
+        raise ValidationError("queue", f"no leaf queue named {queue!r}")
+    if not config.managed:
+        return _capacity_in(config, capacity, pool)
+    q = config.get(queue)
+    held = use.get(queue, _NO_USE).held_in(config, pool).total
+    idle_quota = max(0, q.quota_in(pool) - held)
+    most = idle_quota + max(0, pool_state(config, use, capacity, pool, borrower=queue).available)
+    limit = q.limit_in(pool)
+    if limit is not None:
+        most = min(most, limit - held)
+    for name in config.ancestors(queue):
+        above = config.get(name).limit_in(pool)
+        if above is not None:
+            most = min(most, above - sum(u.held_in(config, pool).total for u in _subtree_use(config, use, name)))
+    return max(0, most)

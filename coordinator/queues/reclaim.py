@@ -6,7 +6,16 @@ GPUs in the demand's pool plus the demand are within the queue's quota; then the
 claim is the queue itself. Failing that, it is owed within an ancestor's quota when that
 ancestor's subtree holds, with the demand, no more than the ancestor's quota (a parent whose quota
 exceeds its children's keeps the remainder for them); the scope is then the nearest such ancestor.
-A demand owed nowhere reclaims nothing (it would borrow, which admission decides).
+A demand owed nowhere reclaims nothing (it would borrow, which admission decides), with one exception:
+
+**A queue under its quota with a larger task** (its GPUs in the pool below its quota, but its
+held GPUs plus the demand above it, within its limit and its ancestors' limits) makes a *partial
+claim* for the whole task, after every owed demand has made its claim: the scope is the queue, and
+victims come only from queues that hold more than their quota by at least the victims' GPUs, so
+no queue is brought under its quota for it. Without it, a team whose jobs are larger than what is
+left of its quota would only ever borrow, and under contention nobody lends. Once its task runs
+the queue is over its quota, so it makes no further partial claim, and its borrowing task can be
+taken back by queues owed within their quota like any borrower.
 
 For each owed demand, GPUs of the demand's model that are free now (``free``) are used first; for
 the rest, victims are chosen among the tasks of queues *outside the scope* (for a claim within the
@@ -84,53 +93,105 @@ def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: S
     taken: set[str] = set()
     models = sorted({normalise_model(h.gpu_model) for h in holdings} | {m for m, n in spare.items() if n > 0})
     victims: list[Victim] = []
-    for demand in waiting:
-        if demand.queue not in config or not config.is_leaf(demand.queue) or demand.gpus <= 0:
-            continue
-        queue = config.get(demand.queue)
-        model = normalise_model(demand.gpu_model)
-        best: tuple[int, str, list[Holding], list[str]] | None = None
-        for candidate_model in (models if model == ANY_MODEL else [model]):
-            pool = config.pool_of(candidate_model)
-            scope = _scope(config, held, queue.name, pool, demand.gpus)
-            if scope is None:
-                continue                                            # not owed: it would borrow
-            nodes: list[str] = []
-            if free_by_node is not None and demand.per_node > 0:
-                covered = _cover_nodes(holdings, taken, scope, candidate_model, demand, node_spare)
-                chosen, nodes = covered if covered is not None else (None, [])
-            else:
-                chosen = _cover(holdings, taken, scope, candidate_model, demand.gpus - spare[candidate_model])
-            if chosen is None:
+    claimed: set[int] = set()
+    for partial in (False, True):
+        for i, demand in enumerate(waiting):
+            if i in claimed or demand.queue not in config or not config.is_leaf(demand.queue) or demand.gpus <= 0:
                 continue
-            cost = sum(h.gpus for h in chosen)
-            if best is None or cost < best[0]:
-                best = (cost, candidate_model, chosen, nodes)
-        if best is None:
-            continue
-        _, chosen_model, chosen, chosen_nodes = best
-        freed = spare[chosen_model] + sum(h.gpus for h in chosen)
-        spare[chosen_model] = freed - demand.gpus
-        held[queue.name, config.pool_of(chosen_model)] += demand.gpus
-        for h in chosen:
-            taken.add(h.task_id)
-            held[h.queue, config.pool_of(h.gpu_model)] -= h.gpus
-            victims.append(Victim(h.task_id, h.queue, h.gpu_model, h.gpus, h.borrowed, queue.name))
-            for node, gpus in h.nodes.items():                      # freed where it ran
-                if node in node_spare:
-                    node_spare[node][1] += gpus
-        for node in chosen_nodes:                                    # the demand takes them
-            node_spare[node][1] -= demand.per_node
+            if _claim(config, holdings, demand, partial, held, taken, spare, node_spare, models, victims,
+                      free_by_node is not None):
+                claimed.add(i)
     return victims
 
 
+def _claim(config: QueueConfig, holdings: Sequence[Holding], demand: Demand, partial: bool,
+           held: dict[tuple[str, str], int], taken: set[str], spare: dict[str, int], node_spare: Mapping[str, list],
+           models: Sequence[str], victims: list[Victim], by_node: bool) -> bool:
+    """One demand's claim (owed, or with ``partial`` a queue under its quota claiming up to its job's size;
+    module docstring): its victims appended and the books updated. True when it was claimed."""
+    queue = config.get(demand.queue)
+    model = normalise_model(demand.gpu_model)
+    best: tuple[int, str, list[Holding], list[str]] | None = None
+    for candidate_model in (models if model == ANY_MODEL else [model]):
+        pool = config.pool_of(candidate_model)
+        allowance: dict[str, int] | None = None
+        if partial:
+            if not _under_quota(config, held, queue.name, pool, demand.gpus):
+                continue
+            scope: frozenset[str] | None = frozenset((queue.name,))
+            allowance = {q: held.get((q, pool), 0) - config.get(q).quota_in(pool) for q in config.leaves()}
+        else:
+            scope = _scope(config, held, queue.name, pool, demand.gpus)
+        if scope is None:
+            continue                                                # not owed: it would borrow
+        nodes: list[str] = []
+        if by_node and demand.per_node > 0:
+            covered = _cover_nodes(holdings, taken, scope, candidate_model, demand, node_spare, allowance)
+            chosen, nodes = covered if covered is not None else (None, [])
+        else:
+            chosen = _cover(holdings, taken, scope, candidate_model, demand.gpus - spare[candidate_model], allowance)
+        if chosen is None:
+            continue
+        cost = sum(h.gpus for h in chosen)
+        if best is None or cost < best[0]:
+            best = (cost, candidate_model, chosen, nodes)
+    if best is None:
+        return False
+    _, chosen_model, chosen, chosen_nodes = best
+    freed = spare[chosen_model] + sum(h.gpus for h in chosen)
+    spare[chosen_model] = freed - demand.gpus
+    held[queue.name, config.pool_of(chosen_model)] += demand.gpus
+    for h in chosen:
+        taken.add(h.task_id)
+        held[h.queue, config.pool_of(h.gpu_model)] -= h.gpus
+        victims.append(Victim(h.task_id, h.queue, h.gpu_model, h.gpus, h.borrowed, queue.name))
+        for node, gpus in h.nodes.items():                          # freed where it ran
+            if node in node_spare:
+                node_spare[node][1] += gpus
+    for node in chosen_nodes:                                        # the demand takes them
+        node_spare[node][1] -= demand.per_node
+    return True
+
+
+def _under_quota(config: QueueConfig, held: Mapping[tuple[str, str], int], queue: str, pool: str, gpus: int) -> bool:
+    """Whether a queue holds less than its quota in ``pool`` and the demand keeps it within its limits (its own and
+    its ancestors' over their subtrees): what a partial claim needs."""
+    mine = held.get((queue, pool), 0)
+    limit = config.get(queue).limit_in(pool)
+    if mine >= config.get(queue).quota_in(pool) or (limit is not None and mine + gpus > limit):
+        return False
+    for name in config.ancestors(queue):
+        above = config.get(name).limit_in(pool)
+        if above is not None and sum(held.get((q, pool), 0) for q in (name, *config.descendants(name))) + gpus > above:
+            return False
+    return True
+
+
+def _eligible(h: Holding, taken: set[str], scope: frozenset[str], model: str,
+              allowance: Mapping[str, int] | None) -> bool:
+    """Whether a task may be a victim of a claim: borrowing, preemptible, of ``model``, outside the claim's scope,
+    not chosen yet, and (``allowance`` given: a partial claim) its queue over its quota by at least its GPUs."""
+    return (h.queue not in scope and h.borrowed > 0 and h.preemptible and h.gpus > 0 and h.task_id not in taken
+            and normalise_model(h.gpu_model) == model and (allowance is None or h.gpus <= allowance.get(h.queue, 0)))
+
+
+def _within(chosen: Sequence[Holding], allowance: Mapping[str, int] | None) -> bool:
+    """Whether the victims leave every queue at or above its quota (always, without an ``allowance``)."""
+    if allowance is None:
+        return True
+    took: dict[str, int] = defaultdict(int)
+    for h in chosen:
+        took[h.queue] += h.gpus
+    return all(n <= allowance.get(q, 0) for q, n in took.items())
+
+
 def _node_options(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str,
-                  per_node: int, node_spare: Mapping[str, list]) -> list[tuple[int, str, list[Holding]]]:
+                  per_node: int, node_spare: Mapping[str, list],
+                  allowance: Mapping[str, int] | None = None) -> list[tuple[int, str, list[Holding]]]:
     """Per node of ``model`` that can be freed for ``per_node`` GPUs: (GPUs preempted, node, victims)."""
     on_node: dict[str, list[Holding]] = defaultdict(list)
     for h in holdings:
-        if (h.queue not in scope and h.borrowed > 0 and h.preemptible and h.gpus > 0 and h.task_id not in taken
-                and normalise_model(h.gpu_model) == model):
+        if _eligible(h, taken, scope, model, allowance):
             for node in h.nodes:
                 on_node[node].append(h)
     options = []
@@ -152,15 +213,18 @@ def _node_options(holdings: Sequence[Holding], taken: set[str], scope: frozenset
                 if total - h.nodes[node] >= missing:
                     chosen.remove(h)
                     total -= h.nodes[node]
+            if not _within(chosen, allowance):
+                continue
         options.append((sum(h.gpus for h in chosen), node, chosen))
     return sorted(options, key=lambda o: (o[0], o[1]))
 
 
 def _cover_nodes(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str, demand: Demand,
-                 node_spare: Mapping[str, list]) -> tuple[list[Holding], list[str]] | None:
+                 node_spare: Mapping[str, list],
+                 allowance: Mapping[str, int] | None = None) -> tuple[list[Holding], list[str]] | None:
     """Victims that free ``demand.per_node`` GPUs on each of ``demand.node_count`` nodes of ``model``, and those
     nodes (module docstring); None when too few nodes can be freed."""
-    options = _node_options(holdings, taken, scope, model, demand.per_node, node_spare)
+    options = _node_options(holdings, taken, scope, model, demand.per_node, node_spare, allowance)
     if len(options) < max(1, demand.node_count):
         return None
     chosen: dict[str, Holding] = {}
@@ -168,6 +232,8 @@ def _cover_nodes(holdings: Sequence[Holding], taken: set[str], scope: frozenset[
     for _cost, node, victims in options[:max(1, demand.node_count)]:
         chosen.update((h.task_id, h) for h in victims)
         nodes.append(node)
+    if not _within(list(chosen.values()), allowance):
+        return None
     return list(chosen.values()), nodes
 
 
@@ -182,20 +248,24 @@ def _scope(config: QueueConfig, held: Mapping[tuple[str, str], int], queue: str,
 
 
 def _cover(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str,
-           missing: int) -> list[Holding] | None:
+           missing: int, allowance: Mapping[str, int] | None = None) -> list[Holding] | None:
     """Just enough borrowing, preemptible tasks of ``model`` outside ``scope`` to free ``missing``
-    GPUs, newest first; ``[]`` when nothing is missing, None when they cannot cover it."""
+    GPUs, newest first (with an ``allowance``: no more from a queue than it holds beyond its quota);
+    ``[]`` when nothing is missing, None when they cannot cover it."""
     if missing <= 0:
         return []
-    candidates = sorted((h for h in holdings
-                         if h.queue not in scope and h.borrowed > 0 and h.preemptible and h.gpus > 0
-                         and normalise_model(h.gpu_model) == model and h.task_id not in taken),
+    candidates = sorted((h for h in holdings if _eligible(h, taken, scope, model, allowance)),
                         key=lambda h: (h.start_time, h.task_id), reverse=True)
     chosen: list[Holding] = []
     total = 0
+    left = dict(allowance) if allowance is not None else None
     for h in candidates:
         if total >= missing:
             break
+        if left is not None:
+            if h.gpus > left.get(h.queue, 0):
+                continue
+            left[h.queue] -= h.gpus
         chosen.append(h)
         total += h.gpus
     if total < missing:

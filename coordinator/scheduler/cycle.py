@@ -14,8 +14,12 @@ One cycle, in this order (each step needs the previous one's output):
 6. elastic: running elastic tasks shrink (never below their minimum) for tasks left waiting, or grow
    into idle GPUs of ready nodes when none waits — on their own node, else on another one their
    constraints allow (:mod:`common.elastic`, carried out by ``coordinator/elastic.py``);
-   pending elastic tasks are placed at their minimum in step 3 and, when nothing was left waiting, take
-   the idle GPUs left over before the commit;
+   pending elastic tasks are placed at their first size in step 3 and, when nothing was left waiting, take
+   the idle GPUs left over before the commit. With team queues, whatever an elastic task takes beyond its
+   minimum comes out of its queue's room (idle quota, then borrowed GPUs, within the queue's limits:
+   :class:`~coordinator.scheduler.queueing.QueueRoom`), and a task its queue refused (its limit, or what
+   it may borrow) gets GPUs given back by the queue's running elastic tasks when that lets it in. Why each
+   elastic task does not grow is noted for ``gptrmctl tasks TASK``;
 7. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
    what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for it.
    Pending tasks of lower priority than a preemptor still waiting for its victims are left out
@@ -45,6 +49,7 @@ from common.elastic import (
     node_accepts,
     place_down,
     placement_gpus,
+    plan_give_back,
     plan_grows,
     plan_shrinks,
     request_at,
@@ -61,12 +66,12 @@ from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
-from coordinator.queues import ANY_MODEL, Admission
+from coordinator.queues import ANY_MODEL, Admission, Demand, admit
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
-from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, queue_of
+from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.supervisor import Beat, no_beat
@@ -186,6 +191,8 @@ class SchedulerCycle:
             self._idle = None
             if self._elastic is not None and self._elastic_settled(grow=True):
                 await self._elastic_step([], self._snapshots.snapshot(self._tasks.values(), self._registry).nodes)
+            elif self._elastic is not None:
+                self._elastic.note_blocked({j.task_id: self._unsettled(j) for j in self._elastic.jobs()})
             return 0
         inputs = (self._inputs(), tuple(t.id for t in pending))
         if self._idle is not None and self._idle[0] == inputs and started - self._idle[1] < FORCED_CYCLE_S:
@@ -206,12 +213,22 @@ class SchedulerCycle:
             by_request = {r.task_id: r for r in requests}
             requests = [on_pool(by_request[task_id], plan.admissions[task_id].pool) for task_id in plan.order]
         ranges: dict[str, ElasticRange] = {}
+        # With team queues, an elastic task is admitted at its minimum; what it takes beyond that comes out of its
+        # queue's room (idle quota, then what it may borrow, within its limit), booked here for the whole cycle.
+        room: QueueRoom | None = None   # built for the first elastic task (it costs a pass over the nodes)
+        beyond: dict[str, int] = {}     # elastic task → GPUs beyond its minimum booked in its queue's room, borrowed
         if self._elastic is not None:
             for i, r in enumerate(requests):
                 rng = self._elastic.range(by_id[r.task_id])
                 if rng is not None:   # at its first size; smaller when that is refused, more when GPUs are left
                     ranges[r.task_id] = rng
-                    requests[i] = request_at(r, rng, first_size(rng, by_id[r.task_id].elastic.target_gpus))
+                    size = first_size(rng, by_id[r.task_id].elastic.target_gpus)
+                    if room is None and plan is not None and self._queues is not None:
+                        room = self._queues.room(plan.use)
+                    if room is not None and plan is not None:
+                        size = _in_room(room, (queue_of(by_id[r.task_id]), plan.admissions[r.task_id].pool), rng,
+                                        rng.minimum, size, beyond, r.task_id)
+                    requests[i] = request_at(r, rng, size)
         snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
@@ -227,7 +244,7 @@ class SchedulerCycle:
                     if smaller is not None:
                         decisions[i] = smaller
                         requests[i] = request_at(r, ranges[r.task_id], placement_gpus(smaller))
-            decisions = self._size_elastic(engine, requests, decisions, ranges, by_id, plan)
+            decisions = self._size_elastic(engine, requests, decisions, ranges, by_id, plan, room, beyond)
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits: list[PlacementCommit] = []
         rejected: list[types_pb2.Task] = []
@@ -238,7 +255,7 @@ class SchedulerCycle:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
                 if plan is not None:
-                    marked = self._borrowing(task, decision, plan.admissions[task.id])
+                    marked = self._borrowing(task, decision, plan.admissions[task.id], beyond.get(task.id, 0))
                     if marked is None:
                         self._metrics.decisions.labels(outcome="waiting").inc()
                         continue
@@ -261,7 +278,8 @@ class SchedulerCycle:
         if self._elastic is not None:
             waiting = [r for r, d in zip(requests, decisions, strict=True) if not isinstance(d, Placement)]
             nodes = [engine.node_snapshot(i) for i in range(len(snapshot.nodes))]
-            resized = await self._elastic_step(waiting, nodes)
+            refused = [(by_id[t], why) for t, why in plan.refused.items() if t in by_id] if plan is not None else []
+            resized = await self._elastic_step(waiting, nodes, refused)
         # A shrink makes room for what waits more cheaply than a preemption: none this cycle.
         preempted = resized or (bool(rejected) and await self._preemptor.after_rejections(
             rejected, policy.name, policy.threshold, mode))
@@ -283,8 +301,9 @@ class SchedulerCycle:
 
     def _size_elastic(self, engine: PlacementEngine, requests: list[Request], decisions: list[Decision],
                       ranges: dict[str, ElasticRange], by_id: dict[str, types_pb2.Task],
-                      plan: QueuePlan | None) -> list[Decision]:
-        """Elastic tasks placed at their minimum take the idle GPUs left over, when nothing was left waiting."""
+                      plan: QueuePlan | None, room: QueueRoom | None, beyond: dict[str, int]) -> list[Decision]:
+        """Elastic tasks placed at their first size take the idle GPUs left over, when nothing was left waiting (with
+        team queues, within what their queue's room allows: they may borrow, within the queue's limit)."""
         assert self._elastic is not None
         pairs = list(zip(requests, decisions, strict=True))
         if any(not isinstance(d, Placement) and r.whole_gpus > 0 for r, d in pairs):
@@ -292,15 +311,13 @@ class SchedulerCycle:
         placed = [(r, ranges[r.task_id], self._elastic.curve(by_id[r.task_id]), d,
                    self._elastic.wish(by_id[r.task_id], ranges[r.task_id]))
                   for r, d in pairs if isinstance(d, Placement) and r.task_id in ranges]
-        if plan is not None:   # with team queues, growth stays within the queue's quota (it never borrows)
-            headroom = self._queues.headroom() if self._queues is not None else {}
+        if plan is not None and room is not None:
             capped: list[tuple[Request, ElasticRange, SpeedupCurve, Placement, int]] = []
             for r, rng, curve, placement, wish in placed:
+                size = placement_gpus(placement)
                 key = (queue_of(by_id[r.task_id]), plan.admissions[r.task_id].pool)
-                left = headroom.get(key, 0) - rng.minimum
-                wish = min(wish, rng.minimum + max(0, left))
-                headroom[key] = left - (wish - rng.minimum)
-                capped.append((r, rng, curve, placement, wish))
+                capped.append((r, rng, curve, placement, _in_room(room, key, rng, size, max(size, wish), beyond,
+                                                                    r.task_id)))
             placed = capped
         if not placed:
             return decisions
@@ -315,21 +332,33 @@ class SchedulerCycle:
             out.append(new if new is not None else Rejection(r.task_id, "its GPUs were taken while it was sized"))
         return out
 
-    async def _elastic_step(self, waiting: list[Request], nodes: Sequence[NodeSnapshot]) -> bool:
-        """Shrink running elastic tasks for what waits, or grow them into idle GPUs when nothing does; True when
-        a resize is under way."""
+    async def _elastic_step(self, waiting: list[Request], nodes: Sequence[NodeSnapshot],
+                            refused: Sequence[tuple[types_pb2.Task, str]] = ()) -> bool:
+        """Shrink running elastic tasks for what waits — for a placement, or (team queues) for the admission a task
+        of their queue was refused — or grow them into idle GPUs when nothing does; True when a resize is under way.
+        Why each task that could be bigger does not grow is noted with the allocator (``gptrmctl tasks TASK``)."""
         assert self._elastic is not None
         jobs = self._elastic.jobs()
         if not jobs:
             return False
         idle = idle_gpus(nodes)
         now, settings = time.time(), self._elastic.settings
+        blocked: dict[str, str] = {}
+        decisions: list[Resize] = []
         if waiting:
             by_node = {n.node_id: n for n in nodes}
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
+        decisions = decisions or self._give_back(refused, jobs, now, settings)
+        if waiting or decisions:
+            for j in jobs:
+                blocked[j.task_id] = ("tasks wait for GPUs, or for elastic tasks of their queue to give some back: "
+                                      "elastic tasks grow only when none does")
         else:
-            decisions = self._grows_within_quota(jobs, idle, now, settings, self._move_accepts(nodes))
+            decisions = self._grows_within_room(jobs, idle, now, settings, self._move_accepts(nodes), blocked)
+        for d in decisions:
+            blocked[d.task_id] = ""
+        self._elastic.note_blocked(blocked)
         done = set(await self._elastic.resize(decisions)) if decisions else set()
         gave: dict[str, int] = {}
         for d in decisions:
@@ -338,6 +367,40 @@ class SchedulerCycle:
         for task_id, gpus in sorted(gave.items()):
             self._on_shrunk(task_id, gpus)
         return bool(done)
+
+    def _give_back(self, refused: Sequence[tuple[types_pb2.Task, str]], jobs: list[ElasticJob], now: float,
+                   settings: ElasticSettings) -> list[Resize]:
+        """Team queues: for the first task (in fair order) of each queue that its queue refused and that fewer GPUs
+        held by the queue's running elastic tasks would let in (its limit, or what it may borrow), those tasks shrink
+        (:func:`~common.elastic.plan_give_back`). Not while an elastic task of the queue is still stopping for a
+        resize: what it gives back is on its way."""
+        if not refused or self._queues is None or not self._queues.config.managed:
+            return []
+        keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
+        pools: dict[str, set[str]] = {}
+        for key in keys.values():
+            if key is not None:
+                pools.setdefault(key[0], set()).add(key[1])
+        stopping = {queue_of(t) for t in self._tasks.values()
+                    if t.state == TaskState.PREEMPTED and t.spec.HasField("elastic")}
+        config, use, capacity = self._queues.config, self._queues.use(), self._queues.capacity()
+        out: list[Resize] = []
+        done: set[str] = set()
+        for task, why in refused:
+            queue = queue_of(task)
+            if queue in done or queue in stopping or queue not in pools:
+                continue
+            for pool in sorted(pools[queue]):
+                group = [j for j in jobs if keys[j.task_id] == (queue, pool)]
+                need = shrink_needed(config, use, capacity, queued(task), pool,
+                                     sum(j.size - j.range.minimum for j in group))
+                resizes = [] if need is None else plan_give_back(task.id, task.spec.priority, need, group, now,
+                                                                  settings, f"its queue ({why})")
+                if resizes:
+                    out += resizes
+                    done.add(queue)
+                    break
+        return out
 
     def _move_accepts(self, nodes: Sequence[NodeSnapshot]) -> Callable[[str, str], bool]:
         """Whether a running elastic task may move to a node to grow: its constraints allow the node (and, with team
@@ -363,44 +426,92 @@ class SchedulerCycle:
             return None
         return queue_of(task), self._queues.pool_of_task(task)
 
-    def _grows_within_quota(self, jobs: list[ElasticJob], idle: dict[str, int], now: float,
-                            settings: ElasticSettings, accepts: Callable[[str, str], bool]) -> list[Resize]:
-        """:func:`plan_grows`; with team queues, each job may grow at most into what its queue's quota leaves free
-        in its GPU pool, and the grows are kept (first come first kept) while they fit that together."""
-        if self._queues is None or not self._queues.config.managed:
-            return plan_grows(jobs, idle, now, settings, accepts)
-        headroom = self._queues.headroom()
+    def _grows_within_room(self, jobs: list[ElasticJob], idle: dict[str, int], now: float, settings: ElasticSettings,
+                           accepts: Callable[[str, str], bool], blocked: dict[str, str]) -> list[Resize]:
+        """:func:`plan_grows`; with team queues, each job may grow at most into its queue's room in its GPU pool (its
+        idle quota, then what it may borrow, within the queue's limits: what it borrows is reclaimed like any
+        borrowed GPU), and the grows are kept (first come first kept) while they fit that together. What keeps each
+        job that could be bigger from growing goes into ``blocked``."""
+        room = self._queues.room() if self._queues is not None and self._queues.config.managed else None
         keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
+        full: dict[str, str] = {}
+        said: dict[tuple[str, str], str] = {}
         capped = []
         for j in jobs:
             key = keys[j.task_id]
-            top = min(j.range.max_gpus, j.size + (headroom.get(key, 0) if key else 0))
+            if room is None or key is None:
+                capped.append(j)
+                continue
+            left = room.of(*key)
+            if left <= 0 and j.size < j.range.maximum:
+                full[j.task_id] = said[key] if key in said else said.setdefault(key, self._queue_full(*key))
+            top = min(j.range.max_gpus, j.size + left)
             capped.append(replace(j, range=ElasticRange(j.range.min_gpus, max(j.size, top), j.range.node_gpus)))
         out = []
         for r in plan_grows(capped, idle, now, settings, accepts):
             key = keys[r.task_id]
             extra = r.to_gpus - r.from_gpus
-            if key is not None and headroom.get(key, 0) >= extra:
-                headroom[key] -= extra
+            if room is None or key is None:
                 out.append(r)
+            elif room.of(*key) >= extra:
+                room.take(*key, extra)
+                out.append(r)
+            else:
+                full[r.task_id] = said[key] if key in said else said.setdefault(key, self._queue_full(*key))
+        grown = {r.task_id for r in out}
+        any_idle = any(v > 0 for v in idle.values())
+        for j in jobs:
+            if j.task_id in grown:
+                continue
+            if j.size >= j.range.maximum:
+                blocked[j.task_id] = ""
+            elif not j.settled(now, settings.interval_s):
+                blocked[j.task_id] = self._unsettled(j)
+            elif j.task_id in full:
+                blocked[j.task_id] = full[j.task_id]
+            elif not any_idle or not any(v > 0 and (n == j.nodes[0][0] or accepts(j.task_id, n))
+                                         for n, v in idle.items()):
+                blocked[j.task_id] = "no idle GPUs on a ready node it may run on"
+            else:
+                blocked[j.task_id] = (f"a bigger size would not pay back its restart ({j.restart_cost_s:.0f} s) "
+                                      f"within {settings.horizon_s:.0f} s, or no node it may use has room for one")
         return out
 
-    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission) -> types_pb2.Task | None:
-        """The task as it is committed: with the GPUs its queue borrows for it (a copy; the record in the
-        leader state changes only when etcd stored the placement). None when it was placed on GPUs of
-        another pool than its queue admitted it in (only possible for an any-model task when some queue
-        names a model): it waits for the next cycle."""
+    def _unsettled(self, job: ElasticJob) -> str:
+        """Why a job does not grow when nothing waits and none could: its hysteresis, or nothing."""
+        assert self._elastic is not None
+        interval = self._elastic.settings.interval_s
+        if job.size >= job.range.maximum or job.settled(time.time(), interval):
+            return ""
+        return f"resized {time.time() - (job.last_resize_s or 0):.0f} s ago: at most one resize per {interval:g} s"
+
+    def _queue_full(self, queue: str, pool: str) -> str:
+        """Why a queue has no room for one more GPU in ``pool``: its admission's refusal, in words."""
+        assert self._queues is not None
+        decision = admit(self._queues.config, self._queues.use(), self._queues.capacity(),
+                         Demand(queue, pool, 1))
+        if decision.admit:
+            return f"queue {queue}: no room left in this cycle"
+        return decision.reason.removeprefix(f"[{pool}] ")     # one pool asked: no need to name it
+
+    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission,
+                   beyond: int = 0) -> types_pb2.Task | None:
+        """The task as it is committed: with the GPUs its queue borrows for it (its admission's, plus ``beyond``:
+        what an elastic task borrows above its minimum; a copy: the record in the leader state changes only when
+        etcd stored the placement). None when it was placed on GPUs of another pool than its queue admitted it in
+        (only possible for an any-model task when some queue names a model): it waits for the next cycle."""
         assert self._queues is not None
         model = self._queues.placed_model(placement)
         if model is not None and self._queues.config.pool_of(model) != admission.pool:
             self._tasks.note_reason(task.id, f"admitted in GPU pool {admission.pool!r}, placed on {model!r}: "
                                              "waiting for room in its pool")
             return None
-        if not admission.borrowed:
+        borrowed = min(admission.borrowed + beyond, placement_gpus(placement) or admission.borrowed + beyond)
+        if borrowed == task.borrowed_gpus:
             return task
-        marked = types_pb2.Task()
+        marked = types_pb2.Task()     # set afresh: a requeued task may have borrowed in its last run
         marked.CopyFrom(task)
-        marked.borrowed_gpus = admission.borrowed
+        marked.borrowed_gpus = borrowed
         return marked
 
     async def _reclaim(self, plan: QueuePlan, placed: set[str], by_id: dict[str, types_pb2.Task]) -> bool:
@@ -532,3 +643,15 @@ def _sized(task: types_pb2.Task, placement: Placement) -> types_pb2.Task:
     sized.CopyFrom(task)
     sized.elastic.gpus = placement_gpus(placement)
     return sized
+
+
+def _in_room(room: QueueRoom, key: tuple[str, str], rng: ElasticRange, size: int, wish: int, beyond: dict[str, int],
+             task_id: str) -> int:
+    """The size of its range up to ``wish`` that an elastic task holding (or placed at) ``size`` may take within its
+    queue's room; the GPUs above ``size`` are booked in the room, and what of them is borrowed added to
+    ``beyond[task_id]``."""
+    top = rng.clamp(min(wish, size + room.of(*key)))
+    if top > size:
+        beyond[task_id] = beyond.get(task_id, 0) + room.take(*key, top - size)
+        return top
+    return size

@@ -15,7 +15,11 @@ simulator both call:
    second round, in the same order, those that borrow, so a queue's idle quota is never lent in a
    cycle in which its own tasks ask for it. (Lending it first let a borrower earlier in fair
    order take the GPUs that reclaim had just freed for the lender, and reclaim took them again
-   the next cycle, without end.) The plan's order is the fair order of all admitted tasks;
+   the next cycle, without end.) In the second round, tasks of queues holding less than their
+   quota (a task larger than what is left of it) borrow first: a team whose jobs are larger than
+   its quota is served ahead of teams already over theirs, and the GPUs its reclaim freed for it
+   (:mod:`coordinator.queues.reclaim`, the partial claim) are not borrowed away by them. The plan's
+   order is the fair order of all admitted tasks;
 3. a queue past its budget gates its new work: ``hold`` refuses it, ``lowest`` puts it after
    everyone else's.
 
@@ -64,11 +68,12 @@ from coordinator.queues import (
     queue_use,
     rebalance,
     reclaim_victims,
+    room,
 )
 from coordinator.state import LeaderState
 
-__all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueuedTask", "holding_of", "plan_queues", "queue_of",
-           "queued", "reclaim_for"]
+__all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueueRoom", "QueuedTask", "holding_of", "plan_queues",
+           "queue_of", "queued", "reclaim_for", "shrink_needed"]
 
 HOLDING_STATES = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED, TaskState.PREEMPTED)
 """States in which a task holds GPUs (a PREEMPTED task until its agent reports it stopped)."""
@@ -98,6 +103,8 @@ class QueuePlan:
     order: list[str]
     admissions: dict[str, Admission] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    use: dict[str, QueueUse] = field(default_factory=dict)
+    """What each queue holds once the admitted tasks run (its running tasks' GPUs and the plan's)."""
 
 
 def queue_of(task: types_pb2.Task) -> str:
@@ -182,8 +189,13 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
     # it on: a refused demand is refused again for every later task asking exactly the same, and one
     # that had to borrow still has to (or is refused).
     refused: dict[tuple[str, str, int, float, float], str] = {}
-    borrows: set[tuple[str, str, int, float, float]] = set()
+    borrows: dict[tuple[str, str, int, float, float], str] = {}     # demand → the pool it borrows in
+    ahead: list[str] = []                              # borrowing from under their queue's quota
     later: list[str] = []
+
+    def under_quota(queue: str, pool: str) -> bool:
+        return use.get(queue, QueueUse()).held_in(config, pool).total < config.get(queue).quota_in(pool)
+
     for task_id in order:                              # first round: within quota only
         t = by_id[task_id]
         if (gates or {}).get(t.queue, "run") == "hold":
@@ -195,18 +207,18 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
             plan.refused[task_id] = refused[key]
             continue
         if key in borrows:
-            later.append(task_id)
+            (ahead if under_quota(t.queue, borrows[key]) else later).append(task_id)
             continue
         decision = admit(config, use, capacity, Demand(*key))
         if not decision.admit:
             plan.refused[task_id] = refused[key] = decision.reason
         elif decision.borrowed:
-            borrows.add(key)
-            later.append(task_id)
+            borrows[key] = decision.pool
+            (ahead if under_quota(t.queue, decision.pool) else later).append(task_id)
         else:
             _add(use, t.queue, decision.pool, t, 0)
             plan.admissions[task_id] = decision
-    for task_id in later:                              # second round: borrowing what is still lent
+    for task_id in (*ahead, *later):                   # second round: borrowing what is still lent
         t = by_id[task_id]
         key = (t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib)
         if key in refused:
@@ -218,11 +230,69 @@ def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Se
             continue
         _add(use, t.queue, decision.pool, t, decision.borrowed)
         plan.admissions[task_id] = decision
+    plan.use = use
     admitted = [task_id for task_id in order if task_id in plan.admissions]
     lowest = {task_id for task_id in admitted if (gates or {}).get(by_id[task_id].queue, "run") == "lowest"}
     plan.order = [task_id for task_id in admitted if task_id not in lowest]
     plan.order += [task_id for task_id in admitted if task_id in lowest]
     return plan
+
+
+class QueueRoom:
+    """What elastic tasks of each queue may still take in a cycle: :func:`~coordinator.queues.room` (the queue's idle
+    quota and what it may borrow, within its limits) over what the queues hold, booked as tasks take it so that two
+    tasks never grow into the same GPUs of the pool.
+
+    :param config: the queue tree.
+    :param use: what each queue holds (a copy is kept).
+    :param capacity: the cluster's GPUs per concrete model.
+    """
+
+    def __init__(self, config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[str, int]) -> None:
+        self._config, self._use, self._capacity = config, dict(use), capacity
+
+    def of(self, queue: str, pool: str) -> int:
+        """GPUs ``queue`` may still take in ``pool`` (0 for a queue that is not a leaf of the tree)."""
+        if queue not in self._config or not self._config.is_leaf(queue):
+            return 0
+        return room(self._config, self._use, self._capacity, queue, pool)
+
+    def take(self, queue: str, pool: str, gpus: int) -> int:
+        """Book ``gpus`` more GPUs for ``queue`` in ``pool``; returns how many of them it borrows."""
+        if gpus <= 0 or queue not in self._config:
+            return 0
+        old = self._use.get(queue, QueueUse())
+        held = old.held_in(self._config, pool).total
+        own = max(0, min(gpus, self._config.get(queue).quota_in(pool) - held))
+        per_model = dict(old.gpus)
+        per_model[pool] = per_model.get(pool, Held()) + Held(own, gpus - own)
+        self._use[queue] = QueueUse(gpus=per_model, cpu=old.cpu, mem_gib=old.mem_gib)
+        return gpus - own
+
+
+def shrink_needed(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[str, int], task: QueuedTask,
+                  pool: str, most: int) -> int | None:
+    """The fewest GPUs a queue's running elastic tasks in ``pool`` must give back for its waiting ``task`` to be
+    admitted (the queue then holds that much less there, borrowed GPUs first); None when ``task`` is admitted
+    without it, is not a task of a leaf queue, or even ``most`` GPUs would not do (its queue's cores or memory,
+    a budget, another pool)."""
+    if task.queue not in config or not config.is_leaf(task.queue) or most <= 0:
+        return None
+    model = pool if pool != ANY_MODEL else task.gpu_model
+    demand = Demand(task.queue, model, task.gpus, task.cpu, task.mem_gib)
+    if admit(config, use, capacity, demand).admit:
+        return None
+    old = use.get(task.queue, QueueUse())
+    held = old.held_in(config, pool)
+    others = {m: h for m, h in old.gpus.items() if config.pool_of(m) != pool}
+    for give in range(1, min(most, held.total) + 1):
+        borrowed = max(0, held.borrowed - give)
+        own = held.own - max(0, give - held.borrowed)
+        less = dict(use)
+        less[task.queue] = QueueUse(gpus={**others, pool: Held(own, borrowed)}, cpu=old.cpu, mem_gib=old.mem_gib)
+        if admit(config, less, capacity, demand).admit:
+            return give
+    return None
 
 
 def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Sequence[Holding],
@@ -357,20 +427,15 @@ class LeaderQueues:
             out[entry.node_id] = (model, sum(1 for g in entry.inventory.gpus if g.index not in taken))
         return out
 
-    def headroom(self) -> dict[tuple[str, str], int]:
-        """(queue, GPU pool) → GPUs of its quota it does not hold (what elastic tasks of the queue may grow into:
-        growth never borrows). Only pools a queue has a quota in appear."""
-        config = self.config
-        held_in: dict[tuple[str, str], int] = {}
+    def use(self) -> dict[str, QueueUse]:
+        """What each queue's placed tasks hold now (``borrowed`` recomputed), PREEMPTED ones included."""
         held, stopping = self.holdings()
-        for h in (*held, *stopping):
-            key = (h.queue, config.pool_of(h.gpu_model))
-            held_in[key] = held_in.get(key, 0) + h.gpus
-        out: dict[tuple[str, str], int] = {}
-        for q in config.all_queues:
-            for pool in q.gpus:
-                out[(q.name, pool)] = max(0, q.quota_in(pool) - held_in.get((q.name, pool), 0))
-        return out
+        return queue_use(rebalance(self.config, held + stopping))
+
+    def room(self, use: Mapping[str, QueueUse] | None = None) -> QueueRoom:
+        """What elastic tasks of each queue may grow into (:class:`QueueRoom`), over ``use`` (default: what the
+        queues' placed tasks hold now)."""
+        return QueueRoom(self.config, self.use() if use is None else use, self.capacity())
 
     def pool_of_task(self, task: types_pb2.Task) -> str:
         """The GPU pool a placed task's GPUs are in."""

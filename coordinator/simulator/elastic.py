@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any
 
 from common.domain import NodeSnapshot, Placement
 from common.elastic import (
-    DEFAULT_INTERVAL_S,
     DEFAULT_RESTART_COST_S,
     ElasticJob,
     ElasticRange,
@@ -70,6 +69,10 @@ from common.elastic import (
 )
 from coordinator.elastic import WARMUP_S
 from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
+
+REPLAY_INTERVAL_S = 300.0
+"""The replay's resize interval by default (``--elastic-interval``): its jobs run for hours, so a resize every
+five minutes at most (the leader's default is shorter, :data:`common.elastic.DEFAULT_INTERVAL_S`)."""
 
 if TYPE_CHECKING:
     from coordinator.simulator.engine import SimJob, Simulator
@@ -99,7 +102,7 @@ class ElasticSimConfig:
     min_gpus: int = 1
     max_gpus: int = MAX_GPUS
     node_gpus: int | None = None
-    interval_s: float = DEFAULT_INTERVAL_S
+    interval_s: float = REPLAY_INTERVAL_S
     restart_cost_s: float = DEFAULT_RESTART_COST_S
     grow: bool = True
     shrink: bool = True

@@ -154,12 +154,15 @@ class TestElastic:
         t = cluster.task(trainer, coordinator=c2)
         assert t["elastic"]["gpus"] == 2 and t["elastic"]["resizes"] == 1
 
-    def test_growth_stays_within_the_queues_quota(self, cluster: Cluster, tmp_path: Path) -> None:
-        """With team queues, an elastic 1:4 task of a queue with a 2-GPU quota takes 2 GPUs of an idle 4-GPU node,
-        not 4: growing never borrows."""
+    def test_grows_into_lent_gpus_within_its_queues_limit_and_gives_them_back(self, cluster: Cluster,
+                                                                               tmp_path: Path) -> None:
+        """Team queues: team (quota 1, limit 3) and other (quota 3, idle: it lends). An elastic 1:4 task of team
+        takes 3 GPUs of the idle 4-GPU node, 2 of them borrowed: its limit, not its quota (growing borrows like
+        any task). ``tasks`` shows the interval and that the limit keeps it from growing. A task of other then
+        asks for its quota: the elastic task gives the borrowed GPUs back and restarts at 1."""
         queues = tmp_path / "queues.toml"
-        queues.write_text('[[queue]]\nname = "team"\ngpus = { "*" = 2 }\nmembers = ["*"]\ndefault_for = ["*"]\n'
-                          '[[queue]]\nname = "other"\ngpus = { "*" = 2 }\nmembers = ["*"]\n')
+        queues.write_text('[[queue]]\nname = "team"\ngpus = { "*" = 1 }\nlimit = { "*" = 3 }\nmembers = ["*"]\n'
+                          'default_for = ["*"]\n[[queue]]\nname = "other"\ngpus = { "*" = 3 }\nmembers = ["*"]\n')
         cluster.start_coordinator("c1", "--queues", str(queues), "--elastic-interval", _INTERVAL_S)
         cluster.wait_leader("c1")
         cluster.start_agent("n1", *ROOT_TASKS_AGENT)
@@ -167,6 +170,44 @@ class TestElastic:
         marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
         trainer = _elastic(cluster, marker, ckpt)
         wait_until(lambda: _starts(marker), what="elastic task started")
-        assert _starts(marker) == [(2, 0, "")]
-        t = cluster.task(trainer)
-        assert t["queue"] == "team" and t["elastic"]["gpus"] == 2 and t["borrowed_gpus"] == 0
+        assert _starts(marker) == [(3, 0, "")]
+        t = wait_until(lambda: (t := cluster.task(trainer))["elastic"]["grow_blocked"] and t,
+                       what="the reason it does not grow")
+        assert t["queue"] == "team" and t["elastic"]["gpus"] == 3 and t["borrowed_gpus"] == 2
+        assert "limit 3" in t["elastic"]["grow_blocked"] and t["elastic"]["interval_s"] == float(_INTERVAL_S)
+        detail = cluster.ctl("tasks", trainer).stdout
+        assert f"at most one resize per {_INTERVAL_S} s" in detail and "growing       blocked: queue team" in detail
+
+        other = _submit(cluster, "--name", "other", "--queue", "other", "--gpus", "3", "--gpu-mem-gib", "10",
+                        "--cpu", "0.1", "--", "sh", "-c", "sleep 600")
+        wait_until(lambda: len(_starts(marker)) == 2, timeout_s=30, what="elastic task gave its borrowed GPUs back")
+        world, count, reason = _starts(marker)[1]
+        assert (world, count) == (1, 1) and other in reason
+        wait_until(lambda: cluster.task(other)["state"] == "running", timeout_s=30, what="the other queue's task runs")
+        t = wait_until(lambda: (t := cluster.task(trainer))["state"] == "running" and t, what="running at 1")
+        assert t["elastic"]["gpus"] == 1 and t["borrowed_gpus"] == 0 and _running_instances(marker) == 1
+
+    def test_a_task_waiting_on_its_queues_limit_shrinks_it(self, cluster: Cluster, tmp_path: Path) -> None:
+        """team (quota 2, limit 3) beside an idle other (quota 2): the elastic 1:4 task grows to 3, team's limit. A
+        1-GPU task of team is then refused by the limit although a GPU is idle: the elastic task shrinks to 2
+        for it (once), and both run."""
+        queues = tmp_path / "queues.toml"
+        queues.write_text('[[queue]]\nname = "team"\ngpus = { "*" = 2 }\nlimit = { "*" = 3 }\nmembers = ["*"]\n'
+                          'default_for = ["*"]\n[[queue]]\nname = "other"\ngpus = { "*" = 2 }\nmembers = ["*"]\n')
+        cluster.start_coordinator("c1", "--queues", str(queues), "--elastic-interval", _INTERVAL_S)
+        cluster.wait_leader("c1")
+        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
+        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+        marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
+        trainer = _elastic(cluster, marker, ckpt)
+        wait_until(lambda: _starts(marker), what="elastic task started")
+        assert _starts(marker) == [(3, 0, "")]
+        wait_until(lambda: cluster.task(trainer)["state"] == "running", what="elastic task running")
+        rigid = _submit(cluster, "--name", "rigid", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",
+                        "sh", "-c", "sleep 600")
+        wait_until(lambda: len(_starts(marker)) == 2, timeout_s=30, what="elastic task shrunk for the limit")
+        world, count, reason = _starts(marker)[1]
+        assert (world, count) == (2, 1) and rigid in reason and "limit" in reason
+        wait_until(lambda: cluster.task(rigid)["state"] == "running", timeout_s=30, what="the rigid task runs")
+        t = wait_until(lambda: (t := cluster.task(trainer))["state"] == "running" and t, what="running at 2")
+        assert t["elastic"]["gpus"] == 2 and t["elastic"]["resizes"] == 1 and _running_instances(marker) == 1

@@ -19,6 +19,7 @@ from common.elastic import (
     idle_gpus,
     node_accepts,
     place_down,
+    plan_give_back,
     plan_grows,
     plan_shrinks,
     request_at,
@@ -161,6 +162,24 @@ class TestShrink:
         for r in out:
             j = by_id[r.task_id]
             assert j.range.minimum <= r.to_gpus < r.from_gpus == j.size
+
+
+class TestGiveBack:
+    """A task waiting on its queue's limit: the queue's elastic jobs give back GPUs wherever they run."""
+
+    def test_just_enough_from_the_job_losing_least_on_any_node(self) -> None:
+        scales, flat = _job("scales", 4, "n1", curve=_linear(1.0)), _job("flat", 4, "n2", curve=_linear(0.2))
+        out = plan_give_back("w", 0, 2, [scales, flat], NOW, SETTINGS, "its queue's limit")
+        assert [(r.task_id, r.from_gpus, r.to_gpus, r.for_task) for r in out] == [("flat", 4, 2, "w")]
+        assert "w is waiting on its queue's limit: shrinks to 2" in out[0].reason
+
+    def test_never_below_the_minimum_nor_in_vain(self) -> None:
+        assert plan_give_back("w", 0, 3, [_job("e", 4, lo=2)], NOW, SETTINGS, "x") == []
+        assert [r.to_gpus for r in plan_give_back("w", 0, 2, [_job("e", 4, lo=2)], NOW, SETTINGS, "x")] == [2]
+
+    def test_priority_and_hysteresis(self) -> None:
+        assert plan_give_back("w", 0, 1, [_job("e", 4, prio=5)], NOW, SETTINGS, "x") == []
+        assert plan_give_back("w", 0, 1, [_job("e", 4, last=NOW - 10)], NOW, SETTINGS, "x") == []
 
 
 class TestGrow:

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from common.elastic import ElasticSettings, Resize
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
+from coordinator.config import CoordinatorConfig
 from coordinator.elastic import WARMUP_S, ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor.resources import ResourceMonitor
@@ -159,3 +160,17 @@ class TestResize:
         assert alloc.restart_cost_s(task) == pytest.approx(16.0)   # a moving average with the stored one
         fresh = _task("t-2")
         assert alloc.restart_cost_s(fresh) == ElasticSettings().restart_cost_s
+
+
+class TestVisibility:
+    def test_the_leaders_interval_is_a_minute_by_default(self) -> None:
+        """Grows and shrinks come at most once a minute unless the operator says otherwise (not five)."""
+        assert CoordinatorConfig().elastic_interval_s == ElasticSettings().interval_s == 60.0
+
+    def test_what_blocks_a_grow_is_what_the_cycle_last_noted(self) -> None:
+        alloc, *_ = _allocator(_task())
+        alloc.note_blocked({"t-1": "queue team: 4 would exceed its limit 3", "t-2": ""})
+        assert alloc.grow_blocked("t-1") == "queue team: 4 would exceed its limit 3"
+        assert alloc.grow_blocked("t-2") == "" and alloc.grow_blocked("t-3") == ""
+        alloc.note_blocked({})
+        assert alloc.grow_blocked("t-1") == ""

@@ -283,7 +283,7 @@ class ResizeRecord(_message.Message):
     def __init__(self, time_unix_s: _Optional[float] = ..., from_gpus: _Optional[int] = ..., to_gpus: _Optional[int] = ..., reason: _Optional[str] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class ElasticStatus(_message.Message):
-    __slots__ = ("gpus", "target_gpus", "resizes", "resize_reason", "last_resize_unix_s", "restart_cost_s", "curve", "history", "resize_stop_unix_s")
+    __slots__ = ("gpus", "target_gpus", "resizes", "resize_reason", "last_resize_unix_s", "restart_cost_s", "curve", "history", "resize_stop_unix_s", "interval_s", "grow_blocked")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TARGET_GPUS_FIELD_NUMBER: _ClassVar[int]
     RESIZES_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +293,8 @@ class ElasticStatus(_message.Message):
     CURVE_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     RESIZE_STOP_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    GROW_BLOCKED_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     target_gpus: int
     resizes: int
@@ -302,7 +304,9 @@ class ElasticStatus(_message.Message):
     curve: _containers.RepeatedCompositeFieldContainer[ElasticPoint]
     history: _containers.RepeatedCompositeFieldContainer[ResizeRecord]
     resize_stop_unix_s: float
-    def __init__(self, gpus: _Optional[int] = ..., target_gpus: _Optional[int] = ..., resizes: _Optional[int] = ..., resize_reason: _Optional[str] = ..., last_resize_unix_s: _Optional[float] = ..., restart_cost_s: _Optional[float] = ..., curve: _Optional[_Iterable[_Union[ElasticPoint, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[ResizeRecord, _Mapping]]] = ..., resize_stop_unix_s: _Optional[float] = ...) -> None: ...
+    interval_s: float
+    grow_blocked: str
+    def __init__(self, gpus: _Optional[int] = ..., target_gpus: _Optional[int] = ..., resizes: _Optional[int] = ..., resize_reason: _Optional[str] = ..., last_resize_unix_s: _Optional[float] = ..., restart_cost_s: _Optional[float] = ..., curve: _Optional[_Iterable[_Union[ElasticPoint, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[ResizeRecord, _Mapping]]] = ..., resize_stop_unix_s: _Optional[float] = ..., interval_s: _Optional[float] = ..., grow_blocked: _Optional[str] = ...) -> None: ...
 
 class ServiceSpec(_message.Message):
     __slots__ = ("min_replicas", "max_replicas", "target_util", "pack_replicas")

@@ -69,3 +69,18 @@ class TestElasticDocument:
         assert "elastic       1:4 GPUs, 2 GPU(s) now" in text
         assert "resizes       1, last 10s ago" in text or "resizes       1, last" in text
         assert "speed-up      2 GPU(s) 180 busy GPUs" in text
+
+    def test_interval_and_what_blocks_a_grow_are_shown(self) -> None:
+        """The leader's interval, when the next resize may come, and why the task does not grow (JSON and view)."""
+        task = self._task()
+        task.elastic.interval_s = 60.0
+        task.elastic.grow_blocked = "queue team: 4 would exceed its limit 3"
+        doc = render.task_dict(task, now=lambda: 100.0)
+        validate(doc, "task")
+        e = doc["elastic"]
+        assert (e["interval_s"], e["next_resize_unix_s"], e["grow_blocked"]) == (60.0, 150.0, task.elastic.grow_blocked)
+        text = human.task_detail(doc, now=lambda: 100.0)
+        assert "interval      at most one resize per 60 s, next one possible in 50s" in text
+        assert "growing       blocked: queue team: 4 would exceed its limit 3" in text
+        task.elastic.grow_blocked = ""
+        assert "growing       nothing blocks it" in human.task_detail(render.task_dict(task), now=lambda: 100.0)

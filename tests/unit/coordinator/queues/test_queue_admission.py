@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import ValidationError
-from coordinator.queues import Demand, Held, Queue, QueueConfig, QueueUse, admit, pool_state
+from coordinator.queues import Demand, Held, Queue, QueueConfig, QueueUse, admit, pool_state, room
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -191,3 +191,19 @@ def test_a_parent_limited_to_its_quota_keeps_borrowing_among_its_children() -> N
     assert decision.reason == ("Queue org, above queue a, would hold 5 GPUs in all with this task, more than its "
                                "limit of 4.")
     assert admit(config, {}, capacity, Demand("other", H100, 8)).borrowed == 4      # others may borrow org's
+
+
+def test_room_is_the_idle_quota_and_what_may_be_borrowed_within_the_limits() -> None:
+    """What an elastic task of a may grow by: a holds 2 of its quota 4 (limit 8) and b lends its idle 4: 2 own + 4
+    borrowed = 6, within the limit; the most admit admits. Its limit (5) or its parent's (org: 6 over the subtree)
+    cuts it; b holding its quota leaves only a's idle quota."""
+    config = two_teams()
+    assert room(config, {"a": use(2)}, CAPACITY, "a", "*") == 6
+    assert admit(config, {"a": use(2)}, CAPACITY, Demand("a", H100, 6)).admit
+    assert not admit(config, {"a": use(2)}, CAPACITY, Demand("a", H100, 7)).admit
+    assert room(two_teams(limit={"*": 5}), {"a": use(2)}, CAPACITY, "a", "*") == 3
+    capped = QueueConfig(queues=(Queue("org", limit={"*": 6}), *list(config)[1:]))
+    assert room(capped, {"a": use(2), "b": use(1)}, CAPACITY, "a", "*") == 3
+    assert room(config, {"a": use(2), "b": use(4)}, CAPACITY, "a", "*") == 2
+    with pytest.raises(ValidationError):
+        room(config, {}, CAPACITY, "org", "*")

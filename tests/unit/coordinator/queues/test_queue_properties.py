@@ -152,5 +152,11 @@ def test_reclaim_frees_what_is_needed_whenever_it_can(
         # just enough: without any one victim it would not be
         assert all(freed - v.gpus < gpus for v in victims)
         assert all(v.gpu_model == model for v in victims)
+    elif held < config.get(queue).quota_in(pool) and victims:
+        # a queue under its quota claims up to its task's size, only from queues that stay at or above theirs
+        assert freed >= gpus and all(freed - v.gpus < gpus for v in victims)
+        for q in {v.queue for v in victims}:
+            mine = sum(h.gpus for h in holdings if h.queue == q and config.pool_of(h.gpu_model) == pool)
+            assert mine - sum(v.gpus for v in victims if v.queue == q) >= config.get(q).quota_in(pool)
     else:
         assert victims == []

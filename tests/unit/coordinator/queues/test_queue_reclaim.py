@@ -48,11 +48,26 @@ def test_nothing_is_preempted_when_it_cannot_cover_the_need() -> None:
     assert reclaim_victims(CONFIG, holdings, [Demand("a", H100, 2)]) == []
 
 
-def test_only_a_queue_owed_within_its_quota_reclaims() -> None:
+def test_only_a_queue_owed_within_its_quota_or_under_it_reclaims() -> None:
+    holdings = [task("a-own", "a", 4, 0, 1.0), task("c-1", "c", 2, 2, 2.0)]
+    assert reclaim_victims(CONFIG, holdings, [Demand("a", H100, 1)]) == []      # at its quota 4: it would borrow
     holdings = [task("a-own", "a", 3, 0, 1.0), task("c-1", "c", 2, 2, 2.0)]
-    assert reclaim_victims(CONFIG, holdings, [Demand("a", H100, 2)]) == []      # 3 + 2 > quota 4
     assert ids(reclaim_victims(CONFIG, holdings, [Demand("a", H100, 1)])) == ["c-1"]
     assert reclaim_victims(CONFIG, holdings, [Demand("c", H100, 1)]) == []      # c has no quota
+
+
+def test_a_queue_under_its_quota_claims_its_whole_task_from_queues_over_theirs() -> None:
+    """A task larger than what is left of its queue's quota (3 of 4 held, 2 asked) takes GPUs only from queues
+    that stay at or above their quota: c (quota 0) gives its 2; b's own 4 and a b task whose preemption would
+    leave b under its quota are never taken."""
+    holdings = [task("a-own", "a", 3, 0, 1.0), task("c-1", "c", 2, 2, 2.0)]
+    assert reclaim_victims(CONFIG, holdings, [Demand("a", H100, 2)]) == [Victim("c-1", "c", H100, 2, 2, "a")]
+    holdings = [task("a-own", "a", 3, 0, 1.0), task("b-own", "b", 3, 0, 1.0), task("b-new", "b", 2, 1, 2.0)]
+    assert reclaim_victims(CONFIG, holdings, [Demand("a", H100, 2)]) == []      # b would drop to 3 of its 4
+    # an owed claim comes first: b (2 of 4 held) is owed 2, a's larger task gets nothing of the 2 c lends
+    holdings = [task("a-own", "a", 3, 0, 1.0), task("b-own", "b", 2, 0, 1.0), task("c-1", "c", 2, 2, 2.0)]
+    assert ids(reclaim_victims(CONFIG, holdings, [Demand("a", H100, 2), Demand("b", H100, 2)])) == ["c-1"]
+    assert reclaim_victims(CONFIG, holdings, [Demand("a", H100, 2), Demand("b", H100, 2)])[0].for_queue == "b"
 
 
 def test_free_gpus_are_used_before_preempting() -> None:

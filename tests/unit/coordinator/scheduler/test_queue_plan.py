@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 import pytest
 
@@ -22,7 +23,7 @@ from coordinator.queues import (
 )
 from coordinator.queues.admission import Held, QueueUse
 from coordinator.scheduler import queueing
-from coordinator.scheduler.queueing import QueuedTask, plan_queues, reclaim_for
+from coordinator.scheduler.queueing import QueuedTask, QueueRoom, plan_queues, reclaim_for, shrink_needed
 
 CONFIG = QueueConfig(queues=(
     Queue(name="org", gpus={"*": 10}, limit={"*": 14}),
@@ -52,17 +53,19 @@ def reference(pending: Sequence[QueuedTask], holdings: Sequence[Holding], decay:
         use[t.queue] = QueueUse(gpus=gpus, cpu=old.cpu + t.cpu, mem_gib=old.mem_gib + t.mem_gib)
         decisions[t.task_id] = (True, borrowed)
 
-    later = []
+    ahead: list[str] = []
+    later: list[str] = []
     for task_id in order:                                   # within quota first
         t = by_id[task_id]
         d = admit(CONFIG, use, CAPACITY, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
         if not d.admit:
             refused.add(task_id)
         elif d.borrowed:
-            later.append(task_id)
+            under = use.get(t.queue, QueueUse()).held_in(CONFIG, d.pool).total < CONFIG.get(t.queue).quota_in(d.pool)
+            (ahead if under else later).append(task_id)
         else:
             take(t, 0, d.pool)
-    for task_id in later:                                   # then borrowing
+    for task_id in ahead + later:                           # then borrowing: queues under their quota first
         t = by_id[task_id]
         d = admit(CONFIG, use, CAPACITY, Demand(t.queue, t.gpu_model, t.gpus, t.cpu, t.mem_gib))
         if d.admit:
@@ -121,6 +124,50 @@ def test_quota_is_admitted_before_anything_is_lent() -> None:
     plan = plan_queues(two, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-own"]
     assert "quota of 2, so the task needs 3 borrowed; only 0 can be borrowed" in plan.refused["y-more"]
+
+
+def test_a_queue_under_its_quota_borrows_ahead_of_queues_over_theirs() -> None:
+    """x (quota 4, holding 2) asks 4 GPUs: 2 within its quota, 2 borrowed; y (quota 2, holding 2: at its quota)
+    asks 2 more, all borrowed, and comes first in fair order. 2 GPUs are lent (z's idle quota): they go to x,
+    whose task its quota does not cover whole, not to y, already at its quota."""
+    three = QueueConfig(queues=(Queue(name="x", gpus={"*": 4}), Queue(name="y", gpus={"*": 2}),
+                                Queue(name="z", gpus={"*": 2})))
+    holdings = [Holding("x0", "x", "TEST-GPU", 2, 0, True, 0.0), Holding("y0", "y", "TEST-GPU", 2, 0, True, 0.0)]
+    pending = [QueuedTask("y-more", "y", 2), QueuedTask("x-big", "x", 4)]
+    decay = UsageDecay.for_config(three)
+    decay.add("x", 0.0, gpu_s=1e6)                          # x has used more: y comes first in fair order
+    assert queueing.order_pending(three, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
+                                  queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
+    plan = plan_queues(three, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
+    assert plan.order == ["x-big"] and plan.admissions["x-big"].borrowed == 2
+    assert "needs 2 borrowed, 0 can be" in plan.refused["y-more"]
+
+
+TEAM = QueueConfig(queues=(Queue(name="team", gpus={"*": 2}, limit={"*": 3}), Queue(name="other", gpus={"*": 2})))
+
+
+class TestElasticRoom:
+    """team (quota 2, limit 3) beside other (quota 2, lending) on 8 GPUs."""
+
+    CAPACITY: ClassVar[dict[str, int]] = {"TEST-GPU": 8}
+
+    def test_elastic_tasks_share_their_queues_room_up_to_its_limit(self) -> None:
+        """Holding 1: room 2 (1 of its quota, then 1 borrowed up to the limit 3), booked as tasks take it."""
+        use = queueing.queue_use([Holding("e", "team", "TEST-GPU", 1, 0, True, 0.0)])
+        room = QueueRoom(TEAM, use, self.CAPACITY)
+        assert room.of("team", "*") == 2
+        assert room.take("team", "*", 1) == 0 and room.of("team", "*") == 1
+        assert room.take("team", "*", 1) == 1 and room.of("team", "*") == 0
+        assert room.of("nowhere", "*") == 0
+
+    def test_what_a_task_waiting_on_the_limit_needs_given_back(self) -> None:
+        """Holding 3 (its elastic task grew to the limit): a 1-GPU task needs 1 back, a 2-GPU one 2 (None when
+        only 1 can shrink); other's task is admitted as it is: nothing."""
+        use = queueing.queue_use(rebalance(TEAM, [Holding("e", "team", "TEST-GPU", 3, 0, True, 0.0)]))
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w1", "team", 1), "*", 2) == 1
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 2) == 2
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 1) is None
+        assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("o", "other", 1), "*", 2) is None
 
 
 class TestReclaimWithIdleGpus:

@@ -98,6 +98,24 @@ class TestReplayWithQueues:
         assert stats["queues"]["a"]["preempted"] == 4
         assert result.metrics["preemptions"] == 4
 
+    def test_a_team_whose_jobs_are_larger_than_its_quota_gets_its_entitlement(self) -> None:
+        """Queue big (quota 5) floods the 8 GPUs with 1-GPU jobs, borrowing lender's idle quota and small's; small
+        (quota 1) sends 2-GPU jobs, larger than its quota. Its jobs are never owed within its quota, and nobody
+        lends under contention: it waited until big's jobs ended. Under its quota, it now claims its whole job
+        from big, which stays at or above its own quota: every team gets ≥ 95 % of its entitlement moment by
+        moment, and lender's idle quota is never touched."""
+        tree = QueueConfig(queues=(Queue(name="big", gpus={"*": 5}), Queue(name="small", gpus={"*": 1}),
+                                   Queue(name="lender", gpus={"*": 2})))
+        jobs = ([queued(job(f"big{i}", 1, 0.0, 3000.0), "big") for i in range(16)]
+                + [queued(job(f"small{i}", 2, 100.0 + 10 * i, 300.0), "small") for i in range(3)])
+        result = replay(jobs, queues=tree)
+        stats = queue_stats(result, jobs, tree, 8)
+        assert stats["contended_h"] > 0
+        for name in ("big", "small"):
+            assert stats["queues"][name]["met"] >= 0.95, (name, stats["queues"][name])
+        assert starts(result, jobs)["small0"] == 100.0
+        assert peak_held(result, jobs, "big") == 8 and peak_held(result, jobs, "small") == 2
+
     def test_without_reclaim_borrowers_keep_their_gpus(self) -> None:
         """Borrowing without reclaim: b waits for a's borrowed GPUs to come back."""
         jobs = burst()
