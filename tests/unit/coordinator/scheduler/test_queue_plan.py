@@ -140,7 +140,7 @@ def test_a_queue_under_its_quota_borrows_ahead_of_queues_over_theirs() -> None:
                                   queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
     plan = plan_queues(three, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-big"] and plan.admissions["x-big"].borrowed == 2
-    assert "needs 2 borrowed, 0 can be" in plan.refused["y-more"]
+    assert "the task needs 2 borrowed; only 0 can be borrowed now" in plan.refused["y-more"]
 
 
 TEAM = QueueConfig(queues=(Queue(name="team", gpus={"*": 2}, limit={"*": 3}), Queue(name="other", gpus={"*": 2})))
