@@ -174,7 +174,7 @@ class TestElastic:
         t = wait_until(lambda: (t := cluster.task(trainer))["elastic"]["grow_blocked"] and t,
                        what="the reason it does not grow")
         assert t["queue"] == "team" and t["elastic"]["gpus"] == 3 and t["borrowed_gpus"] == 2
-        assert "limit 3" in t["elastic"]["grow_blocked"] and t["elastic"]["interval_s"] == float(_INTERVAL_S)
+        assert "its limit of 3" in t["elastic"]["grow_blocked"] and t["elastic"]["interval_s"] == float(_INTERVAL_S)
         detail = cluster.ctl("tasks", trainer).stdout
         assert f"at most one resize per {_INTERVAL_S} s" in detail and "growing       blocked: queue team" in detail
 
