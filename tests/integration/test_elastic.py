@@ -176,7 +176,7 @@ class TestElastic:
         assert t["queue"] == "team" and t["elastic"]["gpus"] == 3 and t["borrowed_gpus"] == 2
         assert "its limit of 3" in t["elastic"]["grow_blocked"] and t["elastic"]["interval_s"] == float(_INTERVAL_S)
         detail = cluster.ctl("tasks", trainer).stdout
-        assert f"at most one resize per {_INTERVAL_S} s" in detail and "growing       blocked: queue team" in detail
+        assert f"at most one resize per {_INTERVAL_S} s" in detail and "growing       blocked: Queue team" in detail
 
         other = _submit(cluster, "--name", "other", "--queue", "other", "--gpus", "3", "--gpu-mem-gib", "10",
                         "--cpu", "0.1", "--", "sh", "-c", "sleep 600")
