@@ -71,7 +71,9 @@ def _at_least(path: str, value: float, low: float, unit: str) -> None:
     """A demand that is 0 (none) or at least ``low``: a vanishing demand (``5e-324`` cores) is no demand
     anyone meant, and would let tasks pile up on a node without limit."""
     if 0 < value < low:
-        raise ValidationError(path, f"{value!r} is below the smallest demand ({low:g} {unit}); give 0 for none")
+        least = f"{int(low)} bytes (1 MiB)" if unit == "bytes" and low == 1 << 20 else f"{low:g} {unit}"
+        shown = f"{int(value)} bytes" if unit == "bytes" else f"{value!r} {unit}"
+        raise ValidationError(path, f"{shown} is below the smallest demand, {least}; give 0 for none")
 
 
 def _validate_demand(demand: Resources, allow_sharing: bool, max_gpus_per_node: int) -> None:

@@ -4,10 +4,13 @@ that play the agents' side through the app's own inputs (registrations, task sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from common.pb.gptrm.v1 import types_pb2
+import grpc
+
+from common.pb.gptrm.v1 import admin_pb2_grpc, types_pb2
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
 from coordinator.sync import connect
@@ -56,3 +59,17 @@ async def run_leading(endpoints: list[str], prefix: str, scenario: Callable[[App
             t.cancel()
         await app.leadership.resign()
         client.close()
+
+
+@contextlib.asynccontextmanager
+async def admin_stub(servicer: admin_pb2_grpc.AdminServicer) -> AsyncIterator[admin_pb2_grpc.AdminStub]:
+    """``servicer`` served over real gRPC on a loopback port; yields a stub connected to it."""
+    server = grpc.aio.server()
+    admin_pb2_grpc.add_AdminServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield admin_pb2_grpc.AdminStub(channel)
+    finally:
+        await server.stop(None)

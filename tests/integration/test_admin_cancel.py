@@ -12,13 +12,13 @@ import grpc
 import pytest
 
 from common.etcd_embedded import EtcdCluster
-from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.app import App
 from coordinator.queues import Queue
 from coordinator.sync import Keys, connect
 from coordinator.sync.queues import QueueStore
-from tests.helpers.inproc import one_gpu_spec, run_leading
+from tests.helpers.inproc import admin_stub, one_gpu_spec, run_leading
 from tests.integration.harness import Cluster, wait_until
 
 DEADLINES_S = (0.001, 0.002, 0.005, 0.005, 0.01)
@@ -99,32 +99,24 @@ class TestCancelledWrites:
         asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, self._cut_short))
 
     async def _cut_short(self, app: App) -> None:
-        server = grpc.aio.server()
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = admin_pb2_grpc.AdminStub(channel)
-                for i, deadline in enumerate(DEADLINES_S * 2):
-                    submit = admin_pb2.SubmitTaskRequest(spec=one_gpu_spec(f"t{i}"), request_id=f"r-{i}",
-                                                         queue_unplaceable=True)
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        await stub.SubmitTask(submit, timeout=deadline)
-                    task = await stub.SubmitTask(submit, timeout=30)   # the same request: the same task
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        await stub.CancelTask(admin_pb2.TaskRef(task_id=task.id), timeout=deadline)
+        async with admin_stub(AdminService(app)) as stub:
+            for i, deadline in enumerate(DEADLINES_S * 2):
+                submit = admin_pb2.SubmitTaskRequest(spec=one_gpu_spec(f"t{i}"), request_id=f"r-{i}",
+                                                     queue_unplaceable=True)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.SubmitTask(submit, timeout=deadline)
+                task = await stub.SubmitTask(submit, timeout=30)   # the same request: the same task
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.CancelTask(admin_pb2.TaskRef(task_id=task.id), timeout=deadline)
 
-                def memory() -> dict[str, tuple[int, int]]:
-                    return {t.id: (t.revision, t.state) for t in app.state.tasks.values()}
+            def memory() -> dict[str, tuple[int, int]]:
+                return {t.id: (t.revision, t.state) for t in app.state.tasks.values()}
 
-                async def stored() -> dict[str, tuple[int, int]]:
-                    return {t.id: (t.revision, t.state) for t in await asyncio.to_thread(app.store.list_tasks)}
+            async def stored() -> dict[str, tuple[int, int]]:
+                return {t.id: (t.revision, t.state) for t in await asyncio.to_thread(app.store.list_tasks)}
 
-                # The calls cut short may still be running: wait until none is, then compare.
-                deadline_s = asyncio.get_running_loop().time() + 30
-                while memory() != await stored() and asyncio.get_running_loop().time() < deadline_s:
-                    await asyncio.sleep(0.1)
-                assert memory() == await stored()
-        finally:
-            await server.stop(None)
+            # The calls cut short may still be running: wait until none is, then compare.
+            deadline_s = asyncio.get_running_loop().time() + 30
+            while memory() != await stored() and asyncio.get_running_loop().time() < deadline_s:
+                await asyncio.sleep(0.1)
+            assert memory() == await stored()

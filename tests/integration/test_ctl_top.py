@@ -73,7 +73,9 @@ def _start_busy(c: Cluster) -> None:
     c.start_coordinator("c1")
     c.wait_leader("c1")
     c.start_agent("n1")
-    res = c.ctl("-o", "json", "submit", "--name", "busy", "--gpus", "1", "--cpu", "0.1", "--", "sleep", "60")
+    # Simulated GPUs follow a task's own load: this one declares it, so its GPU's power moves.
+    res = c.ctl("-o", "json", "submit", "--name", "busy", "--gpus", "1", "--cpu", "0.1", "--env",
+                "GPTRM_SIM_LOAD=0.9", "--", "sleep", "60")
     assert res.returncode == 0, res.stderr
     tid = json.loads(res.stdout)["task_id"]
     wait_until(lambda: json.loads(c.ctl("-o", "json", "tasks", tid).stdout)["state"] == "running", what="running")

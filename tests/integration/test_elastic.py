@@ -50,6 +50,23 @@ def _running_instances(marker: Path) -> int:
     return n
 
 
+def _elastic_in_team(c: Cluster, tmp_path: Path, *, team_quota: int, other_quota: int) -> str:
+    """One 4-GPU node, queues team (``team_quota``, limit 3, everyone's default) and other (``other_quota``),
+    and the 1:4 elastic task submitted to team and started (its starts in ``tmp_path/starts``)."""
+    queues = tmp_path / "queues.toml"
+    queues.write_text(f'[[queue]]\nname = "team"\ngpus = {{ "*" = {team_quota} }}\nlimit = {{ "*" = 3 }}\n'
+                      f'members = ["*"]\ndefault_for = ["*"]\n[[queue]]\nname = "other"\n'
+                      f'gpus = {{ "*" = {other_quota} }}\nmembers = ["*"]\n')
+    c.start_coordinator("c1", "--queues", str(queues), "--elastic-interval", _INTERVAL_S)
+    c.wait_leader("c1")
+    c.start_agent("n1", *ROOT_TASKS_AGENT)
+    wait_until(lambda: json.loads(c.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
+    marker = tmp_path / "starts"
+    trainer = _elastic(c, marker, tmp_path / "ckpt")
+    wait_until(lambda: _starts(marker), what="elastic task started")
+    return trainer
+
+
 class TestElastic:
     def test_grows_shrinks_for_a_waiting_task_and_grows_back(self, cluster: Cluster, tmp_path: Path) -> None:
         """1:4 on an idle 4-GPU node runs at 4; a 2-GPU task arrives: the elastic one is signalled, restarts
@@ -160,16 +177,8 @@ class TestElastic:
         takes 3 GPUs of the idle 4-GPU node, 2 of them borrowed: its limit, not its quota (growing borrows like
         any task). ``tasks`` shows the interval and that the limit keeps it from growing. A task of other then
         asks for its quota: the elastic task gives the borrowed GPUs back and restarts at 1."""
-        queues = tmp_path / "queues.toml"
-        queues.write_text('[[queue]]\nname = "team"\ngpus = { "*" = 1 }\nlimit = { "*" = 3 }\nmembers = ["*"]\n'
-                          'default_for = ["*"]\n[[queue]]\nname = "other"\ngpus = { "*" = 3 }\nmembers = ["*"]\n')
-        cluster.start_coordinator("c1", "--queues", str(queues), "--elastic-interval", _INTERVAL_S)
-        cluster.wait_leader("c1")
-        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
-        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
-        trainer = _elastic(cluster, marker, ckpt)
-        wait_until(lambda: _starts(marker), what="elastic task started")
+        marker = tmp_path / "starts"
+        trainer = _elastic_in_team(cluster, tmp_path, team_quota=1, other_quota=3)
         assert _starts(marker) == [(3, 0, "")]
         t = wait_until(lambda: (t := cluster.task(trainer))["elastic"]["grow_blocked"] and t,
                        what="the reason it does not grow")
@@ -191,16 +200,8 @@ class TestElastic:
         """team (quota 2, limit 3) beside an idle other (quota 2): the elastic 1:4 task grows to 3, team's limit. A
         1-GPU task of team is then refused by the limit although a GPU is idle: the elastic task shrinks to 2
         for it (once), and both run."""
-        queues = tmp_path / "queues.toml"
-        queues.write_text('[[queue]]\nname = "team"\ngpus = { "*" = 2 }\nlimit = { "*" = 3 }\nmembers = ["*"]\n'
-                          'default_for = ["*"]\n[[queue]]\nname = "other"\ngpus = { "*" = 2 }\nmembers = ["*"]\n')
-        cluster.start_coordinator("c1", "--queues", str(queues), "--elastic-interval", _INTERVAL_S)
-        cluster.wait_leader("c1")
-        cluster.start_agent("n1", *ROOT_TASKS_AGENT)
-        wait_until(lambda: json.loads(cluster.ctl("-o", "json", "nodes").stdout)["nodes"], what="node")
-        marker, ckpt = tmp_path / "starts", tmp_path / "ckpt"
-        trainer = _elastic(cluster, marker, ckpt)
-        wait_until(lambda: _starts(marker), what="elastic task started")
+        marker = tmp_path / "starts"
+        trainer = _elastic_in_team(cluster, tmp_path, team_quota=2, other_quota=2)
         assert _starts(marker) == [(3, 0, "")]
         wait_until(lambda: cluster.task(trainer)["state"] == "running", what="elastic task running")
         rigid = _submit(cluster, "--name", "rigid", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--",

@@ -13,11 +13,12 @@ import pytest
 
 from common.errors import NotLeader
 from common.etcd_embedded import EtcdCluster
-from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService, _rpc, not_leader_message
 from coordinator.events import EventBus
 from coordinator.sync import EtcdClient, Keys, connect
 from coordinator.sync.leadership import Leadership
+from tests.helpers.inproc import admin_stub
 
 
 @pytest.fixture
@@ -58,17 +59,10 @@ class _Admin(AdminService):
 
 
 async def _refusal(leadership: Leadership) -> grpc.aio.AioRpcError:
-    server = grpc.aio.server()
-    admin_pb2_grpc.add_AdminServicer_to_server(_Admin(leadership), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await admin_pb2_grpc.AdminStub(channel).GetPolicy(admin_pb2.GetPolicyRequest(), timeout=10)
-            return info.value
-    finally:
-        await server.stop(None)
+    async with admin_stub(_Admin(leadership)) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetPolicy(admin_pb2.GetPolicyRequest(), timeout=10)
+        return info.value
 
 
 class TestNotLeaderMessage:

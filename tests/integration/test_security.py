@@ -293,7 +293,7 @@ class TestTaskUser:
         assert uid != 0
         spec = tmp_path / "root.yaml"
         spec.write_text("name: asroot\nkind: training\nargv: [id, -u]\nrun_as_user: root\n"
-                        "demand: {gpus: 1, gpu_mem_bytes: 1000}\n")
+                        "demand: {gpus: 1, gpu_mem_bytes: 1073741824}\n")
         res = cluster.ctl("-o", "json", "submit", "-f", str(spec))
         assert res.returncode == 0, res.stderr
         t = wait_until(lambda: finished(json.loads(res.stdout)["task_id"]), what="asroot to fail")

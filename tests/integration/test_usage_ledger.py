@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from common.etcd_embedded import EtcdCluster
-from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, types_pb2
+from common.pb.gptrm.v1 import admin_pb2, agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.api.admin import AdminService
 from coordinator.app import App
@@ -27,7 +27,7 @@ from coordinator.sync.state_machine import Conflict
 from coordinator.sync.usage import UsageStore
 from coordinator.usage.duty import UsageDuty, UsageMetrics, bucket_rows
 from coordinator.usage.ledger import HOUR_S, hour_of
-from tests.helpers.inproc import inventory, run_leading, until
+from tests.helpers.inproc import admin_stub, inventory, run_leading, until
 
 S = TaskState
 Scenario = Callable[[App, UsageStore], Awaitable[None]]
@@ -286,41 +286,33 @@ class TestGetUsage:
             await until(lambda: client.get(keys.usage_marks) is not None)
             client.txn([], [op_put(keys.usage_hour(h), types_pb2.UsageBucket(hour_unix_s=h, rows=rows)
                                    .SerializeToString())])
-            server = grpc.aio.server()
-            admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app), server)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            try:
-                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                    stub = admin_pb2_grpc.AdminStub(channel)
-                    report = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h - 86400), timeout=10)
-                    assert report.by == "queue" and report.since_unix_s == h - 86400
-                    assert report.accounted_until_unix_s >= h + HOUR_S
-                    assert dict(report.price_gpu_hour) == {"H100": 2.0} and report.price_kwh == 0.5
-                    by_key = {r.key: r for r in report.rows}
-                    assert list(by_key) == ["default", "research"]
-                    d = by_key["default"]
-                    assert (d.gpu_hours, d.cpu_core_hours, d.energy_kwh, d.tasks) == (2.0, 1.0, 1.0, 2)
-                    assert d.cost == pytest.approx(2 * 2.0 + 1.0 * 0.5) and by_key["research"].cost == 0
-                    by_model = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h, until_unix_s=h + 1,
-                                                                          by="model"), timeout=10)
-                    assert [r.key for r in by_model.rows] == ["NVIDIA A100", "NVIDIA H100 80GB HBM3"]
-                    assert (by_model.since_unix_s, by_model.until_unix_s) == (h, h + HOUR_S)
-                    later = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h + HOUR_S, by="user"),
-                                                timeout=10)
-                    assert not later.rows
-                    for request, field in [(admin_pb2.UsageRequest(by="node"), "by"),
-                                           (admin_pb2.UsageRequest(since_unix_s=h, until_unix_s=h - 1),
-                                            "since_unix_s"),
-                                           (admin_pb2.UsageRequest(since_unix_s=math.nan), "since_unix_s"),
-                                           (admin_pb2.UsageRequest(since_unix_s=h - 500 * 86400, until_unix_s=h),
-                                            "until_unix_s")]:
-                        with pytest.raises(grpc.aio.AioRpcError) as info:
-                            await stub.GetUsage(request, timeout=10)
-                        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                        assert info.value.details().startswith(field), info.value.details()
-            finally:
-                await server.stop(None)
+            async with admin_stub(AdminService(app)) as stub:
+                report = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h - 86400), timeout=10)
+                assert report.by == "queue" and report.since_unix_s == h - 86400
+                assert report.accounted_until_unix_s >= h + HOUR_S
+                assert dict(report.price_gpu_hour) == {"H100": 2.0} and report.price_kwh == 0.5
+                by_key = {r.key: r for r in report.rows}
+                assert list(by_key) == ["default", "research"]
+                d = by_key["default"]
+                assert (d.gpu_hours, d.cpu_core_hours, d.energy_kwh, d.tasks) == (2.0, 1.0, 1.0, 2)
+                assert d.cost == pytest.approx(2 * 2.0 + 1.0 * 0.5) and by_key["research"].cost == 0
+                by_model = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h, until_unix_s=h + 1,
+                                                                      by="model"), timeout=10)
+                assert [r.key for r in by_model.rows] == ["NVIDIA A100", "NVIDIA H100 80GB HBM3"]
+                assert (by_model.since_unix_s, by_model.until_unix_s) == (h, h + HOUR_S)
+                later = await stub.GetUsage(admin_pb2.UsageRequest(since_unix_s=h + HOUR_S, by="user"),
+                                            timeout=10)
+                assert not later.rows
+                for request, field in [(admin_pb2.UsageRequest(by="node"), "by"),
+                                       (admin_pb2.UsageRequest(since_unix_s=h, until_unix_s=h - 1),
+                                        "since_unix_s"),
+                                       (admin_pb2.UsageRequest(since_unix_s=math.nan), "since_unix_s"),
+                                       (admin_pb2.UsageRequest(since_unix_s=h - 500 * 86400, until_unix_s=h),
+                                        "until_unix_s")]:
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await stub.GetUsage(request, timeout=10)
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert info.value.details().startswith(field), info.value.details()
 
         try:
             asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario, price_gpu_hour={"H100": "2"},
