@@ -135,6 +135,25 @@ class TestDistributedLaunch:
             assert (f"torchrun --nnodes 2 --node-rank {rank} --nproc-per-node 4 --master-addr 127.0.0.1 "
                     f"--master-port {port} -- train.py --lr 0.1") in out, out
 
+    def test_a_missing_launcher_fails_each_rank_with_its_own_reason(self, cluster: Cluster) -> None:
+        """torchrun is on no agent's task PATH: every rank exits 127 by itself and is shown failed with that
+        reason, not "cancelled, stopped by the coordinator", and the task's reason names what was missing."""
+        cluster.start_coordinator("c1", *_COORD)
+        cluster.wait_leader("c1")
+        _two_nodes(cluster, *ROOT_TASKS_AGENT)
+        tid = cluster.submit(*_GANG, *ROOT_TASKS_SUBMIT, "--launcher", "torchrun", "--", "train.py")
+        t = wait_until(lambda: (t := cluster.task(tid))["state"] == "failed"
+                       and all(p["state"] in ("failed", "cancelled") for p in t["parts"]) and t,
+                       what="the gang to fail")
+        assert "torchrun: not found on the task's PATH" in t["reason"], t["reason"]
+        # A rank whose launcher was missing is failed with its own reason, never shown as stopped (one the stop
+        # reached before its launcher was even looked up, on a loaded machine, is rightly cancelled).
+        missing = [p for p in t["parts"] if p.get("exit_code") == 127]
+        assert missing, t["parts"]
+        for part in missing:
+            assert part["state"] == "failed", t["parts"]
+            assert "torchrun: not found on the task's PATH" in part["reason"] and "--task-path" in part["reason"]
+
 
 class TestLiveAndDieTogether:
     def test_a_failed_part_stops_the_other_and_the_task_fails_once(self, cluster: Cluster) -> None:
