@@ -63,6 +63,8 @@ __all__ = [
     "master_listen_handoff",
 ]
 
+_START_STEP_CODES = (125, 126, 127)
+"""Exit codes of the start steps that could not run the task (set-up failed, not executable, not found)."""
 _FIRST_PASSED_FD = 10
 """The lowest fd number a task inherits from the agent (the master port's listener)."""
 _KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit"})
@@ -511,7 +513,10 @@ class TaskRuntime:
         remove = getattr(self._gpus, "remove", None)
         if remove is not None:
             remove(rec.task_id)
-        if rec.stopping:
+        # What the start steps said when they could not run the task (its program not on its PATH, ...): a
+        # failure of its own even when a stop came meanwhile (a gang's other part failing the same way).
+        said = _own_words(rec.log_path) if code in _START_STEP_CODES else ""
+        if rec.stopping and not said:
             state, reason = TaskState.CANCELLED, "stopped by the coordinator"
         elif code == 0:
             state, reason = TaskState.SUCCEEDED, ""
@@ -525,7 +530,6 @@ class TaskRuntime:
             reason = (f"exited with code {code}" if code is not None and code >= 0
                       else f"killed by signal {-code}" if code is not None else "ended while the agent was down; "
                       "exit code unknown")
-            said = _own_words(rec.log_path)
             if said:
                 reason = f"{reason}: {said}"
         self._log.info("task_exited", task_id=rec.task_id, exit_code=code, state=state.label)
