@@ -27,7 +27,11 @@ from common.pb.gptrm.v1 import types_pb2
 
 __all__ = ["ROOM_INTERVAL_S", "Room", "ports_bound"]
 
-ROOM_INTERVAL_S = 2.0
+ROOM_INTERVAL_S = 10.0
+"""Reading ``/proc/net/tcp`` costs the kernel a walk of its socket tables (about 5 ms here, more on a busy host)
+and the uid count a scan of every process: once in 10 s keeps the sampler within its budget. The room counts
+what other programs hold; what the coordinator places is counted on its side, so a stale count only delays
+noticing a squatter (whose port or uid is then refused at start, and the task placed again)."""
 _TIME_WAIT = "06"   # a connection's leftover: SO_REUSEADDR binds over it (the agent's reservation does)
 _PROC_NET = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 
