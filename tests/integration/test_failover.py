@@ -30,6 +30,15 @@ def _one_leader(c: Cluster, names: list[str], timeout_s: float = 20.0) -> str:
     return wait_until(lambda: (ls := _leaders(c, names)) and len(ls) == 1 and ls[0], timeout_s, 0.05, "one leader")
 
 
+def _leader_and_standby(c: Cluster) -> tuple[str, str]:
+    """Coordinators c1 and c2 started: (the one that leads, the other)."""
+    names = ["c1", "c2"]
+    for n in names:
+        c.start_coordinator(n)
+    leader = _one_leader(c, names)
+    return leader, next(n for n in names if n != leader)
+
+
 class TestElection:
     def test_kill9_failover(self, cluster: Cluster) -> None:
         """With two replicas exactly one leads; after kill -9 of the leader the standby leads (how fast is
@@ -63,11 +72,7 @@ class TestElection:
 
     def test_standby_redirects_writes(self, cluster: Cluster) -> None:
         """A standby refuses writes with the leader's address, and gptrmctl follows it."""
-        names = ["c1", "c2"]
-        for n in names:
-            cluster.start_coordinator(n)
-        leader = _one_leader(cluster, names)
-        standby = next(n for n in names if n != leader)
+        leader, standby = _leader_and_standby(cluster)
         wait_until(lambda: cluster.status(standby).leader_id == leader, 20, 0.1, "standby to see the leader")
         with pytest.raises(grpc.RpcError) as err:
             cluster.admin(standby).SetPolicy(types_pb2.Policy(name="load-balancing", threshold=0.8), timeout=5)
@@ -102,6 +107,7 @@ class TestFencing:
 
 
 class TestChaos:
+    @pytest.mark.faults   # a minute of leader kills: a fault scenario, run by `make test-faults`
     def test_twenty_leader_kills(self, cluster: Cluster) -> None:
         """20 leader kills during continuous submits: every task exists once, no GPU is double-booked, states legal."""
         names = ["c1", "c2", "c3"]
@@ -165,11 +171,7 @@ class TestStandby:
     def test_submit_to_a_standby_with_queues_goes_to_the_leader(self, cluster: Cluster) -> None:
         """A submit sent to a standby only is redirected before the queue is checked (the standby holds no queue
         table): gptrmctl follows it and the leader accepts the task into its queue."""
-        names = ["c1", "c2"]
-        for n in names:
-            cluster.start_coordinator(n)
-        leader = _one_leader(cluster, names)
-        standby = next(n for n in names if n != leader)
+        leader, standby = _leader_and_standby(cluster)
         wait_until(lambda: cluster.status(standby).leader_id == leader, 20, 0.1, "standby to see the leader")
         res = cluster.ctl("queues", "set", "b", "--gpus", "1", "--members", "*", coordinator=cluster.address(leader))
         assert res.returncode == 0, res.stderr
@@ -180,11 +182,7 @@ class TestStandby:
 
     def test_a_standby_shows_the_nodes_state(self, cluster: Cluster) -> None:
         """A standby lists a registered node ready (not not-ready), and cordoned once the leader cordoned it."""
-        names = ["c1", "c2"]
-        for n in names:
-            cluster.start_coordinator(n)
-        leader = _one_leader(cluster, names)
-        standby = next(n for n in names if n != leader)
+        leader, standby = _leader_and_standby(cluster)
         cluster.start_agent("n1")
 
         def state_on_standby() -> int:

@@ -118,6 +118,15 @@ def _all_tasks(c: Cluster) -> list[types_pb2.Task]:
     return out
 
 
+
+def _queues_with_a_tiny_budget(tmp_path: Path) -> Path:
+    """QUEUES with queue a held past 0.001 GPU-hours a day (3.6 GPU-seconds), as a --queues file."""
+    path = tmp_path / "queues.toml"
+    path.write_text(QUEUES.replace('default_for = ["alice"]',
+                                   'default_for = ["alice"]\nbudget = { kind = "gpu_hours", amount = 0.001, '
+                                   'period = "day", action = "hold" }'))
+    return path
+
 class TestQueues:
     def test_a_queue_reclaims_its_lent_quota(self, cluster: Cluster, tmp_path: Path) -> None:
         cluster.start_coordinator("c1", "--queues", str(_queues_file(tmp_path)))
@@ -192,10 +201,7 @@ class TestQueues:
         """Queue a may use 0.001 GPU-hours a day (3.6 GPU-seconds) and holds new work past it: after one task of
         a ran 5 s on one GPU, a's next task waits with the budget as its reason while b's tasks run; the 80 % and
         100 % lines are events; `queues` shows the reading."""
-        path = tmp_path / "queues.toml"
-        path.write_text(QUEUES.replace('default_for = ["alice"]',
-                                       'default_for = ["alice"]\nbudget = { kind = "gpu_hours", amount = 0.001, '
-                                       'period = "day", action = "hold" }'))
+        path = _queues_with_a_tiny_budget(tmp_path)
         cluster.start_coordinator("c1", "--queues", str(path), "--usage-interval", "1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", *ROOT_TASKS_AGENT)
@@ -223,10 +229,7 @@ class TestQueues:
         """Queue a's budget (3.6 GPU-seconds a day) is crossed by one task: the leader announces 80 % and 100 % once
         each; after it stops, the new leader reads the same budget (and holds a's work) without announcing
         either again."""
-        path = tmp_path / "queues.toml"
-        path.write_text(QUEUES.replace('default_for = ["alice"]',
-                                       'default_for = ["alice"]\nbudget = { kind = "gpu_hours", amount = 0.001, '
-                                       'period = "day", action = "hold" }'))
+        path = _queues_with_a_tiny_budget(tmp_path)
         cluster.start_coordinator("c1", "--queues", str(path), "--usage-interval", "1")
         cluster.wait_leader("c1")
         cluster.start_coordinator("c2", "--queues", str(path), "--usage-interval", "1")
