@@ -39,7 +39,7 @@ from pathlib import Path
 from common.errors import GptrmError
 
 __all__ = ["EXEC_STUB", "ROOT_PATH", "TASK_PATH", "WRAPPER", "Programs", "env_script", "namespace_prefix",
-           "path_problem", "root_env", "task_command", "valid_env", "write_env_file"]
+           "path_problem", "root_env", "root_program", "task_command", "valid_env", "write_env_file"]
 
 TASK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """A task's ``PATH`` unless its spec or the agent's ``--task-path`` sets one (never the agent's own)."""
@@ -104,6 +104,13 @@ def root_env() -> dict[str, str]:
     return {"PATH": ROOT_PATH, "LANG": "C.UTF-8"}
 
 
+def root_program(name: str) -> str:
+    """The absolute path of ``name`` on :data:`ROOT_PATH` ("" when it is not there): how every program the agent
+    runs as root, or as a task's uid on the task's behalf, is named."""
+    found = shutil.which(name, path=ROOT_PATH)
+    return os.path.abspath(found) if found else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Programs:
     """Absolute paths of the programs a root step runs, found on :data:`ROOT_PATH` once ("" if missing)."""
@@ -116,11 +123,8 @@ class Programs:
 
     @classmethod
     def find(cls) -> Programs:
-        def which(name: str) -> str:
-            found = shutil.which(name, path=ROOT_PATH)
-            return os.path.abspath(found) if found else ""
-        return cls(setpriv=which("setpriv"), taskset=which("taskset"), numactl=which("numactl"),
-                   unshare=which("unshare"), mount=which("mount"))
+        return cls(setpriv=root_program("setpriv"), taskset=root_program("taskset"), numactl=root_program("numactl"),
+                   unshare=root_program("unshare"), mount=root_program("mount"))
 
     def namespaces_work(self) -> bool:
         """Whether this host lets the agent give a task its own PID, mount and IPC namespace and /dev/shm."""

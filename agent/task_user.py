@@ -37,13 +37,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.launch import ROOT_PATH
+from agent.launch import ROOT_PATH, root_program
 from agent.taskkill import uids_running
 from common.errors import ConfigError, GptrmError
 from common.logging import get_logger
@@ -277,7 +276,7 @@ class TaskUserPolicy:
                                   f"create {DEFAULT_TASK_USER!r} (make install does) or set --task-user") from None
             log.warning("task_user_fallback", reason=f"user {DEFAULT_TASK_USER!r} does not exist; tasks run as "
                         f"{FALLBACK_TASK_USER!r} (make install creates {DEFAULT_TASK_USER!r})")
-        if shutil.which("setpriv", path=ROOT_PATH) is None:
+        if not root_program("setpriv"):
             raise ConfigError(f"task_user: switching users needs setpriv (util-linux), which is not in {ROOT_PATH}")
         if pw.pw_uid == 0:
             raise ConfigError(f"task_user: {name!r} is root; tasks never run as root by default "

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import psutil
 
+from agent.launch import root_env, root_program
 from common.logging import get_logger
 
 __all__ = ["MEMORY_HEADROOM_BYTES", "TaskCgroup", "cgroup_root", "descendants", "end_task", "memory_capable_root",
@@ -232,11 +233,15 @@ def uids_running(uids: range) -> set[int]:
 
 
 def _kill_as(uid: int) -> None:
-    """``kill -KILL -1`` as ``uid``: every process of that uid but the killer itself, in one system call."""
+    """``kill -KILL -1`` as ``uid``: every process of that uid but the killer itself, in one system call.
+
+    Like every root step of a task's start (:mod:`agent.launch`), ``setpriv`` is named by its absolute path
+    and runs with the fixed root environment: the killer runs as the task's uid, so a process of that uid
+    could read its environment, which must hold nothing of the agent's."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
-                        "/bin/sh", "-c", "kill -KILL -1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=10, check=False)
+        subprocess.run([root_program("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                        "--", "/bin/sh", "-c", "kill -KILL -1"], env=root_env(), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
 
 
 def descendants(pid: int) -> list[psutil.Process]:
