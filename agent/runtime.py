@@ -119,8 +119,9 @@ class TaskRuntime:
         self.pump = pump if pump is not None else LogPump(self.state_dir / "tasks")
         if self._own_pump:
             self.pump.start()
-        self._cgroup_root = cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None
-        self._memory_root = memory_cgroup_root() if cgroups and runtime == "process" and os.geteuid() == 0 else None
+        own_cgroups = cgroups and runtime == "process" and os.geteuid() == 0
+        self._cgroup_root = cgroup_root() if own_cgroups else None
+        self._memory_root = memory_cgroup_root() if own_cgroups else None
         self._node_tag = node_tag(self.state_dir)
         if task_users is not None:
             task_users.resume_after([r.own_uid for r in self.table.tasks.values()])
@@ -263,7 +264,7 @@ class TaskRuntime:
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
         listener = check_master_port(st)   # held from here until the task's process holds it
         try:
-            taken = [r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0] + sorted(self._scrubbing)
+            taken = self.own_uids() + sorted(self._scrubbing)
             user = self._users.resolve(st.run_as_user, taken=taken) if self._users is not None else None
             try:
                 return await self._start_as(decision, user, listener)
@@ -522,9 +523,9 @@ class TaskRuntime:
             state, reason = TaskState.SUCCEEDED, ""
         elif recorded is None and code is not None and code > 0:
             # The wrapper records the task's exit code once the task ends: it ended before the task did.
-            last = _tail(rec.log_path, 512).strip().splitlines()[-1:]
+            last = _last_line(rec.log_path)
             state, reason = TaskState.FAILED, (f"the task did not start: its wrapper exited with code {code}"
-                                               + (f": {last[0][:300]}" if last else ""))
+                                               + (f": {last[:300]}" if last else ""))
         else:
             state = TaskState.FAILED
             reason = (f"exited with code {code}" if code is not None and code >= 0
@@ -542,7 +543,7 @@ class TaskRuntime:
     def adopt(self) -> None:
         """After an agent restart: follow tasks still alive, report those that ended meanwhile (and clean up
         after their uids), and clean up after uids it still claims that no task of its table holds."""
-        in_table = {r.own_uid for r in self.table.tasks.values() if r.own_uid >= 0}
+        in_table = set(self.own_uids())
         for uid in self._users.held() if self._users is not None else []:
             if uid not in in_table:
                 self._scrubbing.add(uid)   # not handed out before its clean-up is done
@@ -577,11 +578,16 @@ def _metric_overrides(mapping: types_pb2.MetricsMapping) -> dict[str, str]:
     return {role: getattr(mapping, role)[:_MAX_METRICS_FIELD] for role in ROLES if getattr(mapping, role)}
 
 
+def _last_line(log_path: str) -> str:
+    """The last non-empty line of a task's log ("" when it has none)."""
+    lines = _tail(log_path, 1024).strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def _own_words(log_path: str) -> str:
     """The last line of a task's log when the agent's own start steps wrote it ("gptrm: ..."): why the task could
     not start (its program not on its PATH, its environment or /dev/shm not set up)."""
-    lines = _tail(log_path, 1024).rstrip("\n").splitlines()
-    last = lines[-1] if lines else ""
+    last = _last_line(log_path)
     return last.removeprefix("gptrm: ")[:_MAX_METRICS_FIELD] if last.startswith("gptrm: ") else ""
 
 
