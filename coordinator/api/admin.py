@@ -406,29 +406,27 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return queue, principal.name if principal is not None else ""
 
     def _own_task(self, task_id: str) -> str:
-        """``task_id``, once the caller may act on that task (its queue is one the caller covers).
+        """``task_id``, once the caller may act on that task (its queue is one the caller covers). Called by
+        leader-only methods, after :meth:`_route` made sure this replica leads (where the task is known).
 
-        :raises NotLeader: on a standby (judged on the leader, where the task is known).
         :raises NotFound: no such task.
         :raises PermissionDenied: the task's queue is not the caller's (audited as refused)."""
-        self._app.leadership.require_leader()
-        task = self._app.tasks.get(task_id)
-        refusal = act_refusal(current_principal(), self._app.queue_admin.config, task.queue, f"task {task_id}")
-        if refusal is not None:
-            raise refusal
+        self._may_act(self._app.tasks.get(task_id).queue, f"task {task_id}")
         return task_id
 
     def _own_service(self, service_id: str) -> str:
         """``service_id``, once the caller may act on that service (as :meth:`_own_task`)."""
-        self._app.leadership.require_leader()
         svc = self._app.services.services.get(service_id)
         if svc is None:
             raise NotFound(f"service {service_id!r} not found")
-        refusal = act_refusal(current_principal(), self._app.queue_admin.config, svc.spec.queue,
-                              f"service {service_id}")
+        self._may_act(svc.spec.queue, f"service {service_id}")
+        return service_id
+
+    def _may_act(self, queue: str, target: str) -> None:
+        """:raises PermissionDenied: the caller does not cover ``queue`` (``target`` names what it asked for)."""
+        refusal = act_refusal(current_principal(), self._app.queue_admin.config, queue, target)
         if refusal is not None:
             raise refusal
-        return service_id
 
     @_rpc
     async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
