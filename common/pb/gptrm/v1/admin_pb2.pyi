@@ -26,6 +26,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_SCALE: _ClassVar[EventKind]
     EVENT_KIND_QUEUES: _ClassVar[EventKind]
     EVENT_KIND_RESIZE: _ClassVar[EventKind]
+    EVENT_KIND_HEALTH: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -42,6 +43,7 @@ EVENT_KIND_QOS_VIOLATION: EventKind
 EVENT_KIND_SCALE: EventKind
 EVENT_KIND_QUEUES: EventKind
 EVENT_KIND_RESIZE: EventKind
+EVENT_KIND_HEALTH: EventKind
 
 class ServiceRef(_message.Message):
     __slots__ = ("service_id",)
@@ -222,6 +224,14 @@ class ListNodesResponse(_message.Message):
     stale: bool
     next_page_token: str
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., stale: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ResumeGpusRequest(_message.Message):
+    __slots__ = ("node_id", "gpu_indices")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ("node_id",)

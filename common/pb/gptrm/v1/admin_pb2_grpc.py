@@ -160,6 +160,11 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.QueueRef.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.QueueView.FromString,
                 _registered_method=True)
+        self.ResumeGpus = channel.unary_unary(
+                '/gptrm.v1.Admin/ResumeGpus',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -322,6 +327,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeGpus(self, request, context):
+        """put fenced GPUs back in service after repair (admin)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -449,6 +461,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RemoveQueue,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.QueueRef.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.QueueView.SerializeToString,
+            ),
+            'ResumeGpus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeGpus,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.NodeView.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1126,6 +1143,33 @@ class Admin:
             '/gptrm.v1.Admin/RemoveQueue',
             gptrm_dot_v1_dot_admin__pb2.QueueRef.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.QueueView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeGpus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/ResumeGpus',
+            gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,26 @@ class GpuLinkLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GPU_LINK_LEVEL_SAME_SWITCH: _ClassVar[GpuLinkLevel]
     GPU_LINK_LEVEL_SAME_SOCKET: _ClassVar[GpuLinkLevel]
     GPU_LINK_LEVEL_CROSS_SOCKET: _ClassVar[GpuLinkLevel]
+
+class GpuHealthState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_HEALTH_STATE_UNSPECIFIED: _ClassVar[GpuHealthState]
+    GPU_HEALTH_STATE_HEALTHY: _ClassVar[GpuHealthState]
+    GPU_HEALTH_STATE_DEGRADED: _ClassVar[GpuHealthState]
+    GPU_HEALTH_STATE_UNHEALTHY: _ClassVar[GpuHealthState]
+
+class GpuHealthAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_HEALTH_ACTION_NONE: _ClassVar[GpuHealthAction]
+    GPU_HEALTH_ACTION_RESET: _ClassVar[GpuHealthAction]
+    GPU_HEALTH_ACTION_REPLACE: _ClassVar[GpuHealthAction]
+
+class HealthCheckState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEALTH_CHECK_STATE_UNSPECIFIED: _ClassVar[HealthCheckState]
+    HEALTH_CHECK_STATE_PENDING: _ClassVar[HealthCheckState]
+    HEALTH_CHECK_STATE_OK: _ClassVar[HealthCheckState]
+    HEALTH_CHECK_STATE_FAILED: _ClassVar[HealthCheckState]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_PENDING: TaskState
 TASK_STATE_SCHEDULED: TaskState
@@ -94,6 +114,17 @@ GPU_LINK_LEVEL_NVLINK: GpuLinkLevel
 GPU_LINK_LEVEL_SAME_SWITCH: GpuLinkLevel
 GPU_LINK_LEVEL_SAME_SOCKET: GpuLinkLevel
 GPU_LINK_LEVEL_CROSS_SOCKET: GpuLinkLevel
+GPU_HEALTH_STATE_UNSPECIFIED: GpuHealthState
+GPU_HEALTH_STATE_HEALTHY: GpuHealthState
+GPU_HEALTH_STATE_DEGRADED: GpuHealthState
+GPU_HEALTH_STATE_UNHEALTHY: GpuHealthState
+GPU_HEALTH_ACTION_NONE: GpuHealthAction
+GPU_HEALTH_ACTION_RESET: GpuHealthAction
+GPU_HEALTH_ACTION_REPLACE: GpuHealthAction
+HEALTH_CHECK_STATE_UNSPECIFIED: HealthCheckState
+HEALTH_CHECK_STATE_PENDING: HealthCheckState
+HEALTH_CHECK_STATE_OK: HealthCheckState
+HEALTH_CHECK_STATE_FAILED: HealthCheckState
 
 class ResourceVector(_message.Message):
     __slots__ = ("gpus", "gpu_mem_bytes", "cpu_cores", "mem_bytes", "disk_bytes")
@@ -433,7 +464,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus", "elastic")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus", "elastic", "gpu_fault_moves", "app_xids")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +491,8 @@ class Task(_message.Message):
     SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
     BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULT_MOVES_FIELD_NUMBER: _ClassVar[int]
+    APP_XIDS_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -486,7 +519,21 @@ class Task(_message.Message):
     submitted_by: str
     borrowed_gpus: int
     elastic: ElasticStatus
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ..., elastic: _Optional[_Union[ElasticStatus, _Mapping]] = ...) -> None: ...
+    gpu_fault_moves: int
+    app_xids: _containers.RepeatedCompositeFieldContainer[AppXid]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ..., elastic: _Optional[_Union[ElasticStatus, _Mapping]] = ..., gpu_fault_moves: _Optional[int] = ..., app_xids: _Optional[_Iterable[_Union[AppXid, _Mapping]]] = ...) -> None: ...
+
+class AppXid(_message.Message):
+    __slots__ = ("time_unix_s", "node_id", "gpu_index", "xid")
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
+    time_unix_s: float
+    node_id: str
+    gpu_index: int
+    xid: int
+    def __init__(self, time_unix_s: _Optional[float] = ..., node_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., xid: _Optional[int] = ...) -> None: ...
 
 class TaskPart(_message.Message):
     __slots__ = ("node_id", "rank", "state", "exit_code", "has_exit_code", "reason")
@@ -586,7 +633,7 @@ class NodeInventory(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
-    __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s", "power_state", "power_state_unix_s", "power_reason")
+    __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s", "power_state", "power_state_unix_s", "power_reason", "gpu_fences", "health_drained", "health_drain_reason", "gpu_health_history")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
@@ -598,6 +645,10 @@ class NodeRecord(_message.Message):
     POWER_STATE_FIELD_NUMBER: _ClassVar[int]
     POWER_STATE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     POWER_REASON_FIELD_NUMBER: _ClassVar[int]
+    GPU_FENCES_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_DRAINED_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    GPU_HEALTH_HISTORY_FIELD_NUMBER: _ClassVar[int]
     inventory: NodeInventory
     state: NodeState
     cordoned: bool
@@ -609,7 +660,45 @@ class NodeRecord(_message.Message):
     power_state: NodePowerState
     power_state_unix_s: float
     power_reason: str
-    def __init__(self, inventory: _Optional[_Union[NodeInventory, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., reserved: _Optional[_Union[ResourceVector, _Mapping]] = ..., reserved_gpu_indices: _Optional[_Iterable[int]] = ..., registered_unix_s: _Optional[float] = ..., last_seen_unix_s: _Optional[float] = ..., power_state: _Optional[_Union[NodePowerState, str]] = ..., power_state_unix_s: _Optional[float] = ..., power_reason: _Optional[str] = ...) -> None: ...
+    gpu_fences: _containers.RepeatedCompositeFieldContainer[GpuFence]
+    health_drained: bool
+    health_drain_reason: str
+    gpu_health_history: _containers.RepeatedCompositeFieldContainer[GpuHealthEvent]
+    def __init__(self, inventory: _Optional[_Union[NodeInventory, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., reserved: _Optional[_Union[ResourceVector, _Mapping]] = ..., reserved_gpu_indices: _Optional[_Iterable[int]] = ..., registered_unix_s: _Optional[float] = ..., last_seen_unix_s: _Optional[float] = ..., power_state: _Optional[_Union[NodePowerState, str]] = ..., power_state_unix_s: _Optional[float] = ..., power_reason: _Optional[str] = ..., gpu_fences: _Optional[_Iterable[_Union[GpuFence, _Mapping]]] = ..., health_drained: _Optional[bool] = ..., health_drain_reason: _Optional[str] = ..., gpu_health_history: _Optional[_Iterable[_Union[GpuHealthEvent, _Mapping]]] = ...) -> None: ...
+
+class GpuFence(_message.Message):
+    __slots__ = ("gpu_index", "gpu_uuid", "action", "reason", "evidence", "since_unix_s", "simulated")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    gpu_uuid: str
+    action: GpuHealthAction
+    reason: str
+    evidence: str
+    since_unix_s: float
+    simulated: bool
+    def __init__(self, gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., action: _Optional[_Union[GpuHealthAction, str]] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., since_unix_s: _Optional[float] = ..., simulated: _Optional[bool] = ...) -> None: ...
+
+class GpuHealthEvent(_message.Message):
+    __slots__ = ("time_unix_s", "gpu_index", "state", "reason", "evidence", "by")
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    time_unix_s: float
+    gpu_index: int
+    state: GpuHealthState
+    reason: str
+    evidence: str
+    by: str
+    def __init__(self, time_unix_s: _Optional[float] = ..., gpu_index: _Optional[int] = ..., state: _Optional[_Union[GpuHealthState, str]] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("name", "threshold", "threshold_mode")
@@ -642,7 +731,7 @@ class GpuProcess(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., used_mem_bytes: _Optional[int] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("index", "uuid", "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j", "temperature_c", "sm_clock_mhz", "mem_clock_mhz", "ecc_corrected_total", "ecc_uncorrected_total", "healthy", "health_reason", "processes", "mig_enabled", "simulated", "xid_last", "util_gpu_max", "power_w_max", "temperature_c_max", "mem_used_bytes_max")
+    __slots__ = ("index", "uuid", "util_gpu", "util_mem", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "energy_j", "temperature_c", "sm_clock_mhz", "mem_clock_mhz", "ecc_corrected_total", "ecc_uncorrected_total", "healthy", "health_reason", "processes", "mig_enabled", "simulated", "xid_last", "util_gpu_max", "power_w_max", "temperature_c_max", "mem_used_bytes_max", "health")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     UTIL_GPU_FIELD_NUMBER: _ClassVar[int]
@@ -667,6 +756,7 @@ class GpuSample(_message.Message):
     POWER_W_MAX_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_C_MAX_FIELD_NUMBER: _ClassVar[int]
     MEM_USED_BYTES_MAX_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     util_gpu: float
@@ -691,7 +781,42 @@ class GpuSample(_message.Message):
     power_w_max: float
     temperature_c_max: float
     mem_used_bytes_max: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., util_gpu: _Optional[float] = ..., util_mem: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temperature_c: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., ecc_corrected_total: _Optional[int] = ..., ecc_uncorrected_total: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., mig_enabled: _Optional[bool] = ..., simulated: _Optional[bool] = ..., xid_last: _Optional[int] = ..., util_gpu_max: _Optional[float] = ..., power_w_max: _Optional[float] = ..., temperature_c_max: _Optional[float] = ..., mem_used_bytes_max: _Optional[int] = ...) -> None: ...
+    health: GpuHealth
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., util_gpu: _Optional[float] = ..., util_mem: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temperature_c: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., ecc_corrected_total: _Optional[int] = ..., ecc_uncorrected_total: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., mig_enabled: _Optional[bool] = ..., simulated: _Optional[bool] = ..., xid_last: _Optional[int] = ..., util_gpu_max: _Optional[float] = ..., power_w_max: _Optional[float] = ..., temperature_c_max: _Optional[float] = ..., mem_used_bytes_max: _Optional[int] = ..., health: _Optional[_Union[GpuHealth, _Mapping]] = ...) -> None: ...
+
+class GpuHealth(_message.Message):
+    __slots__ = ("state", "action", "reason", "evidence", "since_unix_s", "simulated", "app_xid_count", "app_xid_last", "app_xid_unix_s")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    APP_XID_COUNT_FIELD_NUMBER: _ClassVar[int]
+    APP_XID_LAST_FIELD_NUMBER: _ClassVar[int]
+    APP_XID_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    state: GpuHealthState
+    action: GpuHealthAction
+    reason: str
+    evidence: str
+    since_unix_s: float
+    simulated: bool
+    app_xid_count: int
+    app_xid_last: int
+    app_xid_unix_s: float
+    def __init__(self, state: _Optional[_Union[GpuHealthState, str]] = ..., action: _Optional[_Union[GpuHealthAction, str]] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., since_unix_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., app_xid_count: _Optional[int] = ..., app_xid_last: _Optional[int] = ..., app_xid_unix_s: _Optional[float] = ...) -> None: ...
+
+class NodeHealthCheck(_message.Message):
+    __slots__ = ("state", "message", "ran_unix_s", "exit_code")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RAN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    state: HealthCheckState
+    message: str
+    ran_unix_s: float
+    exit_code: int
+    def __init__(self, state: _Optional[_Union[HealthCheckState, str]] = ..., message: _Optional[str] = ..., ran_unix_s: _Optional[float] = ..., exit_code: _Optional[int] = ...) -> None: ...
 
 class DiskSample(_message.Message):
     __slots__ = ("path", "total_bytes", "used_bytes", "read_bytes_total", "write_bytes_total")
@@ -782,7 +907,7 @@ class HostSample(_message.Message):
     def __init__(self, cpu_util: _Optional[float] = ..., load1: _Optional[float] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskSample, _Mapping]]] = ..., net_rx_bytes_total: _Optional[int] = ..., net_tx_bytes_total: _Optional[int] = ..., cpu_power_w: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskUsage, _Mapping]]] = ..., simulated: _Optional[bool] = ..., cpu_util_max: _Optional[float] = ..., mem_used_bytes_max: _Optional[int] = ..., cpu_power_w_max: _Optional[float] = ...) -> None: ...
 
 class TelemetrySample(_message.Message):
-    __slots__ = ("time_unix_s", "gpus", "host", "simulated", "task_qos", "summarised_samples", "summary_of_s", "task_uid_room", "task_ports_free")
+    __slots__ = ("time_unix_s", "gpus", "host", "simulated", "task_qos", "summarised_samples", "summary_of_s", "task_uid_room", "task_ports_free", "health_check")
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -792,6 +917,7 @@ class TelemetrySample(_message.Message):
     SUMMARY_OF_S_FIELD_NUMBER: _ClassVar[int]
     TASK_UID_ROOM_FIELD_NUMBER: _ClassVar[int]
     TASK_PORTS_FREE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_CHECK_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
     host: HostSample
@@ -801,7 +927,8 @@ class TelemetrySample(_message.Message):
     summary_of_s: float
     task_uid_room: int
     task_ports_free: int
-    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ..., summarised_samples: _Optional[int] = ..., summary_of_s: _Optional[float] = ..., task_uid_room: _Optional[int] = ..., task_ports_free: _Optional[int] = ...) -> None: ...
+    health_check: NodeHealthCheck
+    def __init__(self, time_unix_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., simulated: _Optional[bool] = ..., task_qos: _Optional[_Iterable[_Union[TaskQos, _Mapping]]] = ..., summarised_samples: _Optional[int] = ..., summary_of_s: _Optional[float] = ..., task_uid_room: _Optional[int] = ..., task_ports_free: _Optional[int] = ..., health_check: _Optional[_Union[NodeHealthCheck, _Mapping]] = ...) -> None: ...
 
 class UsageRow(_message.Message):
     __slots__ = ("queue", "user", "gpu_model", "gpu_s", "cpu_core_s", "energy_j", "tasks")
