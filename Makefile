@@ -6,7 +6,13 @@ STAMP  := $(VENV)/.installed
 # .venv serves `make run` (coordinator + agent) and `make test` (every extra and the test tools).
 VENV_EXTRAS ?= all,dev
 
-.PHONY: run test test-faults proto proto-check lint typecheck bench soak clean venv install uninstall
+.PHONY: run test test-faults proto proto-check lint typecheck bench soak clean venv install uninstall system-test-deps
+
+# Debian packages the tests use (real programs, never mocks), installed by `make test` when missing. One per line,
+# with what needs it.
+SYSTEM_TEST_PACKAGES ?= \
+	prometheus
+# prometheus: promtool checks the example alert rules (tests/unit/test_alert_rules.py)
 
 venv: $(STAMP)
 
@@ -24,8 +30,17 @@ run: $(STAMP)
 	$(PY) -m coordinator.devcluster
 
 ## test: install into .venv, check the generated code and the types, run the whole test suite
-test: $(STAMP) proto-check typecheck
+test: $(STAMP) system-test-deps proto-check typecheck
 	$(PY) -m pytest
+
+## system-test-deps: install the Debian packages of SYSTEM_TEST_PACKAGES that are missing (needs root or sudo)
+system-test-deps:
+	@missing=$$(for p in $(SYSTEM_TEST_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the tests: $$missing"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
 ## test-faults: every fault scenario (3-member etcd, 3 coordinators, agents; several minutes), and the slow
 ## fault variants of integration tests (marked `faults`)
