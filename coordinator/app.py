@@ -27,6 +27,7 @@ from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
+from coordinator.health.moves import GpuMoves
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
 from coordinator.monitor.telemetry_rate import RateMetrics, TelemetryRate
 from coordinator.nodes import NodeService
@@ -268,7 +269,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
-                           on_shrunk=power_manager.shrunk_for)
+                           on_shrunk=power_manager.shrunk_for,
+                           moves=GpuMoves(tasks, registry, dispatcher, events, elastic))
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)

@@ -1,0 +1,184 @@
+"""Work moves off a GPU that turns unhealthy.
+
+The single trigger: a placed task holds a GPU that its node's record fences
+(``NodeRecord.gpu_fences``, written by the leader from the agents' health reports and kept in etcd, so a
+new leader sees the same fences). Each pass (:meth:`GpuMoves.step`, run at the start of every scheduling
+cycle, so within a second of the fence) finds such tasks and moves them:
+
+- a task (a gang as a whole: every part) goes ``RUNNING → PREEMPTED`` (the fenced transition preemption
+  uses, which keeps its allocation until it stopped), with ``gpu_fault_moves`` + 1 and the reason
+  ("moved off n1 GPU 3: xid 79"), and gets a StopTask carrying its checkpoint signal; its agents send the
+  signal, wait its stop grace and stop it; when every part reported it ended it goes back to ``PENDING``
+  with its reservations released (:mod:`coordinator.dispatch.reconcile`, the preemption path) and is placed
+  anew by the next cycle, never on a fenced GPU. Neither ``restarts`` nor ``preemptions`` count it, so it
+  never uses up its restart policy's ``max_restarts``;
+- an elastic task that can still run without the fenced GPUs shrinks instead (a resize to the largest size
+  of its range that leaves them out, :meth:`~coordinator.elastic.ElasticAllocator.resize`, also counted in
+  ``gpu_fault_moves``); one already at its minimum is requeued as above.
+
+Each move is an ``health`` event and a ``task_moved_off_gpu`` log line. A task already being moved is
+PREEMPTED and is not looked at again, so the pass is idempotent, and a new leader's first cycle carries on
+what the old one could not finish (its agents' re-registration re-sends the stop of a PREEMPTED task).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.elastic import Resize
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.events import EventBus
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.ports import Elasticity
+from coordinator.profiler.elastic_spec import elastic_gpus
+from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
+
+if TYPE_CHECKING:
+    from coordinator.tasks import TaskTable  # type only: the task table loads etcd
+
+__all__ = ["MOVABLE_STATES", "FencedGpu", "GpuMoves", "fenced_gpus", "fenced_holdings", "move_reason"]
+
+MOVABLE_STATES = (TaskState.RUNNING, TaskState.PAUSED)
+"""States in which a task on a fenced GPU is moved (a task placed but not yet running is moved once it runs;
+a PREEMPTED one is already on its way out)."""
+
+Fences = Callable[[types_pb2.NodeRecord], Mapping[int, types_pb2.GpuFence]]
+"""A node record's fenced GPUs by index."""
+
+
+def fenced_gpus(record: types_pb2.NodeRecord) -> dict[int, types_pb2.GpuFence]:
+    """The GPUs a node record holds out of service, by index."""
+    return {f.gpu_index: f for f in record.gpu_fences}
+
+
+@dataclass(frozen=True, slots=True)
+class FencedGpu:
+    """A fenced GPU a task holds.
+
+    :param node_id: its node.
+    :param gpu_index: its index there.
+    :param reason: the fence's reason ("xid 79").
+    """
+
+    node_id: str
+    gpu_index: int
+    reason: str
+
+
+def fenced_holdings(task: types_pb2.Task,
+                    fences: Mapping[str, Mapping[int, types_pb2.GpuFence]]) -> list[FencedGpu]:
+    """The fenced GPUs the task's allocation holds (node by node in rank order, GPUs ascending)."""
+    out: list[FencedGpu] = []
+    for na in task.allocation.nodes:
+        fenced = fences.get(na.node_id)
+        if fenced:
+            out += [FencedGpu(na.node_id, i, fenced[i].reason or "unhealthy")
+                    for i in sorted(na.gpu_indices) if i in fenced]
+    return out
+
+
+def move_reason(held: Iterable[FencedGpu]) -> str:
+    """Why a task is moved, in words: ``moved off n1 GPU 3: xid 79`` (several GPUs separated by ``;``)."""
+    return "moved off " + "; ".join(f"{g.node_id} GPU {g.gpu_index}: {g.reason}" for g in held)
+
+
+class GpuMoves:
+    """Moves tasks off fenced GPUs (see the module's docstring).
+
+    Example::
+
+        moved = await moves.step()     # ids of the tasks whose move started in this pass
+
+    :param tasks: the task table (state changes go through it).
+    :param registry: the node table (each node's record and the tasks placed on it).
+    :param dispatcher: stop decisions with the checkpoint signal.
+    :param events: the cluster event log (``health`` events).
+    :param elastic: the elastic allocator (None: elastic tasks are requeued like the others).
+    :param fences: a node record's fenced GPUs by index.
+    """
+
+    def __init__(self, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher, events: EventBus,
+                 elastic: Elasticity | None = None, fences: Fences = fenced_gpus) -> None:
+        self._tasks, self._registry, self._dispatcher, self._events = tasks, registry, dispatcher, events
+        self._elastic, self._fences = elastic, fences
+        self._log = get_logger("health")
+
+    def on_fenced(self) -> list[tuple[types_pb2.Task, list[FencedGpu]]]:
+        """The movable tasks that hold a fenced GPU, with those GPUs (by task id)."""
+        fences: dict[str, Mapping[int, types_pb2.GpuFence]] = {}
+        ids: set[str] = set()
+        for entry in self._registry:
+            fenced = self._fences(entry.record)
+            if fenced:
+                fences[entry.node_id] = fenced
+                ids |= entry.task_ids
+        out = []
+        for task_id in sorted(ids):
+            task = self._tasks.find(task_id)
+            if task is None or task.state not in MOVABLE_STATES:
+                continue
+            held = fenced_holdings(task, fences)
+            if held:
+                out.append((task, held))
+        return out
+
+    async def step(self) -> list[str]:
+        """Start moving every movable task that holds a fenced GPU; the ids whose move started."""
+        moved: list[str] = []
+        for task, held in self.on_fenced():
+            if await self._move(task, held):
+                moved.append(task.id)
+        return moved
+
+    async def _move(self, task: types_pb2.Task, held: list[FencedGpu]) -> bool:
+        reason = move_reason(held)
+        shrink = self._shrink_to(task, held)
+        if shrink is not None:
+            size = elastic_gpus(task)
+            assert self._elastic is not None
+            curve = self._elastic.curve(task)
+            gain = curve.speedup(shrink) / curve.speedup(size) if curve.speedup(size) > 0 else 1.0
+            done = await self._elastic.resize([Resize(task.id, size, shrink, reason, gain)], fault_move=True)
+            if not done:
+                return False
+            self._moved(task, held, reason, f"shrinks {size} → {shrink} GPU(s)", "shrink")
+            return True
+        try:
+            stored = await self._tasks.transition(task.id, TaskState.PREEMPTED, reason,
+                                                  gpu_fault_moves=task.gpu_fault_moves + 1)
+        except GptrmError as e:   # it changed meanwhile (ended, or a lost compare): the next pass looks again
+            self._log.info("gpu_move_skipped", task_id=task.id, reason=str(e))
+            return False
+        self._dispatcher.stop(stored, reason, checkpoint_signal=stored.spec.checkpoint_signal or
+                              DEFAULT_CHECKPOINT_SIGNAL)
+        self._moved(task, held, reason, "is stopped and requeued", "requeue")
+        return True
+
+    def _shrink_to(self, task: types_pb2.Task, held: list[FencedGpu]) -> int | None:
+        """The size an elastic task shrinks to, leaving the fenced GPUs out (None: not elastic, or it cannot run
+        smaller: it is requeued)."""
+        if self._elastic is None or not task.spec.HasField("elastic"):
+            return None
+        rng = self._elastic.range(task)
+        if rng is None:
+            return None
+        size = elastic_gpus(task)
+        left = size - len(held)
+        if left < rng.minimum:
+            return None
+        to = rng.clamp(left)
+        return to if to < size else None
+
+    def _moved(self, task: types_pb2.Task, held: list[FencedGpu], reason: str, what: str, action: str) -> None:
+        nodes = sorted({g.node_id for g in held})
+        gpus = ",".join(f"{g.node_id}:{g.gpu_index}" for g in held)
+        self._log.info("task_moved_off_gpu", task_id=task.id, gpus=gpus, action=action, reason=reason,
+                       gpu_fault_moves=task.gpu_fault_moves + 1)
+        self._events.publish("health", f"task {task.id} {what}: {reason}", node_id=nodes[0], task_id=task.id,
+                             gpus=gpus, action=action, reason=reason)
