@@ -373,7 +373,8 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         "placement     " + (", ".join(f"{escape(a['node_id'])} GPUs {', '.join(map(str, a['gpu_indices']))}"
                                       for a in d["allocation"]) or "-"),
         f"exit code     {d['exit_code'] if d['exit_code'] is not None else '-'}",
-        f"restarts      {d['restarts']}  preemptions {d.get('preemptions', 0)}",
+        f"restarts      {d['restarts']}  preemptions {d.get('preemptions', 0)}"
+        + (f"  moved off failing GPUs {d['gpu_fault_moves']}" if d.get("gpu_fault_moves") else ""),
         f"energy        {d['energy_j'] / 3.6e6:.4f} kWh" + ("" if d["state"] in _FINAL else " so far"),
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),

@@ -151,6 +151,7 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "log_tail": t.log_tail,
         "restarts": t.restarts,
         "preemptions": t.preemptions,
+        "gpu_fault_moves": t.gpu_fault_moves,
         "deadline_missed": missed,
         "pids": list(t.pids),
         "history": [proto_dict(h) for h in t.history],

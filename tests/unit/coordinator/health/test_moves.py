@@ -203,3 +203,17 @@ class TestElastic:
                                       _task("e", ("n1", (0, 1, 2, 3)), elastic=(2, 4)), elastic=False)
         _step(moves)
         assert table.transitions[0][3] == {"gpu_fault_moves": 1}
+
+
+class TestShown:
+    def test_gptrmctl_shows_the_moves(self) -> None:
+        """``gptrmctl tasks TASK``: gpu_fault_moves in the JSON document (schema-valid) and in the detail view."""
+        from coordinator.ctl import human, render
+        from tests.helpers.ctl_schema import validate
+
+        task = _task("a", ("n1", (0,)))
+        task.gpu_fault_moves = 1
+        doc = render.task_dict(task, now=lambda: NOW)
+        validate(doc, "task")
+        assert doc["gpu_fault_moves"] == 1 and doc["restarts"] == 2
+        assert "moved off failing GPUs 1" in human.task_detail(doc, now=lambda: NOW)
