@@ -79,6 +79,7 @@ class LeaderDuties:
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
         sup.add("usage", lambda beat: app.usage.run(beat=beat), interval_s=cfg.usage_interval_s)
+        sup.add("health", lambda beat: app.nodes.health.run(beat=beat), interval_s=0.5)
         if cfg.power_capping == "on":
             sup.add("capping", lambda beat: app.capper.run(beat=beat), interval_s=2.0)
 
@@ -289,7 +290,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                     up_cooldown_s=cfg.service_cooldown_s / 2,
                                                     max_actions=cfg.service_max_actions))
     nodes = NodeService(registry, state, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics,
-                        events)
+                        events, health_drain_gpus=cfg.health_drain_gpus, on_health_change=wakeup.set)
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,

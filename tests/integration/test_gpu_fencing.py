@@ -1,0 +1,106 @@
+"""GPU fencing on a leading coordinator (coordinator/health): real components from ``coordinator.app.build`` on
+the test session's etcd; the agent's side played through the app's own inputs (registration, telemetry
+batches as the gateway hands them over, task statuses)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.types import NodeState, TaskState
+from coordinator.app import App
+from coordinator.monitor.nodes import NodeEntry
+from tests.helpers.inproc import inventory, run_leading, until
+
+Scenario = Callable[[App], Awaitable[None]]
+U, D, H = types_pb2.GPU_HEALTH_STATE_UNHEALTHY, types_pb2.GPU_HEALTH_STATE_DEGRADED, types_pb2.GPU_HEALTH_STATE_HEALTHY
+RESET, REPLACE = types_pb2.GPU_HEALTH_ACTION_RESET, types_pb2.GPU_HEALTH_ACTION_REPLACE
+
+
+@pytest.fixture
+def lead(etcd_server: EtcdCluster, etcd_prefix: str) -> Callable[..., None]:
+    """Runs a scenario on a replica that leads (its own event loop)."""
+    return lambda scenario, **cfg: asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario, **cfg))
+
+
+def gpu_spec(name: str, gpus: int) -> types_pb2.TaskSpec:
+    return types_pb2.TaskSpec(name=name, argv=["true"], kind=types_pb2.TASK_KIND_TRAINING, has_demand=True,
+                              demand=types_pb2.ResourceVector(gpus=gpus, cpu_cores=1))
+
+
+def report(app: App, entry: NodeEntry, gpus: int = 8, check: int = 0, check_message: str = "",
+           **health: types_pb2.GpuHealth) -> None:
+    """One telemetry batch from the node: every GPU healthy except those named ``g<index>``."""
+    sample = types_pb2.TelemetrySample(time_unix_s=time.time(), health_check=types_pb2.NodeHealthCheck(
+        state=check, message=check_message))
+    for i in range(gpus):
+        sample.gpus.append(types_pb2.GpuSample(index=i, healthy=True, mem_total_bytes=80 * 1024**3,
+                                               health=health.get(f"g{i}", types_pb2.GpuHealth(state=H))))
+    app.nodes.telemetry(entry, agent_pb2.TelemetryBatch(samples=[sample]))
+
+
+def bad(action: int, reason: str, since: float | None = None) -> types_pb2.GpuHealth:
+    return types_pb2.GpuHealth(state=U, action=action, reason=reason, evidence=reason.replace(" ", "="),
+                               since_unix_s=time.time() if since is None else since)
+
+
+async def stored(app: App, node_id: str = "n1") -> types_pb2.NodeRecord:
+    return next(r for r in await asyncio.to_thread(app.store.list_nodes) if r.inventory.node_id == node_id)
+
+
+async def connect(app: App, node_id: str = "n1", gpus: int = 8) -> NodeEntry:
+    return await app.nodes.connected(agent_pb2.Register(inventory=inventory(node_id, gpus)), asyncio.Queue())
+
+
+def health_events(app: App) -> list[tuple[str, dict[str, str]]]:
+    return [(e.message, e.fields) for e in app.events.recent(200) if e.kind == "health"]
+
+
+class TestFences:
+    def test_unhealthy_report_fences_the_gpu_and_reset_lifts_itself(self, lead: Callable[..., None]) -> None:
+        """An UNHEALTHY (RESET) report fences that GPU in etcd with history and an event; the node stays ready;
+        the agent's HEALTHY report lifts the fence by itself, audited by "agent"."""
+        lead(self._reset_fence)
+
+    async def _reset_fence(self, app: App) -> None:
+        entry = await connect(app)
+        report(app, entry, g3=bad(RESET, "row remap pending"))
+        await until(lambda: any(f.gpu_index == 3 for f in entry.record.gpu_fences))
+        record = await stored(app)
+        assert [(f.gpu_index, f.action, f.reason) for f in record.gpu_fences] == [(3, RESET, "row remap pending")]
+        assert [(h.gpu_index, h.state, h.by) for h in record.gpu_health_history] == [(3, U, "agent")]
+        assert entry.state == NodeState.READY and not record.health_drained
+        message, fields = health_events(app)[-1]
+        assert message.startswith("n1 GPU 3 unhealthy: row remap pending")
+        assert fields["gpu"] == "3" and fields["state"] == "unhealthy" and fields["evidence"] == "row=remap=pending"
+
+        report(app, entry)
+        await until(lambda: not entry.record.gpu_fences)
+        record = await stored(app)
+        assert not record.gpu_fences and record.gpu_health_history[-1].state == H
+        assert record.gpu_health_history[-1].by == "agent"
+        assert "back in service" in health_events(app)[-1][0]
+
+    def test_older_agent_unhealthy_is_a_replace_fence(self, lead: Callable[..., None]) -> None:
+        """An older agent's healthy=false fences the GPU until an admin resumes it (its healthy=true does not)."""
+        lead(self._older_agent)
+
+    async def _older_agent(self, app: App) -> None:
+        entry = await connect(app, gpus=2)
+        sample = types_pb2.TelemetrySample(time_unix_s=time.time(), gpus=[
+            types_pb2.GpuSample(index=0, healthy=True),
+            types_pb2.GpuSample(index=1, healthy=False, health_reason="GPU is lost")])
+        app.nodes.telemetry(entry, agent_pb2.TelemetryBatch(samples=[sample]))
+        await until(lambda: bool(entry.record.gpu_fences))
+        assert (entry.record.gpu_fences[0].action, entry.record.gpu_fences[0].reason) == (REPLACE, "GPU is lost")
+        sample.gpus[1].healthy = True
+        app.nodes.telemetry(entry, agent_pb2.TelemetryBatch(samples=[sample]))
+        async with app.state.node_writes:   # any pass of the watch already under way has ended
+            pass
+        await app.nodes.health.step()
+        assert (await stored(app)).gpu_fences[0].gpu_index == 1
