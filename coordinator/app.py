@@ -291,6 +291,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                     max_actions=cfg.service_max_actions))
     nodes = NodeService(registry, state, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics,
                         events, health_drain_gpus=cfg.health_drain_gpus, on_health_change=wakeup.set)
+    nodes.health.on_fenced = lambda node_id, fence: wakeup.set()   # the cycle's first step moves its work
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,

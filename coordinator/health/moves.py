@@ -34,6 +34,7 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
+from coordinator.health.rules import fenced
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity
 from coordinator.profiler.elastic_spec import elastic_gpus
@@ -42,7 +43,7 @@ from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd
 
-__all__ = ["MOVABLE_STATES", "FencedGpu", "GpuMoves", "fenced_gpus", "fenced_holdings", "move_reason"]
+__all__ = ["MOVABLE_STATES", "FencedGpu", "GpuMoves", "fenced_holdings", "move_reason"]
 
 MOVABLE_STATES = (TaskState.RUNNING, TaskState.PAUSED)
 """States in which a task on a fenced GPU is moved (a task placed but not yet running is moved once it runs;
@@ -50,11 +51,6 @@ a PREEMPTED one is already on its way out)."""
 
 Fences = Callable[[types_pb2.NodeRecord], Mapping[int, types_pb2.GpuFence]]
 """A node record's fenced GPUs by index."""
-
-
-def fenced_gpus(record: types_pb2.NodeRecord) -> dict[int, types_pb2.GpuFence]:
-    """The GPUs a node record holds out of service, by index."""
-    return {f.gpu_index: f for f in record.gpu_fences}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +96,11 @@ class GpuMoves:
     :param dispatcher: stop decisions with the checkpoint signal.
     :param events: the cluster event log (``health`` events).
     :param elastic: the elastic allocator (None: elastic tasks are requeued like the others).
-    :param fences: a node record's fenced GPUs by index.
+    :param fences: a node record's fenced GPUs by index (:func:`coordinator.health.rules.fenced`).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher, events: EventBus,
-                 elastic: Elasticity | None = None, fences: Fences = fenced_gpus) -> None:
+                 elastic: Elasticity | None = None, fences: Fences = fenced) -> None:
         self._tasks, self._registry, self._dispatcher, self._events = tasks, registry, dispatcher, events
         self._elastic, self._fences = elastic, fences
         self._log = get_logger("health")

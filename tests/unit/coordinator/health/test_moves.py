@@ -20,7 +20,8 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
-from coordinator.health.moves import GpuMoves, fenced_gpus, fenced_holdings, move_reason
+from coordinator.health.moves import GpuMoves, fenced_holdings, move_reason
+from coordinator.health.rules import fenced
 from coordinator.monitor.resources import ResourceMonitor
 
 NOW = 10_000.0
@@ -106,7 +107,7 @@ def _step(moves: GpuMoves) -> list[str]:
 class TestTrigger:
     def test_fenced_holdings_name_each_fenced_gpu_held(self) -> None:
         task = _task("t", ("n1", (4, 3)), ("n2", (0,)))
-        fences = {"n1": fenced_gpus(_node("n1", set(), {3: "xid 79", 5: "xid 48"}).record)}
+        fences = {"n1": fenced(_node("n1", set(), {3: "xid 79", 5: "xid 48"}).record)}
         held = fenced_holdings(task, fences)
         assert [(g.node_id, g.gpu_index) for g in held] == [("n1", 3)]
         assert move_reason(held) == "moved off n1 GPU 3: xid 79"
