@@ -35,6 +35,7 @@ from typing import Any
 import structlog
 
 from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading
+from agent.health import HealthOptions
 from common.errors import CollectorError, ValidationError
 from common.topology import MAX_CPUS, MAX_NUMA_NODE, GpuTopologyFacts, LinkLevel
 
@@ -90,7 +91,8 @@ def load_pynvml() -> ModuleType:
 
 
 def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path("/sys"),
-              clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S) -> NvmlCollector:
+              clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S,
+              health: HealthOptions | None = None) -> NvmlCollector:
     """Initialise NVML, open every GPU's handle and read the inventory.
 
     Example::
