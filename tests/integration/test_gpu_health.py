@@ -118,6 +118,7 @@ class TestFailingGpu:
         _assert_moved(task, bad)
         assert len(_held(task)) == 4 and {n for n, _ in _held(task)} == {"n1"}
         assert starts.read_text().split() == ["0", "0"]           # started twice, never counted as a restart
+        assert ckpt.read_text().splitlines() == ["checkpoint 0"]  # signalled once
         fence = _fences(cluster, "n1")[bad[1]]
         assert "79" in fence.reason and fence.simulated
         assert "79" in cluster.ctl("nodes", "n1").stdout
@@ -149,7 +150,7 @@ class TestFailingGpu:
         cluster.wait_leader("c2")
         task = _moved_and_running(cluster, tid, "c2")
         _assert_moved(task, bad)
-        assert ckpt.exists() and len(_held(task)) == 4
+        assert ckpt.read_text().splitlines() == ["checkpoint 0"] and len(_held(task)) == 4
         assert_gpus_held_once(list(cluster.admin("c2").ListTasks(admin_pb2.ListTasksRequest(), timeout=5).tasks))
         assert "79" in _fences(cluster, "n1", "c2")[bad[1]].reason
         res = cluster.ctl("gpus", "resume", f"n1:{bad[1]}", coordinator=cluster.address("c2"))
