@@ -25,7 +25,7 @@ from common.pbenum import pb_enum
 
 __all__ = [
     "AGENT", "APP_XIDS_MAX", "HISTORY_MAX", "LEADER", "Change", "add_app_xid", "apply_drain", "apply_reports",
-    "apply_resume", "describe_fence", "drain_cause", "effective", "fence_of", "fenced", "last_state",
+    "apply_resume", "describe_fence", "drain_cause", "effective", "fence_of", "fenced", "health_notes", "last_state",
     "resumed_at", "state_label",
 ]
 
@@ -114,6 +114,28 @@ def fence_of(record: types_pb2.NodeRecord, index: int) -> types_pb2.GpuFence | N
 def describe_fence(node_id: str, fence: types_pb2.GpuFence) -> str:
     """How refusals and pending reasons name a fenced GPU: ``n1 GPU 3 unhealthy: xid 79``."""
     return f"{node_id} GPU {fence.gpu_index} unhealthy: {fence.reason or 'fenced'}"
+
+
+_NOTES_MAX = 4
+
+
+def health_notes(nodes: Iterable[tuple[str, types_pb2.NodeRecord, bool]]) -> list[str]:
+    """What pending reasons add about health: each fenced GPU (``n1 GPU 3 unhealthy: xid 79``), each node drained
+    by health, each node whose health check has no verdict yet (``n1 health check pending``); at most a few,
+    then how many more.
+
+    :param nodes: ``(node id, record, health check pending)`` per node, in the order to name them.
+    """
+    notes: list[str] = []
+    for node_id, record, pending in nodes:
+        if pending:
+            notes.append(f"{node_id} health check pending")
+        if record.health_drained:
+            notes.append(f"{node_id} drained by health: {record.health_drain_reason}")
+        notes.extend(describe_fence(node_id, f) for f in sorted(record.gpu_fences, key=lambda f: f.gpu_index))
+    if len(notes) > _NOTES_MAX:
+        notes[_NOTES_MAX:] = [f"{len(notes) - _NOTES_MAX} more unhealthy GPUs or nodes"]
+    return notes
 
 
 def last_state(record: types_pb2.NodeRecord, index: int) -> int:

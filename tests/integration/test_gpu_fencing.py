@@ -104,3 +104,74 @@ class TestFences:
             pass
         await app.nodes.health.step()
         assert (await stored(app)).gpu_fences[0].gpu_index == 1
+
+
+async def finish(app: App, entry: NodeEntry, task_id: str) -> None:
+    await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(task_id=task_id, state=int(TaskState.RUNNING)))
+    await app.reconciler.on_task_status(entry, agent_pb2.TaskStatus(
+        task_id=task_id, state=int(TaskState.SUCCEEDED), has_exit_code=True, exit_code=0))
+
+
+def gpus_of(app: App, task_id: str) -> list[int]:
+    return list(app.tasks.get(task_id).allocation.nodes[0].gpu_indices)
+
+
+class TestPlacement:
+    def test_fenced_gpu_is_never_offered_and_named_while_a_task_waits(self, lead: Callable[..., None]) -> None:
+        """With GPU 3 fenced, an 8-GPU task waits naming it (not refused at submit) while a 4-GPU task places on
+        other GPUs; an admin's resume brings the GPU back and the 8-GPU task is placed."""
+        lead(self._waits_naming_the_gpu)
+
+    async def _waits_naming_the_gpu(self, app: App) -> None:
+        entry = await connect(app)
+        report(app, entry, g3=bad(REPLACE, "xid 79"))
+        await until(lambda: bool(entry.record.gpu_fences))
+        big = await app.tasks.submit(gpu_spec("big", 8), "r-big")
+        await until(lambda: "n1 GPU 3 unhealthy: xid 79" in app.tasks.get(big.id).reason)
+        assert app.tasks.get(big.id).state == TaskState.PENDING
+        small = await app.tasks.submit(gpu_spec("small", 4), "r-small")
+        await until(lambda: app.tasks.get(small.id).state == TaskState.SCHEDULED)
+        assert 3 not in gpus_of(app, small.id)
+        await finish(app, entry, small.id)
+        await until(lambda: app.tasks.get(small.id).state == TaskState.SUCCEEDED)
+        assert app.tasks.get(big.id).state == TaskState.PENDING
+
+        view = await app.nodes.health.resume("n1", [3], "admin-alice")
+        assert not view.record.gpu_fences
+        await until(lambda: app.tasks.get(big.id).state == TaskState.SCHEDULED)
+        assert gpus_of(app, big.id) == list(range(8))
+        record = await stored(app)
+        assert not record.gpu_fences and record.gpu_health_history[-1].by == "admin-alice"
+        # The agent still reports the episode the admin cleared: the GPU stays in service.
+        report(app, entry, g3=bad(REPLACE, "xid 79", since=record.gpu_health_history[-2].time_unix_s))
+        await app.nodes.health.step()
+        assert not entry.record.gpu_fences
+
+    def test_degraded_gpu_is_chosen_last(self, lead: Callable[..., None]) -> None:
+        """A DEGRADED GPU stays in service but a one-GPU task goes to another GPU of the node."""
+        lead(self._degraded_last)
+
+    async def _degraded_last(self, app: App) -> None:
+        entry = await connect(app, gpus=2)
+        report(app, entry, gpus=2, g0=types_pb2.GpuHealth(state=D, reason="thermal slowdown"))
+        await until(lambda: entry.degraded_gpus == frozenset({0}))
+        await until(lambda: any(h.state == D for h in entry.record.gpu_health_history))
+        one = await app.tasks.submit(gpu_spec("one", 1), "r-1")
+        await until(lambda: app.tasks.get(one.id).state == TaskState.SCHEDULED)
+        assert gpus_of(app, one.id) == [1]
+        two = await app.tasks.submit(gpu_spec("two", 1), "r-2")
+        await until(lambda: app.tasks.get(two.id).state == TaskState.SCHEDULED)
+        assert gpus_of(app, two.id) == [0]   # in service: taken when nothing else is left
+        assert not entry.record.gpu_fences
+
+    def test_pending_health_check_holds_new_work(self, lead: Callable[..., None]) -> None:
+        """While the node's health check has no verdict, nothing is placed there and the reason says so."""
+        lead(self._check_pending)
+
+    async def _check_pending(self, app: App) -> None:
+        entry = await connect(app, gpus=1)
+        report(app, entry, gpus=1, check=types_pb2.HEALTH_CHECK_STATE_PENDING)
+        one = await app.tasks.submit(gpu_spec("one", 1), "r-1")
+        await until(lambda: "n1 health check pending" in app.tasks.get(one.id).reason)
+        report(app, entry, gpus=1, check=types_pb2.HEALTH_CHECK_STATE_OK)
+        await until(lambda: app.tasks.get(one.id).state == TaskState.SCHEDULED)

@@ -104,13 +104,13 @@ class TestResume:
         r = record(4)
         rules.apply_reports(r, {1: health(U, rules.REPLACE, "xid 79")}, 10.0)
         before = r.SerializeToString()
-        with pytest.raises(ValidationError, match="gpu_indices.*no GPU 9"):
+        with pytest.raises(ValidationError, match=r"gpu_indices.*no GPU 9"):
             rules.apply_resume(r, [1, 9], "alice", 20.0)
-        with pytest.raises(ValidationError, match="gpu_indices.*GPU 2 is not fenced"):
+        with pytest.raises(ValidationError, match=r"gpu_indices.*GPU 2 is not fenced"):
             rules.apply_resume(r, [2], "alice", 20.0)
         assert r.SerializeToString() == before
         rules.apply_resume(r, [], "alice", 20.0)
-        with pytest.raises(ValidationError, match="node_id.*no fenced GPU"):
+        with pytest.raises(ValidationError, match=r"node_id.*no fenced GPU"):
             rules.apply_resume(r, [], "alice", 21.0)
 
 
