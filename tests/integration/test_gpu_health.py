@@ -121,7 +121,7 @@ class TestFailingGpu:
         assert ckpt.read_text().splitlines() == ["checkpoint 0"]  # signalled once
         fence = _fences(cluster, "n1")[bad[1]]
         assert "79" in fence.reason and fence.simulated
-        assert "79" in cluster.ctl("nodes", "n1").stdout
+        assert "xid 79" in cluster.ctl("nodes", "n1").stdout
         out = cluster.ctl("-o", "json", "events", "--backlog", "1000").stdout
         events = [json.loads(line) for line in out.splitlines() if line]
         assert any(f"moved off n1 GPU {bad[1]}: xid 79" in e["message"] and e["kind"] == "health"
@@ -130,7 +130,8 @@ class TestFailingGpu:
         assert cluster.ctl("cancel", tid).returncode == 0
         wait_until(lambda: _task(cluster, tid).state == types_pb2.TASK_STATE_CANCELLED, what="cancelled")
         big = _submit(cluster, "--name", "eight", "--gpus", "8", "--", "sh", "-c", "sleep 1")
-        wait_until(lambda: f"GPU {bad[1]}" in _task(cluster, big).reason, what="the 8-GPU task waiting on the GPU")
+        _task_when(cluster, big, lambda t: f"n1 GPU {bad[1]} unhealthy: xid 79" in t.reason,
+                   "waiting, naming the unhealthy GPU")
         assert _task(cluster, big).state == types_pb2.TASK_STATE_PENDING
         res = cluster.ctl("gpus", "resume", f"n1:{bad[1]}")
         assert res.returncode == 0, res.stderr
