@@ -105,14 +105,14 @@ class GpuMoves:
         self._elastic, self._fences = elastic, fences
         self._log = get_logger("health")
 
-    def on_fenced(self) -> list[tuple[types_pb2.Task, list[FencedGpu]]]:
+    def holding_fenced(self) -> list[tuple[types_pb2.Task, list[FencedGpu]]]:
         """The movable tasks that hold a fenced GPU, with those GPUs (by task id)."""
         fences: dict[str, Mapping[int, types_pb2.GpuFence]] = {}
         ids: set[str] = set()
         for entry in self._registry:
-            fenced = self._fences(entry.record)
-            if fenced:
-                fences[entry.node_id] = fenced
+            node_fences = self._fences(entry.record)
+            if node_fences:
+                fences[entry.node_id] = node_fences
                 ids |= entry.task_ids
         out = []
         for task_id in sorted(ids):
@@ -127,7 +127,7 @@ class GpuMoves:
     async def step(self) -> list[str]:
         """Start moving every movable task that holds a fenced GPU; the ids whose move started."""
         moved: list[str] = []
-        for task, held in self.on_fenced():
+        for task, held in self.holding_fenced():
             if await self._move(task, held):
                 moved.append(task.id)
         return moved
@@ -139,7 +139,8 @@ class GpuMoves:
             size = elastic_gpus(task)
             assert self._elastic is not None
             curve = self._elastic.curve(task)
-            gain = curve.speedup(shrink) / curve.speedup(size) if curve.speedup(size) > 0 else 1.0
+            now = curve.speedup(size)
+            gain = curve.speedup(shrink) / now if now > 0 else 1.0
             done = await self._elastic.resize([Resize(task.id, size, shrink, reason, gain)], fault_move=True)
             if not done:
                 return False
