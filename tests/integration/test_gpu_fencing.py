@@ -5,16 +5,21 @@ batches as the gateway hands them over, task statuses)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 
+import grpc.aio
 import pytest
 
 from common.etcd_embedded import EtcdCluster
-from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from common.pb.gptrm.v1 import admin_pb2_grpc, agent_pb2, types_pb2
 from common.types import NodeState, TaskState
+from coordinator.api.admin import AdminService
 from coordinator.app import App
+from coordinator.ctl.main import main as ctl_main
 from coordinator.monitor.nodes import NodeEntry
+from tests.helpers.ctl_schema import validate
 from tests.helpers.inproc import inventory, run_leading, until
 
 Scenario = Callable[[App], Awaitable[None]]
@@ -175,3 +180,41 @@ class TestPlacement:
         await until(lambda: "n1 health check pending" in app.tasks.get(one.id).reason)
         report(app, entry, gpus=1, check=types_pb2.HEALTH_CHECK_STATE_OK)
         await until(lambda: app.tasks.get(one.id).state == TaskState.SCHEDULED)
+
+
+class TestResumeGpus:
+    def test_gptrmctl_gpus_resume_over_grpc(self, lead: Callable[..., None],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+        """`gptrmctl gpus resume NODE:INDEX -o json` lifts that fence (node.json output); an index that is not fenced
+        and an unknown node are refused naming the field, with nothing changed; `gpus resume NODE` lifts the rest."""
+        lead(lambda app: self._resume(app, capsys))
+
+    async def _resume(self, app: App, capsys: pytest.CaptureFixture[str]) -> None:
+        entry = await connect(app, gpus=4)
+        report(app, entry, gpus=4, g1=bad(REPLACE, "xid 79"), g2=bad(REPLACE, "row remap failure"))
+        await until(lambda: len(entry.record.gpu_fences) == 2)
+        server = grpc.aio.server()
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ctl = ["--coordinator", f"127.0.0.1:{port}", "--insecure"]
+        try:
+            capsys.readouterr()
+            assert await asyncio.to_thread(ctl_main, [*ctl, "-o", "json", "gpus", "resume", "n1:1"]) == 0
+            lines = capsys.readouterr().out.splitlines()   # the coordinator's own log lines are in it too
+            doc = json.loads("\n".join(lines[lines.index("{"):lines.index("}") + 1]))
+            validate(doc, "node")
+            assert [f.gpu_index for f in (await stored(app)).gpu_fences] == [2]
+
+            assert await asyncio.to_thread(ctl_main, [*ctl, "gpus", "resume", "n1:3"]) != 0
+            assert "gpu_indices" in capsys.readouterr().err
+            assert await asyncio.to_thread(ctl_main, [*ctl, "gpus", "resume", "n9"]) != 0
+            assert "n9" in capsys.readouterr().err
+            assert await asyncio.to_thread(ctl_main, [*ctl, "gpus", "resume", "n1:x"]) == 2
+            assert [f.gpu_index for f in (await stored(app)).gpu_fences] == [2]
+
+            assert await asyncio.to_thread(ctl_main, [*ctl, "gpus", "resume", "n1"]) == 0
+            assert "back in service" in capsys.readouterr().out
+            assert not (await stored(app)).gpu_fences
+        finally:
+            await server.stop(None)
