@@ -97,6 +97,22 @@ class TestFences:
         assert record.gpu_health_history[-1].by == "agent"
         assert "back in service" in health_events(app)[-1][0]
 
+    def test_tasks_on_a_fenced_gpu_are_found(self, lead: Callable[..., None]) -> None:
+        """A newly fenced GPU is handed to ``on_fenced`` once stored, and the task on it is in ``fenced_holders``."""
+        lead(self._holders)
+
+    async def _holders(self, app: App) -> None:
+        seen: list[tuple[str, int]] = []
+        app.nodes.health.on_fenced = lambda node_id, fence: seen.append((node_id, fence.gpu_index))
+        entry = await connect(app, gpus=2)
+        one = await app.tasks.submit(gpu_spec("one", 1), "r-1")
+        await until(lambda: app.tasks.get(one.id).state == TaskState.SCHEDULED)
+        gpu = gpus_of(app, one.id)[0]
+        report(app, entry, gpus=2, **{f"g{gpu}": bad(REPLACE, "xid 79")})
+        await until(lambda: bool(seen))
+        assert seen == [("n1", gpu)]
+        assert [(t, n, f.gpu_index) for t, n, f in app.nodes.health.fenced_holders()] == [(one.id, "n1", gpu)]
+
     def test_older_agent_unhealthy_is_a_replace_fence(self, lead: Callable[..., None]) -> None:
         """An older agent's healthy=false fences the GPU until an admin resumes it (its healthy=true does not)."""
         lead(self._older_agent)
