@@ -29,6 +29,7 @@ from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
+from coordinator.monitor.metrics import GpuHealthMetrics
 from coordinator.monitor.telemetry_rate import RateMetrics, TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
@@ -308,5 +309,6 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               queues=queues, queue_admin=queue_admin,
               usage=usage, elastic=elastic, telemetry_rate=telemetry_rate)
     metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
+    metrics.registry.register(GpuHealthMetrics(nodes.health.counts))
     quarantine.listener = app.on_quarantined
     return app

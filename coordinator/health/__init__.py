@@ -14,8 +14,10 @@ Asking "is GPU ``i`` of node ``n`` fenced, and why?" (leader or standby, from th
     entry.record.health_drained, entry.record.health_drain_reason   # the node itself at fault
     entry.degraded_gpus                      # indices its agent reports DEGRADED now (leader memory)
 
-The leader's :class:`GpuHealthWatch` (``app.health``) turns telemetry into these records; its ``on_fenced``
-callback is called with ``(node_id, fence)`` for every GPU newly fenced, for whoever moves the GPU's work.
+The leader's :class:`GpuHealthWatch` (``app.nodes.health``) turns telemetry into these records. For whoever
+moves work off a fenced GPU: its ``on_fenced`` attribute, when set, is called with ``(node_id, fence)`` for
+every GPU this leader newly fences, after the fence is stored; ``fenced_holders()`` lists ``(task id, node id,
+fence)`` for every unfinished task on a fenced GPU, whoever wrote the fence (a former leader included).
 """
 
 from coordinator.health.rules import describe_fence, effective, fence_of, fenced

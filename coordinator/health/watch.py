@@ -290,6 +290,27 @@ class GpuHealthWatch:
 
     # ---- reads ---------------------------------------------------------------------------------------
 
+    def fenced_holders(self) -> list[tuple[str, str, types_pb2.GpuFence]]:
+        """``(task id, node id, fence)`` for every unfinished task placed on a fenced GPU, in node and task order:
+        the level-triggered question for whoever moves work off fenced GPUs (``on_fenced`` fires only for fences
+        this leader writes; a fence a former leader wrote is found here)."""
+        out = []
+        for entry in sorted(self._registry, key=lambda e: e.node_id):
+            fences = rules.fenced(entry.record)
+            if not fences or not entry.holds_tasks:
+                continue
+            for task_id in sorted(entry.task_ids):
+                task = self._state.tasks.get(task_id)
+                if task is None or task.state in TERMINAL_STATES:
+                    continue
+                for na in task.allocation.nodes:
+                    if na.node_id != entry.node_id:
+                        continue
+                    for i in na.gpu_indices:
+                        if i in fences:
+                            out.append((task_id, entry.node_id, fences[i]))
+        return out
+
     def counts(self) -> dict[str, int]:
         """GPUs of nodes not lost by health: ``unhealthy`` (fenced), ``degraded`` (reported so), ``healthy``."""
         out = {"healthy": 0, "degraded": 0, "unhealthy": 0}
