@@ -272,7 +272,9 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
                            on_shrunk=power_manager.shrunk_for,
-                           moves=GpuMoves(tasks, registry, dispatcher, events, elastic))
+                           # nodes (and its health watch) is built below; the cycle asks only once it runs
+                           moves=GpuMoves(tasks, lambda: nodes.health.fenced_holders(), dispatcher, events,
+                                          elastic))
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)

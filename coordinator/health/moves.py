@@ -2,7 +2,8 @@
 
 The single trigger: a placed task holds a GPU that its node's record fences
 (``NodeRecord.gpu_fences``, written by the leader from the agents' health reports and kept in etcd, so a
-new leader sees the same fences). Each pass (:meth:`GpuMoves.step`, run at the start of every scheduling
+new leader sees the same fences; asked of :meth:`~coordinator.health.watch.GpuHealthWatch.fenced_holders`).
+Each pass (:meth:`GpuMoves.step`, run at the start of every scheduling
 cycle, so within a second of the fence) finds such tasks and moves them:
 
 - a task (a gang as a whole: every part) goes ``RUNNING → PREEMPTED`` (the fenced transition preemption
@@ -16,14 +17,14 @@ cycle, so within a second of the fence) finds such tasks and moves them:
   of its range that leaves them out, :meth:`~coordinator.elastic.ElasticAllocator.resize`, also counted in
   ``gpu_fault_moves``); one already at its minimum is requeued as above.
 
-Each move is an ``health`` event and a ``task_moved_off_gpu`` log line. A task already being moved is
+Each move is a ``health`` event and a ``task_moved_off_gpu`` log line. A task already being moved is
 PREEMPTED and is not looked at again, so the pass is idempotent, and a new leader's first cycle carries on
 what the old one could not finish (its agents' re-registration re-sends the stop of a PREEMPTED task).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,8 +35,6 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
-from coordinator.health.rules import fenced
-from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity
 from coordinator.profiler.elastic_spec import elastic_gpus
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
@@ -43,14 +42,15 @@ from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd
 
-__all__ = ["MOVABLE_STATES", "FencedGpu", "GpuMoves", "fenced_holdings", "move_reason"]
+__all__ = ["MOVABLE_STATES", "FencedGpu", "GpuMoves", "Holders", "move_reason"]
 
 MOVABLE_STATES = (TaskState.RUNNING, TaskState.PAUSED)
 """States in which a task on a fenced GPU is moved (a task placed but not yet running is moved once it runs;
 a PREEMPTED one is already on its way out)."""
 
-Fences = Callable[[types_pb2.NodeRecord], Mapping[int, types_pb2.GpuFence]]
-"""A node record's fenced GPUs by index."""
+Holders = Callable[[], Iterable[tuple[str, str, types_pb2.GpuFence]]]
+"""``(task id, node id, fence)`` for every unfinished task on a fenced GPU
+(:meth:`coordinator.health.watch.GpuHealthWatch.fenced_holders`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,18 +67,6 @@ class FencedGpu:
     reason: str
 
 
-def fenced_holdings(task: types_pb2.Task,
-                    fences: Mapping[str, Mapping[int, types_pb2.GpuFence]]) -> list[FencedGpu]:
-    """The fenced GPUs the task's allocation holds (node by node in rank order, GPUs ascending)."""
-    out: list[FencedGpu] = []
-    for na in task.allocation.nodes:
-        fenced = fences.get(na.node_id)
-        if fenced:
-            out += [FencedGpu(na.node_id, i, fenced[i].reason or "unhealthy")
-                    for i in sorted(na.gpu_indices) if i in fenced]
-    return out
-
-
 def move_reason(held: Iterable[FencedGpu]) -> str:
     """Why a task is moved, in words: ``moved off n1 GPU 3: xid 79`` (several GPUs separated by ``;``)."""
     return "moved off " + "; ".join(f"{g.node_id} GPU {g.gpu_index}: {g.reason}" for g in held)
@@ -92,36 +80,28 @@ class GpuMoves:
         moved = await moves.step()     # ids of the tasks whose move started in this pass
 
     :param tasks: the task table (state changes go through it).
-    :param registry: the node table (each node's record and the tasks placed on it).
+    :param holders: every unfinished task on a fenced GPU, with the node and the fence (the trigger).
     :param dispatcher: stop decisions with the checkpoint signal.
     :param events: the cluster event log (``health`` events).
     :param elastic: the elastic allocator (None: elastic tasks are requeued like the others).
-    :param fences: a node record's fenced GPUs by index (:func:`coordinator.health.rules.fenced`).
     """
 
-    def __init__(self, tasks: TaskTable, registry: NodeRegistry, dispatcher: Dispatcher, events: EventBus,
-                 elastic: Elasticity | None = None, fences: Fences = fenced) -> None:
-        self._tasks, self._registry, self._dispatcher, self._events = tasks, registry, dispatcher, events
-        self._elastic, self._fences = elastic, fences
+    def __init__(self, tasks: TaskTable, holders: Holders, dispatcher: Dispatcher, events: EventBus,
+                 elastic: Elasticity | None = None) -> None:
+        self._tasks, self._holders, self._dispatcher, self._events = tasks, holders, dispatcher, events
+        self._elastic = elastic
         self._log = get_logger("health")
 
     def holding_fenced(self) -> list[tuple[types_pb2.Task, list[FencedGpu]]]:
-        """The movable tasks that hold a fenced GPU, with those GPUs (by task id)."""
-        fences: dict[str, Mapping[int, types_pb2.GpuFence]] = {}
-        ids: set[str] = set()
-        for entry in self._registry:
-            node_fences = self._fences(entry.record)
-            if node_fences:
-                fences[entry.node_id] = node_fences
-                ids |= entry.task_ids
+        """The movable tasks that hold a fenced GPU, each with those GPUs (tasks in the order of ``holders``)."""
+        held: dict[str, list[FencedGpu]] = {}
+        for task_id, node_id, fence in self._holders():
+            held.setdefault(task_id, []).append(FencedGpu(node_id, fence.gpu_index, fence.reason or "unhealthy"))
         out = []
-        for task_id in sorted(ids):
+        for task_id, gpus in held.items():
             task = self._tasks.find(task_id)
-            if task is None or task.state not in MOVABLE_STATES:
-                continue
-            held = fenced_holdings(task, fences)
-            if held:
-                out.append((task, held))
+            if task is not None and task.state in MOVABLE_STATES:
+                out.append((task, gpus))
         return out
 
     async def step(self) -> list[str]:
