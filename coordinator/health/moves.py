@@ -17,6 +17,10 @@ cycle, so within a second of the fence) finds such tasks and moves them:
   of its range that leaves them out, :meth:`~coordinator.elastic.ElasticAllocator.resize`, also counted in
   ``gpu_fault_moves``); one already at its minimum is requeued as above.
 
+A task whose program dies of the fault after the GPU was fenced but before its move reached it ends FAILED;
+the restart policy hands it here first (:meth:`GpuMoves.after_failure`), and it is requeued as a move, not
+a restart, whatever its policy.
+
 Each move is a ``health`` event and a ``task_moved_off_gpu`` log line. A task already being moved is
 PREEMPTED and is not looked at again, so the pass is idempotent, and a new leader's first cycle carries on
 what the old one could not finish (its agents' re-registration re-sends the stop of a PREEMPTED task).
@@ -35,6 +39,8 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
+from coordinator.health.rules import fenced
+from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity
 from coordinator.profiler.elastic_spec import elastic_gpus
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
@@ -80,16 +86,17 @@ class GpuMoves:
         moved = await moves.step()     # ids of the tasks whose move started in this pass
 
     :param tasks: the task table (state changes go through it).
+    :param registry: the node table (each node's record, with its fences).
     :param holders: every unfinished task on a fenced GPU, with the node and the fence (the trigger).
     :param dispatcher: stop decisions with the checkpoint signal.
     :param events: the cluster event log (``health`` events).
     :param elastic: the elastic allocator (None: elastic tasks are requeued like the others).
     """
 
-    def __init__(self, tasks: TaskTable, holders: Holders, dispatcher: Dispatcher, events: EventBus,
-                 elastic: Elasticity | None = None) -> None:
-        self._tasks, self._holders, self._dispatcher, self._events = tasks, holders, dispatcher, events
-        self._elastic = elastic
+    def __init__(self, tasks: TaskTable, registry: NodeRegistry, holders: Holders, dispatcher: Dispatcher,
+                 events: EventBus, elastic: Elasticity | None = None) -> None:
+        self._tasks, self._registry, self._holders = tasks, registry, holders
+        self._dispatcher, self._events, self._elastic = dispatcher, events, elastic
         self._log = get_logger("health")
 
     def holding_fenced(self) -> list[tuple[types_pb2.Task, list[FencedGpu]]]:
@@ -111,6 +118,32 @@ class GpuMoves:
             if await self._move(task, held):
                 moved.append(task.id)
         return moved
+
+    def fenced_held(self, task: types_pb2.Task) -> list[FencedGpu]:
+        """The fenced GPUs the task's allocation holds (whatever its state), node by node in rank order."""
+        out: list[FencedGpu] = []
+        for na in task.allocation.nodes:
+            entry = self._registry.get(na.node_id)
+            fences = fenced(entry.record) if entry is not None else {}
+            out += [FencedGpu(na.node_id, i, fences[i].reason or "unhealthy") for i in na.gpu_indices if i in fences]
+        return out
+
+    async def after_failure(self, task: types_pb2.Task) -> types_pb2.Task | None:
+        """A task that ended FAILED holding a fenced GPU (its program died of the fault before its move reached
+        it): back in the queue as a move, whatever its restart policy, with ``gpu_fault_moves`` + 1 and
+        ``restarts`` unchanged. None (the restart policy decides) when it held no fenced GPU, did not fail, or
+        was cancelled."""
+        if task.state != TaskState.FAILED or task.cancel_requested:
+            return None
+        held = self.fenced_held(task)
+        if not held:
+            return None
+        reason = move_reason(held)
+        stored = await self._tasks.transition(task.id, TaskState.PENDING,
+                                              f"{reason}; it failed there and waits in its queue to run again",
+                                              gpu_fault_moves=task.gpu_fault_moves + 1)
+        self._moved(task, held, reason, "failed on a fenced GPU and is requeued", "requeue")
+        return stored
 
     async def _move(self, task: types_pb2.Task, held: list[FencedGpu]) -> bool:
         reason = move_reason(held)

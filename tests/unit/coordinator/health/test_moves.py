@@ -25,6 +25,7 @@ from coordinator.health.moves import FencedGpu, GpuMoves, move_reason
 from coordinator.health.watch import GpuHealthWatch
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
+from coordinator.qos.restart import RestartPolicy
 from coordinator.state import LeaderState
 
 NOW = 10_000.0
@@ -117,7 +118,8 @@ def _moves(fences: dict[str, dict[int, str]], *tasks: types_pb2.Task,
     allocator = ElasticAllocator(table, dispatcher, ResourceMonitor(60, 1, now=lambda: NOW),  # type: ignore[arg-type]
                                  events, _metrics(), ElasticSettings(),  # type: ignore[arg-type]
                                  now=lambda: NOW) if elastic else None
-    moves = GpuMoves(table, watch.fenced_holders, dispatcher, events, allocator)  # type: ignore[arg-type]
+    moves = GpuMoves(table, state._registry, watch.fenced_holders, dispatcher, events,  # type: ignore[arg-type]
+                     allocator)
     return moves, table, dispatcher, events
 
 
@@ -228,6 +230,32 @@ class TestElastic:
                                       _task("e", ("n1", (0, 1, 2, 3)), elastic=(2, 4)), elastic=False)
         _step(moves)
         assert table.transitions[0][3] == {"gpu_fault_moves": 1}
+
+
+class TestFailedOnAFencedGpu:
+    """The program died of the fault before its move reached it: the restart policy asks the mover first."""
+
+    def _ended(self, fences: dict[int, str], state: Any = types_pb2.TASK_STATE_FAILED,
+               cancelled: bool = False) -> tuple[types_pb2.Task, _Tasks, EventBus]:
+        moves, table, _d, events = _moves({"n1": fences}, _task("a", ("n1", (2, 3))))
+        ended = asyncio.run(table.transition("a", TaskState(state), "exit 1", cancel_requested=cancelled))
+        policy = RestartPolicy(table, now=lambda: NOW, fault_move=moves.after_failure)  # type: ignore[arg-type]
+        return asyncio.run(policy.after_end(ended)), table, events
+
+    def test_requeued_as_a_move_whatever_its_policy(self) -> None:
+        task, _table, events = self._ended({3: "xid 79"})
+        assert task.state == TaskState.PENDING and task.gpu_fault_moves == 1 and task.restarts == 2
+        assert task.reason.startswith("moved off n1 GPU 3: xid 79; it failed there")
+        assert events.recent(10)[-1].kind == "health" and events.recent(10)[-1].fields["action"] == "requeue"
+
+    def test_without_a_fence_its_restart_policy_decides(self) -> None:
+        task, _table, _events = self._ended({7: "xid 79"})
+        assert task.state == TaskState.FAILED and task.gpu_fault_moves == 0    # restart policy never (the default)
+
+    def test_an_ended_task_or_a_cancelled_one_stays_ended(self) -> None:
+        for kwargs in ({"state": types_pb2.TASK_STATE_SUCCEEDED}, {"cancelled": True}):
+            task, _table, _events = self._ended({3: "xid 79"}, **kwargs)
+            assert task.state != TaskState.PENDING and task.gpu_fault_moves == 0
 
 
 class TestShown:
