@@ -96,7 +96,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --elastic: replay only these runs, comma-separated (fcfs, fcfs-pd, elastic, elastic-pd, "
                         "elastic-x2, shrink-only, grow-only; default all)")
     p.add_argument("--scaling", type=Path, default=None, metavar="DIR",
-                   help="with --elastic: measured scaling curves (pollux/<model>/...; default: those shipped in the package)")
+                   help="with --elastic: measured scaling curves (pollux/<model>/...; default: the packaged ones)")
     p.add_argument("--records", type=Path, metavar="FILE",
                    help="per-job records CSV (job_id,queue,submit_s,start_s,end_s,gpus,nodes,resizes), one file "
                         "per run: the run or policy name goes before the suffix (records-fcfs.csv)")
