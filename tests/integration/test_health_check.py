@@ -1,7 +1,7 @@
 """End to end: a real gptrm-agent runs the site's health-check program (agent/health_check.py) and its verdict
 reaches the coordinator in the node's latest sample: PENDING until the first run ends, then FAILED with the
 program's last line (NHC's own output), then OK once the problem is gone. What the coordinator does with the
-verdict (draining the node) is tested with the coordinator's node health."""
+verdict (draining the node) is tested with the coordinator's node health. ``gptrmctl nodes`` shows it."""
 
 from __future__ import annotations
 
@@ -45,8 +45,13 @@ class TestHealthCheckProgram:
         wait_until(lambda: state_is(S.HEALTH_CHECK_STATE_PENDING), what="PENDING before the first verdict")
         go.touch()
         failed = wait_until(lambda: state_is(S.HEALTH_CHECK_STATE_FAILED), what="the FAILED verdict")
-        assert (failed.message, failed.exit_code) == (_NHC_FAILURE, 1)
+        assert failed is not None and (failed.message, failed.exit_code) == (_NHC_FAILURE, 1)
+        doc = cluster.ctl_json("nodes", "n1")
+        assert (doc["health"]["check"]["state"], doc["health"]["check"]["message"]) == ("failed", _NHC_FAILURE)
+        assert _NHC_FAILURE in doc["health"]["summary"]
+        table = cluster.ctl("-o", "wide", "nodes")
+        assert table.returncode == 0 and "HEALTH" in table.stdout and _NHC_FAILURE in table.stdout
         broken.unlink()
         ok = wait_until(lambda: state_is(S.HEALTH_CHECK_STATE_OK), what="the OK verdict")
-        assert (ok.message, ok.exit_code) == ("all checks passed", 0)
+        assert ok is not None and (ok.message, ok.exit_code) == ("all checks passed", 0)
         assert ok.ran_unix_s >= failed.ran_unix_s > 0
