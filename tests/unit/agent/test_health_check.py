@@ -75,8 +75,8 @@ class TestVerdict:
         pids = tmp_path / "pids"
         prog = _script(tmp_path / "hang", f"sleep 1000 &\necho $! > {pids}\necho $$ >> {pids}\necho started\n"
                                           "sleep 1000")
-        v = _check(prog, log, timeout_s=0.5).run_once()
-        assert (v.state, v.message, v.exit_code) == (S.HEALTH_CHECK_STATE_FAILED, "timed out after 0.5 s", TIMED_OUT)
+        v = _check(prog, log, timeout_s=2).run_once()   # long enough for the script to write its pids first
+        assert (v.state, v.message, v.exit_code) == (S.HEALTH_CHECK_STATE_FAILED, "timed out after 2 s", TIMED_OUT)
 
         def gone(pid: int) -> bool:
             try:
