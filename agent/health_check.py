@@ -189,7 +189,7 @@ def run_program(program: str, timeout_s: float, *, stop: threading.Event | None 
                     error = f"timed out after {timeout_s:g} s"
                     break
                 if eof:
-                    # Nothing more to read: wait for the exit (a child it left holds no pipe of ours open).
+                    # Its output is closed: only its exit is left to wait for.
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(min(remaining, _POLL_S))
                 elif sel.select(min(remaining, _POLL_S)):
@@ -201,10 +201,10 @@ def run_program(program: str, timeout_s: float, *, stop: threading.Event | None 
                     # pipe open; its output is not the program's, so reading stops here.
                     drain()
                     break
-        if error:
+    finally:
+        if proc.returncode is None:   # timed out, stopped, or interrupted: not reaped yet, so its group id is ours
             _kill_group(proc)
         code = proc.wait()
-    finally:
         proc.stdout.close()
     if error:
         return RunResult(TIMED_OUT, bytes(tail), error)

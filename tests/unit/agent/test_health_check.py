@@ -88,6 +88,18 @@ class TestVerdict:
         assert len(started) == 2
         wait_until(lambda: all(gone(p) for p in started), timeout_s=10, what="the run's processes to be killed")
 
+    def test_child_left_behind_does_not_hold_the_verdict(self, tmp_path: Path, log: Log) -> None:
+        """A program that exits leaving a child with its output open gets its verdict at its exit, not at the
+        timeout."""
+        pid = tmp_path / "pid"
+        prog = _script(tmp_path / "check", f"sleep 1000 &\necho $! > {pid}\necho checked\nexit 0")
+        try:
+            v = _check(prog, log, timeout_s=300).run_once()
+            assert (v.state, v.message) == (S.HEALTH_CHECK_STATE_OK, "checked")
+        finally:
+            if pid.exists():
+                psutil.Process(int(pid.read_text())).kill()
+
     def test_root_environment_only(self, tmp_path: Path, log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
         """The program never sees the agent's environment: only the fixed root PATH and LANG, and runs in /."""
         monkeypatch.setenv("LD_PRELOAD", "/tmp/evil.so")
