@@ -263,9 +263,7 @@ def cmd_events(t: Transport, args: argparse.Namespace) -> None:
                 # One JSON object per line so a follower can parse as events arrive.
                 print(render.dump_json(d, indent=None), flush=True)
             else:
-                subject = human.escape(d["node_id"] or d["task_id"])
-                print(f"{d['seq']:>6}  {human.age(d['time_unix_s']):>4}  {d['kind']:<11} {subject:<16} "
-                      f"{human.escape(d['message'])}", flush=True)
+                print(human.event_line(d), flush=True)
     except KeyboardInterrupt:
         stream.cancel()
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from common.errors import GptrmError, NotFound
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TERMINAL_STATES
+from common.types import TERMINAL_STATES, NodeState
 from coordinator.events import EventBus
 from coordinator.health import rules
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
@@ -312,9 +312,11 @@ class GpuHealthWatch:
         return out
 
     def counts(self) -> dict[str, int]:
-        """GPUs of nodes not lost by health: ``unhealthy`` (fenced), ``degraded`` (reported so), ``healthy``."""
+        """GPUs of nodes not LOST by health: ``unhealthy`` (fenced), ``degraded`` (reported so), ``healthy``."""
         out = {"healthy": 0, "degraded": 0, "unhealthy": 0}
         for entry in self._registry:
+            if entry.state == NodeState.LOST:
+                continue
             fences = {f.gpu_index for f in entry.record.gpu_fences}
             for g in entry.inventory.gpus:
                 if g.index in fences:

@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc.aio
 import pytest
 from prometheus_client import generate_latest
 
 from common.etcd_embedded import EtcdCluster
-from common.pb.gptrm.v1 import admin_pb2_grpc, agent_pb2, types_pb2
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
 from common.types import NodeState, TaskState
 from coordinator.api.admin import AdminService
+from coordinator.api.gateway import AgentGatewayService
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
 from coordinator.ctl.main import main as ctl_main
@@ -354,3 +355,51 @@ class TestAppXids:
         assert [x.xid for x in app.tasks.get(one.id).app_xids] == [13, 31]
         record = await stored(app)
         assert not record.gpu_fences and not record.health_drained and entry.state == NodeState.READY
+
+
+class TestOverGrpc:
+    def test_agent_stream_report_fences_and_admin_resumes(self, lead: Callable[..., None]) -> None:
+        """Over real gRPC: an agent stream's UNHEALTHY report shows as a fence in GetNode's record; ResumeGpus
+        clears it and answers the node."""
+        lead(self._over_grpc)
+
+    async def _over_grpc(self, app: App) -> None:
+        server = grpc.aio.server()
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app), server)
+        agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(app), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        sent: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
+
+        async def messages() -> AsyncIterator[agent_pb2.AgentMessage]:
+            while (msg := await sent.get()) is not None:
+                yield msg
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                admin = admin_pb2_grpc.AdminStub(channel)
+                stream = agent_pb2_grpc.AgentGatewayStub(channel).Connect(messages())
+                sent.put_nowait(agent_pb2.AgentMessage(register=agent_pb2.Register(inventory=inventory("n1", 8))))
+                assert (await stream.read()).HasField("welcome")
+                sample = types_pb2.TelemetrySample(time_unix_s=time.time(), gpus=[
+                    types_pb2.GpuSample(index=i, healthy=True, health=bad(REPLACE, "xid 79") if i == 3 else
+                                        types_pb2.GpuHealth(state=H)) for i in range(8)])
+                sent.put_nowait(agent_pb2.AgentMessage(telemetry=agent_pb2.TelemetryBatch(samples=[sample])))
+
+                async def fences() -> list[int]:
+                    view = await admin.GetNode(admin_pb2.GetNodeRequest(node_id="n1"), timeout=10)
+                    return [f.gpu_index for f in view.record.gpu_fences]
+
+                deadline = asyncio.get_running_loop().time() + 15
+                while await fences() != [3]:
+                    assert asyncio.get_running_loop().time() < deadline, "no fence"
+                    await asyncio.sleep(0.05)
+                view = await admin.ResumeGpus(admin_pb2.ResumeGpusRequest(node_id="n1", gpu_indices=[3]), timeout=10)
+                assert not view.record.gpu_fences and view.record.gpu_health_history[-1].state == H
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await admin.ResumeGpus(admin_pb2.ResumeGpusRequest(node_id="n1", gpu_indices=[3]), timeout=10)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "gpu_indices" in err.value.details()
+                sent.put_nowait(None)
+                stream.cancel()
+        finally:
+            await server.stop(None)

@@ -257,16 +257,3 @@ class TestFailedOnAFencedGpu:
             task, _table, _events = self._ended({3: "xid 79"}, **kwargs)
             assert task.state != TaskState.PENDING and task.gpu_fault_moves == 0
 
-
-class TestShown:
-    def test_gptrmctl_shows_the_moves(self) -> None:
-        """``gptrmctl tasks TASK``: gpu_fault_moves in the JSON document (schema-valid) and in the detail view."""
-        from coordinator.ctl import human, render
-        from tests.helpers.ctl_schema import validate
-
-        task = _task("a", ("n1", (0,)))
-        task.gpu_fault_moves = 1
-        doc = render.task_dict(task, now=lambda: NOW)
-        validate(doc, "task")
-        assert doc["gpu_fault_moves"] == 1 and doc["restarts"] == 2
-        assert "moved off failing GPUs 1" in human.task_detail(doc, now=lambda: NOW)
