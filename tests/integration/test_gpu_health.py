@@ -117,7 +117,9 @@ class TestFailingGpu:
         task = _moved_and_running(cluster, tid)
         _assert_moved(task, bad)
         assert len(_held(task)) == 4 and {n for n, _ in _held(task)} == {"n1"}
-        assert starts.read_text().split() == ["0", "0"]           # started twice, never counted as a restart
+        # Started twice (the second start writes its line once running), never counted as a restart.
+        wait_until(lambda: len(starts.read_text().split()) == 2, what="the second start")
+        assert starts.read_text().split() == ["0", "0"]
         assert ckpt.read_text().splitlines() == ["checkpoint 0"]  # signalled once
         fence = _fences(cluster, "n1")[bad[1]]
         assert "79" in fence.reason and fence.simulated
