@@ -257,11 +257,17 @@ class TestSignals:
         nvml = FakeNvml(make_gpus(1, errors={"nvmlDeviceGetRemappedRows": fake_pynvml.NVML_ERROR_CODES["GPU_IS_LOST"]}))
         assert health(opened(nvml).collect()[0]) == ("unhealthy", "replace", "gpu lost")
 
-    def test_reset_required(self, opened: Callable[..., NvmlCollector]) -> None:
+    def test_reset_required_then_reset(self, opened: Callable[..., NvmlCollector]) -> None:
+        """NVML saying a GPU needs a reset makes it unhealthy (reset); answering again afterwards shows the reset,
+        which also clears a reset-kind XID that no counter would show cleared."""
         code = fake_pynvml.NVML_ERROR_CODES["RESET_REQUIRED"]
-        nvml = FakeNvml(make_gpus(1, errors={"nvmlDeviceGetUtilizationRates": code}))
+        nvml = FakeNvml(make_gpus(1))
         gpus = opened(nvml)
-        assert health(gpus.collect()[0]) == ("unhealthy", "reset", "reset required")
+        nvml.raise_xid(0, 119)
+        wait_for(lambda: not gpus.collect()[0].healthy or None, "xid 119")
+        assert health(gpus.collect()[0]) == ("unhealthy", "reset", "xid 119")
+        nvml.gpus[0].errors["nvmlDeviceGetUtilizationRates"] = code
+        assert health(gpus.collect()[0]) == ("unhealthy", "reset", "xid 119")
         nvml.gpus[0].errors.clear()
         assert gpus.collect()[0].healthy
 
