@@ -17,6 +17,7 @@ from agent.health import (
     format_xids,
     xid_list_problem,
 )
+from agent.health_check import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, program_problem
 from agent.launch import TASK_PATH, path_problem
 from agent.logpump import DEFAULT_MAX_BYTES, DEFAULT_NODE_MAX_BYTES
 from agent.task_user import DEFAULT_TASK_UIDS, parse_uid_range
@@ -142,6 +143,16 @@ class AgentConfig:
     task_port_range: str = option("29500-29999", "ports the coordinator may reserve on this node for a task's "
                                   "rendezvous (MASTER_PORT of tasks whose rank 0 runs here)", check=_port_range,
                                   metavar="LOW-HIGH")
+    health_check_program: str = option(
+        "", "the site's node health check (e.g. LBNL NHC), run as root with a fixed environment once at start and "
+        "then every --health-check-interval: a non-zero exit or a timeout drains the node with the program's last "
+        "line of output as reason, a zero exit lifts that drain (docs/health-checks.md); an absolute path to a "
+        "root-owned executable no one else can write ('' disables)", check=program_problem, metavar="PATH")
+    health_check_interval_s: float = option(DEFAULT_INTERVAL_S, "seconds from one health-check run's start to the "
+                                            "next", flag="health_check_interval", check=positive)
+    health_check_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds a health-check run may take before its "
+                                           "process group is killed and the node drains", flag="health_check_timeout",
+                                           check=positive)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
     tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE", path=True)

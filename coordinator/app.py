@@ -28,6 +28,7 @@ from coordinator.dispatch.logs import LogRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
+from coordinator.monitor.metrics import GpuHealthMetrics
 from coordinator.monitor.telemetry_rate import RateMetrics, TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.profiler import Profiler
@@ -78,6 +79,7 @@ class LeaderDuties:
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
         sup.add("usage", lambda beat: app.usage.run(beat=beat), interval_s=cfg.usage_interval_s)
+        sup.add("health", lambda beat: app.nodes.health.run(beat=beat), interval_s=0.5)
         if cfg.power_capping == "on":
             sup.add("capping", lambda beat: app.capper.run(beat=beat), interval_s=2.0)
 
@@ -287,7 +289,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                     up_cooldown_s=cfg.service_cooldown_s / 2,
                                                     max_actions=cfg.service_max_actions))
     nodes = NodeService(registry, state, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics,
-                        events)
+                        events, health_drain_gpus=cfg.health_drain_gpus, on_health_change=wakeup.set)
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,
@@ -304,5 +306,6 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               queues=queues, queue_admin=queue_admin,
               usage=usage, elastic=elastic, telemetry_rate=telemetry_rate)
     metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
+    metrics.registry.register(GpuHealthMetrics(nodes.health.counts))
     quarantine.listener = app.on_quarantined
     return app

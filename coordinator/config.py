@@ -138,6 +138,8 @@ class CoordinatorConfig:
                                       check=positive)
     power_off_retry_max_s: float = option(14400.0, "longest wait before powering off again a node that ignored "
                                           "its power-offs, seconds", flag="power_off_retry_max", check=positive)
+    health_drain_gpus: int = option(2, "unhealthy (fenced) GPUs at which a node is drained as a whole (0: never for "
+                                    "that; a failed health check always drains)", check=non_negative)
     power_capping: str = option("off", "lower GPU power limits where the work gains little from power and its QoS "
                                 "allows", choices=("off", "on"))
     power_cap_interval_s: float = option(30.0, "least seconds between a GPU's power-limit change and its next "

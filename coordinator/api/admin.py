@@ -107,7 +107,7 @@ SERVED_BY: Mapping[str, Served] = {
     "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
-    "CancelService": Served.LEADER,
+    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -455,6 +455,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_rpc
     async def UncordonNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
         return await self._node_op(request, cordoned=False, draining=False)
+
+    @_rpc
+    async def ResumeGpus(self, request: admin_pb2.ResumeGpusRequest, context: Ctx) -> admin_pb2.NodeView:
+        """Put fenced GPUs back in service after repair (role admin; audited as every admin call)."""
+        node_id = _require_id(request.node_id, "node_id")
+        principal = current_principal()
+        by = principal.name if principal is not None else "admin"
+        return self._view(await self._app.nodes.health.resume(node_id, list(request.gpu_indices), by))
 
     @_rpc
     async def RemoveNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:

@@ -62,6 +62,7 @@ from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
+from coordinator.health.rules import health_notes
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
@@ -141,6 +142,7 @@ class SchedulerCycle:
         self.cycles = 0
         self.skipped = 0                                # cycles skipped: nothing changed since all waited
         self._uid_full = 0                              # nodes of this cycle's snapshot without a free task uid
+        self._health: str | None = None                 # this cycle's fenced GPUs and health-held nodes, in words
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
 
     async def run(self, beat: Beat = no_beat) -> None:
@@ -157,9 +159,9 @@ class SchedulerCycle:
     def _inputs(self) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
         and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
-        leaves the set) and every node's state, admin flags, stream (inventory), reservations and the room
-        its agent reports (task uids, free ports).
-        Power curves only rank, so they are left out."""
+        leaves the set) and every node's state, admin flags, stream (inventory), reservations, the room
+        its agent reports (task uids, free ports), its fenced GPUs and whether its health check is pending.
+        Power curves and DEGRADED GPUs only rank, so they are left out."""
         policy = self._policy.current
         tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.values() if t.state not in TERMINAL_STATES)
         nodes = []
@@ -167,7 +169,7 @@ class SchedulerCycle:
             r = e.record.reserved
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
                           r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes, e.task_uid_room,
-                          e.task_ports_free))
+                          e.task_ports_free, e.health_pending, tuple([f.gpu_index for f in e.record.gpu_fences])))
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
         settled = self._elastic_settled()
@@ -251,6 +253,7 @@ class SchedulerCycle:
         ports = PortBook.of(self._tasks.values(), refused=self._refused_ports())
         uid_room = dict(self._snapshots.uid_room)
         self._uid_full = sum(1 for left in uid_room.values() if left <= 0)
+        self._health = None   # built at this cycle's first rejection
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
@@ -630,6 +633,12 @@ class SchedulerCycle:
         if self._uid_full:
             reason += (f"; {self._uid_full} node(s) have no free task uid (every uid of their agent's --task-uids "
                        "is in use)")
+        if self._health is None:
+            held = [e for e in self._registry if e.health_pending or e.record.health_drained or e.record.gpu_fences]
+            self._health = "; ".join(health_notes(
+                (e.node_id, e.record, e.health_pending) for e in sorted(held, key=lambda e: e.node_id)))
+        if self._health:
+            reason += "; " + self._health
         if reason != task.reason:
             self._tasks.note_reason(task.id, reason)   # shown by `gptrmctl tasks`
         if rejection.scale_out:
