@@ -433,6 +433,9 @@ class NvmlEvents:
                 continue
             except uninitialized:
                 return   # NVML was shut down under us
+            except (nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NotSupported) as e:
+                self._log.info("gpu_health_signal_unsupported", signal="xid_events", gpu_index=-1, reason=str(e))
+                return
             except nvml.NVMLError as e:
                 if str(e) != failed:   # logged once per kind of failure; retried after a pause
                     failed = str(e)

@@ -135,6 +135,16 @@ class TestXidEvents:
         assert nvml.event_sets[0].registered == {1: fake_pynvml.EVENT_XID | fake_pynvml.EVENT_DOUBLE_BIT_ECC}
         gpus.close()
 
+    def test_driver_without_the_wait_ends_the_thread(self, opened: Callable[..., NvmlCollector]) -> None:
+        nvml = FakeNvml(make_gpus(1))
+        nvml.module_errors["nvmlEventSetWait_v2"] = FUNCTION_NOT_FOUND
+        gpus = opened(nvml)
+        assert gpus._watcher is not None
+        thread = gpus._watcher.events._thread
+        assert thread is not None
+        thread.join(10)
+        assert not thread.is_alive() and gpus.collect()[0].healthy
+
     def test_wait_failure_logged_once_and_retried(self, opened: Callable[..., NvmlCollector]) -> None:
         nvml = FakeNvml(make_gpus(1))
         nvml.module_errors["nvmlEventSetWait_v2"] = fake_pynvml.NVML_ERROR_CODES["UNKNOWN"]
