@@ -29,7 +29,8 @@ Health signals (:class:`NvmlHealth`, classified by :mod:`agent.health` like simu
 
 A signal the GPU does not support (NotSupported, FunctionNotFound) is skipped on that GPU from then on
 and logged once (``gpu_health_signal_unsupported``). A GPU reset shows as its volatile ECC counters
-going back or a pending remap clearing (``GpuSignals.reset_seen``).
+going back, a pending remap clearing, or a GPU that NVML said needed a reset answering again
+(``GpuSignals.reset_seen``).
 
 The energy counter is the exception to reading everything every tick: its query costs about
 4 ms of CPU per GPU on an H200 (driver 580), where every other field of a tick together costs
@@ -236,6 +237,7 @@ class NvmlCollector:
         self._unsupported: list[set[str]] = [set() for _ in handles]
         self._watch = HealthWatch(len(handles), (health or HealthOptions()).policy, log, now=now)
         self._watcher = watcher
+        self._resetting: set[int] = set()   # GPUs NVML last said need a reset
         self._closed = False
 
     def devices(self) -> list[GpuDevice]:
@@ -247,15 +249,19 @@ class NvmlCollector:
         readings = []
         lost, reset_required = self._nvml.NVMLError_GpuIsLost, self._nvml.NVMLError_ResetRequired
         for index, device in enumerate(self._devices):
-            raw: dict[str, Any] = {}
             try:
                 raw = self._read_gpu(index)
                 reading = parse_gpu_reading(index, device.uuid, raw)
                 signals = self._signals(index, raw, reading)
+                if index in self._resetting:   # it needed a reset and answers again: it was reset
+                    self._resetting.discard(index)
+                    signals = dataclasses.replace(signals, reset_seen=True)
             except (lost, reset_required) as e:
                 # Only "the GPU is gone" errors get here (see _read_gpu); report it, keep going.
                 reading = GpuReading(index=index, uuid=device.uuid)
                 why = str(e) or type(e).__name__
+                if isinstance(e, reset_required):
+                    self._resetting.add(index)
                 signals = GpuSignals(lost=why if isinstance(e, lost) else "", xids=self._xids(index),
                                      reset_required=why if isinstance(e, reset_required) else "")
             reading = self._watch.classify(reading, signals)
@@ -427,6 +433,9 @@ class NvmlEvents:
                 continue
             except uninitialized:
                 return   # NVML was shut down under us
+            except (nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NotSupported) as e:
+                self._log.info("gpu_health_signal_unsupported", signal="xid_events", gpu_index=-1, reason=str(e))
+                return
             except nvml.NVMLError as e:
                 if str(e) != failed:   # logged once per kind of failure; retried after a pause
                     failed = str(e)

@@ -411,6 +411,8 @@ class SimulatedGpus:
         throttle = 1.0
         if wanted > power and wanted > model.idle_w:
             throttle = max(0.0, (power - model.idle_w) / (wanted - model.idle_w))
+        if self._faults.throttled(index):   # a simulated slowdown holds the clocks at half
+            throttle *= 0.5
         return GpuReading(
             index=index,
             uuid=device.uuid,

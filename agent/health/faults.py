@@ -3,7 +3,7 @@
 The file holds one JSON object per line, each naming a GPU and one or more faults::
 
     {"gpu": 3, "xid": 79}                 an XID event (classified like a real one)
-    {"gpu": 1, "throttle": "thermal"}     clocks held back: thermal, hardware, power_brake; null clears
+    {"gpu": 1, "throttle": "thermal"}     clocks held back (at half): thermal, hardware, power_brake; null clears
     {"gpu": 0, "nvlink_down": 2}          NVLink 2 goes down ({"nvlink_up": 2} brings it back)
     {"gpu": 2, "ecc_dbe": 1}              that many double-bit errors on the volatile ECC counter
     {"gpu": 2, "row_remap": "pending"}    a row remap pending ("failed": it failed; null clears)
@@ -168,6 +168,10 @@ class SimFaults:
     def set_lost(self, index: int, evidence: str) -> None:
         """GPU ``index`` stops answering (``evidence`` says why) or, with "", answers again."""
         self._gpus[index].lost = evidence
+
+    def throttled(self, index: int) -> bool:
+        """Whether GPU ``index``'s clocks are held back (``throttle``)."""
+        return self._gpus[index].throttle is not None
 
     def lost(self, index: int) -> bool:
         """Whether GPU ``index`` no longer answers."""

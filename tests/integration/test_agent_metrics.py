@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -79,13 +80,18 @@ class TestAgentMetrics:
         with faults.open("a") as f:
             f.write('{"gpu": 9, "xid": 79}\n{"gpu": 2, "xid": 79}\n{"gpu": 0, "xid": 13}\n')
 
-        def gpu2_unhealthy() -> dict[str, object] | None:
-            gpus = json.loads(cluster.ctl("-o", "json", "nodes", "n1").stdout)["gpus"]
+        def gpu2_unhealthy() -> list[dict[str, Any]] | None:
+            gpus: list[dict[str, Any]] = json.loads(cluster.ctl("-o", "json", "nodes", "n1").stdout)["gpus"]
             t = gpus[2]["telemetry"] or {}
-            return t if t.get("healthy") is False else None
+            return gpus if t.get("healthy") is False else None
 
-        t = wait_until(gpu2_unhealthy, what="GPU 2 unhealthy at the coordinator")
-        assert t["health_reason"] == "xid 79 (simulated)"
+        gpus = wait_until(gpu2_unhealthy, what="GPU 2 unhealthy at the coordinator")
+        assert gpus[2]["telemetry"]["health_reason"] == "xid 79 (simulated)"
+        health = {g["index"]: g["health"] for g in gpus}
+        assert (health[2]["state"], health[2]["reason"], health[2]["evidence"], health[2]["simulated"]) == (
+            "unhealthy", "xid 79", "xid=79 (simulated)", True)
+        assert (health[1]["state"], health[1]["reason"]) == ("degraded", "thermal slowdown")
+        assert health[0]["state"] == health[3]["state"] == "healthy"
         fams = _scrape(f"http://{listen}/metrics")
         health = {(s.labels["gpu"], s.labels["state"]) for s in fams["gptrm_agent_gpu_health"] if s.value == 1.0}
         assert health == {("0", "healthy"), ("1", "degraded"), ("2", "unhealthy"), ("3", "healthy")}

@@ -135,6 +135,16 @@ class TestXidEvents:
         assert nvml.event_sets[0].registered == {1: fake_pynvml.EVENT_XID | fake_pynvml.EVENT_DOUBLE_BIT_ECC}
         gpus.close()
 
+    def test_driver_without_the_wait_ends_the_thread(self, opened: Callable[..., NvmlCollector]) -> None:
+        nvml = FakeNvml(make_gpus(1))
+        nvml.module_errors["nvmlEventSetWait_v2"] = FUNCTION_NOT_FOUND
+        gpus = opened(nvml)
+        assert gpus._watcher is not None
+        thread = gpus._watcher.events._thread
+        assert thread is not None
+        thread.join(10)
+        assert not thread.is_alive() and gpus.collect()[0].healthy
+
     def test_wait_failure_logged_once_and_retried(self, opened: Callable[..., NvmlCollector]) -> None:
         nvml = FakeNvml(make_gpus(1))
         nvml.module_errors["nvmlEventSetWait_v2"] = fake_pynvml.NVML_ERROR_CODES["UNKNOWN"]
@@ -257,11 +267,17 @@ class TestSignals:
         nvml = FakeNvml(make_gpus(1, errors={"nvmlDeviceGetRemappedRows": fake_pynvml.NVML_ERROR_CODES["GPU_IS_LOST"]}))
         assert health(opened(nvml).collect()[0]) == ("unhealthy", "replace", "gpu lost")
 
-    def test_reset_required(self, opened: Callable[..., NvmlCollector]) -> None:
+    def test_reset_required_then_reset(self, opened: Callable[..., NvmlCollector]) -> None:
+        """NVML saying a GPU needs a reset makes it unhealthy (reset); answering again afterwards shows the reset,
+        which also clears a reset-kind XID that no counter would show cleared."""
         code = fake_pynvml.NVML_ERROR_CODES["RESET_REQUIRED"]
-        nvml = FakeNvml(make_gpus(1, errors={"nvmlDeviceGetUtilizationRates": code}))
+        nvml = FakeNvml(make_gpus(1))
         gpus = opened(nvml)
-        assert health(gpus.collect()[0]) == ("unhealthy", "reset", "reset required")
+        nvml.raise_xid(0, 119)
+        wait_for(lambda: not gpus.collect()[0].healthy or None, "xid 119")
+        assert health(gpus.collect()[0]) == ("unhealthy", "reset", "xid 119")
+        nvml.gpus[0].errors["nvmlDeviceGetUtilizationRates"] = code
+        assert health(gpus.collect()[0]) == ("unhealthy", "reset", "xid 119")
         nvml.gpus[0].errors.clear()
         assert gpus.collect()[0].healthy
 

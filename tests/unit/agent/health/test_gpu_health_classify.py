@@ -197,3 +197,33 @@ class TestWatch:
         watch.update(0, GpuSignals(lost="gone"))
         watch.forget(0)
         assert watch.update(0, GpuSignals())[0].state == "healthy"
+
+
+class TestConfig:
+    """The agent's flags for GPU health."""
+
+    def test_flags(self) -> None:
+        from agent.config import load
+
+        cfg = load(["--insecure", "--app-xids", "13,31,69", "--replace-xids", "79", "--health-read-interval", "30",
+                    "--gpu-health", "off"])
+        assert cfg.health.policy.kind(69) == "app" and cfg.health.policy.kind(74) == "unknown"
+        assert (cfg.health.read_s, cfg.health.enabled) == (30.0, False)
+
+    def test_defaults(self) -> None:
+        from agent.config import load
+
+        health = load(["--insecure"]).health
+        assert health.policy == XidPolicy() and health.enabled and health.read_s == 10.0
+
+    def test_an_xid_in_two_lists_refused_at_load(self) -> None:
+        from agent.config import load
+
+        with pytest.raises(ConfigError, match="--reset-xids: XID 13 is also in --app-xids"):
+            load(["--insecure", "--reset-xids", "13,48"])
+
+    def test_bad_entry_names_the_flag(self) -> None:
+        from agent.config import load
+
+        with pytest.raises(ConfigError, match="replace_xids: 'x' is not an XID code"):
+            load(["--insecure", "--replace-xids", "79,x"])

@@ -91,6 +91,16 @@ class TestSimulatedGpusTakeFaults:
         append(path, '{"gpu": 1, "throttle": null}')
         assert gpus.collect()[1].health.state == "healthy"   # type: ignore[union-attr]
 
+    def test_throttled_clocks_drop(self, tmp_path: Path, clock: FakeClock) -> None:
+        """A busy GPU that is throttled runs its SM clock lower than its busy neighbour."""
+        path = tmp_path / "faults.jsonl"
+        gpus = gpus_with(path, clock)
+        gpus.place("t", [0, 1], util_per_gpu=1.0, mem_bytes_per_gpu=0)
+        append(path, '{"gpu": 1, "throttle": "power_brake"}')
+        first, second = gpus.collect()[:2]
+        assert second.sm_clock_mhz is not None and first.sm_clock_mhz is not None
+        assert second.sm_clock_mhz < first.sm_clock_mhz
+
     def test_reset_kind_faults_clear_after_a_reset(self, tmp_path: Path, clock: FakeClock) -> None:
         """Double-bit ECC, a pending remap, an XID 48 and a downed NVLink all clear with a simulated reset."""
         path = tmp_path / "faults.jsonl"
