@@ -73,7 +73,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     outbox = Outbox(cfg.buffer_samples, cfg.interval_s)   # the stream sends as soon as something is added
     gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name,
-                            simulate_topology=cfg.simulate_topology)
+                            simulate_topology=cfg.simulate_topology, health=cfg.health)
     try:
         task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed,
                                                 uids=parse_uid_range(cfg.task_uids))
