@@ -84,7 +84,7 @@ async def ticking(compute: Callable[[], Awaitable[tuple[Rows, dict[str, Any]]]],
         rows, extra = await compute()
         spent = cost_s() if cost_s is not None else time.monotonic() - started
         delta = diff(last, rows)
-        if delta is not None or extra != extra_sent:
+        if delta is not None or (extra and extra != extra_sent):
             yield {**(delta or {"upsert": {}, "remove": []}), **extra}
             last, extra_sent = rows, extra
         await asyncio.sleep(next_tick(base_s, spent))

@@ -1,0 +1,80 @@
+"""Web console sign-ins: the Admin API's tokens and roles, sessions that end with their token, audit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.tokens import TokenFile, new_token, token_line
+from coordinator.api.audit import AuditLog
+from coordinator.api.auth import Authenticator
+from coordinator.events import EventBus
+from coordinator.web.sessions import IDLE_S, Sessions, SignInRefused
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Sessions, dict[str, str], Path, Path, EventBus, Clock]:
+    toks = {"vera": new_token(), "alice": new_token()}
+    path = tmp_path / "tokens"
+    path.write_text(token_line("vera", "viewer", toks["vera"]) + "\n"
+                    + token_line("alice", "submitter", toks["alice"], queues=("a",)) + "\n")
+    bus, clock = EventBus(), Clock()
+    audit = tmp_path / "audit.log"
+    sessions = Sessions(Authenticator(tls=False, tokens=TokenFile(str(path))), AuditLog(audit, bus), now=clock)
+    return sessions, toks, path, audit, bus, clock
+
+
+def test_sign_in_gives_a_session_with_the_tokens_principal_and_is_audited(setup) -> None:
+    sessions, toks, _, audit, bus, _ = setup
+    sid, who = sessions.sign_in(toks["alice"], "127.0.0.1")
+    assert (who.name, who.role, who.queues) == ("alice", "submitter", ("a",))
+    assert toks["alice"] not in sid and len(sid) >= 40
+    again = sessions.principal(sid, None)
+    assert again is not None and again.name == "alice"
+    record = json.loads(audit.read_text().splitlines()[-1])
+    assert record["method"] == "WebSignIn" and record["outcome"] == "ok" and record["principal"] == "alice"
+    assert any(e.kind == "audit" and "WebSignIn" in e.message for e in bus.recent(10))
+
+
+def test_unknown_token_is_refused_and_audited(setup) -> None:
+    sessions, _, _, audit, _, _ = setup
+    with pytest.raises(SignInRefused):
+        sessions.sign_in("gptrm_not-a-token", "127.0.0.1")
+    record = json.loads(audit.read_text().splitlines()[-1])
+    assert record["outcome"] == "refused" and record["method"] == "WebSignIn"
+    assert sessions.principal("made-up-session", None) is None and sessions.principal(None, None) is None
+
+
+def test_removed_token_ends_its_sessions(setup) -> None:
+    sessions, toks, path, _, _, _ = setup
+    sid, _ = sessions.sign_in(toks["vera"], "127.0.0.1")
+    path.write_text(token_line("alice", "submitter", toks["alice"], queues=("a",)) + "\n")
+    sessions.authn.reload()
+    assert sessions.principal(sid, None) is None
+    assert len(sessions) == 0
+
+
+def test_idle_session_ends_and_sign_out_ends_it(setup) -> None:
+    sessions, toks, _, _, _, clock = setup
+    sid, _ = sessions.sign_in(toks["vera"], "127.0.0.1")
+    clock.t += IDLE_S + 1
+    assert sessions.principal(sid, None) is None
+    sid, _ = sessions.sign_in(toks["vera"], "127.0.0.1")
+    sessions.sign_out(sid)
+    assert sessions.principal(sid, None) is None
+
+
+def test_open_mode_is_the_anonymous_admin() -> None:
+    sessions = Sessions(Authenticator(tls=False), AuditLog(None))
+    who = sessions.principal(None, None)
+    assert who is not None and (who.name, who.role) == ("anonymous", "admin")
