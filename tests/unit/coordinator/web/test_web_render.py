@@ -29,7 +29,8 @@ class _Elements(HTMLParser):
         if (tag == "script" and "src" not in names) or tag == "style":
             self.found.append(f"<{tag}> inline")
         self.found += [f"{tag} {k}=" for k in names if k == "style" or k.startswith("on")]
-        self.found += [f"{tag} {k}={v}" for k, v in attrs if k in ("href", "src") and (v or "").startswith("javascript")]
+        self.found += [f"{tag} {k}={v}" for k, v in attrs
+                       if k in ("href", "src") and (v or "").startswith("javascript")]
 
 
 def _inline_code(page: str) -> list[str]:
