@@ -11,7 +11,8 @@ The HTTP boundary gets the gRPC boundary's treatment:
 - time: idle keep-alive connections close after :data:`KEEPALIVE_S`; a stream sends a comment every
   :data:`HEARTBEAT_S` so a vanished browser is noticed;
 - headers on every answer: a strict Content-Security-Policy (:data:`CSP`: scripts and styles from this
-  server only, nothing inline, no frames, no other origin), ``nosniff``, no referrer, ``no-store`` for
+  server only, nothing inline, no frames, no other origin), ``nosniff``, no referrer to another origin
+  (same-origin: so a form post carries its Origin), ``no-store`` for
   everything but the versioned static files;
 - a POST (sign-in, sign-out) must come from this origin (its ``Origin`` header), besides the cookie's
   SameSite=Strict;
@@ -187,7 +188,7 @@ class WebConsole:
         except web.HTTPException as e:
             response = e
         for k, v in (("Content-Security-Policy", CSP), ("X-Content-Type-Options", "nosniff"),
-                     ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"),
+                     ("Referrer-Policy", "same-origin"), ("X-Frame-Options", "DENY"),
                      ("Cross-Origin-Opener-Policy", "same-origin")):
             response.headers.setdefault(k, v)
         if not request.path.startswith("/static/"):

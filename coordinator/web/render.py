@@ -23,6 +23,8 @@ __all__ = ["COLORS", "EVENT_COLUMNS", "QUEUE_COLUMNS", "SERVICE_COLUMNS", "TASK_
 
 COLORS = ("util", "mem", "power", "health")
 """What the fleet grid colours each GPU by."""
+ZOOM_NODES = 200
+"""Fleets of at most this many nodes are drawn with large cells (larger ones: click a group to zoom into it)."""
 MAX_ROWS = 500
 """The most rows a list page renders (the newest first); the page says how many it left out."""
 _TASK_STATES = {v: k.removeprefix("TASK_STATE_").lower() for k, v in types_pb2.TaskState.items()}
@@ -199,12 +201,13 @@ def fleet_body(nodes: Sequence[dict[str, str]], summary: FleetSummary, *, color:
     legend = join(tag("i", label, cls=f"c{code}") for code, label in (
         [("0", "healthy"), ("d", "degraded"), ("u", "unhealthy"), ("o", "off/lost"), ("x", "no data")]
         if color == "health" else
-        [(str(i), f"{i * 10}%") for i in range(0, 10, 3)] + [("9", "90%+"), ("u", "unhealthy"), ("o", "off/lost"),
-                                                              ("x", "no data")]))
+        [(str(i), f"{i * 10}%") for i in (0, 2, 4, 6, 8)] + [("9", "90%+"), ("u", "unhealthy"), ("o", "off/lost"),
+                                                             ("x", "no data")]))
     groups: dict[str, list[dict[str, str]]] = {}
     for n in nodes:
         groups.setdefault(n["group"], []).append(n)
     sections = []
+    zoom = only is not None or len(nodes) <= ZOOM_NODES
     for name in sorted(groups):
         if only is not None and name != only:
             continue
@@ -215,8 +218,9 @@ def fleet_body(nodes: Sequence[dict[str, str]], summary: FleetSummary, *, color:
             + "".join(f"<i class=\"c{c}\"></i>" for c in n["cells"]) + "</a>" for n in members)
         label = name or ("all nodes" if not group else f"no {group} label")
         head = tag("a", label, href=url("/", color=color, group=group, only=name)) if only is None else esc(label)
-        sections.append(Html(f"<section class=\"grp\"><h2>{head} <small>{len(members)} nodes</small></h2>"
-                             f"<div class=\"grid{' zoom' if only is not None else ''}\">{cells}</div></section>"))
+        count = f"{len(members)} node" + ("" if len(members) == 1 else "s")
+        sections.append(Html(f"<section class=\"grp\"><h2>{head} <small>{count}</small></h2>"
+                             f"<div class=\"grid{' zoom' if zoom else ''}\">{cells}</div></section>"))
     return Html(facts(summary.items(), dl_id="summary") + f"<p class=\"controls\">Colour by {colors} {form}</p>"
                 + f"<p class=\"legend\">{legend}</p>" + join(sections)
                 + "<p id=\"added\" class=\"note\" hidden>New nodes joined: reload to place them.</p>")
