@@ -37,7 +37,7 @@ def diff(before: Rows, after: Rows) -> dict[str, Any] | None:
     return {"upsert": upsert, "remove": remove}
 
 
-def next_tick(base_s: float, compute_s: float, *, duty: float = 0.05, most_s: float = 30.0) -> float:
+def next_tick(base_s: float, compute_s: float, *, duty: float = 0.1, most_s: float = 10.0) -> float:
     """The wait before the next tick: ``base_s``, or longer so that computing the model takes at most
     ``duty`` of the time (never more than ``most_s``)."""
     return min(most_s, max(base_s, compute_s / duty))

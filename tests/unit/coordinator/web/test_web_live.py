@@ -17,8 +17,8 @@ def test_diff_sends_changed_and_removed_rows_only() -> None:
 
 def test_next_tick_grows_with_the_cost_of_the_model() -> None:
     assert next_tick(2.0, 0.01) == 2.0
-    assert next_tick(2.0, 0.5) == 10.0   # at most 5 % of the time spent computing
-    assert next_tick(2.0, 10.0) == 30.0
+    assert next_tick(2.0, 0.4) == 4.0   # at most 10 % of the time spent computing
+    assert next_tick(2.0, 5.0) == 10.0   # and never longer than 10 s
 
 
 def test_sse_event_is_one_event_whatever_the_data_holds() -> None:
