@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import shutil
+import ssl
 import tempfile
 import urllib.parse
 import uuid
@@ -22,6 +23,7 @@ import pytest
 
 from common.etcd_embedded import EtcdCluster, free_port
 from common.tokens import new_token, token_line
+from coordinator.ctl.main import main as ctl_main
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 HOSTILE = "<script>alert(1)</script>"
@@ -104,6 +106,46 @@ def test_sign_in_sets_a_strict_cookie_and_is_audited(console: Console) -> None:
     assert console.request("POST", "/signin", {"token": console.tokens["vera"]},
                            headers={"Origin": "http://evil.invalid"}).status == 403
     assert console.request("POST", "/signin", {"token": "x" * 20000}).status == 413
+
+
+def test_client_certificate_signs_in_where_the_coordinator_uses_mutual_tls(
+        tmp_path: Path, etcd_server: EtcdCluster) -> None:
+    """With mutual TLS the console serves HTTPS with the coordinator's certificate: a viewer's client
+    certificate is its holder without a sign-in, a browser without one is sent to the token form, and a
+    node's certificate is refused."""
+    pki = tmp_path / "pki"
+    for argv in (["ca", "create"], ["issue", "coordinator", "127.0.0.1"], ["issue", "viewer", "eve"],
+                 ["issue", "node", "n1"]):
+        assert ctl_main(["certs", "--dir", str(pki), *argv]) == 0
+    c = Cluster(tmp_path, etcd_server.endpoints, f"/gptrm-test/web-tls-{uuid.uuid4().hex[:8]}/")
+    web = f"127.0.0.1:{free_port()}"
+    try:
+        c.start_coordinator("c1", "--tls-cert", str(pki / "coordinator-127.0.0.1.crt"), "--tls-key",
+                            str(pki / "coordinator-127.0.0.1.key"), "--tls-ca", str(pki / "ca.crt"),
+                            "--web-listen", web)
+
+        def get(stem: str | None) -> tuple[int, str]:
+            ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+            if stem is not None:
+                ctx.load_cert_chain(str(pki / f"{stem}.crt"), str(pki / f"{stem}.key"))
+            host, port = web.rsplit(":", 1)
+            conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=10)
+            conn.request("GET", "/tasks")
+            r = conn.getresponse()
+            return r.status, r.read().decode()
+        status, page = wait_until(lambda: _answers(get, "viewer-eve"), 60, what="the console over HTTPS")
+        assert status == 200 and "eve (viewer)" in page and "Sign out" not in page
+        assert get(None)[0] == 303
+        assert get("node-n1")[0] == 403
+    finally:
+        c.stop()
+
+
+def _answers(get: Any, stem: str) -> tuple[int, str] | None:
+    try:
+        return get(stem)
+    except OSError:
+        return None
 
 
 # ---- in the browser -------------------------------------------------------------------------------------
