@@ -29,6 +29,7 @@ import hashlib
 import math
 import ssl
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -522,12 +523,20 @@ class WebConsole:
     async def _stream(self, request: web.Request, items: AsyncIterator[Any], *, named: bool = False,
                       ) -> web.StreamResponse:
         """Send ``items`` as server-sent events (``delta``, or ``(name, data)`` pairs when ``named``) until
-        the browser goes away, with a comment every :data:`HEARTBEAT_S` of quiet."""
+        the browser goes away, with a comment every :data:`HEARTBEAT_S` of quiet. Gzipped when the browser
+        accepts it, each event flushed whole (a fleet's delta is repetitive: ids and colour codes)."""
         if self.streams >= MAX_STREAMS:
             raise web.HTTPServiceUnavailable(text="too many live views open; try again later")
         self.streams += 1
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
-                                               "X-Accel-Buffering": "no"})
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        gz = zlib.compressobj(6, zlib.DEFLATED, 31, 5) if "gzip" in request.headers.get("Accept-Encoding", "") \
+            else None
+        if gz is not None:
+            headers["Content-Encoding"] = "gzip"
+        response = web.StreamResponse(headers=headers)
+
+        async def send(data: bytes) -> None:
+            await response.write(data if gz is None else gz.compress(data) + gz.flush(zlib.Z_SYNC_FLUSH))
         it = aiter(items)
         next_item: asyncio.Future[Any] | None = None
         try:
@@ -537,16 +546,16 @@ class WebConsole:
                     next_item = asyncio.ensure_future(anext(it))
                 done, _ = await asyncio.wait({next_item}, timeout=HEARTBEAT_S)
                 if not done:
-                    await response.write(b": keep-alive\n\n")
+                    await send(b": keep-alive\n\n")
                     continue
                 item, next_item = next_item.result(), None
                 name, data = item if named else ("delta", item)
-                await response.write(sse_event(name, data))
+                await send(sse_event(name, data))
         except (ConnectionResetError, StopAsyncIteration):
             pass
         except WebRefused as e:
             with contextlib.suppress(ConnectionResetError):
-                await response.write(sse_event("refused", str(e)))
+                await send(sse_event("refused", str(e)))
         finally:
             self.streams -= 1
             if next_item is not None:

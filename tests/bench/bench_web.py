@@ -13,7 +13,7 @@ between two values, so every GPU's colour changes at every sample: the worst cas
   (compressed), against the target of 500 KB at 5,000 nodes;
 - **updates**: for each count of ``--browsers``, that many live streams of the page
   (``/live/fleet``, each from its own render's baseline) for ``--window`` seconds: deltas received per
-  browser, their mean interval and size, bytes per second per browser, and the coordinator's CPU
+  browser, their mean interval and size as transferred (gzip), bytes per second per browser, and the coordinator's CPU
   (% of one core, its whole process) against the same window with no browser: the CPU each added
   browser costs.
 
@@ -31,6 +31,7 @@ import re
 import statistics
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,12 +76,17 @@ async def asset_bytes(session: aiohttp.ClientSession, base: str, html: str) -> d
 
 
 async def follow(session: aiohttp.ClientSession, base: str, live: str, stream: Stream, stop: asyncio.Event) -> None:
+    """Read one live stream as a browser does (gzip), counting the bytes transferred and the deltas."""
     stream.times = []
-    async with session.get(base + live.replace("&amp;", "&"), timeout=aiohttp.ClientTimeout(total=None)) as r:
+    async with session.get(base + live.replace("&amp;", "&"), headers={"Accept-Encoding": "gzip"},
+                           timeout=aiohttp.ClientTimeout(total=None)) as r:
+        unzip = zlib.decompressobj(31) if r.headers.get("Content-Encoding") == "gzip" else None
+
         async def read() -> None:
-            async for line in r.content:
-                stream.bytes += len(line)
-                if line.startswith(b"event: delta"):
+            async for chunk in r.content.iter_any():
+                stream.bytes += len(chunk)
+                text = unzip.decompress(chunk) if unzip is not None else chunk
+                for _ in range(text.count(b"event: delta")):
                     stream.deltas += 1
                     assert stream.times is not None
                     stream.times.append(time.monotonic())
