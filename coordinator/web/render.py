@@ -10,6 +10,7 @@ page through :mod:`coordinator.web.html`'s escaping.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -81,7 +82,8 @@ def page(title: str, active: str, viewer: Viewer, body: Html, *, live: str = "",
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>{esc(title)} · gptrm</title>"
         f"<link rel=\"stylesheet\" href=\"{esc(assets['app.css'])}\">"
-        + (f"<link rel=\"stylesheet\" href=\"{esc(assets['uPlot.min.css'])}\">" if active == "services" else "")
+        + (f"<link rel=\"stylesheet\" href=\"{esc(assets['uPlot.min.css'])}\">" if active in ("services", "task")
+           else "")
         + f"</head><body data-live=\"{esc(live)}\"><header><b class=\"brand\">gptrm</b><nav>{nav}</nav>{who}"
         f"</header>{banner}<main><h1>{esc(title)}</h1>{body}</main>"
         + (f"<script src=\"{esc(assets['uPlot.iife.min.js'])}\" defer></script>" if active in ("services", "task")
@@ -287,7 +289,12 @@ def task_body(t: types_pb2.Task, gpus: Sequence[tuple[str, int, str]], *, logs_s
     out += [Html("<h2>GPUs</h2>"), gpu_table if gpus else tag("p", "None held.", cls="note")]
     if t.spec.HasField("elastic"):
         e = t.elastic
+        sizes = [[r.time_unix_s, r.to_gpus] for r in reversed(e.history)]   # oldest first
+        if sizes:
+            sizes.insert(0, [t.submit_unix_s, e.history[-1].from_gpus])
         out += [Html("<h2>Elastic sizes</h2>"),
+                Html(f"<figure class=\"chart\" id=\"elastic-chart\" data-points=\"{esc(json.dumps(sizes))}\">"
+                     "<figcaption>GPUs over time</figcaption></figure>") if sizes else Html(""),
                 facts([("Range", f"{t.spec.elastic.min_gpus}–{t.spec.elastic.max_gpus} GPUs"), ("Now", e.gpus),
                        ("Target", e.target_gpus or "max"), ("Resizes", e.resizes),
                        ("Blocked", e.grow_blocked or "-")]),

@@ -90,6 +90,14 @@
     }
   }
 
+  const elastic = document.getElementById("elastic-chart");
+  if (elastic && window.uPlot) {
+    const points = JSON.parse(elastic.dataset.points);
+    new uPlot({width: Math.min(720, elastic.clientWidth || 720), height: 200,
+               series: [{}, {label: "GPUs", stroke: "#1f77b4", paths: uPlot.paths.stepped({align: 1})}]},
+              [points.map(p => p[0]), points.map(p => p[1])], elastic);
+  }
+
   const table = document.querySelector("main table[data-key]");
   function onDelta(delta) {
     if (live.startsWith("/live/fleet")) applyFleet(delta);
