@@ -43,6 +43,7 @@ from common.pb.gptrm.v1 import types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.api.auth import SUBMITTER, Principal, Security
 from coordinator.api.tenancy import covers
+from coordinator.monitor.resources import NodeHistory
 from coordinator.queues import QueueConfig
 from coordinator.web import render
 from coordinator.web.html import Html, url
@@ -63,6 +64,8 @@ LOG_TAIL_LINES = 200
 LOG_LINE_MAX = 4096
 STATIC = ("app.css", "app.js", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE")
 _CHART_POINTS = 360
+_HISTORY_NODES = 4
+_HISTORY_POINTS = 300
 _log = get_logger("web")
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -92,12 +95,16 @@ class WebConsole:
     :param security: the replica's TLS, authenticator and audit log.
     :param listen: ``HOST:PORT`` to serve on.
     :param queue_config: the replica's queue tree now (who covers a task's queue may read its log).
+    :param gpu_history: a node's telemetry history in the replica's resource monitor (the leader's: agents
+        report to it), for a task's GPU utilization over its life; None: no such charts.
     """
 
     def __init__(self, admin: AdminService, security: Security, listen: str,
-                 queue_config: Callable[[], QueueConfig]) -> None:
+                 queue_config: Callable[[], QueueConfig],
+                 gpu_history: Callable[[str], NodeHistory | None] | None = None) -> None:
         self.reader = Reader(admin)
         self.queue_config = queue_config
+        self.gpu_history = gpu_history
         self.security = security
         self.sessions = Sessions(security.authn, security.audit)
         self.listen = listen
@@ -380,12 +387,41 @@ class WebConsole:
                 out.append((a.node_id, i, util))
         return out
 
+    def _util_history(self, t: types_pb2.Task) -> dict[str, dict[str, Any]]:
+        """Per node of the task (the first :data:`_HISTORY_NODES`), its GPUs' utilization (%) since the task
+        was placed, as far back as the resource monitor keeps: ``{node: {"t": [...], "gpus": {index: [...]}}}``,
+        at most :data:`_HISTORY_POINTS` points each."""
+        if self.gpu_history is None:
+            return {}
+        start = t.allocation.created_unix_s or t.submit_unix_s
+        out: dict[str, dict[str, Any]] = {}
+        for a in list(t.allocation.nodes)[:_HISTORY_NODES]:
+            history = self.gpu_history(a.node_id)
+            if history is None:
+                continue
+            times: list[float] = []
+            gpus: dict[str, list[float | None]] = {}
+            for i in list(a.gpu_indices)[:16]:
+                try:
+                    ts, vs = history.series("util_gpu", i)
+                except IndexError:
+                    continue
+                keep = ts >= start
+                ts, vs = ts[keep], vs[keep]
+                step = max(1, -(-len(ts) // _HISTORY_POINTS))
+                times = [round(float(x), 1) for x in ts[::step]]
+                gpus[str(i)] = [None if math.isnan(v) else round(float(v) * 100, 1) for v in vs[::step]]
+            if times:
+                out[a.node_id] = {"t": times, "gpus": gpus}
+        return out
+
     async def task(self, request: web.Request) -> web.StreamResponse:
         p = request["principal"]
         t = await self.reader.task(p, request.match_info["task_id"])
         allowed, note = self._logs_allowed(p, t)
         status = await self.reader.status(p)
-        body = render.task_body(t, await self._task_gpus(p, t), logs_shown=allowed, log_note=note)
+        body = render.task_body(t, await self._task_gpus(p, t), logs_shown=allowed, log_note=note,
+                                util_history=self._util_history(t))
         return self._page(request, f"Task {t.id}", "task", body, status,
                           live=url("/live/tasks", t.id, logs="1" if allowed and status.is_leader else ""))
 

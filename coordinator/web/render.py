@@ -260,9 +260,11 @@ def tasks_body(rows: Sequence[dict[str, str]], total: int, filters: dict[str, st
     return Html(form + more + table(TASK_COLUMNS, rows, table_id="tasks", link=("id", "/tasks")))
 
 
-def task_body(t: types_pb2.Task, gpus: Sequence[tuple[str, int, str]], *, logs_shown: bool, log_note: str) -> Html:
-    """One task: its facts, history, parts and ranks, GPUs (node, index, utilization now), elastic sizes,
-    and its log (live) for roles that may read it, else why not."""
+def task_body(t: types_pb2.Task, gpus: Sequence[tuple[str, int, str]], *, logs_shown: bool, log_note: str,
+              util_history: dict[str, dict[str, Any]] | None = None) -> Html:
+    """One task: its facts, history, parts and ranks, GPUs (node, index, utilization now, and per node a
+    chart of their utilization since it was placed: ``util_history``), elastic sizes, and its log (live)
+    for roles that may read it, else why not."""
     energy_kwh = t.energy_j / 3.6e6
     items: list[tuple[str, object]] = [
         ("State", task_state(t.state)), ("Reason", t.reason or "-"), ("Name", t.spec.name),
@@ -287,6 +289,9 @@ def task_body(t: types_pb2.Task, gpus: Sequence[tuple[str, int, str]], *, logs_s
     if t.parts:
         out += [Html("<h2>Parts and ranks</h2>"), parts]
     out += [Html("<h2>GPUs</h2>"), gpu_table if gpus else tag("p", "None held.", cls="note")]
+    out += [Html(f"<figure class=\"chart util-chart\" data-points=\"{esc(json.dumps(series))}\"><figcaption>"
+                 f"{esc(node)}: GPU utilization (%) since placed, as far back as the coordinator keeps"
+                 "</figcaption></figure>") for node, series in (util_history or {}).items()]
     if t.spec.HasField("elastic"):
         e = t.elastic
         sizes = [[r.time_unix_s, r.to_gpus] for r in reversed(e.history)]   # oldest first

@@ -207,7 +207,7 @@ def _cell(driver: Any, table: str, key: str, column: str) -> str:
 def test_browser_pages_live_tasks_roles_and_hostile_names(console: Console, browser: Any) -> None:
     """Signed in as the admin, every page renders the cluster's data; a task submitted (named like a script)
     appears in Tasks without a reload, shown as text, and its cancellation changes its state live; its page
-    streams its log. Signed in as a viewer, the task's log is hidden."""
+    charts its GPU's utilization and streams its log. Signed in as a viewer, the task's log is hidden."""
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
     d = browser
@@ -222,7 +222,8 @@ def test_browser_pages_live_tasks_roles_and_hostile_names(console: Console, brow
     d.get(f"{web}/tasks")
     _live(d)
     d.execute_script("window.gptrmNotReloaded = true")
-    task = console.ctl("submit", *ROOT_TASKS_SUBMIT, "--name", HOSTILE, "--cpu", "0.1", "--", "sh", "-c",
+    task = console.ctl("submit", *ROOT_TASKS_SUBMIT, "--name", HOSTILE, "--gpus", "1", "--gpu-mem-gib", "10", "--",
+                       "sh", "-c",
                        "printf '%s%s\\n' '<b>not ' 'bold</b>'; exec sleep 600")["task_id"]
     wait_until(lambda: _cell(d, "tasks", task, "name") == HOSTILE, 30, what="the task appearing live in Tasks")
     wait_until(lambda: _cell(d, "tasks", task, "state") == "running", 60, what="the task running, live")
@@ -231,7 +232,8 @@ def test_browser_pages_live_tasks_roles_and_hostile_names(console: Console, brow
         d.switch_to.alert.text   # noqa: B018 - reading it is the check that no alert opened
     _shot(d, "tasks")
 
-    d.get(f"{web}/tasks/{task}")
+    wait_until(lambda: (d.get(f"{web}/tasks/{task}"), d.find_elements(By.CSS_SELECTOR, "figure.util-chart canvas"))[1],
+               30, interval_s=1.0, what="the chart of the task's GPU utilization")
     assert d.find_element(By.CSS_SELECTOR, 'dd[data-k="Name"]').text == HOSTILE
     wait_until(lambda: "<b>not bold</b>" in d.find_element(By.ID, "log").text, 30, what="the log, live")
     assert not d.find_elements(By.CSS_SELECTOR, "#log b")

@@ -98,6 +98,15 @@
               [points.map(p => p[0]), points.map(p => p[1])], elastic);
   }
 
+  if (window.uPlot) {
+    for (const fig of document.querySelectorAll("figure.util-chart")) {
+      const d = JSON.parse(fig.dataset.points), gpus = Object.keys(d.gpus);
+      new uPlot({width: Math.min(720, fig.clientWidth || 720), height: 200, scales: {y: {range: [0, 100]}},
+                 series: [{}].concat(gpus.map((g, i) => ({label: "GPU " + g, stroke: "hsl(" + (i * 47 % 360) + ",60%,45%)"})))},
+                [d.t].concat(gpus.map(g => d.gpus[g])), fig);
+    }
+  }
+
   const table = document.querySelector("main table[data-key]");
   function onDelta(delta) {
     if (live.startsWith("/live/fleet")) applyFleet(delta);

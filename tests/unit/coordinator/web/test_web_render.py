@@ -68,11 +68,13 @@ def test_tasks_list_and_task_page_show_hostile_values_as_text() -> None:
                        live=url("/live/tasks", queue=HOSTILE), assets=ASSETS)
     _no_markup_from(HOSTILE, page)
     assert not _inline_code(page), _inline_code(page)
+    history = {HOSTILE: {"t": [1.7e9, 1.7e9 + 1], "gpus": {"0": [10.0, None]}}}
     detail = render.page("Task", "task", VIEWER, render.task_body(t, [(HOSTILE, 0, "50%")], logs_shown=True,
-                                                                  log_note=""), assets=ASSETS)
+                                                                  log_note="", util_history=history), assets=ASSETS)
     _no_markup_from(HOSTILE, detail)
     assert not _inline_code(detail)
     assert f'<pre id="log" class="log">line {esc(HOSTILE)}' in detail
+    assert 'class="chart util-chart" data-points="{&quot;t&quot;: [1700000000.0' in detail
 
 
 def test_task_page_without_log_rights_shows_why_and_no_log() -> None:
