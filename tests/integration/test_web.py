@@ -246,7 +246,14 @@ def test_browser_pages_live_tasks_roles_and_hostile_names(console: Console, brow
     wait_until(lambda: _cell(d, "tasks", task, "state") == "cancelled", 60, what="the cancellation, live")
     assert d.execute_script("return window.gptrmNotReloaded") is True
 
-    for path, name, marker in (("/queues", "queues", "queues:default"), ("/services", "services", "services"),
+    sid = console.ctl("submit", *ROOT_TASKS_SUBMIT, "--name", "llm", "--replicas", "1:2", "--target-util", "0.6",
+                      "--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--", "sh", "-c",
+                      "exec sleep 600")["service_id"]
+    wait_until(lambda: (d.get(f"{web}/services"), d.find_elements(By.ID, f"services:{sid}"))[1], 60, interval_s=1.0,
+               what="the service listed")
+    wait_until(lambda: d.find_elements(By.CSS_SELECTOR, "figure.chart canvas"), 30, what="its load chart drawn")
+    assert _cell(d, "services", sid, "name") == "llm"
+    for path, name, marker in (("/queues", "queues", "queues:default"), ("/services", "services", f"services:{sid}"),
                                ("/events", "events", "events")):
         d.get(f"{web}{path}")
         assert d.find_elements(By.ID, marker), path

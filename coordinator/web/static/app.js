@@ -85,6 +85,7 @@
       if (charts[sid]) { charts[sid].setData(data); continue; }
       charts[sid] = new uPlot({
         width: Math.min(720, fig.clientWidth || 720), height: 220,
+        scales: {x: {time: true, range: (u, min, max) => min === max ? [min - 300, max + 30] : [min, max]}},
         series: [{}, {label: "load", stroke: "#1f77b4"}, {label: "forecast", stroke: "#ff7f0e", dash: [6, 4]}],
       }, data, fig);
     }
