@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import hashlib
+import ipaddress
 import math
+import socket
 import ssl
 import time
 import zlib
@@ -177,6 +180,11 @@ class WebConsole:
     async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
                      ) -> web.StreamResponse:
         try:
+            if self.sessions.open and not local_host_name(request.host):
+                # Open mode: a page of another site whose name was re-pointed at this address (DNS rebinding)
+                # would read the console as its own origin; such a request names that site in Host.
+                raise web.HTTPMisdirectedRequest(text="open console: address it by IP address, localhost or this "
+                                                 "host's name")
             if request.method == "POST" and not self._same_origin(request):
                 raise web.HTTPForbidden(text="cross-origin form refused")
             if request.path.startswith("/static/") or request.path == "/signin":
@@ -599,6 +607,30 @@ class WebConsole:
             with contextlib.suppress(Exception):
                 await it.aclose()   # type: ignore[attr-defined]
         return response
+
+
+def local_host_name(host: str) -> bool:
+    """Whether a request's ``Host`` (``name[:port]``) names this machine: an IP address, ``localhost``, or this
+    host's own name (what a browser sends when it was pointed at the console, not at another site)."""
+    if host.startswith("["):   # [v6]:port
+        name = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:   # name:port, v4:port
+        name = host.split(":", 1)[0]
+    else:
+        name = host
+    name = name.rstrip(".").lower()
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return name in _own_names() or name.endswith(".localhost")
+
+
+@functools.cache
+def _own_names() -> frozenset[str]:
+    """``localhost`` and this host's names (looked up once: the fully qualified name may ask DNS)."""
+    return frozenset({"localhost", socket.gethostname().lower(), socket.getfqdn().lower()})
 
 
 def _finite(value: float) -> float | None:

@@ -64,3 +64,4 @@ def test_shared_computes_once_for_concurrent_callers() -> None:
         first = await asyncio.gather(*(shared.get("k", compute) for _ in range(5)))
         return [*first, await shared.get("k", compute)]
     assert asyncio.run(run()) == [1] * 6 and calls == 1
+

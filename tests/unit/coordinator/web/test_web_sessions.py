@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from common.tokens import TokenFile, new_token, token_line
 from coordinator.api.audit import AuditLog
 from coordinator.api.auth import Authenticator
 from coordinator.events import EventBus
+from coordinator.web.console import local_host_name
 from coordinator.web.sessions import IDLE_S, Sessions, SignInRefused
 
 
@@ -78,3 +80,13 @@ def test_open_mode_is_the_anonymous_admin() -> None:
     sessions = Sessions(Authenticator(tls=False), AuditLog(None))
     who = sessions.principal(None, None)
     assert who is not None and (who.name, who.role) == ("anonymous", "admin")
+
+
+def test_open_console_answers_only_requests_addressed_to_this_machine() -> None:
+    """In the open mode a request must name this host (an IP address, localhost, its own name): a site whose
+    name was re-pointed at the console's address (DNS rebinding) is refused."""
+    for host in ("127.0.0.1:7780", "[::1]:7780", "localhost:7780", "10.0.0.5", f"{socket.gethostname()}:80",
+                 "app.localhost:7780"):
+        assert local_host_name(host), host
+    for host in ("evil.example:7780", "evil.example", "127.0.0.1.evil.example:7780", ""):
+        assert not local_host_name(host), host
