@@ -148,6 +148,36 @@ def _answers(get: Any, stem: str) -> tuple[int, str] | None:
         return None
 
 
+def test_standby_serves_its_own_view_and_says_so(console: Console) -> None:
+    """A standby's console (its own sign-in) lists what etcd holds, under a banner naming the leader."""
+    web2 = f"127.0.0.1:{free_port()}"
+    console.cluster.start_coordinator("c2", "--admin-tokens", str(console.audit.parent / "tokens"), "--web-listen",
+                                      web2)
+    task = console.ctl("submit", *ROOT_TASKS_SUBMIT, "--name", "seen-from-the-standby", "--cpu", "0.1", "--",
+                       "sleep", "600")["task_id"]
+    standby = Console(console.cluster, web2, console.tokens, console.audit)
+    signed = wait_until(lambda: _signed_in(standby, "vera"), 30, what="c2's console")
+    page = wait_until(lambda: (b := _body(standby, "/tasks", signed)) and task in b and b, 30,
+                      what="the task listed by the standby")
+    assert "Standby c2" in page and "leader: c1" in page
+    console.ctl("cancel", task)
+
+
+def _signed_in(con: Console, who: str) -> str | None:
+    try:
+        r = con.request("POST", "/signin", {"token": con.tokens[who]})
+    except OSError:
+        return None
+    return r.headers["Set-Cookie"].split(";", 1)[0] if r.status == 303 else None
+
+
+def _body(con: Console, path: str, cookie: str) -> str:
+    host, port = con.web.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", path, headers={"Cookie": cookie})
+    return conn.getresponse().read().decode()
+
+
 # ---- in the browser -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
