@@ -32,6 +32,7 @@ import math
 import socket
 import ssl
 import time
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -162,9 +163,8 @@ class WebConsole:
         except OSError as e:
             await self._runner.cleanup()
             raise GptrmError(f"--web-listen {self.listen}: cannot bind ({e.strerror})") from None
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else int(port)
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else int(port)
         _log.info("web_console_started", listen=self.listen, port=self.port, tls=self.security.server_tls is not None,
                   auth="none" if self.sessions.open else self.security.authn.mode)
         return self.port
@@ -203,6 +203,13 @@ class WebConsole:
             response = self._error(request, e.http_status, str(e))
         except web.HTTPException as e:
             response = e
+        except Exception as e:
+            # A bug: the browser gets an id to quote, the log the traceback; no internal detail leaks.
+            correlation_id = uuid.uuid4().hex[:12]
+            _log.exception("web_request_failed", path=request.path, correlation_id=correlation_id,
+                           reason=type(e).__name__)
+            response = self._error(request, 500, f"internal error (correlation id {correlation_id}; the "
+                                   "coordinator's log has the details)")
         for k, v in (("Content-Security-Policy", CSP), ("X-Content-Type-Options", "nosniff"),
                      ("Referrer-Policy", "same-origin"), ("X-Frame-Options", "DENY"),
                      ("Cross-Origin-Opener-Policy", "same-origin")):
