@@ -203,10 +203,14 @@ def browser() -> Iterator[Any]:
 
 
 def _shot(driver: Any, name: str) -> None:
+    """The whole page (up to 4,000 pixels high) as DIR/NAME.png when GPTRM_SCREENSHOTS names a DIR."""
     folder = os.environ.get("GPTRM_SCREENSHOTS")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        driver.set_window_size(1400, min(max(height + 140, 600), 4000))
         driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+        driver.set_window_size(1400, 1000)
 
 
 def _sign_in(driver: Any, console: Console, who: str) -> None:

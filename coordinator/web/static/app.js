@@ -3,7 +3,13 @@
 "use strict";
 (function () {
   const live = document.body.dataset.live;
-  if (!live || !window.EventSource) return;
+  const timeX = {time: true};
+  // Columns of chart data [times, series...]; one point gets an empty one five minutes before it, so that
+  // the time axis spans minutes rather than years.
+  function padded(data) {
+    if (data[0].length !== 1) return data;
+    return data.map((col, i) => [i === 0 ? col[0] - 300 : null].concat(col));
+  }
 
   function setCells(row, cells) {
     for (const [k, v] of Object.entries(cells)) {
@@ -81,11 +87,11 @@
     for (const [sid, points] of Object.entries(series || {})) {
       const fig = document.getElementById("chart:" + sid);
       if (!fig || points.length === 0) continue;
-      const data = [points.map(p => p[0]), points.map(p => p[1]), points.map(p => p[2])];
+      const data = padded([points.map(p => p[0]), points.map(p => p[1]), points.map(p => p[2])]);
       if (charts[sid]) { charts[sid].setData(data); continue; }
       charts[sid] = new uPlot({
         width: Math.min(720, fig.clientWidth || 720), height: 220,
-        scales: {x: {time: true, range: (u, min, max) => min === max ? [min - 300, max + 30] : [min, max]}},
+        scales: {x: timeX},
         series: [{}, {label: "load", stroke: "#1f77b4"}, {label: "forecast", stroke: "#ff7f0e", dash: [6, 4]}],
       }, data, fig);
     }
@@ -94,20 +100,21 @@
   const elastic = document.getElementById("elastic-chart");
   if (elastic && window.uPlot) {
     const points = JSON.parse(elastic.dataset.points);
-    new uPlot({width: Math.min(720, elastic.clientWidth || 720), height: 200,
+    new uPlot({width: Math.min(720, elastic.clientWidth || 720), height: 200, scales: {x: timeX},
                series: [{}, {label: "GPUs", stroke: "#1f77b4", paths: uPlot.paths.stepped({align: 1})}]},
-              [points.map(p => p[0]), points.map(p => p[1])], elastic);
+              padded([points.map(p => p[0]), points.map(p => p[1])]), elastic);
   }
 
   if (window.uPlot) {
     for (const fig of document.querySelectorAll("figure.util-chart")) {
       const d = JSON.parse(fig.dataset.points), gpus = Object.keys(d.gpus);
-      new uPlot({width: Math.min(720, fig.clientWidth || 720), height: 200, scales: {y: {range: [0, 100]}},
+      new uPlot({width: Math.min(720, fig.clientWidth || 720), height: 200, scales: {x: timeX, y: {range: [0, 100]}},
                  series: [{}].concat(gpus.map((g, i) => ({label: "GPU " + g, stroke: "hsl(" + (i * 47 % 360) + ",60%,45%)"})))},
-                [d.t].concat(gpus.map(g => d.gpus[g])), fig);
+                padded([d.t].concat(gpus.map(g => d.gpus[g]))), fig);
     }
   }
 
+  if (!live || !window.EventSource) return;
   const table = document.querySelector("main table[data-key]");
   function onDelta(delta) {
     if (live.startsWith("/live/fleet")) applyFleet(delta);
