@@ -7,7 +7,8 @@ Admin servicer's methods as the browser's principal (:mod:`coordinator.web.sessi
 The HTTP boundary gets the gRPC boundary's treatment:
 
 - sizes: request bodies at most :data:`MAX_BODY` (the sign-in form is the only body), request lines and
-  headers at most :data:`MAX_LINE` each, at most :data:`MAX_STREAMS` live streams at once;
+  headers at most :data:`MAX_LINE` each, at most :data:`MAX_STREAMS` live streams at once
+  (:data:`MAX_STREAMS_EACH` per signed-in person), ten refused sign-ins a minute per address;
 - time: idle keep-alive connections close after :data:`KEEPALIVE_S`; a stream sends a comment every
   :data:`HEARTBEAT_S` so a vanished browser is noticed;
 - headers on every answer: a strict Content-Security-Policy (:data:`CSP`: scripts and styles from this
@@ -23,6 +24,7 @@ The HTTP boundary gets the gRPC boundary's treatment:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import gzip
@@ -62,6 +64,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';
 MAX_BODY = 16 * 1024
 MAX_LINE = 8 * 1024
 MAX_STREAMS = 256
+MAX_STREAMS_EACH = 32
 KEEPALIVE_S = 30.0
 HEARTBEAT_S = 15.0
 LOG_TAIL_LINES = 200
@@ -117,6 +120,7 @@ class WebConsole:
         self.shared = Shared(ttl_s=1.0)
         self.baselines = Baselines()
         self.streams = 0
+        self._streams_of: collections.Counter[str] = collections.Counter()
         self.charts: dict[str, list[list[float | None]]] = {}
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -576,9 +580,11 @@ class WebConsole:
         """Send ``items`` as server-sent events (``delta``, or ``(name, data)`` pairs when ``named``) until
         the browser goes away, with a comment every :data:`HEARTBEAT_S` of quiet. Gzipped when the browser
         accepts it, each event flushed whole (a fleet's delta is repetitive: ids and colour codes)."""
-        if self.streams >= MAX_STREAMS:
-            raise web.HTTPServiceUnavailable(text="too many live views open; try again later")
+        who: Principal = request["principal"]
+        if self.streams >= MAX_STREAMS or (self._streams_of[who.name] >= MAX_STREAMS_EACH and who.via != "none"):
+            raise web.HTTPServiceUnavailable(text="too many live views open; close some, or try again later")
         self.streams += 1
+        self._streams_of[who.name] += 1
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         gz = zlib.compressobj(6, zlib.DEFLATED, 31, 5) if "gzip" in request.headers.get("Accept-Encoding", "") \
             else None
@@ -609,6 +615,9 @@ class WebConsole:
                 await send(sse_event("refused", str(e)))
         finally:
             self.streams -= 1
+            self._streams_of[who.name] -= 1
+            if not self._streams_of[who.name]:
+                del self._streams_of[who.name]
             if next_item is not None:
                 next_item.cancel()
             with contextlib.suppress(Exception):

@@ -12,11 +12,12 @@
 
 Only a person's roles (admin, queue-admin, submitter, viewer) may look: a node certificate may not. Every
 sign-in, accepted or refused, leaves an audit record (method ``WebSignIn``), which the audit log also
-publishes as an event.
+publishes as an event; an address with too many refusals in a minute is refused without a try.
 """
 
 from __future__ import annotations
 
+import collections
 import secrets
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from coordinator.api.audit import AuditLog
 from coordinator.api.auth import ROLES, Authenticator, AuthRefused, Principal
 
-__all__ = ["COOKIE", "IDLE_S", "MAX_AGE_S", "MAX_SESSIONS", "Sessions", "SignInRefused"]
+__all__ = ["COOKIE", "IDLE_S", "MAX_AGE_S", "MAX_REFUSALS", "MAX_SESSIONS", "Sessions", "SignInRefused"]
 
 COOKIE = "gptrm_session"
 IDLE_S = 8 * 3600.0
@@ -33,6 +34,9 @@ MAX_AGE_S = 24 * 3600.0
 MAX_SESSIONS = 10_000
 """Sessions kept at most; the least recently used one is ended to make room."""
 SIGN_IN_METHOD = "WebSignIn"
+MAX_REFUSALS = 10
+REFUSAL_WINDOW_S = 60.0
+"""An address with :data:`MAX_REFUSALS` sign-ins refused in this many seconds is refused without a try."""
 
 
 class SignInRefused(Exception):
@@ -59,6 +63,7 @@ class Sessions:
         self.audit = audit
         self._now = now
         self._sessions: dict[str, _Session] = {}
+        self._refusals: dict[str, collections.deque[float]] = {}
 
     @property
     def open(self) -> bool:
@@ -68,14 +73,24 @@ class Sessions:
     def sign_in(self, token: str, peer: str) -> tuple[str, Principal]:
         """A new session for ``token``; returns its id (the cookie's value) and its principal. Audited.
 
-        :raises SignInRefused: the token is unknown, or names no person's role."""
+        :raises SignInRefused: the token is unknown, or names no person's role, or ``peer`` had
+            :data:`MAX_REFUSALS` sign-ins refused in the last :data:`REFUSAL_WINDOW_S` (then it is not even
+            tried, nor audited again: a guesser cannot flood the audit log)."""
+        now = self._now()
+        recent = self._refusals.get(peer)
+        while recent and now - recent[0] > REFUSAL_WINDOW_S:
+            recent.popleft()
+        if recent is not None and len(recent) >= MAX_REFUSALS:
+            raise SignInRefused("Too many refused sign-ins from this address: wait a minute.")
         who = self.authn.tokens.lookup(token) if self.authn.tokens is not None and token else None
         if who is None or who.role not in ROLES:
             reason = "token not recognised" if who is None else f"role {who.role} may not use the console"
             self.audit.record(principal=who.name if who else "", role=who.role if who else "", method=SIGN_IN_METHOD,
                               target=peer, outcome="refused", reason=reason)
+            if len(self._refusals) >= MAX_SESSIONS and peer not in self._refusals:
+                self._refusals.clear()
+            self._refusals.setdefault(peer, collections.deque()).append(now)
             raise SignInRefused("That token is not recognised." if who is None else reason)
-        now = self._now()
         self._expire(now)
         if len(self._sessions) >= MAX_SESSIONS:
             del self._sessions[min(self._sessions, key=lambda k: self._sessions[k].used)]

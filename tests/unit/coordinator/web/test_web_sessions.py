@@ -13,7 +13,7 @@ from coordinator.api.audit import AuditLog
 from coordinator.api.auth import Authenticator
 from coordinator.events import EventBus
 from coordinator.web.console import local_host_name
-from coordinator.web.sessions import IDLE_S, Sessions, SignInRefused
+from coordinator.web.sessions import IDLE_S, MAX_REFUSALS, REFUSAL_WINDOW_S, Sessions, SignInRefused
 
 
 class Clock:
@@ -55,6 +55,22 @@ def test_unknown_token_is_refused_and_audited(setup) -> None:
     record = json.loads(audit.read_text().splitlines()[-1])
     assert record["outcome"] == "refused" and record["method"] == "WebSignIn"
     assert sessions.principal("made-up-session", None) is None and sessions.principal(None, None) is None
+
+
+def test_an_address_guessing_tokens_is_held_off_for_a_minute(setup) -> None:
+    """After MAX_REFUSALS refusals in a minute an address is refused without a try (and without an audit record
+    each); other addresses are not; after the window it may try again."""
+    sessions, toks, _, audit, _, clock = setup
+    for _ in range(MAX_REFUSALS):
+        with pytest.raises(SignInRefused):
+            sessions.sign_in("gptrm_guess", "10.0.0.9")
+    audited = len(audit.read_text().splitlines())
+    with pytest.raises(SignInRefused, match="Too many"):
+        sessions.sign_in(toks["vera"], "10.0.0.9")
+    assert len(audit.read_text().splitlines()) == audited
+    assert sessions.sign_in(toks["vera"], "10.0.0.8")[1].name == "vera"
+    clock.t += REFUSAL_WINDOW_S + 1
+    assert sessions.sign_in(toks["vera"], "10.0.0.9")[1].name == "vera"
 
 
 def test_removed_token_ends_its_sessions(setup) -> None:
