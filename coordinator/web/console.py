@@ -48,7 +48,7 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.api.auth import SUBMITTER, Principal, Security
-from coordinator.api.tenancy import covers
+from coordinator.api.tenancy import covers, usage_filter
 from coordinator.monitor.resources import NodeHistory
 from coordinator.queues import QueueConfig
 from coordinator.web import render
@@ -308,11 +308,19 @@ class WebConsole:
         only = request.query.get("only")
         return color, group, only[:253] if only is not None else None
 
+    def _usage_scope(self, p: Principal) -> Any:
+        """Whose usage ``p`` reads: ``"all"`` (a cluster admin, a viewer) or its own queues' (a team role)."""
+        return "all" if usage_filter(p, self.queue_config()) is None else (p.name, p.role, p.queues)
+
     async def _fleet_model(self, p: Principal, color: str, group: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        # Nodes hold no secrets: one model for every browser, except that the energy figure is the usage this
+        # principal may read (a team role reads its own queues' only, as GetUsage answers it).
+        scope = self._usage_scope(p)
+
         async def compute() -> tuple[dict[str, Any], dict[str, Any]]:
             status = await self.reader.status(p)
             views, _ = await self.reader.nodes(p)
-            energy = await self.shared.get("energy-today", lambda: self._energy_today(p), ttl_s=60.0)
+            energy = await self.shared.get(("energy-today", scope), lambda: self._energy_today(p), ttl_s=60.0)
             rows = {}
             down = 0
             for v in views:
@@ -325,7 +333,7 @@ class WebConsole:
                 gpus=status.gpus_total, gpus_idle=max(0, status.gpus_total - status.gpus_allocated),
                 power_w=status.objectives.power_w, energy_today_kwh=energy, powered_down=down)
             return rows, {"summary": dict(summary.items()), "obj": summary}
-        return await self.shared.get(("fleet", color, group), compute)   # nodes hold no secrets: shared by all
+        return await self.shared.get(("fleet", color, group, scope), compute)
 
     async def _energy_today(self, p: Principal) -> float:
         midnight = math.floor(time.time() / 86400) * 86400
@@ -354,8 +362,8 @@ class WebConsole:
             return ({k: r["cells"] + " " + r["state"] for k, r in rows.items()}, {"summary": extra["summary"]})
         rendered = self.baselines.take(request.query.get("v", ""))
         baseline = {k: r["cells"] + " " + r["state"] for k, r in rendered.items()}
-        return await self._stream(request, ticking(compute, baseline, 2.0,
-                                                   lambda: self.shared.cost_s(("fleet", color, group))))
+        key = ("fleet", color, group, self._usage_scope(p))
+        return await self._stream(request, ticking(compute, baseline, 2.0, lambda: self.shared.cost_s(key)))
 
     # ---- tasks --------------------------------------------------------------------------------------
 
