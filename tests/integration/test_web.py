@@ -27,6 +27,16 @@ from coordinator.ctl.main import main as ctl_main
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 HOSTILE = "<script>alert(1)</script>"
+QUEUES = """
+[[queue]]
+name = "team"
+gpus = { "*" = 2 }
+default_for = ["root"]
+[[queue]]
+name = "lab"
+gpus = { "*" = 1 }
+budget = { kind = "gpu_hours", amount = 10, period = "day", action = "hold" }
+"""
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
@@ -66,8 +76,9 @@ def console(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdCluster) 
     c = Cluster(tmp, etcd_server.endpoints, f"/gptrm-test/web-{uuid.uuid4().hex[:8]}/")
     web = f"127.0.0.1:{free_port()}"
     try:
+        (tmp / "queues.toml").write_text(QUEUES)
         c.start_coordinator("c1", "--admin-tokens", str(tmp / "tokens"), "--audit-log", str(tmp / "audit.log"),
-                            "--web-listen", web)
+                            "--queues", str(tmp / "queues.toml"), "--web-listen", web)
         con = Console(c, web, toks, tmp / "audit.log")
         wait_until(lambda: c.ctl("--token", toks["root"], "status").returncode == 0, what="c1 up")
         c.start_agent("n1", *ROOT_TASKS_AGENT, "--labels", "rack=r1")
@@ -151,8 +162,8 @@ def _answers(get: Any, stem: str) -> tuple[int, str] | None:
 def test_standby_serves_its_own_view_and_says_so(console: Console) -> None:
     """A standby's console (its own sign-in) lists what etcd holds, under a banner naming the leader."""
     web2 = f"127.0.0.1:{free_port()}"
-    console.cluster.start_coordinator("c2", "--admin-tokens", str(console.audit.parent / "tokens"), "--web-listen",
-                                      web2)
+    console.cluster.start_coordinator("c2", "--admin-tokens", str(console.audit.parent / "tokens"), "--queues",
+                                      str(console.audit.parent / "queues.toml"), "--web-listen", web2)
     task = console.ctl("submit", *ROOT_TASKS_SUBMIT, "--name", "seen-from-the-standby", "--cpu", "0.1", "--",
                        "sleep", "600")["task_id"]
     standby = Console(console.cluster, web2, console.tokens, console.audit)
@@ -287,7 +298,11 @@ def test_browser_pages_live_tasks_roles_and_hostile_names(console: Console, brow
                what="the service listed")
     wait_until(lambda: d.find_elements(By.CSS_SELECTOR, "figure.chart canvas"), 30, what="its load chart drawn")
     assert _cell(d, "services", sid, "name") == "llm"
-    for path, name, marker in (("/queues", "queues", "queues:default"), ("/services", "services", f"services:{sid}"),
+    d.get(f"{web}/queues")
+    wait_until(lambda: _cell(d, "queues", "team", "used") == "1", 30, what="the service's GPU counted in team's queue")
+    assert _cell(d, "queues", "team", "quota") == "2" and _cell(d, "queues", "lab", "gate") == "run"
+    assert len(d.find_elements(By.CSS_SELECTOR, ".bars meter")) >= 7   # used, borrowed, hours per queue; lab's budget
+    for path, name, marker in (("/queues", "queues", "queues:team"), ("/services", "services", f"services:{sid}"),
                                ("/events", "events", "events")):
         d.get(f"{web}{path}")
         assert d.find_elements(By.ID, marker), path
