@@ -98,7 +98,8 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
         raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
     web = None
     if cfg.web_listen:   # bound before serving gRPC, as the other ports: a busy port fails before we campaign
-        web = WebConsole(admin, security, cfg.web_listen, lambda: app.queue_admin.config, app.monitor.history)
+        web = WebConsole(admin, security, cfg.web_listen, lambda: app.queue_admin.config, app.monitor.history,
+                         app.services.load_history)
         await web.start()
     await server.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, security.reload)

@@ -46,6 +46,7 @@ from aiohttp import web
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.adaptor.forecast import HistorySnapshot
 from coordinator.api.admin import AdminService
 from coordinator.api.auth import SUBMITTER, Principal, Security
 from coordinator.api.tenancy import covers, usage_filter
@@ -104,14 +105,18 @@ class WebConsole:
     :param queue_config: the replica's queue tree now (who covers a task's queue may read its log).
     :param gpu_history: a node's telemetry history in the replica's resource monitor (the leader's: agents
         report to it), for a task's GPU utilization over its life; None: no such charts.
+    :param load_history: a service's load history in the replica's service controller (the leader's), to start
+        its load chart with; None: the chart starts when the console first reads the service.
     """
 
     def __init__(self, admin: AdminService, security: Security, listen: str,
                  queue_config: Callable[[], QueueConfig],
-                 gpu_history: Callable[[str], NodeHistory | None] | None = None) -> None:
+                 gpu_history: Callable[[str], NodeHistory | None] | None = None,
+                 load_history: Callable[[str], HistorySnapshot | None] | None = None) -> None:
         self.reader = Reader(admin)
         self.queue_config = queue_config
         self.gpu_history = gpu_history
+        self.load_history = load_history
         self.security = security
         self.sessions = Sessions(security.authn, security.audit)
         self.listen = listen
@@ -535,11 +540,23 @@ class WebConsole:
                 continue
             rows[sid] = render.service_row(view)
             s = view.service
-            points = self.charts.setdefault(sid, [])
+            if sid not in self.charts:
+                self.charts[sid] = self._stored_load(sid)
+            points = self.charts[sid]
             if not points or now - (points[-1][0] or 0.0) >= 5.0:
                 points.append([round(now, 1), _finite(s.load), _finite(s.forecast_load)])
                 del points[:-_CHART_POINTS]
         return rows
+
+    def _stored_load(self, service_id: str) -> list[list[float | None]]:
+        """The service's load history the leader keeps (a point per closed bucket, the last
+        :data:`_CHART_POINTS`; no forecast: the controller keeps only the next one), to start its chart with."""
+        snap = self.load_history(service_id) if self.load_history is not None else None
+        if snap is None or not snap.values:
+            return []
+        values = snap.values[-_CHART_POINTS:]
+        first = snap.last_bucket - len(values) + 1
+        return [[(first + i) * snap.bucket_s, round(v, 3), None] for i, v in enumerate(values)]
 
     async def services(self, request: web.Request) -> web.StreamResponse:
         p = request["principal"]
@@ -552,9 +569,17 @@ class WebConsole:
     async def live_services(self, request: web.Request) -> web.StreamResponse:
         p = request["principal"]
 
+        sent: dict[str, float] = {}   # per service, the time of the last chart point this browser has
+
         async def compute() -> tuple[dict[str, Any], dict[str, Any]]:
             rows = await self.shared.get(("services", p.name, p.role, p.queues), lambda: self._service_rows(p))
-            return rows, {"charts": {sid: self.charts.get(sid, []) for sid in rows}}
+            new = {}
+            for sid in rows:
+                points = [pt for pt in self.charts.get(sid, []) if pt[0] is not None and pt[0] > sent.get(sid, 0.0)]
+                if points:
+                    new[sid] = points
+                    sent[sid] = points[-1][0] or 0.0
+            return rows, {"charts": new} if new else {}
         return await self._stream(request, ticking(compute, self.baselines.take(request.query.get("v", "")), 5.0))
 
     # ---- events -------------------------------------------------------------------------------------

@@ -81,13 +81,15 @@
     if (delta.summary) setFacts(document.getElementById("summary"), delta.summary);
   }
 
-  const charts = {};
+  const charts = {}, chartData = {};
   function applyCharts(series) {
     if (!window.uPlot) return;
     for (const [sid, points] of Object.entries(series || {})) {
       const fig = document.getElementById("chart:" + sid);
       if (!fig || points.length === 0) continue;
-      const data = padded([points.map(p => p[0]), points.map(p => p[1]), points.map(p => p[2])]);
+      // The stream sends each point once: a chart keeps what it was sent, the last 360 points.
+      const kept = (chartData[sid] = (chartData[sid] || []).concat(points).slice(-360));
+      const data = padded([kept.map(p => p[0]), kept.map(p => p[1]), kept.map(p => p[2])]);
       if (charts[sid]) { charts[sid].setData(data); continue; }
       charts[sid] = new uPlot({
         width: Math.min(720, fig.clientWidth || 720), height: 220,
