@@ -44,6 +44,7 @@ from common.errors import (
     ValidationError,
 )
 from common.logging import get_logger
+from common.oci import validate_container
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
@@ -386,9 +387,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("request_id", "longer than 128 characters")
         # The door: a task no known node could hold even empty is refused, unless the operator queues it anyway.
         admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
+        self._check_host_paths(request.spec)
         queue, submitter = self._queue_for(request.spec)
         return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
                                             submitted_by=submitter)
+
+    def _check_host_paths(self, spec: types_pb2.TaskSpec) -> None:
+        """A container's host paths (mounts, image archives) lie below the roots the cluster allows
+        (``--mount-allowed``; docs/containers.md).
+
+        :raises ValidationError: naming ``spec.mounts[i]`` or ``spec.image``."""
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes,
+                           allowed=self._app.cfg.mount_allowed)
 
     def _queue_for(self, spec: types_pb2.TaskSpec) -> tuple[str, str]:
         """The team queue a submission goes to, and who submits it.
@@ -520,6 +530,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
         if not request.HasField("spec"):
             raise ValidationError("spec", "is required")
+        self._check_host_paths(request.spec)
         spec = types_pb2.TaskSpec()
         spec.CopyFrom(request.spec)
         spec.queue, submitter = self._queue_for(spec)   # its replicas run in the queue resolved now

@@ -1,0 +1,83 @@
+"""Image references, mounts and the container fields of a spec (common/oci.py), and their submit flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.errors import ValidationError
+from common.oci import parse_image, parse_mount, validate_container
+from coordinator.ctl.main import build_parser
+from coordinator.ctl.spec import spec_from_args
+from coordinator.ctl.transport import CtlError
+
+_DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(("text", "skopeo"), [
+    ("busybox", "docker://docker.io/library/busybox:latest"),
+    ("team/trainer:v2", "docker://docker.io/team/trainer:v2"),
+    ("127.0.0.1:5000/team/trainer:v2", "docker://127.0.0.1:5000/team/trainer:v2"),
+    ("localhost/x", "docker://localhost/x:latest"),
+    (f"nvcr.io/nvidia/pytorch@{_DIGEST}", f"docker://nvcr.io/nvidia/pytorch@{_DIGEST}"),
+    ("oci-archive:/srv/images/x.tar", "oci-archive:/srv/images/x.tar"),
+    ("oci-archive:/srv/images/x.tar:tag1", "oci-archive:/srv/images/x.tar:tag1"),
+    ("docker-archive:/srv/images/y.tar", "docker-archive:/srv/images/y.tar"),
+])
+def test_reference_forms(text: str, skopeo: str) -> None:
+    """Each accepted form reads as the source skopeo copies (Docker Hub names completed as Docker does)."""
+    assert parse_image(text).skopeo == skopeo
+
+
+@pytest.mark.parametrize("text", ["", "Upper/Case", "http://x/y", "a:b:c", "x@sha256:short", "oci-archive:rel.tar",
+                                  "docker-archive:/a/../etc/shadow", "x" * 600])
+def test_bad_references_name_the_field(text: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        parse_image(text)
+    assert e.value.field == "spec.image"
+
+
+def test_mounts() -> None:
+    assert parse_mount("/data/sets:/data:ro").read_only
+    assert not parse_mount("/data/sets:/data").read_only
+    for bad in ("/a", "rel:/a", "/a:rel", "/a/../b:/b", "/a:/proc/x", "/a:/", "/a:/b:rx", "/a:/dev"):
+        with pytest.raises(ValidationError):
+            parse_mount(bad)
+
+
+def test_allowed_roots() -> None:
+    """Mounts and archives below an allowed root pass; others are refused naming the mount; none allowed: none."""
+    validate_container("x:1", ["/srv/data/a:/a:ro"], "/w", 0, allowed=["/srv/data"])
+    with pytest.raises(ValidationError) as e:
+        validate_container("x:1", ["/srv/data/a:/a", "/srv/database:/b"], "", 0, allowed=["/srv/data"])
+    assert e.value.field == "spec.mounts[1]"
+    with pytest.raises(ValidationError) as e:
+        validate_container("oci-archive:/etc/x.tar", [], "", 0, allowed=["/srv/data"])
+    assert e.value.field == "spec.image"
+    with pytest.raises(ValidationError):
+        validate_container("x:1", ["/srv/data:/a"], "", 0, allowed=[])
+
+
+def test_container_fields_need_an_image() -> None:
+    cases: list[tuple[tuple[list[str], str, int], str]] = [
+        (([], "/w", 0), "spec.workdir"), ((["/a:/b"], "", 0), "spec.mounts"), (([], "", 1), "spec.shm_bytes")]
+    for args, field in cases:
+        with pytest.raises(ValidationError) as e:
+            validate_container("", *args)
+        assert e.value.field == field
+    with pytest.raises(ValidationError) as e:
+        validate_container("x", [], "w", 0)
+    assert e.value.field == "spec.workdir"
+    with pytest.raises(ValidationError) as e:
+        validate_container("x", ["/a:/b", "/c:/b"], "", 0)
+    assert e.value.field == "spec.mounts[1]"
+
+
+def test_submit_flags() -> None:
+    args = build_parser().parse_args(["submit", "--image", "127.0.0.1:5000/t:1", "--mount", "/d:/d:ro",
+                                      "--workdir", "/w", "--shm", "1GiB", "--", "python", "x.py"])
+    spec = spec_from_args(args)
+    assert (spec.image, list(spec.mounts), spec.workdir, spec.shm_bytes) == ("127.0.0.1:5000/t:1", ["/d:/d:ro"],
+                                                                             "/w", 1 << 30)
+    bad = build_parser().parse_args(["submit", "--image", "Nope:", "--", "x"])
+    with pytest.raises(CtlError, match=r"spec\.image"):
+        spec_from_args(bad)
