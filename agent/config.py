@@ -118,6 +118,15 @@ class AgentConfig:
     task_port_range: str = option("29500-29999", "ports the coordinator may reserve on this node for a task's "
                                   "rendezvous (MASTER_PORT of tasks whose rank 0 runs here)", check=_port_range,
                                   metavar="LOW-HIGH")
+    image_store_max_gib: float = option(50.0, "size cap of this node's image store, GiB: least recently used images "
+                                        "no task runs from are removed beyond it (0: no cap)", check=non_negative,
+                                        flag="image_store_max")
+    image_auth_file: str = option("", "registry credentials for image pulls (containers-auth.json format, as "
+                                  "`skopeo login --authfile` writes it; root's, 0600)", metavar="FILE", path=True)
+    image_insecure_registries: list[str] = option([], "registries (HOST[:PORT]) pulled from over plain HTTP or "
+                                                  "unverified TLS (a registry on a trusted network only)")
+    image_pull_retries: int = option(3, "attempts of an image pull before the task fails (backoff doubles from 1 s)",
+                                     check=_positive_int)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
     tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE", path=True)

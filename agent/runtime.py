@@ -39,6 +39,8 @@ from agent import launch, systemd_task, taskfs
 from agent.collectors.simulated import SIM_LOAD_ENV, parse_sim_load
 from agent.collectors.task_metrics import MetricsTarget
 from agent.cpu_binding import binding_for, process_prefix
+from agent.images import Containers, Image, task_layer
+from agent.images.bundle import oci_config, write_config
 from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
@@ -47,6 +49,7 @@ from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, memor
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
+from common.oci import parse_image, parse_mount
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
 from common.qos import ROLES
@@ -107,11 +110,12 @@ class TaskRuntime:
     :param task_path: a task's ``PATH`` unless its spec sets one.
     :param namespaces: ``auto`` gives each task its own PID, mount and IPC namespace and ``/dev/shm``
         where the host allows it (see :mod:`agent.launch`); ``off`` never does.
+    :param containers: runs tasks with an image (:mod:`agent.images`); None or unavailable refuses them.
     """
 
     def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_users: TaskUserPolicy | None = None,
                  runtime: str = "process", pump: LogPump | None = None, cgroups: bool = True,
-                 task_path: str = TASK_PATH, namespaces: str = "auto") -> None:
+                 task_path: str = TASK_PATH, namespaces: str = "auto", containers: Containers | None = None) -> None:
         self.state_dir = Path(state_dir)
         taskfs.secure_state_dir(self.state_dir)
         self.table = TaskTable.load(self.state_dir / "tasks.json")
@@ -136,6 +140,7 @@ class TaskRuntime:
         self._task_path = task_path
         self._programs = launch.Programs.find()
         self._namespaces = namespaces != "off" and self._programs.namespaces_work()
+        self.containers = containers
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._watchers: dict[str, asyncio.Task] = {}
         self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
@@ -276,11 +281,75 @@ class TaskRuntime:
             if listener is not None:
                 listener.close()   # the task's process has its own copy (or nothing started)
 
+    async def _pull(self, decision: agent_pb2.Decision) -> Image | None:
+        """The image a start runs from, pulled into the node's store when it lacks it (None: no image). While it
+        pulls the task is reported STARTING with what the pull is doing (bytes so far, unpacking).
+
+        :raises GptrmError: this node runs no containers, or the pull failed (the registry's own error).
+        """
+        st = decision.start
+        if not st.image:
+            return None
+        if self.containers is None or self.containers.store is None:
+            raise GptrmError(f"task {st.task_id!r}: this node cannot run tasks with an image (the agent is not root, "
+                             "or crun, skopeo or umoci is not installed)")
+        said = [""]
+
+        def progress(text: str) -> None:
+            if text != said[0]:
+                said[0] = text
+                self._emit(agent_pb2.TaskStatus(task_id=st.task_id, state=pb_enum(types_pb2.TaskState,
+                                                                                  TaskState.STARTING),
+                                                reason=text[:_MAX_METRICS_FIELD], time_unix_s=time.time(),
+                                                decision_id=decision.decision_id))
+
+        return await self.containers.store.acquire(parse_image(st.image), st.task_id, progress)
+
+    def _container_command(self, st: agent_pb2.StartTask, image: Image, user: TaskUser | None,
+                           paths: taskfs.TaskPaths, task_env: dict[str, str]) -> list[str]:
+        """The root prefix that runs the task's container: a fresh writable layer of its own over the image, and the
+        bundle's ``config.json`` with its argv, uid, environment, mounts, GPUs and ``/dev/shm`` (docs/containers.md).
+
+        :raises GptrmError: a mount whose source is missing or reached through a link.
+        """
+        assert self.containers is not None
+        mounts = [parse_mount(m, f"mounts[{i}]") for i, m in enumerate(st.mounts)]
+        for m in mounts:
+            _no_link_on_the_way(m.source)
+        layer = task_layer(paths.agent_dir)
+        layer.create()
+        uid, gid = (user.uid, user.gid) if user is not None and user.switch else (os.geteuid(), os.getegid())
+        env = dict(task_env)
+        if "HOME" not in st.env:
+            env["HOME"] = "/tmp"   # the host's work directory is not inside the container
+        config = oci_config(image_config=image.config(), rootfs=str(layer.merged), argv=list(st.argv), env=env,
+                            uid=uid, gid=gid, workdir=st.workdir, mounts=mounts,
+                            shm_bytes=st.shm_bytes or st.demand.mem_bytes, gpu_indices=list(st.gpu_indices),
+                            hostname=os.uname().nodename, task_path_given="PATH" in st.env)
+        write_config(str(layer.bundle / "config.json"), config)
+        return launch.container_prefix(self._programs, crun=self.containers.crun, lower=str(image.rootfs),
+                                       upper=str(layer.upper), work=str(layer.work), merged=str(layer.merged),
+                                       bundle=str(layer.bundle), state=str(layer.state),
+                                       container_id=f"gptrm-{self._node_tag}-{st.task_id}"[:200])
+
     async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None,
                         listener: socket.socket | None = None) -> tuple[str, TaskState]:
         st = decision.start
         switch = user is not None and user.switch
         self._record_or_refuse(st.task_id)
+        image = await self._pull(decision)
+        try:
+            return await self._start_prepared(decision, user, listener, image, switch)
+        except BaseException:
+            if image is not None and self.containers is not None and self.containers.store is not None:
+                self.containers.store.release(st.task_id)
+                task_layer(taskfs.TaskPaths.of(self.state_dir, st.task_id).agent_dir).remove()
+            raise
+
+    async def _start_prepared(self, decision: agent_pb2.Decision, user: TaskUser | None,
+                              listener: socket.socket | None, image: Image | None,
+                              switch: bool) -> tuple[str, TaskState]:
+        st = decision.start
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
         # A systemd unit cannot inherit the listener, and torchrun binds the port itself: for those the port
         # is free again from here (docs/ports.md).
@@ -289,7 +358,9 @@ class TaskRuntime:
             listener.close()
         pass_fds, listen_env = master_listen_handoff(handoff)
         task_env = {**_task_env(st, user, paths.work_dir, self._task_path), **listen_env}
-        launch.write_env_file(paths.env_file, task_env)
+        container = self._container_command(st, image, user, paths, task_env) if image is not None else None
+        # A container's environment is in its config.json; the wrapper still opens (and removes) an empty file.
+        launch.write_env_file(paths.env_file, task_env if container is None else {})
         memory_max = memory_limit(st.demand.mem_bytes)
         cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id, memory_max=memory_max,
                                    memory_root=self._memory_root)
@@ -301,15 +372,22 @@ class TaskRuntime:
                 if self._runtime != "systemd-run" else [])
         isolate = launch.namespace_prefix(self._programs, st.demand.mem_bytes) if self._namespaces else []
         drop = user.setpriv_argv(self._programs.setpriv) if switch and user is not None else []
-        command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
-                                      cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
-                                      prefix=[*isolate, *bind, *drop], argv=st.argv)
+        if container is not None:
+            # crun gives the container its own namespaces and drops to the task's uid itself.
+            command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
+                                          cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
+                                          prefix=[*bind, *container], argv=[], stub=False)
+        else:
+            command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
+                                          cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
+                                          prefix=[*isolate, *bind, *drop], argv=st.argv)
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
                        gpu_indices=list(st.gpu_indices), user=user.name if user else "",
                        uid=user.uid if user else os.geteuid(), runtime=self._runtime,
                        cgroup=str(cgroup.path) if cgroup else "",
                        cpu_binding=binding.cpu_list if binding else "",
-                       numa_binding=binding.node_list if binding else "")
+                       numa_binding=binding.node_list if binding else "", image=st.image,
+                       image_digest=image.digest if image is not None else "")
         self.pump.attach(st.task_id).result()
         proc: asyncio.subprocess.Process | None = None
         try:
@@ -339,7 +417,7 @@ class TaskRuntime:
                          metrics_names=_metric_overrides(st.metrics_mapping),
                          own_uid=user.uid if user is not None and user.exclusive else -1,
                          cgroup=str(cgroup.path) if cgroup else "", piped=True,
-                         sim_load=self._declared_sim_load(st))
+                         sim_load=self._declared_sim_load(st), image=st.image)
         # No await from here until handle() saves the table (one fsync per start, with the
         # pid, the RUNNING state and the decision's outcome together): an agent killed in
         # between loses nothing it could have recorded.
@@ -477,6 +555,10 @@ class TaskRuntime:
         """After the task's last process: its working directory, and what its own uid left on the host;
         only then is the uid free for another task."""
         await asyncio.to_thread(taskfs.remove_work, self.state_dir, rec.task_id)
+        if rec.image:
+            await asyncio.to_thread(task_layer(taskfs.TaskPaths.of(self.state_dir, rec.task_id).agent_dir).remove)
+            if self.containers is not None and self.containers.store is not None:
+                self.containers.store.release(rec.task_id)
         if rec.own_uid >= 0:
             await self._scrub_and_free(rec.own_uid, rec.task_id)
 
@@ -558,6 +640,8 @@ class TaskRuntime:
                     self._log.warning("task_log_unavailable", task_id=rec.task_id, reason=str(e))
             else:
                 self.pump.bound_unpiped(rec.task_id)
+            if rec.image and self.containers is not None and self.containers.store is not None:
+                self.containers.store.hold(rec.image, rec.task_id)
             if _alive(rec):
                 self._log.info("task_adopted", task_id=rec.task_id, pid=rec.pid)
                 self._follow_gpus(rec)
@@ -571,6 +655,25 @@ class TaskRuntime:
             w.cancel()
         if self._own_pump:
             await asyncio.to_thread(self.pump.stop)
+
+
+def _no_link_on_the_way(path: str) -> None:
+    """Refuse a mount source that is missing or that a symbolic link anywhere on its path leads to: a task could
+    otherwise plant a link below an allowed root and have another task's container (or its own) mount what the
+    link points at.
+
+    :raises GptrmError: naming the path and the component.
+    """
+    current = "/"
+    for part in [p for p in path.split("/") if p]:
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except OSError as e:
+            raise GptrmError(f"mount source {path!r}: {current} {e.strerror or e}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise GptrmError(f"mount source {path!r}: {current} is a symbolic link (refused: a mount never goes "
+                             "through a link)")
 
 
 def _metric_overrides(mapping: types_pb2.MetricsMapping) -> dict[str, str]:

@@ -1,0 +1,186 @@
+"""Tasks with an image (docs/containers.md), against a real registry on loopback and a root agent.
+
+The registry is Debian's ``docker-registry`` started by the test on 127.0.0.1 with a temporary config; the test
+image is built here with umoci from the host's own ``sh``, ``cat``, ``id``, ``ls`` and ``sleep`` and their
+libraries (nothing is downloaded), and pushed with skopeo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.etcd_embedded import free_port
+from tests.integration.harness import Cluster, Proc, wait_until
+
+_TOOLS = ("crun", "skopeo", "umoci", "docker-registry")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run containers"),
+    pytest.mark.skipif(any(shutil.which(t) is None for t in _TOOLS),
+                       reason=f"needs {', '.join(_TOOLS)} (SYSTEM_TEST_PACKAGES)"),
+]
+
+_PROGRAMS = ("/bin/sh", "/bin/cat", "/usr/bin/id", "/bin/ls", "/bin/sleep")
+_MARK = "inside-the-image"
+
+
+def _libraries(program: str) -> set[str]:
+    out = subprocess.run(["ldd", program], capture_output=True, text=True, check=False).stdout
+    libs = set()
+    for line in out.splitlines():
+        parts = line.split()
+        path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0] if parts else ""
+        if path.startswith("/"):
+            libs.add(path)
+    return libs
+
+
+def _build_image(where: Path) -> Path:
+    """An OCI layout at ``where/layout`` tagged ``t``: the host's small programs, their libraries, /etc/motd."""
+    layout, bundle = where / "layout", where / "bundle"
+    run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)   # noqa: E731
+    run("umoci", "init", "--layout", str(layout))
+    run("umoci", "new", "--image", f"{layout}:t")
+    run("umoci", "unpack", "--image", f"{layout}:t", str(bundle))
+    rootfs = bundle / "rootfs"
+    for d in ("bin", "etc", "tmp", "data"):
+        (rootfs / d).mkdir(exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
+    for program in _PROGRAMS:
+        shutil.copy(program, rootfs / "bin" / Path(program).name)
+        for lib in _libraries(program):
+            target = rootfs / lib.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(lib, target)
+    (rootfs / "etc" / "motd").write_text(_MARK + "\n")
+    run("umoci", "repack", "--image", f"{layout}:t", str(bundle))
+    run("umoci", "config", "--image", f"{layout}:t", "--config.env", "PATH=/bin", "--config.workingdir", "/tmp")
+    return layout
+
+
+@pytest.fixture(scope="module")
+def registry() -> Iterator[str]:
+    """A docker-registry on 127.0.0.1 holding ``test/img:1``; yields its HOST:PORT."""
+    top = Path(tempfile.mkdtemp(prefix="gptrm-registry-"))
+    port = free_port()
+    config = top / "config.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {top / 'data'}\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = Proc(["docker-registry", "serve", str(config)], top / "registry.log").start()
+    address = f"127.0.0.1:{port}"
+    try:
+        layout = _build_image(top)
+
+        def pushed() -> bool:
+            done = subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:t",
+                                   f"docker://{address}/test/img:1"], capture_output=True, check=False)
+            return done.returncode == 0
+
+        wait_until(pushed, 30, 0.3, what="the test image pushed to the registry")
+        yield address
+    finally:
+        proc.stop()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """An agent state directory whose parents any uid may traverse (like /var/lib/gptrm/agent)."""
+    top = Path(tempfile.mkdtemp(prefix="gptrm-containers-", dir="/var/tmp"))
+    top.chmod(0o755)
+    try:
+        yield top / "agent"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _start(c: Cluster, state: Path, registry: str, *agent: str, coordinator: tuple[str, ...] = ()) -> None:
+    c.start_coordinator("c1", *coordinator)
+    c.wait_leader("c1")
+    c.start_agent("n1", "--state-dir", str(state), "--image-insecure-registries", registry, *agent)
+    wait_until(lambda: c.ctl_json("nodes")["nodes"], what="node registered")
+
+
+def _submit(c: Cluster, script: str, *flags: str) -> str:
+    return c.ctl_json("submit", "--name", "ctr", "--gpus", "0", "--cpu", "0.1", *flags, "--",
+                      "sh", "-c", script)["task_id"]
+
+
+def _ended(c: Cluster, task_id: str, timeout_s: float = 90.0) -> dict[str, Any]:
+    return wait_until(lambda: (t := c.ctl_json("tasks", task_id))["state"] in ("succeeded", "failed", "cancelled")
+                      and t, timeout_s, what=f"{task_id} to end")
+
+
+def _index(state: Path) -> dict[str, Any]:
+    return json.loads((state / "images" / "index.json").read_text())["images"]
+
+
+def test_task_runs_inside_its_image_as_its_uid(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """The command runs in the image (its /etc/motd, its PATH), as the task's own uid, not root, and sees none of
+    the host's files; its writable layer is gone when it ends."""
+    _start(cluster, state_dir, registry)
+    task_id = _submit(cluster, "cat /etc/motd; echo uid=$(id -u); ls /; test -e /etc/passwd || echo no-host-passwd; "
+                               "echo hi > /tmp/written; cat /tmp/written",
+                      "--image", f"{registry}/test/img:1", "--env", "GREETING=hello")
+    task = _ended(cluster, task_id)
+    out = cluster.ctl("logs", task_id).stdout
+    assert task["state"] == "succeeded", (task, out)
+    assert _MARK in out and "no-host-passwd" in out and "hi\n" in out
+    uid = int(out.split("uid=")[1].split()[0])
+    assert uid != 0
+    assert not (state_dir / "tasks" / task_id / "container").exists()
+    assert list(_index(state_dir)) == [f"{registry}/test/img:1"]
+
+
+def test_same_image_at_once_is_pulled_once(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """Two tasks asking for an image the node lacks, together: one pull, one unpacked tree, both run."""
+    _start(cluster, state_dir, registry)
+    ids = [_submit(cluster, "sleep 1; cat /etc/motd", "--image", f"{registry}/test/img:1") for _ in range(2)]
+    for task_id in ids:
+        assert _ended(cluster, task_id)["state"] == "succeeded"
+    log = cluster.agents["n1"].log()
+    assert log.count('"image_pull_started"') == 1, log[-3000:]
+    assert len(os.listdir(state_dir / "images" / "rootfs")) == 1
+
+
+def test_bad_reference_fails_with_the_registry_error(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """An image the registry does not have: the task ends FAILED with the registry's own words."""
+    _start(cluster, state_dir, registry)
+    task = _ended(cluster, _submit(cluster, "true", "--image", f"{registry}/test/missing:9"))
+    assert task["state"] == "failed"
+    assert "manifest unknown" in task["reason"], task["reason"]
+
+
+def test_mounts_only_below_allowed_roots(cluster: Cluster, state_dir: Path, registry: str, tmp_path: Path) -> None:
+    """A mount below the cluster's allowed root is seen read-only inside; one elsewhere is refused at submit naming
+    the mount; a link planted below the allowed root is refused by the agent."""
+    allowed = Path(tempfile.mkdtemp(prefix="gptrm-allowed-", dir="/var/tmp"))
+    try:
+        allowed.chmod(0o755)
+        (allowed / "data").mkdir()
+        (allowed / "data" / "f").write_text("shared-data\n")
+        (allowed / "data" / "f").chmod(0o644)
+        (allowed / "data").chmod(0o755)
+        os.symlink("/etc", allowed / "link")
+        _start(cluster, state_dir, registry, coordinator=("--mount-allowed", str(allowed)))
+        image = f"{registry}/test/img:1"
+        ok = _submit(cluster, "cat /data/f; echo x > /data/g || echo read-only", "--image", image,
+                     "--mount", f"{allowed}/data:/data:ro")
+        task = _ended(cluster, ok)
+        out = cluster.ctl("logs", ok).stdout
+        assert task["state"] == "succeeded", (task, out)
+        assert "shared-data" in out and "read-only" in out
+        refused = cluster.ctl("submit", "--gpus", "0", "--image", image, "--mount", "/etc:/host-etc", "--", "true")
+        assert refused.returncode != 0 and "spec.mounts[0]" in refused.stderr
+        linked = _ended(cluster, _submit(cluster, "cat /x/passwd", "--image", image, "--mount", f"{allowed}/link:/x"))
+        assert linked["state"] == "failed" and "symbolic link" in linked["reason"], linked["reason"]
+    finally:
+        shutil.rmtree(allowed, ignore_errors=True)
