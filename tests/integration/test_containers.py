@@ -184,3 +184,56 @@ def test_mounts_only_below_allowed_roots(cluster: Cluster, state_dir: Path, regi
         assert linked["state"] == "failed" and "symbolic link" in linked["reason"], linked["reason"]
     finally:
         shutil.rmtree(allowed, ignore_errors=True)
+
+
+def test_cancel_reaches_every_process_of_the_container(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """A container whose command starts children that ignore SIGTERM and leave its process group: a cancel ends
+    it, and nothing of it is left running (the module's fixture checks no task uid runs afterwards too)."""
+    _start(cluster, state_dir, registry)
+    task_id = _submit(cluster, "trap '' TERM; (trap '' TERM; sleep 1000) & sh -c 'trap \"\" TERM; sleep 1000' & "
+                               "echo started; wait", "--image", f"{registry}/test/img:1", "--stop-grace-s", "1")
+    wait_until(lambda: "started" in cluster.ctl("logs", task_id).stdout, 60, what="the container's children")
+    uid = int(cluster.ctl_json("tasks", task_id).get("uid", 0) or 0)
+    assert cluster.ctl("cancel", task_id).returncode == 0
+    task = _ended(cluster, task_id)
+    assert task["state"] == "cancelled"
+    import psutil
+
+    def none_left() -> bool:
+        return not [p for p in psutil.process_iter(["cmdline", "uids"])
+                    if p.info["cmdline"] == ["sleep", "1000"] and (not uid or p.info["uids"].real == uid)]
+
+    wait_until(none_left, 30, what="every process of the container gone")
+
+
+def test_eviction_under_the_cap(registry: str, tmp_path: Path) -> None:
+    """With a cap below two images, pulling the second evicts the first (no task holds it); a held one stays."""
+    import asyncio
+
+    from agent.images.store import ImageStore
+    from common.oci import parse_image
+
+    top = Path(tempfile.mkdtemp(prefix="gptrm-evict-"))
+    try:
+        layout = _build_image(top)
+        subprocess.run(["umoci", "config", "--image", f"{layout}:t", "--tag", "t2", "--config.env", "V=2"],
+                       check=True, capture_output=True)
+        subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:t2",
+                        f"docker://{registry}/test/img:2"], check=True, capture_output=True)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        store = ImageStore(tmp_path / "images", skopeo=shutil.which("skopeo") or "", umoci=shutil.which("umoci") or "",
+                           insecure=(registry,))
+        one = await store.acquire(parse_image(f"{registry}/test/img:1"), "a")
+        store.max_bytes = one.bytes + 1    # room for one image only
+        store.release("a")
+        await store.acquire(parse_image(f"{registry}/test/img:2"), "b")
+        after_evict = [i.ref for i in store.images()]
+        await store.acquire(parse_image(f"{registry}/test/img:1"), "c")   # b still holds img:2: it stays
+        return after_evict, [i.ref for i in store.images()]
+
+    after_evict, both = asyncio.run(scenario())
+    assert after_evict == [f"{registry}/test/img:2"]
+    assert sorted(both) == [f"{registry}/test/img:1", f"{registry}/test/img:2"]
