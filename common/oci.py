@@ -22,10 +22,13 @@ from dataclasses import dataclass
 
 from common.errors import ValidationError
 
-__all__ = ["ARCHIVE_TRANSPORTS", "MAX_MOUNTS", "ImageRef", "Mount", "below", "parse_image", "parse_mount",
-           "validate_container"]
+__all__ = ["ARCHIVE_TRANSPORTS", "CONTAINERS_LABEL", "MAX_MOUNTS", "ImageRef", "Mount", "below", "parse_image",
+           "parse_mount", "validate_container"]
 
 ARCHIVE_TRANSPORTS = ("oci-archive", "docker-archive")
+CONTAINERS_LABEL = "gptrm.io/containers"
+"""The label (value ``true``) a node's placement snapshot carries when its agent runs tasks with an image, and that a
+task with an image selects: placement's own label constraint keeps such a task off the nodes that cannot run it."""
 MAX_MOUNTS = 32
 MAX_REF_CHARS = 512
 MAX_SHM_BYTES = 1 << 40

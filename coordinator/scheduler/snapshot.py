@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
+from common.oci import CONTAINERS_LABEL
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
 from common.topology import NodeTopology, topology_from_gpus
@@ -252,7 +253,7 @@ class SnapshotBuilder:
             free=tuple(GpuSlot(i, total, total, 1.0, group) for i, total, group in slots),
             model=inv.gpus[0].model if inv.gpus else "",
             gpu_mem_per_gpu_bytes=slots[0][1] if slots else 0,
-            labels=dict(inv.labels),
+            labels={**inv.labels, **({CONTAINERS_LABEL: "true"} if inv.containers else {})},
             topology=topology_from_gpus(inv.gpus),
         )
         self._statics[entry.node_id] = static

@@ -81,3 +81,21 @@ def test_submit_flags() -> None:
     bad = build_parser().parse_args(["submit", "--image", "Nope:", "--", "x"])
     with pytest.raises(CtlError, match=r"spec\.image"):
         spec_from_args(bad)
+
+
+def test_a_task_with_an_image_goes_only_where_containers_run() -> None:
+    """request_for selects the containers label for a task with an image; a node without it is refused by placement's
+    own constraint check, one with it (as the snapshot labels a node whose agent reports containers) is not."""
+    from common.domain import NodeSnapshot, Resources
+    from common.oci import CONTAINERS_LABEL
+    from common.pb.gptrm.v1 import types_pb2
+    from coordinator.scheduler.policies.base import constraint_reason
+    from coordinator.scheduler.queue import request_for
+
+    task = types_pb2.Task(id="t1", spec=types_pb2.TaskSpec(image="127.0.0.1:5000/t:1", argv=["x"]))
+    req = request_for(task)
+    plain = NodeSnapshot(node_id="n1", capacity=Resources(gpus=1))
+    able = NodeSnapshot(node_id="n2", capacity=Resources(gpus=1), labels={CONTAINERS_LABEL: "true"})
+    assert constraint_reason(req, plain) is not None and CONTAINERS_LABEL in (constraint_reason(req, plain) or "")
+    assert constraint_reason(req, able) is None
+    assert constraint_reason(request_for(types_pb2.Task(id="t2", spec=types_pb2.TaskSpec(argv=["x"]))), plain) is None
