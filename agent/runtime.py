@@ -142,6 +142,8 @@ class TaskRuntime:
         self._namespaces = namespaces != "off" and self._programs.namespaces_work()
         self.containers = containers
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._pulling: dict[str, asyncio.Task] = {}   # starts waiting for their image's pull
+        self._pulling_runs: dict[str, str] = {}       # their start decisions
         self._watchers: dict[str, asyncio.Task] = {}
         self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
         self._scrubbing: set[int] = set()   # own uids of ended tasks whose leftovers are being removed
@@ -214,7 +216,10 @@ class TaskRuntime:
                                         no_room=isinstance(e, NoRoom))
             self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id,
                               action=action or "", reason=str(e))
-        if decision.decision_id:
+        # A start waiting for its image's pull has no outcome yet: its re-delivery (after an agent restart lost the
+        # pull) must start it, not answer from the table. _start_after_pull records the outcome.
+        deferred = action == "start" and ack.ok and task_id in self._pulling
+        if decision.decision_id and not deferred:
             self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
                                                           "state": ack.resulting_state, "task_id": ack.task_id}
         try:
@@ -267,6 +272,15 @@ class TaskRuntime:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
         if not valid_task_id(st.task_id):
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
+        if st.task_id in self._pulling:
+            return st.task_id, TaskState.STARTING
+        if st.image and self.containers is not None and self.containers.store is not None \
+                and not self.containers.store.has(parse_image(st.image).text):
+            # The pull may take minutes: it runs beside the decision stream (a stop still reaches the task), and
+            # the start carries on once the image is there (reported STARTING, with the pull's progress, meanwhile).
+            self._pulling[st.task_id] = asyncio.create_task(self._start_after_pull(decision))
+            self._pulling_runs[st.task_id] = decision.decision_id
+            return st.task_id, TaskState.STARTING
         listener = check_master_port(st)   # held from here until the task's process holds it
         try:
             taken = self.own_uids() + sorted(self._scrubbing)
@@ -280,6 +294,42 @@ class TaskRuntime:
         finally:
             if listener is not None:
                 listener.close()   # the task's process has its own copy (or nothing started)
+
+    async def _start_after_pull(self, decision: agent_pb2.Decision) -> None:
+        """A start whose image was not in the store: pull it, then start as any start (the decision handled again,
+        its outcome recorded then). A pull or start that fails is reported FAILED with its reason (the coordinator
+        had its ack already)."""
+        st = decision.start
+        try:
+            try:
+                await self._pull(decision)
+            finally:
+                if self.containers is not None and self.containers.store is not None:
+                    self.containers.store.release(st.task_id)   # the start acquires it again, for its whole run
+        except asyncio.CancelledError:
+            raise
+        except GptrmError as e:
+            self._pulling.pop(st.task_id, None)
+            self._pulling_runs.pop(st.task_id, None)
+            self._fail_unstarted(decision, str(e))
+            return
+        self._pulling.pop(st.task_id, None)
+        self._pulling_runs.pop(st.task_id, None)
+        ack = await self.handle(decision)
+        if not ack.ok:
+            self._fail_unstarted(decision, ack.reason)
+
+    def _fail_unstarted(self, decision: agent_pb2.Decision, reason: str) -> None:
+        st = decision.start
+        self._log.warning("task_not_started", task_id=st.task_id, decision_id=decision.decision_id, reason=reason)
+        if decision.decision_id:
+            self.table.decisions[decision.decision_id] = {"ok": False, "reason": reason,
+                                                          "state": int(TaskState.FAILED), "task_id": st.task_id}
+            with contextlib.suppress(OSError):
+                self.table.save()
+        self._emit(agent_pb2.TaskStatus(task_id=st.task_id, state=pb_enum(types_pb2.TaskState, TaskState.FAILED),
+                                        reason=reason[:_MAX_METRICS_FIELD], time_unix_s=time.time(),
+                                        decision_id=decision.decision_id))
 
     async def _pull(self, decision: agent_pb2.Decision) -> Image | None:
         """The image a start runs from, pulled into the node's store when it lacks it (None: no image). While it
@@ -466,6 +516,18 @@ class TaskRuntime:
                 place(rec.task_id, rec.gpu_indices, share, mem, [rec.pid], follows_load=True)
 
     async def _do_stop(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        pulling = self._pulling.pop(decision.stop.task_id, None)
+        run = self._pulling_runs.pop(decision.stop.task_id, "")
+        if pulling is not None:
+            # Stopped while its image was pulled: it never starts (the pull goes on for any other task that waits).
+            pulling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pulling
+            self._emit(agent_pb2.TaskStatus(task_id=decision.stop.task_id,
+                                            state=pb_enum(types_pb2.TaskState, TaskState.CANCELLED),
+                                            reason="stopped by the coordinator while its image was pulled",
+                                            time_unix_s=time.time(), decision_id=run))
+            return decision.stop.task_id, TaskState.CANCELLED
         rec = self._known(decision.stop.task_id)
         grace = decision.stop.grace_s or rec.stop_grace_s
         watcher = self._watchers.get(rec.task_id)
@@ -651,7 +713,7 @@ class TaskRuntime:
 
     async def shutdown(self) -> None:
         """Stop watching (tasks keep running; a restarted agent adopts them)."""
-        for w in [*self._watchers.values(), *self._cleanups]:
+        for w in [*self._watchers.values(), *self._cleanups, *self._pulling.values()]:
             w.cancel()
         if self._own_pump:
             await asyncio.to_thread(self.pump.stop)

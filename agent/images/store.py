@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -115,6 +116,7 @@ class ImageStore:
         self._clock = clock
         self._index: dict[str, dict] = self._load()
         self._pulls: dict[str, asyncio.Future[Image]] = {}
+        self._listeners: dict[str, list[Callable[[str], None]]] = {}   # reference → who follows its pull
         self._users: dict[str, str] = {}    # task id → digest it runs from
         self.pulls_done = 0                 # pulls that went to the registry (tests, metrics)
         self._log = get_logger("agent").bind(component="images")
@@ -164,24 +166,43 @@ class ImageStore:
         if image is None:
             pending = self._pulls.get(ref.text)
             if pending is None:
-                pending = asyncio.get_running_loop().create_future()
+                # The pull is a task of its own: a waiter cancelled (its task stopped) does not end it for the others.
+                pending = asyncio.ensure_future(self._pull(ref, lambda text: self._progress(ref.text, text)))
+                pending.add_done_callback(functools.partial(self._pull_done, ref.text))
                 self._pulls[ref.text] = pending
-                try:
-                    pending.set_result(await self._pull(ref, progress))
-                except BaseException as e:
-                    pending.set_exception(e if isinstance(e, Exception) else PullFailed("pull interrupted"))
-                    pending.exception()   # read: no "never retrieved" warning when nobody else waits
-                    raise
-                finally:
-                    self._pulls.pop(ref.text, None)
             elif progress is not None:
                 progress(f"waiting for the pull of {ref.text} under way")
-            image = await asyncio.shield(pending)
+            listeners = self._listeners.setdefault(ref.text, [])
+            if progress is not None:
+                listeners.append(progress)
+            try:
+                image = await asyncio.shield(pending)
+            finally:
+                if progress is not None and progress in listeners:
+                    listeners.remove(progress)
         self._users[task_id] = image.digest
         self._index[ref.text]["last_used"] = self._clock()
         self._save()
         await self.evict()
         return image
+
+    def _progress(self, ref: str, text: str) -> None:
+        for listener in list(self._listeners.get(ref, ())):
+            listener(text)
+
+    def _pull_done(self, ref: str, future: asyncio.Future[Image]) -> None:
+        self._pulls.pop(ref, None)
+        self._listeners.pop(ref, None)
+        if not future.cancelled():
+            future.exception()   # read: no "never retrieved" warning when every waiter went away
+
+    def pulling(self, ref: str) -> bool:
+        """Whether ``ref`` is being pulled now."""
+        return ref in self._pulls
+
+    def has(self, ref: str) -> bool:
+        """Whether the store holds ``ref`` unpacked (a start needs no pull)."""
+        return self._image(ref) is not None
 
     def hold(self, ref: str, task_id: str) -> None:
         """After an agent restart: ``task_id`` still runs from the image of ``ref`` (never evicted under it)."""

@@ -237,3 +237,27 @@ def test_eviction_under_the_cap(registry: str, tmp_path: Path) -> None:
     after_evict, both = asyncio.run(scenario())
     assert after_evict == [f"{registry}/test/img:2"]
     assert sorted(both) == [f"{registry}/test/img:1", f"{registry}/test/img:2"]
+
+
+def test_pulling_is_shown_and_a_cancel_reaches_it(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """A registry that never answers: the task shows `pulling` in its reason while the node's decisions still flow,
+    and a cancel ends it CANCELLED without it ever starting."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    hung = f"127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        _start(cluster, state_dir, f"{registry},{hung}")
+        task_id = _submit(cluster, "true", "--image", f"{hung}/test/img:1")
+        wait_until(lambda: "pulling" in cluster.ctl_json("tasks", task_id).get("reason", ""), 60,
+                   what="the task to show its pull")
+        other = _submit(cluster, "cat /etc/motd", "--image", f"{registry}/test/img:1")
+        assert _ended(cluster, other)["state"] == "succeeded"   # the hung pull holds nothing else up
+        assert cluster.ctl("cancel", task_id).returncode == 0
+        task = _ended(cluster, task_id)
+        assert task["state"] == "cancelled", task
+        assert not (state_dir / "tasks" / task_id / "exit_code").exists()
+    finally:
+        silent.close()
