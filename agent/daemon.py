@@ -63,7 +63,7 @@ def _inventory(cfg: AgentConfig, sampler: Sampler, containers: Containers | None
         simulated=sampler.simulated, gpu_backend=sampler.backend, host_simulated=shape is not None,
         advertise_address=cfg.advertise_address or primary_address(), task_port_min=ports[0], task_port_max=ports[1],
         containers=containers is not None and containers.available,
-        images=[i.ref for i in containers.store.images()] if containers is not None and containers.store else [],
+        images=containers.store.refs() if containers is not None and containers.store else [],
     )
 
 
@@ -122,7 +122,10 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples,
             credentials=client_tls.credentials if client_tls is not None else None, logs=logs,
+            images=store.refs if (store := runtime.containers and runtime.containers.store) else None,
             redirect_jitter_s=cfg.redirect_jitter_s)
+        if store:
+            store.on_change = stream.kick   # a pull or an eviction is reported at once
         if client_tls is not None:
             loop.add_signal_handler(signal.SIGHUP, _reload_tls, client_tls, log)
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,

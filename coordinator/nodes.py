@@ -129,6 +129,13 @@ class NodeService:
         self._registry.disconnect(entry.node_id, stream_id)
         self._log.info("node_disconnected", node_id=entry.node_id)
 
+    def images_held(self, entry: NodeEntry, held: agent_pb2.ImagesHeld) -> None:
+        """The images the node's store holds now (shown by ``gptrmctl images``; in memory, the registration stores
+        what it held then)."""
+        self._registry.heartbeat(entry)
+        del entry.inventory.images[:]
+        entry.inventory.images.extend(ref[:512] for ref in held.refs[:1024])
+
     def telemetry(self, entry: NodeEntry, batch: agent_pb2.TelemetryBatch) -> None:
         """Hot path: store samples (the monitor refreshes the objectives lazily)."""
         self._registry.heartbeat(entry)

@@ -118,6 +118,7 @@ class ImageStore:
         self._pulls: dict[str, asyncio.Future[Image]] = {}
         self._listeners: dict[str, list[Callable[[str], None]]] = {}   # reference → who follows its pull
         self._users: dict[str, str] = {}    # task id → digest it runs from
+        self.on_change: Callable[[], None] | None = None   # told after each change of the index (the stream's kick)
         self.pulls_done = 0                 # pulls that went to the registry (tests, metrics)
         self._log = get_logger("agent").bind(component="images")
 
@@ -136,6 +137,8 @@ class ImageStore:
         tmp = self.root / "index.json.tmp"
         tmp.write_text(json.dumps({"images": self._index}))
         os.replace(tmp, self.root / "index.json")
+        if self.on_change is not None:
+            self.on_change()
 
     def _image(self, ref: str) -> Image | None:
         e = self._index.get(ref)
@@ -145,6 +148,10 @@ class ImageStore:
         if not bundle.is_dir():
             return None
         return Image(ref, str(e["digest"]), bundle, int(e.get("bytes", 0)))
+
+    def refs(self) -> list[str]:
+        """The references the store holds, sorted (what the node reports)."""
+        return sorted(self._index)
 
     def images(self) -> list[Image]:
         """What the store holds, most recently used first."""

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from common.etcd_embedded import free_port
+from tests.helpers.ctl_schema import validate
 from tests.integration.harness import Cluster, Proc, wait_until
 
 _TOOLS = ("crun", "skopeo", "umoci", "docker-registry")
@@ -138,6 +139,12 @@ def test_task_runs_inside_its_image_as_its_uid(cluster: Cluster, state_dir: Path
     assert uid != 0
     assert not (state_dir / "tasks" / task_id / "container").exists()
     assert list(_index(state_dir)) == [f"{registry}/test/img:1"]
+    # The node reports what its store now holds (pulled after it registered).
+    images = wait_until(lambda: (d := cluster.ctl_json("images"))["nodes"][0]["images"] and d, 30,
+                        what="the node's images reported")
+    validate(images, "images")
+    assert images["nodes"][0] == {"node_id": "n1", "containers": True, "images": [f"{registry}/test/img:1"]}
+    assert "test/img:1" in cluster.ctl("images", "n1").stdout
 
 
 def test_same_image_at_once_is_pulled_once(cluster: Cluster, state_dir: Path, registry: str) -> None:

@@ -8,20 +8,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat", "log_chunk")
+    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat", "log_chunk", "images")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
     DECISION_ACK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     register: Register
     telemetry: TelemetryBatch
     task_status: TaskStatus
     decision_ack: DecisionAck
     heartbeat: Heartbeat
     log_chunk: LogChunk
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ...) -> None: ...
+    images: ImagesHeld
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., images: _Optional[_Union[ImagesHeld, _Mapping]] = ...) -> None: ...
+
+class ImagesHeld(_message.Message):
+    __slots__ = ("refs",)
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    refs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, refs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("inventory", "tasks", "boot_id", "lost_leader_epoch")
