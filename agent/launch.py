@@ -106,20 +106,22 @@ _NS_STEP = (
 # cgroups alone, so the container stays in the task's cgroup; on a host with cgroup v1 controllers beside a v2
 # hierarchy (hybrid mode, which crun refuses) the v2 mount is hidden from this namespace only. Arguments: the mount
 # and umount programs, crun, the overlay's lower, upper, work and merged directories, the bundle directory, crun's
-# state directory and the container's id.
+# state directory, the container's id and how many fds from 3 up the container keeps (its master port's listener).
 _CONTAINER_STEP = (
-    'm=$1 um=$2 crun=$3 lower=$4 upper=$5 work=$6 merged=$7 bundle=$8 state=$9; shift 9; id=$1; '
+    'm=$1 um=$2 crun=$3 lower=$4 upper=$5 work=$6 merged=$7 bundle=$8 state=$9; shift 9; id=$1 keep=$2; '
     '"$m" -t overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" gptrm-root "$merged" '
     '|| { echo "gptrm: cannot mount the container\'s root file system" >&2; exit 125; }; '
     'if [ -d /sys/fs/cgroup/unified ]; then "$um" /sys/fs/cgroup/unified 2>/dev/null; fi; '
-    'exec "$crun" --root "$state" --cgroup-manager=disabled run --bundle "$bundle" "$id"'
+    'exec "$crun" --root "$state" --cgroup-manager=disabled run --preserve-fds "$keep" --bundle "$bundle" "$id"'
 )
 
 
 def container_prefix(programs: Programs, *, crun: str, lower: str, upper: str, work: str, merged: str,
-                     bundle: str, state: str, container_id: str) -> list[str]:
+                     bundle: str, state: str, container_id: str, pass_fds: Sequence[int] = ()) -> list[str]:
     """The root command that runs a task's container (:data:`_CONTAINER_STEP`), whole: the task's argv, user and
-    environment are in the bundle's ``config.json``. Paths holding ``,`` or ``:`` are refused (overlay options).
+    environment are in the bundle's ``config.json``. ``pass_fds``: fds the task inherits (its master port's
+    listener, numbered from 10 up), kept open in the container at the same numbers. Paths holding ``,`` or ``:``
+    are refused (overlay options).
 
     :raises GptrmError: a path overlayfs cannot take.
     """
@@ -128,7 +130,8 @@ def container_prefix(programs: Programs, *, crun: str, lower: str, upper: str, w
             raise GptrmError(f"cannot use {path!r} in an overlay mount (',' or ':' in the agent's state directory)")
     umount = root_program("umount") or "/bin/umount"
     return [programs.unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", _CONTAINER_STEP, "gptrm-ctr",
-            programs.mount, umount, crun, lower, upper, work, merged, bundle, state, container_id]
+            programs.mount, umount, crun, lower, upper, work, merged, bundle, state, container_id,
+            str(max(pass_fds) - 2) if pass_fds else "0"]
 
 
 def root_env() -> dict[str, str]:

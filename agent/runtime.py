@@ -356,7 +356,8 @@ class TaskRuntime:
         return await self.containers.store.acquire(parse_image(st.image), st.task_id, progress)
 
     def _container_command(self, st: agent_pb2.StartTask, image: Image, user: TaskUser | None,
-                           paths: taskfs.TaskPaths, task_env: dict[str, str]) -> list[str]:
+                           paths: taskfs.TaskPaths, task_env: dict[str, str],
+                           pass_fds: tuple[int, ...] = ()) -> list[str]:
         """The root prefix that runs the task's container: a fresh writable layer of its own over the image, and the
         bundle's ``config.json`` with its argv, uid, environment, mounts, GPUs and ``/dev/shm`` (docs/containers.md).
 
@@ -380,7 +381,7 @@ class TaskRuntime:
         return launch.container_prefix(self._programs, crun=self.containers.crun, lower=str(image.rootfs),
                                        upper=str(layer.upper), work=str(layer.work), merged=str(layer.merged),
                                        bundle=str(layer.bundle), state=str(layer.state),
-                                       container_id=f"gptrm-{self._node_tag}-{st.task_id}"[:200])
+                                       container_id=f"gptrm-{self._node_tag}-{st.task_id}"[:200], pass_fds=pass_fds)
 
     async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None,
                         listener: socket.socket | None = None) -> tuple[str, TaskState]:
@@ -408,7 +409,8 @@ class TaskRuntime:
             listener.close()
         pass_fds, listen_env = master_listen_handoff(handoff)
         task_env = {**_task_env(st, user, paths.work_dir, self._task_path), **listen_env}
-        container = self._container_command(st, image, user, paths, task_env) if image is not None else None
+        container = (self._container_command(st, image, user, paths, task_env, pass_fds) if image is not None
+                     else None)
         # A container's environment is in its config.json; the wrapper still opens (and removes) an empty file.
         launch.write_env_file(paths.env_file, task_env if container is None else {})
         memory_max = memory_limit(st.demand.mem_bytes)

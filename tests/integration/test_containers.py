@@ -268,3 +268,27 @@ def test_pulling_is_shown_and_a_cancel_reaches_it(cluster: Cluster, state_dir: P
         assert not (state_dir / "tasks" / task_id / "exit_code").exists()
     finally:
         silent.close()
+
+
+def test_a_gang_runs_in_its_image_with_its_ranks(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """A 2-node task with an image: each part's container gets its rank, MASTER_ADDR and MASTER_PORT, and rank 0's
+    container holds the master port's listening socket at the fd GPTRM_MASTER_LISTEN_FD names."""
+    cluster.start_coordinator("c1")
+    cluster.wait_leader("c1")
+    for node in ("n1", "n2"):
+        cluster.start_agent(node, "--state-dir", str(state_dir.parent / node), "--image-insecure-registries",
+                            registry)
+    wait_until(lambda: len(cluster.ctl_json("nodes")["nodes"]) == 2, what="two nodes registered")
+    task_id = cluster.ctl_json(
+        "submit", "--name", "gang", "--nodes", "2", "--gpus", "1", "--cpu", "0.1", "--image", f"{registry}/test/img:1",
+        "--", "sh", "-c", "echo rank=$NODE_RANK of=$NNODES master=$MASTER_ADDR:$MASTER_PORT "
+                          "fd=${GPTRM_MASTER_LISTEN_FD:-none} gpus=$CUDA_VISIBLE_DEVICES; "
+                          "if [ -n \"$GPTRM_MASTER_LISTEN_FD\" ]; then ls -l /proc/self/fd/$GPTRM_MASTER_LISTEN_FD; fi"
+    )["task_id"]
+    task = _ended(cluster, task_id)
+    assert task["state"] == "succeeded", task
+    rank0 = cluster.ctl("logs", task_id, "--rank", "0").stdout
+    rank1 = cluster.ctl("logs", task_id, "--rank", "1").stdout
+    assert "rank=0 of=2 master=127.0.0.1:" in rank0 and "socket:" in rank0, rank0
+    assert "rank=1 of=2 master=127.0.0.1:" in rank1 and "fd=none" in rank1, rank1
+    assert "gpus=GPU-" in rank0 and "gpus=GPU-" in rank1
