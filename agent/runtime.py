@@ -45,7 +45,16 @@ from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
 from agent.task_user import NoRoom, TaskUser, TaskUserPolicy, UidClaims
-from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, memory_cgroup_root, memory_limit, node_tag
+from agent.taskkill import (
+    TaskCgroup,
+    cgroup_root,
+    descendants,
+    end_task,
+    memory_cgroup_root,
+    memory_limit,
+    node_tag,
+    uid_processes,
+)
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -592,6 +601,14 @@ class TaskRuntime:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(rec.pid, sig)
+        if rec.image and sig in (signal.SIGSTOP, signal.SIGCONT):
+            # A container's processes are in a session of their own (crun passes on the signals it can catch, not
+            # SIGSTOP): a pause or resume reaches each of them, found in the task's cgroup or by its own uid.
+            pids = (TaskCgroup(Path(rec.cgroup)).pids() if rec.cgroup
+                    else [p.pid for p in uid_processes(rec.own_uid)] if rec.own_uid >= 0 else [])
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
 
     # ---- watching ---------------------------------------------------------------------------
 

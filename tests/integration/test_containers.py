@@ -29,7 +29,7 @@ pytestmark = [
                        reason=f"needs {', '.join(_TOOLS)} (SYSTEM_TEST_PACKAGES)"),
 ]
 
-_PROGRAMS = ("/bin/sh", "/bin/cat", "/usr/bin/id", "/bin/ls", "/bin/sleep")
+_PROGRAMS = ("/bin/sh", "/bin/cat", "/usr/bin/id", "/bin/ls", "/bin/sleep", "/usr/bin/head", "/usr/bin/tr")
 _MARK = "inside-the-image"
 
 
@@ -292,3 +292,37 @@ def test_a_gang_runs_in_its_image_with_its_ranks(cluster: Cluster, state_dir: Pa
     assert "rank=0 of=2 master=127.0.0.1:" in rank0 and "socket:" in rank0, rank0
     assert "rank=1 of=2 master=127.0.0.1:" in rank1 and "fd=none" in rank1, rank1
     assert "gpus=GPU-" in rank0 and "gpus=GPU-" in rank1
+
+
+def test_a_flood_from_a_container_is_bounded(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """50 MB written from inside a container: what the node keeps is bounded by --task-log-max-mib, and the newest
+    line is kept (the container's output goes through the task's FIFO like any task's)."""
+    _start(cluster, state_dir, registry, "--task-log-max-mib", "1")
+    task_id = _submit(cluster, "head -c 50000000 /dev/zero | tr '\\0' 'x'; echo; echo the-last-line",
+                      "--image", f"{registry}/test/img:1")
+    task = _ended(cluster, task_id, timeout_s=180)
+    assert task["state"] == "succeeded", task
+    logs = state_dir / "tasks" / task_id
+    kept = sum((logs / n).stat().st_size for n in ("output.log", "output.log.1") if (logs / n).exists())
+    assert kept <= 1 << 20, kept
+    assert cluster.ctl("logs", task_id, "--tail", "1").stdout == "the-last-line\n"
+
+
+def test_pause_and_resume_reach_the_container(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """Pause stops the container's own processes (not only crun and the wrapper); resume lets them run again."""
+    import psutil
+
+    _start(cluster, state_dir, registry)
+    task_id = _submit(cluster, "sleep 2002", "--image", f"{registry}/test/img:1", "--stop-grace-s", "1")
+
+    def sleeper() -> psutil.Process | None:
+        found = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "2002"]]
+        return found[0] if found else None
+
+    proc = wait_until(sleeper, 60, what="the container's process")
+    assert cluster.ctl("pause", task_id).returncode == 0
+    wait_until(lambda: proc.status() == psutil.STATUS_STOPPED, 30, what="the container's process stopped")
+    assert cluster.ctl("resume", task_id).returncode == 0
+    wait_until(lambda: proc.status() != psutil.STATUS_STOPPED, 30, what="the container's process running again")
+    assert cluster.ctl("cancel", task_id).returncode == 0
+    assert _ended(cluster, task_id)["state"] == "cancelled"
