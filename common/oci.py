@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from common.errors import ValidationError
 
-__all__ = ["ARCHIVE_TRANSPORTS", "CONTAINERS_LABEL", "MAX_MOUNTS", "ImageRef", "Mount", "below", "parse_image",
-           "parse_mount", "validate_container"]
+__all__ = ["ARCHIVE_TRANSPORTS", "CONTAINERS_LABEL", "MAX_MOUNTS", "ImageRef", "Mount", "below", "host_root",
+           "parse_image", "parse_mount", "validate_container"]
 
 ARCHIVE_TRANSPORTS = ("oci-archive", "docker-archive")
 CONTAINERS_LABEL = "gptrm.io/containers"
@@ -114,6 +114,15 @@ def parse_mount(text: str, field: str = "spec.mounts") -> Mount:
     if destination == "/" or any(below(destination, r) for r in RESERVED_DESTINATIONS):
         raise ValidationError(field, f"destination {destination!r} is the runtime's own (/, /proc, /sys, /dev)")
     return Mount(source, destination, read_only)
+
+
+def host_root(value: str, field: str) -> str:
+    """An allowed host root as configured (a queue's ``mount_allowed``): an absolute, normalized path.
+
+    :raises ValidationError: on ``field`` otherwise."""
+    if not isinstance(value, str):
+        raise ValidationError(field, f"{value!r} is not a path")
+    return _clean_path(value, field, "root")
 
 
 def below(path: str, root: str) -> bool:

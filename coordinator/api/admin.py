@@ -387,18 +387,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise ValidationError("request_id", "longer than 128 characters")
         # The door: a task no known node could hold even empty is refused, unless the operator queues it anyway.
         admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
-        self._check_host_paths(request.spec)
         queue, submitter = self._queue_for(request.spec)
+        self._check_host_paths(request.spec, queue)
         return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
                                             submitted_by=submitter)
 
-    def _check_host_paths(self, spec: types_pb2.TaskSpec) -> None:
+    def _check_host_paths(self, spec: types_pb2.TaskSpec, queue: str) -> None:
         """A container's host paths (mounts, image archives) lie below the roots the cluster allows
-        (``--mount-allowed``; docs/containers.md).
+        (``--mount-allowed``) or those of the task's queue and the queues above it (docs/containers.md).
 
         :raises ValidationError: naming ``spec.mounts[i]`` or ``spec.image``."""
-        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes,
-                           allowed=self._app.cfg.mount_allowed)
+        config = self._app.queue_admin.config
+        chain = (queue, *config.ancestors(queue)) if queue in config else ()
+        allowed = [*self._app.cfg.mount_allowed, *(root for name in chain for root in config.get(name).mount_allowed)]
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes, allowed=allowed)
 
     def _queue_for(self, spec: types_pb2.TaskSpec) -> tuple[str, str]:
         """The team queue a submission goes to, and who submits it.
@@ -530,10 +532,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def CreateService(self, request: admin_pb2.SubmitTaskRequest, context: Ctx) -> types_pb2.Service:
         if not request.HasField("spec"):
             raise ValidationError("spec", "is required")
-        self._check_host_paths(request.spec)
         spec = types_pb2.TaskSpec()
         spec.CopyFrom(request.spec)
         spec.queue, submitter = self._queue_for(spec)   # its replicas run in the queue resolved now
+        self._check_host_paths(spec, spec.queue)
         return await self._app.services.create(spec, request.request_id, submitted_by=submitter)
 
     @_rpc

@@ -189,8 +189,26 @@ def test_mounts_only_below_allowed_roots(cluster: Cluster, state_dir: Path, regi
         assert refused.returncode != 0 and "spec.mounts[0]" in refused.stderr
         linked = _ended(cluster, _submit(cluster, "cat /x/passwd", "--image", image, "--mount", f"{allowed}/link:/x"))
         assert linked["state"] == "failed" and "symbolic link" in linked["reason"], linked["reason"]
+        # A queue's own root: its tasks may mount below it, other queues' may not.
+        team_dir = allowed.parent / (allowed.name + "-team")
+        team_dir.mkdir(mode=0o755)
+        (team_dir / "t").write_text("team-data\n")
+        (team_dir / "t").chmod(0o644)
+        for queue, roots in (("team", str(team_dir)), ("others", "")):
+            res = cluster.ctl("queues", "set", queue, "--gpus", "4", "--members", "*", "--mount-allowed", roots)
+            assert res.returncode == 0, res.stderr
+        doc = cluster.ctl_json("queues", "team")
+        validate(doc, "queues")
+        assert doc["queues"][0]["mount_allowed"] == [str(team_dir)]
+        mine = _submit(cluster, "cat /t/t", "--queue", "team", "--image", image, "--mount", f"{team_dir}:/t:ro")
+        assert _ended(cluster, mine)["state"] == "succeeded"
+        assert "team-data" in cluster.ctl("logs", mine).stdout
+        theirs = cluster.ctl("submit", "--queue", "others", "--gpus", "0", "--image", image, "--mount",
+                             f"{team_dir}:/t:ro", "--", "true")
+        assert theirs.returncode != 0 and "spec.mounts[0]" in theirs.stderr
     finally:
         shutil.rmtree(allowed, ignore_errors=True)
+        shutil.rmtree(allowed.parent / (allowed.name + "-team"), ignore_errors=True)
 
 
 def test_cancel_reaches_every_process_of_the_container(cluster: Cluster, state_dir: Path, registry: str) -> None:

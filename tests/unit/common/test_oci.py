@@ -99,3 +99,16 @@ def test_a_task_with_an_image_goes_only_where_containers_run() -> None:
     assert constraint_reason(req, plain) is not None and CONTAINERS_LABEL in (constraint_reason(req, plain) or "")
     assert constraint_reason(req, able) is None
     assert constraint_reason(request_for(types_pb2.Task(id="t2", spec=types_pb2.TaskSpec(argv=["x"]))), plain) is None
+
+
+def test_queue_mount_roots() -> None:
+    """A queue's mount_allowed holds absolute, normalized roots, named by index when one is not; it round-trips."""
+    from coordinator.queues.model import Queue
+
+    q = Queue.from_dict({"name": "team", "mount_allowed": ["/srv/team"]})
+    assert q.mount_allowed == ("/srv/team",) and Queue.from_dict(q.to_dict()) == q
+    for bad, field in ((["/srv/team", "rel"], "queue.mount_allowed[1]"), ("/srv", "queue.mount_allowed"),
+                       (["/a/../b"], "queue.mount_allowed[0]")):
+        with pytest.raises(ValidationError) as e:
+            Queue.from_dict({"name": "team", "mount_allowed": bad})
+        assert e.value.field == field
