@@ -79,7 +79,7 @@ _START_STEP_CODES = (125, 126, 127)
 """Exit codes of the start steps that could not run the task (set-up failed, not executable, not found)."""
 _FIRST_PASSED_FD = 10
 """The lowest fd number a task inherits from the agent (the master port's listener)."""
-_KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit"})
+_KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit", "pull_image"})
 _LOG_TAIL_BYTES = 4096
 _MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
 _POLL_S = 0.2
@@ -589,6 +589,28 @@ class TaskRuntime:
         rec = self._known(decision.scale.task_id)
         raise GptrmError(f"task {rec.task_id!r}: replicas are scaled by the coordinator placing or stopping "
                          "replica tasks, not in place on an agent")
+
+    async def _do_pull_image(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        """Fetch an image into the store ahead of its tasks: acknowledged at once, pulled beside the other decisions
+        (a failure is logged; what the store holds is reported as it changes)."""
+        if self.containers is None or self.containers.store is None:
+            raise GptrmError("this node cannot run tasks with an image (the agent is not root, or crun, skopeo or "
+                             "umoci is not installed)")
+        store, ref = self.containers.store, parse_image(decision.pull_image.image, "image")
+        holder = f"pull:{decision.decision_id}"
+
+        async def pull() -> None:
+            try:
+                await store.acquire(ref, holder)
+            except GptrmError as e:
+                self._log.warning("image_prepull_failed", image=ref.text, reason=str(e))
+            finally:
+                store.release(holder)
+
+        task = asyncio.create_task(pull())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        return "", TaskState.RUNNING
 
     async def _do_set_power_limit(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
         spl = decision.set_power_limit

@@ -132,7 +132,7 @@ def below(path: str, root: str) -> bool:
 
 
 def validate_container(image: str, mounts: Sequence[str], workdir: str, shm_bytes: int,
-                       allowed: Sequence[str] | None = None) -> None:
+                       allowed: Sequence[str] | None = None, image_field: str = "spec.image") -> None:
     """The container fields of a spec. ``allowed``: host roots mounts and archives must lie under (None: the
     syntax only; empty: no host path at all).
 
@@ -144,9 +144,9 @@ def validate_container(image: str, mounts: Sequence[str], workdir: str, shm_byte
             if given:
                 raise ValidationError(name, "is for a task with an image (spec.image)")
         return
-    ref = parse_image(image)
+    ref = parse_image(image, image_field)
     if ref.path and allowed is not None and not any(below(ref.path, r) for r in allowed):
-        raise ValidationError("spec.image", f"archive {ref.path!r} is not below a host path the cluster allows "
+        raise ValidationError(image_field, f"archive {ref.path!r} is not below a host path the cluster allows "
                                             f"({', '.join(allowed) or 'none'}: the coordinator's --mount-allowed)")
     if len(mounts) > MAX_MOUNTS:
         raise ValidationError("spec.mounts", f"{len(mounts)} mounts is more than {MAX_MOUNTS}")

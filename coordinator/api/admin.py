@@ -108,7 +108,7 @@ SERVED_BY: Mapping[str, Served] = {
     "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
-    "CancelService": Served.LEADER,
+    "CancelService": Served.LEADER, "PullImage": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -391,6 +391,17 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._check_host_paths(request.spec, queue)
         return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
                                             submitted_by=submitter)
+
+    @_rpc
+    async def PullImage(self, request: admin_pb2.PullImageRequest,
+                        context: Ctx) -> admin_pb2.PullImageResponse:
+        """Pre-pull an image on nodes (an admin's call: archives only below the cluster's --mount-allowed)."""
+        if not request.image:
+            raise ValidationError("image", "is required")
+        validate_container(request.image, [], "", 0, allowed=self._app.cfg.mount_allowed, image_field="image")
+        if len(request.nodes) > 10_000:
+            raise ValidationError("nodes", f"{len(request.nodes)} nodes is more than 10000")
+        return admin_pb2.PullImageResponse(nodes=self._app.nodes.pull_image(request.image, list(request.nodes)))
 
     def _check_host_paths(self, spec: types_pb2.TaskSpec, queue: str) -> None:
         """A container's host paths (mounts, image archives) lie below the roots the cluster allows

@@ -344,3 +344,20 @@ def test_pause_and_resume_reach_the_container(cluster: Cluster, state_dir: Path,
     wait_until(lambda: proc.status() != psutil.STATUS_STOPPED, 30, what="the container's process running again")
     assert cluster.ctl("cancel", task_id).returncode == 0
     assert _ended(cluster, task_id)["state"] == "cancelled"
+
+
+def test_images_pull_fetches_ahead_of_tasks(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """`gptrmctl images pull REF --nodes N` fills the node's store before any task asks; a task then starts from it
+    without another pull. An unknown node is refused."""
+    _start(cluster, state_dir, registry)
+    image = f"{registry}/test/img:1"
+    doc = cluster.ctl_json("images", "pull", image, "--nodes", "n1")
+    validate(doc, "image_pull")
+    assert doc == {"image": image, "nodes": ["n1"]}
+    wait_until(lambda: cluster.ctl_json("images", "n1")["nodes"][0]["images"] == [image], 60,
+               what="the image pulled ahead")
+    task_id = _submit(cluster, "cat /etc/motd", "--image", image)
+    assert _ended(cluster, task_id)["state"] == "succeeded"
+    assert cluster.agents["n1"].log().count('"image_pull_started"') == 1
+    refused = cluster.ctl("images", "pull", image, "--nodes", "nope")
+    assert refused.returncode != 0 and "nope" in refused.stderr

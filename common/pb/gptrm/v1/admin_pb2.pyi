@@ -45,6 +45,20 @@ EVENT_KIND_QUEUES: EventKind
 EVENT_KIND_RESIZE: EventKind
 EVENT_KIND_HEALTH: EventKind
 
+class PullImageRequest(_message.Message):
+    __slots__ = ("image", "nodes")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, image: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PullImageResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ServiceRef(_message.Message):
     __slots__ = ("service_id",)
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -152,7 +152,7 @@ class EventAck(_message.Message):
     def __init__(self, up_to_seq: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("decision_id", "leader_epoch", "start", "stop", "pause", "resume", "scale", "set_power_limit")
+    __slots__ = ("decision_id", "leader_epoch", "start", "stop", "pause", "resume", "scale", "set_power_limit", "pull_image")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class Decision(_message.Message):
     RESUME_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     SET_POWER_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PULL_IMAGE_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     leader_epoch: int
     start: StartTask
@@ -169,7 +170,14 @@ class Decision(_message.Message):
     resume: ResumeTask
     scale: ScaleTask
     set_power_limit: SetPowerLimit
-    def __init__(self, decision_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., pause: _Optional[_Union[PauseTask, _Mapping]] = ..., resume: _Optional[_Union[ResumeTask, _Mapping]] = ..., scale: _Optional[_Union[ScaleTask, _Mapping]] = ..., set_power_limit: _Optional[_Union[SetPowerLimit, _Mapping]] = ...) -> None: ...
+    pull_image: PullImage
+    def __init__(self, decision_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., pause: _Optional[_Union[PauseTask, _Mapping]] = ..., resume: _Optional[_Union[ResumeTask, _Mapping]] = ..., scale: _Optional[_Union[ScaleTask, _Mapping]] = ..., set_power_limit: _Optional[_Union[SetPowerLimit, _Mapping]] = ..., pull_image: _Optional[_Union[PullImage, _Mapping]] = ...) -> None: ...
+
+class PullImage(_message.Message):
+    __slots__ = ("image",)
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    def __init__(self, image: _Optional[str] = ...) -> None: ...
 
 class StartTask(_message.Message):
     __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand", "metrics_url", "metrics_mapping", "run_as_user", "nnodes", "node_rank", "local_world_size", "world_size", "master_addr", "master_port", "node_addresses", "node_ids", "image", "mounts", "workdir", "shm_bytes")
