@@ -153,6 +153,7 @@ class TaskRuntime:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._pulling: dict[str, asyncio.Task] = {}   # starts waiting for their image's pull
         self._pulling_runs: dict[str, str] = {}       # their start decisions
+        self._resuming: set[str] = set()              # of those, the ones past their pull, being started
         self._watchers: dict[str, asyncio.Task] = {}
         self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
         self._scrubbing: set[int] = set()   # own uids of ended tasks whose leftovers are being removed
@@ -227,7 +228,7 @@ class TaskRuntime:
                               action=action or "", reason=str(e))
         # A start waiting for its image's pull has no outcome yet: its re-delivery (after an agent restart lost the
         # pull) must start it, not answer from the table. _start_after_pull records the outcome.
-        deferred = action == "start" and ack.ok and task_id in self._pulling
+        deferred = action == "start" and ack.ok and task_id in self._pulling and task_id not in self._resuming
         if decision.decision_id and not deferred:
             self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
                                                           "state": ack.resulting_state, "task_id": ack.task_id}
@@ -281,7 +282,7 @@ class TaskRuntime:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
         if not valid_task_id(st.task_id):
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
-        if st.task_id in self._pulling:
+        if st.task_id in self._pulling and st.task_id not in self._resuming:
             return st.task_id, TaskState.STARTING
         if st.image and self.containers is not None and self.containers.store is not None \
                 and not self.containers.store.has(parse_image(st.image).text):
@@ -322,9 +323,14 @@ class TaskRuntime:
             self._pulling_runs.pop(st.task_id, None)
             self._fail_unstarted(decision, str(e))
             return
-        self._pulling.pop(st.task_id, None)
-        self._pulling_runs.pop(st.task_id, None)
-        ack = await self.handle(decision)
+        # Started as any start; until it is in the table a stop waits for it (_do_stop) rather than find no task.
+        self._resuming.add(st.task_id)
+        try:
+            ack = await self.handle(decision)
+        finally:
+            self._resuming.discard(st.task_id)
+            self._pulling.pop(st.task_id, None)
+            self._pulling_runs.pop(st.task_id, None)
         if not ack.ok:
             self._fail_unstarted(decision, ack.reason)
 
@@ -527,6 +533,11 @@ class TaskRuntime:
                 place(rec.task_id, rec.gpu_indices, share, mem, [rec.pid], follows_load=True)
 
     async def _do_stop(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        starting = self._pulling.get(decision.stop.task_id) if decision.stop.task_id in self._resuming else None
+        if starting is not None:
+            # Its image is there and it is being started: stopped once it runs, as any task.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(starting)
         pulling = self._pulling.pop(decision.stop.task_id, None)
         run = self._pulling_runs.pop(decision.stop.task_id, "")
         if pulling is not None:

@@ -227,19 +227,27 @@ class ImageStore:
         removed: list[str] = []
         if not self.max_bytes:
             return removed
-        in_use = set(self._users.values())
+        # Chosen, unlisted and moved aside with no await in between, so a start that holds an image meanwhile
+        # either holds it before it is chosen (and it stays) or finds it gone (and pulls it again).
+        trash: list[Path] = []
         for ref in sorted(self._index, key=lambda r: float(self._index[r].get("last_used", 0))):
             if self.total_bytes() <= self.max_bytes:
                 break
             digest = str(self._index[ref]["digest"])
-            if digest in in_use:
+            if digest in set(self._users.values()):
                 continue
             del self._index[ref]
             removed.append(ref)
             if not any(str(e["digest"]) == digest for e in self._index.values()):
-                await asyncio.to_thread(shutil.rmtree, self.root / "rootfs" / digest.removeprefix("sha256:"), True)
+                tree = self.root / "rootfs" / digest.removeprefix("sha256:")
+                aside = self.root / "pull" / f"evicted-{digest.removeprefix('sha256:')}"
+                with contextlib.suppress(OSError):
+                    os.rename(tree, aside)
+                    trash.append(aside)
         if removed:
             self._save()
+            for aside in trash:
+                await asyncio.to_thread(shutil.rmtree, aside, True)
             self._log.info("images_evicted", refs=removed, total_bytes=self.total_bytes(), max_bytes=self.max_bytes)
         return removed
 
