@@ -361,3 +361,31 @@ def test_images_pull_fetches_ahead_of_tasks(cluster: Cluster, state_dir: Path, r
     assert cluster.agents["n1"].log().count('"image_pull_started"') == 1
     refused = cluster.ctl("images", "pull", image, "--nodes", "nope")
     assert refused.returncode != 0 and "nope" in refused.stderr
+
+
+def test_a_container_sees_only_its_own(cluster: Cluster, state_dir: Path, registry: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside its container a task sees no other task's processes (not their argv), none of the agent's
+    environment, a /dev of the runtime's standard nodes only (no GPU of another task), and a /dev/shm sized by its
+    memory demand."""
+    monkeypatch.setenv("AGENT_ONLY_TOKEN", "agent-secret-value")
+    _start(cluster, state_dir, registry)
+    image = f"{registry}/test/img:1"
+    first = _submit(cluster, "exec sh -c 'sleep 3401; :' --password=hunter2", "--image", image, "--stop-grace-s", "1")
+    try:
+        wait_until(lambda: cluster.ctl_json("tasks", first)["state"] == "running", 60, what="the first task")
+        second = _submit(cluster, "echo DEV: $(ls /dev); cat /proc/mounts | while read -r dev dir rest; do "
+                                  "[ \"$dir\" = /dev/shm ] && echo SHM: $rest; done; cat /proc/self/environ; echo; "
+                                  "cat /proc/[0-9]*/cmdline",
+                         "--image", image, "--mem-gib", str(64 / 1024), "--env", "FROM_SPEC=yes")
+        assert _ended(cluster, second)["state"] == "succeeded"
+        out = cluster.ctl("logs", second).stdout
+        assert "hunter2" not in out and "3401" not in out and "gptrm-task" not in out, out
+        assert "agent-secret-value" not in out and "FROM_SPEC=yes" in out, out
+        dev = set(out.split("DEV:", 1)[1].split("\n", 1)[0].split())
+        assert dev <= {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm", "mqueue", "console",
+                       "fd", "stdin", "stdout", "stderr", "core"}, dev
+        assert "size=65536k" in out.split("SHM:", 1)[1].split("\n", 1)[0], out
+    finally:
+        cluster.ctl("cancel", first)
+        _ended(cluster, first)
