@@ -125,6 +125,9 @@ class AgentConfig:
                                   "`skopeo login --authfile` writes it; root's, 0600)", metavar="FILE", path=True)
     image_insecure_registries: list[str] = option([], "registries (HOST[:PORT]) pulled from over plain HTTP or "
                                                   "unverified TLS (a registry on a trusted network only)")
+    cdi_spec_dirs: list[str] = option(["/etc/cdi", "/var/run/cdi"], "directories of CDI specs (JSON, as "
+                                      "`nvidia-ctk cdi generate --format=json` writes them) whose edits give a task's "
+                                      "container the host's GPU driver for its own GPUs", path=True)
     image_pull_retries: int = option(3, "attempts of an image pull before the task fails (backoff doubles from 1 s)",
                                      check=_positive_int)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))

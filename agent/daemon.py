@@ -90,7 +90,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         pump.start()
         containers = Containers.find(state_dir / "images", max_bytes=int(cfg.image_store_max_gib * (1 << 30)),
                                      auth_file=cfg.image_auth_file, insecure=tuple(cfg.image_insecure_registries),
-                                     retries=cfg.image_pull_retries)
+                                     retries=cfg.image_pull_retries, cdi_dirs=tuple(cfg.cdi_spec_dirs))
         log.info("containers", available=containers.available, crun=containers.crun)
         runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=runtime_kind,
                               pump=pump, task_path=cfg.task_path, namespaces=cfg.task_namespaces,

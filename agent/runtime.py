@@ -40,7 +40,8 @@ from agent.collectors.simulated import SIM_LOAD_ENV, parse_sim_load
 from agent.collectors.task_metrics import MetricsTarget
 from agent.cpu_binding import binding_for, process_prefix
 from agent.images import Containers, Image, task_layer
-from agent.images.bundle import oci_config, write_config
+from agent.images.bundle import device_paths, oci_config, write_config
+from agent.images.cdi import apply_cdi, load_specs
 from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
@@ -392,6 +393,9 @@ class TaskRuntime:
                             uid=uid, gid=gid, workdir=st.workdir, mounts=mounts,
                             shm_bytes=st.shm_bytes or st.demand.mem_bytes, gpu_indices=list(st.gpu_indices),
                             hostname=os.uname().nodename, task_path_given="PATH" in st.env)
+        if self.containers.cdi_dirs and st.gpu_indices:
+            apply_cdi(config, load_specs(self.containers.cdi_dirs), list(st.gpu_indices), list(st.gpu_uuids),
+                      device_paths(st.gpu_indices))
         write_config(str(layer.bundle / "config.json"), config)
         return launch.container_prefix(self._programs, crun=self.containers.crun, lower=str(image.rootfs),
                                        upper=str(layer.upper), work=str(layer.work), merged=str(layer.merged),

@@ -69,6 +69,7 @@ class Containers:
 
     crun: str
     store: ImageStore | None
+    cdi_dirs: tuple[str, ...] = ()
 
     @property
     def available(self) -> bool:
@@ -76,7 +77,7 @@ class Containers:
 
     @classmethod
     def find(cls, root: Path, *, max_bytes: int = 0, auth_file: str = "", insecure: tuple[str, ...] = (),
-             retries: int = 3) -> Containers:
+             retries: int = 3, cdi_dirs: tuple[str, ...] = ()) -> Containers:
         """Containers where the agent is root and crun, skopeo, umoci, mount and unshare are installed; else none
         (a task with an image is then never placed here)."""
         programs = {name: root_program(name) for name in ("crun", "skopeo", "umoci", "mount", "unshare")}
@@ -84,4 +85,4 @@ class Containers:
             return cls(programs["crun"], None)
         store = ImageStore(root, skopeo=programs["skopeo"], umoci=programs["umoci"], max_bytes=max_bytes,
                            auth_file=auth_file, insecure=insecure, retries=retries)
-        return cls(programs["crun"], store)
+        return cls(programs["crun"], store, cdi_dirs)

@@ -29,18 +29,22 @@ from typing import Any
 from agent.systemd_task import NVIDIA_CONTROL_NODES
 from common.oci import Mount
 
-__all__ = ["device_nodes", "oci_config", "write_config"]
+__all__ = ["device_nodes", "device_paths", "oci_config", "write_config"]
 
 _MASKED = ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
            "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"]
 _READONLY = ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
+def device_paths(gpu_indices: Sequence[int]) -> list[str]:
+    """The device nodes a task's container may have: the NVIDIA control nodes and its own GPUs'."""
+    return [*NVIDIA_CONTROL_NODES, *(f"/dev/nvidia{int(i)}" for i in gpu_indices)]
+
+
 def device_nodes(gpu_indices: Sequence[int], dev: str = "/dev") -> list[dict[str, Any]]:
-    """The OCI ``linux.devices`` entries of the NVIDIA control nodes and the task's own GPUs that exist here."""
-    paths = [*NVIDIA_CONTROL_NODES, *(f"/dev/nvidia{int(i)}" for i in gpu_indices)]
+    """The OCI ``linux.devices`` entries of :func:`device_paths` that exist here."""
     out = []
-    for path in paths:
+    for path in device_paths(gpu_indices):
         try:
             st = os.stat(os.path.join(dev, os.path.relpath(path, "/dev")))
         except OSError:

@@ -389,3 +389,37 @@ def test_a_container_sees_only_its_own(cluster: Cluster, state_dir: Path, regist
     finally:
         cluster.ctl("cancel", first)
         _ended(cluster, first)
+
+
+def test_a_cdi_spec_gives_the_container_its_own_gpus_driver(cluster: Cluster, state_dir: Path, registry: str,
+                                                             tmp_path: Path) -> None:
+    """With a CDI spec (JSON) in the agent's --cdi-spec-dirs, a task's container gets the spec's driver mount and
+    variables, and the device node of its own GPU only (the simulated GPUs' nodes stand in as /dev/null)."""
+    driver = Path(tempfile.mkdtemp(prefix="gptrm-driver-", dir="/var/tmp"))
+    try:
+        driver.chmod(0o755)
+        (driver / "libcuda.so.1").write_text("driver-library\n")
+        (driver / "libcuda.so.1").chmod(0o644)
+        cdi = tmp_path / "cdi"
+        cdi.mkdir()
+        (cdi / "nvidia.json").write_text(json.dumps({
+            "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+            "containerEdits": {"env": ["DRIVER_MARK=from-cdi"],
+                               "mounts": [{"hostPath": str(driver), "containerPath": "/usr/lib/driver",
+                                           "options": ["ro", "nosuid", "nodev", "bind"]}]},
+            "devices": [{"name": str(i), "containerEdits": {"deviceNodes": [
+                {"path": f"/dev/nvidia{i}", "hostPath": "/dev/null"}]}} for i in range(4)]}))
+        _start(cluster, state_dir, registry, "--cdi-spec-dirs", str(cdi))
+        task_id = cluster.ctl_json("submit", "--name", "cdi", "--gpus", "1", "--cpu", "0.1", "--image",
+                                   f"{registry}/test/img:1", "--", "sh", "-c",
+                                   "echo gpu=$GPTRM_GPU_INDICES mark=$DRIVER_MARK; cat /usr/lib/driver/libcuda.so.1; "
+                                   "echo DEV: $(ls /dev)")["task_id"]
+        task = _ended(cluster, task_id)
+        out = cluster.ctl("logs", task_id).stdout
+        assert task["state"] == "succeeded", (task, out)
+        gpu = out.split("gpu=", 1)[1].split()[0]
+        assert "mark=from-cdi" in out and "driver-library" in out, out
+        nodes = [n for n in out.split("DEV:", 1)[1].split() if n.startswith("nvidia")]
+        assert nodes == [f"nvidia{gpu}"], out
+    finally:
+        shutil.rmtree(driver, ignore_errors=True)
