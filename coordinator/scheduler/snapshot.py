@@ -27,6 +27,8 @@ from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, feasible
 from coordinator.scheduler.queue import request_for
 
+_NO_IMAGES: frozenset[str] = frozenset()
+
 __all__ = ["NodeFit", "SnapshotBuilder", "takes_uid"]
 
 _Holdings = dict[str, list[tuple[Sequence[int], int, float]]]
@@ -177,7 +179,8 @@ class SnapshotBuilder:
         """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed."""
         r = e.record.reserved
         key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
-               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free)
+               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free,
+               tuple(e.inventory.images))
         last = self._views.get(e.node_id)
         view = last[1] if last is not None and last[0] == key else self._view(e, held, schedulable=uid_free)
         views[e.node_id] = (key, view)
@@ -225,7 +228,8 @@ class SnapshotBuilder:
             used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                            mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
             gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=schedulable,
-            power=self.power_curve(e)[0], topology=static.topology)
+            power=self.power_curve(e)[0], topology=static.topology,
+            images=frozenset(e.inventory.images) if e.inventory.images else _NO_IMAGES)
 
     def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:
         """The node's GPU power curve as Alg. 3 sees it, with its source (see :meth:`PowerModel.explain`).

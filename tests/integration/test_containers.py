@@ -423,3 +423,21 @@ def test_a_cdi_spec_gives_the_container_its_own_gpus_driver(cluster: Cluster, st
         assert nodes == [f"nvidia{gpu}"], out
     finally:
         shutil.rmtree(driver, ignore_errors=True)
+
+
+def test_placement_prefers_a_node_holding_the_image(cluster: Cluster, state_dir: Path, registry: str) -> None:
+    """Two equal empty nodes: once the second holds the image (pulled ahead), a task with that image goes there."""
+    cluster.start_coordinator("c1")
+    cluster.wait_leader("c1")
+    for node in ("n1", "n2"):
+        cluster.start_agent(node, "--state-dir", str(state_dir.parent / node), "--image-insecure-registries",
+                            registry)
+    wait_until(lambda: len(cluster.ctl_json("nodes")["nodes"]) == 2, what="two nodes registered")
+    image = f"{registry}/test/img:1"
+    cluster.ctl_json("images", "pull", image, "--nodes", "n2")
+    wait_until(lambda: cluster.ctl_json("images", "n2")["nodes"][0]["images"] == [image], 60,
+               what="n2 holding the image")
+    task_id = _submit(cluster, "true", "--image", image)
+    task = _ended(cluster, task_id)
+    assert task["state"] == "succeeded"
+    assert [a["node_id"] for a in task["allocation"]] == ["n2"], task["allocation"]

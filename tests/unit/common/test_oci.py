@@ -112,3 +112,38 @@ def test_queue_mount_roots() -> None:
         with pytest.raises(ValidationError) as e:
             Queue.from_dict({"name": "team", "mount_allowed": bad})
         assert e.value.field == field
+
+
+@pytest.mark.parametrize("policy", ["max-utilization", "load-balancing", "power-efficient"])
+def test_image_locality_among_equal_nodes(policy: str) -> None:
+    """Among nodes the policy ranks equal, a task with an image goes to one that holds it; a node the policy
+    ranks better still wins, and a task without an image keeps the policy's own order."""
+    import dataclasses
+
+    from common.domain import ClusterSnapshot, Placement, Request, Resources
+    from coordinator.scheduler.placement.engine import PlacementEngine
+    from coordinator.scheduler.policies import build
+    from tests.helpers.builders import GIB, make_node
+
+    image = "127.0.0.1:5000/t:1"
+    holder = dataclasses.replace(make_node("n3", gpus=4), images=frozenset({image}))
+    equal = ClusterSnapshot(nodes=(make_node("n1", gpus=4), make_node("n2", gpus=4), holder))
+
+    def placed(cluster: ClusterSnapshot, with_image: bool) -> str:
+        req = Request(task_id="t", demand=Resources(gpus=1.0, cpu_cores=1.0, mem_bytes=GIB),
+                      image=image if with_image else "")
+        decision = PlacementEngine(cluster, build(policy)).place(req)
+        assert isinstance(decision, Placement)
+        return decision.node_ids[0]
+
+    assert placed(equal, True) == "n3"
+    plain = placed(equal, False)
+    assert plain != "n3"
+    # n1 ranked strictly better than the holder by the policy: it still wins.
+    if policy == "load-balancing":   # the emptier node is better: the holder is the busier one
+        unequal = ClusterSnapshot(nodes=(make_node("n1", gpus=4),
+                                         dataclasses.replace(make_node("n3", gpus=4, used_gpus=2),
+                                                             images=frozenset({image}))))
+    else:                            # the fuller node is better
+        unequal = ClusterSnapshot(nodes=(make_node("n1", gpus=4, used_gpus=2), holder))
+    assert placed(unequal, True) == placed(unequal, False)
