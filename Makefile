@@ -15,10 +15,14 @@ SYSTEM_TEST_PACKAGES ?= \
 	crun \
 	skopeo \
 	umoci \
-	docker-registry
+	docker-registry \
+	chromium \
+	chromium-driver
 # prometheus: promtool checks the example alert rules (tests/unit/test_alert_rules.py)
 # crun, skopeo, umoci: tasks with an image (tests/integration/test_containers.py); docker-registry: the
 # registry those tests start on loopback
+# chromium, chromium-driver: the web console's browser tests drive the system's headless Chromium through Selenium
+#   (tests/integration/test_web.py); no browser is ever downloaded
 
 venv: $(STAMP)
 
@@ -35,9 +39,11 @@ run: export GPTRM_DEV_COORDINATOR_ARGS = $(ARGS)
 run: $(STAMP)
 	$(PY) -m coordinator.devcluster
 
-## test: install into .venv, check the generated code and the types, run the whole test suite
+## test: install into .venv, check the generated code and the types, run the whole test suite on TEST_WORKERS
+## workers (3: the suite mostly waits on real processes; TEST_WORKERS=0 runs it in this one process)
+TEST_WORKERS ?= 3
 test: $(STAMP) system-test-deps proto-check typecheck
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 
 ## system-test-deps: install the Debian packages of SYSTEM_TEST_PACKAGES that are missing (needs root or sudo)
 system-test-deps:

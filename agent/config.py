@@ -7,6 +7,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.collectors.simulated_host import CORES_PER_GPU, MEM_GIB_PER_GPU, check_simulate_host
+from agent.health import (
+    DEFAULT_APP_XIDS,
+    DEFAULT_HEALTH_READ_S,
+    DEFAULT_REPLACE_XIDS,
+    DEFAULT_RESET_XIDS,
+    HealthOptions,
+    XidPolicy,
+    format_xids,
+    xid_list_problem,
+)
+from agent.health_check import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, program_problem
 from agent.launch import TASK_PATH, path_problem
 from agent.logpump import DEFAULT_MAX_BYTES, DEFAULT_NODE_MAX_BYTES
 from agent.task_user import DEFAULT_TASK_UIDS, parse_uid_range
@@ -72,6 +83,20 @@ class AgentConfig:
         "", "simulated host beside simulated GPUs: CORES:MEM_GIB, or 'real' for this machine "
         f"(default: {CORES_PER_GPU} cores and {MEM_GIB_PER_GPU} GiB per simulated GPU)",
         check=check_simulate_host, metavar="CORES:MEM_GIB")
+    # GPU health signals (agent/health, docs/gpu-health-signals.md).
+    gpu_health: str = option("on", "watch the GPUs' health signals (XID events, ECC, row remaps, NVLink, throttling, "
+                             "PCIe link) and classify each GPU healthy, degraded or unhealthy", choices=("on", "off"))
+    app_xids: str = option(format_xids(DEFAULT_APP_XIDS), "XIDs that are the application's fault: recorded on the "
+                           "task, the GPU stays healthy ('' none)", check=xid_list_problem, metavar="XID[,XID...]")
+    reset_xids: str = option(format_xids(DEFAULT_RESET_XIDS), "XIDs that make a GPU unhealthy until it is reset "
+                             "(any XID in no list is treated so too)", check=xid_list_problem, metavar="XID[,XID...]")
+    replace_xids: str = option(format_xids(DEFAULT_REPLACE_XIDS), "XIDs that make a GPU unhealthy until an admin "
+                               "resumes it after repair", check=xid_list_problem, metavar="XID[,XID...]")
+    health_read_interval_s: float = option(DEFAULT_HEALTH_READ_S, "seconds between reads of the slower GPU health "
+                                           "signals (row remaps, retired pages, NVLink, PCIe; 0: every sample)",
+                                           flag="health_read_interval", check=non_negative)
+    simulate_faults: str = option("", "simulated GPUs only: inject faults from this JSON-lines file, followed while "
+                                  "the agent runs (docs/gpu-health-signals.md)", metavar="FILE", path=True)
     metrics_listen: str = option("", "serve Prometheus metrics (per-GPU under dcgm-exporter's names, collector health, "
                                  "task GPUs) at http://HOST:PORT/metrics ('' disables)", check=host_port,
                                  metavar="HOST:PORT")
@@ -130,6 +155,16 @@ class AgentConfig:
                                       "container the host's GPU driver for its own GPUs", path=True)
     image_pull_retries: int = option(3, "attempts of an image pull before the task fails (backoff doubles from 1 s)",
                                      check=_positive_int)
+    health_check_program: str = option(
+        "", "the site's node health check (e.g. LBNL NHC), run as root with a fixed environment once at start and "
+        "then every --health-check-interval: a non-zero exit or a timeout drains the node with the program's last "
+        "line of output as reason, a zero exit lifts that drain (docs/health-checks.md); an absolute path to a "
+        "root-owned executable no one else can write ('' disables)", check=program_problem, metavar="PATH")
+    health_check_interval_s: float = option(DEFAULT_INTERVAL_S, "seconds from one health-check run's start to the "
+                                            "next", flag="health_check_interval", check=positive)
+    health_check_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds a health-check run may take before its "
+                                           "process group is killed and the node drains", flag="health_check_timeout",
+                                           check=positive)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "connect in plaintext gRPC (only to a coordinator started with --insecure)")
     tls_cert: str = option("", "this node's certificate (PEM; its CN names the node)", metavar="FILE", path=True)
@@ -140,9 +175,16 @@ class AgentConfig:
     def node_name(self) -> str:
         return self.node_id or socket.gethostname()
 
+    @property
+    def health(self) -> HealthOptions:
+        """The GPU health options (raises ConfigError when an XID is in two lists)."""
+        return HealthOptions(XidPolicy.from_lists(self.app_xids, self.reset_xids, self.replace_xids),
+                             self.health_read_interval_s, self.simulate_faults, enabled=self.gpu_health == "on")
+
 
 def load(argv: Sequence[str] | None = None) -> AgentConfig:
     """Parse ``argv`` + env + TOML into an :class:`AgentConfig` (raises ConfigError)."""
     cfg = load_config(AgentConfig, argv, prog="gptrm-agent", description="gptrm agent: GPU host telemetry and tasks")
     tls_files(insecure=cfg.insecure, cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca)
+    _ = cfg.health   # the XID lists do not overlap
     return cfg

@@ -23,6 +23,7 @@ from structlog.typing import FilteringBoundLogger
 
 from agent import config as config_mod
 from agent.config import AgentConfig
+from agent.health_check import HealthCheck
 from agent.images import Containers
 from agent.logpump import LogPump
 from agent.logstore import LogService
@@ -75,7 +76,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     outbox = Outbox(cfg.buffer_samples, cfg.interval_s)   # the stream sends as soon as something is added
     gpus = open_gpu_backend(cfg.gpu_backend, cfg.simulate_gpus, log, node_id=cfg.node_name,
-                            simulate_topology=cfg.simulate_topology)
+                            simulate_topology=cfg.simulate_topology, health=cfg.health)
     try:
         task_users = TaskUserPolicy.from_config(cfg.task_user, cfg.task_users_allowed,
                                                 uids=parse_uid_range(cfg.task_uids))
@@ -132,13 +133,21 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                  host_simulated=inventory.host_simulated,
                  gpus=len(inventory.gpus), coordinator=cfg.coordinator, interval_s=cfg.interval_s,
                  advertise_address=inventory.advertise_address, task_port_range=cfg.task_port_range,
-                 metrics_listen=cfg.metrics_listen)
+                 metrics_listen=cfg.metrics_listen, health_check_program=cfg.health_check_program)
 
         room = Room(task_users, runtime.own_uids, parse_port_range(cfg.task_port_range))
+        health_check = (HealthCheck(cfg.health_check_program, interval_s=cfg.health_check_interval_s,
+                                    timeout_s=cfg.health_check_timeout_s, log=log)
+                        if cfg.health_check_program else None)
 
         def emit_sample(sample: types_pb2.TelemetrySample) -> None:
             room.fill(sample)   # in the sampler's thread: a scan of /proc at most every few seconds
+            if health_check is not None:
+                health_check.fill(sample)   # PENDING until the first run ends: nothing is placed here before it
             loop.call_soon_threadsafe(outbox.add_sample, sample)
+
+        if health_check is not None:
+            health_check.start()
 
         sampler_stop = threading.Event()
         sampler_thread = threading.Thread(target=sampler.run, args=(emit_sample, sampler_stop),
@@ -155,6 +164,8 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             watchdog.cancel()
             sampler_stop.set()
             await asyncio.to_thread(sampler_thread.join, 5)
+            if health_check is not None:
+                await asyncio.to_thread(health_check.stop)
             await runtime.shutdown()
             await asyncio.to_thread(pump.stop)
             if metrics_server is not None:

@@ -90,12 +90,15 @@ EXEC_STUB = (
 # namespace. That child mounts the namespace's own /proc and a private /dev/shm, then runs the rest
 # of the command (setpriv, the exec stub, the task). This step stays in the task's process group, so
 # like the wrapper it handles (rather than dies of) the signals sent to the group, and it waits for
-# the real exit status. Arguments: the mount program, the tmpfs options, then the command.
+# the real exit status. A mount killed by such a signal (a stop that came while the task was still being set
+# up) ends the step with the signal's status, not as a failed set-up. Arguments: the mount program, the tmpfs
+# options, then the command.
 _NS_STEP = (
     'm=$1 o=$2; shift 2; '
     'trap : TERM INT HUP QUIT USR1 USR2 ALRM; '
-    '( "$m" -t proc -o nosuid,nodev,noexec gptrm-proc /proc && "$m" -t tmpfs -o "$o" gptrm-shm /dev/shm '
-    '|| { echo "gptrm: cannot set up the task\'s own /proc and /dev/shm" >&2; exit 125; }; exec "$@" ) & c=$!; '
+    '( "$m" -t proc -o nosuid,nodev,noexec gptrm-proc /proc && "$m" -t tmpfs -o "$o" gptrm-shm /dev/shm; r=$?; '
+    '[ $r -eq 0 ] || { [ $r -gt 128 ] && exit $r; '
+    'echo "gptrm: cannot set up the task\'s own /proc and /dev/shm" >&2; exit 125; }; exec "$@" ) & c=$!; '
     'while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; exit $code'
 )
 

@@ -10,6 +10,11 @@ the task table. A scrape never polls NVML, and no thread updates metrics in the 
   named without ``_total``, as dcgm-exporter names it), so its dashboards and alerts work on a
   gptrm node. A field the latest sample lacks (an unhealthy GPU, a value the driver does not
   report) is left out, never filled in.
+- Per GPU, its health signals under dcgm-exporter's names too (``DCGM_FI_DEV_XID_ERRORS``, the last XID;
+  the volatile ECC totals; remapped rows, pending and failed remaps; the clocks throttle reasons bitmask;
+  the PCIe link's generation and width), each where the GPU reports it (docs/gpu-health-signals.md), and
+  ``gptrm_agent_gpu_health{state}`` (1 for the state the agent classifies the GPU in, 0 for the others)
+  with ``gptrm_agent_gpu_app_xids_total``.
 - ``gptrm_agent_*``: the agent itself (``gptrm_agent_info``, whose ``gpu_backend`` and
   ``simulated`` labels say when the GPUs are simulated), each collector's success and
   duration on the latest tick, and which GPUs each task holds.
@@ -32,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from agent.collectors import GpuDevice
+from agent.collectors import GpuDevice, GpuReading
 from agent.sampler import SamplerState
 from agent.tasktable import TaskRecord
 from common.metrics_http import QuietHandler, serve_wsgi
@@ -41,6 +46,7 @@ from common.pb.gptrm.v1 import types_pb2
 __all__ = [
     "DCGM_COUNTERS",
     "DCGM_GAUGES",
+    "DCGM_HEALTH",
     "MAX_LABEL_CHARS",
     "MAX_TASKS",
     "AgentMetrics",
@@ -75,6 +81,31 @@ DCGM_COUNTERS: tuple[tuple[str, str, str, float], ...] = (
 )
 """dcgm-exporter's counters: exposed as counters under dcgm's own names (no ``_total``)."""
 
+# GPU health under dcgm-exporter's names: name, help (its wording), type, the value from a reading.
+DCGM_HEALTH: tuple[tuple[str, str, str, Callable[[GpuReading], float | None]], ...] = (
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gauge",
+     lambda r: r.xid_last if r.xid_last is not None else (0 if r.signals is not None and not r.signals.lost else None)),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", "counter",
+     lambda r: r.ecc_corrected_total),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "counter",
+     lambda r: r.ecc_uncorrected_total),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors", "counter",
+     lambda r: r.signals.remapped_correctable if r.signals else None),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors", "counter",
+     lambda r: r.signals.remapped_uncorrectable if r.signals else None),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "gauge",
+     lambda r: _flag(r.signals.remap_failure) if r.signals else None),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending (a GPU reset applies it)", "gauge",
+     lambda r: _flag(r.signals.remap_pending) if r.signals else None),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask of DCGM_CLOCKS_THROTTLE_REASON_*)",
+     "gauge", lambda r: r.signals.clocks_event_reasons if r.signals else None),
+    ("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe current link generation.", "gauge",
+     lambda r: r.signals.pcie_gen if r.signals else None),
+    ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "PCIe current link width.", "gauge",
+     lambda r: r.signals.pcie_width if r.signals else None),
+)
+HEALTH_STATES = ("healthy", "degraded", "unhealthy")
+
 _DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 
 
@@ -85,6 +116,10 @@ def _label(value: str) -> str:
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
 
 
 class AgentMetrics(Collector):
@@ -120,6 +155,7 @@ class AgentMetrics(Collector):
         state = self._latest()
         if state is not None:
             yield from self._dcgm(state.sample)
+            yield from self._health(state)
             yield from self._collectors(state)
         yield from self._task_gpus(state)
 
@@ -155,6 +191,30 @@ class AgentMetrics(Collector):
                     counter.add_sample(name, dict(zip(_DCGM_LABELS, values, strict=True)),
                                        getattr(gpu, field) * scale)
             yield counter
+
+    def _health(self, state: SamplerState) -> Iterator[Metric]:
+        labels = {g.index: self._gpu_labels(g) for g in state.sample.gpus}
+        readings = [(r, labels[r.index]) for r in state.gpus if r.index in labels]
+        for name, doc, kind, value in DCGM_HEALTH:
+            metric = Metric(name, doc, kind)
+            for reading, values in readings:
+                v = value(reading)
+                if v is not None:
+                    metric.add_sample(name, dict(zip(_DCGM_LABELS, values, strict=True)), float(v))
+            yield metric
+        health = GaugeMetricFamily("gptrm_agent_gpu_health", "1 for the GPU's health state as the agent classifies "
+                                   "it (healthy, degraded, unhealthy), 0 for the others",
+                                   labels=["gpu", "UUID", "state"])
+        app_xids = CounterMetricFamily("gptrm_agent_gpu_app_xids", "application XIDs (the task's fault, the GPU "
+                                       "stays healthy) the GPU raised since the agent started", labels=["gpu", "UUID"])
+        for reading, values in readings:
+            if reading.health is None:
+                continue
+            for s in HEALTH_STATES:
+                health.add_metric([values[0], values[1], s], 1.0 if reading.health.state == s else 0.0)
+            app_xids.add_metric([values[0], values[1]], reading.health.app_xid_count)
+        yield health
+        yield app_xids
 
     def _collectors(self, state: SamplerState) -> Iterator[Metric]:
         success = GaugeMetricFamily("gptrm_agent_collector_success",
@@ -223,7 +283,9 @@ def render(metrics: AgentMetrics) -> bytes:
     counters keep dcgm's names on every line, so those two lines are renamed back.
     """
     text = generate_latest(metrics.registry)
-    for name, _, _, _ in DCGM_COUNTERS:
+    counters = [name for name, _, _, _ in DCGM_COUNTERS]
+    counters += [name for name, _, kind, _ in DCGM_HEALTH if kind == "counter"]
+    for name in counters:
         text = text.replace(f"# HELP {name}_total ".encode(), f"# HELP {name} ".encode(), 1)
         text = text.replace(f"# TYPE {name}_total counter\n".encode(), f"# TYPE {name} counter\n".encode(), 1)
     return text

@@ -51,6 +51,7 @@ from agent.collectors.power import DEFAULT_POWERCAP_ROOT
 from agent.collectors.simulated import DEFAULT_SIMULATE_SPEC, SimulatedGpus
 from agent.collectors.simulated_host import REAL_HOST, default_host_shape, parse_simulate_host
 from agent.collectors.task_metrics import TaskMetricsCollector, TaskMetricsTargets
+from agent.health import HealthOptions
 from common.errors import CollectorError, ConfigError, NoData
 from common.pb.gptrm.v1 import types_pb2
 from common.topology import SIMULATED_TOPOLOGIES
@@ -83,6 +84,7 @@ def open_gpu_backend(
     nvml_module: ModuleType | None = None,
     clock: Callable[[], float] = time.monotonic,
     simulate_topology: str = "auto",
+    health: HealthOptions | None = None,
 ) -> GpuBackend:
     """Choose and open the GPU backend, once, as ``--gpu-backend`` says.
 
@@ -94,8 +96,11 @@ def open_gpu_backend(
     :param node_id: goes into simulated GPU UUIDs.
     :param nvml_module: a ``pynvml`` replacement (tests); the real one when None.
     :param simulate_topology: how simulated GPUs are linked (``--simulate-topology``).
-    :raises ConfigError: unknown backend, ``nvml`` without NVML, or a malformed spec, in one line.
+    :param health: GPU health watching (XID lists, slow-signal interval, ``--simulate-faults``); defaults when None.
+    :raises ConfigError: unknown backend, ``nvml`` without NVML, a malformed spec, or faults to simulate on
+        real GPUs, in one line.
     """
+    health = health or HealthOptions()
     if backend not in BACKENDS:
         raise ConfigError(f"--gpu-backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     if simulate_topology not in SIMULATED_TOPOLOGIES:
@@ -103,7 +108,7 @@ def open_gpu_backend(
         raise ConfigError(f"--simulate-topology {simulate_topology!r}: expected one of {choices}")
     if backend != "simulated":
         try:
-            gpus = open_nvml(log, nvml_module)
+            gpus = open_nvml(log, nvml_module, health=health)
         except CollectorError as e:
             if backend == "nvml":
                 raise ConfigError(f"--gpu-backend nvml: {e}") from e
@@ -113,20 +118,25 @@ def open_gpu_backend(
                 reason=f"{e}; GPUs are SIMULATED ({simulate_spec or DEFAULT_SIMULATE_SPEC}), not real hardware",
             )
         else:
+            if health.simulate_faults:
+                gpus.close()
+                raise ConfigError(f"--simulate-faults {health.simulate_faults}: faults are simulated on simulated "
+                                  "GPUs only, and this node's GPUs are real (--gpu-backend simulated)")
             log.info("gpu_backend_chosen", backend=gpus.backend, gpu_count=len(gpus.devices()))
             return gpus
     spec = simulate_spec or DEFAULT_SIMULATE_SPEC
     try:
-        sim = SimulatedGpus(spec, node_id, clock=clock, topology=simulate_topology)
+        sim = SimulatedGpus(spec, node_id, clock=clock, topology=simulate_topology, health=health, log=log)
     except ValueError as e:
         raise ConfigError(f"--simulate-gpus {spec!r}: {e}") from e
     log.info("gpu_backend_chosen", backend=sim.backend, gpu_count=len(sim.devices()), simulated=True,
-             topology=sim.topology)
+             topology=sim.topology, simulate_faults=health.simulate_faults)
     return sim
 
 
 def build_sampler(
-    *, node_id: str, gpu_backend: str, simulate_spec: str, log: Log, simulate_topology: str = "auto", **options: Any
+    *, node_id: str, gpu_backend: str, simulate_spec: str, log: Log, simulate_topology: str = "auto",
+    health: HealthOptions | None = None, **options: Any
 ) -> Sampler:
     """Open the GPU backend, then build the collectors and the :class:`Sampler` around it.
 
@@ -134,7 +144,8 @@ def build_sampler(
     :raises ConfigError: see :func:`open_gpu_backend` and :func:`choose_host_shape`.
     """
     log = log.bind(node_id=node_id)
-    gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id, simulate_topology=simulate_topology)
+    gpus = open_gpu_backend(gpu_backend, simulate_spec, log, node_id=node_id, simulate_topology=simulate_topology,
+                            health=health)
     try:
         return sampler_for(gpus, log=log, **options)
     except ConfigError:
@@ -225,6 +236,8 @@ class SamplerState:
     """Ticks sampled since the sampler was built."""
     failures_total: Mapping[str, int]
     """Ticks each collector failed since the sampler was built (collectors that never failed: absent)."""
+    gpus: tuple[GpuReading, ...] = ()
+    """The tick's GPU readings, with the health signals that are not on the wire (for ``/metrics``)."""
 
 
 class Sampler:
@@ -324,7 +337,7 @@ class Sampler:
         sample = telemetry_to_proto(self._now(), gpus, host, cpu_power_w, simulated=self._gpus.simulated,
                                     task_qos=task_qos)
         self._samples_total += 1
-        self._latest = SamplerState(sample, tuple(runs), self._samples_total, dict(self._failures_total))
+        self._latest = SamplerState(sample, tuple(runs), self._samples_total, dict(self._failures_total), tuple(gpus))
         return sample
 
     def run(self, emit: Emit, stop: threading.Event) -> None:

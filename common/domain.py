@@ -130,6 +130,7 @@ class GpuSlot:
     :param mem_free_bytes: memory not reserved by allocations.
     :param share_free: compute share not reserved, 0..1 (1: the whole GPU is free).
     :param topology_group: GPUs with the same group share an NVLink domain / PCIe switch; -1 unknown.
+    :param degraded: its agent reports it DEGRADED (throttling, a link down): chosen last on its node.
     """
 
     index: int
@@ -137,6 +138,7 @@ class GpuSlot:
     mem_free_bytes: int
     share_free: float = 1.0
     topology_group: int = -1
+    degraded: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,8 @@ class CoordinatorConfig:
     etcd_prefix: str = option("/gptrm/v1/", "key prefix in etcd")
     etcd_timeout_s: float = option(5.0, "etcd request timeout, seconds", flag="etcd_timeout", check=positive)
     metrics_listen: str = option("127.0.0.1:9470", "Prometheus metrics HOST:PORT ('' disables)", check=host_port)
+    web_listen: str = option("", "read-only web console HOST:PORT ('' disables; docs/web.md)", check=host_port,
+                             metavar="HOST:PORT")
     state_dir: str = option(default_state_dir("coordinator"), "state directory (embedded etcd data)", path=True)
     coordinator_id: str = option("", "unique id of this replica (default HOSTNAME-PID)")
     lease_ttl_s: float = option(2.0, "leader lease TTL, seconds", flag="lease_ttl", check=positive)
@@ -138,6 +140,8 @@ class CoordinatorConfig:
                                       check=positive)
     power_off_retry_max_s: float = option(14400.0, "longest wait before powering off again a node that ignored "
                                           "its power-offs, seconds", flag="power_off_retry_max", check=positive)
+    health_drain_gpus: int = option(2, "unhealthy (fenced) GPUs at which a node is drained as a whole (0: never for "
+                                    "that; a failed health check always drains)", check=non_negative)
     power_capping: str = option("off", "lower GPU power limits where the work gains little from power and its QoS "
                                 "allows", choices=("off", "on"))
     power_cap_interval_s: float = option(30.0, "least seconds between a GPU's power-limit change and its next "

@@ -12,10 +12,10 @@ __all__ = ["Event", "EventBus", "EventKind"]
 
 EventKind = str
 """One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd, audit, power, preemption,
-qos_violation, scale, queues, resize."""
+qos_violation, scale, queues, resize, health."""
 
 KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd", "audit",
-         "power", "preemption", "qos_violation", "scale", "queues", "resize")
+         "power", "preemption", "qos_violation", "scale", "queues", "resize", "health")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from common.errors import GptrmError, NotFound, ValidationError
 from common.logging import get_logger
@@ -21,6 +21,7 @@ from common.types import NodeState, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.reconcile import Reconciler
 from coordinator.events import EventBus
+from coordinator.health import GpuHealthWatch
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
@@ -93,17 +94,24 @@ class NodeService:
     :param reconciler: reconciles an agent's tasks when it registers.
     :param metrics: stream, sample and drop counters.
     :param events: the cluster event log.
+    :param health_drain_gpus: fenced GPUs at which a node is drained by health (0: never for that).
+    :param on_health_change: called when GPUs come back in service or a health drain is lifted.
     """
 
     def __init__(self, registry: NodeRegistry, state: LeaderState, monitor: ResourceMonitor, store: Store,
                  leadership: Leadership, locks: AdminLocks, tasks: TaskTable, dispatcher: Dispatcher,
-                 reconciler: Reconciler, metrics: Metrics, events: EventBus) -> None:
+                 reconciler: Reconciler, metrics: Metrics, events: EventBus, *, health_drain_gpus: int = 2,
+                 on_health_change: Callable[[], None] | None = None) -> None:
         self._registry, self._state, self._monitor = registry, state, monitor
         self._store, self._leadership = store, leadership
         self._locks, self._tasks, self._dispatcher, self._reconciler = locks, tasks, dispatcher, reconciler
         self._metrics, self._events = metrics, events
         self._drained: set[str] = set()   # draining nodes whose "drained" event went out
         self.registrations = NodeWrites(leadership, store)
+        self.health = GpuHealthWatch(registry, state, leadership, self.registrations.put, tasks.update, events,
+                                     drain_gpus=health_drain_gpus, on_drained=self._drain,
+                                     on_change=on_health_change)
+        """GPU fences, health drains and application XIDs from telemetry (``coordinator/health``)."""
         self._log = get_logger("coordinator")
 
     # ---- agent streams ------------------------------------------------------------------------
@@ -170,6 +178,7 @@ class NodeService:
         last = samples[-1]   # the room its agent counts (placement reads it; unknown from an older agent)
         entry.task_uid_room = last.task_uid_room if last.HasField("task_uid_room") else None
         entry.task_ports_free = last.task_ports_free if last.HasField("task_ports_free") else None
+        self.health.observe(entry, last)   # acts only when the GPUs' health or the health check changed
         stored = self._monitor.ingest(entry.node_id, len(entry.inventory.gpus), samples)
         self._metrics.samples.inc(stored)
         if stored < len(samples):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from agent.health.readings import GpuHealthReading, GpuSignals
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 
@@ -19,8 +20,10 @@ __all__ = [
     "DiskReading",
     "GpuBackend",
     "GpuDevice",
+    "GpuHealthReading",
     "GpuProcessReading",
     "GpuReading",
+    "GpuSignals",
     "HostReading",
     "PowerReading",
     "Sample",
@@ -64,6 +67,11 @@ class GpuReading:
     healthy: bool = True
     health_reason: str = ""
     simulated: bool = False
+    xid_last: int | None = None
+    """The last XID the GPU raised since the agent started, of any kind."""
+    signals: GpuSignals | None = None
+    """The health signals read this tick (not on the wire; the agent's ``/metrics`` shows them)."""
+    health: GpuHealthReading | None = None
 
     def to_proto(self) -> types_pb2.GpuSample:
         """This reading as a ``GpuSample``; None fields stay absent (proto3 ``optional``)."""
@@ -80,6 +88,8 @@ class GpuReading:
                 setattr(msg, name, value)
         for proc in self.processes:
             msg.processes.add(pid=proc.pid, used_mem_bytes=proc.used_mem_bytes or 0)
+        if self.health is not None:
+            msg.health.CopyFrom(self.health.to_proto())
         return msg
 
 
@@ -97,6 +107,7 @@ _OPTIONAL_GPU_FIELDS = (
     "ecc_corrected_total",
     "ecc_uncorrected_total",
     "mig_enabled",
+    "xid_last",
 )
 
 

@@ -13,6 +13,25 @@ A field the GPU does not support is absent from the reading and never queried ag
 that GPU; a GPU that fell off the bus is reported ``healthy=False`` while the others are
 still sampled.
 
+Health signals (:class:`NvmlHealth`, classified by :mod:`agent.health` like simulated GPUs' faults):
+
+- XID events (``nvmlEventTypeXidCriticalError``, and ``nvmlEventTypeDoubleBitEccError`` where the GPU
+  offers it, counted as XID 48), registered once on one event set and waited for with
+  ``nvmlEventSetWait_v2`` in a thread of their own: the wait blocks inside NVML (no CPU while idle) and
+  times out every :data:`EVENT_WAIT_MS` to see whether the agent is stopping.
+- Every tick, with the other fields: volatile ECC (already read) and the clocks event reasons
+  (``nvmlDeviceGetCurrentClocksEventReasons``, else the older ``...ThrottleReasons``).
+- Every ``--health-read-interval`` seconds (10 by default), the slow signals: remapped rows
+  (``nvmlDeviceGetRemappedRows``: pending, failure), or on GPUs older than row remapping the retired
+  pages (``nvmlDeviceGetRetiredPagesPendingStatus``, ``nvmlDeviceGetRetiredPages``); the PCIe link's
+  current generation and width against its maximum (read once at open); and each NVLink that was up
+  at open (``nvmlDeviceGetNvLinkState``).
+
+A signal the GPU does not support (NotSupported, FunctionNotFound) is skipped on that GPU from then on
+and logged once (``gpu_health_signal_unsupported``). A GPU reset shows as its volatile ECC counters
+going back, a pending remap clearing, or a GPU that NVML said needed a reset answering again
+(``GpuSignals.reset_seen``).
+
 The energy counter is the exception to reading everything every tick: its query costs about
 4 ms of CPU per GPU on an H200 (driver 580), where every other field of a tick together costs
 under 1 ms, so 8 GPUs read at 1 Hz would take 3 % of a core for it alone. It is read every
@@ -22,9 +41,12 @@ under 1 ms, so 8 GPUs read at 1 Hz would take 3 % of a core for it alone. It is 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import importlib
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -34,15 +56,19 @@ from typing import Any
 
 import structlog
 
-from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading
+from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading, GpuSignals
+from agent.health import HealthOptions, HealthWatch
 from common.errors import CollectorError, ValidationError
 from common.topology import MAX_CPUS, MAX_NUMA_NODE, GpuTopologyFacts, LinkLevel
 
 __all__ = [
     "ENERGY_READ_S",
+    "EVENT_WAIT_MS",
     "NAME",
     "EnergyCounter",
     "NvmlCollector",
+    "NvmlEvents",
+    "NvmlHealth",
     "load_pynvml",
     "open_nvml",
     "parse_gpu_reading",
@@ -52,6 +78,9 @@ __all__ = [
 
 NAME = "nvml"
 ENERGY_READ_S = 10.0   # a GPU's energy counter is read this often, carried forward by its power in between
+EVENT_WAIT_MS = 1000   # the XID event thread's longest wait; it stops within this after close()
+_EVENTS_KEPT = 64      # XID events kept per GPU between two ticks (the oldest dropped beyond)
+_XID_DBE = 48          # a double-bit ECC event is what XID 48 reports
 
 Log = structlog.typing.FilteringBoundLogger
 RawGpu = Mapping[str, Any]
@@ -90,7 +119,8 @@ def load_pynvml() -> ModuleType:
 
 
 def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path("/sys"),
-              clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S) -> NvmlCollector:
+              clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S,
+              health: HealthOptions | None = None, event_wait_ms: int = EVENT_WAIT_MS) -> NvmlCollector:
     """Initialise NVML, open every GPU's handle and read the inventory.
 
     Example::
@@ -104,6 +134,8 @@ def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path(
     :param sysfs: where sysfs is mounted (a GPU's NUMA node when NVML does not tell it).
     :param clock: monotonic seconds (tests pass a fake one).
     :param energy_read_s: how often each GPU's energy counter is read (0: every tick).
+    :param health: GPU health watching (XID lists, slow-signal interval); defaults when None.
+    :param event_wait_ms: the XID event thread's longest wait (it stops within this of ``close``).
     :returns: the collector, owning NVML until :meth:`NvmlCollector.close`.
     :raises CollectorError: when pynvml is missing, the library is not found or nvmlInit fails.
     """
@@ -125,7 +157,10 @@ def open_nvml(log: Log, module: ModuleType | None = None, *, sysfs: Path = Path(
         for d, f in zip(devices, facts, strict=True)
     ]
     log.info("nvml_opened", gpu_count=count, models=sorted({d.model for d in devices}))
-    return NvmlCollector(nvml, handles, devices, log, clock=clock, energy_read_s=energy_read_s)
+    health = health or HealthOptions()
+    watcher = NvmlHealth(nvml, handles, log, health, clock=clock, wait_ms=event_wait_ms) if health.enabled else None
+    return NvmlCollector(nvml, handles, devices, log, clock=clock, energy_read_s=energy_read_s, health=health,
+                         watcher=watcher)
 
 
 class EnergyCounter:
@@ -187,8 +222,11 @@ class NvmlCollector:
     simulated = False
 
     def __init__(self, nvml: Any, handles: list[Any], devices: list[GpuDevice], log: Log, *,
-                 clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S) -> None:
-        """:param nvml: the initialised ``pynvml`` module. :param handles: one per GPU index."""
+                 clock: Callable[[], float] = time.monotonic, energy_read_s: float = ENERGY_READ_S,
+                 health: HealthOptions | None = None, watcher: NvmlHealth | None = None,
+                 now: Callable[[], float] = time.time) -> None:
+        """:param nvml: the initialised ``pynvml`` module. :param handles: one per GPU index.
+        :param watcher: reads the health signals beyond the tick's fields (None: ``--gpu-health off``)."""
         self._nvml = nvml
         self._handles = handles
         self._devices = devices
@@ -197,7 +235,9 @@ class NvmlCollector:
         self._energy_read_s = energy_read_s
         self._energy = [EnergyCounter() for _ in handles]
         self._unsupported: list[set[str]] = [set() for _ in handles]
-        self._unhealthy: dict[int, str] = {}
+        self._watch = HealthWatch(len(handles), (health or HealthOptions()).policy, log, now=now)
+        self._watcher = watcher
+        self._resetting: set[int] = set()   # GPUs NVML last said need a reset
         self._closed = False
 
     def devices(self) -> list[GpuDevice]:
@@ -207,13 +247,24 @@ class NvmlCollector:
     def collect(self) -> list[GpuReading]:
         """Read every GPU; a lost GPU yields an unhealthy reading, the others are unaffected."""
         readings = []
+        lost, reset_required = self._nvml.NVMLError_GpuIsLost, self._nvml.NVMLError_ResetRequired
         for index, device in enumerate(self._devices):
             try:
-                reading = parse_gpu_reading(index, device.uuid, self._read_gpu(index))
-            except self._nvml.NVMLError as e:
+                raw = self._read_gpu(index)
+                reading = parse_gpu_reading(index, device.uuid, raw)
+                signals = self._signals(index, raw, reading)
+                if index in self._resetting:   # it needed a reset and answers again: it was reset
+                    self._resetting.discard(index)
+                    signals = dataclasses.replace(signals, reset_seen=True)
+            except (lost, reset_required) as e:
                 # Only "the GPU is gone" errors get here (see _read_gpu); report it, keep going.
-                reading = GpuReading(index=index, uuid=device.uuid, healthy=False, health_reason=f"gpu is lost: {e}")
-            self._track_health(reading)
+                reading = GpuReading(index=index, uuid=device.uuid)
+                why = str(e) or type(e).__name__
+                if isinstance(e, reset_required):
+                    self._resetting.add(index)
+                signals = GpuSignals(lost=why if isinstance(e, lost) else "", xids=self._xids(index),
+                                     reset_required=why if isinstance(e, reset_required) else "")
+            reading = self._watch.classify(reading, signals)
             if reading.power_limit_w is not None and reading.power_limit_w != device.power_limit_w:
                 self._devices[index] = dataclasses.replace(device, power_limit_w=reading.power_limit_w)
             readings.append(reading)
@@ -235,10 +286,24 @@ class NvmlCollector:
         self._devices[index] = dataclasses.replace(device, power_limit_w=float(watts))
 
     def close(self) -> None:
-        """Shut NVML down; calling it twice is harmless."""
+        """Stop the XID event thread and shut NVML down; calling it twice is harmless."""
         if not self._closed:
             self._closed = True
+            if self._watcher is not None:
+                self._watcher.close()
             _shutdown_quietly(self._nvml)
+
+    def _xids(self, index: int) -> tuple[tuple[int, float], ...]:
+        return self._watcher.events.drain(index) if self._watcher is not None else ()
+
+    def _signals(self, index: int, raw: Mapping[str, Any], reading: GpuReading) -> GpuSignals:
+        """The tick's health signals of GPU ``index``: the fields read anyway, and the watcher's."""
+        base = GpuSignals(ecc_uncorrected_volatile=raw.get("ecc_uncorrected"),
+                          ecc_corrected_volatile=raw.get("ecc_corrected"),
+                          busy=(reading.util_gpu or 0.0) >= _BUSY)
+        if self._watcher is None:
+            return base
+        return self._watcher.signals(index, base)
 
     def _read_gpu(self, index: int) -> dict[str, Any]:
         """Raw values of every supported field of GPU ``index`` (the energy counter read when due,
@@ -272,15 +337,272 @@ class NvmlCollector:
                 raw["energy"] = carried
         return raw
 
-    def _track_health(self, reading: GpuReading) -> None:
-        """Log a GPU's health only when it changes, not every tick."""
-        was = self._unhealthy.get(reading.index)
-        if not reading.healthy and was is None:
-            self._unhealthy[reading.index] = reading.health_reason
-            self._log.warning("gpu_lost", gpu_index=reading.index, gpu_uuid=reading.uuid, reason=reading.health_reason)
-        elif reading.healthy and was is not None:
-            del self._unhealthy[reading.index]
-            self._log.info("gpu_recovered", gpu_index=reading.index, gpu_uuid=reading.uuid)
+
+
+_BUSY = 0.1
+"""A GPU at least this busy keeps its PCIe link at full speed (idle links slow down to save power)."""
+
+
+class NvmlEvents:
+    """XID (and double-bit ECC) events of every GPU, waited for in a thread of its own.
+
+    One event set holds every GPU's registration; the thread blocks in ``nvmlEventSetWait_v2`` (NVML waits,
+    Python does not run) for up to ``wait_ms`` at a time, files each event under its GPU, and stops
+    within ``wait_ms`` of :meth:`close`. Nothing is registered (and no thread runs) where NVML offers no
+    events; that is logged once.
+    """
+
+    def __init__(self, nvml: Any, handles: list[Any], log: Log, *, wait_ms: int = EVENT_WAIT_MS,
+                 now: Callable[[], float] = time.time) -> None:
+        self._nvml = nvml
+        self._log = log
+        self._wait_ms = wait_ms
+        self._now = now
+        self._queues: list[collections.deque[tuple[int, float]]] = [
+            collections.deque(maxlen=_EVENTS_KEPT) for _ in handles]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._set: Any = None
+        self._xid_type = int(getattr(nvml, "nvmlEventTypeXidCriticalError", 0x8))
+        self._dbe_type = int(getattr(nvml, "nvmlEventTypeDoubleBitEccError", 0x2))
+        self.registered: list[int] = []
+        try:
+            self._set = nvml.nvmlEventSetCreate()
+        except (nvml.NVMLError, AttributeError) as e:
+            log.info("gpu_health_signal_unsupported", signal="xid_events", gpu_index=-1, reason=str(e))
+            return
+        for index, handle in enumerate(handles):
+            self._register(index, handle)
+        if not self.registered:
+            self._free()
+            return
+        self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
+        self._thread.start()
+
+    def _register(self, index: int, handle: Any) -> None:
+        nvml = self._nvml
+        wanted = self._xid_type | self._dbe_type
+        try:
+            types = wanted & int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+        except nvml.NVMLError:
+            types = self._xid_type
+        if not types & self._xid_type:
+            self._log.info("gpu_health_signal_unsupported", signal="xid_events", gpu_index=index,
+                           reason="the GPU offers no XID events")
+            return
+        try:
+            nvml.nvmlDeviceRegisterEvents(handle, types, self._set)
+        except nvml.NVMLError as e:
+            self._log.info("gpu_health_signal_unsupported", signal="xid_events", gpu_index=index, reason=str(e))
+            return
+        self.registered.append(index)
+
+    def drain(self, index: int) -> tuple[tuple[int, float], ...]:
+        """GPU ``index``'s events since the last drain: (XID, wall-clock seconds)."""
+        with self._lock:
+            queue = self._queues[index]
+            events = tuple(queue)
+            queue.clear()
+        return events
+
+    def close(self) -> None:
+        """Stop the thread (within ``wait_ms``) and free the event set; calling it twice is harmless."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._wait_ms / 1000.0 + 2.0)
+            self._thread = None
+        self._free()
+
+    def _free(self) -> None:
+        if self._set is not None:
+            event_set, self._set = self._set, None
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlEventSetFree(event_set)
+
+    def _run(self) -> None:
+        nvml = self._nvml
+        wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
+        timeout = getattr(nvml, "NVMLError_Timeout", ())
+        uninitialized = getattr(nvml, "NVMLError_Uninitialized", ())
+        failed = ""
+        while not self._stop.is_set():
+            try:
+                data = wait(self._set, self._wait_ms)
+            except timeout:
+                continue
+            except uninitialized:
+                return   # NVML was shut down under us
+            except (nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NotSupported) as e:
+                self._log.info("gpu_health_signal_unsupported", signal="xid_events", gpu_index=-1, reason=str(e))
+                return
+            except nvml.NVMLError as e:
+                if str(e) != failed:   # logged once per kind of failure; retried after a pause
+                    failed = str(e)
+                    self._log.warning("gpu_xid_wait_failed", reason=failed)
+                self._stop.wait(1.0)
+                continue
+            self._file(data)
+
+    def _file(self, data: Any) -> None:
+        event_type = int(data.eventType)
+        code = _XID_DBE if event_type & self._dbe_type and not event_type & self._xid_type else int(data.eventData)
+        try:
+            indices = [int(self._nvml.nvmlDeviceGetIndex(data.device))]
+        except (self._nvml.NVMLError, ValueError, TypeError, AttributeError):
+            indices = []
+        if not indices or not 0 <= indices[0] < len(self._queues):
+            # An event NVML does not tie to one GPU concerns them all.
+            self._log.warning("gpu_xid_unattributed", xid=code)
+            indices = list(self.registered)
+        at = self._now()
+        with self._lock:
+            for index in indices:
+                self._queues[index].append((code, at))
+
+
+@dataclasses.dataclass(slots=True)
+class _SlowSignals:
+    """One GPU's slow signals as last read, carried between reads."""
+
+    read_at: float | None = None
+    remap: tuple[int, int, bool, bool] | None = None
+    retired_pending: bool | None = None
+    retired_dbe: int | None = None
+    pcie: tuple[int, int] | None = None      # current (gen, width)
+    pcie_max: tuple[int, int] | None = None  # read at open
+    nvlinks_up: tuple[int, ...] = ()         # up at open
+    nvlinks_down: tuple[int, ...] | None = None
+    ecc: tuple[int | None, int | None] = (None, None)   # last tick's volatile (corrected, uncorrected)
+
+
+class NvmlHealth:
+    """The health signals NVML gives beyond the tick's fields: XID events (:class:`NvmlEvents`), the clocks
+    event reasons every tick, and the slow signals every ``options.read_s`` (see the module docstring).
+
+    :param clock: monotonic seconds, for the slow signals' cadence. :param wait_ms: the event thread's wait.
+    """
+
+    def __init__(self, nvml: Any, handles: list[Any], log: Log, options: HealthOptions, *,
+                 clock: Callable[[], float] = time.monotonic, wait_ms: int = EVENT_WAIT_MS) -> None:
+        self._nvml = nvml
+        self._handles = handles
+        self._log = log
+        self._read_s = options.read_s
+        self._clock = clock
+        self._unsupported: list[set[str]] = [set() for _ in handles]
+        self._slow = [_SlowSignals() for _ in handles]
+        for index, handle in enumerate(handles):
+            slow = self._slow[index]
+            try:
+                slow.pcie_max = self._ask(index, "pcie", lambda h: (int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                                                                    int(nvml.nvmlDeviceGetMaxPcieLinkWidth(h))))
+            except nvml.NVMLError:
+                slow.pcie_max = None   # lost at open: it is reported lost at the first tick
+            slow.nvlinks_up = _nvlinks_up(nvml, handle)
+        self.events = NvmlEvents(nvml, handles, log, wait_ms=wait_ms)
+
+    def close(self) -> None:
+        """Stop the event thread."""
+        self.events.close()
+
+    def signals(self, index: int, base: GpuSignals) -> GpuSignals:
+        """GPU ``index``'s signals this tick: ``base`` (the ECC counters and business read with the tick's
+        fields) with its XID events, clocks reasons and slow signals (read when due, else carried).
+
+        :raises NVMLError: GpuIsLost or ResetRequired (the GPU is reported lost by the collector).
+        """
+        nvml, slow = self._nvml, self._slow[index]
+        now = self._clock()
+        reset_seen = _went_back(slow.ecc, (base.ecc_corrected_volatile, base.ecc_uncorrected_volatile))
+        slow.ecc = (base.ecc_corrected_volatile, base.ecc_uncorrected_volatile)
+        reasons = self._ask(index, "clocks_event_reasons", lambda h: _clocks_reasons_of(nvml, h))
+        if slow.read_at is None or now - slow.read_at >= self._read_s:
+            slow.read_at = now
+            was_pending = slow.remap[2] if slow.remap is not None else False
+            slow.remap = self._ask(index, "remapped_rows", lambda h: _remapped_rows(nvml, h))
+            if slow.remap is None and "remapped_rows" in self._unsupported[index]:
+                slow.retired_pending = self._ask(index, "retired_pages", lambda h: bool(
+                    nvml.nvmlDeviceGetRetiredPagesPendingStatus(h) == getattr(nvml, "NVML_FEATURE_ENABLED", 1)))
+                retired = self._ask(index, "retired_pages_dbe", lambda h: nvml.nvmlDeviceGetRetiredPages(
+                    h, getattr(nvml, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)))
+                slow.retired_dbe = len(retired) if retired is not None else None
+            reset_seen = reset_seen or (was_pending and slow.remap is not None and not slow.remap[2])
+            if slow.pcie_max is not None:
+                slow.pcie = self._ask(index, "pcie", lambda h: (int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+                                                                int(nvml.nvmlDeviceGetCurrPcieLinkWidth(h))))
+            if slow.nvlinks_up:
+                slow.nvlinks_down = self._ask(index, "nvlink", lambda h: _nvlinks_down(nvml, h, slow.nvlinks_up))
+        remap, pcie, pcie_max = slow.remap, slow.pcie, slow.pcie_max
+        return dataclasses.replace(
+            base, xids=self.events.drain(index), reset_seen=reset_seen, clocks_event_reasons=reasons,
+            remapped_correctable=remap[0] if remap else None, remapped_uncorrectable=remap[1] if remap else None,
+            remap_pending=remap[2] if remap else None, remap_failure=remap[3] if remap else None,
+            retired_pages_pending=slow.retired_pending, retired_pages_dbe=slow.retired_dbe,
+            pcie_gen=pcie[0] if pcie else None, pcie_width=pcie[1] if pcie else None,
+            pcie_gen_max=pcie_max[0] if pcie_max else None, pcie_width_max=pcie_max[1] if pcie_max else None,
+            nvlinks_down=slow.nvlinks_down,
+        )
+
+    def _ask(self, index: int, signal: str, call: Callable[[Any], Any]) -> Any:
+        """``call(handle)``; None when the signal is unsupported (then never asked again) or failed this time.
+
+        :raises NVMLError: GpuIsLost or ResetRequired.
+        """
+        nvml, unsupported = self._nvml, self._unsupported[index]
+        if signal in unsupported:
+            return None
+        try:
+            return call(self._handles[index])
+        except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_ResetRequired):
+            raise
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError) as e:
+            unsupported.add(signal)
+            self._log.info("gpu_health_signal_unsupported", signal=signal, gpu_index=index,
+                           reason=str(e) or type(e).__name__)
+        except nvml.NVMLError as e:
+            self._log.debug("gpu_health_signal_failed", signal=signal, gpu_index=index, reason=str(e))
+        return None
+
+
+def _clocks_reasons_of(nvml: Any, handle: Any) -> int:
+    """The clocks event reasons bitmask; the older name where the driver lacks the new one."""
+    try:
+        return int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except (nvml.NVMLError_FunctionNotFound, AttributeError):
+        return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def _remapped_rows(nvml: Any, handle: Any) -> tuple[int, int, bool, bool]:
+    correctable, uncorrectable, pending, failure = nvml.nvmlDeviceGetRemappedRows(handle)
+    return int(correctable), int(uncorrectable), bool(pending), bool(failure)
+
+
+def _nvlinks_up(nvml: Any, handle: Any) -> tuple[int, ...]:
+    """The NVLinks up now (at open); () where the GPU has none or NVML cannot tell."""
+    state = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
+    if state is None:
+        return ()
+    up = []
+    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            if state(handle, link) == getattr(nvml, "NVML_FEATURE_ENABLED", 1):
+                up.append(link)
+        except nvml.NVMLError:
+            if link == 0:
+                break   # no NVLink at all
+            continue    # past this GPU's last link
+    return tuple(up)
+
+
+def _nvlinks_down(nvml: Any, handle: Any, up_at_start: tuple[int, ...]) -> tuple[int, ...]:
+    enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+    return tuple(link for link in up_at_start if nvml.nvmlDeviceGetNvLinkState(handle, link) != enabled)
+
+
+def _went_back(before: tuple[int | None, int | None], now: tuple[int | None, int | None]) -> bool:
+    """A volatile counter lower than last tick: the GPU was reset (they count from the last reset)."""
+    return any(b is not None and n is not None and n < b for b, n in zip(before, now, strict=True))
 
 
 def parse_gpu_reading(index: int, uuid: str, raw: RawGpu) -> GpuReading:

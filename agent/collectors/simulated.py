@@ -16,6 +16,11 @@ them. A task can instead declare a fixed load with ``GPTRM_SIM_LOAD`` in its env
 
 Every reading and device says ``simulated=True``; UUIDs are ``GPU-sim-<node>-<i>``.
 
+Faults (``--simulate-faults FILE``, :mod:`agent.health.faults`): XID events, throttling, NVLinks down,
+double-bit ECC, row remaps, a narrower PCIe link, a lost GPU and a GPU reset, read from a file the
+agent follows. Each tick every GPU's faults are read as health signals and classified by the same
+:class:`agent.health.HealthWatch` as real GPUs' signals, labelled simulated.
+
 ``--simulate-topology`` describes how the GPUs are linked (:func:`common.topology.simulated_topology`):
 ``hgx`` (all NVLinked through NVSwitch, two sockets), ``pcie-nvlink-pairs`` (a two-socket PCIe
 server with NVLink bridges on 0-1, 2-3, ...), ``pcie`` or ``none``. ``auto`` picks ``hgx`` for a
@@ -28,6 +33,7 @@ task bound to it runs on CPUs that exist.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
@@ -38,7 +44,10 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from agent.collectors.base import GpuDevice, GpuProcessReading, GpuReading
+from agent.health import FaultFile, HealthOptions, HealthWatch, SimFaults, parse_fault
 from common.errors import ValidationError
 from common.topology import SIMULATED_TOPOLOGIES, simulated_topology
 
@@ -229,6 +238,8 @@ class SimulatedGpus:
     :param jitter: amplitude of the variation added to the utilization of busy GPUs.
     :param topology: a :data:`common.topology.SIMULATED_TOPOLOGIES` name (see the module docstring).
     :param cpus: the host CPUs the simulated affinity is drawn from; those this process may use when None.
+    :param health: the XID lists and the fault file (``--simulate-faults``); defaults when None.
+    :param log: where health changes and fault lines are logged. :param now: wall clock (health's ``since``).
     :raises ValueError: when ``spec`` or ``topology`` is malformed.
     """
 
@@ -246,6 +257,9 @@ class SimulatedGpus:
         jitter: float = 0.02,
         topology: str = "auto",
         cpus: Sequence[int] | None = None,
+        health: HealthOptions | None = None,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self._specs = parse_simulate_spec(spec)
         self._models = [model_for(s) for s in self._specs]
@@ -265,8 +279,13 @@ class SimulatedGpus:
         self._lock = threading.Lock()
         self._placements: dict[str, _Placement] = {}
         self._energy_j = [0.0] * len(self._devices)
-        self._health: dict[int, str] = {}
         self._last_time: float | None = None
+        health = health or HealthOptions()
+        log = log or structlog.get_logger().bind(component="agent")
+        source = FaultFile(health.simulate_faults, log) if health.simulate_faults else None
+        self._faults = SimFaults(len(self._devices), source)
+        self._watch = HealthWatch(len(self._devices), health.policy, log, simulated=True, now=now)
+        self._now = now
 
     def devices(self) -> list[GpuDevice]:
         """The inventory, with the current power limits."""
@@ -339,30 +358,48 @@ class SimulatedGpus:
         with self._lock:
             self._devices[index] = dataclasses.replace(device, power_limit_w=float(watts))
 
-    def set_healthy(self, index: int, healthy: bool, reason: str = "gpu is lost (simulated)") -> None:
-        """Make GPU ``index`` report unhealthy (or healthy again), to rehearse failures."""
+    def set_healthy(self, index: int, healthy: bool, reason: str = "gpu is lost") -> None:
+        """Make GPU ``index`` lost (``reason`` is the evidence) or, with ``healthy``, answer again with its
+        health started over (as after the agent restarts), to rehearse failures."""
         with self._lock:
+            self._faults.set_lost(index, "" if healthy else reason)
             if healthy:
-                self._health.pop(index, None)
-            else:
-                self._health[index] = reason
+                self._watch.forget(index)
+
+    def inject(self, fault: Mapping[str, object]) -> None:
+        """Apply one fault as a line of ``--simulate-faults`` would (``{"gpu": 3, "xid": 79}``).
+
+        :raises ValidationError: naming the bad field.
+        """
+        parsed = parse_fault(json.dumps(dict(fault)), len(self._devices))
+        with self._lock:
+            self._faults.apply(parsed)
 
     def collect(self) -> list[GpuReading]:
-        """Every GPU's state now; energy counters advance by power × elapsed time."""
+        """Every GPU's state now; energy counters advance by power × elapsed time. The fault file's new
+        lines are applied first, and every GPU's signals are classified."""
         with self._lock:
+            self._faults.poll()
             now = self._clock()
             elapsed = 0.0 if self._last_time is None else max(0.0, now - self._last_time)
             self._last_time = now
-            return [self._reading(i, elapsed) for i in range(len(self._devices))]
+            wall = self._now()
+            readings = []
+            for i in range(len(self._devices)):
+                reading = self._reading(i, elapsed)
+                signals = self._faults.signals(i, wall, busy=(reading.util_gpu or 0.0) > 0.0)
+                if reading.ecc_uncorrected_total is not None:
+                    reading = dataclasses.replace(reading, ecc_uncorrected_total=signals.ecc_uncorrected_volatile)
+                readings.append(self._watch.classify(reading, signals))
+            return readings
 
     def close(self) -> None:
         """Nothing to release; present so every backend closes the same way."""
 
     def _reading(self, index: int, elapsed: float) -> GpuReading:
         device, model = self._devices[index], self._models[index]
-        if index in self._health:
-            reason = self._health[index]
-            return GpuReading(index=index, uuid=device.uuid, healthy=False, health_reason=reason, simulated=True)
+        if self._faults.lost(index):
+            return GpuReading(index=index, uuid=device.uuid, simulated=True)
         placed = [p for p in self._placements.values() if index in p.indices]
         util = min(1.0, sum(p.util_now for p in placed))
         if util > 0 and self._jitter > 0:
@@ -374,6 +411,8 @@ class SimulatedGpus:
         throttle = 1.0
         if wanted > power and wanted > model.idle_w:
             throttle = max(0.0, (power - model.idle_w) / (wanted - model.idle_w))
+        if self._faults.throttled(index):   # a simulated slowdown holds the clocks at half
+            throttle *= 0.5
         return GpuReading(
             index=index,
             uuid=device.uuid,

@@ -19,6 +19,8 @@ The policy picks nodes; the allocator picks GPUs on each node (what that reserve
 * A shared fraction (``allow_sharing`` and ``demand.gpus < 1``): the GPU with enough share and
   memory left that has the least free memory (best fit), so partly used GPUs fill up first and
   whole GPUs stay free for whole-GPU tasks.
+* DEGRADED GPUs (``avoid``: throttling, a link down) are chosen last: the rules above run first on the
+  node's other GPUs, and only when those cannot hold the task on all of them.
 
 Everything here is a pure function of plain data; the placement engine calls
 :func:`choose_gpu_indices` on one node's rows of its arrays.
@@ -157,6 +159,7 @@ def choose_gpu_indices(
     share: float,
     mem_per_gpu: int,
     links: NodeTopology | None = None,
+    avoid: frozenset[int] = frozenset(),
 ) -> tuple[int, ...] | None:
     """Pick GPU positions on one node (see the module docstring for the rules).
 
@@ -167,8 +170,15 @@ def choose_gpu_indices(
     :param share: the fraction needed when ``whole`` is 0 (0 for a CPU-only task).
     :param mem_per_gpu: memory each chosen GPU must have free.
     :param links: the node's GPU links when its agent reported them; ``topology`` is used without.
+    :param avoid: positions of DEGRADED GPUs, taken only when the others cannot hold the task.
     :returns: ascending GPU positions, ``()`` when no GPU is needed, None when they do not fit.
     """
+    if avoid:
+        others = [0.0 if k in avoid else s for k, s in enumerate(share_free)]
+        chosen = choose_gpu_indices(mem_free, others, topology, whole=whole, share=share, mem_per_gpu=mem_per_gpu,
+                                    links=links)
+        if chosen is not None:
+            return chosen
     if whole > 0:
         if links is not None and links.count == len(mem_free):
             return _island_fit(mem_free, share_free, links, whole, mem_per_gpu)

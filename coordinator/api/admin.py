@@ -108,7 +108,7 @@ SERVED_BY: Mapping[str, Served] = {
     "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
-    "CancelService": Served.LEADER, "PullImage": Served.LEADER,
+    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER, "PullImage": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -285,18 +285,24 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except EtcdUnavailable:
             return False, None
 
+    async def node_views(self) -> tuple[list[admin_pb2.NodeView], bool]:
+        """Every node as ListNodes answers it, unpaginated, and whether the answer is stale (a standby's from
+        its memory): what ListNodes pages through, and what the web console reads whole (nodes hold no
+        secret field)."""
+        read, records = await self._from_etcd(self._app.store.list_nodes)
+        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        return views, not read and self._app.leadership.stale
+
     @_rpc
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Ctx) -> admin_pb2.ListNodesResponse:
         for s in request.states:
             if s not in types_pb2.NodeState.values() or s == 0:
                 raise ValidationError("states", f"unknown node state {s}")
         wanted = set(request.states)
-        read, records = await self._from_etcd(self._app.store.list_nodes)
-        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        views, stale = await self.node_views()
         views = [v for v in views if not wanted or v.state in wanted]
         page, token = paginate(views, lambda v: (v.record.inventory.node_id,), request.page_size, request.page_token)
-        return admin_pb2.ListNodesResponse(nodes=page, stale=not read and self._app.leadership.stale,
-                                           next_page_token=token)
+        return admin_pb2.ListNodesResponse(nodes=page, stale=stale, next_page_token=token)
 
     @_rpc
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:
@@ -478,6 +484,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_rpc
     async def UncordonNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
         return await self._node_op(request, cordoned=False, draining=False)
+
+    @_rpc
+    async def ResumeGpus(self, request: admin_pb2.ResumeGpusRequest, context: Ctx) -> admin_pb2.NodeView:
+        """Put fenced GPUs back in service after repair (role admin; audited as every admin call)."""
+        node_id = _require_id(request.node_id, "node_id")
+        principal = current_principal()
+        by = principal.name if principal is not None else "admin"
+        return self._view(await self._app.nodes.health.resume(node_id, list(request.gpu_indices), by))
 
     @_rpc
     async def RemoveNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:

@@ -17,6 +17,7 @@ __all__ = [
     "age",
     "demand_text",
     "escape",
+    "event_line",
     "fmt_bytes",
     "fmt_duration",
     "lead_with_cause",
@@ -33,6 +34,8 @@ __all__ = [
 GIB = 1024**3
 REASON_WIDTH = 72
 """Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
+HEALTH_WIDTH = 48
+"""Widest HEALTH cell in the normal node table (``-o wide`` shows the whole summary)."""
 _FINAL = ("succeeded", "failed", "cancelled")
 # C0/C1 control characters, and the bidirectional overrides/isolates and line separators that
 # can make a terminal show text other than what is there (U+202E reverses what follows).
@@ -243,7 +246,7 @@ def _node_gpu_summary(n: Mapping[str, Any]) -> tuple[str, str, str, str]:
 
 def nodes_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False) -> str:
     """``gptrmctl nodes`` (``-o wide`` adds host, cores, memory, reservations and backend)."""
-    headers = ["NODE", "STATE", "GPUS", "GPU UTIL", "GPU MEMORY", "GPU POWER", "CPU", "TASKS", "LAST SEEN"]
+    headers = ["NODE", "STATE", "HEALTH", "GPUS", "GPU UTIL", "GPU MEMORY", "GPU POWER", "CPU", "TASKS", "LAST SEEN"]
     if wide:
         headers += ["HOSTNAME", "CORES", "MEMORY", "RESERVED", "BACKEND"]
     rows = []
@@ -252,18 +255,20 @@ def nodes_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False) -> str
         host = n["host"]
         switched = n.get("power_state", "ready")
         state = n["state"] + ("" if switched == "ready" else f" ({switched})")
-        row = [n["node_id"], state, what, util, mem, power, _pct(host["cpu_util"]) if host else "-",
-               len(n["task_ids"]), fmt_duration(n["last_seen_age_s"]) + " ago"]
+        health = n["health"]["summary"] if n.get("health") else "-"
+        row = [n["node_id"], state, health if wide else truncate_words(health, HEALTH_WIDTH), what, util, mem, power,
+               _pct(host["cpu_util"]) if host else "-", len(n["task_ids"]),
+               fmt_duration(n["last_seen_age_s"]) + " ago"]
         if wide:
             r = n["reserved"]
             sim = " (simulated)" if n["host_simulated"] else ""
             row += [n["hostname"], f"{n['cpu_cores']}{sim}", fmt_bytes(n["mem_total_bytes"]),
                     f"{r['gpus']:g} GPUs, {r['cpu_cores']:g} cores", n["gpu_backend"]]
         rows.append(row)
-    return table(headers, rows, right=(3, 5, 7))
+    return table(headers, rows, right=(4, 6, 8))
 
 
-def node_detail(d: Mapping[str, Any]) -> str:
+def node_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:
     """``gptrmctl nodes NODE``: the node, then one row per GPU."""
     flags = (" cordoned" if d["cordoned"] else "") + (" draining" if d["draining"] else "")
     host = d["host"]
@@ -295,21 +300,102 @@ def node_detail(d: Mapping[str, Any]) -> str:
         origin = f"fitted from {curve['samples']} samples" if curve["source"] == "fitted" else "datasheet"
         head.append(f"power curve   GPUs {_watts(curve['idle_w'])} idle, {_watts(curve['max_w'])} at full load "
                     f"({origin})")
+    head += health_lines(d, now)
     rows = []
     for g in d["gpus"]:
         t = g["telemetry"] or {}
-        healthy = t.get("healthy", True)
         limit = t.get("power_limit_w") or g["power_limit_w"]   # the enforced limit now (power capping moves it)
         power = f"{t['power_w']:.0f} / {limit:.0f} W" if t.get("power_w") is not None else "-"
         rows.append([
             g["index"], g["model"], _pct(t.get("util_gpu")),
             f"{fmt_bytes(t.get('mem_used_bytes') or 0)} / {fmt_bytes(g['mem_total_bytes'])}", power,
             f"{t['temperature_c']:.0f} C" if t.get("temperature_c") is not None else "-",
-            "yes" if healthy else f"NO: {t.get('health_reason', '')}",
+            _gpu_state(g.get("health")),
         ])
-    gpu_table = table(["GPU", "MODEL", "UTIL", "MEMORY", "POWER", "TEMP", "HEALTHY"], rows, right=(0, 2, 5))
-    topology = topology_text(d)
-    return "\n".join(head) + "\n\n" + gpu_table + (f"\n\n{topology}" if topology else "")
+    gpu_table = table(["GPU", "MODEL", "UTIL", "MEMORY", "POWER", "TEMP", "HEALTH"], rows, right=(0, 2, 5))
+    sections = [gpu_table, gpu_health_text(d, now), gpu_history_text(d, now), topology_text(d)]
+    return "\n".join(head) + "\n\n" + "\n\n".join(x for x in sections if x)
+
+
+def _gpu_state(h: Mapping[str, Any] | None) -> str:
+    """A GPU's HEALTH cell: ``healthy``, ``degraded``, ``unhealthy (fenced)``, ``unknown``."""
+    if not h:
+        return "unknown"
+    notes = [word for word, on in (("fenced", h["fenced"]), ("simulated", h["simulated"])) if on]
+    return h["state"] + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _check_line(c: Mapping[str, Any], now: Callable[[], float]) -> str:
+    """The health-check program's last verdict in words."""
+    if c["state"] == "pending":
+        return "pending: no verdict yet since its agent started (nothing is placed here until it passes)"
+    ran = f"ran {age(c['ran_unix_s'], now)} ago"
+    if c["state"] == "ok":
+        return f"ok, {ran}" + (f": {escape(c['message'])}" if c["message"] else "")
+    how = "timed out" if c["exit_code"] == -1 else f"exit code {c['exit_code']}"
+    return f"{c['state']} ({how}), {ran}: {escape(c['message'])}"
+
+
+def health_lines(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> list[str]:
+    """``gptrmctl nodes NODE``'s health lines: the summary, the health-check verdict, the health drain."""
+    h = d.get("health")
+    if not h:
+        return []
+    lines = [f"health        {escape(h['summary'])}"]
+    if h["check"] is not None:
+        lines.append(f"health check  {_check_line(h['check'], now)}")
+    if h["drained"]:
+        lines.append(f"drained       by health (lifted when health comes back): {escape(h['drain_reason'] or '-')}")
+    return lines
+
+
+def gpu_health_text(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:
+    """Each GPU that is not simply healthy: its state, reason, evidence, since when, what brings it back, and the
+    application XIDs its agent counted ("" when every GPU is healthy with none)."""
+    rows = []
+    for g in d["gpus"]:
+        h = g.get("health") or {}
+        t = (g["telemetry"] or {}).get("health") or {}
+        xids = t.get("app_xid_count") or 0
+        if h.get("state", "healthy") == "healthy" and not xids:
+            continue
+        action = {"reset": "a reset", "replace": "repair (gptrmctl gpus resume)"}.get(h.get("action", ""), "-")
+        app = (f"{xids} (last xid {t.get('app_xid_last')}, {age(t.get('app_xid_unix_s'), now)} ago)" if xids
+               else "-")
+        rows.append([g["index"], _gpu_state(h), h.get("reason") or "-", h.get("evidence") or "-",
+                     f"{age(h.get('since_unix_s'), now)} ago" if h.get("since_unix_s") else "-",
+                     action if h.get("state") == "unhealthy" else "-", app])
+    if not rows:
+        return ""
+    return "gpu health\n" + table(["GPU", "STATE", "REASON", "EVIDENCE", "SINCE", "BACK AFTER", "APP XIDS"], rows,
+                                   right=(0,))
+
+
+def gpu_history_text(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:
+    """The node's GPU health history, oldest first ("" when there is none)."""
+    history = (d.get("health") or {}).get("history") or []
+    if not history:
+        return ""
+    rows = [[f"{age(e['time_unix_s'], now)} ago", e["gpu_index"], e["state"], e["reason"] or "-",
+             e["evidence"] or "-", e["by"] or "-"] for e in history]
+    return "gpu health history\n" + table(["WHEN", "GPU", "STATE", "REASON", "EVIDENCE", "BY"], rows, right=(1,))
+
+
+def event_line(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:
+    """One event of ``gptrmctl events``: sequence, age, kind, subject and message. A health event's subject is
+    ``NODE:GPU`` when it names a GPU (its ``gpu_index`` field), and one about a task on a node names the task too;
+    simulated faults say so."""
+    fields = d.get("fields") or {}
+    subject = d["node_id"] or d["task_id"]
+    message = d["message"]
+    if d["kind"] == "health":
+        if d["node_id"] and fields.get("gpu_index"):
+            subject = f"{d['node_id']}:{fields['gpu_index']}"
+        if d["node_id"] and d["task_id"]:
+            message = f"{message} (task {d['task_id']})"
+        if fields.get("simulated", "").lower() == "true":
+            message = f"{message} [simulated]"
+    return f"{d['seq']:>6}  {age(d['time_unix_s'], now):>4}  {d['kind']:<11} {escape(subject):<16} {escape(message)}"
 
 
 def topology_text(d: Mapping[str, Any]) -> str:
@@ -378,6 +464,13 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),
     ]
+    if d.get("gpu_fault_moves"):
+        lines.append(f"gpu faults    moved {d['gpu_fault_moves']} time(s) off a GPU that turned unhealthy "
+                     "(not counted as restarts)")
+    if d.get("app_xids"):
+        lines.append("app xids      " + ", ".join(
+            f"xid {x['xid']} on {escape(x['node_id'])} GPU {x['gpu_index']} ({age(x['time_unix_s'], now)} ago)"
+            for x in d["app_xids"]) + " (the task's own fault: the GPUs stay in service)")
     if d.get("qos_reading") is not None:
         lines.append(f"qos           {escape(qos_line(d['qos_reading']))}")
     if d.get("elastic") is not None:

@@ -67,6 +67,8 @@ _ROOTS: tuple[MessageDesc, ...] = (
     types_pb2.TaskStateChange.DESCRIPTOR, types_pb2.GpuInfo.DESCRIPTOR, types_pb2.GpuSample.DESCRIPTOR,
     types_pb2.HostSample.DESCRIPTOR, types_pb2.TaskQos.DESCRIPTOR, admin_pb2.ClusterObjectives.DESCRIPTOR,
     types_pb2.ScaleDecision.DESCRIPTOR, admin_pb2.TelemetryRateStatus.DESCRIPTOR,
+    types_pb2.NodeHealthCheck.DESCRIPTOR, types_pb2.GpuFence.DESCRIPTOR, types_pb2.GpuHealthEvent.DESCRIPTOR,
+    types_pb2.AppXid.DESCRIPTOR,
 )
 
 

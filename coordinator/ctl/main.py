@@ -16,7 +16,7 @@ from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
-from coordinator.ctl.argtypes import int_between
+from coordinator.ctl.argtypes import gpu_ref, int_between
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.queues import add_queues_parser, queue_dict, queue_update, queues_dict, queues_table
@@ -260,6 +260,15 @@ def _node_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace
     return run
 
 
+def cmd_gpus(t: Transport, args: argparse.Namespace) -> None:
+    node, indices = args.gpus
+    v = t.call("ResumeGpus", admin_pb2.ResumeGpusRequest(node_id=node, gpu_indices=indices), write=True)
+    left = sorted(f.gpu_index for f in v.record.gpu_fences)
+    which = f"GPU {','.join(map(str, indices))}" if indices else "every fenced GPU"
+    _out(args, render.node_dict(v), f"node {human.escape(node)}: {which} back in service"
+         + (f"; still fenced: {','.join(map(str, left))}" if left else ""))
+
+
 def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
     if args.policy_cmd == "get":
         p = t.call("GetPolicy", admin_pb2.GetPolicyRequest())
@@ -284,9 +293,7 @@ def cmd_events(t: Transport, args: argparse.Namespace) -> None:
                 # One JSON object per line so a follower can parse as events arrive.
                 print(render.dump_json(d, indent=None), flush=True)
             else:
-                subject = human.escape(d["node_id"] or d["task_id"])
-                print(f"{d['seq']:>6}  {human.age(d['time_unix_s']):>4}  {d['kind']:<11} {subject:<16} "
-                      f"{human.escape(d['message'])}", flush=True)
+                print(human.event_line(d), flush=True)
     except KeyboardInterrupt:
         stream.cancel()
 
@@ -463,6 +470,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=f"{name} a node")
         sp.add_argument("node")
         sp.set_defaults(fn=_node_action(rpc, verb))
+    sp = sub.add_parser("gpus", help="GPUs held out of service: gpus resume NODE[:INDEX[,INDEX]]")
+    gsub = sp.add_subparsers(dest="gpus_cmd", required=True, parser_class=_Parser)
+    gs = gsub.add_parser("resume", help="put fenced GPUs back in service after repair (all of the node's without "
+                                        "INDEX)")
+    gs.add_argument("gpus", type=gpu_ref, metavar="NODE[:INDEX[,INDEX]]")
+    sp.set_defaults(fn=cmd_gpus)
     sp = sub.add_parser("policy", help="placement policy")
     psub = sp.add_subparsers(dest="policy_cmd", required=True, parser_class=_Parser)
     psub.add_parser("get")

@@ -15,8 +15,11 @@ from common.types import DEFAULT_THRESHOLD_MODE, TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
 from coordinator.profiler.elastic_spec import curve_of, elastic_gpus, elastic_range
 
-__all__ = ["dump_json", "enum_label", "event_dict", "log_chunk_dict", "node_dict", "policy_dict", "status_dict",
-           "task_dict"]
+__all__ = ["dump_json", "enum_label", "event_dict", "gpu_health", "health_summary", "log_chunk_dict", "node_dict",
+           "policy_dict", "status_dict", "task_dict"]
+
+_GPU_STATE = types_pb2.GpuHealthState
+_CHECK = types_pb2.HealthCheckState
 
 
 def finite(doc: Any) -> Any:
@@ -63,14 +66,98 @@ def status_dict(s: admin_pb2.ClusterStatus) -> dict[str, Any]:
     }
 
 
-def _gpu_dict(g: types_pb2.GpuInfo, sample: types_pb2.GpuSample | None) -> dict[str, Any]:
+def _gpu_dict(g: types_pb2.GpuInfo, sample: types_pb2.GpuSample | None,
+              health: dict[str, Any] | None) -> dict[str, Any]:
     doc = proto_dict(g)
     del doc["numa_node_plus_one"]   # shown as numa_node, null when unknown
     for link, raw in zip(doc["links"], g.links, strict=True):
         link["code"] = link_code(raw.level, raw.nvlinks)
     return {**doc, "numa_node": g.numa_node_plus_one - 1 if g.numa_node_plus_one else None,
             "cpu_list": format_cpu_list(g.cpu_affinity),
-            "telemetry": proto_dict(sample) if sample is not None else None}
+            "telemetry": proto_dict(sample) if sample is not None else None,
+            "health": health if health is not None else _UNKNOWN_GPU}
+
+
+_UNKNOWN_GPU: dict[str, Any] = {"state": "unknown", "reason": "", "evidence": "", "since_unix_s": None,
+                                "action": "none", "simulated": False, "fenced": False}
+
+
+def gpu_health(v: admin_pb2.NodeView) -> dict[int, dict[str, Any]]:
+    """Each GPU's health as the cluster treats it, by index: the leader's fence (``NodeRecord.gpu_fences``: out of
+    service, whatever the agent says now) over the agent's latest classification (``GpuSample.health``), over an
+    older agent's ``healthy`` flag. ``state`` is healthy, degraded, unhealthy, or unknown (no sample yet)."""
+    out: dict[int, dict[str, Any]] = {}
+    if v.has_latest:
+        for s in v.latest.gpus:
+            h = s.health
+            if h.state != _GPU_STATE.GPU_HEALTH_STATE_UNSPECIFIED:
+                out[s.index] = {"state": enum_label(_GPU_STATE, h.state), "reason": h.reason, "evidence": h.evidence,
+                                "since_unix_s": h.since_unix_s or None,
+                                "action": enum_label(types_pb2.GpuHealthAction, h.action), "simulated": h.simulated,
+                                "fenced": False}
+            else:   # an agent that only says healthy or not
+                out[s.index] = {**_UNKNOWN_GPU, "state": "healthy" if s.healthy else "unhealthy",
+                                "reason": "" if s.healthy else s.health_reason}
+    for f in v.record.gpu_fences:
+        out[f.gpu_index] = {"state": "unhealthy", "reason": f.reason, "evidence": f.evidence,
+                            "since_unix_s": f.since_unix_s or None,
+                            "action": enum_label(types_pb2.GpuHealthAction, f.action), "simulated": f.simulated,
+                            "fenced": True}
+    return out
+
+
+def _gpus_text(gpus: list[tuple[int, dict[str, Any]]], word: str) -> str:
+    """``GPU 3 unhealthy: xid 79`` for one GPU, ``2 GPUs unhealthy (1, 3)`` for several; simulated ones say so."""
+    if len(gpus) == 1:
+        index, h = gpus[0]
+        sim = " (simulated)" if h["simulated"] else ""
+        return f"GPU {index} {word}" + (f": {h['reason']}" if h["reason"] else "") + sim
+    sim = " (simulated)" if all(h["simulated"] for _, h in gpus) else ""
+    return f"{len(gpus)} GPUs {word} ({', '.join(str(i) for i, _ in gpus)}){sim}"
+
+
+def health_summary(v: admin_pb2.NodeView, gpus: dict[int, dict[str, Any]] | None = None) -> str:
+    """A node's health in a few words (``gptrmctl nodes``' HEALTH column), the causes joined by "; " in this order
+    (short and per GPU first, so a cut cell keeps them): ``GPU 3 unhealthy: xid 79`` (or ``2 GPUs unhealthy (1,
+    3)``), ``drained: REASON`` (drained by health) or else ``check failed: MESSAGE``, ``check pending`` (the
+    health-check program has not answered yet since its agent started: nothing is placed there), ``GPU 1 degraded:
+    thermal slowdown``; else ``ok``, or ``unknown`` before any sample.
+
+    :param gpus: :func:`gpu_health` of ``v``, when already computed.
+    """
+    gpus = gpu_health(v) if gpus is None else gpus
+    check = v.latest.health_check if v.has_latest else types_pb2.NodeHealthCheck()
+    parts = []
+    for word in ("unhealthy", "degraded"):
+        found = sorted((i, h) for i, h in gpus.items() if h["state"] == word)
+        if found:
+            parts.append(_gpus_text(found, word))
+        if word == "unhealthy":   # the node-wide causes come after the unhealthy GPUs (short) and before degraded
+            if v.record.health_drained:
+                parts.append(f"drained: {v.record.health_drain_reason or 'health'}")
+            elif check.state == _CHECK.HEALTH_CHECK_STATE_FAILED:
+                parts.append(f"check failed: {check.message or f'exit code {check.exit_code}'}")
+            if check.state == _CHECK.HEALTH_CHECK_STATE_PENDING:
+                parts.append("check pending")
+    if parts:
+        return "; ".join(parts)
+    return "ok" if v.has_latest or v.record.gpu_fences else "unknown"
+
+
+def node_health_dict(v: admin_pb2.NodeView, gpus: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The node's ``health`` document: the summary, the health-check program's last verdict (null: none
+    configured, or no sample yet), the health drain, the fences and the GPU health history (newest last)."""
+    gpus = gpu_health(v) if gpus is None else gpus
+    check = v.latest.health_check if v.has_latest else None
+    return {
+        "summary": health_summary(v, gpus),
+        "check": proto_dict(check) if check is not None and check.state != _CHECK.HEALTH_CHECK_STATE_UNSPECIFIED
+        else None,
+        "drained": v.record.health_drained,
+        "drain_reason": v.record.health_drain_reason,
+        "fences": [proto_dict(f) for f in v.record.gpu_fences],
+        "history": [proto_dict(e) for e in v.record.gpu_health_history],
+    }
 
 
 def topology_matrix(gpus: list[types_pb2.GpuInfo]) -> list[list[str]] | None:
@@ -95,6 +182,7 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
     """One node's document (schema ``node.json``)."""
     inv = v.record.inventory
     samples = {g.index: g for g in v.latest.gpus} if v.has_latest else {}
+    health = gpu_health(v)
     return {
         "node_id": inv.node_id,
         "hostname": inv.hostname,
@@ -112,7 +200,8 @@ def node_dict(v: admin_pb2.NodeView) -> dict[str, Any]:
         "disk_total_bytes": inv.disk_total_bytes,
         "labels": dict(inv.labels),
         "reserved": proto_dict(v.record.reserved),
-        "gpus": [_gpu_dict(g, samples.get(g.index)) for g in inv.gpus],
+        "gpus": [_gpu_dict(g, samples.get(g.index), health.get(g.index)) for g in inv.gpus],
+        "health": node_health_dict(v, health),
         "topology": topology_matrix(list(inv.gpus)),
         "host": proto_dict(v.latest.host) if v.has_latest else None,
         "telemetry_unix_s": v.latest.time_unix_s if v.has_latest else None,
@@ -163,6 +252,8 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "submitted_by": t.submitted_by,
         "borrowed_gpus": t.borrowed_gpus,
         "elastic": elastic_dict(t),
+        "gpu_fault_moves": t.gpu_fault_moves,
+        "app_xids": [proto_dict(x) for x in t.app_xids],
     }
 
 

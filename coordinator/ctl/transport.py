@@ -1,6 +1,6 @@
 """gptrmctl's connection to the coordinator: try each address, follow the leader, ride out a leader change.
 
-Exit codes (DESIGN.md): 1 refused request, 2 usage error, 3 no coordinator answers, 70 an internal
+Exit codes (README, "gptrmctl"): 1 refused request, 2 usage error, 3 no coordinator answers, 70 an internal
 error of gptrmctl itself (a bug; one line on stderr, the traceback with ``--debug``).
 
 While a leader changes, nobody may answer, a redirect may lead to a standby (the dead leader's

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from coordinator.monitor.nodes import NodeRegistry
     from coordinator.monitor.resources import ResourceMonitor
 
-__all__ = ["Metrics", "serve_metrics"]
+__all__ = ["GpuHealthMetrics", "Metrics", "serve_metrics"]
 
 # (metric suffix, help, GpuSample field, scale)
 _GPU_GAUGES = (
@@ -185,6 +185,31 @@ MAX_TASK_SERIES = 1000
 """Tasks exported per QoS gauge (the most recently updated); bounds the label cardinality."""
 TASK_QOS_FRESH_S = 60.0
 """Readings older than this are left out: the task ended or its agent stopped reporting."""
+
+
+class GpuHealthMetrics(Collector):
+    """``gptrm_gpu_health{state}``: GPUs by health (``healthy``, ``degraded``, ``unhealthy`` = fenced), read at
+    scrape time from the leader's GPU health watch.
+
+    :param counts: ``{state: GPUs}`` (``coordinator.health.GpuHealthWatch.counts``).
+    """
+
+    name = "gptrm_gpu_health"
+    states = ("healthy", "degraded", "unhealthy")
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(self.name, "")]
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._counts()
+        family = GaugeMetricFamily(self.name, "GPUs by health: healthy, degraded (in service, ranked last), "
+                                   "unhealthy (fenced: never placed on)", labels=["state"])
+        for state in self.states:
+            family.add_metric([state], counts.get(state, 0))
+        yield family
 
 
 class _TaskQosCollector(Collector):

@@ -71,8 +71,9 @@ _POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_
 
 
 def admin_state(record: types_pb2.NodeRecord) -> NodeState:
-    """A healthy node's state: DRAINING or CORDONED by its record's admin flags, else READY."""
-    if record.draining:
+    """A healthy node's state: DRAINING by its record's admin flag or its health drain (the node itself at
+    fault, ``coordinator/health``), CORDONED by its admin flag, else READY."""
+    if record.draining or record.health_drained:
         return NodeState.DRAINING
     if record.cordoned:
         return NodeState.CORDONED
@@ -107,6 +108,10 @@ class NodeEntry:
     task_uid_room: int | None = None
     task_ports_free: int | None = None
     ports_refused: dict[int, float] = field(default_factory=dict)   # master port → when a start found it taken
+    # Health its agent reports now (coordinator/health sets them): GPUs DEGRADED (ranked last by placement),
+    # and whether its site health check has no verdict yet (nothing new is placed here meanwhile).
+    degraded_gpus: frozenset[int] = frozenset()
+    health_pending: bool = False
     _held: set[str] = field(default_factory=set, repr=False)   # changed by coordinator.state only
 
     @property
@@ -200,6 +205,7 @@ class NodeRegistry:
         entry.connected = True
         entry.outbox = outbox
         entry.task_uid_room = entry.task_ports_free = None   # until this stream's agent reports them
+        entry.degraded_gpus, entry.health_pending = frozenset(), False
         entry.last_heartbeat = self._now()
         entry.last_seen_unix_s = now_unix
         # Stored with the registration: what a replica that does not lead shows (stored_state).
@@ -303,5 +309,6 @@ class NodeRegistry:
         return out, gpus_total, gpus_reserved
 
     def schedulable(self, entry: NodeEntry) -> bool:
-        """May new work be placed here? (Ready, and powered on by the Resource Adaptor.)"""
-        return entry.state == NodeState.READY and entry.record.power_state in _POWER_ON
+        """May new work be placed here? (Ready, powered on by the Resource Adaptor, and not waiting for its
+        health check's first verdict.)"""
+        return entry.state == NodeState.READY and entry.record.power_state in _POWER_ON and not entry.health_pending

@@ -2,6 +2,8 @@
 
 One cycle, in this order (each step needs the previous one's output):
 
+0. moves: tasks holding a GPU that turned unhealthy (fenced in its node's record) are stopped with their
+   checkpoint signal and requeued, or, elastic, shrink off it (``coordinator/health/moves.py``);
 1. queue: PENDING tasks ordered by priority, then slack (deadline − now − the profiler's expected
    run time, 0 when it has none; no deadline last), then submit time;
 2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
@@ -62,6 +64,8 @@ from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
+from coordinator.health.moves import GpuMoves
+from coordinator.health.rules import health_notes
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
@@ -120,6 +124,7 @@ class SchedulerCycle:
     :param elastic: the elastic allocator (None: elastic tasks run at their minimum and never resize).
     :param on_shrunk: told ``(waiting task, GPUs)`` when elastic tasks shrink for a waiting task (the Resource
         Adaptor wakes a node for what they gave up).
+    :param moves: moves work off fenced GPUs first thing in each cycle (None: never).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
@@ -127,7 +132,9 @@ class SchedulerCycle:
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
                  queues: LeaderQueues | None = None, elastic: Elasticity | None = None,
-                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None) -> None:
+                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None,
+                 moves: GpuMoves | None = None) -> None:
+        self._moves = moves
         self._preemptor, self._profiler = preemptor, profiler
         self._elastic, self._on_shrunk = elastic, on_shrunk
         self._queues = queues
@@ -141,6 +148,7 @@ class SchedulerCycle:
         self.cycles = 0
         self.skipped = 0                                # cycles skipped: nothing changed since all waited
         self._uid_full = 0                              # nodes of this cycle's snapshot without a free task uid
+        self._health: str | None = None                 # this cycle's fenced GPUs and health-held nodes, in words
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
 
     async def run(self, beat: Beat = no_beat) -> None:
@@ -157,9 +165,9 @@ class SchedulerCycle:
     def _inputs(self) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
         and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
-        leaves the set) and every node's state, admin flags, stream (inventory), reservations and the room
-        its agent reports (task uids, free ports).
-        Power curves only rank, so they are left out."""
+        leaves the set) and every node's state, admin flags, stream (inventory), reservations, the room
+        its agent reports (task uids, free ports), its fenced GPUs and whether its health check is pending.
+        Power curves and DEGRADED GPUs only rank, so they are left out."""
         policy = self._policy.current
         tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.values() if t.state not in TERMINAL_STATES)
         nodes = []
@@ -167,7 +175,7 @@ class SchedulerCycle:
             r = e.record.reserved
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
                           r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes, e.task_uid_room,
-                          e.task_ports_free))
+                          e.task_ports_free, e.health_pending, tuple([f.gpu_index for f in e.record.gpu_fences])))
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
         settled = self._elastic_settled()
@@ -182,6 +190,8 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
+        if self._moves is not None:
+            await self._moves.step()   # before anything is placed: what it stops is on its way back to the queue
         now = time.time()   # restart backoff: a requeued task waits until its not_before time
         if self._elastic is not None:
             self._elastic.observe()   # every cycle: the curves learn while the tasks run
@@ -251,6 +261,7 @@ class SchedulerCycle:
         ports = PortBook.of(self._tasks.values(), refused=self._refused_ports())
         uid_room = dict(self._snapshots.uid_room)
         self._uid_full = sum(1 for left in uid_room.values() if left <= 0)
+        self._health = None   # built at this cycle's first rejection
         for decision in decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
@@ -630,6 +641,12 @@ class SchedulerCycle:
         if self._uid_full:
             reason += (f"; {self._uid_full} node(s) have no free task uid (every uid of their agent's --task-uids "
                        "is in use)")
+        if self._health is None:
+            held = [e for e in self._registry if e.health_pending or e.record.health_drained or e.record.gpu_fences]
+            self._health = "; ".join(health_notes(
+                (e.node_id, e.record, e.health_pending) for e in sorted(held, key=lambda e: e.node_id)))
+        if self._health:
+            reason += "; " + self._health
         if reason != task.reason:
             self._tasks.note_reason(task.id, reason)   # shown by `gptrmctl tasks`
         if rejection.scale_out:

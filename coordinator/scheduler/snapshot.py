@@ -180,7 +180,7 @@ class SnapshotBuilder:
         r = e.record.reserved
         key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
                None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free,
-               tuple(e.inventory.images))
+               tuple([f.gpu_index for f in e.record.gpu_fences]), e.degraded_gpus, tuple(e.inventory.images))
         last = self._views.get(e.node_id)
         view = last[1] if last is not None and last[0] == key else self._view(e, held, schedulable=uid_free)
         views[e.node_id] = (key, view)
@@ -213,14 +213,21 @@ class SnapshotBuilder:
 
     def _view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None, *,
               empty: bool = False, schedulable: bool = True) -> NodeSnapshot:
-        """One node with what ``held`` holds on its GPUs and its recorded reservation (none if ``empty``)."""
+        """One node with what ``held`` holds on its GPUs and its recorded reservation (none if ``empty``), its
+        fenced GPUs full and its DEGRADED ones marked (an ``empty`` node, what it could hold once repaired too,
+        has neither)."""
         static = self._static_part(e)
-        if held is None:
+        fenced = () if empty else [f.gpu_index for f in e.record.gpu_fences]
+        degraded = frozenset() if empty else e.degraded_gpus
+        if held is None and not fenced and not degraded:
             gpus = static.free
         else:
-            taken = gpu_usage(held)
-            gpus = tuple(GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
-                                 max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group)
+            # A fenced GPU (coordinator/health) is offered with nothing free, so no request fits it; a DEGRADED
+            # one is marked for the allocator to take last.
+            taken = gpu_usage(held or [])
+            gpus = tuple(GpuSlot(i, total, 0, 0.0, group, i in degraded) if i in fenced else
+                         GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
+                                 max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group, i in degraded)
                          for i, total, group in static.slots)
         r = types_pb2.ResourceVector() if empty else e.record.reserved
         return NodeSnapshot(

@@ -38,6 +38,7 @@ from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, limit_fa
 from coordinator.simulator.engine import SimConfig
 from coordinator.simulator.metrics import JobRecord
 from coordinator.simulator.replay import ProgressBar, ReplaySetup, load, run_policies
+from coordinator.simulator.trace import TRACES_ENV, traces_dir
 
 __all__ = ["RUNS", "Goal", "floors", "goal_lines", "main", "table"]
 
@@ -152,10 +153,9 @@ def goal_lines(results: Mapping[str, Metrics], floor: Mapping[str, float] | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the report; 0, or 2 when a trace is missing or malformed."""
-    default_traces = Path(__file__).resolve().parents[3] / "shared" / "traces"
     p = argparse.ArgumentParser(prog="python -m coordinator.simulator.adaptor_report",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--traces", type=Path, default=default_traces, help=f"traces directory ({default_traces})")
+    p.add_argument("--traces", type=Path, help=f"traces directory (default ${TRACES_ENV})")
     p.add_argument("--prefix", default="philly_", help="trace file prefix: PREFIXjobs.csv, PREFIXnodes.csv")
     p.add_argument("--nodes-limit", type=int, default=100, help="servers replayed (evenly spaced; default 100)")
     p.add_argument("--max-jobs", type=int, help="replay only the first N jobs by submission (a window)")
@@ -165,9 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write report.md here")
     args = p.parse_args(argv)
     configure_logging("warning", stream=sys.stderr)
-    setup = ReplaySetup(jobs=args.traces / f"{args.prefix}jobs.csv", nodes=args.traces / f"{args.prefix}nodes.csv",
-                        nodes_limit=args.nodes_limit)
     try:
+        traces = traces_dir(args.traces)
+        setup = ReplaySetup(jobs=traces / f"{args.prefix}jobs.csv", nodes=traces / f"{args.prefix}nodes.csv",
+                            nodes_limit=args.nodes_limit)
         cluster, jobs = load(setup)
         if args.max_jobs is not None:
             jobs = sorted(jobs, key=lambda j: (j.request.submit_s, j.request.task_id))[: max(0, args.max_jobs)]

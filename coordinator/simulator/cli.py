@@ -8,7 +8,7 @@ parser stays cheap.
 
 Example::
 
-    gptrmctl simulate --jobs ../shared/traces/philly_jobs.csv --nodes ../shared/traces/philly_nodes.csv \\
+    gptrmctl simulate --jobs $GPTRM_TRACES/philly_jobs.csv --nodes $GPTRM_TRACES/philly_nodes.csv \\
         --nodes-limit 100 --policies max-utilization,round-robin --power-down-after 600 --out /tmp/sim
 
 With ``--queues FILE|proportional`` the first policy is replayed three times — FCFS without queues,
@@ -96,7 +96,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --elastic: replay only these runs, comma-separated (fcfs, fcfs-pd, elastic, elastic-pd, "
                         "elastic-x2, shrink-only, grow-only; default all)")
     p.add_argument("--scaling", type=Path, default=None, metavar="DIR",
-                   help="with --elastic: measured scaling curves (pollux/<model>/...; default ../shared/scaling)")
+                   help="with --elastic: measured scaling curves (pollux/<model>/...; default: the packaged ones)")
     p.add_argument("--records", type=Path, metavar="FILE",
                    help="per-job records CSV (job_id,queue,submit_s,start_s,end_s,gpus,nodes,resizes), one file "
                         "per run: the run or policy name goes before the suffix (records-fcfs.csv)")

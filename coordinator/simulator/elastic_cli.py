@@ -16,7 +16,8 @@ first-come-first-served), in report order (:data:`RUNS`):
 ``--elastic-runs NAMES`` (comma-separated) replays only those runs.
 
 Each job's model, and so its true throughput curve, comes from its GPU-hours
-(:mod:`coordinator.simulator.scaling`, data from ``--scaling``, default ``../shared/scaling``). The table
+(:mod:`coordinator.simulator.scaling`, data from ``--scaling``, default: the curves shipped in the package,
+``coordinator/simulator/data/scaling``). The table
 (mean, p50 and p99 JCT, makespan, GPU-hours allocated, energy, allocated over powered GPU-hours, grows
 and shrinks per elastic job) is printed and written to ``report.md``, beside ``results.json`` and
 ``results.md`` of every run; ``--records FILE`` writes each run's per-job records
@@ -24,7 +25,7 @@ and shrinks per elastic job) is printed and written to ``report.md``, beside ``r
 
 Example (the Philly week on 100 servers)::
 
-    gptrmctl simulate --jobs ../shared/traces/philly_jobs.csv --nodes ../shared/traces/philly_nodes.csv \
+    gptrmctl simulate --jobs $GPTRM_TRACES/philly_jobs.csv --nodes $GPTRM_TRACES/philly_nodes.csv \
         --nodes-limit 100 --policies first-fit --elastic --no-plots --out /tmp/elastic
 """
 

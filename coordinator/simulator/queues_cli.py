@@ -18,7 +18,7 @@ per-job records to ``FILE`` with the run name before the suffix (``records-fcfs.
 
 Example (the Philly week on 100 servers)::
 
-    gptrmctl simulate --jobs ../shared/traces/philly_jobs.csv --nodes ../shared/traces/philly_nodes.csv \
+    gptrmctl simulate --jobs $GPTRM_TRACES/philly_jobs.csv --nodes $GPTRM_TRACES/philly_nodes.csv \
         --nodes-limit 100 --policies first-fit --queues proportional --records /tmp/q/records.csv \
         --no-plots --out /tmp/q
 """

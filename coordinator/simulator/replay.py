@@ -1,7 +1,7 @@
 """Load a trace, replay it under several policies, and write ``results.json``/``results.md``/plots.
 
 This is what ``gptrmctl simulate`` and the report both run. The trace is read from where it
-lies (``shared/traces`` for the real ones; nothing is copied).
+lies (``--jobs``/``--nodes``; nothing is copied).
 
 Example::
 

@@ -11,7 +11,7 @@ the engine runs them) and *improved* (:data:`IMPROVED`: idle nodes power down �
 scale-in —, Alg. 1-2 get an elastic pool that scales out on their refusals, and each pass
 decides in queue order). It writes ``DIR/report.md`` (tables, goal check, a reading generated
 from the measured numbers) and, per study and variant, ``results.json``, ``results.md`` and
-the plots. The traces are read where they lie (``../shared/traces`` by default), never copied.
+the plots. The traces are read where they lie (``--traces``, default ``$GPTRM_TRACES``), never copied.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from coordinator.simulator.replay import (
     run_policies,
     write_outputs,
 )
+from coordinator.simulator.trace import TRACES_ENV, traces_dir
 
 __all__ = ["IMPROVED", "OBJECTIVES", "STUDIES", "Objective", "Study", "goal_table", "main", "reading", "run_study"]
 
@@ -69,7 +70,7 @@ class Study:
 
 STUDIES: tuple[Study, ...] = (
     Study("philly", "Philly week on 100 servers", "philly_jobs.csv", "philly_nodes.csv", 100,
-          "100 of the 539 servers (every 5th-6th in file order), as the brief asks; the week's load "
+          "100 of the 539 servers (every 5th-6th in file order); the week's load "
           "(≈ 13 % of all 3,205 GPUs on average) then saturates the subset for hours at a time."),
     Study("openb", "Alibaba openb on 10 nodes", "openb_jobs.csv", "openb_nodes.csv", 10,
           "10 of the 1,523 nodes (evenly spaced: 3 CPU-only, 3×8 G2, 1×8 V100-16GB, 2×2 T4, 1×2 P100; 38 GPUs). "
@@ -266,18 +267,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     :param argv: arguments (default ``sys.argv[1:]``).
     :returns: exit code: 0, or 2 when a trace is missing or malformed.
     """
-    default_traces = Path(__file__).resolve().parents[3] / "shared" / "traces"
     parser = argparse.ArgumentParser(prog="python -m coordinator.simulator.report", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="report directory")
-    parser.add_argument("--traces", type=Path, default=default_traces, help=f"traces directory ({default_traces})")
+    parser.add_argument("--traces", type=Path, help=f"traces directory (default ${TRACES_ENV})")
     parser.add_argument("--studies", default=",".join(s.key for s in STUDIES), help="which studies to run")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     args = parser.parse_args(argv)
     wanted = [s for s in STUDIES if s.key in args.studies.split(",")]
     body = ["# Placement policies on real traces", ""]
     try:
+        traces = traces_dir(args.traces)
         for study in wanted:
-            body += _section(study, run_study(study, args.traces, args.out, plots=not args.no_plots))
+            body += _section(study, run_study(study, traces, args.out, plots=not args.no_plots))
     except (GptrmError, ValueError) as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Measured training-throughput curves for elastic replays, and which curve a trace job gets.
 
-The measurements are read where they lie (``../shared/scaling/pollux/<model>/``, schema in that
-directory's README; nothing is copied): ``placements.csv`` (placements on nodes of 4 GPUs, one digit
+The measurements ship with the package (``coordinator/simulator/data/scaling/pollux/<model>/``, source,
+licence and schema in that directory's README): ``placements.csv`` (placements on nodes of 4 GPUs, one digit
 per node) and ``scalability.csv`` (larger scales by ``num_nodes,num_replicas``). The throughput of a
 measurement at per-GPU batch ``b`` is ``replicas × b / step_time`` samples per second.
 
@@ -51,14 +51,9 @@ _CLASSES: tuple[tuple[float, tuple[str, ...]], ...] = (
 
 
 def default_scaling_dir() -> Path:
-    """``shared/scaling`` beside the repository: the first ``shared/scaling`` found going up from it (a
-    checkout at ``X/repo`` finds ``X/shared/scaling``; a worktree one level deeper finds it too)."""
-    repo = Path(__file__).resolve().parents[2]
-    for parent in repo.parents:
-        candidate = parent / "shared" / "scaling"
-        if candidate.is_dir():
-            return candidate
-    return repo.parent / "shared" / "scaling"
+    """The measured curves shipped as package data (``coordinator/simulator/data/scaling``): found the same
+    way in a checkout and in a pip-installed package."""
+    return Path(__file__).resolve().parent / "data" / "scaling"
 
 
 @dataclass(frozen=True, slots=True)

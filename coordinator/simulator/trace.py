@@ -1,4 +1,4 @@
-"""Job and node traces: CSV parsing and validation (schema of ``shared/traces/README.md``).
+"""Job and node traces: CSV parsing and validation (schema in docs/simulator.md, "Traces").
 
 A jobs file has one row per job (``job_id, submit_s, duration_s, gpus, gpu_share, cpu_cores,
 mem_gib, group, status, orig_submit``); a nodes file one row per server (``node_id, gpus,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +30,14 @@ from common.errors import GptrmError
 __all__ = [
     "JOB_COLUMNS",
     "NODE_COLUMNS",
+    "TRACES_ENV",
     "TraceError",
     "TraceJob",
     "TraceNode",
     "read_jobs",
     "read_nodes",
     "select_nodes",
+    "traces_dir",
     "write_jobs",
     "write_nodes",
 ]
@@ -298,6 +301,26 @@ def select_nodes(nodes: Sequence[TraceNode], limit: int | None) -> list[TraceNod
     if limit < 1:
         raise ValueError(f"nodes limit must be ≥ 1, got {limit}")
     return [nodes[(k * len(nodes)) // limit] for k in range(limit)]
+
+
+TRACES_ENV = "GPTRM_TRACES"
+"""The environment variable naming a directory of traces cut to this schema (``philly_jobs.csv``, ...): the
+default of every ``--traces`` option. No trace ships with the repository (docs/simulator.md says where the
+public ones come from)."""
+
+
+def traces_dir(given: Path | None) -> Path:
+    """The traces directory: ``given`` (a ``--traces`` option), else :data:`TRACES_ENV`.
+
+    :raises GptrmError: neither names one.
+    """
+    if given is not None:
+        return given
+    env = os.environ.get(TRACES_ENV, "")
+    if not env:
+        raise GptrmError(f"--traces: no traces directory given, and {TRACES_ENV} is not set "
+                         "(docs/simulator.md says where the public traces come from and how to cut them)")
+    return Path(env)
 
 
 def _fmt(value: float | None) -> str:

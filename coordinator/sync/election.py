@@ -1,4 +1,4 @@
-"""Leader election on the etcd leader key (DESIGN.md, "Consistency rules")."""
+"""Leader election on the etcd leader key (docs/etcd.md)."""
 
 from __future__ import annotations
 

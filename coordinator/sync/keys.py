@@ -1,4 +1,4 @@
-"""etcd key names: the only place that spells them (DESIGN.md, "etcd key space").
+"""etcd key names: the only place that spells them (docs/etcd.md lists the key space).
 
 Example::
 

@@ -5,6 +5,14 @@ Runs the sampler at 1 Hz in a child process for ~20 s with (a) 8 simulated GPUs 
 ``python`` that only imports grpc, protobuf, psutil, structlog and pynvml. The sampler
 child imports grpc as well, as the agent daemon does.
 
+GPU health watching (agent/health) is measured against its own baseline in the same run: the
+fake-NVML sampler with ``--gpu-health off`` (only the tick's fields) and on (the XID event thread
+waiting in ``nvmlEventSetWait_v2``, the clocks reasons every tick, the slow signals every 10 s), and
+the simulated sampler following a ``--simulate-faults`` file that has a fault appended every second.
+The fake's event wait blocks on a queue with the same timeout as the real one blocks in NVML, so the
+thread's wake-ups are counted; the real NVML calls' own cost is measured on a GPU by
+tests/device/nvml_health.py.
+
 Then the agent itself: ``gptrm-agent`` (``python -m agent.daemon``) with 8 simulated GPUs,
 reconnecting to a coordinator that is not there and streaming to one (an embedded etcd and a
 coordinator on loopback), beside its import floor, a ``python`` that
@@ -51,24 +59,32 @@ AGENT_OVER_FLOOR_GOAL_MB = 3.0
 DRIVER = r"""
 import json, os, sys, threading, time
 sys.path.insert(0, {repo!r})
-mode, seconds = sys.argv[1], float(sys.argv[2])
+mode, seconds, health, faults = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 import grpc  # the daemon imports it; count it in the footprint
 from common.logging import configure_logging, get_logger
-configure_logging("warning", json=True)
+configure_logging("error", json=True)   # the fault file's health changes are warnings
 pid = os.getpid()
 if mode == "nvml":
     from tests.helpers import fake_pynvml
-    gpus = fake_pynvml.make_gpus(8, util_gpu=80, power_mw=550_000, mem_used=60 << 30, processes=[(pid, 60 << 30)])
+    gpus = fake_pynvml.make_gpus(8, util_gpu=80, power_mw=550_000, mem_used=60 << 30, processes=[(pid, 60 << 30)],
+                                 nvswitch_links=18)
     sys.modules["pynvml"] = fake_pynvml.FakeNvml(gpus)
+from agent.health import HealthOptions
 from agent.sampler import build_sampler
 sampler = build_sampler(node_id="bench", gpu_backend=mode, simulate_spec="8xH100-80GB", interval_s=1.0,
-                        log=get_logger("agent"), data_paths=["/"], task_pids=lambda: {{"t1": [pid]}})
+                        log=get_logger("agent"), data_paths=["/"], task_pids=lambda: {{"t1": [pid]}},
+                        health=HealthOptions(enabled=health == "on", simulate_faults=faults))
 if mode == "simulated":
     sampler.gpus.place("t1", range(8), util_per_gpu=0.8, mem_bytes_per_gpu=60 << 30, pids=[pid])
 marks = []
 def emit(sample):
     sample.SerializeToString()
     marks.append((time.monotonic(), time.process_time()))
+    if faults:   # one fault a second, cycling through the kinds (the file is followed like tail -f)
+        n = len(marks)
+        with open(faults, "a") as f:
+            f.write(json.dumps([{{"gpu": n % 8, "xid": 13}}, {{"gpu": n % 8, "throttle": "thermal"}},
+                                {{"gpu": n % 8, "throttle": None}}][n % 3]) + "\n")
 stop = threading.Event()
 threading.Timer(seconds, stop.set).start()
 sampler.run(emit, stop)
@@ -215,17 +231,28 @@ def coordinator() -> Iterator[str]:
             etcd.stop()
 
 
+HEALTH_OFF_LABEL = "sampler, 8 GPUs via fake NVML, --gpu-health off"
+HEALTH_ON_LABEL = "sampler, 8 GPUs via fake NVML"   # health watching on, as by default
+FAULTS_LABEL = "sampler, 8 simulated GPUs, a fault file 1 line/s"
+
+
 def run_all(seconds: float) -> list[Result]:
-    """Measure the two floors, the sampler with both backends, the agent's import floor and the agent
-    without a coordinator and streaming to one."""
+    """Measure the two floors, the sampler with both backends (NVML with GPU health watching off and on,
+    simulated with a fault file), the agent's import floor and the agent without a coordinator and
+    streaming to one."""
     driver = DRIVER.format(repo=str(REPO))
     with coordinator() as address:
         connected = measure_agent(seconds, address, CONNECTED_LABEL)
+    with tempfile.TemporaryDirectory(prefix="bench-agent-faults-") as tmp:
+        faults = measure(FAULTS_LABEL, [sys.executable, "-c", driver, "simulated", str(seconds), "on",
+                                        str(Path(tmp) / "faults.jsonl")])
     return [
         measure("bare interpreter (python -c, no imports)", [sys.executable, "-c", BARE]),
         measure("floor: grpc+protobuf+psutil+structlog+pynvml", [sys.executable, "-c", FLOOR]),
-        measure("sampler, 8 simulated GPUs", [sys.executable, "-c", driver, "simulated", str(seconds)]),
-        measure("sampler, 8 GPUs via fake NVML", [sys.executable, "-c", driver, "nvml", str(seconds)]),
+        measure("sampler, 8 simulated GPUs", [sys.executable, "-c", driver, "simulated", str(seconds), "on", ""]),
+        faults,
+        measure(HEALTH_OFF_LABEL, [sys.executable, "-c", driver, "nvml", str(seconds), "off", ""]),
+        measure(HEALTH_ON_LABEL, [sys.executable, "-c", driver, "nvml", str(seconds), "on", ""]),
         measure(AGENT_FLOOR_LABEL, [sys.executable, "-c", AGENT_FLOOR.format(repo=str(REPO))]),
         measure(GRPC_SETUP_LABEL, [sys.executable, "-c", GRPC_SETUP.format(repo=str(REPO), target=closed_address())]),
         measure_agent(seconds),
@@ -266,6 +293,13 @@ def table(results: list[Result]) -> str:
                      f"grpc's library code +{agent.grpc_code_mb - floor.grpc_code_mb:.1f} MB (paged in by grpc's "
                      "initialisation and channel set-up: file-backed, clean); "
                      f"+{agent.rss_mb - setup.rss_mb:.1f} MB over the floor with grpc's set-up")
+    by_label = {r.label: r for r in results}
+    off, on = by_label[HEALTH_OFF_LABEL], by_label[HEALTH_ON_LABEL]
+    if off.cpu_pct_of_core is not None and on.cpu_pct_of_core is not None and off.cpu_ms_per_sample is not None \
+            and on.cpu_ms_per_sample is not None:
+        lines.append(f"GPU health watching (fake NVML, 8 GPUs, 1 Hz): off {off.cpu_pct_of_core:.2f} %, on "
+                     f"{on.cpu_pct_of_core:.2f} % of a core ({on.cpu_ms_per_sample - off.cpu_ms_per_sample:+.2f} ms "
+                     "per sample); budget with it on: 1 %")
     lines.append(f"interpreter: {sys.executable}")
     return "\n".join(lines)
 

@@ -18,13 +18,24 @@ NotSupported on a GPU without NVLink, InvalidArgument past the last link).
 ``FakeGpu.unsupported`` names NVML functions that raise NotSupported on that GPU,
 ``FakeGpu.errors`` maps others to the error code they raise, ``FakeGpu.lost`` makes every
 call raise GpuIsLost, and ``FakeNvml.calls`` counts calls per (function, GPU index).
+
+Health signals: ``FakeNvml.raise_xid`` (and ``raise_event``) queue an event that
+``nvmlEventSetWait_v2`` returns to an event set the GPU registered on (it blocks up to its timeout, then
+raises NVMLError_Timeout, like the real one); ``FakeGpu.event_types`` is what
+``nvmlDeviceGetSupportedEventTypes`` offers. ``remapped_rows`` (correctable, uncorrectable, pending,
+failure), ``retired_pages_pending`` / ``retired_pages_dbe``, ``clocks_reasons`` (the bitmask),
+``pcie_gen``/``pcie_width`` and their maxima, and ``nvlink_down`` (links forced down) answer the
+functions of the same names. ``FakeNvml.module_errors`` makes a module-level function (``nvmlEventSetCreate``)
+raise the given code.
 """
 
 # The function names must be pynvml's own (camelCase), so pep8-naming's N802 does not apply here.
 
 from __future__ import annotations
 
+import queue
 import string
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -96,6 +107,18 @@ NVMLError_NoPermission = _ERRORS["NVMLError_NoPermission"]
 NVMLError_ResetRequired = _ERRORS["NVMLError_ResetRequired"]
 NVMLError_Unknown = _ERRORS["NVMLError_Unknown"]
 NVMLError_InvalidArgument = _ERRORS["NVMLError_InvalidArgument"]
+NVMLError_Timeout = _ERRORS["NVMLError_Timeout"]
+NVMLError_Uninitialized = _ERRORS["NVMLError_Uninitialized"]
+
+# Same values as pynvml's nvmlEventType* and nvmlClocksEventReason*.
+EVENT_SINGLE_BIT_ECC = 0x1
+EVENT_DOUBLE_BIT_ECC = 0x2
+EVENT_XID = 0x8
+CLOCKS_SW_POWER_CAP = 0x4
+CLOCKS_HW_SLOWDOWN = 0x8
+CLOCKS_SW_THERMAL = 0x20
+CLOCKS_HW_THERMAL = 0x40
+CLOCKS_HW_POWER_BRAKE = 0x80
 
 
 @dataclass
@@ -140,6 +163,20 @@ class FakeGpu:
     """NVML function name → the NVML error code it raises on this GPU."""
     lost: bool = False
     """Every call on this GPU raises GpuIsLost."""
+    event_types: int = EVENT_XID | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
+    """Event types the GPU offers (``nvmlDeviceGetSupportedEventTypes``)."""
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """(correctable, uncorrectable, pending, failure), as ``nvmlDeviceGetRemappedRows`` returns them."""
+    retired_pages_pending: int = 0
+    retired_pages_dbe: list[int] = field(default_factory=list)
+    """Addresses of the pages retired for double-bit ECC errors."""
+    clocks_reasons: int = 0
+    pcie_gen: int = 5
+    pcie_gen_max: int = 5
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    nvlink_down: set[int] = field(default_factory=set)
+    """NVLinks (by link number) that read disabled."""
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-fake-{self.index:04d}"
@@ -148,6 +185,12 @@ class FakeGpu:
 @dataclass
 class _Handle:
     index: int
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, int] = field(default_factory=dict)   # GPU index → event types
+    freed: bool = False
 
 
 class FakeNvml:
@@ -165,7 +208,22 @@ class FakeNvml:
     NVMLError_ResetRequired = NVMLError_ResetRequired
     NVMLError_Unknown = NVMLError_Unknown
     NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    NVMLError_Timeout = NVMLError_Timeout
+    NVMLError_Uninitialized = NVMLError_Uninitialized
 
+    nvmlEventTypeSingleBitEccError = EVENT_SINGLE_BIT_ECC  # noqa: N815 - pynvml's own name
+    nvmlEventTypeDoubleBitEccError = EVENT_DOUBLE_BIT_ECC  # noqa: N815 - pynvml's own name
+    nvmlEventTypeXidCriticalError = EVENT_XID  # noqa: N815 - pynvml's own name
+    nvmlEventTypeNone = 0  # noqa: N815 - pynvml's own name
+    nvmlClocksEventReasonGpuIdle = 0x1  # noqa: N815 - pynvml's own name
+    nvmlClocksEventReasonSwPowerCap = CLOCKS_SW_POWER_CAP  # noqa: N815 - pynvml's own name
+    nvmlClocksEventReasonHwSlowdown = CLOCKS_HW_SLOWDOWN  # noqa: N815 - pynvml's own name
+    nvmlClocksEventReasonSwThermalSlowdown = CLOCKS_SW_THERMAL  # noqa: N815 - pynvml's own name
+    nvmlClocksEventReasonHwThermalSlowdown = CLOCKS_HW_THERMAL  # noqa: N815 - pynvml's own name
+    nvmlClocksEventReasonHwPowerBrakeSlowdown = CLOCKS_HW_POWER_BRAKE  # noqa: N815 - pynvml's own name
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+    NVML_ERROR_TIMEOUT = 10
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_LIBRARY_NOT_FOUND = 12
     NVML_ERROR_GPU_IS_LOST = 15
@@ -200,6 +258,10 @@ class FakeNvml:
         self.initialised = False
         self.shutdowns = 0
         self.calls: Counter[tuple[str, int]] = Counter()
+        self.module_errors: dict[str, int] = {}
+        self.event_sets: list[_EventSet] = []
+        self.waits = 0
+        self._events: queue.Queue[tuple[int | None, int, int]] = queue.Queue()
 
     # -- library ---------------------------------------------------------------------------
 
@@ -219,6 +281,63 @@ class FakeNvml:
         if not 0 <= index < len(self.gpus):
             raise NVMLError(NVML_ERROR_CODES["INVALID_ARGUMENT"])
         return _Handle(index)
+
+    def _module(self, function: str) -> None:
+        if not self.initialised:
+            raise NVMLError(NVML_ERROR_CODES["UNINITIALIZED"])
+        if function in self.module_errors:
+            raise NVMLError(self.module_errors[function])
+
+    # -- events ----------------------------------------------------------------------------
+
+    def raise_xid(self, index: int | None, xid: int) -> None:
+        """GPU ``index`` raises XID ``xid`` (None: an event NVML ties to no one GPU)."""
+        self.raise_event(index, EVENT_XID, xid)
+
+    def raise_event(self, index: int | None, event_type: int, data: int = 0) -> None:
+        """An event of ``event_type`` with ``data`` on GPU ``index`` (None: no one GPU)."""
+        self._events.put((index, event_type, data))
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._module("nvmlEventSetCreate")
+        event_set = _EventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        self._module("nvmlEventSetFree")
+        event_set.freed = True
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetSupportedEventTypes", handle).event_types
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:
+        gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
+        if event_types & ~gpu.event_types:
+            raise NVMLError_NotSupported()
+        event_set.registered[handle.index] = event_set.registered.get(handle.index, 0) | event_types
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> SimpleNamespace:
+        """The next event a GPU of the set registered for, waiting up to ``timeout_ms``; Timeout after."""
+        self._module("nvmlEventSetWait_v2")
+        self.waits += 1
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                index, event_type, data = self._events.get(timeout=max(0.0, left))
+            except queue.Empty:
+                raise NVMLError_Timeout() from None
+            if index is None or event_set.registered.get(index, 0) & event_type:
+                device = _Handle(index) if index is not None else None
+                return SimpleNamespace(device=device, eventType=event_type, eventData=data, gpuInstanceId=0xFFFFFFFF,
+                                       computeInstanceId=0xFFFFFFFF)
+
+    def nvmlDeviceGetIndex(self, handle: _Handle | None) -> int:
+        if handle is None:
+            raise NVMLError_InvalidArgument()
+        self._gpu("nvmlDeviceGetIndex", handle)
+        return handle.index
 
     def _gpu(self, function: str, handle: _Handle) -> FakeGpu:
         """Count the call and raise what the GPU is configured to raise."""
@@ -326,7 +445,38 @@ class FakeNvml:
         remotes = self._remotes(gpu)
         if not remotes:
             raise NVMLError_NotSupported()
-        return self.NVML_FEATURE_ENABLED if link < len(remotes) else self.NVML_FEATURE_DISABLED
+        up = link < len(remotes) and link not in gpu.nvlink_down
+        return self.NVML_FEATURE_ENABLED if up else self.NVML_FEATURE_DISABLED
+
+    # -- health signals --------------------------------------------------------------------
+
+    def nvmlDeviceGetRemappedRows(self, handle: _Handle) -> tuple[int, int, int, int]:
+        return self._gpu("nvmlDeviceGetRemappedRows", handle).remapped_rows
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", handle).retired_pages_pending
+
+    def nvmlDeviceGetRetiredPages(self, handle: _Handle, source: int) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetRetiredPages", handle)
+        return list(gpu.retired_pages_dbe) if source == self.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else []
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).clocks_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle).clocks_reasons
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetCurrPcieLinkGeneration", handle).pcie_gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetMaxPcieLinkGeneration", handle).pcie_gen_max
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetCurrPcieLinkWidth", handle).pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetMaxPcieLinkWidth", handle).pcie_width_max
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: _Handle, link: int) -> SimpleNamespace:
         gpu = self._gpu("nvmlDeviceGetNvLinkRemotePciInfo", handle)

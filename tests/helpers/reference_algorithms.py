@@ -1,7 +1,7 @@
 """Literal transcriptions of the placement algorithms, the yardstick for the production engine.
 
-Written as plain loops over plain lists, one function per algorithm, straight from DESIGN.md
-("Placement algorithms (paper §4), precisely"). They understand only what the paper's model has:
+Written as plain loops over plain lists, one function per algorithm, straight from the algorithms as
+CONTRIBUTING.md states them ("Placement policies"). They understand only what the paper's model has:
 a demand vector per request, a capacity and a reservation vector per node, a threshold; every
 node schedulable, no constraints, GPU slots not modelled. Gang requests (``nodes > 1``) take the
 first ``nodes`` nodes of the same order, all or nothing.

@@ -293,9 +293,10 @@ def test_a_gang_runs_in_its_image_with_its_ranks(cluster: Cluster, state_dir: Pa
     container holds the master port's listening socket at the fd GPTRM_MASTER_LISTEN_FD names."""
     cluster.start_coordinator("c1")
     cluster.wait_leader("c1")
+    port = free_port()   # a rendezvous range of this test's own: other suites on the host use the default one
     for node in ("n1", "n2"):
         cluster.start_agent(node, "--state-dir", str(state_dir.parent / node), "--image-insecure-registries",
-                            registry)
+                            registry, "--task-port-range", f"{port}-{port}")
     wait_until(lambda: len(cluster.ctl_json("nodes")["nodes"]) == 2, what="two nodes registered")
     task_id = cluster.ctl_json(
         "submit", "--name", "gang", "--nodes", "2", "--gpus", "1", "--cpu", "0.1", "--image", f"{registry}/test/img:1",

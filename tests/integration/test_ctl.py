@@ -89,7 +89,8 @@ class TestHumanOutput:
         nodes = cluster.ctl("nodes")
         assert nodes.returncode == 0, nodes.stderr
         header, row = nodes.stdout.splitlines()[:2]
-        assert header.split()[:3] == ["NODE", "STATE", "GPUS"] and "GiB" in row and " W" in row and "%" in row
+        assert header.split()[:4] == ["NODE", "STATE", "HEALTH", "GPUS"] and "GiB" in row and " W" in row and "%" in row
+        assert row.split()[2] == "ok"
         detail = cluster.ctl("nodes", "n1").stdout
         assert "56 cores, 1.0 TiB memory (SIMULATED host)" in detail and "(SIMULATED GPUs)" in detail
         ok = _submit(cluster, "--name", "evil\x1b[31mred", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1",

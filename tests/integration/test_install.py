@@ -140,3 +140,10 @@ class TestPlainPipInstall:
         assert [line for line in res.stderr.splitlines() if "matplotlib" in line] == \
             ["gptrmctl simulate: plots skipped: matplotlib is not installed (pip install 'gptrm[sim]')"]
         assert (out / "results.json").exists() and (out / "results.md").exists()
+        # the measured scaling curves that --elastic replays ship as package data, found outside the checkout
+        curves = subprocess.run([str(py), "-c", "from coordinator.simulator.scaling import default_scaling_dir as d, "
+                                 "load_curves; print(d(), len(load_curves(d())))"],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert curves.returncode == 0, curves.stderr
+        where, count = curves.stdout.split()
+        assert count == "6" and str(venv) in where, curves.stdout

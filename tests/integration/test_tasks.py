@@ -126,8 +126,9 @@ class TestCoordinatorRestart:
         addr = cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", "--buffer-samples", "1", "--interval", "0.1")
+        # long enough that all four run at once even on a loaded machine (the first would end before the last starts)
         tids = [cluster.submit("--name", f"t{i}", "--gpus", "0.25", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
-                        "sh", "-c", f"sleep {2 + i * 0.3}; exit {i}") for i in range(4)]
+                        "sh", "-c", f"sleep {6 + i * 0.3}; exit {i}") for i in range(4)]
         running = wait_until(lambda: all(ts := [cluster.task_in(t, "running") for t in tids]) and ts,
                              what="all running")
         pids = [t["pids"][0] for t in running]

@@ -100,6 +100,16 @@ def _free_whole(mem_free: list[float], share_free: list[float]) -> list[float]:
     return free
 
 
+_NONE_DEGRADED: frozenset[int] = frozenset()
+
+
+def _degraded(gpus: tuple[GpuSlot, ...]) -> frozenset[int]:
+    """Positions of a node's DEGRADED GPUs (the allocator takes them last); one shared empty set for none."""
+    if not any([g.degraded for g in gpus]):
+        return _NONE_DEGRADED
+    return frozenset(k for k, g in enumerate(gpus) if g.degraded)
+
+
 def _shared(indices: tuple[int, ...]) -> tuple[int, ...]:
     """The one tuple kept for these GPU indices: placements share one tuple per GPU set, so a batch
     leaves fewer new objects for the collector."""
@@ -280,6 +290,7 @@ class PlacementState:
         # Topology groups per node as tuples, each distinct one kept once (commit's choice memo keys them by identity).
         self._topologies: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.slot_topology = [self._topology_of(node.gpus) for node in nodes]
+        self.slot_avoid = [_degraded(node.gpus) for node in nodes]
         self._partial = PartialGpus(sum(len(node.gpus) for node in nodes))
         self.whole_desc = np.full(shape, -1.0)
         self.free_desc: list[list[float]] = [[] for _ in nodes]   # whole_desc's columns as lists, unpadded
@@ -741,13 +752,14 @@ class PlacementState:
             # the topology groups by identity too, each distinct tuple kept once by the state).
             links = self.nodes[i].topology
             topology = self.slot_topology[i]
-            key = (whole, demand[0], per_gpu, id(links), id(topology), *mem, *share_free)
+            avoid = self.slot_avoid[i]
+            key = (whole, demand[0], per_gpu, id(links), id(topology), avoid, *mem, *share_free)
             known = self._choices.get(key)
             if known is not None and known[0] is links:
                 positions = known[1]
             else:
                 positions = choose_gpu_indices(mem, share_free, topology, whole=whole, share=demand[0],
-                                               mem_per_gpu=per_gpu, links=links)
+                                               mem_per_gpu=per_gpu, links=links, avoid=avoid)
                 if positions is None:
                     raise PlacementError(f"node {self.nodes[i].node_id!r} has no GPUs left for task {req.task_id!r}")
                 if len(self._choices) >= _CHOICES_MAX:
@@ -860,6 +872,7 @@ class PlacementState:
             [g.index for g in gpus] != self.slot_ids[i]
             or [g.mem_total_bytes for g in gpus] != self.slot_total[i]
             or tuple([g.topology_group for g in gpus]) != self.slot_topology[i]
+            or _degraded(gpus) != self.slot_avoid[i]
         ):
             return False
         # Snapshots of one node usually share these objects (the snapshot builder keeps its inventory
@@ -956,6 +969,7 @@ class PlacementState:
         self.slot_mem[i] = [g.mem_free_bytes for g in gpus]
         self.slot_share[i] = [g.share_free for g in gpus]
         self.slot_topology[i] = self._topology_of(gpus)
+        self.slot_avoid[i] = _degraded(gpus)
         for k in range(len(gpus), old_count):   # GPUs the node no longer has leave the shared index
             self._partial.update(i, k, 0.0, 0.0)
         self._refresh_node(i)

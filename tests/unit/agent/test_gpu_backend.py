@@ -10,6 +10,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from agent.collectors import NvmlCollector, SimulatedGpus
+from agent.health import HealthOptions
 from agent.sampler import build_sampler, open_gpu_backend
 from common.errors import ConfigError
 from tests.helpers import fake_pynvml
@@ -76,6 +77,19 @@ class TestOpenGpuBackend:
         """A malformed --simulate-gpus is a ConfigError naming the flag and the entry."""
         with pytest.raises(ConfigError, match=r"--simulate-gpus '8xH100': bad GPU spec entry '8xH100'"):
             open_gpu_backend("simulated", "8xH100", log)
+
+    def test_simulated_faults_refused_on_real_gpus(self, log: Log) -> None:
+        """--simulate-faults on real GPUs is a ConfigError, and NVML is shut down again."""
+        nvml = FakeNvml(make_gpus(1))
+        with pytest.raises(ConfigError, match="--simulate-faults /tmp/f: faults are simulated on simulated GPUs only"):
+            open_gpu_backend("auto", "", log, nvml_module=nvml, health=HealthOptions(simulate_faults="/tmp/f"))
+        assert not nvml.initialised and nvml.event_sets[0].freed
+
+    def test_simulated_faults_on_simulated_gpus(self, log: Log, tmp_path: Path) -> None:
+        faults = tmp_path / "faults.jsonl"
+        faults.write_text('{"gpu": 1, "xid": 79}\n')
+        gpus = open_gpu_backend("simulated", "2xL4-24GB", log, health=HealthOptions(simulate_faults=str(faults)))
+        assert [r.healthy for r in gpus.collect()] == [True, False]
 
     def test_unknown_backend(self, log: Log) -> None:
         """A backend name outside auto|nvml|simulated is a ConfigError."""

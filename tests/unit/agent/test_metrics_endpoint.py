@@ -54,9 +54,21 @@ DCGM_DEFAULT_COUNTERS = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
 }
+# Fields of dcgm-exporter's full field list (outside its default list) the agent serves for GPU health.
+DCGM_HEALTH_FIELDS = {
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "counter",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "counter",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": "gauge",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "gauge",
+    "DCGM_FI_DEV_PCIE_LINK_GEN": "gauge",
+    "DCGM_FI_DEV_PCIE_LINK_WIDTH": "gauge",
+}
+DCGM_NAMES = DCGM_DEFAULT_COUNTERS | DCGM_HEALTH_FIELDS
 MEASURED = {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL",
             "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"}
+HEALTH_MEASURED = {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                   "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE", *DCGM_HEALTH_FIELDS}
 DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
 
 
@@ -117,16 +129,17 @@ class TestExposition:
     """What one scrape says, parsed back with prometheus-client's own parser."""
 
     def test_dcgm_names_labels_and_values(self, node: Node) -> None:
-        """Only names of dcgm-exporter's default list, with its labels, one series per GPU, values in its units."""
+        """Only dcgm-exporter's names (its default list, and its health fields), with its labels, one series per
+        GPU, values in its units."""
         node.tick()
         node.tick()
         families = {f.name: f for f in text_string_to_metric_families(render(node.metrics).decode())}
         dcgm = {name for name in families if name.startswith("DCGM_")}
-        assert dcgm <= set(DCGM_DEFAULT_COUNTERS), dcgm - set(DCGM_DEFAULT_COUNTERS)
-        assert dcgm == MEASURED
+        assert dcgm <= set(DCGM_NAMES), dcgm - set(DCGM_NAMES)
+        assert dcgm == MEASURED | HEALTH_MEASURED
         for name in dcgm:
             fam = families[name]
-            assert fam.type == DCGM_DEFAULT_COUNTERS[name], name
+            assert fam.type == DCGM_NAMES[name], name
             assert len(fam.samples) == 2, name
             for s in fam.samples:
                 assert set(s.labels) == DCGM_LABELS, (name, s.labels)
@@ -164,7 +177,7 @@ class TestExposition:
             if kind == "counter" and not name.startswith("DCGM_"):
                 assert name.endswith("_total"), name
             if name.startswith("DCGM_"):
-                assert kind == DCGM_DEFAULT_COUNTERS[name], name
+                assert kind == DCGM_NAMES[name], name
             else:
                 assert name.startswith("gptrm_agent_"), name
         assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in text
@@ -188,7 +201,7 @@ class TestExposition:
         [info] = families["gptrm_agent_info"].samples
         assert info.labels["gpu_backend"] == "nvml" and info.labels["simulated"] == "false"
         dcgm = {name for name in families if name.startswith("DCGM_")}
-        assert dcgm and dcgm <= set(DCGM_DEFAULT_COUNTERS)
+        assert dcgm and dcgm <= set(DCGM_NAMES)
         models = {d.index: d.model for d in gpus.devices()}
         for s in families["DCGM_FI_DEV_GPU_UTIL"].samples:
             assert set(s.labels) == DCGM_LABELS and s.labels["modelName"] == models[int(s.labels["gpu"])]
@@ -224,8 +237,29 @@ class TestExposition:
         node.gpus.set_healthy(0, False)
         node.tick()
         fams = node.families()
-        for name in MEASURED:
+        for name in MEASURED | HEALTH_MEASURED:
             assert [s.labels["gpu"] for s in fams[name]] == ["1"], name
+
+    def test_gpu_health(self, node: Node) -> None:
+        """The health signals under dcgm-exporter's names and the agent's health state per GPU."""
+        node.tick()
+        fams = node.families()
+        assert by_gpu(fams["DCGM_FI_DEV_XID_ERRORS"]) == {"0": 0.0, "1": 0.0}
+        node.gpus.inject({"gpu": 0, "xid": 48, "ecc_dbe": 2, "row_remap": "pending", "throttle": "thermal"})
+        node.gpus.inject({"gpu": 1, "xid": 13})
+        node.tick()
+        fams = node.families()
+        assert by_gpu(fams["DCGM_FI_DEV_XID_ERRORS"]) == {"0": 48.0, "1": 13.0}
+        assert by_gpu(fams["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]) == {"0": 2.0, "1": 0.0}
+        assert by_gpu(fams["DCGM_FI_DEV_ROW_REMAP_PENDING"]) == {"0": 1.0, "1": 0.0}
+        assert by_gpu(fams["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"]) == {"0": 1.0, "1": 0.0}
+        assert by_gpu(fams["DCGM_FI_DEV_ROW_REMAP_FAILURE"]) == {"0": 0.0, "1": 0.0}
+        assert by_gpu(fams["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"]) == {"0": 0x48, "1": 0.0}
+        assert by_gpu(fams["DCGM_FI_DEV_PCIE_LINK_WIDTH"]) == {"0": 16.0, "1": 16.0}
+        health = {(s.labels["gpu"], s.labels["state"]): s.value for s in fams["gptrm_agent_gpu_health"]}
+        assert health == {("0", "healthy"): 0.0, ("0", "degraded"): 0.0, ("0", "unhealthy"): 1.0,
+                          ("1", "healthy"): 1.0, ("1", "degraded"): 0.0, ("1", "unhealthy"): 0.0}
+        assert by_gpu(fams["gptrm_agent_gpu_app_xids"]) == {"0": 0.0, "1": 1.0}
 
     def test_before_the_first_tick(self, node: Node) -> None:
         """With no sample yet only the agent's info and task table are served."""

@@ -10,6 +10,7 @@ import pytest
 
 from agent import launch
 from common.errors import GptrmError
+from tests.integration.harness import wait_until
 
 
 def _run_stub(env_file: Path, argv: list[str]) -> subprocess.CompletedProcess:
@@ -62,6 +63,36 @@ class TestRootSteps:
                                       prefix=["/usr/bin/setpriv", "--"], argv=["id"])
         assert command[:2] == ["/bin/sh", "-c"] and command[-1] == "id"
         assert launch.root_env() == {"PATH": launch.ROOT_PATH, "LANG": "C.UTF-8"}
+
+    @pytest.mark.skipif(os.geteuid() != 0 or not launch.Programs.find().namespaces_work(),
+                        reason="needs root and namespaces")
+    def test_a_stop_during_the_set_up_is_not_a_failed_set_up(self, tmp_path: Path) -> None:
+        """A signal that reaches the group while the namespace's mounts are still being made (a stop right after
+        the start, on a loaded machine) ends the step with the signal's status, not as "cannot set up" (125),
+        so the task reads cancelled rather than failed. A mount that fails by itself is still 125."""
+        started = tmp_path / "mounting"
+        slow = tmp_path / "slow-mount"
+        slow.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 30\n")
+        slow.chmod(0o755)
+        programs = launch.Programs(unshare=launch.root_program("unshare"), mount=str(slow))
+        proc = subprocess.Popen([*launch.namespace_prefix(programs, 0), "/bin/true"], env=launch.root_env(),
+                                start_new_session=True, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(started.exists, timeout_s=30, what="the mount step to start")
+            os.killpg(proc.pid, 15)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+        assert proc.returncode == 128 + 15, (proc.returncode, err)
+        assert "cannot set up" not in err
+        failing = tmp_path / "failing-mount"
+        failing.write_text("#!/bin/sh\nexit 32\n")
+        failing.chmod(0o755)
+        programs = launch.Programs(unshare=launch.root_program("unshare"), mount=str(failing))
+        done = subprocess.run([*launch.namespace_prefix(programs, 0), "/bin/true"], env=launch.root_env(),
+                              capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 125 and "cannot set up" in done.stderr
 
     def test_task_path_must_be_absolute(self) -> None:
         """The agent's --task-path is absolute directories only."""

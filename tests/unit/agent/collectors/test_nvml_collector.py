@@ -136,7 +136,11 @@ class TestNvmlCollector:
         assert (reading.ecc_corrected_total, reading.ecc_uncorrected_total) == (3, 1)
         assert [(p.pid, p.used_mem_bytes) for p in reading.processes] == [(4242, 59 * GIB), (4243, None)]
         assert reading.mig_enabled is False
-        assert reading.healthy and not reading.simulated
+        assert not reading.simulated
+        # An uncorrectable volatile ECC error needs a reset (agent/health).
+        assert reading.health is not None and (reading.health.state, reading.health.reason) == (
+            "unhealthy", "uncorrectable ecc")
+        assert (reading.healthy, reading.health_reason) == (False, "uncorrectable ecc")
 
     def test_unsupported_field_absent_and_not_requeried(self, log: Log) -> None:
         """A NotSupported field is None and its NVML call is never made again on that GPU."""
@@ -160,31 +164,35 @@ class TestNvmlCollector:
         assert gpus.collect()[0].temperature_c == 71.0
 
     def test_lost_gpu_unhealthy_others_sampled(self, log: Log) -> None:
-        """A GPU that fell off the bus is reported unhealthy while the others keep their values."""
+        """A GPU that fell off the bus is reported unhealthy (replace) while the others keep their values."""
         nvml = FakeNvml([busy_gpu(0), busy_gpu(1), busy_gpu(2)])
         gpus = open_nvml(log, nvml)
         nvml.gpus[1].lost = True
         with capture_logs() as logs:
             readings = gpus.collect()
             gpus.collect()
-        assert [r.healthy for r in readings] == [True, False, True]
-        assert readings[1].health_reason == "gpu is lost: GPU is lost"
+        assert [r.health.reason for r in readings if r.health] == ["uncorrectable ecc", "gpu lost", "uncorrectable ecc"]
+        assert readings[1].health_reason == "gpu lost" and not readings[1].healthy
+        assert readings[1].health is not None and readings[1].health.action == "replace"
+        assert readings[1].health.evidence == "GPU is lost"
         assert readings[1].uuid == "GPU-fake-0001" and readings[1].power_w is None
         assert readings[2].power_w == 350.5
-        lost = [e for e in logs if e["event"] == "gpu_lost"]
-        assert len(lost) == 1 and lost[0]["gpu_index"] == 1 and lost[0]["gpu_uuid"] == "GPU-fake-0001"
+        lost = [e for e in logs if e["event"] == "gpu_health_changed" and e["gpu_index"] == 1]
+        assert len(lost) == 1 and lost[0]["reason"] == "gpu lost"
+        gpus.close()
 
-    def test_recovered_gpu_logged(self, log: Log) -> None:
-        """A GPU that answers again is healthy and logged as recovered."""
-        nvml = FakeNvml([busy_gpu(0)])
+    def test_lost_gpu_stays_unhealthy_when_it_answers_again(self, log: Log) -> None:
+        """A GPU once lost is read again when it answers, but stays unhealthy until the agent restarts (an
+        admin resumes it after repair)."""
+        nvml = FakeNvml([busy_gpu(0, ecc_uncorrected=0)])
         gpus = open_nvml(log, nvml)
         nvml.gpus[0].lost = True
         gpus.collect()
         nvml.gpus[0].lost = False
-        with capture_logs() as logs:
-            [reading] = gpus.collect()
-        assert reading.healthy
-        assert [e["event"] for e in logs if e["log_level"] != "debug"] == ["gpu_recovered"]
+        [reading] = gpus.collect()
+        assert reading.power_w == 350.5 and not reading.healthy
+        assert reading.health is not None and reading.health.action == "replace"
+        gpus.close()
 
     def test_enforced_limit_refreshes_inventory(self, log: Log) -> None:
         """A limit changed outside the agent shows in ``devices()`` after the next sample."""
@@ -255,7 +263,7 @@ class TestParseGpuReading:
         """Fields absent from the raw values are None in the reading."""
         reading = parse_gpu_reading(0, "GPU-y", {})
         assert reading.util_gpu is None and reading.power_w is None and reading.mig_enabled is None
-        assert reading.processes == () and reading.healthy
+        assert reading.processes == () and reading.healthy and reading.health is None
 
 
 class TestParseTopologyGroups:

@@ -176,10 +176,10 @@ class TestSimulatedGpus:
         assert all(0.48 <= u <= 0.52 for u in utils_a)  # type: ignore[operator]
 
     def test_unhealthy_gpu(self, clock: FakeClock) -> None:
-        """A GPU marked unhealthy reports it, then recovers when marked healthy."""
+        """A GPU marked unhealthy reports it lost, then recovers when marked healthy."""
         gpus = make_gpus(clock)
         gpus.set_healthy(2, False)
-        assert (gpus.collect()[2].healthy, gpus.collect()[2].health_reason) == (False, "gpu is lost (simulated)")
+        assert (gpus.collect()[2].healthy, gpus.collect()[2].health_reason) == (False, "gpu lost (simulated)")
         gpus.set_healthy(2, True)
         assert gpus.collect()[2].healthy
 

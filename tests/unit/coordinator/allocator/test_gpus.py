@@ -53,3 +53,19 @@ class TestChooseGpuIndices:
             [m * GIB for m in mem], share, topology, whole=whole, share=frac, mem_per_gpu=need * GIB
         )
         assert got == expected
+
+
+class TestDegradedLast:
+    """DEGRADED GPUs (``avoid``) are taken only when the node's other GPUs cannot hold the task."""
+
+    def test_whole_gpu_skips_a_degraded_best_fit(self) -> None:
+        mem = [40 * GIB, 80 * GIB, 80 * GIB]
+        assert choose_gpu_indices(mem, [1, 1, 1], [-1] * 3, whole=1, share=0.0, mem_per_gpu=GIB) == (0,)
+        assert choose_gpu_indices(mem, [1, 1, 1], [-1] * 3, whole=1, share=0.0, mem_per_gpu=GIB,
+                                  avoid=frozenset({0})) == (1,)
+
+    def test_degraded_taken_when_nothing_else_fits(self) -> None:
+        assert choose_gpu_indices([80 * GIB] * 2, [1, 1], [-1, -1], whole=2, share=0.0, mem_per_gpu=GIB,
+                                  avoid=frozenset({0})) == (0, 1)
+        assert choose_gpu_indices([80 * GIB] * 2, [1, 0.5], [-1, -1], whole=0, share=0.5, mem_per_gpu=GIB,
+                                  avoid=frozenset({1})) == (0,)

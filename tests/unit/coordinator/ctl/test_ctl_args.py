@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
+from coordinator.ctl.argtypes import gpu_ref
 from coordinator.ctl.completion import completion_script
 from coordinator.ctl.main import build_parser, main
 from coordinator.ctl.transport import EXIT_USAGE
@@ -103,3 +106,13 @@ class TestCompletionLists:
         assert "    tasks) opts='-h --help --state --page-size'; ids=tasks ;;" in script
         assert ('opts="$opts --coordinator -o --output --tls-cert --tls-key --tls-ca --insecure --token --timeout '
                 '--debug"') in script
+
+
+def test_gpu_ref_parses_node_and_indices() -> None:
+    """``gpus resume`` takes NODE (all its fenced GPUs) or NODE:INDEX[,INDEX]; a bad index is a usage error."""
+    assert gpu_ref("n1") == ("n1", [])
+    assert gpu_ref("n1:3") == ("n1", [3])
+    assert gpu_ref("n1:3,5") == ("n1", [3, 5])
+    for bad in ("n1:", "n1:x", "n1:-1", ":3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            gpu_ref(bad)

@@ -84,3 +84,17 @@ class TestOutbox:
         outbox.put_nowait(None)   # a stream ended elsewhere (a newer stream of the node) still ends
         assert outbox.get_nowait() is None
 
+
+
+class TestHealthHolds:
+    def test_health_drain_reads_draining_and_a_pending_check_is_unschedulable(self) -> None:
+        """A health drain is DRAINING like an admin's; a pending health check keeps a READY node unschedulable until
+        its agent's next stream reports otherwise."""
+        reg = NodeRegistry(1.0, 30.0, now=FakeClock(100.0))
+        entry, _ = reg.connect(_inv(), outbox=object())
+        entry.health_pending = True
+        assert entry.state == NodeState.READY and not reg.schedulable(entry)
+        entry, _ = reg.connect(_inv(), outbox=object())
+        assert not entry.health_pending and reg.schedulable(entry)
+        entry.record.health_drained = True
+        assert reg.rederive(entry) == NodeState.DRAINING and not reg.schedulable(entry)

@@ -33,7 +33,6 @@ from coordinator.simulator.scaling import (
 from tests.helpers.sim import cluster, job, node, write_csv
 
 SCALING = default_scaling_dir()
-needs_scaling = pytest.mark.skipif(not (SCALING / "pollux").is_dir(), reason=f"no scaling data at {SCALING}")
 
 
 def toy_curve() -> ScalingCurve:
@@ -44,7 +43,6 @@ def toy_curve() -> ScalingCurve:
 
 # ---- the scaling data --------------------------------------------------------------------------------------
 
-@needs_scaling
 def test_measured_curves_rise_with_gpus_and_are_sublinear() -> None:
     curves = load_curves(SCALING)
     assert set(curves) == set(MODELS)
@@ -199,7 +197,6 @@ def test_records_name_the_sizes_an_elastic_job_was_resized_to(tmp_path: Path) ->
     assert {r["resizes"] for r in rows} == {"100:8;450:4;750:8"}
 
 
-@needs_scaling
 def test_simulate_elastic_writes_the_report(tmp_path: Path) -> None:
     rows = [f"j{i},{60 * i},{600 + 300 * (i % 5)},{1 + (i % 3)},1,,,g,," for i in range(24)]
     jobs_csv = write_csv(tmp_path / "jobs.csv", "job_id,submit_s,duration_s,gpus,gpu_share,cpu_cores,mem_gib,"
