@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.launch import root_env
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.oci import ImageRef
@@ -314,13 +315,15 @@ class ImageStore:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT,
-                                                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                                                             "HOME": str(self.root), "LANG": "C.UTF-8"})
+                                                        env={**root_env(), "HOME": str(self.root)})
         except OSError as e:
             raise PullFailed(f"{what}: cannot run {argv[0]}: {e.strerror or e}") from e
         out = asyncio.ensure_future(proc.communicate())
+        deadline = time.monotonic() + _TIMEOUT_S
         try:
             while not out.done():
+                if time.monotonic() > deadline:
+                    raise PullFailed(f"{what}: no answer within {_TIMEOUT_S:.0f} s (timed out)")
                 if progress is not None and watch is not None:
                     done = await asyncio.to_thread(tree_bytes, watch) if watch.exists() else 0
                     progress(f"pulling {ref}: {done} bytes")
