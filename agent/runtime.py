@@ -286,7 +286,7 @@ class TaskRuntime:
         if st.task_id in self._pulling and st.task_id not in self._resuming:
             return st.task_id, TaskState.STARTING
         if st.image and self.containers is not None and self.containers.store is not None \
-                and not self.containers.store.has(parse_image(st.image).text):
+                and st.task_id not in self._resuming and not self.containers.store.has(parse_image(st.image).text):
             # The pull may take minutes: it runs beside the decision stream (a stop still reaches the task), and
             # the start carries on once the image is there (reported STARTING, with the pull's progress, meanwhile).
             self._pulling[st.task_id] = asyncio.create_task(self._start_after_pull(decision))
