@@ -215,7 +215,7 @@ def test_cancel_reaches_every_process_of_the_container(cluster: Cluster, state_d
     """A container whose command starts children that ignore SIGTERM and leave its process group: a cancel ends
     it, and nothing of it is left running (the module's fixture checks no task uid runs afterwards too)."""
     _start(cluster, state_dir, registry)
-    task_id = _submit(cluster, "trap '' TERM; (trap '' TERM; sleep 1000) & sh -c 'trap \"\" TERM; sleep 1000' & "
+    task_id = _submit(cluster, "trap '' TERM; (trap '' TERM; sleep 4711) & sh -c 'trap \"\" TERM; sleep 4711' & "
                                "echo started; wait", "--image", f"{registry}/test/img:1", "--stop-grace-s", "1")
     wait_until(lambda: "started" in cluster.ctl("logs", task_id).stdout, 60, what="the container's children")
     uid = int(cluster.ctl_json("tasks", task_id).get("uid", 0) or 0)
@@ -226,7 +226,7 @@ def test_cancel_reaches_every_process_of_the_container(cluster: Cluster, state_d
 
     def none_left() -> bool:
         return not [p for p in psutil.process_iter(["cmdline", "uids"])
-                    if p.info["cmdline"] == ["sleep", "1000"] and (not uid or p.info["uids"].real == uid)]
+                    if p.info["cmdline"] == ["sleep", "4711"] and (not uid or p.info["uids"].real == uid)]
 
     wait_until(none_left, 30, what="every process of the container gone")
 
@@ -332,10 +332,10 @@ def test_pause_and_resume_reach_the_container(cluster: Cluster, state_dir: Path,
     import psutil
 
     _start(cluster, state_dir, registry)
-    task_id = _submit(cluster, "sleep 2002", "--image", f"{registry}/test/img:1", "--stop-grace-s", "1")
+    task_id = _submit(cluster, "sleep 4713", "--image", f"{registry}/test/img:1", "--stop-grace-s", "1")
 
     def sleeper() -> psutil.Process | None:
-        found = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "2002"]]
+        found = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4713"]]
         return found[0] if found else None
 
     proc = wait_until(sleeper, 60, what="the container's process")
@@ -372,7 +372,7 @@ def test_a_container_sees_only_its_own(cluster: Cluster, state_dir: Path, regist
     monkeypatch.setenv("AGENT_ONLY_TOKEN", "agent-secret-value")
     _start(cluster, state_dir, registry)
     image = f"{registry}/test/img:1"
-    first = _submit(cluster, "exec sh -c 'sleep 3401; :' --password=hunter2", "--image", image, "--stop-grace-s", "1")
+    first = _submit(cluster, "exec sh -c 'sleep 4712; :' --password=hunter2", "--image", image, "--stop-grace-s", "1")
     try:
         wait_until(lambda: cluster.ctl_json("tasks", first)["state"] == "running", 60, what="the first task")
         second = _submit(cluster, "echo DEV: $(ls /dev); cat /proc/mounts | while read -r dev dir rest; do "
@@ -381,7 +381,7 @@ def test_a_container_sees_only_its_own(cluster: Cluster, state_dir: Path, regist
                          "--image", image, "--mem-gib", str(64 / 1024), "--env", "FROM_SPEC=yes")
         assert _ended(cluster, second)["state"] == "succeeded"
         out = cluster.ctl("logs", second).stdout
-        assert "hunter2" not in out and "3401" not in out and "gptrm-task" not in out, out
+        assert "hunter2" not in out and "4712" not in out and "gptrm-task" not in out, out
         assert "agent-secret-value" not in out and "FROM_SPEC=yes" in out, out
         dev = set(out.split("DEV:", 1)[1].split("\n", 1)[0].split())
         assert dev <= {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm", "mqueue", "console",
