@@ -164,6 +164,10 @@ class CoordinatorConfig:
     queues_file: str = option("", "team queues (TOML) stored in etcd when none are stored yet; afterwards "
                               "`gptrmctl queues set/rm` change them ('' none: one default queue)",
                               flag="queues", metavar="FILE", path=True)
+    mount_allowed: list[str] = option([], "host directories under which a task with an image may mount paths "
+                                      "(--mount SRC:DST) and name image archives (oci-archive:PATH); anything "
+                                      "else is refused at submit (none: no host path at all)", path=True,
+                                      metavar="DIR[,DIR...]")
 
     @property
     def gpu_hour_prices(self) -> dict[str, float]:

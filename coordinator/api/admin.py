@@ -44,6 +44,7 @@ from common.errors import (
     ValidationError,
 )
 from common.logging import get_logger
+from common.oci import validate_container
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
@@ -107,7 +108,7 @@ SERVED_BY: Mapping[str, Served] = {
     "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
-    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER,
+    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER, "PullImage": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -393,8 +394,30 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         # The door: a task no known node could hold even empty is refused, unless the operator queues it anyway.
         admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
         queue, submitter = self._queue_for(request.spec)
+        self._check_host_paths(request.spec, queue)
         return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
                                             submitted_by=submitter)
+
+    @_rpc
+    async def PullImage(self, request: admin_pb2.PullImageRequest,
+                        context: Ctx) -> admin_pb2.PullImageResponse:
+        """Pre-pull an image on nodes (an admin's call: archives only below the cluster's --mount-allowed)."""
+        if not request.image:
+            raise ValidationError("image", "is required")
+        validate_container(request.image, [], "", 0, allowed=self._app.cfg.mount_allowed, image_field="image")
+        if len(request.nodes) > 10_000:
+            raise ValidationError("nodes", f"{len(request.nodes)} nodes is more than 10000")
+        return admin_pb2.PullImageResponse(nodes=self._app.nodes.pull_image(request.image, list(request.nodes)))
+
+    def _check_host_paths(self, spec: types_pb2.TaskSpec, queue: str) -> None:
+        """A container's host paths (mounts, image archives) lie below the roots the cluster allows
+        (``--mount-allowed``) or those of the task's queue and the queues above it (docs/containers.md).
+
+        :raises ValidationError: naming ``spec.mounts[i]`` or ``spec.image``."""
+        config = self._app.queue_admin.config
+        chain = (queue, *config.ancestors(queue)) if queue in config else ()
+        allowed = [*self._app.cfg.mount_allowed, *(root for name in chain for root in config.get(name).mount_allowed)]
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes, allowed=allowed)
 
     def _queue_for(self, spec: types_pb2.TaskSpec) -> tuple[str, str]:
         """The team queue a submission goes to, and who submits it.
@@ -537,6 +560,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         spec = types_pb2.TaskSpec()
         spec.CopyFrom(request.spec)
         spec.queue, submitter = self._queue_for(spec)   # its replicas run in the queue resolved now
+        self._check_host_paths(spec, spec.queue)
         return await self._app.services.create(spec, request.request_id, submitted_by=submitter)
 
     @_rpc

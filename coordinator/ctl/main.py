@@ -124,6 +124,36 @@ def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
     _out(args, {"nodes": docs, "stale": stale}, human.nodes_table(docs, wide=args.output == "wide"))
 
 
+def images_doc(views: list[admin_pb2.NodeView], stale: bool) -> dict[str, Any]:
+    """The ``images`` document (schema ``images.json``): per node, whether it runs containers and what it holds."""
+    return {"nodes": [{"node_id": v.record.inventory.node_id, "containers": v.record.inventory.containers,
+                       "images": sorted(v.record.inventory.images)} for v in views], "stale": stale}
+
+
+def cmd_images(t: Transport, args: argparse.Namespace) -> None:
+    if args.node == "pull":   # images pull REF [--nodes A,B]: pre-pull on nodes
+        if not args.ref:
+            raise CtlError("images pull: give the image REF to pull", EXIT_USAGE)
+        nodes = [n for n in (s.strip() for s in (args.nodes or "").split(",")) if n]
+        resp = t.call("PullImage", admin_pb2.PullImageRequest(image=args.ref, nodes=nodes), write=True)
+        d = {"image": args.ref, "nodes": list(resp.nodes)}
+        _out(args, d, f"pulling {human.escape(args.ref)} on " + (", ".join(map(human.escape, resp.nodes)) or
+                                                                  "no node (none runs containers)"))
+        return
+    if args.ref or args.nodes:
+        raise CtlError("images: REF and --nodes go with 'images pull'", EXIT_USAGE)
+    if args.node:
+        views, stale = [t.call("GetNode", admin_pb2.GetNodeRequest(node_id=args.node))], False
+    else:
+        views, stale = all_nodes(t, [], args.page_size)
+    d = images_doc(list(views), stale)
+    lines = [f"{'NODE':<24} {'CONTAINERS':<10} IMAGES"]
+    for n in d["nodes"]:
+        lines.append(f"{human.escape(n['node_id'])[:24]:<24} {'yes' if n['containers'] else 'no':<10} "
+                     + (", ".join(human.escape(i) for i in n["images"]) or "-"))
+    _out(args, d, "\n".join(lines))
+
+
 def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
     if args.task and args.task.startswith(SERVICE_PREFIX):
         d = render.service_dict(t.call("GetService", admin_pb2.ServiceRef(service_id=args.task)))
@@ -409,6 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--state", action="append", help="only nodes in these states (ready,lost,...)")
     sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_nodes)
+    sp = sub.add_parser("images", help="the images each node's store holds, or pre-pull one (images pull REF "
+                                       "[--nodes A,B]; docs/containers.md)")
+    sp.add_argument("node", nargs="?", help="only this node, or pull")
+    sp.add_argument("ref", nargs="?", metavar="REF", help="with pull: the image to pull")
+    sp.add_argument("--nodes", metavar="A,B", help="with pull: these nodes (default: every node that runs containers)")
+    sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
+    sp.set_defaults(fn=cmd_images)
     sp = sub.add_parser("tasks", help="list tasks or show one (or a service: its replicas, forecast, decisions)")
     sp.add_argument("task", nargs="?", help="a task id, or a service id (s-...)")
     sp.add_argument("--state", action="append", help="only tasks in these states (pending,running,...)")

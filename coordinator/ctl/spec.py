@@ -45,6 +45,16 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher", choices=("torchrun",),
                    help="run the command under torchrun with the task's nodes, rank, GPUs and rendezvous "
                         "(torchrun --nnodes ... --master-port ... -- ARGV)")
+    c = p.add_argument_group("Container (docs/containers.md)")
+    c.add_argument("--image", metavar="REF",
+                   help="run the command inside this OCI image: REGISTRY/NAME:TAG, NAME@sha256:HEX, "
+                        "oci-archive:PATH or docker-archive:PATH (a file on the node)")
+    c.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]",
+                   help="bind host path SRC at DST in the container (only below the cluster's allowed paths); "
+                        "repeatable")
+    c.add_argument("--workdir", metavar="DIR", help="working directory inside the container (default: the image's)")
+    c.add_argument("--shm", metavar="SIZE", help="size of the container's /dev/shm (e.g. 8GiB; default: the "
+                                                 "task's memory demand)")
     p.add_argument("--priority", type=int, help="higher runs first")
     p.add_argument("--queue", metavar="NAME", help="the team queue it runs in (default: your credential's default)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
@@ -152,6 +162,10 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
         d["launcher"] = args.launcher
     if args.queue is not None:
         d["queue"] = args.queue
+    for key, value in (("image", args.image), ("mounts", args.mount or None), ("workdir", args.workdir),
+                       ("shm_bytes", args.shm)):
+        if value is not None:
+            d[key] = value
     return _parse(d, "flags")
 
 
@@ -265,12 +279,14 @@ def spec_from_file(path: str) -> types_pb2.TaskSpec:
 def _parse(doc: dict[str, Any], source: str) -> types_pb2.TaskSpec:
     """The spec a mapping describes, with the checks that need no coordinator (types, ranges, what
     ``execve`` cannot pass); any problem is a usage error naming the field."""
+    from common.oci import validate_container
     from coordinator.profiler.profiler import spec_from_mapping
     from coordinator.profiler.validation import validate_argv_env
 
     try:
         spec = spec_from_mapping(doc)
         validate_argv_env(spec.argv, spec.env)
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes)
     except ValidationError as e:
         raise CtlError(f"{source}: {e}", EXIT_USAGE) from None
     except RecursionError:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
+from common.oci import validate_container
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.profiler.elastic_spec import validate_elastic
 from coordinator.profiler.qos_spec import validate_qos_spec
@@ -275,7 +276,9 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
     a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
     :func:`validate_service` refuses; a launcher other than ``torchrun``; an elastic range
-    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses.
+    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses; an image reference, mount, working
+    directory or ``/dev/shm`` size :func:`common.oci.validate_container` refuses (their syntax; the allowed host
+    roots are checked by the Admin API, which knows the cluster's).
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -306,6 +309,7 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         if spec.HasField("service"):
             validate_service(spec)
         validate_elastic(spec, max_gpus_per_node)
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes)
 
 
 def validate_profiled_demand(demand: Resources) -> None:

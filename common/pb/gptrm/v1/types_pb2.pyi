@@ -202,7 +202,7 @@ class Constraints(_message.Message):
     def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue", "elastic")
+    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue", "elastic", "image", "mounts", "workdir", "shm_bytes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,10 @@ class TaskSpec(_message.Message):
     LAUNCHER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: TaskKind
     model: ModelSpec
@@ -275,7 +279,11 @@ class TaskSpec(_message.Message):
     launcher: str
     queue: str
     elastic: ElasticSpec
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ...) -> None: ...
+    image: str
+    mounts: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    shm_bytes: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., shm_bytes: _Optional[int] = ...) -> None: ...
 
 class ElasticSpec(_message.Message):
     __slots__ = ("min_gpus", "max_gpus", "min_nodes", "max_nodes", "throughput_counter")
@@ -594,7 +602,7 @@ class GpuLink(_message.Message):
     def __init__(self, peer_index: _Optional[int] = ..., level: _Optional[_Union[GpuLinkLevel, str]] = ..., nvlinks: _Optional[int] = ...) -> None: ...
 
 class NodeInventory(_message.Message):
-    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated", "advertise_address", "task_port_min", "task_port_max")
+    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated", "advertise_address", "task_port_min", "task_port_max", "containers", "images")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -616,6 +624,8 @@ class NodeInventory(_message.Message):
     ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TASK_PORT_MIN_FIELD_NUMBER: _ClassVar[int]
     TASK_PORT_MAX_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
@@ -630,7 +640,9 @@ class NodeInventory(_message.Message):
     advertise_address: str
     task_port_min: int
     task_port_max: int
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ...) -> None: ...
+    containers: bool
+    images: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ..., containers: _Optional[bool] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
     __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s", "power_state", "power_state_unix_s", "power_reason", "gpu_fences", "health_drained", "health_drain_reason", "gpu_health_history")
