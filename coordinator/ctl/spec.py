@@ -44,7 +44,7 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "(samples, tokens); default: GPU utilization × GPUs")
     p.add_argument("--launcher", choices=("torchrun",),
                    help="run the command under torchrun with the task's nodes, rank, GPUs and rendezvous "
-                        "(torchrun --nnodes ... --master-port ... -- ARGV)")
+                        "(torchrun --nnodes ... --master-port ... -- ARGV; --standalone on one node; docs/pytorch.md)")
     p.add_argument("--priority", type=int, help="higher runs first")
     p.add_argument("--queue", metavar="NAME", help="the team queue it runs in (default: your credential's default)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
