@@ -14,13 +14,15 @@ import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.harness import BIN, ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
+
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[1] / "workloads" / "train_ddp.py"
 TASK_PATH = f"{BIN}:/usr/bin:/bin"
@@ -49,12 +51,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _steps(out: Path) -> list[tuple[int, float, int]]:
-    """(step, loss, world size) of every step a run completed, in the order they ran."""
+    """(step, loss, world size) of every step a run completed, in the order they ran (a line still being written,
+    without its newline yet, is not read)."""
     log = out / "steps.log"
     if not log.exists():
         return []
     rows = []
-    for line in log.read_text().splitlines():
+    for line in log.read_text().split("\n")[:-1]:
         step, loss, world = line.split()
         rows.append((int(step), float(loss), int(world)))
     return rows
@@ -87,10 +90,11 @@ def _same_run(result: dict[str, Any], reference: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def workdir(tmp_path: Path) -> Iterator[Path]:
+def workdir(tmp_path: Path) -> Path:
+    """The job's directory (its checkpoint, step log and result)."""
     out = tmp_path / "job"
     out.mkdir()
-    yield out
+    return out
 
 
 class TestPyTorchJobs:
