@@ -61,9 +61,12 @@ HOLD_POLL_S = 0.05
 
 
 def say(rank: int, event: str, **fields: Any) -> None:
-    """One line of what the tests read: ``train_ddp: EVENT rank=R key=value ...``."""
+    """One line of what the tests read: ``train_ddp: EVENT rank=R key=value ...``, written whole in one write (the
+    ranks share their output pipe, and ``print`` writes a line and its newline apart when unbuffered, as under
+    torchrun's ``python -u``)."""
     extra = " ".join(f"{k}={v}" for k, v in fields.items())
-    print(f"train_ddp: {event} rank={rank} {extra}".rstrip(), flush=True)
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (f"train_ddp: {event} rank={rank} {extra}".rstrip() + "\n").encode())
 
 
 def join() -> tuple[int, int]:
