@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# .venv serves `make run` (coordinator + agent) and `make test` (every extra and the test tools).
-VENV_EXTRAS ?= all,dev
+# .venv serves `make run` (coordinator + agent) and `make test` (every extra, the test tools and PyTorch's CPU build
+# for the training jobs the integration tests run).
+VENV_EXTRAS ?= all,dev,train
 
 .PHONY: run test test-faults proto proto-check lint typecheck bench soak clean venv install uninstall system-test-deps
 

@@ -44,7 +44,7 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "(samples, tokens); default: GPU utilization × GPUs")
     p.add_argument("--launcher", choices=("torchrun",),
                    help="run the command under torchrun with the task's nodes, rank, GPUs and rendezvous "
-                        "(torchrun --nnodes ... --master-port ... -- ARGV)")
+                        "(torchrun --nnodes ... --master-port ... -- ARGV; --standalone on one node; docs/pytorch.md)")
     c = p.add_argument_group("Container (docs/containers.md)")
     c.add_argument("--image", metavar="REF",
                    help="run the command inside this OCI image: REGISTRY/NAME:TAG, NAME@sha256:HEX, "
