@@ -267,11 +267,11 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     elastic = ElasticAllocator(tasks, dispatcher, monitor, events, metrics,
                                ElasticSettings(interval_s=cfg.elastic_interval_s,
                                                restart_cost_s=cfg.elastic_restart_cost_s), profiler)
+    restarts = RestartPolicy(tasks)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
-                           on_shrunk=power_manager.shrunk_for)
-    restarts = RestartPolicy(tasks)
+                           on_shrunk=power_manager.shrunk_for, will_restart=restarts.allows)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,
