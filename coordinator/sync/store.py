@@ -303,7 +303,8 @@ class Store:
         """Store many new PENDING tasks (an array's elements) in few transactions: as many per transaction as
         etcd's operation limit and ``max_bytes`` of values allow, each put only if its key is new.
 
-        Transactions that went through stay (each holds whole tasks); a retry of the same ids creates only those
+        The tasks are completed in place (history, submit time, revision) and returned. Transactions that went
+        through stay (each holds whole tasks); a retry of the same ids creates only those
         not yet stored (the caller leaves out the ones it knows).
 
         :returns: the stored tasks, ``revision`` set, in order.
@@ -313,9 +314,7 @@ class Store:
         batch: list[tuple[types_pb2.Task, str, bytes]] = []
         size = 0
         now = self._wall()
-        for task in tasks:
-            new = types_pb2.Task()
-            new.CopyFrom(task)
+        for new in tasks:   # taken as they are (no copy: an array's elements are made for this call)
             if new.state not in (0, TaskState.PENDING):
                 raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
             new.revision = 0
