@@ -107,7 +107,7 @@ class WorkflowGate:
             room = max(0, most - active)
             out.ready.extend(waiting[:room])
             for task in waiting[room:]:
-                out.held[task.id] = f"array {array_id}: {active} of at most {most} elements placed or running"
+                out.held[task.id] = f"array {array_id}: {most} elements placed or running already (%{most})"
         return out
 
     def outcome(self, target: str, arrays: dict[str, Outcome] | None = None) -> Outcome | None:

@@ -20,6 +20,7 @@ from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.app import App
+from coordinator.qos.retention import TaskRetention
 from coordinator.sync import Keys, connect
 from tests.helpers.inproc import admin_stub, one_gpu_spec, run_leading
 from tests.integration.harness import Cluster, wait_until
@@ -100,6 +101,34 @@ class TestArraySubmit:
                 with pytest.raises(grpc.aio.AioRpcError) as missing:
                     await stub.CancelArray(admin_pb2.ArrayRef(array_id="a-000000000000"), timeout=30)
                 assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+        asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
+
+
+class TestRetention:
+    def test_a_finished_task_stays_while_a_task_waits_for_it(self, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+        """Retention (here: nothing finished is kept) leaves a finished task, and a finished array's elements, that
+        an unfinished task still names in ``after``; once that task ends they go."""
+        async def scenario(app: App) -> None:
+            retention = TaskRetention(app.tasks, app.store, app.leadership, retain_s=0.0, retain_count=0)
+            async with admin_stub(AdminService(app)) as stub:
+                def submit(spec: types_pb2.TaskSpec) -> Any:
+                    return stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=spec, queue_unplaceable=True), timeout=30)
+
+                first = await submit(one_gpu_spec("first"))
+                array = await submit(_array_spec(2))
+                other = await submit(one_gpu_spec("other"))
+                for tid in (first.id, other.id, f"{array.array_id}_0", f"{array.array_id}_1"):
+                    await app.tasks.cancel(tid)
+                waiting = await submit(_after(first.id, types_pb2.DEPENDENCY_KIND_ANY))
+                waiting_too = await submit(_after(array.array_id, types_pb2.DEPENDENCY_KIND_NOTOK))
+                await app.tasks.cancel(waiting_too.id)   # ends before it was placed: its array may go now
+                await retention.collect()
+                assert app.tasks.find(first.id) is not None and app.tasks.find(other.id) is None
+                assert app.tasks.array_elements(array.array_id) == []
+                await app.tasks.cancel(waiting.id)
+                await retention.collect()
+                assert app.tasks.find(first.id) is None
 
         asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
 

@@ -126,7 +126,7 @@ class TestArrayLimit:
         t = Table(*(task(f"a-1_{i}", s, array="a-1", index=i, most=4) for i, s in enumerate(states)))
         gated = t.gate().sort(reversed(t.pending()), NOW)
         assert [x.id for x in gated.ready] == ["a-1_3", "a-1_4"]
-        assert gated.held["a-1_5"] == "array a-1: 2 of at most 4 elements placed or running"
+        assert gated.held["a-1_5"] == "array a-1: 4 elements placed or running already (%4)"
 
     def test_no_limit_lets_every_element_through(self) -> None:
         t = Table(*(task(f"a-1_{i}", array="a-1", index=i) for i in range(10)))
