@@ -11,8 +11,12 @@ VENV_EXTRAS ?= all,dev
 # Debian packages the tests use (real programs, never mocks), installed by `make test` when missing. One per line,
 # with what needs it.
 SYSTEM_TEST_PACKAGES ?= \
-	prometheus
+	prometheus \
+	chromium \
+	chromium-driver
 # prometheus: promtool checks the example alert rules (tests/unit/test_alert_rules.py)
+# chromium, chromium-driver: the web console's browser tests drive the system's headless Chromium through Selenium
+#   (tests/integration/test_web.py); no browser is ever downloaded
 
 venv: $(STAMP)
 

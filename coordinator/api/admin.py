@@ -284,18 +284,24 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except EtcdUnavailable:
             return False, None
 
+    async def node_views(self) -> tuple[list[admin_pb2.NodeView], bool]:
+        """Every node as ListNodes answers it, unpaginated, and whether the answer is stale (a standby's from
+        its memory): what ListNodes pages through, and what the web console reads whole (nodes hold no
+        secret field)."""
+        read, records = await self._from_etcd(self._app.store.list_nodes)
+        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        return views, not read and self._app.leadership.stale
+
     @_rpc
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Ctx) -> admin_pb2.ListNodesResponse:
         for s in request.states:
             if s not in types_pb2.NodeState.values() or s == 0:
                 raise ValidationError("states", f"unknown node state {s}")
         wanted = set(request.states)
-        read, records = await self._from_etcd(self._app.store.list_nodes)
-        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        views, stale = await self.node_views()
         views = [v for v in views if not wanted or v.state in wanted]
         page, token = paginate(views, lambda v: (v.record.inventory.node_id,), request.page_size, request.page_token)
-        return admin_pb2.ListNodesResponse(nodes=page, stale=not read and self._app.leadership.stale,
-                                           next_page_token=token)
+        return admin_pb2.ListNodesResponse(nodes=page, stale=stale, next_page_token=token)
 
     @_rpc
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:

@@ -2,6 +2,8 @@
 
 One cycle, in this order (each step needs the previous one's output):
 
+0. moves: tasks holding a GPU that turned unhealthy (fenced in its node's record) are stopped with their
+   checkpoint signal and requeued, or, elastic, shrink off it (``coordinator/health/moves.py``);
 1. queue: PENDING tasks ordered by priority, then slack (deadline − now − the profiler's expected
    run time, 0 when it has none; no deadline last), then submit time;
 2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
@@ -62,6 +64,7 @@ from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
+from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
@@ -122,6 +125,7 @@ class SchedulerCycle:
     :param elastic: the elastic allocator (None: elastic tasks run at their minimum and never resize).
     :param on_shrunk: told ``(waiting task, GPUs)`` when elastic tasks shrink for a waiting task (the Resource
         Adaptor wakes a node for what they gave up).
+    :param moves: moves work off fenced GPUs first thing in each cycle (None: never).
     :param will_restart: whether an ended task is about to be requeued (a dependency on it is still awaited).
     """
 
@@ -131,7 +135,9 @@ class SchedulerCycle:
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
                  queues: LeaderQueues | None = None, elastic: Elasticity | None = None,
                  on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None,
+                 moves: GpuMoves | None = None,
                  will_restart: Callable[[types_pb2.Task], bool] = lambda task: False) -> None:
+        self._moves = moves
         self._preemptor, self._profiler = preemptor, profiler
         self._gate = WorkflowGate(tasks.find, tasks.array_elements, will_restart)
         self._elastic, self._on_shrunk = elastic, on_shrunk
@@ -188,6 +194,8 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
+        if self._moves is not None:
+            await self._moves.step()   # before anything is placed: what it stops is on its way back to the queue
         now = time.time()   # restart backoff: a requeued task waits until its not_before time
         if self._elastic is not None:
             self._elastic.observe()   # every cycle: the curves learn while the tasks run
