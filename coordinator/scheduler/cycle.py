@@ -4,8 +4,10 @@ One cycle, in this order (each step needs the previous one's output):
 
 0. moves: tasks holding a GPU that turned unhealthy (fenced in its node's record) are stopped with their
    checkpoint signal and requeued, or, elastic, shrink off it (``coordinator/health/moves.py``);
-1. queue: PENDING tasks ordered by priority, then slack (deadline − now − the profiler's expected
-   run time, 0 when it has none; no deadline last), then submit time;
+1. queue: PENDING tasks the workflow rules let through (start times, dependencies, array limits:
+   ``coordinator/scheduler/workflow.py``; a task whose dependency can never be met ends here), ordered
+   by priority, then slack (deadline − now − the profiler's expected run time, 0 when it has none; no
+   deadline last), then submit time;
 2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
    every policy reads the same consistent view;
 3. placement: the production engine (policy filter + rank, then the Resource Allocator's
