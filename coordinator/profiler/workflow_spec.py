@@ -93,7 +93,7 @@ def parse_array(text: str) -> types_pb2.ArraySpec:
 
 
 def parse_after(text: str) -> types_pb2.Dependency:
-    """``KIND:ID[,ID...]`` (KIND ok, notok or any; an ID is a task or an array) → a ``Dependency``.
+    """``KIND:ID[,ID...]`` (KIND ok, notok or any; an ID is a task, an array, or ``ARRAY:INDEX``) → a ``Dependency``.
 
     :raises ValidationError: on ``spec.after`` for an unknown kind or no ids.
     """
@@ -101,7 +101,7 @@ def parse_after(text: str) -> types_pb2.Dependency:
     if not sep or kind.strip().lower() not in DEPENDENCY_KINDS:
         raise ValidationError("spec.after", f"expected KIND:ID[,ID...] with KIND one of "
                                             f"{', '.join(DEPENDENCY_KINDS)}, got {str(text)[:64]!r}")
-    names = [i.strip() for i in ids.split(",") if i.strip()]
+    names = [array_ref(i.strip()) for i in ids.split(",") if i.strip()]   # ARRAY:INDEX names one element
     if not names:
         raise ValidationError("spec.after", f"{text[:64]!r} names no task or array")
     return types_pb2.Dependency(kind=DEPENDENCY_KINDS[kind.strip().lower()], ids=names)

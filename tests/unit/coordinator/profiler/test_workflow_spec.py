@@ -51,6 +51,7 @@ class TestParseAfter:
         assert (dep.kind, list(dep.ids)) == (types_pb2.DEPENDENCY_KIND_OK, ["t-1", "a-2"])
         assert parse_after("notok:t-1").kind == types_pb2.DEPENDENCY_KIND_NOTOK
         assert parse_after("ANY:t-1").kind == types_pb2.DEPENDENCY_KIND_ANY
+        assert list(parse_after("ok:a-0123456789ab:3,t-1").ids) == ["a-0123456789ab_3", "t-1"]   # one element
 
     @pytest.mark.parametrize("text", ["t-1", "afterok:t-1", "ok:", "ok:,,"])
     def test_unknown_kinds_and_no_ids_are_refused(self, text: str) -> None:
