@@ -274,7 +274,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
-                           on_shrunk=power_manager.shrunk_for, moves=moves, will_restart=restarts.allows)
+                           on_shrunk=power_manager.shrunk_for, moves=moves,
+                           will_restart=lambda task: restarts.allows(task) or moves.requeues(task))
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,
