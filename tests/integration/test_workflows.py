@@ -210,7 +210,8 @@ class TestDependencies:
     def test_ok_any_and_an_unmet_dependency(self, cluster: Cluster) -> None:
         """``--after ok`` waits with its reason and runs after the success; after a failure it is ended CANCELLED
         with the reason; ``--after any`` runs either way; ``--after ok:ARRAY`` waits for every element; an unknown
-        id is refused naming the field; ``--keep-unmet`` leaves it pending with the reason."""
+        id is refused naming the field; ``--keep-unmet`` leaves it pending with the reason; ``cancel ARRAY:INDEX``
+        cancels one element and ``cancel ARRAY`` the rest."""
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
@@ -245,6 +246,14 @@ class TestDependencies:
         assert held["state"] == "pending" and held["reason"] == f"dependency {bad} failed: never satisfied", held
 
         release.unlink()
+        held_array = cluster.ctl_json("submit", "--array", "0-3", "--after", f"ok:{bad}", "--keep-unmet", *SMALL, "--",
+                                      "true")["array_id"]
+        one = cluster.ctl("cancel", f"{held_array}:1")
+        assert one.returncode == 0 and f"{held_array}_1" in one.stdout, one.stderr
+        whole = cluster.ctl("cancel", held_array)
+        assert whole.returncode == 0, whole.stderr
+        assert "3 element(s) cancelled, 1 had already ended" in whole.stdout, whole.stdout
+        assert {e["state"] for e in cluster.ctl_json("tasks", held_array)["tasks"]} == {"cancelled"}
         refused = cluster.ctl("submit", "--after", "ok:t-nope", *SMALL, "--", "true")
         assert refused.returncode != 0 and "spec.after[0].ids" in refused.stderr, refused.stderr
 
