@@ -20,6 +20,7 @@ from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.app import App
+from coordinator.ctl import render
 from coordinator.qos.retention import TaskRetention
 from coordinator.sync import Keys, connect
 from tests.helpers.inproc import admin_stub, one_gpu_spec, run_leading
@@ -139,6 +140,21 @@ def _after(target: str, kind: int = types_pb2.DEPENDENCY_KIND_OK) -> types_pb2.T
     return spec
 
 
+def _doc(c: Cluster, task_id: str, coordinator: str = "c1") -> dict[str, Any]:
+    """``gptrmctl tasks TASK -o json``'s document, read over gRPC (quicker to poll than a gptrmctl process)."""
+    return render.task_dict(c.admin(coordinator).GetTask(admin_pb2.GetTaskRequest(task_id=task_id), timeout=5))
+
+
+def _ended(c: Cluster, task_id: str) -> dict[str, Any] | None:
+    d = _doc(c, task_id)
+    return d if d["state"] in _FINAL else None
+
+
+def _registered(c: Cluster, coordinator: str = "c1") -> None:
+    wait_until(lambda: len(c.admin(coordinator).ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes) == 1,
+               30, 0.2, "the agent to register")
+
+
 def _placed_and_ended(task: dict[str, Any]) -> tuple[float, float]:
     """When a task was first placed (SCHEDULED) and when it last ended, from its history."""
     history = task["history"]
@@ -179,16 +195,19 @@ class TestArrayLimit:
             cluster.start_coordinator(n)
         leader = _leader(cluster, names)
         cluster.start_agent("n1")
-        wait_until(lambda: len(cluster.ctl_json("nodes")["nodes"]) == 1, 30, 0.2, "n1 to register")
+        _registered(cluster, leader)
         doc = cluster.ctl_json("submit", "--name", "sweep", "--array", "0-19%4", *SMALL, "--", "sleep", "0.5")
         array_id = doc["array_id"]
 
+        live = [leader]
+
         def elements() -> list[dict[str, Any]]:
-            return list(cluster.ctl_json("tasks", array_id)["tasks"])
+            listed = cluster.admin(live[0]).ListTasks(admin_pb2.ListTasksRequest(page_size=1000), timeout=5).tasks
+            return [render.task_dict(t) for t in listed if t.array_id == array_id]
 
         wait_until(lambda: sum(e["state"] == "succeeded" for e in elements()) >= 6, 60, 0.2, "6 elements done")
         cluster.proc(leader).kill()
-        _leader(cluster, [n for n in names if n != leader])
+        live[0] = _leader(cluster, [n for n in names if n != leader])
         def all_ended() -> list[dict[str, Any]] | None:
             es = elements()
             return es if all(e["state"] in _FINAL for e in es) else None
@@ -215,7 +234,7 @@ class TestDependencies:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
-        wait_until(lambda: len(cluster.ctl_json("nodes")["nodes"]) == 1, 30, 0.2, "n1 to register")
+        _registered(cluster)
         release = Path(tempfile.gettempdir()) / f"gptrm-release-{uuid.uuid4().hex}"   # the task's uid can see /tmp
         first = cluster.submit("--name", "train", *SMALL, "--", "sh", "-c",
                                f"while [ ! -e {release} ]; do sleep 0.1; done")
@@ -227,21 +246,21 @@ class TestDependencies:
         cleanup = cluster.submit("--name", "cleanup", "--after", f"any:{bad}", "--after", f"any:{first}", *SMALL,
                                  "--", "true")
         gather = cluster.submit("--name", "gather", "--after", f"ok:{array}", *SMALL, "--", "true")
-        waiting = wait_until(lambda: (t := cluster.task(evaluate))["reason"].startswith("waiting for ") and t, 30, 0.2,
+        waiting = wait_until(lambda: (t := _doc(cluster, evaluate))["reason"].startswith("waiting for ") and t, 30, 0.2,
                              "the dependent's pending reason")
         assert waiting["state"] == "pending" and waiting["reason"] == f"waiting for {first} to succeed", waiting
         assert f"after         ok:{first}" in cluster.ctl("tasks", evaluate).stdout
         release.touch()
 
         for tid in (evaluate, cleanup, gather):
-            wait_until(partial(cluster.task_in, tid, *_FINAL), 60, 0.2, f"{tid} to end")
-        assert [cluster.task(t)["state"] for t in (evaluate, cleanup, gather)] == ["succeeded"] * 3
-        assert _placed_and_ended(cluster.task(evaluate))[0] >= _placed_and_ended(cluster.task(first))[1]
-        assert _placed_and_ended(cluster.task(cleanup))[0] >= _placed_and_ended(cluster.task(bad))[1]
-        ended = wait_until(partial(cluster.task_in, never, *_FINAL), 30, 0.2, "never to end")
+            wait_until(partial(_ended, cluster, tid), 60, 0.2, f"{tid} to end")
+        assert [_doc(cluster, t)["state"] for t in (evaluate, cleanup, gather)] == ["succeeded"] * 3
+        assert _placed_and_ended(_doc(cluster, evaluate))[0] >= _placed_and_ended(_doc(cluster, first))[1]
+        assert _placed_and_ended(_doc(cluster, cleanup))[0] >= _placed_and_ended(_doc(cluster, bad))[1]
+        ended = wait_until(partial(_ended, cluster, never), 30, 0.2, "never to end")
         assert ended is not None
         assert ended["state"] == "cancelled" and ended["reason"] == f"dependency {bad} failed: never satisfied"
-        held = wait_until(lambda: (t := cluster.task(kept))["reason"].startswith("dependency") and t, 30, 0.2,
+        held = wait_until(lambda: (t := _doc(cluster, kept))["reason"].startswith("dependency") and t, 30, 0.2,
                           "the kept task's reason")
         assert held["state"] == "pending" and held["reason"] == f"dependency {bad} failed: never satisfied", held
 
@@ -264,15 +283,15 @@ class TestBegin:
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
-        wait_until(lambda: len(cluster.ctl_json("nodes")["nodes"]) == 1, 30, 0.2, "n1 to register")
+        _registered(cluster)
         submitted = time.time()
         tid = cluster.submit("--name", "later", "--begin", "+5s", *SMALL, "--", "true")
-        task = wait_until(lambda: (t := cluster.task(tid))["reason"].startswith("begins at ") and t, 30, 0.2,
+        task = wait_until(lambda: (t := _doc(cluster, tid))["reason"].startswith("begins at ") and t, 30, 0.2,
                           "the begin reason")
         begin = task["spec"]["begin_unix_s"]
         assert submitted + 4 <= begin <= time.time() + 5
         assert task["state"] == "pending", task
-        done = wait_until(partial(cluster.task_in, tid, *_FINAL), 60, 0.2, "the task to end")
+        done = wait_until(partial(_ended, cluster, tid), 60, 0.2, "the task to end")
         assert done is not None
         assert done["state"] == "succeeded"
         assert _placed_and_ended(done)[0] >= begin
