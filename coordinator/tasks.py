@@ -313,10 +313,22 @@ class TaskTable:
         elements = self._state.array_elements(array_id)
         if not elements:
             raise NotFound(f"array {array_id!r} not found")
-        cancelled = ended = 0
+        ended = sum(1 for t in elements if t.state in TERMINAL_STATES)
+        # Waiting elements that hold nothing end in few transactions; the rest (and any that changed meanwhile)
+        # one by one, as cancel() does.
+        waiting = [t for t in elements if t.state == TaskState.PENDING and not t.allocation.nodes]
+        stored = await self._leadership.write(self._store.cancel_unplaced, waiting, _CANCELLED) if waiting else []
+        for task in stored:
+            self._state.apply_task(task)
+            self._monitor.task_energy.finish(task.id, task.spec.kind)
+            self._finished(task)
+        cancelled = len(stored)
+        if stored:
+            self._events.publish("task_state", f"array {array_id}: {len(stored)} waiting element(s) cancelled",
+                                 task_id=stored[0].id, state="cancelled")
+        done = {t.id for t in stored}
         for task in elements:
-            if task.state in TERMINAL_STATES:
-                ended += 1
+            if task.state in TERMINAL_STATES or task.id in done:
                 continue
             try:
                 await self.cancel(task.id)

@@ -412,6 +412,41 @@ class Store:
 
         return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned")
 
+    def cancel_unplaced(self, tasks: Sequence[types_pb2.Task], reason: str) -> list[types_pb2.Task]:
+        """End many PENDING tasks that hold nothing (an array's waiting elements) CANCELLED, in few transactions:
+        each record is rewritten from the copy given, compared on its revision, as many per transaction as
+        etcd's operation limit allows.
+
+        A transaction whose compare fails (one of its tasks changed meanwhile) writes nothing; its tasks are
+        left out of the answer (the caller cancels those one by one).
+
+        :returns: the tasks as stored, with their new ``revision``.
+        :raises IllegalTransition: a task given is not PENDING or holds an allocation.
+        """
+        stored: list[types_pb2.Task] = []
+        now = self._wall()
+        step = self._max_txn_ops - 1
+        for i in range(0, len(tasks), step):
+            batch: list[tuple[int, types_pb2.Task, str]] = []
+            for task in tasks[i : i + step]:
+                if task.state != TaskState.PENDING or task.allocation.nodes:
+                    raise IllegalTransition(f"task {task.id}: only a PENDING task that holds nothing is cancelled "
+                                            "in bulk")
+                new = types_pb2.Task()
+                new.CopyFrom(task)
+                new.revision = 0
+                rec.append_history(new, TaskState.CANCELLED, reason, now, self._history_limit)
+                batch.append((task.revision, new, self._keys.task(task.id)))
+            result = self._writer.write([cmp_mod(key, rev) for rev, _n, key in batch],
+                                        [op_put(key, new.SerializeToString()) for _r, new, key in batch])
+            if not result.succeeded:
+                continue
+            for _rev, new, _key in batch:
+                new.revision = result.revision
+                stored.append(new)
+            self._log.info("tasks_cancelled", first=batch[0][1].id, count=len(batch), revision=result.revision)
+        return stored
+
     def update_task(self, task_id: str, expected_revision: int, **updates: object) -> types_pb2.Task:
         """Set ``Task`` fields (pids, log_tail, ...) without a state change, compare-on-revision.
 

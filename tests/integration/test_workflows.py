@@ -99,6 +99,8 @@ class TestArraySubmit:
                 done = await stub.CancelArray(admin_pb2.ArrayRef(array_id=first.array_id), timeout=30)
                 assert (done.cancelled, done.already_ended) == (4, 1)
                 assert all(t.state == types_pb2.TASK_STATE_CANCELLED for t in app.tasks.array_elements(first.array_id))
+                stored = await asyncio.to_thread(app.store.get_task, f"{first.array_id}_4")
+                assert stored.state == types_pb2.TASK_STATE_CANCELLED and stored.reason == "cancelled by an admin"
                 with pytest.raises(grpc.aio.AioRpcError) as missing:
                     await stub.CancelArray(admin_pb2.ArrayRef(array_id="a-000000000000"), timeout=30)
                 assert missing.value.code() == grpc.StatusCode.NOT_FOUND
