@@ -316,12 +316,8 @@ class TaskTable:
         ended = sum(1 for t in elements if t.state in TERMINAL_STATES)
         # Waiting elements that hold nothing end in few transactions; the rest (and any that changed meanwhile)
         # one by one, as cancel() does.
-        waiting = [t for t in elements if t.state == TaskState.PENDING and not t.allocation.nodes]
-        stored = await self._leadership.write(self._store.cancel_unplaced, waiting, _CANCELLED) if waiting else []
-        for task in stored:
-            self._state.apply_task(task)
-            self._monitor.task_energy.finish(task.id, task.spec.kind)
-            self._finished(task)
+        stored = await self.cancel_unplaced([t for t in elements if t.state == TaskState.PENDING
+                                             and not t.allocation.nodes], _CANCELLED)
         cancelled = len(stored)
         if stored:
             self._events.publish("task_state", f"array {array_id}: {len(stored)} waiting element(s) cancelled",
@@ -337,6 +333,21 @@ class TaskTable:
                 ended += 1
         self._log.info("array_cancelled", array_id=array_id, cancelled=cancelled, already_ended=ended)
         return cancelled, ended
+
+    async def cancel_unplaced(self, tasks: list[types_pb2.Task], reason: str) -> list[types_pb2.Task]:
+        """End PENDING tasks that hold nothing CANCELLED with ``reason``, in few etcd transactions
+        (``Store.cancel_unplaced``); returns those it ended (one that changed meanwhile is left as it is).
+
+        :raises IllegalTransition: a task given is not PENDING or holds an allocation.
+        """
+        if not tasks:
+            return []
+        stored = await self._leadership.write(self._store.cancel_unplaced, tasks, reason)
+        for task in stored:
+            self._state.apply_task(task)
+            self._monitor.task_energy.finish(task.id, task.spec.kind)
+            self._finished(task)
+        return stored
 
     async def update(self, task_id: str, **updates: object) -> types_pb2.Task:
         """Persist field changes without a state change (compare-on-revision) and update memory."""

@@ -315,12 +315,17 @@ class SchedulerCycle:
         gated = self._gate.sort(pending, now)
         for task_id, reason in gated.held.items():
             self._tasks.note_reason(task_id, reason)
+        by_reason: dict[str, list[types_pb2.Task]] = {}
         for task, reason in gated.unmet:
+            by_reason.setdefault(reason, []).append(task)
+        for reason, unmet in by_reason.items():   # many at once when a whole array waited for one task
             try:
-                await self._tasks.transition(task.id, TaskState.CANCELLED, reason, release=True)
-                self._log.info("task_dependency_unmet", task_id=task.id, reason=reason)
-            except GptrmError as e:   # it changed meanwhile (a cancel): the next cycle looks again
-                self._log.warning("task_dependency_end_failed", task_id=task.id, error=str(e))
+                for task in await self._tasks.cancel_unplaced(unmet, reason):
+                    self._events.publish("task_state", f"task {task.id} pending → cancelled: {reason}",
+                                         task_id=task.id, state="cancelled")
+                    self._log.info("task_dependency_unmet", task_id=task.id, reason=reason)
+            except GptrmError as e:   # etcd refused: the next cycle looks again
+                self._log.warning("task_dependency_end_failed", count=len(unmet), error=str(e))
         return gated.ready
 
     def _elastic_settled(self, *, grow: bool = False) -> int:
