@@ -23,7 +23,7 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.ports import AgentSignals, ScaleOut, WakeupSignal
 from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
-from coordinator.profiler.workflow_spec import array_indices, dependency_targets, element_id, new_array_id
+from coordinator.profiler.workflow_spec import ARRAY_PREFIX, array_indices, dependency_targets, element_id, new_array_id
 from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.state_machine import Conflict
@@ -188,6 +188,9 @@ class TaskTable:
             admit(base)
         if request_id:
             array_id = await self._leadership.write(self._store.claim_request, request_id, array_id)
+            if not array_id.startswith(ARRAY_PREFIX):
+                raise Conflict(f"request id {request_id!r} was used for task {array_id}, not an array; "
+                               "use a new request id for a new array")
         known = {t.array_index: t for t in self._state.array_elements(array_id)}
         if known and _without_array_env(next(iter(known.values())).spec) != spec:
             raise Conflict(f"request id {request_id!r} was used for array {array_id} with a different spec; "

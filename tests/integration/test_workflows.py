@@ -87,6 +87,12 @@ class TestArraySubmit:
                                               timeout=30)
                     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                     assert (err.value.details() or "").startswith(field), err.value.details()
+                await stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=one_gpu_spec("plain"), request_id="r-1",
+                                                                  queue_unplaceable=True), timeout=30)
+                with pytest.raises(grpc.aio.AioRpcError) as reused:   # a plain task's request id, for an array
+                    await stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=_array_spec(5), request_id="r-1",
+                                                                      queue_unplaceable=True), timeout=30)
+                assert reused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
                 first = await stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=_array_spec(5),
                                                                           queue_unplaceable=True), timeout=30)
                 # A task that (in etcd) waits for the id a new one would get: submitting that one is a cycle.
