@@ -270,11 +270,12 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                restart_cost_s=cfg.elastic_restart_cost_s), profiler)
     # nodes (and its health watch) is built below; the moves ask it only once the cycle runs
     moves = GpuMoves(tasks, registry, lambda: nodes.health.fenced_holders(), dispatcher, events, elastic)
+    restarts = RestartPolicy(tasks, fault_move=moves.after_failure)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
-                           on_shrunk=power_manager.shrunk_for, moves=moves)
-    restarts = RestartPolicy(tasks, fault_move=moves.after_failure)
+                           on_shrunk=power_manager.shrunk_for, moves=moves,
+                           will_restart=lambda task: restarts.allows(task) or moves.requeues(task))
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,

@@ -109,6 +109,7 @@ SERVED_BY: Mapping[str, Served] = {
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
     "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER, "PullImage": Served.LEADER,
+    "CancelArray": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -395,8 +396,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
         queue, submitter = self._queue_for(request.spec)
         self._check_host_paths(request.spec, queue)
-        return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
-                                            submitted_by=submitter)
+        # An array is created whole by this one call; the answer is its first element (Task.array_id names it).
+        submit = self._app.tasks.submit_array if request.spec.HasField("array") else self._app.tasks.submit
+        return await submit(request.spec, request.request_id, admit=admit, queue=queue, submitted_by=submitter)
 
     @_rpc
     async def PullImage(self, request: admin_pb2.PullImageRequest,
@@ -460,6 +462,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_rpc
     async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
         return await self._app.tasks.cancel(self._own_task(_require_id(request.task_id, "task_id")))
+
+    @_rpc
+    async def CancelArray(self, request: admin_pb2.ArrayRef, context: Ctx) -> admin_pb2.CancelArrayResponse:
+        array_id = _require_id(request.array_id, "array_id")
+        elements = self._app.tasks.array_elements(array_id)
+        if not elements:
+            raise NotFound(f"array {array_id!r} not found")
+        self._may_act(elements[0].queue, f"array {array_id}")
+        cancelled, ended = await self._app.tasks.cancel_array(array_id)
+        return admin_pb2.CancelArrayResponse(array_id=array_id, cancelled=cancelled, already_ended=ended)
 
     @_rpc
     async def PauseTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:

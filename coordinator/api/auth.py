@@ -92,7 +92,7 @@ _RANK = {role: len(ROLES) - i for i, role in enumerate(ROLES)}
 TEAM_METHODS = {
     "SubmitTask": SUBMITTER, "CancelTask": SUBMITTER, "PauseTask": SUBMITTER, "ResumeTask": SUBMITTER,
     "TaskLogs": SUBMITTER, "CreateService": SUBMITTER, "ScaleService": SUBMITTER, "CancelService": SUBMITTER,
-    "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN,
+    "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN, "CancelArray": SUBMITTER,
 }
 """The Admin calls a team role may make, each confined by the servicer to the caller's queues; the
 role each needs at least. TaskLogs is here, not a read: task output can hold secrets."""

@@ -17,6 +17,7 @@ import yaml
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.ctl.transport import EXIT_USAGE, CtlError
+from coordinator.profiler.workflow_spec import ARRAY_MAX_ELEMENTS
 
 __all__ = ["add_submit_arguments", "spec_from_args", "spec_from_file"]
 
@@ -68,6 +69,18 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "without it such a task is refused")
     p.add_argument("--wait", action="store_true",
                    help="follow the task to its final state (progress on stderr) and exit with its exit code")
+    w = p.add_argument_group("Workflows (docs/workflows.md)")
+    w.add_argument("--array", metavar="FIRST-LAST[:STEP][%MAX]",
+                   help="submit an array: one element task per index, each with GPTRM_ARRAY_ID, GPTRM_ARRAY_INDEX, "
+                        "SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID; at most MAX of them placed or running at once "
+                        f"(at most {ARRAY_MAX_ELEMENTS} elements)")
+    w.add_argument("--after", action="append", default=[], metavar="KIND:ID[,ID...]",
+                   help="wait until every ID (a task, or an array: all its elements) ended: ok (succeeded), notok "
+                        "(did not succeed) or any; repeatable. A dependency that can no longer be met cancels it")
+    w.add_argument("--keep-unmet", action="store_true", default=None,
+                   help="keep the task pending (with the reason) when a dependency can no longer be met")
+    w.add_argument("--begin", metavar="TIME|+DURATION",
+                   help="not placed before this ISO 8601 time (local without an offset) or this long from now (+2h)")
     q = p.add_argument_group("QoS")
     p.add_argument("--run-as-user", metavar="USER",
                    help="run the task as USER (only if the agent's --task-users-allowed lists it)")
@@ -166,6 +179,11 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
                        ("shm_bytes", args.shm)):
         if value is not None:
             d[key] = value
+    for key, value in (("array", args.array), ("begin", args.begin), ("keep_unmet", args.keep_unmet)):
+        if value is not None:
+            d[key] = value
+    if args.after:
+        d["after"] = list(args.after)
     return _parse(d, "flags")
 
 

@@ -128,16 +128,19 @@ class GpuMoves:
             out += [FencedGpu(na.node_id, i, fences[i].reason or "unhealthy") for i in na.gpu_indices if i in fences]
         return out
 
+    def requeues(self, task: types_pb2.Task) -> bool:
+        """Whether :meth:`after_failure` puts this task back in the queue: it ended FAILED, not cancelled, holding
+        a fenced GPU."""
+        return task.state == TaskState.FAILED and not task.cancel_requested and bool(self.fenced_held(task))
+
     async def after_failure(self, task: types_pb2.Task) -> types_pb2.Task | None:
         """A task that ended FAILED holding a fenced GPU (its program died of the fault before its move reached
         it): back in the queue as a move, whatever its restart policy, with ``gpu_fault_moves`` + 1 and
         ``restarts`` unchanged. None (the restart policy decides) when it held no fenced GPU, did not fail, or
         was cancelled."""
-        if task.state != TaskState.FAILED or task.cancel_requested:
+        if not self.requeues(task):
             return None
         held = self.fenced_held(task)
-        if not held:
-            return None
         reason = move_reason(held)
         stored = await self._tasks.transition(task.id, TaskState.PENDING,
                                               f"{reason}; it failed there and waits in its queue to run again",

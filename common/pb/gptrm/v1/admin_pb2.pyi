@@ -561,3 +561,19 @@ class QueueRef(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ArrayRef(_message.Message):
+    __slots__ = ("array_id",)
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    def __init__(self, array_id: _Optional[str] = ...) -> None: ...
+
+class CancelArrayResponse(_message.Message):
+    __slots__ = ("array_id", "cancelled", "already_ended")
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ENDED_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    cancelled: int
+    already_ended: int
+    def __init__(self, array_id: _Optional[str] = ..., cancelled: _Optional[int] = ..., already_ended: _Optional[int] = ...) -> None: ...

@@ -170,6 +170,11 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.PullImageRequest.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.PullImageResponse.FromString,
                 _registered_method=True)
+        self.CancelArray = channel.unary_unary(
+                '/gptrm.v1.Admin/CancelArray',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -346,6 +351,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelArray(self, request, context):
+        """cancel every element of an array
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -483,6 +495,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.PullImage,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.PullImageRequest.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.PullImageResponse.SerializeToString,
+            ),
+            'CancelArray': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelArray,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1214,6 +1231,33 @@ class Admin:
             '/gptrm.v1.Admin/PullImage',
             gptrm_dot_v1_dot_admin__pb2.PullImageRequest.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.PullImageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelArray(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CancelArray',
+            gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
             options,
             channel_credentials,
             insecure,
