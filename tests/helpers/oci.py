@@ -41,10 +41,10 @@ def libraries(binary: str | Path) -> set[str]:
     return libs
 
 
-def build_image(where: Path, *, libraries_of: Iterable[str | Path] = (), env: Mapping[str, str] | None = None,
+def build_image(where: Path, *, extra_libraries: Iterable[str] = (), env: Mapping[str, str] | None = None,
                 files: Mapping[str, str] | None = None) -> Path:
-    """An OCI layout at ``where/layout`` tagged ``t``: :data:`PROGRAMS` in /bin, the libraries they and
-    ``libraries_of`` load at their host paths, /etc/motd (:data:`MARK`) and ``files`` (path in the image → text);
+    """An OCI layout at ``where/layout`` tagged ``t``: :data:`PROGRAMS` in /bin, the libraries they load and
+    ``extra_libraries`` at their host paths, /etc/motd (:data:`MARK`) and ``files`` (path in the image → text);
     its config's environment is ``env`` (default ``PATH=/bin``) and its working directory /tmp."""
     layout, bundle = where / "layout", where / "bundle"
     run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)   # noqa: E731
@@ -55,12 +55,10 @@ def build_image(where: Path, *, libraries_of: Iterable[str | Path] = (), env: Ma
     for d in ("bin", "etc", "tmp", "data"):
         (rootfs / d).mkdir(exist_ok=True)
     (rootfs / "tmp").chmod(0o1777)
-    libs: set[str] = set()
+    libs = set(extra_libraries)
     for program in PROGRAMS:
         shutil.copy(program, rootfs / "bin" / Path(program).name)
         libs |= libraries(program)
-    for binary in libraries_of:
-        libs |= libraries(binary)
     for lib in libs:
         target = rootfs / lib.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
