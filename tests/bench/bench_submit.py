@@ -17,7 +17,10 @@ and STARTING → RUNNING (the agent's RUNNING event, one more transaction).
 With ``--image`` the same tasks are then measured again in the same run, each with ``--image`` (the command
 runs in a container: ``sleep`` inside a small image from ``tests/helpers/oci.py``), the image cached: it is
 served by a ``docker-registry`` on loopback and pre-pulled into every agent's store before either phase (needs
-root and crun, skopeo, umoci, docker-registry). Both rows are printed together at the end.
+root and crun, skopeo, umoci, docker-registry). Both rows are printed together at the end. The RUNNING entry is
+written when the agent has spawned the task's root wrapper, before crun sets the container up; so in this mode
+every task (both phases) also prints its own start time first (``sh -c 'date +%s.%N; exec sleep S'``, read back
+from its log), and "submit return → command's first line" is measured to that.
 
 Baselines in the same run: the round trip of a bare ``GetStatus`` RPC, the ``SubmitTask``
 RPC itself (it writes the task to etcd), and a local fork/exec of ``sleep 0`` through
@@ -40,6 +43,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import BIN, Proc, coordinator_argv, free_port, percentile, wait_leader, wait_until, work_dir
 
+from agent.taskfs import TaskPaths
 from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 
@@ -50,11 +54,18 @@ STARTING = types_pb2.TASK_STATE_STARTING
 TERMINAL = {types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED, types_pb2.TASK_STATE_CANCELLED}
 
 
+def argv(args: argparse.Namespace) -> list[str]:
+    """The tasks' command: ``sleep``; with ``--image`` (both phases) it prints its start time first."""
+    if args.image:
+        return ["sh", "-c", f"date +%s.%N; exec sleep {args.task_seconds:g}"]
+    return ["sleep", f"{args.task_seconds:g}"]
+
+
 def spec(i: int, args: argparse.Namespace, image: str = "") -> types_pb2.TaskSpec:
     demand = types_pb2.ResourceVector(gpus=args.gpus, gpu_mem_bytes=int(args.gpu_mem_gib * GIB),
                                       cpu_cores=args.cpu_cores)
     return types_pb2.TaskSpec(name=f"bench-{i}", kind=types_pb2.TASK_KIND_INFERENCE,
-                              argv=["sleep", f"{args.task_seconds:g}"], has_demand=True, demand=demand,
+                              argv=argv(args), has_demand=True, demand=demand,
                               allow_gpu_sharing=True, image=image)
 
 
@@ -136,7 +147,26 @@ def wait_running(stub: admin_pb2_grpc.AdminStub, ids: set[str], timeout_s: float
         return tasks
 
 
-def measure(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace, first: int,
+def started_at(tmp: Path, agents: int, ids: set[str]) -> dict[str, float]:
+    """The time each task's command printed as its first line (``--image`` runs): read from its log on its agent."""
+    def read() -> dict[str, float] | None:
+        found: dict[str, float] = {}
+        for tid in ids:
+            for a in range(agents):
+                log = TaskPaths.of(tmp / f"agent-{a}", tid).log
+                line = log.read_text().split("\n", 1)[0] if log.exists() else ""
+                if line:
+                    found[tid] = float(line)
+        return found if len(found) == len(ids) else None
+
+    try:
+        return wait_until(read, 30.0, interval_s=0.5, what="every task's start time in its log")
+    except AssertionError:
+        print("warning: some tasks never printed their start time")
+        return {}
+
+
+def measure(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace, tmp: Path, first: int,
             image: str = "") -> dict[str, list[float]]:
     """Run ``--warmup`` then ``--tasks`` tasks (numbered from ``first``), with ``image`` when given; print their
     figures and return them by row name."""
@@ -162,6 +192,8 @@ def measure(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace, first: int
             start_to_run.append(t_run - t_start)
     submit_s = max(returned.values()) - started
     span = max(ran_at) - started if ran_at else float("nan")
+    own = started_at(tmp, args.agents, set(returned)) if args.image else {}
+    command = [own[tid] - t_ret for tid, t_ret in returned.items() if tid in own]
 
     print(f"\nsubmit → RUNNING{' with --image ' + image + ' (cached)' if image else ''}: {args.tasks} tasks "
           f"(argv sleep {args.task_seconds:g}, {args.gpus:g} GPU + {args.gpu_mem_gib:g} GiB, sharing) at "
@@ -170,10 +202,12 @@ def measure(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace, first: int
     print(stats_line("  of which submit → SCHEDULED", to_sched))
     print(stats_line("  of which SCHEDULED → STARTING", sched_to_start))
     print(stats_line("  of which STARTING → RUNNING", start_to_run))
+    if args.image:
+        print(stats_line("submit return → command's first line", command))
     print(f"{'throughput':<38} {len(latency)} tasks RUNNING {span:.2f}s after the first submit = "
           f"{len(latency) / span:.1f} tasks/s"
           + (f"  ({args.tasks - len(latency)} never ran)" if len(latency) < args.tasks else ""), flush=True)
-    return {"latency": latency, "submit_rpc": submit_rpc}
+    return {"latency": latency, "command": command, "submit_rpc": submit_rpc}
 
 
 def image_ready(tmp: Path, stack: contextlib.ExitStack) -> str:
@@ -189,7 +223,8 @@ def prepull(stub: admin_pb2_grpc.AdminStub, image: str, agents: int) -> None:
     """Pull ``image`` into every agent's store and wait until each reports holding it."""
     stub.PullImage(admin_pb2.PullImageRequest(image=image), timeout=30)
     wait_until(lambda: sum(1 for n in stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes
-                           if image in n.record.inventory.images) >= agents, 120.0, what=f"{image} in every agent's store")
+                           if image in n.record.inventory.images) >= agents,
+               120.0, what=f"{image} in every agent's store")
 
 
 def run(args: argparse.Namespace, tmp: Path) -> None:
@@ -230,13 +265,15 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
             status_rtt = baseline_rpc(stub, args.baseline_n)
             fork = baseline_fork(args.baseline_n)
 
-            plain = measure(stub, args, first=0)
-            with_image = measure(stub, args, first=args.warmup + args.tasks, image=image) if image else None
+            plain = measure(stub, args, tmp, first=0)
+            with_image = measure(stub, args, tmp, first=args.warmup + args.tasks, image=image) if image else None
 
         if with_image is not None:
-            print("\nsubmit return → RUNNING, same run:")
-            print(stats_line("  host process", plain["latency"]))
-            print(stats_line("  --image (cached)", with_image["latency"]))
+            print("\nsame run, host process vs --image (cached):")
+            print(stats_line("  submit → RUNNING, host", plain["latency"]))
+            print(stats_line("  submit → RUNNING, --image", with_image["latency"]))
+            print(stats_line("  submit → command running, host", plain["command"]))
+            print(stats_line("  submit → command running, --image", with_image["command"]))
         print("baselines (same run):")
         print(stats_line("  SubmitTask RPC (etcd write)", plain["submit_rpc"]))
         print(stats_line("  GetStatus RPC round trip", status_rtt))

@@ -18,7 +18,7 @@ from tests.integration.harness import Proc, wait_until
 
 TOOLS = ("crun", "skopeo", "umoci", "docker-registry")
 """What running and serving images needs on the host (SYSTEM_TEST_PACKAGES)."""
-PROGRAMS = ("/bin/sh", "/bin/cat", "/usr/bin/id", "/bin/ls", "/bin/sleep", "/usr/bin/head", "/usr/bin/tr")
+PROGRAMS = ("/bin/sh", "/bin/cat", "/usr/bin/id", "/bin/ls", "/bin/sleep", "/usr/bin/head", "/usr/bin/tr", "/bin/date")
 """The small programs every test image carries in its /bin."""
 MARK = "inside-the-image"
 """The content of a test image's /etc/motd."""
