@@ -181,7 +181,7 @@ def measure(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace, tmp: Path,
     for tid, t_ret in returned.items():
         task = tasks.get(tid)
         t_run = history_time(task, RUNNING) if task is not None else None
-        if t_run is None:
+        if task is None or t_run is None:
             continue
         latency.append(t_run - t_ret)
         ran_at.append(t_run)
