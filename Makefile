@@ -20,8 +20,8 @@ SYSTEM_TEST_PACKAGES ?= \
 	chromium \
 	chromium-driver
 # prometheus: promtool checks the example alert rules (tests/unit/test_alert_rules.py)
-# crun, skopeo, umoci: tasks with an image (tests/integration/test_containers.py); docker-registry: the
-# registry those tests start on loopback
+# crun, skopeo, umoci: tasks with an image (tests/integration/test_containers.py, test_pytorch_jobs.py's job in an
+# image, tests/bench/bench_submit.py --image); docker-registry: the registry those start on loopback
 # chromium, chromium-driver: the web console's browser tests drive the system's headless Chromium through Selenium
 #   (tests/integration/test_web.py); no browser is ever downloaded
 

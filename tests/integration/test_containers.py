@@ -2,7 +2,7 @@
 
 The registry is Debian's ``docker-registry`` started by the test on 127.0.0.1 with a temporary config; the test
 image is built here with umoci from the host's own ``sh``, ``cat``, ``id``, ``ls`` and ``sleep`` and their
-libraries (nothing is downloaded), and pushed with skopeo.
+libraries (nothing is downloaded), and pushed with skopeo (``tests/helpers/oci.py``).
 """
 
 from __future__ import annotations
@@ -20,75 +20,26 @@ import pytest
 
 from common.etcd_embedded import free_port
 from tests.helpers.ctl_schema import validate
-from tests.integration.harness import Cluster, Proc, wait_until
+from tests.helpers.oci import MARK, TOOLS, build_image, missing_tools, push
+from tests.helpers.oci import registry as serve_registry
+from tests.integration.harness import Cluster, wait_until
 
-_TOOLS = ("crun", "skopeo", "umoci", "docker-registry")
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run containers"),
-    pytest.mark.skipif(any(shutil.which(t) is None for t in _TOOLS),
-                       reason=f"needs {', '.join(_TOOLS)} (SYSTEM_TEST_PACKAGES)"),
+    pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(TOOLS)} (SYSTEM_TEST_PACKAGES)"),
 ]
-
-_PROGRAMS = ("/bin/sh", "/bin/cat", "/usr/bin/id", "/bin/ls", "/bin/sleep", "/usr/bin/head", "/usr/bin/tr")
-_MARK = "inside-the-image"
-
-
-def _libraries(program: str) -> set[str]:
-    out = subprocess.run(["ldd", program], capture_output=True, text=True, check=False).stdout
-    libs = set()
-    for line in out.splitlines():
-        parts = line.split()
-        path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0] if parts else ""
-        if path.startswith("/"):
-            libs.add(path)
-    return libs
-
-
-def _build_image(where: Path) -> Path:
-    """An OCI layout at ``where/layout`` tagged ``t``: the host's small programs, their libraries, /etc/motd."""
-    layout, bundle = where / "layout", where / "bundle"
-    run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)   # noqa: E731
-    run("umoci", "init", "--layout", str(layout))
-    run("umoci", "new", "--image", f"{layout}:t")
-    run("umoci", "unpack", "--image", f"{layout}:t", str(bundle))
-    rootfs = bundle / "rootfs"
-    for d in ("bin", "etc", "tmp", "data"):
-        (rootfs / d).mkdir(exist_ok=True)
-    (rootfs / "tmp").chmod(0o1777)
-    for program in _PROGRAMS:
-        shutil.copy(program, rootfs / "bin" / Path(program).name)
-        for lib in _libraries(program):
-            target = rootfs / lib.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(lib, target)
-    (rootfs / "etc" / "motd").write_text(_MARK + "\n")
-    run("umoci", "repack", "--image", f"{layout}:t", str(bundle))
-    run("umoci", "config", "--image", f"{layout}:t", "--config.env", "PATH=/bin", "--config.workingdir", "/tmp")
-    return layout
+_MARK = MARK
 
 
 @pytest.fixture(scope="module")
 def registry() -> Iterator[str]:
     """A docker-registry on 127.0.0.1 holding ``test/img:1``; yields its HOST:PORT."""
     top = Path(tempfile.mkdtemp(prefix="gptrm-registry-"))
-    port = free_port()
-    config = top / "config.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {top / 'data'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    proc = Proc(["docker-registry", "serve", str(config)], top / "registry.log").start()
-    address = f"127.0.0.1:{port}"
     try:
-        layout = _build_image(top)
-
-        def pushed() -> bool:
-            done = subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:t",
-                                   f"docker://{address}/test/img:1"], capture_output=True, check=False)
-            return done.returncode == 0
-
-        wait_until(pushed, 30, 0.3, what="the test image pushed to the registry")
-        yield address
+        with serve_registry(top) as address:
+            push(build_image(top), address, "test/img:1")
+            yield address
     finally:
-        proc.stop()
         shutil.rmtree(top, ignore_errors=True)
 
 
@@ -240,7 +191,7 @@ def test_eviction_under_the_cap(registry: str, tmp_path: Path) -> None:
 
     top = Path(tempfile.mkdtemp(prefix="gptrm-evict-"))
     try:
-        layout = _build_image(top)
+        layout = build_image(top)
         subprocess.run(["umoci", "config", "--image", f"{layout}:t", "--tag", "t2", "--config.env", "V=2"],
                        check=True, capture_output=True)
         subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:t2",

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from common.etcd_embedded import free_port
+from tests.helpers.oci import TOOLS, build_image, libraries, missing_tools, push, registry
 from tests.integration.harness import BIN, ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 pytestmark = pytest.mark.slow
@@ -173,3 +178,60 @@ class TestPyTorchJobs:
                      f"checkpoint rank=0 step={HOLD_AT} reason=SIGUSR1",
                      f"resumed rank=0 step={HOLD_AT} world_size=1 saved_world_size=1"):
             assert f"train_ddp: {line}\n" in logs, logs
+
+
+def _python_image(where: Path) -> Path:
+    """The test image of a job in a container: a minimal image (``tests/helpers/oci.py``'s programs) plus the
+    system libraries that this Python and PyTorch's native modules load, with ``PATH`` naming the venv's bin first.
+
+    The interpreter's own tree and the venv (PyTorch's CPU build alone is about 750 MB) are not copied into a layer:
+    packing, pushing, pulling and unpacking that on every run would make the test minutes long. The job mounts
+    them read-only at the same paths instead (the way a site shares a software tree with its containers), so the
+    image only has to carry what lies outside them."""
+    prefixes = tuple(str(Path(p).resolve()) + "/" for p in (sys.prefix, sys.base_prefix))
+    import torch
+
+    site = Path(torch.__file__).parent
+    binaries = [Path(sys.executable).resolve(), *site.glob("_C*.so"), *(site / "lib").glob("*.so*"),
+                *(Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" /
+                  "lib-dynload").glob("*.so")]
+    libs = {lib for b in binaries for lib in libraries(b) if not lib.startswith(prefixes)}
+    return build_image(where, extra_libraries=sorted(libs), env={"PATH": f"{BIN}:/bin"},
+                       files={"/etc/passwd": "root:x:0:0:root:/tmp:/bin/sh\n"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run containers")
+@pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(TOOLS)} (SYSTEM_TEST_PACKAGES)")
+def test_gang_in_an_image_all_reduces(cluster: Cluster, workdir: Path) -> None:
+    """The 2-node torchrun gang of test_gang_ranks_all_reduce_through_torchrun, with ``--image``: a Python image
+    built here and pushed to a registry on loopback, pulled by both agents; each rank runs inside its node's
+    container (the interpreter and the venv mounted read-only at their host paths) and the ranks agree."""
+    top = Path(tempfile.mkdtemp(prefix="gptrm-pytorch-image-", dir="/var/tmp"))
+    top.chmod(0o755)
+    try:
+        with registry(top / "registry") as address:
+            image = push(_python_image(top), address, "test/python:1")
+            shared = [str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix)] + [str(SCRIPT.parent)]
+            cluster.start_coordinator("c1", "--mount-allowed", ",".join([*shared, str(workdir)]))
+            cluster.wait_leader("c1")
+            port = free_port()   # a rendezvous range of this test's own
+            for node in ("n1", "n2"):
+                cluster.start_agent(node, *ROOT_TASKS_AGENT, "--state-dir", str(top / node),
+                                    "--image-insecure-registries", address, "--task-port-range", f"{port}-{port}")
+            wait_until(lambda: len(cluster.ctl_json("nodes")["nodes"]) == 2, what="two nodes registered")
+            mounts = [a for p in shared for a in ("--mount", f"{p}:{p}:ro")] + ["--mount", f"{workdir}:{workdir}"]
+            tid = cluster.submit("--nodes", "2", "--gpus", "1", *_JOB, *ROOT_TASKS_SUBMIT, "--image", image, *mounts,
+                                 "--launcher", "torchrun", "--", str(SCRIPT), "allreduce", "--dir", str(workdir))
+            t = _ended(cluster, tid, workdir, "the gang in its image to end")
+            assert t["state"] == "succeeded", t
+        got = [json.loads((workdir / f"allreduce-{rank}.json").read_text()) for rank in (0, 1)]
+        assert [g["rank"] for g in got] == [0, 1] and {g["world_size"] for g in got} == {2}
+        assert got[0]["sum"] == got[1]["sum"] == [1.0, 3.0, 5.0, 7.0]
+        for rank in (0, 1):
+            out = cluster.ctl("logs", tid, "--rank", str(rank)).stdout
+            assert f"train_ddp: allreduce rank={rank} world_size=2 sum=1,3,5,7" in out, out
+        # Each node pulled the image into its own store; each rank ran in a container (crun), not on the host.
+        for node in ("n1", "n2"):
+            assert cluster.agents[node].log().count('"image_pull_started"') == 1
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
