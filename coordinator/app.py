@@ -36,6 +36,7 @@ from coordinator.qos import RestartPolicy
 from coordinator.qos.lost_nodes import LostNodes
 from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
+from coordinator.qos.time_limits import TimeLimits
 from coordinator.qos.watch import QosWatch
 from coordinator.queue_admin import QueueAdmin, QueueMetrics
 from coordinator.queues import load_toml
@@ -75,6 +76,7 @@ class LeaderDuties:
         sup.add("reconcile", lambda beat: app.reconciler.reconcile_after_grace(beat=beat), interval_s=cfg.task_grace_s)
         sup.add("qos", lambda beat: app.qos.run(lambda: app.leadership.leading, beat=beat), interval_s=1.0)
         sup.add("retention", lambda beat: app.retention.run(beat=beat), interval_s=10.0)
+        sup.add("time_limits", lambda beat: app.time_limits.run(beat=beat), interval_s=1.0)
         sup.add("lost_nodes", lambda beat: app.lost_nodes.run(beat=beat), interval_s=1.0)
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
@@ -184,6 +186,7 @@ class App:
     queue_admin: QueueAdmin
     elastic: ElasticAllocator
     telemetry_rate: TelemetryRate
+    time_limits: TimeLimits
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -304,7 +307,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                   creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
-              usage=usage, elastic=elastic, telemetry_rate=telemetry_rate)
+              usage=usage, elastic=elastic, telemetry_rate=telemetry_rate,
+              time_limits=TimeLimits(tasks, leadership, dispatcher, events))
     metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
     metrics.registry.register(GpuHealthMetrics(nodes.health.counts))
     quarantine.listener = app.on_quarantined

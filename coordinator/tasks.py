@@ -23,6 +23,7 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.ports import AgentSignals, ScaleOut, WakeupSignal
 from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
+from coordinator.queues.limits import apply_queue_limits
 from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
@@ -120,9 +121,10 @@ class TaskTable:
         ``admit`` decides whether the profiled task could ever be placed (raising ``PlacementError`` when
         not); without it only the GPU count per node is checked against the largest known node.
         ``queue`` is the team queue it runs in, resolved by the caller (default: the spec's);
-        ``submitted_by`` the submitter's identity.
+        ``submitted_by`` the submitter's identity. The queue's run-time defaults (time limit, protected run
+        time, checkpoint grace) are stored in the task's spec where the spec gives none.
 
-        :raises ValidationError: naming the spec field that is wrong.
+        :raises ValidationError: naming the spec field that is wrong (a time limit above the queue's maximum).
         :raises PlacementError: ``admit`` refused it.
         :raises NotLeader: on a standby.
         """
@@ -130,6 +132,9 @@ class TaskTable:
         max_gpus = 0 if admit is not None else max(
             (len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
+        queues = self._state.queues
+        name = queue or spec.queue
+        spec = apply_queue_limits(spec, queues.get(name) if name in queues else None)
         profile = self._profiler.profile(spec)
         validate_profiled_demand(profile.demand)
         task = types_pb2.Task(spec=spec, state=pb_enum(types_pb2.TaskState, TaskState.PENDING),

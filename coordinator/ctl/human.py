@@ -36,7 +36,7 @@ REASON_WIDTH = 72
 """Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
 HEALTH_WIDTH = 48
 """Widest HEALTH cell in the normal node table (``-o wide`` shows the whole summary)."""
-_FINAL = ("succeeded", "failed", "cancelled")
+_FINAL = ("succeeded", "failed", "cancelled", "timeout")
 # C0/C1 control characters, and the bidirectional overrides/isolates and line separators that
 # can make a terminal show text other than what is there (U+202E reverses what follows).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

@@ -254,6 +254,9 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "elastic": elastic_dict(t),
         "gpu_fault_moves": t.gpu_fault_moves,
         "app_xids": [proto_dict(x) for x in t.app_xids],
+        "time_limit_s": t.spec.time_limit_s or None,
+        "min_runtime_s": t.spec.min_runtime_s or None,
+        "timed_out": t.timed_out,
     }
 
 

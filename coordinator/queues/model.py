@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from common.errors import NotFound, ValidationError
+from common.limits import MAX_TIME_LIMIT_S
 
 __all__ = [
     "ANY_MODEL",
@@ -202,6 +203,10 @@ class Queue:
     members: tuple[str, ...] = ()
     default_for: tuple[str, ...] = ()
     budget: Budget | None = None
+    default_time_limit_s: float | None = None
+    max_time_limit_s: float | None = None
+    default_min_runtime_s: float | None = None
+    grace_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpus", "limit", "lend"):
@@ -286,6 +291,13 @@ class Queue:
                                           f"an identity of {len(who)} characters; at most {MAX_IDENTITY_CHARS}")
         if self.budget is not None:
             self.budget.validate(f"{where}.budget")
+        for name in _TIME_KEYS:
+            value = getattr(self, name)
+            if value is not None:
+                _non_negative_number(value, f"{where}.{name}", _MAX_GRACE_S if name == "grace_s" else MAX_TIME_LIMIT_S)
+        if self.default_time_limit_s and self.max_time_limit_s and self.default_time_limit_s > self.max_time_limit_s:
+            raise ValidationError(f"{where}.default_time_limit_s", f"{self.default_time_limit_s:g} s is above its "
+                                  f"max_time_limit_s {self.max_time_limit_s:g} s")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON or TOML), leaving out fields at their defaults; see :meth:`from_dict`."""
@@ -307,6 +319,9 @@ class Queue:
             data["default_for"] = list(self.default_for)
         if self.budget is not None:
             data["budget"] = self.budget.to_dict()
+        for name in _TIME_KEYS:
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         return data
 
     @classmethod
@@ -328,13 +343,18 @@ class Queue:
             gpus=data.get("gpus", {}), limit=data.get("limit", {}), lend=data.get("lend", {}),
             cpu=data.get("cpu"), mem_gib=data.get("mem_gib"),
             members=tuple(data.get("members", ())), default_for=tuple(data.get("default_for", ())),
-            budget=None if budget is None else Budget.from_dict(budget, f"{where}.budget"))
+            budget=None if budget is None else Budget.from_dict(budget, f"{where}.budget"),
+            **{name: data[name] for name in _TIME_KEYS if name in data})
         queue.validate(where)
         return queue
 
 
+_TIME_KEYS = ("default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
+"""A queue's run-time settings, seconds (None: not set): its tasks' default time limit, the most they may ask
+for, their default protected run time, and their checkpoint grace (docs/limits-and-reservations.md)."""
+_MAX_GRACE_S = 86_400.0
 _QUEUE_KEYS = frozenset({"name", "parent", "weight", "gpus", "limit", "lend", "cpu", "mem_gib", "members",
-                         "default_for", "budget"})
+                         "default_for", "budget", *_TIME_KEYS})
 
 DEFAULT_QUEUE = Queue(name="default", members=("*",), default_for=("*",))
 """The implicit queue of a configuration without queues: everyone's, no quota, no limit."""

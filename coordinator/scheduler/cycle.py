@@ -201,7 +201,9 @@ class SchedulerCycle:
             self.skipped += 1
             return 0
         self._idle = None
-        runs = {t.id: run_s for t in pending if (run_s := self._profiler.expected_run_s(t.spec)) is not None}
+        # The profiler's expected run time; without one, the task's time limit (it ends by then at the latest).
+        runs = {t.id: run_s for t in pending
+                if (run_s := self._profiler.expected_run_s(t.spec) or t.spec.time_limit_s or None) is not None}
         expected = {t.id: runs[t.id] for t in pending if t.spec.qos.deadline_unix_s and t.id in runs}
         requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
         by_id = {t.id: t for t in pending}

@@ -457,7 +457,7 @@ class QueueBudget(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., amount: _Optional[float] = ..., period: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget")
+    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget", "default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
@@ -470,6 +470,10 @@ class Queue(_message.Message):
     DEFAULT_FOR_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     HAS_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MIN_RUNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     parent: str
     quotas: _containers.RepeatedCompositeFieldContainer[QueueQuota]
@@ -482,7 +486,11 @@ class Queue(_message.Message):
     default_for: _containers.RepeatedScalarFieldContainer[str]
     budget: QueueBudget
     has_budget: bool
-    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ...) -> None: ...
+    default_time_limit_s: float
+    max_time_limit_s: float
+    default_min_runtime_s: float
+    grace_s: float
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ..., default_time_limit_s: _Optional[float] = ..., max_time_limit_s: _Optional[float] = ..., default_min_runtime_s: _Optional[float] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class QueueHeld(_message.Message):
     __slots__ = ("gpu_model", "own", "borrowed")
