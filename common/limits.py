@@ -12,7 +12,7 @@ from __future__ import annotations
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 
-__all__ = ["MAX_TIME_LIMIT_S", "end_of", "fmt_s", "protected", "run_started_s", "stopping"]
+__all__ = ["MAX_TIME_LIMIT_S", "end_of", "fmt_s", "protected", "protected_until_s", "run_started_s", "stopping"]
 
 MAX_TIME_LIMIT_S = 365 * 86400.0
 """The longest time limit, protected run time or queue default a spec or queue may give: a year."""
@@ -38,14 +38,20 @@ def run_started_s(task: types_pb2.Task) -> float | None:
     return started
 
 
-def protected(task: types_pb2.Task, now: float) -> bool:
-    """Whether the task is inside its protected run time (``spec.min_runtime_s`` since its run started): no
-    preemption, queue reclaim or elastic shrink may pick it."""
+def protected_until_s(task: types_pb2.Task) -> float:
+    """When the task's protected run time (``spec.min_runtime_s`` from the start of its run) ends: 0 without one,
+    infinity while its run has not started (nothing to take from it yet)."""
     floor = task.spec.min_runtime_s
     if not floor:
-        return False
+        return 0.0
     started = run_started_s(task)
-    return started is None or now - started < floor
+    return float("inf") if started is None else started + floor
+
+
+def protected(task: types_pb2.Task, now: float) -> bool:
+    """Whether the task is inside its protected run time: no preemption, queue reclaim or elastic shrink may
+    pick it."""
+    return now < protected_until_s(task)
 
 
 def stopping(task: types_pb2.Task) -> bool:

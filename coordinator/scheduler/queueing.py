@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.domain import Placement
+from common.limits import protected
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
 from common.types import NodeState, TaskState
@@ -126,9 +127,10 @@ def queued(task: types_pb2.Task) -> QueuedTask:
                       gpus // n, n)
 
 
-def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
+def holding_of(task: types_pb2.Task, registry: NodeRegistry, now: float | None = None) -> Holding:
     """A placed task's holding: its GPUs (of the model of its rank-0 node's first GPU), borrowed count as
-    stored at placement (:func:`~coordinator.queues.rebalance` recomputes it)."""
+    stored at placement (:func:`~coordinator.queues.rebalance` recomputes it). Given ``now``, a task inside its
+    protected run time counts as not preemptible (reclaim never picks it)."""
     gpus, model = 0, ANY_MODEL
     per_node: dict[str, int] = {}
     for na in task.allocation.nodes:
@@ -142,7 +144,8 @@ def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
                 model = by_index.get(na.gpu_indices[0], "") or ANY_MODEL
     n = max(1, len(task.allocation.nodes))
     return Holding(task.id, queue_of(task), model, gpus, min(task.borrowed_gpus, gpus),
-                   task.spec.preemptible if task.spec.HasField("preemptible") else True,
+                   (task.spec.preemptible if task.spec.HasField("preemptible") else True)
+                   and (now is None or not protected(task, now)),
                    task.allocation.created_unix_s or task.submit_unix_s,
                    task.demand.cpu_cores * n, task.demand.mem_bytes * n / _GIB, per_node)
 
@@ -366,9 +369,10 @@ class LeaderQueues:
         """(tasks holding GPUs that could be victims, PREEMPTED tasks on their way out)."""
         holding: list[Holding] = []
         stopping: list[Holding] = []
+        now = self.clock()
         for t in self._state.tasks.values():
             if t.state in HOLDING_STATES and t.allocation.nodes:
-                (stopping if t.state == TaskState.PREEMPTED else holding).append(holding_of(t, self._registry))
+                (stopping if t.state == TaskState.PREEMPTED else holding).append(holding_of(t, self._registry, now))
         return holding, stopping
 
     def restore(self, decay: UsageDecay, accounted_until: float) -> None:

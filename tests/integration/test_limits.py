@@ -55,3 +55,25 @@ def _metrics(cluster: Cluster) -> str:
 
     with urllib.request.urlopen(f"http://{cluster.metrics_address('c1')}/metrics", timeout=5) as resp:
         return resp.read().decode()
+
+
+class TestProtectedRunTime:
+    def test_task_inside_its_min_runtime_is_never_the_preemption_victim(self, cluster: Cluster,
+                                                                        tmp_path: Path) -> None:
+        """Of two priority-0 tasks on a full 2-GPU node, victim choice would take the newer; inside its
+        --min-runtime it is kept and the older one is preempted for the priority-10 task instead."""
+        _start(cluster, gpus=2)
+        common = ("--priority", "0", "--gpus", "1", "--gpu-mem-gib", "10", "--cpu", "0.1", "--stop-grace-s", "1")
+        markers = {name: tmp_path / f"{name}.ckpt" for name in ("old", "young")}
+        old = cluster.submit(*ROOT_TASKS_SUBMIT, "--name", "old", *common, "--", *_looping(markers["old"]))
+        wait_until(lambda: cluster.task(old)["state"] == "running", what="old running")
+        young = cluster.submit(*ROOT_TASKS_SUBMIT, "--name", "young", *common, "--min-runtime", "10m", "--",
+                               *_looping(markers["young"]))
+        wait_until(lambda: cluster.task(young)["state"] == "running", what="young running")
+        high = cluster.submit(*ROOT_TASKS_SUBMIT, "--name", "urgent", "--priority", "10", "--gpus", "1",
+                              "--gpu-mem-gib", "10", "--cpu", "0.1", "--", "sh", "-c", "sleep 30")
+        wait_until(lambda: cluster.task(high)["state"] == "running", what="urgent running")
+        assert markers["old"].exists() and cluster.task(old)["preemptions"] == 1
+        t = cluster.task(young)
+        assert t["state"] == "running" and t["preemptions"] == 0 and t["min_runtime_s"] == 600.0
+        assert not markers["young"].exists()

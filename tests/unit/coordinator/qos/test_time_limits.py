@@ -150,3 +150,62 @@ def test_argparse_namespace_without_limit_flags() -> None:
     ns = build_parser().parse_args(["submit", "--", "true"])
     delattr(ns, "time")
     assert spec_from_args(argparse.Namespace(**vars(ns))).time_limit_s == 0.0
+
+
+# ---- protected run time: preemption, reclaim and elastic shrinks never pick a task inside it --------------------
+
+
+def test_a_victim_inside_its_protected_run_time_is_skipped_for_an_older_one() -> None:
+    """Victim choice prefers the most recently started task, but not one inside its protected run time: the older
+    one goes instead; with only protected tasks, nothing is preempted (the preemptor waits)."""
+    from tests.unit.coordinator.qos.test_victim_choice import NOW, choose, task
+
+    young = task("young", 0, 1, node="n1", indices=(0,), started=NOW - 5)
+    old = task("old", 0, 1, node="n1", indices=(1,), started=NOW - 500)
+    hi = task("hi", 10, 1, state=TaskState.PENDING)
+    assert choose(hi, {"n1": 2}, [young, old]) == ["young"]          # unprotected: the newest goes
+    young.spec.min_runtime_s = 60.0
+    assert choose(hi, {"n1": 2}, [young, old]) == ["old"]
+    old.spec.min_runtime_s = 600.0
+    assert choose(hi, {"n1": 2}, [young, old]) is None
+    young.spec.min_runtime_s = 5.0                                    # exactly at its end: no longer protected
+    assert choose(hi, {"n1": 2}, [young, old]) == ["young"]
+
+
+def test_reclaim_never_picks_a_borrowing_task_inside_its_protected_run_time() -> None:
+    from coordinator.monitor.nodes import NodeRegistry
+    from coordinator.queues import Demand, reclaim_victims
+    from coordinator.scheduler.queueing import holding_of
+
+    def borrower(tid: str, started: float, min_runtime_s: float = 0.0) -> types_pb2.Task:
+        t = types_pb2.Task(id=tid, queue="b", borrowed_gpus=1, spec=types_pb2.TaskSpec(min_runtime_s=min_runtime_s),
+                           state=types_pb2.TASK_STATE_RUNNING)
+        t.history.add(state=int(TaskState.RUNNING), time_unix_s=started)
+        t.allocation.created_unix_s = started
+        t.allocation.nodes.add(node_id="n1", gpu_indices=[0], demand=types_pb2.ResourceVector(gpus=1))
+        return t
+
+    config = QueueConfig(queues=(Queue("a", gpus={"*": 1}), Queue("b", gpus={"*": 0})))
+    registry = NodeRegistry(1.0, 10.0)
+    now = 1000.0
+    want = [Demand("a", "*", 1)]
+    fresh = holding_of(borrower("fresh", now - 10), registry, now)
+    assert [v.task_id for v in reclaim_victims(config, [fresh], want)] == ["fresh"]
+    kept = holding_of(borrower("kept", now - 10, min_runtime_s=60.0), registry, now)
+    assert not kept.preemptible and reclaim_victims(config, [kept], want) == []
+    done = holding_of(borrower("done", now - 60, min_runtime_s=60.0), registry, now)
+    assert [v.task_id for v in reclaim_victims(config, [done], want)] == ["done"]
+
+
+def test_an_elastic_job_inside_its_protected_run_time_is_not_shrunk() -> None:
+    from dataclasses import replace
+
+    from common.elastic import plan_give_back, plan_shrinks
+    from tests.unit.common.test_elastic_rules import NOW, SETTINGS, _job, _req
+
+    job = _job("e", 4, hi=4)
+    assert plan_shrinks([_req("w", 2)], [job], {"n1": 0}, NOW, SETTINGS)
+    kept = replace(job, protected_until_s=NOW + 1)
+    assert plan_shrinks([_req("w", 2)], [kept], {"n1": 0}, NOW, SETTINGS) == []
+    assert plan_give_back("w", 0, 2, [kept], NOW, SETTINGS, "queue limit") == []
+    assert plan_give_back("w", 0, 2, [job], NOW, SETTINGS, "queue limit")
