@@ -436,10 +436,10 @@ def idle_gpus(nodes: Iterable[NodeSnapshot]) -> dict[str, int]:
 
 
 def node_accepts(node: NodeSnapshot, request: Request) -> bool:
-    """Whether the request's constraints (GPU model, node selector, nodes to avoid) allow the node at all."""
+    """Whether the request's constraints (GPU model, node selector, nodes to avoid, nodes allowed) allow the node."""
     if request.gpu_model and request.gpu_model.lower() not in node.gpu_model.lower():
         return False
-    if node.node_id in request.avoid_nodes:
+    if node.node_id in request.avoid_nodes or (request.only_nodes and node.node_id not in request.only_nodes):
         return False
     return all(node.labels.get(k) == v for k, v in request.node_selector.items())
 

@@ -44,5 +44,5 @@ def request_for(task: types_pb2.Task, expected_run_s: float | None = None) -> Re
         submit_s=task.submit_unix_s, deadline_s=spec.qos.deadline_unix_s or None,
         gpu_model=spec.constraints.gpu_model, node_selector=dict(spec.constraints.node_selector),
         allow_sharing=spec.allow_gpu_sharing, expected_run_s=expected_run_s,
-        avoid_nodes=frozenset(spec.constraints.avoid_nodes),
+        avoid_nodes=frozenset(spec.constraints.avoid_nodes), only_nodes=frozenset(spec.constraints.only_nodes),
     )

@@ -23,13 +23,15 @@ def _looping(marker: Path) -> list[str]:
 class TestTimeLimit:
     def test_task_past_its_time_limit_is_signalled_then_ends_timeout(self, cluster: Cluster, tmp_path: Path) -> None:
         """A --time 3s task gets its checkpoint signal at the limit, is stopped after its grace (its queue's) and
-        ends timeout; its restart policy (always) does not run it again. A time above the queue's maximum is refused
-        at submit, naming the field."""
+        ends timeout; its restart policy (always) does not run it again. A time above the queue's maximum, and node
+        choices no known node matches, are refused at submit, naming the field."""
         _start(cluster)
         cluster.ctl_json("queues", "set", "team", "--gpus", "1", "--members", "*", "--default-for", "*",
                          "--max-time", "1h", "--grace", "1s")
         refused = cluster.ctl("submit", "--time", "2h", "--", "true")
         assert refused.returncode != 0 and "spec.time_limit_s" in refused.stderr and "1h" in refused.stderr
+        nowhere = cluster.ctl("submit", "--nodelist", "n1", "--exclude", "n1", "--", "true")
+        assert nowhere.returncode != 0 and "spec.constraints.avoid_nodes" in nowhere.stderr
         marker = tmp_path / "ckpt"
         tid = cluster.submit(*ROOT_TASKS_SUBMIT, "--name", "limited", "--gpus", "1", "--gpu-mem-gib", "10",
                              "--cpu", "0.1", "--time", "3s", "--restart-policy", "always",
