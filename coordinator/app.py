@@ -40,6 +40,7 @@ from coordinator.qos.time_limits import TimeLimits
 from coordinator.qos.watch import QosWatch
 from coordinator.queue_admin import QueueAdmin, QueueMetrics
 from coordinator.queues import load_toml
+from coordinator.reservations import Reservations, validate_reservation
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
@@ -51,6 +52,7 @@ from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.queues import QueueStore
+from coordinator.sync.reservations import ReservationStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore
 from coordinator.tasks import TaskTable
@@ -109,6 +111,7 @@ class LeaderDuties:
         # would set it within a second, after a fleet's worth of welcomes at the shortest interval).
         app.telemetry_rate.tick()
         await app.queue_admin.recover()
+        await app.reservations.recover()
         if app.store.keys.policy in state.quarantined:
             current = app.policy.current
             self._log.warning("policy_fallback", policy=current.name, threshold=current.threshold,
@@ -187,6 +190,7 @@ class App:
     elastic: ElasticAllocator
     telemetry_rate: TelemetryRate
     time_limits: TimeLimits
+    reservations: Reservations
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -265,15 +269,22 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                              state, queues, usage, Prices(cfg.gpu_hour_prices, cfg.price_kwh), events,
                              queues_file=cfg.queues_file)
     usage.on_accounted = queue_admin.check_budgets   # budgets are read as usage is accounted
+    reservations = Reservations(ReservationStore(client, keys, leadership.election, quarantine=quarantine,
+                                                 validate=validate_reservation), leadership, tasks.view, registry,
+                                events)
+    queues.shielded = reservations.shields              # a reservation's own work on its GPUs is never reclaimed
+    power_manager.reserved = reservations.nodes_needed  # nor are its nodes powered down; woken ahead of its start
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
-                          protection_s=cfg.preemption_protection_s, may_preempt=queues.may_preempt)
+                          protection_s=cfg.preemption_protection_s,
+                          may_preempt=lambda task, victim: queues.may_preempt(task, victim)
+                          and not reservations.shields(victim, task), view=reservations.view_for)
     elastic = ElasticAllocator(tasks, dispatcher, monitor, events, metrics,
                                ElasticSettings(interval_s=cfg.elastic_interval_s,
                                                restart_cost_s=cfg.elastic_restart_cost_s), profiler)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
-                           on_shrunk=power_manager.shrunk_for)
+                           on_shrunk=power_manager.shrunk_for, reservations=reservations)
     restarts = RestartPolicy(tasks)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
@@ -308,7 +319,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
               usage=usage, elastic=elastic, telemetry_rate=telemetry_rate,
-              time_limits=TimeLimits(tasks, leadership, dispatcher, events))
+              time_limits=TimeLimits(tasks, leadership, dispatcher, events), reservations=reservations)
     metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
     metrics.registry.register(GpuHealthMetrics(nodes.health.counts))
     quarantine.listener = app.on_quarantined

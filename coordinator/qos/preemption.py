@@ -312,13 +312,18 @@ class Preemptor:
     :param now: the clock (unix seconds).
     :param may_preempt: whether a pending task may take what a running task holds (with team queues: only
         within its own queue; across queues, only reclaim takes borrowed GPUs back).
+    :param view: the snapshot as a pending task's placement may use it (reservations block the GPUs they keep
+        for others' work), so that nothing is preempted for GPUs it could not take.
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, dispatcher: Dispatcher,
                  events: EventBus, counter: Counter, protection_s: float = DEFAULT_PROTECTION_S,
                  now: Callable[[], float] = time.time,
-                 may_preempt: Callable[[types_pb2.Task, types_pb2.Task], bool] = lambda task, victim: True) -> None:
+                 may_preempt: Callable[[types_pb2.Task, types_pb2.Task], bool] = lambda task, victim: True,
+                 view: Callable[[types_pb2.Task, ClusterSnapshot], ClusterSnapshot] = lambda task, snapshot: snapshot,
+                 ) -> None:
         self._tasks, self._registry, self._snapshots, self._dispatcher = tasks, registry, snapshots, dispatcher
+        self._view = view
         self._may_preempt = may_preempt
         self._events, self._counter, self._protection_s, self._now = events, counter, protection_s, now
         self._claims: dict[str, _Claim] = {}       # preemptor task id → its claim
@@ -366,7 +371,8 @@ class Preemptor:
             if task.id in claims:
                 continue
             allowed = [t for t in tasks if self._may_preempt(task, t)]
-            victims = choose_victims(task, snapshot, allowed, fits, now=self._now(), protection_s=self._protection_s)
+            victims = choose_victims(task, self._view(task, snapshot), allowed, fits, now=self._now(),
+                                     protection_s=self._protection_s)
             if victims:
                 await self._preempt(task, victims)
                 return True

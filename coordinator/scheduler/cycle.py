@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from common.domain import Decision, NodeSnapshot, Placement, Rejection, Request
+from common.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
 from common.elastic import (
     ElasticJob,
     ElasticRange,
@@ -68,6 +68,7 @@ from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
 from coordinator.queues import ANY_MODEL, Admission, Demand, admit
+from coordinator.reservations import Reservations, blocked, keep_only, state_of
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
@@ -121,6 +122,7 @@ class SchedulerCycle:
     :param elastic: the elastic allocator (None: elastic tasks run at their minimum and never resize).
     :param on_shrunk: told ``(waiting task, GPUs)`` when elastic tasks shrink for a waiting task (the Resource
         Adaptor wakes a node for what they gave up).
+    :param reservations: GPUs kept for a queue's or users' work (None: none).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
@@ -128,8 +130,10 @@ class SchedulerCycle:
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
                  queues: LeaderQueues | None = None, elastic: Elasticity | None = None,
-                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None) -> None:
+                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None,
+                 reservations: Reservations | None = None) -> None:
         self._preemptor, self._profiler = preemptor, profiler
+        self._reservations = reservations
         self._elastic, self._on_shrunk = elastic, on_shrunk
         self._queues = queues
         self._gang_label = gang_label
@@ -173,7 +177,10 @@ class SchedulerCycle:
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
         settled = self._elastic_settled()
-        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues, settled
+        now = time.time()
+        kept = tuple((k.reservation.name, state_of(k.reservation, now), k.gpus)
+                     for k in (self._reservations.kept() if self._reservations is not None else ()))
+        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues, settled, kept
 
     async def cycle(self) -> int:
         """One scheduling cycle; returns the number of placements committed.
@@ -236,10 +243,16 @@ class SchedulerCycle:
         snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
+        # Reservations: their own work first on the GPUs they keep, then every kept GPU blocked for the rest.
+        early, snapshot = self._reserved_first(snapshot, requests, by_id, policy.name, policy.threshold, mode)
         # The placement state is kept from cycle to cycle; only nodes whose snapshot changed are applied.
         engine = self._placement.engine(snapshot, policy.name, threshold=policy.threshold, mode=mode,
                                         gang_label=self._gang_label)
-        decisions = engine.place_batch(requests)
+        if early:
+            rest = iter(engine.place_batch([r for r in requests if r.task_id not in early]))
+            decisions = [early[r.task_id] if r.task_id in early else next(rest) for r in requests]
+        else:
+            decisions = engine.place_batch(requests)
         if ranges:
             for i, (r, d) in enumerate(zip(requests, decisions, strict=True)):
                 if r.task_id in ranges and not isinstance(d, Placement) and r.whole_gpus * r.nodes > \
@@ -295,6 +308,38 @@ class SchedulerCycle:
         if not commits and not preempted:
             self._idle = (inputs, started)
         return committed
+
+    def _reserved_first(self, snapshot: ClusterSnapshot, requests: list[Request], by_id: dict[str, types_pb2.Task],
+                        policy: str, threshold: float, mode: str) -> tuple[dict[str, Placement], ClusterSnapshot]:
+        """Place each active reservation's own waiting work on the GPUs it keeps (a placement engine of its own
+        over only those GPUs); returns those placements and the snapshot the rest is placed on: every kept GPU
+        offering nothing, the host resources of those placements taken (``coordinator/reservations.py``)."""
+        kept = self._reservations.kept() if self._reservations is not None else []
+        if not kept:
+            return {}, snapshot
+        assert self._reservations is not None
+        original = {n.node_id: n for n in snapshot.nodes}
+        early: dict[str, Placement] = {}
+        for k in kept:
+            mine = [r for r in requests if self._reservations.active_member_of(by_id[r.task_id], kept) is k]
+            if not mine:
+                continue
+            engine = PlacementEngine.from_name(keep_only(snapshot.nodes, original, k.by_node(), snapshot.taken_at_s),
+                                               policy, threshold=threshold, mode=mode)
+            early.update((d.task_id, d) for d in engine.place_batch(mine) if isinstance(d, Placement))
+        every: dict[str, set[int]] = {}
+        for k in kept:
+            for node, index in k.gpus:
+                every.setdefault(node, set()).add(index)
+        out = blocked(snapshot, {n: frozenset(s) for n, s in every.items()})
+        if early:
+            used: dict[str, Resources] = {}
+            for d in early.values():
+                for a in d.assignments:
+                    used[a.node_id] = used.get(a.node_id, Resources()).add(d.demand)
+            out = replace(out, nodes=tuple(replace(n, used=n.used.add(used[n.node_id])) if n.node_id in used else n
+                                           for n in out.nodes))
+        return early, out
 
     def _elastic_settled(self, *, grow: bool = False) -> int:
         """Running elastic tasks whose hysteresis allows a resize now (``grow``: and below their maximum)."""

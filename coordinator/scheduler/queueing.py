@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.domain import Placement
 from common.limits import protected
@@ -348,6 +348,8 @@ class LeaderQueues:
         self.budgets: dict[str, BudgetState] = {}
         """Each budgeted queue's last budget reading (``coordinator.queue_admin.QueueAdmin.check_budgets``)."""
         self._accrued_at: float | None = None
+        self.shielded: Callable[[types_pb2.Task], bool] = lambda task: False
+        """Whether a task may not be reclaimed whatever it borrows (a reservation's own work on its GPUs)."""
 
     @property
     def config(self) -> QueueConfig:
@@ -372,7 +374,12 @@ class LeaderQueues:
         now = self.clock()
         for t in self._state.tasks.values():
             if t.state in HOLDING_STATES and t.allocation.nodes:
-                (stopping if t.state == TaskState.PREEMPTED else holding).append(holding_of(t, self._registry, now))
+                held = holding_of(t, self._registry, now)
+                if t.state == TaskState.PREEMPTED:
+                    stopping.append(held)
+                else:
+                    holding.append(replace(held, preemptible=False) if held.preemptible and self.shielded(t)
+                                   else held)
         return holding, stopping
 
     def restore(self, decay: UsageDecay, accounted_until: float) -> None:

@@ -27,6 +27,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_QUEUES: _ClassVar[EventKind]
     EVENT_KIND_RESIZE: _ClassVar[EventKind]
     EVENT_KIND_HEALTH: _ClassVar[EventKind]
+    EVENT_KIND_RESERVATION: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -44,6 +45,7 @@ EVENT_KIND_SCALE: EventKind
 EVENT_KIND_QUEUES: EventKind
 EVENT_KIND_RESIZE: EventKind
 EVENT_KIND_HEALTH: EventKind
+EVENT_KIND_RESERVATION: EventKind
 
 class ServiceRef(_message.Message):
     __slots__ = ("service_id",)
@@ -549,6 +551,42 @@ class SetQueueRequest(_message.Message):
     def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
 
 class QueueRef(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ReservedGpus(_message.Message):
+    __slots__ = ("node_id", "gpu_indices")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReservationView(_message.Message):
+    __slots__ = ("reservation", "state", "held", "used_gpus")
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    reservation: _types_pb2.Reservation
+    state: str
+    held: _containers.RepeatedCompositeFieldContainer[ReservedGpus]
+    used_gpus: int
+    def __init__(self, reservation: _Optional[_Union[_types_pb2.Reservation, _Mapping]] = ..., state: _Optional[str] = ..., held: _Optional[_Iterable[_Union[ReservedGpus, _Mapping]]] = ..., used_gpus: _Optional[int] = ...) -> None: ...
+
+class ListReservationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReservationsResponse(_message.Message):
+    __slots__ = ("reservations",)
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    reservations: _containers.RepeatedCompositeFieldContainer[ReservationView]
+    def __init__(self, reservations: _Optional[_Iterable[_Union[ReservationView, _Mapping]]] = ...) -> None: ...
+
+class ReservationRef(_message.Message):
     __slots__ = ("name",)
     NAME_FIELD_NUMBER: _ClassVar[int]
     name: str

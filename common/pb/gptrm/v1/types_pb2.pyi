@@ -980,3 +980,29 @@ class UsageMarks(_message.Message):
     accounted_until_unix_s: float
     task_energy_j: _containers.ScalarMap[str, float]
     def __init__(self, accounted_until_unix_s: _Optional[float] = ..., task_energy_j: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("name", "gpus", "gpu_model", "nodes", "start_unix_s", "end_unix_s", "queue", "users", "created_by", "created_unix_s", "revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    gpus: int
+    gpu_model: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    start_unix_s: float
+    end_unix_s: float
+    queue: str
+    users: _containers.RepeatedScalarFieldContainer[str]
+    created_by: str
+    created_unix_s: float
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[int] = ..., gpu_model: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., queue: _Optional[str] = ..., users: _Optional[_Iterable[str]] = ..., created_by: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., revision: _Optional[int] = ...) -> None: ...
