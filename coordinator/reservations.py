@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot
+from common.elastic import ElasticJob, Resize
 from common.errors import NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from coordinator.sync.leadership import Leadership
     from coordinator.sync.reservations import ReservationStore
 
-__all__ = ["Kept", "Reservations", "blocked", "choose_kept", "is_member", "keep_only", "state_of",
+__all__ = ["Kept", "Reservations", "blocked", "choose_kept", "is_member", "keep_only", "shrinks_off", "state_of",
            "validate_reservation"]
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -156,6 +157,38 @@ def choose_kept(reservations: Iterable[types_pb2.Reservation], gpus: Sequence[tu
         taken.update(chosen)
         used = sum(1 for ref in chosen if (h := holders.get(ref)) is not None and is_member(h, r))
         out.append(Kept(r, chosen, used))
+    return out
+
+
+def shrinks_off(jobs: Iterable[ElasticJob], kept: Sequence[Kept], tasks: Mapping[str, types_pb2.Task], now: float,
+                lead_s: float) -> list[Resize]:
+    """Elastic jobs holding GPUs a reservation keeps, of which they are not the own work, shrink by those GPUs
+    once the reservation starts within ``lead_s`` (never below their minimum, never inside their protected run
+    time; the hysteresis does not hold them): restarted at the smaller size, they are placed off the kept GPUs,
+    which are then free at the start.
+
+    :param jobs: the running elastic jobs.
+    :param kept: the GPUs each reservation keeps.
+    :param tasks: every task by id.
+    :param now: the clock.
+    :param lead_s: how long before a start the GPUs are given back.
+    """
+    out: list[Resize] = []
+    for j in jobs:
+        task = tasks.get(j.task_id)
+        if task is None or j.size <= j.range.minimum or now < j.protected_until_s:
+            continue
+        held = {(na.node_id, i) for na in task.allocation.nodes for i in na.gpu_indices}
+        for k in kept:
+            r = k.reservation
+            overlap = len(held & set(k.gpus))
+            if not overlap or is_member(task, r) or r.start_unix_s > now + lead_s:
+                continue
+            to = max(j.range.minimum, j.size - overlap)
+            when = time.strftime("%H:%M:%S UTC", time.gmtime(r.start_unix_s))
+            out.append(Resize(j.task_id, j.size, to, f"reservation {r.name} keeps {overlap} of its GPUs from {when}: "
+                              f"shrinks to {to}", j.curve.throughput(to) / j.curve.throughput(j.size), ""))
+            break
     return out
 
 

@@ -68,7 +68,7 @@ from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
 from coordinator.queues import ANY_MODEL, Admission, Demand, admit
-from coordinator.reservations import Reservations, blocked, keep_only, state_of
+from coordinator.reservations import Reservations, blocked, keep_only, shrinks_off, state_of
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
@@ -85,6 +85,8 @@ __all__ = ["FORCED_CYCLE_S", "SchedulerCycle", "on_pool"]
 
 FORCED_CYCLE_S = 30.0
 """A cycle runs at least this often even when nothing seems to have changed."""
+RESERVATION_LEAD_S = 120.0
+"""Elastic tasks holding GPUs a reservation keeps (not its own work) give them back this long before its start."""
 _PERIOD_S = 1.0
 
 
@@ -394,8 +396,9 @@ class SchedulerCycle:
         idle = idle_gpus(nodes)
         now, settings = time.time(), self._elastic.settings
         blocked: dict[str, str] = {}
-        decisions: list[Resize] = []
-        if waiting:
+        # Giving back GPUs a reservation keeps comes first; the rest is planned in the next cycle.
+        decisions: list[Resize] = self._off_reserved(jobs, now)
+        if waiting and not decisions:
             by_node = {n.node_id: n for n in nodes}
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
@@ -417,6 +420,12 @@ class SchedulerCycle:
         for task_id, gpus in sorted(gave.items()):
             self._on_shrunk(task_id, gpus)
         return bool(done)
+
+    def _off_reserved(self, jobs: list[ElasticJob], now: float) -> list[Resize]:
+        """Elastic tasks give back, ahead of a reservation's start, the GPUs it keeps (:func:`shrinks_off`)."""
+        if self._reservations is None:
+            return []
+        return shrinks_off(jobs, self._reservations.kept(), self._tasks.view(), now, RESERVATION_LEAD_S)
 
     def _give_back(self, refused: Sequence[tuple[types_pb2.Task, str]], jobs: list[ElasticJob], now: float,
                    settings: ElasticSettings) -> list[Resize]:

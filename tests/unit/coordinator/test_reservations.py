@@ -116,3 +116,65 @@ def test_documents_follow_their_schema() -> None:
     assert reservation_dict(view)["held"] == [{"node_id": "n1", "gpu_indices": [1]}]
     assert "DEMO" not in reservations_table(doc) and "demo" in reservations_table(doc)
     assert "no reservations" in reservations_table({"reservations": []})
+
+
+def test_elastic_jobs_give_back_kept_gpus_ahead_of_the_start() -> None:
+    from dataclasses import replace
+
+    from common.elastic import ElasticJob, ElasticRange
+    from coordinator.reservations import Kept, shrinks_off
+
+    job = ElasticJob("e", 0, ElasticRange(1, 4, 4), 4, (("n1", 4),))
+    task = types_pb2.Task(id="e", queue="team-b")
+    task.allocation.nodes.add(node_id="n1", gpu_indices=[0, 1, 2, 3])
+    kept = [Kept(_r(gpus=2, start=NOW + 60), (("n1", 2), ("n1", 3)))]
+    [resize] = shrinks_off([job], kept, {"e": task}, NOW, lead_s=120.0)
+    assert (resize.task_id, resize.from_gpus, resize.to_gpus) == ("e", 4, 2) and "reservation demo" in resize.reason
+    assert shrinks_off([job], kept, {"e": task}, NOW, lead_s=30.0) == []            # not yet
+    assert shrinks_off([replace(job, protected_until_s=NOW + 1)], kept, {"e": task}, NOW, 120.0) == []
+    assert shrinks_off([replace(job, size=1, range=ElasticRange(1, 1, 4))], kept, {"e": task}, NOW, 120.0) == []
+    task.queue = "team-a"                                                           # its own work keeps them
+    assert shrinks_off([job], kept, {"e": task}, NOW, 120.0) == []
+
+
+class _Stored:
+    """What the leader loaded from etcd at take-over (``ReservationStore.list``)."""
+
+    def __init__(self, *reservations: types_pb2.Reservation) -> None:
+        self._all = {r.name: r for r in reservations}
+
+    def list(self) -> dict[str, types_pb2.Reservation]:
+        return dict(self._all)
+
+
+def test_own_work_on_kept_gpus_is_shielded_and_others_plan_without_those_gpus() -> None:
+    import asyncio
+
+    from coordinator.events import EventBus
+    from coordinator.monitor.nodes import NodeRegistry
+    from coordinator.reservations import Reservations
+
+    registry = NodeRegistry(heartbeat_interval_s=5.0, lost_grace_s=float("inf"))
+    inv = types_pb2.NodeInventory(node_id="n1", gpus=[types_pb2.GpuInfo(index=i, model="H100") for i in range(2)])
+    registry.connect(inv, outbox=None)  # type: ignore[arg-type]
+    own = types_pb2.Task(id="a", queue="team-a", state=types_pb2.TASK_STATE_RUNNING)
+    own.allocation.nodes.add(node_id="n1", gpu_indices=[1])
+    other = types_pb2.Task(id="b", queue="team-b", state=types_pb2.TASK_STATE_PENDING)
+    tasks = {"a": own, "b": other}
+    clock = [NOW]
+    res = Reservations(_Stored(_r(gpus=1, start=NOW + 60)), None, lambda: tasks, registry,  # type: ignore[arg-type]
+                       EventBus(), now=lambda: clock[0])
+    asyncio.run(res.recover())
+    [k] = res.kept()
+    assert k.gpus == (("n1", 1),) and k.used == 1 and res.nodes_needed(30.0) == {} and res.nodes_needed(60.0)
+    assert not res.shields(own, other)                       # not yet active
+    clock[0] = NOW + 61
+    assert res.shields(own, other) and res.shields(own) and not res.shields(other, own)
+    assert not res.shields(own, types_pb2.Task(queue="team-a"))   # its own work may preempt its own work
+    snap = ClusterSnapshot(nodes=(make_node("n1", gpus=2),))
+    seen = res.view_for(other, snap).nodes[0].gpus
+    assert [g.share_free for g in seen] == [1.0, 0.0]
+    assert res.view_for(types_pb2.Task(queue="team-a"), snap) is snap
+    view = res.views().reservations[0]
+    assert (view.state, view.used_gpus, [(h.node_id, list(h.gpu_indices)) for h in view.held]) == \
+        ("active", 1, [("n1", [1])])
