@@ -464,6 +464,13 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),
     ]
+    if d.get("time_limit_s") or d.get("min_runtime_s"):
+        from common.limits import fmt_s
+
+        limits = [f"time limit {fmt_s(d['time_limit_s'])}" if d.get("time_limit_s") else "",
+                  f"protected for its first {fmt_s(d['min_runtime_s'])}" if d.get("min_runtime_s") else "",
+                  "reached: stopping" if d.get("timed_out") and d["state"] not in _FINAL else ""]
+        lines.append("limits        " + ", ".join(x for x in limits if x))
     if d.get("gpu_fault_moves"):
         lines.append(f"gpu faults    moved {d['gpu_fault_moves']} time(s) off a GPU that turned unhealthy "
                      "(not counted as restarts)")

@@ -209,3 +209,21 @@ def test_an_elastic_job_inside_its_protected_run_time_is_not_shrunk() -> None:
     assert plan_shrinks([_req("w", 2)], [kept], {"n1": 0}, NOW, SETTINGS) == []
     assert plan_give_back("w", 0, 2, [kept], NOW, SETTINGS, "queue limit") == []
     assert plan_give_back("w", 0, 2, [job], NOW, SETTINGS, "queue limit")
+
+
+def test_task_detail_shows_its_limits() -> None:
+    from coordinator.ctl.human import task_detail
+    from coordinator.ctl.render import task_dict
+    from tests.helpers.ctl_schema import validate
+
+    t = types_pb2.Task(id="t-1", spec=types_pb2.TaskSpec(name="x", time_limit_s=5400, min_runtime_s=600),
+                       state=types_pb2.TASK_STATE_RUNNING, timed_out=True)
+    d = task_dict(t)
+    validate(d, "task")
+    assert (d["time_limit_s"], d["min_runtime_s"], d["timed_out"]) == (5400, 600, True)
+    text = task_detail(d)
+    assert "time limit 1h30m, protected for its first 10m, reached: stopping" in text
+    t.state = types_pb2.TASK_STATE_TIMEOUT
+    d = task_dict(t)
+    validate(d, "task")
+    assert d["state"] == "timeout" and "reached: stopping" not in task_detail(d)
