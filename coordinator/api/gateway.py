@@ -150,6 +150,8 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     await self._status(entry, msg.task_status, outbox, log)
                 elif which == "log_chunk":
                     app.logs.deliver(entry.node_id, msg.log_chunk)
+                elif which == "images":
+                    app.nodes.images_held(entry, msg.images)
                 elif which == "decision_ack":
                     app.registry.heartbeat(entry)
                     if self.guard.ack_allowed(entry, msg.decision_ack):

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
 from common.limits import MAX_TIME_LIMIT_S
+from common.oci import validate_container
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.profiler.elastic_spec import validate_elastic
 from coordinator.profiler.qos_spec import validate_qos_spec
@@ -46,6 +47,7 @@ from coordinator.profiler.taskspec import (
     gpus_used,
     spec_data,
 )
+from coordinator.profiler.workflow_spec import validate_workflow
 
 __all__ = ["validate_argv_env", "validate_profiled_demand", "validate_service", "validate_sizes", "validate_spec"]
 
@@ -277,7 +279,10 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
     a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
     :func:`validate_service` refuses; a launcher other than ``torchrun``; an elastic range
-    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses.
+    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses; an image reference, mount, working
+    directory or ``/dev/shm`` size :func:`common.oci.validate_container` refuses (their syntax; the allowed host
+    roots are checked by the Admin API, which knows the cluster's); an array, dependency or start time
+    :func:`~coordinator.profiler.workflow_spec.validate_workflow` refuses.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -310,6 +315,8 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         if spec.HasField("service"):
             validate_service(spec)
         validate_elastic(spec, max_gpus_per_node)
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes)
+        validate_workflow(spec, now)
 
 
 def validate_profiled_demand(demand: Resources) -> None:
