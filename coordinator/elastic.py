@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from common.errors import GptrmError
+from common.limits import protected_until_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
@@ -132,7 +133,8 @@ class ElasticAllocator:
             out.append(ElasticJob(task.id, task.spec.priority, rng, size,
                                   tuple((na.node_id, len(na.gpu_indices)) for na in task.allocation.nodes),
                                   self.curve(task), self.restart_cost_s(task),
-                                  task.elastic.last_resize_unix_s or None, self._remaining_s(task, now)))
+                                  task.elastic.last_resize_unix_s or None, self._remaining_s(task, now),
+                                  protected_until_s(task)))
         return out
 
     def _remaining_s(self, task: types_pb2.Task, now: float) -> float | None:

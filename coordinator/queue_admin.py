@@ -107,6 +107,8 @@ def queue_to_proto(q: Queue) -> admin_pb2.Queue:
         out.has_budget = True
         out.budget.CopyFrom(admin_pb2.QueueBudget(kind=q.budget.kind, amount=q.budget.amount,
                                                   period=q.budget.period, action=q.budget.action))
+    for name in _TIME_FIELDS:   # 0 on the wire: not set
+        setattr(out, name, getattr(q, name) or 0.0)
     return out
 
 
@@ -136,7 +138,14 @@ def queue_from_proto(msg: admin_pb2.Queue) -> Queue:
     if msg.has_budget:
         data["budget"] = {"kind": msg.budget.kind, "amount": msg.budget.amount,
                           "period": msg.budget.period or "month", "action": msg.budget.action or "hold"}
+    for name in _TIME_FIELDS:
+        if getattr(msg, name):
+            data[name] = getattr(msg, name)
     return Queue.from_dict(data, where="queue")
+
+
+_TIME_FIELDS = ("default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
+"""A queue's run-time settings, the same names in the API and the model (0 on the wire: not set)."""
 
 
 class QueueAdmin:

@@ -24,6 +24,7 @@ from coordinator.ports import AgentSignals, ScaleOut, WakeupSignal
 from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
 from coordinator.profiler.workflow_spec import ARRAY_PREFIX, array_indices, dependency_targets, element_id, new_array_id
+from coordinator.queues.limits import apply_queue_limits
 from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.state_machine import Conflict
@@ -126,9 +127,10 @@ class TaskTable:
         ``admit`` decides whether the profiled task could ever be placed (raising ``PlacementError`` when
         not); without it only the GPU count per node is checked against the largest known node.
         ``queue`` is the team queue it runs in, resolved by the caller (default: the spec's);
-        ``submitted_by`` the submitter's identity.
+        ``submitted_by`` the submitter's identity. The queue's run-time defaults (time limit, protected run
+        time, checkpoint grace) are stored in the task's spec where the spec gives none.
 
-        :raises ValidationError: naming the spec field that is wrong.
+        :raises ValidationError: naming the spec field that is wrong (a time limit above the queue's maximum).
         :raises PlacementError: ``admit`` refused it.
         :raises NotLeader: on a standby.
         """
@@ -136,6 +138,7 @@ class TaskTable:
         max_gpus = 0 if admit is not None else max(
             (len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
+        spec = self._with_queue_limits(spec, queue)
         task_id = f"t-{uuid.uuid4().hex[:10]}"
         self._check_targets(spec, task_id)
         profile = self._profiler.profile(spec)
@@ -154,6 +157,13 @@ class TaskTable:
             self._events.publish("task_state", f"task {stored.id} submitted", task_id=stored.id, state="pending")
         self._wakeup.set()
         return stored
+
+    def _with_queue_limits(self, spec: types_pb2.TaskSpec, queue: str) -> types_pb2.TaskSpec:
+        """The spec with its queue's run-time defaults where it gives none (``coordinator/queues/limits.py``).
+
+        :raises ValidationError: a time limit above the queue's maximum (``spec.time_limit_s``)."""
+        queues, name = self._state.queues, queue or spec.queue
+        return apply_queue_limits(spec, queues.get(name) if name in queues else None)
 
     async def submit_array(self, spec: types_pb2.TaskSpec, request_id: str, *,
                            admit: Callable[[types_pb2.Task], None] | None = None, queue: str = "",
@@ -175,6 +185,7 @@ class TaskTable:
         max_gpus = 0 if admit is not None else max(
             (len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
+        spec = self._with_queue_limits(spec, queue)
         array_id = new_array_id()
         self._check_targets(spec, array_id)
         profile = self._profiler.profile(spec)

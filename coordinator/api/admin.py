@@ -110,6 +110,7 @@ SERVED_BY: Mapping[str, Served] = {
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
     "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER, "PullImage": Served.LEADER,
     "CancelArray": Served.LEADER,
+    "CreateReservation": Served.LEADER, "ListReservations": Served.LEADER, "RemoveReservation": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -504,6 +505,22 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         principal = current_principal()
         by = principal.name if principal is not None else "admin"
         return self._view(await self._app.nodes.health.resume(node_id, list(request.gpu_indices), by))
+
+    @_rpc
+    async def CreateReservation(self, request: types_pb2.Reservation,
+                                context: Ctx) -> admin_pb2.ReservationView:
+        """Keep GPUs for a queue's or users' work in a window (role admin; audited as every admin call)."""
+        principal = current_principal()
+        return await self._app.reservations.create(request, principal.name if principal is not None else "")
+
+    @_rpc
+    async def ListReservations(self, request: admin_pb2.ListReservationsRequest,
+                               context: Ctx) -> admin_pb2.ListReservationsResponse:
+        return self._app.reservations.views()
+
+    @_rpc
+    async def RemoveReservation(self, request: admin_pb2.ReservationRef, context: Ctx) -> admin_pb2.ReservationView:
+        return await self._app.reservations.remove(_require_id(request.name, "name"))
 
     @_rpc
     async def RemoveNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:

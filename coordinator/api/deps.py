@@ -18,6 +18,7 @@ from coordinator.monitor.telemetry_rate import TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.qos.lost_nodes import LostNodes
 from coordinator.queue_admin import QueueAdmin
+from coordinator.reservations import Reservations
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
@@ -65,3 +66,4 @@ class AdminDeps(Protocol):
     queue_admin: QueueAdmin
     elastic: ElasticAllocator
     telemetry_rate: TelemetryRate
+    reservations: Reservations

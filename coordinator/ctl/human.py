@@ -36,7 +36,7 @@ REASON_WIDTH = 72
 """Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
 HEALTH_WIDTH = 48
 """Widest HEALTH cell in the normal node table (``-o wide`` shows the whole summary)."""
-_FINAL = ("succeeded", "failed", "cancelled")
+_FINAL = ("succeeded", "failed", "cancelled", "timeout")
 # C0/C1 control characters, and the bidirectional overrides/isolates and line separators that
 # can make a terminal show text other than what is there (U+202E reverses what follows).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -464,6 +464,13 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),
     ]
+    if d.get("time_limit_s") or d.get("min_runtime_s"):
+        from common.limits import fmt_s
+
+        limits = [f"time limit {fmt_s(d['time_limit_s'])}" if d.get("time_limit_s") else "",
+                  f"protected for its first {fmt_s(d['min_runtime_s'])}" if d.get("min_runtime_s") else "",
+                  "reached: stopping" if d.get("timed_out") and d["state"] not in _FINAL else ""]
+        lines.append("limits        " + ", ".join(x for x in limits if x))
     if d.get("gpu_fault_moves"):
         lines.append(f"gpu faults    moved {d['gpu_fault_moves']} time(s) off a GPU that turned unhealthy "
                      "(not counted as restarts)")

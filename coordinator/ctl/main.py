@@ -20,6 +20,13 @@ from coordinator.ctl.argtypes import gpu_ref, int_between
 from coordinator.ctl.certs import add_certs_parser
 from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.queues import add_queues_parser, queue_dict, queue_update, queues_dict, queues_table
+from coordinator.ctl.reservations import (
+    add_reservations_parser,
+    reservation_dict,
+    reservation_from_args,
+    reservations_dict,
+    reservations_table,
+)
 from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.ctl.usage import add_usage_parser, usage_csv, usage_dict, usage_request, usage_table
 from coordinator.profiler.workflow_spec import ARRAY_PREFIX, array_indices, array_ref
@@ -383,6 +390,26 @@ def cmd_queues(t: Transport, args: argparse.Namespace) -> None:
     _out(args, d, queues_table(d))
 
 
+def cmd_reservations(t: Transport, args: argparse.Namespace) -> None:
+    words = list(args.words)
+    if words[:1] in (["create"], ["rm"]):
+        if len(words) != 2:
+            raise CtlError(f"reservations {words[0]}: give exactly one NAME", EXIT_USAGE)
+        verb, name = words
+        if verb == "rm":
+            view = t.call("RemoveReservation", admin_pb2.ReservationRef(name=name), write=True)
+            _out(args, reservation_dict(view), f"reservation {name} removed")
+            return
+        view = t.call("CreateReservation", reservation_from_args(name, args), write=True)
+        d = reservation_dict(view)
+        _out(args, d, f"reservation {name} created ({d['state']})")
+        return
+    if words:
+        raise CtlError("reservations: give no NAME, or create NAME / rm NAME", EXIT_USAGE)
+    d = reservations_dict(t.call("ListReservations", admin_pb2.ListReservationsRequest()))
+    _out(args, d, reservations_table(d))
+
+
 def cmd_top(t: Transport, args: argparse.Namespace) -> int:
     from coordinator.ctl.top import run_top
 
@@ -532,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_completion)
     add_usage_parser(sub, cmd_usage)
     add_queues_parser(sub, cmd_queues)
+    add_reservations_parser(sub, cmd_reservations)
     sp = sub.add_parser("top", help="full-screen live view of nodes, GPUs and the queue (q quits)")
     sp.add_argument("--interval", "-n", type=float, default=2.0, help="seconds between refreshes")
     sp.set_defaults(fn=cmd_top)

@@ -256,6 +256,9 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "app_xids": [proto_dict(x) for x in t.app_xids],
         "array_id": t.array_id or None,
         "array_index": t.array_index if t.array_id else None,
+        "time_limit_s": t.spec.time_limit_s or None,
+        "min_runtime_s": t.spec.min_runtime_s or None,
+        "timed_out": t.timed_out,
     }
 
 

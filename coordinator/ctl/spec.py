@@ -101,6 +101,17 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--metrics-name", action="append", default=[], metavar="ROLE=METRIC",
                    help="read ROLE from METRIC (roles: latency_histogram, ttft_histogram, tokens_counter, "
                         "running_gauge, waiting_gauge); repeatable")
+    t = p.add_argument_group("Limits and nodes")
+    t.add_argument("--time", metavar="DURATION",
+                   help="time limit (4h, 90s, 1:30:00, a bare number is minutes): at it the task gets its checkpoint "
+                        "signal, then is stopped and ends timeout (default: its queue's; at most its queue's maximum)")
+    t.add_argument("--min-runtime", metavar="DURATION",
+                   help="protected run time: no preemption, reclaim or elastic shrink picks it before it has run "
+                        "this long (default: its queue's)")
+    t.add_argument("--nodelist", metavar="N1,N2", help="run only on these nodes")
+    t.add_argument("--exclude", metavar="N1,N2", help="never run on these nodes")
+    t.add_argument("--constraint", action="append", default=[], metavar="LABEL=VALUE",
+                   help="run only on nodes with this label (labels set by admins); repeatable")
     v = p.add_argument_group("Service (an inference task run as MIN..MAX replicas, scaled on one signal)")
     v.add_argument("--replicas", metavar="MIN:MAX",
                    help="run as a service of MIN..MAX replica tasks (each gets GPTRM_REPLICA, GPTRM_PORT_OFFSET "
@@ -184,7 +195,28 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
             d[key] = value
     if args.after:
         d["after"] = list(args.after)
+    _limits_from_args(args, d)
     return _parse(d, "flags")
+
+
+def _limits_from_args(args: argparse.Namespace, d: dict[str, Any]) -> None:
+    """``--time``, ``--min-runtime``, ``--nodelist``, ``--exclude`` and ``--constraint`` into the spec mapping."""
+    for key, value in (("time_limit", getattr(args, "time", None)),
+                       ("min_runtime", getattr(args, "min_runtime", None))):
+        if value is not None:
+            d[key] = value
+    constraints: dict[str, Any] = {}
+    for key, flag in (("only_nodes", "nodelist"), ("avoid_nodes", "exclude")):
+        text = getattr(args, flag, None)
+        if text is not None:
+            nodes = [n for n in (s.strip() for s in text.split(",")) if n]
+            if not nodes:
+                raise CtlError(f"submit: --{flag}: give one or more node ids, comma-separated", EXIT_USAGE)
+            constraints[key] = nodes
+    if getattr(args, "constraint", None):
+        constraints["node_selector"] = _pairs(args.constraint, "--constraint")
+    if constraints:
+        d["constraints"] = constraints
 
 
 def _range(text: str | None, flag: str, kind: type) -> tuple[Any, Any] | None:

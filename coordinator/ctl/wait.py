@@ -18,7 +18,7 @@ from coordinator.ctl.transport import Transport
 
 __all__ = ["FINAL_STATES", "exit_code_of", "wait_for_task"]
 
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timeout"})
 EXIT_INTERRUPTED = 130
 """Ctrl-C while waiting: the task is left as it is, gptrmctl stops following it."""
 
@@ -27,9 +27,12 @@ def exit_code_of(task: dict[str, Any]) -> int:
     """The process exit status ``submit --wait`` ends with for a finished task.
 
     The task's own exit code (0..255); one killed by signal N (reported as -N) gives 128 + N,
-    as a shell does; a task that ended without an exit code (cancelled before it started) gives 1.
+    as a shell does; a task that ended without an exit code (cancelled before it started) gives 1, and so does
+    one stopped at its time limit that exited 0.
     """
     code = task["exit_code"]
+    if task["state"] == "timeout" and not code:
+        return 1   # stopped at its time limit: never a success, even when it exited 0 on its checkpoint signal
     if code is None:
         return 0 if task["state"] == "succeeded" else 1
     if code < 0:

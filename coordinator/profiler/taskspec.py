@@ -23,7 +23,7 @@ from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskKind
-from coordinator.profiler.qos_spec import parse_deadline
+from coordinator.profiler.qos_spec import parse_deadline, parse_time_limit
 from coordinator.profiler.workflow_spec import parse_after, parse_array, parse_begin
 
 if TYPE_CHECKING:
@@ -327,6 +327,25 @@ def _without_workflow(mapping: Mapping[str, Any], now: Callable[[], float]) -> t
         out["begin_unix_s"] = parse_begin(out.pop("begin"), now())
     after = out.pop("after", [])
     return out, after if isinstance(after, list) else [after]
+_TIMES = (("time_limit", "time_limit_s"), ("min_runtime", "min_runtime_s"))
+"""Keys a spec writes as a duration (``time_limit: 4h``) in place of their fields in seconds."""
+
+
+def _with_times(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``time_limit`` and ``min_runtime`` (``4h``, ``90s``, ``1:30:00``; see ``parse_time_limit``) → their ``_s``
+    fields."""
+    out = dict(mapping)
+    for key, field in _TIMES:
+        if key not in out:
+            continue
+        if field in out:
+            raise ValidationError(f"spec.{key}", f"give {key} or {field}, not both")
+        try:
+            out[field] = parse_time_limit(out.pop(key))
+        except (ValueError, OverflowError):
+            raise ValidationError(f"spec.{key}", f"not a duration: {_show(mapping[key])} "
+                                                 "(e.g. 4h, 90s, 1:30:00)") from None
+    return out
 
 
 def spec_from_mapping(mapping: Mapping[str, Any], *, now: Callable[[], float] = time.time) -> types_pb2.TaskSpec:
@@ -336,8 +355,9 @@ def spec_from_mapping(mapping: Mapping[str, Any], *, now: Callable[[], float] = 
     fields also take sizes such as ``"80GiB"``; giving ``demand`` sets ``has_demand``;
     ``qos.deadline`` takes an ISO 8601 time or a duration from now (``2h30m``) in place of
     ``qos.deadline_unix_s``; ``array`` takes ``FIRST-LAST[:STEP][%MAX]``, ``begin`` a time or ``+DURATION``,
-    ``after`` a list of ``KIND:ID[,ID...]`` (``docs/workflows.md``). Only the shape and types are checked here;
-    :func:`validate_spec` checks the values.
+    ``after`` a list of ``KIND:ID[,ID...]`` (``docs/workflows.md``); ``time_limit`` and ``min_runtime`` take a
+    duration (``4h``, ``1:30:00``) in place of ``time_limit_s`` and ``min_runtime_s``. Only the shape and types are
+    checked here; :func:`validate_spec` checks the values.
 
     Example::
 
@@ -352,7 +372,7 @@ def spec_from_mapping(mapping: Mapping[str, Any], *, now: Callable[[], float] = 
         raise ValidationError("spec", f"expected a mapping, got {type(mapping).__name__}")
     spec = types_pb2.TaskSpec()
     rest, after = _without_workflow(mapping, now)
-    _fill(spec, _with_deadline(rest, now), "spec")
+    _fill(spec, _with_times(_with_deadline(rest, now)), "spec")
     for i, dep in enumerate(after):
         if not isinstance(dep, str):
             raise ValidationError(f"spec.after[{i}]", f"expected KIND:ID[,ID...], got {_show(dep)}")

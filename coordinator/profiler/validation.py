@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
+from common.limits import MAX_TIME_LIMIT_S
 from common.oci import validate_container
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.profiler.elastic_spec import validate_elastic
@@ -246,12 +247,13 @@ def validate_sizes(spec: types_pb2.TaskSpec) -> None:
     _validate_map("spec.labels", spec.labels, MAX_LABELS, MAX_LABEL_KEY_BYTES, MAX_LABEL_VALUE_BYTES)
     _validate_map("spec.constraints.node_selector", spec.constraints.node_selector, MAX_LABELS,
                   MAX_LABEL_KEY_BYTES, MAX_LABEL_VALUE_BYTES)
-    if len(spec.constraints.avoid_nodes) > MAX_AVOID_NODES:
-        raise ValidationError("spec.constraints.avoid_nodes",
-                              f"{len(spec.constraints.avoid_nodes)} nodes is more than {MAX_AVOID_NODES}")
-    for i, node_id in enumerate(spec.constraints.avoid_nodes):
-        if not 0 < _utf8(node_id) <= MAX_LABEL_KEY_BYTES:
-            raise ValidationError(f"spec.constraints.avoid_nodes[{i}]", "not a node id")
+    for field in ("avoid_nodes", "only_nodes"):
+        nodes = getattr(spec.constraints, field)
+        if len(nodes) > MAX_AVOID_NODES:
+            raise ValidationError(f"spec.constraints.{field}", f"{len(nodes)} nodes is more than {MAX_AVOID_NODES}")
+        for i, node_id in enumerate(nodes):
+            if not 0 < _utf8(node_id) <= MAX_LABEL_KEY_BYTES:
+                raise ValidationError(f"spec.constraints.{field}[{i}]", "not a node id")
     size = spec.ByteSize()
     if size > MAX_SPEC_BYTES:
         raise ValidationError("spec", f"{size} bytes serialized is more than {MAX_SPEC_BYTES}")
@@ -301,6 +303,8 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         _number(f"spec.qos.{name}", getattr(data.qos, name), high=1e15)
     if isinstance(spec, types_pb2.TaskSpec):
         _number("spec.stop_grace_s", spec.stop_grace_s, high=86_400.0)
+        _number("spec.time_limit_s", spec.time_limit_s, high=MAX_TIME_LIMIT_S)
+        _number("spec.min_runtime_s", spec.min_runtime_s, high=MAX_TIME_LIMIT_S)
         validate_qos_spec(spec, time.time() if now is None else now)
         if spec.run_as_user and not _USER_RE.fullmatch(spec.run_as_user):
             raise ValidationError("spec.run_as_user", f"invalid user name {spec.run_as_user[:64]!r}")

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from common.errors import NotFound, ValidationError
+from common.limits import MAX_TIME_LIMIT_S
 from common.oci import host_root
 
 __all__ = [
@@ -211,6 +212,10 @@ class Queue:
     default_for: tuple[str, ...] = ()
     budget: Budget | None = None
     mount_allowed: tuple[str, ...] = ()
+    default_time_limit_s: float | None = None
+    max_time_limit_s: float | None = None
+    default_min_runtime_s: float | None = None
+    grace_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpus", "limit", "lend"):
@@ -301,6 +306,13 @@ class Queue:
                                                             f"{MAX_MOUNT_ROOTS}")
         for i, root in enumerate(self.mount_allowed):
             host_root(root, f"{where}.mount_allowed[{i}]")
+        for name in _TIME_KEYS:
+            value = getattr(self, name)
+            if value is not None:
+                _non_negative_number(value, f"{where}.{name}", _MAX_GRACE_S if name == "grace_s" else MAX_TIME_LIMIT_S)
+        if self.default_time_limit_s and self.max_time_limit_s and self.default_time_limit_s > self.max_time_limit_s:
+            raise ValidationError(f"{where}.default_time_limit_s", f"{self.default_time_limit_s:g} s is above its "
+                                  f"max_time_limit_s {self.max_time_limit_s:g} s")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON or TOML), leaving out fields at their defaults; see :meth:`from_dict`."""
@@ -324,6 +336,9 @@ class Queue:
             data["budget"] = self.budget.to_dict()
         if self.mount_allowed:
             data["mount_allowed"] = list(self.mount_allowed)
+        for name in _TIME_KEYS:
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         return data
 
     @classmethod
@@ -347,13 +362,18 @@ class Queue:
             cpu=data.get("cpu"), mem_gib=data.get("mem_gib"),
             members=tuple(data.get("members", ())), default_for=tuple(data.get("default_for", ())),
             budget=None if budget is None else Budget.from_dict(budget, f"{where}.budget"),
-            mount_allowed=tuple(data.get("mount_allowed", ())))
+            mount_allowed=tuple(data.get("mount_allowed", ())),
+            **{name: data[name] for name in _TIME_KEYS if name in data})
         queue.validate(where)
         return queue
 
 
+_TIME_KEYS = ("default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
+"""A queue's run-time settings, seconds (None: not set): its tasks' default time limit, the most they may ask
+for, their default protected run time, and their checkpoint grace (docs/limits-and-reservations.md)."""
+_MAX_GRACE_S = 86_400.0
 _QUEUE_KEYS = frozenset({"name", "parent", "weight", "gpus", "limit", "lend", "cpu", "mem_gib", "members",
-                         "default_for", "budget", "mount_allowed"})
+                         "default_for", "budget", "mount_allowed", *_TIME_KEYS})
 
 DEFAULT_QUEUE = Queue(name="default", members=("*",), default_for=("*",))
 """The implicit queue of a configuration without queues: everyone's, no quota, no limit."""

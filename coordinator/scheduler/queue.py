@@ -47,4 +47,5 @@ def request_for(task: types_pb2.Task, expected_run_s: float | None = None) -> Re
         node_selector={**spec.constraints.node_selector, **({CONTAINERS_LABEL: "true"} if spec.image else {})},
         allow_sharing=spec.allow_gpu_sharing, expected_run_s=expected_run_s,
         avoid_nodes=frozenset(spec.constraints.avoid_nodes), image=spec.image,
+        only_nodes=frozenset(spec.constraints.only_nodes),
     )

@@ -27,6 +27,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_QUEUES: _ClassVar[EventKind]
     EVENT_KIND_RESIZE: _ClassVar[EventKind]
     EVENT_KIND_HEALTH: _ClassVar[EventKind]
+    EVENT_KIND_RESERVATION: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -44,6 +45,7 @@ EVENT_KIND_SCALE: EventKind
 EVENT_KIND_QUEUES: EventKind
 EVENT_KIND_RESIZE: EventKind
 EVENT_KIND_HEALTH: EventKind
+EVENT_KIND_RESERVATION: EventKind
 
 class PullImageRequest(_message.Message):
     __slots__ = ("image", "nodes")
@@ -471,7 +473,7 @@ class QueueBudget(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., amount: _Optional[float] = ..., period: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget", "mount_allowed")
+    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget", "mount_allowed", "default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
@@ -485,6 +487,10 @@ class Queue(_message.Message):
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     HAS_BUDGET_FIELD_NUMBER: _ClassVar[int]
     MOUNT_ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MIN_RUNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     parent: str
     quotas: _containers.RepeatedCompositeFieldContainer[QueueQuota]
@@ -498,7 +504,11 @@ class Queue(_message.Message):
     budget: QueueBudget
     has_budget: bool
     mount_allowed: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ..., mount_allowed: _Optional[_Iterable[str]] = ...) -> None: ...
+    default_time_limit_s: float
+    max_time_limit_s: float
+    default_min_runtime_s: float
+    grace_s: float
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ..., mount_allowed: _Optional[_Iterable[str]] = ..., default_time_limit_s: _Optional[float] = ..., max_time_limit_s: _Optional[float] = ..., default_min_runtime_s: _Optional[float] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class QueueHeld(_message.Message):
     __slots__ = ("gpu_model", "own", "borrowed")
@@ -577,3 +587,39 @@ class CancelArrayResponse(_message.Message):
     cancelled: int
     already_ended: int
     def __init__(self, array_id: _Optional[str] = ..., cancelled: _Optional[int] = ..., already_ended: _Optional[int] = ...) -> None: ...
+
+class ReservedGpus(_message.Message):
+    __slots__ = ("node_id", "gpu_indices")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReservationView(_message.Message):
+    __slots__ = ("reservation", "state", "held", "used_gpus")
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    reservation: _types_pb2.Reservation
+    state: str
+    held: _containers.RepeatedCompositeFieldContainer[ReservedGpus]
+    used_gpus: int
+    def __init__(self, reservation: _Optional[_Union[_types_pb2.Reservation, _Mapping]] = ..., state: _Optional[str] = ..., held: _Optional[_Iterable[_Union[ReservedGpus, _Mapping]]] = ..., used_gpus: _Optional[int] = ...) -> None: ...
+
+class ListReservationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReservationsResponse(_message.Message):
+    __slots__ = ("reservations",)
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    reservations: _containers.RepeatedCompositeFieldContainer[ReservationView]
+    def __init__(self, reservations: _Optional[_Iterable[_Union[ReservationView, _Mapping]]] = ...) -> None: ...
+
+class ReservationRef(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...

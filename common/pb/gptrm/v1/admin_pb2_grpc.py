@@ -175,6 +175,21 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
                 _registered_method=True)
+        self.CreateReservation = channel.unary_unary(
+                '/gptrm.v1.Admin/CreateReservation',
+                request_serializer=gptrm_dot_v1_dot_types__pb2.Reservation.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+                _registered_method=True)
+        self.ListReservations = channel.unary_unary(
+                '/gptrm.v1.Admin/ListReservations',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsResponse.FromString,
+                _registered_method=True)
+        self.RemoveReservation = channel.unary_unary(
+                '/gptrm.v1.Admin/RemoveReservation',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -358,6 +373,26 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateReservation(self, request, context):
+        """keep GPUs for a queue or users in a window (admin)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReservations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveReservation(self, request, context):
+        """(admin)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -500,6 +535,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CancelArray,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.SerializeToString,
+            ),
+            'CreateReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateReservation,
+                    request_deserializer=gptrm_dot_v1_dot_types__pb2.Reservation.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.SerializeToString,
+            ),
+            'ListReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReservations,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsResponse.SerializeToString,
+            ),
+            'RemoveReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveReservation,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1258,6 +1308,87 @@ class Admin:
             '/gptrm.v1.Admin/CancelArray',
             gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CreateReservation',
+            gptrm_dot_v1_dot_types__pb2.Reservation.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/ListReservations',
+            gptrm_dot_v1_dot_admin__pb2.ListReservationsRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ListReservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/RemoveReservation',
+            gptrm_dot_v1_dot_admin__pb2.ReservationRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
             options,
             channel_credentials,
             insecure,

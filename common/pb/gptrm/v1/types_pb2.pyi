@@ -19,6 +19,7 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_CANCELLED: _ClassVar[TaskState]
     TASK_STATE_PAUSED: _ClassVar[TaskState]
     TASK_STATE_PREEMPTED: _ClassVar[TaskState]
+    TASK_STATE_TIMEOUT: _ClassVar[TaskState]
 
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -96,6 +97,7 @@ TASK_STATE_FAILED: TaskState
 TASK_STATE_CANCELLED: TaskState
 TASK_STATE_PAUSED: TaskState
 TASK_STATE_PREEMPTED: TaskState
+TASK_STATE_TIMEOUT: TaskState
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_TRAINING: TaskKind
 TASK_KIND_FINE_TUNING: TaskKind
@@ -196,7 +198,7 @@ class MetricsMapping(_message.Message):
     def __init__(self, flavour: _Optional[str] = ..., latency_histogram: _Optional[str] = ..., ttft_histogram: _Optional[str] = ..., tokens_counter: _Optional[str] = ..., running_gauge: _Optional[str] = ..., waiting_gauge: _Optional[str] = ...) -> None: ...
 
 class Constraints(_message.Message):
-    __slots__ = ("gpu_model", "node_selector", "avoid_nodes")
+    __slots__ = ("gpu_model", "node_selector", "avoid_nodes", "only_nodes")
     class NodeSelectorEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,13 +209,15 @@ class Constraints(_message.Message):
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     NODE_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     AVOID_NODES_FIELD_NUMBER: _ClassVar[int]
+    ONLY_NODES_FIELD_NUMBER: _ClassVar[int]
     gpu_model: str
     node_selector: _containers.ScalarMap[str, str]
     avoid_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    only_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ..., only_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue", "elastic", "image", "mounts", "workdir", "shm_bytes", "array", "after", "keep_unmet", "begin_unix_s")
+    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue", "elastic", "image", "mounts", "workdir", "shm_bytes", "array", "after", "keep_unmet", "begin_unix_s", "time_limit_s", "min_runtime_s")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +269,8 @@ class TaskSpec(_message.Message):
     AFTER_FIELD_NUMBER: _ClassVar[int]
     KEEP_UNMET_FIELD_NUMBER: _ClassVar[int]
     BEGIN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    MIN_RUNTIME_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: TaskKind
     model: ModelSpec
@@ -302,7 +308,9 @@ class TaskSpec(_message.Message):
     after: _containers.RepeatedCompositeFieldContainer[Dependency]
     keep_unmet: bool
     begin_unix_s: float
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., after: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., keep_unmet: _Optional[bool] = ..., begin_unix_s: _Optional[float] = ...) -> None: ...
+    time_limit_s: float
+    min_runtime_s: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., after: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., keep_unmet: _Optional[bool] = ..., begin_unix_s: _Optional[float] = ..., time_limit_s: _Optional[float] = ..., min_runtime_s: _Optional[float] = ...) -> None: ...
 
 class ArraySpec(_message.Message):
     __slots__ = ("first", "last", "step", "max_running")
@@ -511,7 +519,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus", "elastic", "gpu_fault_moves", "app_xids", "array_id", "array_index")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus", "elastic", "gpu_fault_moves", "app_xids", "array_id", "array_index", "timed_out")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -542,6 +550,7 @@ class Task(_message.Message):
     APP_XIDS_FIELD_NUMBER: _ClassVar[int]
     ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -572,7 +581,8 @@ class Task(_message.Message):
     app_xids: _containers.RepeatedCompositeFieldContainer[AppXid]
     array_id: str
     array_index: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ..., elastic: _Optional[_Union[ElasticStatus, _Mapping]] = ..., gpu_fault_moves: _Optional[int] = ..., app_xids: _Optional[_Iterable[_Union[AppXid, _Mapping]]] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
+    timed_out: bool
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ..., elastic: _Optional[_Union[ElasticStatus, _Mapping]] = ..., gpu_fault_moves: _Optional[int] = ..., app_xids: _Optional[_Iterable[_Union[AppXid, _Mapping]]] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ..., timed_out: _Optional[bool] = ...) -> None: ...
 
 class AppXid(_message.Message):
     __slots__ = ("time_unix_s", "node_id", "gpu_index", "xid")
@@ -1025,3 +1035,29 @@ class UsageMarks(_message.Message):
     accounted_until_unix_s: float
     task_energy_j: _containers.ScalarMap[str, float]
     def __init__(self, accounted_until_unix_s: _Optional[float] = ..., task_energy_j: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("name", "gpus", "gpu_model", "nodes", "start_unix_s", "end_unix_s", "queue", "users", "created_by", "created_unix_s", "revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    gpus: int
+    gpu_model: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    start_unix_s: float
+    end_unix_s: float
+    queue: str
+    users: _containers.RepeatedScalarFieldContainer[str]
+    created_by: str
+    created_unix_s: float
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[int] = ..., gpu_model: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., queue: _Optional[str] = ..., users: _Optional[_Iterable[str]] = ..., created_by: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., revision: _Optional[int] = ...) -> None: ...
