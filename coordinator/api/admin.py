@@ -51,6 +51,7 @@ from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.api.auth import QUEUE_ADMIN, current_principal, queue_refusal
 from coordinator.api.deps import AdminDeps
 from coordinator.api.pages import paginate
+from coordinator.api.task_filter import filter_given, task_matcher
 from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry, stored_state
@@ -108,6 +109,7 @@ SERVED_BY: Mapping[str, Served] = {
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
     "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER,
+    "CancelTasks": Served.LEADER, "Session": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -316,7 +318,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         read, stored = await self._from_etcd(self._app.store.list_tasks)
         tasks = stored if read and stored is not None else self._app.tasks.values()
         wanted = set(request.states)
-        tasks = [t for t in tasks if not wanted or t.state in wanted]
+        keep = task_matcher(request.filter)
+        tasks = [t for t in tasks if (not wanted or t.state in wanted) and keep(t)]
         page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
         return admin_pb2.ListTasksResponse(tasks=page, stale=self._app.leadership.stale, next_page_token=token)
 
@@ -431,6 +434,42 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_rpc
     async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
         return await self._app.tasks.cancel(self._own_task(_require_id(request.task_id, "task_id")))
+
+    @_rpc
+    async def CancelTasks(self, request: admin_pb2.CancelTasksRequest,
+                          context: Ctx) -> admin_pb2.CancelTasksResponse:
+        """Cancel every unfinished task the filter (and ``task_ids``, when given) names, of those the caller may
+        act on (:func:`~coordinator.api.tenancy.act_refusal`); the rest it names are counted as refused and
+        left alone. One call, judged on the leader's table, so a dry run and the cancel it confirms see the
+        same rules; ``task_ids`` keeps the cancel to what the dry run counted."""
+        if not filter_given(request.filter):
+            raise ValidationError("filter", "name at least one of users, queues, name or states")
+        keep = task_matcher(request.filter)
+        only = set(request.task_ids)
+        if len(only) > 100_000:
+            raise ValidationError("task_ids", "at most 100000")
+        out = admin_pb2.CancelTasksResponse()
+        chosen: list[str] = []
+        for task in self._app.tasks.values():
+            if task.state in TERMINAL_STATES or not keep(task):
+                continue
+            if act_refusal(current_principal(), self._app.queue_admin.config, task.queue, f"task {task.id}"):
+                out.refused += 1
+            elif not only or task.id in only:
+                chosen.append(task.id)
+        chosen.sort()
+        if request.dry_run:
+            out.task_ids.extend(chosen)
+            return out
+        for task_id in chosen:
+            try:
+                await self._app.tasks.cancel(task_id)
+            except (IllegalTransition, NotFound) as e:   # ended or forgotten meanwhile
+                _log.info("bulk_cancel_skipped", task_id=task_id, reason=str(e))
+                out.failed += 1
+                continue
+            out.task_ids.append(task_id)
+        return out
 
     @_rpc
     async def PauseTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
@@ -559,12 +598,19 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
+        task_id = request.task_id
+        if len(task_id) > 253:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id: longer than 253 characters")
         queue = self._app.events.subscribe() if request.follow else None
         try:
-            for e in self._app.events.recent(min(backlog, 1000)):
+            # With a task named, the backlog is its last events among every retained one.
+            recent = self._app.events.recent(1000 if task_id else min(backlog, 1000))
+            for e in [e for e in recent if not task_id or e.task_id == task_id][-min(backlog, 1000):]:
                 yield self._shown(_event_pb(e))
             while queue is not None:
-                yield self._shown(_event_pb(await queue.get()))
+                e = await queue.get()
+                if not task_id or e.task_id == task_id:
+                    yield self._shown(_event_pb(e))
         finally:
             if queue is not None:
                 self._app.events.unsubscribe(queue)

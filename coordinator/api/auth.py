@@ -92,6 +92,7 @@ TEAM_METHODS = {
     "SubmitTask": SUBMITTER, "CancelTask": SUBMITTER, "PauseTask": SUBMITTER, "ResumeTask": SUBMITTER,
     "TaskLogs": SUBMITTER, "CreateService": SUBMITTER, "ScaleService": SUBMITTER, "CancelService": SUBMITTER,
     "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN,
+    "CancelTasks": SUBMITTER, "Session": SUBMITTER,
 }
 """The Admin calls a team role may make, each confined by the servicer to the caller's queues; the
 role each needs at least. TaskLogs is here, not a read: task output can hold secrets."""
@@ -339,6 +340,11 @@ def _target(request: Any, response: Any = None) -> str:
     name = getattr(getattr(request, "queue", None), "name", None)
     if isinstance(name, str) and name:
         return name
+    named = getattr(request, "filter", None)   # a bulk cancel: what its filter names
+    if named is not None and hasattr(named, "users"):
+        parts = [f"{k}={','.join(map(str, getattr(named, k)))}" for k in ("users", "queues", "states")
+                 if getattr(named, k)]
+        return " ".join(parts + ([f"name={named.name}"] if named.name else [])) or "filter (none)"
     value = getattr(response, "id", None)
     if isinstance(value, str) and value:
         return value

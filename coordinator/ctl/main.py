@@ -14,6 +14,7 @@ import grpc
 
 from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.pbenum import pb_enum
 from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
 from coordinator.ctl.argtypes import gpu_ref, int_between
@@ -133,9 +134,27 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
         _out(args, d, human.task_detail(d))
         return
-    tasks, stale = all_tasks(t, _states(types_pb2.TaskState, "TASK_STATE_", args.state), args.page_size)
+    tasks, stale = all_tasks(t, page_size=args.page_size, task_filter=_task_filter(args))
     docs = [render.task_dict(x) for x in tasks]
     _out(args, {"tasks": docs, "stale": stale}, human.tasks_table(docs, wide=args.output == "wide"))
+
+
+def _task_filter(args: argparse.Namespace) -> admin_pb2.TaskFilter:
+    """``--user``, ``--queue``, ``--name`` and ``--state`` (each may repeat or list values with commas) as the
+    server-side filter of ``tasks`` and bulk ``cancel``."""
+    def listed(values: list[str] | None) -> list[str]:
+        return [v.strip() for v in ",".join(values or []).split(",") if v.strip()]
+    return admin_pb2.TaskFilter(users=listed(args.user), queues=listed(args.queue), name=args.name or "",
+                                states=[pb_enum(types_pb2.TaskState, s)
+                                        for s in _states(types_pb2.TaskState, "TASK_STATE_", args.state)])
+
+
+def _add_task_filter(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument("--user", "-u", action="append", metavar="USER",
+                    help=f"only {what} submitted by these identities (repeat, or USER,USER)")
+    sp.add_argument("--queue", "-q", action="append", metavar="QUEUE", help=f"only {what} in these queues")
+    sp.add_argument("--name", metavar="PATTERN", help=f"only {what} whose name matches this shell pattern (train-*)")
+    sp.add_argument("--state", action="append", help=f"only {what} in these states (pending,running,...)")
 
 
 def _states(enum: Any, prefix: str, names: list[str] | None) -> list[int]:
@@ -174,13 +193,20 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     if not args.wait:
         _out(args, d, f"task {task.id} submitted ({d['state']})")
         return 0
-    from coordinator.ctl.wait import EXIT_INTERRUPTED, exit_code_of, wait_for_task
+    from coordinator.ctl.wait import EXIT_INTERRUPTED, OutputFollower, exit_code_of, progress_lines, wait_for_task
 
-    if args.output != "json":
-        print(f"task {task.id} submitted; following it (Ctrl-C stops following, the task keeps going)",
+    # The task's output is streamed to stdout as it comes (each line after its rank), except with -o json,
+    # whose stdout holds the final task document alone; the progress line then stays on stderr.
+    follower = OutputFollower(t, task.id, sys.stdout.buffer) if args.output != "json" else None
+    if follower is not None:
+        print(f"task {task.id} submitted; its output follows (Ctrl-C stops following, the task keeps going)",
               file=sys.stderr)
     try:
-        d = wait_for_task(t, task.id)
+        d = wait_for_task(t, task.id, err=progress_lines() if follower is not None else None,
+                          on_state=follower.start if follower is not None else None)
+        if follower is not None:
+            follower.start(d)   # a task that ended between two polls still shows its output
+            follower.finish()
     except KeyboardInterrupt:
         print(f"stopped following task {task.id}; see gptrmctl tasks {task.id}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -222,6 +248,43 @@ def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace
     return run
 
 
+def cmd_cancel(t: Transport, args: argparse.Namespace) -> int:
+    """``cancel TASK``, or ``cancel --user/--queue/--name/--state`` in bulk: the coordinator counts what the
+    filter names that the caller may cancel (a dry run), gptrmctl asks, then cancels exactly those tasks."""
+    task_filter = _task_filter(args)
+    bulk = bool(task_filter.users or task_filter.queues or task_filter.name or task_filter.states)
+    if args.task and bulk:
+        raise CtlError("cancel: give a TASK or filters (--user/--queue/--name/--state), not both", EXIT_USAGE)
+    if args.task:
+        _task_action("CancelTask", "cancelled")(t, args)
+        return 0
+    if not bulk:
+        raise CtlError("cancel: give a TASK, or filters (--user/--queue/--name/--state) to cancel in bulk",
+                       EXIT_USAGE)
+    counted = t.call("CancelTasks", admin_pb2.CancelTasksRequest(filter=task_filter, dry_run=True), write=True)
+    ids = list(counted.task_ids)
+    refused = f" ({counted.refused} more it names are in queues you may not act on: left alone)" \
+        if counted.refused else ""
+    if not ids:
+        _out(args, {"task_ids": [], "refused": counted.refused, "failed": 0}, f"no task to cancel{refused}")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CtlError(f"cancel: {len(ids)} task(s) would be cancelled; stdin is not a terminal to confirm on: "
+                           "pass --yes", EXIT_USAGE)
+        print(f"{len(ids)} task(s) will be cancelled{refused}: {human.escape(' '.join(ids[:10]))}"
+              + (" ..." if len(ids) > 10 else ""), file=sys.stderr)
+        print("cancel them? [y/N] ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            print("nothing cancelled", file=sys.stderr)
+            return EXIT_REFUSED
+    done = t.call("CancelTasks", admin_pb2.CancelTasksRequest(filter=task_filter, task_ids=ids), write=True)
+    d = {"task_ids": list(done.task_ids), "refused": done.refused, "failed": done.failed}
+    _out(args, d, f"{len(done.task_ids)} task(s) cancelled" + (f", {done.failed} had ended meanwhile"
+                                                                if done.failed else "") + refused)
+    return 0
+
+
 def _node_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace], None]:
     def run(t: Transport, args: argparse.Namespace) -> None:
         v = t.call(rpc, admin_pb2.NodeRef(node_id=args.node), write=True)
@@ -255,7 +318,8 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
 
 
 def cmd_events(t: Transport, args: argparse.Namespace) -> None:
-    stream = t.stream("StreamEvents", admin_pb2.StreamEventsRequest(follow=args.follow, backlog=args.backlog))
+    stream = t.stream("StreamEvents", admin_pb2.StreamEventsRequest(follow=args.follow, backlog=args.backlog,
+                                                                    task_id=args.task or ""))
     try:
         for e in stream:
             d = render.event_dict(e)
@@ -411,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_nodes)
     sp = sub.add_parser("tasks", help="list tasks or show one (or a service: its replicas, forecast, decisions)")
     sp.add_argument("task", nargs="?", help="a task id, or a service id (s-...)")
-    sp.add_argument("--state", action="append", help="only tasks in these states (pending,running,...)")
+    _add_task_filter(sp, "tasks")
     sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_tasks)
     from coordinator.ctl.spec import add_submit_arguments
@@ -423,9 +487,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("service")
     sp.add_argument("replicas", metavar="N|auto")
     sp.set_defaults(fn=cmd_scale)
-    for name, rpc, verb in (("cancel", "CancelTask", "cancelled"), ("pause", "PauseTask", "paused"),
-                            ("resume", "ResumeTask", "resumed")):
-        sp = sub.add_parser(name, help=f"{name} a task" + (" or a service (s-...)" if name == "cancel" else ""))
+    sp = sub.add_parser("cancel", help="cancel a task or a service (s-...), or in bulk every task a filter names "
+                                       "(--user/--queue/--name/--state; asks first unless --yes)")
+    sp.add_argument("task", nargs="?")
+    _add_task_filter(sp, "tasks")
+    sp.add_argument("--yes", "-y", action="store_true", help="bulk cancel without asking")
+    sp.set_defaults(fn=cmd_cancel)
+    for name, rpc, verb in (("pause", "PauseTask", "paused"), ("resume", "ResumeTask", "resumed")):
+        sp = sub.add_parser(name, help=f"{name} a task")
         sp.add_argument("task")
         sp.set_defaults(fn=_task_action(rpc, verb))
     for name, rpc, verb in (("drain", "DrainNode", "draining"), ("cordon", "CordonNode", "cordoned"),
@@ -452,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("events", help="cluster events")
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=_uint32, default=100)
+    sp.add_argument("--task", metavar="TASK", help="only this task's events")
     sp.set_defaults(fn=cmd_events)
     sp = sub.add_parser("logs", help="a task's output (stdout and stderr) from its node: logs TASK [-f] [--tail N] "
                         "[--rank R]")
