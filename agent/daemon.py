@@ -115,7 +115,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples,
             credentials=client_tls.credentials if client_tls is not None else None, logs=logs,
-            redirect_jitter_s=cfg.redirect_jitter_s)
+            redirect_jitter_s=cfg.redirect_jitter_s, sessions=runtime.sessions)
         if client_tls is not None:
             loop.add_signal_handler(signal.SIGHUP, _reload_tls, client_tls, log)
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,

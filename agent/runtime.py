@@ -42,6 +42,7 @@ from agent.cpu_binding import binding_for, process_prefix
 from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
+from agent.sessions import SessionService, TaskContext, task_context
 from agent.task_user import NoRoom, TaskUser, TaskUserPolicy, UidClaims
 from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, memory_cgroup_root, memory_limit, node_tag
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
@@ -136,6 +137,7 @@ class TaskRuntime:
         self._task_path = task_path
         self._programs = launch.Programs.find()
         self._namespaces = namespaces != "off" and self._programs.namespaces_work()
+        self.sessions = SessionService(self._exec_context, self._programs)   # docs/interactive.md
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._watchers: dict[str, asyncio.Task] = {}
         self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
@@ -301,6 +303,10 @@ class TaskRuntime:
                 if self._runtime != "systemd-run" else [])
         isolate = launch.namespace_prefix(self._programs, st.demand.mem_bytes) if self._namespaces else []
         drop = user.setpriv_argv(self._programs.setpriv) if switch and user is not None else []
+        terminal = self._terminal_for(st, paths.fifo)
+        if terminal is not None:   # its terminal as the task's stdin, stdout and stderr (agent.sessions)
+            drop = terminal.around(drop, self.sessions.setsid)
+            pass_fds = (*pass_fds, terminal.slave)
         command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
                                       cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
                                       prefix=[*isolate, *bind, *drop], argv=st.argv)
@@ -327,6 +333,7 @@ class TaskRuntime:
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
+            self.sessions.task_ended(st.task_id)
             if cgroup is not None:
                 cgroup.remove()
             taskfs.remove_work(self.state_dir, st.task_id)
@@ -346,11 +353,28 @@ class TaskRuntime:
         self.table.tasks[st.task_id] = rec
         if proc is not None:
             self._procs[st.task_id] = proc
+        if terminal is not None:
+            terminal.started()
         self._report(rec, TaskState.STARTING, decision_id=decision.decision_id)
         self._follow_gpus(rec)
         self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
         self._watchers[st.task_id] = asyncio.create_task(self._watch(rec))
         return st.task_id, TaskState.RUNNING
+
+    def _terminal_for(self, st: agent_pb2.StartTask, fifo: Path) -> Any:
+        """The terminal of a ``pty`` task (None for any other); the process runtime only."""
+        if not st.pty:
+            return None
+        if self._runtime != "process":
+            raise GptrmError(f"task {st.task_id!r}: --pty needs the agent's process runtime, not {self._runtime}")
+        return self.sessions.open_terminal(st.task_id, fifo)
+
+    def _exec_context(self, task_id: str) -> TaskContext:
+        """What ``exec`` enters of a running task (:func:`agent.sessions.task_context`)."""
+        rec = self._known(task_id)
+        if rec.state != int(TaskState.RUNNING) or rec.stopping:
+            raise GptrmError(f"task {task_id!r} is not running on this node")
+        return task_context(rec.pid, rec.cgroup, taskfs.TaskPaths.of(self.state_dir, task_id).agent_dir)
 
     def _record_or_refuse(self, task_id: str) -> None:
         """Save the table before a start: a task the agent cannot record (state directory full or
@@ -462,6 +486,7 @@ class TaskRuntime:
                 await asyncio.sleep(_POLL_S)
             code = None
         await self._end_processes(rec)
+        self.sessions.task_ended(rec.task_id)
         if rec.own_uid >= 0:
             self._scrubbing.add(rec.own_uid)   # out of the table from _finish on, not free before _release
         self._finish(rec, code)

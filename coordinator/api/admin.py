@@ -26,7 +26,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -168,6 +168,37 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
                                 f"internal error in {fn.__name__} (correlation id {correlation_id}; "
                                 "the coordinator's log has the details)")
         raise AssertionError("unreachable")  # context.abort raises
+
+    return wrapper
+
+
+_SESSION_OPEN_S = 10.0
+"""How long a Session waits for its first (open) message."""
+
+
+def _stream_rpc(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """A leader-only streaming method, its errors turned into status codes as :func:`_rpc` turns them (a
+    PermissionDenied is passed on: the auth interceptor answers and audits it)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: AdminService, request: Any, context: Ctx) -> AsyncIterator[Any]:
+        try:
+            self._route(fn.__name__)   # agents stream to the leader only
+            async for item in fn(self, request, context):
+                yield item
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except NotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except NotLeader as e:   # marked as _rpc marks it: gptrmctl follows the address, or waits for a leader
+            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
+            if e.leader_address:
+                metadata.append((LEADER_METADATA_KEY, e.leader_address))
+            context.set_trailing_metadata(tuple(metadata))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
+        except Unavailable as e:
+            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     return wrapper
 
@@ -615,29 +646,38 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if queue is not None:
                 self._app.events.unsubscribe(queue)
 
-    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx):
+    @_stream_rpc
+    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx) -> AsyncIterator[Any]:
         """A task's output (one part's: ``rank``) from its node's agent: output can hold secrets, so only to a
         caller that covers the task's queue (a refusal, PermissionDenied, is answered and audited by the
         auth interceptor)."""
+        task_id = self._own_task(_require_id(request.task_id, "task_id"))
+        task = self._app.tasks.get(task_id)
+        async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
+            yield self._shown(chunk)
+
+    @_stream_rpc
+    async def Session(self, request_iterator: AsyncIterator[admin_pb2.TaskSessionInput],
+                      context: Ctx) -> AsyncIterator[Any]:
+        """An interactive session with a running task (attach to its terminal, or exec a command in its context;
+        docs/interactive.md), relayed to and from its node's agent. Only to a caller that may act on the task's
+        queue (as TaskLogs: a submitter of that queue, its queue admin, the cluster admin); the auth
+        interceptor audits every session when it ends, and every refusal."""
         try:
-            self._route("TaskLogs")   # agents stream to the leader only
-            task_id = self._own_task(_require_id(request.task_id, "task_id"))
-            task = self._app.tasks.get(task_id)
-            async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
-                yield self._shown(chunk)
-        except ValidationError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except NotFound as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except NotLeader as e:   # marked as _rpc marks it: gptrmctl follows the address, or waits for a leader
-            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
-            if e.leader_address:
-                metadata.append((LEADER_METADATA_KEY, e.leader_address))
-            context.set_trailing_metadata(tuple(metadata))
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
-        except Unavailable as e:
-            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            first = await asyncio.wait_for(anext(request_iterator), timeout=_SESSION_OPEN_S)
+        except (TimeoutError, StopAsyncIteration):
+            raise ValidationError("open", "the first message must open the session") from None
+        if not first.HasField("open"):
+            raise ValidationError("open", "the first message must open the session")
+        opened = first.open
+        task = self._app.tasks.get(self._own_task(_require_id(opened.task_id, "open.task_id")))
+        if not opened.argv and not task.spec.pty:
+            raise ValidationError("open.argv", f"task {task.id} was started without --pty: it has no terminal to "
+                                               "attach to (gptrmctl logs -f shows its output)")
+        principal = current_principal()
+        async for out in self._app.sessions.run(task, opened, request_iterator,
+                                                principal.name if principal is not None else ""):
+            yield out
 
 
 def _stored_view(record: types_pb2.NodeRecord) -> admin_pb2.NodeView:

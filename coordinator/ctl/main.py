@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import signal
@@ -214,6 +216,67 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     _out(args, d, f"task {task.id} {d['state']}" + (f" with exit code {d['exit_code']}"
                                                      if d["exit_code"] is not None else ""))
     return code
+
+
+def cmd_run(t: Transport, args: argparse.Namespace) -> int:
+    """``run [--pty] [submit flags] -- CMD``: a task followed to its end; with ``--pty`` on a terminal held by its
+    agent, this terminal attached to it until it ends (docs/interactive.md)."""
+    if not args.pty:
+        args.wait = True
+        return cmd_submit(t, args)
+    from coordinator.ctl.session import run_session
+    from coordinator.ctl.spec import service_from_args, spec_from_args, spec_from_file
+    from coordinator.ctl.wait import EXIT_INTERRUPTED, exit_code_of, wait_for_task
+
+    spec = spec_from_file(args.file) if args.file else spec_from_args(args)
+    if service_from_args(args, spec):
+        raise CtlError("run: --pty runs one task, not a service", EXIT_USAGE)
+    spec.pty = True
+    if "TERM" not in spec.env and os.environ.get("TERM"):
+        spec.env["TERM"] = os.environ["TERM"]
+    request_id = args.request_id or os.urandom(8).hex()
+    task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id,
+                                                            queue_unplaceable=args.queue_unplaceable), write=True)
+    print(f"task {task.id} submitted; waiting for it to run (Ctrl-C stops waiting, then cancel it)", file=sys.stderr)
+    try:
+        d = wait_for_task(t, task.id, until=("running",))
+    except KeyboardInterrupt:
+        print(f"stopped waiting for task {task.id}; gptrmctl cancel {task.id} ends it", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if d["state"] == "running":
+        run_session(t, admin_pb2.TaskSessionOpen(task_id=task.id, hangup_on_close=True))
+        d = wait_for_task(t, task.id, err=io.StringIO())   # its end is all that is left: no progress lines
+    return exit_code_of(d)
+
+
+def cmd_exec(t: Transport, args: argparse.Namespace) -> int:
+    """``exec TASK [--rank R] [--pty] -- CMD``: CMD in a running task's context; exits with CMD's exit code."""
+    from coordinator.ctl.session import run_session
+
+    if not args.argv:
+        raise CtlError("exec: give the command to run after --", EXIT_USAGE)
+    if not 0 <= args.rank <= _UINT32:
+        raise CtlError(f"exec: --rank must be 0 or more, got {args.rank}", EXIT_USAGE)
+    pty = args.pty if args.pty is not None else sys.stdin.isatty() and sys.stdout.isatty()
+    done = run_session(t, admin_pb2.TaskSessionOpen(task_id=args.task, rank=args.rank, argv=list(args.argv), pty=pty))
+    if not done.exited:
+        raise CtlError(f"exec: the session with task {args.task} ended without the command's exit code", EXIT_REFUSED)
+    code = done.exit_code or 0
+    return min(255, 128 - code) if code < 0 else code & 0xFF
+
+
+def cmd_attach(t: Transport, args: argparse.Namespace) -> int:
+    """``attach TASK``: a --pty task's terminal (standard input forwarded); any other task's output, followed."""
+    from coordinator.ctl.session import run_session
+
+    task = t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task))
+    if not task.spec.pty:
+        args.follow, args.tail = True, None
+        return cmd_logs(t, args)
+    print(f"attached to task {args.task}'s terminal (detach: end gptrmctl, e.g. close the terminal; the task goes on)",
+          file=sys.stderr)
+    run_session(t, admin_pb2.TaskSessionOpen(task_id=args.task, rank=args.rank))
+    return 0
 
 
 def cmd_scale(t: Transport, args: argparse.Namespace) -> None:
@@ -483,6 +546,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("submit", help="submit a task: -f FILE or flags -- ARGV")
     add_submit_arguments(sp)
     sp.set_defaults(fn=cmd_submit)
+    sp = sub.add_parser("run", help="run a task and follow it; --pty: a terminal on a node the scheduler chose "
+                                    "(run --gpus 1 --pty -- bash), ended when the terminal closes")
+    add_submit_arguments(sp)
+    sp.add_argument("--pty", action="store_true", help="give the task a terminal and attach this one to it")
+    sp.set_defaults(fn=cmd_run)
+    sp = sub.add_parser("exec", help="run a command in a running task's context (its uid, cgroup, namespaces): "
+                                     "exec TASK [--rank R] -- CMD")
+    sp.add_argument("task")
+    sp.add_argument("--rank", type=int, default=0, metavar="R", help="which part of a multi-node task (default 0)")
+    sp.add_argument("--pty", action=argparse.BooleanOptionalAction, default=None,
+                    help="on a terminal of its own (default: when stdin and stdout are terminals)")
+    sp.add_argument("argv", nargs="*", help="the command, after --")
+    sp.set_defaults(fn=cmd_exec)
+    sp = sub.add_parser("attach", help="a --pty task's terminal (stdin forwarded), or a task's output live")
+    sp.add_argument("task")
+    sp.add_argument("--rank", type=int, default=0, metavar="R", help="which part of a multi-node task (default 0)")
+    sp.set_defaults(fn=cmd_attach)
     sp = sub.add_parser("scale", help="pin a service's replica count (N) or give it back to autoscaling (auto)")
     sp.add_argument("service")
     sp.add_argument("replicas", metavar="N|auto")
@@ -573,13 +653,31 @@ def _drop_stdout() -> None:
         pass
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line, where what follows the first ``--`` is the command of a command that runs one
+    (``submit``, ``run``, ``exec``): argparse alone cannot place it after a positional and options
+    (``exec TASK --rank 1 -- CMD``)."""
+    if "--" not in argv:
+        return parser.parse_args(argv)
+    cut = argv.index("--")
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = parser.parse_args(argv[:cut])
+    except (CtlError, SystemExit):
+        return parser.parse_args(argv)
+    if not hasattr(args, "argv") or args.argv:
+        return parser.parse_args(argv)
+    args.argv = argv[cut + 1:]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one gptrmctl command; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         _check_text(parser, args)
         if args.output == "csv" and args.command != "usage":
             raise UsageError(f"-o csv: only usage writes CSV, not {args.command}")

@@ -44,9 +44,10 @@ def exit_code_of(task: dict[str, Any]) -> int:
 def wait_for_task(t: Transport, task_id: str, *, interval_s: float = 0.5, err: TextIO | None = None,
                   now: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep,
-                  on_state: Callable[[dict[str, Any]], object] | None = None) -> dict[str, Any]:
+                  on_state: Callable[[dict[str, Any]], object] | None = None,
+                  until: tuple[str, ...] = ()) -> dict[str, Any]:
     """Poll the task until it reaches a final state, reporting progress on ``err`` (and each document read to
-    ``on_state``); returns its document.
+    ``on_state``); returns its document. ``until``: states that end the wait too (``running``).
 
     :raises KeyboardInterrupt: passed on, after ending the progress line.
     """
@@ -70,7 +71,7 @@ def wait_for_task(t: Transport, task_id: str, *, interval_s: float = 0.5, err: T
             elif (d["state"], d["reason"]) != last:
                 print(line, file=err, flush=True)
             last = (d["state"], d["reason"])
-            if d["state"] in FINAL_STATES:
+            if d["state"] in FINAL_STATES or d["state"] in until:
                 return d
             sleep(interval_s)
     finally:

@@ -62,7 +62,7 @@ class Dispatcher:
                                           stop_grace_s=spec.stop_grace_s or _DEFAULT_GRACE_S,
                                           gpu_share=na.gpu_share, demand=na.demand,
                                           metrics_url=metrics_url_of(spec), metrics_mapping=metrics_mapping_of(spec),
-                                          run_as_user=spec.run_as_user, **launch)))
+                                          run_as_user=spec.run_as_user, pty=spec.pty, **launch)))
 
     def stop(self, task: types_pb2.Task, reason: str, *, checkpoint_signal: str = "",
              nodes: frozenset[str] | None = None) -> bool:

@@ -271,3 +271,19 @@ class TestOwnWork:
         events = [json.loads(line) for line in lines]
         assert events and {e["task_id"] for e in events} == {bobs}
         assert tenants.ctl("alice", "cancel", other).returncode == 0
+
+
+class TestSessions:
+    def test_exec_is_the_tasks_queues_and_audited(self, tenants: Tenants) -> None:
+        """`exec` into alice's task: bob (submitter of another queue) and vera (viewer) are refused and audited as
+        such; alice's runs, returns its command's exit code, and leaves an `ok` Session record naming the task."""
+        for who in ("bob", "vera"):
+            res = tenants.ctl(who, "exec", tenants.task, "--", "sh", "-c", "echo inside")
+            _refused(res)
+            assert "inside" not in res.stdout
+        res = tenants.ctl("alice", "exec", tenants.task, "--", "sh", "-c", "echo inside; exit 7")
+        assert res.returncode == 7 and res.stdout == "inside\n", res.stderr
+        records = [r for r in tenants.records() if r["method"] == "Session"]
+        assert [(r["principal"], r["outcome"]) for r in records[-3:]] == [("bob", "refused"), ("vera", "refused"),
+                                                                          ("alice", "ok")]
+        assert records[-1]["target"] == tenants.task

@@ -168,7 +168,7 @@ class Decision(_message.Message):
     def __init__(self, decision_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., pause: _Optional[_Union[PauseTask, _Mapping]] = ..., resume: _Optional[_Union[ResumeTask, _Mapping]] = ..., scale: _Optional[_Union[ScaleTask, _Mapping]] = ..., set_power_limit: _Optional[_Union[SetPowerLimit, _Mapping]] = ...) -> None: ...
 
 class StartTask(_message.Message):
-    __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand", "metrics_url", "metrics_mapping", "run_as_user", "nnodes", "node_rank", "local_world_size", "world_size", "master_addr", "master_port", "node_addresses", "node_ids")
+    __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand", "metrics_url", "metrics_mapping", "run_as_user", "nnodes", "node_rank", "local_world_size", "world_size", "master_addr", "master_port", "node_addresses", "node_ids", "pty")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class StartTask(_message.Message):
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     NODE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
@@ -214,7 +215,8 @@ class StartTask(_message.Message):
     master_port: int
     node_addresses: _containers.RepeatedScalarFieldContainer[str]
     node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[_types_pb2.MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., nnodes: _Optional[int] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., node_addresses: _Optional[_Iterable[str]] = ..., node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    pty: bool
+    def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[_types_pb2.MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., nnodes: _Optional[int] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., node_addresses: _Optional[_Iterable[str]] = ..., node_ids: _Optional[_Iterable[str]] = ..., pty: _Optional[bool] = ...) -> None: ...
 
 class StopTask(_message.Message):
     __slots__ = ("task_id", "grace_s", "reason", "checkpoint_signal")
