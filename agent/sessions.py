@@ -204,10 +204,16 @@ class Terminal:
 
     def started(self) -> None:
         """The task's process holds the terminal: read it from now on."""
-        with contextlib.suppress(OSError):
-            os.close(self.slave)
+        self.close_slave()
         self._reader = asyncio.get_running_loop().create_task(self._read())
         self.arm_orphan()
+
+    def close_slave(self) -> None:
+        """Close the agent's copy of the task's end (once: its number may be reused afterwards)."""
+        if self.slave >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.slave)
+            self.slave = -1
 
     def arm_orphan(self) -> None:
         """Close the terminal unless a session that owns it attaches within :data:`ORPHAN_S`."""
@@ -522,8 +528,7 @@ class SessionService:
         """The task ended (or its start failed): its terminal goes with it."""
         term = self.terminals.pop(task_id, None)
         if term is not None:
-            with contextlib.suppress(OSError):
-                os.close(term.slave)
+            term.close_slave()
             term.hangup()
 
     def handle(self, req: agent_pb2.SessionRequest, send: Send) -> None:

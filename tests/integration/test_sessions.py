@@ -48,8 +48,8 @@ class _Terminal:
 
 class TestRunPty:
     def test_a_terminal_runs_echo_and_exit_3_returns_3(self, cluster: Cluster) -> None:
-        """`run --gpus 1 --pty -- sh` on a terminal: the shell answers `echo`, and `exit 3` ends the task (failed,
-        exit code 3) and gptrmctl with 3."""
+        """`run --gpus 1 --pty -- sh` on a terminal: the shell answers `echo`; `attach` shows the terminal and
+        leaves the task running when it ends; `exit 3` ends the task (failed, exit code 3) and gptrmctl with 3."""
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1")
@@ -61,6 +61,15 @@ class TestRunPty:
             wait_until(lambda: b"$ " in term.output or b"# " in term.output, timeout_s=60, what="the shell's prompt")
             term.type("echo h''i\r")
             wait_until(lambda: b"\nhi\r\n" in term.output, timeout_s=30, what="echo's output")
+            # attach shows the terminal (its recent output first); ending it leaves the task running.
+            (task,) = cluster.ctl_json("tasks", "--name", "shell")["tasks"]
+            viewer = _Terminal([str(BIN / "gptrmctl"), "--coordinator", cluster.address("c1"), "--insecure",
+                                "attach", task["task_id"]])
+            try:
+                wait_until(lambda: b"\nhi\r\n" in viewer.output, timeout_s=30, what="attach showing the terminal")
+            finally:
+                viewer.close()
+            assert cluster.task(task["task_id"])["state"] == "running"
             term.type("exit 3\r")
             assert term.proc.wait(timeout=60) == 3, bytes(term.output)
         finally:

@@ -1,14 +1,17 @@
-"""exec's command line: the root steps, then the task's credentials, and never the task's environment on it."""
+"""Agent sessions: exec's command line (the root steps, then the task's credentials, never the task's environment
+on it) and a session's output window."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
 
-from agent import launch
+from agent import launch, sessions
 from agent.sessions import TaskContext, exec_command
+from common.pb.gptrm.v1 import agent_pb2
 
 _PROGRAMS = launch.Programs(setpriv="/usr/bin/setpriv")
 
@@ -41,3 +44,42 @@ class TestExecCommand:
         assert "/usr/bin/nsenter" not in argv
         assert argv[argv.index("/usr/bin/setsid"):argv.index("/usr/bin/setsid") + 3] == [
             "/usr/bin/setsid", "--ctty", "--wait"]
+
+
+class TestOutputWindow:
+    def test_a_silent_reader_ends_its_session_not_the_stream(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Past WINDOW unacknowledged chunks the session waits for acks; after SLOW_S without one it ends with an
+        error (its last message), having sent no more than its window."""
+        monkeypatch.setattr(sessions, "SLOW_S", 0.05)
+        sent: list[agent_pb2.SessionChunk] = []
+
+        async def send(chunk: agent_pb2.SessionChunk) -> None:
+            sent.append(chunk)
+
+        async def scenario() -> bool:
+            s = sessions._Session("s-1", "t1", send)
+            for _ in range(sessions.WINDOW):
+                assert await s.output(b"x")
+            return await s.output(b"one too many")
+
+        assert asyncio.run(scenario()) is False
+        assert len([c for c in sent if c.data]) == sessions.WINDOW
+        assert "acknowledged nothing" in sent[-1].error
+
+    def test_acknowledgements_make_room(self) -> None:
+        sent: list[agent_pb2.SessionChunk] = []
+
+        async def send(chunk: agent_pb2.SessionChunk) -> None:
+            sent.append(chunk)
+
+        async def scenario() -> bool:
+            s = sessions._Session("s-1", "t1", send)
+            for _ in range(sessions.WINDOW):
+                await s.output(b"x")
+            later = asyncio.ensure_future(s.output(b"y"))
+            await asyncio.sleep(0)
+            s.acked(1)
+            return await asyncio.wait_for(later, 5)
+
+        assert asyncio.run(scenario()) is True
+        assert [c.data for c in sent][-1] == b"y"
