@@ -276,7 +276,8 @@ class TestOwnWork:
 class TestSessions:
     def test_exec_is_the_tasks_queues_and_audited(self, tenants: Tenants) -> None:
         """`exec` into alice's task: bob (submitter of another queue) and vera (viewer) are refused and audited as
-        such; alice's runs, returns its command's exit code, and leaves an `ok` Session record naming the task."""
+        such; alice's runs, returns its command's exit code, and leaves an `ok` Session record naming the task;
+        with --pty the command has a terminal of its own."""
         for who in ("bob", "vera"):
             res = tenants.ctl(who, "exec", tenants.task, "--", "sh", "-c", "echo inside")
             _refused(res)
@@ -287,3 +288,5 @@ class TestSessions:
         assert [(r["principal"], r["outcome"]) for r in records[-3:]] == [("bob", "refused"), ("vera", "refused"),
                                                                           ("alice", "ok")]
         assert records[-1]["target"] == tenants.task
+        res = tenants.ctl("alice", "exec", "--pty", tenants.task, "--", "sh", "-c", "tty; exit 4")
+        assert res.returncode == 4 and res.stdout.startswith("/dev/pts/"), (res.stdout, res.stderr)
