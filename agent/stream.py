@@ -84,6 +84,7 @@ class AgentStream:
     :param on_decision: handler for decisions pushed by the coordinator.
     :param batch_samples: most samples per telemetry message.
     :param logs: answers the coordinator's log requests (None: they are ignored).
+    :param images: the references the node's image store holds now (sent when they change; None: never).
     :param credentials: returns the TLS channel credentials for each new connection (so a SIGHUP
         reload applies at the next reconnect); None connects in plaintext (``--insecure``).
     """
@@ -92,7 +93,7 @@ class AgentStream:
                  on_decision: DecisionHandler, backoff: Backoff, batch_samples: int = 1,
                  credentials: Callable[[], grpc.ChannelCredentials] | None = None,
                  logs: LogService | None = None, redirect_jitter_s: float = 0.0,
-                 sessions: SessionService | None = None) -> None:
+                 images: Callable[[], list[str]] | None = None, sessions: SessionService | None = None) -> None:
         self.addresses = list(addresses)
         self._redirect_jitter_s = redirect_jitter_s
         self._credentials = credentials
@@ -104,6 +105,7 @@ class AgentStream:
         self._wakeup = outbox.wakeup
         self._acks: collections.deque[agent_pb2.DecisionAck] = collections.deque()
         self._logs = logs
+        self._images = images
         self._sessions = sessions
         # Log chunks wait here for the writer; a full queue makes the log readers wait (never grows).
         self._log_chunks: asyncio.Queue[agent_pb2.LogChunk] = asyncio.Queue(maxsize=32)
@@ -116,6 +118,7 @@ class AgentStream:
         self._next = 0
         # Epoch of the leader whose session broke, until the next welcome (``Register.lost_leader_epoch``).
         self._lost_epoch = 0
+        self._images_sent: list[str] = []
 
     def kick(self) -> None:
         """Something was added to the outbox: send it now."""
@@ -170,6 +173,10 @@ class AgentStream:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
             register = self._register()
             register.lost_leader_epoch = self._lost_epoch
+            if self._images is not None:
+                del register.inventory.images[:]
+                register.inventory.images.extend(self._images())
+            self._images_sent = list(register.inventory.images)
             await call.write(agent_pb2.AgentMessage(register=register))
             first = await asyncio.wait_for(call.read(), timeout=10)
             if first is grpc.aio.EOF:
@@ -215,6 +222,9 @@ class AgentStream:
                 await call.write(agent_pb2.AgentMessage(log_chunk=self._log_chunks.get_nowait()))
             while not self._session_chunks.empty():
                 await call.write(agent_pb2.AgentMessage(session_chunk=self._session_chunks.get_nowait()))
+            if self._images is not None and (held := self._images()) != self._images_sent:
+                await call.write(agent_pb2.AgentMessage(images=agent_pb2.ImagesHeld(refs=held)))
+                self._images_sent = held
             for event in self.outbox.events_after(sent_seq):
                 await call.write(agent_pb2.AgentMessage(task_status=event))
                 sent_seq = event.event_seq

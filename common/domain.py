@@ -176,6 +176,8 @@ class NodeSnapshot:
     :param power: the node's power curve (all GPUs together).
     :param topology: its GPUs' links and NUMA placement when its agent reported them (built once
         per registration, shared by every snapshot of the node); None unknown.
+    :param images: the container images its store holds (references as submitted); a request with an image
+        prefers such a node among nodes its policy ranks equal.
     """
 
     node_id: NodeId
@@ -188,6 +190,7 @@ class NodeSnapshot:
     powered_on: bool = True
     power: PowerCurve = field(default_factory=lambda: PowerCurve(idle_w=0.0, max_w=0.0))
     topology: NodeTopology | None = None
+    images: frozenset[str] = frozenset()
 
     @property
     def compute_util(self) -> float:
@@ -236,6 +239,8 @@ class Request:
     :param expected_run_s: the profiler's expected run time (the trace's in the simulator), None when
         unknown; only the ``time-aware`` policy reads it.
     :param avoid_nodes: nodes it must not go to (a service's replica avoids its siblings' nodes).
+    :param image: the container image it runs in ("" none): among nodes ranked equal, one holding it is chosen
+        (not part of :attr:`shape`: it decides no node's feasibility).
     """
 
     task_id: str
@@ -250,6 +255,7 @@ class Request:
     allow_sharing: bool = False
     expected_run_s: float | None = None
     avoid_nodes: frozenset[str] = frozenset()
+    image: str = ""
 
     def __post_init__(self) -> None:
         """Refuse a gang of fewer than one node (nothing could be placed all-or-nothing)."""

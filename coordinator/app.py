@@ -28,6 +28,7 @@ from coordinator.dispatch.logs import LogRelay
 from coordinator.dispatch.sessions import SessionRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
+from coordinator.health.moves import GpuMoves
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
 from coordinator.monitor.metrics import GpuHealthMetrics
 from coordinator.monitor.telemetry_rate import RateMetrics, TelemetryRate
@@ -269,11 +270,14 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     elastic = ElasticAllocator(tasks, dispatcher, monitor, events, metrics,
                                ElasticSettings(interval_s=cfg.elastic_interval_s,
                                                restart_cost_s=cfg.elastic_restart_cost_s), profiler)
+    # nodes (and its health watch) is built below; the moves ask it only once the cycle runs
+    moves = GpuMoves(tasks, registry, lambda: nodes.health.fenced_holders(), dispatcher, events, elastic)
+    restarts = RestartPolicy(tasks, fault_move=moves.after_failure)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
-                           on_shrunk=power_manager.shrunk_for)
-    restarts = RestartPolicy(tasks)
+                           on_shrunk=power_manager.shrunk_for, moves=moves,
+                           will_restart=lambda task: restarts.allows(task) or moves.requeues(task))
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,
@@ -292,6 +296,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                     max_actions=cfg.service_max_actions))
     nodes = NodeService(registry, state, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics,
                         events, health_drain_gpus=cfg.health_drain_gpus, on_health_change=wakeup.set)
+    nodes.health.on_fenced = lambda node_id, fence: wakeup.set()   # the cycle's first step moves its work
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,

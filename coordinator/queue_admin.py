@@ -92,7 +92,7 @@ class Submitter(Protocol):
 def queue_to_proto(q: Queue) -> admin_pb2.Queue:
     """The API form of a queue."""
     out = admin_pb2.Queue(name=q.name, parent=q.parent or "", weight=q.weight, members=list(q.members),
-                          default_for=list(q.default_for))
+                          default_for=list(q.default_for), mount_allowed=list(q.mount_allowed))
     for model in sorted(set(q.gpus) | set(q.limit) | set(q.lend)):
         quota = out.quotas.add(gpu_model=model, gpus=q.gpus.get(model, 0))
         if model in q.limit:
@@ -127,7 +127,8 @@ def queue_from_proto(msg: admin_pb2.Queue) -> Queue:
             limit[model] = quota.limit
         if quota.has_lend:
             lend[model] = quota.lend
-    data.update(gpus=gpus, limit=limit, lend=lend, members=list(msg.members), default_for=list(msg.default_for))
+    data.update(gpus=gpus, limit=limit, lend=lend, members=list(msg.members), default_for=list(msg.default_for),
+                mount_allowed=list(msg.mount_allowed))
     if msg.has_cpu:
         data["cpu"] = msg.cpu
     if msg.has_mem_gib:

@@ -53,6 +53,7 @@ class LeaderState:
         self._tasks: dict[str, types_pb2.Task] = {}
         self._services: dict[str, types_pb2.Service] = {}
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
+        self._arrays: dict[str, set[str]] = {}   # array id → its elements' task ids (the ones known)
         self.queues = QueueConfig()
         """The team queues as etcd stored them (immutable; replaced by :meth:`apply_queues`)."""
         self.queues_revision = 0
@@ -83,6 +84,9 @@ class LeaderState:
         self._tasks.clear()
         self._tasks.update(tasks)
         self._released.clear()
+        self._arrays.clear()
+        for task in tasks.values():
+            self._index_array(task)
         for entry in self._registry:
             entry._held.clear()
         for task in tasks.values():
@@ -107,6 +111,8 @@ class LeaderState:
         if before is not None and before.allocation.nodes and not stored.allocation.nodes:
             self._released[stored.id] = tuple(before.allocation.nodes)
         self._tasks[stored.id] = stored
+        if before is None:
+            self._index_array(stored)
 
     def released(self, task_id: str) -> tuple[types_pb2.NodeAllocation, ...]:
         """The allocation ``task_id`` last gave up when it went back to the queue (a preemption, a resize, a
@@ -138,8 +144,30 @@ class LeaderState:
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention), or one etcd no longer has."""
         self._released.pop(task_id, None)
-        if self._tasks.pop(task_id, None) is not None and self._on_forget is not None:
+        task = self._tasks.pop(task_id, None)
+        if task is not None and task.array_id:
+            elements = self._arrays.get(task.array_id)
+            if elements is not None:
+                elements.discard(task_id)
+                if not elements:
+                    del self._arrays[task.array_id]
+        if task is not None and self._on_forget is not None:
             self._on_forget(task_id)
+
+    # ---- arrays -----------------------------------------------------------------------------------
+
+    def _index_array(self, task: types_pb2.Task) -> None:
+        if task.array_id:
+            self._arrays.setdefault(task.array_id, set()).add(task.id)
+
+    def array_elements(self, array_id: str) -> list[types_pb2.Task]:
+        """The elements of an array this replica knows, by index (empty: no such array)."""
+        found = (self._tasks.get(i) for i in self._arrays.get(array_id, ()))
+        return sorted((t for t in found if t is not None), key=lambda t: t.array_index)
+
+    def has_array(self, array_id: str) -> bool:
+        """Whether any element of ``array_id`` is known."""
+        return bool(self._arrays.get(array_id))
 
     # ---- node holdings without a task record (the simulator's virtual-time placements) ---------------
 

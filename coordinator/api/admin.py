@@ -44,6 +44,7 @@ from common.errors import (
     ValidationError,
 )
 from common.logging import get_logger
+from common.oci import validate_container
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
@@ -108,8 +109,8 @@ SERVED_BY: Mapping[str, Served] = {
     "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
-    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER,
-    "CancelTasks": Served.LEADER, "Session": Served.LEADER,
+    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER, "PullImage": Served.LEADER,
+    "CancelArray": Served.LEADER, "CancelTasks": Served.LEADER, "Session": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -317,18 +318,24 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except EtcdUnavailable:
             return False, None
 
+    async def node_views(self) -> tuple[list[admin_pb2.NodeView], bool]:
+        """Every node as ListNodes answers it, unpaginated, and whether the answer is stale (a standby's from
+        its memory): what ListNodes pages through, and what the web console reads whole (nodes hold no
+        secret field)."""
+        read, records = await self._from_etcd(self._app.store.list_nodes)
+        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        return views, not read and self._app.leadership.stale
+
     @_rpc
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Ctx) -> admin_pb2.ListNodesResponse:
         for s in request.states:
             if s not in types_pb2.NodeState.values() or s == 0:
                 raise ValidationError("states", f"unknown node state {s}")
         wanted = set(request.states)
-        read, records = await self._from_etcd(self._app.store.list_nodes)
-        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        views, stale = await self.node_views()
         views = [v for v in views if not wanted or v.state in wanted]
         page, token = paginate(views, lambda v: (v.record.inventory.node_id,), request.page_size, request.page_token)
-        return admin_pb2.ListNodesResponse(nodes=page, stale=not read and self._app.leadership.stale,
-                                           next_page_token=token)
+        return admin_pb2.ListNodesResponse(nodes=page, stale=stale, next_page_token=token)
 
     @_rpc
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:
@@ -421,8 +428,31 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         # The door: a task no known node could hold even empty is refused, unless the operator queues it anyway.
         admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
         queue, submitter = self._queue_for(request.spec)
-        return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
-                                            submitted_by=submitter)
+        self._check_host_paths(request.spec, queue)
+        # An array is created whole by this one call; the answer is its first element (Task.array_id names it).
+        submit = self._app.tasks.submit_array if request.spec.HasField("array") else self._app.tasks.submit
+        return await submit(request.spec, request.request_id, admit=admit, queue=queue, submitted_by=submitter)
+
+    @_rpc
+    async def PullImage(self, request: admin_pb2.PullImageRequest,
+                        context: Ctx) -> admin_pb2.PullImageResponse:
+        """Pre-pull an image on nodes (an admin's call: archives only below the cluster's --mount-allowed)."""
+        if not request.image:
+            raise ValidationError("image", "is required")
+        validate_container(request.image, [], "", 0, allowed=self._app.cfg.mount_allowed, image_field="image")
+        if len(request.nodes) > 10_000:
+            raise ValidationError("nodes", f"{len(request.nodes)} nodes is more than 10000")
+        return admin_pb2.PullImageResponse(nodes=self._app.nodes.pull_image(request.image, list(request.nodes)))
+
+    def _check_host_paths(self, spec: types_pb2.TaskSpec, queue: str) -> None:
+        """A container's host paths (mounts, image archives) lie below the roots the cluster allows
+        (``--mount-allowed``) or those of the task's queue and the queues above it (docs/containers.md).
+
+        :raises ValidationError: naming ``spec.mounts[i]`` or ``spec.image``."""
+        config = self._app.queue_admin.config
+        chain = (queue, *config.ancestors(queue)) if queue in config else ()
+        allowed = [*self._app.cfg.mount_allowed, *(root for name in chain for root in config.get(name).mount_allowed)]
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes, allowed=allowed)
 
     def _queue_for(self, spec: types_pb2.TaskSpec) -> tuple[str, str]:
         """The team queue a submission goes to, and who submits it.
@@ -501,6 +531,15 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 continue
             out.task_ids.append(task_id)
         return out
+
+    async def CancelArray(self, request: admin_pb2.ArrayRef, context: Ctx) -> admin_pb2.CancelArrayResponse:
+        array_id = _require_id(request.array_id, "array_id")
+        elements = self._app.tasks.array_elements(array_id)
+        if not elements:
+            raise NotFound(f"array {array_id!r} not found")
+        self._may_act(elements[0].queue, f"array {array_id}")
+        cancelled, ended = await self._app.tasks.cancel_array(array_id)
+        return admin_pb2.CancelArrayResponse(array_id=array_id, cancelled=cancelled, already_ended=ended)
 
     @_rpc
     async def PauseTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
@@ -601,6 +640,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         spec = types_pb2.TaskSpec()
         spec.CopyFrom(request.spec)
         spec.queue, submitter = self._queue_for(spec)   # its replicas run in the queue resolved now
+        self._check_host_paths(spec, spec.queue)
         return await self._app.services.create(spec, request.request_id, submitted_by=submitter)
 
     @_rpc

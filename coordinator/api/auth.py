@@ -55,9 +55,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ from common.tokens import TokenFile
 from coordinator.api.audit import AuditLog
 
 __all__ = ["ADMIN", "QUEUE_ADMIN", "ROLES", "SUBMITTER", "TEAM_METHODS", "VIEWER", "AuthInterceptor", "AuthRefused",
-           "Authenticator", "Principal", "Security", "current_principal", "queue_refusal", "required_role"]
+           "Authenticator", "Principal", "Security", "acting_as", "current_principal", "queue_refusal", "required_role"]
 
 ADMIN_SERVICE = "gptrm.v1.Admin"
 GATEWAY_SERVICE = "gptrm.v1.AgentGateway"
@@ -91,7 +92,7 @@ _RANK = {role: len(ROLES) - i for i, role in enumerate(ROLES)}
 TEAM_METHODS = {
     "SubmitTask": SUBMITTER, "CancelTask": SUBMITTER, "PauseTask": SUBMITTER, "ResumeTask": SUBMITTER,
     "TaskLogs": SUBMITTER, "CreateService": SUBMITTER, "ScaleService": SUBMITTER, "CancelService": SUBMITTER,
-    "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN,
+    "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN, "CancelArray": SUBMITTER,
     "CancelTasks": SUBMITTER, "Session": SUBMITTER,
 }
 """The Admin calls a team role may make, each confined by the servicer to the caller's queues; the
@@ -146,6 +147,18 @@ def current_principal() -> Principal | None:
     :class:`AuthInterceptor`.
     """
     return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def acting_as(principal: Principal) -> Iterator[None]:
+    """Run the block as ``principal`` (what :func:`current_principal` returns inside it): how a caller in
+    the same process (the web console, :mod:`coordinator.web`) calls the Admin servicer's methods with the
+    identity it authenticated, so their checks and redaction apply to it as to a gRPC caller."""
+    token = _CURRENT.set(principal)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
 
 
 def queue_refusal(principal: Principal | None, queue: str) -> PermissionDenied | None:

@@ -151,6 +151,8 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     await self._status(entry, msg.task_status, outbox, log)
                 elif which == "log_chunk":
                     app.logs.deliver(entry.node_id, msg.log_chunk)
+                elif which == "images":
+                    app.nodes.images_held(entry, msg.images)
                 elif which == "session_chunk":
                     app.sessions.deliver(entry.node_id, msg.session_chunk)
                 elif which == "decision_ack":

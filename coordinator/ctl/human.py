@@ -474,6 +474,7 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
             for x in d["app_xids"]) + " (the task's own fault: the GPUs stay in service)")
     if d.get("qos_reading") is not None:
         lines.append(f"qos           {escape(qos_line(d['qos_reading']))}")
+    lines += workflow_lines(d)
     if d.get("elastic") is not None:
         lines += elastic_lines(d["elastic"], now)
     if d.get("parts"):
@@ -485,6 +486,43 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
     if d["log_tail"]:
         lines += ["log tail:", escape(d["log_tail"].rstrip(), keep_newlines=True)]
     return "\n".join(lines)
+
+
+def workflow_lines(d: Mapping[str, Any]) -> list[str]:
+    """A task's array, dependencies and start time (``gptrmctl tasks TASK``)."""
+    spec, lines = d["spec"], []
+    if d.get("array_id"):
+        a = spec.get("array") or {}
+        cap = f", at most {a['max_running']} running at once" if a.get("max_running") else ""
+        lines.append(f"array         element {d['array_index']} of {escape(d['array_id'])} "
+                     f"({a.get('first', 0)}-{a.get('last', 0)}:{a.get('step') or 1}{cap})")
+    for dep in spec.get("after") or []:
+        lines.append(f"after         {dep['kind']}:{escape(','.join(dep['ids']))}"
+                     + ("  (kept pending if it can no longer be met)" if spec.get("keep_unmet") else ""))
+    if spec.get("begin_unix_s"):
+        lines.append(f"begins        {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(spec['begin_unix_s']))}")
+    return lines
+
+
+def collapse_arrays(docs: Sequence[Mapping[str, Any]], arrays: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Task documents for ``gptrmctl tasks``: each array as one row (at its first element's place) whose state is
+    its elements' counts by state (``tasks ARRAY`` lists them)."""
+    summaries = {a["array_id"]: a for a in arrays}
+    out: list[dict[str, Any]] = []
+    for d in docs:
+        array_id = d.get("array_id")
+        if not array_id:
+            out.append(dict(d))
+            continue
+        summary = summaries.pop(array_id, None)
+        if summary is None:
+            continue   # a later element of an array already shown
+        states = ", ".join(f"{n} {state}" for state, n in sorted(summary["states"].items(), key=lambda kv: -kv[1]))
+        cap = f" %{summary['max_running']}" if summary["max_running"] else ""
+        out.append({**d, "task_id": array_id, "state": states, "allocation": [], "deadline_missed": False,
+                    "reason": f"array of {summary['elements']}{cap}; see gptrmctl tasks {array_id}",
+                    "exit_code": None})
+    return out
 
 
 def elastic_lines(e: Mapping[str, Any], now: Callable[[], float] = time.time) -> list[str]:

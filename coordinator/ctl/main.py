@@ -25,6 +25,7 @@ from coordinator.ctl.pages import all_nodes, all_tasks
 from coordinator.ctl.queues import add_queues_parser, queue_dict, queue_update, queues_dict, queues_table
 from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.ctl.usage import add_usage_parser, usage_csv, usage_dict, usage_request, usage_table
+from coordinator.profiler.workflow_spec import ARRAY_PREFIX, array_indices, array_ref
 from coordinator.simulator.cli import add_simulate_parser
 
 __all__ = ["main"]
@@ -127,18 +128,59 @@ def cmd_nodes(t: Transport, args: argparse.Namespace) -> None:
     _out(args, {"nodes": docs, "stale": stale}, human.nodes_table(docs, wide=args.output == "wide"))
 
 
+def images_doc(views: list[admin_pb2.NodeView], stale: bool) -> dict[str, Any]:
+    """The ``images`` document (schema ``images.json``): per node, whether it runs containers and what it holds."""
+    return {"nodes": [{"node_id": v.record.inventory.node_id, "containers": v.record.inventory.containers,
+                       "images": sorted(v.record.inventory.images)} for v in views], "stale": stale}
+
+
+def cmd_images(t: Transport, args: argparse.Namespace) -> None:
+    if args.node == "pull":   # images pull REF [--nodes A,B]: pre-pull on nodes
+        if not args.ref:
+            raise CtlError("images pull: give the image REF to pull", EXIT_USAGE)
+        nodes = [n for n in (s.strip() for s in (args.nodes or "").split(",")) if n]
+        resp = t.call("PullImage", admin_pb2.PullImageRequest(image=args.ref, nodes=nodes), write=True)
+        d = {"image": args.ref, "nodes": list(resp.nodes)}
+        _out(args, d, f"pulling {human.escape(args.ref)} on " + (", ".join(map(human.escape, resp.nodes)) or
+                                                                  "no node (none runs containers)"))
+        return
+    if args.ref or args.nodes:
+        raise CtlError("images: REF and --nodes go with 'images pull'", EXIT_USAGE)
+    if args.node:
+        views, stale = [t.call("GetNode", admin_pb2.GetNodeRequest(node_id=args.node))], False
+    else:
+        views, stale = all_nodes(t, [], args.page_size)
+    d = images_doc(list(views), stale)
+    lines = [f"{'NODE':<24} {'CONTAINERS':<10} IMAGES"]
+    for n in d["nodes"]:
+        lines.append(f"{human.escape(n['node_id'])[:24]:<24} {'yes' if n['containers'] else 'no':<10} "
+                     + (", ".join(human.escape(i) for i in n["images"]) or "-"))
+    _out(args, d, "\n".join(lines))
+
+
 def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
     if args.task and args.task.startswith(SERVICE_PREFIX):
         d = render.service_dict(t.call("GetService", admin_pb2.ServiceRef(service_id=args.task)))
         _out(args, d, human.service_detail(d))
         return
-    if args.task:
-        d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
+    if args.task and not _whole_array(args.task):
+        d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=array_ref(args.task))))
         _out(args, d, human.task_detail(d))
         return
     tasks, stale = all_tasks(t, page_size=args.page_size, task_filter=_task_filter(args))
-    docs = [render.task_dict(x) for x in tasks]
-    _out(args, {"tasks": docs, "stale": stale}, human.tasks_table(docs, wide=args.output == "wide"))
+    docs = [render.task_dict(x) for x in tasks if not args.task or x.array_id == args.task]
+    if args.task and not docs:
+        raise CtlError(f"tasks: array {args.task!r} not found" + (" in those states" if args.state else ""),
+                       EXIT_REFUSED)
+    arrays = render.array_summaries(docs)
+    # An array is one row, its elements counted by state; `tasks ARRAY` lists its elements.
+    shown = docs if args.task else human.collapse_arrays(docs, arrays)
+    _out(args, {"tasks": docs, "arrays": arrays, "stale": stale}, human.tasks_table(shown, wide=args.output == "wide"))
+
+
+def _whole_array(ref: str) -> bool:
+    """Whether ``ref`` names an array (``a-...``), not one of its elements (``a-...:INDEX``)."""
+    return ref.startswith(ARRAY_PREFIX) and array_ref(ref) == ref
 
 
 def _task_filter(args: argparse.Namespace) -> admin_pb2.TaskFilter:
@@ -189,9 +231,16 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
         _out(args, d, f"service {svc.id} submitted ({svc.desired} replica(s), {svc.spec.service.min_replicas}.."
                       f"{svc.spec.service.max_replicas}); see gptrmctl tasks {svc.id}")
         return 0
+    if spec.HasField("array") and args.wait:
+        raise CtlError("submit: --wait follows one task, not an array", EXIT_USAGE)
     task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id,
                                                             queue_unplaceable=args.queue_unplaceable), write=True)
     d = render.task_dict(task)
+    if task.array_id:
+        count = len(array_indices(spec.array))
+        _out(args, d, f"array {task.array_id} submitted ({count} element(s), {task.array_id}_{task.array_index} "
+                      f"first); see gptrmctl tasks {task.array_id}")
+        return 0
     if not args.wait:
         _out(args, d, f"task {task.id} submitted ({d['state']})")
         return 0
@@ -305,7 +354,13 @@ def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace
             _out(args, render.service_dict(admin_pb2.ServiceView(service=svc)),
                  f"service {svc.id} cancelled (its replicas are being stopped)")
             return
-        task = t.call(rpc, admin_pb2.TaskRef(task_id=args.task), write=True)
+        if rpc == "CancelTask" and _whole_array(args.task):
+            done = t.call("CancelArray", admin_pb2.ArrayRef(array_id=args.task), write=True)
+            _out(args, {"array_id": done.array_id, "cancelled": done.cancelled, "already_ended": done.already_ended},
+                 f"array {done.array_id}: {done.cancelled} element(s) cancelled, {done.already_ended} had already "
+                 "ended")
+            return
+        task = t.call(rpc, admin_pb2.TaskRef(task_id=array_ref(args.task)), write=True)
         d = render.task_dict(task)
         _out(args, d, human.task_action_text(verb, d))
     return run
@@ -405,7 +460,7 @@ def cmd_logs(t: Transport, args: argparse.Namespace) -> int:
     if args.rank > _UINT32:   # the request's field cannot carry it; no task has that many parts
         raise CtlError(f"logs: --rank {args.rank} is out of range: a task's ranks run from 0 to its part count "
                        f"less one (see gptrmctl tasks TASK)", EXIT_USAGE)
-    request = admin_pb2.TaskLogsRequest(task_id=args.task, tail_lines=args.tail or 0, follow=args.follow,
+    request = admin_pb2.TaskLogsRequest(task_id=array_ref(args.task), tail_lines=args.tail or 0, follow=args.follow,
                                         rank=args.rank)
     stream = None
     try:
@@ -536,8 +591,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--state", action="append", help="only nodes in these states (ready,lost,...)")
     sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_nodes)
+    sp = sub.add_parser("images", help="the images each node's store holds, or pre-pull one (images pull REF "
+                                       "[--nodes A,B]; docs/containers.md)")
+    sp.add_argument("node", nargs="?", help="only this node, or pull")
+    sp.add_argument("ref", nargs="?", metavar="REF", help="with pull: the image to pull")
+    sp.add_argument("--nodes", metavar="A,B", help="with pull: these nodes (default: every node that runs containers)")
+    sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
+    sp.set_defaults(fn=cmd_images)
     sp = sub.add_parser("tasks", help="list tasks or show one (or a service: its replicas, forecast, decisions)")
-    sp.add_argument("task", nargs="?", help="a task id, or a service id (s-...)")
+    sp.add_argument("task", nargs="?", help="a task id, a service id (s-...), an array id (a-...: its elements) or "
+                                           "an array element (ARRAY:INDEX)")
     _add_task_filter(sp, "tasks")
     sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_tasks)
@@ -567,14 +630,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("service")
     sp.add_argument("replicas", metavar="N|auto")
     sp.set_defaults(fn=cmd_scale)
-    sp = sub.add_parser("cancel", help="cancel a task or a service (s-...), or in bulk every task a filter names "
+    sp = sub.add_parser("cancel", help="cancel a task (or an array element, ARRAY:INDEX), a service (s-...) or every "
+                                       "element of an array (a-...); or in bulk every task a filter names "
                                        "(--user/--queue/--name/--state; asks first unless --yes)")
     sp.add_argument("task", nargs="?")
     _add_task_filter(sp, "tasks")
     sp.add_argument("--yes", "-y", action="store_true", help="bulk cancel without asking")
     sp.set_defaults(fn=cmd_cancel)
     for name, rpc, verb in (("pause", "PauseTask", "paused"), ("resume", "ResumeTask", "resumed")):
-        sp = sub.add_parser(name, help=f"{name} a task")
+        sp = sub.add_parser(name, help=f"{name} a task (or an array element, ARRAY:INDEX)")
         sp.add_argument("task")
         sp.set_defaults(fn=_task_action(rpc, verb))
     for name, rpc, verb in (("drain", "DrainNode", "draining"), ("cordon", "CordonNode", "cordoned"),

@@ -45,6 +45,9 @@ def add_queues_parser(sub: Any, fn: Callable[..., Any]) -> None:
     sp.add_argument("--mem-gib", type=float, metavar="G", help="memory it may hold, GiB (a cap)")
     sp.add_argument("--members", metavar="A,B", help="identities that may submit to it (* anyone)")
     sp.add_argument("--default-for", metavar="A,B", help="identities whose default queue it is")
+    sp.add_argument("--mount-allowed", metavar="DIR,DIR",
+                    help="host directories its tasks (and its sub-queues') may mount into their containers, beyond "
+                         "the coordinator's --mount-allowed ('' none; docs/containers.md)")
     sp.add_argument("--budget", metavar="KIND:AMOUNT/PERIOD[:ACTION]",
                     help="gpu_hours|kwh|cost : amount / day|week|month [: hold|lowest] ('none' removes it)")
     sp.set_defaults(fn=fn)
@@ -97,7 +100,8 @@ def queue_update(current: admin_pb2.Queue | None, name: str, args: argparse.Name
         q.has_cpu, q.cpu = True, args.cpu
     if args.mem_gib is not None:
         q.has_mem_gib, q.mem_gib = True, args.mem_gib
-    for field, text in (("members", args.members), ("default_for", args.default_for)):
+    for field, text in (("members", args.members), ("default_for", args.default_for),
+                        ("mount_allowed", args.mount_allowed)):
         names = _names(text)
         if names is not None:
             del getattr(q, field)[:]
@@ -132,6 +136,7 @@ def queue_dict(v: admin_pb2.QueueView) -> dict[str, Any]:
         "mem_gib": q.mem_gib if q.has_mem_gib else None,
         "members": list(q.members),
         "default_for": list(q.default_for),
+        "mount_allowed": list(q.mount_allowed),
         "budget": ({"kind": q.budget.kind, "amount": q.budget.amount, "period": q.budget.period,
                     "action": q.budget.action} if q.has_budget else None),
         "held": [{"gpu_model": h.gpu_model, "own": h.own, "borrowed": h.borrowed} for h in v.held],

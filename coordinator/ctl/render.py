@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
@@ -254,7 +254,24 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "elastic": elastic_dict(t),
         "gpu_fault_moves": t.gpu_fault_moves,
         "app_xids": [proto_dict(x) for x in t.app_xids],
+        "array_id": t.array_id or None,
+        "array_index": t.array_index if t.array_id else None,
     }
+
+
+def array_summaries(docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per array among task documents (schema ``tasks.json``, ``arrays``), in the order their first
+    element comes: its name, element count and counts by state."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        array_id = d.get("array_id")
+        if not array_id:
+            continue
+        summary = out.setdefault(array_id, {"array_id": array_id, "name": d["name"], "elements": 0, "states": {},
+                                            "max_running": d["spec"].get("array", {}).get("max_running", 0)})
+        summary["elements"] += 1
+        summary["states"][d["state"]] = summary["states"].get(d["state"], 0) + 1
+    return list(out.values())
 
 
 def elastic_dict(t: types_pb2.Task) -> dict[str, Any] | None:

@@ -204,6 +204,10 @@ class Reconciler:
         if task.state in _ACTIVE and is_gang(task):
             await self.gangs.on_status(task.id, entry.node_id, status)
             return
+        if task.state == state == TaskState.STARTING and status.reason:
+            # Progress of a start under way (its image's pull: bytes so far, unpacking): shown, not stored.
+            self._tasks.note_reason(task.id, status.reason[:256])
+            return
         if task.state == state or task.state in TERMINAL_STATES:
             return   # re-delivered after a reconnect, or already final
         reason = status.reason

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
+from common.oci import validate_container
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.profiler.elastic_spec import validate_elastic
 from coordinator.profiler.qos_spec import validate_qos_spec
@@ -45,6 +46,7 @@ from coordinator.profiler.taskspec import (
     gpus_used,
     spec_data,
 )
+from coordinator.profiler.workflow_spec import validate_workflow
 
 __all__ = ["validate_argv_env", "validate_profiled_demand", "validate_pty", "validate_service", "validate_sizes",
            "validate_spec"]
@@ -276,7 +278,10 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
     a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
     :func:`validate_service` refuses; a launcher other than ``torchrun``; an elastic range
-    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses.
+    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses; an image reference, mount, working
+    directory or ``/dev/shm`` size :func:`common.oci.validate_container` refuses (their syntax; the allowed host
+    roots are checked by the Admin API, which knows the cluster's); an array, dependency or start time
+    :func:`~coordinator.profiler.workflow_spec.validate_workflow` refuses.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -307,19 +312,21 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         if spec.HasField("service"):
             validate_service(spec)
         validate_elastic(spec, max_gpus_per_node)
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes)
+        validate_workflow(spec, now)
         if spec.pty:
             validate_pty(spec)
 
 
 def validate_pty(spec: types_pb2.TaskSpec) -> None:
     """A task on a terminal (``gptrmctl run --pty``, docs/interactive.md) is one process on one node whose
-    session ends it: no gang, no service, no elastic resizes, no restarts.
+    session ends it: no gang, no service, no elastic resizes, no restarts, no array.
 
     :raises ValidationError: on ``spec.pty`` naming what it cannot go with."""
     if spec.nodes > 1:
         raise ValidationError("spec.pty", "a terminal is one node's: not with nodes > 1")
-    if spec.HasField("service") or spec.HasField("elastic"):
-        raise ValidationError("spec.pty", "not for a service or an elastic task")
+    if spec.HasField("service") or spec.HasField("elastic") or spec.HasField("array") or spec.image:
+        raise ValidationError("spec.pty", "not for a service, an elastic task, an array or a container image")
     if spec.restart_policy not in (types_pb2.RESTART_POLICY_UNSPECIFIED, types_pb2.RESTART_POLICY_NEVER):
         raise ValidationError("spec.pty", "a terminal session is not restarted: restart_policy must be never")
 

@@ -2,8 +2,12 @@
 
 One cycle, in this order (each step needs the previous one's output):
 
-1. queue: PENDING tasks ordered by priority, then slack (deadline − now − the profiler's expected
-   run time, 0 when it has none; no deadline last), then submit time;
+0. moves: tasks holding a GPU that turned unhealthy (fenced in its node's record) are stopped with their
+   checkpoint signal and requeued, or, elastic, shrink off it (``coordinator/health/moves.py``);
+1. queue: PENDING tasks the workflow rules let through (start times, dependencies, array limits:
+   ``coordinator/scheduler/workflow.py``; a task whose dependency can never be met ends here), ordered
+   by priority, then slack (deadline − now − the profiler's expected run time, 0 when it has none; no
+   deadline last), then submit time;
 2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
    every policy reads the same consistent view;
 3. placement: the production engine (policy filter + rank, then the Resource Allocator's
@@ -62,6 +66,7 @@ from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
+from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
@@ -75,6 +80,7 @@ from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
+from coordinator.scheduler.workflow import WorkflowGate
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
@@ -121,6 +127,8 @@ class SchedulerCycle:
     :param elastic: the elastic allocator (None: elastic tasks run at their minimum and never resize).
     :param on_shrunk: told ``(waiting task, GPUs)`` when elastic tasks shrink for a waiting task (the Resource
         Adaptor wakes a node for what they gave up).
+    :param moves: moves work off fenced GPUs first thing in each cycle (None: never).
+    :param will_restart: whether an ended task is about to be requeued (a dependency on it is still awaited).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
@@ -128,8 +136,12 @@ class SchedulerCycle:
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
                  queues: LeaderQueues | None = None, elastic: Elasticity | None = None,
-                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None) -> None:
+                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None,
+                 moves: GpuMoves | None = None,
+                 will_restart: Callable[[types_pb2.Task], bool] = lambda task: False) -> None:
+        self._moves = moves
         self._preemptor, self._profiler = preemptor, profiler
+        self._gate = WorkflowGate(tasks.find, tasks.array_elements, will_restart)
         self._elastic, self._on_shrunk = elastic, on_shrunk
         self._queues = queues
         self._gang_label = gang_label
@@ -184,11 +196,13 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
+        if self._moves is not None:
+            await self._moves.step()   # before anything is placed: what it stops is on its way back to the queue
         now = time.time()   # restart backoff: a requeued task waits until its not_before time
         if self._elastic is not None:
             self._elastic.observe()   # every cycle: the curves learn while the tasks run
-        pending = self._preemptor.schedulable([t for t in self._tasks.values()
-                                               if t.state == TaskState.PENDING and t.not_before_unix_s <= now])
+        pending = self._preemptor.schedulable(await self._gated(
+            [t for t in self._tasks.values() if t.state == TaskState.PENDING and t.not_before_unix_s <= now], now))
         if not pending:
             self._idle = None
             if self._elastic is not None and self._elastic_settled(grow=True):
@@ -293,6 +307,26 @@ class SchedulerCycle:
         if not commits and not preempted:
             self._idle = (inputs, started)
         return committed
+
+    async def _gated(self, pending: list[types_pb2.Task], now: float) -> list[types_pb2.Task]:
+        """The pending tasks the workflow rules let this cycle place (start times, dependencies, array limits:
+        ``coordinator/scheduler/workflow.py``); the others get their pending reason, and a task whose dependency
+        can never be met ends CANCELLED with that reason."""
+        gated = self._gate.sort(pending, now)
+        for task_id, reason in gated.held.items():
+            self._tasks.note_reason(task_id, reason)
+        by_reason: dict[str, list[types_pb2.Task]] = {}
+        for task, reason in gated.unmet:
+            by_reason.setdefault(reason, []).append(task)
+        for reason, unmet in by_reason.items():   # many at once when a whole array waited for one task
+            try:
+                for task in await self._tasks.cancel_unplaced(unmet, reason):
+                    self._events.publish("task_state", f"task {task.id} pending → cancelled: {reason}",
+                                         task_id=task.id, state="cancelled")
+                    self._log.info("task_dependency_unmet", task_id=task.id, reason=reason)
+            except GptrmError as e:   # etcd refused: the next cycle looks again
+                self._log.warning("task_dependency_end_failed", count=len(unmet), error=str(e))
+        return gated.ready
 
     def _elastic_settled(self, *, grow: bool = False) -> int:
         """Running elastic tasks whose hysteresis allows a resize now (``grow``: and below their maximum)."""

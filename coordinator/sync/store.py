@@ -282,6 +282,65 @@ class Store:
         revision = found_task[0].mod_revision if found_task else 0
         raise Conflict(f"task {new.id}: already exists (revision {revision})")
 
+    def claim_request(self, request_id: str, value: str) -> str:
+        """Remember ``request_id`` as having made ``value`` (an array id), unless it is already known.
+
+        :returns: what the request made: ``value`` when this call claimed it, else what the first call stored.
+        """
+        rkey = self._keys.request(request_id)
+        for _ in range(2):   # a refused stored value is moved aside: the request id is free again
+            result = self._writer.write([cmp_create(rkey, 0)], [op_put(rkey, value.encode(), self._request_lease_id())],
+                                        [op_get(rkey)])
+            if result.succeeded:
+                return value
+            found = result.responses[0]
+            existing = self._writer.parse(found[0], rec.parse_request) if found else None
+            if existing is not None:
+                return existing
+        raise Conflict(f"request id {request_id!r}: its stored value was refused twice")
+
+    def create_tasks(self, tasks: Sequence[types_pb2.Task], *, max_bytes: int = 1024 * 1024) -> list[types_pb2.Task]:
+        """Store many new PENDING tasks (an array's elements) in few transactions: as many per transaction as
+        etcd's operation limit and ``max_bytes`` of values allow, each put only if its key is new.
+
+        The tasks are completed in place (history, submit time, revision) and returned. Transactions that went
+        through stay (each holds whole tasks); a retry of the same ids creates only those
+        not yet stored (the caller leaves out the ones it knows).
+
+        :returns: the stored tasks, ``revision`` set, in order.
+        :raises Conflict: a task of a batch already exists (nothing of that batch was written).
+        """
+        stored: list[types_pb2.Task] = []
+        batch: list[tuple[types_pb2.Task, str, bytes]] = []
+        size = 0
+        now = self._wall()
+        for new in tasks:   # taken as they are (no copy: an array's elements are made for this call)
+            if new.state not in (0, TaskState.PENDING):
+                raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
+            new.revision = 0
+            new.submit_unix_s = new.submit_unix_s or now
+            rec.append_history(new, TaskState.PENDING, new.reason or "submitted", new.submit_unix_s,
+                               self._history_limit)
+            data = new.SerializeToString()
+            if batch and (len(batch) + 1 >= self._max_txn_ops or size + len(data) > max_bytes):
+                stored.extend(self._create_batch(batch))
+                batch, size = [], 0
+            batch.append((new, self._keys.task(new.id), data))
+            size += len(data)
+        if batch:
+            stored.extend(self._create_batch(batch))
+        return stored
+
+    def _create_batch(self, batch: Sequence[tuple[types_pb2.Task, str, bytes]]) -> list[types_pb2.Task]:
+        result = self._writer.write([cmp_create(key, 0) for _t, key, _d in batch],
+                                    [op_put(key, data) for _t, key, data in batch])
+        if not result.succeeded:
+            raise Conflict(f"tasks {batch[0][0].id}..{batch[-1][0].id}: one of them already exists")
+        for task, _key, _data in batch:
+            task.revision = result.revision
+        self._log.info("tasks_created", first=batch[0][0].id, count=len(batch), revision=result.revision)
+        return [t for t, _k, _d in batch]
+
     def _request_lease_id(self) -> int:
         # One lease per ~1/24 of the TTL carries every request key made meanwhile, so each key
         # is remembered between 23/24 and all of request_ttl_s without a keep-alive per key.
@@ -352,6 +411,41 @@ class Store:
                 task.ClearField("parts")
 
         return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned")
+
+    def cancel_unplaced(self, tasks: Sequence[types_pb2.Task], reason: str) -> list[types_pb2.Task]:
+        """End many PENDING tasks that hold nothing (an array's waiting elements) CANCELLED, in few transactions:
+        each record is rewritten from the copy given, compared on its revision, as many per transaction as
+        etcd's operation limit allows.
+
+        A transaction whose compare fails (one of its tasks changed meanwhile) writes nothing; its tasks are
+        left out of the answer (the caller cancels those one by one).
+
+        :returns: the tasks as stored, with their new ``revision``.
+        :raises IllegalTransition: a task given is not PENDING or holds an allocation.
+        """
+        stored: list[types_pb2.Task] = []
+        now = self._wall()
+        step = self._max_txn_ops - 1
+        for i in range(0, len(tasks), step):
+            batch: list[tuple[int, types_pb2.Task, str]] = []
+            for task in tasks[i : i + step]:
+                if task.state != TaskState.PENDING or task.allocation.nodes:
+                    raise IllegalTransition(f"task {task.id}: only a PENDING task that holds nothing is cancelled "
+                                            "in bulk")
+                new = types_pb2.Task()
+                new.CopyFrom(task)
+                new.revision = 0
+                rec.append_history(new, TaskState.CANCELLED, reason, now, self._history_limit)
+                batch.append((task.revision, new, self._keys.task(task.id)))
+            result = self._writer.write([cmp_mod(key, rev) for rev, _n, key in batch],
+                                        [op_put(key, new.SerializeToString()) for _r, new, key in batch])
+            if not result.succeeded:
+                continue
+            for _rev, new, _key in batch:
+                new.revision = result.revision
+                stored.append(new)
+            self._log.info("tasks_cancelled", first=batch[0][1].id, count=len(batch), revision=result.revision)
+        return stored
 
     def update_task(self, task_id: str, expected_revision: int, **updates: object) -> types_pb2.Task:
         """Set ``Task`` fields (pids, log_tail, ...) without a state change, compare-on-revision.

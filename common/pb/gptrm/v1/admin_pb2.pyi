@@ -45,6 +45,20 @@ EVENT_KIND_QUEUES: EventKind
 EVENT_KIND_RESIZE: EventKind
 EVENT_KIND_HEALTH: EventKind
 
+class PullImageRequest(_message.Message):
+    __slots__ = ("image", "nodes")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, image: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PullImageResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ServiceRef(_message.Message):
     __slots__ = ("service_id",)
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -539,7 +553,7 @@ class QueueBudget(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., amount: _Optional[float] = ..., period: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget")
+    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget", "mount_allowed")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
@@ -552,6 +566,7 @@ class Queue(_message.Message):
     DEFAULT_FOR_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     HAS_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_ALLOWED_FIELD_NUMBER: _ClassVar[int]
     name: str
     parent: str
     quotas: _containers.RepeatedCompositeFieldContainer[QueueQuota]
@@ -564,7 +579,8 @@ class Queue(_message.Message):
     default_for: _containers.RepeatedScalarFieldContainer[str]
     budget: QueueBudget
     has_budget: bool
-    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ...) -> None: ...
+    mount_allowed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ..., mount_allowed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QueueHeld(_message.Message):
     __slots__ = ("gpu_model", "own", "borrowed")
@@ -627,3 +643,19 @@ class QueueRef(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ArrayRef(_message.Message):
+    __slots__ = ("array_id",)
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    def __init__(self, array_id: _Optional[str] = ...) -> None: ...
+
+class CancelArrayResponse(_message.Message):
+    __slots__ = ("array_id", "cancelled", "already_ended")
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ENDED_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    cancelled: int
+    already_ended: int
+    def __init__(self, array_id: _Optional[str] = ..., cancelled: _Optional[int] = ..., already_ended: _Optional[int] = ...) -> None: ...

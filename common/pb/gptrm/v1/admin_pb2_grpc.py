@@ -165,6 +165,16 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
                 _registered_method=True)
+        self.PullImage = channel.unary_unary(
+                '/gptrm.v1.Admin/PullImage',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.PullImageRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.PullImageResponse.FromString,
+                _registered_method=True)
+        self.CancelArray = channel.unary_unary(
+                '/gptrm.v1.Admin/CancelArray',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
+                _registered_method=True)
         self.CancelTasks = channel.unary_unary(
                 '/gptrm.v1.Admin/CancelTasks',
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksRequest.SerializeToString,
@@ -344,6 +354,20 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullImage(self, request, context):
+        """pre-pull an image on nodes (admin)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelArray(self, request, context):
+        """cancel every element of an array
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelTasks(self, request, context):
         """Your own work and interactive sessions (docs/interactive.md).
         Cancel, in one call, every task the filter names that the caller may act on (dry_run: count only).
@@ -491,6 +515,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResumeGpus,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.NodeView.SerializeToString,
+            ),
+            'PullImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullImage,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.PullImageRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.PullImageResponse.SerializeToString,
+            ),
+            'CancelArray': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelArray,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.SerializeToString,
             ),
             'CancelTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelTasks,
@@ -1205,6 +1239,60 @@ class Admin:
             '/gptrm.v1.Admin/ResumeGpus',
             gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/PullImage',
+            gptrm_dot_v1_dot_admin__pb2.PullImageRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.PullImageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelArray(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CancelArray',
+            gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
             options,
             channel_credentials,
             insecure,
