@@ -532,6 +532,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             out.task_ids.append(task_id)
         return out
 
+    @_rpc
     async def CancelArray(self, request: admin_pb2.ArrayRef, context: Ctx) -> admin_pb2.CancelArrayResponse:
         array_id = _require_id(request.array_id, "array_id")
         elements = self._app.tasks.array_elements(array_id)
