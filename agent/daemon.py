@@ -124,7 +124,7 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples,
             credentials=client_tls.credentials if client_tls is not None else None, logs=logs,
             images=store.refs if (store := runtime.containers and runtime.containers.store) else None,
-            redirect_jitter_s=cfg.redirect_jitter_s)
+            redirect_jitter_s=cfg.redirect_jitter_s, sessions=runtime.sessions)
         if store:
             store.on_change = stream.kick   # a pull or an eviction is reported at once
         if client_tls is not None:

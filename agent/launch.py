@@ -75,6 +75,8 @@ WRAPPER = (
 # environment from fd 4, then runs the program by the task's own PATH. As PID 1 of the task's own
 # PID namespace it keeps the program as a child (PID 1 ignores signals it has no handler for, the
 # program does not), and its exit ends the namespace with whatever the program left in it.
+# The program keeps the stub's stdin (a --pty task's terminal): sh would give a background
+# command /dev/null, so stdin goes through fd 5.
 EXEC_STUB = (
     'eval "$(/bin/cat <&4)" || { echo "gptrm: cannot apply the task\'s environment" >&2; exit 125; }; '
     'exec 4<&-; '
@@ -82,7 +84,7 @@ EXEC_STUB = (
     'printf "gptrm: %s: not found on the task\'s PATH (%s). Pass the directory that holds it with '
     '--env PATH=... on submit, or ask an admin to set the agents\' --task-path.\\n" "$1" "$PATH" >&2; '
     'exit 127; fi; '
-    'if [ "$$" = 1 ]; then "$@" & wait $!; exit $?; fi; '
+    'if [ "$$" = 1 ]; then exec 5<&0; "$@" <&5 5<&- & exec 5<&-; wait $!; exit $?; fi; '
     'exec "$@"'
 )
 

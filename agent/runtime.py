@@ -45,6 +45,7 @@ from agent.images.cdi import apply_cdi, load_specs
 from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
+from agent.sessions import SessionService, TaskContext, task_context
 from agent.task_user import NoRoom, TaskUser, TaskUserPolicy, UidClaims
 from agent.taskkill import (
     TaskCgroup,
@@ -151,6 +152,7 @@ class TaskRuntime:
         self._programs = launch.Programs.find()
         self._namespaces = namespaces != "off" and self._programs.namespaces_work()
         self.containers = containers
+        self.sessions = SessionService(self._exec_context, self._programs)   # docs/interactive.md
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._pulling: dict[str, asyncio.Task] = {}   # starts waiting for their image's pull
         self._pulling_runs: dict[str, str] = {}       # their start decisions
@@ -443,12 +445,16 @@ class TaskRuntime:
                 if self._runtime != "systemd-run" else [])
         isolate = launch.namespace_prefix(self._programs, st.demand.mem_bytes) if self._namespaces else []
         drop = user.setpriv_argv(self._programs.setpriv) if switch and user is not None else []
+        terminal = self._terminal_for(st, paths.fifo, container is not None)
         if container is not None:
             # crun gives the container its own namespaces and drops to the task's uid itself.
             command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
                                           cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
                                           prefix=[*bind, *container], argv=[], stub=False)
         else:
+            if terminal is not None:   # its terminal as the task's stdin, stdout and stderr (agent.sessions)
+                drop = terminal.around(drop, self.sessions.setsid)
+                pass_fds = (*pass_fds, terminal.slave)
             command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
                                           cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
                                           prefix=[*isolate, *bind, *drop], argv=st.argv)
@@ -476,6 +482,7 @@ class TaskRuntime:
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
+            self.sessions.task_ended(st.task_id)
             if cgroup is not None:
                 cgroup.remove()
             taskfs.remove_work(self.state_dir, st.task_id)
@@ -495,11 +502,30 @@ class TaskRuntime:
         self.table.tasks[st.task_id] = rec
         if proc is not None:
             self._procs[st.task_id] = proc
+        if terminal is not None:
+            terminal.started()
         self._report(rec, TaskState.STARTING, decision_id=decision.decision_id)
         self._follow_gpus(rec)
         self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
         self._watchers[st.task_id] = asyncio.create_task(self._watch(rec))
         return st.task_id, TaskState.RUNNING
+
+    def _terminal_for(self, st: agent_pb2.StartTask, fifo: Path, in_container: bool) -> Any:
+        """The terminal of a ``pty`` task (None for any other); the process runtime only, not in a container."""
+        if not st.pty:
+            return None
+        if in_container:
+            raise GptrmError(f"task {st.task_id!r}: --pty is not for a task in a container image")
+        if self._runtime != "process":
+            raise GptrmError(f"task {st.task_id!r}: --pty needs the agent's process runtime, not {self._runtime}")
+        return self.sessions.open_terminal(st.task_id, fifo)
+
+    def _exec_context(self, task_id: str) -> TaskContext:
+        """What ``exec`` enters of a running task (:func:`agent.sessions.task_context`)."""
+        rec = self._known(task_id)
+        if rec.state != int(TaskState.RUNNING) or rec.stopping:
+            raise GptrmError(f"task {task_id!r} is not running on this node")
+        return task_context(rec.pid, rec.cgroup, taskfs.TaskPaths.of(self.state_dir, task_id).agent_dir)
 
     def _record_or_refuse(self, task_id: str) -> None:
         """Save the table before a start: a task the agent cannot record (state directory full or
@@ -658,6 +684,7 @@ class TaskRuntime:
                 await asyncio.sleep(_POLL_S)
             code = None
         await self._end_processes(rec)
+        self.sessions.task_ended(rec.task_id)
         if rec.own_uid >= 0:
             self._scrubbing.add(rec.own_uid)   # out of the table from _finish on, not free before _release
         self._finish(rec, code)

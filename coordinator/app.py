@@ -25,6 +25,7 @@ from coordinator.adaptor.services import ServiceController, ServiceMetrics, chec
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
+from coordinator.dispatch.sessions import SessionRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
@@ -179,6 +180,7 @@ class App:
     power_manager: PowerManager
     qos: QosWatch
     logs: LogRelay
+    sessions: SessionRelay
     capper: PowerCapper
     retention: TaskRetention
     lost_nodes: LostNodes
@@ -318,7 +320,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               power=power, profiler=profiler, state=state, tasks=tasks, policy=policy, snapshots=snapshots,
               metrics=metrics,
               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
-              logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
+              logs=LogRelay(registry), sessions=SessionRelay(registry), capper=capper, retention=retention,
+              lost_nodes=lost_nodes,
               services=services,
               admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
                                   creates_nodes=provider.can_create),

@@ -26,7 +26,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -52,6 +52,7 @@ from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.api.auth import QUEUE_ADMIN, current_principal, queue_refusal
 from coordinator.api.deps import AdminDeps
 from coordinator.api.pages import paginate
+from coordinator.api.task_filter import filter_given, task_matcher
 from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry, stored_state
@@ -109,7 +110,7 @@ SERVED_BY: Mapping[str, Served] = {
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
     "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER, "PullImage": Served.LEADER,
-    "CancelArray": Served.LEADER,
+    "CancelArray": Served.LEADER, "CancelTasks": Served.LEADER, "Session": Served.LEADER,
     "CreateReservation": Served.LEADER, "ListReservations": Served.LEADER, "RemoveReservation": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
@@ -169,6 +170,37 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
                                 f"internal error in {fn.__name__} (correlation id {correlation_id}; "
                                 "the coordinator's log has the details)")
         raise AssertionError("unreachable")  # context.abort raises
+
+    return wrapper
+
+
+_SESSION_OPEN_S = 10.0
+"""How long a Session waits for its first (open) message."""
+
+
+def _stream_rpc(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """A leader-only streaming method, its errors turned into status codes as :func:`_rpc` turns them (a
+    PermissionDenied is passed on: the auth interceptor answers and audits it)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: AdminService, request: Any, context: Ctx) -> AsyncIterator[Any]:
+        try:
+            self._route(fn.__name__)   # agents stream to the leader only
+            async for item in fn(self, request, context):
+                yield item
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except NotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except NotLeader as e:   # marked as _rpc marks it: gptrmctl follows the address, or waits for a leader
+            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
+            if e.leader_address:
+                metadata.append((LEADER_METADATA_KEY, e.leader_address))
+            context.set_trailing_metadata(tuple(metadata))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
+        except Unavailable as e:
+            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     return wrapper
 
@@ -325,7 +357,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         read, stored = await self._from_etcd(self._app.store.list_tasks)
         tasks = stored if read and stored is not None else self._app.tasks.values()
         wanted = set(request.states)
-        tasks = [t for t in tasks if not wanted or t.state in wanted]
+        keep = task_matcher(request.filter)
+        tasks = [t for t in tasks if (not wanted or t.state in wanted) and keep(t)]
         page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
         return admin_pb2.ListTasksResponse(tasks=page, stale=self._app.leadership.stale, next_page_token=token)
 
@@ -463,6 +496,42 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_rpc
     async def CancelTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
         return await self._app.tasks.cancel(self._own_task(_require_id(request.task_id, "task_id")))
+
+    @_rpc
+    async def CancelTasks(self, request: admin_pb2.CancelTasksRequest,
+                          context: Ctx) -> admin_pb2.CancelTasksResponse:
+        """Cancel every unfinished task the filter (and ``task_ids``, when given) names, of those the caller may
+        act on (:func:`~coordinator.api.tenancy.act_refusal`); the rest it names are counted as refused and
+        left alone. One call, judged on the leader's table, so a dry run and the cancel it confirms see the
+        same rules; ``task_ids`` keeps the cancel to what the dry run counted."""
+        if not filter_given(request.filter):
+            raise ValidationError("filter", "name at least one of users, queues, name or states")
+        keep = task_matcher(request.filter)
+        only = set(request.task_ids)
+        if len(only) > 100_000:
+            raise ValidationError("task_ids", "at most 100000")
+        out = admin_pb2.CancelTasksResponse()
+        chosen: list[str] = []
+        for task in self._app.tasks.values():
+            if task.state in TERMINAL_STATES or not keep(task):
+                continue
+            if act_refusal(current_principal(), self._app.queue_admin.config, task.queue, f"task {task.id}"):
+                out.refused += 1
+            elif not only or task.id in only:
+                chosen.append(task.id)
+        chosen.sort()
+        if request.dry_run:
+            out.task_ids.extend(chosen)
+            return out
+        for task_id in chosen:
+            try:
+                await self._app.tasks.cancel(task_id)
+            except (IllegalTransition, NotFound) as e:   # ended or forgotten meanwhile
+                _log.info("bulk_cancel_skipped", task_id=task_id, reason=str(e))
+                out.failed += 1
+                continue
+            out.task_ids.append(task_id)
+        return out
 
     @_rpc
     async def CancelArray(self, request: admin_pb2.ArrayRef, context: Ctx) -> admin_pb2.CancelArrayResponse:
@@ -618,39 +687,55 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
+        task_id = request.task_id
+        if len(task_id) > 253:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id: longer than 253 characters")
         queue = self._app.events.subscribe() if request.follow else None
         try:
-            for e in self._app.events.recent(min(backlog, 1000)):
+            # With a task named, the backlog is its last events among every retained one.
+            recent = self._app.events.recent(1000 if task_id else min(backlog, 1000))
+            for e in [e for e in recent if not task_id or e.task_id == task_id][-min(backlog, 1000):]:
                 yield self._shown(_event_pb(e))
             while queue is not None:
-                yield self._shown(_event_pb(await queue.get()))
+                e = await queue.get()
+                if not task_id or e.task_id == task_id:
+                    yield self._shown(_event_pb(e))
         finally:
             if queue is not None:
                 self._app.events.unsubscribe(queue)
 
-    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx):
+    @_stream_rpc
+    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx) -> AsyncIterator[Any]:
         """A task's output (one part's: ``rank``) from its node's agent: output can hold secrets, so only to a
         caller that covers the task's queue (a refusal, PermissionDenied, is answered and audited by the
         auth interceptor)."""
+        task_id = self._own_task(_require_id(request.task_id, "task_id"))
+        task = self._app.tasks.get(task_id)
+        async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
+            yield self._shown(chunk)
+
+    @_stream_rpc
+    async def Session(self, request_iterator: AsyncIterator[admin_pb2.TaskSessionInput],
+                      context: Ctx) -> AsyncIterator[Any]:
+        """An interactive session with a running task (attach to its terminal, or exec a command in its context;
+        docs/interactive.md), relayed to and from its node's agent. Only to a caller that may act on the task's
+        queue (as TaskLogs: a submitter of that queue, its queue admin, the cluster admin); the auth
+        interceptor audits every session when it ends, and every refusal."""
         try:
-            self._route("TaskLogs")   # agents stream to the leader only
-            task_id = self._own_task(_require_id(request.task_id, "task_id"))
-            task = self._app.tasks.get(task_id)
-            async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
-                yield self._shown(chunk)
-        except ValidationError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except NotFound as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except NotLeader as e:   # marked as _rpc marks it: gptrmctl follows the address, or waits for a leader
-            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
-            if e.leader_address:
-                metadata.append((LEADER_METADATA_KEY, e.leader_address))
-            context.set_trailing_metadata(tuple(metadata))
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
-        except Unavailable as e:
-            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            first = await asyncio.wait_for(anext(request_iterator), timeout=_SESSION_OPEN_S)
+        except (TimeoutError, StopAsyncIteration):
+            raise ValidationError("open", "the first message must open the session") from None
+        if not first.HasField("open"):
+            raise ValidationError("open", "the first message must open the session")
+        opened = first.open
+        task = self._app.tasks.get(self._own_task(_require_id(opened.task_id, "open.task_id")))
+        if not opened.argv and not task.spec.pty:
+            raise ValidationError("open.argv", f"task {task.id} was started without --pty: it has no terminal to "
+                                               "attach to (gptrmctl logs -f shows its output)")
+        principal = current_principal()
+        async for out in self._app.sessions.run(task, opened, request_iterator,
+                                                principal.name if principal is not None else ""):
+            yield out
 
 
 def _stored_view(record: types_pb2.NodeRecord) -> admin_pb2.NodeView:

@@ -93,6 +93,7 @@ TEAM_METHODS = {
     "SubmitTask": SUBMITTER, "CancelTask": SUBMITTER, "PauseTask": SUBMITTER, "ResumeTask": SUBMITTER,
     "TaskLogs": SUBMITTER, "CreateService": SUBMITTER, "ScaleService": SUBMITTER, "CancelService": SUBMITTER,
     "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN, "CancelArray": SUBMITTER,
+    "CancelTasks": SUBMITTER, "Session": SUBMITTER,
 }
 """The Admin calls a team role may make, each confined by the servicer to the caller's queues; the
 role each needs at least. TaskLogs is here, not a read: task output can hold secrets."""
@@ -352,6 +353,11 @@ def _target(request: Any, response: Any = None) -> str:
     name = getattr(getattr(request, "queue", None), "name", None)
     if isinstance(name, str) and name:
         return name
+    named = getattr(request, "filter", None)   # a bulk cancel: what its filter names
+    if named is not None and hasattr(named, "users"):
+        parts = [f"{k}={','.join(map(str, getattr(named, k)))}" for k in ("users", "queues", "states")
+                 if getattr(named, k)]
+        return " ".join(parts + ([f"name={named.name}"] if named.name else [])) or "filter (none)"
     value = getattr(response, "id", None)
     if isinstance(value, str) and value:
         return value
@@ -481,9 +487,32 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
 
     async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         principal = await ic.admit(method, context)
-        async for item in _relay(ic, principal, method, context, None, lambda: inner_ss(requests, context), audited):
+        first = _FirstRequest()
+
+        async def seen() -> AsyncIterator[Any]:
+            async for r in requests:
+                first.keep(r)
+                yield r
+        async for item in _relay(ic, principal, method, context, first, lambda: inner_ss(seen(), context), audited):
             yield item
+        if audited:   # a session (Session): one record when it ends, naming what its first message named
+            ic.finish(principal, method, context, first, None, None)
     return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
+
+
+class _FirstRequest:
+    """A bidirectional call's first message as its audit record's request: what it opens (its ``open``
+    field, where it has one) names the target; empty until a message came."""
+
+    def __init__(self) -> None:
+        self._msg: Any = None
+
+    def keep(self, msg: Any) -> None:
+        if self._msg is None:
+            self._msg = getattr(msg, "open", msg)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._msg, name, None) if self._msg is not None else None
 
 
 async def _relay(ic: AuthInterceptor, principal: Principal | None, method: str, context: grpc.aio.ServicerContext,

@@ -11,6 +11,7 @@ from coordinator.adaptor.services import ServiceController
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Reconciler
 from coordinator.dispatch.logs import LogRelay
+from coordinator.dispatch.sessions import SessionRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import NodeRegistry, ResourceMonitor
@@ -39,6 +40,7 @@ class GatewayDeps(Protocol):
     tasks: TaskTable
     nodes: NodeService
     logs: LogRelay
+    sessions: SessionRelay
     reconciler: Reconciler
     telemetry_rate: TelemetryRate
 
@@ -58,6 +60,7 @@ class AdminDeps(Protocol):
     snapshots: SnapshotBuilder
     nodes: NodeService
     logs: LogRelay
+    sessions: SessionRelay
     lost_nodes: LostNodes
     services: ServiceController
     admission: Admission

@@ -132,6 +132,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
         finally:
             reader.cancel()
             app.logs.stream_ended(entry.node_id, outbox)
+            app.sessions.stream_ended(entry.node_id, outbox)
             app.nodes.disconnected(entry, stream_id)
 
     async def _read(self, entry: NodeEntry, requests: AsyncIterator[agent_pb2.AgentMessage],
@@ -152,6 +153,8 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     app.logs.deliver(entry.node_id, msg.log_chunk)
                 elif which == "images":
                     app.nodes.images_held(entry, msg.images)
+                elif which == "session_chunk":
+                    app.sessions.deliver(entry.node_id, msg.session_chunk)
                 elif which == "decision_ack":
                     app.registry.heartbeat(entry)
                     if self.guard.ack_allowed(entry, msg.decision_ack):

@@ -423,14 +423,15 @@ def _placement(t: Mapping[str, Any]) -> str:
 def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
                 now: Callable[[], float] = time.time) -> str:
     """``gptrmctl tasks`` (``-o wide`` adds kind, demand, exit code, restarts, preemptions and the whole reason)."""
-    headers = ["TASK", "NAME", "STATE", "PRIO", "PLACEMENT", "AGE"]
+    headers = ["TASK", "NAME", "USER", "QUEUE", "STATE", "PRIO", "PLACEMENT", "AGE"]
     if wide:
         headers += ["KIND", "DEMAND", "EXIT", "RESTARTS", "PREEMPTED"]
     headers.append("REASON")
     rows = []
     for t in docs:
         state = f"{t['state']} (deadline missed)" if t.get("deadline_missed") else t["state"]
-        row = [t["task_id"], truncate(t["name"], 24), state, t["priority"], _placement(t),
+        row = [t["task_id"], truncate(t["name"], 24), truncate(t.get("submitted_by") or "-", 16),
+               truncate(t.get("queue") or "default", 16), state, t["priority"], _placement(t),
                age(t["submit_unix_s"], now)]
         reason = lead_with_cause(t["reason"])
         if wide:
@@ -438,7 +439,7 @@ def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
                     t["restarts"], t.get("preemptions", 0)]
         row.append(reason if wide else truncate_words(reason, REASON_WIDTH))
         rows.append(row)
-    return table(headers, rows, right=(3, 5))
+    return table(headers, rows, right=(5, 7))
 
 
 def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:

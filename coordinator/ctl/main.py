@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import signal
@@ -14,6 +16,7 @@ import grpc
 
 from common.errors import ConfigError, UsageError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.pbenum import pb_enum
 from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
 from coordinator.ctl.argtypes import gpu_ref, int_between
@@ -171,7 +174,7 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=array_ref(args.task))))
         _out(args, d, human.task_detail(d))
         return
-    tasks, stale = all_tasks(t, _states(types_pb2.TaskState, "TASK_STATE_", args.state), args.page_size)
+    tasks, stale = all_tasks(t, page_size=args.page_size, task_filter=_task_filter(args))
     docs = [render.task_dict(x) for x in tasks if not args.task or x.array_id == args.task]
     if args.task and not docs:
         raise CtlError(f"tasks: array {args.task!r} not found" + (" in those states" if args.state else ""),
@@ -185,6 +188,24 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
 def _whole_array(ref: str) -> bool:
     """Whether ``ref`` names an array (``a-...``), not one of its elements (``a-...:INDEX``)."""
     return ref.startswith(ARRAY_PREFIX) and array_ref(ref) == ref
+
+
+def _task_filter(args: argparse.Namespace) -> admin_pb2.TaskFilter:
+    """``--user``, ``--queue``, ``--name`` and ``--state`` (each may repeat or list values with commas) as the
+    server-side filter of ``tasks`` and bulk ``cancel``."""
+    def listed(values: list[str] | None) -> list[str]:
+        return [v.strip() for v in ",".join(values or []).split(",") if v.strip()]
+    return admin_pb2.TaskFilter(users=listed(args.user), queues=listed(args.queue), name=args.name or "",
+                                states=[pb_enum(types_pb2.TaskState, s)
+                                        for s in _states(types_pb2.TaskState, "TASK_STATE_", args.state)])
+
+
+def _add_task_filter(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument("--user", "-u", action="append", metavar="USER",
+                    help=f"only {what} submitted by these identities (repeat, or USER,USER)")
+    sp.add_argument("--queue", "-q", action="append", metavar="QUEUE", help=f"only {what} in these queues")
+    sp.add_argument("--name", metavar="PATTERN", help=f"only {what} whose name matches this shell pattern (train-*)")
+    sp.add_argument("--state", action="append", help=f"only {what} in these states (pending,running,...)")
 
 
 def _states(enum: Any, prefix: str, names: list[str] | None) -> list[int]:
@@ -230,13 +251,20 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     if not args.wait:
         _out(args, d, f"task {task.id} submitted ({d['state']})")
         return 0
-    from coordinator.ctl.wait import EXIT_INTERRUPTED, exit_code_of, wait_for_task
+    from coordinator.ctl.wait import EXIT_INTERRUPTED, OutputFollower, exit_code_of, progress_lines, wait_for_task
 
-    if args.output != "json":
-        print(f"task {task.id} submitted; following it (Ctrl-C stops following, the task keeps going)",
+    # The task's output is streamed to stdout as it comes (each line after its rank), except with -o json,
+    # whose stdout holds the final task document alone; the progress line then stays on stderr.
+    follower = OutputFollower(t, task.id, sys.stdout.buffer) if args.output != "json" else None
+    if follower is not None:
+        print(f"task {task.id} submitted; its output follows (Ctrl-C stops following, the task keeps going)",
               file=sys.stderr)
     try:
-        d = wait_for_task(t, task.id)
+        d = wait_for_task(t, task.id, err=progress_lines() if follower is not None else None,
+                          on_state=follower.start if follower is not None else None)
+        if follower is not None:
+            follower.start(d)   # a task that ended between two polls still shows its output
+            follower.finish()
     except KeyboardInterrupt:
         print(f"stopped following task {task.id}; see gptrmctl tasks {task.id}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -244,6 +272,67 @@ def cmd_submit(t: Transport, args: argparse.Namespace) -> int:
     _out(args, d, f"task {task.id} {d['state']}" + (f" with exit code {d['exit_code']}"
                                                      if d["exit_code"] is not None else ""))
     return code
+
+
+def cmd_run(t: Transport, args: argparse.Namespace) -> int:
+    """``run [--pty] [submit flags] -- CMD``: a task followed to its end; with ``--pty`` on a terminal held by its
+    agent, this terminal attached to it until it ends (docs/interactive.md)."""
+    if not args.pty:
+        args.wait = True
+        return cmd_submit(t, args)
+    from coordinator.ctl.session import run_session
+    from coordinator.ctl.spec import service_from_args, spec_from_args, spec_from_file
+    from coordinator.ctl.wait import EXIT_INTERRUPTED, exit_code_of, wait_for_task
+
+    spec = spec_from_file(args.file) if args.file else spec_from_args(args)
+    if service_from_args(args, spec):
+        raise CtlError("run: --pty runs one task, not a service", EXIT_USAGE)
+    spec.pty = True
+    if "TERM" not in spec.env and os.environ.get("TERM"):
+        spec.env["TERM"] = os.environ["TERM"]
+    request_id = args.request_id or os.urandom(8).hex()
+    task = t.call("SubmitTask", admin_pb2.SubmitTaskRequest(spec=spec, request_id=request_id,
+                                                            queue_unplaceable=args.queue_unplaceable), write=True)
+    print(f"task {task.id} submitted; waiting for it to run (Ctrl-C stops waiting, then cancel it)", file=sys.stderr)
+    try:
+        d = wait_for_task(t, task.id, until=("running",))
+    except KeyboardInterrupt:
+        print(f"stopped waiting for task {task.id}; gptrmctl cancel {task.id} ends it", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if d["state"] == "running":
+        run_session(t, admin_pb2.TaskSessionOpen(task_id=task.id, hangup_on_close=True))
+        d = wait_for_task(t, task.id, err=io.StringIO())   # its end is all that is left: no progress lines
+    return exit_code_of(d)
+
+
+def cmd_exec(t: Transport, args: argparse.Namespace) -> int:
+    """``exec TASK [--rank R] [--pty] -- CMD``: CMD in a running task's context; exits with CMD's exit code."""
+    from coordinator.ctl.session import run_session
+
+    if not args.argv:
+        raise CtlError("exec: give the command to run after --", EXIT_USAGE)
+    if not 0 <= args.rank <= _UINT32:
+        raise CtlError(f"exec: --rank must be 0 or more, got {args.rank}", EXIT_USAGE)
+    pty = args.pty if args.pty is not None else sys.stdin.isatty() and sys.stdout.isatty()
+    done = run_session(t, admin_pb2.TaskSessionOpen(task_id=args.task, rank=args.rank, argv=list(args.argv), pty=pty))
+    if not done.exited:
+        raise CtlError(f"exec: the session with task {args.task} ended without the command's exit code", EXIT_REFUSED)
+    code = done.exit_code or 0
+    return min(255, 128 - code) if code < 0 else code & 0xFF
+
+
+def cmd_attach(t: Transport, args: argparse.Namespace) -> int:
+    """``attach TASK``: a --pty task's terminal (standard input forwarded); any other task's output, followed."""
+    from coordinator.ctl.session import run_session
+
+    task = t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task))
+    if not task.spec.pty:
+        args.follow, args.tail = True, None
+        return cmd_logs(t, args)
+    print(f"attached to task {args.task}'s terminal (detach: end gptrmctl, e.g. close the terminal; the task goes on)",
+          file=sys.stderr)
+    run_session(t, admin_pb2.TaskSessionOpen(task_id=args.task, rank=args.rank))
+    return 0
 
 
 def cmd_scale(t: Transport, args: argparse.Namespace) -> None:
@@ -284,6 +373,43 @@ def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace
     return run
 
 
+def cmd_cancel(t: Transport, args: argparse.Namespace) -> int:
+    """``cancel TASK``, or ``cancel --user/--queue/--name/--state`` in bulk: the coordinator counts what the
+    filter names that the caller may cancel (a dry run), gptrmctl asks, then cancels exactly those tasks."""
+    task_filter = _task_filter(args)
+    bulk = bool(task_filter.users or task_filter.queues or task_filter.name or task_filter.states)
+    if args.task and bulk:
+        raise CtlError("cancel: give a TASK or filters (--user/--queue/--name/--state), not both", EXIT_USAGE)
+    if args.task:
+        _task_action("CancelTask", "cancelled")(t, args)
+        return 0
+    if not bulk:
+        raise CtlError("cancel: give a TASK, or filters (--user/--queue/--name/--state) to cancel in bulk",
+                       EXIT_USAGE)
+    counted = t.call("CancelTasks", admin_pb2.CancelTasksRequest(filter=task_filter, dry_run=True), write=True)
+    ids = list(counted.task_ids)
+    refused = f" ({counted.refused} more it names are in queues you may not act on: left alone)" \
+        if counted.refused else ""
+    if not ids:
+        _out(args, {"task_ids": [], "refused": counted.refused, "failed": 0}, f"no task to cancel{refused}")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CtlError(f"cancel: {len(ids)} task(s) would be cancelled; stdin is not a terminal to confirm on: "
+                           "pass --yes", EXIT_USAGE)
+        print(f"{len(ids)} task(s) will be cancelled{refused}: {human.escape(' '.join(ids[:10]))}"
+              + (" ..." if len(ids) > 10 else ""), file=sys.stderr)
+        print("cancel them? [y/N] ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            print("nothing cancelled", file=sys.stderr)
+            return EXIT_REFUSED
+    done = t.call("CancelTasks", admin_pb2.CancelTasksRequest(filter=task_filter, task_ids=ids), write=True)
+    d = {"task_ids": list(done.task_ids), "refused": done.refused, "failed": done.failed}
+    _out(args, d, f"{len(done.task_ids)} task(s) cancelled" + (f", {done.failed} had ended meanwhile"
+                                                                if done.failed else "") + refused)
+    return 0
+
+
 def _node_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace], None]:
     def run(t: Transport, args: argparse.Namespace) -> None:
         v = t.call(rpc, admin_pb2.NodeRef(node_id=args.node), write=True)
@@ -317,7 +443,8 @@ def cmd_policy(t: Transport, args: argparse.Namespace) -> None:
 
 
 def cmd_events(t: Transport, args: argparse.Namespace) -> None:
-    stream = t.stream("StreamEvents", admin_pb2.StreamEventsRequest(follow=args.follow, backlog=args.backlog))
+    stream = t.stream("StreamEvents", admin_pb2.StreamEventsRequest(follow=args.follow, backlog=args.backlog,
+                                                                    task_id=args.task or ""))
     try:
         for e in stream:
             d = render.event_dict(e)
@@ -501,7 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("tasks", help="list tasks or show one (or a service: its replicas, forecast, decisions)")
     sp.add_argument("task", nargs="?", help="a task id, a service id (s-...), an array id (a-...: its elements) or "
                                            "an array element (ARRAY:INDEX)")
-    sp.add_argument("--state", action="append", help="only tasks in these states (pending,running,...)")
+    _add_task_filter(sp, "tasks")
     sp.add_argument("--page-size", type=_uint32, default=0, help="items per request (0: the server's default)")
     sp.set_defaults(fn=cmd_tasks)
     from coordinator.ctl.spec import add_submit_arguments
@@ -509,14 +636,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("submit", help="submit a task: -f FILE or flags -- ARGV")
     add_submit_arguments(sp)
     sp.set_defaults(fn=cmd_submit)
+    sp = sub.add_parser("run", help="run a task and follow it; --pty: a terminal on a node the scheduler chose "
+                                    "(run --gpus 1 --pty -- bash), ended when the terminal closes")
+    add_submit_arguments(sp)
+    sp.add_argument("--pty", action="store_true", help="give the task a terminal and attach this one to it")
+    sp.set_defaults(fn=cmd_run)
+    sp = sub.add_parser("exec", help="run a command in a running task's context (its uid, cgroup, namespaces): "
+                                     "exec TASK [--rank R] -- CMD")
+    sp.add_argument("task")
+    sp.add_argument("--rank", type=int, default=0, metavar="R", help="which part of a multi-node task (default 0)")
+    sp.add_argument("--pty", action=argparse.BooleanOptionalAction, default=None,
+                    help="on a terminal of its own (default: when stdin and stdout are terminals)")
+    sp.add_argument("argv", nargs="*", help="the command, after --")
+    sp.set_defaults(fn=cmd_exec)
+    sp = sub.add_parser("attach", help="a --pty task's terminal (stdin forwarded), or a task's output live")
+    sp.add_argument("task")
+    sp.add_argument("--rank", type=int, default=0, metavar="R", help="which part of a multi-node task (default 0)")
+    sp.set_defaults(fn=cmd_attach)
     sp = sub.add_parser("scale", help="pin a service's replica count (N) or give it back to autoscaling (auto)")
     sp.add_argument("service")
     sp.add_argument("replicas", metavar="N|auto")
     sp.set_defaults(fn=cmd_scale)
-    for name, rpc, verb in (("cancel", "CancelTask", "cancelled"), ("pause", "PauseTask", "paused"),
-                            ("resume", "ResumeTask", "resumed")):
-        sp = sub.add_parser(name, help=f"{name} a task (or an array element, ARRAY:INDEX)"
-                            + (", a service (s-...) or every element of an array (a-...)" if name == "cancel" else ""))
+    sp = sub.add_parser("cancel", help="cancel a task (or an array element, ARRAY:INDEX), a service (s-...) or every "
+                                       "element of an array (a-...); or in bulk every task a filter names "
+                                       "(--user/--queue/--name/--state; asks first unless --yes)")
+    sp.add_argument("task", nargs="?")
+    _add_task_filter(sp, "tasks")
+    sp.add_argument("--yes", "-y", action="store_true", help="bulk cancel without asking")
+    sp.set_defaults(fn=cmd_cancel)
+    for name, rpc, verb in (("pause", "PauseTask", "paused"), ("resume", "ResumeTask", "resumed")):
+        sp = sub.add_parser(name, help=f"{name} a task (or an array element, ARRAY:INDEX)")
         sp.add_argument("task")
         sp.set_defaults(fn=_task_action(rpc, verb))
     for name, rpc, verb in (("drain", "DrainNode", "draining"), ("cordon", "CordonNode", "cordoned"),
@@ -543,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("events", help="cluster events")
     sp.add_argument("--follow", "-f", action="store_true")
     sp.add_argument("--backlog", type=_uint32, default=100)
+    sp.add_argument("--task", metavar="TASK", help="only this task's events")
     sp.set_defaults(fn=cmd_events)
     sp = sub.add_parser("logs", help="a task's output (stdout and stderr) from its node: logs TASK [-f] [--tail N] "
                         "[--rank R]")
@@ -595,13 +745,31 @@ def _drop_stdout() -> None:
         pass
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line, where what follows the first ``--`` is the command of a command that runs one
+    (``submit``, ``run``, ``exec``): argparse alone cannot place it after a positional and options
+    (``exec TASK --rank 1 -- CMD``)."""
+    if "--" not in argv:
+        return parser.parse_args(argv)
+    cut = argv.index("--")
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = parser.parse_args(argv[:cut])
+    except (CtlError, SystemExit):
+        return parser.parse_args(argv)
+    if not hasattr(args, "argv") or args.argv:
+        return parser.parse_args(argv)
+    args.argv = argv[cut + 1:]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one gptrmctl command; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         _check_text(parser, args)
         if args.output == "csv" and args.command != "usage":
             raise UsageError(f"-o csv: only usage writes CSV, not {args.command}")

@@ -27,10 +27,11 @@ def _follow(t: Transport, method: str, request: Any, field: str) -> tuple[list[A
 
 
 def all_tasks(t: Transport, states: list[int] | None = None,
-              page_size: int = 0) -> tuple[list[types_pb2.Task], bool]:
-    """Every task (in the given states), following pages; returns (tasks, any page was stale)."""
+              page_size: int = 0, task_filter: admin_pb2.TaskFilter | None = None) -> tuple[list[types_pb2.Task], bool]:
+    """Every task (in the given states, of those ``task_filter`` names), following pages; returns (tasks, any
+    page was stale)."""
     request = admin_pb2.ListTasksRequest(states=[pb_enum(types_pb2.TaskState, s) for s in states or []],
-                                         page_size=page_size)
+                                         page_size=page_size, filter=task_filter)
     return _follow(t, "ListTasks", request, "tasks")
 
 

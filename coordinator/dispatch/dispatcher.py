@@ -61,7 +61,7 @@ class Dispatcher:
                                           gpu_share=na.gpu_share, demand=na.demand,
                                           metrics_url=metrics_url_of(spec), metrics_mapping=metrics_mapping_of(spec),
                                           run_as_user=spec.run_as_user, image=spec.image, mounts=spec.mounts,
-                                          workdir=spec.workdir, shm_bytes=spec.shm_bytes, **launch)))
+                                          workdir=spec.workdir, shm_bytes=spec.shm_bytes, pty=spec.pty, **launch)))
 
     def stop(self, task: types_pb2.Task, reason: str, *, checkpoint_signal: str = "",
              nodes: frozenset[str] | None = None) -> bool:

@@ -49,7 +49,8 @@ from coordinator.profiler.taskspec import (
 )
 from coordinator.profiler.workflow_spec import validate_workflow
 
-__all__ = ["validate_argv_env", "validate_profiled_demand", "validate_service", "validate_sizes", "validate_spec"]
+__all__ = ["validate_argv_env", "validate_profiled_demand", "validate_pty", "validate_service", "validate_sizes",
+           "validate_spec"]
 
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _QUEUE_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -317,6 +318,21 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         validate_elastic(spec, max_gpus_per_node)
         validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes)
         validate_workflow(spec, now)
+        if spec.pty:
+            validate_pty(spec)
+
+
+def validate_pty(spec: types_pb2.TaskSpec) -> None:
+    """A task on a terminal (``gptrmctl run --pty``, docs/interactive.md) is one process on one node whose
+    session ends it: no gang, no service, no elastic resizes, no restarts, no array.
+
+    :raises ValidationError: on ``spec.pty`` naming what it cannot go with."""
+    if spec.nodes > 1:
+        raise ValidationError("spec.pty", "a terminal is one node's: not with nodes > 1")
+    if spec.HasField("service") or spec.HasField("elastic") or spec.HasField("array") or spec.image:
+        raise ValidationError("spec.pty", "not for a service, an elastic task, an array or a container image")
+    if spec.restart_policy not in (types_pb2.RESTART_POLICY_UNSPECIFIED, types_pb2.RESTART_POLICY_NEVER):
+        raise ValidationError("spec.pty", "a terminal session is not restarted: restart_policy must be never")
 
 
 def validate_profiled_demand(demand: Resources) -> None:

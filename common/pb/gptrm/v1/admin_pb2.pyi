@@ -262,14 +262,94 @@ class NodeRef(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("states", "page_size", "page_token")
+    __slots__ = ("states", "page_size", "page_token", "filter")
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskState]
     page_size: int
     page_token: str
-    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    filter: TaskFilter
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[_Union[TaskFilter, _Mapping]] = ...) -> None: ...
+
+class TaskFilter(_message.Message):
+    __slots__ = ("users", "queues", "name", "states")
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedScalarFieldContainer[str]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskState]
+    def __init__(self, users: _Optional[_Iterable[str]] = ..., queues: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ...) -> None: ...
+
+class CancelTasksRequest(_message.Message):
+    __slots__ = ("filter", "task_ids", "dry_run")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    filter: TaskFilter
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    dry_run: bool
+    def __init__(self, filter: _Optional[_Union[TaskFilter, _Mapping]] = ..., task_ids: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CancelTasksResponse(_message.Message):
+    __slots__ = ("task_ids", "refused", "failed")
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    refused: int
+    failed: int
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ..., refused: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+
+class TaskSessionOpen(_message.Message):
+    __slots__ = ("task_id", "rank", "argv", "pty", "rows", "cols", "hangup_on_close")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    HANGUP_ON_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    rank: int
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    pty: bool
+    rows: int
+    cols: int
+    hangup_on_close: bool
+    def __init__(self, task_id: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., pty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., hangup_on_close: _Optional[bool] = ...) -> None: ...
+
+class TaskSessionInput(_message.Message):
+    __slots__ = ("open", "data", "eof", "rows", "cols")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    open: TaskSessionOpen
+    data: bytes
+    eof: bool
+    rows: int
+    cols: int
+    def __init__(self, open: _Optional[_Union[TaskSessionOpen, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ...) -> None: ...
+
+class TaskSessionOutput(_message.Message):
+    __slots__ = ("data", "stderr", "exited", "exit_code", "node_id")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    stderr: bool
+    exited: bool
+    exit_code: int
+    node_id: str
+    def __init__(self, data: _Optional[bytes] = ..., stderr: _Optional[bool] = ..., exited: _Optional[bool] = ..., exit_code: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
     __slots__ = ("tasks", "stale", "next_page_token")
@@ -308,12 +388,14 @@ class GetPolicyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamEventsRequest(_message.Message):
-    __slots__ = ("follow", "backlog")
+    __slots__ = ("follow", "backlog", "task_id")
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
     follow: bool
     backlog: int
-    def __init__(self, follow: _Optional[bool] = ..., backlog: _Optional[int] = ...) -> None: ...
+    task_id: str
+    def __init__(self, follow: _Optional[bool] = ..., backlog: _Optional[int] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("seq", "time_unix_s", "kind", "node_id", "task_id", "message", "fields")

@@ -190,6 +190,16 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationRef.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
                 _registered_method=True)
+        self.CancelTasks = channel.unary_unary(
+                '/gptrm.v1.Admin/CancelTasks',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksResponse.FromString,
+                _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/gptrm.v1.Admin/Session',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionInput.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionOutput.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -393,6 +403,21 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTasks(self, request, context):
+        """Your own work and interactive sessions (docs/interactive.md).
+        Cancel, in one call, every task the filter names that the caller may act on (dry_run: count only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
+        """A terminal or a command in a running task (attach, exec), relayed to and from its node's agent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -550,6 +575,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RemoveReservation,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationRef.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.SerializeToString,
+            ),
+            'CancelTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTasks,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionInput.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionOutput.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1389,6 +1424,60 @@ class Admin:
             '/gptrm.v1.Admin/RemoveReservation',
             gptrm_dot_v1_dot_admin__pb2.ReservationRef.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CancelTasks',
+            gptrm_dot_v1_dot_admin__pb2.CancelTasksRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.CancelTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gptrm.v1.Admin/Session',
+            gptrm_dot_v1_dot_admin__pb2.TaskSessionInput.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.TaskSessionOutput.FromString,
             options,
             channel_credentials,
             insecure,
