@@ -40,7 +40,8 @@ from common.errors import GptrmError
 
 __all__ = ["EXEC_STUB", "ROOT_PATH", "TASK_PATH", "WRAPPER", "Programs", "container_prefix", "env_script",
            "namespace_prefix",
-           "path_problem", "root_env", "root_program", "task_command", "valid_env", "write_env_file"]
+           "path_problem", "root_env", "root_program", "task_command", "valid_env", "write_env_file",
+           "write_private_file"]
 
 TASK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """A task's ``PATH`` unless its spec or the agent's ``--task-path`` sets one (never the agent's own)."""
@@ -215,9 +216,14 @@ def env_script(env: Mapping[str, str]) -> str:
 
 def write_env_file(path: Path, env: Mapping[str, str]) -> None:
     """Write the task's environment for the root wrapper (a new 0600 file of root's, never through a link)."""
-    data = env_script(env).encode(errors="surrogateescape")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+    write_private_file(path, env_script(env).encode(errors="surrogateescape"))
+
+
+def write_private_file(path: str | Path, data: bytes) -> None:
+    """Write ``data`` as a new 0600 file of the agent's (what a task must not read: its environment, its
+    container's configuration); refused if anything, a link included, is already at ``path``."""
     # O_EXCL creates a new file or fails, a link in its place included.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

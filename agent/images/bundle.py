@@ -26,6 +26,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.launch import write_private_file
 from agent.systemd_task import NVIDIA_CONTROL_NODES
 from common.oci import Mount
 
@@ -119,11 +120,4 @@ def oci_config(*, image_config: Mapping[str, Any], rootfs: str, argv: Sequence[s
 
 def write_config(path: str, config: Mapping[str, Any]) -> None:
     """Write ``config.json`` as a new 0600 file of root's (it holds the task's environment), never through a link."""
-    data = json.dumps(config).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+    write_private_file(path, json.dumps(config).encode())
