@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from common.errors import IllegalTransition, NotFound
 from common.logging import get_logger
@@ -70,6 +70,16 @@ class TaskTable:
     def view(self) -> Mapping[str, types_pb2.Task]:
         """:attr:`tasks`, for readers that are handed a callable."""
         return self._state.tasks
+
+    def live(self) -> list[types_pb2.Task]:
+        """The tasks not in a final state, as a list taken now (its cost follows the work in flight, not the
+        finished tasks retained)."""
+        return list(self._state.live.values())
+
+    def in_submit_order(self, after: tuple | None = None) -> Iterator[types_pb2.Task]:
+        """Every task in (submit time, id) order after the key ``after`` (None: from the first), read lazily
+        (:meth:`LeaderState.in_submit_order <coordinator.state.LeaderState.in_submit_order>`)."""
+        return self._state.in_submit_order(after)
 
     def get(self, task_id: str) -> types_pb2.Task:
         """:raises NotFound: no such task."""

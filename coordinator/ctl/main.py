@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -18,7 +20,7 @@ from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
 from coordinator.ctl.argtypes import gpu_ref, int_between
 from coordinator.ctl.certs import add_certs_parser
-from coordinator.ctl.pages import all_nodes, all_tasks
+from coordinator.ctl.pages import all_nodes, task_pages
 from coordinator.ctl.queues import add_queues_parser, queue_dict, queue_update, queues_dict, queues_table
 from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.ctl.usage import add_usage_parser, usage_csv, usage_dict, usage_request, usage_table
@@ -133,9 +135,41 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=args.task)))
         _out(args, d, human.task_detail(d))
         return
-    tasks, stale = all_tasks(t, _states(types_pb2.TaskState, "TASK_STATE_", args.state), args.page_size)
-    docs = [render.task_dict(x) for x in tasks]
-    _out(args, {"tasks": docs, "stale": stale}, human.tasks_table(docs, wide=args.output == "wide"))
+    pages = task_pages(t, _states(types_pb2.TaskState, "TASK_STATE_", args.state), args.page_size)
+    stale = _stream_pages(args, "tasks", ((map(render.task_dict, tasks), s) for tasks, s in pages),
+                          lambda docs: human.tasks_table(docs, wide=args.output == "wide"))
+    if stale and args.output != "json":
+        print("[stale] etcd is unreachable: this answer comes from the coordinator's memory", file=sys.stderr)
+
+
+def _stream_pages(args: argparse.Namespace, field: str, pages: Iterable[tuple[Iterable[dict[str, Any]], bool]],
+                  text: Callable[[list[dict[str, Any]]], str]) -> bool:
+    """Print a listing page by page as the pages arrive (a long list shows at once, in bounded memory); returns
+    whether any page was stale.
+
+    ``-o json`` writes the document ``{field: [...], "stale": ...}`` as :func:`render.dump_json` would (the same
+    indentation; ``stale``, known only at the end, comes last). A table prints each page's rows aligned on their
+    own, the header once."""
+    stale = False
+    first = True
+    out = sys.stdout
+    if args.output == "json":
+        out.write("{\n  " + json.dumps(field) + ": [")
+    for docs, page_stale in pages:
+        stale = stale or page_stale
+        docs = list(docs)
+        if args.output == "json":
+            for d in docs:
+                out.write(("\n" if first else ",\n") + textwrap.indent(render.dump_json(d), "    "))
+                first = False
+        elif docs or first:
+            lines = text(docs).split("\n")
+            out.write("\n".join(lines if first else lines[1:]) + "\n")
+            first = False
+        out.flush()
+    if args.output == "json":
+        out.write(("]" if first else "\n  ]") + ',\n  "stale": ' + json.dumps(stale) + "\n}\n")
+    return stale
 
 
 def _states(enum: Any, prefix: str, names: list[str] | None) -> list[int]:
