@@ -38,6 +38,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +81,7 @@ async def _clients(args: argparse.Namespace) -> None:
         n = 0
         while True:
             due = start + (n + k / args.clients) / share
-            if due >= end:
+            if due >= end or time.time() >= end:   # behind schedule: what was not sent in the window is not
                 return
             if (delay := due - time.time()) > 0:
                 await asyncio.sleep(delay)
@@ -272,13 +273,21 @@ def preload(endpoints: list[str], prefix: str, count: int) -> None:
 
 # ---- gptrmctl --------------------------------------------------------------------------------------------------------
 
-def time_ctl(address: str, *extra: str) -> tuple[float, float, int]:
-    """(seconds to the first output line, seconds to the end, output lines) of ``gptrmctl ... tasks``."""
-    argv = [str(BIN / "gptrmctl"), "--coordinator", address, "--insecure", *extra, "tasks"]
+def child_env() -> dict[str, str]:
+    """The environment of child processes: the code under test is the caller's ``PYTHONPATH`` (another checkout,
+    for a before/after comparison), else this checkout."""
+    return {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO)}
+
+
+def time_ctl(address: str, timeout_s: float, *extra: str) -> tuple[float, float, int]:
+    """(seconds to the first output line, seconds to the end, output lines) of ``gptrmctl ... tasks``; it is
+    stopped after ``timeout_s`` (the end then reads as the timeout)."""
+    argv = [str(BIN / "gptrmctl"), "--coordinator", address, "--insecure", "--timeout", "60", *extra, "tasks"]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ,
-                                                                                       "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=child_env())
     assert proc.stdout is not None
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
     first = None
     lines = 0
     for _ in proc.stdout:
@@ -286,9 +295,10 @@ def time_ctl(address: str, *extra: str) -> tuple[float, float, int]:
             first = time.perf_counter() - t0
         lines += 1
     proc.wait()
+    timer.cancel()
     total = time.perf_counter() - t0
     if proc.returncode:
-        print(f"gptrmctl {' '.join(extra)} tasks exited {proc.returncode}: {proc.stderr.read()[-500:]!r}")
+        print(f"  gptrmctl {' '.join(extra)} tasks exited {proc.returncode} (stopped after {timeout_s:g}s?)")
     return first if first is not None else total, total, lines
 
 
@@ -354,8 +364,13 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                        str(args.channels), "--start-at", str(start_at), "--out", str(out),
                        "--run-id", str(random.getrandbits(32)), "--gpus", str(args.gpus),
                        "--gpu-mem-gib", str(args.gpu_mem_gib), "--cpu-cores", str(args.cpu_cores)]
-        client_proc = subprocess.Popen(client_argv, env={**os.environ, "PYTHONPATH": str(REPO)})
+        client_proc = subprocess.Popen(client_argv, env=child_env())
         leader_ps = psutil.Process(leader.proc.pid)
+        spy = None
+        if args.pyspy:
+            spy = subprocess.Popen(["py-spy", "record", "--nonblocking", "--format", "raw", "-o", args.pyspy,
+                                    "-d", str(int(min(30, args.duration))), "-p", str(leader.proc.pid)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = leader_ps.cpu_times()
         ticks = []
         while client_proc.poll() is None:
@@ -363,6 +378,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
             ticks.append((time.time() - start_at, len(fleet.running_at), load()))
             print(f"  t={ticks[-1][0]:5.1f}s running-acked={ticks[-1][1]} {ticks[-1][2]}", flush=True)
         end_at = start_at + args.duration
+        if spy is not None:
+            spy.wait()
         cpu1 = leader_ps.cpu_times()
         doc = json.loads(out.read_text())
         returned = {tid: t_ret for tid, _t0, t_ret in doc["returned"]}
@@ -396,7 +413,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
               f"tasks {', '.join(f'{e.key}={e.count}' for e in counts.tasks_by_state)}")
         if args.ctl:
             for extra in ((), ("-o", "json")):
-                first, total, lines = await asyncio.to_thread(time_ctl, listen, *extra)
+                first, total, lines = await asyncio.to_thread(time_ctl, listen, args.ctl_timeout, *extra)
                 print(f"  gptrmctl {' '.join(extra) or '(table)'} tasks: first line {first:.2f}s, all {total:.2f}s "
                       f"({lines} lines); {load()}")
         await admin_channel.close()
@@ -432,6 +449,8 @@ def main() -> None:
     p.add_argument("--retain", type=int, default=100_000, help="finished tasks in etcd before the coordinator starts")
     p.add_argument("--standby", action="store_true", help="also start a standby coordinator")
     p.add_argument("--ctl", action=argparse.BooleanOptionalAction, default=True, help="time gptrmctl tasks at the end")
+    p.add_argument("--ctl-timeout", type=float, default=120.0, help="seconds one gptrmctl tasks may take")
+    p.add_argument("--pyspy", default="", help="py-spy record the leader during the load into this file (raw)")
     p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for accepted tasks to run")
     p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
     p.add_argument("--profile", default="", help="run the leader under cProfile, writing this file")
