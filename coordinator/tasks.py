@@ -17,6 +17,7 @@ from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TERMINAL_STATES, NodeState, TaskState
+from coordinator.batching import Batcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
@@ -27,9 +28,11 @@ from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
 
-__all__ = ["TaskTable"]
+__all__ = ["CREATE_BATCH", "TaskTable"]
 
 _CANCELLED = "cancelled by an admin"
+CREATE_BATCH = 50
+"""Submits created in one etcd transaction at most (two keys each, within etcd's 128 operations)."""
 
 
 class TaskTable:
@@ -59,6 +62,10 @@ class TaskTable:
         self._monitor, self._profiler, self._dispatcher = monitor, profiler, dispatcher
         self._scale_out, self._events, self._wakeup = scale_out, events, wakeup
         self._log = get_logger("coordinator")
+        # Submits arriving together are created in one etcd transaction (Store.create_tasks): at a thousand
+        # submits a second, one round trip each would queue them behind each other.
+        self._creates: Batcher[tuple[types_pb2.Task, str], types_pb2.Task] = Batcher(
+            lambda items: self._leadership.write(self._store.create_tasks, items), max_batch=CREATE_BATCH)
 
     # ---- reads (the leader state's view) -------------------------------------------------------------
 
@@ -149,7 +156,7 @@ class TaskTable:
                               queue=queue or spec.queue, submitted_by=submitted_by[:256])
         if admit is not None:
             admit(task)
-        stored = await self._leadership.write(self._store.create_task, task, request_id)
+        stored = await self._creates.call((task, request_id))
         self._state.apply_task(stored)
         if stored.id == task.id:
             self._log.info("task_submitted", task_id=stored.id, name=spec.name)
@@ -170,7 +177,8 @@ class TaskTable:
         if state in TERMINAL_STATES and "energy_j" not in updates:
             # The agents' shares since it (last) started, on top of what earlier runs stored.
             updates["energy_j"] = task.energy_j + energy.current(task_id)
-        stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason, **updates)
+        stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason,
+                                              known=task, **updates)
         self._state.apply_task(stored)
         if state in TERMINAL_STATES:
             energy.finish(task_id, stored.spec.kind)

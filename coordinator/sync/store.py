@@ -16,7 +16,17 @@ from coordinator.sync import _records as rec
 from coordinator.sync._fenced import FencedWriter
 from coordinator.sync._kv import KV
 from coordinator.sync._placements import ATTEMPTS, CommitResult, PlacementCommit, Placements
-from coordinator.sync.client import EtcdClient, cmp_create, cmp_exists, cmp_mod, op_delete, op_get, op_put
+from coordinator.sync.client import (
+    Compare,
+    EtcdClient,
+    Op,
+    cmp_create,
+    cmp_exists,
+    cmp_mod,
+    op_delete,
+    op_get,
+    op_put,
+)
 from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
 from coordinator.sync.quarantine import Quarantine
@@ -230,6 +240,63 @@ class Store:
             self._log.info("task_deleted", task_id=task_id)
         return result.succeeded
 
+    def create_tasks(self, items: Sequence[tuple[types_pb2.Task, str]]) -> list[types_pb2.Task | Exception]:
+        """:meth:`create_task` for many tasks, in one transaction when none of their ids and request ids exists
+        yet (the common case: new submits arriving together); otherwise each is created on its own, so a
+        retried submit still gets the task its first try created. Returns, per item in order, the stored task
+        or the exception :meth:`create_task` would raise for it.
+
+        :raises NotLeader, Fenced, EtcdUnavailable: as :meth:`create_task`, for the whole batch.
+        """
+        request_ids = [r for _t, r in items if r]
+        task_ids = [t.id for t, _r in items if t.id]
+        if 1 < len(items) and len(items) * 2 <= self._max_txn_ops - 1 \
+                and len(set(request_ids)) == len(request_ids) and len(set(task_ids)) == len(task_ids):
+            # (A key twice in one transaction is refused by etcd: such a batch goes one by one.)
+            news = []
+            compare: list[Compare] = []
+            success: list[Op] = []
+            for task, request_id in items:
+                try:
+                    new = self._new_task(task)
+                except IllegalTransition:
+                    break   # that one's error comes from create_task below
+                news.append(new)
+                compare.append(cmp_create(self._keys.task(new.id), 0))
+                success.append(op_put(self._keys.task(new.id), new.SerializeToString()))
+                if request_id:
+                    compare.append(cmp_create(self._keys.request(request_id), 0))
+                    success.append(op_put(self._keys.request(request_id), new.id.encode(), self._request_lease_id()))
+            else:
+                result = self._writer.write(compare, success)
+                if result.succeeded:
+                    for new, (_task, request_id) in zip(news, items, strict=True):
+                        new.revision = result.revision
+                        self._log.info("task_created", task_id=new.id, revision=new.revision, request_id=request_id)
+                    return list(news)
+        out: list[types_pb2.Task | Exception] = []
+        for task, request_id in items:
+            try:
+                out.append(self.create_task(task, request_id))
+            except (IllegalTransition, NotFound) as e:   # Conflict is an IllegalTransition
+                out.append(e)
+        return out
+
+    def _new_task(self, task: types_pb2.Task) -> types_pb2.Task:
+        """The record a new task is stored as (a fresh id when it has none, PENDING, its first history entry).
+
+        :raises IllegalTransition: the task carries a state other than PENDING.
+        """
+        new = types_pb2.Task()
+        new.CopyFrom(task)
+        new.id = new.id or self._new_id()
+        if new.state not in (0, TaskState.PENDING):
+            raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
+        new.revision = 0
+        new.submit_unix_s = new.submit_unix_s or self._wall()
+        rec.append_history(new, TaskState.PENDING, new.reason or "submitted", new.submit_unix_s, self._history_limit)
+        return new
+
     def create_task(self, task: types_pb2.Task, request_id: str = "") -> types_pb2.Task:
         """Store a new PENDING task; idempotent per ``request_id``.
 
@@ -242,14 +309,7 @@ class Store:
         :raises NotFound: the request id is known but its task was deleted since.
         :raises Conflict: the request id is known for a task with a different spec.
         """
-        new = types_pb2.Task()
-        new.CopyFrom(task)
-        new.id = new.id or self._new_id()
-        if new.state not in (0, TaskState.PENDING):
-            raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
-        new.revision = 0
-        new.submit_unix_s = new.submit_unix_s or self._wall()
-        rec.append_history(new, TaskState.PENDING, new.reason or "submitted", new.submit_unix_s, self._history_limit)
+        new = self._new_task(task)
         key, data = self._keys.task(new.id), new.SerializeToString()
         compare, success, failure = [cmp_create(key, 0)], [op_put(key, data)], [op_get(key)]
         if request_id:
@@ -323,6 +383,7 @@ class Store:
         reason: str,
         *,
         release: bool = False,
+        known: types_pb2.Task | None = None,
         **updates: object,
     ) -> types_pb2.Task:
         """Change a task's state if it is still at ``expected_revision`` and the state machine allows it.
@@ -331,6 +392,10 @@ class Store:
         (``exit_code=1, log_tail="..."``) in the same write.
 
         :param release: also delete the task's allocation and free its node reservations, atomically.
+        :param known: the task as etcd stored it at ``expected_revision`` (the leader's copy), to write from
+            without reading it first: the write still compares the revision, so a copy that is not etcd's
+            value at that revision is never written (the read and the retry follow). Its reason may differ
+            (a waiting reason kept in memory only): a transition sets the reason anyway.
         :returns: the task as stored, with its new ``revision``.
         :raises NotFound: no such task.
         :raises Conflict: the task changed since ``expected_revision`` (``IllegalTransition`` subclass).
@@ -351,7 +416,7 @@ class Store:
                 task.ClearField("allocation")
                 task.ClearField("parts")
 
-        return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned")
+        return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned", known)
 
     def update_task(self, task_id: str, expected_revision: int, **updates: object) -> types_pb2.Task:
         """Set ``Task`` fields (pids, log_tail, ...) without a state change, compare-on-revision.
@@ -363,11 +428,15 @@ class Store:
         )
 
     def _rewrite_task(
-        self, task_id: str, expected: int, mutate: Callable[[types_pb2.Task], None], release: bool, event: str
+        self, task_id: str, expected: int, mutate: Callable[[types_pb2.Task], None], release: bool, event: str,
+        known: types_pb2.Task | None = None,
     ) -> types_pb2.Task:
         key = self._keys.task(task_id)
-        for _attempt in range(ATTEMPTS):
-            current = self.get_task(task_id)
+        for attempt in range(ATTEMPTS):
+            # The first attempt may start from the caller's copy at the expected revision (one etcd round
+            # trip instead of two); a retry always reads.
+            current = known if attempt == 0 and known is not None and known.revision == expected \
+                and known.id == task_id else self.get_task(task_id)
             if current.revision != expected:
                 raise Conflict(f"task {task_id} changed: expected revision {expected}, found {current.revision}")
             new = types_pb2.Task()
