@@ -48,10 +48,11 @@ import grpc.aio
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_util import BIN, REPO, Proc, coordinator_argv, free_port, percentile, wait_leader, wait_until, work_dir
+from _bench_util import BIN, REPO, Proc, coordinator_argv, free_port, percentile, wait_leader, work_dir
 
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
+from common.pbenum import pb_enum
 
 GIB = 1 << 30
 GPUS = 8
@@ -68,7 +69,7 @@ def task_spec(i: int, args: argparse.Namespace) -> types_pb2.TaskSpec:
 # ---- the client process ----------------------------------------------------------------------------------------------
 
 async def _clients(args: argparse.Namespace) -> None:
-    """``--clients`` callers at ``--rate`` for ``--duration`` from ``--start-at``; writes one JSON document to ``--out``."""
+    """``--clients`` callers at ``--rate`` for ``--duration`` from ``--start-at``; one JSON document to ``--out``."""
     channels = [grpc.aio.insecure_channel(args.address) for _ in range(max(1, min(args.channels, args.clients)))]
     stubs = [admin_pb2_grpc.AdminStub(c) for c in channels]
     returned: list[tuple[str, float, float]] = []   # (task id, call start, call return)
@@ -144,18 +145,22 @@ class SimAgent:
         sample = types_pb2.TelemetrySample(time_unix_s=now, gpus=gpus, host=host, simulated=True)
         return agent_pb2.AgentMessage(telemetry=agent_pb2.TelemetryBatch(samples=[sample]))
 
-    def _status(self, task_id: str, state: int, decision_id: str, **extra: object) -> int:
+    def _status(self, task_id: str, state: int, decision_id: str, *, exit_code: int | None = None,
+                reason: str = "") -> int:
         self._seq += 1
-        self._out.put_nowait(agent_pb2.AgentMessage(task_status=agent_pb2.TaskStatus(
-            task_id=task_id, state=state, pids=[10_000 + self._seq], time_unix_s=time.time(), event_seq=self._seq,
-            decision_id=decision_id, **extra)))
+        status = agent_pb2.TaskStatus(task_id=task_id, state=pb_enum(types_pb2.TaskState, state),
+                                      pids=[10_000 + self._seq], time_unix_s=time.time(), event_seq=self._seq,
+                                      decision_id=decision_id, reason=reason)
+        if exit_code is not None:
+            status.exit_code, status.has_exit_code = exit_code, True
+        self._out.put_nowait(agent_pb2.AgentMessage(task_status=status))
         return self._seq
 
     async def _end_later(self, task_id: str) -> None:
         await asyncio.sleep(self._args.task_seconds)
         decision_id = self._running.pop(task_id, None)
         if decision_id is not None:
-            self._status(task_id, types_pb2.TASK_STATE_SUCCEEDED, decision_id, exit_code=0, has_exit_code=True)
+            self._status(task_id, types_pb2.TASK_STATE_SUCCEEDED, decision_id, exit_code=0)
             self._fleet.ended += 1
 
     def _decide(self, d: agent_pb2.Decision) -> None:
@@ -176,8 +181,7 @@ class SimAgent:
             tid = d.stop.task_id
             decision_id = self._running.pop(tid, None)
             if decision_id is not None:
-                self._status(tid, types_pb2.TASK_STATE_FAILED, decision_id, exit_code=-15, has_exit_code=True,
-                             reason="stopped")
+                self._status(tid, types_pb2.TASK_STATE_FAILED, decision_id, exit_code=-15, reason="stopped")
             self._out.put_nowait(agent_pb2.AgentMessage(decision_ack=agent_pb2.DecisionAck(
                 decision_id=d.decision_id, ok=decision_id is not None, task_id=tid,
                 task_unknown=decision_id is None)))
@@ -305,7 +309,8 @@ def time_ctl(address: str, timeout_s: float, *extra: str) -> tuple[float, float,
 # ---- the run ---------------------------------------------------------------------------------------------------------
 
 def load() -> str:
-    return "load %.2f %.2f %.2f" % os.getloadavg()
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> None:
@@ -365,6 +370,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                        "--run-id", str(random.getrandbits(32)), "--gpus", str(args.gpus),
                        "--gpu-mem-gib", str(args.gpu_mem_gib), "--cpu-cores", str(args.cpu_cores)]
         client_proc = subprocess.Popen(client_argv, env=child_env())
+        assert leader.proc is not None
         leader_ps = psutil.Process(leader.proc.pid)
         spy = None
         if args.pyspy:
@@ -402,6 +408,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"  submit -> RUNNING p50 {p50:.3f}s  p99 {p99:.3f}s  max {max(latency, default=float('nan')):.3f}s")
         print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
               f"one core; fleet stream errors {fleet.stream_errors}")
+
+        waiting = (await admin.ListTasks(admin_pb2.ListTasksRequest(states=[types_pb2.TASK_STATE_PENDING],
+                                                                    page_size=1), timeout=60)).tasks
+        if waiting:
+            print(f"  a task still PENDING after the drain: {waiting[0].reason[:200]!r}")
 
         # -- retained tasks: memory and listing --
         done_deadline = time.monotonic() + args.drain_timeout
