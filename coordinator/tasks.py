@@ -26,13 +26,15 @@ from coordinator.profiler import Profiler, validate_profiled_demand, validate_sp
 from coordinator.profiler.learning import learn_from_task, learn_run_time
 from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
-from coordinator.sync.store import Store
+from coordinator.sync.store import Store, Transition
 
-__all__ = ["CREATE_BATCH", "TaskTable"]
+__all__ = ["CREATE_BATCH", "TRANSITION_BATCH", "TaskTable"]
 
 _CANCELLED = "cancelled by an admin"
 CREATE_BATCH = 50
 """Submits created in one etcd transaction at most (two keys each, within etcd's 128 operations)."""
+TRANSITION_BATCH = 30
+"""State changes written in one etcd transaction at most (a task, its allocation, and the node records)."""
 
 
 class TaskTable:
@@ -66,6 +68,11 @@ class TaskTable:
         # submits a second, one round trip each would queue them behind each other.
         self._creates: Batcher[tuple[types_pb2.Task, str], types_pb2.Task] = Batcher(
             lambda items: self._leadership.write(self._store.create_tasks, items), max_batch=CREATE_BATCH)
+        # So are state changes arriving together (agents' reports of starts and ends on the same nodes), each
+        # batch freeing the reservations of its ended tasks with one write per node record.
+        self._transitions: Batcher[Transition, types_pb2.Task] = Batcher(
+            lambda items: self._leadership.write(self._store.transitions, items), max_batch=TRANSITION_BATCH,
+            max_in_flight=2)
 
     # ---- reads (the leader state's view) -------------------------------------------------------------
 
@@ -177,8 +184,9 @@ class TaskTable:
         if state in TERMINAL_STATES and "energy_j" not in updates:
             # The agents' shares since it (last) started, on top of what earlier runs stored.
             updates["energy_j"] = task.energy_j + energy.current(task_id)
-        stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason,
-                                              known=task, **updates)
+        stored = await self._transitions.call(Transition(
+            task_id, task.revision, state, reason, release=bool(updates.get("release")), known=task,
+            updates={k: v for k, v in updates.items() if k != "release"}))
         self._state.apply_task(stored)
         if state in TERMINAL_STATES:
             energy.finish(task_id, stored.spec.kind)

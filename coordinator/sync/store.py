@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 from common.errors import IllegalTransition, NotFound, ValidationError
@@ -32,7 +33,7 @@ from coordinator.sync.keys import Keys
 from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.state_machine import Conflict, check_transition
 
-__all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState"]
+__all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState", "Transition"]
 
 _M = TypeVar("_M")
 
@@ -49,6 +50,19 @@ class StoredState:
     quarantined: tuple[str, ...] = ()
     """Keys whose values this read refused (they did not parse or validate) and moved under ``quarantine/``
     (original bytes kept), unless a key changed meanwhile."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One state change for :meth:`Store.transitions` (the arguments of :meth:`Store.transition`)."""
+
+    task_id: str
+    expected_revision: int
+    new_state: TaskState
+    reason: str
+    release: bool = False
+    known: types_pb2.Task | None = None
+    updates: Mapping[str, object] = field(default_factory=dict)
 
 
 class Store:
@@ -250,7 +264,7 @@ class Store:
         """
         request_ids = [r for _t, r in items if r]
         task_ids = [t.id for t, _r in items if t.id]
-        if 1 < len(items) and len(items) * 2 <= self._max_txn_ops - 1 \
+        if len(items) > 1 and len(items) * 2 <= self._max_txn_ops - 1 \
                 and len(set(request_ids)) == len(request_ids) and len(set(task_ids)) == len(task_ids):
             # (A key twice in one transaction is refused by etcd: such a batch goes one by one.)
             news = []
@@ -417,6 +431,92 @@ class Store:
                 task.ClearField("parts")
 
         return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned", known)
+
+    def transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception]:
+        """:meth:`transition` for many tasks, in one transaction when they are ready to go together (agents'
+        reports arriving at once: starts, and ends that free their reservations). Each is checked as
+        :meth:`transition` checks it (state machine, compare on its revision, its allocation and node records
+        as read); the reservations of every released task are subtracted from each node record once. When the
+        transaction fails (one task or node changed meanwhile) each is written on its own, with
+        :meth:`transition`'s reads and retries. Returns, per item in order, the stored task or the exception
+        :meth:`transition` would raise for it.
+
+        :raises NotLeader, Fenced, EtcdUnavailable: for the whole batch.
+        """
+        ids = [t.task_id for t in items]
+        if 1 < len(items) <= self._max_txn_ops // 4 and len(set(ids)) == len(ids) \
+                and all(t.known is not None and t.known.revision == t.expected_revision for t in items):
+            batch = self._batch_transitions(items)
+            if batch is not None:
+                return batch
+        out: list[types_pb2.Task | Exception] = []
+        for t in items:
+            try:
+                out.append(self.transition(t.task_id, t.expected_revision, t.new_state, t.reason, release=t.release,
+                                           known=t.known, **t.updates))
+            except (IllegalTransition, NotFound, ValidationError) as e:   # Conflict is an IllegalTransition
+                out.append(e)
+        return out
+
+    def _batch_transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception] | None:
+        """The one-transaction path of :meth:`transitions`; None when it does not apply (the caller goes one by
+        one)."""
+        released = [t for t in items if t.release]
+        allocations: dict[str, tuple[types_pb2.Allocation, int]] = {}
+        if released:
+            found = self._client.txn([], [op_get(self._keys.allocation(t.task_id)) for t in released]).responses
+            for t, kvs in zip(released, found, strict=True):
+                if not kvs:
+                    continue
+                alloc = self._writer.parse(kvs[0], partial(rec.parse_allocation, t.task_id))
+                if alloc is None:
+                    return None   # refused and moved aside: transition() frees what the task records
+                allocations[t.task_id] = (alloc, kvs[0].mod_revision)
+        nodes = self._writer.read_nodes(na.node_id for alloc, _rev in allocations.values() for na in alloc.nodes)
+        compare: list[Compare] = []
+        success: list[Op] = []
+        news: list[types_pb2.Task] = []
+        try:
+            for t in items:
+                assert t.known is not None
+                new = types_pb2.Task()
+                new.CopyFrom(t.known)
+                new.revision = 0
+                check_transition(t.task_id, TaskState(new.state), t.new_state)
+                if t.new_state is TaskState.SCHEDULED:
+                    return None   # refused with its reason by transition()
+                rec.apply_updates(new, t.updates)
+                rec.append_history(new, t.new_state, t.reason, self._wall(), self._history_limit)
+                if t.new_state is TaskState.PENDING:
+                    new.ClearField("allocation")
+                    new.ClearField("parts")
+                key = self._keys.task(t.task_id)
+                compare.append(cmp_mod(key, t.expected_revision))
+                success.append(op_put(key, new.SerializeToString()))
+                if t.release:
+                    akey = self._keys.allocation(t.task_id)
+                    if t.task_id in allocations:
+                        alloc, arev = allocations[t.task_id]
+                        compare.append(cmp_mod(akey, arev))
+                        success.append(op_delete(akey))
+                        for na in alloc.nodes:
+                            if na.node_id in nodes:
+                                rec.remove_reservation(nodes[na.node_id][0], na)
+                    else:
+                        compare.append(cmp_create(akey, 0))
+                news.append(new)
+        except (IllegalTransition, ValidationError):
+            return None   # that one's error comes from transition()
+        node_compare, node_ops = self._writer.node_ops(nodes)
+        if len(compare) + len(node_compare) + 1 > self._max_txn_ops or len(success) + len(node_ops) > self._max_txn_ops:
+            return None
+        result = self._writer.write([*compare, *node_compare], [*success, *node_ops])
+        if not result.succeeded:
+            return None
+        for new in news:
+            new.revision = result.revision
+            self._log.info("task_transitioned", task_id=new.id, state=TaskState(new.state).name, revision=new.revision)
+        return list(news)
 
     def update_task(self, task_id: str, expected_revision: int, **updates: object) -> types_pb2.Task:
         """Set ``Task`` fields (pids, log_tail, ...) without a state change, compare-on-revision.

@@ -12,6 +12,7 @@ from common.errors import Fenced, IllegalTransition, NotFound, NotLeader, Valida
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.sync import LEGAL_TRANSITIONS, Conflict, Election, EtcdClient, Keys, Store
+from coordinator.sync.store import Transition
 
 MakeElection = Callable[..., Election]
 S = TaskState
@@ -203,6 +204,39 @@ class TestTransitions:
         assert store.get_allocation(task.id) is None
         freed = store.get_node("n1")
         assert list(freed.reserved_gpu_indices) == [] and freed.reserved.gpus == 0
+
+    def test_batched_ends_free_reservations_in_one_write(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """Three tasks on one node ending together: one transaction (one revision) stores each end, deletes each
+        allocation and frees every reservation of the node."""
+        tasks = [drive(store, store.create_task(make_task(f"e{i}")), PATHS[S.RUNNING], make_allocation("n1", [i]))
+                 for i in range(3)]
+        assert list(store.get_node("n1").reserved_gpu_indices) == [0, 1, 2]
+        out = store.transitions([Transition(t.id, t.revision, S.SUCCEEDED, "exit 0", release=True, known=t,
+                                            updates={"exit_code": 0}) for t in tasks])
+        assert all(isinstance(t, types_pb2.Task) for t in out)
+        assert len({t.revision for t in out}) == 1   # type: ignore[union-attr]
+        assert all(store.get_task(t.id).state == S.SUCCEEDED and store.get_allocation(t.id) is None for t in tasks)
+        freed = store.get_node("n1")
+        assert list(freed.reserved_gpu_indices) == [] and freed.reserved.gpus == 0
+
+    def test_a_batch_with_a_changed_task_goes_one_by_one(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """One task of the batch changed meanwhile: it alone gets Conflict (nothing of it written), the others'
+        changes are stored and their reservations freed; an illegal change gets its IllegalTransition."""
+        a, b = (drive(store, store.create_task(make_task(f"c{i}")), PATHS[S.RUNNING], make_allocation("n1", [i]))
+                for i in range(2))
+        moved = store.update_task(b.id, b.revision, log_tail="changed")
+        pending = store.create_task(make_task("p"))
+        out = store.transitions([Transition(a.id, a.revision, S.SUCCEEDED, "", release=True, known=a),
+                                 Transition(b.id, b.revision, S.SUCCEEDED, "", release=True, known=b),
+                                 Transition(pending.id, pending.revision, S.RUNNING, "", known=pending)])
+        assert isinstance(out[0], types_pb2.Task) and out[0].state == S.SUCCEEDED
+        assert isinstance(out[1], Conflict) and store.get_task(b.id).revision == moved.revision
+        assert isinstance(out[2], IllegalTransition) and not isinstance(out[2], Conflict)
+        assert list(store.get_node("n1").reserved_gpu_indices) == [1]
 
     def test_missing_task_is_not_found(self, store: Store) -> None:
         """Transitions of an unknown task raise NotFound."""
