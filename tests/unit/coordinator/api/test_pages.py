@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from common.errors import ValidationError
@@ -70,7 +72,7 @@ class TestPageInOrder:
         items = sorted(_tasks(23), key=_key)
         read: list[int] = []
 
-        def walk(after: tuple | None):  # type: ignore[no-untyped-def]
+        def walk(after: tuple | None) -> Iterator[types_pb2.Task]:
             for i, t in enumerate(items):
                 if after is None or _key(t) > after:
                     read.append(i)
