@@ -3,16 +3,27 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# .venv serves `make run` (coordinator + agent) and `make test` (every extra and the test tools).
-VENV_EXTRAS ?= all,dev
+# .venv serves `make run` (coordinator + agent) and `make test` (every extra, the test tools and PyTorch's CPU build
+# for the training jobs the integration tests run).
+VENV_EXTRAS ?= all,dev,train
 
 .PHONY: run test test-faults proto proto-check lint typecheck bench soak clean venv install uninstall system-test-deps
 
 # Debian packages the tests use (real programs, never mocks), installed by `make test` when missing. One per line,
 # with what needs it.
 SYSTEM_TEST_PACKAGES ?= \
-	prometheus
+	prometheus \
+	crun \
+	skopeo \
+	umoci \
+	docker-registry \
+	chromium \
+	chromium-driver
 # prometheus: promtool checks the example alert rules (tests/unit/test_alert_rules.py)
+# crun, skopeo, umoci: tasks with an image (tests/integration/test_containers.py, test_pytorch_jobs.py's job in an
+# image, tests/bench/bench_submit.py --image); docker-registry: the registry those start on loopback
+# chromium, chromium-driver: the web console's browser tests drive the system's headless Chromium through Selenium
+#   (tests/integration/test_web.py); no browser is ever downloaded
 
 venv: $(STAMP)
 
@@ -77,6 +88,8 @@ clean:
 ## install: (root) the package in its own venv under $(PREFIX), units, example configs (never
 ## overwritten), system users. DESTDIR=... stages the tree without root and creates no users.
 ## EXTRAS= (empty) installs the agent only (a GPU host); the default adds gptrm-coordinator and gptrmctl.
+## A GPU host that runs tasks with an image (--image) also needs: apt-get install crun skopeo umoci
+## (docs/containers.md; nvidia-container-toolkit for GPU driver libraries inside images).
 DESTDIR   ?=
 PREFIX    ?= /opt/gptrm
 UNITDIR   ?= /etc/systemd/system

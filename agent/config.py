@@ -143,6 +143,18 @@ class AgentConfig:
     task_port_range: str = option("29500-29999", "ports the coordinator may reserve on this node for a task's "
                                   "rendezvous (MASTER_PORT of tasks whose rank 0 runs here)", check=_port_range,
                                   metavar="LOW-HIGH")
+    image_store_max_gib: float = option(50.0, "size cap of this node's image store, GiB: least recently used images "
+                                        "no task runs from are removed beyond it (0: no cap)", check=non_negative,
+                                        flag="image_store_max")
+    image_auth_file: str = option("", "registry credentials for image pulls (containers-auth.json format, as "
+                                  "`skopeo login --authfile` writes it; root's, 0600)", metavar="FILE", path=True)
+    image_insecure_registries: list[str] = option([], "registries (HOST[:PORT]) pulled from over plain HTTP or "
+                                                  "unverified TLS (a registry on a trusted network only)")
+    cdi_spec_dirs: list[str] = option(["/etc/cdi", "/var/run/cdi"], "directories of CDI specs (JSON, as "
+                                      "`nvidia-ctk cdi generate --format=json` writes them) whose edits give a task's "
+                                      "container the host's GPU driver for its own GPUs", path=True)
+    image_pull_retries: int = option(3, "attempts of an image pull before the task fails (backoff doubles from 1 s)",
+                                     check=_positive_int)
     health_check_program: str = option(
         "", "the site's node health check (e.g. LBNL NHC), run as root with a fixed environment once at start and "
         "then every --health-check-interval: a non-zero exit or a timeout drains the node with the program's last "

@@ -24,6 +24,7 @@ from structlog.typing import FilteringBoundLogger
 from agent import config as config_mod
 from agent.config import AgentConfig
 from agent.health_check import HealthCheck
+from agent.images import Containers
 from agent.logpump import LogPump
 from agent.logstore import LogService
 from agent.metrics import AgentMetrics, serve_metrics
@@ -47,7 +48,7 @@ __all__ = ["AGENT_VERSION", "main", "run"]
 AGENT_VERSION = "0.1.0"
 
 
-def _inventory(cfg: AgentConfig, sampler: Sampler) -> types_pb2.NodeInventory:
+def _inventory(cfg: AgentConfig, sampler: Sampler, containers: Containers | None = None) -> types_pb2.NodeInventory:
     disk_total = 0
     for path in cfg.data_paths:
         with contextlib.suppress(OSError):
@@ -62,6 +63,8 @@ def _inventory(cfg: AgentConfig, sampler: Sampler) -> types_pb2.NodeInventory:
         disk_total_bytes=disk_total, labels=cfg.labels, agent_version=AGENT_VERSION,
         simulated=sampler.simulated, gpu_backend=sampler.backend, host_simulated=shape is not None,
         advertise_address=cfg.advertise_address or primary_address(), task_port_min=ports[0], task_port_max=ports[1],
+        containers=containers is not None and containers.available,
+        images=containers.store.refs() if containers is not None and containers.store else [],
     )
 
 
@@ -86,14 +89,19 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         pump = LogPump(state_dir / "tasks", max_bytes=cfg.task_log_max_mib * 1024 * 1024,
                        node_max_bytes=cfg.task_logs_total_mib * 1024 * 1024)
         pump.start()
+        containers = Containers.find(state_dir / "images", max_bytes=int(cfg.image_store_max_gib * (1 << 30)),
+                                     auth_file=cfg.image_auth_file, insecure=tuple(cfg.image_insecure_registries),
+                                     retries=cfg.image_pull_retries, cdi_dirs=tuple(cfg.cdi_spec_dirs))
+        log.info("containers", available=containers.available, crun=containers.crun)
         runtime = TaskRuntime(state_dir, outbox.add_event, gpus, task_users=task_users, runtime=runtime_kind,
-                              pump=pump, task_path=cfg.task_path, namespaces=cfg.task_namespaces)
+                              pump=pump, task_path=cfg.task_path, namespaces=cfg.task_namespaces,
+                              containers=containers if runtime_kind == "process" else None)
         sampler = sampler_for(gpus, interval_s=cfg.interval_s, log=log, data_paths=cfg.data_paths,
                               task_pids=runtime.task_pids, simulate_host=cfg.simulate_host,
                               task_metrics=runtime.metrics_targets, qos_window_s=cfg.qos_window_s)
         runtime.adopt()
         logs = LogService(state_dir, lambda task_id: task_id in runtime.table.tasks)
-        inventory = _inventory(cfg, sampler)
+        inventory = _inventory(cfg, sampler, runtime.containers)
         metrics_server = None
         if cfg.metrics_listen:
             metrics = AgentMetrics(latest=lambda: sampler.latest, devices=gpus.devices(),
@@ -115,7 +123,10 @@ async def run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             lambda: agent_pb2.Register(inventory=inventory, tasks=runtime.statuses(), boot_id=boot_id),
             outbox, runtime.handle, Backoff(cfg.backoff_initial_s, cfg.backoff_max_s), cfg.batch_samples,
             credentials=client_tls.credentials if client_tls is not None else None, logs=logs,
-            redirect_jitter_s=cfg.redirect_jitter_s)
+            images=store.refs if (store := runtime.containers and runtime.containers.store) else None,
+            redirect_jitter_s=cfg.redirect_jitter_s, sessions=runtime.sessions)
+        if store:
+            store.on_change = stream.kick   # a pull or an eviction is reported at once
         if client_tls is not None:
             loop.add_signal_handler(signal.SIGHUP, _reload_tls, client_tls, log)
         log.info("agent_started", gpu_backend=sampler.backend, simulated=sampler.simulated,

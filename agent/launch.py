@@ -38,7 +38,8 @@ from pathlib import Path
 
 from common.errors import GptrmError
 
-__all__ = ["EXEC_STUB", "ROOT_PATH", "TASK_PATH", "WRAPPER", "Programs", "env_script", "namespace_prefix",
+__all__ = ["EXEC_STUB", "ROOT_PATH", "TASK_PATH", "WRAPPER", "Programs", "container_prefix", "env_script",
+           "namespace_prefix",
            "path_problem", "root_env", "root_program", "task_command", "valid_env", "write_env_file"]
 
 TASK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -74,6 +75,8 @@ WRAPPER = (
 # environment from fd 4, then runs the program by the task's own PATH. As PID 1 of the task's own
 # PID namespace it keeps the program as a child (PID 1 ignores signals it has no handler for, the
 # program does not), and its exit ends the namespace with whatever the program left in it.
+# The program keeps the stub's stdin (a --pty task's terminal): sh would give a background
+# command /dev/null, so stdin goes through fd 5.
 EXEC_STUB = (
     'eval "$(/bin/cat <&4)" || { echo "gptrm: cannot apply the task\'s environment" >&2; exit 125; }; '
     'exec 4<&-; '
@@ -81,7 +84,7 @@ EXEC_STUB = (
     'printf "gptrm: %s: not found on the task\'s PATH (%s). Pass the directory that holds it with '
     '--env PATH=... on submit, or ask an admin to set the agents\' --task-path.\\n" "$1" "$PATH" >&2; '
     'exit 127; fi; '
-    'if [ "$$" = 1 ]; then "$@" & wait $!; exit $?; fi; '
+    'if [ "$$" = 1 ]; then exec 5<&0; "$@" <&5 5<&- & exec 5<&-; wait $!; exit $?; fi; '
     'exec "$@"'
 )
 
@@ -100,6 +103,40 @@ _NS_STEP = (
     'echo "gptrm: cannot set up the task\'s own /proc and /dev/shm" >&2; exit 125; }; exec "$@" ) & c=$!; '
     'while :; do wait $c; code=$?; kill -0 $c 2>/dev/null || break; done; exit $code'
 )
+
+
+# The root step of a task with an image (docs/containers.md), run in a mount namespace of the task's own: mounts
+# the task's writable overlay over the image's shared read-only tree, then runs the container in the foreground
+# with crun (which passes the signals it gets to the container's process and exits with its status). crun leaves
+# cgroups alone, so the container stays in the task's cgroup; on a host with cgroup v1 controllers beside a v2
+# hierarchy (hybrid mode, which crun refuses) the v2 mount is hidden from this namespace only. Arguments: the mount
+# and umount programs, crun, the overlay's lower, upper, work and merged directories, the bundle directory, crun's
+# state directory, the container's id and how many fds from 3 up the container keeps (its master port's listener).
+_CONTAINER_STEP = (
+    'm=$1 um=$2 crun=$3 lower=$4 upper=$5 work=$6 merged=$7 bundle=$8 state=$9; shift 9; id=$1 keep=$2; '
+    '"$m" -t overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" gptrm-root "$merged" '
+    '|| { echo "gptrm: cannot mount the container\'s root file system" >&2; exit 125; }; '
+    'if [ -d /sys/fs/cgroup/unified ]; then "$um" /sys/fs/cgroup/unified 2>/dev/null; fi; '
+    'exec "$crun" --root "$state" --cgroup-manager=disabled run --preserve-fds "$keep" --bundle "$bundle" "$id"'
+)
+
+
+def container_prefix(programs: Programs, *, crun: str, lower: str, upper: str, work: str, merged: str,
+                     bundle: str, state: str, container_id: str, pass_fds: Sequence[int] = ()) -> list[str]:
+    """The root command that runs a task's container (:data:`_CONTAINER_STEP`), whole: the task's argv, user and
+    environment are in the bundle's ``config.json``. ``pass_fds``: fds the task inherits (its master port's
+    listener, numbered from 10 up), kept open in the container at the same numbers. Paths holding ``,`` or ``:``
+    are refused (overlay options).
+
+    :raises GptrmError: a path overlayfs cannot take.
+    """
+    for path in (lower, upper, work):
+        if any(c in path for c in ",:\n"):
+            raise GptrmError(f"cannot use {path!r} in an overlay mount (',' or ':' in the agent's state directory)")
+    umount = root_program("umount") or "/bin/umount"
+    return [programs.unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", _CONTAINER_STEP, "gptrm-ctr",
+            programs.mount, umount, crun, lower, upper, work, merged, bundle, state, container_id,
+            str(max(pass_fds) - 2) if pass_fds else "0"]
 
 
 def root_env() -> dict[str, str]:
@@ -192,8 +229,9 @@ def write_env_file(path: Path, env: Mapping[str, str]) -> None:
 
 
 def task_command(*, fifo: Path, exit_file: Path, cgroup: str, env_file: Path, prefix: Sequence[str],
-                 argv: Sequence[str]) -> list[str]:
+                 argv: Sequence[str], stub: bool = True) -> list[str]:
     """The whole argv of a task's start: the root wrapper, the root ``prefix`` (namespaces, binding,
-    ``setpriv``), the exec stub and the task's own ``argv``."""
-    return ["/bin/sh", "-c", WRAPPER, "gptrm-task", str(fifo), str(exit_file), cgroup, str(env_file), *prefix,
-            "/bin/sh", "-c", EXEC_STUB, "gptrm-exec", *argv]
+    ``setpriv``), the exec stub and the task's own ``argv``; without ``stub`` the prefix is the whole command
+    (a container: :func:`container_prefix`) and ``argv`` must be empty."""
+    tail = ["/bin/sh", "-c", EXEC_STUB, "gptrm-exec", *argv] if stub else list(argv)
+    return ["/bin/sh", "-c", WRAPPER, "gptrm-task", str(fifo), str(exit_file), cgroup, str(env_file), *prefix, *tail]

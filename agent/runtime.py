@@ -39,14 +39,28 @@ from agent import launch, systemd_task, taskfs
 from agent.collectors.simulated import SIM_LOAD_ENV, parse_sim_load
 from agent.collectors.task_metrics import MetricsTarget
 from agent.cpu_binding import binding_for, process_prefix
+from agent.images import Containers, Image, task_layer
+from agent.images.bundle import device_paths, oci_config, write_config
+from agent.images.cdi import apply_cdi, load_specs
 from agent.launch import TASK_PATH
 from agent.logpump import LogPump
 from agent.logstore import TaskLog, valid_task_id
+from agent.sessions import SessionService, TaskContext, task_context
 from agent.task_user import NoRoom, TaskUser, TaskUserPolicy, UidClaims
-from agent.taskkill import TaskCgroup, cgroup_root, descendants, end_task, memory_cgroup_root, memory_limit, node_tag
+from agent.taskkill import (
+    TaskCgroup,
+    cgroup_root,
+    descendants,
+    end_task,
+    memory_cgroup_root,
+    memory_limit,
+    node_tag,
+    uid_processes,
+)
 from agent.tasktable import DecisionOutcome, TaskRecord, TaskTable
 from common.errors import GptrmError
 from common.logging import get_logger
+from common.oci import parse_image, parse_mount
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
 from common.qos import ROLES
@@ -67,7 +81,7 @@ _START_STEP_CODES = (125, 126, 127)
 """Exit codes of the start steps that could not run the task (set-up failed, not executable, not found)."""
 _FIRST_PASSED_FD = 10
 """The lowest fd number a task inherits from the agent (the master port's listener)."""
-_KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit"})
+_KNOWN_ACTIONS = frozenset({"start", "stop", "pause", "resume", "scale", "set_power_limit", "pull_image"})
 _LOG_TAIL_BYTES = 4096
 _MAX_METRICS_FIELD = 1024   # longer values are refused when scraped; this only bounds the task table
 _POLL_S = 0.2
@@ -107,11 +121,12 @@ class TaskRuntime:
     :param task_path: a task's ``PATH`` unless its spec sets one.
     :param namespaces: ``auto`` gives each task its own PID, mount and IPC namespace and ``/dev/shm``
         where the host allows it (see :mod:`agent.launch`); ``off`` never does.
+    :param containers: runs tasks with an image (:mod:`agent.images`); None or unavailable refuses them.
     """
 
     def __init__(self, state_dir: Path, emit: Emit, gpus: Any, *, task_users: TaskUserPolicy | None = None,
                  runtime: str = "process", pump: LogPump | None = None, cgroups: bool = True,
-                 task_path: str = TASK_PATH, namespaces: str = "auto") -> None:
+                 task_path: str = TASK_PATH, namespaces: str = "auto", containers: Containers | None = None) -> None:
         self.state_dir = Path(state_dir)
         taskfs.secure_state_dir(self.state_dir)
         self.table = TaskTable.load(self.state_dir / "tasks.json")
@@ -136,7 +151,12 @@ class TaskRuntime:
         self._task_path = task_path
         self._programs = launch.Programs.find()
         self._namespaces = namespaces != "off" and self._programs.namespaces_work()
+        self.containers = containers
+        self.sessions = SessionService(self._exec_context, self._programs)   # docs/interactive.md
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._pulling: dict[str, asyncio.Task] = {}   # starts waiting for their image's pull
+        self._pulling_runs: dict[str, str] = {}       # their start decisions
+        self._resuming: set[str] = set()              # of those, the ones past their pull, being started
         self._watchers: dict[str, asyncio.Task] = {}
         self._descendants: dict[str, list[psutil.Process]] = {}   # found at stop, for tasks without cgroup or uid
         self._scrubbing: set[int] = set()   # own uids of ended tasks whose leftovers are being removed
@@ -209,7 +229,10 @@ class TaskRuntime:
                                         no_room=isinstance(e, NoRoom))
             self._log.warning("decision_refused", decision_id=decision.decision_id, task_id=task_id,
                               action=action or "", reason=str(e))
-        if decision.decision_id:
+        # A start waiting for its image's pull has no outcome yet: its re-delivery (after an agent restart lost the
+        # pull) must start it, not answer from the table. _start_after_pull records the outcome.
+        deferred = action == "start" and ack.ok and task_id in self._pulling and task_id not in self._resuming
+        if decision.decision_id and not deferred:
             self.table.decisions[decision.decision_id] = {"ok": ack.ok, "reason": ack.reason,
                                                           "state": ack.resulting_state, "task_id": ack.task_id}
         try:
@@ -262,6 +285,15 @@ class TaskRuntime:
             raise GptrmError(f"task {st.task_id!r}: empty argv")
         if not valid_task_id(st.task_id):
             raise GptrmError(f"task id {st.task_id[:64]!r} cannot name a directory")
+        if st.task_id in self._pulling and st.task_id not in self._resuming:
+            return st.task_id, TaskState.STARTING
+        if st.image and self.containers is not None and self.containers.store is not None \
+                and st.task_id not in self._resuming and not self.containers.store.has(parse_image(st.image).text):
+            # The pull may take minutes: it runs beside the decision stream (a stop still reaches the task), and
+            # the start carries on once the image is there (reported STARTING, with the pull's progress, meanwhile).
+            self._pulling[st.task_id] = asyncio.create_task(self._start_after_pull(decision))
+            self._pulling_runs[st.task_id] = decision.decision_id
+            return st.task_id, TaskState.STARTING
         listener = check_master_port(st)   # held from here until the task's process holds it
         try:
             taken = self.own_uids() + sorted(self._scrubbing)
@@ -276,11 +308,120 @@ class TaskRuntime:
             if listener is not None:
                 listener.close()   # the task's process has its own copy (or nothing started)
 
+    async def _start_after_pull(self, decision: agent_pb2.Decision) -> None:
+        """A start whose image was not in the store: pull it, then start as any start (the decision handled again,
+        its outcome recorded then). A pull or start that fails is reported FAILED with its reason (the coordinator
+        had its ack already)."""
+        st = decision.start
+        try:
+            try:
+                await self._pull(decision)
+            finally:
+                if self.containers is not None and self.containers.store is not None:
+                    self.containers.store.release(st.task_id)   # the start acquires it again, for its whole run
+        except asyncio.CancelledError:
+            raise
+        except GptrmError as e:
+            self._pulling.pop(st.task_id, None)
+            self._pulling_runs.pop(st.task_id, None)
+            self._fail_unstarted(decision, str(e))
+            return
+        # Started as any start; until it is in the table a stop waits for it (_do_stop) rather than find no task.
+        self._resuming.add(st.task_id)
+        try:
+            ack = await self.handle(decision)
+        finally:
+            self._resuming.discard(st.task_id)
+            self._pulling.pop(st.task_id, None)
+            self._pulling_runs.pop(st.task_id, None)
+        if not ack.ok:
+            self._fail_unstarted(decision, ack.reason)
+
+    def _fail_unstarted(self, decision: agent_pb2.Decision, reason: str) -> None:
+        st = decision.start
+        self._log.warning("task_not_started", task_id=st.task_id, decision_id=decision.decision_id, reason=reason)
+        if decision.decision_id:
+            self.table.decisions[decision.decision_id] = {"ok": False, "reason": reason,
+                                                          "state": int(TaskState.FAILED), "task_id": st.task_id}
+            with contextlib.suppress(OSError):
+                self.table.save()
+        self._emit(agent_pb2.TaskStatus(task_id=st.task_id, state=pb_enum(types_pb2.TaskState, TaskState.FAILED),
+                                        reason=reason[:_MAX_METRICS_FIELD], time_unix_s=time.time(),
+                                        decision_id=decision.decision_id))
+
+    async def _pull(self, decision: agent_pb2.Decision) -> Image | None:
+        """The image a start runs from, pulled into the node's store when it lacks it (None: no image). While it
+        pulls the task is reported STARTING with what the pull is doing (bytes so far, unpacking).
+
+        :raises GptrmError: this node runs no containers, or the pull failed (the registry's own error).
+        """
+        st = decision.start
+        if not st.image:
+            return None
+        if self.containers is None or self.containers.store is None:
+            raise GptrmError(f"task {st.task_id!r}: this node cannot run tasks with an image (the agent is not root, "
+                             "or crun, skopeo or umoci is not installed)")
+        said = [""]
+
+        def progress(text: str) -> None:
+            if text != said[0]:
+                said[0] = text
+                self._emit(agent_pb2.TaskStatus(task_id=st.task_id, state=pb_enum(types_pb2.TaskState,
+                                                                                  TaskState.STARTING),
+                                                reason=text[:_MAX_METRICS_FIELD], time_unix_s=time.time(),
+                                                decision_id=decision.decision_id))
+
+        return await self.containers.store.acquire(parse_image(st.image), st.task_id, progress)
+
+    def _container_command(self, st: agent_pb2.StartTask, image: Image, user: TaskUser | None,
+                           paths: taskfs.TaskPaths, task_env: dict[str, str],
+                           pass_fds: tuple[int, ...] = ()) -> list[str]:
+        """The root prefix that runs the task's container: a fresh writable layer of its own over the image, and the
+        bundle's ``config.json`` with its argv, uid, environment, mounts, GPUs and ``/dev/shm`` (docs/containers.md).
+
+        :raises GptrmError: a mount whose source is missing or reached through a link.
+        """
+        assert self.containers is not None
+        mounts = [parse_mount(m, f"mounts[{i}]") for i, m in enumerate(st.mounts)]
+        for m in mounts:
+            _no_link_on_the_way(m.source)
+        layer = task_layer(paths.agent_dir)
+        layer.create()
+        uid, gid = (user.uid, user.gid) if user is not None and user.switch else (os.geteuid(), os.getegid())
+        env = dict(task_env)
+        if "HOME" not in st.env:
+            env["HOME"] = "/tmp"   # the host's work directory is not inside the container
+        config = oci_config(image_config=image.config(), rootfs=str(layer.merged), argv=list(st.argv), env=env,
+                            uid=uid, gid=gid, workdir=st.workdir, mounts=mounts,
+                            shm_bytes=st.shm_bytes or st.demand.mem_bytes, gpu_indices=list(st.gpu_indices),
+                            hostname=os.uname().nodename, task_path_given="PATH" in st.env)
+        if self.containers.cdi_dirs and st.gpu_indices:
+            apply_cdi(config, load_specs(self.containers.cdi_dirs), list(st.gpu_indices), list(st.gpu_uuids),
+                      device_paths(st.gpu_indices))
+        write_config(str(layer.bundle / "config.json"), config)
+        return launch.container_prefix(self._programs, crun=self.containers.crun, lower=str(image.rootfs),
+                                       upper=str(layer.upper), work=str(layer.work), merged=str(layer.merged),
+                                       bundle=str(layer.bundle), state=str(layer.state),
+                                       container_id=f"gptrm-{self._node_tag}-{st.task_id}"[:200], pass_fds=pass_fds)
+
     async def _start_as(self, decision: agent_pb2.Decision, user: TaskUser | None,
                         listener: socket.socket | None = None) -> tuple[str, TaskState]:
         st = decision.start
         switch = user is not None and user.switch
         self._record_or_refuse(st.task_id)
+        image = await self._pull(decision)
+        try:
+            return await self._start_prepared(decision, user, listener, image, switch)
+        except BaseException:
+            if image is not None and self.containers is not None and self.containers.store is not None:
+                self.containers.store.release(st.task_id)
+                task_layer(taskfs.TaskPaths.of(self.state_dir, st.task_id).agent_dir).remove()
+            raise
+
+    async def _start_prepared(self, decision: agent_pb2.Decision, user: TaskUser | None,
+                              listener: socket.socket | None, image: Image | None,
+                              switch: bool) -> tuple[str, TaskState]:
+        st = decision.start
         paths = taskfs.prepare(self.state_dir, st.task_id, user)
         # A systemd unit cannot inherit the listener, and torchrun binds the port itself: for those the port
         # is free again from here (docs/ports.md).
@@ -289,7 +430,10 @@ class TaskRuntime:
             listener.close()
         pass_fds, listen_env = master_listen_handoff(handoff)
         task_env = {**_task_env(st, user, paths.work_dir, self._task_path), **listen_env}
-        launch.write_env_file(paths.env_file, task_env)
+        container = (self._container_command(st, image, user, paths, task_env, pass_fds) if image is not None
+                     else None)
+        # A container's environment is in its config.json; the wrapper still opens (and removes) an empty file.
+        launch.write_env_file(paths.env_file, task_env if container is None else {})
         memory_max = memory_limit(st.demand.mem_bytes)
         cgroup = TaskCgroup.create(self._cgroup_root, self._node_tag, st.task_id, memory_max=memory_max,
                                    memory_root=self._memory_root)
@@ -301,15 +445,26 @@ class TaskRuntime:
                 if self._runtime != "systemd-run" else [])
         isolate = launch.namespace_prefix(self._programs, st.demand.mem_bytes) if self._namespaces else []
         drop = user.setpriv_argv(self._programs.setpriv) if switch and user is not None else []
-        command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
-                                      cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
-                                      prefix=[*isolate, *bind, *drop], argv=st.argv)
+        terminal = self._terminal_for(st, paths.fifo, container is not None)
+        if container is not None:
+            # crun gives the container its own namespaces and drops to the task's uid itself.
+            command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
+                                          cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
+                                          prefix=[*bind, *container], argv=[], stub=False)
+        else:
+            if terminal is not None:   # its terminal as the task's stdin, stdout and stderr (agent.sessions)
+                drop = terminal.around(drop, self.sessions.setsid)
+                pass_fds = (*pass_fds, terminal.slave)
+            command = launch.task_command(fifo=paths.fifo, exit_file=paths.exit_file,
+                                          cgroup=str(cgroup.path) if cgroup else "", env_file=paths.env_file,
+                                          prefix=[*isolate, *bind, *drop], argv=st.argv)
         self._log.info("task_starting", task_id=st.task_id, decision_id=decision.decision_id,
                        gpu_indices=list(st.gpu_indices), user=user.name if user else "",
                        uid=user.uid if user else os.geteuid(), runtime=self._runtime,
                        cgroup=str(cgroup.path) if cgroup else "",
                        cpu_binding=binding.cpu_list if binding else "",
-                       numa_binding=binding.node_list if binding else "")
+                       numa_binding=binding.node_list if binding else "", image=st.image,
+                       image_digest=image.digest if image is not None else "")
         self.pump.attach(st.task_id).result()
         proc: asyncio.subprocess.Process | None = None
         try:
@@ -327,6 +482,7 @@ class TaskRuntime:
                 pid = proc.pid
         except BaseException:
             self.pump.detach(st.task_id)
+            self.sessions.task_ended(st.task_id)
             if cgroup is not None:
                 cgroup.remove()
             taskfs.remove_work(self.state_dir, st.task_id)
@@ -339,18 +495,37 @@ class TaskRuntime:
                          metrics_names=_metric_overrides(st.metrics_mapping),
                          own_uid=user.uid if user is not None and user.exclusive else -1,
                          cgroup=str(cgroup.path) if cgroup else "", piped=True,
-                         sim_load=self._declared_sim_load(st))
+                         sim_load=self._declared_sim_load(st), image=st.image)
         # No await from here until handle() saves the table (one fsync per start, with the
         # pid, the RUNNING state and the decision's outcome together): an agent killed in
         # between loses nothing it could have recorded.
         self.table.tasks[st.task_id] = rec
         if proc is not None:
             self._procs[st.task_id] = proc
+        if terminal is not None:
+            terminal.started()
         self._report(rec, TaskState.STARTING, decision_id=decision.decision_id)
         self._follow_gpus(rec)
         self._report(rec, TaskState.RUNNING, decision_id=decision.decision_id)
         self._watchers[st.task_id] = asyncio.create_task(self._watch(rec))
         return st.task_id, TaskState.RUNNING
+
+    def _terminal_for(self, st: agent_pb2.StartTask, fifo: Path, in_container: bool) -> Any:
+        """The terminal of a ``pty`` task (None for any other); the process runtime only, not in a container."""
+        if not st.pty:
+            return None
+        if in_container:
+            raise GptrmError(f"task {st.task_id!r}: --pty is not for a task in a container image")
+        if self._runtime != "process":
+            raise GptrmError(f"task {st.task_id!r}: --pty needs the agent's process runtime, not {self._runtime}")
+        return self.sessions.open_terminal(st.task_id, fifo)
+
+    def _exec_context(self, task_id: str) -> TaskContext:
+        """What ``exec`` enters of a running task (:func:`agent.sessions.task_context`)."""
+        rec = self._known(task_id)
+        if rec.state != int(TaskState.RUNNING) or rec.stopping:
+            raise GptrmError(f"task {task_id!r} is not running on this node")
+        return task_context(rec.pid, rec.cgroup, taskfs.TaskPaths.of(self.state_dir, task_id).agent_dir)
 
     def _record_or_refuse(self, task_id: str) -> None:
         """Save the table before a start: a task the agent cannot record (state directory full or
@@ -388,6 +563,23 @@ class TaskRuntime:
                 place(rec.task_id, rec.gpu_indices, share, mem, [rec.pid], follows_load=True)
 
     async def _do_stop(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        starting = self._pulling.get(decision.stop.task_id) if decision.stop.task_id in self._resuming else None
+        if starting is not None:
+            # Its image is there and it is being started: stopped once it runs, as any task.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(starting)
+        pulling = self._pulling.pop(decision.stop.task_id, None)
+        run = self._pulling_runs.pop(decision.stop.task_id, "")
+        if pulling is not None:
+            # Stopped while its image was pulled: it never starts (the pull goes on for any other task that waits).
+            pulling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pulling
+            self._emit(agent_pb2.TaskStatus(task_id=decision.stop.task_id,
+                                            state=pb_enum(types_pb2.TaskState, TaskState.CANCELLED),
+                                            reason="stopped by the coordinator while its image was pulled",
+                                            time_unix_s=time.time(), decision_id=run))
+            return decision.stop.task_id, TaskState.CANCELLED
         rec = self._known(decision.stop.task_id)
         grace = decision.stop.grace_s or rec.stop_grace_s
         watcher = self._watchers.get(rec.task_id)
@@ -439,6 +631,28 @@ class TaskRuntime:
         raise GptrmError(f"task {rec.task_id!r}: replicas are scaled by the coordinator placing or stopping "
                          "replica tasks, not in place on an agent")
 
+    async def _do_pull_image(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
+        """Fetch an image into the store ahead of its tasks: acknowledged at once, pulled beside the other decisions
+        (a failure is logged; what the store holds is reported as it changes)."""
+        if self.containers is None or self.containers.store is None:
+            raise GptrmError("this node cannot run tasks with an image (the agent is not root, or crun, skopeo or "
+                             "umoci is not installed)")
+        store, ref = self.containers.store, parse_image(decision.pull_image.image, "image")
+        holder = f"pull:{decision.decision_id}"
+
+        async def pull() -> None:
+            try:
+                await store.acquire(ref, holder)
+            except GptrmError as e:
+                self._log.warning("image_prepull_failed", image=ref.text, reason=str(e))
+            finally:
+                store.release(holder)
+
+        task = asyncio.create_task(pull())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        return "", TaskState.RUNNING
+
     async def _do_set_power_limit(self, decision: agent_pb2.Decision) -> tuple[str, TaskState]:
         spl = decision.set_power_limit
         await asyncio.to_thread(self._gpus.set_power_limit, spl.gpu_index, spl.power_limit_w)
@@ -450,6 +664,14 @@ class TaskRuntime:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(rec.pid, sig)
+        if rec.image and sig in (signal.SIGSTOP, signal.SIGCONT):
+            # A container's processes are in a session of their own (crun passes on the signals it can catch, not
+            # SIGSTOP): a pause or resume reaches each of them, found in the task's cgroup or by its own uid.
+            pids = (TaskCgroup(Path(rec.cgroup)).pids() if rec.cgroup
+                    else [p.pid for p in uid_processes(rec.own_uid)] if rec.own_uid >= 0 else [])
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
 
     # ---- watching ---------------------------------------------------------------------------
 
@@ -462,6 +684,7 @@ class TaskRuntime:
                 await asyncio.sleep(_POLL_S)
             code = None
         await self._end_processes(rec)
+        self.sessions.task_ended(rec.task_id)
         if rec.own_uid >= 0:
             self._scrubbing.add(rec.own_uid)   # out of the table from _finish on, not free before _release
         self._finish(rec, code)
@@ -477,6 +700,10 @@ class TaskRuntime:
         """After the task's last process: its working directory, and what its own uid left on the host;
         only then is the uid free for another task."""
         await asyncio.to_thread(taskfs.remove_work, self.state_dir, rec.task_id)
+        if rec.image:
+            await asyncio.to_thread(task_layer(taskfs.TaskPaths.of(self.state_dir, rec.task_id).agent_dir).remove)
+            if self.containers is not None and self.containers.store is not None:
+                self.containers.store.release(rec.task_id)
         if rec.own_uid >= 0:
             await self._scrub_and_free(rec.own_uid, rec.task_id)
 
@@ -558,6 +785,8 @@ class TaskRuntime:
                     self._log.warning("task_log_unavailable", task_id=rec.task_id, reason=str(e))
             else:
                 self.pump.bound_unpiped(rec.task_id)
+            if rec.image and self.containers is not None and self.containers.store is not None:
+                self.containers.store.hold(rec.image, rec.task_id)
             if _alive(rec):
                 self._log.info("task_adopted", task_id=rec.task_id, pid=rec.pid)
                 self._follow_gpus(rec)
@@ -567,10 +796,29 @@ class TaskRuntime:
 
     async def shutdown(self) -> None:
         """Stop watching (tasks keep running; a restarted agent adopts them)."""
-        for w in [*self._watchers.values(), *self._cleanups]:
+        for w in [*self._watchers.values(), *self._cleanups, *self._pulling.values()]:
             w.cancel()
         if self._own_pump:
             await asyncio.to_thread(self.pump.stop)
+
+
+def _no_link_on_the_way(path: str) -> None:
+    """Refuse a mount source that is missing or that a symbolic link anywhere on its path leads to: a task could
+    otherwise plant a link below an allowed root and have another task's container (or its own) mount what the
+    link points at.
+
+    :raises GptrmError: naming the path and the component.
+    """
+    current = "/"
+    for part in [p for p in path.split("/") if p]:
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except OSError as e:
+            raise GptrmError(f"mount source {path!r}: {current} {e.strerror or e}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise GptrmError(f"mount source {path!r}: {current} is a symbolic link (refused: a mount never goes "
+                             "through a link)")
 
 
 def _metric_overrides(mapping: types_pb2.MetricsMapping) -> dict[str, str]:

@@ -30,6 +30,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from agent.logstore import LogService
 from agent.outbox import Outbox
+from agent.sessions import SessionService
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
 
@@ -83,6 +84,7 @@ class AgentStream:
     :param on_decision: handler for decisions pushed by the coordinator.
     :param batch_samples: most samples per telemetry message.
     :param logs: answers the coordinator's log requests (None: they are ignored).
+    :param images: the references the node's image store holds now (sent when they change; None: never).
     :param credentials: returns the TLS channel credentials for each new connection (so a SIGHUP
         reload applies at the next reconnect); None connects in plaintext (``--insecure``).
     """
@@ -90,7 +92,8 @@ class AgentStream:
     def __init__(self, addresses: Sequence[str], register: Callable[[], agent_pb2.Register], outbox: Outbox,
                  on_decision: DecisionHandler, backoff: Backoff, batch_samples: int = 1,
                  credentials: Callable[[], grpc.ChannelCredentials] | None = None,
-                 logs: LogService | None = None, redirect_jitter_s: float = 0.0) -> None:
+                 logs: LogService | None = None, redirect_jitter_s: float = 0.0,
+                 images: Callable[[], list[str]] | None = None, sessions: SessionService | None = None) -> None:
         self.addresses = list(addresses)
         self._redirect_jitter_s = redirect_jitter_s
         self._credentials = credentials
@@ -102,8 +105,12 @@ class AgentStream:
         self._wakeup = outbox.wakeup
         self._acks: collections.deque[agent_pb2.DecisionAck] = collections.deque()
         self._logs = logs
+        self._images = images
+        self._sessions = sessions
         # Log chunks wait here for the writer; a full queue makes the log readers wait (never grows).
         self._log_chunks: asyncio.Queue[agent_pb2.LogChunk] = asyncio.Queue(maxsize=32)
+        # Session output waits here the same way (each session also keeps to its window, agent.sessions).
+        self._session_chunks: asyncio.Queue[agent_pb2.SessionChunk] = asyncio.Queue(maxsize=64)
         self._log = get_logger("agent").bind(component="agent_stream")
         self.connected = asyncio.Event()
         self.welcome: agent_pb2.Welcome | None = None
@@ -111,6 +118,7 @@ class AgentStream:
         self._next = 0
         # Epoch of the leader whose session broke, until the next welcome (``Register.lost_leader_epoch``).
         self._lost_epoch = 0
+        self._images_sent: list[str] = []
 
     def kick(self) -> None:
         """Something was added to the outbox: send it now."""
@@ -165,6 +173,10 @@ class AgentStream:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
             register = self._register()
             register.lost_leader_epoch = self._lost_epoch
+            if self._images is not None:
+                del register.inventory.images[:]
+                register.inventory.images.extend(self._images())
+            self._images_sent = list(register.inventory.images)
             await call.write(agent_pb2.AgentMessage(register=register))
             first = await asyncio.wait_for(call.read(), timeout=10)
             if first is grpc.aio.EOF:
@@ -189,8 +201,12 @@ class AgentStream:
                 call.cancel()
                 if self._logs is not None:
                     self._logs.cancel_all()
+                if self._sessions is not None:
+                    self._sessions.cancel_all()
                 while not self._log_chunks.empty():
                     self._log_chunks.get_nowait()
+                while not self._session_chunks.empty():
+                    self._session_chunks.get_nowait()
             if reader.done() and not reader.cancelled() and (failure := reader.exception()):
                 raise failure
 
@@ -204,6 +220,11 @@ class AgentStream:
                 await call.write(agent_pb2.AgentMessage(decision_ack=self._acks.popleft()))
             while not self._log_chunks.empty():
                 await call.write(agent_pb2.AgentMessage(log_chunk=self._log_chunks.get_nowait()))
+            while not self._session_chunks.empty():
+                await call.write(agent_pb2.AgentMessage(session_chunk=self._session_chunks.get_nowait()))
+            if self._images is not None and (held := self._images()) != self._images_sent:
+                await call.write(agent_pb2.AgentMessage(images=agent_pb2.ImagesHeld(refs=held)))
+                self._images_sent = held
             for event in self.outbox.events_after(sent_seq):
                 await call.write(agent_pb2.AgentMessage(task_status=event))
                 sent_seq = event.event_seq
@@ -232,6 +253,10 @@ class AgentStream:
         await self._log_chunks.put(chunk)
         self.kick()
 
+    async def _send_session_chunk(self, chunk: agent_pb2.SessionChunk) -> None:
+        await self._session_chunks.put(chunk)
+        self.kick()
+
     async def _read(self, call: _Call) -> None:
         while True:
             read = await call.read()
@@ -248,6 +273,8 @@ class AgentStream:
                 self.kick()
             elif which == "log_request" and self._logs is not None:
                 self._logs.handle(msg.log_request, self._send_chunk)
+            elif which == "session_request" and self._sessions is not None:
+                self._sessions.handle(msg.session_request, self._send_session_chunk)
             elif which == "telemetry_rate":
                 self.outbox.set_report_interval(msg.telemetry_rate.report_interval_s)
                 self._log.info("telemetry_rate_changed", report_interval_s=msg.telemetry_rate.report_interval_s)

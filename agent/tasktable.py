@@ -52,6 +52,7 @@ class TaskRecord:
     cgroup: str = ""                # the task's own cgroup v2 directory ("" when it has none)
     piped: bool = False             # output goes through tasks/<id>/output.fifo to the log pump
     sim_load: float = -1.0          # simulated GPUs: the load its GPTRM_SIM_LOAD declared (-1: follows its CPU)
+    image: str = ""                 # the image it runs in ("" on the host): its store entry is held until its end
 
 
 @dataclass

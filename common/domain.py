@@ -176,6 +176,8 @@ class NodeSnapshot:
     :param power: the node's power curve (all GPUs together).
     :param topology: its GPUs' links and NUMA placement when its agent reported them (built once
         per registration, shared by every snapshot of the node); None unknown.
+    :param images: the container images its store holds (references as submitted); a request with an image
+        prefers such a node among nodes its policy ranks equal.
     """
 
     node_id: NodeId
@@ -188,6 +190,7 @@ class NodeSnapshot:
     powered_on: bool = True
     power: PowerCurve = field(default_factory=lambda: PowerCurve(idle_w=0.0, max_w=0.0))
     topology: NodeTopology | None = None
+    images: frozenset[str] = frozenset()
 
     @property
     def compute_util(self) -> float:
@@ -235,7 +238,10 @@ class Request:
     :param allow_sharing: whether a fractional ``demand.gpus`` (< 1) may share a GPU with others.
     :param expected_run_s: the profiler's expected run time (the trace's in the simulator), None when
         unknown; only the ``time-aware`` policy reads it.
-    :param avoid_nodes: nodes it must not go to (a service's replica avoids its siblings' nodes).
+    :param avoid_nodes: nodes it must not go to (a service's replica avoids its siblings' nodes; ``--exclude``).
+    :param image: the container image it runs in ("" none): among nodes ranked equal, one holding it is chosen
+        (not part of :attr:`shape`: it decides no node's feasibility).
+    :param only_nodes: the nodes it may go to (``--nodelist``); empty: any.
     """
 
     task_id: str
@@ -250,6 +256,8 @@ class Request:
     allow_sharing: bool = False
     expected_run_s: float | None = None
     avoid_nodes: frozenset[str] = frozenset()
+    image: str = ""
+    only_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         """Refuse a gang of fewer than one node (nothing could be placed all-or-nothing)."""
@@ -274,14 +282,14 @@ class Request:
         return self.demand.as_tuple(), self.nodes, self.gpu_mem_per_gpu_bytes, self.constraint_key, self.allow_sharing
 
     @property
-    def constraint_key(self) -> tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None:
+    def constraint_key(self) -> tuple[str, frozenset[tuple[str, str]], frozenset[str], frozenset[str]] | None:
         """The request's constraints as one hashable value, None when it has none.
 
-        :returns: ``(GPU model lower-cased, node selector items, nodes to avoid)``, or None.
+        :returns: ``(GPU model lower-cased, node selector items, nodes to avoid, nodes allowed)``, or None.
         """
-        if not self.gpu_model and not self.node_selector and not self.avoid_nodes:
+        if not self.gpu_model and not self.node_selector and not self.avoid_nodes and not self.only_nodes:
             return None
-        return self.gpu_model.lower(), frozenset(self.node_selector.items()), self.avoid_nodes
+        return self.gpu_model.lower(), frozenset(self.node_selector.items()), self.avoid_nodes, self.only_nodes
 
     @property
     def whole_gpus(self) -> int:

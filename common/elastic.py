@@ -234,6 +234,7 @@ class ElasticJob:
     :param restart_cost_s: what a restart costs it (measured, else the default).
     :param last_resize_s: when it was last resized (None: never), for the hysteresis.
     :param remaining_s: its expected remaining run time at its current size (None: unknown).
+    :param protected_until_s: the end of its protected run time (``spec.min_runtime_s``): never shrunk before.
     """
 
     task_id: str
@@ -245,10 +246,15 @@ class ElasticJob:
     restart_cost_s: float = DEFAULT_RESTART_COST_S
     last_resize_s: float | None = None
     remaining_s: float | None = None
+    protected_until_s: float = 0.0
 
     def settled(self, now: float, interval_s: float) -> bool:
         """Whether its hysteresis allows a resize now."""
         return self.last_resize_s is None or now - self.last_resize_s >= interval_s
+
+    def shrinkable(self, now: float, interval_s: float) -> bool:
+        """Whether it may be shrunk now: settled, above its minimum, and past its protected run time."""
+        return self.settled(now, interval_s) and self.size > self.range.minimum and now >= self.protected_until_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,10 +436,10 @@ def idle_gpus(nodes: Iterable[NodeSnapshot]) -> dict[str, int]:
 
 
 def node_accepts(node: NodeSnapshot, request: Request) -> bool:
-    """Whether the request's constraints (GPU model, node selector, nodes to avoid) allow the node at all."""
+    """Whether the request's constraints (GPU model, node selector, nodes to avoid, nodes allowed) allow the node."""
     if request.gpu_model and request.gpu_model.lower() not in node.gpu_model.lower():
         return False
-    if node.node_id in request.avoid_nodes:
+    if node.node_id in request.avoid_nodes or (request.only_nodes and node.node_id not in request.only_nodes):
         return False
     return all(node.labels.get(k) == v for k, v in request.node_selector.items())
 
@@ -572,7 +578,8 @@ def _moves(jobs: Sequence[ElasticJob], idle: dict[str, int], settings: ElasticSe
 def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by_node: Mapping[str, int], now: float,
                  settings: ElasticSettings, accepts: Callable[[Request, str], bool] = lambda req, node_id: True,
                  ) -> list[Resize]:
-    """Shrink running elastic jobs (never below their minimum) so that waiting tasks can be placed.
+    """Shrink running elastic jobs (never below their minimum, never inside their protected run time) so that
+    waiting tasks can be placed.
 
     For each waiting request in the given order (the queue's), the node (or nodes, for a gang) where its
     GPUs can be found losing the least speed-up: idle GPUs first, then elastic jobs of no higher priority
@@ -587,7 +594,7 @@ def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by
     :param settings: the allocator's settings.
     :param accepts: whether a request's constraints allow a node (:func:`node_accepts`).
     """
-    jobs = [j for j in jobs if j.settled(now, settings.interval_s) and j.size > j.range.minimum]
+    jobs = [j for j in jobs if j.shrinkable(now, settings.interval_s)]
     if not jobs:
         return []
     index = _ShrinkIndex(jobs, idle_by_node)
@@ -619,18 +626,17 @@ def plan_shrinks(waiting: Sequence[Request], jobs: Iterable[ElasticJob], idle_by
 
 def plan_give_back(for_task: str, priority: int, gpus: int, jobs: Iterable[ElasticJob], now: float,
                    settings: ElasticSettings, why: str) -> list[Resize]:
-    """Shrink running elastic jobs (never below their minimum) so that together they give back ``gpus`` GPUs,
-    wherever those are: a task of their team queue waits on the queue's limit (or its borrowing), not on a node.
-    Jobs of no higher priority than ``priority`` that the hysteresis allows are shrunk, the one losing the least
-    speed-up per GPU first; nothing when they cannot give back that many.
+    """Shrink running elastic jobs (never below their minimum, never inside their protected run time) so that
+    together they give back ``gpus`` GPUs, wherever those are: a task of their team queue waits on the queue's limit
+    (or its borrowing), not on a node. Jobs of no higher priority than ``priority`` that the hysteresis allows are
+    shrunk, the one losing the least speed-up per GPU first; nothing when they cannot give back that many.
 
     :param for_task: the waiting task.
     :param gpus: GPUs to give back.
     :param jobs: the candidates (the waiting task's queue's running elastic jobs, in its GPU pool).
     :param why: what the task waits on, in words (the resize's reason).
     """
-    group = [j for j in jobs if j.settled(now, settings.interval_s) and j.size > j.range.minimum
-             and j.priority <= priority]
+    group = [j for j in jobs if j.shrinkable(now, settings.interval_s) and j.priority <= priority]
     plan = _free_on(None, gpus, group, {j.task_id: j.size for j in group}, {j.task_id: dict(j.nodes) for j in group})
     if plan is None or gpus <= 0:
         return []

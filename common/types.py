@@ -36,6 +36,7 @@ class TaskState(enum.IntEnum):
     CANCELLED = 7
     PAUSED = 8
     PREEMPTED = 9
+    TIMEOUT = 10
 
     @property
     def label(self) -> str:
@@ -43,7 +44,7 @@ class TaskState(enum.IntEnum):
         return self.name.lower()
 
 
-TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMEOUT})
 
 
 class TaskKind(enum.IntEnum):

@@ -25,8 +25,10 @@ from coordinator.adaptor.services import ServiceController, ServiceMetrics, chec
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
+from coordinator.dispatch.sessions import SessionRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
+from coordinator.health.moves import GpuMoves
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
 from coordinator.monitor.metrics import GpuHealthMetrics
 from coordinator.monitor.telemetry_rate import RateMetrics, TelemetryRate
@@ -36,9 +38,11 @@ from coordinator.qos import RestartPolicy
 from coordinator.qos.lost_nodes import LostNodes
 from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
+from coordinator.qos.time_limits import TimeLimits
 from coordinator.qos.watch import QosWatch
 from coordinator.queue_admin import QueueAdmin, QueueMetrics
 from coordinator.queues import load_toml
+from coordinator.reservations import Reservations, validate_reservation
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
@@ -50,6 +54,7 @@ from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.queues import QueueStore
+from coordinator.sync.reservations import ReservationStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore
 from coordinator.tasks import TaskTable
@@ -75,6 +80,7 @@ class LeaderDuties:
         sup.add("reconcile", lambda beat: app.reconciler.reconcile_after_grace(beat=beat), interval_s=cfg.task_grace_s)
         sup.add("qos", lambda beat: app.qos.run(lambda: app.leadership.leading, beat=beat), interval_s=1.0)
         sup.add("retention", lambda beat: app.retention.run(beat=beat), interval_s=10.0)
+        sup.add("time_limits", lambda beat: app.time_limits.run(beat=beat), interval_s=1.0)
         sup.add("lost_nodes", lambda beat: app.lost_nodes.run(beat=beat), interval_s=1.0)
         sup.add("services", lambda beat: app.services.run(lambda: app.leadership.leading, beat=beat),
                 interval_s=cfg.service_interval_s)
@@ -107,6 +113,7 @@ class LeaderDuties:
         # would set it within a second, after a fleet's worth of welcomes at the shortest interval).
         app.telemetry_rate.tick()
         await app.queue_admin.recover()
+        await app.reservations.recover()
         if app.store.keys.policy in state.quarantined:
             current = app.policy.current
             self._log.warning("policy_fallback", policy=current.name, threshold=current.threshold,
@@ -173,6 +180,7 @@ class App:
     power_manager: PowerManager
     qos: QosWatch
     logs: LogRelay
+    sessions: SessionRelay
     capper: PowerCapper
     retention: TaskRetention
     lost_nodes: LostNodes
@@ -184,6 +192,8 @@ class App:
     queue_admin: QueueAdmin
     elastic: ElasticAllocator
     telemetry_rate: TelemetryRate
+    time_limits: TimeLimits
+    reservations: Reservations
     started: float = field(default_factory=time.monotonic)
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -262,16 +272,27 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                              state, queues, usage, Prices(cfg.gpu_hour_prices, cfg.price_kwh), events,
                              queues_file=cfg.queues_file)
     usage.on_accounted = queue_admin.check_budgets   # budgets are read as usage is accounted
+    reservations = Reservations(ReservationStore(client, keys, leadership.election, quarantine=quarantine,
+                                                 validate=validate_reservation), leadership, tasks.view, registry,
+                                events)
+    queues.shielded = reservations.shields              # a reservation's own work on its GPUs is never reclaimed
+    power_manager.reserved = reservations.nodes_needed  # nor are its nodes powered down; woken ahead of its start
     preemptor = Preemptor(tasks, registry, snapshots, dispatcher, events, metrics.preemptions,
-                          protection_s=cfg.preemption_protection_s, may_preempt=queues.may_preempt)
+                          protection_s=cfg.preemption_protection_s,
+                          may_preempt=lambda task, victim: queues.may_preempt(task, victim)
+                          and not reservations.shields(victim, task), view=reservations.view_for)
     elastic = ElasticAllocator(tasks, dispatcher, monitor, events, metrics,
                                ElasticSettings(interval_s=cfg.elastic_interval_s,
                                                restart_cost_s=cfg.elastic_restart_cost_s), profiler)
+    # nodes (and its health watch) is built below; the moves ask it only once the cycle runs
+    moves = GpuMoves(tasks, registry, lambda: nodes.health.fenced_holders(), dispatcher, events, elastic)
+    restarts = RestartPolicy(tasks, fault_move=moves.after_failure)
     cycle = SchedulerCycle(tasks, registry, snapshots, policy, store, leadership, dispatcher, scale_out, metrics,
                            events, wakeup, preemptor, profiler, on_unplaced=power_manager.unplaced,
                            gang_label=cfg.gang_topology_label, queues=queues, elastic=elastic,
-                           on_shrunk=power_manager.shrunk_for)
-    restarts = RestartPolicy(tasks)
+                           on_shrunk=power_manager.shrunk_for, moves=moves,
+                           will_restart=lambda task: restarts.allows(task) or moves.requeues(task),
+                           reservations=reservations)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,
@@ -290,6 +311,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                                     max_actions=cfg.service_max_actions))
     nodes = NodeService(registry, state, monitor, store, leadership, locks, tasks, dispatcher, reconciler, metrics,
                         events, health_drain_gpus=cfg.health_drain_gpus, on_health_change=wakeup.set)
+    nodes.health.on_fenced = lambda node_id, fence: wakeup.set()   # the cycle's first step moves its work
     retention = TaskRetention(tasks, store, leadership, retain_s=cfg.finished_retention_s,
                               retain_count=cfg.finished_retention_count)
     lost_nodes = LostNodes(registry, tasks, restarts, preemptor, store, leadership, monitor, events,
@@ -298,13 +320,15 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               power=power, profiler=profiler, state=state, tasks=tasks, policy=policy, snapshots=snapshots,
               metrics=metrics,
               cycle=cycle, reconciler=reconciler, nodes=nodes, wakeup=wakeup, power_manager=power_manager, qos=qos,
-              logs=LogRelay(registry), capper=capper, retention=retention, lost_nodes=lost_nodes,
+              logs=LogRelay(registry), sessions=SessionRelay(registry), capper=capper, retention=retention,
+              lost_nodes=lost_nodes,
               services=services,
               admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
                                   creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
-              usage=usage, elastic=elastic, telemetry_rate=telemetry_rate)
+              usage=usage, elastic=elastic, telemetry_rate=telemetry_rate,
+              time_limits=TimeLimits(tasks, leadership, dispatcher, events), reservations=reservations)
     metrics.registry.register(QueueMetrics(queue_admin, lambda: leadership.leading))
     metrics.registry.register(GpuHealthMetrics(nodes.health.counts))
     quarantine.listener = app.on_quarantined

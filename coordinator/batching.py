@@ -23,7 +23,7 @@ class Batcher(Generic[I, O]):
 
     Example::
 
-        creates = Batcher(lambda items: leadership.write(store.create_tasks, items), max_batch=50)
+        creates = Batcher(lambda items: leadership.write(store.create_submits, items), max_batch=50)
         stored = await creates.call((task, request_id))   # the result for this item, or its exception
 
     :param run: takes a batch and returns one result per item, in order: a value, or an exception to raise to

@@ -51,6 +51,8 @@ class CoordinatorConfig:
     etcd_prefix: str = option("/gptrm/v1/", "key prefix in etcd")
     etcd_timeout_s: float = option(5.0, "etcd request timeout, seconds", flag="etcd_timeout", check=positive)
     metrics_listen: str = option("127.0.0.1:9470", "Prometheus metrics HOST:PORT ('' disables)", check=host_port)
+    web_listen: str = option("", "read-only web console HOST:PORT ('' disables; docs/web.md)", check=host_port,
+                             metavar="HOST:PORT")
     state_dir: str = option(default_state_dir("coordinator"), "state directory (embedded etcd data)", path=True)
     coordinator_id: str = option("", "unique id of this replica (default HOSTNAME-PID)")
     lease_ttl_s: float = option(2.0, "leader lease TTL, seconds", flag="lease_ttl", check=positive)
@@ -162,6 +164,10 @@ class CoordinatorConfig:
     queues_file: str = option("", "team queues (TOML) stored in etcd when none are stored yet; afterwards "
                               "`gptrmctl queues set/rm` change them ('' none: one default queue)",
                               flag="queues", metavar="FILE", path=True)
+    mount_allowed: list[str] = option([], "host directories under which a task with an image may mount paths "
+                                      "(--mount SRC:DST) and name image archives (oci-archive:PATH); anything "
+                                      "else is refused at submit (none: no host path at all)", path=True,
+                                      metavar="DIR[,DIR...]")
 
     @property
     def gpu_hour_prices(self) -> dict[str, float]:

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the coordinator's gRPC address (env GPTRM_DEV_LISTEN; default 127.0.0.1:7770)")
     p.add_argument("--metrics-listen", default=env.get("GPTRM_DEV_METRICS", "127.0.0.1:9470"), metavar="HOST:PORT",
                    help="the coordinator's Prometheus address (env GPTRM_DEV_METRICS; default 127.0.0.1:9470)")
+    p.add_argument("--web-listen", default=env.get("GPTRM_DEV_WEB", "127.0.0.1:7780"), metavar="HOST:PORT",
+                   help="the coordinator's web console (env GPTRM_DEV_WEB; default 127.0.0.1:7780; '' none)")
     p.add_argument("--gpu-backend", default=env.get("GPTRM_GPU_BACKEND", "auto"),
                    choices=("auto", "nvml", "simulated"),
                    help="the agent's GPUs (env GPTRM_GPU_BACKEND; default auto: NVML when it works, else simulated)")
@@ -311,6 +313,8 @@ def _answers(channel: grpc.Channel) -> Callable[[], str | None]:
 def _banner(dc: DevCluster, node: str, started: float) -> str:
     ctl = f"{dc.bin / 'gptrmctl'} --insecure" + (f" --coordinator {dc.args.listen}"
                                                  if dc.args.listen != "127.0.0.1:7770" else "")
+    web = f"Web console (read-only; open without sign-in, as --insecure is): http://{dc.args.web_listen}/\n" \
+        if dc.args.web_listen else ""
     return f"""
 gptrm is up in {time.monotonic() - started:.1f} s: node {node!r} registered with coordinator {dc.args.listen}.
 Logs: {dc.logs}/coordinator.log and agent.log (tail -f them to watch).
@@ -323,7 +327,7 @@ Try, in another terminal:
   {ctl} top
   {ctl} events --follow
   curl -s http://{dc.args.metrics_listen}/metrics | grep ^gptrm_cluster
-Ctrl-C stops everything."""
+{web}Ctrl-C stops everything."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -346,8 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     try:
-        for flag, address in (("--listen", args.listen), ("--metrics-listen", args.metrics_listen)):
-            if _address_in_use(address):
+        for flag, address in (("--listen", args.listen), ("--metrics-listen", args.metrics_listen),
+                              ("--web-listen", args.web_listen)):
+            if address and _address_in_use(address):
                 print(f"gptrm: {address} is in use (another gptrm coordinator or dev cluster?); give this one "
                       f"another {flag}", file=sys.stderr)
                 return EXIT_FAILED
@@ -367,6 +372,7 @@ def _run(dc: DevCluster) -> int:
         dc.spawn("coordinator", [str(dc.bin / "gptrm-coordinator"), "--listen", args.listen, "--metrics-listen",
                                  args.metrics_listen, "--state-dir", str(dc.state / "coordinator"), "--etcd",
                                  "embedded", "--coordinator-id", "dev-coordinator", "--insecure",
+                                 "--web-listen", args.web_listen,
                                  *shlex.split(os.environ.get(COORDINATOR_ARGS, ""))])
         if dc.wait_for("the coordinator answering", _answers(channel)) is None:
             return 0 if dc.stop else _failed(dc)

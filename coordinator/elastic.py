@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from common.errors import GptrmError
+from common.limits import protected_until_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
@@ -132,7 +133,8 @@ class ElasticAllocator:
             out.append(ElasticJob(task.id, task.spec.priority, rng, size,
                                   tuple((na.node_id, len(na.gpu_indices)) for na in task.allocation.nodes),
                                   self.curve(task), self.restart_cost_s(task),
-                                  task.elastic.last_resize_unix_s or None, self._remaining_s(task, now)))
+                                  task.elastic.last_resize_unix_s or None, self._remaining_s(task, now),
+                                  protected_until_s(task)))
         return out
 
     def _remaining_s(self, task: types_pb2.Task, now: float) -> float | None:
@@ -195,17 +197,22 @@ class ElasticAllocator:
 
     # ---- carrying decisions out ----------------------------------------------------------------------
 
-    async def resize(self, decisions: Sequence[Resize]) -> list[str]:
+    async def resize(self, decisions: Sequence[Resize], *, fault_move: bool = False) -> list[str]:
         """Stop each task for its resize (checkpoint signal, grace, back in the queue at its new size); the
-        ids stopped. A task that changed meanwhile is skipped."""
+        ids stopped. A task that changed meanwhile is skipped.
+
+        :param fault_move: the resize moves it off a GPU that turned unhealthy (``coordinator/health/moves.py``):
+            also counted in its ``gpu_fault_moves``.
+        """
         done: list[str] = []
         for d in decisions:
             task = self._tasks.find(d.task_id)
             if task is None or task.state != TaskState.RUNNING:
                 continue
             try:
+                moves = {"gpu_fault_moves": task.gpu_fault_moves + 1} if fault_move else {}
                 stored = await self._tasks.transition(task.id, TaskState.PREEMPTED, f"resizing: {d.reason}",
-                                                      elastic=self._status(task, d))
+                                                      elastic=self._status(task, d), **moves)
             except GptrmError as e:   # it changed meanwhile (ended, or a lost compare)
                 self._log.info("resize_skipped", task_id=task.id, reason=str(e))
                 continue

@@ -12,10 +12,10 @@ __all__ = ["Event", "EventBus", "EventKind"]
 
 EventKind = str
 """One of node_joined, node_state, task_state, decision, leader, policy, scale_out, etcd, audit, power, preemption,
-qos_violation, scale, queues, resize, health."""
+qos_violation, scale, queues, resize, health, reservation."""
 
 KINDS = ("node_joined", "node_state", "task_state", "decision", "leader", "policy", "scale_out", "etcd", "audit",
-         "power", "preemption", "qos_violation", "scale", "queues", "resize", "health")
+         "power", "preemption", "qos_violation", "scale", "queues", "resize", "health", "reservation")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,10 @@ it to service. Cordon, uncordon and drain take the ``drain`` etcd lock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 
-from common.errors import GptrmError, NotFound
+from common.errors import GptrmError, NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
@@ -137,6 +138,36 @@ class NodeService:
         self._metrics.streams.dec()
         self._registry.disconnect(entry.node_id, stream_id)
         self._log.info("node_disconnected", node_id=entry.node_id)
+
+    def pull_image(self, image: str, nodes: Sequence[str]) -> list[str]:
+        """Tell ``nodes`` (none: every connected node that runs containers) to pull ``image`` into their stores;
+        the nodes told.
+
+        :raises NotFound: a node named that is not known.
+        :raises ValidationError: on ``nodes``: a node named that is not connected or runs no containers.
+        """
+        if nodes:
+            entries = []
+            for node_id in nodes:
+                entry = self._registry.get(node_id)
+                if entry is None:
+                    raise NotFound(f"node {node_id!r} not found")
+                if not entry.connected or not entry.inventory.containers:
+                    raise ValidationError("nodes", f"node {node_id!r} is not connected or runs no containers")
+                entries.append(entry)
+        else:
+            entries = [e for e in self._registry if e.connected and e.inventory.containers]
+        told = [e.node_id for e in entries if self._dispatcher.send(e.node_id, agent_pb2.Decision(
+            decision_id=f"pull-{uuid.uuid4().hex[:10]}", pull_image=agent_pb2.PullImage(image=image)))]
+        self._log.info("image_pull_requested", image=image, nodes=told)
+        return told
+
+    def images_held(self, entry: NodeEntry, held: agent_pb2.ImagesHeld) -> None:
+        """The images the node's store holds now (shown by ``gptrmctl images``; in memory, the registration stores
+        what it held then)."""
+        self._registry.heartbeat(entry)
+        del entry.inventory.images[:]
+        entry.inventory.images.extend(ref[:512] for ref in held.refs[:1024])
 
     def telemetry(self, entry: NodeEntry, batch: agent_pb2.TelemetryBatch) -> None:
         """Hot path: store samples (the monitor refreshes the objectives lazily)."""

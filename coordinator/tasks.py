@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 
-from common.errors import IllegalTransition, NotFound
+from common.errors import IllegalTransition, NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
@@ -24,8 +24,11 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.ports import AgentSignals, ScaleOut, WakeupSignal
 from coordinator.profiler import Profiler, validate_profiled_demand, validate_spec
 from coordinator.profiler.learning import learn_from_task, learn_run_time
+from coordinator.profiler.workflow_spec import ARRAY_PREFIX, array_indices, dependency_targets, element_id, new_array_id
+from coordinator.queues.limits import apply_queue_limits
 from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
+from coordinator.sync.state_machine import Conflict
 from coordinator.sync.store import Store, Transition
 
 __all__ = ["CREATE_BATCH", "TRANSITION_BATCH", "TaskTable"]
@@ -64,10 +67,10 @@ class TaskTable:
         self._monitor, self._profiler, self._dispatcher = monitor, profiler, dispatcher
         self._scale_out, self._events, self._wakeup = scale_out, events, wakeup
         self._log = get_logger("coordinator")
-        # Submits arriving together are created in one etcd transaction (Store.create_tasks): at a thousand
+        # Submits arriving together are created in one etcd transaction (Store.create_submits): at a thousand
         # submits a second, one round trip each would queue them behind each other.
         self._creates: Batcher[tuple[types_pb2.Task, str], types_pb2.Task] = Batcher(
-            lambda items: self._leadership.write(self._store.create_tasks, items), max_batch=CREATE_BATCH)
+            lambda items: self._leadership.write(self._store.create_submits, items), max_batch=CREATE_BATCH)
         # So are state changes arriving together (agents' reports of starts and ends on the same nodes), each
         # batch freeing the reservations of its ended tasks with one write per node record.
         self._transitions: Batcher[Transition, types_pb2.Task] = Batcher(
@@ -110,6 +113,10 @@ class TaskTable:
         """Every task, as a list taken now."""
         return list(self._state.tasks.values())
 
+    def array_elements(self, array_id: str) -> list[types_pb2.Task]:
+        """The elements of an array, by index (empty: no such array)."""
+        return self._state.array_elements(array_id)
+
     def counts(self) -> dict[str, int]:
         """Tasks by state label."""
         return self._state.counts()
@@ -144,9 +151,10 @@ class TaskTable:
         ``admit`` decides whether the profiled task could ever be placed (raising ``PlacementError`` when
         not); without it only the GPU count per node is checked against the largest known node.
         ``queue`` is the team queue it runs in, resolved by the caller (default: the spec's);
-        ``submitted_by`` the submitter's identity.
+        ``submitted_by`` the submitter's identity. The queue's run-time defaults (time limit, protected run
+        time, checkpoint grace) are stored in the task's spec where the spec gives none.
 
-        :raises ValidationError: naming the spec field that is wrong.
+        :raises ValidationError: naming the spec field that is wrong (a time limit above the queue's maximum).
         :raises PlacementError: ``admit`` refused it.
         :raises NotLeader: on a standby.
         """
@@ -154,11 +162,14 @@ class TaskTable:
         max_gpus = 0 if admit is not None else max(
             (len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
         validate_spec(spec, max_gpus_per_node=max_gpus)
+        spec = self._with_queue_limits(spec, queue)
+        task_id = f"t-{uuid.uuid4().hex[:10]}"
+        self._check_targets(spec, task_id)
         profile = self._profiler.profile(spec)
         validate_profiled_demand(profile.demand)
         task = types_pb2.Task(spec=spec, state=pb_enum(types_pb2.TaskState, TaskState.PENDING),
                               demand=profile.to_proto(), reason="waiting for the scheduler",
-                              id=f"t-{uuid.uuid4().hex[:10]}",
+                              id=task_id,
                               submit_unix_s=time.time(), service_id=service_id, replica_index=replica_index,
                               queue=queue or spec.queue, submitted_by=submitted_by[:256])
         if admit is not None:
@@ -170,6 +181,103 @@ class TaskTable:
             self._events.publish("task_state", f"task {stored.id} submitted", task_id=stored.id, state="pending")
         self._wakeup.set()
         return stored
+
+    def _with_queue_limits(self, spec: types_pb2.TaskSpec, queue: str) -> types_pb2.TaskSpec:
+        """The spec with its queue's run-time defaults where it gives none (``coordinator/queues/limits.py``).
+
+        :raises ValidationError: a time limit above the queue's maximum (``spec.time_limit_s``)."""
+        queues, name = self._state.queues, queue or spec.queue
+        return apply_queue_limits(spec, queues.get(name) if name in queues else None)
+
+    async def submit_array(self, spec: types_pb2.TaskSpec, request_id: str, *,
+                           admit: Callable[[types_pb2.Task], None] | None = None, queue: str = "",
+                           submitted_by: str = "") -> types_pb2.Task:
+        """Validate, profile and persist every element of an array spec as a PENDING task, in few etcd
+        transactions (``Store.create_tasks``); returns its first element.
+
+        Element ``i`` is task ``ARRAY_i`` (:func:`~coordinator.profiler.workflow_spec.element_id`) with
+        ``array_id``/``array_index`` set and ``GPTRM_ARRAY_ID``, ``GPTRM_ARRAY_INDEX``, ``SLURM_ARRAY_JOB_ID`` and
+        ``SLURM_ARRAY_TASK_ID`` in its environment; otherwise an ordinary task. The spec is validated, profiled
+        and admitted once, for all of them. A retried submit (same ``request_id``) returns the same array,
+        first creating the elements an interrupted first call did not store.
+
+        :raises ValidationError: naming the spec field that is wrong.
+        :raises PlacementError: ``admit`` refused it.
+        :raises Conflict: the request id made an array of another spec.
+        """
+        self._leadership.require_leader()
+        max_gpus = 0 if admit is not None else max(
+            (len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
+        validate_spec(spec, max_gpus_per_node=max_gpus)
+        spec = self._with_queue_limits(spec, queue)
+        array_id = new_array_id()
+        self._check_targets(spec, array_id)
+        profile = self._profiler.profile(spec)
+        validate_profiled_demand(profile.demand)
+        demand = profile.to_proto()
+        now = time.time()
+        base = types_pb2.Task(spec=spec, state=pb_enum(types_pb2.TaskState, TaskState.PENDING), demand=demand,
+                              reason="waiting for the scheduler", submit_unix_s=now, queue=queue or spec.queue,
+                              submitted_by=submitted_by[:256])
+        if admit is not None:
+            admit(base)
+        if request_id:
+            array_id = await self._leadership.write(self._store.claim_request, request_id, array_id)
+            if not array_id.startswith(ARRAY_PREFIX):
+                raise Conflict(f"request id {request_id!r} was used for task {array_id}, not an array; "
+                               "use a new request id for a new array")
+        known = {t.array_index: t for t in self._state.array_elements(array_id)}
+        if known and _without_array_env(next(iter(known.values())).spec) != spec:
+            raise Conflict(f"request id {request_id!r} was used for array {array_id} with a different spec; "
+                           "use a new request id for a new array")
+        elements = []
+        for index in array_indices(spec.array):
+            if index in known:
+                continue
+            element = types_pb2.Task()
+            element.CopyFrom(base)
+            element.id, element.array_id, element.array_index = element_id(array_id, index), array_id, index
+            element.spec.env.update({"GPTRM_ARRAY_ID": array_id, "GPTRM_ARRAY_INDEX": str(index),
+                                     "SLURM_ARRAY_JOB_ID": array_id, "SLURM_ARRAY_TASK_ID": str(index)})
+            elements.append(element)
+        stored = await self._leadership.write(self._store.create_tasks, elements)
+        for task in stored:
+            self._state.apply_task(task)
+        if stored:
+            self._log.info("array_submitted", array_id=array_id, name=spec.name, elements=len(stored))
+            self._events.publish("task_state", f"array {array_id} submitted: {len(stored)} element(s)",
+                                 task_id=stored[0].id, state="pending")
+        self._wakeup.set()
+        first = self._state.array_elements(array_id)
+        if not first:
+            raise NotFound(f"array {array_id} has no elements")
+        return first[0]
+
+    def _check_targets(self, spec: types_pb2.TaskSpec, own_id: str) -> None:
+        """Every task or array ``spec.after`` names is known, and waiting for them makes no cycle back to
+        ``own_id`` (the new task or array).
+
+        :raises ValidationError: on ``spec.after[i].ids``, naming the unknown id, or on ``spec.after`` for a cycle.
+        """
+        for i, dep in enumerate(spec.after):
+            for target in dep.ids:
+                if target not in self._state.tasks and not self._state.has_array(target):
+                    raise ValidationError(f"spec.after[{i}].ids", f"no task or array {target!r}")
+        seen: set[str] = set()
+        todo = dependency_targets(spec.after)
+        while todo:
+            target = todo.pop()
+            if target == own_id:
+                raise ValidationError("spec.after", f"waiting for {target} would make a dependency cycle")
+            if target in seen:
+                continue
+            seen.add(target)
+            found = self._state.tasks.get(target)
+            waits = [found] if found is not None else self._state.array_elements(target)[:1]
+            for task in waits:
+                todo.extend(dependency_targets(task.spec.after))
+                if task.array_id:
+                    todo.append(task.array_id)
 
     async def transition(self, task_id: str, state: TaskState, reason: str = "", **updates: object) -> types_pb2.Task:
         """Persist a state change of a task (compare-on-revision) and update memory.
@@ -235,6 +343,52 @@ class TaskTable:
         self._state.note_reason(task_id, "cancelling: stop sent to the agent")
         return self.get(task_id)
 
+    async def cancel_array(self, array_id: str) -> tuple[int, int]:
+        """Cancel every element of an array that has not ended (as :meth:`cancel`).
+
+        :returns: (elements cancelled or being stopped, elements that had already ended).
+        :raises NotFound: no such array.
+        """
+        self._leadership.require_leader()
+        elements = self._state.array_elements(array_id)
+        if not elements:
+            raise NotFound(f"array {array_id!r} not found")
+        ended = sum(1 for t in elements if t.state in TERMINAL_STATES)
+        # Waiting elements that hold nothing end in few transactions; the rest (and any that changed meanwhile)
+        # one by one, as cancel() does.
+        stored = await self.cancel_unplaced([t for t in elements if t.state == TaskState.PENDING
+                                             and not t.allocation.nodes], _CANCELLED)
+        cancelled = len(stored)
+        if stored:
+            self._events.publish("task_state", f"array {array_id}: {len(stored)} waiting element(s) cancelled",
+                                 task_id=stored[0].id, state="cancelled")
+        done = {t.id for t in stored}
+        for task in elements:
+            if task.state in TERMINAL_STATES or task.id in done:
+                continue
+            try:
+                await self.cancel(task.id)
+                cancelled += 1
+            except IllegalTransition:   # it ended meanwhile
+                ended += 1
+        self._log.info("array_cancelled", array_id=array_id, cancelled=cancelled, already_ended=ended)
+        return cancelled, ended
+
+    async def cancel_unplaced(self, tasks: list[types_pb2.Task], reason: str) -> list[types_pb2.Task]:
+        """End PENDING tasks that hold nothing CANCELLED with ``reason``, in few etcd transactions
+        (``Store.cancel_unplaced``); returns those it ended (one that changed meanwhile is left as it is).
+
+        :raises IllegalTransition: a task given is not PENDING or holds an allocation.
+        """
+        if not tasks:
+            return []
+        stored = await self._leadership.write(self._store.cancel_unplaced, tasks, reason)
+        for task in stored:
+            self._state.apply_task(task)
+            self._monitor.task_energy.finish(task.id, task.spec.kind)
+            self._finished(task)
+        return stored
+
     async def update(self, task_id: str, **updates: object) -> types_pb2.Task:
         """Persist field changes without a state change (compare-on-revision) and update memory."""
         task = self.get(task_id)
@@ -259,3 +413,15 @@ class TaskTable:
         if missing:
             raise IllegalTransition(f"task {task_id}: node {missing[0]} is not connected")
         return task
+
+
+_ARRAY_ENV = ("GPTRM_ARRAY_ID", "GPTRM_ARRAY_INDEX", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")
+
+
+def _without_array_env(spec: types_pb2.TaskSpec) -> types_pb2.TaskSpec:
+    """An element's spec as submitted: without the environment its array index added."""
+    out = types_pb2.TaskSpec()
+    out.CopyFrom(spec)
+    for key in _ARRAY_ENV:
+        out.env.pop(key, None)
+    return out

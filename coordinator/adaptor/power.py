@@ -17,6 +17,8 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
   is on and takes work. It is not powered off again before ``--power-off-retry`` seconds, a wait
   that doubles with each further ignored power-off (up to ``--power-off-retry-max``) and is
   forgotten once a power-off of the node takes effect. So a node is shown *off* only while silent.
+- **Reservations**: a node holding GPUs of a reservation that is active or starts within ``--wake-timeout``
+  is never powered down, and is woken when off (``coordinator/reservations.py``).
 - **Scale-out**: when the scheduler could not place a pending task (the cycle's rejection hook),
   and the ready nodes cannot hold it but off nodes would (fitting as the placement filter itself
   decides, :class:`~coordinator.scheduler.snapshot.NodeFit`: constraints, every dimension at or under
@@ -40,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeAlias, TypeVar
 
@@ -150,6 +152,8 @@ class PowerManager:
         self._unplaced: set[str] = set()
         self._shrunk: dict[str, types_pb2.Task] = {}   # GPUs shrinks gave up, each asked for once
         self._created: set[str] = set()          # tasks a new node was asked for
+        # Reservations: node → the reservation whose GPUs there are needed within a given time (the wake time).
+        self.reserved: Callable[[float], Mapping[str, str]] = lambda within_s: {}
         self._log = get_logger("adaptor")
 
     # ---- the scheduler's hook -------------------------------------------------------------------
@@ -186,6 +190,7 @@ class PowerManager:
         """Resume interrupted changes, finish wakes, wake for unplaced tasks, power down idle nodes."""
         await self._resume()
         await self._wake_for_unplaced()
+        await self._wake_for_reservations()
         if self._after > 0 and self._provider.can_power:
             await self._scale_in()
 
@@ -243,6 +248,9 @@ class PowerManager:
                 self._idle_since.pop(entry.node_id, None)
         if len(idle) <= self._spare or all(now - self._idle_since[e.node_id] < self._after for e in idle):
             return   # nothing is due whatever waits
+        # A node whose GPUs a reservation keeps for its window (or the wake time before it) stays on.
+        needed = self.reserved(self._wake_timeout_s)
+        idle = [e for e in idle if e.node_id not in needed]
         # Waiting work that could run on an idle node keeps it on (the scheduler places it first); a
         # pending task that fits on none of them blocks nothing.
         pending = [t for t in self._state.tasks.values() if t.state == TaskState.PENDING]
@@ -323,6 +331,17 @@ class PowerManager:
                         f"power-off accepted but the node still streams: next try in {wait:g}s")
 
     # ---- scale-out --------------------------------------------------------------------------------
+
+    async def _wake_for_reservations(self) -> None:
+        """An off node holding GPUs of a reservation that is active or starts within the wake time is woken now,
+        so that it is up at the start."""
+        for node_id, name in sorted(self.reserved(self._wake_timeout_s).items()):
+            entry = self._registry.get(node_id)
+            if entry is None or power_label(entry.record.power_state) != "off":
+                continue
+            async with self._locks.hold(f"power-{node_id}"):
+                if power_label(entry.record.power_state) == "off":
+                    await self._power_on(entry, f"reservation {name} starts within {self._wake_timeout_s:g}s")
 
     async def _wake_for_unplaced(self) -> None:
         if not self._unplaced and not self._shrunk:

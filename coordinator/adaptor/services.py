@@ -314,6 +314,11 @@ class ServiceController:
                 task.qos_reading.CopyFrom(reading.to_proto())
         return result
 
+    def load_history(self, service_id: str) -> HistorySnapshot | None:
+        """The service's load per closed bucket as the leader keeps it (None: not known here, e.g. on a standby)."""
+        rt = self._rt.get(service_id)
+        return rt.history.snapshot() if rt is not None else None
+
     def _get(self, service_id: str) -> types_pb2.Service:
         svc = self.services.get(service_id)
         if svc is None:

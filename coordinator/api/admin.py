@@ -26,7 +26,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -44,6 +44,7 @@ from common.errors import (
     ValidationError,
 )
 from common.logging import get_logger
+from common.oci import validate_container
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
@@ -51,6 +52,7 @@ from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.api.auth import QUEUE_ADMIN, current_principal, queue_refusal
 from coordinator.api.deps import AdminDeps
 from coordinator.api.pages import page_in_order, paginate
+from coordinator.api.task_filter import filter_given, task_matcher
 from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry, stored_state
@@ -107,7 +109,9 @@ SERVED_BY: Mapping[str, Served] = {
     "DrainNode": Served.LEADER, "CordonNode": Served.LEADER, "UncordonNode": Served.LEADER,
     "RemoveNode": Served.LEADER, "SetPolicy": Served.LEADER, "SetQueue": Served.LEADER,
     "RemoveQueue": Served.LEADER, "CreateService": Served.LEADER, "ScaleService": Served.LEADER,
-    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER,
+    "CancelService": Served.LEADER, "ResumeGpus": Served.LEADER, "PullImage": Served.LEADER,
+    "CancelArray": Served.LEADER, "CancelTasks": Served.LEADER, "Session": Served.LEADER,
+    "CreateReservation": Served.LEADER, "ListReservations": Served.LEADER, "RemoveReservation": Served.LEADER,
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
@@ -171,6 +175,37 @@ def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
                                 f"internal error in {fn.__name__} (correlation id {correlation_id}; "
                                 "the coordinator's log has the details)")
         raise AssertionError("unreachable")  # context.abort raises
+
+    return wrapper
+
+
+_SESSION_OPEN_S = 10.0
+"""How long a Session waits for its first (open) message."""
+
+
+def _stream_rpc(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """A leader-only streaming method, its errors turned into status codes as :func:`_rpc` turns them (a
+    PermissionDenied is passed on: the auth interceptor answers and audits it)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: AdminService, request: Any, context: Ctx) -> AsyncIterator[Any]:
+        try:
+            self._route(fn.__name__)   # agents stream to the leader only
+            async for item in fn(self, request, context):
+                yield item
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except NotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except NotLeader as e:   # marked as _rpc marks it: gptrmctl follows the address, or waits for a leader
+            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
+            if e.leader_address:
+                metadata.append((LEADER_METADATA_KEY, e.leader_address))
+            context.set_trailing_metadata(tuple(metadata))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
+        except Unavailable as e:
+            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     return wrapper
 
@@ -289,18 +324,24 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except EtcdUnavailable:
             return False, None
 
+    async def node_views(self) -> tuple[list[admin_pb2.NodeView], bool]:
+        """Every node as ListNodes answers it, unpaginated, and whether the answer is stale (a standby's from
+        its memory): what ListNodes pages through, and what the web console reads whole (nodes hold no
+        secret field)."""
+        read, records = await self._from_etcd(self._app.store.list_nodes)
+        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        return views, not read and self._app.leadership.stale
+
     @_rpc
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Ctx) -> admin_pb2.ListNodesResponse:
         for s in request.states:
             if s not in types_pb2.NodeState.values() or s == 0:
                 raise ValidationError("states", f"unknown node state {s}")
         wanted = set(request.states)
-        read, records = await self._from_etcd(self._app.store.list_nodes)
-        views = [_stored_view(r) for r in records or ()] if read else [self._view(e) for e in self._app.registry]
+        views, stale = await self.node_views()
         views = [v for v in views if not wanted or v.state in wanted]
         page, token = paginate(views, lambda v: (v.record.inventory.node_id,), request.page_size, request.page_token)
-        return admin_pb2.ListNodesResponse(nodes=page, stale=not read and self._app.leadership.stale,
-                                           next_page_token=token)
+        return admin_pb2.ListNodesResponse(nodes=page, stale=stale, next_page_token=token)
 
     @_rpc
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: Ctx) -> admin_pb2.NodeView:
@@ -320,12 +361,17 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 raise ValidationError("states", f"unknown task state {s}")
         read, stored = await self._from_etcd(self._app.store.list_tasks)
         wanted = set(request.states)
+        keep = task_matcher(request.filter)
+
+        def listed(t: types_pb2.Task) -> bool:
+            return (not wanted or t.state in wanted) and keep(t)
+
         if read and stored is not None:
-            tasks = [t for t in stored if not wanted or t.state in wanted]
-            page, token = paginate(tasks, _submit_key, request.page_size, request.page_token)
+            page, token = paginate([t for t in stored if listed(t)], _submit_key, request.page_size,
+                                   request.page_token)
         else:   # memory keeps the tasks in this order: a page reads only itself
             page, token = page_in_order(
-                lambda after: (t for t in self._app.tasks.in_submit_order(after) if not wanted or t.state in wanted),
+                lambda after: (t for t in self._app.tasks.in_submit_order(after) if listed(t)),
                 _submit_key, request.page_size, request.page_token)
         return admin_pb2.ListTasksResponse(tasks=page, stale=self._app.leadership.stale, next_page_token=token)
 
@@ -396,8 +442,31 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         # The door: a task no known node could hold even empty is refused, unless the operator queues it anyway.
         admit = (lambda task: None) if request.queue_unplaceable else self._app.admission.check
         queue, submitter = self._queue_for(request.spec)
-        return await self._app.tasks.submit(request.spec, request.request_id, admit=admit, queue=queue,
-                                            submitted_by=submitter)
+        self._check_host_paths(request.spec, queue)
+        # An array is created whole by this one call; the answer is its first element (Task.array_id names it).
+        submit = self._app.tasks.submit_array if request.spec.HasField("array") else self._app.tasks.submit
+        return await submit(request.spec, request.request_id, admit=admit, queue=queue, submitted_by=submitter)
+
+    @_rpc
+    async def PullImage(self, request: admin_pb2.PullImageRequest,
+                        context: Ctx) -> admin_pb2.PullImageResponse:
+        """Pre-pull an image on nodes (an admin's call: archives only below the cluster's --mount-allowed)."""
+        if not request.image:
+            raise ValidationError("image", "is required")
+        validate_container(request.image, [], "", 0, allowed=self._app.cfg.mount_allowed, image_field="image")
+        if len(request.nodes) > 10_000:
+            raise ValidationError("nodes", f"{len(request.nodes)} nodes is more than 10000")
+        return admin_pb2.PullImageResponse(nodes=self._app.nodes.pull_image(request.image, list(request.nodes)))
+
+    def _check_host_paths(self, spec: types_pb2.TaskSpec, queue: str) -> None:
+        """A container's host paths (mounts, image archives) lie below the roots the cluster allows
+        (``--mount-allowed``) or those of the task's queue and the queues above it (docs/containers.md).
+
+        :raises ValidationError: naming ``spec.mounts[i]`` or ``spec.image``."""
+        config = self._app.queue_admin.config
+        chain = (queue, *config.ancestors(queue)) if queue in config else ()
+        allowed = [*self._app.cfg.mount_allowed, *(root for name in chain for root in config.get(name).mount_allowed)]
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes, allowed=allowed)
 
     def _queue_for(self, spec: types_pb2.TaskSpec) -> tuple[str, str]:
         """The team queue a submission goes to, and who submits it.
@@ -442,6 +511,52 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await self._app.tasks.cancel(self._own_task(_require_id(request.task_id, "task_id")))
 
     @_rpc
+    async def CancelTasks(self, request: admin_pb2.CancelTasksRequest,
+                          context: Ctx) -> admin_pb2.CancelTasksResponse:
+        """Cancel every unfinished task the filter (and ``task_ids``, when given) names, of those the caller may
+        act on (:func:`~coordinator.api.tenancy.act_refusal`); the rest it names are counted as refused and
+        left alone. One call, judged on the leader's table, so a dry run and the cancel it confirms see the
+        same rules; ``task_ids`` keeps the cancel to what the dry run counted."""
+        if not filter_given(request.filter):
+            raise ValidationError("filter", "name at least one of users, queues, name or states")
+        keep = task_matcher(request.filter)
+        only = set(request.task_ids)
+        if len(only) > 100_000:
+            raise ValidationError("task_ids", "at most 100000")
+        out = admin_pb2.CancelTasksResponse()
+        chosen: list[str] = []
+        for task in self._app.tasks.values():
+            if task.state in TERMINAL_STATES or not keep(task):
+                continue
+            if act_refusal(current_principal(), self._app.queue_admin.config, task.queue, f"task {task.id}"):
+                out.refused += 1
+            elif not only or task.id in only:
+                chosen.append(task.id)
+        chosen.sort()
+        if request.dry_run:
+            out.task_ids.extend(chosen)
+            return out
+        for task_id in chosen:
+            try:
+                await self._app.tasks.cancel(task_id)
+            except (IllegalTransition, NotFound) as e:   # ended or forgotten meanwhile
+                _log.info("bulk_cancel_skipped", task_id=task_id, reason=str(e))
+                out.failed += 1
+                continue
+            out.task_ids.append(task_id)
+        return out
+
+    @_rpc
+    async def CancelArray(self, request: admin_pb2.ArrayRef, context: Ctx) -> admin_pb2.CancelArrayResponse:
+        array_id = _require_id(request.array_id, "array_id")
+        elements = self._app.tasks.array_elements(array_id)
+        if not elements:
+            raise NotFound(f"array {array_id!r} not found")
+        self._may_act(elements[0].queue, f"array {array_id}")
+        cancelled, ended = await self._app.tasks.cancel_array(array_id)
+        return admin_pb2.CancelArrayResponse(array_id=array_id, cancelled=cancelled, already_ended=ended)
+
+    @_rpc
     async def PauseTask(self, request: admin_pb2.TaskRef, context: Ctx) -> types_pb2.Task:
         return await self._app.tasks.pause(self._own_task(_require_id(request.task_id, "task_id")))
 
@@ -472,6 +587,22 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         principal = current_principal()
         by = principal.name if principal is not None else "admin"
         return self._view(await self._app.nodes.health.resume(node_id, list(request.gpu_indices), by))
+
+    @_rpc
+    async def CreateReservation(self, request: types_pb2.Reservation,
+                                context: Ctx) -> admin_pb2.ReservationView:
+        """Keep GPUs for a queue's or users' work in a window (role admin; audited as every admin call)."""
+        principal = current_principal()
+        return await self._app.reservations.create(request, principal.name if principal is not None else "")
+
+    @_rpc
+    async def ListReservations(self, request: admin_pb2.ListReservationsRequest,
+                               context: Ctx) -> admin_pb2.ListReservationsResponse:
+        return self._app.reservations.views()
+
+    @_rpc
+    async def RemoveReservation(self, request: admin_pb2.ReservationRef, context: Ctx) -> admin_pb2.ReservationView:
+        return await self._app.reservations.remove(_require_id(request.name, "name"))
 
     @_rpc
     async def RemoveNode(self, request: admin_pb2.NodeRef, context: Ctx) -> admin_pb2.NodeView:
@@ -540,6 +671,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         spec = types_pb2.TaskSpec()
         spec.CopyFrom(request.spec)
         spec.queue, submitter = self._queue_for(spec)   # its replicas run in the queue resolved now
+        self._check_host_paths(spec, spec.queue)
         return await self._app.services.create(spec, request.request_id, submitted_by=submitter)
 
     @_rpc
@@ -568,39 +700,55 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def StreamEvents(self, request: admin_pb2.StreamEventsRequest, context: Ctx):
         backlog = request.backlog or 100
+        task_id = request.task_id
+        if len(task_id) > 253:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id: longer than 253 characters")
         queue = self._app.events.subscribe() if request.follow else None
         try:
-            for e in self._app.events.recent(min(backlog, 1000)):
+            # With a task named, the backlog is its last events among every retained one.
+            recent = self._app.events.recent(1000 if task_id else min(backlog, 1000))
+            for e in [e for e in recent if not task_id or e.task_id == task_id][-min(backlog, 1000):]:
                 yield self._shown(_event_pb(e))
             while queue is not None:
-                yield self._shown(_event_pb(await queue.get()))
+                e = await queue.get()
+                if not task_id or e.task_id == task_id:
+                    yield self._shown(_event_pb(e))
         finally:
             if queue is not None:
                 self._app.events.unsubscribe(queue)
 
-    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx):
+    @_stream_rpc
+    async def TaskLogs(self, request: admin_pb2.TaskLogsRequest, context: Ctx) -> AsyncIterator[Any]:
         """A task's output (one part's: ``rank``) from its node's agent: output can hold secrets, so only to a
         caller that covers the task's queue (a refusal, PermissionDenied, is answered and audited by the
         auth interceptor)."""
+        task_id = self._own_task(_require_id(request.task_id, "task_id"))
+        task = self._app.tasks.get(task_id)
+        async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
+            yield self._shown(chunk)
+
+    @_stream_rpc
+    async def Session(self, request_iterator: AsyncIterator[admin_pb2.TaskSessionInput],
+                      context: Ctx) -> AsyncIterator[Any]:
+        """An interactive session with a running task (attach to its terminal, or exec a command in its context;
+        docs/interactive.md), relayed to and from its node's agent. Only to a caller that may act on the task's
+        queue (as TaskLogs: a submitter of that queue, its queue admin, the cluster admin); the auth
+        interceptor audits every session when it ends, and every refusal."""
         try:
-            self._route("TaskLogs")   # agents stream to the leader only
-            task_id = self._own_task(_require_id(request.task_id, "task_id"))
-            task = self._app.tasks.get(task_id)
-            async for chunk in self._app.logs.stream(task, request.tail_lines, request.follow, request.rank):
-                yield self._shown(chunk)
-        except ValidationError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except NotFound as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except NotLeader as e:   # marked as _rpc marks it: gptrmctl follows the address, or waits for a leader
-            metadata = [(NOT_LEADER_METADATA_KEY, "1")]
-            if e.leader_address:
-                metadata.append((LEADER_METADATA_KEY, e.leader_address))
-            context.set_trailing_metadata(tuple(metadata))
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader(e))
-        except Unavailable as e:
-            context.set_trailing_metadata(((REFUSED_METADATA_KEY, "node-unavailable"),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            first = await asyncio.wait_for(anext(request_iterator), timeout=_SESSION_OPEN_S)
+        except (TimeoutError, StopAsyncIteration):
+            raise ValidationError("open", "the first message must open the session") from None
+        if not first.HasField("open"):
+            raise ValidationError("open", "the first message must open the session")
+        opened = first.open
+        task = self._app.tasks.get(self._own_task(_require_id(opened.task_id, "open.task_id")))
+        if not opened.argv and not task.spec.pty:
+            raise ValidationError("open.argv", f"task {task.id} was started without --pty: it has no terminal to "
+                                               "attach to (gptrmctl logs -f shows its output)")
+        principal = current_principal()
+        async for out in self._app.sessions.run(task, opened, request_iterator,
+                                                principal.name if principal is not None else ""):
+            yield out
 
 
 def _stored_view(record: types_pb2.NodeRecord) -> admin_pb2.NodeView:

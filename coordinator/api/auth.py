@@ -55,9 +55,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ from common.tokens import TokenFile
 from coordinator.api.audit import AuditLog
 
 __all__ = ["ADMIN", "QUEUE_ADMIN", "ROLES", "SUBMITTER", "TEAM_METHODS", "VIEWER", "AuthInterceptor", "AuthRefused",
-           "Authenticator", "Principal", "Security", "current_principal", "queue_refusal", "required_role"]
+           "Authenticator", "Principal", "Security", "acting_as", "current_principal", "queue_refusal", "required_role"]
 
 ADMIN_SERVICE = "gptrm.v1.Admin"
 GATEWAY_SERVICE = "gptrm.v1.AgentGateway"
@@ -91,7 +92,8 @@ _RANK = {role: len(ROLES) - i for i, role in enumerate(ROLES)}
 TEAM_METHODS = {
     "SubmitTask": SUBMITTER, "CancelTask": SUBMITTER, "PauseTask": SUBMITTER, "ResumeTask": SUBMITTER,
     "TaskLogs": SUBMITTER, "CreateService": SUBMITTER, "ScaleService": SUBMITTER, "CancelService": SUBMITTER,
-    "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN,
+    "SetQueue": QUEUE_ADMIN, "RemoveQueue": QUEUE_ADMIN, "CancelArray": SUBMITTER,
+    "CancelTasks": SUBMITTER, "Session": SUBMITTER,
 }
 """The Admin calls a team role may make, each confined by the servicer to the caller's queues; the
 role each needs at least. TaskLogs is here, not a read: task output can hold secrets."""
@@ -145,6 +147,18 @@ def current_principal() -> Principal | None:
     :class:`AuthInterceptor`.
     """
     return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def acting_as(principal: Principal) -> Iterator[None]:
+    """Run the block as ``principal`` (what :func:`current_principal` returns inside it): how a caller in
+    the same process (the web console, :mod:`coordinator.web`) calls the Admin servicer's methods with the
+    identity it authenticated, so their checks and redaction apply to it as to a gRPC caller."""
+    token = _CURRENT.set(principal)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
 
 
 def queue_refusal(principal: Principal | None, queue: str) -> PermissionDenied | None:
@@ -339,6 +353,11 @@ def _target(request: Any, response: Any = None) -> str:
     name = getattr(getattr(request, "queue", None), "name", None)
     if isinstance(name, str) and name:
         return name
+    named = getattr(request, "filter", None)   # a bulk cancel: what its filter names
+    if named is not None and hasattr(named, "users"):
+        parts = [f"{k}={','.join(map(str, getattr(named, k)))}" for k in ("users", "queues", "states")
+                 if getattr(named, k)]
+        return " ".join(parts + ([f"name={named.name}"] if named.name else [])) or "filter (none)"
     value = getattr(response, "id", None)
     if isinstance(value, str) and value:
         return value
@@ -468,9 +487,32 @@ def _wrap(handler: Any, ic: AuthInterceptor, method: str, audited: bool) -> Any:
 
     async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         principal = await ic.admit(method, context)
-        async for item in _relay(ic, principal, method, context, None, lambda: inner_ss(requests, context), audited):
+        first = _FirstRequest()
+
+        async def seen() -> AsyncIterator[Any]:
+            async for r in requests:
+                first.keep(r)
+                yield r
+        async for item in _relay(ic, principal, method, context, first, lambda: inner_ss(seen(), context), audited):
             yield item
+        if audited:   # a session (Session): one record when it ends, naming what its first message named
+            ic.finish(principal, method, context, first, None, None)
     return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
+
+
+class _FirstRequest:
+    """A bidirectional call's first message as its audit record's request: what it opens (its ``open``
+    field, where it has one) names the target; empty until a message came."""
+
+    def __init__(self) -> None:
+        self._msg: Any = None
+
+    def keep(self, msg: Any) -> None:
+        if self._msg is None:
+            self._msg = getattr(msg, "open", msg)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._msg, name, None) if self._msg is not None else None
 
 
 async def _relay(ic: AuthInterceptor, principal: Principal | None, method: str, context: grpc.aio.ServicerContext,

@@ -11,6 +11,7 @@ from coordinator.adaptor.services import ServiceController
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Reconciler
 from coordinator.dispatch.logs import LogRelay
+from coordinator.dispatch.sessions import SessionRelay
 from coordinator.elastic import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import NodeRegistry, ResourceMonitor
@@ -18,6 +19,7 @@ from coordinator.monitor.telemetry_rate import TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.qos.lost_nodes import LostNodes
 from coordinator.queue_admin import QueueAdmin
+from coordinator.reservations import Reservations
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
@@ -38,6 +40,7 @@ class GatewayDeps(Protocol):
     tasks: TaskTable
     nodes: NodeService
     logs: LogRelay
+    sessions: SessionRelay
     reconciler: Reconciler
     telemetry_rate: TelemetryRate
 
@@ -57,6 +60,7 @@ class AdminDeps(Protocol):
     snapshots: SnapshotBuilder
     nodes: NodeService
     logs: LogRelay
+    sessions: SessionRelay
     lost_nodes: LostNodes
     services: ServiceController
     admission: Admission
@@ -65,3 +69,4 @@ class AdminDeps(Protocol):
     queue_admin: QueueAdmin
     elastic: ElasticAllocator
     telemetry_rate: TelemetryRate
+    reservations: Reservations

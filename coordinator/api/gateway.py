@@ -138,6 +138,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
         finally:
             reader.cancel()
             app.logs.stream_ended(entry.node_id, outbox)
+            app.sessions.stream_ended(entry.node_id, outbox)
             app.nodes.disconnected(entry, stream_id)
 
     async def _read(self, entry: NodeEntry, requests: AsyncIterator[agent_pb2.AgentMessage],
@@ -174,6 +175,10 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     await applied.put((status.event_seq, task))   # waits while the window is full
                 elif which == "log_chunk":
                     app.logs.deliver(entry.node_id, msg.log_chunk)
+                elif which == "images":
+                    app.nodes.images_held(entry, msg.images)
+                elif which == "session_chunk":
+                    app.sessions.deliver(entry.node_id, msg.session_chunk)
                 elif which == "decision_ack":
                     app.registry.heartbeat(entry)
                     ack = msg.decision_ack

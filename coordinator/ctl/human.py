@@ -36,7 +36,7 @@ REASON_WIDTH = 72
 """Widest REASON cell in the normal task table (``-o wide`` shows the whole reason)."""
 HEALTH_WIDTH = 48
 """Widest HEALTH cell in the normal node table (``-o wide`` shows the whole summary)."""
-_FINAL = ("succeeded", "failed", "cancelled")
+_FINAL = ("succeeded", "failed", "cancelled", "timeout")
 # C0/C1 control characters, and the bidirectional overrides/isolates and line separators that
 # can make a terminal show text other than what is there (U+202E reverses what follows).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -423,14 +423,15 @@ def _placement(t: Mapping[str, Any]) -> str:
 def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
                 now: Callable[[], float] = time.time) -> str:
     """``gptrmctl tasks`` (``-o wide`` adds kind, demand, exit code, restarts, preemptions and the whole reason)."""
-    headers = ["TASK", "NAME", "STATE", "PRIO", "PLACEMENT", "AGE"]
+    headers = ["TASK", "NAME", "USER", "QUEUE", "STATE", "PRIO", "PLACEMENT", "AGE"]
     if wide:
         headers += ["KIND", "DEMAND", "EXIT", "RESTARTS", "PREEMPTED"]
     headers.append("REASON")
     rows = []
     for t in docs:
         state = f"{t['state']} (deadline missed)" if t.get("deadline_missed") else t["state"]
-        row = [t["task_id"], truncate(t["name"], 24), state, t["priority"], _placement(t),
+        row = [t["task_id"], truncate(t["name"], 24), truncate(t.get("submitted_by") or "-", 16),
+               truncate(t.get("queue") or "default", 16), state, t["priority"], _placement(t),
                age(t["submit_unix_s"], now)]
         reason = lead_with_cause(t["reason"])
         if wide:
@@ -438,7 +439,7 @@ def tasks_table(docs: Sequence[Mapping[str, Any]], *, wide: bool = False,
                     t["restarts"], t.get("preemptions", 0)]
         row.append(reason if wide else truncate_words(reason, REASON_WIDTH))
         rows.append(row)
-    return table(headers, rows, right=(3, 5))
+    return table(headers, rows, right=(5, 7))
 
 
 def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> str:
@@ -464,6 +465,13 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         f"command       {escape(' '.join(d['spec']['argv']))}",
         "history       " + (history or "-"),
     ]
+    if d.get("time_limit_s") or d.get("min_runtime_s"):
+        from common.limits import fmt_s
+
+        limits = [f"time limit {fmt_s(d['time_limit_s'])}" if d.get("time_limit_s") else "",
+                  f"protected for its first {fmt_s(d['min_runtime_s'])}" if d.get("min_runtime_s") else "",
+                  "reached: stopping" if d.get("timed_out") and d["state"] not in _FINAL else ""]
+        lines.append("limits        " + ", ".join(x for x in limits if x))
     if d.get("gpu_fault_moves"):
         lines.append(f"gpu faults    moved {d['gpu_fault_moves']} time(s) off a GPU that turned unhealthy "
                      "(not counted as restarts)")
@@ -473,6 +481,7 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
             for x in d["app_xids"]) + " (the task's own fault: the GPUs stay in service)")
     if d.get("qos_reading") is not None:
         lines.append(f"qos           {escape(qos_line(d['qos_reading']))}")
+    lines += workflow_lines(d)
     if d.get("elastic") is not None:
         lines += elastic_lines(d["elastic"], now)
     if d.get("parts"):
@@ -484,6 +493,43 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
     if d["log_tail"]:
         lines += ["log tail:", escape(d["log_tail"].rstrip(), keep_newlines=True)]
     return "\n".join(lines)
+
+
+def workflow_lines(d: Mapping[str, Any]) -> list[str]:
+    """A task's array, dependencies and start time (``gptrmctl tasks TASK``)."""
+    spec, lines = d["spec"], []
+    if d.get("array_id"):
+        a = spec.get("array") or {}
+        cap = f", at most {a['max_running']} running at once" if a.get("max_running") else ""
+        lines.append(f"array         element {d['array_index']} of {escape(d['array_id'])} "
+                     f"({a.get('first', 0)}-{a.get('last', 0)}:{a.get('step') or 1}{cap})")
+    for dep in spec.get("after") or []:
+        lines.append(f"after         {dep['kind']}:{escape(','.join(dep['ids']))}"
+                     + ("  (kept pending if it can no longer be met)" if spec.get("keep_unmet") else ""))
+    if spec.get("begin_unix_s"):
+        lines.append(f"begins        {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(spec['begin_unix_s']))}")
+    return lines
+
+
+def collapse_arrays(docs: Sequence[Mapping[str, Any]], arrays: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Task documents for ``gptrmctl tasks``: each array as one row (at its first element's place) whose state is
+    its elements' counts by state (``tasks ARRAY`` lists them)."""
+    summaries = {a["array_id"]: a for a in arrays}
+    out: list[dict[str, Any]] = []
+    for d in docs:
+        array_id = d.get("array_id")
+        if not array_id:
+            out.append(dict(d))
+            continue
+        summary = summaries.pop(array_id, None)
+        if summary is None:
+            continue   # a later element of an array already shown
+        states = ", ".join(f"{n} {state}" for state, n in sorted(summary["states"].items(), key=lambda kv: -kv[1]))
+        cap = f" %{summary['max_running']}" if summary["max_running"] else ""
+        out.append({**d, "task_id": array_id, "state": states, "allocation": [], "deadline_missed": False,
+                    "reason": f"array of {summary['elements']}{cap}; see gptrmctl tasks {array_id}",
+                    "exit_code": None})
+    return out
 
 
 def elastic_lines(e: Mapping[str, Any], now: Callable[[], float] = time.time) -> list[str]:

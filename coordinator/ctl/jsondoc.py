@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 SCHEMA_DOCUMENTS = ("status", "node", "nodes", "task", "tasks", "policy", "event", "log_chunk", "service", "usage",
-                    "queues")
+                    "queues", "images", "image_pull", "reservations", "cancel")
 """The hand-written schema files (``schemas/<name>.json``), one per kind of document."""
 
 _INTS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,

@@ -33,21 +33,24 @@ def _follow(t: Transport, method: str, request: Any, field: str) -> tuple[list[A
     return items, stale
 
 
-def _tasks_request(states: list[int] | None, page_size: int) -> admin_pb2.ListTasksRequest:
+def _tasks_request(states: list[int] | None, page_size: int,
+                   task_filter: admin_pb2.TaskFilter | None) -> admin_pb2.ListTasksRequest:
     return admin_pb2.ListTasksRequest(states=[pb_enum(types_pb2.TaskState, s) for s in states or []],
-                                      page_size=page_size)
+                                      page_size=page_size, filter=task_filter)
 
 
-def task_pages(t: Transport, states: list[int] | None = None,
-               page_size: int = 0) -> Iterator[tuple[list[types_pb2.Task], bool]]:
-    """Every task (in the given states), one page at a time as each arrives: (tasks, that page was stale)."""
-    return _pages(t, "ListTasks", _tasks_request(states, page_size), "tasks")
+def task_pages(t: Transport, states: list[int] | None = None, page_size: int = 0,
+               task_filter: admin_pb2.TaskFilter | None = None) -> Iterator[tuple[list[types_pb2.Task], bool]]:
+    """Every task (in the given states, of those ``task_filter`` names), one page at a time as each arrives:
+    (tasks, that page was stale)."""
+    return _pages(t, "ListTasks", _tasks_request(states, page_size, task_filter), "tasks")
 
 
 def all_tasks(t: Transport, states: list[int] | None = None,
-              page_size: int = 0) -> tuple[list[types_pb2.Task], bool]:
-    """Every task (in the given states), following pages; returns (tasks, any page was stale)."""
-    return _follow(t, "ListTasks", _tasks_request(states, page_size), "tasks")
+              page_size: int = 0, task_filter: admin_pb2.TaskFilter | None = None) -> tuple[list[types_pb2.Task], bool]:
+    """Every task (in the given states, of those ``task_filter`` names), following pages; returns (tasks, any
+    page was stale)."""
+    return _follow(t, "ListTasks", _tasks_request(states, page_size, task_filter), "tasks")
 
 
 def all_nodes(t: Transport, states: list[int] | None = None,

@@ -45,9 +45,29 @@ def add_queues_parser(sub: Any, fn: Callable[..., Any]) -> None:
     sp.add_argument("--mem-gib", type=float, metavar="G", help="memory it may hold, GiB (a cap)")
     sp.add_argument("--members", metavar="A,B", help="identities that may submit to it (* anyone)")
     sp.add_argument("--default-for", metavar="A,B", help="identities whose default queue it is")
+    sp.add_argument("--mount-allowed", metavar="DIR,DIR",
+                    help="host directories its tasks (and its sub-queues') may mount into their containers, beyond "
+                         "the coordinator's --mount-allowed ('' none; docs/containers.md)")
     sp.add_argument("--budget", metavar="KIND:AMOUNT/PERIOD[:ACTION]",
                     help="gpu_hours|kwh|cost : amount / day|week|month [: hold|lowest] ('none' removes it)")
+    for flag, what in (("--default-time", "time limit of its tasks that give none (4h, 1:30:00)"),
+                       ("--max-time", "the longest time limit its tasks may ask for"),
+                       ("--default-min-runtime", "protected run time of its tasks that give none"),
+                       ("--grace", "checkpoint grace of its tasks that give none: signal, then stop after it")):
+        sp.add_argument(flag, type=_duration, metavar="DURATION", help=f"{what} ('none' removes it)")
     sp.set_defaults(fn=fn)
+
+
+def _duration(text: str) -> float:
+    """A queue's time setting: a duration as ``submit --time`` takes it; ``none`` (0) removes it."""
+    from coordinator.profiler.qos_spec import parse_time_limit
+
+    if text.strip().lower() == "none":
+        return 0.0
+    try:
+        return parse_time_limit(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _count(text: str) -> int:
@@ -97,7 +117,12 @@ def queue_update(current: admin_pb2.Queue | None, name: str, args: argparse.Name
         q.has_cpu, q.cpu = True, args.cpu
     if args.mem_gib is not None:
         q.has_mem_gib, q.mem_gib = True, args.mem_gib
-    for field, text in (("members", args.members), ("default_for", args.default_for)):
+    for field, value in (("default_time_limit_s", args.default_time), ("max_time_limit_s", args.max_time),
+                         ("default_min_runtime_s", args.default_min_runtime), ("grace_s", args.grace)):
+        if value is not None:
+            setattr(q, field, value)
+    for field, text in (("members", args.members), ("default_for", args.default_for),
+                        ("mount_allowed", args.mount_allowed)):
         names = _names(text)
         if names is not None:
             del getattr(q, field)[:]
@@ -132,6 +157,7 @@ def queue_dict(v: admin_pb2.QueueView) -> dict[str, Any]:
         "mem_gib": q.mem_gib if q.has_mem_gib else None,
         "members": list(q.members),
         "default_for": list(q.default_for),
+        "mount_allowed": list(q.mount_allowed),
         "budget": ({"kind": q.budget.kind, "amount": q.budget.amount, "period": q.budget.period,
                     "action": q.budget.action} if q.has_budget else None),
         "held": [{"gpu_model": h.gpu_model, "own": h.own, "borrowed": h.borrowed} for h in v.held],
@@ -140,6 +166,10 @@ def queue_dict(v: admin_pb2.QueueView) -> dict[str, Any]:
         "fair_order": v.fair_order,
         "budget_used": v.budget_used,
         "budget_gate": v.budget_gate or "run",
+        "default_time_limit_s": q.default_time_limit_s or None,
+        "max_time_limit_s": q.max_time_limit_s or None,
+        "default_min_runtime_s": q.default_min_runtime_s or None,
+        "grace_s": q.grace_s or None,
     }
     if v.existing_work:
         out["existing_work"] = v.existing_work

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
@@ -254,7 +254,32 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
         "elastic": elastic_dict(t),
         "gpu_fault_moves": t.gpu_fault_moves,
         "app_xids": [proto_dict(x) for x in t.app_xids],
+        "array_id": t.array_id or None,
+        "array_index": t.array_index if t.array_id else None,
+        "time_limit_s": t.spec.time_limit_s or None,
+        "min_runtime_s": t.spec.min_runtime_s or None,
+        "timed_out": t.timed_out,
     }
+
+
+def array_summaries(docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per array among task documents (schema ``tasks.json``, ``arrays``), in the order their first
+    element comes: its name, element count and counts by state."""
+    return list(count_arrays(docs, {}).values())
+
+
+def count_arrays(docs: Iterable[Mapping[str, Any]], out: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Add ``docs``' array elements to the summaries ``out`` holds by array id (as :func:`array_summaries` makes
+    them), so that a listing read page by page is summed up as it goes; returns ``out``."""
+    for d in docs:
+        array_id = d.get("array_id")
+        if not array_id:
+            continue
+        summary = out.setdefault(array_id, {"array_id": array_id, "name": d["name"], "elements": 0, "states": {},
+                                            "max_running": d["spec"].get("array", {}).get("max_running", 0)})
+        summary["elements"] += 1
+        summary["states"][d["state"]] = summary["states"].get(d["state"], 0) + 1
+    return out
 
 
 def elastic_dict(t: types_pb2.Task) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ import yaml
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.ctl.transport import EXIT_USAGE, CtlError
+from coordinator.profiler.workflow_spec import ARRAY_MAX_ELEMENTS
 
 __all__ = ["add_submit_arguments", "spec_from_args", "spec_from_file"]
 
@@ -44,7 +45,17 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "(samples, tokens); default: GPU utilization × GPUs")
     p.add_argument("--launcher", choices=("torchrun",),
                    help="run the command under torchrun with the task's nodes, rank, GPUs and rendezvous "
-                        "(torchrun --nnodes ... --master-port ... -- ARGV)")
+                        "(torchrun --nnodes ... --master-port ... -- ARGV; --standalone on one node; docs/pytorch.md)")
+    c = p.add_argument_group("Container (docs/containers.md)")
+    c.add_argument("--image", metavar="REF",
+                   help="run the command inside this OCI image: REGISTRY/NAME:TAG, NAME@sha256:HEX, "
+                        "oci-archive:PATH or docker-archive:PATH (a file on the node)")
+    c.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]",
+                   help="bind host path SRC at DST in the container (only below the cluster's allowed paths); "
+                        "repeatable")
+    c.add_argument("--workdir", metavar="DIR", help="working directory inside the container (default: the image's)")
+    c.add_argument("--shm", metavar="SIZE", help="size of the container's /dev/shm (e.g. 8GiB; default: the "
+                                                 "task's memory demand)")
     p.add_argument("--priority", type=int, help="higher runs first")
     p.add_argument("--queue", metavar="NAME", help="the team queue it runs in (default: your credential's default)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
@@ -58,6 +69,18 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "without it such a task is refused")
     p.add_argument("--wait", action="store_true",
                    help="follow the task to its final state (progress on stderr) and exit with its exit code")
+    w = p.add_argument_group("Workflows (docs/workflows.md)")
+    w.add_argument("--array", metavar="FIRST-LAST[:STEP][%MAX]",
+                   help="submit an array: one element task per index, each with GPTRM_ARRAY_ID, GPTRM_ARRAY_INDEX, "
+                        "SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID; at most MAX of them placed or running at once "
+                        f"(at most {ARRAY_MAX_ELEMENTS} elements)")
+    w.add_argument("--after", action="append", default=[], metavar="KIND:ID[,ID...]",
+                   help="wait until every ID (a task, or an array: all its elements) ended: ok (succeeded), notok "
+                        "(did not succeed) or any; repeatable. A dependency that can no longer be met cancels it")
+    w.add_argument("--keep-unmet", action="store_true", default=None,
+                   help="keep the task pending (with the reason) when a dependency can no longer be met")
+    w.add_argument("--begin", metavar="TIME|+DURATION",
+                   help="not placed before this ISO 8601 time (local without an offset) or this long from now (+2h)")
     q = p.add_argument_group("QoS")
     p.add_argument("--run-as-user", metavar="USER",
                    help="run the task as USER (only if the agent's --task-users-allowed lists it)")
@@ -78,6 +101,17 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--metrics-name", action="append", default=[], metavar="ROLE=METRIC",
                    help="read ROLE from METRIC (roles: latency_histogram, ttft_histogram, tokens_counter, "
                         "running_gauge, waiting_gauge); repeatable")
+    t = p.add_argument_group("Limits and nodes")
+    t.add_argument("--time", metavar="DURATION",
+                   help="time limit (4h, 90s, 1:30:00, a bare number is minutes): at it the task gets its checkpoint "
+                        "signal, then is stopped and ends timeout (default: its queue's; at most its queue's maximum)")
+    t.add_argument("--min-runtime", metavar="DURATION",
+                   help="protected run time: no preemption, reclaim or elastic shrink picks it before it has run "
+                        "this long (default: its queue's)")
+    t.add_argument("--nodelist", metavar="N1,N2", help="run only on these nodes")
+    t.add_argument("--exclude", metavar="N1,N2", help="never run on these nodes")
+    t.add_argument("--constraint", action="append", default=[], metavar="LABEL=VALUE",
+                   help="run only on nodes with this label (labels set by admins); repeatable")
     v = p.add_argument_group("Service (an inference task run as MIN..MAX replicas, scaled on one signal)")
     v.add_argument("--replicas", metavar="MIN:MAX",
                    help="run as a service of MIN..MAX replica tasks (each gets GPTRM_REPLICA, GPTRM_PORT_OFFSET "
@@ -152,7 +186,37 @@ def spec_from_args(args: argparse.Namespace) -> types_pb2.TaskSpec:
         d["launcher"] = args.launcher
     if args.queue is not None:
         d["queue"] = args.queue
+    for key, value in (("image", args.image), ("mounts", args.mount or None), ("workdir", args.workdir),
+                       ("shm_bytes", args.shm)):
+        if value is not None:
+            d[key] = value
+    for key, value in (("array", args.array), ("begin", args.begin), ("keep_unmet", args.keep_unmet)):
+        if value is not None:
+            d[key] = value
+    if args.after:
+        d["after"] = list(args.after)
+    _limits_from_args(args, d)
     return _parse(d, "flags")
+
+
+def _limits_from_args(args: argparse.Namespace, d: dict[str, Any]) -> None:
+    """``--time``, ``--min-runtime``, ``--nodelist``, ``--exclude`` and ``--constraint`` into the spec mapping."""
+    for key, value in (("time_limit", getattr(args, "time", None)),
+                       ("min_runtime", getattr(args, "min_runtime", None))):
+        if value is not None:
+            d[key] = value
+    constraints: dict[str, Any] = {}
+    for key, flag in (("only_nodes", "nodelist"), ("avoid_nodes", "exclude")):
+        text = getattr(args, flag, None)
+        if text is not None:
+            nodes = [n for n in (s.strip() for s in text.split(",")) if n]
+            if not nodes:
+                raise CtlError(f"submit: --{flag}: give one or more node ids, comma-separated", EXIT_USAGE)
+            constraints[key] = nodes
+    if getattr(args, "constraint", None):
+        constraints["node_selector"] = _pairs(args.constraint, "--constraint")
+    if constraints:
+        d["constraints"] = constraints
 
 
 def _range(text: str | None, flag: str, kind: type) -> tuple[Any, Any] | None:
@@ -265,12 +329,14 @@ def spec_from_file(path: str) -> types_pb2.TaskSpec:
 def _parse(doc: dict[str, Any], source: str) -> types_pb2.TaskSpec:
     """The spec a mapping describes, with the checks that need no coordinator (types, ranges, what
     ``execve`` cannot pass); any problem is a usage error naming the field."""
+    from common.oci import validate_container
     from coordinator.profiler.profiler import spec_from_mapping
     from coordinator.profiler.validation import validate_argv_env
 
     try:
         spec = spec_from_mapping(doc)
         validate_argv_env(spec.argv, spec.env)
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes)
     except ValidationError as e:
         raise CtlError(f"{source}: {e}", EXIT_USAGE) from None
     except RecursionError:

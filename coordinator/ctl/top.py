@@ -40,7 +40,7 @@ __all__ = ["Snapshot", "fetch", "run_top", "view"]
 
 _BAR = 16
 _QUEUE_ROWS = 15
-_FINAL = frozenset({"succeeded", "failed", "cancelled"})
+_FINAL = frozenset({"succeeded", "failed", "cancelled", "timeout"})
 _ORDER = {"pending": 0, "preempted": 1, "scheduled": 2, "starting": 3, "paused": 4, "running": 5}
 
 

@@ -128,10 +128,13 @@ class Transport:
             request, timeout=max(0.2, deadline - self._clock()), metadata=md), write=write, deadline=deadline)
 
     def stream(self, method: str, request: Any, *, leader_only: bool = False) -> Any:
-        """Server-streaming call without a deadline (``events --follow``); ``leader_only`` follows
-        a standby's redirect to the leader as writes do (``logs``: only the leader has the agents)."""
+        """Server-streaming (or, given an iterable of requests, bidirectional) call without a deadline
+        (``events --follow``); ``leader_only`` follows a standby's redirect to the leader as writes do
+        (``logs``, ``exec``: only the leader has the agents)."""
         md = self.security.metadata
-        return self._retrying(lambda stub: getattr(stub, method)(request, metadata=md), write=leader_only,
+        # A bidirectional call's requests (an iterable, not a message) are iterated afresh by each try.
+        fresh = (lambda: iter(request)) if hasattr(request, "__iter__") else (lambda: request)
+        return self._retrying(lambda stub: getattr(stub, method)(fresh(), metadata=md), write=leader_only,
                               streaming=True, deadline=self._clock() + self.timeout_s)
 
     def _retrying(self, fn: Callable[[admin_pb2_grpc.AdminStub], T], *, write: bool, deadline: float,

@@ -6,14 +6,12 @@ import uuid
 from collections.abc import Callable
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
-from coordinator.dispatch.launch import launch_argv, restart_env, start_fields
+from coordinator.dispatch.launch import DEFAULT_STOP_GRACE_S, launch_argv, restart_env, start_fields
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.profiler.elastic_spec import metrics_mapping_of
 from coordinator.profiler.qos_spec import metrics_url_of
 
 __all__ = ["Dispatcher"]
-
-_DEFAULT_GRACE_S = 10.0
 
 
 class Dispatcher:
@@ -59,10 +57,11 @@ class Dispatcher:
                 decision_id=f"{task.allocation.decision_id}/{na.node_id}",
                 start=agent_pb2.StartTask(task_id=task.id, gpu_indices=na.gpu_indices, gpu_uuids=na.gpu_uuids,
                                           argv=launch_argv(spec, launch), env=restart_env(task),
-                                          stop_grace_s=spec.stop_grace_s or _DEFAULT_GRACE_S,
+                                          stop_grace_s=spec.stop_grace_s or DEFAULT_STOP_GRACE_S,
                                           gpu_share=na.gpu_share, demand=na.demand,
                                           metrics_url=metrics_url_of(spec), metrics_mapping=metrics_mapping_of(spec),
-                                          run_as_user=spec.run_as_user, **launch)))
+                                          run_as_user=spec.run_as_user, image=spec.image, mounts=spec.mounts,
+                                          workdir=spec.workdir, shm_bytes=spec.shm_bytes, pty=spec.pty, **launch)))
 
     def stop(self, task: types_pb2.Task, reason: str, *, checkpoint_signal: str = "",
              nodes: frozenset[str] | None = None) -> bool:
@@ -74,7 +73,7 @@ class Dispatcher:
         """
         sent = [self.send(na.node_id, agent_pb2.Decision(
             decision_id=f"stop-{task.id}-{uuid.uuid4().hex[:6]}",
-            stop=agent_pb2.StopTask(task_id=task.id, grace_s=task.spec.stop_grace_s or _DEFAULT_GRACE_S,
+            stop=agent_pb2.StopTask(task_id=task.id, grace_s=task.spec.stop_grace_s or DEFAULT_STOP_GRACE_S,
                                     reason=reason, checkpoint_signal=checkpoint_signal)))
                 for na in task.allocation.nodes if nodes is None or na.node_id in nodes]
         return any(sent)

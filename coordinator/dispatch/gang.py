@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from common.errors import IllegalTransition
+from common.limits import end_of
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
@@ -243,10 +244,12 @@ class Gangs:
             await self._finish(task, parts)
 
     async def _finish(self, task: types_pb2.Task, parts: list[types_pb2.TaskPart]) -> None:
-        """No part runs any more: the task ends once (FAILED, SUCCEEDED or CANCELLED), releasing its GPUs."""
+        """No part runs any more: the task ends once (FAILED, SUCCEEDED, CANCELLED or TIMEOUT), releasing its GPUs."""
         failed = [p for p in parts if p.state == TaskState.FAILED]
         if task.cancel_requested:
             state, reason = TaskState.CANCELLED, "cancelled by an admin"
+        elif task.timed_out:
+            state, reason = end_of(task, TaskState.CANCELLED, "")
         elif failed:
             state = TaskState.FAILED
             reason = task.reason.removesuffix("; stopping the other parts") if self.failing(task) else \

@@ -25,14 +25,17 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
+from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL, parse_signal
 
-__all__ = ["DEFAULT_TASK_PORTS", "LAUNCHERS", "REFUSED_PORT_S", "PortBook", "launch_argv", "node_address",
-           "restart_env", "start_fields"]
+__all__ = ["DEFAULT_STOP_GRACE_S", "DEFAULT_TASK_PORTS", "LAUNCHERS", "REFUSED_PORT_S", "TORCHRUN_SHUTDOWN_ENV",
+           "TORCHRUN_SIGNALS_ENV", "PortBook", "launch_argv", "launcher_env", "node_address", "restart_env",
+           "start_fields"]
 
 REFUSED_PORT_S = 300.0
 """How long a master port that a start found held by something else on its node is not handed out there."""
@@ -103,21 +106,58 @@ def start_fields(task: types_pb2.Task, rank: int) -> dict[str, Any]:
 
 
 def restart_env(task: types_pb2.Task) -> dict[str, str]:
-    """The task's environment: its spec's, plus how often it was started before (``GPTRM_RESTART_COUNT``:
-    restarts after a failure, preemptions and resizes) and, for an elastic task, why it was last resized
-    (``GPTRM_RESIZE_REASON``, "" when never)."""
-    env = dict(task.spec.env)
+    """The task's environment: its spec's, what its launcher needs (:func:`launcher_env`), plus how often it was
+    started before (``GPTRM_RESTART_COUNT``: restarts after a failure, preemptions and resizes) and, for an elastic
+    task, why it was last resized (``GPTRM_RESIZE_REASON``, "" when never)."""
+    env = {**launcher_env(task.spec), **task.spec.env}
     env["GPTRM_RESTART_COUNT"] = str(task.restarts + task.preemptions + task.elastic.resizes)
     if task.spec.HasField("elastic"):
         env["GPTRM_RESIZE_REASON"] = task.elastic.resize_reason
     return env
 
 
+DEFAULT_STOP_GRACE_S = 10.0
+"""A task's stop grace when its spec gives none: how long a stopped part has after each signal."""
+TORCHRUN_SIGNALS_ENV = "PET_SIGNALS_TO_HANDLE"
+"""torchrun's ``--signals-to-handle`` (read from this variable when the flag is not given): the signals it passes
+on to its ranks."""
+TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+"""How many seconds torchrun waits for its ranks to exit after passing a signal on (then it kills them)."""
+_TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+"""torchrun's own list, kept."""
+
+
+def launcher_env(spec: types_pb2.TaskSpec) -> dict[str, str]:
+    """What the spec's launcher is told through the environment (the spec's own ``env`` wins over each).
+
+    torchrun starts each rank in a session of its own, so a signal the agent sends to the task's process group
+    reaches torchrun only. It passes on to its ranks the signals of its list and dies of any other; its list lacks
+    the task's checkpoint signal (``SIGUSR1`` unless the spec names another), so a preemption or a resize would end
+    torchrun, and with it the ranks, before any rank could checkpoint. The list is therefore torchrun's own plus the
+    checkpoint signal, and torchrun waits for its ranks as long as the agent does after each signal (the task's
+    stop grace; torchrun's own wait is 30 s).
+    """
+    if spec.launcher != "torchrun":
+        return {}
+    checkpoint = parse_signal(spec.checkpoint_signal or DEFAULT_CHECKPOINT_SIGNAL).name
+    names = _TORCHRUN_SIGNALS + (() if checkpoint in _TORCHRUN_SIGNALS else (checkpoint,))
+    return {TORCHRUN_SIGNALS_ENV: ",".join(names),
+            TORCHRUN_SHUTDOWN_ENV: str(math.ceil(spec.stop_grace_s or DEFAULT_STOP_GRACE_S))}
+
+
 def launch_argv(spec: types_pb2.TaskSpec, fields: dict[str, Any]) -> list[str]:
-    """The argv a part runs: the spec's, under ``torchrun`` with this part's values when the spec asks for it."""
+    """The argv a part runs: the spec's, under ``torchrun`` with this part's values when the spec asks for it.
+
+    A multi-node task's parts meet at rank 0's address and reserved port. A single-node task has no reserved
+    port (its ranks never leave the node): torchrun runs it ``--standalone``, its rendezvous on a free port of
+    loopback that it picks itself, so two such tasks on one node never meet (a fixed port would be shared by
+    every one of them, and port 0 would be handed to the ranks as the port to reach).
+    """
     argv = list(spec.argv)
     if spec.launcher != "torchrun":
         return argv
-    return ["torchrun", "--nnodes", str(fields["nnodes"]), "--node-rank", str(fields["node_rank"]),
-            "--nproc-per-node", str(max(1, fields["local_world_size"])), "--master-addr", fields["master_addr"],
-            "--master-port", str(fields["master_port"]), "--", *argv]
+    nproc = ["--nproc-per-node", str(max(1, fields["local_world_size"]))]
+    if fields["nnodes"] <= 1:
+        return ["torchrun", "--standalone", "--nnodes", "1", *nproc, "--", *argv]
+    return ["torchrun", "--nnodes", str(fields["nnodes"]), "--node-rank", str(fields["node_rank"]), *nproc,
+            "--master-addr", fields["master_addr"], "--master-port", str(fields["master_port"]), "--", *argv]

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from common.errors import GptrmError, IllegalTransition
+from common.limits import end_of, stopping
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES, NodeState, TaskState
@@ -161,6 +162,9 @@ class Reconciler:
                                          f"cancelled by an admin (agent {entry.node_id} no longer ran it)",
                                          release=True)
             return
+        if task.timed_out:
+            await self._tasks.transition(task.id, *end_of(task, TaskState.CANCELLED, ""), release=True)
+            return
         await self._restarts.fail(task, f"agent {entry.node_id} no longer runs it: {ack.reason}")
 
     async def _gang_ack(self, task: types_pb2.Task, node_id: str, ack: agent_pb2.DecisionAck) -> None:
@@ -169,7 +173,7 @@ class Reconciler:
         part = next((p for p in parts_of(task) if p.node_id == node_id), None)
         if part is None or part.state in TERMINAL_STATES or task.state not in _ACTIVE:
             return
-        if ack.task_unknown and (self.gangs.failing(task) or task.cancel_requested):
+        if ack.task_unknown and (self.gangs.failing(task) or stopping(task)):
             await self.gangs.part_gone(task.id, node_id, f"not running on {node_id}: {ack.reason}")
         elif ack.task_unknown and task.state in (TaskState.RUNNING, TaskState.PAUSED):
             self._log.warning("task_missing_on_node", task_id=task.id, node_id=node_id, reason=ack.reason)
@@ -204,6 +208,10 @@ class Reconciler:
         if task.state in _ACTIVE and is_gang(task):
             await self.gangs.on_status(task.id, entry.node_id, status)
             return
+        if task.state == state == TaskState.STARTING and status.reason:
+            # Progress of a start under way (its image's pull: bytes so far, unpacking): shown, not stored.
+            self._tasks.note_reason(task.id, status.reason[:256])
+            return
         if task.state == state or task.state in TERMINAL_STATES:
             return   # re-delivered after a reconnect, or already final
         reason = status.reason
@@ -211,6 +219,7 @@ class Reconciler:
             state, reason = TaskState.CANCELLED, f"cancelled by an admin (it ended: {status.reason})"
             if task.state == state:
                 return
+        state, reason = end_of(task, state, reason)
         updates: dict[str, object] = {"pids": list(status.pids)} if status.pids else {}
         if status.has_exit_code:
             updates.update(exit_code=status.exit_code, log_tail=status.log_tail[-4096:])
@@ -270,7 +279,7 @@ class Reconciler:
                     part.state in (0, TaskState.SCHEDULED) and not self.gangs.failing(current)):
                 continue   # ended, or never started: its start was sent again when its agent registered
             reason = f"not running on {node_id} after a leader change"
-            if self.gangs.failing(current) or current.cancel_requested:
+            if self.gangs.failing(current) or stopping(current):
                 await self.gangs.part_gone(task.id, node_id, reason)
             else:
                 await self.gangs.part_failed(task.id, node_id, reason)

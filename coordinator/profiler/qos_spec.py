@@ -13,6 +13,7 @@ import signal
 from datetime import datetime
 
 from common.errors import ValidationError
+from common.limits import MAX_TIME_LIMIT_S
 from common.pb.gptrm.v1 import types_pb2
 from common.qos import FLAVOURS, ROLES, metric_name_problem, metrics_url_for_port, metrics_url_problem
 
@@ -22,6 +23,7 @@ __all__ = [
     "parse_deadline",
     "parse_duration",
     "parse_signal",
+    "parse_time_limit",
     "validate_qos_spec",
 ]
 
@@ -33,6 +35,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 _DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _MAX_DEADLINE_AHEAD_S = 10 * 365 * 86400.0
+_CLOCK = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 def parse_signal(name: str) -> signal.Signals:
@@ -60,6 +63,41 @@ def parse_duration(text: str) -> float:
     if not _DURATION.match(compact):
         raise ValueError(f"not a duration: {text!r} (e.g. 90s, 45m, 2h30m, 1d)")
     return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(compact))
+
+
+def parse_time_limit(value: str | float) -> float:
+    """Seconds in a run-time limit, written as a duration (``90s``, ``4h``, ``2h30m``, ``1d``) or as Slurm
+    writes one: ``MINUTES``, ``MINUTES:SECONDS``, ``HOURS:MINUTES:SECONDS``, ``DAYS-HOURS[:MINUTES[:SECONDS]]``
+    (``1:30:00`` is an hour and a half, a bare ``30`` thirty minutes). A number (not text) is seconds.
+
+    :raises ValueError: for anything else, a negative or non-finite number, or more than a year.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected a duration such as 4h, 90s or 1:30:00, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        m = _CLOCK.match(text)
+        if m is None:
+            seconds = parse_duration(text)
+        else:
+            days, first, second, third = m.groups()
+            parts = [int(p) for p in (first, second, third) if p is not None]
+            if days is not None:   # DAYS-HOURS[:MINUTES[:SECONDS]]
+                hms = [*parts, 0, 0][:3]
+                seconds = int(days) * 86400.0 + hms[0] * 3600.0 + hms[1] * 60.0 + hms[2]
+            elif len(parts) == 1:
+                seconds = parts[0] * 60.0
+            elif len(parts) == 2:
+                seconds = parts[0] * 60.0 + parts[1]
+            else:
+                seconds = parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
+    else:
+        seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"not a duration ≥ 0: {value!r}")
+    if seconds > MAX_TIME_LIMIT_S:
+        raise ValueError(f"{value!r} is more than a year")
+    return seconds
 
 
 def parse_deadline(value: str | float, now: float) -> float:

@@ -23,7 +23,8 @@ from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskKind
-from coordinator.profiler.qos_spec import parse_deadline
+from coordinator.profiler.qos_spec import parse_deadline, parse_time_limit
+from coordinator.profiler.workflow_spec import parse_after, parse_array, parse_begin
 
 if TYPE_CHECKING:
     from google._upb import _message as _upb
@@ -313,14 +314,50 @@ def _with_deadline(mapping: Mapping[str, Any], now: Callable[[], float]) -> Mapp
     return {**mapping, "qos": {**rest, "deadline_unix_s": deadline}}
 
 
+def _without_workflow(mapping: Mapping[str, Any], now: Callable[[], float]) -> tuple[Mapping[str, Any], list[Any]]:
+    """``array`` as text (``"0-999%64"``) → its mapping, ``begin`` (an ISO time, ``+2h``) → ``begin_unix_s``; ``after``
+    (a ``KIND:ID,...`` string or a list of them) is taken out, for :func:`spec_from_mapping` to add."""
+    out = dict(mapping)
+    if isinstance(out.get("array"), str | int) and not isinstance(out.get("array"), bool):
+        a = parse_array(str(out["array"]))
+        out["array"] = {"first": a.first, "last": a.last, "step": a.step, "max_running": a.max_running}
+    if "begin" in out:
+        if "begin_unix_s" in out:
+            raise ValidationError("spec.begin", "give begin or begin_unix_s, not both")
+        out["begin_unix_s"] = parse_begin(out.pop("begin"), now())
+    after = out.pop("after", [])
+    return out, after if isinstance(after, list) else [after]
+_TIMES = (("time_limit", "time_limit_s"), ("min_runtime", "min_runtime_s"))
+"""Keys a spec writes as a duration (``time_limit: 4h``) in place of their fields in seconds."""
+
+
+def _with_times(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``time_limit`` and ``min_runtime`` (``4h``, ``90s``, ``1:30:00``; see ``parse_time_limit``) → their ``_s``
+    fields."""
+    out = dict(mapping)
+    for key, field in _TIMES:
+        if key not in out:
+            continue
+        if field in out:
+            raise ValidationError(f"spec.{key}", f"give {key} or {field}, not both")
+        try:
+            out[field] = parse_time_limit(out.pop(key))
+        except (ValueError, OverflowError):
+            raise ValidationError(f"spec.{key}", f"not a duration: {_show(mapping[key])} "
+                                                 "(e.g. 4h, 90s, 1:30:00)") from None
+    return out
+
+
 def spec_from_mapping(mapping: Mapping[str, Any], *, now: Callable[[], float] = time.time) -> types_pb2.TaskSpec:
     """Parse a YAML/JSON task spec (keys are the proto field names) into a ``TaskSpec``.
 
     Enums take their labels (``kind: fine-tuning``, ``restart_policy: on-failure``); ``*_bytes``
     fields also take sizes such as ``"80GiB"``; giving ``demand`` sets ``has_demand``;
     ``qos.deadline`` takes an ISO 8601 time or a duration from now (``2h30m``) in place of
-    ``qos.deadline_unix_s``. Only the shape and types are checked here; :func:`validate_spec`
-    checks the values.
+    ``qos.deadline_unix_s``; ``array`` takes ``FIRST-LAST[:STEP][%MAX]``, ``begin`` a time or ``+DURATION``,
+    ``after`` a list of ``KIND:ID[,ID...]`` (``docs/workflows.md``); ``time_limit`` and ``min_runtime`` take a
+    duration (``4h``, ``1:30:00``) in place of ``time_limit_s`` and ``min_runtime_s``. Only the shape and types are
+    checked here; :func:`validate_spec` checks the values.
 
     Example::
 
@@ -334,5 +371,10 @@ def spec_from_mapping(mapping: Mapping[str, Any], *, now: Callable[[], float] = 
     if not isinstance(mapping, Mapping):
         raise ValidationError("spec", f"expected a mapping, got {type(mapping).__name__}")
     spec = types_pb2.TaskSpec()
-    _fill(spec, _with_deadline(mapping, now), "spec")
+    rest, after = _without_workflow(mapping, now)
+    _fill(spec, _with_times(_with_deadline(rest, now)), "spec")
+    for i, dep in enumerate(after):
+        if not isinstance(dep, str):
+            raise ValidationError(f"spec.after[{i}]", f"expected KIND:ID[,ID...], got {_show(dep)}")
+        spec.after.append(parse_after(dep))
     return spec

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
+from common.limits import MAX_TIME_LIMIT_S
+from common.oci import validate_container
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.profiler.elastic_spec import validate_elastic
 from coordinator.profiler.qos_spec import validate_qos_spec
@@ -45,8 +47,10 @@ from coordinator.profiler.taskspec import (
     gpus_used,
     spec_data,
 )
+from coordinator.profiler.workflow_spec import validate_workflow
 
-__all__ = ["validate_argv_env", "validate_profiled_demand", "validate_service", "validate_sizes", "validate_spec"]
+__all__ = ["validate_argv_env", "validate_profiled_demand", "validate_pty", "validate_service", "validate_sizes",
+           "validate_spec"]
 
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _QUEUE_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -244,12 +248,13 @@ def validate_sizes(spec: types_pb2.TaskSpec) -> None:
     _validate_map("spec.labels", spec.labels, MAX_LABELS, MAX_LABEL_KEY_BYTES, MAX_LABEL_VALUE_BYTES)
     _validate_map("spec.constraints.node_selector", spec.constraints.node_selector, MAX_LABELS,
                   MAX_LABEL_KEY_BYTES, MAX_LABEL_VALUE_BYTES)
-    if len(spec.constraints.avoid_nodes) > MAX_AVOID_NODES:
-        raise ValidationError("spec.constraints.avoid_nodes",
-                              f"{len(spec.constraints.avoid_nodes)} nodes is more than {MAX_AVOID_NODES}")
-    for i, node_id in enumerate(spec.constraints.avoid_nodes):
-        if not 0 < _utf8(node_id) <= MAX_LABEL_KEY_BYTES:
-            raise ValidationError(f"spec.constraints.avoid_nodes[{i}]", "not a node id")
+    for field in ("avoid_nodes", "only_nodes"):
+        nodes = getattr(spec.constraints, field)
+        if len(nodes) > MAX_AVOID_NODES:
+            raise ValidationError(f"spec.constraints.{field}", f"{len(nodes)} nodes is more than {MAX_AVOID_NODES}")
+        for i, node_id in enumerate(nodes):
+            if not 0 < _utf8(node_id) <= MAX_LABEL_KEY_BYTES:
+                raise ValidationError(f"spec.constraints.{field}[{i}]", "not a node id")
     size = spec.ByteSize()
     if size > MAX_SPEC_BYTES:
         raise ValidationError("spec", f"{size} bytes serialized is more than {MAX_SPEC_BYTES}")
@@ -275,7 +280,10 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
     a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
     :func:`validate_service` refuses; a launcher other than ``torchrun``; an elastic range
-    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses.
+    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses; an image reference, mount, working
+    directory or ``/dev/shm`` size :func:`common.oci.validate_container` refuses (their syntax; the allowed host
+    roots are checked by the Admin API, which knows the cluster's); an array, dependency or start time
+    :func:`~coordinator.profiler.workflow_spec.validate_workflow` refuses.
 
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
@@ -296,6 +304,8 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         _number(f"spec.qos.{name}", getattr(data.qos, name), high=1e15)
     if isinstance(spec, types_pb2.TaskSpec):
         _number("spec.stop_grace_s", spec.stop_grace_s, high=86_400.0)
+        _number("spec.time_limit_s", spec.time_limit_s, high=MAX_TIME_LIMIT_S)
+        _number("spec.min_runtime_s", spec.min_runtime_s, high=MAX_TIME_LIMIT_S)
         validate_qos_spec(spec, time.time() if now is None else now)
         if spec.run_as_user and not _USER_RE.fullmatch(spec.run_as_user):
             raise ValidationError("spec.run_as_user", f"invalid user name {spec.run_as_user[:64]!r}")
@@ -306,6 +316,23 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         if spec.HasField("service"):
             validate_service(spec)
         validate_elastic(spec, max_gpus_per_node)
+        validate_container(spec.image, spec.mounts, spec.workdir, spec.shm_bytes)
+        validate_workflow(spec, now)
+        if spec.pty:
+            validate_pty(spec)
+
+
+def validate_pty(spec: types_pb2.TaskSpec) -> None:
+    """A task on a terminal (``gptrmctl run --pty``, docs/interactive.md) is one process on one node whose
+    session ends it: no gang, no service, no elastic resizes, no restarts, no array.
+
+    :raises ValidationError: on ``spec.pty`` naming what it cannot go with."""
+    if spec.nodes > 1:
+        raise ValidationError("spec.pty", "a terminal is one node's: not with nodes > 1")
+    if spec.HasField("service") or spec.HasField("elastic") or spec.HasField("array") or spec.image:
+        raise ValidationError("spec.pty", "not for a service, an elastic task, an array or a container image")
+    if spec.restart_policy not in (types_pb2.RESTART_POLICY_UNSPECIFIED, types_pb2.RESTART_POLICY_NEVER):
+        raise ValidationError("spec.pty", "a terminal session is not restarted: restart_policy must be never")
 
 
 def validate_profiled_demand(demand: Resources) -> None:

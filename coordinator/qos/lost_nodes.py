@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 
 from common.errors import GptrmError, IllegalTransition, NotFound
+from common.limits import end_of
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, NodeState, TaskState
@@ -90,6 +91,8 @@ class LostNodes:
                 elif task.cancel_requested:
                     await self._tasks.transition(task.id, TaskState.CANCELLED, f"cancelled by an admin; {reason}",
                                                  release=True)
+                elif task.timed_out:
+                    await self._tasks.transition(task.id, *end_of(task, TaskState.FAILED, reason), release=True)
                 else:
                     await self._restarts.fail(task, reason)
             except IllegalTransition as e:   # it changed meanwhile: read it again, the next sweep decides

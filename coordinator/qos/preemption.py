@@ -5,7 +5,8 @@ leader and the simulator call the same rule; :func:`choose_victims` is its view 
 for a one-node task, the smallest set of preemptible, strictly-lower-priority tasks on one node
 whose release lets the placement engine place it there; for a gang, the fewest nodes that need
 victims. Among sets of the same size, the lowest priorities first, then the most recently started
-(the least work lost). A task preempted less than the protection window ago is never chosen again.
+(the least work lost). A task preempted less than the protection window ago is never chosen again, nor
+one inside its protected run time (``spec.min_runtime_s``, ``common.limits``).
 Whether a set "frees enough" is asked of the placement engine itself, on the cycle's snapshot with
 the victims' allocations given back through the allocator's reservation model, so preemption never
 disagrees with placement.
@@ -35,6 +36,7 @@ from prometheus_client import Counter
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources
 from common.errors import GptrmError
+from common.limits import protected_until_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
@@ -108,6 +110,7 @@ class Candidate:
     :param last_preempted_s: when it was last preempted (None: never).
     :param preemptible: whether it may be preempted at all.
     :param holds: what it holds, per node.
+    :param protected_until_s: the end of its protected run time (``spec.min_runtime_s``): never a victim before.
     """
 
     id: str
@@ -116,6 +119,7 @@ class Candidate:
     last_preempted_s: float | None
     preemptible: bool
     holds: tuple[Holding, ...]
+    protected_until_s: float = 0.0
 
 
 def _holding(na: types_pb2.NodeAllocation) -> Holding:
@@ -128,7 +132,7 @@ def _holding(na: types_pb2.NodeAllocation) -> Holding:
 def candidate(task: types_pb2.Task) -> Candidate:
     """The victim-choice view of a stored task."""
     return Candidate(task.id, task.spec.priority, started_s(task), last_preempted_s(task), _preemptible(task),
-                     tuple(_holding(na) for na in task.allocation.nodes))
+                     tuple(_holding(na) for na in task.allocation.nodes), protected_until_s(task))
 
 
 def _victim_order(c: Candidate) -> tuple[int, float, str]:
@@ -214,7 +218,8 @@ def choose_candidates(request: Request, snapshot: ClusterSnapshot, candidates: I
                       protection_s: float) -> list[Candidate] | None:
     """The victim-choice rule, pure: what to preempt so that ``request`` can be placed; ``[]`` when it already
     fits, None when no set of preemptible, strictly-lower-priority (than ``request.priority``), unprotected
-    candidates would do. The leader (through :func:`choose_victims`) and the simulator both call it.
+    candidates (neither preempted within ``protection_s`` nor inside their own protected run time) would do. The
+    leader (through :func:`choose_victims`) and the simulator both call it.
 
     :param request: the pending request (its ``priority`` is the preemptor's).
     :param snapshot: schedulable nodes, with what live allocations hold.
@@ -232,6 +237,8 @@ def choose_candidates(request: Request, snapshot: ClusterSnapshot, candidates: I
             continue
         if c.last_preempted_s is not None and now - c.last_preempted_s < protection_s:
             continue
+        if now < c.protected_until_s:
+            continue   # inside its protected run time
         for h in c.holds:
             per_node.setdefault(h.node_id, []).append(c)
     if not per_node:
@@ -305,13 +312,18 @@ class Preemptor:
     :param now: the clock (unix seconds).
     :param may_preempt: whether a pending task may take what a running task holds (with team queues: only
         within its own queue; across queues, only reclaim takes borrowed GPUs back).
+    :param view: the snapshot as a pending task's placement may use it (reservations block the GPUs they keep
+        for others' work), so that nothing is preempted for GPUs it could not take.
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, dispatcher: Dispatcher,
                  events: EventBus, counter: Counter, protection_s: float = DEFAULT_PROTECTION_S,
                  now: Callable[[], float] = time.time,
-                 may_preempt: Callable[[types_pb2.Task, types_pb2.Task], bool] = lambda task, victim: True) -> None:
+                 may_preempt: Callable[[types_pb2.Task, types_pb2.Task], bool] = lambda task, victim: True,
+                 view: Callable[[types_pb2.Task, ClusterSnapshot], ClusterSnapshot] = lambda task, snapshot: snapshot,
+                 ) -> None:
         self._tasks, self._registry, self._snapshots, self._dispatcher = tasks, registry, snapshots, dispatcher
+        self._view = view
         self._may_preempt = may_preempt
         self._events, self._counter, self._protection_s, self._now = events, counter, protection_s, now
         self._claims: dict[str, _Claim] = {}       # preemptor task id → its claim
@@ -359,7 +371,8 @@ class Preemptor:
             if task.id in claims:
                 continue
             allowed = [t for t in tasks if self._may_preempt(task, t)]
-            victims = choose_victims(task, snapshot, allowed, fits, now=self._now(), protection_s=self._protection_s)
+            victims = choose_victims(task, self._view(task, snapshot), allowed, fits, now=self._now(),
+                                     protection_s=self._protection_s)
             if victims:
                 await self._preempt(task, victims)
                 return True

@@ -10,7 +10,7 @@ exits at once cannot spin the cluster. ``max_restarts`` is bounded at submit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from common.pb.gptrm.v1 import types_pb2
@@ -48,11 +48,16 @@ class RestartPolicy:
 
     :param tasks: the task table (state changes go through it).
     :param now: wall clock for the backoff (injected in tests).
+    :param fault_move: asked first about a task that ended: when it failed on a GPU that turned unhealthy, it
+        requeues it as a move off that GPU (never a restart) and returns it; None lets the policy decide
+        (``coordinator/health/moves.py``).
     """
 
-    def __init__(self, tasks: TaskTable, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, tasks: TaskTable, now: Callable[[], float] = time.time,
+                 fault_move: Callable[[types_pb2.Task], Awaitable[types_pb2.Task | None]] | None = None) -> None:
         self._tasks = tasks
         self._now = now
+        self._fault_move = fault_move
 
     def allows(self, task: types_pb2.Task) -> bool:
         """Whether the task, in its current state, is to be requeued (never once cancelled)."""
@@ -63,7 +68,12 @@ class RestartPolicy:
 
     async def after_end(self, task: types_pb2.Task) -> types_pb2.Task:
         """Requeue a task that just ended when its policy allows (``FAILED → PENDING``), not to be
-        placed before its backoff has passed; returns the task."""
+        placed before its backoff has passed; returns the task. A task that failed on a GPU that turned
+        unhealthy is requeued as a move instead, not counted (``fault_move``)."""
+        if self._fault_move is not None:
+            moved = await self._fault_move(task)
+            if moved is not None:
+                return moved
         if not self.allows(task):
             return task
         n = task.restarts + 1

@@ -2,7 +2,8 @@
 
 Without it every task ever submitted stays in etcd and in the leader's memory. A finished task
 (succeeded, failed, cancelled) is removed once it ended more than ``retain_s`` ago, or when more
-than ``retain_count`` finished tasks exist (oldest first). Its summary goes to the log
+than ``retain_count`` finished tasks exist (oldest first) — unless an unfinished task waits for it (``spec.after``
+names it or its array). Its summary goes to the log
 (``task_removed``: id, name, final state, exit code, restarts, end time) before it goes.
 
 Example::
@@ -59,7 +60,11 @@ class TaskRetention:
         finished = sorted((t for t in self._tasks.values() if t.state in TERMINAL_STATES),
                           key=lambda t: (ended_at(t), t.id), reverse=True)
         horizon = self._now() - self._retain_s
-        out = [t for i, t in enumerate(finished) if i >= self._retain_count or ended_at(t) < horizon]
+        # A finished task an unfinished one still waits for (its id, or its array's) stays: the dependent reads its end.
+        awaited = {target for t in self._tasks.values() if t.state not in TERMINAL_STATES for dep in t.spec.after
+                   for target in dep.ids}
+        out = [t for i, t in enumerate(finished) if (i >= self._retain_count or ended_at(t) < horizon)
+               and t.id not in awaited and (not t.array_id or t.array_id not in awaited)]
         out.reverse()
         return out
 

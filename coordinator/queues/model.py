@@ -28,6 +28,11 @@ Access: ``members`` may submit to the queue (``"*"`` = anyone), and so may every
 is the default of (``default_for``, where ``"*"`` makes it everyone's default unless they have
 their own). An identity is the default of at most one queue.
 
+Containers: ``mount_allowed`` lists host directories (absolute, normalized; at most
+:data:`MAX_MOUNT_ROOTS`) below which the tasks of the queue and of the queues below it may mount
+host paths into their containers, beyond the coordinator's cluster-wide ``--mount-allowed``
+(``docs/containers.md``).
+
 A configuration without queues is the cluster as it was before queues: one implicit ``default``
 queue that everyone may use, with no quota and no limit; admission lets everything through and
 nothing is reclaimed (:data:`DEFAULT_QUEUE`).
@@ -58,6 +63,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from common.errors import NotFound, ValidationError
+from common.limits import MAX_TIME_LIMIT_S
+from common.oci import host_root
 
 __all__ = [
     "ANY_MODEL",
@@ -102,6 +109,8 @@ MAX_IDENTITIES = 1000
 """The most identities a queue's ``members`` (and its ``default_for``) lists."""
 MAX_IDENTITY_CHARS = 256
 """The longest identity in ``members`` or ``default_for``."""
+MAX_MOUNT_ROOTS = 32
+"""The most host roots a queue's ``mount_allowed`` lists."""
 MAX_GPUS = 1_000_000
 """The largest GPU count of a quota, limit or lend entry."""
 MAX_CORES = 10_000_000.0
@@ -202,6 +211,11 @@ class Queue:
     members: tuple[str, ...] = ()
     default_for: tuple[str, ...] = ()
     budget: Budget | None = None
+    mount_allowed: tuple[str, ...] = ()
+    default_time_limit_s: float | None = None
+    max_time_limit_s: float | None = None
+    default_min_runtime_s: float | None = None
+    grace_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpus", "limit", "lend"):
@@ -210,6 +224,7 @@ class Queue:
                 object.__setattr__(self, name, {normalise_model(str(k)): v for k, v in values.items()})
         object.__setattr__(self, "members", tuple(self.members))
         object.__setattr__(self, "default_for", tuple(self.default_for))
+        object.__setattr__(self, "mount_allowed", tuple(self.mount_allowed))
 
     # -- per pool --------------------------------------------------------------------------
 
@@ -286,6 +301,18 @@ class Queue:
                                           f"an identity of {len(who)} characters; at most {MAX_IDENTITY_CHARS}")
         if self.budget is not None:
             self.budget.validate(f"{where}.budget")
+        if len(self.mount_allowed) > MAX_MOUNT_ROOTS:
+            raise ValidationError(f"{where}.mount_allowed", f"lists {len(self.mount_allowed)} roots; at most "
+                                                            f"{MAX_MOUNT_ROOTS}")
+        for i, root in enumerate(self.mount_allowed):
+            host_root(root, f"{where}.mount_allowed[{i}]")
+        for name in _TIME_KEYS:
+            value = getattr(self, name)
+            if value is not None:
+                _non_negative_number(value, f"{where}.{name}", _MAX_GRACE_S if name == "grace_s" else MAX_TIME_LIMIT_S)
+        if self.default_time_limit_s and self.max_time_limit_s and self.default_time_limit_s > self.max_time_limit_s:
+            raise ValidationError(f"{where}.default_time_limit_s", f"{self.default_time_limit_s:g} s is above its "
+                                  f"max_time_limit_s {self.max_time_limit_s:g} s")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON or TOML), leaving out fields at their defaults; see :meth:`from_dict`."""
@@ -307,6 +334,11 @@ class Queue:
             data["default_for"] = list(self.default_for)
         if self.budget is not None:
             data["budget"] = self.budget.to_dict()
+        if self.mount_allowed:
+            data["mount_allowed"] = list(self.mount_allowed)
+        for name in _TIME_KEYS:
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         return data
 
     @classmethod
@@ -317,9 +349,10 @@ class Queue:
         _no_unknown_keys(data, _QUEUE_KEYS, where)
         if "name" not in data:
             raise ValidationError(f"{where}.name", "is missing")
-        for name in ("members", "default_for"):
+        for name in ("members", "default_for", "mount_allowed"):
             if name in data and (isinstance(data[name], str) or not isinstance(data[name], Iterable)):
-                raise ValidationError(f"{where}.{name}", "is not a list of identities")
+                raise ValidationError(f"{where}.{name}", "is not a list of identities" if name != "mount_allowed"
+                                      else "is not a list of paths")
         budget = data.get("budget")
         if budget is not None and not isinstance(budget, Mapping):
             raise ValidationError(f"{where}.budget", "is not a table")
@@ -328,13 +361,19 @@ class Queue:
             gpus=data.get("gpus", {}), limit=data.get("limit", {}), lend=data.get("lend", {}),
             cpu=data.get("cpu"), mem_gib=data.get("mem_gib"),
             members=tuple(data.get("members", ())), default_for=tuple(data.get("default_for", ())),
-            budget=None if budget is None else Budget.from_dict(budget, f"{where}.budget"))
+            budget=None if budget is None else Budget.from_dict(budget, f"{where}.budget"),
+            mount_allowed=tuple(data.get("mount_allowed", ())),
+            **{name: data[name] for name in _TIME_KEYS if name in data})
         queue.validate(where)
         return queue
 
 
+_TIME_KEYS = ("default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
+"""A queue's run-time settings, seconds (None: not set): its tasks' default time limit, the most they may ask
+for, their default protected run time, and their checkpoint grace (docs/limits-and-reservations.md)."""
+_MAX_GRACE_S = 86_400.0
 _QUEUE_KEYS = frozenset({"name", "parent", "weight", "gpus", "limit", "lend", "cpu", "mem_gib", "members",
-                         "default_for", "budget"})
+                         "default_for", "budget", "mount_allowed", *_TIME_KEYS})
 
 DEFAULT_QUEUE = Queue(name="default", members=("*",), default_for=("*",))
 """The implicit queue of a configuration without queues: everyone's, no quota, no limit."""

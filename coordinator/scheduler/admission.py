@@ -8,6 +8,9 @@ nodes. Nothing is refused while no node is known at all, nor when a node provide
 (a new node may be the answer); and an operator can queue such a task on purpose
 (``gptrmctl submit --queue-unplaceable``).
 
+A task whose constraints (``--nodelist``, ``--exclude``, ``--constraint`` labels, the GPU model) no known node
+matches is refused naming the constraint field (:func:`constraint_refusal`).
+
 An elastic task is judged at both ends of its range: at its minimum (where it starts) and at its
 maximum (what it asked to grow to). A maximum no known node could hold (``--gpus 1:5`` where every
 node has 4 GPUs) is refused like a fixed request of that size, naming ``spec.elastic.max_gpus`` (or
@@ -35,7 +38,7 @@ from coordinator.scheduler.policies.base import feasible
 from coordinator.scheduler.policy import threshold_mode
 from coordinator.scheduler.queue import request_for
 
-__all__ = ["Admission", "unplaceable_reason"]
+__all__ = ["Admission", "constraint_refusal", "unplaceable_reason"]
 
 _GIB = 1024**3
 _NOT_AVAILABLE = "requested node configuration is not available"
@@ -50,6 +53,37 @@ def _describe_node(node: NodeSnapshot) -> str:
     c = node.capacity
     return (f"{c.gpus:g} GPUs, {c.cpu_cores:g} cores, {c.mem_bytes / _GIB:.0f} GiB memory, "
             f"{c.disk_bytes / _GIB:.0f} GiB disk")
+
+
+def _few(names: Sequence[str], most: int = 5) -> str:
+    shown = ", ".join(sorted(names)[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def constraint_refusal(req: Request, nodes: Sequence[NodeSnapshot]) -> str | None:
+    """The constraint field that no known node can ever match, in the order they narrow the nodes down
+    (``--nodelist``, ``--exclude``, ``--constraint``, the GPU model); None when some node matches them all.
+
+    :param req: the task's placement request.
+    :param nodes: every known node.
+    """
+    left = list(nodes)
+    if req.only_nodes:
+        left = [n for n in left if n.node_id in req.only_nodes]
+        if not left:
+            return (f"spec.constraints.only_nodes: no known node is among {_few(list(req.only_nodes))} "
+                    f"(known: {_few([n.node_id for n in nodes])})")
+    if req.avoid_nodes:
+        left = [n for n in left if n.node_id not in req.avoid_nodes]
+        if not left:
+            return "spec.constraints.avoid_nodes: it excludes every known node it could go to"
+    for key, value in sorted(req.node_selector.items()):
+        left = [n for n in left if n.labels.get(key) == value]
+        if not left:
+            return f"spec.constraints.node_selector: no known node it could go to has the label {key}={value}"
+    if req.gpu_model and not any(req.gpu_model.lower() in n.gpu_model.lower() for n in left):
+        return f"spec.constraints.gpu_model: no known node it could go to has a {req.gpu_model!r} GPU"
+    return None
 
 
 def unplaceable_reason(req: Request, nodes: Sequence[NodeSnapshot], threshold: float, mode: str) -> str | None:
@@ -68,6 +102,10 @@ def unplaceable_reason(req: Request, nodes: Sequence[NodeSnapshot], threshold: f
     fitting = sum(1 for _, why in refusals if why is None)
     if fitting >= req.nodes:
         return None
+    if fitting == 0:
+        unmatched = constraint_refusal(req, nodes)
+        if unmatched is not None:
+            return f"{_NOT_AVAILABLE}: {unmatched}"
     if fitting > 0:
         return (f"{_NOT_AVAILABLE}: spec.nodes: a gang of {req.nodes} nodes requested; only {fitting} of the "
                 f"{len(nodes)} known nodes could hold {describe_demand(req)} even empty")

@@ -2,8 +2,12 @@
 
 One cycle, in this order (each step needs the previous one's output):
 
-1. queue: PENDING tasks ordered by priority, then slack (deadline − now − the profiler's expected
-   run time, 0 when it has none; no deadline last), then submit time;
+0. moves: tasks holding a GPU that turned unhealthy (fenced in its node's record) are stopped with their
+   checkpoint signal and requeued, or, elastic, shrink off it (``coordinator/health/moves.py``);
+1. queue: PENDING tasks the workflow rules let through (start times, dependencies, array limits:
+   ``coordinator/scheduler/workflow.py``; a task whose dependency can never be met ends here), ordered
+   by priority, then slack (deadline − now − the profiler's expected run time, 0 when it has none; no
+   deadline last), then submit time;
 2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
    every policy reads the same consistent view;
 3. placement: the production engine (policy filter + rank, then the Resource Allocator's
@@ -37,7 +41,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from common.domain import Decision, NodeSnapshot, Placement, Rejection, Request
+from common.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
 from common.elastic import (
     ElasticJob,
     ElasticRange,
@@ -62,12 +66,14 @@ from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
+from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
 from coordinator.queues import ANY_MODEL, Admission, Demand, admit
+from coordinator.reservations import Reservations, blocked, keep_only, shrinks_off, state_of
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
@@ -75,6 +81,7 @@ from coordinator.scheduler.queue import request_for, slack_key
 from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
+from coordinator.scheduler.workflow import WorkflowGate
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
@@ -84,6 +91,8 @@ __all__ = ["FORCED_CYCLE_S", "SchedulerCycle", "on_pool"]
 
 FORCED_CYCLE_S = 30.0
 """A cycle runs at least this often even when nothing seems to have changed."""
+RESERVATION_LEAD_S = 120.0
+"""Elastic tasks holding GPUs a reservation keeps (not its own work) give them back this long before its start."""
 _PERIOD_S = 1.0
 
 
@@ -121,6 +130,9 @@ class SchedulerCycle:
     :param elastic: the elastic allocator (None: elastic tasks run at their minimum and never resize).
     :param on_shrunk: told ``(waiting task, GPUs)`` when elastic tasks shrink for a waiting task (the Resource
         Adaptor wakes a node for what they gave up).
+    :param moves: moves work off fenced GPUs first thing in each cycle (None: never).
+    :param will_restart: whether an ended task is about to be requeued (a dependency on it is still awaited).
+    :param reservations: GPUs kept for a queue's or users' work (None: none).
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
@@ -128,8 +140,14 @@ class SchedulerCycle:
                  metrics: Metrics, events: EventBus, wakeup: Wakeup, preemptor: Preemption, profiler: Profiler,
                  on_unplaced: Callable[[types_pb2.Task], None] = lambda task: None, gang_label: str = "",
                  queues: LeaderQueues | None = None, elastic: Elasticity | None = None,
-                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None) -> None:
+                 on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None,
+                 moves: GpuMoves | None = None,
+                 will_restart: Callable[[types_pb2.Task], bool] = lambda task: False,
+                 reservations: Reservations | None = None) -> None:
+        self._moves = moves
         self._preemptor, self._profiler = preemptor, profiler
+        self._gate = WorkflowGate(tasks.find, tasks.array_elements, will_restart)
+        self._reservations = reservations
         self._elastic, self._on_shrunk = elastic, on_shrunk
         self._queues = queues
         self._gang_label = gang_label
@@ -173,7 +191,10 @@ class SchedulerCycle:
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
         settled = self._elastic_settled()
-        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues, settled
+        now = time.time()
+        kept = tuple((k.reservation.name, state_of(k.reservation, now), k.gpus)
+                     for k in (self._reservations.kept() if self._reservations is not None else ()))
+        return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues, settled, kept
 
     async def cycle(self) -> int:
         """One scheduling cycle; returns the number of placements committed.
@@ -184,11 +205,13 @@ class SchedulerCycle:
         second instead of a cluster snapshot and a placement batch.
         """
         started = time.perf_counter()
+        if self._moves is not None:
+            await self._moves.step()   # before anything is placed: what it stops is on its way back to the queue
         now = time.time()   # restart backoff: a requeued task waits until its not_before time
         if self._elastic is not None:
             self._elastic.observe()   # every cycle: the curves learn while the tasks run
-        pending = self._preemptor.schedulable([t for t in self._tasks.live()
-                                               if t.state == TaskState.PENDING and t.not_before_unix_s <= now])
+        pending = self._preemptor.schedulable(await self._gated(
+            [t for t in self._tasks.live() if t.state == TaskState.PENDING and t.not_before_unix_s <= now], now))
         if not pending:
             self._idle = None
             if self._elastic is not None and self._elastic_settled(grow=True):
@@ -201,7 +224,9 @@ class SchedulerCycle:
             self.skipped += 1
             return 0
         self._idle = None
-        runs = {t.id: run_s for t in pending if (run_s := self._profiler.expected_run_s(t.spec)) is not None}
+        # The profiler's expected run time; without one, the task's time limit (it ends by then at the latest).
+        runs = {t.id: run_s for t in pending
+                if (run_s := self._profiler.expected_run_s(t.spec) or t.spec.time_limit_s or None) is not None}
         expected = {t.id: runs[t.id] for t in pending if t.spec.qos.deadline_unix_s and t.id in runs}
         requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
         by_id = {t.id: t for t in pending}
@@ -234,10 +259,16 @@ class SchedulerCycle:
         snapshot = self._snapshots.snapshot(self._tasks.live(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
+        # Reservations: their own work first on the GPUs they keep, then every kept GPU blocked for the rest.
+        early, snapshot = self._reserved_first(snapshot, requests, by_id, policy.name, policy.threshold, mode)
         # The placement state is kept from cycle to cycle; only nodes whose snapshot changed are applied.
         engine = self._placement.engine(snapshot, policy.name, threshold=policy.threshold, mode=mode,
                                         gang_label=self._gang_label)
-        decisions = engine.place_batch(requests)
+        if early:
+            rest = iter(engine.place_batch([r for r in requests if r.task_id not in early]))
+            decisions = [early[r.task_id] if r.task_id in early else next(rest) for r in requests]
+        else:
+            decisions = engine.place_batch(requests)
         if ranges:
             for i, (r, d) in enumerate(zip(requests, decisions, strict=True)):
                 if r.task_id in ranges and not isinstance(d, Placement) and r.whole_gpus * r.nodes > \
@@ -294,6 +325,57 @@ class SchedulerCycle:
             self._idle = (inputs, started)
         return committed
 
+    async def _gated(self, pending: list[types_pb2.Task], now: float) -> list[types_pb2.Task]:
+        """The pending tasks the workflow rules let this cycle place (start times, dependencies, array limits:
+        ``coordinator/scheduler/workflow.py``); the others get their pending reason, and a task whose dependency
+        can never be met ends CANCELLED with that reason."""
+        gated = self._gate.sort(pending, now)
+        for task_id, reason in gated.held.items():
+            self._tasks.note_reason(task_id, reason)
+        by_reason: dict[str, list[types_pb2.Task]] = {}
+        for task, reason in gated.unmet:
+            by_reason.setdefault(reason, []).append(task)
+        for reason, unmet in by_reason.items():   # many at once when a whole array waited for one task
+            try:
+                for task in await self._tasks.cancel_unplaced(unmet, reason):
+                    self._events.publish("task_state", f"task {task.id} pending → cancelled: {reason}",
+                                         task_id=task.id, state="cancelled")
+                    self._log.info("task_dependency_unmet", task_id=task.id, reason=reason)
+            except GptrmError as e:   # etcd refused: the next cycle looks again
+                self._log.warning("task_dependency_end_failed", count=len(unmet), error=str(e))
+        return gated.ready
+    def _reserved_first(self, snapshot: ClusterSnapshot, requests: list[Request], by_id: dict[str, types_pb2.Task],
+                        policy: str, threshold: float, mode: str) -> tuple[dict[str, Placement], ClusterSnapshot]:
+        """Place each active reservation's own waiting work on the GPUs it keeps (a placement engine of its own
+        over only those GPUs); returns those placements and the snapshot the rest is placed on: every kept GPU
+        offering nothing, the host resources of those placements taken (``coordinator/reservations.py``)."""
+        kept = self._reservations.kept() if self._reservations is not None else []
+        if not kept:
+            return {}, snapshot
+        assert self._reservations is not None
+        original = {n.node_id: n for n in snapshot.nodes}
+        early: dict[str, Placement] = {}
+        for k in kept:
+            mine = [r for r in requests if self._reservations.active_member_of(by_id[r.task_id], kept) is k]
+            if not mine:
+                continue
+            engine = PlacementEngine.from_name(keep_only(snapshot.nodes, original, k.by_node(), snapshot.taken_at_s),
+                                               policy, threshold=threshold, mode=mode)
+            early.update((d.task_id, d) for d in engine.place_batch(mine) if isinstance(d, Placement))
+        every: dict[str, set[int]] = {}
+        for k in kept:
+            for node, index in k.gpus:
+                every.setdefault(node, set()).add(index)
+        out = blocked(snapshot, {n: frozenset(s) for n, s in every.items()})
+        if early:
+            used: dict[str, Resources] = {}
+            for d in early.values():
+                for a in d.assignments:
+                    used[a.node_id] = used.get(a.node_id, Resources()).add(d.demand)
+            out = replace(out, nodes=tuple(replace(n, used=n.used.add(used[n.node_id])) if n.node_id in used else n
+                                           for n in out.nodes))
+        return early, out
+
     def _elastic_settled(self, *, grow: bool = False) -> int:
         """Running elastic tasks whose hysteresis allows a resize now (``grow``: and below their maximum)."""
         if self._elastic is None:
@@ -347,8 +429,9 @@ class SchedulerCycle:
         idle = idle_gpus(nodes)
         now, settings = time.time(), self._elastic.settings
         blocked: dict[str, str] = {}
-        decisions: list[Resize] = []
-        if waiting:
+        # Giving back GPUs a reservation keeps comes first; the rest is planned in the next cycle.
+        decisions: list[Resize] = self._off_reserved(jobs, now)
+        if waiting and not decisions:
             by_node = {n.node_id: n for n in nodes}
             decisions = plan_shrinks(waiting, jobs, idle, now, settings,
                                      accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
@@ -370,6 +453,12 @@ class SchedulerCycle:
         for task_id, gpus in sorted(gave.items()):
             self._on_shrunk(task_id, gpus)
         return bool(done)
+
+    def _off_reserved(self, jobs: list[ElasticJob], now: float) -> list[Resize]:
+        """Elastic tasks give back, ahead of a reservation's start, the GPUs it keeps (:func:`shrinks_off`)."""
+        if self._reservations is None:
+            return []
+        return shrinks_off(jobs, self._reservations.kept(), self._tasks.view(), now, RESERVATION_LEAD_S)
 
     def _give_back(self, refused: Sequence[tuple[types_pb2.Task, str]], jobs: list[ElasticJob], now: float,
                    settings: ElasticSettings) -> list[Resize]:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from common.domain import Request, Resources, queue_key
+from common.oci import CONTAINERS_LABEL
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.profiler import gpus_used
 
@@ -42,7 +43,9 @@ def request_for(task: types_pb2.Task, expected_run_s: float | None = None) -> Re
                          mem_bytes=d.mem_bytes, disk_bytes=d.disk_bytes),
         nodes=max(1, spec.nodes), gpu_mem_per_gpu_bytes=d.gpu_mem_bytes, priority=spec.priority,
         submit_s=task.submit_unix_s, deadline_s=spec.qos.deadline_unix_s or None,
-        gpu_model=spec.constraints.gpu_model, node_selector=dict(spec.constraints.node_selector),
+        gpu_model=spec.constraints.gpu_model,
+        node_selector={**spec.constraints.node_selector, **({CONTAINERS_LABEL: "true"} if spec.image else {})},
         allow_sharing=spec.allow_gpu_sharing, expected_run_s=expected_run_s,
-        avoid_nodes=frozenset(spec.constraints.avoid_nodes),
+        avoid_nodes=frozenset(spec.constraints.avoid_nodes), image=spec.image,
+        only_nodes=frozenset(spec.constraints.only_nodes),
     )

@@ -41,9 +41,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.domain import Placement
+from common.limits import protected
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
 from common.types import NodeState, TaskState
@@ -126,9 +127,10 @@ def queued(task: types_pb2.Task) -> QueuedTask:
                       gpus // n, n)
 
 
-def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
+def holding_of(task: types_pb2.Task, registry: NodeRegistry, now: float | None = None) -> Holding:
     """A placed task's holding: its GPUs (of the model of its rank-0 node's first GPU), borrowed count as
-    stored at placement (:func:`~coordinator.queues.rebalance` recomputes it)."""
+    stored at placement (:func:`~coordinator.queues.rebalance` recomputes it). Given ``now``, a task inside its
+    protected run time counts as not preemptible (reclaim never picks it)."""
     gpus, model = 0, ANY_MODEL
     per_node: dict[str, int] = {}
     for na in task.allocation.nodes:
@@ -142,7 +144,8 @@ def holding_of(task: types_pb2.Task, registry: NodeRegistry) -> Holding:
                 model = by_index.get(na.gpu_indices[0], "") or ANY_MODEL
     n = max(1, len(task.allocation.nodes))
     return Holding(task.id, queue_of(task), model, gpus, min(task.borrowed_gpus, gpus),
-                   task.spec.preemptible if task.spec.HasField("preemptible") else True,
+                   (task.spec.preemptible if task.spec.HasField("preemptible") else True)
+                   and (now is None or not protected(task, now)),
                    task.allocation.created_unix_s or task.submit_unix_s,
                    task.demand.cpu_cores * n, task.demand.mem_bytes * n / _GIB, per_node)
 
@@ -345,6 +348,8 @@ class LeaderQueues:
         self.budgets: dict[str, BudgetState] = {}
         """Each budgeted queue's last budget reading (``coordinator.queue_admin.QueueAdmin.check_budgets``)."""
         self._accrued_at: float | None = None
+        self.shielded: Callable[[types_pb2.Task], bool] = lambda task: False
+        """Whether a task may not be reclaimed whatever it borrows (a reservation's own work on its GPUs)."""
 
     @property
     def config(self) -> QueueConfig:
@@ -366,9 +371,15 @@ class LeaderQueues:
         """(tasks holding GPUs that could be victims, PREEMPTED tasks on their way out)."""
         holding: list[Holding] = []
         stopping: list[Holding] = []
+        now = self.clock()
         for t in self._state.tasks.values():
             if t.state in HOLDING_STATES and t.allocation.nodes:
-                (stopping if t.state == TaskState.PREEMPTED else holding).append(holding_of(t, self._registry))
+                held = holding_of(t, self._registry, now)
+                if t.state == TaskState.PREEMPTED:
+                    stopping.append(held)
+                else:
+                    holding.append(replace(held, preemptible=False) if held.preemptible and self.shielded(t)
+                                   else held)
         return holding, stopping
 
     def restore(self, decay: UsageDecay, accounted_until: float) -> None:

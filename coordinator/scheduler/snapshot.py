@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
+from common.oci import CONTAINERS_LABEL
 from common.pb.gptrm.v1 import types_pb2
 from common.power_states import power_label
 from common.topology import NodeTopology, topology_from_gpus
@@ -25,6 +26,8 @@ from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, feasible
 from coordinator.scheduler.queue import request_for
+
+_NO_IMAGES: frozenset[str] = frozenset()
 
 __all__ = ["NodeFit", "SnapshotBuilder", "takes_uid"]
 
@@ -177,7 +180,7 @@ class SnapshotBuilder:
         r = e.record.reserved
         key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
                None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free,
-               tuple([f.gpu_index for f in e.record.gpu_fences]), e.degraded_gpus)
+               tuple([f.gpu_index for f in e.record.gpu_fences]), e.degraded_gpus, tuple(e.inventory.images))
         last = self._views.get(e.node_id)
         view = last[1] if last is not None and last[0] == key else self._view(e, held, schedulable=uid_free)
         views[e.node_id] = (key, view)
@@ -232,7 +235,8 @@ class SnapshotBuilder:
             used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
                            mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
             gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=schedulable,
-            power=self.power_curve(e)[0], topology=static.topology)
+            power=self.power_curve(e)[0], topology=static.topology,
+            images=frozenset(e.inventory.images) if e.inventory.images else _NO_IMAGES)
 
     def power_curve(self, entry: NodeEntry) -> tuple[PowerCurve, str, int]:
         """The node's GPU power curve as Alg. 3 sees it, with its source (see :meth:`PowerModel.explain`).
@@ -260,7 +264,7 @@ class SnapshotBuilder:
             free=tuple(GpuSlot(i, total, total, 1.0, group) for i, total, group in slots),
             model=inv.gpus[0].model if inv.gpus else "",
             gpu_mem_per_gpu_bytes=slots[0][1] if slots else 0,
-            labels=dict(inv.labels),
+            labels={**inv.labels, **({CONTAINERS_LABEL: "true"} if inv.containers else {})},
             topology=topology_from_gpus(inv.gpus),
         )
         self._statics[entry.node_id] = static

@@ -123,6 +123,15 @@ class Keys:
         """How far the usage ledger has accounted (value: ``UsageMarks``)."""
         return self.prefix + "usage-marks"
 
+    @property
+    def reservations_prefix(self) -> str:
+        """Prefix of every ``reservations/<name>`` key."""
+        return self.prefix + "reservations/"
+
+    def reservation(self, name: str) -> str:
+        """``reservations/<name>`` (value: ``Reservation``)."""
+        return self.reservations_prefix + _check_name("reservation", name)
+
     def node(self, node_id: str) -> str:
         """``nodes/<node_id>`` (value: ``NodeRecord``)."""
         return self.nodes_prefix + _check_name("node_id", node_id)

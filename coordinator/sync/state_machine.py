@@ -19,18 +19,20 @@ __all__ = ["LEGAL_TRANSITIONS", "Conflict", "allowed_from", "check_transition", 
 
 _S = TaskState
 # Cancel is allowed from every state outside TERMINAL_STATES; FAILED → PENDING is the
-# restart policy re-queueing a task; PREEMPTED → PENDING puts a preempted task back in line.
+# restart policy re-queueing a task; PREEMPTED → PENDING puts a preempted task back in line;
+# TIMEOUT (a running task stopped at its time limit) is final, like CANCELLED.
 LEGAL_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = MappingProxyType(
     {
         _S.PENDING: frozenset({_S.SCHEDULED, _S.CANCELLED}),
         _S.SCHEDULED: frozenset({_S.STARTING, _S.FAILED, _S.PREEMPTED, _S.CANCELLED}),
-        _S.STARTING: frozenset({_S.RUNNING, _S.FAILED, _S.PREEMPTED, _S.CANCELLED}),
-        _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.PAUSED, _S.PREEMPTED, _S.CANCELLED}),
-        _S.PAUSED: frozenset({_S.RUNNING, _S.FAILED, _S.PREEMPTED, _S.CANCELLED}),
+        _S.STARTING: frozenset({_S.RUNNING, _S.FAILED, _S.PREEMPTED, _S.CANCELLED, _S.TIMEOUT}),
+        _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.PAUSED, _S.PREEMPTED, _S.CANCELLED, _S.TIMEOUT}),
+        _S.PAUSED: frozenset({_S.RUNNING, _S.FAILED, _S.PREEMPTED, _S.CANCELLED, _S.TIMEOUT}),
         _S.PREEMPTED: frozenset({_S.PENDING, _S.CANCELLED}),
         _S.FAILED: frozenset({_S.PENDING}),
         _S.SUCCEEDED: frozenset(),
         _S.CANCELLED: frozenset(),
+        _S.TIMEOUT: frozenset(),
     }
 )
 """State → the states it may change to."""
@@ -41,7 +43,7 @@ class Conflict(IllegalTransition):
 
 
 def allowed_from(state: TaskState) -> frozenset[TaskState]:
-    """The states ``state`` may change to (empty for SUCCEEDED and CANCELLED)."""
+    """The states ``state`` may change to (empty for SUCCEEDED, CANCELLED and TIMEOUT)."""
     return LEGAL_TRANSITIONS.get(TaskState(state), frozenset())
 
 

@@ -37,6 +37,9 @@ __all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState", "Transitio
 
 _M = TypeVar("_M")
 
+CREATE_MAX_BYTES = 1024 * 1024
+"""Task records created in one etcd transaction at most, in bytes (within etcd's request size limit)."""
+
 
 @dataclass(frozen=True, slots=True)
 class StoredState:
@@ -254,11 +257,13 @@ class Store:
             self._log.info("task_deleted", task_id=task_id)
         return result.succeeded
 
-    def create_tasks(self, items: Sequence[tuple[types_pb2.Task, str]]) -> list[types_pb2.Task | Exception]:
+    def create_submits(self, items: Sequence[tuple[types_pb2.Task, str]], *,
+                       max_bytes: int = CREATE_MAX_BYTES) -> list[types_pb2.Task | Exception]:
         """:meth:`create_task` for many tasks, in one transaction when none of their ids and request ids exists
-        yet (the common case: new submits arriving together); otherwise each is created on its own, so a
-        retried submit still gets the task its first try created. Returns, per item in order, the stored task
-        or the exception :meth:`create_task` would raise for it.
+        yet (the common case: new submits arriving together) and they fit in one (etcd's operation limit,
+        ``max_bytes`` of values); otherwise each is created on its own, so a retried submit still gets the task
+        its first try created. Returns, per item in order, the stored task or the exception :meth:`create_task`
+        would raise for it.
 
         :raises NotLeader, Fenced, EtcdUnavailable: as :meth:`create_task`, for the whole batch.
         """
@@ -267,27 +272,15 @@ class Store:
         if len(items) > 1 and len(items) * 2 <= self._max_txn_ops - 1 \
                 and len(set(request_ids)) == len(request_ids) and len(set(task_ids)) == len(task_ids):
             # (A key twice in one transaction is refused by etcd: such a batch goes one by one.)
-            news = []
-            compare: list[Compare] = []
-            success: list[Op] = []
-            for task, request_id in items:
-                try:
-                    new = self._new_task(task)
-                except IllegalTransition:
-                    break   # that one's error comes from create_task below
-                news.append(new)
-                compare.append(cmp_create(self._keys.task(new.id), 0))
-                success.append(op_put(self._keys.task(new.id), new.SerializeToString()))
-                if request_id:
-                    compare.append(cmp_create(self._keys.request(request_id), 0))
-                    success.append(op_put(self._keys.request(request_id), new.id.encode(), self._request_lease_id()))
-            else:
-                result = self._writer.write(compare, success)
-                if result.succeeded:
-                    for new, (_task, request_id) in zip(news, items, strict=True):
-                        new.revision = result.revision
-                        self._log.info("task_created", task_id=new.id, revision=new.revision, request_id=request_id)
-                    return list(news)
+            try:
+                batch = [(new, request_id, new.SerializeToString())
+                         for new, request_id in ((self._new_task(t), r) for t, r in items)]
+            except IllegalTransition:
+                batch = []   # that one's error comes from create_task below
+            if batch and sum(len(data) for _t, _r, data in batch) <= max_bytes and self._create_batch(batch):
+                for new, request_id, _data in batch:
+                    self._log.info("task_created", task_id=new.id, revision=new.revision, request_id=request_id)
+                return [new for new, _r, _d in batch]
         out: list[types_pb2.Task | Exception] = []
         for task, request_id in items:
             try:
@@ -296,13 +289,17 @@ class Store:
                 out.append(e)
         return out
 
-    def _new_task(self, task: types_pb2.Task) -> types_pb2.Task:
-        """The record a new task is stored as (a fresh id when it has none, PENDING, its first history entry).
+    def _new_task(self, task: types_pb2.Task, *, copy: bool = True) -> types_pb2.Task:
+        """The record a new task is stored as (a fresh id when it has none, PENDING, its first history entry):
+        a copy of ``task``, or ``task`` itself completed in place (``copy=False``).
 
         :raises IllegalTransition: the task carries a state other than PENDING.
         """
-        new = types_pb2.Task()
-        new.CopyFrom(task)
+        if copy:
+            new = types_pb2.Task()
+            new.CopyFrom(task)
+        else:
+            new = task
         new.id = new.id or self._new_id()
         if new.state not in (0, TaskState.PENDING):
             raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
@@ -355,6 +352,78 @@ class Store:
             return first
         revision = found_task[0].mod_revision if found_task else 0
         raise Conflict(f"task {new.id}: already exists (revision {revision})")
+
+    def claim_request(self, request_id: str, value: str) -> str:
+        """Remember ``request_id`` as having made ``value`` (an array id), unless it is already known.
+
+        :returns: what the request made: ``value`` when this call claimed it, else what the first call stored.
+        """
+        rkey = self._keys.request(request_id)
+        for _ in range(2):   # a refused stored value is moved aside: the request id is free again
+            result = self._writer.write([cmp_create(rkey, 0)], [op_put(rkey, value.encode(), self._request_lease_id())],
+                                        [op_get(rkey)])
+            if result.succeeded:
+                return value
+            found = result.responses[0]
+            existing = self._writer.parse(found[0], rec.parse_request) if found else None
+            if existing is not None:
+                return existing
+        raise Conflict(f"request id {request_id!r}: its stored value was refused twice")
+
+    def create_tasks(self, tasks: Sequence[types_pb2.Task], *,
+                     max_bytes: int = CREATE_MAX_BYTES) -> list[types_pb2.Task]:
+        """Store many new PENDING tasks (an array's elements) in few transactions: as many per transaction as
+        etcd's operation limit and ``max_bytes`` of values allow, each put only if its key is new.
+
+        The tasks are completed in place (history, submit time, revision) and returned. Transactions that went
+        through stay (each holds whole tasks); a retry of the same ids creates only those
+        not yet stored (the caller leaves out the ones it knows).
+
+        :returns: the stored tasks, ``revision`` set, in order.
+        :raises Conflict: a task of a batch already exists (nothing of that batch was written).
+        """
+        stored: list[types_pb2.Task] = []
+        batch: list[tuple[types_pb2.Task, str, bytes]] = []
+        size = 0
+
+        def flush() -> None:
+            if not self._create_batch(batch):
+                raise Conflict(f"tasks {batch[0][0].id}..{batch[-1][0].id}: one of them already exists")
+            self._log.info("tasks_created", first=batch[0][0].id, count=len(batch), revision=batch[0][0].revision)
+            stored.extend(t for t, _r, _d in batch)
+
+        for task in tasks:   # completed in place (no copy: an array's elements are made for this call)
+            new = self._new_task(task, copy=False)
+            data = new.SerializeToString()
+            if batch and (len(batch) + 1 >= self._max_txn_ops or size + len(data) > max_bytes):
+                flush()
+                batch, size = [], 0
+            batch.append((new, "", data))
+            size += len(data)
+        if batch:
+            flush()
+        return stored
+
+    def _create_batch(self, batch: Sequence[tuple[types_pb2.Task, str, bytes]]) -> bool:
+        """Put each new task of ``batch`` (task, its request id or "", its record) and its request id, only if
+        none of their keys exists, in one transaction; returns whether it went through (the tasks then carry
+        its revision)."""
+        compare: list[Compare] = []
+        success: list[Op] = []
+        for task, request_id, data in batch:
+            key = self._keys.task(task.id)
+            compare.append(cmp_create(key, 0))
+            success.append(op_put(key, data))
+            if request_id:
+                rkey = self._keys.request(request_id)
+                compare.append(cmp_create(rkey, 0))
+                success.append(op_put(rkey, task.id.encode(), self._request_lease_id()))
+        result = self._writer.write(compare, success)
+        if not result.succeeded:
+            return False
+        for task, _r, _d in batch:
+            task.revision = result.revision
+        return True
 
     def _request_lease_id(self) -> int:
         # One lease per ~1/24 of the TTL carries every request key made meanwhile, so each key
@@ -517,6 +586,41 @@ class Store:
             new.revision = result.revision
             self._log.info("task_transitioned", task_id=new.id, state=TaskState(new.state).name, revision=new.revision)
         return list(news)
+
+    def cancel_unplaced(self, tasks: Sequence[types_pb2.Task], reason: str) -> list[types_pb2.Task]:
+        """End many PENDING tasks that hold nothing (an array's waiting elements) CANCELLED, in few transactions:
+        each record is rewritten from the copy given, compared on its revision, as many per transaction as
+        etcd's operation limit allows.
+
+        A transaction whose compare fails (one of its tasks changed meanwhile) writes nothing; its tasks are
+        left out of the answer (the caller cancels those one by one).
+
+        :returns: the tasks as stored, with their new ``revision``.
+        :raises IllegalTransition: a task given is not PENDING or holds an allocation.
+        """
+        stored: list[types_pb2.Task] = []
+        now = self._wall()
+        step = self._max_txn_ops - 1
+        for i in range(0, len(tasks), step):
+            batch: list[tuple[int, types_pb2.Task, str]] = []
+            for task in tasks[i : i + step]:
+                if task.state != TaskState.PENDING or task.allocation.nodes:
+                    raise IllegalTransition(f"task {task.id}: only a PENDING task that holds nothing is cancelled "
+                                            "in bulk")
+                new = types_pb2.Task()
+                new.CopyFrom(task)
+                new.revision = 0
+                rec.append_history(new, TaskState.CANCELLED, reason, now, self._history_limit)
+                batch.append((task.revision, new, self._keys.task(task.id)))
+            result = self._writer.write([cmp_mod(key, rev) for rev, _n, key in batch],
+                                        [op_put(key, new.SerializeToString()) for _r, new, key in batch])
+            if not result.succeeded:
+                continue
+            for _rev, new, _key in batch:
+                new.revision = result.revision
+                stored.append(new)
+            self._log.info("tasks_cancelled", first=batch[0][1].id, count=len(batch), revision=result.revision)
+        return stored
 
     def update_task(self, task_id: str, expected_revision: int, **updates: object) -> types_pb2.Task:
         """Set ``Task`` fields (pids, log_tail, ...) without a state change, compare-on-revision.

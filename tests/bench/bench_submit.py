@@ -1,6 +1,6 @@
 """Benchmark: submit-to-RUNNING latency of short tasks on a local cluster.
 
-Run: ``.venv/bin/python tests/bench/bench_submit.py [--tasks 200] [--rate 10] [--agents 2]``.
+Run: ``.venv/bin/python tests/bench/bench_submit.py [--tasks 200] [--rate 10] [--agents 2] [--image]``.
 
 It starts a single-member embedded etcd, one ``gptrm-coordinator`` and ``--agents`` real
 ``gptrm-agent`` processes (``--gpu-backend simulated --simulate-gpus 8xH100-80GB
@@ -14,6 +14,14 @@ submit → SCHEDULED (from the task's submit time: queue, placement, etcd commit
 STARTING (decision to the agent, fork/exec, durable task table, status back, one transaction)
 and STARTING → RUNNING (the agent's RUNNING event, one more transaction).
 
+With ``--image`` the same tasks are then measured again in the same run, each with ``--image`` (the command
+runs in a container: ``sleep`` inside a small image from ``tests/helpers/oci.py``), the image cached: it is
+served by a ``docker-registry`` on loopback and pre-pulled into every agent's store before either phase (needs
+root and crun, skopeo, umoci, docker-registry). Both rows are printed together at the end. The RUNNING entry is
+written when the agent has spawned the task's root wrapper, before crun sets the container up; so in this mode
+every task (both phases) also prints its own start time first (``sh -c 'date +%s.%N; exec sleep S'``, read back
+from its log), and "submit return → command's first line" is measured to that.
+
 Baselines in the same run: the round trip of a bare ``GetStatus`` RPC, the ``SubmitTask``
 RPC itself (it writes the task to etcd), and a local fork/exec of ``sleep 0`` through
 ``sh -c`` as the agent's runtime does. ``--warmup`` tasks run first and are not counted.
@@ -22,6 +30,7 @@ RPC itself (it writes the task to etcd), and a local fork/exec of ``sleep 0`` th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -34,6 +43,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import BIN, Proc, coordinator_argv, free_port, percentile, wait_leader, wait_until, work_dir
 
+from agent.taskfs import TaskPaths
 from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 
@@ -44,12 +54,19 @@ STARTING = types_pb2.TASK_STATE_STARTING
 TERMINAL = {types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED, types_pb2.TASK_STATE_CANCELLED}
 
 
-def spec(i: int, args: argparse.Namespace) -> types_pb2.TaskSpec:
+def argv(args: argparse.Namespace) -> list[str]:
+    """The tasks' command: ``sleep``; with ``--image`` (both phases) it prints its start time first."""
+    if args.image:
+        return ["sh", "-c", f"date +%s.%N; exec sleep {args.task_seconds:g}"]
+    return ["sleep", f"{args.task_seconds:g}"]
+
+
+def spec(i: int, args: argparse.Namespace, image: str = "") -> types_pb2.TaskSpec:
     demand = types_pb2.ResourceVector(gpus=args.gpus, gpu_mem_bytes=int(args.gpu_mem_gib * GIB),
                                       cpu_cores=args.cpu_cores)
     return types_pb2.TaskSpec(name=f"bench-{i}", kind=types_pb2.TASK_KIND_INFERENCE,
-                              argv=["sleep", f"{args.task_seconds:g}"], has_demand=True, demand=demand,
-                              allow_gpu_sharing=True)
+                              argv=argv(args), has_demand=True, demand=demand,
+                              allow_gpu_sharing=True, image=image)
 
 
 def history_time(task: types_pb2.Task, state: int) -> float | None:
@@ -83,7 +100,7 @@ def baseline_fork(n: int) -> list[float]:
 
 
 def submit_all(stub: admin_pb2_grpc.AdminStub, count: int, rate: float, args: argparse.Namespace,
-               first: int) -> tuple[dict[str, float], list[float], float]:
+               first: int, image: str = "") -> tuple[dict[str, float], list[float], float]:
     """Submit ``count`` tasks at ``rate``/s; returns ({task id: time the call returned}, RPC seconds, start time)."""
     returned: dict[str, float] = {}
     rpc: list[float] = []
@@ -93,8 +110,8 @@ def submit_all(stub: admin_pb2_grpc.AdminStub, count: int, rate: float, args: ar
         if delay > 0:
             time.sleep(delay)
         t0 = time.time()
-        task = stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=spec(first + i, args), request_id=f"bench-{first + i}"),
-                               timeout=30)
+        request = admin_pb2.SubmitTaskRequest(spec=spec(first + i, args, image), request_id=f"bench-{first + i}")
+        task = stub.SubmitTask(request, timeout=30)
         t1 = time.time()
         returned[task.id] = t1
         rpc.append(t1 - t0)
@@ -130,10 +147,97 @@ def wait_running(stub: admin_pb2_grpc.AdminStub, ids: set[str], timeout_s: float
         return tasks
 
 
+def started_at(tmp: Path, agents: int, ids: set[str]) -> dict[str, float]:
+    """The time each task's command printed as its first line (``--image`` runs): read from its log on its agent."""
+    def read() -> dict[str, float] | None:
+        found: dict[str, float] = {}
+        for tid in ids:
+            for a in range(agents):
+                log = TaskPaths.of(tmp / f"agent-{a}", tid).log
+                line = log.read_text().split("\n", 1)[0] if log.exists() else ""
+                if line:
+                    found[tid] = float(line)
+        return found if len(found) == len(ids) else None
+
+    try:
+        return wait_until(read, 30.0, interval_s=0.5, what="every task's start time in its log")
+    except AssertionError:
+        print("warning: some tasks never printed their start time")
+        return {}
+
+
+def measure(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace, tmp: Path, first: int,
+            image: str = "") -> dict[str, list[float]]:
+    """Run ``--warmup`` then ``--tasks`` tasks (numbered from ``first``), with ``image`` when given; print their
+    figures and return them by row name."""
+    if args.warmup:
+        warm, _, _ = submit_all(stub, args.warmup, args.rate, args, first=first, image=image)
+        wait_running(stub, set(warm), 60.0)
+    returned, submit_rpc, started = submit_all(stub, args.tasks, args.rate, args, first=first + args.warmup,
+                                               image=image)
+    tasks = wait_running(stub, set(returned), args.timeout)
+
+    latency, to_sched, sched_to_start, start_to_run, ran_at = [], [], [], [], []
+    for tid, t_ret in returned.items():
+        task = tasks.get(tid)
+        t_run = history_time(task, RUNNING) if task is not None else None
+        if task is None or t_run is None:
+            continue
+        latency.append(t_run - t_ret)
+        ran_at.append(t_run)
+        t_sched, t_start = history_time(task, SCHEDULED), history_time(task, STARTING)
+        if t_sched is not None and t_start is not None:
+            to_sched.append(t_sched - task.submit_unix_s)
+            sched_to_start.append(t_start - t_sched)
+            start_to_run.append(t_run - t_start)
+    submit_s = max(returned.values()) - started
+    span = max(ran_at) - started if ran_at else float("nan")
+    own = started_at(tmp, args.agents, set(returned)) if args.image else {}
+    command = [own[tid] - t_ret for tid, t_ret in returned.items() if tid in own]
+
+    print(f"\nsubmit → RUNNING{' with --image ' + image + ' (cached)' if image else ''}: {args.tasks} tasks "
+          f"(argv sleep {args.task_seconds:g}, {args.gpus:g} GPU + {args.gpu_mem_gib:g} GiB, sharing) at "
+          f"{args.rate:g}/s requested, {args.tasks / submit_s:.1f}/s achieved")
+    print(stats_line("submit return → RUNNING (history)", latency))
+    print(stats_line("  of which submit → SCHEDULED", to_sched))
+    print(stats_line("  of which SCHEDULED → STARTING", sched_to_start))
+    print(stats_line("  of which STARTING → RUNNING", start_to_run))
+    if args.image:
+        print(stats_line("submit return → command's first line", command))
+    print(f"{'throughput':<38} {len(latency)} tasks RUNNING {span:.2f}s after the first submit = "
+          f"{len(latency) / span:.1f} tasks/s"
+          + (f"  ({args.tasks - len(latency)} never ran)" if len(latency) < args.tasks else ""), flush=True)
+    return {"latency": latency, "command": command, "submit_rpc": submit_rpc}
+
+
+def image_ready(tmp: Path, stack: contextlib.ExitStack) -> str:
+    """A registry on loopback (stopped with ``stack``) holding the benchmark's image; returns its reference."""
+    from tests.helpers import oci
+
+    address = stack.enter_context(oci.registry(tmp / "registry"))
+    (tmp / "image").mkdir()
+    return oci.push(oci.build_image(tmp / "image"), address, "bench/img:1")
+
+
+def prepull(stub: admin_pb2_grpc.AdminStub, image: str, agents: int) -> None:
+    """Pull ``image`` into every agent's store and wait until each reports holding it."""
+    stub.PullImage(admin_pb2.PullImageRequest(image=image), timeout=30)
+    wait_until(lambda: sum(1 for n in stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes
+                           if image in n.record.inventory.images) >= agents,
+               120.0, what=f"{image} in every agent's store")
+
+
 def run(args: argparse.Namespace, tmp: Path) -> None:
     etcd = EmbeddedEtcd(tmp / "etcd")
     procs: list[Proc] = []
+    stack = contextlib.ExitStack()
     try:
+        image = ""
+        agent_flags: list[str] = []
+        if args.image:
+            tmp.chmod(0o755)   # the tasks' own uids traverse the agents' state directories to their containers
+            image = image_ready(tmp, stack)
+            agent_flags = ["--image-insecure-registries", image.split("/", 1)[0]]
         etcd.start()
         listen = f"127.0.0.1:{free_port()}"
         prefix = f"/bench/submit-{os.getpid()}-{int(time.time())}/"
@@ -145,61 +249,43 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
             procs.append(Proc([str(BIN / "gptrm-agent"), "--coordinator", listen, "--node-id", f"bench-agent-{a}",
                                "--gpu-backend", "simulated", "--simulate-gpus", args.simulate_gpus,
                                "--interval", str(args.interval), "--state-dir", str(tmp / f"agent-{a}"),
-                               "--backoff-max", "1", "--advertise-address", "127.0.0.1", "--insecure"],
-                              tmp / f"agent-{a}.log").start())
+                               "--backoff-max", "1", "--advertise-address", "127.0.0.1", "--insecure",
+                               *agent_flags], tmp / f"agent-{a}.log").start())
         with grpc.insecure_channel(listen) as channel:
             stub = admin_pb2_grpc.AdminStub(channel)
             wait_until(lambda: sum(1 for n in stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=5).nodes
                                    if n.state == types_pb2.NODE_STATE_READY and n.has_latest) >= args.agents,
                        60.0, what=f"{args.agents} READY agents with telemetry")
             print(f"cluster: embedded etcd, 1 coordinator, {args.agents} agent(s) × {args.simulate_gpus} simulated, "
-                  f"agent interval {args.interval:g}s; {os.cpu_count()} CPUs", flush=True)
+                  f"agent interval {args.interval:g}s; {os.cpu_count()} CPUs, load average "
+                  + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
+            if image:
+                prepull(stub, image, args.agents)
 
             status_rtt = baseline_rpc(stub, args.baseline_n)
             fork = baseline_fork(args.baseline_n)
 
-            if args.warmup:
-                warm, _, _ = submit_all(stub, args.warmup, args.rate, args, first=0)
-                wait_running(stub, set(warm), 60.0)
-            returned, submit_rpc, started = submit_all(stub, args.tasks, args.rate, args, first=args.warmup)
-            tasks = wait_running(stub, set(returned), args.timeout)
+            plain = measure(stub, args, tmp, first=0)
+            with_image = measure(stub, args, tmp, first=args.warmup + args.tasks, image=image) if image else None
 
-        latency, to_sched, sched_to_start, start_to_run, ran_at = [], [], [], [], []
-        for tid, t_ret in returned.items():
-            task = tasks.get(tid)
-            t_run = history_time(task, RUNNING) if task is not None else None
-            if t_run is None:
-                continue
-            latency.append(t_run - t_ret)
-            ran_at.append(t_run)
-            t_sched, t_start = history_time(task, SCHEDULED), history_time(task, STARTING)
-            if t_sched is not None and t_start is not None:
-                to_sched.append(t_sched - task.submit_unix_s)
-                sched_to_start.append(t_start - t_sched)
-                start_to_run.append(t_run - t_start)
-        submit_s = max(returned.values()) - started
-        span = max(ran_at) - started if ran_at else float("nan")
-
-        print(f"\nsubmit → RUNNING: {args.tasks} tasks (argv sleep {args.task_seconds:g}, {args.gpus:g} GPU + "
-              f"{args.gpu_mem_gib:g} GiB, sharing) at {args.rate:g}/s requested, "
-              f"{args.tasks / submit_s:.1f}/s achieved")
-        print(stats_line("submit return → RUNNING (history)", latency))
-        print(stats_line("  of which submit → SCHEDULED", to_sched))
-        print(stats_line("  of which SCHEDULED → STARTING", sched_to_start))
-        print(stats_line("  of which STARTING → RUNNING", start_to_run))
-        print(f"{'throughput':<38} {len(latency)} tasks RUNNING {span:.2f}s after the first submit = "
-              f"{len(latency) / span:.1f} tasks/s"
-              + (f"  ({args.tasks - len(latency)} never ran)" if len(latency) < args.tasks else ""))
+        if with_image is not None:
+            print("\nsame run, host process vs --image (cached):")
+            print(stats_line("  submit → RUNNING, host", plain["latency"]))
+            print(stats_line("  submit → RUNNING, --image", with_image["latency"]))
+            print(stats_line("  submit → command running, host", plain["command"]))
+            print(stats_line("  submit → command running, --image", with_image["command"]))
         print("baselines (same run):")
-        print(stats_line("  SubmitTask RPC (etcd write)", submit_rpc))
+        print(stats_line("  SubmitTask RPC (etcd write)", plain["submit_rpc"]))
         print(stats_line("  GetStatus RPC round trip", status_rtt))
         print(stats_line("  fork/exec sh -c 'sleep 0'", fork))
+        print("load average at the end: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     finally:
         for p in reversed(procs):
             status = p.stop()
             if status not in (0, None, -15):
                 print(f"{p.log_path.name} exited with {status}; tail:\n{p.tail(1500)}", file=sys.stderr)
         etcd.stop()
+        stack.close()
 
 
 def main() -> None:
@@ -219,8 +305,16 @@ def main() -> None:
     p.add_argument("--baseline-n", type=int, default=200, help="samples of each baseline")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the last task to run")
     p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
+    p.add_argument("--image", action="store_true",
+                   help="measure the same tasks again with an image (cached), in the same run (root; crun, skopeo, "
+                        "umoci, docker-registry)")
     p.add_argument("--keep-dir", default="", help="keep state and logs in this directory instead of a temporary one")
     args = p.parse_args()
+    if args.image:
+        from tests.helpers.oci import missing_tools
+
+        if os.geteuid() != 0 or missing_tools():
+            p.error(f"--image: needs root and {', '.join(missing_tools()) or 'root'}")
     with work_dir(args.keep_dir, "gptrm-bench-submit-") as tmp:
         run(args, tmp)
 

@@ -202,6 +202,22 @@ class Cluster:
         STARTED_AGENTS.append(StartedAgent.of(proc.argv))
         return proc
 
+    def ready_nodes(self, name: str = "c1") -> int:
+        """Nodes READY as coordinator ``name`` sees them."""
+        res = self.ctl("-o", "json", "nodes", coordinator=self.address(name))
+        if res.returncode != 0:
+            return 0
+        return sum(n["state"] == "ready" for n in json.loads(res.stdout)["nodes"])
+
+    def start_agents(self, node_ids: list[str], *extra: str, leader: str = "c1") -> None:
+        """Agents ``node_ids`` on this host, ready as ``leader`` sees them. Each hands its tasks uids from a range of
+        its own: an agent ends whatever runs as an ended task's uid, so two agents on one host must never give the
+        same uid to two tasks."""
+        for i, n in enumerate(node_ids):
+            first = 1879048192 + 512 * i
+            self.start_agent(n, "--task-uids", f"{first}-{first + 511}", *extra)
+        wait_until(lambda: self.ready_nodes(leader) == len(node_ids), what=f"{len(node_ids)} ready nodes")
+
     def address(self, name: str = "c1") -> str:
         return self.coordinators[name][1]
 

@@ -129,9 +129,12 @@ class TestSubmitWait:
         validate(doc, "task")
         assert doc["state"] == "failed" and doc["exit_code"] == 3
         assert "failed" in res.stderr.splitlines()[-1]
-        res = cluster.ctl("submit", "--wait", "--name", "ok", "--gpus", "1", "--cpu", "0.1", "--", "true")
+        res = cluster.ctl("submit", "--wait", "--name", "ok", "--gpus", "1", "--cpu", "0.1", "--",
+                          "sh", "-c", "echo hello; echo world >&2")
         assert res.returncode == 0, res.stderr
         assert "succeeded with exit code 0" in res.stdout and "succeeded" in res.stderr
+        # The task's output streamed on stdout as srun -l shows it: each line after its rank.
+        assert "0: hello\n" in res.stdout and "0: world\n" in res.stdout, res.stdout
 
 
 class TestCompletion:

@@ -31,7 +31,8 @@ class DevCluster:
         self.agent_state = self.state / "agent"
         self.listen = f"127.0.0.1:{free_port()}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPTRM_DEV_LISTEN": self.listen,
-               "GPTRM_DEV_METRICS": f"127.0.0.1:{free_port()}", "GPTRM_GPU_BACKEND": "simulated"}
+               "GPTRM_DEV_METRICS": f"127.0.0.1:{free_port()}", "GPTRM_GPU_BACKEND": "simulated",
+               "GPTRM_DEV_WEB": f"127.0.0.1:{free_port()}"}
         self.lines: list[str] = []
         self.proc = subprocess.Popen(DEVCLUSTER, cwd=cwd, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -143,7 +144,8 @@ def test_ctrl_c_stops_the_tasks_too(devcluster: DevCluster) -> None:
 def _run_devcluster(cwd: Path, *args: str, env: dict[str, str] | None = None,
                     timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     """The dev cluster run to its end (one that should end by itself); its process group killed if it does not."""
-    proc = subprocess.Popen([*DEVCLUSTER, *args], cwd=cwd, env={**os.environ, **(env or {})}, text=True,
+    env = {**os.environ, "GPTRM_DEV_WEB": f"127.0.0.1:{free_port()}", **(env or {})}
+    proc = subprocess.Popen([*DEVCLUSTER, *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:

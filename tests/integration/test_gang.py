@@ -50,19 +50,9 @@ print(f"rank={rank} nnodes={nnodes} world={os.environ['WORLD_SIZE']} local={os.e
 '''
 
 
-def _ready(c: Cluster, name: str = "c1") -> int:
-    """Nodes READY as coordinator ``name`` (the leader) sees them."""
-    res = c.ctl("-o", "json", "nodes", coordinator=c.address(name))
-    return res.returncode == 0 and sum(n["state"] == "ready" for n in json.loads(res.stdout)["nodes"])
-
-
 def _two_nodes(c: Cluster, *agent_args: str, leader: str = "c1") -> None:
-    """Agents n1 and n2 on this host. Each hands its tasks uids from a range of its own: an agent ends whatever
-    runs as an ended task's uid, so two agents on one host must never give the same uid to two tasks."""
-    for i, n in enumerate(("n1", "n2")):
-        first = 1879048192 + 512 * i
-        c.start_agent(n, "--task-uids", f"{first}-{first + 511}", *agent_args)
-    wait_until(lambda: _ready(c, leader) == 2, what="two ready nodes")
+    """Agents n1 and n2 on this host, ready."""
+    c.start_agents(["n1", "n2"], *agent_args, leader=leader)
 
 
 def _task_processes(task_id: str, name: str) -> dict[str, int]:
@@ -223,7 +213,7 @@ class TestLiveAndDieTogether:
         assert wait_until(lambda: _task_processes(tid, "sleep") == {"0": 1, "1": 1} or None,
                           what="one process per part")
         # Every agent reported since the new leader took over (each registered with it): still one each.
-        wait_until(lambda: _ready(cluster, survivor) == 2, what="nodes ready under the new leader")
+        wait_until(lambda: cluster.ready_nodes(survivor) == 2, what="nodes ready under the new leader")
         assert _task_processes(tid, "sleep") == {"0": 1, "1": 1}
         assert [h["state"] for h in cluster.task(tid)["history"]].count("running") == 1
         res = cluster.ctl("cancel", tid)

@@ -16,7 +16,7 @@ from common.pb.gptrm.v1 import admin_pb2
 from tests.integration.harness import Cluster, assert_gpus_held_once, wait_until
 
 DUTIES = ("cycle", "power", "reconcile", "qos", "retention", "lost_nodes", "services", "usage",
-          "capping")
+          "capping", "health", "time_limits")
 _SMALL = ("--gpus", "1", "--gpu-mem-gib", "1", "--cpu", "0.1", "--", "sleep", "0.3")
 
 

@@ -231,3 +231,62 @@ class TestServices:
         _refused(tenants.ctl("bob", "scale", sid, "2"))
         _refused(tenants.ctl("bob", "cancel", sid))
         assert tenants.ctl("alice", "cancel", sid).returncode == 0
+
+
+class TestOwnWork:
+    def test_filters_and_bulk_cancel_touch_only_what_they_name(self, tenants: Tenants) -> None:
+        """`tasks --user/--queue/--name` lists only what they name, with USER and QUEUE columns; a bulk cancel
+        asks first (refused without --yes on a non-terminal stdin), cancels only the caller's tasks that the
+        filter names, and counts the others it names as refused; `events --task` shows that task's only."""
+        def submit(who: str, name: str) -> str:
+            return str(tenants.json(who, "submit", "--name", name, "--cpu", "0.01", "--queue-unplaceable", "--",
+                                    "sleep", "600")["task_id"])
+        mine = [submit("alice", f"sweep-{i}") for i in range(2)]
+        other = submit("alice", "keep-1")
+        bobs = submit("bob", "sweep-b")
+        listed = tenants.json("vera", "tasks", "--user", "alice", "--name", "sweep-*")["tasks"]
+        assert sorted(t["task_id"] for t in listed) == sorted(mine)
+        in_b = tenants.json("vera", "tasks", "--queue", "b", "--state", "pending,running,scheduled")
+        validate(in_b, "tasks")
+        assert [t["task_id"] for t in in_b["tasks"]] == [bobs]
+        table = tenants.ctl("vera", "tasks", "--queue", "b").stdout.splitlines()
+        assert table[0].split()[:5] == ["TASK", "NAME", "USER", "QUEUE", "STATE"]
+        assert table[1].split()[:4] == [bobs, "sweep-b", "bob", "b"]
+
+        res = tenants.ctl("alice", "cancel", "--name", "sweep-*")   # stdin is not a terminal, no --yes
+        assert res.returncode == 2 and "2 task(s) would be cancelled" in res.stderr and "--yes" in res.stderr
+        res = tenants.ctl("bob", "-o", "json", "cancel", "--name", "sweep-*", "--yes")
+        assert res.returncode == 0, res.stderr
+        done = json.loads(res.stdout)
+        validate(done, "cancel")
+        assert done["task_ids"] == [bobs] and done["refused"] == 2
+        res = tenants.ctl("alice", "cancel", "--queue", "a", "--name", "sweep-*", "--yes")
+        assert res.returncode == 0 and "2 task(s) cancelled" in res.stdout, res.stderr
+        states = {t["task_id"]: t["state"] for t in tenants.json("root", "tasks")["tasks"]}
+        assert [states[t] for t in (*mine, bobs)] == ["cancelled"] * 3
+        assert states[other] != "cancelled" and states[tenants.task] == "running"
+        _refused(tenants.ctl("vera", "cancel", "--name", "keep-*", "--yes"))
+
+        lines = tenants.ctl("root", "-o", "json", "events", "--task", bobs, "--backlog", "1000").stdout.splitlines()
+        events = [json.loads(line) for line in lines]
+        assert events and {e["task_id"] for e in events} == {bobs}
+        assert tenants.ctl("alice", "cancel", other).returncode == 0
+
+
+class TestSessions:
+    def test_exec_is_the_tasks_queues_and_audited(self, tenants: Tenants) -> None:
+        """`exec` into alice's task: bob (submitter of another queue) and vera (viewer) are refused and audited as
+        such; alice's runs, returns its command's exit code, and leaves an `ok` Session record naming the task;
+        with --pty the command has a terminal of its own."""
+        for who in ("bob", "vera"):
+            res = tenants.ctl(who, "exec", tenants.task, "--", "sh", "-c", "echo inside")
+            _refused(res)
+            assert "inside" not in res.stdout
+        res = tenants.ctl("alice", "exec", tenants.task, "--", "sh", "-c", "echo inside; exit 7")
+        assert res.returncode == 7 and res.stdout == "inside\n", res.stderr
+        records = [r for r in tenants.records() if r["method"] == "Session"]
+        assert [(r["principal"], r["outcome"]) for r in records[-3:]] == [("bob", "refused"), ("vera", "refused"),
+                                                                          ("alice", "ok")]
+        assert records[-1]["target"] == tenants.task
+        res = tenants.ctl("alice", "exec", "--pty", tenants.task, "--", "sh", "-c", "tty; exit 4")
+        assert res.returncode == 4 and res.stdout.startswith("/dev/pts/"), (res.stdout, res.stderr)

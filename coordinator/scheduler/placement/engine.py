@@ -111,6 +111,17 @@ def collector_paused() -> Iterator[None]:
         gc.enable()
 
 
+def prefer_image_holder(i: int, keyed: np.ndarray, nodes: Sequence[NodeSnapshot], image: str) -> int:
+    """Node ``i``, or the first node the policy ranks equal to it (the same key, so feasible) whose image store
+    holds ``image`` (Kubernetes' image locality: a node that need not pull starts the task sooner)."""
+    if image in nodes[i].images:
+        return i
+    for j in np.flatnonzero(keyed == keyed[i]).tolist():
+        if image in nodes[j].images:
+            return int(j)
+    return i
+
+
 class PlacementEngine:
     """Places requests on a snapshot with one policy, reserving as it goes.
 
@@ -217,6 +228,8 @@ class PlacementEngine:
             # The whole feasible set: the policy reads the entry's block index, not every node.
             if count == 1:
                 i = policy.select_one(state.view, entry, req)
+                if i >= 0 and req.image and keyed is not None:
+                    i = prefer_image_holder(i, keyed, state.nodes, req.image)
                 if i >= 0:   # one node: committed without building arrays
                     assignment = state.commit(i, req, values, whole, entry.exact)
                     policy.committed_one(i, len(state.nodes))

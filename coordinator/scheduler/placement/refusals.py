@@ -21,7 +21,7 @@ _CAPACITY = 16
 class _Refused:
     """What a refused request needed, with the rejection it got."""
 
-    constraints: tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
+    constraints: tuple[str, frozenset[tuple[str, str]], frozenset[str], frozenset[str]] | None
     demand: tuple[float, int, float, int, int]
     whole: int
     per_gpu: int

@@ -62,7 +62,7 @@ BLOCK = 128            # nodes per block of an entry's block index
 GROUP = 16             # blocks per group of the feasible counts (the random draw walks groups, then blocks)
 _INF = array("d", [float("inf")])
 
-ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
+ConstraintKey = tuple[str, frozenset[tuple[str, str]], frozenset[str], frozenset[str]] | None
 ShapeKey = tuple[tuple[float, int, float, int, int], int, int, ConstraintKey, object]
 
 

@@ -188,7 +188,7 @@ class PlacementState:
         self._underived = False        # a commit left a node's view values to _sync
         self._ok_buf = np.empty((_DIMS, len(nodes)), dtype=np.bool_)
         self._sum_buf = np.empty((_DIMS, len(nodes)))
-        self._static: dict[tuple[str, frozenset[tuple[str, str]], frozenset[str]], BoolArray] = {}
+        self._static: dict[tuple[str, frozenset[tuple[str, str]], frozenset[str], frozenset[str]], BoolArray] = {}
         magnitude = np.max(np.abs(np.concatenate((self.cap, self.used), axis=1)), axis=1, initial=1.0)
         self.slack = [float(x) * _BOUND_SLACK for x in magnitude]
         # The most any node admits at all (its limit with nothing reserved): a demand above it
@@ -486,8 +486,9 @@ class PlacementState:
         return None
 
     def static_mask(self, req: Request) -> BoolArray | None:
-        """Nodes that match the request's GPU model and node selector and are not among the nodes it avoids
-        (cached; the cache is bounded, as every service replica may avoid another set); None without constraints.
+        """Nodes that match the request's GPU model and node selector, are among the nodes it may go to (when it
+        names them) and not among the nodes it avoids (cached; the cache is bounded, as every service replica may
+        avoid another set); None without constraints.
 
         :param req: the request.
         :returns: a mask over nodes (treat it as read-only), or None when the request has no constraint.
@@ -495,7 +496,7 @@ class PlacementState:
         return self.static_for(req.constraint_key)
 
     def static_for(
-        self, key: tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None
+        self, key: tuple[str, frozenset[tuple[str, str]], frozenset[str], frozenset[str]] | None
     ) -> BoolArray | None:
         """:meth:`static_mask` of the requests whose ``constraint_key`` is ``key``."""
         if key is None:
@@ -505,7 +506,8 @@ class PlacementState:
             mask = np.zeros(len(self.nodes), dtype=np.bool_)
             for i, node in enumerate(self.nodes):
                 model_ok = not key[0] or key[0] in node.gpu_model.lower()
-                mask[i] = model_ok and node.node_id not in key[2] and all(node.labels.get(k) == v for k, v in key[1])
+                mask[i] = (model_ok and node.node_id not in key[2] and (not key[3] or node.node_id in key[3])
+                           and all(node.labels.get(k) == v for k, v in key[1]))
             if len(self._static) >= _STATIC_CACHE:
                 self._static.clear()
             self._static[key] = mask
@@ -644,7 +646,7 @@ class PlacementState:
 
     def checker(
         self, values: tuple[float, int, float, int, int], whole: int, per_gpu: int,
-        constraints: tuple[str, frozenset[tuple[str, str]], frozenset[str]] | None,
+        constraints: tuple[str, frozenset[tuple[str, str]], frozenset[str], frozenset[str]] | None,
     ) -> Callable[[int], bool]:
         """:meth:`fits` for one request shape, as a function of the node alone (what the shape cache
         re-checks changed nodes with): the same comparisons, with the shape's values bound once.

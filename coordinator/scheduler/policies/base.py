@@ -428,7 +428,9 @@ def constraint_reason(req: Request, node: NodeSnapshot) -> str | None:
     if req.gpu_model and req.gpu_model.lower() not in node.gpu_model.lower():
         return f"gpu model {node.gpu_model!r} does not match {req.gpu_model!r}"
     if node.node_id in req.avoid_nodes:
-        return "another replica of its service runs there"
+        return "excluded: --exclude names it, or another replica of its service runs there"
+    if req.only_nodes and node.node_id not in req.only_nodes:
+        return "not in its node list"
     for key, value in req.node_selector.items():
         if node.labels.get(key) != value:
             return f"label {key}={value} missing"

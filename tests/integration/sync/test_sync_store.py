@@ -286,7 +286,7 @@ class TestCreateTask:
     def test_many_creates_in_one_transaction(self, store: Store, make_task: Callable) -> None:
         """New tasks created together share one etcd revision (one transaction), each stored PENDING with its
         request id remembered: a retry of one of them returns its task."""
-        created = store.create_tasks([(make_task(f"b{i}"), f"req-b{i}") for i in range(5)])
+        created = store.create_submits([(make_task(f"b{i}"), f"req-b{i}") for i in range(5)])
         assert all(isinstance(t, types_pb2.Task) for t in created)
         assert len({t.revision for t in created}) == 1   # type: ignore[union-attr]
         assert {t.id for t in store.list_tasks()} == {t.id for t in created}  # type: ignore[union-attr]
@@ -297,7 +297,7 @@ class TestCreateTask:
         reused for another spec: each gets what create_task gives it (the first task; a Conflict), the rest are
         created, nothing twice."""
         first = store.create_task(make_task("r"), request_id="req-r")
-        out = store.create_tasks([(make_task("new"), "req-new"), (make_task("r"), "req-r"),
+        out = store.create_submits([(make_task("new"), "req-new"), (make_task("r"), "req-r"),
                                   (make_task("other"), "req-r"), (make_task("dup"), "req-dup"),
                                   (make_task("dup"), "req-dup")])
         assert isinstance(out[0], types_pb2.Task) and out[1] == first

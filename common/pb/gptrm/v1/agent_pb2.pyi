@@ -8,20 +8,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat", "log_chunk")
+    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat", "log_chunk", "images", "session_chunk")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
     DECISION_ACK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_CHUNK_FIELD_NUMBER: _ClassVar[int]
     register: Register
     telemetry: TelemetryBatch
     task_status: TaskStatus
     decision_ack: DecisionAck
     heartbeat: Heartbeat
     log_chunk: LogChunk
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ...) -> None: ...
+    images: ImagesHeld
+    session_chunk: SessionChunk
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., images: _Optional[_Union[ImagesHeld, _Mapping]] = ..., session_chunk: _Optional[_Union[SessionChunk, _Mapping]] = ...) -> None: ...
+
+class ImagesHeld(_message.Message):
+    __slots__ = ("refs",)
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    refs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, refs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("inventory", "tasks", "boot_id", "lost_leader_epoch")
@@ -92,20 +102,22 @@ class Heartbeat(_message.Message):
     def __init__(self, time_unix_s: _Optional[float] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "decision", "redirect", "event_ack", "log_request", "telemetry_rate")
+    __slots__ = ("welcome", "decision", "redirect", "event_ack", "log_request", "telemetry_rate", "session_request")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     EVENT_ACK_FIELD_NUMBER: _ClassVar[int]
     LOG_REQUEST_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_RATE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_REQUEST_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     decision: Decision
     redirect: Redirect
     event_ack: EventAck
     log_request: LogRequest
     telemetry_rate: TelemetryRate
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ..., log_request: _Optional[_Union[LogRequest, _Mapping]] = ..., telemetry_rate: _Optional[_Union[TelemetryRate, _Mapping]] = ...) -> None: ...
+    session_request: SessionRequest
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ..., log_request: _Optional[_Union[LogRequest, _Mapping]] = ..., telemetry_rate: _Optional[_Union[TelemetryRate, _Mapping]] = ..., session_request: _Optional[_Union[SessionRequest, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("node_id", "sampling_interval_s", "leader_epoch", "coordinator_id", "heartbeat_interval_s", "report_interval_s")
@@ -144,7 +156,7 @@ class EventAck(_message.Message):
     def __init__(self, up_to_seq: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("decision_id", "leader_epoch", "start", "stop", "pause", "resume", "scale", "set_power_limit")
+    __slots__ = ("decision_id", "leader_epoch", "start", "stop", "pause", "resume", "scale", "set_power_limit", "pull_image")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +165,7 @@ class Decision(_message.Message):
     RESUME_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     SET_POWER_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PULL_IMAGE_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     leader_epoch: int
     start: StartTask
@@ -161,10 +174,17 @@ class Decision(_message.Message):
     resume: ResumeTask
     scale: ScaleTask
     set_power_limit: SetPowerLimit
-    def __init__(self, decision_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., pause: _Optional[_Union[PauseTask, _Mapping]] = ..., resume: _Optional[_Union[ResumeTask, _Mapping]] = ..., scale: _Optional[_Union[ScaleTask, _Mapping]] = ..., set_power_limit: _Optional[_Union[SetPowerLimit, _Mapping]] = ...) -> None: ...
+    pull_image: PullImage
+    def __init__(self, decision_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., pause: _Optional[_Union[PauseTask, _Mapping]] = ..., resume: _Optional[_Union[ResumeTask, _Mapping]] = ..., scale: _Optional[_Union[ScaleTask, _Mapping]] = ..., set_power_limit: _Optional[_Union[SetPowerLimit, _Mapping]] = ..., pull_image: _Optional[_Union[PullImage, _Mapping]] = ...) -> None: ...
+
+class PullImage(_message.Message):
+    __slots__ = ("image",)
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    def __init__(self, image: _Optional[str] = ...) -> None: ...
 
 class StartTask(_message.Message):
-    __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand", "metrics_url", "metrics_mapping", "run_as_user", "nnodes", "node_rank", "local_world_size", "world_size", "master_addr", "master_port", "node_addresses", "node_ids")
+    __slots__ = ("task_id", "gpu_indices", "gpu_uuids", "argv", "env", "stop_grace_s", "gpu_share", "demand", "metrics_url", "metrics_mapping", "run_as_user", "nnodes", "node_rank", "local_world_size", "world_size", "master_addr", "master_port", "node_addresses", "node_ids", "image", "mounts", "workdir", "shm_bytes", "pty")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +211,11 @@ class StartTask(_message.Message):
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     NODE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
@@ -210,7 +235,12 @@ class StartTask(_message.Message):
     master_port: int
     node_addresses: _containers.RepeatedScalarFieldContainer[str]
     node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[_types_pb2.MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., nnodes: _Optional[int] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., node_addresses: _Optional[_Iterable[str]] = ..., node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    image: str
+    mounts: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    shm_bytes: int
+    pty: bool
+    def __init__(self, task_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., stop_grace_s: _Optional[float] = ..., gpu_share: _Optional[float] = ..., demand: _Optional[_Union[_types_pb2.ResourceVector, _Mapping]] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[_types_pb2.MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., nnodes: _Optional[int] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., node_addresses: _Optional[_Iterable[str]] = ..., node_ids: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., pty: _Optional[bool] = ...) -> None: ...
 
 class StopTask(_message.Message):
     __slots__ = ("task_id", "grace_s", "reason", "checkpoint_signal")
@@ -281,3 +311,55 @@ class LogChunk(_message.Message):
     error: str
     not_found: bool
     def __init__(self, request_id: _Optional[str] = ..., task_id: _Optional[str] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ..., not_found: _Optional[bool] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("session_id", "task_id", "open", "argv", "pty", "rows", "cols", "hangup_on_close", "data", "eof", "resize", "close", "output_acked", "principal")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    HANGUP_ON_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_ACKED_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    task_id: str
+    open: bool
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    pty: bool
+    rows: int
+    cols: int
+    hangup_on_close: bool
+    data: bytes
+    eof: bool
+    resize: bool
+    close: bool
+    output_acked: int
+    principal: str
+    def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., open: _Optional[bool] = ..., argv: _Optional[_Iterable[str]] = ..., pty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., hangup_on_close: _Optional[bool] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., resize: _Optional[bool] = ..., close: _Optional[bool] = ..., output_acked: _Optional[int] = ..., principal: _Optional[str] = ...) -> None: ...
+
+class SessionChunk(_message.Message):
+    __slots__ = ("session_id", "data", "stderr", "exited", "exit_code", "has_exit_code", "error", "input_acked")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ACKED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    data: bytes
+    stderr: bool
+    exited: bool
+    exit_code: int
+    has_exit_code: bool
+    error: str
+    input_acked: int
+    def __init__(self, session_id: _Optional[str] = ..., data: _Optional[bytes] = ..., stderr: _Optional[bool] = ..., exited: _Optional[bool] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., error: _Optional[str] = ..., input_acked: _Optional[int] = ...) -> None: ...

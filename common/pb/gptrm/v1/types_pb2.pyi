@@ -19,6 +19,7 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_CANCELLED: _ClassVar[TaskState]
     TASK_STATE_PAUSED: _ClassVar[TaskState]
     TASK_STATE_PREEMPTED: _ClassVar[TaskState]
+    TASK_STATE_TIMEOUT: _ClassVar[TaskState]
 
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,6 +52,13 @@ class NodePowerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_POWER_STATE_POWERING_OFF: _ClassVar[NodePowerState]
     NODE_POWER_STATE_OFF: _ClassVar[NodePowerState]
     NODE_POWER_STATE_POWERING_ON: _ClassVar[NodePowerState]
+
+class DependencyKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEPENDENCY_KIND_UNSPECIFIED: _ClassVar[DependencyKind]
+    DEPENDENCY_KIND_OK: _ClassVar[DependencyKind]
+    DEPENDENCY_KIND_NOTOK: _ClassVar[DependencyKind]
+    DEPENDENCY_KIND_ANY: _ClassVar[DependencyKind]
 
 class GpuLinkLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -89,6 +97,7 @@ TASK_STATE_FAILED: TaskState
 TASK_STATE_CANCELLED: TaskState
 TASK_STATE_PAUSED: TaskState
 TASK_STATE_PREEMPTED: TaskState
+TASK_STATE_TIMEOUT: TaskState
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_TRAINING: TaskKind
 TASK_KIND_FINE_TUNING: TaskKind
@@ -109,6 +118,10 @@ NODE_POWER_STATE_DRAINING: NodePowerState
 NODE_POWER_STATE_POWERING_OFF: NodePowerState
 NODE_POWER_STATE_OFF: NodePowerState
 NODE_POWER_STATE_POWERING_ON: NodePowerState
+DEPENDENCY_KIND_UNSPECIFIED: DependencyKind
+DEPENDENCY_KIND_OK: DependencyKind
+DEPENDENCY_KIND_NOTOK: DependencyKind
+DEPENDENCY_KIND_ANY: DependencyKind
 GPU_LINK_LEVEL_UNKNOWN: GpuLinkLevel
 GPU_LINK_LEVEL_NVLINK: GpuLinkLevel
 GPU_LINK_LEVEL_SAME_SWITCH: GpuLinkLevel
@@ -185,7 +198,7 @@ class MetricsMapping(_message.Message):
     def __init__(self, flavour: _Optional[str] = ..., latency_histogram: _Optional[str] = ..., ttft_histogram: _Optional[str] = ..., tokens_counter: _Optional[str] = ..., running_gauge: _Optional[str] = ..., waiting_gauge: _Optional[str] = ...) -> None: ...
 
 class Constraints(_message.Message):
-    __slots__ = ("gpu_model", "node_selector", "avoid_nodes")
+    __slots__ = ("gpu_model", "node_selector", "avoid_nodes", "only_nodes")
     class NodeSelectorEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -196,13 +209,15 @@ class Constraints(_message.Message):
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     NODE_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     AVOID_NODES_FIELD_NUMBER: _ClassVar[int]
+    ONLY_NODES_FIELD_NUMBER: _ClassVar[int]
     gpu_model: str
     node_selector: _containers.ScalarMap[str, str]
     avoid_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    only_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, gpu_model: _Optional[str] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ..., only_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue", "elastic")
+    __slots__ = ("name", "kind", "model", "demand", "has_demand", "replicas", "nodes", "gpus_per_node", "priority", "qos", "argv", "env", "restart_policy", "max_restarts", "labels", "constraints", "allow_gpu_sharing", "stop_grace_s", "preemptible", "checkpoint_signal", "metrics_port", "metrics_url", "metrics_mapping", "run_as_user", "full_power", "service", "launcher", "queue", "elastic", "image", "mounts", "workdir", "shm_bytes", "array", "after", "keep_unmet", "begin_unix_s", "time_limit_s", "min_runtime_s", "pty")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +261,17 @@ class TaskSpec(_message.Message):
     LAUNCHER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    KEEP_UNMET_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    MIN_RUNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: TaskKind
     model: ModelSpec
@@ -275,7 +301,38 @@ class TaskSpec(_message.Message):
     launcher: str
     queue: str
     elastic: ElasticSpec
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ...) -> None: ...
+    image: str
+    mounts: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    shm_bytes: int
+    array: ArraySpec
+    after: _containers.RepeatedCompositeFieldContainer[Dependency]
+    keep_unmet: bool
+    begin_unix_s: float
+    time_limit_s: float
+    min_runtime_s: float
+    pty: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., has_demand: _Optional[bool] = ..., replicas: _Optional[int] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., priority: _Optional[int] = ..., qos: _Optional[_Union[QosSpec, _Mapping]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., constraints: _Optional[_Union[Constraints, _Mapping]] = ..., allow_gpu_sharing: _Optional[bool] = ..., stop_grace_s: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpoint_signal: _Optional[str] = ..., metrics_port: _Optional[int] = ..., metrics_url: _Optional[str] = ..., metrics_mapping: _Optional[_Union[MetricsMapping, _Mapping]] = ..., run_as_user: _Optional[str] = ..., full_power: _Optional[bool] = ..., service: _Optional[_Union[ServiceSpec, _Mapping]] = ..., launcher: _Optional[str] = ..., queue: _Optional[str] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., after: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., keep_unmet: _Optional[bool] = ..., begin_unix_s: _Optional[float] = ..., time_limit_s: _Optional[float] = ..., min_runtime_s: _Optional[float] = ..., pty: _Optional[bool] = ...) -> None: ...
+
+class ArraySpec(_message.Message):
+    __slots__ = ("first", "last", "step", "max_running")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    step: int
+    max_running: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ..., step: _Optional[int] = ..., max_running: _Optional[int] = ...) -> None: ...
+
+class Dependency(_message.Message):
+    __slots__ = ("kind", "ids")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    kind: DependencyKind
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[_Union[DependencyKind, str]] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ElasticSpec(_message.Message):
     __slots__ = ("min_gpus", "max_gpus", "min_nodes", "max_nodes", "throughput_counter")
@@ -464,7 +521,7 @@ class TaskStateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskState, str]] = ..., time_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus", "elastic", "gpu_fault_moves", "app_xids")
+    __slots__ = ("id", "spec", "state", "reason", "submit_unix_s", "demand", "allocation", "exit_code", "has_exit_code", "log_tail", "history", "restarts", "revision", "pids", "qos_reading", "energy_j", "preemptions", "cancel_requested", "not_before_unix_s", "service_id", "replica_index", "parts", "queue", "submitted_by", "borrowed_gpus", "elastic", "gpu_fault_moves", "app_xids", "array_id", "array_index", "timed_out")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -493,6 +550,9 @@ class Task(_message.Message):
     ELASTIC_FIELD_NUMBER: _ClassVar[int]
     GPU_FAULT_MOVES_FIELD_NUMBER: _ClassVar[int]
     APP_XIDS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -521,7 +581,10 @@ class Task(_message.Message):
     elastic: ElasticStatus
     gpu_fault_moves: int
     app_xids: _containers.RepeatedCompositeFieldContainer[AppXid]
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ..., elastic: _Optional[_Union[ElasticStatus, _Mapping]] = ..., gpu_fault_moves: _Optional[int] = ..., app_xids: _Optional[_Iterable[_Union[AppXid, _Mapping]]] = ...) -> None: ...
+    array_id: str
+    array_index: int
+    timed_out: bool
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., submit_unix_s: _Optional[float] = ..., demand: _Optional[_Union[ResourceVector, _Mapping]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., log_tail: _Optional[str] = ..., history: _Optional[_Iterable[_Union[TaskStateChange, _Mapping]]] = ..., restarts: _Optional[int] = ..., revision: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., qos_reading: _Optional[_Union[TaskQos, _Mapping]] = ..., energy_j: _Optional[float] = ..., preemptions: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., not_before_unix_s: _Optional[float] = ..., service_id: _Optional[str] = ..., replica_index: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TaskPart, _Mapping]]] = ..., queue: _Optional[str] = ..., submitted_by: _Optional[str] = ..., borrowed_gpus: _Optional[int] = ..., elastic: _Optional[_Union[ElasticStatus, _Mapping]] = ..., gpu_fault_moves: _Optional[int] = ..., app_xids: _Optional[_Iterable[_Union[AppXid, _Mapping]]] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ..., timed_out: _Optional[bool] = ...) -> None: ...
 
 class AppXid(_message.Message):
     __slots__ = ("time_unix_s", "node_id", "gpu_index", "xid")
@@ -594,7 +657,7 @@ class GpuLink(_message.Message):
     def __init__(self, peer_index: _Optional[int] = ..., level: _Optional[_Union[GpuLinkLevel, str]] = ..., nvlinks: _Optional[int] = ...) -> None: ...
 
 class NodeInventory(_message.Message):
-    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated", "advertise_address", "task_port_min", "task_port_max")
+    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated", "advertise_address", "task_port_min", "task_port_max", "containers", "images")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -616,6 +679,8 @@ class NodeInventory(_message.Message):
     ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TASK_PORT_MIN_FIELD_NUMBER: _ClassVar[int]
     TASK_PORT_MAX_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
@@ -630,7 +695,9 @@ class NodeInventory(_message.Message):
     advertise_address: str
     task_port_min: int
     task_port_max: int
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ...) -> None: ...
+    containers: bool
+    images: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ..., containers: _Optional[bool] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
     __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s", "power_state", "power_state_unix_s", "power_reason", "gpu_fences", "health_drained", "health_drain_reason", "gpu_health_history")
@@ -970,3 +1037,29 @@ class UsageMarks(_message.Message):
     accounted_until_unix_s: float
     task_energy_j: _containers.ScalarMap[str, float]
     def __init__(self, accounted_until_unix_s: _Optional[float] = ..., task_energy_j: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("name", "gpus", "gpu_model", "nodes", "start_unix_s", "end_unix_s", "queue", "users", "created_by", "created_unix_s", "revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    gpus: int
+    gpu_model: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    start_unix_s: float
+    end_unix_s: float
+    queue: str
+    users: _containers.RepeatedScalarFieldContainer[str]
+    created_by: str
+    created_unix_s: float
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[int] = ..., gpu_model: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., queue: _Optional[str] = ..., users: _Optional[_Iterable[str]] = ..., created_by: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., revision: _Optional[int] = ...) -> None: ...

@@ -162,3 +162,28 @@ def test_a_node_that_falls_silent_is_off_and_its_backoff_forgotten() -> None:
     rig.run_for(5)
     assert rig.power() == "off" and rig.ignored == 1
     assert "n1" not in rig.manager._off_backoff
+
+
+def test_a_node_a_reservation_needs_is_kept_on_and_woken_when_off() -> None:
+    """A node holding GPUs of a reservation that is active or starts within the wake time is never powered down;
+    once off, it is asked to power on for the reservation."""
+    rig = Rig()
+    needed: dict[str, str] = {"n1": "demo"}
+    asked: list[float] = []
+
+    def reserved(within_s: float) -> dict[str, str]:
+        asked.append(within_s)
+        return needed
+
+    rig.manager.reserved = reserved
+    rig.run_for(AFTER + 60)
+    assert rig.power_off_times() == [] and rig.power() == "ready" and asked[-1] == 300.0
+    needed = {}
+    rig.run_for(AFTER + 10)
+    assert len(rig.power_off_times()) == 1
+    rig.registry.disconnect("n1", rig.entry.stream_id)   # it goes down
+    rig.run_for(5)
+    assert rig.power() == "off"
+    needed = {"n1": "demo"}
+    asyncio.run(rig.manager.step())
+    assert rig.provider.requests[-1][1:] == ("power_on", "n1") and rig.power() == "powering-on"

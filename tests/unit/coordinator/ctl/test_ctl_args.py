@@ -103,7 +103,7 @@ class TestCompletionLists:
         """A command's completions are its own flags (the global ones are offered for a word starting with -)."""
         script = completion_script(build_parser(), "bash")
         assert "    cordon) opts='-h --help'; ids=nodes ;;" in script
-        assert "    tasks) opts='-h --help --state --page-size'; ids=tasks ;;" in script
+        assert "    tasks) opts='-h --help --user -u --queue -q --name --state --page-size'; ids=tasks ;;" in script
         assert ('opts="$opts --coordinator -o --output --tls-cert --tls-key --tls-ca --insecure --token --timeout '
                 '--debug"') in script
 

@@ -14,7 +14,16 @@ from common.etcd_embedded import free_port
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.dispatch import Dispatcher
-from coordinator.dispatch.launch import DEFAULT_TASK_PORTS, PortBook, launch_argv, node_address, start_fields
+from coordinator.dispatch.launch import (
+    DEFAULT_TASK_PORTS,
+    TORCHRUN_SHUTDOWN_ENV,
+    TORCHRUN_SIGNALS_ENV,
+    PortBook,
+    launch_argv,
+    node_address,
+    restart_env,
+    start_fields,
+)
 from coordinator.monitor.nodes import NodeRegistry
 
 
@@ -75,6 +84,30 @@ class TestLauncher:
         assert launch_argv(task.spec, start_fields(task, 1)) == [
             "torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.0.0.1",
             "--master-port", "29500", "--", "train.py", "--lr", "1"]
+
+    def test_torchrun_runs_a_single_node_task_standalone(self) -> None:
+        """A single-node task has no reserved port: torchrun picks its own rendezvous port (``--standalone``) rather
+        than being told port 0, which it would hand its ranks as the port to reach."""
+        task = types_pb2.Task(id="t2", spec=types_pb2.TaskSpec(argv=["train.py"], launcher="torchrun"))
+        task.allocation.nodes.add(node_id="n1", gpu_indices=[0, 1], address="10.0.0.1")
+        assert launch_argv(task.spec, start_fields(task, 0)) == [
+            "torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--", "train.py"]
+
+    def test_torchrun_passes_the_checkpoint_signal_on_to_its_ranks(self) -> None:
+        """torchrun's ranks run in sessions of their own: its list of signals to pass on gets the task's checkpoint
+        signal (the default, or the spec's) beside its own, and it waits for its ranks as long as the task's stop
+        grace; what the spec's env sets is kept; no launcher, neither."""
+        def env(**spec: object) -> dict[str, str]:
+            return restart_env(types_pb2.Task(id="t1", spec=types_pb2.TaskSpec(argv=["train.py"], **spec)))
+
+        own = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+        got = env(launcher="torchrun")
+        assert (got[TORCHRUN_SIGNALS_ENV], got[TORCHRUN_SHUTDOWN_ENV]) == (own + ",SIGUSR1", "10")
+        got = env(launcher="torchrun", checkpoint_signal="usr2", stop_grace_s=45.5)
+        assert (got[TORCHRUN_SIGNALS_ENV], got[TORCHRUN_SHUTDOWN_ENV]) == (own + ",SIGUSR2", "46")
+        assert env(launcher="torchrun", checkpoint_signal="SIGTERM")[TORCHRUN_SIGNALS_ENV] == own
+        assert env(launcher="torchrun", env={TORCHRUN_SIGNALS_ENV: "SIGTERM"})[TORCHRUN_SIGNALS_ENV] == "SIGTERM"
+        assert not {TORCHRUN_SIGNALS_ENV, TORCHRUN_SHUTDOWN_ENV} & set(env())
 
     def test_no_launcher_keeps_the_argv(self) -> None:
         task = gang()

@@ -32,6 +32,10 @@ EXPECTED = {
     (S.STARTING, S.FAILED),
     (S.PAUSED, S.FAILED),
     (S.FAILED, S.PENDING),
+    # a time limit reached once it started (final, like a cancel)
+    (S.STARTING, S.TIMEOUT),
+    (S.RUNNING, S.TIMEOUT),
+    (S.PAUSED, S.TIMEOUT),
     # cancel from every non-terminal state
     *((s, S.CANCELLED) for s in TaskState if s not in TERMINAL_STATES),
 }
@@ -53,6 +57,7 @@ class TestStateMachine:
         """SUCCEEDED and CANCELLED allow nothing; FAILED allows only the re-queue."""
         assert allowed_from(S.SUCCEEDED) == frozenset()
         assert allowed_from(S.CANCELLED) == frozenset()
+        assert allowed_from(S.TIMEOUT) == frozenset()
         assert allowed_from(S.FAILED) == frozenset({S.PENDING})
 
     def test_illegal_transition_message(self) -> None:
@@ -60,7 +65,8 @@ class TestStateMachine:
         with pytest.raises(IllegalTransition) as info:
             check_transition("t-1", S.RUNNING, S.PENDING)
         assert str(info.value) == (
-            "task t-1: RUNNING → PENDING is not allowed (from RUNNING: SUCCEEDED, FAILED, CANCELLED, PAUSED, PREEMPTED)"
+            "task t-1: RUNNING → PENDING is not allowed (from RUNNING: SUCCEEDED, FAILED, CANCELLED, PAUSED, "
+            "PREEMPTED, TIMEOUT)"
         )
 
     def test_final_state_message(self) -> None:
