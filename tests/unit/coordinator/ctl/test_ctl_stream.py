@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from coordinator.ctl import human, render
-from coordinator.ctl.main import _stream_pages
+from coordinator.ctl.main import _collapsed, _counted, _stream_pages
 
 
 def _doc(i: int) -> dict[str, Any]:
@@ -56,3 +56,39 @@ def test_an_empty_listing(monkeypatch: pytest.MonkeyPatch) -> None:
             assert json.loads(out.getvalue()) == expected
         else:
             assert out.getvalue().splitlines()[0].startswith("TASK") and len(out.getvalue().splitlines()) == 1
+
+
+def _element(array_id: str, index: int, state: str) -> dict[str, Any]:
+    return {**_doc(index), "task_id": f"{array_id}_{index}", "name": "sweep", "state": state, "array_id": array_id,
+            "spec": {"array": {"max_running": 0}}}
+
+
+@pytest.mark.parametrize("output", ["json", "table"])
+def test_an_array_is_one_row_and_the_rows_before_it_stream(monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    """A table streams until a page holds an array element; from there on the rows wait for the last page, so
+    the array's one row counts every element, wherever its elements came. -o json streams every task as it is
+    and ends with the arrays' summaries, the same document as render.array_summaries gives."""
+    a = "a-0123456789ab"
+    pages = [[_doc(0), _doc(1)], [_doc(2), _element(a, 0, "running")], [_element(a, 1, "pending"), _doc(3)],
+             [_element(a, 2, "pending")]]
+    every = [d for p in pages for d in p]
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    seen: list[str] = []
+    arrays: dict[str, dict[str, Any]] = {}
+    counted = _counted(_pages(out, pages, seen), arrays)
+    _stream_pages(argparse.Namespace(output=output), "tasks",
+                  counted if output == "json" else _collapsed(counted, arrays),
+                  lambda docs: human.tasks_table(docs, now=lambda: 0.0),
+                  tail=lambda: {"arrays": list(arrays.values())})
+    assert "t-1" in seen[1]   # the page before the array's first element was out before the next came
+    if output == "json":
+        assert f"{a}_0" in seen[2]   # json streams elements too
+        assert json.loads(out.getvalue()) == json.loads(render.dump_json(
+            {"tasks": every, "arrays": render.array_summaries(every), "stale": True}))
+    else:
+        text = out.getvalue()
+        rows = text.splitlines()
+        assert sum(1 for line in rows if line.startswith("TASK")) == 1
+        assert [r.split()[0] for r in rows[1:]] == ["t-0", "t-1", "t-2", a, "t-3"]
+        assert "2 pending, 1 running" in text and f"{a}_1" not in text
