@@ -187,18 +187,21 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
              human.tasks_table(docs, wide=args.output == "wide"))
         return
     arrays: dict[str, dict[str, Any]] = {}   # the arrays' summaries by id, summed up page by page
-
-    def counted(tasks: list[types_pb2.Task]) -> list[dict[str, Any]]:
-        docs = [render.task_dict(x) for x in tasks]
-        render.count_arrays(docs, arrays)
-        return docs
-
-    pages = ((counted(tasks), s) for tasks, s in task_pages(t, page_size=args.page_size, task_filter=task_filter))
+    pages = _counted((([render.task_dict(x) for x in tasks], s)
+                      for tasks, s in task_pages(t, page_size=args.page_size, task_filter=task_filter)), arrays)
     stale = _stream_pages(args, "tasks", pages if args.output == "json" else _collapsed(pages, arrays),
                           lambda docs: human.tasks_table(docs, wide=args.output == "wide"),
                           tail=lambda: {"arrays": list(arrays.values())})
     if stale and args.output != "json":
         print("[stale] etcd is unreachable: this answer comes from the coordinator's memory", file=sys.stderr)
+
+
+def _counted(pages: Iterable[tuple[list[dict[str, Any]], bool]],
+             arrays: dict[str, dict[str, Any]]) -> Iterator[tuple[list[dict[str, Any]], bool]]:
+    """The pages as they come, their array elements summed up in ``arrays`` (:func:`render.count_arrays`)."""
+    for docs, stale in pages:
+        render.count_arrays(docs, arrays)
+        yield docs, stale
 
 
 def _collapsed(pages: Iterable[tuple[list[dict[str, Any]], bool]],
