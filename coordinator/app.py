@@ -258,7 +258,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                  power_down_after_s=cfg.power_down_after_s, spare_nodes=cfg.spare_nodes,
                                  wake_timeout_s=cfg.wake_timeout_s,
                                  idle_power_w=lambda e: snapshots.power_curve(e)[0].idle_w, on_change=wakeup.set,
-                                 fit=lambda: snapshots.fit(tasks.values(), policy.current.threshold,
+                                 fit=lambda: snapshots.fit(tasks.live(), policy.current.threshold,
                                                            threshold_mode(policy.current)),
                                  on_provider_failure=lambda action: metrics.provider_failures.labels(action).inc(),
                                  power_off_grace_s=cfg.power_off_grace_s, power_off_retry_s=cfg.power_off_retry_s,

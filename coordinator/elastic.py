@@ -123,7 +123,7 @@ class ElasticAllocator:
         """The running elastic tasks as the allocator's rules see them."""
         out: list[ElasticJob] = []
         now = self._now()
-        for task in self._tasks.values():
+        for task in self._tasks.live():
             if task.state != TaskState.RUNNING or not task.spec.HasField("elastic"):
                 continue
             rng = self.range(task)
@@ -150,7 +150,7 @@ class ElasticAllocator:
         now = self._now()
         placed = minimum = extra = 0
         live: set[str] = set()
-        for task in self._tasks.values():
+        for task in self._tasks.live():
             if not task.spec.HasField("elastic") or task.state not in _PLACED:
                 continue
             placed += 1

@@ -9,6 +9,7 @@ standby takes over at once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import signal
 import sys
@@ -41,8 +42,18 @@ from coordinator.web import WebConsole
 __all__ = ["main", "serve"]
 
 
+ETCD_THREADS = 64
+"""Threads of the event loop's default executor. Every etcd call runs in one (``asyncio.to_thread``); the
+default pool (cores + 4 threads: 6 on 2 cores) let only that many calls be in flight, so submits and agents'
+reports queued behind each other for whole etcd round trips. etcd folds the proposals that arrive together
+into one raft round and one fsync: the more in flight, the more each round carries. The threads mostly wait
+on the network, so on a small host they cost memory (a stack each), not CPU."""
+
+
 async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
     """Run one coordinator replica until ``stop`` is set."""
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=ETCD_THREADS, thread_name_prefix="etcd"))
     log = get_logger("coordinator").bind(leader_id=cfg.replica_id)
     etcd: EtcdCluster | None = None
     endpoints = cfg.etcd_endpoints

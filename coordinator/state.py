@@ -21,7 +21,8 @@ etcd at one revision).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from common.pb.gptrm.v1 import types_pb2
@@ -51,6 +52,8 @@ class LeaderState:
         self._registry = registry
         self._on_forget = on_forget
         self._tasks: dict[str, types_pb2.Task] = {}
+        self._live: dict[str, types_pb2.Task] = {}   # the unfinished tasks of _tasks, kept with it
+        self._order: list[tuple[float, str]] = []   # (submit time, id) of every task in _tasks, sorted
         self._services: dict[str, types_pb2.Service] = {}
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
         self._arrays: dict[str, set[str]] = {}   # array id → its elements' task ids (the ones known)
@@ -59,6 +62,9 @@ class LeaderState:
         self.queues_revision = 0
         self.tasks: Mapping[str, types_pb2.Task] = MappingProxyType(self._tasks)
         """Every task by id: read-only and live."""
+        self.live: Mapping[str, types_pb2.Task] = MappingProxyType(self._live)
+        """The tasks not in a final state, by id: read-only and live. What the scheduler reads every cycle,
+        so a cycle's cost follows the work in flight, not the finished tasks retained."""
         self.services: Mapping[str, types_pb2.Service] = MappingProxyType(self._services)
         """Every service by id: read-only and live."""
         self.node_writes = asyncio.Lock()
@@ -83,6 +89,9 @@ class LeaderState:
             entry.record = record
         self._tasks.clear()
         self._tasks.update(tasks)
+        self._live.clear()
+        self._live.update((tid, t) for tid, t in tasks.items() if t.state not in TERMINAL_STATES)
+        self._order = sorted((t.submit_unix_s, tid) for tid, t in tasks.items())
         self._released.clear()
         self._arrays.clear()
         for task in tasks.values():
@@ -110,9 +119,21 @@ class LeaderState:
         before = self._tasks.get(stored.id)
         if before is not None and before.allocation.nodes and not stored.allocation.nodes:
             self._released[stored.id] = tuple(before.allocation.nodes)
-        self._tasks[stored.id] = stored
+        self._put(stored)
+
+    def _put(self, task: types_pb2.Task) -> None:
+        before = self._tasks.get(task.id)
+        if before is None or before.submit_unix_s != task.submit_unix_s:
+            if before is not None:
+                self._unorder(before)
+            bisect.insort(self._order, (task.submit_unix_s, task.id))   # a new task sorts last: cheap
+        self._tasks[task.id] = task
         if before is None:
-            self._index_array(stored)
+            self._index_array(task)
+        if task.state in TERMINAL_STATES:
+            self._live.pop(task.id, None)
+        else:
+            self._live[task.id] = task
 
     def released(self, task_id: str) -> tuple[types_pb2.NodeAllocation, ...]:
         """The allocation ``task_id`` last gave up when it went back to the queue (a preemption, a resize, a
@@ -122,7 +143,7 @@ class LeaderState:
 
     def apply_placement(self, stored: types_pb2.Task) -> None:
         """Follow a placement etcd committed: the task as stored, and its allocation reserved on its nodes."""
-        self._tasks[stored.id] = stored
+        self._put(stored)
         self._hold(stored.id, stored.allocation.nodes)
 
     def apply_release(self, task: types_pb2.Task) -> None:
@@ -139,20 +160,29 @@ class LeaderState:
         noted = types_pb2.Task()
         noted.CopyFrom(task)
         noted.reason = reason
-        self._tasks[task_id] = noted
+        self._put(noted)
 
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention), or one etcd no longer has."""
         self._released.pop(task_id, None)
+        self._live.pop(task_id, None)
         task = self._tasks.pop(task_id, None)
-        if task is not None and task.array_id:
+        if task is None:
+            return
+        self._unorder(task)
+        if task.array_id:
             elements = self._arrays.get(task.array_id)
             if elements is not None:
                 elements.discard(task_id)
                 if not elements:
                     del self._arrays[task.array_id]
-        if task is not None and self._on_forget is not None:
+        if self._on_forget is not None:
             self._on_forget(task_id)
+
+    def _unorder(self, task: types_pb2.Task) -> None:
+        at = bisect.bisect_left(self._order, (task.submit_unix_s, task.id))
+        if at < len(self._order) and self._order[at] == (task.submit_unix_s, task.id):
+            del self._order[at]
 
     # ---- arrays -----------------------------------------------------------------------------------
 
@@ -223,9 +253,23 @@ class LeaderState:
 
     # ---- reads -------------------------------------------------------------------------------------
 
+    def in_submit_order(self, after: tuple | None = None) -> Iterator[types_pb2.Task]:
+        """Every task in (submit time, id) order, from the first whose key is above ``after`` (None: from the
+        start); a walk costs what it reads (a page of a listing), not the whole table.
+
+        :raises TypeError: ``after`` does not compare with (float, str) keys.
+        """
+        order = self._order
+        at = 0 if after is None else bisect.bisect_right(order, tuple(after))
+        while at < len(order):
+            task = self._tasks.get(order[at][1])
+            at += 1
+            if task is not None:
+                yield task
+
     def unfinished(self) -> list[types_pb2.Task]:
         """Tasks not in a final state, as a list taken now."""
-        return [t for t in list(self._tasks.values()) if t.state not in TERMINAL_STATES]
+        return list(self._live.values())
 
     def counts(self) -> dict[str, int]:
         """Tasks by state label."""

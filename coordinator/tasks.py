@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from common.errors import IllegalTransition, NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TERMINAL_STATES, NodeState, TaskState
+from coordinator.batching import Batcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
@@ -28,11 +29,15 @@ from coordinator.queues.limits import apply_queue_limits
 from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.state_machine import Conflict
-from coordinator.sync.store import Store
+from coordinator.sync.store import Store, Transition
 
-__all__ = ["TaskTable"]
+__all__ = ["CREATE_BATCH", "TRANSITION_BATCH", "TaskTable"]
 
 _CANCELLED = "cancelled by an admin"
+CREATE_BATCH = 50
+"""Submits created in one etcd transaction at most (two keys each, within etcd's 128 operations)."""
+TRANSITION_BATCH = 30
+"""State changes written in one etcd transaction at most (a task, its allocation, and the node records)."""
 
 
 class TaskTable:
@@ -62,6 +67,15 @@ class TaskTable:
         self._monitor, self._profiler, self._dispatcher = monitor, profiler, dispatcher
         self._scale_out, self._events, self._wakeup = scale_out, events, wakeup
         self._log = get_logger("coordinator")
+        # Submits arriving together are created in one etcd transaction (Store.create_submits): at a thousand
+        # submits a second, one round trip each would queue them behind each other.
+        self._creates: Batcher[tuple[types_pb2.Task, str], types_pb2.Task] = Batcher(
+            lambda items: self._leadership.write(self._store.create_submits, items), max_batch=CREATE_BATCH)
+        # So are state changes arriving together (agents' reports of starts and ends on the same nodes), each
+        # batch freeing the reservations of its ended tasks with one write per node record.
+        self._transitions: Batcher[Transition, types_pb2.Task] = Batcher(
+            lambda items: self._leadership.write(self._store.transitions, items), max_batch=TRANSITION_BATCH,
+            max_in_flight=2)
 
     # ---- reads (the leader state's view) -------------------------------------------------------------
 
@@ -73,6 +87,16 @@ class TaskTable:
     def view(self) -> Mapping[str, types_pb2.Task]:
         """:attr:`tasks`, for readers that are handed a callable."""
         return self._state.tasks
+
+    def live(self) -> list[types_pb2.Task]:
+        """The tasks not in a final state, as a list taken now (its cost follows the work in flight, not the
+        finished tasks retained)."""
+        return list(self._state.live.values())
+
+    def in_submit_order(self, after: tuple | None = None) -> Iterator[types_pb2.Task]:
+        """Every task in (submit time, id) order after the key ``after`` (None: from the first), read lazily
+        (:meth:`LeaderState.in_submit_order <coordinator.state.LeaderState.in_submit_order>`)."""
+        return self._state.in_submit_order(after)
 
     def get(self, task_id: str) -> types_pb2.Task:
         """:raises NotFound: no such task."""
@@ -150,7 +174,7 @@ class TaskTable:
                               queue=queue or spec.queue, submitted_by=submitted_by[:256])
         if admit is not None:
             admit(task)
-        stored = await self._leadership.write(self._store.create_task, task, request_id)
+        stored = await self._creates.call((task, request_id))
         self._state.apply_task(stored)
         if stored.id == task.id:
             self._log.info("task_submitted", task_id=stored.id, name=spec.name)
@@ -268,7 +292,9 @@ class TaskTable:
         if state in TERMINAL_STATES and "energy_j" not in updates:
             # The agents' shares since it (last) started, on top of what earlier runs stored.
             updates["energy_j"] = task.energy_j + energy.current(task_id)
-        stored = await self._leadership.write(self._store.transition, task_id, task.revision, state, reason, **updates)
+        stored = await self._transitions.call(Transition(
+            task_id, task.revision, state, reason, release=bool(updates.get("release")), known=task,
+            updates={k: v for k, v in updates.items() if k != "release"}))
         self._state.apply_task(stored)
         if state in TERMINAL_STATES:
             energy.finish(task_id, stored.spec.kind)

@@ -51,7 +51,7 @@ from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, RE
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.api.auth import QUEUE_ADMIN, current_principal, queue_refusal
 from coordinator.api.deps import AdminDeps
-from coordinator.api.pages import paginate
+from coordinator.api.pages import page_in_order, paginate
 from coordinator.api.task_filter import filter_given, task_matcher
 from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.events import KINDS, Event
@@ -115,6 +115,11 @@ SERVED_BY: Mapping[str, Served] = {
 }
 """Where each Admin method is answered: the one place a standby decides to redirect or serve
 (:meth:`AdminService._route`, called before a method's own code). Every method of the service is listed."""
+
+
+def _submit_key(t: types_pb2.Task) -> tuple:
+    """The order of task listings: submit time, then id."""
+    return t.submit_unix_s, t.id
 
 
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -355,11 +360,19 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if s not in types_pb2.TaskState.values() or s == 0:
                 raise ValidationError("states", f"unknown task state {s}")
         read, stored = await self._from_etcd(self._app.store.list_tasks)
-        tasks = stored if read and stored is not None else self._app.tasks.values()
         wanted = set(request.states)
         keep = task_matcher(request.filter)
-        tasks = [t for t in tasks if (not wanted or t.state in wanted) and keep(t)]
-        page, token = paginate(tasks, lambda t: (t.submit_unix_s, t.id), request.page_size, request.page_token)
+
+        def listed(t: types_pb2.Task) -> bool:
+            return (not wanted or t.state in wanted) and keep(t)
+
+        if read and stored is not None:
+            page, token = paginate([t for t in stored if listed(t)], _submit_key, request.page_size,
+                                   request.page_token)
+        else:   # memory keeps the tasks in this order: a page reads only itself
+            page, token = page_in_order(
+                lambda after: (t for t in self._app.tasks.in_submit_order(after) if listed(t)),
+                _submit_key, request.page_size, request.page_token)
         return admin_pb2.ListTasksResponse(tasks=page, stale=self._app.leadership.stale, next_page_token=token)
 
     @_rpc

@@ -10,6 +10,7 @@ and decisions queued for the node are written back on the same stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import unicodedata
 from collections.abc import AsyncIterator
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
 __all__ = ["AgentGatewayService", "validate_register"]
 
 _REGISTER_TIMEOUT_S = 10.0
+STATUS_WINDOW = 64
+"""Task-status events of one agent stream being applied at once at most. One task's events apply one after the
+other, in order; events of different tasks overlap (each waits on its etcd write) instead of queueing behind
+each other, so a busy node's starts and ends do not wait a round trip each. Acknowledgements still go out in
+event order, each only once every event up to it was applied."""
 
 
 def _hold_after_loss_s(lease_ttl_s: float) -> float:
@@ -139,6 +145,20 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     outbox: asyncio.Queue) -> None:
         app = self._app
         log = self._log.bind(node_id=entry.node_id)
+        chains: dict[str, asyncio.Task[None]] = {}   # task id → the application of its last event
+        applied: asyncio.Queue[tuple[int, asyncio.Task[None]]] = asyncio.Queue(maxsize=STATUS_WINDOW)
+        acker = asyncio.create_task(self._ack_in_order(applied, outbox, log))
+
+        def end_stream_if_failed(t: asyncio.Task[None]) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                outbox.put_nowait(None)
+
+        acker.add_done_callback(end_stream_if_failed)
+
+        def forget_chain(t: asyncio.Task[None], task_id: str) -> None:
+            if chains.get(task_id) is t:
+                del chains[task_id]
+
         try:
             async for msg in requests:
                 which = msg.WhichOneof("body")
@@ -148,7 +168,11 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     app.registry.heartbeat(entry)
                 elif which == "task_status":
                     app.registry.heartbeat(entry)
-                    await self._status(entry, msg.task_status, outbox, log)
+                    status = msg.task_status
+                    task = asyncio.create_task(self._apply_after(chains.get(status.task_id), entry, status, log))
+                    chains[status.task_id] = task
+                    task.add_done_callback(functools.partial(forget_chain, task_id=status.task_id))
+                    await applied.put((status.event_seq, task))   # waits while the window is full
                 elif which == "log_chunk":
                     app.logs.deliver(entry.node_id, msg.log_chunk)
                 elif which == "images":
@@ -157,25 +181,48 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     app.sessions.deliver(entry.node_id, msg.session_chunk)
                 elif which == "decision_ack":
                     app.registry.heartbeat(entry)
-                    if self.guard.ack_allowed(entry, msg.decision_ack):
-                        await app.reconciler.on_decision_ack(entry, msg.decision_ack)
+                    ack = msg.decision_ack
+                    if self.guard.ack_allowed(entry, ack):
+                        if (before := chains.get(ack.task_id)) is not None and not ack.ok:
+                            await asyncio.wait([before])   # a refusal is judged after the task's earlier events
+                        await app.reconciler.on_decision_ack(entry, ack)
                 else:
                     log.warning("agent_message_ignored", reason=f"unexpected {which}")
+                if acker.done():
+                    break   # an event was not applied: the stream ends (see _ack_in_order)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception as e:  # a bad message must end this stream, not the process
             log.error("agent_stream_failed", reason=repr(e))
         finally:
+            acker.cancel()
             outbox.put_nowait(None)
 
-    async def _status(self, entry: NodeEntry, status: agent_pb2.TaskStatus, outbox: asyncio.Queue,
-                      log: FilteringBoundLogger) -> None:
+    async def _apply_after(self, before: asyncio.Task[None] | None, entry: NodeEntry, status: agent_pb2.TaskStatus,
+                           log: FilteringBoundLogger) -> None:
+        """Apply one task-status event once the same task's previous event is applied (failing if it failed)."""
+        if before is not None:
+            await before
         if self.guard.status_allowed(entry, status):
             try:
                 await self._app.reconciler.on_task_status(entry, status)
             except GptrmError as e:
-                # Not applied (e.g. etcd down). Acks are cumulative, so end the stream: the agent
-                # reconnects and re-sends every unacknowledged event in order.
                 log.warning("task_status_not_applied", task_id=status.task_id, reason=str(e))
-                raise ConnectionAbortedError(f"task status {status.event_seq} not applied: {e}") from e
-        outbox.put_nowait(agent_pb2.CoordinatorMessage(event_ack=agent_pb2.EventAck(up_to_seq=status.event_seq)))
+                raise
+
+    @staticmethod
+    async def _ack_in_order(applied: asyncio.Queue[tuple[int, asyncio.Task[None]]], outbox: asyncio.Queue,
+                            log: FilteringBoundLogger) -> None:
+        """Acknowledge events in their order, each once it and every event before it were applied.
+
+        Acks are cumulative: at the first event that was not applied (e.g. etcd down) nothing more is
+        acknowledged and the stream ends; the agent reconnects and re-sends every unacknowledged event in order
+        (one applied meanwhile is applied again, which changes nothing)."""
+        while True:
+            seq, task = await applied.get()
+            try:
+                await task
+            except Exception as e:
+                log.warning("agent_stream_ended", reason=f"task status {seq} not applied: {e}")
+                raise
+            outbox.put_nowait(agent_pb2.CoordinatorMessage(event_ack=agent_pb2.EventAck(up_to_seq=seq)))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -21,7 +23,7 @@ from common.types import MIN_POLICY_THRESHOLD, THRESHOLD_MODES
 from coordinator.ctl import human, render
 from coordinator.ctl.argtypes import gpu_ref, int_between
 from coordinator.ctl.certs import add_certs_parser
-from coordinator.ctl.pages import all_nodes, all_tasks
+from coordinator.ctl.pages import all_nodes, all_tasks, task_pages
 from coordinator.ctl.queues import add_queues_parser, queue_dict, queue_update, queues_dict, queues_table
 from coordinator.ctl.reservations import (
     add_reservations_parser,
@@ -174,15 +176,82 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=array_ref(args.task))))
         _out(args, d, human.task_detail(d))
         return
-    tasks, stale = all_tasks(t, page_size=args.page_size, task_filter=_task_filter(args))
-    docs = [render.task_dict(x) for x in tasks if not args.task or x.array_id == args.task]
-    if args.task and not docs:
-        raise CtlError(f"tasks: array {args.task!r} not found" + (" in those states" if args.state else ""),
-                       EXIT_REFUSED)
-    arrays = render.array_summaries(docs)
-    # An array is one row, its elements counted by state; `tasks ARRAY` lists its elements.
-    shown = docs if args.task else human.collapse_arrays(docs, arrays)
-    _out(args, {"tasks": docs, "arrays": arrays, "stale": stale}, human.tasks_table(shown, wide=args.output == "wide"))
+    task_filter = _task_filter(args)
+    if args.task:   # one array's elements, every one (or an error naming the array)
+        tasks, stale = all_tasks(t, page_size=args.page_size, task_filter=task_filter)
+        docs = [render.task_dict(x) for x in tasks if x.array_id == args.task]
+        if not docs:
+            raise CtlError(f"tasks: array {args.task!r} not found" + (" in those states" if args.state else ""),
+                           EXIT_REFUSED)
+        _out(args, {"tasks": docs, "arrays": render.array_summaries(docs), "stale": stale},
+             human.tasks_table(docs, wide=args.output == "wide"))
+        return
+    arrays: dict[str, dict[str, Any]] = {}   # the arrays' summaries by id, summed up page by page
+    pages = _counted((([render.task_dict(x) for x in tasks], s)
+                      for tasks, s in task_pages(t, page_size=args.page_size, task_filter=task_filter)), arrays)
+    stale = _stream_pages(args, "tasks", pages if args.output == "json" else _collapsed(pages, arrays),
+                          lambda docs: human.tasks_table(docs, wide=args.output == "wide"),
+                          tail=lambda: {"arrays": list(arrays.values())})
+    if stale and args.output != "json":
+        print("[stale] etcd is unreachable: this answer comes from the coordinator's memory", file=sys.stderr)
+
+
+def _counted(pages: Iterable[tuple[list[dict[str, Any]], bool]],
+             arrays: dict[str, dict[str, Any]]) -> Iterator[tuple[list[dict[str, Any]], bool]]:
+    """The pages as they come, their array elements summed up in ``arrays`` (:func:`render.count_arrays`)."""
+    for docs, stale in pages:
+        render.count_arrays(docs, arrays)
+        yield docs, stale
+
+
+def _collapsed(pages: Iterable[tuple[list[dict[str, Any]], bool]],
+               arrays: dict[str, dict[str, Any]]) -> Iterator[tuple[list[dict[str, Any]], bool]]:
+    """A table's pages with each array as one row (:func:`human.collapse_arrays`): pages pass as they arrive
+    until one holds an array element; from there on the rows wait for the last page, since an array's row
+    shows the counts of all its elements (``arrays``, which ``pages`` fill as they are read)."""
+    held: list[dict[str, Any]] = []
+    for docs, stale in pages:
+        if held or any(d.get("array_id") for d in docs):
+            held.extend(docs)
+            yield [], stale
+        else:
+            yield docs, stale
+    if held:
+        yield human.collapse_arrays(held, list(arrays.values())), False
+
+
+def _stream_pages(args: argparse.Namespace, field: str, pages: Iterable[tuple[Iterable[dict[str, Any]], bool]],
+                  text: Callable[[list[dict[str, Any]]], str],
+                  tail: Callable[[], dict[str, Any]] = dict) -> bool:
+    """Print a listing page by page as the pages arrive (a long list shows at once, in bounded memory); returns
+    whether any page was stale.
+
+    ``-o json`` writes the document ``{field: [...], **tail(), "stale": ...}`` as :func:`render.dump_json` would
+    (the same indentation; ``tail()``, called after the last page, and ``stale``, known only at the end, come
+    last). A table prints each page's rows aligned on their own, the header once."""
+    stale = False
+    first = True
+    out = sys.stdout
+    if args.output == "json":
+        out.write("{\n  " + json.dumps(field) + ": [")
+    for docs, page_stale in pages:
+        stale = stale or page_stale
+        docs = list(docs)
+        if args.output == "json":
+            for d in docs:
+                out.write(("\n" if first else ",\n") + textwrap.indent(render.dump_json(d), "    "))
+                first = False
+        elif docs or first:
+            lines = text(docs).split("\n")
+            out.write("\n".join(lines if first else lines[1:]) + "\n")
+            first = False
+        out.flush()
+    if args.output == "json":
+        out.write("]" if first else "\n  ]")
+        for key, value in sorted(tail().items()):
+            out.write(",\n  " + json.dumps(key) + ": " + textwrap.indent(render.dump_json(value), "  ").lstrip())
+        out.write(',\n  "stale": ' + json.dumps(stale) + "\n}\n")
+    return stale
 
 
 def _whole_array(ref: str) -> bool:

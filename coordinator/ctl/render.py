@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
@@ -265,7 +265,12 @@ def task_dict(t: types_pb2.Task, now: Callable[[], float] = time.time) -> dict[s
 def array_summaries(docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One summary per array among task documents (schema ``tasks.json``, ``arrays``), in the order their first
     element comes: its name, element count and counts by state."""
-    out: dict[str, dict[str, Any]] = {}
+    return list(count_arrays(docs, {}).values())
+
+
+def count_arrays(docs: Iterable[Mapping[str, Any]], out: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Add ``docs``' array elements to the summaries ``out`` holds by array id (as :func:`array_summaries` makes
+    them), so that a listing read page by page is summed up as it goes; returns ``out``."""
     for d in docs:
         array_id = d.get("array_id")
         if not array_id:
@@ -274,7 +279,7 @@ def array_summaries(docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                             "max_running": d["spec"].get("array", {}).get("max_running", 0)})
         summary["elements"] += 1
         summary["states"][d["state"]] = summary["states"].get(d["state"], 0) + 1
-    return list(out.values())
+    return out
 
 
 def elastic_dict(t: types_pb2.Task) -> dict[str, Any] | None:

@@ -343,7 +343,7 @@ class Preemptor:
         (also after a leader change, which forgets claims), below the highest pending priority."""
         claims = self._live_claims()
         floor = max((c.priority for c in claims.values()), default=None)
-        if any(t.state == TaskState.PREEMPTED for t in self._tasks.values()):
+        if any(t.state == TaskState.PREEMPTED for t in self._tasks.live()):
             top = max((t.spec.priority for t in pending), default=None)
             floor = top if floor is None or (top is not None and top > floor) else floor
         if floor is None:
@@ -351,7 +351,7 @@ class Preemptor:
         return [t for t in pending if t.spec.priority >= floor or t.id in claims]
 
     def _worth_trying(self, rejected: Sequence[types_pb2.Task]) -> bool:
-        lowest = min((t.spec.priority for t in self._tasks.values()
+        lowest = min((t.spec.priority for t in self._tasks.live()
                       if t.state in _VICTIM_STATES and _preemptible(t)), default=None)
         return lowest is not None and any(t.spec.priority > lowest for t in rejected)
 
@@ -362,7 +362,7 @@ class Preemptor:
         claims = self._live_claims()
         if not rejected or not self._worth_trying(rejected):
             return False
-        tasks = self._tasks.values()
+        tasks = self._tasks.live()
         # What PREEMPTED tasks hold is on its way back: plan as if it were free already.
         snapshot = release_tasks(self._snapshots.snapshot(tasks, self._registry),
                                  (t for t in tasks if t.state == TaskState.PREEMPTED))

@@ -62,7 +62,7 @@ from common.elastic import (
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TERMINAL_STATES, TaskState
+from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
@@ -181,7 +181,7 @@ class SchedulerCycle:
         its agent reports (task uids, free ports), its fenced GPUs and whether its health check is pending.
         Power curves and DEGRADED GPUs only rank, so they are left out."""
         policy = self._policy.current
-        tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.values() if t.state not in TERMINAL_STATES)
+        tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.live())
         nodes = []
         for e in self._registry:
             r = e.record.reserved
@@ -211,11 +211,11 @@ class SchedulerCycle:
         if self._elastic is not None:
             self._elastic.observe()   # every cycle: the curves learn while the tasks run
         pending = self._preemptor.schedulable(await self._gated(
-            [t for t in self._tasks.values() if t.state == TaskState.PENDING and t.not_before_unix_s <= now], now))
+            [t for t in self._tasks.live() if t.state == TaskState.PENDING and t.not_before_unix_s <= now], now))
         if not pending:
             self._idle = None
             if self._elastic is not None and self._elastic_settled(grow=True):
-                await self._elastic_step([], self._snapshots.snapshot(self._tasks.values(), self._registry).nodes)
+                await self._elastic_step([], self._snapshots.snapshot(self._tasks.live(), self._registry).nodes)
             elif self._elastic is not None:
                 self._elastic.note_blocked({j.task_id: self._unsettled(j) for j in self._elastic.jobs()})
             return 0
@@ -256,7 +256,7 @@ class SchedulerCycle:
                         size = _in_room(room, (queue_of(by_id[r.task_id]), plan.admissions[r.task_id].pool), rng,
                                         rng.minimum, size, beyond, r.task_id)
                     requests[i] = request_at(r, rng, size)
-        snapshot = self._snapshots.snapshot(self._tasks.values(), self._registry)
+        snapshot = self._snapshots.snapshot(self._tasks.live(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
         # Reservations: their own work first on the GPUs they keep, then every kept GPU blocked for the rest.
@@ -281,7 +281,7 @@ class SchedulerCycle:
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
         commits: list[PlacementCommit] = []
         rejected: list[types_pb2.Task] = []
-        ports = PortBook.of(self._tasks.values(), refused=self._refused_ports())
+        ports = PortBook.of(self._tasks.live(), refused=self._refused_ports())
         uid_room = dict(self._snapshots.uid_room)
         self._uid_full = sum(1 for left in uid_room.values() if left <= 0)
         self._health = None   # built at this cycle's first rejection
@@ -473,7 +473,7 @@ class SchedulerCycle:
         for key in keys.values():
             if key is not None:
                 pools.setdefault(key[0], set()).add(key[1])
-        stopping = {queue_of(t) for t in self._tasks.values()
+        stopping = {queue_of(t) for t in self._tasks.live()
                     if t.state == TaskState.PREEMPTED and t.spec.HasField("elastic")}
         config, use, capacity = self._queues.config, self._queues.use(), self._queues.capacity()
         out: list[Resize] = []

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 from common.errors import IllegalTransition, NotFound, ValidationError
@@ -16,15 +17,28 @@ from coordinator.sync import _records as rec
 from coordinator.sync._fenced import FencedWriter
 from coordinator.sync._kv import KV
 from coordinator.sync._placements import ATTEMPTS, CommitResult, PlacementCommit, Placements
-from coordinator.sync.client import EtcdClient, cmp_create, cmp_exists, cmp_mod, op_delete, op_get, op_put
+from coordinator.sync.client import (
+    Compare,
+    EtcdClient,
+    Op,
+    cmp_create,
+    cmp_exists,
+    cmp_mod,
+    op_delete,
+    op_get,
+    op_put,
+)
 from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
 from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.state_machine import Conflict, check_transition
 
-__all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState"]
+__all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState", "Transition"]
 
 _M = TypeVar("_M")
+
+CREATE_MAX_BYTES = 1024 * 1024
+"""Task records created in one etcd transaction at most, in bytes (within etcd's request size limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +53,19 @@ class StoredState:
     quarantined: tuple[str, ...] = ()
     """Keys whose values this read refused (they did not parse or validate) and moved under ``quarantine/``
     (original bytes kept), unless a key changed meanwhile."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One state change for :meth:`Store.transitions` (the arguments of :meth:`Store.transition`)."""
+
+    task_id: str
+    expected_revision: int
+    new_state: TaskState
+    reason: str
+    release: bool = False
+    known: types_pb2.Task | None = None
+    updates: Mapping[str, object] = field(default_factory=dict)
 
 
 class Store:
@@ -230,6 +257,57 @@ class Store:
             self._log.info("task_deleted", task_id=task_id)
         return result.succeeded
 
+    def create_submits(self, items: Sequence[tuple[types_pb2.Task, str]], *,
+                       max_bytes: int = CREATE_MAX_BYTES) -> list[types_pb2.Task | Exception]:
+        """:meth:`create_task` for many tasks, in one transaction when none of their ids and request ids exists
+        yet (the common case: new submits arriving together) and they fit in one (etcd's operation limit,
+        ``max_bytes`` of values); otherwise each is created on its own, so a retried submit still gets the task
+        its first try created. Returns, per item in order, the stored task or the exception :meth:`create_task`
+        would raise for it.
+
+        :raises NotLeader, Fenced, EtcdUnavailable: as :meth:`create_task`, for the whole batch.
+        """
+        request_ids = [r for _t, r in items if r]
+        task_ids = [t.id for t, _r in items if t.id]
+        if len(items) > 1 and len(items) * 2 <= self._max_txn_ops - 1 \
+                and len(set(request_ids)) == len(request_ids) and len(set(task_ids)) == len(task_ids):
+            # (A key twice in one transaction is refused by etcd: such a batch goes one by one.)
+            try:
+                batch = [(new, request_id, new.SerializeToString())
+                         for new, request_id in ((self._new_task(t), r) for t, r in items)]
+            except IllegalTransition:
+                batch = []   # that one's error comes from create_task below
+            if batch and sum(len(data) for _t, _r, data in batch) <= max_bytes and self._create_batch(batch):
+                for new, request_id, _data in batch:
+                    self._log.info("task_created", task_id=new.id, revision=new.revision, request_id=request_id)
+                return [new for new, _r, _d in batch]
+        out: list[types_pb2.Task | Exception] = []
+        for task, request_id in items:
+            try:
+                out.append(self.create_task(task, request_id))
+            except (IllegalTransition, NotFound) as e:   # Conflict is an IllegalTransition
+                out.append(e)
+        return out
+
+    def _new_task(self, task: types_pb2.Task, *, copy: bool = True) -> types_pb2.Task:
+        """The record a new task is stored as (a fresh id when it has none, PENDING, its first history entry):
+        a copy of ``task``, or ``task`` itself completed in place (``copy=False``).
+
+        :raises IllegalTransition: the task carries a state other than PENDING.
+        """
+        if copy:
+            new = types_pb2.Task()
+            new.CopyFrom(task)
+        else:
+            new = task
+        new.id = new.id or self._new_id()
+        if new.state not in (0, TaskState.PENDING):
+            raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
+        new.revision = 0
+        new.submit_unix_s = new.submit_unix_s or self._wall()
+        rec.append_history(new, TaskState.PENDING, new.reason or "submitted", new.submit_unix_s, self._history_limit)
+        return new
+
     def create_task(self, task: types_pb2.Task, request_id: str = "") -> types_pb2.Task:
         """Store a new PENDING task; idempotent per ``request_id``.
 
@@ -242,14 +320,7 @@ class Store:
         :raises NotFound: the request id is known but its task was deleted since.
         :raises Conflict: the request id is known for a task with a different spec.
         """
-        new = types_pb2.Task()
-        new.CopyFrom(task)
-        new.id = new.id or self._new_id()
-        if new.state not in (0, TaskState.PENDING):
-            raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
-        new.revision = 0
-        new.submit_unix_s = new.submit_unix_s or self._wall()
-        rec.append_history(new, TaskState.PENDING, new.reason or "submitted", new.submit_unix_s, self._history_limit)
+        new = self._new_task(task)
         key, data = self._keys.task(new.id), new.SerializeToString()
         compare, success, failure = [cmp_create(key, 0)], [op_put(key, data)], [op_get(key)]
         if request_id:
@@ -299,7 +370,8 @@ class Store:
                 return existing
         raise Conflict(f"request id {request_id!r}: its stored value was refused twice")
 
-    def create_tasks(self, tasks: Sequence[types_pb2.Task], *, max_bytes: int = 1024 * 1024) -> list[types_pb2.Task]:
+    def create_tasks(self, tasks: Sequence[types_pb2.Task], *,
+                     max_bytes: int = CREATE_MAX_BYTES) -> list[types_pb2.Task]:
         """Store many new PENDING tasks (an array's elements) in few transactions: as many per transaction as
         etcd's operation limit and ``max_bytes`` of values allow, each put only if its key is new.
 
@@ -313,33 +385,45 @@ class Store:
         stored: list[types_pb2.Task] = []
         batch: list[tuple[types_pb2.Task, str, bytes]] = []
         size = 0
-        now = self._wall()
-        for new in tasks:   # taken as they are (no copy: an array's elements are made for this call)
-            if new.state not in (0, TaskState.PENDING):
-                raise IllegalTransition(f"task {new.id}: a new task must be PENDING, not {TaskState(new.state).name}")
-            new.revision = 0
-            new.submit_unix_s = new.submit_unix_s or now
-            rec.append_history(new, TaskState.PENDING, new.reason or "submitted", new.submit_unix_s,
-                               self._history_limit)
+
+        def flush() -> None:
+            if not self._create_batch(batch):
+                raise Conflict(f"tasks {batch[0][0].id}..{batch[-1][0].id}: one of them already exists")
+            self._log.info("tasks_created", first=batch[0][0].id, count=len(batch), revision=batch[0][0].revision)
+            stored.extend(t for t, _r, _d in batch)
+
+        for task in tasks:   # completed in place (no copy: an array's elements are made for this call)
+            new = self._new_task(task, copy=False)
             data = new.SerializeToString()
             if batch and (len(batch) + 1 >= self._max_txn_ops or size + len(data) > max_bytes):
-                stored.extend(self._create_batch(batch))
+                flush()
                 batch, size = [], 0
-            batch.append((new, self._keys.task(new.id), data))
+            batch.append((new, "", data))
             size += len(data)
         if batch:
-            stored.extend(self._create_batch(batch))
+            flush()
         return stored
 
-    def _create_batch(self, batch: Sequence[tuple[types_pb2.Task, str, bytes]]) -> list[types_pb2.Task]:
-        result = self._writer.write([cmp_create(key, 0) for _t, key, _d in batch],
-                                    [op_put(key, data) for _t, key, data in batch])
+    def _create_batch(self, batch: Sequence[tuple[types_pb2.Task, str, bytes]]) -> bool:
+        """Put each new task of ``batch`` (task, its request id or "", its record) and its request id, only if
+        none of their keys exists, in one transaction; returns whether it went through (the tasks then carry
+        its revision)."""
+        compare: list[Compare] = []
+        success: list[Op] = []
+        for task, request_id, data in batch:
+            key = self._keys.task(task.id)
+            compare.append(cmp_create(key, 0))
+            success.append(op_put(key, data))
+            if request_id:
+                rkey = self._keys.request(request_id)
+                compare.append(cmp_create(rkey, 0))
+                success.append(op_put(rkey, task.id.encode(), self._request_lease_id()))
+        result = self._writer.write(compare, success)
         if not result.succeeded:
-            raise Conflict(f"tasks {batch[0][0].id}..{batch[-1][0].id}: one of them already exists")
-        for task, _key, _data in batch:
+            return False
+        for task, _r, _d in batch:
             task.revision = result.revision
-        self._log.info("tasks_created", first=batch[0][0].id, count=len(batch), revision=result.revision)
-        return [t for t, _k, _d in batch]
+        return True
 
     def _request_lease_id(self) -> int:
         # One lease per ~1/24 of the TTL carries every request key made meanwhile, so each key
@@ -382,6 +466,7 @@ class Store:
         reason: str,
         *,
         release: bool = False,
+        known: types_pb2.Task | None = None,
         **updates: object,
     ) -> types_pb2.Task:
         """Change a task's state if it is still at ``expected_revision`` and the state machine allows it.
@@ -390,6 +475,10 @@ class Store:
         (``exit_code=1, log_tail="..."``) in the same write.
 
         :param release: also delete the task's allocation and free its node reservations, atomically.
+        :param known: the task as etcd stored it at ``expected_revision`` (the leader's copy), to write from
+            without reading it first: the write still compares the revision, so a copy that is not etcd's
+            value at that revision is never written (the read and the retry follow). Its reason may differ
+            (a waiting reason kept in memory only): a transition sets the reason anyway.
         :returns: the task as stored, with its new ``revision``.
         :raises NotFound: no such task.
         :raises Conflict: the task changed since ``expected_revision`` (``IllegalTransition`` subclass).
@@ -410,7 +499,93 @@ class Store:
                 task.ClearField("allocation")
                 task.ClearField("parts")
 
-        return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned")
+        return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned", known)
+
+    def transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception]:
+        """:meth:`transition` for many tasks, in one transaction when they are ready to go together (agents'
+        reports arriving at once: starts, and ends that free their reservations). Each is checked as
+        :meth:`transition` checks it (state machine, compare on its revision, its allocation and node records
+        as read); the reservations of every released task are subtracted from each node record once. When the
+        transaction fails (one task or node changed meanwhile) each is written on its own, with
+        :meth:`transition`'s reads and retries. Returns, per item in order, the stored task or the exception
+        :meth:`transition` would raise for it.
+
+        :raises NotLeader, Fenced, EtcdUnavailable: for the whole batch.
+        """
+        ids = [t.task_id for t in items]
+        if 1 < len(items) <= self._max_txn_ops // 4 and len(set(ids)) == len(ids) \
+                and all(t.known is not None and t.known.revision == t.expected_revision for t in items):
+            batch = self._batch_transitions(items)
+            if batch is not None:
+                return batch
+        out: list[types_pb2.Task | Exception] = []
+        for t in items:
+            try:
+                out.append(self.transition(t.task_id, t.expected_revision, t.new_state, t.reason, release=t.release,
+                                           known=t.known, **t.updates))
+            except (IllegalTransition, NotFound, ValidationError) as e:   # Conflict is an IllegalTransition
+                out.append(e)
+        return out
+
+    def _batch_transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception] | None:
+        """The one-transaction path of :meth:`transitions`; None when it does not apply (the caller goes one by
+        one)."""
+        released = [t for t in items if t.release]
+        allocations: dict[str, tuple[types_pb2.Allocation, int]] = {}
+        if released:
+            found = self._client.txn([], [op_get(self._keys.allocation(t.task_id)) for t in released]).responses
+            for t, kvs in zip(released, found, strict=True):
+                if not kvs:
+                    continue
+                alloc = self._writer.parse(kvs[0], partial(rec.parse_allocation, t.task_id))
+                if alloc is None:
+                    return None   # refused and moved aside: transition() frees what the task records
+                allocations[t.task_id] = (alloc, kvs[0].mod_revision)
+        nodes = self._writer.read_nodes(na.node_id for alloc, _rev in allocations.values() for na in alloc.nodes)
+        compare: list[Compare] = []
+        success: list[Op] = []
+        news: list[types_pb2.Task] = []
+        try:
+            for t in items:
+                assert t.known is not None
+                new = types_pb2.Task()
+                new.CopyFrom(t.known)
+                new.revision = 0
+                check_transition(t.task_id, TaskState(new.state), t.new_state)
+                if t.new_state is TaskState.SCHEDULED:
+                    return None   # refused with its reason by transition()
+                rec.apply_updates(new, t.updates)
+                rec.append_history(new, t.new_state, t.reason, self._wall(), self._history_limit)
+                if t.new_state is TaskState.PENDING:
+                    new.ClearField("allocation")
+                    new.ClearField("parts")
+                key = self._keys.task(t.task_id)
+                compare.append(cmp_mod(key, t.expected_revision))
+                success.append(op_put(key, new.SerializeToString()))
+                if t.release:
+                    akey = self._keys.allocation(t.task_id)
+                    if t.task_id in allocations:
+                        alloc, arev = allocations[t.task_id]
+                        compare.append(cmp_mod(akey, arev))
+                        success.append(op_delete(akey))
+                        for na in alloc.nodes:
+                            if na.node_id in nodes:
+                                rec.remove_reservation(nodes[na.node_id][0], na)
+                    else:
+                        compare.append(cmp_create(akey, 0))
+                news.append(new)
+        except (IllegalTransition, ValidationError):
+            return None   # that one's error comes from transition()
+        node_compare, node_ops = self._writer.node_ops(nodes)
+        if len(compare) + len(node_compare) + 1 > self._max_txn_ops or len(success) + len(node_ops) > self._max_txn_ops:
+            return None
+        result = self._writer.write([*compare, *node_compare], [*success, *node_ops])
+        if not result.succeeded:
+            return None
+        for new in news:
+            new.revision = result.revision
+            self._log.info("task_transitioned", task_id=new.id, state=TaskState(new.state).name, revision=new.revision)
+        return list(news)
 
     def cancel_unplaced(self, tasks: Sequence[types_pb2.Task], reason: str) -> list[types_pb2.Task]:
         """End many PENDING tasks that hold nothing (an array's waiting elements) CANCELLED, in few transactions:
@@ -457,11 +632,15 @@ class Store:
         )
 
     def _rewrite_task(
-        self, task_id: str, expected: int, mutate: Callable[[types_pb2.Task], None], release: bool, event: str
+        self, task_id: str, expected: int, mutate: Callable[[types_pb2.Task], None], release: bool, event: str,
+        known: types_pb2.Task | None = None,
     ) -> types_pb2.Task:
         key = self._keys.task(task_id)
-        for _attempt in range(ATTEMPTS):
-            current = self.get_task(task_id)
+        for attempt in range(ATTEMPTS):
+            # The first attempt may start from the caller's copy at the expected revision (one etcd round
+            # trip instead of two); a retry always reads.
+            current = known if attempt == 0 and known is not None and known.revision == expected \
+                and known.id == task_id else self.get_task(task_id)
             if current.revision != expected:
                 raise Conflict(f"task {task_id} changed: expected revision {expected}, found {current.revision}")
             new = types_pb2.Task()

@@ -12,6 +12,7 @@ from common.errors import Fenced, IllegalTransition, NotFound, NotLeader, Valida
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.sync import LEGAL_TRANSITIONS, Conflict, Election, EtcdClient, Keys, Store
+from coordinator.sync.store import Transition
 
 MakeElection = Callable[..., Election]
 S = TaskState
@@ -152,6 +153,16 @@ class TestTransitions:
         with pytest.raises(Conflict, match=f"task {task.id} changed: expected revision {task.revision}"):
             store.transition(task.id, task.revision, S.CANCELLED, "second")
 
+    def test_known_copy_writes_without_a_read_and_still_compares(self, store: Store, make_task: Callable) -> None:
+        """A transition from the caller's copy at the expected revision writes that copy's change; a copy of a
+        revision etcd no longer holds writes nothing and raises Conflict, like a read would have."""
+        task = store.create_task(make_task())
+        moved = store.transition(task.id, task.revision, S.CANCELLED, "from the copy", known=task)
+        assert store.get_task(task.id) == moved and moved.reason == "from the copy"
+        with pytest.raises(Conflict, match=f"task {task.id} changed"):
+            store.transition(task.id, task.revision, S.CANCELLED, "stale copy", known=task)
+        assert store.get_task(task.id).reason == "from the copy"
+
     def test_concurrent_writers_exactly_one_wins(self, store: Store, make_task: Callable) -> None:
         """Eight threads racing to cancel the same revision: exactly one succeeds."""
         task = store.create_task(make_task())
@@ -193,6 +204,39 @@ class TestTransitions:
         assert store.get_allocation(task.id) is None
         freed = store.get_node("n1")
         assert list(freed.reserved_gpu_indices) == [] and freed.reserved.gpus == 0
+
+    def test_batched_ends_free_reservations_in_one_write(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """Three tasks on one node ending together: one transaction (one revision) stores each end, deletes each
+        allocation and frees every reservation of the node."""
+        tasks = [drive(store, store.create_task(make_task(f"e{i}")), PATHS[S.RUNNING], make_allocation("n1", [i]))
+                 for i in range(3)]
+        assert list(store.get_node("n1").reserved_gpu_indices) == [0, 1, 2]
+        out = store.transitions([Transition(t.id, t.revision, S.SUCCEEDED, "exit 0", release=True, known=t,
+                                            updates={"exit_code": 0}) for t in tasks])
+        assert all(isinstance(t, types_pb2.Task) for t in out)
+        assert len({t.revision for t in out}) == 1   # type: ignore[union-attr]
+        assert all(store.get_task(t.id).state == S.SUCCEEDED and store.get_allocation(t.id) is None for t in tasks)
+        freed = store.get_node("n1")
+        assert list(freed.reserved_gpu_indices) == [] and freed.reserved.gpus == 0
+
+    def test_a_batch_with_a_changed_task_goes_one_by_one(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """One task of the batch changed meanwhile: it alone gets Conflict (nothing of it written), the others'
+        changes are stored and their reservations freed; an illegal change gets its IllegalTransition."""
+        a, b = (drive(store, store.create_task(make_task(f"c{i}")), PATHS[S.RUNNING], make_allocation("n1", [i]))
+                for i in range(2))
+        moved = store.update_task(b.id, b.revision, log_tail="changed")
+        pending = store.create_task(make_task("p"))
+        out = store.transitions([Transition(a.id, a.revision, S.SUCCEEDED, "", release=True, known=a),
+                                 Transition(b.id, b.revision, S.SUCCEEDED, "", release=True, known=b),
+                                 Transition(pending.id, pending.revision, S.RUNNING, "", known=pending)])
+        assert isinstance(out[0], types_pb2.Task) and out[0].state == S.SUCCEEDED
+        assert isinstance(out[1], Conflict) and store.get_task(b.id).revision == moved.revision
+        assert isinstance(out[2], IllegalTransition) and not isinstance(out[2], Conflict)
+        assert list(store.get_node("n1").reserved_gpu_indices) == [1]
 
     def test_missing_task_is_not_found(self, store: Store) -> None:
         """Transitions of an unknown task raise NotFound."""
@@ -238,6 +282,28 @@ class TestCreateTask:
             ids = set(pool.map(submit, range(8)))
         assert len(ids) == 1
         assert [t.id for t in store.list_tasks()] == list(ids)
+
+    def test_many_creates_in_one_transaction(self, store: Store, make_task: Callable) -> None:
+        """New tasks created together share one etcd revision (one transaction), each stored PENDING with its
+        request id remembered: a retry of one of them returns its task."""
+        created = store.create_submits([(make_task(f"b{i}"), f"req-b{i}") for i in range(5)])
+        assert all(isinstance(t, types_pb2.Task) for t in created)
+        assert len({t.revision for t in created}) == 1   # type: ignore[union-attr]
+        assert {t.id for t in store.list_tasks()} == {t.id for t in created}  # type: ignore[union-attr]
+        assert store.create_task(make_task("b3"), request_id="req-b3").id == created[3].id  # type: ignore[union-attr]
+
+    def test_a_batch_with_a_known_request_id_keeps_idempotency(self, store: Store, make_task: Callable) -> None:
+        """A batch holding a retried submit (its request id known), the same request twice, and a request id
+        reused for another spec: each gets what create_task gives it (the first task; a Conflict), the rest are
+        created, nothing twice."""
+        first = store.create_task(make_task("r"), request_id="req-r")
+        out = store.create_submits([(make_task("new"), "req-new"), (make_task("r"), "req-r"),
+                                  (make_task("other"), "req-r"), (make_task("dup"), "req-dup"),
+                                  (make_task("dup"), "req-dup")])
+        assert isinstance(out[0], types_pb2.Task) and out[1] == first
+        assert isinstance(out[2], Conflict)
+        assert isinstance(out[3], types_pb2.Task) and out[4] == out[3]
+        assert len(store.list_tasks()) == 3
 
     def test_explicit_duplicate_id_conflicts(self, store: Store, make_task: Callable) -> None:
         """Creating a task whose id exists (under a new request id) raises Conflict."""

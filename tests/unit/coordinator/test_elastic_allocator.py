@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from common.elastic import ElasticSettings, Resize
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
+from common.types import TERMINAL_STATES, TaskState
 from coordinator.config import CoordinatorConfig
 from coordinator.elastic import WARMUP_S, ElasticAllocator
 from coordinator.events import EventBus
@@ -33,6 +33,9 @@ class _Tasks:
 
     def values(self) -> list[types_pb2.Task]:
         return list(self.by_id.values())
+
+    def live(self) -> list[types_pb2.Task]:
+        return [t for t in self.by_id.values() if t.state not in TERMINAL_STATES]
 
     def find(self, task_id: str) -> types_pb2.Task | None:
         return self.by_id.get(task_id)

@@ -10,7 +10,7 @@ import pytest
 from common.errors import NotFound
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
-from common.types import TaskState
+from common.types import TERMINAL_STATES, TaskState
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.state import LeaderState
 from coordinator.tasks import TaskTable
@@ -157,3 +157,33 @@ def test_a_task_back_in_the_queue_keeps_the_allocation_it_gave_up(state: LeaderS
     assert [(na.node_id, list(na.gpu_indices)) for na in state.released("t1")] == [("n2", [3])]
     state.forget("t1")
     assert state.released("t1") == ()
+
+
+def _task(task_id: str, submit: float, state: TaskState = TaskState.PENDING) -> types_pb2.Task:
+    return types_pb2.Task(id=task_id, submit_unix_s=submit, state=pb_enum(types_pb2.TaskState, state))
+
+
+class TestIndexes:
+    def test_live_holds_exactly_the_unfinished_tasks(self, state: LeaderState) -> None:
+        """The unfinished-task index follows every way a record changes: adopt, apply, placement, reason, forget."""
+        state.adopt({"a": _task("a", 1.0), "b": _task("b", 2.0, TaskState.SUCCEEDED)}, {})
+        assert set(state.live) == {"a"}
+        state.apply_task(_task("c", 3.0))
+        state.apply_placement(_placed("d", "n1", [0]))
+        state.note_reason("c", "waiting")
+        assert set(state.live) == {"a", "c", "d"} and state.live["c"].reason == "waiting"
+        state.apply_task(_task("a", 1.0, TaskState.CANCELLED))
+        state.forget("d")
+        assert set(state.live) == {"c"}
+        assert set(state.live) == {t.id for t in state.tasks.values() if t.state not in TERMINAL_STATES}
+
+    def test_submit_order_walks_from_a_key(self, state: LeaderState) -> None:
+        """Tasks are walked in (submit time, id) order from just after a key, whatever order they came in; a
+        forgotten task leaves the walk."""
+        for tid, t in (("t3", 3.0), ("t1", 1.0), ("t2b", 2.0), ("t2a", 2.0), ("t4", 4.0)):
+            state.apply_task(_task(tid, t))
+        assert [t.id for t in state.in_submit_order()] == ["t1", "t2a", "t2b", "t3", "t4"]
+        assert [t.id for t in state.in_submit_order((2.0, "t2a"))] == ["t2b", "t3", "t4"]
+        state.forget("t3")
+        state.apply_task(_task("t2b", 2.0, TaskState.RUNNING))   # a change keeps its place
+        assert [t.id for t in state.in_submit_order((2.0, "t2a"))] == ["t2b", "t4"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
-from coordinator.api.pages import MAX_PAGE_SIZE, paginate
+from coordinator.api.pages import MAX_PAGE_SIZE, _encode, page_in_order, paginate
 
 
 def _tasks(n: int, name_bytes: int = 0) -> list[types_pb2.Task]:
@@ -61,3 +63,34 @@ class TestPaginate:
         with pytest.raises(ValidationError) as e:
             paginate(_tasks(3), _key, MAX_PAGE_SIZE + 1, "")
         assert e.value.field == "page_size"
+
+
+class TestPageInOrder:
+    def test_same_pages_as_paginate_reading_only_the_page(self) -> None:
+        """Over items kept in key order, the walk gives paginate's pages and tokens, and reads one item past
+        the page at most."""
+        items = sorted(_tasks(23), key=_key)
+        read: list[int] = []
+
+        def walk(after: tuple | None) -> Iterator[types_pb2.Task]:
+            for i, t in enumerate(items):
+                if after is None or _key(t) > after:
+                    read.append(i)
+                    yield t
+
+        token, expected = "", ""
+        while True:
+            read.clear()
+            page, token = page_in_order(walk, _key, 4, token)
+            want, expected = paginate(items, _key, 4, expected)
+            assert page == want and token == expected
+            assert len(read) <= 5
+            if not token:
+                break
+
+    def test_a_foreign_token_is_refused(self) -> None:
+        """A token whose key does not compare with the list's keys is refused naming page_token."""
+        items = sorted(_tasks(3), key=_key)
+        token = _encode(("x",))
+        with pytest.raises(ValidationError, match="page_token"):
+            page_in_order(lambda after: (t for t in items if after is None or _key(t) > after), _key, 2, token)

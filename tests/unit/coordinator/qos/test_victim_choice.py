@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Resources
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
+from common.types import TERMINAL_STATES, TaskState
 from coordinator.allocator.reservations import NodeReservation, take_gpu
 from coordinator.events import EventBus
 from coordinator.qos.preemption import Preemptor, _Fit, choose_victims, release_tasks
@@ -116,6 +116,9 @@ class _Table:
 
     def values(self) -> list[types_pb2.Task]:
         return list(self._by_id.values())
+
+    def live(self) -> list[types_pb2.Task]:
+        return [t for t in self._by_id.values() if t.state not in TERMINAL_STATES]
 
     def find(self, task_id: str) -> types_pb2.Task | None:
         return self._by_id.get(task_id)

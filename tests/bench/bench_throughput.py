@@ -1,0 +1,483 @@
+"""Benchmark: the whole submit → RUNNING path at a sustained rate, with many clients and a fleet.
+
+Run: ``.venv/bin/python tests/bench/bench_throughput.py [--rate 500] [--duration 60] [--clients 32]
+[--agents 16] [--retain 100000]``.
+
+It starts a 3-member etcd (``EtcdCluster``), one real ``gptrm-coordinator`` process (the leader;
+``--standby`` adds a second replica) and, in this process, a fleet of ``--agents`` simulated
+agents that speak the real agent stream protocol over gRPC: each registers 8 simulated GPUs,
+and for every ``StartTask`` decision reports STARTING and RUNNING and acknowledges the
+decision (as ``agent/runtime.py`` does), ends the task SUCCEEDED after ``--task-seconds``,
+and sends one telemetry sample every ``--telemetry-interval`` seconds (a heartbeat meanwhile).
+Load comes from a separate client process (this file with ``--role clients``) that runs
+``--clients`` concurrent ``SubmitTask`` callers over ``--channels`` gRPC connections, each
+pacing itself to its share of ``--rate`` (open loop: a caller behind its schedule submits at once).
+
+Measured:
+
+- ``submits/s``: SubmitTask calls answered OK during the ``--duration`` window, per second;
+- ``running/s``: tasks whose RUNNING report the coordinator acknowledged during the window (the
+  agent's ``EventAck`` comes only once the RUNNING transition is stored in etcd), per second;
+- submit → RUNNING: the time of that acknowledgement minus the time the SubmitTask call returned
+  (both clocks this host's), p50/p99 over every task submitted in the window;
+- the leader's RSS with ``--retain`` finished tasks retained: that many SUCCEEDED task records are
+  written to etcd before the coordinator starts (it loads them as any new leader would, and keeps
+  them: ``--finished-retention-count`` is raised above it), and the RSS is read after the load;
+- ``gptrmctl tasks``: the time to its first output line and to its end, human table and ``-o json``,
+  with every retained task listed.
+
+The last line reads ``sustained: submits/s=N running/s=N p99_submit_to_running_s=X``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_util import BIN, REPO, Proc, coordinator_argv, free_port, percentile, wait_leader, work_dir
+
+from common.etcd_embedded import EtcdCluster
+from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
+from common.pbenum import pb_enum
+
+GIB = 1 << 30
+GPUS = 8
+RUNNING = types_pb2.TASK_STATE_RUNNING
+
+
+def task_spec(i: int, args: argparse.Namespace) -> types_pb2.TaskSpec:
+    demand = types_pb2.ResourceVector(gpus=args.gpus, gpu_mem_bytes=int(args.gpu_mem_gib * GIB),
+                                      cpu_cores=args.cpu_cores)
+    return types_pb2.TaskSpec(name=f"tp-{i}", kind=types_pb2.TASK_KIND_INFERENCE, argv=["sleep", "1"],
+                              has_demand=True, demand=demand, allow_gpu_sharing=True)
+
+
+# ---- the client process ----------------------------------------------------------------------------------------------
+
+async def _clients(args: argparse.Namespace) -> None:
+    """``--clients`` callers at ``--rate`` for ``--duration`` from ``--start-at``; one JSON document to ``--out``."""
+    channels = [grpc.aio.insecure_channel(args.address) for _ in range(max(1, min(args.channels, args.clients)))]
+    stubs = [admin_pb2_grpc.AdminStub(c) for c in channels]
+    returned: list[tuple[str, float, float]] = []   # (task id, call start, call return)
+    errors: dict[str, int] = {}
+    share = args.rate / args.clients
+    start, end = args.start_at, args.start_at + args.duration
+
+    async def caller(k: int) -> None:
+        stub = stubs[k % len(stubs)]
+        n = 0
+        while True:
+            due = start + (n + k / args.clients) / share
+            if due >= end or time.time() >= end:   # behind schedule: what was not sent in the window is not
+                return
+            if (delay := due - time.time()) > 0:
+                await asyncio.sleep(delay)
+            i = n * args.clients + k
+            n += 1
+            t0 = time.time()
+            try:
+                task = await stub.SubmitTask(admin_pb2.SubmitTaskRequest(spec=task_spec(i, args),
+                                                                         request_id=f"tp-{args.run_id}-{i}"),
+                                             timeout=30)
+            except grpc.aio.AioRpcError as e:
+                errors[e.code().name] = errors.get(e.code().name, 0) + 1
+                continue
+            returned.append((task.id, t0, time.time()))
+
+    await asyncio.gather(*(caller(k) for k in range(args.clients)))
+    for c in channels:
+        await c.close()
+    Path(args.out).write_text(json.dumps({"returned": returned, "errors": errors}))
+
+
+# ---- the simulated fleet ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Fleet:
+    """What the simulated agents saw: when each task's RUNNING was acknowledged, and message counts."""
+
+    running_at: dict[str, float] = field(default_factory=dict)
+    started: int = 0
+    ended: int = 0
+    stream_errors: int = 0
+
+
+class SimAgent:
+    """One simulated agent on the real AgentGateway stream."""
+
+    def __init__(self, k: int, channel: grpc.aio.Channel, fleet: Fleet, args: argparse.Namespace) -> None:
+        self.node_id = f"tp-agent-{k:03d}"
+        self._stub = agent_pb2_grpc.AgentGatewayStub(channel)
+        self._fleet, self._args = fleet, args
+        self._out: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        self._seq = 0
+        self._pending_running: dict[int, str] = {}   # event seq → task id, until acknowledged
+        self._running: dict[str, str] = {}            # task id → start decision id
+        self._ends: set[asyncio.Task] = set()
+
+    def _inventory(self) -> types_pb2.NodeInventory:
+        gpus = [types_pb2.GpuInfo(index=i, uuid=f"GPU-{self.node_id}-{i}", model="H100-80GB", mem_total_bytes=80 * GIB,
+                                  power_limit_w=700) for i in range(GPUS)]
+        return types_pb2.NodeInventory(node_id=self.node_id, hostname=self.node_id, gpus=gpus, cpu_cores=256,
+                                       mem_total_bytes=2048 * GIB, simulated=True, gpu_backend="simulated",
+                                       advertise_address="127.0.0.1")
+
+    def _sample(self) -> agent_pb2.AgentMessage:
+        now = time.time()
+        gpus = [types_pb2.GpuSample(index=i, uuid=f"GPU-{self.node_id}-{i}", util_gpu=0.3, mem_used_bytes=GIB,
+                                    mem_total_bytes=80 * GIB, power_w=200.0, power_limit_w=700.0, temperature_c=40,
+                                    healthy=True, simulated=True) for i in range(GPUS)]
+        host = types_pb2.HostSample(cpu_util=0.1, mem_used_bytes=8 * GIB, mem_total_bytes=2048 * GIB)
+        sample = types_pb2.TelemetrySample(time_unix_s=now, gpus=gpus, host=host, simulated=True)
+        return agent_pb2.AgentMessage(telemetry=agent_pb2.TelemetryBatch(samples=[sample]))
+
+    def _status(self, task_id: str, state: int, decision_id: str, *, exit_code: int | None = None,
+                reason: str = "") -> int:
+        self._seq += 1
+        status = agent_pb2.TaskStatus(task_id=task_id, state=pb_enum(types_pb2.TaskState, state),
+                                      pids=[10_000 + self._seq], time_unix_s=time.time(), event_seq=self._seq,
+                                      decision_id=decision_id, reason=reason)
+        if exit_code is not None:
+            status.exit_code, status.has_exit_code = exit_code, True
+        self._out.put_nowait(agent_pb2.AgentMessage(task_status=status))
+        return self._seq
+
+    async def _end_later(self, task_id: str) -> None:
+        await asyncio.sleep(self._args.task_seconds)
+        decision_id = self._running.pop(task_id, None)
+        if decision_id is not None:
+            self._status(task_id, types_pb2.TASK_STATE_SUCCEEDED, decision_id, exit_code=0)
+            self._fleet.ended += 1
+
+    def _decide(self, d: agent_pb2.Decision) -> None:
+        which = d.WhichOneof("action")
+        if which == "start":
+            tid = d.start.task_id
+            if tid not in self._running:
+                self._running[tid] = d.decision_id
+                self._status(tid, types_pb2.TASK_STATE_STARTING, d.decision_id)
+                self._pending_running[self._status(tid, RUNNING, d.decision_id)] = tid
+                self._fleet.started += 1
+                end = asyncio.create_task(self._end_later(tid))
+                self._ends.add(end)
+                end.add_done_callback(self._ends.discard)
+            self._out.put_nowait(agent_pb2.AgentMessage(decision_ack=agent_pb2.DecisionAck(
+                decision_id=d.decision_id, ok=True, task_id=tid)))
+        elif which == "stop":
+            tid = d.stop.task_id
+            decision_id = self._running.pop(tid, None)
+            if decision_id is not None:
+                self._status(tid, types_pb2.TASK_STATE_FAILED, decision_id, exit_code=-15, reason="stopped")
+            self._out.put_nowait(agent_pb2.AgentMessage(decision_ack=agent_pb2.DecisionAck(
+                decision_id=d.decision_id, ok=decision_id is not None, task_id=tid,
+                task_unknown=decision_id is None)))
+        else:
+            self._out.put_nowait(agent_pb2.AgentMessage(decision_ack=agent_pb2.DecisionAck(
+                decision_id=d.decision_id, ok=True)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep one stream open (reconnecting after an error) until ``stop``."""
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+            except (grpc.aio.AioRpcError, ConnectionError) as e:
+                if not self._fleet.stream_errors:
+                    print(f"{self.node_id}: stream error {e!r:.300}", flush=True)
+                self._fleet.stream_errors += 1
+                await asyncio.sleep(0.5)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        call = self._stub.Connect()
+        await call.write(agent_pb2.AgentMessage(register=agent_pb2.Register(
+            inventory=self._inventory(), boot_id=1,
+            tasks=[agent_pb2.TaskStatus(task_id=t, state=RUNNING, decision_id=d) for t, d in self._running.items()])))
+        first = await call.read()
+        if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
+            raise ConnectionError(f"{self.node_id}: no welcome ({first})")
+        # Unacknowledged events are re-sent on a new stream, in order (an agent's at-least-once delivery).
+        self._out = asyncio.Queue()
+        self._out.put_nowait(self._sample())
+
+        async def writer() -> None:
+            while True:
+                await call.write(await self._out.get())
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self._args.telemetry_interval)
+                self._out.put_nowait(self._sample())
+
+        tasks = [asyncio.create_task(writer()), asyncio.create_task(beat())]
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            while True:
+                read = asyncio.create_task(call.read())
+                done, _ = await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if stopped in done:
+                    read.cancel()
+                    call.cancel()
+                    return
+                msg = read.result()
+                if msg is grpc.aio.EOF:
+                    raise ConnectionError(f"{self.node_id}: stream ended")
+                which = msg.WhichOneof("body")
+                if which == "decision":
+                    self._decide(msg.decision)
+                elif which == "event_ack":
+                    now = time.time()
+                    for seq in [s for s in self._pending_running if s <= msg.event_ack.up_to_seq]:
+                        self._fleet.running_at.setdefault(self._pending_running.pop(seq), now)
+        finally:
+            stopped.cancel()
+            for t in tasks:
+                t.cancel()
+
+
+# ---- retained tasks --------------------------------------------------------------------------------------------------
+
+def preload(endpoints: list[str], prefix: str, count: int) -> None:
+    """Write ``count`` SUCCEEDED tasks (with a plausible history) under ``prefix`` before any coordinator starts."""
+    from coordinator.sync.client import connect, op_put
+    from coordinator.sync.keys import Keys
+
+    keys = Keys(prefix)
+    client = connect(endpoints)
+    base = time.time() - 3600
+    ops = []
+    for i in range(count):
+        t0 = base + i * 0.01
+        task = types_pb2.Task(id=f"t-old{i:07d}", spec=task_spec(i, ARGS), state=types_pb2.TASK_STATE_SUCCEEDED,
+                              submit_unix_s=t0, reason="", exit_code=0, queue="default")
+        for k, st in enumerate((types_pb2.TASK_STATE_PENDING, types_pb2.TASK_STATE_SCHEDULED,
+                                types_pb2.TASK_STATE_STARTING, RUNNING, types_pb2.TASK_STATE_SUCCEEDED)):
+            task.history.add(state=st, time_unix_s=t0 + 0.01 * k + (1.0 if st == types_pb2.TASK_STATE_SUCCEEDED
+                                                                    else 0.0))
+        ops.append(op_put(keys.task(task.id), task.SerializeToString()))
+        if len(ops) == 100:
+            client.txn([], ops)
+            ops = []
+    if ops:
+        client.txn([], ops)
+    client.close()
+
+
+# ---- gptrmctl --------------------------------------------------------------------------------------------------------
+
+def child_env() -> dict[str, str]:
+    """The environment of child processes: the code under test is the caller's ``PYTHONPATH`` (another checkout,
+    for a before/after comparison), else this checkout."""
+    return {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO)}
+
+
+def time_ctl(address: str, timeout_s: float, *extra: str) -> tuple[float, float, int]:
+    """(seconds to the first output line, seconds to the end, output lines) of ``gptrmctl ... tasks``; it is
+    stopped after ``timeout_s`` (the end then reads as the timeout)."""
+    argv = [str(BIN / "gptrmctl"), "--coordinator", address, "--insecure", "--timeout", "60", *extra, "tasks"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=child_env())
+    assert proc.stdout is not None
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    first = None
+    lines = 0
+    for _ in proc.stdout:
+        if first is None:
+            first = time.perf_counter() - t0
+        lines += 1
+    proc.wait()
+    timer.cancel()
+    total = time.perf_counter() - t0
+    if proc.returncode:
+        print(f"  gptrmctl {' '.join(extra)} tasks exited {proc.returncode} (stopped after {timeout_s:g}s?)")
+    return first if first is not None else total, total, lines
+
+
+# ---- the run ---------------------------------------------------------------------------------------------------------
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+async def run(args: argparse.Namespace, tmp: Path) -> None:
+    etcd = EtcdCluster(tmp / "etcd", size=3)
+    procs: list[Proc] = []
+    fleet = Fleet()
+    stop = asyncio.Event()
+    agents: list[asyncio.Task] = []
+    try:
+        etcd.start()
+        prefix = f"/bench/throughput-{os.getpid()}/"
+        if args.retain:
+            t0 = time.perf_counter()
+            await asyncio.to_thread(preload, etcd.endpoints, prefix, args.retain)
+            print(f"retained: {args.retain} SUCCEEDED tasks written to etcd in {time.perf_counter() - t0:.1f}s",
+                  flush=True)
+        flags = ["--finished-retention-count", str(args.retain + 10 * int(args.rate * args.duration) + 10_000),
+                 "--log-level", "warning", *args.coordinator_args.split()]
+        listen = f"127.0.0.1:{free_port()}"
+        leader = Proc(coordinator_argv(listen, etcd.endpoints, prefix, tmp / "c1", extra=flags, coordinator_id="c1",
+                                       profile_out=Path(args.profile) if args.profile else None),
+                      tmp / "c1.log").start()
+        procs.append(leader)
+        t0 = time.perf_counter()
+        wait_leader(listen, 180.0, leader)
+        print(f"leader up in {time.perf_counter() - t0:.1f}s", flush=True)
+        if args.standby:
+            procs.append(Proc(coordinator_argv(f"127.0.0.1:{free_port()}", etcd.endpoints, prefix, tmp / "c2",
+                                               extra=flags, coordinator_id="c2"), tmp / "c2.log").start())
+
+        channels = [grpc.aio.insecure_channel(listen) for _ in range(max(1, args.agents // 8))]
+        sims = [SimAgent(k, channels[k % len(channels)], fleet, args) for k in range(args.agents)]
+        agents = [asyncio.create_task(a.run(stop)) for a in sims]
+        admin_channel = grpc.aio.insecure_channel(listen)
+        admin = admin_pb2_grpc.AdminStub(admin_channel)
+
+        async def ready() -> int:
+            nodes = (await admin.ListNodes(admin_pb2.ListNodesRequest(), timeout=10)).nodes
+            return sum(1 for n in nodes if n.state == types_pb2.NODE_STATE_READY and n.has_latest)
+
+        deadline = time.monotonic() + 60
+        while await ready() < args.agents:
+            if time.monotonic() > deadline:
+                nodes = (await admin.ListNodes(admin_pb2.ListNodesRequest(), timeout=10)).nodes
+                raise TimeoutError(f"{args.agents} agents not READY within 60s: "
+                                   + "; ".join(f"{n.record.inventory.node_id} {n.state} {n.has_latest}" for n in nodes))
+            await asyncio.sleep(0.5)
+        print(f"cluster: 3-member etcd, 1 coordinator{' + 1 standby' if args.standby else ''}, {args.agents} "
+              f"simulated agents x {GPUS} GPUs; {args.clients} clients; {os.cpu_count()} CPUs; {load()}", flush=True)
+
+        # -- the load --
+        out = tmp / "clients.json"
+        start_at = time.time() + 2.0
+        client_argv = [sys.executable, __file__, "--role", "clients", "--address", listen, "--rate", str(args.rate),
+                       "--duration", str(args.duration), "--clients", str(args.clients), "--channels",
+                       str(args.channels), "--start-at", str(start_at), "--out", str(out),
+                       "--run-id", str(random.getrandbits(32)), "--gpus", str(args.gpus),
+                       "--gpu-mem-gib", str(args.gpu_mem_gib), "--cpu-cores", str(args.cpu_cores)]
+        client_proc = subprocess.Popen(client_argv, env=child_env())
+        assert leader.proc is not None
+        leader_ps = psutil.Process(leader.proc.pid)
+        spy = None
+        if args.pyspy:
+            spy = subprocess.Popen(["py-spy", "record", "--nonblocking", "--format", "raw", "-o", args.pyspy,
+                                    "-d", str(int(min(30, args.duration))), "-p", str(leader.proc.pid)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu0 = leader_ps.cpu_times()
+        ticks = []
+        while client_proc.poll() is None:
+            await asyncio.sleep(5.0)
+            ticks.append((time.time() - start_at, len(fleet.running_at), load()))
+            print(f"  t={ticks[-1][0]:5.1f}s running-acked={ticks[-1][1]} {ticks[-1][2]}", flush=True)
+        end_at = start_at + args.duration
+        if spy is not None:
+            spy.wait()
+        cpu1 = leader_ps.cpu_times()
+        doc = json.loads(out.read_text())
+        returned = {tid: t_ret for tid, _t0, t_ret in doc["returned"]}
+        rpc = [t_ret - t0 for _tid, t0, t_ret in doc["returned"]]
+        # Let what was accepted reach RUNNING (or time out), then end.
+        drain_deadline = time.monotonic() + args.drain_timeout
+        while time.monotonic() < drain_deadline and any(t not in fleet.running_at for t in returned):
+            await asyncio.sleep(0.5)
+        accepted_in_window = sum(1 for t in returned.values() if start_at <= t <= end_at)
+        running_in_window = sum(1 for t in fleet.running_at.values() if start_at <= t <= end_at)
+        latency = [fleet.running_at[t] - r for t, r in returned.items() if t in fleet.running_at]
+        never = sum(1 for t in returned if t not in fleet.running_at)
+        submits_s = accepted_in_window / args.duration
+        running_s = running_in_window / args.duration
+        p50, p99 = percentile(latency, 50), percentile(latency, 99)
+        print(f"\nload: {args.rate:g}/s offered for {args.duration:g}s by {args.clients} clients; {load()}")
+        print(f"  accepted {len(returned)} ({submits_s:.0f}/s in the window), refused {doc['errors'] or 'none'}")
+        print(f"  SubmitTask RPC p50 {percentile(rpc, 50) * 1000:.0f} ms  p99 {percentile(rpc, 99) * 1000:.0f} ms")
+        print(f"  RUNNING in the window {running_in_window} ({running_s:.0f}/s); never RUNNING {never}")
+        print(f"  submit -> RUNNING p50 {p50:.3f}s  p99 {p99:.3f}s  max {max(latency, default=float('nan')):.3f}s")
+        print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
+              f"one core; fleet stream errors {fleet.stream_errors}")
+
+        waiting = (await admin.ListTasks(admin_pb2.ListTasksRequest(states=[types_pb2.TASK_STATE_PENDING],
+                                                                    page_size=1), timeout=60)).tasks
+        if waiting:
+            print(f"  a task still PENDING after the drain: {waiting[0].reason[:200]!r}")
+
+        # -- retained tasks: memory and listing --
+        done_deadline = time.monotonic() + args.drain_timeout
+        while time.monotonic() < done_deadline and fleet.ended < fleet.started:
+            await asyncio.sleep(0.5)
+        counts = (await admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
+        rss = leader_ps.memory_info().rss / 2**20
+        print(f"\nretained: {args.retain} preloaded + {len(returned)} run; leader RSS {rss:.0f} MiB; "
+              f"tasks {', '.join(f'{e.key}={e.count}' for e in counts.tasks_by_state)}")
+        if args.ctl:
+            for extra in ((), ("-o", "json")):
+                first, total, lines = await asyncio.to_thread(time_ctl, listen, args.ctl_timeout, *extra)
+                print(f"  gptrmctl {' '.join(extra) or '(table)'} tasks: first line {first:.2f}s, all {total:.2f}s "
+                      f"({lines} lines); {load()}")
+        await admin_channel.close()
+        print(f"\nsustained: submits/s={submits_s:.0f} running/s={running_s:.0f} p99_submit_to_running_s={p99:.3f}")
+    finally:
+        stop.set()
+        for a in agents:
+            a.cancel()
+        for p in reversed(procs):
+            status = p.stop()
+            if status not in (0, None, -15):
+                print(f"{p.log_path.name} exited with {status}; tail:\n{p.tail(1500)}", file=sys.stderr)
+        etcd.stop()
+
+
+ARGS: argparse.Namespace
+
+
+def main() -> None:
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--role", choices=("bench", "clients"), default="bench")
+    p.add_argument("--rate", type=float, default=500.0, help="submissions offered per second")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    p.add_argument("--clients", type=int, default=32, help="concurrent SubmitTask callers")
+    p.add_argument("--channels", type=int, default=8, help="gRPC connections the callers share")
+    p.add_argument("--agents", type=int, default=16, help="simulated agents (8 GPUs each)")
+    p.add_argument("--task-seconds", type=float, default=1.0, help="each task runs this long, then succeeds")
+    p.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between an agent's samples")
+    p.add_argument("--gpus", type=float, default=0.125, help="GPUs per task (shared)")
+    p.add_argument("--gpu-mem-gib", type=float, default=1.0, help="GPU memory per GPU, GiB")
+    p.add_argument("--cpu-cores", type=float, default=0.1, help="host cores per task")
+    p.add_argument("--retain", type=int, default=100_000, help="finished tasks in etcd before the coordinator starts")
+    p.add_argument("--standby", action="store_true", help="also start a standby coordinator")
+    p.add_argument("--ctl", action=argparse.BooleanOptionalAction, default=True, help="time gptrmctl tasks at the end")
+    p.add_argument("--ctl-timeout", type=float, default=120.0, help="seconds one gptrmctl tasks may take")
+    p.add_argument("--pyspy", default="", help="py-spy record the leader during the load into this file (raw)")
+    p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for accepted tasks to run")
+    p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
+    p.add_argument("--profile", default="", help="run the leader under cProfile, writing this file")
+    p.add_argument("--keep-dir", default="", help="keep state and logs here instead of a temporary directory")
+    # --role clients only
+    p.add_argument("--address", default="")
+    p.add_argument("--start-at", type=float, default=0.0)
+    p.add_argument("--out", default="")
+    p.add_argument("--run-id", default="0")
+    ARGS = args = p.parse_args()
+    if args.role == "clients":
+        asyncio.run(_clients(args))
+        return
+    with work_dir(args.keep_dir, "gptrm-bench-throughput-") as tmp:
+        asyncio.run(run(args, tmp))
+
+
+if __name__ == "__main__":
+    main()
