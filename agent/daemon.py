@@ -63,6 +63,7 @@ def _inventory(cfg: AgentConfig, sampler: Sampler, containers: Containers | None
         disk_total_bytes=disk_total, labels=cfg.labels, agent_version=AGENT_VERSION,
         simulated=sampler.simulated, gpu_backend=sampler.backend, host_simulated=shape is not None,
         advertise_address=cfg.advertise_address or primary_address(), task_port_min=ports[0], task_port_max=ports[1],
+        health_check=bool(cfg.health_check_program),
         containers=containers is not None and containers.available,
         images=containers.store.refs() if containers is not None and containers.store else [],
     )

@@ -205,7 +205,8 @@ class NodeRegistry:
         entry.connected = True
         entry.outbox = outbox
         entry.task_uid_room = entry.task_ports_free = None   # until this stream's agent reports them
-        entry.degraded_gpus, entry.health_pending = frozenset(), False
+        # A node whose agent runs a health check takes no work until that check's first verdict (its telemetry).
+        entry.degraded_gpus, entry.health_pending = frozenset(), inventory.health_check
         entry.last_heartbeat = self._now()
         entry.last_seen_unix_s = now_unix
         # Stored with the registration: what a replica that does not lead shows (stored_state).

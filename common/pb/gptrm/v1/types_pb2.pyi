@@ -657,7 +657,7 @@ class GpuLink(_message.Message):
     def __init__(self, peer_index: _Optional[int] = ..., level: _Optional[_Union[GpuLinkLevel, str]] = ..., nvlinks: _Optional[int] = ...) -> None: ...
 
 class NodeInventory(_message.Message):
-    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated", "advertise_address", "task_port_min", "task_port_max", "containers", "images")
+    __slots__ = ("node_id", "hostname", "gpus", "cpu_cores", "mem_total_bytes", "disk_total_bytes", "labels", "agent_version", "simulated", "gpu_backend", "host_simulated", "advertise_address", "task_port_min", "task_port_max", "health_check", "containers", "images")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -679,6 +679,7 @@ class NodeInventory(_message.Message):
     ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TASK_PORT_MIN_FIELD_NUMBER: _ClassVar[int]
     TASK_PORT_MAX_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_CHECK_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
@@ -695,9 +696,10 @@ class NodeInventory(_message.Message):
     advertise_address: str
     task_port_min: int
     task_port_max: int
+    health_check: bool
     containers: bool
     images: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ..., containers: _Optional[bool] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., gpu_backend: _Optional[str] = ..., host_simulated: _Optional[bool] = ..., advertise_address: _Optional[str] = ..., task_port_min: _Optional[int] = ..., task_port_max: _Optional[int] = ..., health_check: _Optional[bool] = ..., containers: _Optional[bool] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
     __slots__ = ("inventory", "state", "cordoned", "draining", "reserved", "reserved_gpu_indices", "registered_unix_s", "last_seen_unix_s", "power_state", "power_state_unix_s", "power_reason", "gpu_fences", "health_drained", "health_drain_reason", "gpu_health_history")

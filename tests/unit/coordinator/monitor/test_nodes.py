@@ -98,3 +98,12 @@ class TestHealthHolds:
         assert not entry.health_pending and reg.schedulable(entry)
         entry.record.health_drained = True
         assert reg.rederive(entry) == NodeState.DRAINING and not reg.schedulable(entry)
+
+    def test_an_agent_with_a_health_check_takes_no_work_before_its_first_verdict(self) -> None:
+        """An agent that says it runs a health check is held from its registration, before any telemetry: a task
+        submitted right after it registered is not placed there ahead of the check's verdict."""
+        reg = NodeRegistry(1.0, 30.0, now=FakeClock(100.0))
+        inv = _inv()
+        inv.health_check = True
+        entry, _ = reg.connect(inv, outbox=object())
+        assert entry.health_pending and not reg.schedulable(entry)
