@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO
 
 import grpc
 
@@ -63,7 +63,6 @@ EXIT_FAILED = 1
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 15.0
 _LOG_TAIL_LINES = 20
-_PR_SET_PDEATHSIG = 1
 COORDINATOR_ARGS = "GPTRM_DEV_COORDINATOR_ARGS"
 """Extra coordinator flags, shell-quoted (``make run ARGS="--price-kwh 0.2"`` sets it), appended after the
 dev cluster's own so that they win."""
@@ -177,14 +176,13 @@ def _address_in_use(address: str) -> bool:
     return False
 
 
-_prctl: Any = None
-"""libc's prctl, looked up before any fork (the child only calls it)."""
-
-
-def _die_with_parent() -> None:
-    """In a child before exec: SIGTERM it when this process dies (even by SIGKILL), so it stops in order."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+def _with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when this process dies (even by SIGKILL) and stops in order: through
+    ``setpriv --pdeathsig`` (util-linux), which sets the death signal and execs it. No Python code runs in the
+    child between fork and exec: this process holds gRPC channels, and gRPC's fork handlers restart its poller in
+    a forked child, which the closing of the child's descriptors then aborts."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
 
 
 class _Stop:
@@ -226,8 +224,8 @@ class DevCluster:
         self._log_files.append(log)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.procs[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-            pass_fds=(self.lock.fd,), preexec_fn=_die_with_parent)
+            _with_parent(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True, pass_fds=(self.lock.fd,))
 
     def died(self) -> str | None:
         """The name of a child that has exited, if one has."""
@@ -332,7 +330,6 @@ Try, in another terminal:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the dev cluster until Ctrl-C or SIGTERM; returns the exit code (0 after a clean stop)."""
-    global _prctl
     args = build_parser().parse_args(argv)
     state = Path(args.state_dir).expanduser().resolve()
     stop = _Stop()
@@ -356,8 +353,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"gptrm: {address} is in use (another gptrm coordinator or dev cluster?); give this one "
                       f"another {flag}", file=sys.stderr)
                 return EXIT_FAILED
-        with contextlib.suppress(OSError, AttributeError):
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
         return _run(DevCluster(args, state, lock, stop))
     finally:
         lock.release()
