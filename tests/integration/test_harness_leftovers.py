@@ -28,7 +28,9 @@ class TestTaskProcessesLeft:
         marker = str(4000 + secrets.randbelow(1000))
         proc = _as_uid(uid, marker)
         try:
-            found = wait_until(lambda: task_processes_left([agent]), 10, what="the process found")
+            # found once setpriv (which takes the uid first) has exec'd the command it names
+            found = wait_until(lambda: (f := task_processes_left([agent])) and describe(f[0]).endswith(marker) and f,
+                               10, what="the process found")
             assert [p.pid for p in found] == [proc.pid]
             assert describe(found[0]) == f"pid {proc.pid} uid {uid}: sleep {marker}"
         finally:
