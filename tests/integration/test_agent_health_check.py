@@ -8,23 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from tests.helpers.health_check import NHC_FAILURE, gated_check
 from tests.integration.harness import Cluster, wait_until
 
 S = types_pb2.HealthCheckState
-_NHC_FAILURE = "ERROR:  nhc:  Health check failed:  check_hw_ib:  Device ib0 not found"
 
 
 class TestHealthCheckProgram:
     def test_verdict_reaches_the_coordinator(self, cluster: Cluster, tmp_path: Path) -> None:
-        go, broken = tmp_path / "go", tmp_path / "broken"
-        broken.touch()
-        program = tmp_path / "nhc"
-        program.write_text(
-            "#!/bin/sh\n"
-            f"while [ ! -e {go} ]; do sleep 0.1; done\n"
-            f'if [ -e {broken} ]; then echo "Running checks"; echo "{_NHC_FAILURE}"; exit 1; fi\n'
-            "echo all checks passed\n")
-        program.chmod(0o755)
+        check = gated_check(tmp_path)
+        program, go, broken = check.program, check.go, check.broken
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", "--health-check-program", str(program), "--health-check-interval", "1",
@@ -45,12 +38,12 @@ class TestHealthCheckProgram:
         wait_until(lambda: state_is(S.HEALTH_CHECK_STATE_PENDING), what="PENDING before the first verdict")
         go.touch()
         failed = wait_until(lambda: state_is(S.HEALTH_CHECK_STATE_FAILED), what="the FAILED verdict")
-        assert failed is not None and (failed.message, failed.exit_code) == (_NHC_FAILURE, 1)
+        assert failed is not None and (failed.message, failed.exit_code) == (NHC_FAILURE, 1)
         doc = cluster.ctl_json("nodes", "n1")
-        assert (doc["health"]["check"]["state"], doc["health"]["check"]["message"]) == ("failed", _NHC_FAILURE)
-        assert _NHC_FAILURE in doc["health"]["summary"]
+        assert (doc["health"]["check"]["state"], doc["health"]["check"]["message"]) == ("failed", NHC_FAILURE)
+        assert NHC_FAILURE in doc["health"]["summary"]
         table = cluster.ctl("-o", "wide", "nodes")
-        assert table.returncode == 0 and "HEALTH" in table.stdout and _NHC_FAILURE in table.stdout
+        assert table.returncode == 0 and "HEALTH" in table.stdout and NHC_FAILURE in table.stdout
         broken.unlink()
         ok = wait_until(lambda: state_is(S.HEALTH_CHECK_STATE_OK), what="the OK verdict")
         assert ok is not None and (ok.message, ok.exit_code) == ("all checks passed", 0)

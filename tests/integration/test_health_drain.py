@@ -7,22 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from tests.helpers.health_check import NHC_FAILURE, gated_check
 from tests.integration.harness import Cluster, wait_until
-
-_FAILURE = "ERROR:  nhc:  Health check failed:  check_hw_ib:  Device ib0 not found"
 
 
 class TestHealthDrain:
     def test_failed_check_drains_passing_lifts_only_its_own_drain(self, cluster: Cluster, tmp_path: Path) -> None:
-        go, broken = tmp_path / "go", tmp_path / "broken"
-        broken.touch()
-        program = tmp_path / "nhc"
-        program.write_text(
-            "#!/bin/sh\n"
-            f"while [ ! -e {go} ]; do sleep 0.1; done\n"
-            f'if [ -e {broken} ]; then echo "{_FAILURE}"; exit 1; fi\n'
-            "echo all checks passed\n")
-        program.chmod(0o755)
+        check = gated_check(tmp_path)
+        program, go, broken = check.program, check.go, check.broken
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", "--health-check-program", str(program), "--health-check-interval", "1",
@@ -42,8 +34,8 @@ class TestHealthDrain:
 
         go.touch()
         drained = wait_until(lambda: (r := record()) is not None and r.health_drained and r, what="health drain")
-        assert drained.health_drain_reason == _FAILURE and not drained.draining
-        wait_until(lambda: f"n1 drained by health: {_FAILURE}" in cluster.task(task)["reason"],
+        assert drained.health_drain_reason == NHC_FAILURE and not drained.draining
+        wait_until(lambda: f"n1 drained by health: {NHC_FAILURE}" in cluster.task(task)["reason"],
                    what="the drain named in the reason")
         assert cluster.ctl("drain", "n1").returncode == 0          # an admin's drain on top
 
