@@ -13,7 +13,7 @@ the task table:
    :func:`~coordinator.scheduler.queueing.plan_queues` decides admission and fair order against the
    cluster's GPUs per model and the queues' decayed usage. Only the plan's ``order`` is offered to
    placement, in that order (each request held to its admitted GPU pool by
-   :func:`coordinator.scheduler.cycle.on_pool`); refused jobs wait.
+   :func:`coordinator.scheduler.pipeline.on_pool`); refused jobs wait.
 2. Placement decides what ``place_batch`` over that order would (in the order, or for the policies
    that sort, by descending compute demand unless ``keep_order``). Between releases reservations
    only grow, so a shape the placement engine refused stays refused until something is released:
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from common.domain import Placement, Request, queue_key
 from coordinator.queues import ANY_MODEL, Holding, QueueConfig, UsageDecay
-from coordinator.scheduler.cycle import on_pool
+from coordinator.scheduler.pipeline import on_pool
 from coordinator.scheduler.queueing import QueuedTask, QueuePlan, plan_queues, reclaim_for
 
 if TYPE_CHECKING:
