@@ -28,15 +28,11 @@ less than ``protection_s`` ago is never chosen again.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING
 
-from common.domain import Placement, queue_key
+from common.domain import Placement
 from coordinator.qos.preemption import Candidate, Fits, Holding, choose_candidates
-
-if TYPE_CHECKING:
-    from coordinator.simulator.engine import Simulator
+from coordinator.simulator.ports import Replay
 
 __all__ = ["QOS_CLASS_PRIORITY", "SimPreemption", "priority_of"]
 
@@ -56,14 +52,15 @@ def priority_of(group: str) -> int:
 class SimPreemption:
     """Preemption inside one replay (owned by the :class:`~coordinator.simulator.engine.Simulator`).
 
-    :param sim: the simulator whose queue and reservations it changes.
+    :param sim: the replay whose queue and reservations it changes.
     :param protection_s: a job is not preempted again within this many virtual seconds.
+    :param fits: the placement engine's fit check (the replay's policy, threshold and mode).
     """
 
-    def __init__(self, sim: Simulator, protection_s: float) -> None:
+    def __init__(self, sim: Replay, protection_s: float, fits: Fits) -> None:
         self.sim = sim
         self.protection_s = protection_s
-        self.fits = Fits(sim.config.policy, sim.config.threshold, sim.config.threshold_mode)
+        self.fits = fits
         self.count: Counter[int] = Counter()         # job index → times preempted
         self.lost_run_s: defaultdict[int, float] = defaultdict(float)   # job index → run time lost to preemptions
         self.last_s: dict[int, float] = {}           # job index → when it was last preempted
@@ -80,7 +77,7 @@ class SimPreemption:
     def after_pass(self, now: float) -> None:
         """Preempt for refused high-priority jobs until none can be helped; a pass follows each preemption."""
         while self._one(now):
-            self.sim._schedule(now, True)
+            self.sim.schedule(now, True)
 
     def _running(self, now: float) -> list[tuple[int, Candidate]]:
         sim = self.sim
@@ -101,13 +98,12 @@ class SimPreemption:
         if not running:
             return False
         lowest = min(c.priority for _k, c in running)
-        heads = sorted((bucket[0] for bucket in sim.buckets.values() if bucket), key=lambda item: item[0])
-        heads = [(key, k) for key, k in heads if sim.jobs[k].request.priority > lowest]
+        heads = [k for k in sim.heads() if sim.jobs[k].request.priority > lowest]
         if not heads:
             return False
         snapshot = sim.engine.snapshot()
         by_id = {c.id: k for k, c in running}
-        for _key, k in heads:
+        for k in heads:
             req = sim.jobs[k].request
             victims = choose_candidates(req, snapshot, (c for _j, c in running), self.fits, now=now,
                                         protection_s=self.protection_s)
@@ -123,14 +119,13 @@ class SimPreemption:
         """Stop job ``k``: give its reservations back and queue it again with its original request
         (team-queue reclaim, :mod:`coordinator.simulator.queues`, preempts through this too)."""
         sim = self.sim
-        sim._release(k, now, preempted=True)
-        self.lost_run_s[k] += now - sim.start_times.pop(k)
+        self.lost_run_s[k] += now - sim.start_times[k]
+        sim.stop(k, now)
         self.count[k] += 1
         self.last_s[k] = now
         self.stale[k] += 1
         self.preemptions += 1
-        sim.refused.clear()
-        sim._arrive(k)
+        sim.requeue(k)
 
     def _place(self, k: int, now: float) -> None:
         """Place the preemptor at once on what its victims freed (the rest of the queue waits for the next pass)."""
@@ -139,10 +134,8 @@ class SimPreemption:
         decision = sim.engine.place(req)
         if not isinstance(decision, Placement):
             return   # cannot happen while the fit check and the engine agree; the next pass retries it
-        bucket = sim.buckets[sim.shapes[k]]
-        bucket.remove((queue_key(req), k))
-        heapq.heapify(bucket)
-        sim._placed(k, decision, now)
+        sim.book(k, decision, now)
+        sim.start(k, decision, now, sim.jobs[k].duration_s)
 
     def per_job(self) -> dict[str, tuple[int, float]]:
         """``job id → (times preempted, run seconds lost)`` for every job preempted at least once."""
