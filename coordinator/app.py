@@ -12,7 +12,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from common.elastic import ElasticSettings
 from common.errors import EtcdUnavailable, Fenced, GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
@@ -26,7 +25,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
 from coordinator.dispatch.sessions import SessionRelay
-from coordinator.elastic import ElasticAllocator
+from coordinator.elastic.allocator import ElasticAllocator
+from coordinator.elastic.rules import ElasticSettings
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor

@@ -34,11 +34,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot
-from common.elastic import ElasticJob, Resize
 from common.errors import NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import NodeState, TaskState
+from coordinator.elastic.rules import ElasticJob, Resize
 from coordinator.events import EventBus
 
 if TYPE_CHECKING:

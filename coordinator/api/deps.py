@@ -12,7 +12,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Reconciler
 from coordinator.dispatch.logs import LogRelay
 from coordinator.dispatch.sessions import SessionRelay
-from coordinator.elastic import ElasticAllocator
+from coordinator.elastic.allocator import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import NodeRegistry, ResourceMonitor
 from coordinator.monitor.telemetry_rate import TelemetryRate

@@ -13,7 +13,7 @@ from common.power_states import power_label
 from common.topology import format_cpu_list, link_code
 from common.types import DEFAULT_THRESHOLD_MODE, TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
-from coordinator.profiler.elastic_spec import curve_of, elastic_gpus, elastic_range
+from coordinator.elastic.spec import curve_of, elastic_gpus, elastic_range
 
 __all__ = ["dump_json", "enum_label", "event_dict", "gpu_health", "health_summary", "log_chunk_dict", "node_dict",
            "policy_dict", "status_dict", "task_dict"]

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from common.domain import NodeSnapshot, Request
-from common.elastic import request_at
 from common.errors import PlacementError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from coordinator.profiler.elastic_spec import elastic_range
+from coordinator.elastic.rules import request_at
+from coordinator.elastic.spec import elastic_range
 from coordinator.scheduler.placement.engine import describe_demand
 from coordinator.scheduler.policies.base import feasible
 from coordinator.scheduler.policy import threshold_mode

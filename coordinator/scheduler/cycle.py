@@ -17,7 +17,7 @@ One cycle, in this order (each step needs the previous one's output):
 5. push: only committed placements become StartTask decisions on the agents' streams;
 6. elastic: running elastic tasks shrink (never below their minimum) for tasks left waiting, or grow
    into idle GPUs of ready nodes when none waits — on their own node, else on another one their
-   constraints allow (:mod:`common.elastic`, carried out by ``coordinator/elastic.py``);
+   constraints allow (:mod:`coordinator.elastic.rules`, carried out by ``coordinator/elastic/allocator.py``);
    pending elastic tasks are placed at their first size in step 3 and, when nothing was left waiting, take
    the idle GPUs left over before the commit. With team queues, whatever an elastic task takes beyond its
    minimum comes out of its queue's room (idle quota, then borrowed GPUs, within the queue's limits:
@@ -42,7 +42,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from common.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
-from common.elastic import (
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
+from coordinator.elastic.rules import (
     ElasticJob,
     ElasticRange,
     ElasticSettings,
@@ -59,12 +65,6 @@ from common.elastic import (
     request_at,
     size_placements,
 )
-from common.errors import GptrmError
-from common.logging import get_logger
-from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
-from coordinator.dispatch.dispatcher import Dispatcher
-from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
@@ -464,8 +464,8 @@ class SchedulerCycle:
                    settings: ElasticSettings) -> list[Resize]:
         """Team queues: for the first task (in fair order) of each queue that its queue refused and that fewer GPUs
         held by the queue's running elastic tasks would let in (its limit, or what it may borrow), those tasks shrink
-        (:func:`~common.elastic.plan_give_back`). Not while an elastic task of the queue is still stopping for a
-        resize: what it gives back is on its way."""
+        (:func:`~coordinator.elastic.rules.plan_give_back`). Not while an elastic task of the queue is still stopping
+        for a resize: what it gives back is on its way."""
         if not refused or self._queues is None or not self._queues.config.managed:
             return []
         keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}

@@ -35,7 +35,7 @@ Every run of a job (from a start to its end or preemption) is kept in :attr:`Sim
 per-job records can be written and per-queue figures recomputed from them.
 
 Elastic jobs (``SimConfig(elastic=...)``): jobs resize between their minimum and maximum by the
-production rules of :mod:`common.elastic`; every pass goes through
+production rules of :mod:`coordinator.elastic.rules`; every pass goes through
 :class:`coordinator.simulator.elastic.SimElastic` (placement at the minimum, sizing before commit,
 then shrinks for what waits or grows into idle GPUs), and an elastic job's run time follows from its
 work and its true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`.

@@ -121,7 +121,7 @@ def test_documents_follow_their_schema() -> None:
 def test_elastic_jobs_give_back_kept_gpus_ahead_of_the_start() -> None:
     from dataclasses import replace
 
-    from common.elastic import ElasticJob, ElasticRange
+    from coordinator.elastic.rules import ElasticJob, ElasticRange
     from coordinator.reservations import Kept, shrinks_off
 
     job = ElasticJob("e", 0, ElasticRange(1, 4, 4), 4, (("n1", 4),))

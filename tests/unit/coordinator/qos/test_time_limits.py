@@ -200,8 +200,8 @@ def test_reclaim_never_picks_a_borrowing_task_inside_its_protected_run_time() ->
 def test_an_elastic_job_inside_its_protected_run_time_is_not_shrunk() -> None:
     from dataclasses import replace
 
-    from common.elastic import plan_give_back, plan_shrinks
-    from tests.unit.common.test_elastic_rules import NOW, SETTINGS, _job, _req
+    from coordinator.elastic.rules import plan_give_back, plan_shrinks
+    from tests.unit.coordinator.elastic.test_elastic_rules import NOW, SETTINGS, _job, _req
 
     job = _job("e", 4, hi=4)
     assert plan_shrinks([_req("w", 2)], [job], {"n1": 0}, NOW, SETTINGS)

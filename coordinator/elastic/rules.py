@@ -5,7 +5,7 @@ node's width, whole nodes beyond it. It is resized by a checkpoint-restart, so e
 weighs what a size is worth against what a restart costs, and a job resizes at most once per
 ``interval_s`` (hysteresis).
 
-The rules, pure and shared by the leader (:mod:`coordinator.elastic`) and the simulator
+The rules, pure and shared by the leader (:mod:`coordinator.elastic.allocator`) and the simulator
 (:mod:`coordinator.simulator.elastic`):
 
 - **Sizing before commit** (:func:`first_size`, :func:`place_down`, :func:`size_placements`): a cycle
