@@ -40,20 +40,20 @@ from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
 from coordinator.qos.time_limits import TimeLimits
 from coordinator.qos.watch import QosWatch
-from coordinator.queue_admin import QueueAdmin, QueueMetrics
 from coordinator.queues import load_toml
+from coordinator.queues.admin import QueueAdmin, QueueMetrics
+from coordinator.queues.planning import LeaderQueues
+from coordinator.queues.store import QueueStore
 from coordinator.reservations import Reservations, validate_reservation
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
-from coordinator.scheduler.queueing import LeaderQueues
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.state import LeaderState
 from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
-from coordinator.sync.queues import QueueStore
 from coordinator.sync.reservations import ReservationStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore

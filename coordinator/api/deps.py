@@ -18,7 +18,7 @@ from coordinator.monitor import NodeRegistry, ResourceMonitor
 from coordinator.monitor.telemetry_rate import TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.qos.lost_nodes import LostNodes
-from coordinator.queue_admin import QueueAdmin
+from coordinator.queues.admin import QueueAdmin
 from coordinator.reservations import Reservations
 from coordinator.scheduler.admission import Admission
 from coordinator.scheduler.policy import PolicySetting

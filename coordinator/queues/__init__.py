@@ -1,4 +1,6 @@
-"""Team queues: the pure model (no etcd, no gRPC, no clock).
+"""Team queues: the model, admission, planning in the scheduling cycle, storage and administration.
+
+The pure model (no etcd, no gRPC, no clock), which this package's ``__init__`` exports:
 
 - :mod:`~coordinator.queues.model` — the queue tree (:class:`Queue`, :class:`QueueConfig`), GPU
   pools, access (``may_submit``, ``default_queue``) and :class:`Budget` (prices are not part of the
@@ -13,9 +15,15 @@
 - :mod:`~coordinator.queues.reclaim` — taking borrowed GPUs back (:func:`reclaim_victims`).
 - :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning and the gate past 100 %.
 
-Everything here works on plain values passed in (what each queue holds, the cluster's capacity,
-``now``); the scheduler, etcd storage, gptrmctl and authentication build those values and act on
-the answers.
+The model works on plain values passed in (what each queue holds, the cluster's capacity,
+``now``); the modules below build those values from the leader's state and act on the answers
+(imported by their own path, not exported here):
+
+- :mod:`~coordinator.queues.planning` — the queues in the scheduling cycle (:func:`plan_queues`, which
+  the leader's cycle and the simulator both call; :class:`LeaderQueues`; :func:`reclaim_for`).
+- :mod:`~coordinator.queues.store` — the tree in etcd (:class:`QueueStore`), one key written as the leader.
+- :mod:`~coordinator.queues.admin` — the admin's changes to the tree, who may submit where, budgets
+  (:class:`QueueAdmin`, :class:`QueueMetrics`).
 """
 
 from __future__ import annotations

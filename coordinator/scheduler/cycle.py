@@ -21,7 +21,7 @@ One cycle, in this order (each step needs the previous one's output):
    pending elastic tasks are placed at their first size in step 3 and, when nothing was left waiting, take
    the idle GPUs left over before the commit. With team queues, whatever an elastic task takes beyond its
    minimum comes out of its queue's room (idle quota, then borrowed GPUs, within the queue's limits:
-   :class:`~coordinator.scheduler.queueing.QueueRoom`), and a task its queue refused (its limit, or what
+   :class:`~coordinator.queues.planning.QueueRoom`), and a task its queue refused (its limit, or what
    it may borrow) gets GPUs given back by the queue's running elastic tasks when that lets it in. Why each
    elastic task does not grow is noted for ``gptrmctl tasks TASK``;
 7. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
@@ -73,12 +73,12 @@ from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
 from coordinator.queues import ANY_MODEL, Admission, Demand, admit
+from coordinator.queues.planning import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.reservations import Reservations, blocked, keep_only, shrinks_off, state_of
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
-from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.scheduler.workflow import WorkflowGate

@@ -26,8 +26,8 @@ victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simu
 
 Team queues (``SimConfig(queues=...)``): each job runs in the queue its trace ``group`` names
 (:attr:`SimJob.queue`), and every pass goes through the scheduler's own
-:func:`coordinator.scheduler.queueing.plan_queues` (admission and fair order) and, with
-``reclaim``, :func:`~coordinator.scheduler.queueing.reclaim_for` afterwards; see
+:func:`coordinator.queues.planning.plan_queues` (admission and fair order) and, with
+``reclaim``, :func:`~coordinator.queues.planning.reclaim_for` afterwards; see
 :mod:`coordinator.simulator.queues`. The shape buckets stay (they hold the pending jobs in queue
 order), but a pass places the plan's order, not the buckets' heads.
 

@@ -19,8 +19,8 @@ from coordinator.ctl.transport import CtlError
 from coordinator.ctl.wait import exit_code_of
 from coordinator.profiler.qos_spec import parse_time_limit
 from coordinator.profiler.taskspec import spec_from_mapping
-from coordinator.queue_admin import queue_from_proto, queue_to_proto
 from coordinator.queues import Queue, QueueConfig
+from coordinator.queues.admin import queue_from_proto, queue_to_proto
 from coordinator.queues.limits import apply_queue_limits
 
 
@@ -175,7 +175,7 @@ def test_a_victim_inside_its_protected_run_time_is_skipped_for_an_older_one() ->
 def test_reclaim_never_picks_a_borrowing_task_inside_its_protected_run_time() -> None:
     from coordinator.monitor.nodes import NodeRegistry
     from coordinator.queues import Demand, reclaim_victims
-    from coordinator.scheduler.queueing import holding_of
+    from coordinator.queues.planning import holding_of
 
     def borrower(tid: str, started: float, min_runtime_s: float = 0.0) -> types_pb2.Task:
         t = types_pb2.Task(id=tid, queue="b", borrowed_gpus=1, spec=types_pb2.TaskSpec(min_runtime_s=min_runtime_s),

@@ -18,12 +18,12 @@ from coordinator.queues import (
     UsageDecay,
     admit,
     order_pending,
+    planning,
     queue_use,
     rebalance,
 )
 from coordinator.queues.admission import Held, QueueUse
-from coordinator.scheduler import queueing
-from coordinator.scheduler.queueing import QueuedTask, QueueRoom, plan_queues, reclaim_for, shrink_needed
+from coordinator.queues.planning import QueuedTask, QueueRoom, plan_queues, reclaim_for, shrink_needed
 
 CONFIG = QueueConfig(queues=(
     Queue(name="org", gpus={"*": 10}, limit={"*": 14}),
@@ -102,7 +102,7 @@ def test_a_refused_demand_is_decided_once_per_cycle(monkeypatch: pytest.MonkeyPa
         calls.append(args[3])  # type: ignore[arg-type]
         return admit(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(queueing, "admit", counting)
+    monkeypatch.setattr(planning, "admit", counting)
     holdings = [Holding("h", "d", "TEST-GPU", 2, 0, True, 0.0)]
     pending = [QueuedTask(f"t{i}", "d", 2) for i in range(10)]
     plan = plan_queues(CONFIG, pending, holdings, CAPACITY, UsageDecay.for_config(CONFIG), 0.0)
@@ -119,8 +119,8 @@ def test_quota_is_admitted_before_anything_is_lent() -> None:
     holdings += [Holding("y0", "y", "TEST-GPU", 1, 0, True, 0.0)]
     pending = [QueuedTask("y-more", "y", 4), QueuedTask("x-own", "x", 4)]
     decay = UsageDecay.for_config(two)
-    assert queueing.order_pending(two, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
-                                  queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
+    assert planning.order_pending(two, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
+                                  planning.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
     plan = plan_queues(two, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-own"]
     assert "quota of 2, so the task needs 3 borrowed; only 0 can be borrowed" in plan.refused["y-more"]
@@ -136,8 +136,8 @@ def test_a_queue_under_its_quota_borrows_ahead_of_queues_over_theirs() -> None:
     pending = [QueuedTask("y-more", "y", 2), QueuedTask("x-big", "x", 4)]
     decay = UsageDecay.for_config(three)
     decay.add("x", 0.0, gpu_s=1e6)                          # x has used more: y comes first in fair order
-    assert queueing.order_pending(three, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
-                                  queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
+    assert planning.order_pending(three, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
+                                  planning.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
     plan = plan_queues(three, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-big"] and plan.admissions["x-big"].borrowed == 2
     assert "the task needs 2 borrowed; only 0 can be borrowed now" in plan.refused["y-more"]
@@ -153,7 +153,7 @@ class TestElasticRoom:
 
     def test_elastic_tasks_share_their_queues_room_up_to_its_limit(self) -> None:
         """Holding 1: room 2 (1 of its quota, then 1 borrowed up to the limit 3), booked as tasks take it."""
-        use = queueing.queue_use([Holding("e", "team", "TEST-GPU", 1, 0, True, 0.0)])
+        use = planning.queue_use([Holding("e", "team", "TEST-GPU", 1, 0, True, 0.0)])
         room = QueueRoom(TEAM, use, self.CAPACITY)
         assert room.of("team", "*") == 2
         assert room.take("team", "*", 1) == 0 and room.of("team", "*") == 1
@@ -163,7 +163,7 @@ class TestElasticRoom:
     def test_what_a_task_waiting_on_the_limit_needs_given_back(self) -> None:
         """Holding 3 (its elastic task grew to the limit): a 1-GPU task needs 1 back, a 2-GPU one 2 (None when
         only 1 can shrink); other's task is admitted as it is: nothing."""
-        use = queueing.queue_use(rebalance(TEAM, [Holding("e", "team", "TEST-GPU", 3, 0, True, 0.0)]))
+        use = planning.queue_use(rebalance(TEAM, [Holding("e", "team", "TEST-GPU", 3, 0, True, 0.0)]))
         assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w1", "team", 1), "*", 2) == 1
         assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 2) == 2
         assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 1) is None

@@ -9,7 +9,7 @@ from common.pbenum import pb_enum
 from common.types import TaskState
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.queues import Budget, BudgetState, Holding, Queue, QueueConfig, UsageDecay
-from coordinator.scheduler.queueing import LeaderQueues, QueuedTask, plan_queues, queued, reclaim_for
+from coordinator.queues.planning import LeaderQueues, QueuedTask, plan_queues, queued, reclaim_for
 from coordinator.state import LeaderState
 
 TWO = QueueConfig(queues=(Queue("a", gpus={"*": 4}, members=("*",)), Queue("b", gpus={"*": 4}, members=("*",))))
@@ -100,7 +100,7 @@ def test_a_new_leader_rebuilds_decayed_usage_from_the_ledger() -> None:
     accrual continues from where the ledger is accounted."""
     import asyncio
 
-    from coordinator.queue_admin import QueueAdmin
+    from coordinator.queues.admin import QueueAdmin
     from coordinator.usage.ledger import RowKey, Usage
 
     now = 10 * 3600.0 + 600.0

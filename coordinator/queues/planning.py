@@ -346,7 +346,7 @@ class LeaderQueues:
         self._state, self._registry, self.clock = state, registry, clock
         self.decay = UsageDecay.for_config(state.queues)
         self.budgets: dict[str, BudgetState] = {}
-        """Each budgeted queue's last budget reading (``coordinator.queue_admin.QueueAdmin.check_budgets``)."""
+        """Each budgeted queue's last budget reading (``coordinator.queues.admin.QueueAdmin.check_budgets``)."""
         self._accrued_at: float | None = None
         self.shielded: Callable[[types_pb2.Task], bool] = lambda task: False
         """Whether a task may not be reclaimed whatever it borrows (a reservation's own work on its GPUs)."""
