@@ -45,7 +45,7 @@ from coordinator.queues.admin import QueueAdmin, QueueMetrics
 from coordinator.queues.planning import LeaderQueues
 from coordinator.queues.store import QueueStore
 from coordinator.reservations import Reservations, validate_reservation
-from coordinator.scheduler.admission import Admission
+from coordinator.scheduler.admission import PlaceabilityCheck
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.snapshot import SnapshotBuilder
@@ -185,7 +185,7 @@ class App:
     retention: TaskRetention
     lost_nodes: LostNodes
     services: ServiceController
-    admission: Admission
+    admission: PlaceabilityCheck
     supervisor: Supervisor
     usage: UsageDuty
     queues: LeaderQueues
@@ -323,8 +323,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               logs=LogRelay(registry), sessions=SessionRelay(registry), capper=capper, retention=retention,
               lost_nodes=lost_nodes,
               services=services,
-              admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
-                                  creates_nodes=provider.can_create),
+              admission=PlaceabilityCheck(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
+                                          creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
               usage=usage, elastic=elastic, telemetry_rate=telemetry_rate,

@@ -20,7 +20,7 @@ from coordinator.nodes import NodeService
 from coordinator.qos.lost_nodes import LostNodes
 from coordinator.queues.admin import QueueAdmin
 from coordinator.reservations import Reservations
-from coordinator.scheduler.admission import Admission
+from coordinator.scheduler.admission import PlaceabilityCheck
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.supervisor import Supervisor
@@ -63,7 +63,7 @@ class AdminDeps(Protocol):
     sessions: SessionRelay
     lost_nodes: LostNodes
     services: ServiceController
-    admission: Admission
+    admission: PlaceabilityCheck
     supervisor: Supervisor
     usage: UsageDuty
     queue_admin: QueueAdmin

@@ -10,7 +10,7 @@ The pure model (no etcd, no gRPC, no clock), which this package's ``__init__`` e
   queue could still be admitted, which elastic tasks grow by).
 - :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
   (:class:`UsageDecay`, :func:`order_queues`, :func:`order_pending`).
-- :mod:`~coordinator.queues.holdings` — running tasks (:class:`Holding`), their ``borrowed`` counts
+- :mod:`~coordinator.queues.holdings` — running tasks (:class:`QueueHolding`), their ``borrowed`` counts
   recomputed (:func:`rebalance`) and summed per queue (:func:`queue_use`).
 - :mod:`~coordinator.queues.reclaim` — taking borrowed GPUs back (:func:`reclaim_victims`).
 - :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning and the gate past 100 %.
@@ -28,7 +28,7 @@ The model works on plain values passed in (what each queue holds, the cluster's 
 
 from __future__ import annotations
 
-from coordinator.queues.admission import Admission, Demand, Held, PoolState, QueueUse, admit, pool_state, room
+from coordinator.queues.admission import AdmissionDecision, Demand, Held, PoolState, QueueUse, admit, pool_state, room
 from coordinator.queues.budget import (
     WARN_FRACTION,
     BudgetState,
@@ -39,7 +39,7 @@ from coordinator.queues.budget import (
     period_start,
 )
 from coordinator.queues.fairshare import Consumed, Pending, UsageDecay, order_pending, order_queues, weighted_share
-from coordinator.queues.holdings import Holding, queue_use, rebalance
+from coordinator.queues.holdings import QueueHolding, queue_use, rebalance
 from coordinator.queues.model import (
     ANY_MODEL,
     DEFAULT_HALF_LIFE_H,
@@ -66,7 +66,7 @@ __all__ = [
     "MAX_QUEUES",
     "NAME_PATTERN",
     "WARN_FRACTION",
-    "Admission",
+    "AdmissionDecision",
     "Budget",
     "BudgetAction",
     "BudgetKind",
@@ -76,11 +76,11 @@ __all__ = [
     "Demand",
     "Gate",
     "Held",
-    "Holding",
     "Pending",
     "PoolState",
     "Queue",
     "QueueConfig",
+    "QueueHolding",
     "QueueUse",
     "UsageDecay",
     "Victim",

@@ -19,7 +19,7 @@ range whose top can never be reached.
 
 Example::
 
-    admission = Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False)
+    admission = PlaceabilityCheck(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False)
     admission.check(task)   # raises PlacementError with the reason
 """
 
@@ -38,7 +38,7 @@ from coordinator.scheduler.policies.base import feasible
 from coordinator.scheduler.policy import threshold_mode
 from coordinator.scheduler.queue import request_for
 
-__all__ = ["Admission", "constraint_refusal", "unplaceable_reason"]
+__all__ = ["PlaceabilityCheck", "constraint_refusal", "unplaceable_reason"]
 
 _GIB = 1024**3
 _NOT_AVAILABLE = "requested node configuration is not available"
@@ -117,7 +117,7 @@ def unplaceable_reason(req: Request, nodes: Sequence[NodeSnapshot], threshold: f
             f"{largest.node_id} ({_describe_node(largest)}), refuses it: {why}")
 
 
-class Admission:
+class PlaceabilityCheck:
     """Refuses, at submit, tasks that could never be placed (see the module docstring).
 
     :param nodes: every known node, empty and schedulable (called once per submit).

@@ -72,7 +72,7 @@ from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
-from coordinator.queues import ANY_MODEL, Admission, Demand, admit
+from coordinator.queues import ANY_MODEL, AdmissionDecision, Demand, admit
 from coordinator.queues.planning import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.reservations import Reservations, blocked, keep_only, shrinks_off, state_of
 from coordinator.scheduler.placement import PlacementEngine
@@ -468,7 +468,7 @@ class SchedulerCycle:
         for a resize: what it gives back is on its way."""
         if not refused or self._queues is None or not self._queues.config.managed:
             return []
-        keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
+        keys = {j.task_id: self._queue_pool(j.task_id) for j in jobs}
         pools: dict[str, set[str]] = {}
         for key in keys.values():
             if key is not None:
@@ -504,14 +504,14 @@ class SchedulerCycle:
             if task_id not in requests:
                 task = self._tasks.find(task_id)
                 req = request_for(task) if task is not None else None
-                key = self._queue_key(task_id)
+                key = self._queue_pool(task_id)
                 requests[task_id] = on_pool(req, key[1]) if req is not None and key is not None else req
             req = requests[task_id]
             return req is not None and node_id in by_node and node_accepts(by_node[node_id], req)
 
         return accepts
 
-    def _queue_key(self, task_id: str) -> tuple[str, str] | None:
+    def _queue_pool(self, task_id: str) -> tuple[str, str] | None:
         """(queue, GPU pool) of a placed task, when team queues are in force."""
         task = self._tasks.find(task_id)
         if self._queues is None or not self._queues.config.managed or task is None:
@@ -525,7 +525,7 @@ class SchedulerCycle:
         borrowed GPU), and the grows are kept (first come first kept) while they fit that together. What keeps each
         job that could be bigger from growing goes into ``blocked``."""
         room = self._queues.room() if self._queues is not None and self._queues.config.managed else None
-        keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
+        keys = {j.task_id: self._queue_pool(j.task_id) for j in jobs}
         full: dict[str, str] = {}
         said: dict[tuple[str, str], str] = {}
         capped = []
@@ -586,7 +586,7 @@ class SchedulerCycle:
             return f"queue {queue}: no room left in this cycle"
         return decision.reason.removeprefix(f"[{pool}] ")     # one pool asked: no need to name it
 
-    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission,
+    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: AdmissionDecision,
                    beyond: int = 0) -> types_pb2.Task | None:
         """The task as it is committed: with the GPUs its queue borrows for it (its admission's, plus ``beyond``:
         what an elastic task borrows above its minimum; a copy: the record in the leader state changes only when

@@ -8,7 +8,7 @@ the task table:
 1. The pending jobs, in the engine's queue order (:func:`common.domain.queue_key`), become
    :class:`~coordinator.queues.planning.QueuedTask` values (queue from :attr:`SimJob.queue`,
    whole GPUs ``ceil(gpus per node) × nodes``), the running jobs become
-   :class:`~coordinator.queues.Holding` values (their queue, GPUs, the ``borrowed`` count their
+   :class:`~coordinator.queues.QueueHolding` values (their queue, GPUs, the ``borrowed`` count their
    admission gave them, preemptible, start time), and
    :func:`~coordinator.queues.planning.plan_queues` decides admission and fair order against the
    cluster's GPUs per model and the queues' decayed usage. Only the plan's ``order`` is offered to
@@ -41,7 +41,7 @@ import math
 from typing import TYPE_CHECKING
 
 from common.domain import Placement, Request, queue_key
-from coordinator.queues import ANY_MODEL, Holding, QueueConfig, UsageDecay
+from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, UsageDecay
 from coordinator.queues.planning import QueuedTask, QueuePlan, plan_queues, reclaim_for
 from coordinator.scheduler.cycle import on_pool
 
@@ -108,15 +108,15 @@ class SimQueues:
         self.borrowed.pop(k, None)
         self.model.pop(k, None)
 
-    def holdings(self) -> list[Holding]:
+    def holdings(self) -> list[QueueHolding]:
         """The running jobs as the queues see them."""
         sim = self.sim
         out = []
         for k in sim.placed:
             t = self.tasks[k]
-            out.append(Holding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
-                               sim.start_times[k], t.cpu, t.mem_gib,
-                               {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
+            out.append(QueueHolding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
+                                    sim.start_times[k], t.cpu, t.mem_gib,
+                                    {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
         return out
 
     def schedule(self, now: float) -> None:
