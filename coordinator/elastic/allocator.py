@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from common.errors import GptrmError
-from common.limits import protected_until_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
@@ -44,6 +43,7 @@ from coordinator.profiler import Profiler
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.qos.preemption import started_s
 from coordinator.qos.watch import remaining_run_s
+from coordinator.run_limits import protected_until_s
 from coordinator.tasks import TaskTable
 
 __all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator"]

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from common.domain import NodeSnapshot, Placement, Rejection, Request
+from coordinator.domain import NodeSnapshot, Placement, Rejection, Request
 
 __all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT",
            "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "first_size", "idle_gpus",

@@ -10,11 +10,10 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 
-from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
-from common.limits import MAX_TIME_LIMIT_S
 from common.oci import validate_container
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import Resources, TaskSpecData
 from coordinator.elastic.spec import validate_elastic
 from coordinator.profiler.qos_spec import validate_qos_spec
 from coordinator.profiler.taskspec import (
@@ -48,6 +47,7 @@ from coordinator.profiler.taskspec import (
     spec_data,
 )
 from coordinator.profiler.workflow_spec import validate_workflow
+from coordinator.run_limits import MAX_TIME_LIMIT_S
 
 __all__ = ["validate_argv_env", "validate_profiled_demand", "validate_pty", "validate_service", "validate_sizes",
            "validate_spec"]

@@ -6,7 +6,7 @@ for a one-node task, the smallest set of preemptible, strictly-lower-priority ta
 whose release lets the placement engine place it there; for a gang, the fewest nodes that need
 victims. Among sets of the same size, the lowest priorities first, then the most recently started
 (the least work lost). A task preempted less than the protection window ago is never chosen again, nor
-one inside its protected run time (``spec.min_runtime_s``, ``common.limits``).
+one inside its protected run time (``spec.min_runtime_s``, ``coordinator.run_limits``).
 Whether a set "frees enough" is asked of the placement engine itself, on the cycle's snapshot with
 the victims' allocations given back through the allocator's reservation model, so preemption never
 disagrees with placement.
@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources
 from common.errors import GptrmError
-from common.limits import protected_until_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.allocator.reservations import NodeReservation, give_back_gpu
 from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
+from coordinator.run_limits import protected_until_s
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.policies import DEFAULT_THRESHOLD_MODE
 from coordinator.scheduler.queue import request_for

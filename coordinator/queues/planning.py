@@ -43,12 +43,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from common.domain import Placement
-from common.limits import protected
 from common.pb.gptrm.v1 import types_pb2
-from common.power_states import power_label
 from common.types import NodeState, TaskState
+from coordinator.domain import Placement
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.power_states import power_label
 from coordinator.queues import (
     ANY_MODEL,
     DEFAULT_QUEUE,
@@ -71,6 +70,7 @@ from coordinator.queues import (
     reclaim_victims,
     room,
 )
+from coordinator.run_limits import protected
 from coordinator.state import LeaderState
 
 __all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueueRoom", "QueuedTask", "holding_of", "plan_queues",

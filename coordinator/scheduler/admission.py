@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from common.domain import NodeSnapshot, Request
 from common.errors import PlacementError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import NodeSnapshot, Request
 from coordinator.elastic.rules import request_at
 from coordinator.elastic.spec import elastic_range
 from coordinator.scheduler.placement.engine import describe_demand

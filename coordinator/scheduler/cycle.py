@@ -41,13 +41,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from common.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
+from coordinator.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
 from coordinator.elastic.rules import (
     ElasticJob,
     ElasticRange,

@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.domain import NodeSnapshot, Placement
+from coordinator.domain import NodeSnapshot, Placement
 from coordinator.elastic.allocator import WARMUP_S
 from coordinator.elastic.rules import (
     DEFAULT_RESTART_COST_S,

@@ -1,7 +1,7 @@
 """The discrete-event loop: replay jobs against a simulated cluster in virtual time.
 
 Decisions come from the coordinator's own code: the pending queue is ordered by
-:func:`common.domain.queue_key`, and every placement is made by the production
+:func:`coordinator.domain.queue_key`, and every placement is made by the production
 :class:`coordinator.scheduler.placement.engine.PlacementEngine` (policy filter and rank, then the Resource
 Allocator's GPU choice). The engine lives for the whole replay: placements reserve in it and
 finished jobs :meth:`~coordinator.scheduler.placement.engine.PlacementEngine.release` their reservations, so no
@@ -57,7 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from common.domain import ClusterSnapshot, Placement, Request, queue_key
+from coordinator.domain import ClusterSnapshot, Placement, Request, queue_key
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import build as build_policy
 from coordinator.scheduler.policies import time_aware
@@ -77,9 +77,9 @@ __all__ = ["JobRun", "SimConfig", "SimJob", "SimResult", "Simulator"]
 _COMPLETE, _ARRIVE, _POWER, _TICK = 0, 1, 2, 3
 
 Shape = tuple[Any, ...]
-""":attr:`common.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
+""":attr:`coordinator.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
 QueueKey = tuple[int, float, float, str]
-""":func:`common.domain.queue_key` of a request."""
+""":func:`coordinator.domain.queue_key` of a request."""
 
 
 @dataclass(frozen=True, slots=True)

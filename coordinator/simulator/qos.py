@@ -32,7 +32,7 @@ import heapq
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
-from common.domain import Placement, queue_key
+from coordinator.domain import Placement, queue_key
 from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_candidates
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ With ``SimConfig(queues=config)`` every scheduling pass of the
 the leader's cycle does (:mod:`coordinator.scheduler.cycle`), over the replay's jobs instead of
 the task table:
 
-1. The pending jobs, in the engine's queue order (:func:`common.domain.queue_key`), become
+1. The pending jobs, in the engine's queue order (:func:`coordinator.domain.queue_key`), become
    :class:`~coordinator.queues.planning.QueuedTask` values (queue from :attr:`SimJob.queue`,
    whole GPUs ``ceil(gpus per node) × nodes``), the running jobs become
    :class:`~coordinator.queues.QueueHolding` values (their queue, GPUs, the ``borrowed`` count their
@@ -40,7 +40,7 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
-from common.domain import Placement, Request, queue_key
+from coordinator.domain import Placement, Request, queue_key
 from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, UsageDecay
 from coordinator.queues.planning import QueuedTask, QueuePlan, plan_queues, reclaim_for
 from coordinator.scheduler.cycle import on_pool

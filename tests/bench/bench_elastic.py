@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.domain import ClusterSnapshot, GpuSlot, Placement, Request, Resources  # noqa: E402
+from coordinator.domain import ClusterSnapshot, GpuSlot, Placement, Request, Resources  # noqa: E402
 from coordinator.elastic.rules import (  # noqa: E402
     ElasticJob,
     ElasticRange,

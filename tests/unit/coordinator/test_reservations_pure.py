@@ -7,12 +7,12 @@ import argparse
 
 import pytest
 
-from common.domain import ClusterSnapshot, Placement
 from common.errors import UsageError, ValidationError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import TaskState
 from coordinator.ctl.main import build_parser
 from coordinator.ctl.reservations import reservation_dict, reservation_from_args, reservations_dict, reservations_table
+from coordinator.domain import ClusterSnapshot, Placement
 from coordinator.reservations import blocked, choose_kept, is_member, keep_only, state_of, validate_reservation
 from coordinator.scheduler.placement import PlacementEngine
 from tests.helpers.builders import make_node, make_request

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.domain import ClusterSnapshot, Placement, Request, Resources
+from coordinator.domain import ClusterSnapshot, Placement, Request, Resources
 from coordinator.elastic.rules import (
     PRIOR_EXPONENT,
     ElasticJob,

@@ -8,7 +8,6 @@ import argparse
 import pytest
 
 from common.errors import ValidationError
-from common.limits import end_of, fmt_s, protected, run_started_s
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import TaskState
 from common.types import TaskState as S
@@ -22,6 +21,7 @@ from coordinator.profiler.taskspec import spec_from_mapping
 from coordinator.queues import Queue, QueueConfig
 from coordinator.queues.admin import queue_from_proto, queue_to_proto
 from coordinator.queues.limits import apply_queue_limits
+from coordinator.run_limits import end_of, fmt_s, protected, run_started_s
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from common.domain import ClusterSnapshot, Placement
 from common.errors import PlacementError
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.ctl.main import build_parser
 from coordinator.ctl.spec import spec_from_args
 from coordinator.ctl.transport import CtlError
+from coordinator.domain import ClusterSnapshot, Placement
 from coordinator.profiler.validation import validate_spec
 from coordinator.scheduler.admission import PlaceabilityCheck, constraint_refusal, unplaceable_reason
 from coordinator.scheduler.placement import PlacementEngine
