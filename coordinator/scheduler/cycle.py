@@ -21,7 +21,7 @@ One cycle, in this order (each step needs the previous one's output):
    placement engine's batch (policy filter + rank, then the Resource Allocator's GPU choice; its state kept
    from cycle to cycle), elastic tasks placed smaller when refused and, when nothing was left waiting, sized
    into the idle GPUs left over; with team queues what an elastic task takes beyond its minimum comes out of
-   its queue's room (:class:`~coordinator.scheduler.queueing.QueueRoom`);
+   its queue's room (:class:`~coordinator.queues.planning.QueueRoom`);
 3. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED, allocation, node
    reservation, all or nothing per placement), with the room the agents count beyond resources (a task uid, a
    master port); a task placed in another GPU pool than its queue admitted it in waits;
@@ -29,14 +29,14 @@ One cycle, in this order (each step needs the previous one's output):
    human-readable reason (under max-utilization and load-balancing an unplaceable task also raises a scale-out
    request, the Resource Adaptor's; under power-efficient it simply waits);
 5. plan the resizes on what was committed (:func:`~coordinator.scheduler.pipeline.plan_resizes`) and carry them
-   out (``coordinator/elastic.py``): GPUs a reservation keeps given back ahead of its start, else running
+   out (``coordinator/elastic/allocator.py``): GPUs a reservation keeps given back ahead of its start, else running
    elastic tasks shrink (never below their minimum) for tasks left waiting or for a task their queue refused,
    or grow into idle GPUs of ready nodes when none waits. Why each elastic task does not grow is noted for
    ``gptrmctl tasks TASK``;
 6. preempt and reclaim: when a task was left waiting (and no resize is under way) and strictly-lower-priority
    preemptible work holds what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for
    it, chosen by :func:`~coordinator.qos.preemption.choose_candidates`; queues owed their quota take borrowed
-   GPUs back (:func:`~coordinator.scheduler.queueing.reclaim_for`). Pending tasks of lower priority than a
+   GPUs back (:func:`~coordinator.queues.planning.reclaim_for`). Pending tasks of lower priority than a
    preemptor still waiting for its victims are left out of step 1, so that they do not take what was freed
    for it.
 
@@ -51,14 +51,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from common.domain import NodeSnapshot, Placement, Rejection, Request
-from common.elastic import SpeedupCurve, placement_gpus
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
+from coordinator.domain import NodeSnapshot, Placement, Rejection, Request
+from coordinator.elastic.rules import SpeedupCurve, placement_gpus
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
@@ -66,7 +66,8 @@ from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
-from coordinator.queues import Admission
+from coordinator.queues import AdmissionDecision
+from coordinator.queues.planning import LeaderQueues, QueuePlan, queue_of, queued
 from coordinator.reservations import Kept, Reservations, state_of
 from coordinator.scheduler.pipeline import (
     PendingTask,
@@ -83,7 +84,6 @@ from coordinator.scheduler.pipeline import (
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for
-from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, queue_of, queued
 from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.scheduler.workflow import WorkflowGate
@@ -392,7 +392,7 @@ class SchedulerCycle:
             self._on_shrunk(task_id, gpus)
         return bool(done)
 
-    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission,
+    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: AdmissionDecision,
                    beyond: int = 0) -> types_pb2.Task | None:
         """The task as it is committed: with the GPUs its queue borrows for it (its admission's, plus ``beyond``:
         what an elastic task borrows above its minimum; a copy: the record in the leader state changes only when

@@ -4,8 +4,8 @@ A cycle is snapshot → plan → commit → dispatch. Its two planning steps liv
 
 * :func:`plan_placements` — the pending tasks (:class:`PendingTask`: placement request, queue view, elastic range,
   reservation membership), the cluster, the team queues' state (:class:`QueueState`) and ``now`` in; out comes a
-  :class:`PlacementPlan`: queue order (:func:`common.domain.queue_key`: priority, then slack, then submit time),
-  the queues' admission and fair order (:func:`~coordinator.scheduler.queueing.plan_queues`), elastic tasks at
+  :class:`PlacementPlan`: queue order (:func:`coordinator.domain.queue_key`: priority, then slack, then submit time),
+  the queues' admission and fair order (:func:`~coordinator.queues.planning.plan_queues`), elastic tasks at
   their first size (within their queue's room), each active reservation's own work on the GPUs it keeps, the
   placement engine's batch, elastic tasks placed smaller when refused and sized into what is left over, and the
   reason each task is left waiting.
@@ -18,7 +18,7 @@ Nothing here does I/O, reads a clock or holds service objects: ``now`` is an inp
 state is the placement engine (:class:`~coordinator.scheduler.placement.engine.PlacementEngine`), which the
 caller builds from its snapshot (``engine_for``) and in which the plan reserves its placements. Preemption
 victims and queue reclaims are chosen by the pure rules :func:`coordinator.qos.preemption.choose_candidates`
-and :func:`coordinator.scheduler.queueing.reclaim_for`, over the tasks the placement plan left waiting.
+and :func:`coordinator.queues.planning.reclaim_for`, over the tasks the placement plan left waiting.
 
 The leader (:class:`coordinator.scheduler.cycle.SchedulerCycle`) gathers the inputs from its state, commits the
 placements to etcd (fenced), then plans the resizes on what was committed and carries them out. The simulator
@@ -32,8 +32,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from common.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources, queue_key
-from common.elastic import (
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import (
+    ClusterSnapshot,
+    Decision,
+    NodeSnapshot,
+    Placement,
+    Rejection,
+    Request,
+    Resources,
+    queue_key,
+)
+from coordinator.elastic.rules import (
     ElasticJob,
     ElasticRange,
     ElasticSettings,
@@ -50,12 +60,11 @@ from common.elastic import (
     request_at,
     size_placements,
 )
-from common.pb.gptrm.v1 import types_pb2
-from coordinator.queues import ANY_MODEL, Demand, Holding, QueueConfig, QueueUse, UsageDecay, admit
+from coordinator.queues import ANY_MODEL, Demand, QueueConfig, QueueHolding, QueueUse, UsageDecay, admit
 from coordinator.queues.budget import Gate
+from coordinator.queues.planning import QueuedTask, QueuePlan, QueueRoom, plan_queues, shrink_needed
 from coordinator.reservations import Kept, blocked, keep_only, shrinks_off
 from coordinator.scheduler.placement.engine import PlacementEngine
-from coordinator.scheduler.queueing import QueuedTask, QueuePlan, QueueRoom, plan_queues, shrink_needed
 
 __all__ = ["RESERVATION_LEAD_S", "PendingTask", "PlacementInputs", "PlacementPlan", "Placer", "QueueState",
            "RefusedTask", "ResizeInputs", "ResizePlan", "on_pool", "place_smaller", "plan_placements", "plan_resizes",
@@ -126,7 +135,7 @@ class QueueState:
     """
 
     config: QueueConfig
-    holdings: Sequence[Holding]
+    holdings: Sequence[QueueHolding]
     capacity: Mapping[str, int]
     decay: UsageDecay
     gates: Mapping[str, Gate] = field(default_factory=dict)
@@ -267,8 +276,8 @@ def plan_placements(inputs: PlacementInputs) -> PlacementPlan:
 
 def place_smaller(engine: PlacementEngine, request: Request, rng: ElasticRange) -> tuple[Placement, Request] | None:
     """An elastic task refused at the size it asked for, placed at the largest smaller size of its range that fits
-    (:func:`~common.elastic.place_down`), with its request at that size; None when it asked for its minimum or not
-    even that fits."""
+    (:func:`~coordinator.elastic.rules.place_down`), with its request at that size; None when it asked for its
+    minimum or not even that fits."""
     size = request.whole_gpus * request.nodes
     if size <= rng.minimum:
         return None
@@ -279,9 +288,9 @@ def place_smaller(engine: PlacementEngine, request: Request, rng: ElasticRange) 
 def size_elastic(engine: PlacementEngine, placed: Sequence[tuple[Request, Placement, ElasticRange, SpeedupCurve, int]],
                  ) -> dict[str, Placement | None]:
     """Elastic tasks just placed (``(request as placed, placement, range, curve, size wished)``) take the idle GPUs of
-    the engine, each up to its wish (:func:`~common.elastic.size_placements`): task id → its new placement for those
-    that got bigger, None for one whose GPUs were taken while it was sized (its placement is released: it waits).
-    Only when no whole-GPU task was left waiting."""
+    the engine, each up to its wish (:func:`~coordinator.elastic.rules.size_placements`): task id → its new
+    placement for those that got bigger, None for one whose GPUs were taken while it was sized (its placement is
+    released: it waits). Only when no whole-GPU task was left waiting."""
     if not placed:
         return {}
     nodes = [engine.node_snapshot(i) for i in range(len(engine.state.nodes))]
@@ -484,8 +493,8 @@ def _grows_within_room(inputs: ResizeInputs, jobs: list[ElasticJob], idle: dict[
 def _give_back(inputs: ResizeInputs, jobs: list[ElasticJob]) -> list[Resize]:
     """Team queues: for the first task (in fair order) of each queue that its queue refused and that fewer GPUs held
     by the queue's running elastic tasks would let in (its limit, or what it may borrow), those tasks shrink
-    (:func:`~common.elastic.plan_give_back`). Not while an elastic task of the queue is still stopping for a resize:
-    what it gives back is on its way."""
+    (:func:`~coordinator.elastic.rules.plan_give_back`). Not while an elastic task of the queue is still stopping
+    for a resize: what it gives back is on its way."""
     if not inputs.refused or inputs.queues is None:
         return []
     keys = inputs.queue_keys

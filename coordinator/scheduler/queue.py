@@ -1,11 +1,11 @@
-"""Queue order: a PENDING task becomes a placement :class:`~common.domain.Request`, sorted by :func:`queue_key`
+"""Queue order: a PENDING task becomes a placement :class:`~coordinator.domain.Request`, sorted by :func:`queue_key`
 (priority, then slack against the expected run time the request carries, then submit time)."""
 
 from __future__ import annotations
 
-from common.domain import Request, Resources, queue_key
 from common.oci import CONTAINERS_LABEL
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import Request, Resources, queue_key
 from coordinator.profiler import gpus_used
 
 __all__ = ["queue_key", "request_for"]

@@ -1,4 +1,4 @@
-"""Elastic jobs in the replay, resized by the leader's own pipeline and rules (:mod:`common.elastic`).
+"""Elastic jobs in the replay, resized by the leader's own pipeline and rules (:mod:`coordinator.elastic.rules`).
 
 With ``SimConfig(elastic=ElasticSimConfig(...))`` every job of a replay that asks for whole GPUs and
 has a model (:func:`elastic_config`) is elastic: it may run at any size of
@@ -33,9 +33,9 @@ would have), and a new one is scheduled at every start. A job resizes at most on
 per ``interval_s`` (the rules' hysteresis); a pass runs when a job's hysteresis runs out, so a job that
 may grow again does not wait for the next arrival or completion.
 
-The allocator **learns** each job's curve as the leader does: a :class:`~common.elastic.SpeedupCurve`
+The allocator **learns** each job's curve as the leader does: a :class:`~coordinator.elastic.rules.SpeedupCurve`
 per job, fed the job's true throughput at the size it runs (what its throughput counter would read)
-once a run is past its restart and :data:`coordinator.elastic.WARMUP_S`. It never sees the true curve
+once a run is past its restart and :data:`coordinator.elastic.allocator.WARMUP_S`. It never sees the true curve
 at sizes the job has not run at.
 
 Disabling grows or shrinks (``grow=False``, ``shrink=False``) attributes the gain of elasticity: the
@@ -50,8 +50,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.domain import NodeSnapshot, Placement, Request
-from common.elastic import (
+from coordinator.domain import NodeSnapshot, Placement, Request
+from coordinator.elastic.allocator import WARMUP_S
+from coordinator.elastic.rules import (
     DEFAULT_RESTART_COST_S,
     ElasticJob,
     ElasticRange,
@@ -62,14 +63,13 @@ from common.elastic import (
     placement_gpus,
     request_at,
 )
-from coordinator.elastic import WARMUP_S
 from coordinator.scheduler.pipeline import ResizeInputs, place_smaller, plan_resizes, size_elastic, wish
 from coordinator.simulator.ports import Replay, SimJob
 from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
 
 REPLAY_INTERVAL_S = 300.0
 """The replay's resize interval by default (``--elastic-interval``): its jobs run for hours, so a resize every
-five minutes at most (the leader's default is shorter, :data:`common.elastic.DEFAULT_INTERVAL_S`)."""
+five minutes at most (the leader's default is shorter, :data:`coordinator.elastic.rules.DEFAULT_INTERVAL_S`)."""
 
 __all__ = ["ElasticSimConfig", "SimElastic", "elastic_config", "gpu_hours"]
 
@@ -84,7 +84,7 @@ class ElasticSimConfig:
     :param min_gpus: every elastic job's minimum.
     :param max_gpus: the largest maximum.
     :param node_gpus: node width of the ranges (None: the cluster's widest node).
-    :param interval_s: the rules' hysteresis (:class:`~common.elastic.ElasticSettings`).
+    :param interval_s: the rules' hysteresis (:class:`~coordinator.elastic.rules.ElasticSettings`).
     :param restart_cost_s: what a resize costs a job (GPUs held, no progress), and what the rules assume.
     :param grow: plan grows (False: shrink only).
     :param shrink: plan shrinks (False: grow only).

@@ -1,7 +1,7 @@
 """The discrete-event loop: replay jobs against a simulated cluster in virtual time.
 
 Decisions come from the coordinator's own scheduling pipeline (:mod:`coordinator.scheduler.pipeline`, the pure
-functions the leader's cycle runs): the pending queue is ordered by :func:`common.domain.queue_key` (priority, then
+functions the leader's cycle runs): the pending queue is ordered by :func:`coordinator.domain.queue_key` (priority, then
 slack against the expected run time, then submit time: the leader's order), and every placement is made by the
 production :class:`coordinator.scheduler.placement.engine.PlacementEngine` (policy filter and rank, then the
 Resource Allocator's GPU choice). The engine lives for the whole replay: placements reserve in it and
@@ -40,8 +40,8 @@ victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simu
 Team queues (``SimConfig(queues=...)``): each job runs in the queue its trace ``group`` names
 (:attr:`SimJob.queue`), and every pass is the pipeline's
 :func:`~coordinator.scheduler.pipeline.plan_placements` with the queues' state (admission and fair order by
-:func:`coordinator.scheduler.queueing.plan_queues`) and, with ``reclaim``,
-:func:`~coordinator.scheduler.queueing.reclaim_for` afterwards; see
+:func:`coordinator.queues.planning.plan_queues`) and, with ``reclaim``,
+:func:`~coordinator.queues.planning.reclaim_for` afterwards; see
 :mod:`coordinator.simulator.queues`. The shape buckets stay (they hold the pending jobs in queue
 order), but a pass places the plan's order, not the buckets' heads.
 
@@ -72,7 +72,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from common.domain import ClusterSnapshot, Decision, Placement, Rejection, Request, queue_key
+from coordinator.domain import ClusterSnapshot, Decision, Placement, Rejection, Request, queue_key
 from coordinator.scheduler.pipeline import PendingTask, PlacementInputs, plan_placements
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import build as build_policy
@@ -94,9 +94,9 @@ __all__ = ["JobRun", "PassRecord", "SimConfig", "SimJob", "SimResult", "Simulato
 _COMPLETE, _ARRIVE, _POWER, _TICK = 0, 1, 2, 3
 
 Shape = tuple[Any, ...]
-""":attr:`common.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
+""":attr:`coordinator.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
 QueueKey = tuple[int, float, float, str]
-""":func:`common.domain.queue_key` of a request."""
+""":func:`coordinator.domain.queue_key` of a request."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from common.domain import ClusterSnapshot, Decision, Placement, Request
+from coordinator.domain import ClusterSnapshot, Decision, Placement, Request
 from coordinator.scheduler.placement.engine import PlacementEngine
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class Replay(Protocol):
         """The request job ``k`` is placed with while pending (an elastic job's at the size it asks for)."""
 
     def pending(self) -> list[int]:
-        """Every pending job, in queue order (:func:`common.domain.queue_key`)."""
+        """Every pending job, in queue order (:func:`coordinator.domain.queue_key`)."""
 
     def heads(self) -> list[int]:
         """The first pending job of every shape (jobs of one shape are accepted by the same nodes), in queue order."""

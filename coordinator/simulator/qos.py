@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from common.domain import Placement
-from coordinator.qos.preemption import Candidate, Fits, Holding, choose_candidates
+from coordinator.domain import Placement
+from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_candidates
 from coordinator.simulator.ports import Replay
 
 __all__ = ["QOS_CLASS_PRIORITY", "SimPreemption", "priority_of"]
@@ -87,7 +87,7 @@ class SimPreemption:
             if start is None or start > now:
                 continue   # still waking its nodes: not running yet
             req = sim.jobs[k].request
-            holds = tuple(Holding(a.node_id, a.gpu_indices, placement.demand, a.gpu_share)
+            holds = tuple(NodeHolding(a.node_id, a.gpu_indices, placement.demand, a.gpu_share)
                           for a in placement.assignments)
             out.append((k, Candidate(req.task_id, req.priority, start, self.last_s.get(k), True, holds)))
         return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from common.domain import ClusterSnapshot, Placement, Rejection, Request, Resources
-from common.elastic import ElasticJob, ElasticRange, ElasticSettings, SpeedupCurve, placement_gpus
+from coordinator.domain import ClusterSnapshot, Placement, Rejection, Request, Resources
+from coordinator.elastic.rules import ElasticJob, ElasticRange, ElasticSettings, SpeedupCurve, placement_gpus
 from coordinator.scheduler.pipeline import (
     PendingTask,
     PlacementInputs,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import common.elastic as rules
+import coordinator.elastic.rules as rules
 from common.errors import UsageError
 from coordinator.scheduler import cycle, pipeline
 from coordinator.simulator import elastic as sim_elastic
@@ -162,7 +162,7 @@ def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
         assert getattr(sim_elastic, name) is getattr(pipeline, name), name
     for name in ("plan_placements", "plan_resizes"):
         assert getattr(cycle, name) is getattr(pipeline, name), name
-    # ...which decide by common.elastic's rules, and the replay goes through them.
+    # ...which decide by coordinator.elastic.rules's rules, and the replay goes through them.
     for name in ("plan_grows", "plan_shrinks", "size_placements"):
         assert getattr(pipeline, name) is getattr(rules, name), name
     calls: list[str] = []
