@@ -171,6 +171,28 @@ class TestProductionCode:
         assert Simulator(nodes, jobs, SimConfig("random", seed=6)).run().placements != first
 
 
+class TestParts:
+    """The simulator's parts run the pipeline through the replay's narrow interface (coordinator/simulator/ports.py)."""
+
+    def test_parts_use_only_the_replays_interface(self) -> None:
+        """No part imports the engine (no import cycle), and none reaches for a private member of the replay."""
+        import ast
+
+        import coordinator.simulator
+
+        root = Path(coordinator.simulator.__file__).parent
+        for name in ("elastic.py", "queues.py", "qos.py", "ports.py"):
+            tree = ast.parse((root / name).read_text(encoding="utf-8"))
+            for n in ast.walk(tree):
+                if isinstance(n, ast.ImportFrom):
+                    assert n.module != "coordinator.simulator.engine", f"{name} imports the engine"
+                if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
+                    owner = n.value
+                    is_sim = (isinstance(owner, ast.Name) and owner.id == "sim") or (
+                        isinstance(owner, ast.Attribute) and owner.attr == "sim")
+                    assert not is_sim, f"{name}:{n.lineno} reads the replay's private {n.attr}"
+
+
 @pytest.fixture(scope="module")
 def busy_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[SimJob]]:
     """A synthetic trace that overloads its 10 nodes, loaded through the trace and profiler path."""
