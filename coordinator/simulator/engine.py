@@ -517,6 +517,10 @@ class Simulator:
         """The request job ``k`` is placed with while pending."""
         return self.requests[k]
 
+    def job_of(self, task_id: str) -> int:
+        """The index of the job with this task id."""
+        return self.by_task_id[task_id]
+
     def pending(self) -> list[int]:
         """Every pending job, in queue order."""
         return [k for _, k in sorted(item for bucket in self.buckets.values() for item in bucket)]

@@ -79,6 +79,9 @@ class Replay(Protocol):
     def request(self, k: int) -> Request:
         """The request job ``k`` is placed with while pending (an elastic job's at the size it asks for)."""
 
+    def job_of(self, task_id: str) -> int:
+        """The index of the job with this task id."""
+
     def pending(self) -> list[int]:
         """Every pending job, in queue order (:func:`coordinator.domain.queue_key`)."""
 

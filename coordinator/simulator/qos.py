@@ -14,10 +14,10 @@ openb class            priority
 Any other group (Philly's virtual clusters) has priority 0: Philly has no classes, so every job is
 equal and nothing is ever preempted.
 
-With ``SimConfig(preemption=True)``, after each scheduling pass :class:`SimPreemption` looks at the
-head of every refused shape whose priority beats the lowest running job, highest priority first,
-and asks :func:`coordinator.qos.preemption.choose_candidates` (the rule the leader's Preemptor uses,
-with the same placement-engine fit check) for victims. Victims stop at once in virtual time (the
+With ``SimConfig(preemption=True)``, after each scheduling pass :class:`SimPreemption` asks
+:func:`coordinator.qos.preemption.choose_preemption` — the decision the leader's Preemptor makes, with the same
+placement-engine fit check — for victims for the head of every pending shape (a shape's later jobs need the same
+nodes): the first in queue order whose priority beats the lowest running job and that victims would let in. Victims stop at once in virtual time (the
 checkpoint signal and stop grace are not modelled): they lose all progress since their last start
 (no checkpoint is modelled, so the lost GPU-time is an upper bound) and go back to the queue with
 their original request (submit time and priority), where they run their whole duration again later.
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from coordinator.domain import Placement
-from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_candidates
+from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_preemption
 from coordinator.simulator.ports import Replay
 
 __all__ = ["QOS_CLASS_PRIORITY", "SimPreemption", "priority_of"]
@@ -93,27 +93,22 @@ class SimPreemption:
         return out
 
     def _one(self, now: float) -> bool:
+        """One preemption, as the leader's cycle decides it (:func:`choose_preemption` over the head of every
+        pending shape: a shape's later jobs need the same nodes); True when one happened."""
         sim = self.sim
         running = self._running(now)
         if not running:
             return False
-        lowest = min(c.priority for _k, c in running)
-        heads = [k for k in sim.heads() if sim.jobs[k].request.priority > lowest]
-        if not heads:
+        chosen = choose_preemption([sim.jobs[k].request for k in sim.heads()], [c for _k, c in running],
+                                   sim.engine.snapshot, self.fits, now=now, protection_s=self.protection_s)
+        if chosen is None:
             return False
-        snapshot = sim.engine.snapshot()
+        req, victims = chosen
         by_id = {c.id: k for k, c in running}
-        for k in heads:
-            req = sim.jobs[k].request
-            victims = choose_candidates(req, snapshot, (c for _j, c in running), self.fits, now=now,
-                                        protection_s=self.protection_s)
-            if not victims:
-                continue
-            for v in victims:
-                self.preempt(by_id[v.id], now)
-            self._place(k, now)
-            return True
-        return False
+        for v in victims:
+            self.preempt(by_id[v.id], now)
+        self._place(sim.job_of(req.task_id), now)
+        return True
 
     def preempt(self, k: int, now: float) -> None:
         """Stop job ``k``: give its reservations back and queue it again with its original request
