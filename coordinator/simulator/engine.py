@@ -494,7 +494,9 @@ class Simulator:
                     # Its shape's later jobs need the same nodes: the head stands for them.
                     self.adaptor.unplaced(self.requests[k])
                 continue
-            self.book(k, decision, now)
+            heapq.heappop(bucket)   # k is its head: booked without looking it up
+            self.waiting -= 1
+            self.placed[k] = decision
             booked.append(k)
             if bucket:
                 heapq.heappush(heads, ((rank, bucket[0][0]), shape))

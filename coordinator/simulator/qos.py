@@ -17,8 +17,9 @@ equal and nothing is ever preempted.
 With ``SimConfig(preemption=True)``, after each scheduling pass :class:`SimPreemption` asks
 :func:`coordinator.qos.preemption.choose_preemption` — the decision the leader's Preemptor makes, with the same
 placement-engine fit check — for victims for the head of every pending shape (a shape's later jobs need the same
-nodes): the first in queue order whose priority beats the lowest running job and that victims would let in. Victims stop at once in virtual time (the
-checkpoint signal and stop grace are not modelled): they lose all progress since their last start
+nodes): the first in queue order whose priority beats the lowest running job and that victims would let in.
+Victims stop at once in virtual time (the checkpoint signal and stop grace are not modelled): they lose all
+progress since their last start
 (no checkpoint is modelled, so the lost GPU-time is an upper bound) and go back to the queue with
 their original request (submit time and priority), where they run their whole duration again later.
 The preemptor is placed on the freed resources at once, before any other pending job (the leader
