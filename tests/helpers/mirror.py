@@ -1,9 +1,9 @@
 """The scheduling mirror: one scenario run through the leader's cycle and through the simulator, each side's
 decisions in one plain, comparable form.
 
-A :class:`Scenario` is a cluster (nodes of whole GPUs), team queues (or none) and two waves of jobs: wave A arrives
-on an idle cluster, is placed and starts running; wave B arrives next, and what the scheduler decides about it —
-against the running wave A — is compared too. Each wave's :class:`Decisions` are the ones one leader cycle makes:
+A :class:`Scenario` is a cluster (nodes of whole GPUs), team queues (or none) and two waves of jobs: wave 0 arrives
+on an idle cluster, is placed and starts running; wave 1 arrives next and is decided against the running wave 0.
+Each wave's :class:`Decisions` are the ones one leader cycle makes:
 
 - ``placed``: job → its allocation, ``((node, (GPU indices…)), …)`` (an elastic job's at the size it was given);
 - ``resized``: running elastic job → the size its resize aims at;
@@ -11,19 +11,24 @@ against the running wave A — is compared too. Each wave's :class:`Decisions` a
 - ``reclaimed``: the running jobs whose borrowed GPUs a queue took back.
 
 The leader side (:func:`leader_decisions`) is the coordinator's own object graph (``coordinator.app.build``) on a
-real etcd: nodes register through the node service, jobs are submitted through the task table, one
-``SchedulerCycle.cycle()`` runs per wave, and the decisions are read back from what etcd stored. Between the waves
-the placed jobs are moved to RUNNING, as their agents' reports would.
+real etcd, elected, with none of its loops started: nodes register through the node service, jobs are submitted
+through the task table, ``SchedulerCycle.cycle()`` runs once per wave, and the decisions are read back from what
+etcd stored. Then, as the simulator does at one time, tasks stopping for a preemption or a resize stop at once and
+another cycle runs, until none stops; the placed tasks then start (moved to RUNNING as their agents' reports
+would). A leader whose cycles stop the same tasks again and again never settles: that is reported as a difference.
 
-The simulator side (:func:`simulator_decisions`) replays the same jobs, with the leader's own submit times and
-placement requests, on the leader's own snapshot of the idle cluster; wave A arrives at its last submit time, wave
-B at its last one. The simulator runs on to the end of every job; what counts is its first pass at each arrival
-(what it decides after a resize or a preemption is the leader's next cycle, not compared), told apart by recording
-the simulator's starts, resizes and preemptions in the order they happen.
+The simulator side (:func:`simulator_decisions`) replays the same jobs — the leader's own placement request of each
+task — on the leader's own snapshot of the idle cluster, every job of a wave arriving at once, at the wave's last
+submit time. It runs to the end of every job; what counts is what it does at each wave's arrival, up to what one
+leader cycle decides (its first pass, then its first resizes or its first preemption's victims, and its first
+reclaim's victims), told apart by recording its starts, resizes and preemptions in the order they happen.
 
-Jobs of one wave that started at once on the simulator started one after another on the leader (one RUNNING
-transition each); they are moved to RUNNING in descending task-id order, so that "most recently started first"
-(victim and reclaim order) breaks the simulator's ties by task id as the simulator does.
+Ties: the rules break ties by task id, the leader's queue order by submit time. Task ids are made to ascend in
+submission order (``t-0000000001``, …, instead of random ones), so that both sides break ties alike, run after run,
+and the simulator's queue order among jobs arriving at once (by id) is the leader's (by submit time). Jobs that
+started at once on the simulator start one after another on the leader; the latest submitted is started first, so
+that "most recently started first" (the order victims and reclaimed borrowers are taken in) is the simulator's
+order among equal start times (by id).
 """
 
 from __future__ import annotations
@@ -39,11 +44,11 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
+import coordinator.tasks
 from common.domain import ClusterSnapshot, Placement, Request
 from common.elastic import ElasticRange, Resize, request_at
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
-import coordinator.tasks
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
 from coordinator.queues import Queue, QueueConfig
@@ -113,6 +118,7 @@ class Scenario:
     elastic: bool = False
 
     def wave(self, w: int) -> list[Job]:
+        """The jobs of wave ``w``, in submission order."""
         return [j for j in self.jobs if j.wave == w]
 
 
@@ -166,7 +172,7 @@ def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False
         config = QueueConfig(queues=tuple(Queue(name, gpus={"*": q}, members=("*",), default_for=("*",) if i == 0
                                                 else ()) for i, (name, q) in enumerate(zip(names, quota,
                                                                                            strict=True))))
-    jobs = []
+    jobs: list[Job] = []
     for wave, fill in ((0, total), (1, total)):
         asked = 0
         while asked < fill:
@@ -208,6 +214,7 @@ class _Role:
         self.app = app
 
     async def take_over(self, record: types_pb2.LeaderRecord) -> bool:
+        """Adopt what etcd holds (nothing but the queues, in a fresh prefix)."""
         app = self.app
         state = await asyncio.to_thread(app.store.load_all)
         app.state.adopt(state.tasks, state.nodes)
@@ -247,6 +254,7 @@ class LeaderRun:
 
 
 async def _wait(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    """Wait until ``check()`` holds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not check():
@@ -385,6 +393,13 @@ def _recording(sim: Simulator, log: _Log) -> Iterator[None]:
             preempt(k, now)
 
         sim.qos.preempt = _preempt  # type: ignore[method-assign]
+        one = sim.qos._one
+
+        def _one(now: float) -> bool:   # one preemptor's victims per call
+            log.entries.append((now, "round", -1, None))
+            return one(now)
+
+        sim.qos._one = _one  # type: ignore[method-assign]
     if sim.queues is not None:
         after = sim.queues.after_pass
 
@@ -421,7 +436,7 @@ def sim_jobs(scenario: Scenario, run: LeaderRun) -> list[SimJob]:
     return out
 
 
-def sim_config(scenario: Scenario, jobs: Sequence[SimJob]) -> SimConfig:
+def sim_config(scenario: Scenario) -> SimConfig:
     """The simulator's options for the scenario: its policy, preemption, queues, elastic jobs."""
     elastic = None
     if scenario.elastic:
@@ -436,41 +451,43 @@ def simulator_decisions(scenario: Scenario, run: LeaderRun) -> list[Decisions]:
     """Run ``scenario`` through the simulator with the leader's inputs (module docstring); its first-pass decisions
     at each wave's arrival."""
     jobs = sim_jobs(scenario, run)
-    sim = Simulator(run.cluster, jobs, sim_config(scenario, jobs))
+    sim = Simulator(run.cluster, jobs, sim_config(scenario))
     log = _Log()
     with _recording(sim, log):
         sim.run()
     names = {k: job.name for k, job in enumerate(scenario.jobs)}
-    out = []
-    for w in (0, 1):
-        at = run.arrivals[w]
-        entries = [e for e in log.entries if e[0] == at]
-        placed: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
-        resized: dict[str, int] = {}
-        victims: set[str] = set()
-        reclaimed: set[str] = set()
-        i = 0
-        while i < len(entries) and entries[i][1] == "start":
-            placement = entries[i][3]
-            placed[names[entries[i][2]]] = tuple((a.node_id, tuple(a.gpu_indices)) for a in placement.assignments)
+    return [_first_pass([e for e in log.entries if e[0] == at], names) for at in run.arrivals]
+
+
+def _first_pass(entries: Sequence[tuple[float, str, int, Any]], names: Mapping[int, str]) -> Decisions:
+    """The decisions of one leader cycle among what the simulator did at one time: the starts of its first pass,
+    then its first resizes (of the first elastic step), or the victims of its first preemption, and the first
+    victims of its reclaim."""
+    placed: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
+    resized: dict[str, int] = {}
+    victims: set[str] = set()
+    reclaimed: set[str] = set()
+    i, n = 0, len(entries)
+    while i < n and entries[i][1] == "start":
+        placed[names[entries[i][2]]] = tuple((a.node_id, tuple(a.gpu_indices)) for a in entries[i][3].assignments)
+        i += 1
+    while i < n and entries[i][1] == "round" and (i + 1 == n or entries[i + 1][1] != "preempt"):
+        i += 1   # a preemption round that found no victims
+    if i < n and entries[i][1] == "resize":
+        while i < n and entries[i][1] == "resize":
+            resized[names[entries[i][2]]] = entries[i][3]
             i += 1
-        if i < len(entries) and entries[i][1] == "resize":
-            while i < len(entries) and entries[i][1] == "resize":
-                resized[names[entries[i][2]]] = entries[i][3]
-                i += 1
-        elif i < len(entries) and entries[i][1] == "preempt":
-            while i < len(entries) and entries[i][1] == "preempt":
-                victims.add(names[entries[i][2]])
-                i += 1
-        rest = [e for e in entries[i:] if e[1] == "reclaim"]
-        if rest:
-            first = entries.index(rest[0])
-            for e in entries[first:]:
-                if e[1] != "reclaim":
-                    break
-                reclaimed.add(names[e[2]])
-        out.append(Decisions(placed, resized, frozenset(victims), frozenset(reclaimed)))
-    return out
+    elif i < n and entries[i][1] == "round":
+        i += 1
+        while i < n and entries[i][1] == "preempt":
+            victims.add(names[entries[i][2]])
+            i += 1
+    while i < n and entries[i][1] != "reclaim":
+        i += 1
+    while i < n and entries[i][1] == "reclaim":
+        reclaimed.add(names[entries[i][2]])
+        i += 1
+    return Decisions(placed, resized, frozenset(victims), frozenset(reclaimed))
 
 
 def elastic_range_of(job: Job) -> ElasticRange:
