@@ -12,16 +12,18 @@ Each wave's :class:`Decisions` are the ones one leader cycle makes:
 
 The leader side (:func:`leader_decisions`) is the coordinator's own object graph (``coordinator.app.build``) on a
 real etcd, elected, with none of its loops started: nodes register through the node service, jobs are submitted
-through the task table, ``SchedulerCycle.cycle()`` runs once per wave, and the decisions are read back from what
+through the task table (the jobs of wave 0 that end as wave 1 arrives end first, as their agents would report),
+``SchedulerCycle.cycle()`` runs once per wave, and the decisions are read back from what
 etcd stored. Then, as the simulator does at one time, tasks stopping for a preemption or a resize stop at once and
 another cycle runs, until none stops; the placed tasks then start (moved to RUNNING as their agents' reports
 would). A leader whose cycles stop the same tasks again and again never settles: that is reported as a difference.
 
 The simulator side (:func:`simulator_decisions`) replays the same jobs — the leader's own placement request of each
 task — on the leader's own snapshot of the idle cluster, every job of a wave arriving at once, at the wave's last
-submit time. It runs to the end of every job; what counts is what it does at each wave's arrival, up to what one
-leader cycle decides (its first pass, then its first resizes or its first preemption's victims, and its first
-reclaim's victims), told apart by recording its starts, resizes and preemptions in the order they happen.
+submit time (a job of wave 0 that ends runs until exactly then; a pass runs then even when nothing arrives, as the
+leader's cycle does). It runs to the end of every job; what counts is what it does at each wave's arrival, up to
+what one leader cycle decides (its first pass, then its first resizes or its first preemption's victims, and its
+first reclaim's victims), told apart by recording its starts, resizes and preemptions in the order they happen.
 
 Ties: the rules break ties by task id, the leader's queue order by submit time. Task ids are made to ascend in
 submission order (``t-0000000001``, …, instead of random ones), so that both sides break ties alike, run after run,
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 import uuid
@@ -94,6 +97,7 @@ class Job:
     :param wave: 0 (arrives on the idle cluster) or 1 (arrives once wave 0 runs).
     :param deadline_in_s: a deadline this many seconds after the wave's arrival (0: none), with ``time_limit_s``.
     :param time_limit_s: its time limit (the leader's expected run time when the profiler has none).
+    :param ends: a rigid job of wave 0 that, when it runs, ends just as wave 1 arrives (its GPUs free for it).
     """
 
     name: str
@@ -104,6 +108,7 @@ class Job:
     wave: int = 0
     deadline_in_s: float = 0.0
     time_limit_s: float = 0.0
+    ends: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +162,11 @@ def differences(leader: Sequence[Decisions], sim: Sequence[Decisions]) -> list[s
 # ---- inputs ----------------------------------------------------------------------------------------------------
 
 
-def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False, elastic: bool = False,
-                    deadlines: bool = False) -> Scenario:
-    """A small random cluster and two waves of jobs that fill it and more (so that things wait, resize, preempt
-    and reclaim), drawn from ``seed``."""
+def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False, elastic: bool = False) -> Scenario:
+    """A small random cluster and two waves of jobs, drawn from ``seed``: the first asks for as many GPUs as the
+    cluster has (fragments keep some waiting), the second for half as many to one and a half times as many (things
+    wait, shrink, preempt and reclaim), or, one time in four, for none (what ends makes room, running elastic jobs
+    may grow). With ``preemption``, the second wave's jobs have priority 0, 10 or 20, the first wave's 0."""
     rnd = random.Random(seed)
     nodes = tuple(Node(f"n{i}", rnd.choice((2, 4, 4, 8))) for i in range(rnd.randint(2, 4)))
     total = sum(n.gpus for n in nodes)
@@ -173,15 +179,15 @@ def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False
                                                 else ()) for i, (name, q) in enumerate(zip(names, quota,
                                                                                            strict=True))))
     jobs: list[Job] = []
-    for wave, fill in ((0, total), (1, total)):
+    for wave, fill in ((0, total), (1, 0 if rnd.random() < 0.25 else rnd.randint(total // 2, total * 3 // 2))):
         asked = 0
         while asked < fill:
             gpus = rnd.choice([g for g in (1, 1, 2, 2, 3, 4, 8) if g <= widest])
             asked += gpus
-            deadline = rnd.choice((0.0, 0.0, 3600.0, 7200.0)) if deadlines else 0.0
-            jobs.append(Job(f"w{wave}-{len(jobs):02d}", gpus, priority=rnd.choice((0, 0, 10, 20)) if preemption
-                            else 0, queue=rnd.choice(names), elastic=elastic and rnd.random() < 0.6, wave=wave,
-                            deadline_in_s=deadline, time_limit_s=rnd.choice((600.0, 5400.0)) if deadline else 0.0))
+            flexible = elastic and rnd.random() < 0.6
+            jobs.append(Job(f"w{wave}-{len(jobs):02d}", gpus, priority=rnd.choice((0, 10, 20)) if preemption and wave
+                            else 0, queue=rnd.choice(names), elastic=flexible, wave=wave,
+                            ends=wave == 0 and not flexible and rnd.random() < 0.3))
     policy = rnd.choice(("max-utilization", "load-balancing", "first-fit"))
     return Scenario(nodes, tuple(jobs), policy, config, preemption, elastic)
 
@@ -270,7 +276,7 @@ def _leader_wave(app: App, names: Mapping[str, str], before: Mapping[str, types_
     victims, reclaimed = set(), set()
     for task_id, task in stored.items():
         name = names.get(task_id)
-        if name is None:
+        if name is None or task_id not in before:   # not the scenario's, or ended before the cycle
             continue
         was = before[task_id].state
         if was == TaskState.PENDING and task.state in (TaskState.SCHEDULED, TaskState.PREEMPTED):
@@ -344,6 +350,10 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
         notes: list[str] = []
         start = 1
         for w in (0, 1):
+            for job in scenario.wave(0) if w == 1 else ():
+                task = app.tasks.find(submitted[job.name].id)
+                if job.ends and task is not None and task.state == TaskState.RUNNING:   # as its agent reports
+                    await app.tasks.transition(task.id, TaskState.SUCCEEDED, "", release=True, exit_code=0)
             now = time.time()
             for job in scenario.wave(w):
                 with _task_ids(start):
@@ -352,7 +362,7 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
                 names[task.id] = job.name
                 submitted[job.name] = task
             before = {t.id: t for t in app.tasks.live()}
-            arrivals.append(max(submitted[j.name].submit_unix_s for j in scenario.wave(w)))
+            arrivals.append(max((submitted[j.name].submit_unix_s for j in scenario.wave(w)), default=time.time()))
             await app.cycle.cycle()
             decisions.append(await asyncio.to_thread(_leader_wave, app, names, before))
             note = await _settle(app, list(submitted.values()), names)
@@ -432,8 +442,17 @@ def sim_jobs(scenario: Scenario, run: LeaderRun) -> list[SimJob]:
         req: Request = request_for(task, job.time_limit_s or None)
         if job.elastic:   # the simulator's elastic range is 1 up to the GPUs its job asks for
             req = request_at(req, elastic_range_of(job), job.gpus)
-        out.append(SimJob(replace(req, submit_s=run.arrivals[job.wave]), _RUN_S, job.queue))
+        out.append(SimJob(replace(req, submit_s=run.arrivals[job.wave]), _ending(*run.arrivals) if job.ends else _RUN_S,
+                          job.queue))
     return out
+
+
+def _ending(start: float, end: float) -> float:
+    """A run time that, started at ``start``, ends exactly at ``end`` (in floating point)."""
+    run_s = end - start
+    while start + run_s != end:
+        run_s = math.nextafter(run_s, math.inf if start + run_s < end else -math.inf)
+    return run_s
 
 
 def sim_config(scenario: Scenario) -> SimConfig:
@@ -452,6 +471,7 @@ def simulator_decisions(scenario: Scenario, run: LeaderRun) -> list[Decisions]:
     at each wave's arrival."""
     jobs = sim_jobs(scenario, run)
     sim = Simulator(run.cluster, jobs, sim_config(scenario))
+    sim._tick_at(run.arrivals[1])   # a pass at wave 1 even when nothing arrives or ends then, as the leader's cycle
     log = _Log()
     with _recording(sim, log):
         sim.run()
