@@ -34,9 +34,9 @@ ELASTIC_NODE_DEMAND = ("the leader commits an elastic task sized above its minim
                        "as its nodes' demand, so its snapshot counts fewer GPUs used on those nodes than they hold "
                        "and load-balancing and max-utilization rank them by that; the simulator counts what the "
                        "placement holds")
-RECLAIM_EVERY_CYCLE = ("the leader places a borrower and reclaims it in every cycle (its batch, sorted by demand, "
-                       "places the borrower before the owed queue's task the reclaim is for); the simulator reclaims "
-                       "once per time and keeps the borrower running")
+RECLAIM_EVERY_CYCLE = ("the leader reclaims a borrower and, in its next cycle, places it again ahead of the owed "
+                       "queue's task the reclaim was for, then reclaims it again, cycle after cycle; the simulator "
+                       "reclaims once per time and keeps the borrower running")
 
 
 def _disagree(reason: str, raises: type[BaseException] = AssertionError) -> pytest.MarkDecorator:
