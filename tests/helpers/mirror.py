@@ -66,7 +66,8 @@ __all__ = ["Decisions", "Job", "Node", "Scenario", "differences", "leader_decisi
            "simulator_decisions"]
 
 GIB = 1024**3
-GPU_MODEL = "NVIDIA H100 80GB HBM3"
+GPU_MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+GPU_MODEL = GPU_MODELS[0]
 INTERVAL_S = 600.0
 """Elastic hysteresis of both sides (longer than any scenario takes to run)."""
 RESTART_COST_S = 30.0
@@ -79,10 +80,11 @@ _RUN_S = 36_000.0
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A node of ``gpus`` whole GPUs."""
+    """A node of ``gpus`` whole GPUs of one model."""
 
     node_id: str
     gpus: int
+    model: str = GPU_MODEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ class Job:
     :param deadline_in_s: a deadline this many seconds after the wave's arrival (0: none), with ``time_limit_s``.
     :param time_limit_s: its time limit (the leader's expected run time when the profiler has none).
     :param ends: a rigid job of wave 0 that, when it runs, ends just as wave 1 arrives (its GPUs free for it).
+    :param gpu_model: the GPU model it asks for ("" any).
     """
 
     name: str
@@ -109,6 +112,7 @@ class Job:
     deadline_in_s: float = 0.0
     time_limit_s: float = 0.0
     ends: bool = False
+    gpu_model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,28 +170,35 @@ def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False
     """A small random cluster and two waves of jobs, drawn from ``seed``: the first asks for as many GPUs as the
     cluster has (fragments keep some waiting), the second for half as many to one and a half times as many (things
     wait, shrink, preempt and reclaim), or, one time in four, for none (what ends makes room, running elastic jobs
-    may grow). With ``preemption``, the second wave's jobs have priority 0, 10 or 20, the first wave's 0."""
+    may grow). With ``preemption``, the second wave's jobs have priority 0, 10 or 20, the first wave's 0. With
+    ``queues``, the nodes may have two GPU models, a queue's quota may be in one of them (a pool of its own), and a
+    job may ask for one."""
     rnd = random.Random(seed)
     nodes = tuple(Node(f"n{i}", rnd.choice((2, 4, 4, 8))) for i in range(rnd.randint(2, 4)))
     total = sum(n.gpus for n in nodes)
-    widest = max(n.gpus for n in nodes)
     names = ("alpha", "beta", "gamma")[:rnd.randint(2, 3)] if queues else ("",)
+    models = (GPU_MODEL,)
     config = None
     if queues:
-        quota = [rnd.randint(0, total // len(names)) for _ in names]
-        config = QueueConfig(queues=tuple(Queue(name, gpus={"*": q}, members=("*",), default_for=("*",) if i == 0
-                                                else ()) for i, (name, q) in enumerate(zip(names, quota,
-                                                                                           strict=True))))
+        models = GPU_MODELS[:rnd.randint(1, 2)]
+        nodes = tuple(replace(n, model=rnd.choice(models)) for n in nodes)
+        quotas = [{rnd.choice(models) if len(models) > 1 and rnd.random() < 0.5 else "*":
+                   rnd.randint(0, total // len(names))} for _ in names]
+        config = QueueConfig(queues=tuple(Queue(name, gpus=q, members=("*",), default_for=("*",) if i == 0 else ())
+                                          for i, (name, q) in enumerate(zip(names, quotas, strict=True))))
+    present = sorted({n.model for n in nodes})
     jobs: list[Job] = []
     for wave, fill in ((0, total), (1, 0 if rnd.random() < 0.25 else rnd.randint(total // 2, total * 3 // 2))):
         asked = 0
         while asked < fill:
+            model = rnd.choice(present) if len(present) > 1 and rnd.random() < 0.3 else ""
+            widest = max(n.gpus for n in nodes if n.model == model or not model)
             gpus = rnd.choice([g for g in (1, 1, 2, 2, 3, 4, 8) if g <= widest])
             asked += gpus
             flexible = elastic and rnd.random() < 0.6
             jobs.append(Job(f"w{wave}-{len(jobs):02d}", gpus, priority=rnd.choice((0, 10, 20)) if preemption and wave
                             else 0, queue=rnd.choice(names), elastic=flexible, wave=wave,
-                            ends=wave == 0 and not flexible and rnd.random() < 0.3))
+                            ends=wave == 0 and not flexible and rnd.random() < 0.3, gpu_model=model))
     policy = rnd.choice(("max-utilization", "load-balancing", "first-fit"))
     return Scenario(nodes, tuple(jobs), policy, config, preemption, elastic)
 
@@ -202,6 +213,8 @@ def _spec(job: Job, now: float) -> types_pb2.TaskSpec:
         spec.elastic.min_gpus, spec.elastic.max_gpus = 1, job.gpus
     if job.queue:
         spec.queue = job.queue
+    if job.gpu_model:
+        spec.constraints.gpu_model = job.gpu_model
     if job.deadline_in_s:
         spec.qos.deadline_unix_s = now + job.deadline_in_s
     if job.time_limit_s:
@@ -339,7 +352,7 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
         for node in scenario.nodes:
             inv = types_pb2.NodeInventory(
                 node_id=node.node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
-                gpus=[types_pb2.GpuInfo(index=i, model=GPU_MODEL, mem_total_bytes=80 * GIB, uuid=f"{node.node_id}-{i}")
+                gpus=[types_pb2.GpuInfo(index=i, model=node.model, mem_total_bytes=80 * GIB, uuid=f"{node.node_id}-{i}")
                       for i in range(node.gpus)])
             await app.nodes.connected(agent_pb2.Register(inventory=inv), asyncio.Queue())
         cluster = app.snapshots.snapshot([], app.registry)
