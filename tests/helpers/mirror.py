@@ -177,7 +177,7 @@ def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False
     nodes = tuple(Node(f"n{i}", rnd.choice((2, 4, 4, 8))) for i in range(rnd.randint(2, 4)))
     total = sum(n.gpus for n in nodes)
     names = ("alpha", "beta", "gamma")[:rnd.randint(2, 3)] if queues else ("",)
-    models = (GPU_MODEL,)
+    models: tuple[str, ...] = (GPU_MODEL,)
     config = None
     if queues:
         models = GPU_MODELS[:rnd.randint(1, 2)]
