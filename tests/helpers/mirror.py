@@ -17,6 +17,9 @@ through the task table (the jobs of wave 0 that end as wave 1 arrives end first,
 etcd stored. Then, as the simulator does at one time, tasks stopping for a preemption or a resize stop at once and
 another cycle runs, until none stops; the placed tasks then start (moved to RUNNING as their agents' reports
 would). A leader whose cycles stop the same tasks again and again never settles: that is reported as a difference.
+The team queues' clock (their decayed usage and fair order) reads the wave's time, as the simulator's does: every
+cycle of a wave at its arrival, so that what a queue held from wave 0 to wave 1 is the same on both sides and not
+the wall-clock time between the leader's cycles.
 
 The simulator side (:func:`simulator_decisions`) replays the same jobs — the leader's own placement request of each
 task — on the leader's own snapshot of the idle cluster, every job of a wave arriving at once, at the wave's last
@@ -61,6 +64,7 @@ from coordinator.simulator.engine import SimConfig, SimJob, Simulator
 from coordinator.simulator.scaling import ScalingCurve
 from coordinator.sync import Keys, connect
 from coordinator.sync.client import op_put
+from tests.helpers.clock import FakeClock
 
 __all__ = ["Decisions", "Job", "Node", "Scenario", "differences", "leader_decisions", "mirror", "random_scenario",
            "simulator_decisions"]
@@ -344,6 +348,8 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
                             heartbeat_interval_s=600.0, elastic_interval_s=INTERVAL_S,
                             elastic_restart_cost_s=RESTART_COST_S, metrics_listen="")
     app = build(cfg, client)
+    clock = FakeClock(time.time())
+    app.queues.clock = clock   # queue usage accrues in the waves' time, as in the simulator (module docstring)
     loop = asyncio.get_running_loop()
     app.loop = loop
     app.leadership.start(_Role(app), loop)
@@ -376,6 +382,7 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
                 submitted[job.name] = task
             before = {t.id: t for t in app.tasks.live()}
             arrivals.append(max((submitted[j.name].submit_unix_s for j in scenario.wave(w)), default=time.time()))
+            clock.t = arrivals[w]
             await app.cycle.cycle()
             decisions.append(await asyncio.to_thread(_leader_wave, app, names, before))
             note = await _settle(app, list(submitted.values()), names)

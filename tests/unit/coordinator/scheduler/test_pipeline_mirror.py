@@ -164,8 +164,8 @@ def test_a_rule_changed_on_one_side_is_a_difference(where: list[tuple[Any, str]]
                                                     seed: int, etcd_server: EtcdCluster, etcd_prefix: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """One rule changed as one side sees it (its queue order: lowest priority first; elastic jobs left at their
-    first size at placement; no victims ever found): the mirror reports a difference, on a scenario of ``SEEDS``
-    where both sides agree with the rule unchanged and the rule matters."""
+    first size at placement; no borrower ever reclaimed; no victims ever found): the mirror reports a difference, on
+    a scenario of ``SEEDS`` where both sides agree with the rule unchanged and the rule matters."""
     assert seed in SEEDS
     for module, name in where:
         monkeypatch.setattr(module, name, rule)
