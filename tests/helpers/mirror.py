@@ -51,12 +51,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import coordinator.tasks
-from common.domain import ClusterSnapshot, Placement, Request
-from common.elastic import ElasticRange, Resize, request_at
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
+from coordinator.domain import ClusterSnapshot, Placement, Request
+from coordinator.elastic.rules import ElasticRange, Resize, request_at
 from coordinator.queues import Queue, QueueConfig
 from coordinator.scheduler.queue import request_for
 from coordinator.simulator.elastic import ElasticSimConfig

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 import coordinator.qos.preemption
+import coordinator.queues.planning
 import coordinator.scheduler.cycle
-import coordinator.scheduler.queueing
 import coordinator.simulator.elastic
 import coordinator.simulator.engine
 import coordinator.simulator.qos
 import coordinator.simulator.queues
-from common.domain import Request
 from common.etcd_embedded import EtcdCluster
+from coordinator.domain import Request
 from coordinator.queues import Queue, QueueConfig
 from tests.helpers.mirror import Job, Node, Scenario, mirror, random_scenario
 
@@ -150,7 +150,7 @@ CHANGED: list[Any] = [
                  id="leader-elastic-sizing"),
     pytest.param([(coordinator.simulator.queues, "reclaim_for")], _no_victims, {"queues": True}, 0,
                  id="simulator-reclaim"),
-    pytest.param([(coordinator.scheduler.queueing, "reclaim_for")], _no_victims, {"queues": True}, 0,
+    pytest.param([(coordinator.queues.planning, "reclaim_for")], _no_victims, {"queues": True}, 0,
                  id="leader-reclaim"),
     pytest.param([(coordinator.simulator.qos, "choose_candidates")], _no_victims, {"preemption": True}, 2,
                  id="simulator-victim-choice"),
