@@ -105,6 +105,7 @@ class Job:
     :param time_limit_s: its time limit (the leader's expected run time when the profiler has none).
     :param ends: a rigid job of wave 0 that, when it runs, ends just as wave 1 arrives (its GPUs free for it).
     :param gpu_model: the GPU model it asks for ("" any).
+    :param nodes: nodes it spans (``gpus`` on each).
     """
 
     name: str
@@ -117,6 +118,7 @@ class Job:
     time_limit_s: float = 0.0
     ends: bool = False
     gpu_model: str = ""
+    nodes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,13 +172,14 @@ def differences(leader: Sequence[Decisions], sim: Sequence[Decisions]) -> list[s
 # ---- inputs ----------------------------------------------------------------------------------------------------
 
 
-def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False, elastic: bool = False) -> Scenario:
+def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False, elastic: bool = False,
+                    gangs: bool = False) -> Scenario:
     """A small random cluster and two waves of jobs, drawn from ``seed``: the first asks for as many GPUs as the
     cluster has (fragments keep some waiting), the second for half as many to one and a half times as many (things
     wait, shrink, preempt and reclaim), or, one time in four, for none (what ends makes room, running elastic jobs
     may grow). With ``preemption``, the second wave's jobs have priority 0, 10 or 20, the first wave's 0. With
     ``queues``, the nodes may have two GPU models, a queue's quota may be in one of them (a pool of its own), and a
-    job may ask for one."""
+    job may ask for one. With ``gangs``, one rigid job in four spans two nodes."""
     rnd = random.Random(seed)
     nodes = tuple(Node(f"n{i}", rnd.choice((2, 4, 4, 8))) for i in range(rnd.randint(2, 4)))
     total = sum(n.gpus for n in nodes)
@@ -198,11 +201,13 @@ def random_scenario(seed: int, *, queues: bool = False, preemption: bool = False
             model = rnd.choice(present) if len(present) > 1 and rnd.random() < 0.3 else ""
             widest = max(n.gpus for n in nodes if n.model == model or not model)
             gpus = rnd.choice([g for g in (1, 1, 2, 2, 3, 4, 8) if g <= widest])
-            asked += gpus
             flexible = elastic and rnd.random() < 0.6
+            span = 2 if gangs and not flexible and rnd.random() < 0.25 else 1
+            gpus = min(gpus, sorted(n.gpus for n in nodes)[-span])
+            asked += gpus * span
             jobs.append(Job(f"w{wave}-{len(jobs):02d}", gpus, priority=rnd.choice((0, 10, 20)) if preemption and wave
                             else 0, queue=rnd.choice(names), elastic=flexible, wave=wave,
-                            ends=wave == 0 and not flexible and rnd.random() < 0.3, gpu_model=model))
+                            ends=wave == 0 and not flexible and rnd.random() < 0.3, gpu_model=model, nodes=span))
     policy = rnd.choice(("max-utilization", "load-balancing", "first-fit"))
     return Scenario(nodes, tuple(jobs), policy, config, preemption, elastic)
 
@@ -219,6 +224,8 @@ def _spec(job: Job, now: float) -> types_pb2.TaskSpec:
         spec.queue = job.queue
     if job.gpu_model:
         spec.constraints.gpu_model = job.gpu_model
+    if job.nodes > 1:
+        spec.nodes = job.nodes
     if job.deadline_in_s:
         spec.qos.deadline_unix_s = now + job.deadline_in_s
     if job.time_limit_s:
@@ -358,6 +365,7 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
         for node in scenario.nodes:
             inv = types_pb2.NodeInventory(
                 node_id=node.node_id, cpu_cores=64, mem_total_bytes=512 * GIB, disk_total_bytes=2000 * GIB,
+                task_port_min=30000, task_port_max=30099,
                 gpus=[types_pb2.GpuInfo(index=i, model=node.model, mem_total_bytes=80 * GIB, uuid=f"{node.node_id}-{i}")
                       for i in range(node.gpus)])
             await app.nodes.connected(agent_pb2.Register(inventory=inv), asyncio.Queue())

@@ -86,6 +86,13 @@ def test_priorities_with_preemption(seed: int, etcd_server: EtcdCluster, etcd_pr
     _agree(etcd_server, etcd_prefix, seed, preemption=True)
 
 
+@pytest.mark.parametrize("seed", _seeds({4: SAME_TIME_VICTIMS}))
+def test_multi_node_jobs_with_preemption(seed: int, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """Jobs spanning two nodes among one-node jobs, with priorities and preemption: the same placements (rank 0
+    first) and victims."""
+    _agree(etcd_server, etcd_prefix, seed, preemption=True, gangs=True)
+
+
 @pytest.mark.parametrize("seed", _seeds({25: ELASTIC_NODE_DEMAND, 34: ELASTIC_NODE_DEMAND}))
 def test_elastic_jobs(seed: int, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """Elastic and rigid jobs: the same sizes at placement, the same shrinks for what waits and grows into GPUs that
