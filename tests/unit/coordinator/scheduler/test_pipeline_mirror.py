@@ -11,6 +11,7 @@ goes. The last tests change one rule on one side only and check that the mirror 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -38,6 +39,9 @@ ELASTIC_NODE_DEMAND = ("the leader commits an elastic task sized above its minim
 POOL_MISMATCH = ("a task admitted in the any-model pool and placed on GPUs of a model that a queue names is not "
                  "started; the simulator gives those GPUs back at once and places the rest of its pass on them, the "
                  "leader keeps them taken for the rest of its cycle's batch")
+ROUND_ROBIN_CURSOR = ("the leader builds its policy afresh every cycle, so round-robin's cursor starts at the first "
+                      "node in every cycle; the simulator keeps one policy for the whole replay and its cursor goes on "
+                      "from where the last pass left it")
 USAGE_OF_ENDED = ("the leader's decayed queue usage adds what tasks hold at each cycle only, so what a task held "
                   "between the last cycle and its end is not counted; the simulator counts every job up to its end "
                   "(here: a different fair order of the queues)")
@@ -98,6 +102,16 @@ def test_elastic_jobs(seed: int, etcd_server: EtcdCluster, etcd_prefix: str) -> 
     """Elastic and rigid jobs: the same sizes at placement, the same shrinks for what waits and grows into GPUs that
     ending jobs freed."""
     _agree(etcd_server, etcd_prefix, seed, elastic=True)
+
+
+@pytest.mark.parametrize(("policy", "seed"), [
+    pytest.param(p, s, marks=_disagree(ROUND_ROBIN_CURSOR)) if (p, s) == ("round-robin", 5) else (p, s)
+    for p in ("power-efficient", "time-aware", "round-robin") for s in (*SEEDS[:4], 5)])
+def test_other_policies(policy: str, seed: int, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """The scenarios with priorities and preemption under the policies the other tests do not draw."""
+    scenario = replace(random_scenario(seed, preemption=True), policy=policy)
+    diff = mirror(scenario, etcd_server.endpoints, etcd_prefix)
+    assert diff == [], "\n".join(diff)
 
 
 @_disagree("the leader orders a priority's tasks by slack (deadline − now − expected run time), the simulator by "
