@@ -3,9 +3,11 @@ etcd) and through the simulator give the same decisions — which job goes to wh
 resize to what, which jobs are preemption victims, which are reclaimed — over random clusters and two waves of jobs
 (``tests/helpers/mirror.py``).
 
-Each feature runs over a few seeded scenarios. Where the two sides still decide differently, the case is marked
-``xfail(strict=True)`` with the disagreement as its reason: it must keep failing until the two agree, then the mark
-goes. The last tests change one rule on one side only and check that the mirror sees it.
+Each feature (team queues with GPU pools, borrowing and reclaim; priorities and preemption, also with multi-node
+jobs; elastic jobs; each placement policy) runs over a few seeded scenarios. Where the two sides still decide
+differently, the case is marked ``xfail(strict=True)`` with the disagreement as its reason: it must keep failing until
+the two agree, then the mark goes. The last tests change one rule on one side only and check that the mirror sees
+it.
 """
 
 from __future__ import annotations
