@@ -415,14 +415,16 @@ class _Log:
 
 @contextmanager
 def _recording(sim: Simulator, log: _Log) -> Iterator[None]:
-    """Record the simulator's starts, resizes and preemptions (its methods wrapped on this instance only)."""
-    start = sim._start
+    """Record the simulator's starts, resizes and preemptions (its methods wrapped on this instance only; a run
+    starts through ``start``, or ``_start`` where the simulator has no public one)."""
+    name = "start" if hasattr(sim, "start") else "_start"
+    start = getattr(sim, name)
 
     def _start(k: int, placement: Placement, now: float, run_s: float) -> None:
         log.entries.append((now, "start", k, placement))
         start(k, placement, now, run_s)
 
-    sim._start = _start  # type: ignore[method-assign]
+    setattr(sim, name, _start)
     if sim.qos is not None:
         preempt = sim.qos.preempt
 
@@ -499,7 +501,8 @@ def simulator_decisions(scenario: Scenario, run: LeaderRun) -> list[Decisions]:
     at each wave's arrival."""
     jobs = sim_jobs(scenario, run)
     sim = Simulator(run.cluster, jobs, sim_config(scenario))
-    sim._tick_at(run.arrivals[1])   # a pass at wave 1 even when nothing arrives or ends then, as the leader's cycle
+    # a pass at wave 1 even when nothing arrives or ends then, as the leader's cycle runs
+    (getattr(sim, "tick_at", None) or sim._tick_at)(run.arrivals[1])
     log = _Log()
     with _recording(sim, log):
         sim.run()
