@@ -351,8 +351,9 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
     keys = Keys(prefix)
     if scenario.queues is not None:
         client.txn([], [op_put(keys.queues, json.dumps(scenario.queues.to_dict()).encode())])
-    cfg = CoordinatorConfig(etcd_prefix=prefix, policy=scenario.policy, task_grace_s=3600.0, lost_grace_s=3600.0,
-                            heartbeat_interval_s=600.0, elastic_interval_s=INTERVAL_S,
+    # A lease long enough that a loaded machine does not lose it mid-scenario (resigned at the end).
+    cfg = CoordinatorConfig(etcd_prefix=prefix, policy=scenario.policy, lease_ttl_s=10.0, task_grace_s=3600.0,
+                            lost_grace_s=3600.0, heartbeat_interval_s=600.0, elastic_interval_s=INTERVAL_S,
                             elastic_restart_cost_s=RESTART_COST_S, metrics_listen="")
     app = build(cfg, client)
     clock = FakeClock(time.time())
