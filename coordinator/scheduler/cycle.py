@@ -289,7 +289,7 @@ class SchedulerCycle:
         assert self._queues is not None
         held, stopping = self._queues.holdings()
         return QueueState(self._queues.config, held + stopping, self._queues.capacity(), self._queues.decay,
-                          self._queues.gates([queued(t) for t in pending]))
+                          self._queues.gates([queued(t) for t in pending]), now=self._queues.clock())
 
     async def _dispatch(self, plan: PlacementPlan, by_id: dict[str, types_pb2.Task], policy: str,
                         now: float) -> tuple[list[PlacementCommit], int]:
