@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from common.etcd_embedded import EtcdCluster
-from common.tokens import new_token, token_line
+from coordinator.tokens import new_token, token_line
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
