@@ -24,6 +24,9 @@ the agent and the coordinator share. Every module of ``common/`` is one the agen
 lazy ones included), so no coordinator-only code sits there; the generated protobuf package
 (``common/pb``, one wire contract for both sides) is the exception. Neither ``agent/`` nor ``common/``
 imports ``coordinator/``.
+
+**Private modules and etcd**: a module whose name starts with ``_`` (``coordinator/sync/_fenced.py``) is
+imported only inside its package, and only ``coordinator/sync/`` imports the etcd client.
 """
 
 from __future__ import annotations
@@ -331,3 +334,31 @@ def test_neither_the_agent_nor_common_imports_the_coordinator() -> None:
                                                  modules).items()
              if target.split(".")[0] == "coordinator" for line in lines]
     assert not found, "\n".join(found)
+
+
+def test_private_modules_are_imported_only_inside_their_package() -> None:
+    """``coordinator/sync/_fenced.py`` and the like are their package's own: nothing outside it imports them."""
+    modules = all_modules()
+    found = []
+    for name, (path, package) in modules.items():
+        for target, lines in module_imports(name, package, _every_import(parsed(path)), modules).items():
+            parent, _, leaf = target.rpartition(".")
+            private = leaf.startswith("_") and not leaf.startswith("__")
+            if private and name != parent and not name.startswith(parent + "."):
+                found += [f"{path.relative_to(ROOT)}:{line} imports {target}" for line in lines]
+    assert not found, "\n".join(found)
+
+
+def _absolute_names(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return [node.module] if node.module and not node.level else []
+
+
+def test_only_sync_talks_to_etcd() -> None:
+    """The etcd client library is imported by coordinator/sync/ only (CONTRIBUTING's layout)."""
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}"
+             for name, (path, _) in all_modules().items() if not name.startswith("coordinator.sync.")
+             for node in _every_import(parsed(path))
+             if any(module.split(".")[0] == "etcd3" for module in _absolute_names(node))]
+    assert not found, "the etcd client imported outside coordinator/sync/: " + ", ".join(found)
