@@ -70,12 +70,14 @@ class NodeReservation:
     used: Resources = Resources()
     gpu_indices: tuple[int, ...] = ()
 
-    def add(self, node_id: str, demand: Resources, gpu_indices: Sequence[int], gpu_share: float) -> NodeReservation:
+    def add(self, node_id: str, demand: Resources, gpu_indices: Sequence[int], gpu_share: float, *,
+            check: bool = True) -> NodeReservation:
         """The reservation after one more allocation.
 
+        :param check: refuse a whole GPU already reserved (False: sum whatever is given, to follow a record as stored).
         :raises ReservationConflict: a whole-GPU allocation asks for a GPU already reserved.
         """
-        if is_whole(gpu_share):
+        if check and is_whole(gpu_share):
             taken = sorted(set(self.gpu_indices) & set(gpu_indices))
             if taken:
                 raise ReservationConflict(f"node {node_id}: GPU {', '.join(map(str, taken))} already reserved")

@@ -177,8 +177,8 @@ class SnapshotBuilder:
     def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None,
                    views: dict[str, tuple[tuple[object, ...], NodeSnapshot]], uid_free: bool = True) -> NodeSnapshot:
         """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed."""
-        r = e.record.reserved
-        key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
+        r = e.reservation.used
+        key = (self._static_part(e), r.gpus, r.gpu_mem_total_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
                None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free,
                tuple([f.gpu_index for f in e.record.gpu_fences]), e.degraded_gpus, tuple(e.inventory.images))
         last = self._views.get(e.node_id)
@@ -229,11 +229,8 @@ class SnapshotBuilder:
                          GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
                                  max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group, i in degraded)
                          for i, total, group in static.slots)
-        r = types_pb2.ResourceVector() if empty else e.record.reserved
         return NodeSnapshot(
-            node_id=e.node_id, capacity=static.capacity,
-            used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
-                           mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
+            node_id=e.node_id, capacity=static.capacity, used=Resources() if empty else e.reservation.used,
             gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=schedulable,
             power=self.power_curve(e)[0], topology=static.topology,
             images=frozenset(e.inventory.images) if e.inventory.images else _NO_IMAGES)

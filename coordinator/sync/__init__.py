@@ -9,7 +9,7 @@ Example::
     store = Store(client, keys, election)
 """
 
-from coordinator.sync._records import add_reservation, placed_nodes, remove_reservation
+from coordinator.sync._records import placed_nodes
 from coordinator.sync.client import KV, EtcdClient, EtcdTls, connect
 from coordinator.sync.election import Election
 from coordinator.sync.keys import DEFAULT_PREFIX, Keys
@@ -37,11 +37,9 @@ __all__ = [
     "PlacementCommit",
     "Store",
     "StoredState",
-    "add_reservation",
     "allowed_from",
     "check_transition",
     "connect",
     "is_legal",
     "placed_nodes",
-    "remove_reservation",
 ]
