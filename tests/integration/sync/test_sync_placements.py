@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from common.errors import Fenced, IllegalTransition, NotFound
+from common.errors import Fenced, IllegalTransition
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.monitor.nodes import NodeRegistry

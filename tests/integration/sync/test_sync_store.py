@@ -202,10 +202,11 @@ class TestTransitions:
         """transition(release=True) deletes the allocation (what the task held) in the same write."""
         task = drive(store, store.create_task(make_task()), PATHS[S.RUNNING], make_allocation("n1", [2, 3]))
         assert held_gpus(store) == {"n1": [2, 3]}
-        node_revision = sync_client.get(store.keys.node("n1")).mod_revision  # type: ignore[union-attr]
+        before = sync_client.get(store.keys.node("n1"))
         store.transition(task.id, task.revision, S.SUCCEEDED, "exit 0", release=True, exit_code=0)
         assert store.get_allocation(task.id) is None and held_gpus(store) == {}
-        assert sync_client.get(store.keys.node("n1")).mod_revision  # type: ignore[union-attr] == node_revision   # the node record untouched
+        after = sync_client.get(store.keys.node("n1"))
+        assert before is not None and after is not None and after.mod_revision == before.mod_revision   # untouched
 
     def test_batched_ends_free_reservations_in_one_write(
         self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable

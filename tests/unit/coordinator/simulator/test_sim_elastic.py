@@ -184,7 +184,7 @@ def test_power_down_leaves_grows_to_ready_nodes() -> None:
     assert result.metrics["powered_gpu_hours"] >= result.metrics["allocated_gpu_hours"] > 0
     # The adaptor was told what every run held, and the same when it ended: nothing is left reserved.
     assert sim.adaptor is not None
-    assert all(e.record.reserved.gpus == 0 for e in sim.adaptor.entries)
+    assert all(e.reserved.gpus == 0 for e in sim.adaptor.entries)
 
 
 def test_records_name_the_sizes_an_elastic_job_was_resized_to(tmp_path: Path) -> None:
