@@ -7,12 +7,12 @@ Every other component reads through read-only views: :attr:`LeaderState.tasks` a
 :attr:`LeaderState.services` are mapping proxies, and a node's held tasks and reservation are
 :attr:`NodeEntry.task_ids <coordinator.monitor.nodes.NodeEntry.task_ids>` (a frozen set) and
 :attr:`NodeEntry.reservation <coordinator.monitor.nodes.NodeEntry.reservation>`, read from this state's
-:class:`Holdings`.
+:class:`NodeHoldings`.
 
 Records handed out are never changed in place: a change replaces the record with a new message,
 so a reader holding the old one keeps a consistent (older) value.
 
-What a node holds is this state's own (:class:`Holdings`): per node, the allocation each unfinished task
+What a node holds is this state's own (:class:`NodeHoldings`): per node, the allocation each unfinished task
 placed there holds, and their sum (the node's reservation,
 :class:`~coordinator.allocator.reservations.NodeReservation`). It is derived from the tasks' stored
 allocations (``allocations/<task>``) and nothing else: etcd keeps no per-node totals (see
@@ -37,13 +37,13 @@ from coordinator.monitor.nodes import NodeRegistry
 from coordinator.queues import QueueConfig
 from coordinator.sync._records import node_demand
 
-__all__ = ["Holdings", "LeaderState"]
+__all__ = ["LeaderState", "NodeHoldings"]
 
 
-class Holdings:
+class NodeHoldings:
     """Who holds what on which node: per node, each holding task's allocation there, and their sum.
 
-    Read by anyone (it is the node table's :class:`~coordinator.monitor.nodes.NodeHoldings`); changed only by
+    Read by anyone (it is the node table's :class:`~coordinator.monitor.nodes.HoldingsView`); changed only by
     the :class:`LeaderState` that owns it (:meth:`hold`, :meth:`let_go`, :meth:`clear`), when etcd stored the
     change.
     """
@@ -54,7 +54,7 @@ class Holdings:
         self._ids: dict[str, frozenset[str]] = {}   # node → frozenset of _by_node's keys, built once per change
         self._by_task: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}   # task → what it holds, every node
 
-    # ---- reads (NodeHoldings) ---------------------------------------------------------------------
+    # ---- reads (HoldingsView) ---------------------------------------------------------------------
 
     def tasks_on(self, node_id: str) -> frozenset[str]:
         """The tasks holding something on ``node_id``."""
@@ -136,9 +136,9 @@ class LeaderState:
     def __init__(self, registry: NodeRegistry, on_forget: Callable[[str], None] | None = None) -> None:
         self._registry = registry
         self._on_forget = on_forget
-        self._holdings = Holdings()
+        self._holdings = NodeHoldings()
         registry.holdings = self._holdings   # the node table reads what nodes hold from here
-        self.holdings: Holdings = self._holdings
+        self.holdings: NodeHoldings = self._holdings
         """What each node holds (read it; it changes through this state's ``apply_*`` methods only)."""
         self._tasks: dict[str, types_pb2.Task] = {}
         self._live: dict[str, types_pb2.Task] = {}   # the unfinished tasks of _tasks, kept with it

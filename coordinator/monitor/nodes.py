@@ -27,9 +27,9 @@ from typing import Protocol, TypeAlias
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
-from common.power_states import power_label
 from common.types import NodeState
 from coordinator.allocator.reservations import NodeReservation
+from coordinator.power_states import power_label
 
 StreamQueue: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
 """What a connected node's stream sends: messages, then None to end the stream (on the gateway's
@@ -66,7 +66,7 @@ class Outbox(asyncio.Queue[agent_pb2.CoordinatorMessage | None]):
 
 
 __all__ = [
-    "OUTBOX_LIMIT", "NodeEntry", "NodeHoldings", "NodeRegistry", "Outbox", "StreamQueue", "admin_state", "stored_state",
+    "OUTBOX_LIMIT", "HoldingsView", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue", "admin_state", "stored_state",
 ]
 
 _MISSED_HEARTBEATS = 3
@@ -92,7 +92,7 @@ def stored_state(record: types_pb2.NodeRecord) -> NodeState:
     return admin_state(record)
 
 
-class NodeHoldings(Protocol):
+class HoldingsView(Protocol):
     """What each node holds, read-only: kept by :class:`coordinator.state.LeaderState`, read by the node table."""
 
     def tasks_on(self, node_id: str) -> frozenset[str]:
@@ -144,7 +144,7 @@ class NodeEntry:
     # and whether its site health check has no verdict yet (nothing new is placed here meanwhile).
     degraded_gpus: frozenset[int] = frozenset()
     health_pending: bool = False
-    _holdings: NodeHoldings = field(default_factory=_NoHoldings, repr=False)   # the registry's, set at creation
+    _holdings: HoldingsView = field(default_factory=_NoHoldings, repr=False)   # the registry's, set at creation
 
     @property
     def inventory(self) -> types_pb2.NodeInventory:
@@ -205,19 +205,19 @@ class NodeRegistry:
         self._previous_until = 0.0
         self._now = now
         self._nodes: dict[str, NodeEntry] = {}
-        self._holdings: NodeHoldings = _NoHoldings()
+        self._holdings: HoldingsView = _NoHoldings()
         self._next_slot = 0
         self._next_stream = 0
         self.connects_total = 0   # registrations (new streams) since start: the telemetry rate counts their cost
 
     @property
-    def holdings(self) -> NodeHoldings:
+    def holdings(self) -> HoldingsView:
         """What each node holds, read through each entry (:attr:`NodeEntry.task_ids`, :attr:`NodeEntry.reservation`):
         the leader state's (:class:`coordinator.state.LeaderState` sets it when it is made); nothing before."""
         return self._holdings
 
     @holdings.setter
-    def holdings(self, holdings: NodeHoldings) -> None:
+    def holdings(self, holdings: HoldingsView) -> None:
         self._holdings = holdings
         for entry in self._nodes.values():
             entry._holdings = holdings

@@ -1,7 +1,7 @@
 """Committing placements (each task and its allocation together) and releasing them.
 
 A node's reservation is not stored: it is the sum of the allocations placed on it (``allocations/<task>``),
-which the leader derives in memory (:class:`coordinator.state.Holdings`). So a placement's transaction
+which the leader derives in memory (:class:`coordinator.state.NodeHoldings`). So a placement's transaction
 compares only its own task (at the revision read, and no allocation yet) and the leader's fence, and an
 end deletes only its own allocation: placements and ends on one node no longer serialize on a shared record.
 

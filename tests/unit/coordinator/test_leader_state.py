@@ -153,8 +153,8 @@ class TestTaskTableReads:
 
 
 def test_only_the_leader_state_changes_what_nodes_hold() -> None:
-    """No module but ``coordinator/state.py`` changes what nodes hold (its ``Holdings``), and no module reaches
-    into another object's holdings: the node table only reads them through ``NodeHoldings``."""
+    """No module but ``coordinator/state.py`` changes what nodes hold (its ``NodeHoldings``), and no module reaches
+    into another object's holdings: the node table only reads them through ``HoldingsView``."""
     offenders = []
     for path in sorted(COORDINATOR.rglob("*.py")):
         rel = path.relative_to(COORDINATOR.parent).as_posix()
