@@ -139,6 +139,7 @@ class SnapshotBuilder:
         self._power = power
         self._statics: dict[str, _NodeStatic] = {}
         self._views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
+        self._empty: dict[str, tuple[_NodeStatic, tuple[str, ...], NodeSnapshot]] = {}
         self.uid_room: dict[str, int] = {}
         """After :meth:`snapshot`: per node whose agent reports its task uids, how many more tasks it can take
         (≤ 0: none, and the node is unschedulable in that snapshot)."""
@@ -206,10 +207,24 @@ class SnapshotBuilder:
         """Every known node (ready, off, cordoned, draining, lost) as placement would see it empty and schedulable,
         in node-id order: what could hold a task if everything on it ended and it came back.
 
+        Asked at every submit (``PlaceabilityCheck``), so a node's view is kept until its inventory (a new stream)
+        or images change; the power curve in it is the one of then (whether a node could ever hold a task does
+        not depend on it).
+
         :param registry: the leader's node table.
         :returns: one snapshot per node.
         """
-        return [self._view(e, None, empty=True) for e in sorted(registry, key=lambda e: e.node_id)]
+        out: list[NodeSnapshot] = []
+        kept: dict[str, tuple[_NodeStatic, tuple[str, ...], NodeSnapshot]] = {}
+        for e in sorted(registry, key=lambda e: e.node_id):
+            static, images = self._static_part(e), tuple(e.inventory.images)
+            last = self._empty.get(e.node_id)
+            view = last[2] if last is not None and last[0] is static and last[1] == images \
+                else self._view(e, None, empty=True)
+            kept[e.node_id] = (static, images, view)
+            out.append(view)
+        self._empty = kept   # nodes gone are forgotten
+        return out
 
     def _view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None, *,
               empty: bool = False, schedulable: bool = True) -> NodeSnapshot:
