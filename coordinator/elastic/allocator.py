@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
+from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.elastic.rules import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from coordinator.elastic.spec import curve_of, elastic_gpus, elastic_range
@@ -167,7 +167,10 @@ class ElasticAllocator:
                 self._curves[task.id] = self.curve(task).observe(size, rate)
         for task_id in [t for t in self._curves if t not in live]:
             del self._curves[task_id]
-        for task_id in [t for t in self._ranges if self._tasks.find(t) is None]:
+        # A finished task's range is dropped too: kept until retention forgot the task, the ranges of every task
+        # submitted since would be walked here every cycle.
+        for task_id in [t for t in self._ranges if (found := self._tasks.find(t)) is None
+                        or found.state in TERMINAL_STATES]:
             del self._ranges[task_id]
         self._metrics.elastic_tasks.set(placed)
         self._metrics.elastic_gpus.labels("minimum").set(minimum)
