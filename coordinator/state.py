@@ -35,7 +35,7 @@ from common.types import TERMINAL_STATES, TaskState
 from coordinator.allocator.reservations import NodeReservation
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.queues import QueueConfig
-from coordinator.sync._records import node_demand
+from coordinator.sync import node_demand
 
 __all__ = ["LeaderState", "NodeHoldings"]
 

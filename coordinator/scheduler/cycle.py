@@ -717,6 +717,9 @@ class SchedulerCycle:
             self._events.publish("decision", f"task {task.id} placed on {nodes}", task_id=task.id,
                                  policy=policy, decision_id=alloc.decision_id)
             self._dispatcher.start(stored)
+        for stored in result.recovered.values():   # an earlier commit's answer was lost, and it did commit
+            self._tasks.placed(stored)
+            self._dispatcher.start(stored)
         return len(result.committed)
 
     def _note_rejection(self, task: types_pb2.Task, rejection: Rejection, policy: str) -> None:

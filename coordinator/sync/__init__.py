@@ -9,7 +9,7 @@ Example::
     store = Store(client, keys, election)
 """
 
-from coordinator.sync._records import placed_nodes
+from coordinator.sync._records import node_demand, placed_nodes
 from coordinator.sync.client import KV, EtcdClient, EtcdTls, connect
 from coordinator.sync.election import Election
 from coordinator.sync.keys import DEFAULT_PREFIX, Keys
@@ -41,5 +41,6 @@ __all__ = [
     "check_transition",
     "connect",
     "is_legal",
+    "node_demand",
     "placed_nodes",
 ]

@@ -24,6 +24,12 @@ Why a GPU is still never booked twice, within one leader and across leader chang
    revision), and the holdings let go of it only once that transaction is stored: a GPU is offered again
    only after etcd says it is free. A placement's compare on ``allocations/<task>`` being absent keeps one
    allocation per task.
+5. A placement whose answer was lost (etcd did not answer in time) may still be applied later. Until it is
+   settled, its whole GPUs count as held for every later placement of this leader (``Placements.unsettled``),
+   and every commit first settles it: a transaction that rewrites the task as it was read, compared on the
+   revision the placement expected, makes the lost one fail for ever if it has not been applied; if the
+   task changed instead, it is read back, and when it is the placement's own record the placement committed
+   and is handed to the caller (``CommitResult.recovered``) to follow.
 """
 
 from __future__ import annotations
@@ -76,12 +82,15 @@ class CommitResult:
         (task missing), ``ValidationError``, or ``EtcdUnavailable`` (outcome unknown: read the task again).
     :ivar transactions: etcd transactions that committed placements.
     :ivar stored: task id → the SCHEDULED task exactly as stored (``revision`` set), for each commit.
+    :ivar recovered: task id → the SCHEDULED task as stored, for a placement of an earlier call whose answer was
+        lost and that this call found committed (the caller follows it as it follows ``stored``).
     """
 
     committed: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, GptrmError] = field(default_factory=dict)
     transactions: int = 0
     stored: dict[str, types_pb2.Task] = field(default_factory=dict)
+    recovered: dict[str, types_pb2.Task] = field(default_factory=dict)
 
     def add(self, p: rec.Prepared, revision: int) -> None:
         """Record one committed placement."""
@@ -118,7 +127,14 @@ class Placements:
         self._client, self._keys, self._writer, self._election = client, keys, writer, election
         self._wall, self._history_limit = wall, history_limit
         self._max_ops, self._max_bytes, self._max_in_flight = max_txn_ops, max_txn_bytes, max_in_flight
+        self._unsettled: dict[str, tuple[rec.Prepared, bytes]] = {}   # task id → (placement, task as read)
         self._log = get_logger("sync")
+
+    @property
+    def unsettled(self) -> list[str]:
+        """The tasks of placements whose answer was lost and that are not settled yet (see the module docstring,
+        5): their whole GPUs count as held by every commit until they are."""
+        return list(self._unsettled)
 
     def commit(self, placements: Sequence[PlacementCommit], held: Held | None = None) -> CommitResult:
         """Check each placement against ``held`` and those before it, batch, commit (up to ``max_in_flight``
@@ -130,8 +146,19 @@ class Placements:
         started = time.monotonic()
         result = CommitResult()
         epoch = self._election.require_epoch()
+        self._settle_lost(result)
         prepared: list[rec.Prepared] = []
         sums: dict[str, NodeReservation] = {}
+        # Placements whose answer was lost: still unknown, or found committed just now (the caller follows those
+        # only after this call): their GPUs are taken for this call's placements.
+        taken = [p.allocation for p, _read in self._unsettled.values()]
+        taken += [t.allocation for t in result.recovered.values()]
+        for allocation in taken:
+            for na in allocation.nodes:
+                current = sums.get(na.node_id) or (held or _nothing)(na.node_id)
+                sums[na.node_id] = current.add(na.node_id, rec.node_demand(na.demand), na.gpu_indices,
+                                               na.gpu_share, check=False)
+        read: dict[str, bytes] = {}
         for task, revision, alloc in placements:
             try:
                 p = rec.prepare_placement(
@@ -139,6 +166,10 @@ class Placements:
                 )
                 rec.check_reservations(held or _nothing, sums, p.allocation.nodes)
                 prepared.append(p)
+                as_read = types_pb2.Task()
+                as_read.CopyFrom(task)
+                as_read.revision = 0
+                read[p.task_id] = as_read.SerializeToString()
             except GptrmError as e:
                 result.rejected[task.id] = e
             except ValueError as e:  # a state number outside TaskState
@@ -151,6 +182,11 @@ class Placements:
             outcomes = [self._write_batch(b) for b in batches]
         for batch, outcome in zip(batches, outcomes, strict=True):
             self._settle(batch, outcome, result)
+        for p in prepared:
+            error = result.rejected.get(p.task_id)
+            if isinstance(error, EtcdUnavailable):
+                self._unsettled[p.task_id] = (p, read[p.task_id])
+                self._log.warning("placement_outcome_unknown", task_id=p.task_id, reason=str(error))
         for task_id, error in result.rejected.items():
             self._log.info("placement_rejected", task_id=task_id, reason=str(error))
         self._log.info(
@@ -161,6 +197,33 @@ class Placements:
             duration_s=round(time.monotonic() - started, 6),
         )
         return result
+
+    def _settle_lost(self, result: CommitResult) -> None:
+        """Settle each placement whose answer was lost (module docstring, 5): one that committed goes into
+        ``result.recovered``; one that did not is made to fail for ever and dropped; one etcd still does not
+        answer for stays.
+
+        :raises Fenced, NotLeader: we do not lead.
+        """
+        for task_id, (p, as_read) in list(self._unsettled.items()):
+            tkey, akey = self._keys.task(task_id), self._keys.allocation(task_id)
+            try:
+                outcome = self._writer.write([cmp_mod(tkey, p.expected_revision), cmp_create(akey, 0)],
+                                             [op_put(tkey, as_read)], [op_get(tkey), op_get(akey)])
+            except EtcdUnavailable:
+                continue
+            del self._unsettled[task_id]
+            if outcome.succeeded:   # rewritten as read: the lost placement can never apply now
+                self._log.info("placement_outcome_settled", task_id=task_id, committed=False)
+                continue
+            found_task, found_alloc = outcome.responses
+            if found_task and found_alloc and found_task[0].value == p.task_bytes:
+                p.task.revision = found_task[0].mod_revision
+                result.recovered[task_id] = p.task
+                self._log.info("placement_outcome_settled", task_id=task_id, committed=True,
+                               revision=p.task.revision)
+            else:   # changed by another write (cancelled, say): not this placement's
+                self._log.info("placement_outcome_settled", task_id=task_id, committed=False)
 
     def _write_batch(self, batch: list[rec.Prepared]) -> TxnResult | GptrmError:
         """One fenced transaction for the batch (in a worker thread when several are in flight); the error

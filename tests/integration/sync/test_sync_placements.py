@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from common.errors import Fenced, IllegalTransition
+from common.errors import EtcdUnavailable, Fenced, IllegalTransition
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.monitor.nodes import NodeRegistry
@@ -297,3 +297,74 @@ class TestLeaderChange:
         assert not a.is_leader
         assert all(store.get_task(t.id).state == S.PENDING for t in tasks)
         assert all(store.get_allocation(t.id) is None for t in tasks)
+
+
+class _LosesAnswers:
+    """A real etcd client whose next ``lose`` transactions each raise EtcdUnavailable as a timeout would: after
+    etcd applied them (``applied=True``: the answer is lost) or without sending them (the request is lost)."""
+
+    def __init__(self, client: EtcdClient) -> None:
+        self._client = client
+        self.lose = 0
+        self.applied = True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    def txn(self, *args: object, **kwargs: object) -> object:
+        if self.lose <= 0:
+            return self._client.txn(*args, **kwargs)  # type: ignore[arg-type]
+        self.lose -= 1
+        if self.applied:
+            self._client.txn(*args, **kwargs)  # type: ignore[arg-type]
+        raise EtcdUnavailable("etcd did not answer in time (test)")
+
+
+class TestLostAnswers:
+    """A placement whose answer is lost keeps its GPUs taken until a later commit settles it."""
+
+    @pytest.mark.parametrize("applied", [True, False], ids=["answer lost", "request lost"])
+    def test_a_lost_placement_is_settled_before_its_gpus_are_placed_again(
+        self, sync_client: EtcdClient, keys: Keys, leader: Election, make_node: Callable, make_task: Callable,
+        make_allocation: Callable, applied: bool,
+    ) -> None:
+        """Task A's placement on GPU 0 gets no answer. The next commit, of task B on GPU 0 with holdings that know
+        nothing of A, first settles A: when A's placement was applied it is handed back as recovered and B is
+        refused; when it was not, A's record is rewritten (so the lost request can never apply) and B commits.
+        Either way GPU 0 is held once."""
+        lossy = _LosesAnswers(sync_client)
+        store = Store(lossy, keys, leader)  # type: ignore[arg-type]
+        store.put_node(make_node("n1"))
+        a, b = stored_tasks(store, 2, make_task)
+        lossy.lose, lossy.applied = 1, applied
+        first = store.commit_placements([(a, a.revision, make_allocation("n1", [0]))])
+        assert isinstance(first.rejected[a.id], EtcdUnavailable) and not first.committed
+        nothing = LeaderState(NodeRegistry(1.0, 10.0))   # holdings as the leader has them: A unknown
+        second = store.commit_placements([(b, b.revision, make_allocation("n1", [0]))],
+                                         nothing.holdings.reservation_on)
+        if applied:
+            assert set(second.recovered) == {a.id} and second.recovered[a.id].state == S.SCHEDULED
+            assert isinstance(second.rejected[b.id], Conflict) and not second.committed
+            assert store.get_allocation(a.id) is not None and store.get_allocation(b.id) is None
+        else:
+            assert not second.recovered and set(second.committed) == {b.id}
+            assert store.get_allocation(a.id) is None and store.get_task(a.id).state == S.PENDING
+        assert held_gpus(store) == {"n1": [0]}
+
+    def test_gpus_stay_taken_while_etcd_does_not_answer(
+        self, sync_client: EtcdClient, keys: Keys, leader: Election, make_node: Callable, make_task: Callable,
+        make_allocation: Callable,
+    ) -> None:
+        """While the lost placement cannot be settled (etcd keeps not answering it), its GPU is refused to others;
+        once etcd answers, it is settled and held once."""
+        lossy = _LosesAnswers(sync_client)
+        store = Store(lossy, keys, leader)  # type: ignore[arg-type]
+        store.put_node(make_node("n1"))
+        a, b = stored_tasks(store, 2, make_task)
+        lossy.lose = 2   # the placement, then the settling write of the next commit
+        store.commit_placements([(a, a.revision, make_allocation("n1", [0]))])
+        second = store.commit_placements([(b, b.revision, make_allocation("n1", [0, 1]))])
+        assert isinstance(second.rejected[b.id], Conflict) and "GPU 0" in str(second.rejected[b.id])
+        third = store.commit_placements([])
+        assert set(third.recovered) == {a.id}
+        assert held_gpus(store) == {"n1": [0]}
