@@ -158,7 +158,7 @@ class Placements:
                 current = sums.get(na.node_id) or (held or _nothing)(na.node_id)
                 sums[na.node_id] = current.add(na.node_id, rec.node_demand(na.demand), na.gpu_indices,
                                                na.gpu_share, check=False)
-        read: dict[str, bytes] = {}
+        read: dict[str, types_pb2.Task] = {}
         for task, revision, alloc in placements:
             try:
                 p = rec.prepare_placement(
@@ -166,10 +166,7 @@ class Placements:
                 )
                 rec.check_reservations(held or _nothing, sums, p.allocation.nodes)
                 prepared.append(p)
-                as_read = types_pb2.Task()
-                as_read.CopyFrom(task)
-                as_read.revision = 0
-                read[p.task_id] = as_read.SerializeToString()
+                read[p.task_id] = task
             except GptrmError as e:
                 result.rejected[task.id] = e
             except ValueError as e:  # a state number outside TaskState
@@ -185,7 +182,10 @@ class Placements:
         for p in prepared:
             error = result.rejected.get(p.task_id)
             if isinstance(error, EtcdUnavailable):
-                self._unsettled[p.task_id] = (p, read[p.task_id])
+                as_read = types_pb2.Task()
+                as_read.CopyFrom(read[p.task_id])
+                as_read.revision = 0   # as stored (the revision is the key's, set when read)
+                self._unsettled[p.task_id] = (p, as_read.SerializeToString())
                 self._log.warning("placement_outcome_unknown", task_id=p.task_id, reason=str(error))
         for task_id, error in result.rejected.items():
             self._log.info("placement_rejected", task_id=task_id, reason=str(error))
