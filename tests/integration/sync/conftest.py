@@ -109,4 +109,3 @@ def make_task() -> Callable[..., types_pb2.Task]:
 def make_allocation() -> Callable[..., types_pb2.Allocation]:
     """make_allocation(node_id, gpu_indices, share=1.0) → an Allocation on one node (4 cores, 32 GiB)."""
     return _allocation
-
