@@ -20,7 +20,8 @@ allocations (``allocations/<task>``) and nothing else: etcd keeps no per-node to
 change). It changes only in :meth:`LeaderState.apply_placement` (a placement etcd committed),
 :meth:`LeaderState.apply_release` (a transition that deleted the allocation in the same transaction) and
 :meth:`LeaderState.adopt` (a new leader's view read from etcd at one revision); the node table reads it
-through :attr:`NodeRegistry.holdings <coordinator.monitor.nodes.NodeRegistry.holdings>`.
+through :attr:`NodeRegistry.holdings <coordinator.monitor.nodes.NodeRegistry.holdings>` (its entries through the
+table's one :class:`~coordinator.monitor.nodes.HoldingsSource`).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ class Outbox(asyncio.Queue[agent_pb2.CoordinatorMessage | None]):
 
 
 __all__ = [
-    "OUTBOX_LIMIT", "HoldingsView", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue", "admin_state", "stored_state",
+    "OUTBOX_LIMIT", "HoldingsSource", "HoldingsView", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue",
+    "admin_state", "stored_state",
 ]
 
 _MISSED_HEARTBEATS = 3
@@ -122,6 +123,14 @@ class _NoHoldings:
 
 
 @dataclass
+class HoldingsSource:
+    """Where a node table's entries read what their nodes hold: one per table, shared by its entries, pointed
+    at the leader state's holdings when that state is made (:attr:`NodeRegistry.holdings`)."""
+
+    view: HoldingsView = field(default_factory=_NoHoldings)
+
+
+@dataclass
 class NodeEntry:
     """What the coordinator knows about one node."""
 
@@ -144,7 +153,7 @@ class NodeEntry:
     # and whether its site health check has no verdict yet (nothing new is placed here meanwhile).
     degraded_gpus: frozenset[int] = frozenset()
     health_pending: bool = False
-    _holdings: HoldingsView = field(default_factory=_NoHoldings, repr=False)   # the registry's, set at creation
+    holdings_source: HoldingsSource = field(default_factory=HoldingsSource, repr=False)   # its table's
 
     @property
     def inventory(self) -> types_pb2.NodeInventory:
@@ -153,23 +162,23 @@ class NodeEntry:
     @property
     def task_ids(self) -> frozenset[str]:
         """The unfinished tasks placed on this node (kept by :class:`coordinator.state.LeaderState`)."""
-        return self._holdings.tasks_on(self.node_id)
+        return self.holdings_source.view.tasks_on(self.node_id)
 
     @property
     def held_count(self) -> int:
         """How many unfinished tasks are placed on this node (without copying :attr:`task_ids`)."""
-        return self._holdings.count_on(self.node_id)
+        return self.holdings_source.view.count_on(self.node_id)
 
     @property
     def holds_tasks(self) -> bool:
         """Whether any unfinished task is placed on this node."""
-        return self._holdings.count_on(self.node_id) > 0
+        return self.holdings_source.view.count_on(self.node_id) > 0
 
     @property
     def reservation(self) -> NodeReservation:
         """What the allocations placed on this node hold (kept by :class:`coordinator.state.LeaderState`,
         derived from the tasks' allocations; etcd's node record has no totals)."""
-        return self._holdings.reservation_on(self.node_id)
+        return self.holdings_source.view.reservation_on(self.node_id)
 
     @property
     def reserved(self) -> types_pb2.ResourceVector:
@@ -205,7 +214,7 @@ class NodeRegistry:
         self._previous_until = 0.0
         self._now = now
         self._nodes: dict[str, NodeEntry] = {}
-        self._holdings: HoldingsView = _NoHoldings()
+        self._source = HoldingsSource()
         self._next_slot = 0
         self._next_stream = 0
         self.connects_total = 0   # registrations (new streams) since start: the telemetry rate counts their cost
@@ -214,13 +223,11 @@ class NodeRegistry:
     def holdings(self) -> HoldingsView:
         """What each node holds, read through each entry (:attr:`NodeEntry.task_ids`, :attr:`NodeEntry.reservation`):
         the leader state's (:class:`coordinator.state.LeaderState` sets it when it is made); nothing before."""
-        return self._holdings
+        return self._source.view
 
     @holdings.setter
     def holdings(self, holdings: HoldingsView) -> None:
-        self._holdings = holdings
-        for entry in self._nodes.values():
-            entry._holdings = holdings
+        self._source.view = holdings
 
     def __iter__(self) -> Iterator[NodeEntry]:
         return iter(list(self._nodes.values()))
@@ -246,7 +253,7 @@ class NodeRegistry:
     def _entry(self, node_id: str, record: types_pb2.NodeRecord) -> NodeEntry:
         entry = self._nodes.get(node_id)
         if entry is None:
-            entry = NodeEntry(node_id, record, self._next_slot, _holdings=self._holdings)
+            entry = NodeEntry(node_id, record, self._next_slot, holdings_source=self._source)
             self._next_slot += 1
             self._nodes[node_id] = entry
         return entry

@@ -159,10 +159,12 @@ def test_only_the_leader_state_changes_what_nodes_hold() -> None:
     for path in sorted(COORDINATOR.rglob("*.py")):
         rel = path.relative_to(COORDINATOR.parent).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("_held", "_holdings") \
-                    and not (isinstance(node.value, ast.Name) and node.value.id == "self") \
-                    and (rel, getattr(node.value, "id", "")) != ("coordinator/monitor/nodes.py", "entry"):
+            if isinstance(node, ast.Attribute) and node.attr in ("_held", "_holdings", "_source") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
                 offenders.append(f"{rel}:{node.lineno} .{node.attr}")   # another object's private holdings
+            if isinstance(node, ast.Attribute) and node.attr == "view" and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "holdings_source":
+                offenders.append(f"{rel}:{node.lineno} .view set")   # only the node table points its entries
             if rel != "coordinator/state.py" and isinstance(node, ast.Call) \
                     and isinstance(node.func, ast.Attribute) and node.func.attr in ("hold", "let_go", "clear") \
                     and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "holdings":
