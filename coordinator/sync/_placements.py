@@ -19,7 +19,8 @@ Why a GPU is still never booked twice, within one leader and across leader chang
 3. After *R* only this leader writes allocations. Its placements come from one scheduling cycle at a time,
    each planned on the holdings after the previous cycle's commits were applied, and :meth:`Placements.commit`
    checks every placement against the holdings it is given (``held``) and the placements before it in the
-   same call, so a whole GPU held already is refused before anything is sent.
+   same call, so a whole GPU held already is refused before anything is sent. (So ``commit`` has one caller
+   at a time, the scheduling cycle: two callers at once would not see each other's placements.)
 4. An allocation is deleted only in the transaction that ends or requeues its task (compared on the task's
    revision), and the holdings let go of it only once that transaction is stored: a GPU is offered again
    only after etcd says it is free. A placement's compare on ``allocations/<task>`` being absent keeps one
