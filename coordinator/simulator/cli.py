@@ -92,6 +92,12 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --elastic: a job resizes at most once per this long (default 300)")
     p.add_argument("--restart-cost", type=float, default=30.0, metavar="SECONDS",
                    help="with --elastic: what a resize costs a job, GPUs held without progress (default 30)")
+    p.add_argument("--throughput-noise", type=float, default=None, metavar="X",
+                   help="with --elastic: relative standard deviation of a throughput reading the allocator learns "
+                        "from (default: each model's measured spread)")
+    p.add_argument("--oracle", action="store_true",
+                   help="with --elastic: tell the allocator the true throughput, remaining run time and restart "
+                        "cost instead of what the leader would know (for comparison)")
     p.add_argument("--elastic-runs", metavar="NAMES",
                    help="with --elastic: replay only these runs, comma-separated (fcfs, fcfs-pd, elastic, elastic-pd, "
                         "elastic-x2, shrink-only, grow-only; default all)")
