@@ -368,10 +368,9 @@ class SimElastic:
             job.read_s = last + cycles * LEADER_CYCLE_S
             sigma = job.true.noise if self.config.throughput_noise is None else self.config.throughput_noise
             true = job.true.at(job.size)
-            curve = job.curve
-            for _ in range(min(cycles, READINGS_PER_PASS)):
-                curve = curve.observe(job.size, true * math.exp(sigma * self.rng.gauss(0.0, 1.0)) if sigma else true)
-            job.curve = curve
+            gauss = self.rng.gauss
+            job.curve = job.curve.observe_all(job.size, [true * math.exp(sigma * gauss(0.0, 1.0)) if sigma else true
+                                                         for _ in range(min(cycles, READINGS_PER_PASS))])
 
     def _step(self, now: float) -> bool:
         """Shrink for jobs left waiting, or grow into idle GPUs when none waits; True when a job resized."""
