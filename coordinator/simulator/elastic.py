@@ -1,4 +1,4 @@
-"""Elastic jobs in the replay, resized by the leader's own rules (:mod:`common.elastic`).
+"""Elastic jobs in the replay, resized by the leader's own rules (:mod:`coordinator.elastic.rules`).
 
 With ``SimConfig(elastic=ElasticSimConfig(...))`` every job of a replay that asks for whole GPUs and
 has a model (:func:`elastic_config`) is elastic: it may run at any size of
@@ -13,14 +13,14 @@ Every scheduling pass of the :class:`~coordinator.simulator.engine.Simulator` go
 
 1. the pending jobs are placed in queue order, elastic ones at their minimum
    (``request_at(request, range, range.minimum)``, the engine's placement request for them);
-2. when no whole-GPU job was left waiting, :func:`~common.elastic.size_placements` gives the elastic jobs
+2. when no whole-GPU job was left waiting, :func:`~coordinator.elastic.rules.size_placements` gives the elastic jobs
    placed in this pass the idle GPUs left over, each up to its wish (its target size after a resize, else
    its maximum); then the jobs start;
-3. with jobs left waiting, :func:`~common.elastic.plan_shrinks` shrinks running elastic jobs for them;
-   else :func:`~common.elastic.plan_grows` grows running elastic jobs into the idle GPUs of ready nodes
-   (:func:`~common.elastic.idle_gpus` over the engine's node snapshots, which carry the adaptor's ready
+3. with jobs left waiting, :func:`~coordinator.elastic.rules.plan_shrinks` shrinks running elastic jobs for them;
+   else :func:`~coordinator.elastic.rules.plan_grows` grows running elastic jobs into the idle GPUs of ready nodes
+   (:func:`~coordinator.elastic.rules.idle_gpus` over the engine's node snapshots, which carry the adaptor's ready
    flags: a grow never wakes a node), on their own node or, when it has no room, on another one their
-   request accepts (:func:`~common.elastic.node_accepts`).
+   request accepts (:func:`~coordinator.elastic.rules.node_accepts`).
 
 A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its placement released, its
 progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
@@ -32,23 +32,23 @@ would have), and a new one is scheduled at every start. A job resizes at most on
 per ``interval_s`` (the rules' hysteresis); a pass runs when a job's hysteresis runs out, so a job that
 may grow again does not wait for the next arrival or completion.
 
-The allocator **knows what the leader knows** (:mod:`coordinator.elastic`), never the replay's truth:
+The allocator **knows what the leader knows** (:mod:`coordinator.elastic.allocator`), never the replay's truth:
 
-- **throughput** is learned as the leader learns it: a :class:`~common.elastic.SpeedupCurve` per job, fed one
-  reading per leader cycle (:data:`LEADER_CYCLE_S`) once a run is past its restart and
-  :data:`coordinator.elastic.WARMUP_S` — the job's true throughput at its size times ``exp(σ·z)``, ``z`` a seeded
-  standard normal draw, ``σ`` ``throughput_noise`` (default: its model's measured spread,
+- **throughput** is learned as the leader learns it: a :class:`~coordinator.elastic.rules.SpeedupCurve` per
+  job, fed one reading per leader cycle (:data:`LEADER_CYCLE_S`) once a run is past its restart and
+  :data:`coordinator.elastic.allocator.WARMUP_S` — the job's true throughput at its size times ``exp(σ·z)``,
+  ``z`` a seeded standard normal draw, ``σ`` ``throughput_noise`` (default: its model's measured spread,
   :attr:`~coordinator.simulator.scaling.ScalingCurve.noise`). Passes are events, not cycles: a pass folds the
   readings of the cycles since the last one it folded, at most :data:`READINGS_PER_PASS` (the curve's moving
   average weighs older ones at under 6 % after that many). It never sees the curve at sizes the job has not run at.
 - **remaining run time** is the profiler's estimate, as on the leader
-  (:func:`coordinator.elastic.remaining_estimate_s`): a :class:`~coordinator.profiler.Profiler` fed the run
+  (:func:`coordinator.elastic.allocator.remaining_estimate_s`): a :class:`~coordinator.profiler.Profiler` fed the run
   time (last start to end) of every job that finished, per model name, less what the current run ran; unknown
   (None) until a job of that model finished.
-- **restart cost** is measured as the leader measures it (:func:`coordinator.elastic.learned_restart_cost_s`):
+- **restart cost** is measured as the leader measures it (:func:`coordinator.elastic.allocator.learned_restart_cost_s`):
   from a resize's stop until the job runs again (a run "runs" once its restart is paid: the replay charges the
   whole checkpoint-restart at the start of the next run), a moving average folded in at each resize; the
-  leader's default (:data:`common.elastic.DEFAULT_RESTART_COST_S`) until one was measured.
+  leader's default (:data:`coordinator.elastic.rules.DEFAULT_RESTART_COST_S`) until one was measured.
 
 ``oracle=True`` (``gptrmctl simulate --elastic --oracle``) gives it the truth instead, for comparison: the
 true throughput at each size a job ran at (once per run), the exact remaining run time from the work left, and
@@ -67,8 +67,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.domain import NodeSnapshot, Placement
-from common.elastic import (
+from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import NodeSnapshot, Placement
+from coordinator.elastic.allocator import WARMUP_S, learned_restart_cost_s, remaining_estimate_s
+from coordinator.elastic.rules import (
     DEFAULT_RESTART_COST_S,
     ElasticJob,
     ElasticRange,
@@ -85,14 +87,12 @@ from common.elastic import (
     request_at,
     size_placements,
 )
-from common.pb.gptrm.v1 import types_pb2
-from coordinator.elastic import WARMUP_S, learned_restart_cost_s, remaining_estimate_s
 from coordinator.profiler import Profiler
 from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
 
 REPLAY_INTERVAL_S = 300.0
 """The replay's resize interval by default (``--elastic-interval``): its jobs run for hours, so a resize every
-five minutes at most (the leader's default is shorter, :data:`common.elastic.DEFAULT_INTERVAL_S`)."""
+five minutes at most (the leader's default is shorter, :data:`coordinator.elastic.rules.DEFAULT_INTERVAL_S`)."""
 LEADER_CYCLE_S = 1.0
 """The leader observes its elastic tasks' throughput once per scheduling cycle, at least once a second."""
 READINGS_PER_PASS = 8
@@ -114,7 +114,7 @@ class ElasticSimConfig:
     :param min_gpus: every elastic job's minimum.
     :param max_gpus: the largest maximum.
     :param node_gpus: node width of the ranges (None: the cluster's widest node).
-    :param interval_s: the rules' hysteresis (:class:`~common.elastic.ElasticSettings`).
+    :param interval_s: the rules' hysteresis (:class:`~coordinator.elastic.rules.ElasticSettings`).
     :param restart_cost_s: what a resize costs a job (GPUs held, no progress), and what the rules assume.
     :param grow: plan grows (False: shrink only).
     :param shrink: plan shrinks (False: grow only).
@@ -293,7 +293,7 @@ class SimElastic:
 
     def _place_smaller(self, now: float) -> None:
         """Elastic jobs the pass refused above their minimum (a resize's target) at the largest smaller size that
-        fits (:func:`~common.elastic.place_down`), in queue order, as the cycle does after its batch."""
+        fits (:func:`~coordinator.elastic.rules.place_down`), in queue order, as the cycle does after its batch."""
         sim = self.sim
         refused = sorted(item for shape, bucket in sim.buckets.items() if shape in sim.refused for item in bucket
                          if item[1] in self.jobs and sim.requests[item[1]].whole_gpus * sim.requests[item[1]].nodes
