@@ -48,7 +48,8 @@ The allocator **knows what the leader knows** (:mod:`coordinator.elastic.allocat
 - **restart cost** is measured as the leader measures it (:func:`coordinator.elastic.allocator.learned_restart_cost_s`):
   from a resize's stop until the job runs again (a run "runs" once its restart is paid: the replay charges the
   whole checkpoint-restart at the start of the next run), a moving average folded in at each resize; the
-  leader's default (:data:`coordinator.elastic.rules.DEFAULT_RESTART_COST_S`) until one was measured.
+  leader's default (``assumed_restart_cost_s``, :data:`coordinator.elastic.rules.DEFAULT_RESTART_COST_S`) until
+  one was measured.
 
 ``oracle=True`` (``gptrmctl simulate --elastic --oracle``) gives it the truth instead, for comparison: the
 true throughput at each size a job ran at (once per run), the exact remaining run time from the work left, and
@@ -115,7 +116,10 @@ class ElasticSimConfig:
     :param max_gpus: the largest maximum.
     :param node_gpus: node width of the ranges (None: the cluster's widest node).
     :param interval_s: the rules' hysteresis (:class:`~coordinator.elastic.rules.ElasticSettings`).
-    :param restart_cost_s: what a resize costs a job (GPUs held, no progress), and what the rules assume.
+    :param restart_cost_s: what a resize costs a job (GPUs held, no progress); what the rules are told with the
+        oracle.
+    :param assumed_restart_cost_s: what the rules assume until a job's restarts were measured (the leader's
+        ``--elastic-restart-cost``).
     :param grow: plan grows (False: shrink only).
     :param shrink: plan shrinks (False: grow only).
     :param oracle: the allocator is told the truth (throughput, remaining run time, restart cost) instead of
@@ -133,6 +137,7 @@ class ElasticSimConfig:
     node_gpus: int | None = None
     interval_s: float = REPLAY_INTERVAL_S
     restart_cost_s: float = DEFAULT_RESTART_COST_S
+    assumed_restart_cost_s: float = DEFAULT_RESTART_COST_S
     grow: bool = True
     shrink: bool = True
     oracle: bool = False
@@ -148,6 +153,7 @@ class ElasticSimConfig:
         if noise is not None and (noise < 0 or not math.isfinite(noise)):
             raise ValueError(f"throughput noise must be ≥ 0, got {noise}")
         ElasticSettings(self.interval_s, self.restart_cost_s)   # validates both
+        ElasticSettings(self.interval_s, self.assumed_restart_cost_s)
 
 
 def gpu_hours(job: SimJob) -> float:
@@ -202,7 +208,7 @@ class SimElastic:
         self.sim = sim
         self.config = config
         self.settings = ElasticSettings(config.interval_s,
-                                        config.restart_cost_s if config.oracle else DEFAULT_RESTART_COST_S)
+                                        config.restart_cost_s if config.oracle else config.assumed_restart_cost_s)
         self.profiler = Profiler()
         self.rng = random.Random(config.seed)
         specs: dict[str, types_pb2.TaskSpec] = {}

@@ -298,6 +298,9 @@ def test_restart_cost_is_learned_from_the_restarts(monkeypatch: pytest.MonkeyPat
     a = [j for j in seen if j.task_id == "a"]
     assert a[0].restart_cost_s == rules.DEFAULT_RESTART_COST_S
     assert a[-1].last_resize_s is not None and a[-1].restart_cost_s == pytest.approx(90.0)
+    seen.clear()
+    replay(jobs, replace(config, restart_cost_s=90.0, assumed_restart_cost_s=45.0))
+    assert next(j for j in seen if j.task_id == "a").restart_cost_s == 45.0   # --elastic-restart-cost until measured
     # The leader's rule, a moving average of the measured restarts, converges on what they take.
     cost = 0.0
     for k in range(8):
