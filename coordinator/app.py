@@ -108,7 +108,7 @@ class LeaderDuties:
         state = await asyncio.to_thread(app.store.load_all)   # corrupt values are reported by App.on_quarantined
         if not app.leadership.election.is_leader:
             return False
-        app.state.adopt(state.tasks, state.nodes)
+        app.state.adopt(state.tasks, state.nodes, state.allocations)
         # The interval for the nodes just loaded, before the first agent is welcomed (the rate's own loop
         # would set it within a second, after a fleet's worth of welcomes at the shortest interval).
         app.telemetry_rate.tick()

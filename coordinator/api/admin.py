@@ -267,7 +267,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return served
 
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
-        view = admin_pb2.NodeView(record=entry.record, state=pb_enum(types_pb2.NodeState, entry.state),
+        view = admin_pb2.NodeView(record=entry.stored_view(), state=pb_enum(types_pb2.NodeState, entry.state),
                                   dropped_samples_total=entry.dropped_samples_total,
                                   task_ids=sorted(entry.task_ids))
         latest = self._app.monitor.latest.get(entry.node_id)

@@ -39,7 +39,7 @@ __all__ = ["SimAdaptor"]
 class _MemoryStore:
     """Node records kept in memory (the replay's stand-in for ``nodes/<id>`` in etcd)."""
 
-    def put_node(self, record: types_pb2.NodeRecord, *, keep_reservations: bool = True) -> types_pb2.NodeRecord:
+    def put_node(self, record: types_pb2.NodeRecord) -> types_pb2.NodeRecord:
         return record
 
 
@@ -161,7 +161,7 @@ class SimAdaptor:
         """A job ended: its nodes' reservations are released."""
         for i in node_indices:
             self._fit.forget(self.entries[i].node_id)
-        self.state.let_go(req.task_id, self._holdings(req, node_indices))
+        self.state.let_go(req.task_id, [self.entries[i].node_id for i in node_indices])
 
     def _holdings(self, req: Request, node_indices: Sequence[int]) -> list[types_pb2.NodeAllocation]:
         """A job's share of each of its nodes, as the leader state reserves it (GPUs only: the power

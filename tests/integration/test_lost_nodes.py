@@ -52,7 +52,7 @@ class TestTasksOnLostNode:
         assert requeued.restarts == 1 and not requeued.allocation.nodes
         assert TaskState.FAILED in [h.state for h in requeued.history]
         assert "lost" in app.tasks.get(once).reason
-        assert not entry.task_ids and not entry.record.reserved_gpu_indices
+        assert not entry.task_ids and not entry.reservation.gpu_indices
         stored = {t.id: t for t in await asyncio.to_thread(app.store.list_tasks)}
         assert stored[once].state == TaskState.FAILED
 
