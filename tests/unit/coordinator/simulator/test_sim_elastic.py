@@ -237,7 +237,7 @@ def test_simulate_elastic_writes_the_report(tmp_path: Path) -> None:
 # ---- what the allocator is told: the leader's information, or the truth behind --oracle --------------------
 
 def seen_by_rules(monkeypatch: pytest.MonkeyPatch) -> list[rules.ElasticJob]:
-    """Every job the replay hands plan_grows or plan_shrinks, in order."""
+    """Every job the replay's resizes (the pipeline's plan_resizes) hand plan_grows or plan_shrinks, in order."""
     seen: list[rules.ElasticJob] = []
 
     def spy(name: str) -> Any:
@@ -250,7 +250,7 @@ def seen_by_rules(monkeypatch: pytest.MonkeyPatch) -> list[rules.ElasticJob]:
         return wrapped
 
     for name in ("plan_grows", "plan_shrinks"):
-        monkeypatch.setattr(sim_elastic, name, spy(name))
+        monkeypatch.setattr(pipeline, name, spy(name))
     return seen
 
 
