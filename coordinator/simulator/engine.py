@@ -320,8 +320,9 @@ class Simulator:
         """
         self._arm()
         every = max(1, len(self.jobs) // 100)
-        while self._more():
-            self._advance(progress, every)
+        until, events, advance = self.config.measure_until_s, self.events, self._advance
+        while self.job_events or (self.waiting and events):   # :meth:`_more`, inline: the replay's hot loop
+            advance(progress, every, until)
         if progress is not None:
             progress(1.0)
         return self._result()
@@ -344,7 +345,7 @@ class Simulator:
             return None
         self.record = PassRecord(self.events[0][0])
         try:
-            self._advance(None, 1)
+            self._advance(None, 1, self.config.measure_until_s)
             record = self.record
         finally:
             self.record = None
@@ -369,9 +370,9 @@ class Simulator:
         horizon."""
         return bool(self.job_events or (self.waiting and self.events))
 
-    def _advance(self, progress: Callable[[float], None] | None, every: int) -> None:
-        """Apply every event of the next timestamp, then one pass (module docstring)."""
-        until = self.config.measure_until_s
+    def _advance(self, progress: Callable[[float], None] | None, every: int, until: float | None) -> None:
+        """Apply every event of the next timestamp, then one pass (module docstring); ``until``: the config's
+        ``measure_until_s``."""
         events = self.events
         now = events[0][0]
         self.now = now
