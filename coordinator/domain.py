@@ -477,13 +477,19 @@ class TaskSpecData:
 
 
 def queue_key(req: Request) -> tuple[int, float, float, str]:
-    """Sort key for the pending queue: priority (higher first), deadline (earlier first, none
-    last), submit time (earlier first), then task id so the order is total.
+    """Sort key for the pending queue, the one order of the leader's cycle and the simulator: priority
+    (higher first), then slack (least first, none last), then submit time (earlier first), then task id so
+    the order is total.
+
+    The slack of a task with a deadline is ``deadline − now − expected run time`` (the profiler's,
+    :attr:`Request.expected_run_s`; 0 without one); ``now`` is the same for every task of a queue, so the key
+    holds ``deadline − expected run time`` and stays valid as time passes (a heap of pending requests never
+    needs re-keying).
 
     Example: ``pending.sort(key=queue_key)``.
 
     :param req: a waiting request.
     :returns: a tuple that sorts ascending into queue order.
     """
-    deadline = req.deadline_s if req.deadline_s is not None else math.inf
-    return (-req.priority, deadline, req.submit_s, req.task_id)
+    slack = req.deadline_s - (req.expected_run_s or 0.0) if req.deadline_s else math.inf
+    return (-req.priority, slack, req.submit_s, req.task_id)

@@ -40,7 +40,7 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.allocator.reservations import NodeReservation, give_back_gpu
 from coordinator.dispatch.dispatcher import Dispatcher
-from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources, queue_key
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
 __all__ = ["DEFAULT_PROTECTION_S", "Candidate", "Fits", "NodeHolding", "Preemptor", "candidate", "choose_candidates",
-           "choose_victims", "last_preempted_s", "release_holdings", "release_tasks", "started_s"]
+           "choose_preemption", "choose_victims", "last_preempted_s", "release_holdings", "release_tasks", "started_s"]
 
 DEFAULT_PROTECTION_S = 120.0
 """A task is not preempted again within this many seconds of its last preemption."""
@@ -284,6 +284,36 @@ def choose_victims(task: types_pb2.Task, snapshot: ClusterSnapshot, running: Ite
     return None if chosen is None else [by_id[c.id] for c in chosen]
 
 
+def choose_preemption(waiting: Iterable[Request], running: Sequence[Candidate], snapshot: Callable[[], ClusterSnapshot],
+                      fits: Callable[[ClusterSnapshot, Request], bool], *, now: float, protection_s: float,
+                      allowed: Callable[[Request, Candidate], bool] | None = None,
+                      view: Callable[[Request, ClusterSnapshot], ClusterSnapshot] | None = None,
+                      ) -> tuple[Request, list[Candidate]] | None:
+    """A pass's preemption decision, the leader's and the simulator's: for the first waiting request in queue
+    order (:func:`~coordinator.domain.queue_key`) that strictly-lower-priority preemptible work blocks, its victims
+    (:func:`choose_candidates`); None when no waiting request can be helped.
+
+    :param waiting: the requests left waiting.
+    :param running: the candidates (running work).
+    :param snapshot: builds the cluster as placement sees it (called once, only when a request may be helped).
+    :param allowed: whether a request may take what a candidate holds (default: any).
+    :param view: the snapshot as a request's placement may use it (default: as it is).
+    """
+    lowest = min((c.priority for c in running if c.preemptible), default=None)
+    if lowest is None:
+        return None
+    helped = sorted((r for r in waiting if r.priority > lowest), key=queue_key)
+    cluster = snapshot() if helped else None
+    for req in helped:
+        assert cluster is not None
+        pool = running if allowed is None else [c for c in running if allowed(req, c)]
+        victims = choose_candidates(req, view(req, cluster) if view is not None else cluster, pool, fits, now=now,
+                                    protection_s=protection_s)
+        if victims:
+            return req, victims
+    return None
+
+
 @dataclass(slots=True)
 class _Claim:
     """Victims being stopped for a preemptor, which lower-priority pending work must not overtake."""
@@ -350,33 +380,31 @@ class Preemptor:
             return list(pending)
         return [t for t in pending if t.spec.priority >= floor or t.id in claims]
 
-    def _worth_trying(self, rejected: Sequence[types_pb2.Task]) -> bool:
-        lowest = min((t.spec.priority for t in self._tasks.live()
-                      if t.state in _VICTIM_STATES and _preemptible(t)), default=None)
-        return lowest is not None and any(t.spec.priority > lowest for t in rejected)
-
     async def after_rejections(self, rejected: Sequence[types_pb2.Task], policy: str, threshold: float,
                                mode: str = DEFAULT_THRESHOLD_MODE) -> bool:
-        """Preempt for the highest-priority rejected task that strictly-lower-priority work blocks (one per
-        cycle); True when victims are being stopped for it."""
+        """Preempt for the first rejected task (queue order) that strictly-lower-priority work blocks (one per
+        cycle; :func:`choose_preemption`); True when victims are being stopped for it."""
         claims = self._live_claims()
-        if not rejected or not self._worth_trying(rejected):
+        waiting = {t.id: t for t in rejected if t.id not in claims}
+        if not waiting:
             return False
         tasks = self._tasks.live()
+        victims_of = {t.id: t for t in tasks if TaskState(t.state) in _VICTIM_STATES}
+        running = [candidate(t) for t in victims_of.values()]
         # What PREEMPTED tasks hold is on its way back: plan as if it were free already.
-        snapshot = release_tasks(self._snapshots.snapshot(tasks, self._registry),
-                                 (t for t in tasks if t.state == TaskState.PREEMPTED))
-        fits = _Fit(policy, threshold, mode)
-        for task in sorted(rejected, key=lambda t: (-t.spec.priority, t.submit_unix_s)):
-            if task.id in claims:
-                continue
-            allowed = [t for t in tasks if self._may_preempt(task, t)]
-            victims = choose_victims(task, self._view(task, snapshot), allowed, fits, now=self._now(),
-                                     protection_s=self._protection_s)
-            if victims:
-                await self._preempt(task, victims)
-                return True
-        return False
+        chosen = choose_preemption(
+            [request_for(t) for t in waiting.values()], running,
+            lambda: release_tasks(self._snapshots.snapshot(tasks, self._registry),
+                                  (t for t in tasks if t.state == TaskState.PREEMPTED)),
+            _Fit(policy, threshold, mode),
+            now=self._now(), protection_s=self._protection_s,
+            allowed=lambda req, c: self._may_preempt(waiting[req.task_id], victims_of[c.id]),
+            view=lambda req, snap: self._view(waiting[req.task_id], snap))
+        if chosen is None:
+            return False
+        req, victims = chosen
+        await self._preempt(waiting[req.task_id], [victims_of[c.id] for c in victims])
+        return True
 
     async def _preempt(self, task: types_pb2.Task, victims: list[types_pb2.Task]) -> None:
         prio = task.spec.priority

@@ -1,37 +1,47 @@
-"""The scheduler cycle on the leader: queue → snapshot → policy → allocator → etcd → agents.
+"""The scheduler cycle on the leader: snapshot → plan → commit → dispatch.
+
+Every decision of a cycle comes from the scheduling pipeline's pure functions
+(:mod:`coordinator.scheduler.pipeline`), which the simulator runs too; this module gathers their inputs from the
+leader state, and carries out what they decide (etcd writes, agent streams, events, metrics). The clock is
+injected (``clock``): a cycle reads it once and plans at that time.
 
 One cycle, in this order (each step needs the previous one's output):
 
 0. moves: tasks holding a GPU that turned unhealthy (fenced in its node's record) are stopped with their
    checkpoint signal and requeued, or, elastic, shrink off it (``coordinator/health/moves.py``);
-1. queue: PENDING tasks the workflow rules let through (start times, dependencies, array limits:
-   ``coordinator/scheduler/workflow.py``; a task whose dependency can never be met ends here), ordered
-   by priority, then slack (deadline − now − the profiler's expected run time, 0 when it has none; no
-   deadline last), then submit time;
-2. snapshot: READY nodes with their reservations and free GPUs, taken once per cycle so
-   every policy reads the same consistent view;
-3. placement: the production engine (policy filter + rank, then the Resource Allocator's
-   GPU choice) decides the whole batch;
-4. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED,
-   allocation, node reservation, all or nothing per placement);
-5. push: only committed placements become StartTask decisions on the agents' streams;
-6. elastic: running elastic tasks shrink (never below their minimum) for tasks left waiting, or grow
-   into idle GPUs of ready nodes when none waits — on their own node, else on another one their
-   constraints allow (:mod:`coordinator.elastic.rules`, carried out by ``coordinator/elastic/allocator.py``);
-   pending elastic tasks are placed at their first size in step 3 and, when nothing was left waiting, take
-   the idle GPUs left over before the commit. With team queues, whatever an elastic task takes beyond its
-   minimum comes out of its queue's room (idle quota, then borrowed GPUs, within the queue's limits:
-   :class:`~coordinator.queues.planning.QueueRoom`), and a task its queue refused (its limit, or what
-   it may borrow) gets GPUs given back by the queue's running elastic tasks when that lets it in. Why each
-   elastic task does not grow is noted for ``gptrmctl tasks TASK``;
-7. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
-   what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for it.
-   Pending tasks of lower priority than a preemptor still waiting for its victims are left out
-   of step 1, so that they do not take what was freed for it.
+1. gather: PENDING tasks the workflow rules let through (start times, dependencies, array limits:
+   ``coordinator/scheduler/workflow.py``; a task whose dependency can never be met ends here) and the Preemptor
+   does not hold back, as :class:`~coordinator.scheduler.pipeline.PendingTask` values (placement request with the
+   profiler's expected run time, queue view, elastic range, target and curve, reservation membership); the
+   snapshot (READY nodes with their reservations and free GPUs, taken once per cycle so every policy reads the
+   same consistent view); the team queues' state and the GPUs each reservation keeps;
+2. plan the placements (:func:`~coordinator.scheduler.pipeline.plan_placements`): queue order (priority, then
+   slack — deadline − now − expected run time, no deadline last — then submit time), the queues' admission and
+   fair order, elastic tasks at their first size, each reservation's own work on its kept GPUs, the production
+   placement engine's batch (policy filter + rank, then the Resource Allocator's GPU choice; its state kept
+   from cycle to cycle), elastic tasks placed smaller when refused and, when nothing was left waiting, sized
+   into the idle GPUs left over; with team queues what an elastic task takes beyond its minimum comes out of
+   its queue's room (:class:`~coordinator.queues.planning.QueueRoom`);
+3. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED, allocation, node
+   reservation, all or nothing per placement), with the room the agents count beyond resources (a task uid, a
+   master port); a task placed in another GPU pool than its queue admitted it in waits;
+4. dispatch: only committed placements become StartTask decisions on the agents' streams; the others keep a
+   human-readable reason (under max-utilization and load-balancing an unplaceable task also raises a scale-out
+   request, the Resource Adaptor's; under power-efficient it simply waits);
+5. plan the resizes on what was committed (:func:`~coordinator.scheduler.pipeline.plan_resizes`) and carry them
+   out (``coordinator/elastic/allocator.py``): GPUs a reservation keeps given back ahead of its start, else running
+   elastic tasks shrink (never below their minimum) for tasks left waiting or for a task their queue refused,
+   or grow into idle GPUs of ready nodes when none waits. Why each elastic task does not grow is noted for
+   ``gptrmctl tasks TASK``;
+6. preempt and reclaim: when a task was left waiting (and no resize is under way) and strictly-lower-priority
+   preemptible work holds what it needs, the QoS Manager (``coordinator/qos/preemption.py``) stops victims for
+   it, chosen by :func:`~coordinator.qos.preemption.choose_candidates`; queues owed their quota take borrowed
+   GPUs back (:func:`~coordinator.queues.planning.reclaim_for`). Pending tasks of lower priority than a
+   preemptor still waiting for its victims are left out of step 1, so that they do not take what was freed
+   for it.
 
-Tasks that do not fit keep a human-readable reason; under max-utilization and
-load-balancing an unplaceable task also raises a scale-out request (the Resource Adaptor's),
-under power-efficient it simply waits.
+The resizes are planned after the commit, not with the placements, because what etcd refused must not count
+as held by the queues; the simulator books its placements and then plans its resizes the same way.
 """
 
 from __future__ import annotations
@@ -47,24 +57,8 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
-from coordinator.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
-from coordinator.elastic.rules import (
-    ElasticJob,
-    ElasticRange,
-    ElasticSettings,
-    Resize,
-    SpeedupCurve,
-    first_size,
-    idle_gpus,
-    node_accepts,
-    place_down,
-    placement_gpus,
-    plan_give_back,
-    plan_grows,
-    plan_shrinks,
-    request_at,
-    size_placements,
-)
+from coordinator.domain import NodeSnapshot, Placement, Rejection, Request
+from coordinator.elastic.rules import SpeedupCurve, placement_gpus
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
@@ -72,13 +66,24 @@ from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
-from coordinator.queues import ANY_MODEL, AdmissionDecision, Demand, admit
-from coordinator.queues.planning import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
-from coordinator.reservations import Reservations, blocked, keep_only, shrinks_off, state_of
-from coordinator.scheduler.placement import PlacementEngine
+from coordinator.queues import AdmissionDecision
+from coordinator.queues.planning import LeaderQueues, QueuePlan, queue_of, queued
+from coordinator.reservations import Kept, Reservations, state_of
+from coordinator.scheduler.pipeline import (
+    PendingTask,
+    PlacementInputs,
+    PlacementPlan,
+    QueueState,
+    RefusedTask,
+    ResizeInputs,
+    on_pool,
+    plan_placements,
+    plan_resizes,
+    unsettled,
+)
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
-from coordinator.scheduler.queue import request_for, slack_key
+from coordinator.scheduler.queue import request_for
 from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.scheduler.workflow import WorkflowGate
@@ -87,20 +92,11 @@ from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
 from coordinator.tasks import TaskTable
 
-__all__ = ["FORCED_CYCLE_S", "SchedulerCycle", "on_pool"]
+__all__ = ["FORCED_CYCLE_S", "SchedulerCycle"]
 
 FORCED_CYCLE_S = 30.0
 """A cycle runs at least this often even when nothing seems to have changed."""
-RESERVATION_LEAD_S = 120.0
-"""Elastic tasks holding GPUs a reservation keeps (not its own work) give them back this long before its start."""
 _PERIOD_S = 1.0
-
-
-def on_pool(request: Request, pool: str) -> Request:
-    """A request held to the GPU pool its queue admitted it in (a pool a queue names is one GPU model)."""
-    if pool == ANY_MODEL or request.gpu_model:
-        return request
-    return replace(request, gpu_model=pool)
 
 
 class SchedulerCycle:
@@ -133,6 +129,7 @@ class SchedulerCycle:
     :param moves: moves work off fenced GPUs first thing in each cycle (None: never).
     :param will_restart: whether an ended task is about to be requeued (a dependency on it is still awaited).
     :param reservations: GPUs kept for a queue's or users' work (None: none).
+    :param clock: unix seconds; every decision of a cycle is made at one reading of it.
     """
 
     def __init__(self, tasks: TaskTable, registry: NodeRegistry, snapshots: SnapshotBuilder, policy: PolicySetting,
@@ -143,7 +140,8 @@ class SchedulerCycle:
                  on_shrunk: Callable[[str, int], None] = lambda task_id, gpus: None,
                  moves: GpuMoves | None = None,
                  will_restart: Callable[[types_pb2.Task], bool] = lambda task: False,
-                 reservations: Reservations | None = None) -> None:
+                 reservations: Reservations | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
         self._moves = moves
         self._preemptor, self._profiler = preemptor, profiler
         self._gate = WorkflowGate(tasks.find, tasks.array_elements, will_restart)
@@ -174,7 +172,7 @@ class SchedulerCycle:
                     self._log.warning("schedule_cycle_failed", reason=str(e))
             beat()
 
-    def _inputs(self) -> tuple:
+    def _inputs(self, now: float) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
         and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
         leaves the set) and every node's state, admin flags, stream (inventory), reservations, the room
@@ -190,14 +188,18 @@ class SchedulerCycle:
                           e.task_ports_free, e.health_pending, tuple([f.gpu_index for f in e.record.gpu_fences])))
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
-        settled = self._elastic_settled()
-        now = time.time()
+        settled = self._elastic_settled(now)
         kept = tuple((k.reservation.name, state_of(k.reservation, now), k.gpus)
                      for k in (self._reservations.kept() if self._reservations is not None else ()))
         return policy.name, policy.threshold, policy.threshold_mode, tasks, tuple(nodes), queues, settled, kept
 
     async def cycle(self) -> int:
         """One scheduling cycle; returns the number of placements committed.
+
+        snapshot → plan → commit → dispatch: the inputs are gathered from the leader state, the placements decided
+        by :func:`~coordinator.scheduler.pipeline.plan_placements`, committed (fenced) and pushed; then the resizes
+        decided by :func:`~coordinator.scheduler.pipeline.plan_resizes` on what was committed are carried out, and
+        the Preemptor and the queues' reclaim look at what is left waiting.
 
         When the last cycle placed nothing and none of its inputs changed since (:meth:`_inputs`),
         it would refuse the same tasks for the same reasons, so it is skipped — apart from one
@@ -207,89 +209,103 @@ class SchedulerCycle:
         started = time.perf_counter()
         if self._moves is not None:
             await self._moves.step()   # before anything is placed: what it stops is on its way back to the queue
-        now = time.time()   # restart backoff: a requeued task waits until its not_before time
+        now = self._clock()   # restart backoff: a requeued task waits until its not_before time
         if self._elastic is not None:
             self._elastic.observe()   # every cycle: the curves learn while the tasks run
         pending = self._preemptor.schedulable(await self._gated(
             [t for t in self._tasks.live() if t.state == TaskState.PENDING and t.not_before_unix_s <= now], now))
         if not pending:
             self._idle = None
-            if self._elastic is not None and self._elastic_settled(grow=True):
-                await self._elastic_step([], self._snapshots.snapshot(self._tasks.live(), self._registry).nodes)
+            if self._elastic is not None and self._elastic_settled(now, grow=True):
+                await self._elastic_step(now, [], self._snapshots.snapshot(self._tasks.live(), self._registry).nodes)
             elif self._elastic is not None:
-                self._elastic.note_blocked({j.task_id: self._unsettled(j) for j in self._elastic.jobs()})
+                interval = self._elastic.settings.interval_s
+                self._elastic.note_blocked({j.task_id: unsettled(j, now, interval) for j in self._elastic.jobs()})
             return 0
-        inputs = (self._inputs(), tuple(t.id for t in pending))
+        inputs = (self._inputs(now), tuple(t.id for t in pending))
         if self._idle is not None and self._idle[0] == inputs and started - self._idle[1] < FORCED_CYCLE_S:
             self.skipped += 1
             return 0
         self._idle = None
-        # The profiler's expected run time; without one, the task's time limit (it ends by then at the latest).
-        runs = {t.id: run_s for t in pending
-                if (run_s := self._profiler.expected_run_s(t.spec) or t.spec.time_limit_s or None) is not None}
-        expected = {t.id: runs[t.id] for t in pending if t.spec.qos.deadline_unix_s and t.id in runs}
-        requests = sorted((request_for(t, runs.get(t.id)) for t in pending), key=slack_key(time.time(), expected))
         by_id = {t.id: t for t in pending}
-        plan = None
-        if self._queues is not None and self._queues.config.managed:
-            self._queues.accrue()
-            plan = self._queues.plan([by_id[r.task_id] for r in requests])
-            for task_id, reason in plan.refused.items():
-                self._metrics.decisions.labels(outcome="waiting").inc()
-                self._tasks.note_reason(task_id, reason)
-            by_request = {r.task_id: r for r in requests}
-            requests = [on_pool(by_request[task_id], plan.admissions[task_id].pool) for task_id in plan.order]
-        ranges: dict[str, ElasticRange] = {}
-        # With team queues, an elastic task is admitted at its minimum; what it takes beyond that comes out of its
-        # queue's room (idle quota, then what it may borrow, within its limit), booked here for the whole cycle.
-        room: QueueRoom | None = None   # built for the first elastic task (it costs a pass over the nodes)
-        beyond: dict[str, int] = {}     # elastic task → GPUs beyond its minimum booked in its queue's room, borrowed
-        if self._elastic is not None:
-            for i, r in enumerate(requests):
-                rng = self._elastic.range(by_id[r.task_id])
-                if rng is not None:   # at its first size; smaller when that is refused, more when GPUs are left
-                    ranges[r.task_id] = rng
-                    size = first_size(rng, by_id[r.task_id].elastic.target_gpus)
-                    if room is None and plan is not None and self._queues is not None:
-                        room = self._queues.room(plan.use)
-                    if room is not None and plan is not None:
-                        size = _in_room(room, (queue_of(by_id[r.task_id]), plan.admissions[r.task_id].pool), rng,
-                                        rng.minimum, size, beyond, r.task_id)
-                    requests[i] = request_at(r, rng, size)
-        snapshot = self._snapshots.snapshot(self._tasks.live(), self._registry)
         policy = self._policy.current
         mode = threshold_mode(policy)
-        # Reservations: their own work first on the GPUs they keep, then every kept GPU blocked for the rest.
-        early, snapshot = self._reserved_first(snapshot, requests, by_id, policy.name, policy.threshold, mode)
-        # The placement state is kept from cycle to cycle; only nodes whose snapshot changed are applied.
-        engine = self._placement.engine(snapshot, policy.name, threshold=policy.threshold, mode=mode,
-                                        gang_label=self._gang_label)
-        if early:
-            rest = iter(engine.place_batch([r for r in requests if r.task_id not in early]))
-            decisions = [early[r.task_id] if r.task_id in early else next(rest) for r in requests]
-        else:
-            decisions = engine.place_batch(requests)
-        if ranges:
-            for i, (r, d) in enumerate(zip(requests, decisions, strict=True)):
-                if r.task_id in ranges and not isinstance(d, Placement) and r.whole_gpus * r.nodes > \
-                        ranges[r.task_id].minimum:
-                    smaller = place_down(engine, r, ranges[r.task_id], r.whole_gpus * r.nodes)
-                    if smaller is not None:
-                        decisions[i] = smaller
-                        requests[i] = request_at(r, ranges[r.task_id], placement_gpus(smaller))
-            decisions = self._size_elastic(engine, requests, decisions, ranges, by_id, plan, room, beyond)
-        self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(requests)))
+        queues = self._queues if self._queues is not None and self._queues.config.managed else None
+        if queues is not None:
+            queues.accrue()
+        kept = self._reservations.kept() if self._reservations is not None else []
+        snapshot = self._snapshots.snapshot(self._tasks.live(), self._registry)
+        plan = plan_placements(PlacementInputs(
+            now=now, pending=self._pending(pending, queues is not None, kept),
+            # The placement state is kept from cycle to cycle; only nodes whose snapshot changed are applied.
+            engine_for=lambda snap: self._placement.engine(snap if snap is not None else snapshot, policy.name,
+                                                           threshold=policy.threshold, mode=mode,
+                                                           gang_label=self._gang_label),
+            snapshot=snapshot,
+            queues=self._queue_state(pending) if queues is not None else None, kept=kept, policy=policy.name,
+            threshold=policy.threshold, mode=mode))
+        qplan = plan.queues
+        if qplan is not None:
+            for task_id, reason in qplan.refused.items():
+                self._metrics.decisions.labels(outcome="waiting").inc()
+                self._tasks.note_reason(task_id, reason)
+        self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(plan.requests)))
+        commits, committed = await self._dispatch(plan, by_id, policy.name, now)
+        rejected = [by_id[d.task_id] for d in plan.decisions if not isinstance(d, Placement)]
+        resized = False
+        if self._elastic is not None:
+            nodes = [plan.engine.node_snapshot(i) for i in range(len(plan.engine.state.nodes))]
+            refused = [(by_id[t], why) for t, why in qplan.refused.items() if t in by_id] if qplan is not None else []
+            resized = await self._elastic_step(now, plan.waiting(), nodes, refused)
+        # A shrink makes room for what waits more cheaply than a preemption: none this cycle.
+        preempted = resized or (bool(rejected) and await self._preemptor.after_rejections(
+            rejected, policy.name, policy.threshold, mode))
+        if qplan is not None and await self._reclaim(qplan, {c[0].id for c in commits}, by_id):
+            preempted = True
+        self._metrics.sched_latency.observe(time.perf_counter() - started)
+        self.cycles += 1
+        if not commits and not preempted:
+            self._idle = (inputs, started)
+        return committed
+
+    def _pending(self, pending: Sequence[types_pb2.Task], queued_too: bool, kept: Sequence[Kept]) -> list[PendingTask]:
+        """The cycle's pending tasks as the plan sees them: placement request (with the profiler's expected run time;
+        without one, the task's time limit: it ends by then at the latest), queue view, elastic range, target and
+        curve, and the active reservation each is the own work of."""
+        out = []
+        for t in pending:
+            run_s = self._profiler.expected_run_s(t.spec) or t.spec.time_limit_s or None
+            rng = self._elastic.range(t) if self._elastic is not None else None
+            member = self._reservations.active_member_of(t, kept) if self._reservations is not None and kept else None
+            out.append(PendingTask(
+                request_for(t, run_s), queued(t) if queued_too else None, rng,
+                t.elastic.target_gpus if rng is not None else 0,
+                self._elastic.curve(t) if rng is not None and self._elastic is not None else SpeedupCurve(),
+                next((i for i, k in enumerate(kept) if k is member), -1) if member is not None else -1))
+        return out
+
+    def _queue_state(self, pending: Sequence[types_pb2.Task]) -> QueueState:
+        """The team queues as this cycle plans them."""
+        assert self._queues is not None
+        held, stopping = self._queues.holdings()
+        return QueueState(self._queues.config, held + stopping, self._queues.capacity(), self._queues.decay,
+                          self._queues.gates([queued(t) for t in pending]))
+
+    async def _dispatch(self, plan: PlacementPlan, by_id: dict[str, types_pb2.Task], policy: str,
+                        now: float) -> tuple[list[PlacementCommit], int]:
+        """Commit the plan's placements (fenced, batched) and push the committed ones to their agents; note why each
+        rejected task waits. Returns the commits tried and how many were committed."""
         commits: list[PlacementCommit] = []
-        rejected: list[types_pb2.Task] = []
         ports = PortBook.of(self._tasks.live(), refused=self._refused_ports())
         uid_room = dict(self._snapshots.uid_room)
         self._uid_full = sum(1 for left in uid_room.values() if left <= 0)
         self._health = None   # built at this cycle's first rejection
-        for decision in decisions:
+        qplan = plan.queues
+        for decision in plan.decisions:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
-                if plan is not None:
-                    marked = self._borrowing(task, decision, plan.admissions[task.id], beyond.get(task.id, 0))
+                if qplan is not None:
+                    marked = self._borrowing(task, decision, qplan.admissions[task.id], plan.beyond.get(task.id, 0))
                     if marked is None:
                         self._metrics.decisions.labels(outcome="waiting").inc()
                         continue
@@ -299,31 +315,14 @@ class SchedulerCycle:
                     self._metrics.decisions.labels(outcome="waiting").inc()
                     continue
                 decision, port = roomy
-                if task.id in ranges:
+                if task.id in plan.ranges:
                     task = _sized(task, decision)
-                commits.append((task, task.revision, self._allocation(task, decision, port)))
+                commits.append((task, task.revision, self._allocation(task, decision, port, now)))
                 self._metrics.decisions.labels(outcome="placed").inc()
             else:
                 self._metrics.decisions.labels(outcome="waiting").inc()
-                self._note_rejection(task, decision, policy.name)
-                rejected.append(task)
-        committed = await self._commit(commits) if commits else 0
-        resized = False
-        if self._elastic is not None:
-            waiting = [r for r, d in zip(requests, decisions, strict=True) if not isinstance(d, Placement)]
-            nodes = [engine.node_snapshot(i) for i in range(len(snapshot.nodes))]
-            refused = [(by_id[t], why) for t, why in plan.refused.items() if t in by_id] if plan is not None else []
-            resized = await self._elastic_step(waiting, nodes, refused)
-        # A shrink makes room for what waits more cheaply than a preemption: none this cycle.
-        preempted = resized or (bool(rejected) and await self._preemptor.after_rejections(
-            rejected, policy.name, policy.threshold, mode))
-        if plan is not None and await self._reclaim(plan, {c[0].id for c in commits}, by_id):
-            preempted = True
-        self._metrics.sched_latency.observe(time.perf_counter() - started)
-        self.cycles += 1
-        if not commits and not preempted:
-            self._idle = (inputs, started)
-        return committed
+                self._note_rejection(task, decision, policy)
+        return commits, (await self._commit(commits) if commits else 0)
 
     async def _gated(self, pending: list[types_pb2.Task], now: float) -> list[types_pb2.Task]:
         """The pending tasks the workflow rules let this cycle place (start times, dependencies, array limits:
@@ -344,107 +343,46 @@ class SchedulerCycle:
             except GptrmError as e:   # etcd refused: the next cycle looks again
                 self._log.warning("task_dependency_end_failed", count=len(unmet), error=str(e))
         return gated.ready
-    def _reserved_first(self, snapshot: ClusterSnapshot, requests: list[Request], by_id: dict[str, types_pb2.Task],
-                        policy: str, threshold: float, mode: str) -> tuple[dict[str, Placement], ClusterSnapshot]:
-        """Place each active reservation's own waiting work on the GPUs it keeps (a placement engine of its own
-        over only those GPUs); returns those placements and the snapshot the rest is placed on: every kept GPU
-        offering nothing, the host resources of those placements taken (``coordinator/reservations.py``)."""
-        kept = self._reservations.kept() if self._reservations is not None else []
-        if not kept:
-            return {}, snapshot
-        assert self._reservations is not None
-        original = {n.node_id: n for n in snapshot.nodes}
-        early: dict[str, Placement] = {}
-        for k in kept:
-            mine = [r for r in requests if self._reservations.active_member_of(by_id[r.task_id], kept) is k]
-            if not mine:
-                continue
-            engine = PlacementEngine.from_name(keep_only(snapshot.nodes, original, k.by_node(), snapshot.taken_at_s),
-                                               policy, threshold=threshold, mode=mode)
-            early.update((d.task_id, d) for d in engine.place_batch(mine) if isinstance(d, Placement))
-        every: dict[str, set[int]] = {}
-        for k in kept:
-            for node, index in k.gpus:
-                every.setdefault(node, set()).add(index)
-        out = blocked(snapshot, {n: frozenset(s) for n, s in every.items()})
-        if early:
-            used: dict[str, Resources] = {}
-            for d in early.values():
-                for a in d.assignments:
-                    used[a.node_id] = used.get(a.node_id, Resources()).add(d.demand)
-            out = replace(out, nodes=tuple(replace(n, used=n.used.add(used[n.node_id])) if n.node_id in used else n
-                                           for n in out.nodes))
-        return early, out
-
-    def _elastic_settled(self, *, grow: bool = False) -> int:
+    def _elastic_settled(self, now: float, *, grow: bool = False) -> int:
         """Running elastic tasks whose hysteresis allows a resize now (``grow``: and below their maximum)."""
         if self._elastic is None:
             return 0
-        now, interval = time.time(), self._elastic.settings.interval_s
+        interval = self._elastic.settings.interval_s
         return sum(1 for j in self._elastic.jobs()
                    if j.settled(now, interval) and (not grow or j.size < j.range.maximum))
 
-    def _size_elastic(self, engine: PlacementEngine, requests: list[Request], decisions: list[Decision],
-                      ranges: dict[str, ElasticRange], by_id: dict[str, types_pb2.Task],
-                      plan: QueuePlan | None, room: QueueRoom | None, beyond: dict[str, int]) -> list[Decision]:
-        """Elastic tasks placed at their first size take the idle GPUs left over, when nothing was left waiting (with
-        team queues, within what their queue's room allows: they may borrow, within the queue's limit)."""
-        assert self._elastic is not None
-        pairs = list(zip(requests, decisions, strict=True))
-        if any(not isinstance(d, Placement) and r.whole_gpus > 0 for r, d in pairs):
-            return decisions
-        placed = [(r, ranges[r.task_id], self._elastic.curve(by_id[r.task_id]), d,
-                   self._elastic.wish(by_id[r.task_id], ranges[r.task_id]))
-                  for r, d in pairs if isinstance(d, Placement) and r.task_id in ranges]
-        if plan is not None and room is not None:
-            capped: list[tuple[Request, ElasticRange, SpeedupCurve, Placement, int]] = []
-            for r, rng, curve, placement, wish in placed:
-                size = placement_gpus(placement)
-                key = (queue_of(by_id[r.task_id]), plan.admissions[r.task_id].pool)
-                capped.append((r, rng, curve, placement, _in_room(room, key, rng, size, max(size, wish), beyond,
-                                                                    r.task_id)))
-            placed = capped
-        if not placed:
-            return decisions
-        nodes = [engine.node_snapshot(i) for i in range(len(engine.state.nodes))]
-        sized = size_placements(engine, placed, idle_gpus(nodes))
-        out: list[Decision] = []
-        for r, decision in pairs:
-            if r.task_id not in sized:
-                out.append(decision)
-                continue
-            new = sized[r.task_id]
-            out.append(new if new is not None else Rejection(r.task_id, "its GPUs were taken while it was sized"))
-        return out
-
-    async def _elastic_step(self, waiting: list[Request], nodes: Sequence[NodeSnapshot],
+    async def _elastic_step(self, now: float, waiting: Sequence[Request], nodes: Sequence[NodeSnapshot],
                             refused: Sequence[tuple[types_pb2.Task, str]] = ()) -> bool:
-        """Shrink running elastic tasks for what waits — for a placement, or (team queues) for the admission a task
-        of their queue was refused — or grow them into idle GPUs when nothing does; True when a resize is under way.
-        Why each task that could be bigger does not grow is noted with the allocator (``gptrmctl tasks TASK``)."""
+        """Resize running elastic tasks as :func:`~coordinator.scheduler.pipeline.plan_resizes` decides over what
+        this cycle committed; True when a resize is under way. Why each task that could be bigger does not grow is
+        noted with the allocator (``gptrmctl tasks TASK``)."""
         assert self._elastic is not None
         jobs = self._elastic.jobs()
         if not jobs:
             return False
-        idle = idle_gpus(nodes)
-        now, settings = time.time(), self._elastic.settings
-        blocked: dict[str, str] = {}
-        # Giving back GPUs a reservation keeps comes first; the rest is planned in the next cycle.
-        decisions: list[Resize] = self._off_reserved(jobs, now)
-        if waiting and not decisions:
-            by_node = {n.node_id: n for n in nodes}
-            decisions = plan_shrinks(waiting, jobs, idle, now, settings,
-                                     accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
-        decisions = decisions or self._give_back(refused, jobs, now, settings)
-        if waiting or decisions:
-            for j in jobs:
-                blocked[j.task_id] = ("tasks wait for GPUs, or for elastic tasks of their queue to give some back: "
-                                      "elastic tasks grow only when none does")
-        else:
-            decisions = self._grows_within_room(jobs, idle, now, settings, self._move_accepts(nodes), blocked)
-        for d in decisions:
-            blocked[d.task_id] = ""
-        self._elastic.note_blocked(blocked)
+        queues = self._queues if self._queues is not None and self._queues.config.managed else None
+        keys: dict[str, tuple[str, str]] = {}
+        requests: dict[str, Request] = {}
+        for j in jobs:
+            task = self._tasks.find(j.task_id)
+            if task is None:
+                continue
+            key = (queue_of(task), queues.pool_of_task(task)) if queues is not None else None
+            if key is not None:
+                keys[j.task_id] = key
+            req = request_for(task)
+            requests[j.task_id] = on_pool(req, key[1]) if key is not None else req
+        stopping = frozenset(queue_of(t) for t in self._tasks.live() if refused and t.state == TaskState.PREEMPTED
+                             and t.spec.HasField("elastic"))
+        kept = self._reservations.kept() if self._reservations is not None else []
+        plan = plan_resizes(ResizeInputs(
+            now=now, settings=self._elastic.settings, jobs=jobs, nodes=nodes, waiting=waiting, requests=requests,
+            refused=[RefusedTask(queued(t), t.spec.priority, why) for t, why in refused] if queues is not None else (),
+            queue_keys=keys,
+            queues=(queues.config, queues.use(), queues.capacity()) if queues is not None else None,
+            stopping=stopping, kept=kept, tasks=self._tasks.view() if kept else {}))
+        decisions = plan.resizes
+        self._elastic.note_blocked(plan.blocked)
         done = set(await self._elastic.resize(decisions)) if decisions else set()
         gave: dict[str, int] = {}
         for d in decisions:
@@ -453,138 +391,6 @@ class SchedulerCycle:
         for task_id, gpus in sorted(gave.items()):
             self._on_shrunk(task_id, gpus)
         return bool(done)
-
-    def _off_reserved(self, jobs: list[ElasticJob], now: float) -> list[Resize]:
-        """Elastic tasks give back, ahead of a reservation's start, the GPUs it keeps (:func:`shrinks_off`)."""
-        if self._reservations is None:
-            return []
-        return shrinks_off(jobs, self._reservations.kept(), self._tasks.view(), now, RESERVATION_LEAD_S)
-
-    def _give_back(self, refused: Sequence[tuple[types_pb2.Task, str]], jobs: list[ElasticJob], now: float,
-                   settings: ElasticSettings) -> list[Resize]:
-        """Team queues: for the first task (in fair order) of each queue that its queue refused and that fewer GPUs
-        held by the queue's running elastic tasks would let in (its limit, or what it may borrow), those tasks shrink
-        (:func:`~coordinator.elastic.rules.plan_give_back`). Not while an elastic task of the queue is still stopping
-        for a resize: what it gives back is on its way."""
-        if not refused or self._queues is None or not self._queues.config.managed:
-            return []
-        keys = {j.task_id: self._queue_pool(j.task_id) for j in jobs}
-        pools: dict[str, set[str]] = {}
-        for key in keys.values():
-            if key is not None:
-                pools.setdefault(key[0], set()).add(key[1])
-        stopping = {queue_of(t) for t in self._tasks.live()
-                    if t.state == TaskState.PREEMPTED and t.spec.HasField("elastic")}
-        config, use, capacity = self._queues.config, self._queues.use(), self._queues.capacity()
-        out: list[Resize] = []
-        done: set[str] = set()
-        for task, why in refused:
-            queue = queue_of(task)
-            if queue in done or queue in stopping or queue not in pools:
-                continue
-            for pool in sorted(pools[queue]):
-                group = [j for j in jobs if keys[j.task_id] == (queue, pool)]
-                need = shrink_needed(config, use, capacity, queued(task), pool,
-                                     sum(j.size - j.range.minimum for j in group))
-                resizes = [] if need is None else plan_give_back(task.id, task.spec.priority, need, group, now,
-                                                                  settings, f"its queue ({why})")
-                if resizes:
-                    out += resizes
-                    done.add(queue)
-                    break
-        return out
-
-    def _move_accepts(self, nodes: Sequence[NodeSnapshot]) -> Callable[[str, str], bool]:
-        """Whether a running elastic task may move to a node to grow: its constraints allow the node (and, with team
-        queues, the node is in the GPU pool its queue admitted it in)."""
-        by_node = {n.node_id: n for n in nodes}
-        requests: dict[str, Request | None] = {}
-
-        def accepts(task_id: str, node_id: str) -> bool:
-            if task_id not in requests:
-                task = self._tasks.find(task_id)
-                req = request_for(task) if task is not None else None
-                key = self._queue_pool(task_id)
-                requests[task_id] = on_pool(req, key[1]) if req is not None and key is not None else req
-            req = requests[task_id]
-            return req is not None and node_id in by_node and node_accepts(by_node[node_id], req)
-
-        return accepts
-
-    def _queue_pool(self, task_id: str) -> tuple[str, str] | None:
-        """(queue, GPU pool) of a placed task, when team queues are in force."""
-        task = self._tasks.find(task_id)
-        if self._queues is None or not self._queues.config.managed or task is None:
-            return None
-        return queue_of(task), self._queues.pool_of_task(task)
-
-    def _grows_within_room(self, jobs: list[ElasticJob], idle: dict[str, int], now: float, settings: ElasticSettings,
-                           accepts: Callable[[str, str], bool], blocked: dict[str, str]) -> list[Resize]:
-        """:func:`plan_grows`; with team queues, each job may grow at most into its queue's room in its GPU pool (its
-        idle quota, then what it may borrow, within the queue's limits: what it borrows is reclaimed like any
-        borrowed GPU), and the grows are kept (first come first kept) while they fit that together. What keeps each
-        job that could be bigger from growing goes into ``blocked``."""
-        room = self._queues.room() if self._queues is not None and self._queues.config.managed else None
-        keys = {j.task_id: self._queue_pool(j.task_id) for j in jobs}
-        full: dict[str, str] = {}
-        said: dict[tuple[str, str], str] = {}
-        capped = []
-        for j in jobs:
-            key = keys[j.task_id]
-            if room is None or key is None:
-                capped.append(j)
-                continue
-            left = room.of(*key)
-            if left <= 0 and j.size < j.range.maximum:
-                full[j.task_id] = said[key] if key in said else said.setdefault(key, self._queue_full(*key))
-            top = min(j.range.max_gpus, j.size + left)
-            capped.append(replace(j, range=ElasticRange(j.range.min_gpus, max(j.size, top), j.range.node_gpus)))
-        out = []
-        for r in plan_grows(capped, idle, now, settings, accepts):
-            key = keys[r.task_id]
-            extra = r.to_gpus - r.from_gpus
-            if room is None or key is None:
-                out.append(r)
-            elif room.of(*key) >= extra:
-                room.take(*key, extra)
-                out.append(r)
-            else:
-                full[r.task_id] = said[key] if key in said else said.setdefault(key, self._queue_full(*key))
-        grown = {r.task_id for r in out}
-        any_idle = any(v > 0 for v in idle.values())
-        for j in jobs:
-            if j.task_id in grown:
-                continue
-            if j.size >= j.range.maximum:
-                blocked[j.task_id] = ""
-            elif not j.settled(now, settings.interval_s):
-                blocked[j.task_id] = self._unsettled(j)
-            elif j.task_id in full:
-                blocked[j.task_id] = full[j.task_id]
-            elif not any_idle or not any(v > 0 and (n == j.nodes[0][0] or accepts(j.task_id, n))
-                                         for n, v in idle.items()):
-                blocked[j.task_id] = "no idle GPUs on a ready node it may run on"
-            else:
-                blocked[j.task_id] = (f"a bigger size would not pay back its restart ({j.restart_cost_s:.0f} s) "
-                                      f"within {settings.horizon_s:.0f} s, or no node it may use has room for one")
-        return out
-
-    def _unsettled(self, job: ElasticJob) -> str:
-        """Why a job does not grow when nothing waits and none could: its hysteresis, or nothing."""
-        assert self._elastic is not None
-        interval = self._elastic.settings.interval_s
-        if job.size >= job.range.maximum or job.settled(time.time(), interval):
-            return ""
-        return f"resized {time.time() - (job.last_resize_s or 0):.0f} s ago: at most one resize per {interval:g} s"
-
-    def _queue_full(self, queue: str, pool: str) -> str:
-        """Why a queue has no room for one more GPU in ``pool``: its admission's refusal, in words."""
-        assert self._queues is not None
-        decision = admit(self._queues.config, self._queues.use(), self._queues.capacity(),
-                         Demand(queue, pool, 1))
-        if decision.admit:
-            return f"queue {queue}: no room left in this cycle"
-        return decision.reason.removeprefix(f"[{pool}] ")     # one pool asked: no need to name it
 
     def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: AdmissionDecision,
                    beyond: int = 0) -> types_pb2.Task | None:
@@ -676,11 +482,11 @@ class SchedulerCycle:
                     uid_room[n] -= 1
         return placement, port
 
-    def _allocation(self, task: types_pb2.Task, placement: Placement, port: int) -> types_pb2.Allocation:
+    def _allocation(self, task: types_pb2.Task, placement: Placement, port: int, now: float) -> types_pb2.Allocation:
         """The allocation of a placement: nodes in rank order with their addresses, and for a multi-node task
         the master port reserved on the rank-0 node (see :mod:`coordinator.dispatch.launch`)."""
         alloc = types_pb2.Allocation(task_id=task.id, leader_epoch=self._leadership.epoch,
-                                     decision_id=f"d-{uuid.uuid4().hex[:12]}", created_unix_s=time.time())
+                                     decision_id=f"d-{uuid.uuid4().hex[:12]}", created_unix_s=now)
         d = task.demand
         for a in placement.assignments:
             entry = self._registry.get(a.node_id)
@@ -742,14 +548,3 @@ def _sized(task: types_pb2.Task, placement: Placement) -> types_pb2.Task:
     sized.elastic.gpus = placement_gpus(placement)
     return sized
 
-
-def _in_room(room: QueueRoom, key: tuple[str, str], rng: ElasticRange, size: int, wish: int, beyond: dict[str, int],
-             task_id: str) -> int:
-    """The size of its range up to ``wish`` that an elastic task holding (or placed at) ``size`` may take within its
-    queue's room; the GPUs above ``size`` are booked in the room, and what of them is borrowed added to
-    ``beyond[task_id]``."""
-    top = rng.clamp(min(wish, size + room.of(*key)))
-    if top > size:
-        beyond[task_id] = beyond.get(task_id, 0) + room.take(*key, top - size)
-        return top
-    return size

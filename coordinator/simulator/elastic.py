@@ -1,4 +1,4 @@
-"""Elastic jobs in the replay, resized by the leader's own rules (:mod:`coordinator.elastic.rules`).
+"""Elastic jobs in the replay, resized by the leader's own pipeline and rules (:mod:`coordinator.elastic.rules`).
 
 With ``SimConfig(elastic=ElasticSimConfig(...))`` every job of a replay that asks for whole GPUs and
 has a model (:func:`elastic_config`) is elastic: it may run at any size of
@@ -8,19 +8,20 @@ GPU count (:mod:`coordinator.simulator.scaling`), and at a size ``n`` it progres
 throughput at ``n``: it ends when its work is done, so a job that grows finishes sooner.
 
 Every scheduling pass of the :class:`~coordinator.simulator.engine.Simulator` goes through
-:meth:`SimElastic.schedule`, which does what the leader's cycle does
-(:mod:`coordinator.scheduler.cycle`, ``_size_elastic`` and ``_elastic_step``), in the same order:
+:meth:`SimElastic.schedule`, which runs the steps of the scheduling pipeline the leader's cycle runs
+(:mod:`coordinator.scheduler.pipeline`), in the same order, through the replay's narrow interface
+(:class:`~coordinator.simulator.ports.Replay`):
 
-1. the pending jobs are placed in queue order, elastic ones at their minimum
-   (``request_at(request, range, range.minimum)``, the engine's placement request for them);
-2. when no whole-GPU job was left waiting, :func:`~coordinator.elastic.rules.size_placements` gives the elastic jobs
-   placed in this pass the idle GPUs left over, each up to its wish (its target size after a resize, else
-   its maximum); then the jobs start;
-3. with jobs left waiting, :func:`~coordinator.elastic.rules.plan_shrinks` shrinks running elastic jobs for them;
-   else :func:`~coordinator.elastic.rules.plan_grows` grows running elastic jobs into the idle GPUs of ready nodes
-   (:func:`~coordinator.elastic.rules.idle_gpus` over the engine's node snapshots, which carry the adaptor's ready
-   flags: a grow never wakes a node), on their own node or, when it has no room, on another one their
-   request accepts (:func:`~coordinator.elastic.rules.node_accepts`).
+1. the pending jobs are placed in queue order, elastic ones at their first size (their minimum; a resized job's
+   target), and an elastic job refused above its minimum at the largest smaller size that fits
+   (:func:`~coordinator.scheduler.pipeline.place_smaller`);
+2. when no whole-GPU job was left waiting, :func:`~coordinator.scheduler.pipeline.size_elastic` gives the elastic
+   jobs placed in this pass the idle GPUs left over, each up to its :func:`~coordinator.scheduler.pipeline.wish`
+   (its target size after a resize, else its maximum); then the jobs start;
+3. :func:`~coordinator.scheduler.pipeline.plan_resizes` decides the resizes: with jobs left waiting, running
+   elastic jobs shrink for them; else they grow into the idle GPUs of ready nodes (the engine's node snapshots,
+   which carry the adaptor's ready flags: a grow never wakes a node), on their own node or, when it has no room,
+   on another one their request accepts.
 
 A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its placement released, its
 progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
@@ -47,9 +48,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from coordinator.domain import NodeSnapshot, Placement
+from coordinator.domain import NodeSnapshot, Placement, Request
 from coordinator.elastic.allocator import WARMUP_S
 from coordinator.elastic.rules import (
     DEFAULT_RESTART_COST_S,
@@ -59,23 +60,16 @@ from coordinator.elastic.rules import (
     Resize,
     SpeedupCurve,
     first_size,
-    idle_gpus,
-    node_accepts,
-    place_down,
     placement_gpus,
-    plan_grows,
-    plan_shrinks,
     request_at,
-    size_placements,
 )
+from coordinator.scheduler.pipeline import ResizeInputs, place_smaller, plan_resizes, size_elastic, wish
+from coordinator.simulator.ports import Replay, SimJob
 from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
 
 REPLAY_INTERVAL_S = 300.0
 """The replay's resize interval by default (``--elastic-interval``): its jobs run for hours, so a resize every
 five minutes at most (the leader's default is shorter, :data:`coordinator.elastic.rules.DEFAULT_INTERVAL_S`)."""
-
-if TYPE_CHECKING:
-    from coordinator.simulator.engine import SimJob, Simulator
 
 __all__ = ["ElasticSimConfig", "SimElastic", "elastic_config", "gpu_hours"]
 
@@ -153,12 +147,11 @@ class _Job:
 class SimElastic:
     """Elastic jobs inside one replay (owned by the simulator; module docstring).
 
-    :param sim: the simulator whose passes it runs; its placement requests of elastic jobs become their
-        minimum-size requests here.
+    :param sim: the replay whose passes it runs; it places an elastic job with :meth:`first_request`.
     :param config: which jobs are elastic and how they resize.
     """
 
-    def __init__(self, sim: Simulator, config: ElasticSimConfig) -> None:
+    def __init__(self, sim: Replay, config: ElasticSimConfig) -> None:
         self.sim = sim
         self.config = config
         self.settings = ElasticSettings(config.interval_s, config.restart_cost_s)
@@ -176,21 +169,17 @@ class SimElastic:
             true = config.curves[model]
             self.jobs[k] = _Job(rng, true, job.duration_s * true.at(gpus))
             self.by_id[req.task_id] = k
-            sim.requests[k] = request_at(req, rng, first_size(rng, 0))
         self.running: set[int] = set()
         self.end_s: dict[int, float] = {}      # running elastic job → when its current run ends
-        self.pass_placed: list[int] = []
         self.passes = 0
         self._snapshots: dict[int, tuple[Any, tuple[Any, ...], NodeSnapshot]] = {}
 
     # ---- hooks the simulator calls -------------------------------------------------------------------
 
-    def placed(self, k: int) -> bool:
-        """Job ``k`` was placed by the current pass; True when it is elastic (it starts after the sizing)."""
-        if k not in self.jobs:
-            return False
-        self.pass_placed.append(k)
-        return True
+    def first_request(self, k: int) -> Request | None:
+        """The request job ``k`` is first placed with: an elastic job's at its first size (None: a rigid job)."""
+        job = self.jobs.get(k)
+        return None if job is None else request_at(self.sim.jobs[k].request, job.range, first_size(job.range, 0))
 
     def stale_completion(self, k: int, now: float) -> bool:
         """Whether a completion event of job ``k`` at ``now`` belongs to a run that was resized (then it is
@@ -213,22 +202,27 @@ class SimElastic:
 
     def schedule(self, now: float, released: bool) -> None:
         """Passes at ``now`` until no resize follows one (module docstring, steps 1-3)."""
+        sim = self.sim
         while True:
             self.passes += 1
-            self.pass_placed = []
-            self.sim._pass(now, released)
-            self._place_smaller(now)
-            self._start_placed(now)
+            placed: list[tuple[int, Request]] = []
+            for k in sim.place_pending(now, released):
+                if k in self.jobs:
+                    placed.append((k, sim.request(k)))   # it starts once the pass has sized it
+                else:
+                    sim.start(k, sim.placed[k], now, sim.jobs[k].duration_s)
+            placed += self._place_smaller(now)
+            self._start_placed(placed, now)
             if not self._step(now):
                 return
             released = True
 
-    # ---- the cycle's steps ---------------------------------------------------------------------------
+    # ---- the cycle's steps, by the pipeline's rules ----------------------------------------------------------
 
     def _left_waiting(self) -> bool:
         """Whether a whole-GPU job is still pending (a shape's jobs all ask for the same GPUs)."""
         sim = self.sim
-        return any(bucket and sim.requests[bucket[0][1]].whole_gpus > 0 for bucket in sim.buckets.values())
+        return any(sim.request(k).whole_gpus > 0 for k in sim.heads())
 
     def _nodes(self) -> list[NodeSnapshot]:
         """Every node as the engine sees it now (ready flags and reservations); a node's snapshot is rebuilt
@@ -244,41 +238,42 @@ class SimElastic:
             out.append(cached[2])
         return out
 
-    def _place_smaller(self, now: float) -> None:
+    def _place_smaller(self, now: float) -> list[tuple[int, Request]]:
         """Elastic jobs the pass refused above their minimum (a resize's target) at the largest smaller size that
-        fits (:func:`~coordinator.elastic.rules.place_down`), in queue order, as the cycle does after its batch."""
+        fits (:func:`~coordinator.scheduler.pipeline.place_smaller`), in queue order, as the cycle does after its
+        batch (after a pass every job still pending is of a refused shape). Returns the jobs placed, each with its
+        request at the size placed."""
         sim = self.sim
-        refused = sorted(item for shape, bucket in sim.buckets.items() if shape in sim.refused for item in bucket
-                         if item[1] in self.jobs and sim.requests[item[1]].whole_gpus * sim.requests[item[1]].nodes
-                         > self.jobs[item[1]].range.minimum)
-        for key, k in refused:
-            job = self.jobs[k]
-            req = sim.requests[k]
-            placement = place_down(sim.engine, sim.jobs[k].request, job.range, req.whole_gpus * req.nodes)
-            if placement is not None:
-                sim._book_exact((key, k), placement, now)
+        out = []
+        for k in sim.pending():
+            job = self.jobs.get(k)
+            if job is None:
+                continue
+            smaller = place_smaller(sim.engine, sim.request(k), job.range)
+            if smaller is not None:
+                sim.book(k, smaller[0], now)
+                out.append((k, smaller[1]))
+        return out
 
-    def _start_placed(self, now: float) -> None:
-        """Size the elastic jobs this pass placed (when nothing whole was left waiting), then start them."""
+    def _start_placed(self, placed: list[tuple[int, Request]], now: float) -> None:
+        """Size the elastic jobs this pass placed (when nothing whole was left waiting, each up to its
+        :func:`~coordinator.scheduler.pipeline.wish`: :func:`~coordinator.scheduler.pipeline.size_elastic`), then
+        start them."""
         sim = self.sim
-        placed = self.pass_placed
         if not placed:
             return
         sized: dict[str, Placement | None] = {}
         if not self._left_waiting():
-            idle = idle_gpus(self._nodes())
             batch = []
-            for k in placed:
+            for k, req in placed:
                 job = self.jobs[k]
-                wish = job.range.clamp(job.target) if job.target else job.range.maximum
-                batch.append((sim.requests[k], job.range, job.curve, sim.placed[k], wish))
-            sized = size_placements(sim.engine, batch, idle)
-        for k in placed:
+                batch.append((req, sim.placed[k], job.range, job.curve, wish(job.range, job.target or 0)))
+            sized = size_elastic(sim.engine, batch)
+        for k, _req in placed:
             task_id = sim.jobs[k].request.task_id
             placement = sized[task_id] if task_id in sized else sim.placed[k]
-            if placement is None:   # its GPUs were taken while it was sized: it waits for the next pass
-                sim.placed.pop(k)
-                sim._arrive(k)
+            if placement is None:   # its GPUs were taken while it was sized (released): it waits for the next pass
+                sim.unbook(k, released=True)
                 continue
             self._begin(k, placement, now)
 
@@ -293,7 +288,7 @@ class SimElastic:
         self.running.add(k)
         run_s = job.owed_s + job.work / job.true.at(job.size)
         self.end_s[k] = now + run_s   # the completion event's time, computed the same way
-        self.sim._start(k, placement, now, run_s)
+        self.sim.start(k, placement, now, run_s)
 
     def _observe(self, now: float) -> None:
         """Fold each running job's throughput at its size into its learned curve, once per run (past its
@@ -306,7 +301,8 @@ class SimElastic:
                 job.observed = True
 
     def _step(self, now: float) -> bool:
-        """Shrink for jobs left waiting, or grow into idle GPUs when none waits; True when a job resized."""
+        """Shrink for jobs left waiting, or grow into idle GPUs when none waits, as the pipeline's
+        :func:`~coordinator.scheduler.pipeline.plan_resizes` decides; True when a job resized."""
         if not self.running:
             return False
         sim = self.sim
@@ -316,36 +312,26 @@ class SimElastic:
             return False
         interval = self.settings.interval_s
         start_times = sim.start_times
-        # Only jobs the hysteresis lets resize (the rules leave the others out first thing), and only jobs that
-        # were running before this timestamp: on the leader a task placed by a cycle is not running yet when
-        # that cycle resizes, so a job is never resized in the pass that started it.
-        settled = [self._as_job(k, now) for k in sorted(self.running)
-                   if start_times[k] < now and ((last := self.jobs[k].last_resize_s) is None or now - last >= interval)]
-        if not settled:
-            return False
-        jobs = settled
-        nodes = self._nodes()
-        idle = idle_gpus(nodes)
-        by_node = {n.node_id: n for n in nodes}
-        if waiting:
-            if not any(j.size > j.range.minimum for j in settled):
-                return False   # nothing to shrink: plan_shrinks would find nothing (cheaper than asking it)
-            pending = sorted(item for bucket in sim.buckets.values() for item in bucket)
-            decisions = plan_shrinks([sim.requests[k] for _, k in pending], jobs, idle, now, self.settings,
-                                     accepts=lambda req, nid: nid in by_node and node_accepts(by_node[nid], req))
-        else:
-            decisions = plan_grows(jobs, idle, now, self.settings,
-                                   accepts=lambda tid, nid: nid in by_node and node_accepts(
-                                       by_node[nid], sim.jobs[self.by_id[tid]].request))
+        # Only jobs the hysteresis lets resize (the rules leave the others out first thing: cheaper here), and only
+        # jobs that were running before this timestamp: on the leader a task placed by a cycle is not running yet
+        # when that cycle resizes, so a job is never resized in the pass that started it.
+        jobs = [self._as_job(k, now) for k in sorted(self.running)
+                if start_times[k] < now and ((last := self.jobs[k].last_resize_s) is None or now - last >= interval)]
+        if not jobs or (waiting and not any(j.size > j.range.minimum for j in jobs)):
+            return False   # nothing to resize (cheaper than asking the rules)
+        plan = plan_resizes(ResizeInputs(
+            now=now, settings=self.settings, jobs=jobs, nodes=self._nodes(),
+            waiting=[sim.request(k) for k in sim.pending()] if waiting else (),
+            requests={j.task_id: sim.jobs[self.by_id[j.task_id]].request for j in jobs}, explain=False))
         gave: dict[str, int] = {}
-        for d in decisions:
+        for d in plan.resizes:
             self._resize(self.by_id[d.task_id], d, now)
             if d.for_task:
                 gave[d.for_task] = gave.get(d.for_task, 0) + d.from_gpus - d.to_gpus
         if sim.adaptor is not None:   # as the cycle tells the leader's power manager
             for task_id, gpus in sorted(gave.items()):
                 sim.adaptor.shrunk_for(task_id, gpus)
-        return bool(decisions)
+        return bool(plan.resizes)
 
     def _work_left(self, k: int, now: float) -> float:
         """Work running job ``k`` has left at ``now``: it progresses at its true throughput once its restart is paid."""
@@ -370,9 +356,9 @@ class SimElastic:
         """Carry out a resize: the run ends (progress kept), the job goes back to the queue at its target."""
         sim = self.sim
         job = self.jobs[k]
-        placement = sim._release(k, now, preempted=True, resized=True)
         job.work = self._work_left(k, now)
-        ran = now - sim.start_times.pop(k)
+        ran = now - sim.start_times[k]
+        placement = sim.stop(k, now, resized=True)
         job.energy_j += sim.run_energy_j(placement, ran)
         job.owed_s = self.config.restart_cost_s
         job.target = decision.to_gpus
@@ -383,16 +369,12 @@ class SimElastic:
             job.shrinks += 1
         self.running.discard(k)
         self.end_s.pop(k, None)
-        sim.job_events -= 1   # its completion event is stale now: the replay does not wait for it
-        sim.refused.clear()
         # Back in the queue at its first size: the resize's target (the cycle's request for a requeued task).
-        sim.requests[k] = request_at(sim.jobs[k].request, job.range, first_size(job.range, job.target))
-        sim.shapes[k] = sim.requests[k].shape
-        sim._arrive(k)
+        sim.requeue(k, request_at(sim.jobs[k].request, job.range, first_size(job.range, job.target)))
         due = now + self.settings.interval_s
         while due - now < self.settings.interval_s:
             due = math.nextafter(due, math.inf)
-        sim._tick_at(due)   # its hysteresis runs out then: it may resize again
+        sim.tick_at(due)   # its hysteresis runs out then: it may resize again
 
     # ---- results -------------------------------------------------------------------------------------
 

@@ -1,33 +1,47 @@
 """The discrete-event loop: replay jobs against a simulated cluster in virtual time.
 
-Decisions come from the coordinator's own code: the pending queue is ordered by
-:func:`coordinator.domain.queue_key`, and every placement is made by the production
-:class:`coordinator.scheduler.placement.engine.PlacementEngine` (policy filter and rank, then the Resource
-Allocator's GPU choice). The engine lives for the whole replay: placements reserve in it and
+Decisions come from the coordinator's own scheduling pipeline (:mod:`coordinator.scheduler.pipeline`, the pure
+functions the leader's cycle runs): the pending queue is ordered by :func:`coordinator.domain.queue_key` (priority, then
+slack against the expected run time, then submit time: the leader's order), and every placement is made by the
+production :class:`coordinator.scheduler.placement.engine.PlacementEngine` (policy filter and rank, then the
+Resource Allocator's GPU choice). The engine lives for the whole replay: placements reserve in it and
 finished jobs :meth:`~coordinator.scheduler.placement.engine.PlacementEngine.release` their reservations, so no
 snapshot is rebuilt per event (only when the elastic pool below changes).
+
+The simulator's parts (elastic jobs, team queues, preemption) see the replay through one narrow interface,
+:class:`coordinator.simulator.ports.Replay` (book, start, stop, requeue; the pending queue in order), which the
+:class:`Simulator` implements; they never import this module.
+
+One pass on given inputs, for comparing the simulator's decisions with the leader's: build a :class:`Simulator`
+whose jobs are all submitted at one time and call :meth:`Simulator.step`; it runs that timestamp (arrivals, one
+pass with its sizing, resizes, preemption and reclaim) and returns a :class:`PassRecord` — the runs it started
+(task id → placement), the runs it stopped (preempted or resized) and the tasks left waiting. Later calls
+process the next timestamps the same way.
 
 Events live in one ``heapq``. Everything that happens at one virtual time — completions,
 delayed starts, arrivals — is applied first, then **one** scheduling pass runs, then idle nodes
 whose power-down timer expired are powered down (after the pass, so a node that just received
 work stays up).
 
-A pass decides what ``place_batch(queue)`` would, cheaply. Between releases reservations only
+A pass decides what ``place_batch(queue)`` would — the placement step of
+:func:`~coordinator.scheduler.pipeline.plan_placements` — cheaply. Between releases reservations only
 grow, so a request refused once stays refused until something is released: the pass groups the
 queue by *shape* (identical demand and constraints), tries each shape's head in the order
 ``place_batch`` uses (descending compute demand for Alg. 1-3 — a stable sort over queue order —
 queue order for the baselines), and stops trying a shape at its first refusal. A pass after
 pure arrivals therefore tries only the new shapes. Refusals consume no randomness and move no
 round-robin cursor, so the decisions equal those of ``place_batch`` over the whole queue;
-``SimConfig(exact_batches=True)`` does exactly that, and the tests compare both.
+``SimConfig(exact_batches=True)`` runs :func:`~coordinator.scheduler.pipeline.plan_placements` itself over the whole
+queue on every pass, and the tests compare both.
 
 Priorities and preemption (``SimConfig(preemption=True)``): after each pass the QoS Manager's
 victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`.
 
 Team queues (``SimConfig(queues=...)``): each job runs in the queue its trace ``group`` names
-(:attr:`SimJob.queue`), and every pass goes through the scheduler's own
-:func:`coordinator.queues.planning.plan_queues` (admission and fair order) and, with
-``reclaim``, :func:`~coordinator.queues.planning.reclaim_for` afterwards; see
+(:attr:`SimJob.queue`), and every pass is the pipeline's
+:func:`~coordinator.scheduler.pipeline.plan_placements` with the queues' state (admission and fair order by
+:func:`coordinator.queues.planning.plan_queues`) and, with ``reclaim``,
+:func:`~coordinator.queues.planning.reclaim_for` afterwards; see
 :mod:`coordinator.simulator.queues`. The shape buckets stay (they hold the pending jobs in queue
 order), but a pass places the plan's order, not the buckets' heads.
 
@@ -35,10 +49,11 @@ Every run of a job (from a start to its end or preemption) is kept in :attr:`Sim
 per-job records can be written and per-queue figures recomputed from them.
 
 Elastic jobs (``SimConfig(elastic=...)``): jobs resize between their minimum and maximum by the
-production rules of :mod:`coordinator.elastic.rules`; every pass goes through
-:class:`coordinator.simulator.elastic.SimElastic` (placement at the minimum, sizing before commit,
-then shrinks for what waits or grows into idle GPUs), and an elastic job's run time follows from its
-work and its true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`.
+pipeline's rules; every pass goes through :class:`coordinator.simulator.elastic.SimElastic` (placement at the
+first size, placed smaller when refused and sized before the start by the pipeline's
+:func:`~coordinator.scheduler.pipeline.place_smaller` and :func:`~coordinator.scheduler.pipeline.size_elastic`,
+then the resizes :func:`~coordinator.scheduler.pipeline.plan_resizes` decides), and an elastic job's run time
+follows from its work and its true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`.
 
 Node power is the production Resource Adaptor's: with ``power_down_after_s`` the replay drives
 :class:`coordinator.adaptor.power.PowerManager` with the ``simulated`` node provider in virtual
@@ -57,13 +72,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from coordinator.domain import ClusterSnapshot, Placement, Request, queue_key
+from coordinator.domain import ClusterSnapshot, Decision, Placement, Rejection, Request, queue_key
+from coordinator.scheduler.pipeline import PendingTask, PlacementInputs, plan_placements
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import build as build_policy
 from coordinator.scheduler.policies import time_aware
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, Policy
 from coordinator.simulator.adaptor_driver import SimAdaptor
 from coordinator.simulator.metrics import JobRecord, MetricsRecorder, Series, summarize_jobs
+from coordinator.simulator.ports import SimJob
 
 if TYPE_CHECKING:
     from coordinator.queues import QueueConfig
@@ -71,7 +88,7 @@ if TYPE_CHECKING:
     from coordinator.simulator.qos import SimPreemption
     from coordinator.simulator.queues import SimQueues
 
-__all__ = ["JobRun", "SimConfig", "SimJob", "SimResult", "Simulator"]
+__all__ = ["JobRun", "PassRecord", "SimConfig", "SimJob", "SimResult", "Simulator"]
 
 # event kinds; at one timestamp they are applied in this order (a tick: an elastic job's hysteresis ran out)
 _COMPLETE, _ARRIVE, _POWER, _TICK = 0, 1, 2, 3
@@ -80,21 +97,6 @@ Shape = tuple[Any, ...]
 """:attr:`coordinator.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
 QueueKey = tuple[int, float, float, str]
 """:func:`coordinator.domain.queue_key` of a request."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimJob:
-    """One job to replay.
-
-    :param request: what the placement engine sees (``submit_s`` is the arrival time).
-    :param duration_s: run time once started.
-    :param queue: the team queue it is submitted to (from the trace's ``group``; used only when the
-        replay has queues).
-    """
-
-    request: Request
-    duration_s: float
-    queue: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,24 @@ class JobRun:
     placement: Placement
     preempted: bool
     resized: bool = False
+
+
+@dataclass(slots=True)
+class PassRecord:
+    """What one timestamp of a replay decided (:meth:`Simulator.step`).
+
+    :param now: the timestamp.
+    :param started: task id → the placement of every run started (a job started, restarted after a preemption or
+        resized, placed by the pass, a preemption or a reclaim).
+    :param stopped: task id → ``"preempted"`` (priority preemption or a queue's reclaim) or ``"resized"`` (an elastic
+        job's checkpoint-restart at another size; its new run is in ``started`` when it was placed again at once).
+    :param waiting: the task ids still pending afterwards, in queue order.
+    """
+
+    now: float
+    started: dict[str, Placement] = field(default_factory=dict)
+    stopped: dict[str, str] = field(default_factory=dict)
+    waiting: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,11 +266,13 @@ class Simulator:
         self.seq = 0
         # The request each pending job is placed with (an elastic job's at its minimum size).
         self.requests = [j.request for j in self.jobs]
+        self.by_task_id = {j.request.task_id: k for k, j in enumerate(self.jobs)}
         self.elastic: SimElastic | None = None
         if config.elastic is not None:
             from coordinator.simulator.elastic import SimElastic
 
             self.elastic = SimElastic(self, config.elastic)
+            self.requests = [self.elastic.first_request(k) or r for k, r in enumerate(self.requests)]
         self.shapes = [r.shape for r in self.requests]
         self.buckets: dict[Shape, list[tuple[QueueKey, int]]] = {}
         self.refused: set[Shape] = set()
@@ -263,17 +285,22 @@ class Simulator:
         self.processed = 0
         self.job_events = 0  # arrivals and completions still in the heap
         self.runs: list[JobRun] = []
-        self.queues: SimQueues | None = None
-        if config.queues is not None and config.queues.managed:
-            from coordinator.simulator.queues import SimQueues
-
-            self.queues = SimQueues(self, config.queues, reclaim=config.reclaim)
+        self.armed = False
+        self.record: PassRecord | None = None   # what the current step decides (only while :meth:`step` runs)
+        managed = config.queues is not None and config.queues.managed
         self.qos: SimPreemption | None = None
-        if config.preemption or self.queues is not None:
+        if config.preemption or managed:
             # Reclaim preempts the way priority preemption does (the same bookkeeping).
+            from coordinator.qos.preemption import Fits
             from coordinator.simulator.qos import SimPreemption
 
-            self.qos = SimPreemption(self, config.protection_s)
+            self.qos = SimPreemption(self, config.protection_s,
+                                     Fits(config.policy, config.threshold, config.threshold_mode))
+        self.queues: SimQueues | None = None
+        if managed and config.queues is not None and self.qos is not None:
+            from coordinator.simulator.queues import SimQueues
+
+            self.queues = SimQueues(self, config.queues, reclaim=config.reclaim, preempt=self.qos.preempt)
 
     def _push(self, t: float, kind: int, payload: int) -> None:
         """Schedule an event (payload: a job index; unused for a power step)."""
@@ -288,50 +315,93 @@ class Simulator:
         :param progress: called now and then with the fraction of jobs finished (0..1).
         :returns: the result.
         """
-        for k, job in enumerate(self.jobs):
-            self._push(job.request.submit_s, _ARRIVE, k)
-        step = max(1, len(self.jobs) // 100)
-        until = self.config.measure_until_s
-        events = self.events
-        # The replay ends with the last job event, or with the last power step a waiting job may
-        # still need (a node booting for it): later steps change nothing that matters, and would
-        # only stretch the horizon.
-        while self.job_events or (self.waiting and events):
-            now = events[0][0]
-            self.now = now
-            self.metrics.advance(now if until is None else min(now, until))
-            released = arrived = ticked = False
-            while events and events[0][0] == now:
-                _, kind, _, payload = heapq.heappop(events)
-                self.processed += 1
-                if kind == _COMPLETE and self.elastic is not None and self.elastic.stale_completion(payload, now):
-                    continue   # the end of a run that was resized (no longer counted as a job event since)
-                if kind < _POWER:
-                    self.job_events -= 1
-                if kind == _COMPLETE:
-                    self._complete(payload, now)
-                    released = True
-                    if progress is not None and len(self.records) % step == 0:
-                        progress(len(self.records) / len(self.jobs))
-                elif kind == _ARRIVE:
-                    self._arrive(payload)
-                    arrived = True
-                elif kind == _TICK:
-                    ticked = True
-            grew = self._power_step() if self.adaptor is not None else False
-            if released or arrived or grew or ticked:
-                self._schedule(now, released or grew)
-                if self.qos is not None and self.config.preemption:
-                    self.qos.after_pass(now)
-                if self.queues is not None:
-                    self.queues.after_pass(now)
-            if self.adaptor is not None:
-                self._power_step()
-                self._arm_power_step(now)
-            self.metrics.sample(now, self.waiting)
+        self._arm()
+        every = max(1, len(self.jobs) // 100)
+        while self._more():
+            self._advance(progress, every)
         if progress is not None:
             progress(1.0)
         return self._result()
+
+    def step(self) -> PassRecord | None:
+        """Process the next timestamp of the replay — its completions, arrivals and power changes, then one
+        scheduling pass (with preemption and reclaim after it) — and return what it decided; None once the replay
+        is over. :meth:`run` is ``step`` until None, then :meth:`result`.
+
+        Example (one pass on given inputs: every job submitted at ``t``)::
+
+            sim = Simulator(cluster, jobs, SimConfig("max-utilization", elastic=..., keep_series=False))
+            record = sim.step()          # record.now == t
+            record.started               # task id → Placement of every run the pass started
+            record.stopped               # task id → "preempted" | "resized"
+            record.waiting               # task ids still pending, in queue order
+        """
+        self._arm()
+        if not self._more():
+            return None
+        self.record = PassRecord(self.events[0][0])
+        try:
+            self._advance(None, 1)
+            record = self.record
+        finally:
+            self.record = None
+        record.waiting = [self.jobs[k].request.task_id for k in self.pending()]
+        return record
+
+    def result(self) -> SimResult:
+        """The replay's result so far (after :meth:`step` returned None: what :meth:`run` returns)."""
+        return self._result()
+
+    def _arm(self) -> None:
+        """Queue every job's arrival (once)."""
+        if self.armed:
+            return
+        self.armed = True
+        for k, job in enumerate(self.jobs):
+            self._push(job.request.submit_s, _ARRIVE, k)
+
+    def _more(self) -> bool:
+        """Whether the replay goes on: until the last job event, or the last power step a waiting job may still
+        need (a node booting for it); later steps change nothing that matters, and would only stretch the
+        horizon."""
+        return bool(self.job_events or (self.waiting and self.events))
+
+    def _advance(self, progress: Callable[[float], None] | None, every: int) -> None:
+        """Apply every event of the next timestamp, then one pass (module docstring)."""
+        until = self.config.measure_until_s
+        events = self.events
+        now = events[0][0]
+        self.now = now
+        self.metrics.advance(now if until is None else min(now, until))
+        released = arrived = ticked = False
+        while events and events[0][0] == now:
+            _, kind, _, payload = heapq.heappop(events)
+            self.processed += 1
+            if kind == _COMPLETE and self.elastic is not None and self.elastic.stale_completion(payload, now):
+                continue   # the end of a run that was resized (no longer counted as a job event since)
+            if kind < _POWER:
+                self.job_events -= 1
+            if kind == _COMPLETE:
+                self._complete(payload, now)
+                released = True
+                if progress is not None and len(self.records) % every == 0:
+                    progress(len(self.records) / len(self.jobs))
+            elif kind == _ARRIVE:
+                self._arrive(payload)
+                arrived = True
+            elif kind == _TICK:
+                ticked = True
+        grew = self._power_step() if self.adaptor is not None else False
+        if released or arrived or grew or ticked:
+            self.schedule(now, released or grew)
+            if self.qos is not None and self.config.preemption:
+                self.qos.after_pass(now)
+            if self.queues is not None:
+                self.queues.after_pass(now)
+        if self.adaptor is not None:
+            self._power_step()
+            self._arm_power_step(now)
+        self.metrics.sample(now, self.waiting)
 
     def _arrive(self, k: int) -> None:
         """Queue job ``k`` in its shape's bucket (ordered by the production queue key)."""
@@ -379,24 +449,32 @@ class Simulator:
         self.engine = PlacementEngine(ClusterSnapshot(nodes=nodes, taken_at_s=self.now), self.engine.policy)
         self.refused.clear()
 
-    def _schedule(self, now: float, released: bool) -> None:
-        """One scheduling pass at ``now`` (with elastic jobs: their passes, sizing and resizes)."""
+    # ---- the replay's side of the pipeline (coordinator.simulator.ports.Replay) -------------------------------
+
+    def schedule(self, now: float, released: bool) -> None:
+        """One scheduling pass at ``now`` (with elastic jobs: their passes, sizing and resizes; with team queues:
+        the queues' pass)."""
         if self.elastic is not None:
             self.elastic.schedule(now, released)
             return
-        self._pass(now, released)
+        if self.queues is not None:
+            if released:
+                self.refused.clear()
+            self.queues.schedule(now)
+            return
+        for k in self.place_pending(now, released):
+            self.start(k, self.placed[k], now, self.jobs[k].duration_s)
 
-    def _pass(self, now: float, released: bool) -> None:
-        """Place what the queue's order lets fit now."""
+    def place_pending(self, now: float, released: bool) -> list[int]:
+        """Place what the queue's order lets fit now; returns the jobs booked (not started), in the order placed.
+
+        The placement step of :func:`coordinator.scheduler.pipeline.plan_placements` over the pending queue, cheaply
+        (module docstring); ``exact_batches`` runs ``plan_placements`` itself."""
         if released:
             # Resources came back: every shape may fit again.
             self.refused.clear()
-        if self.queues is not None:
-            self.queues.schedule(now)
-            return
         if self.config.exact_batches:
-            self._schedule_exact(now)
-            return
+            return self._place_exact(now)
         sorts = self.engine.policy.sorts_requests and not self.config.keep_order
         heads: list[tuple[tuple[float, QueueKey], Shape]] = []
         for shape, bucket in self.buckets.items():
@@ -404,6 +482,7 @@ class Simulator:
                 key, k = bucket[0]
                 heads.append(((-self.requests[k].compute_demand if sorts else 0.0, key), shape))
         heapq.heapify(heads)
+        booked: list[int] = []
         while heads:
             (rank, _), shape = heapq.heappop(heads)
             bucket = self.buckets[shape]
@@ -415,43 +494,100 @@ class Simulator:
                     # Its shape's later jobs need the same nodes: the head stands for them.
                     self.adaptor.unplaced(self.requests[k])
                 continue
-            heapq.heappop(bucket)
-            self._placed(k, decision, now)
+            heapq.heappop(bucket)   # k is its head: booked without looking it up
+            self.waiting -= 1
+            self.placed[k] = decision
+            booked.append(k)
             if bucket:
                 heapq.heappush(heads, ((rank, bucket[0][0]), shape))
+        return booked
 
-    def _schedule_exact(self, now: float) -> None:
-        """Reference pass over the whole queue: ``place_batch`` itself."""
-        queue = sorted(item for bucket in self.buckets.values() for item in bucket)
-        requests = [self.jobs[k].request for _, k in queue]
-        for item, decision in zip(queue, self.engine.place_batch(requests, keep_order=self.config.keep_order),
-                                  strict=True):
-            if isinstance(decision, Placement):
-                self._book_exact(item, decision, now)
-            elif self.adaptor is not None:
-                self.adaptor.unplaced(self.jobs[item[1]].request)
+    def _place_exact(self, now: float) -> list[int]:
+        """Reference pass over the whole queue: the pipeline's :func:`plan_placements` with ``place_batch``."""
+        pending = self.pending()
+        plan = plan_placements(PlacementInputs(now, [PendingTask(self.requests[k]) for k in pending],
+                                               engine_for=lambda _: self.engine, place=self.place))
+        by_id = {self.jobs[k].request.task_id: k for k in pending}
+        booked = []
+        for d in plan.decisions:
+            if isinstance(d, Placement):
+                self.book(by_id[d.task_id], d, now)
+                booked.append(by_id[d.task_id])
+        return booked
 
-    def _book_exact(self, item: tuple[QueueKey, int], placement: Placement, now: float) -> None:
-        """Take a job placed by the reference pass out of its bucket and book it."""
-        key, k = item
+    def request(self, k: int) -> Request:
+        """The request job ``k`` is placed with while pending."""
+        return self.requests[k]
+
+    def job_of(self, task_id: str) -> int:
+        """The index of the job with this task id."""
+        return self.by_task_id[task_id]
+
+    def pending(self) -> list[int]:
+        """Every pending job, in queue order."""
+        return [k for _, k in sorted(item for bucket in self.buckets.values() for item in bucket)]
+
+    def heads(self) -> list[int]:
+        """The first pending job of every shape, in queue order."""
+        return [k for _, k in sorted(bucket[0] for bucket in self.buckets.values() if bucket)]
+
+    def place(self, engine: PlacementEngine, requests: Sequence[Request]) -> list[Decision]:
+        """What ``place_batch`` decides over ``requests`` (queue order), skipping the shapes refused since the last
+        release (between releases reservations only grow, so they would be refused again); ``exact_batches``:
+        ``place_batch`` itself. The adaptor hears of every job refused."""
+        if self.config.exact_batches:
+            decisions = engine.place_batch(requests, keep_order=self.config.keep_order)
+            if self.adaptor is not None:
+                for d in decisions:
+                    if not isinstance(d, Placement):
+                        self.adaptor.unplaced(self.jobs[self.by_task_id[d.task_id]].request)
+            return decisions
+        order = list(range(len(requests)))
+        if engine.policy.sorts_requests and not self.config.keep_order:
+            order.sort(key=lambda i: -requests[i].compute_demand)     # stable: queue order among equals
+        out: list[Decision | None] = [None] * len(requests)
+        for i in order:
+            req = requests[i]
+            shape = req.shape
+            decision = engine.place(req) if shape not in self.refused else None
+            if not isinstance(decision, Placement):
+                if decision is not None:
+                    self.refused.add(shape)
+                    if self.adaptor is not None:
+                        self.adaptor.unplaced(self.jobs[self.by_task_id[req.task_id]].request)
+                decision = decision or Rejection(req.task_id, "its shape was refused since the last release")
+            out[i] = decision
+        return [d for d in out if d is not None]
+
+    def book(self, k: int, placement: Placement, now: float) -> None:
+        """Pending job ``k`` was placed (its reservations taken in the engine): out of its bucket, booked."""
         bucket = self.buckets[self.shapes[k]]
-        bucket.remove((key, k))
-        heapq.heapify(bucket)
-        self._placed(k, placement, now)
-
-    def _placed(self, k: int, placement: Placement, now: float) -> None:
-        """Book a placement and start the job (only ready nodes are schedulable: they are up); an elastic job
-        starts once the pass has sized it (:meth:`SimElastic.schedule`)."""
+        item = (queue_key(self.requests[k]), k)
+        if bucket[0] == item:
+            heapq.heappop(bucket)
+        else:
+            bucket.remove(item)
+            heapq.heapify(bucket)
         self.waiting -= 1
         self.placed[k] = placement
-        if self.elastic is not None and self.elastic.placed(k):
-            return
-        self._start(k, placement, now, self.jobs[k].duration_s)
 
-    def _start(self, k: int, placement: Placement, now: float, run_s: float) -> None:
-        """Job ``k`` starts running on ``placement`` (already booked) and ends ``run_s`` later."""
+    def unbook(self, k: int, *, released: bool = False) -> None:
+        """Undo :meth:`book` of job ``k`` before it started: reservations given back (``released``: they were
+        already), pending again."""
+        placement = self.placed.pop(k)
+        if not released:
+            self.engine.release(placement, self.jobs[k].request.gpu_mem_per_gpu_bytes)
+        self.refused.clear()   # something was released
+        heapq.heappush(self.buckets.setdefault(self.shapes[k], []), (queue_key(self.requests[k]), k))
+        self.waiting += 1
+
+    def start(self, k: int, placement: Placement, now: float, run_s: float) -> None:
+        """Job ``k`` starts running on ``placement`` (already booked) and ends ``run_s`` later (only ready nodes
+        are schedulable: they are up)."""
         self.placed[k] = placement
         self.start_times[k] = now
+        if self.record is not None:
+            self.record.started[self.jobs[k].request.task_id] = placement
         indices = [self.index[node_id] for node_id in placement.node_ids]
         if self.adaptor is not None:
             # What it holds (an elastic job's placement may be larger than the request it was placed with);
@@ -463,9 +599,30 @@ class Simulator:
             self._run_on(i, placement.demand.gpus, start=True)
         self._push(now + run_s, _COMPLETE, k)
 
-    def _tick_at(self, t: float) -> None:
+    def stop(self, k: int, now: float, *, preempted: bool = True, resized: bool = False) -> Placement:
+        """Running job ``k`` stops before its end: its reservations go back (every shape may fit again); a
+        ``resized`` run's completion event is no longer awaited (the replay does not wait for it)."""
+        placement = self._release(k, now, preempted=preempted, resized=resized)
+        self.start_times.pop(k)
+        if self.record is not None:
+            self.record.stopped[self.jobs[k].request.task_id] = "resized" if resized else "preempted"
+        if resized:
+            self.job_events -= 1
+        self.refused.clear()
+        return placement
+
+    def requeue(self, k: int, request: Request | None = None) -> None:
+        """Stopped job ``k`` is pending again (with ``request``: placed with that from now on)."""
+        if request is not None:
+            self.requests[k] = request
+            self.shapes[k] = request.shape
+        self._arrive(k)
+
+    def tick_at(self, t: float) -> None:
         """Run a pass at ``t`` even if no job event happens then (an elastic job may resize)."""
         self._push(t, _TICK, 0)
+
+    # ---- bookkeeping --------------------------------------------------------------------------------------------
 
     def _run_on(self, i: int, gpus: float, *, start: bool) -> None:
         """A job using ``gpus`` GPUs starts or stops running on node ``i``."""

@@ -14,11 +14,12 @@ openb class            priority
 Any other group (Philly's virtual clusters) has priority 0: Philly has no classes, so every job is
 equal and nothing is ever preempted.
 
-With ``SimConfig(preemption=True)``, after each scheduling pass :class:`SimPreemption` looks at the
-head of every refused shape whose priority beats the lowest running job, highest priority first,
-and asks :func:`coordinator.qos.preemption.choose_candidates` (the rule the leader's Preemptor uses,
-with the same placement-engine fit check) for victims. Victims stop at once in virtual time (the
-checkpoint signal and stop grace are not modelled): they lose all progress since their last start
+With ``SimConfig(preemption=True)``, after each scheduling pass :class:`SimPreemption` asks
+:func:`coordinator.qos.preemption.choose_preemption` — the decision the leader's Preemptor makes, with the same
+placement-engine fit check — for victims for the head of every pending shape (a shape's later jobs need the same
+nodes): the first in queue order whose priority beats the lowest running job and that victims would let in.
+Victims stop at once in virtual time (the checkpoint signal and stop grace are not modelled): they lose all
+progress since their last start
 (no checkpoint is modelled, so the lost GPU-time is an upper bound) and go back to the queue with
 their original request (submit time and priority), where they run their whole duration again later.
 The preemptor is placed on the freed resources at once, before any other pending job (the leader
@@ -28,15 +29,11 @@ less than ``protection_s`` ago is never chosen again.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING
 
-from coordinator.domain import Placement, queue_key
-from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_candidates
-
-if TYPE_CHECKING:
-    from coordinator.simulator.engine import Simulator
+from coordinator.domain import Placement
+from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_preemption
+from coordinator.simulator.ports import Replay
 
 __all__ = ["QOS_CLASS_PRIORITY", "SimPreemption", "priority_of"]
 
@@ -56,14 +53,15 @@ def priority_of(group: str) -> int:
 class SimPreemption:
     """Preemption inside one replay (owned by the :class:`~coordinator.simulator.engine.Simulator`).
 
-    :param sim: the simulator whose queue and reservations it changes.
+    :param sim: the replay whose queue and reservations it changes.
     :param protection_s: a job is not preempted again within this many virtual seconds.
+    :param fits: the placement engine's fit check (the replay's policy, threshold and mode).
     """
 
-    def __init__(self, sim: Simulator, protection_s: float) -> None:
+    def __init__(self, sim: Replay, protection_s: float, fits: Fits) -> None:
         self.sim = sim
         self.protection_s = protection_s
-        self.fits = Fits(sim.config.policy, sim.config.threshold, sim.config.threshold_mode)
+        self.fits = fits
         self.count: Counter[int] = Counter()         # job index → times preempted
         self.lost_run_s: defaultdict[int, float] = defaultdict(float)   # job index → run time lost to preemptions
         self.last_s: dict[int, float] = {}           # job index → when it was last preempted
@@ -80,7 +78,7 @@ class SimPreemption:
     def after_pass(self, now: float) -> None:
         """Preempt for refused high-priority jobs until none can be helped; a pass follows each preemption."""
         while self._one(now):
-            self.sim._schedule(now, True)
+            self.sim.schedule(now, True)
 
     def _running(self, now: float) -> list[tuple[int, Candidate]]:
         sim = self.sim
@@ -96,41 +94,34 @@ class SimPreemption:
         return out
 
     def _one(self, now: float) -> bool:
+        """One preemption, as the leader's cycle decides it (:func:`choose_preemption` over the head of every
+        pending shape: a shape's later jobs need the same nodes); True when one happened."""
         sim = self.sim
         running = self._running(now)
         if not running:
             return False
-        lowest = min(c.priority for _k, c in running)
-        heads = sorted((bucket[0] for bucket in sim.buckets.values() if bucket), key=lambda item: item[0])
-        heads = [(key, k) for key, k in heads if sim.jobs[k].request.priority > lowest]
-        if not heads:
+        chosen = choose_preemption([sim.jobs[k].request for k in sim.heads()], [c for _k, c in running],
+                                   sim.engine.snapshot, self.fits, now=now, protection_s=self.protection_s)
+        if chosen is None:
             return False
-        snapshot = sim.engine.snapshot()
+        req, victims = chosen
         by_id = {c.id: k for k, c in running}
-        for _key, k in heads:
-            req = sim.jobs[k].request
-            victims = choose_candidates(req, snapshot, (c for _j, c in running), self.fits, now=now,
-                                        protection_s=self.protection_s)
-            if not victims:
-                continue
-            for v in victims:
-                self.preempt(by_id[v.id], now)
-            self._place(k, now)
-            return True
-        return False
+        for v in victims:
+            self.preempt(by_id[v.id], now)
+        self._place(sim.job_of(req.task_id), now)
+        return True
 
     def preempt(self, k: int, now: float) -> None:
         """Stop job ``k``: give its reservations back and queue it again with its original request
         (team-queue reclaim, :mod:`coordinator.simulator.queues`, preempts through this too)."""
         sim = self.sim
-        sim._release(k, now, preempted=True)
-        self.lost_run_s[k] += now - sim.start_times.pop(k)
+        self.lost_run_s[k] += now - sim.start_times[k]
+        sim.stop(k, now)
         self.count[k] += 1
         self.last_s[k] = now
         self.stale[k] += 1
         self.preemptions += 1
-        sim.refused.clear()
-        sim._arrive(k)
+        sim.requeue(k)
 
     def _place(self, k: int, now: float) -> None:
         """Place the preemptor at once on what its victims freed (the rest of the queue waits for the next pass)."""
@@ -139,10 +130,8 @@ class SimPreemption:
         decision = sim.engine.place(req)
         if not isinstance(decision, Placement):
             return   # cannot happen while the fit check and the engine agree; the next pass retries it
-        bucket = sim.buckets[sim.shapes[k]]
-        bucket.remove((queue_key(req), k))
-        heapq.heapify(bucket)
-        sim._placed(k, decision, now)
+        sim.book(k, decision, now)
+        sim.start(k, decision, now, sim.jobs[k].duration_s)
 
     def per_job(self) -> dict[str, tuple[int, float]]:
         """``job id → (times preempted, run seconds lost)`` for every job preempted at least once."""

@@ -13,7 +13,7 @@ the task table:
    :func:`~coordinator.queues.planning.plan_queues` decides admission and fair order against the
    cluster's GPUs per model and the queues' decayed usage. Only the plan's ``order`` is offered to
    placement, in that order (each request held to its admitted GPU pool by
-   :func:`coordinator.scheduler.cycle.on_pool`); refused jobs wait.
+   :func:`coordinator.scheduler.pipeline.on_pool`); refused jobs wait.
 2. Placement decides what ``place_batch`` over that order would (in the order, or for the policies
    that sort, by descending compute demand unless ``keep_order``). Between releases reservations
    only grow, so a shape the placement engine refused stays refused until something is released:
@@ -36,17 +36,14 @@ so nothing held between two passes is missed.
 
 from __future__ import annotations
 
-import heapq
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from coordinator.domain import Placement, Request, queue_key
+from coordinator.domain import Placement, Request
 from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, UsageDecay
-from coordinator.queues.planning import QueuedTask, QueuePlan, plan_queues, reclaim_for
-from coordinator.scheduler.cycle import on_pool
-
-if TYPE_CHECKING:
-    from coordinator.simulator.engine import Simulator
+from coordinator.queues.planning import QueuedTask, QueuePlan, reclaim_for
+from coordinator.scheduler.pipeline import PendingTask, PlacementInputs, QueueState, plan_placements
+from coordinator.simulator.ports import Replay
 
 __all__ = ["SimQueues", "whole_gpus"]
 
@@ -62,13 +59,16 @@ def whole_gpus(request: Request) -> int:
 class SimQueues:
     """Team queues inside one replay (owned by the simulator; module docstring).
 
-    :param sim: the simulator whose passes it runs.
+    :param sim: the replay whose passes it runs.
     :param config: the queue tree.
     :param reclaim: preempt borrowers for queues owed their quota.
+    :param preempt: stops a job the way preemption does (:meth:`coordinator.simulator.qos.SimPreemption.preempt`).
     """
 
-    def __init__(self, sim: Simulator, config: QueueConfig, *, reclaim: bool) -> None:
+    def __init__(self, sim: Replay, config: QueueConfig, *, reclaim: bool,
+                 preempt: Callable[[int, float], None]) -> None:
         self.sim = sim
+        self.preempt = preempt
         self.config = config
         self.reclaim = reclaim
         self.decay = UsageDecay.for_config(config)
@@ -115,43 +115,25 @@ class SimQueues:
         for k in sim.placed:
             t = self.tasks[k]
             out.append(QueueHolding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
-                                    sim.start_times[k], t.cpu, t.mem_gib,
-                                    {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
+                               sim.start_times[k], t.cpu, t.mem_gib,
+                               {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
         return out
 
     def schedule(self, now: float) -> None:
-        """One pass: plan admission and fair order, place the plan's order (module docstring, steps 1-2)."""
+        """One pass: the pipeline's :func:`~coordinator.scheduler.pipeline.plan_placements` over the pending jobs and
+        the queues' state (admission, fair order, placement), then the placed jobs start (module docstring, steps
+        1-2)."""
         sim = self.sim
         self.passes += 1
-        pending = sorted(item for bucket in sim.buckets.values() for item in bucket)
         self._accrue(now)
-        plan = plan_queues(self.config, [self.tasks[k] for _, k in pending], self.holdings(), self.capacity,
-                           self.decay, now)
-        self.plan = plan
-        jobs = [self.by_id[task_id] for task_id in plan.order]
-        requests = [on_pool(sim.jobs[k].request, plan.admissions[sim.jobs[k].request.task_id].pool) for k in jobs]
-        if sim.config.exact_batches:
-            decisions = sim.engine.place_batch(requests, keep_order=sim.config.keep_order)
-            for k, decision in zip(jobs, decisions, strict=True):
-                if isinstance(decision, Placement):
-                    self._book(k, decision, now)
-                elif sim.adaptor is not None:
-                    sim.adaptor.unplaced(sim.jobs[k].request)
-            return
-        items = list(zip(jobs, requests, strict=True))
-        if sim.engine.policy.sorts_requests and not sim.config.keep_order:
-            items.sort(key=lambda item: -item[1].compute_demand)     # stable: plan order among equals
-        for k, req in items:
-            shape = req.shape
-            if shape in sim.refused:
-                continue
-            decision = sim.engine.place(req)
-            if not isinstance(decision, Placement):
-                sim.refused.add(shape)
-                if sim.adaptor is not None:
-                    sim.adaptor.unplaced(sim.jobs[k].request)
-                continue
-            self._book(k, decision, now)
+        pending = sim.pending()
+        plan = plan_placements(PlacementInputs(
+            now, [PendingTask(sim.jobs[k].request, self.tasks[k]) for k in pending], engine_for=lambda _: sim.engine,
+            queues=QueueState(self.config, self.holdings(), self.capacity, self.decay), place=sim.place))
+        self.plan = plan.queues
+        for d in plan.decisions:
+            if isinstance(d, Placement):
+                self._book(self.by_id[d.task_id], d, now)
 
     def _book(self, k: int, placement: Placement, now: float) -> None:
         """Start job ``k`` on ``placement`` with what its admission borrowed (or undo it: another pool)."""
@@ -160,16 +142,13 @@ class SimQueues:
         admission = self.plan.admissions[req.task_id] if self.plan is not None else None
         assert admission is not None
         model = self.node_model[sim.index[placement.node_ids[0]]]
+        sim.book(k, placement, now)
         if self.config.pool_of(model) != admission.pool:
-            sim.engine.release(placement, req.gpu_mem_per_gpu_bytes)     # the leader leaves it waiting too
-            sim.refused.clear()                                          # something was released
+            sim.unbook(k)     # the leader leaves it waiting too
             return
-        bucket = sim.buckets[sim.shapes[k]]
-        bucket.remove((queue_key(req), k))
-        heapq.heapify(bucket)
         self.borrowed[k] = admission.borrowed
         self.model[k] = model
-        sim._placed(k, placement, now)
+        sim.start(k, placement, now, sim.jobs[k].duration_s)
 
     def after_pass(self, now: float) -> None:
         """Reclaim for the jobs the pass left waiting, then pass once more (module docstring, step 3)."""
@@ -187,8 +166,7 @@ class SimQueues:
         victims = reclaim_for(self.config, waiting, holdings, idle_by_node=by_node)
         if not victims:
             return
-        assert sim.qos is not None
         for v in victims:
-            sim.qos.preempt(self.by_id[v.task_id], now)
+            self.preempt(self.by_id[v.task_id], now)
         self.reclaims += len(victims)
-        sim._schedule(now, True)
+        sim.schedule(now, True)

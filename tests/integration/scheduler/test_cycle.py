@@ -77,6 +77,21 @@ def run(app: App) -> int:
     return asyncio.run(app.cycle.cycle())
 
 
+class TestClock:
+    def test_the_cycle_decides_at_its_clocks_time(self, setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The cycle reads the clock it was given, not the wall clock: a task held back until a time far ahead of
+        the wall clock is planned (and refused, with its reason) once that clock is past it."""
+        app, _ = setup
+        held = pending("t2", 6.0)
+        held.not_before_unix_s = 4e9
+        app.state.apply_task(held)
+        run(app)
+        assert app.tasks.tasks["t2"].reason == ""
+        monkeypatch.setattr(app.cycle, "_clock", lambda: 5e9)
+        run(app)
+        assert "gpus" in app.tasks.tasks["t2"].reason
+
+
 class TestIdleCycles:
     def test_unchanged_inputs_skip_the_cycle(self, setup: Setup) -> None:
         """A second cycle over the same tasks and nodes builds no snapshot and decides nothing."""

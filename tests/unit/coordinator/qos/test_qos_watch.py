@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import CollectorRegistry, Counter
 
 from common.pb.gptrm.v1 import types_pb2
@@ -12,7 +14,7 @@ from coordinator.events import EventBus
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler
 from coordinator.qos.watch import Pressure, QosWatch
-from coordinator.scheduler.queue import slack_key
+from coordinator.scheduler.queue import queue_key
 
 
 class Clock:
@@ -67,13 +69,16 @@ class TestSlackOrder:
         reqs = [req("none"), req("late-but-short", deadline=2000.0), req("early-but-long", deadline=1500.0),
                 req("high", priority=5)]
         expected = {"late-but-short": 10.0, "early-but-long": 900.0}
-        order = [r.task_id for r in sorted(reqs, key=slack_key(1000.0, expected))]
+
+        def with_runs(reqs: list[Request], runs: dict[str, float]) -> list[Request]:
+            return [replace(r, expected_run_s=runs.get(r.task_id)) for r in reqs]
+        order = [r.task_id for r in sorted(with_runs(reqs, expected), key=queue_key)]
         assert order == ["high", "early-but-long", "late-but-short", "none"]
         expected["early-but-long"] = 100.0
-        order = [r.task_id for r in sorted(reqs, key=slack_key(1000.0, expected))]
+        order = [r.task_id for r in sorted(with_runs(reqs, expected), key=queue_key)]
         assert order == ["high", "early-but-long", "late-but-short", "none"]
         expected["late-but-short"] = 990.0
-        order = [r.task_id for r in sorted(reqs, key=slack_key(1000.0, expected))]
+        order = [r.task_id for r in sorted(with_runs(reqs, expected), key=queue_key)]
         assert order == ["high", "late-but-short", "early-but-long", "none"]
 
 

@@ -136,3 +136,30 @@ class TestHoldBack:
         assert [t.id for t in preemptor.schedulable([back, urgent])] == ["hi"]
         table._by_id["v1"] = task("v1", 0, 1, state=TaskState.PENDING)
         assert [t.id for t in preemptor.schedulable([back, urgent])] == ["v2", "hi"]
+
+
+class TestOnePreemptionPerPass:
+    """choose_preemption: the decision the leader's Preemptor and the simulator's preemption both make."""
+
+    def test_the_first_waiting_task_in_queue_order_is_helped(self) -> None:
+        """Of two waiting tasks of one priority, the one with the least slack (deadline − expected run time) gets
+        the victims, whatever its deadline; lower-priority waiting work gets none."""
+        from dataclasses import replace
+
+        from coordinator.qos import preemption
+        from coordinator.scheduler.queue import request_for
+        from coordinator.simulator import qos as sim_qos
+
+        assert sim_qos.choose_preemption is preemption.choose_preemption
+        running = [task("a", 0, 2, node="n1", indices=(0, 1))]
+        early = replace(request_for(task("early", 5, 2, state=TaskState.PENDING)), deadline_s=NOW + 100,
+                        expected_run_s=10.0)
+        long_job = replace(request_for(task("long", 5, 2, state=TaskState.PENDING)), deadline_s=NOW + 500,
+                           expected_run_s=450.0)
+        low = request_for(task("low", 0, 2, state=TaskState.PENDING))
+        chosen = preemption.choose_preemption([low, early, long_job], [preemption.candidate(t) for t in running],
+                                              lambda: snapshot({"n1": 2}, running), FITS, now=NOW, protection_s=60.0)
+        assert chosen is not None and chosen[0].task_id == "long" and [c.id for c in chosen[1]] == ["a"]
+        assert preemption.choose_preemption([low], [preemption.candidate(t) for t in running],
+                                            lambda: snapshot({"n1": 2}, running), FITS, now=NOW,
+                                            protection_s=60.0) is None

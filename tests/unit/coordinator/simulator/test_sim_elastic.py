@@ -16,6 +16,7 @@ import pytest
 
 import coordinator.elastic.rules as rules
 from common.errors import UsageError
+from coordinator.scheduler import cycle, pipeline
 from coordinator.simulator import elastic as sim_elastic
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.elastic import ElasticSimConfig
@@ -156,10 +157,14 @@ def test_grows_or_shrinks_can_be_left_out() -> None:
 
 
 def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The simulator's names are coordinator.elastic.rules's own functions, not copies...
-    for name in ("plan_grows", "plan_shrinks", "size_placements", "request_at", "idle_gpus", "node_accepts"):
-        assert getattr(sim_elastic, name) is getattr(rules, name), name
-    # ...and the replay goes through them.
+    # The simulator's elastic steps are the scheduling pipeline's own functions, the ones the leader's cycle runs...
+    for name in ("plan_resizes", "size_elastic", "place_smaller", "wish"):
+        assert getattr(sim_elastic, name) is getattr(pipeline, name), name
+    for name in ("plan_placements", "plan_resizes"):
+        assert getattr(cycle, name) is getattr(pipeline, name), name
+    # ...which decide by coordinator.elastic.rules's rules, and the replay goes through them.
+    for name in ("plan_grows", "plan_shrinks", "size_placements"):
+        assert getattr(pipeline, name) is getattr(rules, name), name
     calls: list[str] = []
 
     def spy(name: str) -> Any:
@@ -171,7 +176,7 @@ def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
         return wrapped
 
     for name in ("plan_grows", "plan_shrinks", "size_placements"):
-        monkeypatch.setattr(sim_elastic, name, spy(name))
+        monkeypatch.setattr(pipeline, name, spy(name))
     jobs, config = grow_then_shrink()
     replay(jobs, config)
     assert {"plan_grows", "plan_shrinks", "size_placements"} <= set(calls)

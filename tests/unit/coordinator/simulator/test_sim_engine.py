@@ -171,6 +171,28 @@ class TestProductionCode:
         assert Simulator(nodes, jobs, SimConfig("random", seed=6)).run().placements != first
 
 
+class TestParts:
+    """The simulator's parts run the pipeline through the replay's narrow interface (coordinator/simulator/ports.py)."""
+
+    def test_parts_use_only_the_replays_interface(self) -> None:
+        """No part imports the engine (no import cycle), and none reaches for a private member of the replay."""
+        import ast
+
+        import coordinator.simulator
+
+        root = Path(coordinator.simulator.__file__).parent
+        for name in ("elastic.py", "queues.py", "qos.py", "ports.py"):
+            tree = ast.parse((root / name).read_text(encoding="utf-8"))
+            for n in ast.walk(tree):
+                if isinstance(n, ast.ImportFrom):
+                    assert n.module != "coordinator.simulator.engine", f"{name} imports the engine"
+                if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
+                    owner = n.value
+                    is_sim = (isinstance(owner, ast.Name) and owner.id == "sim") or (
+                        isinstance(owner, ast.Attribute) and owner.attr == "sim")
+                    assert not is_sim, f"{name}:{n.lineno} reads the replay's private {n.attr}"
+
+
 @pytest.fixture(scope="module")
 def busy_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[SimJob]]:
     """A synthetic trace that overloads its 10 nodes, loaded through the trace and profiler path."""
@@ -195,3 +217,38 @@ class TestFastPathEqualsPlaceBatch:
         assert fast.placements == exact.placements
         assert timeline(fast) == timeline(exact)
         assert fast.metrics == exact.metrics
+
+
+class TestThePipelinesOrder:
+    def test_least_slack_first_as_on_the_leader(self) -> None:
+        """The replay orders its queue by the leader's rule: within a priority, the least slack (deadline − expected
+        run time) first, not the earliest deadline."""
+        def deadline_job(task_id: str, deadline_s: float, expected_s: float) -> SimJob:
+            j = job(task_id, 1, 0.0, 100.0)
+            return replace(j, request=replace(j.request, deadline_s=deadline_s, expected_run_s=expected_s))
+
+        jobs = [deadline_job("early-but-short", 1000.0, 10.0), deadline_job("late-but-long", 2000.0, 1900.0)]
+        for exact in (False, True):
+            result = Simulator(cluster(node("n1", gpus=1)), jobs,
+                               SimConfig("first-fit", keep_series=False, exact_batches=exact)).run()
+            assert [r.job_id for r in sorted(result.jobs, key=lambda r: r.start_s)] == ["late-but-long",
+                                                                                         "early-but-short"]
+
+
+class TestStep:
+    def test_one_pass_on_given_inputs(self) -> None:
+        """step() runs one timestamp (arrivals, then one pass) and says what it decided; the next steps go on from
+        there, and stepping to the end gives what run() gives."""
+        jobs = [job("a", 2, 0.0, 50.0), job("b", 2, 0.0, 80.0), job("c", 4, 0.0, 10.0)]
+        sim = Simulator(cluster(node("n1", gpus=4)), jobs, SimConfig("first-fit", keep_series=False))
+        first = sim.step()
+        assert first is not None and first.now == 0.0
+        assert sorted(first.started) == ["a", "b"] and first.stopped == {} and first.waiting == ["c"]
+        assert first.started["a"].node_ids == ("n1",)
+        steps = [first]
+        while (record := sim.step()) is not None:
+            steps.append(record)
+        assert [(r.now, sorted(r.started)) for r in steps] == [(0.0, ["a", "b"]), (50.0, []), (80.0, ["c"]),
+                                                              (90.0, [])]
+        whole = Simulator(cluster(node("n1", gpus=4)), jobs, SimConfig("first-fit", keep_series=False)).run()
+        assert timeline(sim.result()) == timeline(whole)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from coordinator.queues import Queue, QueueConfig, planning
+from coordinator.scheduler import cycle, pipeline
 from coordinator.simulator import queues as sim_queues
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
@@ -142,7 +143,8 @@ class TestReplayWithQueues:
             assert key == [(r.job, r.start_s, r.end_s, r.placement.node_ids, r.preempted) for r in exact.runs]
 
     def test_the_replay_calls_the_schedulers_queue_code(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Every pass asks plan_queues (and reclaim_for after it) and follows their answers."""
+        """Every pass goes through the scheduling pipeline, which asks plan_queues (and reclaim_for after it), and
+        follows their answers."""
         calls = {"plan": 0, "reclaim": 0, "victims": 0}
 
         def plan(*args: Any, **kwargs: Any) -> planning.QueuePlan:
@@ -155,7 +157,8 @@ class TestReplayWithQueues:
             calls["victims"] += len(victims)
             return victims
 
-        monkeypatch.setattr(sim_queues, "plan_queues", plan)
+        assert sim_queues.plan_placements is pipeline.plan_placements is cycle.plan_placements
+        monkeypatch.setattr(pipeline, "plan_queues", plan)
         monkeypatch.setattr(sim_queues, "reclaim_for", reclaim)
         result = replay(burst(), queues=TREE)
         assert calls["plan"] >= 3 and calls["reclaim"] >= 1
@@ -163,7 +166,7 @@ class TestReplayWithQueues:
 
     def test_refused_plans_hold_jobs_back(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Only the plan's order is placed: a plan admitting nothing places nothing."""
-        monkeypatch.setattr(sim_queues, "plan_queues", lambda *a, **k: planning.QueuePlan([]))
+        monkeypatch.setattr(pipeline, "plan_queues", lambda *a, **k: planning.QueuePlan([]))
         result = replay(burst(), queues=TREE)
         assert result.runs == [] and result.metrics["unplaced_jobs"] == 12
 
