@@ -492,11 +492,14 @@ class SchedulerCycle:
             entry = self._registry.get(a.node_id)
             uuids = {g.index: g.uuid for g in entry.inventory.gpus} if entry else {}
             n = len(a.gpu_indices)
+            # An elastic task holds the GPUs of its placement, whatever its spec's size (its minimum): the node's
+            # reservation, and so the next snapshot's used GPUs, count what it really holds.
+            gpus = float(n) if task.spec.HasField("elastic") and n else d.gpus
             alloc.nodes.append(types_pb2.NodeAllocation(
                 node_id=a.node_id, gpu_indices=list(a.gpu_indices), gpu_uuids=[uuids.get(i, "") for i in a.gpu_indices],
                 gpu_share=a.gpu_share, address=node_address(entry.inventory) if entry else a.node_id,
                 # On the node, GPU memory is the total of its GPUs (Task.demand holds it per GPU).
-                demand=types_pb2.ResourceVector(gpus=d.gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
+                demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
                                                 cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
                                                 disk_bytes=d.disk_bytes)))
         alloc.master_port = port

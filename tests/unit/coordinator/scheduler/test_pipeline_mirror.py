@@ -34,10 +34,6 @@ SEEDS = range(8)
 
 SAME_TIME_VICTIMS = ("the simulator chooses victims among jobs it started at the same time (in the pass just run); "
                      "the leader only among RUNNING tasks, never one it placed in the same cycle")
-ELASTIC_NODE_DEMAND = ("the leader commits an elastic task sized above its minimum with its spec's GPUs (its minimum) "
-                       "as its nodes' demand, so its snapshot counts fewer GPUs used on those nodes than they hold "
-                       "and load-balancing and max-utilization rank them by that; the simulator counts what the "
-                       "placement holds")
 POOL_MISMATCH = ("a task admitted in the any-model pool and placed on GPUs of a model that a queue names is not "
                  "started; the simulator gives those GPUs back at once and places the rest of its pass on them, the "
                  "leader keeps them taken for the rest of its cycle's batch")
@@ -99,7 +95,7 @@ def test_multi_node_jobs_with_preemption(seed: int, etcd_server: EtcdCluster, et
     _agree(etcd_server, etcd_prefix, seed, preemption=True, gangs=True)
 
 
-@pytest.mark.parametrize("seed", _seeds({25: ELASTIC_NODE_DEMAND, 34: ELASTIC_NODE_DEMAND}))
+@pytest.mark.parametrize("seed", [*SEEDS, 25, 34])
 def test_elastic_jobs(seed: int, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """Elastic and rigid jobs: the same sizes at placement, the same shrinks for what waits and grows into GPUs that
     ending jobs freed."""

@@ -1,0 +1,31 @@
+"""Decisions of the leader's scheduling cycle (``coordinator/scheduler/cycle.py``) over a few cycles, on the
+coordinator's own object graph and a real etcd (the mirror's leader side, ``tests/helpers/mirror.py``): what an
+elastic task holds is what its nodes count, a reclaim holds for the task it was made for, round-robin's cursor
+goes on from cycle to cycle, a queue's usage counts its tasks up to their end, and GPUs of a placement its queue
+cannot take go back to the rest of the batch."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.etcd_embedded import EtcdCluster
+from tests.helpers.mirror import Job, LeaderRun, Node, Scenario, leader_decisions
+
+
+def _leader(scenario: Scenario, etcd: EtcdCluster, prefix: str) -> LeaderRun:
+    return asyncio.run(leader_decisions(scenario, etcd.endpoints, prefix))
+
+
+def test_an_elastic_task_counts_on_its_node_as_the_gpus_it_holds(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """An elastic task placed at 3 GPUs (its minimum 1) on one node and a rigid 2-GPU task on the other: the next
+    cycle's load-balancing sees the elastic task's node with 3 GPUs used, not 1, and puts a 1-GPU task on the
+    other, the less loaded."""
+    scenario = Scenario((Node("n0", 4), Node("n1", 4)),
+                        (Job("w0-00", 3, elastic=True), Job("w0-01", 2), Job("w1-02", 1, wave=1)),
+                        "load-balancing", elastic=True)
+    run = _leader(scenario, etcd_server, etcd_prefix)
+    first, second = run.decisions
+    (elastic_node, gpus), = first.placed["w0-00"]
+    (rigid_node, _), = first.placed["w0-01"]
+    assert len(gpus) == 3 and rigid_node != elastic_node
+    assert second.placed["w1-02"][0][0] == rigid_node, run.decisions
