@@ -29,3 +29,13 @@ def test_an_elastic_task_counts_on_its_node_as_the_gpus_it_holds(etcd_server: Et
     (rigid_node, _), = first.placed["w0-01"]
     assert len(gpus) == 3 and rigid_node != elastic_node
     assert second.placed["w1-02"][0][0] == rigid_node, run.decisions
+
+
+def test_round_robin_goes_on_from_cycle_to_cycle(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """Under round-robin, a 1-GPU task placed in one cycle and another in the next go to two nodes in turn: the
+    second cycle's walk starts past the node the first one chose, not at the first node again."""
+    scenario = Scenario((Node("n0", 4), Node("n1", 4), Node("n2", 4)),
+                        (Job("w0-00", 1), Job("w1-01", 1, wave=1)), "round-robin")
+    first, second = _leader(scenario, etcd_server, etcd_prefix).decisions
+    assert first.placed["w0-00"][0][0] == "n0"
+    assert second.placed["w1-01"][0][0] == "n1"

@@ -37,9 +37,6 @@ SAME_TIME_VICTIMS = ("the simulator chooses victims among jobs it started at the
 POOL_MISMATCH = ("a task admitted in the any-model pool and placed on GPUs of a model that a queue names is not "
                  "started; the simulator gives those GPUs back at once and places the rest of its pass on them, the "
                  "leader keeps them taken for the rest of its cycle's batch")
-ROUND_ROBIN_CURSOR = ("the leader builds its policy afresh every cycle, so round-robin's cursor starts at the first "
-                      "node in every cycle; the simulator keeps one policy for the whole replay and its cursor goes on "
-                      "from where the last pass left it")
 USAGE_OF_ENDED = ("the leader's decayed queue usage adds what tasks hold at each cycle only, so what a task held "
                   "between the last cycle and its end is not counted; the simulator counts every job up to its end "
                   "(here: a different fair order of the queues)")
@@ -103,8 +100,7 @@ def test_elastic_jobs(seed: int, etcd_server: EtcdCluster, etcd_prefix: str) -> 
 
 
 @pytest.mark.parametrize(("policy", "seed"), [
-    pytest.param(p, s, marks=_disagree(ROUND_ROBIN_CURSOR)) if (p, s) == ("round-robin", 5) else (p, s)
-    for p in ("power-efficient", "time-aware", "round-robin") for s in (*SEEDS[:4], 5)])
+    (p, s) for p in ("power-efficient", "time-aware", "round-robin") for s in (*SEEDS[:4], 5)])
 def test_other_policies(policy: str, seed: int, etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """The scenarios with priorities and preemption under the policies the other tests do not draw."""
     scenario = replace(random_scenario(seed, preemption=True), policy=policy)
