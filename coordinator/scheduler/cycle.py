@@ -38,7 +38,9 @@ One cycle, in this order (each step needs the previous one's output):
    it, chosen by :func:`~coordinator.qos.preemption.choose_candidates`; queues owed their quota take borrowed
    GPUs back (:func:`~coordinator.queues.planning.reclaim_for`). Pending tasks of lower priority than a
    preemptor still waiting for its victims are left out of step 1, so that they do not take what was freed
-   for it.
+   for it; a queue that reclaimed has its tasks placed ahead of step 2's batch until a cycle ran with its
+   borrowers stopped, so that what was reclaimed for it does not go back to a borrower first (a claim, kept
+   in this leader's memory).
 
 The resizes are planned after the commit, not with the placements, because what etcd refused must not count
 as held by the queues; the simulator books its placements and then plans its resizes the same way.
@@ -160,6 +162,10 @@ class SchedulerCycle:
         self._uid_full = 0                              # nodes of this cycle's snapshot without a free task uid
         self._health: str | None = None                 # this cycle's fenced GPUs and health-held nodes, in words
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
+        # Queue → the borrowers it reclaimed GPUs from: its tasks go ahead in each cycle's batch until one ran with
+        # those GPUs free (a reclaim's claim; :class:`~coordinator.scheduler.pipeline.PlacementInputs`). Kept in
+        # this leader's memory: a new leader starts without claims.
+        self._claims: dict[str, set[str]] = {}
 
     async def run(self, beat: Beat = no_beat) -> None:
         """Schedule while leading; a cycle runs on every wake-up and at least once a second."""
@@ -243,7 +249,9 @@ class SchedulerCycle:
                                                            gang_label=self._gang_label),
             snapshot=snapshot,
             queues=self._queue_state(pending) if queues is not None else None, kept=kept, policy=policy.name,
-            threshold=policy.threshold, mode=mode))
+            threshold=policy.threshold, mode=mode,
+            claims=frozenset(self._claims) if queues is not None else frozenset()))
+        self._claims_served()
         qplan = plan.queues
         if qplan is not None:
             for task_id, reason in qplan.refused.items():
@@ -424,9 +432,20 @@ class SchedulerCycle:
             task = self._tasks.find(v.task_id)
             if task is not None:
                 for_queue.setdefault(v.for_queue, []).append(task)
-        stopped = [tid for queue, tasks in sorted(for_queue.items())
-                   for tid in await self._preemptor.reclaim(tasks, queue)]
+        stopped = []
+        for queue, tasks in sorted(for_queue.items()):
+            ids = await self._preemptor.reclaim(tasks, queue)
+            if ids:
+                self._claims.setdefault(queue, set()).update(ids)
+                stopped += ids
         return bool(stopped)
+
+    def _claims_served(self) -> None:
+        """Drop the reclaim claims whose borrowers had all stopped when this cycle planned: its batch placed the
+        queue's tasks ahead, on the GPUs given back."""
+        for queue, ids in list(self._claims.items()):
+            if not any((t := self._tasks.find(i)) is not None and t.state == TaskState.PREEMPTED for i in ids):
+                del self._claims[queue]
 
     def _refused_ports(self) -> dict[str, set[int]]:
         """Per node, the master ports a start found held by something else in the last

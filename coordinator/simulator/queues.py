@@ -27,7 +27,8 @@ the task table:
    victims are preempted the way :mod:`coordinator.simulator.qos` preempts (they stop at once, lose
    their progress and go back to the queue with their original request, running their whole
    duration again later: restart from scratch, no checkpoint modelled), then one more pass runs, as
-   the leader's next cycle would.
+   the leader's next cycle would, with the jobs of the queues that reclaimed placed first (a reclaim's
+   claim: :class:`~coordinator.scheduler.pipeline.PlacementInputs`).
 
 Decayed usage (:class:`~coordinator.queues.UsageDecay`) advances in virtual time: the GPU- and
 core-seconds each queue's running jobs held are added whenever a job stops and before every plan,
@@ -88,6 +89,7 @@ class SimQueues:
         self.borrowed: dict[int, int] = {}     # running job → GPUs borrowed, as admitted
         self.model: dict[int, str] = {}        # running job → GPU model it holds
         self.plan: QueuePlan | None = None     # the last pass's plan
+        self.claims: frozenset[str] = frozenset()   # queues that reclaimed for the next pass (their jobs go first)
         self.accrued_at: float | None = None
         self.passes = 0
         self.reclaims = 0
@@ -127,9 +129,11 @@ class SimQueues:
         self.passes += 1
         self._accrue(now)
         pending = sim.pending()
+        claims, self.claims = self.claims, frozenset()   # the victims stopped at once: this pass has their GPUs
         plan = plan_placements(PlacementInputs(
             now, [PendingTask(sim.jobs[k].request, self.tasks[k]) for k in pending], engine_for=lambda _: sim.engine,
-            queues=QueueState(self.config, self.holdings(), self.capacity, self.decay), place=sim.place))
+            queues=QueueState(self.config, self.holdings(), self.capacity, self.decay), place=sim.place,
+            claims=claims))
         self.plan = plan.queues
         for d in plan.decisions:
             if isinstance(d, Placement):
@@ -169,4 +173,5 @@ class SimQueues:
         for v in victims:
             self.preempt(self.by_id[v.task_id], now)
         self.reclaims += len(victims)
+        self.claims = frozenset(v.for_queue for v in victims)   # the next pass places their jobs first
         sim.schedule(now, True)

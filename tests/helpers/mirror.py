@@ -443,6 +443,14 @@ def _recording(sim: Simulator, log: _Log) -> Iterator[None]:
         sim.qos._one = _one  # type: ignore[method-assign]
     if sim.queues is not None:
         after = sim.queues.after_pass
+        if hasattr(sim.queues, "preempt"):   # the queues stop their reclaim's victims through a preempt of their own
+            stop = sim.queues.preempt
+
+            def _reclaim(k: int, now: float) -> None:
+                log.entries.append((now, "reclaim", k, None))
+                stop(k, now)
+
+            sim.queues.preempt = _reclaim
 
         def _after(now: float) -> None:
             log.reclaiming = True

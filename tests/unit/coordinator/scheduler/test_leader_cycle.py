@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from common.etcd_embedded import EtcdCluster
+from coordinator.queues import Queue, QueueConfig
 from tests.helpers.mirror import Job, LeaderRun, Node, Scenario, leader_decisions
 
 
@@ -39,3 +40,19 @@ def test_round_robin_goes_on_from_cycle_to_cycle(etcd_server: EtcdCluster, etcd_
     first, second = _leader(scenario, etcd_server, etcd_prefix).decisions
     assert first.placed["w0-00"][0][0] == "n0"
     assert second.placed["w1-01"][0][0] == "n1"
+
+
+def test_a_reclaim_holds_for_the_task_it_was_made_for(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """Queue alpha borrows for two 3-GPU tasks on two 4-GPU nodes; beta's 2-GPU task, within its quota, fits on
+    neither under max-utilization's threshold: a borrower is reclaimed for it. The cycles after (the borrower
+    stopped and back in the queue) place beta's task first, on the GPUs given back, and the borrower waits: it is
+    not placed there again and reclaimed again, cycle after cycle."""
+    queues = QueueConfig(queues=(Queue("alpha", gpus={"*": 2}, members=("*",), default_for=("*",)),
+                                 Queue("beta", gpus={"*": 2}, members=("*",))))
+    scenario = Scenario((Node("n0", 4), Node("n1", 4)), (Job("w0-00", 3, queue="alpha"), Job("w0-01", 2, queue="beta"),
+                                                         Job("w0-02", 3, queue="alpha")), "max-utilization", queues)
+    run = _leader(scenario, etcd_server, etcd_prefix)
+    assert run.notes == []   # the leader's cycles settled: nothing stopped again and again
+    first, second = run.decisions
+    assert set(first.placed) == {"w0-00", "w0-02"} and len(first.reclaimed) == 1
+    assert second.reclaimed == frozenset()

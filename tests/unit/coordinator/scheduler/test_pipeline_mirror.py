@@ -64,9 +64,6 @@ def test_team_queues_with_reclaim(seed: int, etcd_server: EtcdCluster, etcd_pref
     _agree(etcd_server, etcd_prefix, seed, queues=True)
 
 
-@_disagree("the leader reclaims a borrower and, in its next cycle, places it again ahead of the owed queue's task the "
-           "reclaim was for (its batch is sorted by demand), then reclaims it again, cycle after cycle; the simulator "
-           "reclaims once per time and keeps the borrower running")
 def test_a_reclaim_for_a_task_that_still_does_not_fit(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """Queue alpha borrows for two 3-GPU tasks on two 4-GPU nodes; queue beta's 2-GPU task, within its quota, fits on
     neither under max-utilization's threshold (3 GPUs a node): a borrower is reclaimed for it, and the cycle after
