@@ -398,6 +398,19 @@ class LeaderQueues:
         for h in (*held, *stopping):
             self.decay.add(h.queue, now, gpu_s=h.gpus * (now - last), cpu_s=h.cpu * (now - last))
 
+    def releasing(self, task: types_pb2.Task) -> None:
+        """``task`` gives up its GPUs now (it ended or goes back to the queue): what it held since the last
+        :meth:`accrue` is added to its queue's decayed usage, which the next :meth:`accrue` (it no longer holds
+        anything then) would miss; so a task counts up to its end, not up to the last cycle before it."""
+        last = self._accrued_at
+        if last is None or not self.config.managed or task.state not in HOLDING_STATES or not task.allocation.nodes:
+            return
+        now = self.clock()
+        if now <= last:
+            return
+        held = holding_of(task, self._registry, now)
+        self.decay.add(held.queue, now, gpu_s=held.gpus * (now - last), cpu_s=held.cpu * (now - last))
+
     def gates(self, pending: Sequence[QueuedTask]) -> dict[str, Gate]:
         """Each queue's budget gate for a cycle with these pending tasks (only queues past a budget appear)."""
         config = self.config

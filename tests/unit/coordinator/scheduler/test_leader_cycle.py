@@ -56,3 +56,17 @@ def test_a_reclaim_holds_for_the_task_it_was_made_for(etcd_server: EtcdCluster, 
     first, second = run.decisions
     assert set(first.placed) == {"w0-00", "w0-02"} and len(first.reclaimed) == 1
     assert second.reclaimed == frozenset()
+
+
+def test_a_queue_usage_counts_a_task_up_to_its_end(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """Queue a ran a 3-GPU task, queue b a 1-GPU one, both ending just before the next cycle, which has room for
+    one of two 4-GPU tasks, one of each queue. Counted up to their ends, a used more than b: b's task goes first in
+    fair order (counted only up to the last cycle, neither used anything and a's goes first, by name)."""
+    queues = QueueConfig(queues=(Queue("a", gpus={"*": 4}, members=("*",), default_for=("*",)),
+                                 Queue("b", gpus={"*": 4}, members=("*",))))
+    scenario = Scenario((Node("n0", 4),), (Job("w0-00", 3, queue="a", ends=True), Job("w0-01", 1, queue="b", ends=True),
+                                           Job("w1-02", 4, queue="a", wave=1), Job("w1-03", 4, queue="b", wave=1)),
+                        "first-fit", queues)
+    first, second = _leader(scenario, etcd_server, etcd_prefix).decisions
+    assert set(first.placed) == {"w0-00", "w0-01"}
+    assert set(second.placed) == {"w1-03"}
