@@ -45,7 +45,6 @@ from dataclasses import dataclass, field, replace
 
 from common.pb.gptrm.v1 import types_pb2
 from common.types import NodeState, TaskState
-from coordinator.domain import Placement
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.power_states import power_label
 from coordinator.queues import (
@@ -464,16 +463,6 @@ class LeaderQueues:
     def pool_of_task(self, task: types_pb2.Task) -> str:
         """The GPU pool a placed task's GPUs are in."""
         return self.config.pool_of(holding_of(task, self._registry).gpu_model)
-
-    def placed_model(self, placement: Placement) -> str | None:
-        """The GPU model a placement's first GPU has (None: it took no GPU or the node is unknown)."""
-        for a in placement.assignments:
-            entry = self._registry.get(a.node_id)
-            if entry is not None and a.gpu_indices:
-                for g in entry.inventory.gpus:
-                    if g.index == a.gpu_indices[0]:
-                        return g.model or ANY_MODEL
-        return None
 
     def may_preempt(self, task: types_pb2.Task, victim: types_pb2.Task) -> bool:
         """Priority preemption stays within a queue once queues are configured (reclaim crosses them)."""

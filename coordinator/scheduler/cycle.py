@@ -21,10 +21,11 @@ One cycle, in this order (each step needs the previous one's output):
    placement engine's batch (policy filter + rank, then the Resource Allocator's GPU choice; its state kept
    from cycle to cycle), elastic tasks placed smaller when refused and, when nothing was left waiting, sized
    into the idle GPUs left over; with team queues what an elastic task takes beyond its minimum comes out of
-   its queue's room (:class:`~coordinator.queues.planning.QueueRoom`);
+   its queue's room (:class:`~coordinator.queues.planning.QueueRoom`), and a task placed in another GPU pool
+   than its queue admitted it in waits, its GPUs given back to the rest of the batch;
 3. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED, allocation, node
    reservation, all or nothing per placement), with the room the agents count beyond resources (a task uid, a
-   master port); a task placed in another GPU pool than its queue admitted it in waits;
+   master port);
 4. dispatch: only committed placements become StartTask decisions on the agents' streams; the others keep a
    human-readable reason (under max-utilization and load-balancing an unplaceable task also raises a scale-out
    request, the Resource Adaptor's; under power-efficient it simply waits);
@@ -313,11 +314,7 @@ class SchedulerCycle:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
                 if qplan is not None:
-                    marked = self._borrowing(task, decision, qplan.admissions[task.id], plan.beyond.get(task.id, 0))
-                    if marked is None:
-                        self._metrics.decisions.labels(outcome="waiting").inc()
-                        continue
-                    task = marked
+                    task = self._borrowing(task, decision, qplan.admissions[task.id], plan.beyond.get(task.id, 0))
                 roomy = self._with_room(task, decision, uid_room, ports)
                 if roomy is None:
                     self._metrics.decisions.labels(outcome="waiting").inc()
@@ -401,17 +398,10 @@ class SchedulerCycle:
         return bool(done)
 
     def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: AdmissionDecision,
-                   beyond: int = 0) -> types_pb2.Task | None:
+                   beyond: int = 0) -> types_pb2.Task:
         """The task as it is committed: with the GPUs its queue borrows for it (its admission's, plus ``beyond``:
         what an elastic task borrows above its minimum; a copy: the record in the leader state changes only when
-        etcd stored the placement). None when it was placed on GPUs of another pool than its queue admitted it in
-        (only possible for an any-model task when some queue names a model): it waits for the next cycle."""
-        assert self._queues is not None
-        model = self._queues.placed_model(placement)
-        if model is not None and self._queues.config.pool_of(model) != admission.pool:
-            self._tasks.note_reason(task.id, f"admitted in GPU pool {admission.pool!r}, placed on {model!r}: "
-                                             "waiting for room in its pool")
-            return None
+        etcd stored the placement). The plan placed it in the GPU pool its queue admitted it in."""
         borrowed = min(admission.borrowed + beyond, placement_gpus(placement) or admission.borrowed + beyond)
         if borrowed == task.borrowed_gpus:
             return task

@@ -288,7 +288,39 @@ def plan_placements(inputs: PlacementInputs) -> PlacementPlan:
                     new = sized[r.task_id]
                     decisions[i] = new if new is not None else Rejection(r.task_id,
                                                                          "its GPUs were taken while it was sized")
+    if qplan is not None and q is not None and q.config.named_models:
+        _held_to_pools(engine, q.config, qplan, requests, decisions, set(early))
     return PlacementPlan(requests, decisions, qplan, beyond, ranges, engine)
+
+
+def _held_to_pools(engine: PlacementEngine, config: QueueConfig, qplan: QueuePlan, requests: Sequence[Request],
+                   decisions: list[Decision], elsewhere: set[str]) -> None:
+    """A task placed on GPUs of another pool than its queue admitted it in (an any-model task, on a model that a
+    queue names: its request cannot exclude those models) is not started: it waits, with the reason, and its GPUs
+    go back to the engine at once; the tasks of the batch left waiting are tried again on them (``place_batch``),
+    until no placement is in another pool. ``elsewhere``: tasks placed on another engine (a reservation's own
+    work), left as they are."""
+    state = engine.state
+    wrong: set[str] = set(elsewhere)
+    while True:
+        released = False
+        for i, (r, d) in enumerate(zip(requests, decisions, strict=True)):
+            if not isinstance(d, Placement) or r.task_id in wrong or not d.assignments[0].gpu_indices:
+                continue
+            model = state.nodes[state.index[d.assignments[0].node_id]].gpu_model or ANY_MODEL
+            pool = qplan.admissions[r.task_id].pool
+            if config.pool_of(model) != pool:
+                engine.release(d, r.gpu_mem_per_gpu_bytes)
+                decisions[i] = Rejection(r.task_id, f"admitted in GPU pool {pool!r}, placed on {model!r}: waiting "
+                                                    "for room in its pool")
+                wrong.add(r.task_id)
+                released = True
+        retry = [i for i, (r, d) in enumerate(zip(requests, decisions, strict=True))
+                 if not isinstance(d, Placement) and r.task_id not in wrong]
+        if not released or not retry:
+            return
+        for i, d in zip(retry, engine.place_batch([requests[i] for i in retry]), strict=True):
+            decisions[i] = d
 
 
 def place_smaller(engine: PlacementEngine, request: Request, rng: ElasticRange) -> tuple[Placement, Request] | None:

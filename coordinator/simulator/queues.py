@@ -20,7 +20,8 @@ the task table:
    the engine's cross-pass refusal set is kept (it holds placement refusals only, never queue
    refusals, which the plan decides afresh each pass). ``exact_batches`` hands the ordered requests
    to ``place_batch`` itself; the tests compare both. A job placed on GPUs of another pool than the
-   one it was admitted in waits, as in the leader.
+   one it was admitted in waits, its GPUs given back to the rest of the pass (the pipeline's rule, as in the
+   leader).
 3. With ``reclaim``, after the pass :func:`~coordinator.queues.planning.reclaim_for` runs over
    the jobs left waiting (the plan's order, then its refused ones) and the running jobs, with the
    GPUs no running job holds as idle (as the leader passes them); its
@@ -140,16 +141,14 @@ class SimQueues:
                 self._book(self.by_id[d.task_id], d, now)
 
     def _book(self, k: int, placement: Placement, now: float) -> None:
-        """Start job ``k`` on ``placement`` with what its admission borrowed (or undo it: another pool)."""
+        """Start job ``k`` on ``placement`` (in the GPU pool it was admitted in) with what its admission
+        borrowed."""
         sim = self.sim
         req = sim.jobs[k].request
         admission = self.plan.admissions[req.task_id] if self.plan is not None else None
         assert admission is not None
         model = self.node_model[sim.index[placement.node_ids[0]]]
         sim.book(k, placement, now)
-        if self.config.pool_of(model) != admission.pool:
-            sim.unbook(k)     # the leader leaves it waiting too
-            return
         self.borrowed[k] = admission.borrowed
         self.model[k] = model
         sim.start(k, placement, now, sim.jobs[k].duration_s)

@@ -10,7 +10,9 @@ import asyncio
 
 from common.etcd_embedded import EtcdCluster
 from coordinator.queues import Queue, QueueConfig
-from tests.helpers.mirror import Job, LeaderRun, Node, Scenario, leader_decisions
+from tests.helpers.mirror import GPU_MODELS, Job, LeaderRun, Node, Scenario, leader_decisions
+
+H100, A100 = GPU_MODELS
 
 
 def _leader(scenario: Scenario, etcd: EtcdCluster, prefix: str) -> LeaderRun:
@@ -70,3 +72,16 @@ def test_a_queue_usage_counts_a_task_up_to_its_end(etcd_server: EtcdCluster, etc
     first, second = _leader(scenario, etcd_server, etcd_prefix).decisions
     assert set(first.placed) == {"w0-00", "w0-01"}
     assert set(second.placed) == {"w1-03"}
+
+
+def test_gpus_of_a_placement_in_another_pool_go_to_the_rest_of_the_batch(etcd_server: EtcdCluster,
+                                                                          etcd_prefix: str) -> None:
+    """Queue b's quota is in A100s (a pool of its own), queue a's in any model. a's any-model task, first in fair
+    order, lands on the A100 node under first-fit and is not started there; b's A100 task, later in the same
+    cycle's batch, gets those GPUs (they were given back at once, not kept taken until the next cycle)."""
+    queues = QueueConfig(queues=(Queue("a", gpus={"*": 4}, members=("*",), default_for=("*",)),
+                                 Queue("b", gpus={A100: 4}, members=("*",))))
+    scenario = Scenario((Node("n0", 4, A100), Node("n1", 4, H100)),
+                        (Job("w0-00", 4, queue="a"), Job("w0-01", 4, queue="b", gpu_model=A100)), "first-fit", queues)
+    first, _ = _leader(scenario, etcd_server, etcd_prefix).decisions
+    assert first.placed == {"w0-01": (("n0", (0, 1, 2, 3)),)}

@@ -96,6 +96,24 @@ class TestPlacements:
         assert placed(frozenset()) == ["big"]
         assert placed(frozenset({"beta"})) == ["small"]
 
+    def test_a_task_placed_in_another_pool_waits_and_its_gpus_go_to_the_rest_of_the_batch(self) -> None:
+        """Queue b's quota is in A100s (a pool of its own), queue a's in any model. a's any-model task goes first
+        and first-fit puts it on the A100 node: it is not started there (its queue was admitted in the any-model
+        pool) and those GPUs go back at once, so b's A100 task, later in the same batch, gets them."""
+        a100, h100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
+        config = QueueConfig(queues=(Queue("a", gpus={"*": 4}, members=("*",), default_for=("*",)),
+                                     Queue("b", gpus={a100: 4}, members=("*",))))
+        snapshot = cluster(make_node("n1", gpus=4, gpu_model=a100), make_node("n2", gpus=4, gpu_model=h100))
+        pending = [PendingTask(request("any", 4, submit_s=1.0), QueuedTask("any", "a", 4)),
+                   PendingTask(replace(request("mine", 4, submit_s=2.0), gpu_model=a100),
+                               QueuedTask("mine", "b", 4, gpu_model=a100))]
+        plan = plan_placements(PlacementInputs(
+            NOW, pending, engine_for=lambda snap: PlacementEngine.from_name(
+                snap if snap is not None else snapshot, "first-fit", threshold=1.0), snapshot=snapshot,
+            queues=QueueState(config, (), {a100: 4, h100: 4}, UsageDecay.for_config(config))))
+        assert [d.task_id for d in plan.placements()] == ["mine"] and plan.placements()[0].node_ids == ("n1",)
+        assert "admitted in GPU pool '*'" in plan.reasons()["any"]
+
 
 class TestResizes:
     def job(self, size: int, *, last_resize_s: float | None = None) -> ElasticJob:
