@@ -94,11 +94,6 @@ class ElasticAllocator:
         curve = self._curves.get(task.id)
         return curve if curve is not None else curve_of(task)
 
-    def wish(self, task: types_pb2.Task, rng: ElasticRange) -> int:
-        """The size a pending elastic task's placement aims at: the allocator's target, else its maximum."""
-        target = task.elastic.target_gpus
-        return rng.clamp(target) if target else rng.maximum
-
     def note_blocked(self, reasons: Mapping[str, str]) -> None:
         """What keeps each running elastic task from growing, as the cycle last saw it (task id → words, "" when
         nothing does); replaces what was noted before."""

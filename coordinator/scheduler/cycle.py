@@ -298,7 +298,7 @@ class SchedulerCycle:
         assert self._queues is not None
         held, stopping = self._queues.holdings()
         return QueueState(self._queues.config, held + stopping, self._queues.capacity(), self._queues.decay,
-                          self._queues.gates([queued(t) for t in pending]))
+                          self._queues.gates([queued(t) for t in pending]), now=self._queues.clock())
 
     async def _dispatch(self, plan: PlacementPlan, by_id: dict[str, types_pb2.Task], policy: str,
                         now: float) -> tuple[list[PlacementCommit], int]:
@@ -377,8 +377,10 @@ class SchedulerCycle:
                 keys[j.task_id] = key
             req = request_for(task)
             requests[j.task_id] = on_pool(req, key[1]) if key is not None else req
-        stopping = frozenset(queue_of(t) for t in self._tasks.live() if refused and t.state == TaskState.PREEMPTED
-                             and t.spec.HasField("elastic"))
+        stopping: frozenset[str] = frozenset()   # queues with an elastic task still stopping for a resize
+        if refused and queues is not None:
+            stopping = frozenset(queue_of(t) for t in self._tasks.live()
+                                 if t.state == TaskState.PREEMPTED and t.spec.HasField("elastic"))
         kept = self._reservations.kept() if self._reservations is not None else []
         plan = plan_resizes(ResizeInputs(
             now=now, settings=self._elastic.settings, jobs=jobs, nodes=nodes, waiting=waiting, requests=requests,

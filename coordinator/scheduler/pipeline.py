@@ -133,6 +133,7 @@ class QueueState:
     :param capacity: the cluster's GPUs per model.
     :param decay: each queue's decayed past usage (read only).
     :param gates: each queue's budget gate (only queues past a budget).
+    :param now: the time the queues' usage is accounted at (None: the plan's ``now``).
     """
 
     config: QueueConfig
@@ -140,6 +141,7 @@ class QueueState:
     capacity: Mapping[str, int]
     decay: UsageDecay
     gates: Mapping[str, Gate] = field(default_factory=dict)
+    now: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +219,8 @@ def plan_placements(inputs: PlacementInputs) -> PlacementPlan:
     if q is not None and q.config.managed:
         queued = [by_id[r.task_id].queued for r in requests]
         assert all(t is not None for t in queued), "with team queues every pending task has its queue view"
-        qplan = plan_queues(q.config, queued, q.holdings, q.capacity, q.decay, inputs.now,  # type: ignore[arg-type]
-                            q.gates)
+        qplan = plan_queues(q.config, queued, q.holdings, q.capacity, q.decay,  # type: ignore[arg-type]
+                            inputs.now if q.now is None else q.now, q.gates)
         by_request = {r.task_id: r for r in requests}
         requests = [on_pool(by_request[task_id], qplan.admissions[task_id].pool) for task_id in qplan.order]
     ranges: dict[str, ElasticRange] = {}

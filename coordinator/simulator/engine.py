@@ -300,7 +300,10 @@ class Simulator:
         if managed and config.queues is not None and self.qos is not None:
             from coordinator.simulator.queues import SimQueues
 
-            self.queues = SimQueues(self, config.queues, reclaim=config.reclaim, preempt=self.qos.preempt)
+            qos = self.qos
+            # Reclaim stops a borrower through the replay's preemption (looked up at each call).
+            self.queues = SimQueues(self, config.queues, reclaim=config.reclaim,
+                                    preempt=lambda k, now: qos.preempt(k, now))
 
     def _push(self, t: float, kind: int, payload: int) -> None:
         """Schedule an event (payload: a job index; unused for a power step)."""

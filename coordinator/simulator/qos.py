@@ -17,7 +17,9 @@ equal and nothing is ever preempted.
 With ``SimConfig(preemption=True)``, after each scheduling pass :class:`SimPreemption` asks
 :func:`coordinator.qos.preemption.choose_preemption` — the decision the leader's Preemptor makes, with the same
 placement-engine fit check — for victims for the head of every pending shape (a shape's later jobs need the same
-nodes): the first in queue order whose priority beats the lowest running job and that victims would let in.
+nodes): the first in queue order whose priority beats the lowest running job and that victims would let in. Only
+jobs running since before this timestamp are candidates: on the leader, a task placed in the same cycle is not
+running yet.
 Victims stop at once in virtual time (the checkpoint signal and stop grace are not modelled): they lose all
 progress since their last start
 (no checkpoint is modelled, so the lost GPU-time is an upper bound) and go back to the queue with
@@ -85,8 +87,8 @@ class SimPreemption:
         out = []
         for k, placement in sim.placed.items():
             start = sim.start_times.get(k)
-            if start is None or start > now:
-                continue   # still waking its nodes: not running yet
+            if start is None or start >= now:
+                continue   # started by this timestamp's passes (on the leader: placed in this cycle, not yet running)
             req = sim.jobs[k].request
             holds = tuple(NodeHolding(a.node_id, a.gpu_indices, placement.demand, a.gpu_share)
                           for a in placement.assignments)

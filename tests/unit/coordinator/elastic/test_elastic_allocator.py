@@ -20,6 +20,7 @@ from coordinator.elastic.allocator import WARMUP_S, ElasticAllocator
 from coordinator.elastic.rules import ElasticSettings, Resize
 from coordinator.events import EventBus
 from coordinator.monitor.resources import ResourceMonitor
+from coordinator.scheduler.pipeline import wish
 
 NOW = 10_000.0
 
@@ -145,7 +146,9 @@ class TestResize:
         assert dispatcher.stops == [("t-1", dispatcher.stops[0][1], "SIGUSR1")]
         assert metrics.resizes.labels("grow")._value.get() == 1
         assert [ev.kind for ev in events._backlog] == ["resize"]
-        assert alloc.wish(table.by_id["t-1"], alloc.range(task)) == 4   # the next placement aims at the target
+        rng = alloc.range(task)
+        assert rng is not None   # the next placement aims at the target
+        assert wish(rng, table.by_id["t-1"].elastic.target_gpus) == 4
 
     def test_a_task_that_moved_on_is_skipped(self) -> None:
         task = _task()
