@@ -43,7 +43,6 @@ from coordinator.qos.watch import QosWatch
 from coordinator.queues import load_toml
 from coordinator.queues.admin import QueueAdmin, QueueMetrics
 from coordinator.queues.planning import LeaderQueues
-from coordinator.queues.store import QueueStore
 from coordinator.reservations import Reservations, validate_reservation
 from coordinator.scheduler.admission import PlaceabilityCheck
 from coordinator.scheduler.cycle import SchedulerCycle
@@ -54,6 +53,7 @@ from coordinator.state import LeaderState
 from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
+from coordinator.sync.queues import QueueStore
 from coordinator.sync.reservations import ReservationStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore

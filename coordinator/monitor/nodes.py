@@ -1,6 +1,7 @@
 """Node registry: who is connected, their inventory, and their state.
 
-States (derived, never set directly except cordon/drain):
+States (derived by :class:`NodeRegistry` from the node's stream and record, never assigned elsewhere; an
+admin sets cordon and drain in the record):
 
 - READY: a stream is open and heartbeats arrive;
 - NOT_READY: nothing heard for 3 liveness intervals (or the stream dropped, within the grace). The
@@ -101,7 +102,7 @@ class NodeEntry:
     last_heartbeat: float = 0.0          # monotonic
     disconnected_at: float = 0.0         # monotonic
     last_seen_unix_s: float = 0.0
-    state: NodeState = NodeState.NOT_READY
+    state: NodeState = NodeState.NOT_READY   # derived by NodeRegistry only (see the module docstring)
     dropped_samples_total: int = 0
     outbox: StreamQueue | None = None         # the stream's decision queue while connected
     # Room its agent last reported (TelemetrySample.task_uid_room, task_ports_free); None: unknown, no limit.
@@ -212,6 +213,18 @@ class NodeRegistry:
         # Stored with the registration: what a replica that does not lead shows (stored_state).
         record.state = pb_enum(types_pb2.NodeState, self._derive(entry))
         return entry, is_new
+
+    def mark_connected(self, entry: NodeEntry) -> NodeState:
+        """Count ``entry``'s agent as registered and heard from now, without a stream: for a registry whose nodes
+        have no agents (the simulator's replay of the power manager, where a node's agent comes up when its
+        simulated boot ends). Its state is derived as for a stream (READY unless its record cordons or drains
+        it); :meth:`disconnect` with its ``stream_id`` takes it down again, as when a stream ends.
+
+        :returns: its state now.
+        """
+        entry.connected = True
+        entry.last_heartbeat = self._now()
+        return self._derive(entry)
 
     def disconnect(self, node_id: str, stream_id: int) -> None:
         """The stream ``stream_id`` of ``node_id`` ended (a newer stream is left alone)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
-from common.types import NodeState, TaskState
+from common.types import TaskState
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import SimulatedProvider
 from coordinator.domain import NodeSnapshot, Request, Resources
@@ -101,7 +101,7 @@ class SimAdaptor:
                 record.inventory.gpus.add(index=g)
             record.power_state = types_pb2.NODE_POWER_STATE_READY
             entry = self.registry.load(record)
-            entry.connected, entry.state = True, NodeState.READY
+            self.registry.mark_connected(entry)
             self.entries.append(entry)
             idle_w[node.node_id] = node.power.idle_w
         # The leader's state as the replay keeps it: pending jobs, and what each node holds.
@@ -177,11 +177,11 @@ class SimAdaptor:
         for action, node_id in self.provider.completed(self._now()):
             entry = self.registry.get(node_id)
             if entry is not None and action == "power_on":
-                entry.connected, entry.state = True, NodeState.READY
+                self.registry.mark_connected(entry)
         _run(self.manager.step())
         for entry in self.entries:
             if entry.connected and power_label(entry.record.power_state) == "off":
-                entry.connected, entry.state = False, NodeState.NOT_READY   # its agent stops with the node
+                self.registry.disconnect(entry.node_id, entry.stream_id)   # its agent stops with the node
 
     def next_due(self) -> float | None:
         """When a step would next act on its own (a power-down deadline, a boot completing, a wake timeout)."""

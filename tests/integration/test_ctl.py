@@ -6,7 +6,7 @@ import json
 import subprocess
 from typing import Any
 
-from common.etcd_embedded import free_port
+from coordinator.etcd_embedded import free_port
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import BIN, Cluster, wait_until
 
