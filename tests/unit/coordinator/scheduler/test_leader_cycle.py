@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from common.etcd_embedded import EtcdCluster
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.queues import Queue, QueueConfig
 from tests.helpers.mirror import GPU_MODELS, Job, LeaderRun, Node, Scenario, leader_decisions
 
