@@ -265,6 +265,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                                  power_off_retry_max_s=cfg.power_off_retry_max_s,
                                  on_power_off_ignored=metrics.power_off_ignored.inc)
     queues = LeaderQueues(state, registry)
+    tasks.releasing = queues.releasing   # a queue's usage counts each task up to its end
     usage = UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
                       tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),
                       interval_s=cfg.usage_interval_s, released=state.released)

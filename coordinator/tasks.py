@@ -77,6 +77,9 @@ class TaskTable:
         self._transitions: Batcher[Transition, types_pb2.Task] = Batcher(
             lambda items: self._leadership.write(self._store.transitions, items), max_batch=TRANSITION_BATCH,
             max_in_flight=4)
+        self.releasing: Callable[[types_pb2.Task], None] = lambda task: None
+        """Told of a task that gives up its GPUs (a transition with ``release``), before the change is applied:
+        the team queues count its usage up to then (``LeaderQueues.releasing``)."""
 
     # ---- reads (the leader state's view) -------------------------------------------------------------
 
@@ -296,6 +299,8 @@ class TaskTable:
         stored = await self._transitions.call(Transition(
             task_id, task.revision, state, reason, release=bool(updates.get("release")), known=task,
             updates={k: v for k, v in updates.items() if k != "release"}))
+        if updates.get("release") and task.allocation.nodes:
+            self.releasing(task)   # as it was until now: still holding
         self._state.apply_task(stored)
         if state in TERMINAL_STATES:
             energy.finish(task_id, stored.spec.kind)

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field, replace
 
 from common.pb.gptrm.v1 import types_pb2
 from common.types import NodeState, TaskState
-from coordinator.domain import Placement
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.power_states import power_label
 from coordinator.queues import (
@@ -398,6 +397,19 @@ class LeaderQueues:
         for h in (*held, *stopping):
             self.decay.add(h.queue, now, gpu_s=h.gpus * (now - last), cpu_s=h.cpu * (now - last))
 
+    def releasing(self, task: types_pb2.Task) -> None:
+        """``task`` gives up its GPUs now (it ended or goes back to the queue): what it held since the last
+        :meth:`accrue` is added to its queue's decayed usage, which the next :meth:`accrue` (it no longer holds
+        anything then) would miss; so a task counts up to its end, not up to the last cycle before it."""
+        last = self._accrued_at
+        if last is None or not self.config.managed or task.state not in HOLDING_STATES or not task.allocation.nodes:
+            return
+        now = self.clock()
+        if now <= last:
+            return
+        held = holding_of(task, self._registry, now)
+        self.decay.add(held.queue, now, gpu_s=held.gpus * (now - last), cpu_s=held.cpu * (now - last))
+
     def gates(self, pending: Sequence[QueuedTask]) -> dict[str, Gate]:
         """Each queue's budget gate for a cycle with these pending tasks (only queues past a budget appear)."""
         config = self.config
@@ -451,16 +463,6 @@ class LeaderQueues:
     def pool_of_task(self, task: types_pb2.Task) -> str:
         """The GPU pool a placed task's GPUs are in."""
         return self.config.pool_of(holding_of(task, self._registry).gpu_model)
-
-    def placed_model(self, placement: Placement) -> str | None:
-        """The GPU model a placement's first GPU has (None: it took no GPU or the node is unknown)."""
-        for a in placement.assignments:
-            entry = self._registry.get(a.node_id)
-            if entry is not None and a.gpu_indices:
-                for g in entry.inventory.gpus:
-                    if g.index == a.gpu_indices[0]:
-                        return g.model or ANY_MODEL
-        return None
 
     def may_preempt(self, task: types_pb2.Task, victim: types_pb2.Task) -> bool:
         """Priority preemption stays within a queue once queues are configured (reclaim crosses them)."""

@@ -21,10 +21,11 @@ One cycle, in this order (each step needs the previous one's output):
    placement engine's batch (policy filter + rank, then the Resource Allocator's GPU choice; its state kept
    from cycle to cycle), elastic tasks placed smaller when refused and, when nothing was left waiting, sized
    into the idle GPUs left over; with team queues what an elastic task takes beyond its minimum comes out of
-   its queue's room (:class:`~coordinator.queues.planning.QueueRoom`);
+   its queue's room (:class:`~coordinator.queues.planning.QueueRoom`), and a task placed in another GPU pool
+   than its queue admitted it in waits, its GPUs given back to the rest of the batch;
 3. commit: placements go to etcd in batched, fenced transactions (task → SCHEDULED, allocation, node
    reservation, all or nothing per placement), with the room the agents count beyond resources (a task uid, a
-   master port); a task placed in another GPU pool than its queue admitted it in waits;
+   master port);
 4. dispatch: only committed placements become StartTask decisions on the agents' streams; the others keep a
    human-readable reason (under max-utilization and load-balancing an unplaceable task also raises a scale-out
    request, the Resource Adaptor's; under power-efficient it simply waits);
@@ -38,7 +39,9 @@ One cycle, in this order (each step needs the previous one's output):
    it, chosen by :func:`~coordinator.qos.preemption.choose_candidates`; queues owed their quota take borrowed
    GPUs back (:func:`~coordinator.queues.planning.reclaim_for`). Pending tasks of lower priority than a
    preemptor still waiting for its victims are left out of step 1, so that they do not take what was freed
-   for it.
+   for it; a queue that reclaimed has its tasks placed ahead of step 2's batch until a cycle ran with its
+   borrowers stopped, so that what was reclaimed for it does not go back to a borrower first (a claim, kept
+   in this leader's memory).
 
 The resizes are planned after the commit, not with the placements, because what etcd refused must not count
 as held by the queues; the simulator books its placements and then plans its resizes the same way.
@@ -160,6 +163,10 @@ class SchedulerCycle:
         self._uid_full = 0                              # nodes of this cycle's snapshot without a free task uid
         self._health: str | None = None                 # this cycle's fenced GPUs and health-held nodes, in words
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
+        # Queue → the borrowers it reclaimed GPUs from: its tasks go ahead in each cycle's batch until one ran with
+        # those GPUs free (a reclaim's claim; :class:`~coordinator.scheduler.pipeline.PlacementInputs`). Kept in
+        # this leader's memory: a new leader starts without claims.
+        self._claims: dict[str, set[str]] = {}
 
     async def run(self, beat: Beat = no_beat) -> None:
         """Schedule while leading; a cycle runs on every wake-up and at least once a second."""
@@ -243,7 +250,9 @@ class SchedulerCycle:
                                                            gang_label=self._gang_label),
             snapshot=snapshot,
             queues=self._queue_state(pending) if queues is not None else None, kept=kept, policy=policy.name,
-            threshold=policy.threshold, mode=mode))
+            threshold=policy.threshold, mode=mode,
+            claims=frozenset(self._claims) if queues is not None else frozenset()))
+        self._claims_served()
         qplan = plan.queues
         if qplan is not None:
             for task_id, reason in qplan.refused.items():
@@ -305,11 +314,7 @@ class SchedulerCycle:
             task = by_id[decision.task_id]
             if isinstance(decision, Placement):
                 if qplan is not None:
-                    marked = self._borrowing(task, decision, qplan.admissions[task.id], plan.beyond.get(task.id, 0))
-                    if marked is None:
-                        self._metrics.decisions.labels(outcome="waiting").inc()
-                        continue
-                    task = marked
+                    task = self._borrowing(task, decision, qplan.admissions[task.id], plan.beyond.get(task.id, 0))
                 roomy = self._with_room(task, decision, uid_room, ports)
                 if roomy is None:
                     self._metrics.decisions.labels(outcome="waiting").inc()
@@ -395,17 +400,10 @@ class SchedulerCycle:
         return bool(done)
 
     def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: AdmissionDecision,
-                   beyond: int = 0) -> types_pb2.Task | None:
+                   beyond: int = 0) -> types_pb2.Task:
         """The task as it is committed: with the GPUs its queue borrows for it (its admission's, plus ``beyond``:
         what an elastic task borrows above its minimum; a copy: the record in the leader state changes only when
-        etcd stored the placement). None when it was placed on GPUs of another pool than its queue admitted it in
-        (only possible for an any-model task when some queue names a model): it waits for the next cycle."""
-        assert self._queues is not None
-        model = self._queues.placed_model(placement)
-        if model is not None and self._queues.config.pool_of(model) != admission.pool:
-            self._tasks.note_reason(task.id, f"admitted in GPU pool {admission.pool!r}, placed on {model!r}: "
-                                             "waiting for room in its pool")
-            return None
+        etcd stored the placement). The plan placed it in the GPU pool its queue admitted it in."""
         borrowed = min(admission.borrowed + beyond, placement_gpus(placement) or admission.borrowed + beyond)
         if borrowed == task.borrowed_gpus:
             return task
@@ -426,9 +424,20 @@ class SchedulerCycle:
             task = self._tasks.find(v.task_id)
             if task is not None:
                 for_queue.setdefault(v.for_queue, []).append(task)
-        stopped = [tid for queue, tasks in sorted(for_queue.items())
-                   for tid in await self._preemptor.reclaim(tasks, queue)]
+        stopped = []
+        for queue, tasks in sorted(for_queue.items()):
+            ids = await self._preemptor.reclaim(tasks, queue)
+            if ids:
+                self._claims.setdefault(queue, set()).update(ids)
+                stopped += ids
         return bool(stopped)
+
+    def _claims_served(self) -> None:
+        """Drop the reclaim claims whose borrowers had all stopped when this cycle planned: its batch placed the
+        queue's tasks ahead, on the GPUs given back."""
+        for queue, ids in list(self._claims.items()):
+            if not any((t := self._tasks.find(i)) is not None and t.state == TaskState.PREEMPTED for i in ids):
+                del self._claims[queue]
 
     def _refused_ports(self) -> dict[str, set[int]]:
         """Per node, the master ports a start found held by something else in the last
@@ -494,11 +503,14 @@ class SchedulerCycle:
             entry = self._registry.get(a.node_id)
             uuids = {g.index: g.uuid for g in entry.inventory.gpus} if entry else {}
             n = len(a.gpu_indices)
+            # An elastic task holds the GPUs of its placement, whatever its spec's size (its minimum): the node's
+            # reservation, and so the next snapshot's used GPUs, count what it really holds.
+            gpus = float(n) if task.spec.HasField("elastic") and n else d.gpus
             alloc.nodes.append(types_pb2.NodeAllocation(
                 node_id=a.node_id, gpu_indices=list(a.gpu_indices), gpu_uuids=[uuids.get(i, "") for i in a.gpu_indices],
                 gpu_share=a.gpu_share, address=node_address(entry.inventory) if entry else a.node_id,
                 # On the node, GPU memory is the total of its GPUs (Task.demand holds it per GPU).
-                demand=types_pb2.ResourceVector(gpus=d.gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
+                demand=types_pb2.ResourceVector(gpus=gpus, gpu_mem_bytes=d.gpu_mem_bytes * max(n, 1),
                                                 cpu_cores=d.cpu_cores, mem_bytes=d.mem_bytes,
                                                 disk_bytes=d.disk_bytes)))
         alloc.master_port = port

@@ -7,8 +7,9 @@ A cycle is snapshot → plan → commit → dispatch. Its two planning steps liv
   :class:`PlacementPlan`: queue order (:func:`coordinator.domain.queue_key`: priority, then slack, then submit time),
   the queues' admission and fair order (:func:`~coordinator.queues.planning.plan_queues`), elastic tasks at
   their first size (within their queue's room), each active reservation's own work on the GPUs it keeps, the
-  placement engine's batch, elastic tasks placed smaller when refused and sized into what is left over, and the
-  reason each task is left waiting.
+  placement engine's batch (the tasks of queues that reclaimed GPUs for them ahead of the rest: a reclaim's claim
+  holds), elastic tasks placed smaller when refused and sized into what is left over, and the reason each task is
+  left waiting.
 * :func:`plan_resizes` — after the placements are committed, the running elastic jobs, the nodes as the
   placements left them, what waits and the queues' use in; out comes a :class:`ResizePlan`: GPUs given back
   ahead of a reservation, shrinks for what waits (for a placement, or a queue's admission), or grows into idle
@@ -155,6 +156,10 @@ class PlacementInputs:
     :param kept: the GPUs each reservation keeps.
     :param policy: policy name, threshold and threshold mode (a reservation's own work is placed with them).
     :param place: places a batch (default ``engine.place_batch``).
+    :param claims: queues that reclaimed borrowed GPUs for their waiting tasks (team queues): those tasks are
+        placed ahead of the rest of the batch, so that what was reclaimed for them does not go back to a borrower
+        placed before them (which would be reclaimed again, cycle after cycle). The caller keeps a claim until
+        a plan ran with its victims' GPUs free.
     """
 
     now: float
@@ -167,6 +172,7 @@ class PlacementInputs:
     threshold: float = 1.0
     mode: str = ""
     place: Placer | None = None
+    claims: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -242,7 +248,18 @@ def plan_placements(inputs: PlacementInputs) -> PlacementPlan:
         early, snapshot = _reserved_first(snapshot, requests, by_id, inputs)
     engine = inputs.engine_for(snapshot)
     place = inputs.place or (lambda eng, batch: eng.place_batch(batch))
-    if early:
+    ahead: list[Request] = []
+    if inputs.claims and qplan is not None:
+        ahead = [r for r in requests if r.task_id not in early
+                 and (t := by_id[r.task_id].queued) is not None and t.queue in inputs.claims]
+    if ahead:
+        decided: dict[str, Decision] = dict(early)
+        decided.update((d.task_id, d) for d in place(engine, ahead))
+        behind = [r for r in requests if r.task_id not in decided]
+        if behind:
+            decided.update((d.task_id, d) for d in place(engine, behind))
+        decisions = [decided[r.task_id] for r in requests]
+    elif early:
         rest = iter(place(engine, [r for r in requests if r.task_id not in early]))
         decisions = [early[r.task_id] if r.task_id in early else next(rest) for r in requests]
     else:
@@ -273,7 +290,39 @@ def plan_placements(inputs: PlacementInputs) -> PlacementPlan:
                     new = sized[r.task_id]
                     decisions[i] = new if new is not None else Rejection(r.task_id,
                                                                          "its GPUs were taken while it was sized")
+    if qplan is not None and q is not None and q.config.named_models:
+        _held_to_pools(engine, q.config, qplan, requests, decisions, set(early))
     return PlacementPlan(requests, decisions, qplan, beyond, ranges, engine)
+
+
+def _held_to_pools(engine: PlacementEngine, config: QueueConfig, qplan: QueuePlan, requests: Sequence[Request],
+                   decisions: list[Decision], elsewhere: set[str]) -> None:
+    """A task placed on GPUs of another pool than its queue admitted it in (an any-model task, on a model that a
+    queue names: its request cannot exclude those models) is not started: it waits, with the reason, and its GPUs
+    go back to the engine at once; the tasks of the batch left waiting are tried again on them (``place_batch``),
+    until no placement is in another pool. ``elsewhere``: tasks placed on another engine (a reservation's own
+    work), left as they are."""
+    state = engine.state
+    wrong: set[str] = set(elsewhere)
+    while True:
+        released = False
+        for i, (r, d) in enumerate(zip(requests, decisions, strict=True)):
+            if not isinstance(d, Placement) or r.task_id in wrong or not d.assignments[0].gpu_indices:
+                continue
+            model = state.nodes[state.index[d.assignments[0].node_id]].gpu_model or ANY_MODEL
+            pool = qplan.admissions[r.task_id].pool
+            if config.pool_of(model) != pool:
+                engine.release(d, r.gpu_mem_per_gpu_bytes)
+                decisions[i] = Rejection(r.task_id, f"admitted in GPU pool {pool!r}, placed on {model!r}: waiting "
+                                                    "for room in its pool")
+                wrong.add(r.task_id)
+                released = True
+        retry = [i for i, (r, d) in enumerate(zip(requests, decisions, strict=True))
+                 if not isinstance(d, Placement) and r.task_id not in wrong]
+        if not released or not retry:
+            return
+        for i, d in zip(retry, engine.place_batch([requests[i] for i in retry]), strict=True):
+            decisions[i] = d
 
 
 def place_smaller(engine: PlacementEngine, request: Request, rng: ElasticRange) -> tuple[Placement, Request] | None:

@@ -20,14 +20,16 @@ the task table:
    the engine's cross-pass refusal set is kept (it holds placement refusals only, never queue
    refusals, which the plan decides afresh each pass). ``exact_batches`` hands the ordered requests
    to ``place_batch`` itself; the tests compare both. A job placed on GPUs of another pool than the
-   one it was admitted in waits, as in the leader.
+   one it was admitted in waits, its GPUs given back to the rest of the pass (the pipeline's rule, as in the
+   leader).
 3. With ``reclaim``, after the pass :func:`~coordinator.queues.planning.reclaim_for` runs over
    the jobs left waiting (the plan's order, then its refused ones) and the running jobs, with the
    GPUs no running job holds as idle (as the leader passes them); its
    victims are preempted the way :mod:`coordinator.simulator.qos` preempts (they stop at once, lose
    their progress and go back to the queue with their original request, running their whole
    duration again later: restart from scratch, no checkpoint modelled), then one more pass runs, as
-   the leader's next cycle would.
+   the leader's next cycle would, with the jobs of the queues that reclaimed placed first (a reclaim's
+   claim: :class:`~coordinator.scheduler.pipeline.PlacementInputs`).
 
 Decayed usage (:class:`~coordinator.queues.UsageDecay`) advances in virtual time: the GPU- and
 core-seconds each queue's running jobs held are added whenever a job stops and before every plan,
@@ -88,6 +90,7 @@ class SimQueues:
         self.borrowed: dict[int, int] = {}     # running job → GPUs borrowed, as admitted
         self.model: dict[int, str] = {}        # running job → GPU model it holds
         self.plan: QueuePlan | None = None     # the last pass's plan
+        self.claims: frozenset[str] = frozenset()   # queues that reclaimed for the next pass (their jobs go first)
         self.accrued_at: float | None = None
         self.passes = 0
         self.reclaims = 0
@@ -127,25 +130,25 @@ class SimQueues:
         self.passes += 1
         self._accrue(now)
         pending = sim.pending()
+        claims, self.claims = self.claims, frozenset()   # the victims stopped at once: this pass has their GPUs
         plan = plan_placements(PlacementInputs(
             now, [PendingTask(sim.jobs[k].request, self.tasks[k]) for k in pending], engine_for=lambda _: sim.engine,
-            queues=QueueState(self.config, self.holdings(), self.capacity, self.decay), place=sim.place))
+            queues=QueueState(self.config, self.holdings(), self.capacity, self.decay), place=sim.place,
+            claims=claims))
         self.plan = plan.queues
         for d in plan.decisions:
             if isinstance(d, Placement):
                 self._book(self.by_id[d.task_id], d, now)
 
     def _book(self, k: int, placement: Placement, now: float) -> None:
-        """Start job ``k`` on ``placement`` with what its admission borrowed (or undo it: another pool)."""
+        """Start job ``k`` on ``placement`` (in the GPU pool it was admitted in) with what its admission
+        borrowed."""
         sim = self.sim
         req = sim.jobs[k].request
         admission = self.plan.admissions[req.task_id] if self.plan is not None else None
         assert admission is not None
         model = self.node_model[sim.index[placement.node_ids[0]]]
         sim.book(k, placement, now)
-        if self.config.pool_of(model) != admission.pool:
-            sim.unbook(k)     # the leader leaves it waiting too
-            return
         self.borrowed[k] = admission.borrowed
         self.model[k] = model
         sim.start(k, placement, now, sim.jobs[k].duration_s)
@@ -169,4 +172,5 @@ class SimQueues:
         for v in victims:
             self.preempt(self.by_id[v.task_id], now)
         self.reclaims += len(victims)
+        self.claims = frozenset(v.for_queue for v in victims)   # the next pass places their jobs first
         sim.schedule(now, True)

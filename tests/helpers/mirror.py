@@ -12,7 +12,8 @@ Each wave's :class:`Decisions` are the ones one leader cycle makes:
 
 The leader side (:func:`leader_decisions`) is the coordinator's own object graph (``coordinator.app.build``) on a
 real etcd, elected, with none of its loops started: nodes register through the node service, jobs are submitted
-through the task table (the jobs of wave 0 that end as wave 1 arrives end first, as their agents would report),
+through the task table (the jobs of wave 0 that end as wave 1 arrives end then, before its cycle, as their agents
+would report),
 ``SchedulerCycle.cycle()`` runs once per wave, and the decisions are read back from what
 etcd stored. Then, as the simulator does at one time, tasks stopping for a preemption or a resize stop at once and
 another cycle runs, until none stops; the placed tasks then start (moved to RUNNING as their agents' reports
@@ -378,10 +379,6 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
         notes: list[str] = []
         start = 1
         for w in (0, 1):
-            for job in scenario.wave(0) if w == 1 else ():
-                task = app.tasks.find(submitted[job.name].id)
-                if job.ends and task is not None and task.state == TaskState.RUNNING:   # as its agent reports
-                    await app.tasks.transition(task.id, TaskState.SUCCEEDED, "", release=True, exit_code=0)
             now = time.time()
             for job in scenario.wave(w):
                 with _task_ids(start):
@@ -389,9 +386,13 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
                 start += 1
                 names[task.id] = job.name
                 submitted[job.name] = task
-            before = {t.id: t for t in app.tasks.live()}
             arrivals.append(max((submitted[j.name].submit_unix_s for j in scenario.wave(w)), default=time.time()))
             clock.t = arrivals[w]
+            for job in scenario.wave(0) if w == 1 else ():   # they end as wave 1 arrives (at its time)
+                task = app.tasks.find(submitted[job.name].id)
+                if job.ends and task is not None and task.state == TaskState.RUNNING:   # as its agent reports
+                    await app.tasks.transition(task.id, TaskState.SUCCEEDED, "", release=True, exit_code=0)
+            before = {t.id: t for t in app.tasks.live()}
             await app.cycle.cycle()
             decisions.append(await asyncio.to_thread(_leader_wave, app, names, before))
             note = await _settle(app, list(submitted.values()), names)
@@ -443,6 +444,14 @@ def _recording(sim: Simulator, log: _Log) -> Iterator[None]:
         sim.qos._one = _one  # type: ignore[method-assign]
     if sim.queues is not None:
         after = sim.queues.after_pass
+        if hasattr(sim.queues, "preempt"):   # the queues stop their reclaim's victims through a preempt of their own
+            stop = sim.queues.preempt
+
+            def _reclaim(k: int, now: float) -> None:
+                log.entries.append((now, "reclaim", k, None))
+                stop(k, now)
+
+            sim.queues.preempt = _reclaim
 
         def _after(now: float) -> None:
             log.reclaiming = True

@@ -17,6 +17,10 @@ policy (a round-robin cursor, the random generator and time-aware's memory start
 new engine), which the kept shape cache is bound to (entries whose key read the last policy's
 memory are not reused: its shape variants name the policy), and a fresh refusal memo; the choices
 are those of an engine built from the snapshot (``tests/unit/coordinator/scheduler/test_live_state.py``).
+One piece of policy state goes on from cycle to cycle: round-robin's cursor, taken over by the next
+cycle's round-robin policy, so that the walk over the nodes goes on from where the last cycle left it
+(as the simulator's one policy for a whole replay does) instead of starting at the first node every
+cycle. It lives in this leader's memory only: a new leader starts its walk at the first node.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from coordinator.scheduler.placement.shape_cache import ShapeCache
 from coordinator.scheduler.placement.state import PlacementState
 from coordinator.scheduler.policies import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, build
 from coordinator.scheduler.policies.base import IntArray
+from coordinator.scheduler.policies.round_robin import RoundRobin
 
 __all__ = ["LivePlacement"]
 
@@ -45,6 +50,7 @@ class LivePlacement:
         self._settings: tuple[float, str] | None = None
         self._shapes: tuple[str, ShapeCache] | None = None   # the policy's name, its shape cache
         self._groups: tuple[str, IntArray | None] | None = None
+        self._round_robin: RoundRobin | None = None   # the last round-robin policy, its cursor (module docstring)
         self.builds = 0      # full builds so far
         self.compared = 0    # nodes compared with the state by the last update
         self.applied = 0     # nodes applied by the last update
@@ -63,6 +69,10 @@ class LivePlacement:
         :raises ValidationError: on an unknown policy or bad arguments.
         """
         policy = build(name, threshold, seed=seed, mode=mode)
+        if isinstance(policy, RoundRobin):
+            if self._round_robin is not None:
+                policy.cursor = self._round_robin.cursor
+            self._round_robin = policy
         settings = (policy.threshold, policy.threshold_mode)
         state = self.state
         if state is None or settings != self._settings or not self._update(state, snapshot.nodes):

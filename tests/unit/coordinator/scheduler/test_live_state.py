@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.domain import ClusterSnapshot, NodeSnapshot, PowerCurve, Request, Resources
+from coordinator.domain import ClusterSnapshot, NodeSnapshot, Placement, PowerCurve, Request, Resources
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.placement.state import PlacementState
 from coordinator.scheduler.policies import POLICIES
+from coordinator.scheduler.policies.round_robin import RoundRobin
 from tests.helpers.builders import GIB, make_node, make_request, random_cluster, random_requests
 
 OPS = ("release", "replace", "power", "cordon", "label", "add", "remove", "nothing")
@@ -108,6 +110,8 @@ def test_incremental_equals_rebuilt(seed: int, policy: str, cycles: list[list[st
         name = policy if rng.random() < 0.7 else rng.choice(sorted(POLICIES))   # the policy in force may change
         engine = live.engine(snapshot, name, threshold, seed=seed, mode=mode, gang_label=gang_label)
         fresh = PlacementEngine.from_name(snapshot, name, threshold, seed=seed, mode=mode, gang_label=gang_label)
+        if isinstance(fresh.policy, RoundRobin):   # the one piece of policy state kept from cycle to cycle
+            fresh.policy.cursor = cast(RoundRobin, engine.policy).cursor
         assert live.state is not None
         assert_same(live.state, fresh.state)
         decided = engine.place_batch(batch)
@@ -123,6 +127,20 @@ def test_incremental_equals_rebuilt(seed: int, policy: str, cycles: list[list[st
     engine = live.engine(snapshot, policy, threshold, seed=seed, mode=mode, gang_label=gang_label)
     assert live.state is not None
     assert_same(live.state, PlacementState(snapshot, threshold, mode))
+
+
+def test_round_robin_goes_on_from_where_the_last_cycle_left_it() -> None:
+    """Round-robin's cursor is kept from cycle to cycle (a fresh policy each cycle takes it over): one-GPU tasks
+    placed one per cycle go to the nodes in turn, not all to the first node."""
+    snapshot = ClusterSnapshot(nodes=tuple(make_node(f"n{i}", gpus=4) for i in range(3)))
+    live = LivePlacement()
+    chosen = []
+    for k in range(3):
+        engine = live.engine(snapshot, "round-robin", 1.0)
+        decided, = engine.place_batch([make_request(f"t{k}", gpus=1.0)])
+        assert isinstance(decided, Placement)
+        chosen.append(decided.node_ids[0])
+    assert len(set(chosen)) == 3, chosen
 
 
 def test_unchanged_cycle_applies_nothing() -> None:

@@ -6,14 +6,18 @@ from dataclasses import replace
 
 from coordinator.domain import ClusterSnapshot, Placement, Rejection, Request, Resources
 from coordinator.elastic.rules import ElasticJob, ElasticRange, ElasticSettings, SpeedupCurve, placement_gpus
+from coordinator.queues import Queue, QueueConfig, UsageDecay
+from coordinator.queues.planning import QueuedTask
 from coordinator.scheduler.pipeline import (
     PendingTask,
     PlacementInputs,
+    QueueState,
     ResizeInputs,
     plan_placements,
     plan_resizes,
 )
 from coordinator.scheduler.placement.engine import PlacementEngine
+from tests.helpers.builders import make_node
 from tests.helpers.sim import cluster, node
 
 GIB = 1 << 30
@@ -70,6 +74,45 @@ class TestPlacements:
         snapshot = cluster(node("n1", gpus=4), node("n2", gpus=4))
         first, second = plan_placements(inputs(snapshot, pending)), plan_placements(inputs(snapshot, pending))
         assert first.decisions == second.decisions and first.requests == second.requests
+
+    def test_a_queue_that_reclaimed_places_its_tasks_ahead_of_the_batch(self) -> None:
+        """Under max-utilization the batch goes by demand, so a borrower's 3-GPU task would take the node again
+        before the 2-GPU task of the queue that reclaimed the GPUs for it (and be reclaimed again, cycle after
+        cycle); with the queue's claim its task goes first."""
+        config = QueueConfig(queues=(Queue("alpha", gpus={"*": 2}, members=("*",), default_for=("*",)),
+                                     Queue("beta", gpus={"*": 2}, members=("*",))))
+        # n2's GPUs are all taken (by work outside the queues): alpha may borrow, beta's task fits only on n1.
+        snapshot = cluster(node("n1", gpus=4), make_node("n2", gpus=4, used_gpus=4, gpu_model="TEST-GPU"))
+        pending = [PendingTask(request("big", 3, submit_s=1.0), QueuedTask("big", "alpha", 3)),
+                   PendingTask(request("small", 2, submit_s=2.0), QueuedTask("small", "beta", 2))]
+
+        def placed(claims: frozenset[str]) -> list[str]:
+            plan = plan_placements(PlacementInputs(
+                NOW, pending, engine_for=lambda snap: PlacementEngine.from_name(
+                    snap if snap is not None else snapshot, "max-utilization", threshold=1.0), snapshot=snapshot,
+                queues=QueueState(config, (), {"TEST-GPU": 8}, UsageDecay.for_config(config)), claims=claims))
+            return [d.task_id for d in plan.placements()]
+
+        assert placed(frozenset()) == ["big"]
+        assert placed(frozenset({"beta"})) == ["small"]
+
+    def test_a_task_placed_in_another_pool_waits_and_its_gpus_go_to_the_rest_of_the_batch(self) -> None:
+        """Queue b's quota is in A100s (a pool of its own), queue a's in any model. a's any-model task goes first
+        and first-fit puts it on the A100 node: it is not started there (its queue was admitted in the any-model
+        pool) and those GPUs go back at once, so b's A100 task, later in the same batch, gets them."""
+        a100, h100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
+        config = QueueConfig(queues=(Queue("a", gpus={"*": 4}, members=("*",), default_for=("*",)),
+                                     Queue("b", gpus={a100: 4}, members=("*",))))
+        snapshot = cluster(make_node("n1", gpus=4, gpu_model=a100), make_node("n2", gpus=4, gpu_model=h100))
+        pending = [PendingTask(request("any", 4, submit_s=1.0), QueuedTask("any", "a", 4)),
+                   PendingTask(replace(request("mine", 4, submit_s=2.0), gpu_model=a100),
+                               QueuedTask("mine", "b", 4, gpu_model=a100))]
+        plan = plan_placements(PlacementInputs(
+            NOW, pending, engine_for=lambda snap: PlacementEngine.from_name(
+                snap if snap is not None else snapshot, "first-fit", threshold=1.0), snapshot=snapshot,
+            queues=QueueState(config, (), {a100: 4, h100: 4}, UsageDecay.for_config(config))))
+        assert [d.task_id for d in plan.placements()] == ["mine"] and plan.placements()[0].node_ids == ("n1",)
+        assert "admitted in GPU pool '*'" in plan.reasons()["any"]
 
 
 class TestResizes:
