@@ -21,9 +21,12 @@ from agent.taskkill import node_tag
 from common.etcd_embedded import free_port
 from common.leftover_tasks import kill_leftover_tasks
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from tests.helpers.ctl_forks import CtlForks
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
+_CTL = CtlForks(BIN / "gptrmctl")
+"""Runs :meth:`Cluster.ctl`'s commands (each a gptrmctl process, forked from one that imported it once)."""
 
 
 def wait_until(fn: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.1, what: str = "condition") -> T:
@@ -238,8 +241,7 @@ class Cluster:
 
     def ctl(self, *args: str, timeout_s: float = 30.0, coordinator: str | None = None) -> subprocess.CompletedProcess:
         addr = coordinator or ",".join(a for _, a, _ in self.coordinators.values())
-        return subprocess.run([str(BIN / "gptrmctl"), "--coordinator", addr, *_plaintext_unless_tls(args), *args],
-                              capture_output=True, text=True, timeout=timeout_s)
+        return _CTL.run(["--coordinator", addr, *_plaintext_unless_tls(args), *args], timeout_s)
 
     def ctl_json(self, *args: str, coordinator: str | None = None) -> Any:
         """``gptrmctl -o json ARGS``'s document (the command must succeed)."""
