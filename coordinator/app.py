@@ -12,7 +12,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from common.elastic import ElasticSettings
 from common.errors import EtcdUnavailable, Fenced, GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
@@ -26,7 +25,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Dispatcher, Reconciler
 from coordinator.dispatch.logs import LogRelay
 from coordinator.dispatch.sessions import SessionRelay
-from coordinator.elastic import ElasticAllocator
+from coordinator.elastic.allocator import ElasticAllocator
+from coordinator.elastic.rules import ElasticSettings
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.monitor import Metrics, NodeRegistry, PowerModel, ResourceMonitor
@@ -40,20 +40,20 @@ from coordinator.qos.preemption import Preemptor
 from coordinator.qos.retention import TaskRetention
 from coordinator.qos.time_limits import TimeLimits
 from coordinator.qos.watch import QosWatch
-from coordinator.queue_admin import QueueAdmin, QueueMetrics
 from coordinator.queues import load_toml
+from coordinator.queues.admin import QueueAdmin, QueueMetrics
+from coordinator.queues.planning import LeaderQueues
+from coordinator.queues.store import QueueStore
 from coordinator.reservations import Reservations, validate_reservation
-from coordinator.scheduler.admission import Admission
+from coordinator.scheduler.admission import PlaceabilityCheck
 from coordinator.scheduler.cycle import SchedulerCycle
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
-from coordinator.scheduler.queueing import LeaderQueues
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.state import LeaderState
 from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
-from coordinator.sync.queues import QueueStore
 from coordinator.sync.reservations import ReservationStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore
@@ -185,7 +185,7 @@ class App:
     retention: TaskRetention
     lost_nodes: LostNodes
     services: ServiceController
-    admission: Admission
+    admission: PlaceabilityCheck
     supervisor: Supervisor
     usage: UsageDuty
     queues: LeaderQueues
@@ -323,8 +323,8 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               logs=LogRelay(registry), sessions=SessionRelay(registry), capper=capper, retention=retention,
               lost_nodes=lost_nodes,
               services=services,
-              admission=Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
-                                  creates_nodes=provider.can_create),
+              admission=PlaceabilityCheck(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
+                                          creates_nodes=provider.can_create),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
               usage=usage, elastic=elastic, telemetry_rate=telemetry_rate,

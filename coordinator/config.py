@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.config import host_port, load_config, non_negative, option, positive, unit_interval
-from common.elastic import DEFAULT_INTERVAL_S
 from common.errors import ConfigError
 from common.paths import default_state_dir
 from common.tls import tls_files
 from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
+from coordinator.elastic.rules import DEFAULT_INTERVAL_S
 
 __all__ = ["CoordinatorConfig", "check_security", "load"]
 

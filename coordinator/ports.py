@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.elastic.rules import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 
 __all__ = ["AgentSignals", "Elasticity", "Preemption", "RequeuePreempted", "Restarts", "ScaleOut", "WakeupSignal"]
 
@@ -72,7 +72,7 @@ class Preemption(Protocol):
 
 
 class Elasticity(Protocol):
-    """The elastic allocator as a scheduling cycle uses it (``coordinator.elastic.ElasticAllocator``)."""
+    """The elastic allocator as a scheduling cycle uses it (``coordinator.elastic.allocator.ElasticAllocator``)."""
 
     @property
     def settings(self) -> ElasticSettings: ...

@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot
-from common.elastic import ElasticJob, Resize
 from common.errors import NotFound, ValidationError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import NodeState, TaskState
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot
+from coordinator.elastic.rules import ElasticJob, Resize
 from coordinator.events import EventBus
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def keep_only(nodes: Sequence[NodeSnapshot], original: Mapping[str, NodeSnapshot
 
 
 def _gpus_of(registry: NodeRegistry) -> list[tuple[str, int, str, bool]]:
-    from common.power_states import power_label
+    from coordinator.power_states import power_label
 
     out: list[tuple[str, int, str, bool]] = []
     for e in sorted(registry, key=lambda e: e.node_id):

@@ -33,11 +33,11 @@ from typing import Protocol
 
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
-from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.power_states import power_label
 from coordinator.qos.watch import Pressure
 from coordinator.supervisor import Beat, no_beat
 

@@ -50,11 +50,11 @@ from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
-from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.adaptor.providers import NodeProvider, ProviderResult
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.power_states import power_label
 from coordinator.state import LeaderState
 from coordinator.supervisor import Beat, no_beat
 

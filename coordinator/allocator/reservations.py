@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from common.domain import Resources
 from common.errors import IllegalTransition
+from coordinator.domain import Resources
 
 __all__ = [
     "CRUMB",

@@ -56,7 +56,7 @@ from coordinator.api.task_filter import filter_given, task_matcher
 from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry, stored_state
-from coordinator.queue_admin import queue_from_proto, queue_to_proto
+from coordinator.queues.admin import queue_from_proto, queue_to_proto
 from coordinator.scheduler.policy import threshold_mode
 from coordinator.sync.lock import settle
 from coordinator.sync.usage import hours_between

@@ -35,10 +35,10 @@ from coordinator.tasks import TaskTable
 if TYPE_CHECKING:
     from coordinator.api.auth import Security
 
-__all__ = ["AgentGuard", "Holding", "holding"]
+__all__ = ["AgentGuard", "NodeStanding", "node_standing"]
 
 
-class Holding(Enum):
+class NodeStanding(Enum):
     """How a node stands to a task it reports on."""
 
     UNKNOWN = "unknown"   # no such task (the coordinator does not know it)
@@ -47,18 +47,18 @@ class Holding(Enum):
     NEVER = "never"       # never placed on it
 
 
-def holding(task: types_pb2.Task | None, node_id: str) -> Holding:
+def node_standing(task: types_pb2.Task | None, node_id: str) -> NodeStanding:
     """Whether ``node_id`` holds ``task`` now, held it earlier, or never did (see the module docstring)."""
     if task is None:
-        return Holding.UNKNOWN
+        return NodeStanding.UNKNOWN
     if any(na.node_id == node_id for na in task.allocation.nodes):
-        return Holding.NOW
+        return NodeStanding.NOW
     if any(p.node_id == node_id for p in task.parts) or any(node_id in placed_nodes(c) for c in task.history):
-        return Holding.EARLIER
+        return NodeStanding.EARLIER
     first = task.history[0] if task.history else None
     complete = (first is not None and first.state == TaskState.PENDING
                 and first.time_unix_s == task.submit_unix_s)   # the entry create_task writes
-    return Holding.NEVER if complete else Holding.EARLIER
+    return NodeStanding.NEVER if complete else NodeStanding.EARLIER
 
 
 class AgentGuard:
@@ -112,10 +112,10 @@ class AgentGuard:
         is logged at debug level; one for a task never placed on it is logged as ``refused_event`` and
         audited as refused (``method``, ``reason``)."""
         task = self._tasks.find(task_id)
-        held = holding(task, entry.node_id)
-        if held in (Holding.UNKNOWN, Holding.NOW):
+        held = node_standing(task, entry.node_id)
+        if held in (NodeStanding.UNKNOWN, NodeStanding.NOW):
             return True
-        if held is Holding.EARLIER and task is not None:
+        if held is NodeStanding.EARLIER and task is not None:
             self._log.debug("agent_ack_stale", node_id=entry.node_id, task_id=task_id, method=method,
                             task_state=TaskState(task.state).name)
             return False

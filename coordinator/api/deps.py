@@ -12,15 +12,15 @@ from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import Reconciler
 from coordinator.dispatch.logs import LogRelay
 from coordinator.dispatch.sessions import SessionRelay
-from coordinator.elastic import ElasticAllocator
+from coordinator.elastic.allocator import ElasticAllocator
 from coordinator.events import EventBus
 from coordinator.monitor import NodeRegistry, ResourceMonitor
 from coordinator.monitor.telemetry_rate import TelemetryRate
 from coordinator.nodes import NodeService
 from coordinator.qos.lost_nodes import LostNodes
-from coordinator.queue_admin import QueueAdmin
+from coordinator.queues.admin import QueueAdmin
 from coordinator.reservations import Reservations
-from coordinator.scheduler.admission import Admission
+from coordinator.scheduler.admission import PlaceabilityCheck
 from coordinator.scheduler.policy import PolicySetting
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.supervisor import Supervisor
@@ -63,7 +63,7 @@ class AdminDeps(Protocol):
     sessions: SessionRelay
     lost_nodes: LostNodes
     services: ServiceController
-    admission: Admission
+    admission: PlaceabilityCheck
     supervisor: Supervisor
     usage: UsageDuty
     queue_admin: QueueAdmin

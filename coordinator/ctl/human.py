@@ -466,7 +466,7 @@ def task_detail(d: Mapping[str, Any], now: Callable[[], float] = time.time) -> s
         "history       " + (history or "-"),
     ]
     if d.get("time_limit_s") or d.get("min_runtime_s"):
-        from common.limits import fmt_s
+        from coordinator.run_limits import fmt_s
 
         limits = [f"time limit {fmt_s(d['time_limit_s'])}" if d.get("time_limit_s") else "",
                   f"protected for its first {fmt_s(d['min_runtime_s'])}" if d.get("min_runtime_s") else "",

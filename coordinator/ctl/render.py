@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from common.power_states import power_label
 from common.topology import format_cpu_list, link_code
 from common.types import DEFAULT_THRESHOLD_MODE, TERMINAL_STATES
 from coordinator.ctl.jsondoc import enum_label, proto_dict
-from coordinator.profiler.elastic_spec import curve_of, elastic_gpus, elastic_range
+from coordinator.elastic.spec import curve_of, elastic_gpus, elastic_range
+from coordinator.power_states import power_label
 
 __all__ = ["dump_json", "enum_label", "event_dict", "gpu_health", "health_summary", "log_chunk_dict", "node_dict",
            "policy_dict", "status_dict", "task_dict"]

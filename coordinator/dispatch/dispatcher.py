@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from coordinator.dispatch.launch import DEFAULT_STOP_GRACE_S, launch_argv, restart_env, start_fields
+from coordinator.elastic.spec import metrics_mapping_of
 from coordinator.monitor.nodes import NodeRegistry
-from coordinator.profiler.elastic_spec import metrics_mapping_of
 from coordinator.profiler.qos_spec import metrics_url_of
 
 __all__ = ["Dispatcher"]

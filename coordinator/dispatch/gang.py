@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from common.errors import IllegalTransition
-from common.limits import end_of
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
@@ -36,6 +35,7 @@ from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Restarts
+from coordinator.run_limits import end_of
 
 if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without

@@ -20,7 +20,6 @@ import time
 from typing import TYPE_CHECKING
 
 from common.errors import GptrmError, IllegalTransition
-from common.limits import end_of, stopping
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES, NodeState, TaskState
@@ -29,6 +28,7 @@ from coordinator.dispatch.gang import Gangs, is_gang, parts_of, with_part
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.ports import RequeuePreempted, Restarts
+from coordinator.run_limits import end_of, stopping
 from coordinator.supervisor import Beat, no_beat
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ cycle, so within a second of the fence) finds such tasks and moves them:
   anew by the next cycle, never on a fenced GPU. Neither ``restarts`` nor ``preemptions`` count it, so it
   never uses up its restart policy's ``max_restarts``;
 - an elastic task that can still run without the fenced GPUs shrinks instead (a resize to the largest size
-  of its range that leaves them out, :meth:`~coordinator.elastic.ElasticAllocator.resize`, also counted in
+  of its range that leaves them out, :meth:`~coordinator.elastic.allocator.ElasticAllocator.resize`, also counted in
   ``gpu_fault_moves``); one already at its minimum is requeued as above.
 
 A task whose program dies of the fault after the GPU was fenced but before its move reached it ends FAILED;
@@ -32,17 +32,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common.elastic import Resize
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.elastic.rules import Resize
+from coordinator.elastic.spec import elastic_gpus
 from coordinator.events import EventBus
 from coordinator.health.rules import fenced
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity
-from coordinator.profiler.elastic_spec import elastic_gpus
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from typing import TypeAlias
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
-from common.power_states import power_label
 from common.types import NodeState
+from coordinator.power_states import power_label
 
 StreamQueue: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
 """What a connected node's stream sends: messages, then None to end the stream (on the gateway's

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from common.domain import PowerCurve
+from coordinator.domain import PowerCurve
 
 __all__ = [
     "DATASHEET_W", "MIN_SAMPLES", "MIN_SPAN", "REFIT_EVERY", "NodePowerFit", "PowerModel", "datasheet_curve",

@@ -39,9 +39,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from common.domain import Request, Resources, TaskSpecData
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskKind
+from coordinator.domain import Request, Resources, TaskSpecData
 from coordinator.profiler.taskspec import gpus_used, spec_data, spec_from_mapping, spec_to_proto
 from coordinator.profiler.validation import validate_profiled_demand, validate_spec
 

@@ -13,9 +13,9 @@ import signal
 from datetime import datetime
 
 from common.errors import ValidationError
-from common.limits import MAX_TIME_LIMIT_S
 from common.pb.gptrm.v1 import types_pb2
 from common.qos import FLAVOURS, ROLES, metric_name_problem, metrics_url_for_port, metrics_url_problem
+from coordinator.run_limits import MAX_TIME_LIMIT_S
 
 __all__ = [
     "DEFAULT_CHECKPOINT_SIGNAL",

@@ -1,9 +1,9 @@
 """Task specs at the edge: protobuf ↔ plain data, YAML/JSON mappings → protobuf, validation.
 
 Re-exported by :mod:`coordinator.profiler.profiler`; this module holds the parts that touch
-``types_pb2`` so the profiler's arithmetic works on :class:`~common.domain.TaskSpecData`.
+``types_pb2`` so the profiler's arithmetic works on :class:`~coordinator.domain.TaskSpecData`.
 
-On the wire ``demand.gpu_mem_bytes`` is **per GPU**; in :class:`~common.domain.Resources` it
+On the wire ``demand.gpu_mem_bytes`` is **per GPU**; in :class:`~coordinator.domain.Resources` it
 is the node total (per GPU × the GPUs the task uses on the node, one for a shared fraction).
 """
 
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from common.domain import ModelSpecData, QosData, Resources, TaskSpecData
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskKind
+from coordinator.domain import ModelSpecData, QosData, Resources, TaskSpecData
 from coordinator.profiler.qos_spec import parse_deadline, parse_time_limit
 from coordinator.profiler.workflow_spec import parse_after, parse_array, parse_begin
 

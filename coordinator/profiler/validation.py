@@ -10,12 +10,11 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 
-from common.domain import Resources, TaskSpecData
 from common.errors import ValidationError
-from common.limits import MAX_TIME_LIMIT_S
 from common.oci import validate_container
 from common.pb.gptrm.v1 import types_pb2
-from coordinator.profiler.elastic_spec import validate_elastic
+from coordinator.domain import Resources, TaskSpecData
+from coordinator.elastic.spec import validate_elastic
 from coordinator.profiler.qos_spec import validate_qos_spec
 from coordinator.profiler.taskspec import (
     MAX_ARG_BYTES,
@@ -48,6 +47,7 @@ from coordinator.profiler.taskspec import (
     spec_data,
 )
 from coordinator.profiler.workflow_spec import validate_workflow
+from coordinator.run_limits import MAX_TIME_LIMIT_S
 
 __all__ = ["validate_argv_env", "validate_profiled_demand", "validate_pty", "validate_service", "validate_sizes",
            "validate_spec"]
@@ -280,7 +280,7 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     fields :func:`~coordinator.profiler.qos_spec.validate_qos_spec` refuses (a deadline that has passed,
     a bad checkpoint signal or metrics endpoint); a negative priority; a service part that
     :func:`validate_service` refuses; a launcher other than ``torchrun``; an elastic range
-    :func:`~coordinator.profiler.elastic_spec.validate_elastic` refuses; an image reference, mount, working
+    :func:`~coordinator.elastic.spec.validate_elastic` refuses; an image reference, mount, working
     directory or ``/dev/shm`` size :func:`common.oci.validate_container` refuses (their syntax; the allowed host
     roots are checked by the Admin API, which knows the cluster's); an array, dependency or start time
     :func:`~coordinator.profiler.workflow_spec.validate_workflow` refuses.

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 
 from common.errors import GptrmError, IllegalTransition, NotFound
-from common.limits import end_of
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, NodeState, TaskState
@@ -36,6 +35,7 @@ from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.qos.preemption import Preemptor
 from coordinator.qos.restart import RestartPolicy
+from coordinator.run_limits import end_of
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store

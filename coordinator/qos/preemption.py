@@ -6,7 +6,7 @@ for a one-node task, the smallest set of preemptible, strictly-lower-priority ta
 whose release lets the placement engine place it there; for a gang, the fewest nodes that need
 victims. Among sets of the same size, the lowest priorities first, then the most recently started
 (the least work lost). A task preempted less than the protection window ago is never chosen again, nor
-one inside its protected run time (``spec.min_runtime_s``, ``common.limits``).
+one inside its protected run time (``spec.min_runtime_s``, ``coordinator.run_limits``).
 Whether a set "frees enough" is asked of the placement engine itself, on the cycle's snapshot with
 the victims' allocations given back through the allocator's reservation model, so preemption never
 disagrees with placement.
@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources
 from common.errors import GptrmError
-from common.limits import protected_until_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.allocator.reservations import NodeReservation, give_back_gpu
 from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, Request, Resources
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
+from coordinator.run_limits import protected_until_s
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.policies import DEFAULT_THRESHOLD_MODE
 from coordinator.scheduler.queue import request_for
@@ -53,7 +53,7 @@ from coordinator.scheduler.snapshot import SnapshotBuilder
 if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
-__all__ = ["DEFAULT_PROTECTION_S", "Candidate", "Fits", "Holding", "Preemptor", "candidate", "choose_candidates",
+__all__ = ["DEFAULT_PROTECTION_S", "Candidate", "Fits", "NodeHolding", "Preemptor", "candidate", "choose_candidates",
            "choose_victims", "last_preempted_s", "release_holdings", "release_tasks", "started_s"]
 
 DEFAULT_PROTECTION_S = 120.0
@@ -85,7 +85,7 @@ def _preemptible(task: types_pb2.Task) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Holding:
+class NodeHolding:
     """What a running task holds on one node (a ``NodeAllocation``, or a simulated placement's assignment).
 
     :param node_id: the node.
@@ -118,15 +118,15 @@ class Candidate:
     started_s: float
     last_preempted_s: float | None
     preemptible: bool
-    holds: tuple[Holding, ...]
+    holds: tuple[NodeHolding, ...]
     protected_until_s: float = 0.0
 
 
-def _holding(na: types_pb2.NodeAllocation) -> Holding:
+def _holding(na: types_pb2.NodeAllocation) -> NodeHolding:
     d = na.demand
-    return Holding(na.node_id, tuple(na.gpu_indices),
-                   Resources(gpus=d.gpus, gpu_mem_total_bytes=d.gpu_mem_bytes, cpu_cores=d.cpu_cores,
-                             mem_bytes=d.mem_bytes, disk_bytes=d.disk_bytes), na.gpu_share or 1.0)
+    return NodeHolding(na.node_id, tuple(na.gpu_indices),
+                       Resources(gpus=d.gpus, gpu_mem_total_bytes=d.gpu_mem_bytes, cpu_cores=d.cpu_cores,
+                                 mem_bytes=d.mem_bytes, disk_bytes=d.disk_bytes), na.gpu_share or 1.0)
 
 
 def candidate(task: types_pb2.Task) -> Candidate:
@@ -140,7 +140,7 @@ def _victim_order(c: Candidate) -> tuple[int, float, str]:
     return c.priority, -c.started_s, c.id
 
 
-def _without(node: NodeSnapshot, holdings: Iterable[Holding]) -> NodeSnapshot:
+def _without(node: NodeSnapshot, holdings: Iterable[NodeHolding]) -> NodeSnapshot:
     """The node with these holdings given back (reservation model of ``coordinator/allocator``)."""
     reservation = NodeReservation(node.used, ())
     gpus = {g.index: g for g in node.gpus}
@@ -156,9 +156,9 @@ def _without(node: NodeSnapshot, holdings: Iterable[Holding]) -> NodeSnapshot:
     return replace(node, used=reservation.used, gpus=tuple(gpus[i] for i in sorted(gpus)))
 
 
-def release_holdings(snapshot: ClusterSnapshot, holdings: Iterable[Holding]) -> ClusterSnapshot:
+def release_holdings(snapshot: ClusterSnapshot, holdings: Iterable[NodeHolding]) -> ClusterSnapshot:
     """The snapshot as it would be once these holdings were given back."""
-    by_node: dict[str, list[Holding]] = {}
+    by_node: dict[str, list[NodeHolding]] = {}
     for h in holdings:
         by_node.setdefault(h.node_id, []).append(h)
     if not by_node:

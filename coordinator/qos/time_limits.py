@@ -2,10 +2,10 @@
 
 A task's **time limit** (``spec.time_limit_s``; its queue's default filled in at submit,
 ``coordinator/queues/limits.py``) counts from the moment its current run started
-(``common.limits.run_started_s``). When it is reached, :class:`TimeLimits` (a leader duty) first records the
+(``coordinator.run_limits.run_started_s``). When it is reached, :class:`TimeLimits` (a leader duty) first records the
 intent durably (``timed_out``, a fenced write, so that a new leader ends it the same way), then stops the task
 like a preemption: the agent sends the checkpoint signal, waits the task's grace, then stops it. However
-the task ends after that it ends ``TIMEOUT`` (``common.limits.end_of``), a final state the restart policy never
+the task ends after that it ends ``TIMEOUT`` (``coordinator.run_limits.end_of``), a final state the restart policy never
 touches; an admin's cancel still wins (it ends CANCELLED).
 """
 
@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from common.errors import GptrmError
-from common.limits import fmt_s, run_started_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.events import EventBus
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
+from coordinator.run_limits import fmt_s, run_started_s
 from coordinator.supervisor import Beat, no_beat
 
 if TYPE_CHECKING:   # types only: the dispatch package imports this module

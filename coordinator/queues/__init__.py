@@ -1,4 +1,6 @@
-"""Team queues: the pure model (no etcd, no gRPC, no clock).
+"""Team queues: the model, admission, planning in the scheduling cycle, storage and administration.
+
+The pure model (no etcd, no gRPC, no clock), which this package's ``__init__`` exports:
 
 - :mod:`~coordinator.queues.model` — the queue tree (:class:`Queue`, :class:`QueueConfig`), GPU
   pools, access (``may_submit``, ``default_queue``) and :class:`Budget` (prices are not part of the
@@ -8,19 +10,25 @@
   queue could still be admitted, which elastic tasks grow by).
 - :mod:`~coordinator.queues.fairshare` — weighted dominant share with decayed usage
   (:class:`UsageDecay`, :func:`order_queues`, :func:`order_pending`).
-- :mod:`~coordinator.queues.holdings` — running tasks (:class:`Holding`), their ``borrowed`` counts
+- :mod:`~coordinator.queues.holdings` — running tasks (:class:`QueueHolding`), their ``borrowed`` counts
   recomputed (:func:`rebalance`) and summed per queue (:func:`queue_use`).
 - :mod:`~coordinator.queues.reclaim` — taking borrowed GPUs back (:func:`reclaim_victims`).
 - :mod:`~coordinator.queues.budget` — budget readings, the 80 % warning and the gate past 100 %.
 
-Everything here works on plain values passed in (what each queue holds, the cluster's capacity,
-``now``); the scheduler, etcd storage, gptrmctl and authentication build those values and act on
-the answers.
+The model works on plain values passed in (what each queue holds, the cluster's capacity,
+``now``); the modules below build those values from the leader's state and act on the answers
+(imported by their own path, not exported here):
+
+- :mod:`~coordinator.queues.planning` — the queues in the scheduling cycle (:func:`plan_queues`, which
+  the leader's cycle and the simulator both call; :class:`LeaderQueues`; :func:`reclaim_for`).
+- :mod:`~coordinator.queues.store` — the tree in etcd (:class:`QueueStore`), one key written as the leader.
+- :mod:`~coordinator.queues.admin` — the admin's changes to the tree, who may submit where, budgets
+  (:class:`QueueAdmin`, :class:`QueueMetrics`).
 """
 
 from __future__ import annotations
 
-from coordinator.queues.admission import Admission, Demand, Held, PoolState, QueueUse, admit, pool_state, room
+from coordinator.queues.admission import AdmissionDecision, Demand, Held, PoolState, QueueUse, admit, pool_state, room
 from coordinator.queues.budget import (
     WARN_FRACTION,
     BudgetState,
@@ -31,7 +39,7 @@ from coordinator.queues.budget import (
     period_start,
 )
 from coordinator.queues.fairshare import Consumed, Pending, UsageDecay, order_pending, order_queues, weighted_share
-from coordinator.queues.holdings import Holding, queue_use, rebalance
+from coordinator.queues.holdings import QueueHolding, queue_use, rebalance
 from coordinator.queues.model import (
     ANY_MODEL,
     DEFAULT_HALF_LIFE_H,
@@ -58,7 +66,7 @@ __all__ = [
     "MAX_QUEUES",
     "NAME_PATTERN",
     "WARN_FRACTION",
-    "Admission",
+    "AdmissionDecision",
     "Budget",
     "BudgetAction",
     "BudgetKind",
@@ -68,11 +76,11 @@ __all__ = [
     "Demand",
     "Gate",
     "Held",
-    "Holding",
     "Pending",
     "PoolState",
     "Queue",
     "QueueConfig",
+    "QueueHolding",
     "QueueUse",
     "UsageDecay",
     "Victim",

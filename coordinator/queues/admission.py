@@ -3,7 +3,7 @@
 Inputs are plain values: the :class:`~coordinator.queues.model.QueueConfig`, what each queue holds
 now (:class:`QueueUse`: GPUs per concrete model split into ``own`` — within quota — and
 ``borrowed``, plus cores and memory), the cluster's GPU capacity per concrete model, and the task's
-:class:`Demand`. :func:`admit` answers an :class:`Admission`.
+:class:`Demand`. :func:`admit` answers an :class:`AdmissionDecision`.
 
 The rule, in the demand's pool (see :mod:`coordinator.queues.model` for pools):
 
@@ -30,7 +30,7 @@ The rule, in the demand's pool (see :mod:`coordinator.queues.model` for pools):
 
 A demand for ``"*"`` (any model) is decided in each pool of the cluster; the first pool that
 admits it without borrowing wins, else the one that admits it borrowing least (ties in
-:meth:`~coordinator.queues.model.QueueConfig.pools` order). :attr:`Admission.pool` says which, so
+:meth:`~coordinator.queues.model.QueueConfig.pools` order). :attr:`AdmissionDecision.pool` says which, so
 the scheduler places the task on that pool's models.
 
 Without configured queues every demand is admitted with nothing borrowed (the cluster as before
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from common.errors import ValidationError
 from coordinator.queues.model import ANY_MODEL, QueueConfig, normalise_model
 
-__all__ = ["Admission", "Demand", "Held", "PoolState", "QueueUse", "admit", "pool_state", "room"]
+__all__ = ["AdmissionDecision", "Demand", "Held", "PoolState", "QueueUse", "admit", "pool_state", "room"]
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Demand:
 
 
 @dataclass(frozen=True)
-class Admission:
+class AdmissionDecision:
     """The decision: ``admit``; how many of the task's GPUs are ``borrowed`` (0 when refused);
     ``reason``, whole sentences with the numbers behind it (what ``gptrmctl tasks`` shows a waiting task); the
     ``pool`` the decision was made in."""
@@ -161,7 +161,7 @@ def _subtree_use(config: QueueConfig, use: Mapping[str, QueueUse], name: str) ->
 
 
 def admit(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[str, int],
-          demand: Demand) -> Admission:
+          demand: Demand) -> AdmissionDecision:
     """Decide ``demand`` against the queues' quotas, limits and the borrowing pool (module docstring).
 
     Deciding several tasks in one cycle, add each admitted task to ``use`` (its GPUs as own and
@@ -182,10 +182,10 @@ def admit(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[st
             raise ValidationError(f"demand.{name}", f"{getattr(demand, name)!r} is below 0")
     model = normalise_model(demand.gpu_model)
     if not config.managed:
-        return Admission(True, 0, "No queues are configured, so every task is admitted.", config.pool_of(model))
+        return AdmissionDecision(True, 0, "No queues are configured, so every task is admitted.", config.pool_of(model))
     refused = _caps(config, use, demand)
     if refused is not None:
-        return Admission(False, 0, refused, config.pool_of(model))
+        return AdmissionDecision(False, 0, refused, config.pool_of(model))
     if model != ANY_MODEL:
         return _admit_in(config, use, capacity, demand, config.pool_of(model))
     pools = config.pools(capacity) or (ANY_MODEL,)
@@ -195,8 +195,8 @@ def admit(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[st
         return min(admitted, key=lambda d: d.borrowed)      # min keeps the first of equals
     if len(decisions) == 1:
         return decisions[0]
-    return Admission(False, 0, " ".join(f"For {_pool_words(d.pool)}: {d.reason}" for d in decisions),
-                     decisions[0].pool)
+    return AdmissionDecision(False, 0, " ".join(f"For {_pool_words(d.pool)}: {d.reason}" for d in decisions),
+                             decisions[0].pool)
 
 
 def _pool_words(pool: str) -> str:
@@ -225,37 +225,42 @@ def _caps(config: QueueConfig, use: Mapping[str, QueueUse], demand: Demand) -> s
 
 
 def _admit_in(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[str, int], demand: Demand,
-              pool: str) -> Admission:
+              pool: str) -> AdmissionDecision:
     queue = config.get(demand.queue)
     quota = queue.quota_in(pool)
     held = use.get(queue.name, _NO_USE).held_in(config, pool).total
     total = held + demand.gpus
     if total <= quota:
-        return Admission(True, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, within its "
-                                  f"quota of {quota}.", pool)
+        return AdmissionDecision(True, 0,
+                                 f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, within its "
+                                 f"quota of {quota}.", pool)
     borrowed = min(demand.gpus, total - quota)
     limit = queue.limit_in(pool)
     if limit is not None and total > limit:
-        return Admission(False, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, more than "
-                                   f"its limit of {limit}; its quota is {quota}.", pool)
+        return AdmissionDecision(False, 0,
+                                 f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, more than "
+                                 f"its limit of {limit}; its quota is {quota}.", pool)
     for name in config.ancestors(queue.name):
         ancestor_limit = config.get(name).limit_in(pool)
         if ancestor_limit is None:
             continue
         subtree = sum(u.held_in(config, pool).total for u in _subtree_use(config, use, name)) + demand.gpus
         if subtree > ancestor_limit:
-            return Admission(False, 0, f"Queue {name}, above queue {queue.name}, would hold {_gpus(subtree, pool)} "
-                                       f"in all with this task, more than its limit of {ancestor_limit}.", pool)
+            return AdmissionDecision(False, 0,
+                                     f"Queue {name}, above queue {queue.name}, would hold {_gpus(subtree, pool)} "
+                                     f"in all with this task, more than its limit of {ancestor_limit}.", pool)
     state = pool_state(config, use, capacity, pool, borrower=queue.name)
     if borrowed > state.available:
-        return Admission(False, 0, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, more than "
-                                   f"its quota of {quota}, so the task needs {borrowed} borrowed; only "
-                                   f"{max(0, state.available)} can be borrowed now ({state.lendable} lent by other "
-                                   f"queues plus {state.unassigned} under no queue's quota, minus {state.borrowed} "
-                                   f"already borrowed).", pool)
-    return Admission(True, borrowed, f"Queue {queue.name} would hold {_gpus(total, pool)} with this task: "
-                                     f"{total - borrowed} within its quota of {quota} and {borrowed} borrowed, of "
-                                     f"{state.available} that can be borrowed.", pool)
+        return AdmissionDecision(False, 0,
+                                 f"Queue {queue.name} would hold {_gpus(total, pool)} with this task, more than "
+                                 f"its quota of {quota}, so the task needs {borrowed} borrowed; only "
+                                 f"{max(0, state.available)} can be borrowed now ({state.lendable} lent by other "
+                                 f"queues plus {state.unassigned} under no queue's quota, minus {state.borrowed} "
+                                 f"already borrowed).", pool)
+    return AdmissionDecision(True, borrowed,
+                             f"Queue {queue.name} would hold {_gpus(total, pool)} with this task: "
+                             f"{total - borrowed} within its quota of {quota} and {borrowed} borrowed, of "
+                             f"{state.available} that can be borrowed.", pool)
 
 
 def room(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Mapping[str, int], queue: str,

@@ -1,4 +1,4 @@
-"""What running tasks hold: :class:`Holding`, and the views admission and reclaim need of it.
+"""What running tasks hold: :class:`QueueHolding`, and the views admission and reclaim need of it.
 
 - :func:`rebalance` recomputes each task's ``borrowed`` count from its queue's quota: per queue
   and GPU pool, the **oldest** tasks (earliest ``start_time``, then task id) fill the quota first
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 from coordinator.queues.admission import Held, QueueUse
 from coordinator.queues.model import QueueConfig
 
-__all__ = ["Holding", "queue_use", "rebalance"]
+__all__ = ["QueueHolding", "queue_use", "rebalance"]
 
 
 @dataclass(frozen=True)
-class Holding:
+class QueueHolding:
     """A running task as the queue model sees it.
 
     :param gpus: GPUs it holds (all of ``gpu_model``).
@@ -45,7 +45,7 @@ class Holding:
     nodes: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
-def rebalance(config: QueueConfig, holdings: Sequence[Holding]) -> list[Holding]:
+def rebalance(config: QueueConfig, holdings: Sequence[QueueHolding]) -> list[QueueHolding]:
     """``holdings`` (same order) with ``borrowed`` recomputed: oldest tasks within quota first."""
     remaining: dict[tuple[str, str], int] = {}
     borrowed: dict[str, int] = {}
@@ -60,7 +60,7 @@ def rebalance(config: QueueConfig, holdings: Sequence[Holding]) -> list[Holding]
     return [h if h.borrowed == borrowed[h.task_id] else replace(h, borrowed=borrowed[h.task_id]) for h in holdings]
 
 
-def queue_use(holdings: Sequence[Holding]) -> dict[str, QueueUse]:
+def queue_use(holdings: Sequence[QueueHolding]) -> dict[str, QueueUse]:
     """Per queue: GPUs per model (own and borrowed as the holdings say), cores and memory."""
     gpus: dict[str, dict[str, Held]] = defaultdict(dict)
     cpu: dict[str, float] = defaultdict(float)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from common.errors import ValidationError
-from common.limits import fmt_s
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.queues.model import Queue
+from coordinator.run_limits import fmt_s
 
 __all__ = ["apply_queue_limits"]
 

@@ -63,8 +63,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from common.errors import NotFound, ValidationError
-from common.limits import MAX_TIME_LIMIT_S
 from common.oci import host_root
+from coordinator.run_limits import MAX_TIME_LIMIT_S
 
 __all__ = [
     "ANY_MODEL",

@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from coordinator.queues.admission import Demand
-from coordinator.queues.holdings import Holding
+from coordinator.queues.holdings import QueueHolding
 from coordinator.queues.model import ANY_MODEL, QueueConfig, normalise_model
 
 __all__ = ["Victim", "reclaim_victims"]
@@ -72,7 +72,7 @@ class Victim:
     for_queue: str
 
 
-def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: Sequence[Demand],
+def reclaim_victims(config: QueueConfig, holdings: Sequence[QueueHolding], waiting: Sequence[Demand],
                     free: Mapping[str, int] | None = None,
                     free_by_node: Mapping[str, tuple[str, int]] | None = None) -> list[Victim]:
     """Victims to preempt for the ``waiting`` demands owed within their quota (module docstring).
@@ -104,14 +104,14 @@ def reclaim_victims(config: QueueConfig, holdings: Sequence[Holding], waiting: S
     return victims
 
 
-def _claim(config: QueueConfig, holdings: Sequence[Holding], demand: Demand, partial: bool,
+def _claim(config: QueueConfig, holdings: Sequence[QueueHolding], demand: Demand, partial: bool,
            held: dict[tuple[str, str], int], taken: set[str], spare: dict[str, int], node_spare: Mapping[str, list],
            models: Sequence[str], victims: list[Victim], by_node: bool) -> bool:
     """One demand's claim (owed, or with ``partial`` a queue under its quota claiming up to its job's size;
     module docstring): its victims appended and the books updated. True when it was claimed."""
     queue = config.get(demand.queue)
     model = normalise_model(demand.gpu_model)
-    best: tuple[int, str, list[Holding], list[str]] | None = None
+    best: tuple[int, str, list[QueueHolding], list[str]] | None = None
     for candidate_model in (models if model == ANY_MODEL else [model]):
         pool = config.pool_of(candidate_model)
         allowance: dict[str, int] | None = None
@@ -167,7 +167,7 @@ def _under_quota(config: QueueConfig, held: Mapping[tuple[str, str], int], queue
     return True
 
 
-def _eligible(h: Holding, taken: set[str], scope: frozenset[str], model: str,
+def _eligible(h: QueueHolding, taken: set[str], scope: frozenset[str], model: str,
               allowance: Mapping[str, int] | None) -> bool:
     """Whether a task may be a victim of a claim: borrowing, preemptible, of ``model``, outside the claim's scope,
     not chosen yet, and (``allowance`` given: a partial claim) its queue over its quota by at least its GPUs."""
@@ -175,7 +175,7 @@ def _eligible(h: Holding, taken: set[str], scope: frozenset[str], model: str,
             and normalise_model(h.gpu_model) == model and (allowance is None or h.gpus <= allowance.get(h.queue, 0)))
 
 
-def _within(chosen: Sequence[Holding], allowance: Mapping[str, int] | None) -> bool:
+def _within(chosen: Sequence[QueueHolding], allowance: Mapping[str, int] | None) -> bool:
     """Whether the victims leave every queue at or above its quota (always, without an ``allowance``)."""
     if allowance is None:
         return True
@@ -185,11 +185,11 @@ def _within(chosen: Sequence[Holding], allowance: Mapping[str, int] | None) -> b
     return all(n <= allowance.get(q, 0) for q, n in took.items())
 
 
-def _node_options(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str,
+def _node_options(holdings: Sequence[QueueHolding], taken: set[str], scope: frozenset[str], model: str,
                   per_node: int, node_spare: Mapping[str, list],
-                  allowance: Mapping[str, int] | None = None) -> list[tuple[int, str, list[Holding]]]:
+                  allowance: Mapping[str, int] | None = None) -> list[tuple[int, str, list[QueueHolding]]]:
     """Per node of ``model`` that can be freed for ``per_node`` GPUs: (GPUs preempted, node, victims)."""
-    on_node: dict[str, list[Holding]] = defaultdict(list)
+    on_node: dict[str, list[QueueHolding]] = defaultdict(list)
     for h in holdings:
         if _eligible(h, taken, scope, model, allowance):
             for node in h.nodes:
@@ -199,7 +199,7 @@ def _node_options(holdings: Sequence[Holding], taken: set[str], scope: frozenset
         if node_model != model:
             continue
         missing = per_node - spare
-        chosen: list[Holding] = []
+        chosen: list[QueueHolding] = []
         if missing > 0:
             total = 0
             for h in sorted(on_node.get(node, ()), key=lambda h: (h.start_time, h.task_id), reverse=True):
@@ -219,15 +219,15 @@ def _node_options(holdings: Sequence[Holding], taken: set[str], scope: frozenset
     return sorted(options, key=lambda o: (o[0], o[1]))
 
 
-def _cover_nodes(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str, demand: Demand,
+def _cover_nodes(holdings: Sequence[QueueHolding], taken: set[str], scope: frozenset[str], model: str, demand: Demand,
                  node_spare: Mapping[str, list],
-                 allowance: Mapping[str, int] | None = None) -> tuple[list[Holding], list[str]] | None:
+                 allowance: Mapping[str, int] | None = None) -> tuple[list[QueueHolding], list[str]] | None:
     """Victims that free ``demand.per_node`` GPUs on each of ``demand.node_count`` nodes of ``model``, and those
     nodes (module docstring); None when too few nodes can be freed."""
     options = _node_options(holdings, taken, scope, model, demand.per_node, node_spare, allowance)
     if len(options) < max(1, demand.node_count):
         return None
-    chosen: dict[str, Holding] = {}
+    chosen: dict[str, QueueHolding] = {}
     nodes = []
     for _cost, node, victims in options[:max(1, demand.node_count)]:
         chosen.update((h.task_id, h) for h in victims)
@@ -247,8 +247,8 @@ def _scope(config: QueueConfig, held: Mapping[tuple[str, str], int], queue: str,
     return None
 
 
-def _cover(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], model: str,
-           missing: int, allowance: Mapping[str, int] | None = None) -> list[Holding] | None:
+def _cover(holdings: Sequence[QueueHolding], taken: set[str], scope: frozenset[str], model: str,
+           missing: int, allowance: Mapping[str, int] | None = None) -> list[QueueHolding] | None:
     """Just enough borrowing, preemptible tasks of ``model`` outside ``scope`` to free ``missing``
     GPUs, newest first (with an ``allowance``: no more from a queue than it holds beyond its quota);
     ``[]`` when nothing is missing, None when they cannot cover it."""
@@ -256,7 +256,7 @@ def _cover(holdings: Sequence[Holding], taken: set[str], scope: frozenset[str], 
         return []
     candidates = sorted((h for h in holdings if _eligible(h, taken, scope, model, allowance)),
                         key=lambda h: (h.start_time, h.task_id), reverse=True)
-    chosen: list[Holding] = []
+    chosen: list[QueueHolding] = []
     total = 0
     left = dict(allowance) if allowance is not None else None
     for h in candidates:

@@ -19,7 +19,7 @@ range whose top can never be reached.
 
 Example::
 
-    admission = Admission(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False)
+    admission = PlaceabilityCheck(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False)
     admission.check(task)   # raises PlacementError with the reason
 """
 
@@ -27,18 +27,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from common.domain import NodeSnapshot, Request
-from common.elastic import request_at
 from common.errors import PlacementError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from coordinator.profiler.elastic_spec import elastic_range
+from coordinator.domain import NodeSnapshot, Request
+from coordinator.elastic.rules import request_at
+from coordinator.elastic.spec import elastic_range
 from coordinator.scheduler.placement.engine import describe_demand
 from coordinator.scheduler.policies.base import feasible
 from coordinator.scheduler.policy import threshold_mode
 from coordinator.scheduler.queue import request_for
 
-__all__ = ["Admission", "constraint_refusal", "unplaceable_reason"]
+__all__ = ["PlaceabilityCheck", "constraint_refusal", "unplaceable_reason"]
 
 _GIB = 1024**3
 _NOT_AVAILABLE = "requested node configuration is not available"
@@ -117,7 +117,7 @@ def unplaceable_reason(req: Request, nodes: Sequence[NodeSnapshot], threshold: f
             f"{largest.node_id} ({_describe_node(largest)}), refuses it: {why}")
 
 
-class Admission:
+class PlaceabilityCheck:
     """Refuses, at submit, tasks that could never be placed (see the module docstring).
 
     :param nodes: every known node, empty and schedulable (called once per submit).

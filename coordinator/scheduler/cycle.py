@@ -17,11 +17,11 @@ One cycle, in this order (each step needs the previous one's output):
 5. push: only committed placements become StartTask decisions on the agents' streams;
 6. elastic: running elastic tasks shrink (never below their minimum) for tasks left waiting, or grow
    into idle GPUs of ready nodes when none waits — on their own node, else on another one their
-   constraints allow (:mod:`common.elastic`, carried out by ``coordinator/elastic.py``);
+   constraints allow (:mod:`coordinator.elastic.rules`, carried out by ``coordinator/elastic/allocator.py``);
    pending elastic tasks are placed at their first size in step 3 and, when nothing was left waiting, take
    the idle GPUs left over before the commit. With team queues, whatever an elastic task takes beyond its
    minimum comes out of its queue's room (idle quota, then borrowed GPUs, within the queue's limits:
-   :class:`~coordinator.scheduler.queueing.QueueRoom`), and a task its queue refused (its limit, or what
+   :class:`~coordinator.queues.planning.QueueRoom`), and a task its queue refused (its limit, or what
    it may borrow) gets GPUs given back by the queue's running elastic tasks when that lets it in. Why each
    elastic task does not grow is noted for ``gptrmctl tasks TASK``;
 7. preempt: when a task was left waiting and strictly-lower-priority preemptible work holds
@@ -41,8 +41,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from common.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
-from common.elastic import (
+from common.errors import GptrmError
+from common.logging import get_logger
+from common.pb.gptrm.v1 import types_pb2
+from common.types import TaskState
+from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
+from coordinator.domain import ClusterSnapshot, Decision, NodeSnapshot, Placement, Rejection, Request, Resources
+from coordinator.elastic.rules import (
     ElasticJob,
     ElasticRange,
     ElasticSettings,
@@ -59,12 +65,6 @@ from common.elastic import (
     request_at,
     size_placements,
 )
-from common.errors import GptrmError
-from common.logging import get_logger
-from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
-from coordinator.dispatch.dispatcher import Dispatcher
-from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
@@ -72,13 +72,13 @@ from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
 from coordinator.profiler import Profiler
-from coordinator.queues import ANY_MODEL, Admission, Demand, admit
+from coordinator.queues import ANY_MODEL, AdmissionDecision, Demand, admit
+from coordinator.queues.planning import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.reservations import Reservations, blocked, keep_only, shrinks_off, state_of
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.policy import PolicySetting, threshold_mode
 from coordinator.scheduler.queue import request_for, slack_key
-from coordinator.scheduler.queueing import LeaderQueues, QueuePlan, QueueRoom, queue_of, queued, shrink_needed
 from coordinator.scheduler.snapshot import SnapshotBuilder, takes_uid
 from coordinator.scheduler.wakeup import Wakeup
 from coordinator.scheduler.workflow import WorkflowGate
@@ -464,11 +464,11 @@ class SchedulerCycle:
                    settings: ElasticSettings) -> list[Resize]:
         """Team queues: for the first task (in fair order) of each queue that its queue refused and that fewer GPUs
         held by the queue's running elastic tasks would let in (its limit, or what it may borrow), those tasks shrink
-        (:func:`~common.elastic.plan_give_back`). Not while an elastic task of the queue is still stopping for a
-        resize: what it gives back is on its way."""
+        (:func:`~coordinator.elastic.rules.plan_give_back`). Not while an elastic task of the queue is still stopping
+        for a resize: what it gives back is on its way."""
         if not refused or self._queues is None or not self._queues.config.managed:
             return []
-        keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
+        keys = {j.task_id: self._queue_pool(j.task_id) for j in jobs}
         pools: dict[str, set[str]] = {}
         for key in keys.values():
             if key is not None:
@@ -504,14 +504,14 @@ class SchedulerCycle:
             if task_id not in requests:
                 task = self._tasks.find(task_id)
                 req = request_for(task) if task is not None else None
-                key = self._queue_key(task_id)
+                key = self._queue_pool(task_id)
                 requests[task_id] = on_pool(req, key[1]) if req is not None and key is not None else req
             req = requests[task_id]
             return req is not None and node_id in by_node and node_accepts(by_node[node_id], req)
 
         return accepts
 
-    def _queue_key(self, task_id: str) -> tuple[str, str] | None:
+    def _queue_pool(self, task_id: str) -> tuple[str, str] | None:
         """(queue, GPU pool) of a placed task, when team queues are in force."""
         task = self._tasks.find(task_id)
         if self._queues is None or not self._queues.config.managed or task is None:
@@ -525,7 +525,7 @@ class SchedulerCycle:
         borrowed GPU), and the grows are kept (first come first kept) while they fit that together. What keeps each
         job that could be bigger from growing goes into ``blocked``."""
         room = self._queues.room() if self._queues is not None and self._queues.config.managed else None
-        keys = {j.task_id: self._queue_key(j.task_id) for j in jobs}
+        keys = {j.task_id: self._queue_pool(j.task_id) for j in jobs}
         full: dict[str, str] = {}
         said: dict[tuple[str, str], str] = {}
         capped = []
@@ -586,7 +586,7 @@ class SchedulerCycle:
             return f"queue {queue}: no room left in this cycle"
         return decision.reason.removeprefix(f"[{pool}] ")     # one pool asked: no need to name it
 
-    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: Admission,
+    def _borrowing(self, task: types_pb2.Task, placement: Placement, admission: AdmissionDecision,
                    beyond: int = 0) -> types_pb2.Task | None:
         """The task as it is committed: with the GPUs its queue borrows for it (its admission's, plus ``beyond``:
         what an elastic task borrows above its minimum; a copy: the record in the leader state changes only when

@@ -1,13 +1,13 @@
-"""Queue order: a PENDING task becomes a placement :class:`~common.domain.Request`, sorted by :func:`queue_key`."""
+"""Queue order: a PENDING task becomes a placement :class:`~coordinator.domain.Request`, sorted by :func:`queue_key`."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
 
-from common.domain import Request, Resources, queue_key
 from common.oci import CONTAINERS_LABEL
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import Request, Resources, queue_key
 from coordinator.profiler import gpus_used
 
 __all__ = ["queue_key", "request_for", "slack_key", "slack_s"]

@@ -15,15 +15,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
 from common.oci import CONTAINERS_LABEL
 from common.pb.gptrm.v1 import types_pb2
-from common.power_states import power_label
 from common.topology import NodeTopology, topology_from_gpus
 from common.types import TERMINAL_STATES
 from coordinator.allocator.reservations import gpu_usage
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.monitor.power_model import PowerModel
+from coordinator.power_states import power_label
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, feasible
 from coordinator.scheduler.queue import request_for
 
@@ -126,7 +126,7 @@ class _NodeStatic:
 
 
 class SnapshotBuilder:
-    """Builds the cycle's :class:`~common.domain.ClusterSnapshot` from the leader's tables.
+    """Builds the cycle's :class:`~coordinator.domain.ClusterSnapshot` from the leader's tables.
 
     What a node's snapshot takes from its inventory (capacity, GPU slots, model, labels) is built
     once per agent stream and reused; an idle node's all-free GPU tuple is reused too, so a cycle

@@ -20,15 +20,15 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from common.domain import NodeSnapshot, Request, Resources
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
-from common.power_states import power_label
 from common.types import NodeState, TaskState
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import SimulatedProvider
+from coordinator.domain import NodeSnapshot, Request, Resources
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
+from coordinator.power_states import power_label
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE
 from coordinator.scheduler.snapshot import NodeFit
 from coordinator.state import LeaderState

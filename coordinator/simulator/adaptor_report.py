@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.domain import ClusterSnapshot
 from common.errors import GptrmError
 from common.logging import configure_logging
+from coordinator.domain import ClusterSnapshot
 from coordinator.scheduler.policies.base import DEFAULT_THRESHOLD_MODE, limit_factors
 from coordinator.simulator.engine import SimConfig
 from coordinator.simulator.metrics import JobRecord

@@ -1,4 +1,4 @@
-"""Elastic jobs in the replay, resized by the leader's own rules (:mod:`common.elastic`).
+"""Elastic jobs in the replay, resized by the leader's own rules (:mod:`coordinator.elastic.rules`).
 
 With ``SimConfig(elastic=ElasticSimConfig(...))`` every job of a replay that asks for whole GPUs and
 has a model (:func:`elastic_config`) is elastic: it may run at any size of
@@ -13,14 +13,14 @@ Every scheduling pass of the :class:`~coordinator.simulator.engine.Simulator` go
 
 1. the pending jobs are placed in queue order, elastic ones at their minimum
    (``request_at(request, range, range.minimum)``, the engine's placement request for them);
-2. when no whole-GPU job was left waiting, :func:`~common.elastic.size_placements` gives the elastic jobs
+2. when no whole-GPU job was left waiting, :func:`~coordinator.elastic.rules.size_placements` gives the elastic jobs
    placed in this pass the idle GPUs left over, each up to its wish (its target size after a resize, else
    its maximum); then the jobs start;
-3. with jobs left waiting, :func:`~common.elastic.plan_shrinks` shrinks running elastic jobs for them;
-   else :func:`~common.elastic.plan_grows` grows running elastic jobs into the idle GPUs of ready nodes
-   (:func:`~common.elastic.idle_gpus` over the engine's node snapshots, which carry the adaptor's ready
+3. with jobs left waiting, :func:`~coordinator.elastic.rules.plan_shrinks` shrinks running elastic jobs for them;
+   else :func:`~coordinator.elastic.rules.plan_grows` grows running elastic jobs into the idle GPUs of ready nodes
+   (:func:`~coordinator.elastic.rules.idle_gpus` over the engine's node snapshots, which carry the adaptor's ready
    flags: a grow never wakes a node), on their own node or, when it has no room, on another one their
-   request accepts (:func:`~common.elastic.node_accepts`).
+   request accepts (:func:`~coordinator.elastic.rules.node_accepts`).
 
 A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its placement released, its
 progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
@@ -32,9 +32,9 @@ would have), and a new one is scheduled at every start. A job resizes at most on
 per ``interval_s`` (the rules' hysteresis); a pass runs when a job's hysteresis runs out, so a job that
 may grow again does not wait for the next arrival or completion.
 
-The allocator **learns** each job's curve as the leader does: a :class:`~common.elastic.SpeedupCurve`
+The allocator **learns** each job's curve as the leader does: a :class:`~coordinator.elastic.rules.SpeedupCurve`
 per job, fed the job's true throughput at the size it runs (what its throughput counter would read)
-once a run is past its restart and :data:`coordinator.elastic.WARMUP_S`. It never sees the true curve
+once a run is past its restart and :data:`coordinator.elastic.allocator.WARMUP_S`. It never sees the true curve
 at sizes the job has not run at.
 
 Disabling grows or shrinks (``grow=False``, ``shrink=False``) attributes the gain of elasticity: the
@@ -49,8 +49,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.domain import NodeSnapshot, Placement
-from common.elastic import (
+from coordinator.domain import NodeSnapshot, Placement
+from coordinator.elastic.allocator import WARMUP_S
+from coordinator.elastic.rules import (
     DEFAULT_RESTART_COST_S,
     ElasticJob,
     ElasticRange,
@@ -67,12 +68,11 @@ from common.elastic import (
     request_at,
     size_placements,
 )
-from coordinator.elastic import WARMUP_S
 from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
 
 REPLAY_INTERVAL_S = 300.0
 """The replay's resize interval by default (``--elastic-interval``): its jobs run for hours, so a resize every
-five minutes at most (the leader's default is shorter, :data:`common.elastic.DEFAULT_INTERVAL_S`)."""
+five minutes at most (the leader's default is shorter, :data:`coordinator.elastic.rules.DEFAULT_INTERVAL_S`)."""
 
 if TYPE_CHECKING:
     from coordinator.simulator.engine import SimJob, Simulator
@@ -90,7 +90,7 @@ class ElasticSimConfig:
     :param min_gpus: every elastic job's minimum.
     :param max_gpus: the largest maximum.
     :param node_gpus: node width of the ranges (None: the cluster's widest node).
-    :param interval_s: the rules' hysteresis (:class:`~common.elastic.ElasticSettings`).
+    :param interval_s: the rules' hysteresis (:class:`~coordinator.elastic.rules.ElasticSettings`).
     :param restart_cost_s: what a resize costs a job (GPUs held, no progress), and what the rules assume.
     :param grow: plan grows (False: shrink only).
     :param shrink: plan shrinks (False: grow only).
@@ -246,7 +246,7 @@ class SimElastic:
 
     def _place_smaller(self, now: float) -> None:
         """Elastic jobs the pass refused above their minimum (a resize's target) at the largest smaller size that
-        fits (:func:`~common.elastic.place_down`), in queue order, as the cycle does after its batch."""
+        fits (:func:`~coordinator.elastic.rules.place_down`), in queue order, as the cycle does after its batch."""
         sim = self.sim
         refused = sorted(item for shape, bucket in sim.buckets.items() if shape in sim.refused for item in bucket
                          if item[1] in self.jobs and sim.requests[item[1]].whole_gpus * sim.requests[item[1]].nodes

@@ -39,9 +39,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from common.domain import ClusterSnapshot
 from common.errors import GptrmError, UsageError
 from common.logging import configure_logging
+from coordinator.domain import ClusterSnapshot
 from coordinator.simulator.elastic import ElasticSimConfig, elastic_config
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult
 from coordinator.simulator.replay import ProgressBar, run_policies, write_outputs

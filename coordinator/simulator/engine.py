@@ -1,7 +1,7 @@
 """The discrete-event loop: replay jobs against a simulated cluster in virtual time.
 
 Decisions come from the coordinator's own code: the pending queue is ordered by
-:func:`common.domain.queue_key`, and every placement is made by the production
+:func:`coordinator.domain.queue_key`, and every placement is made by the production
 :class:`coordinator.scheduler.placement.engine.PlacementEngine` (policy filter and rank, then the Resource
 Allocator's GPU choice). The engine lives for the whole replay: placements reserve in it and
 finished jobs :meth:`~coordinator.scheduler.placement.engine.PlacementEngine.release` their reservations, so no
@@ -26,8 +26,8 @@ victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simu
 
 Team queues (``SimConfig(queues=...)``): each job runs in the queue its trace ``group`` names
 (:attr:`SimJob.queue`), and every pass goes through the scheduler's own
-:func:`coordinator.scheduler.queueing.plan_queues` (admission and fair order) and, with
-``reclaim``, :func:`~coordinator.scheduler.queueing.reclaim_for` afterwards; see
+:func:`coordinator.queues.planning.plan_queues` (admission and fair order) and, with
+``reclaim``, :func:`~coordinator.queues.planning.reclaim_for` afterwards; see
 :mod:`coordinator.simulator.queues`. The shape buckets stay (they hold the pending jobs in queue
 order), but a pass places the plan's order, not the buckets' heads.
 
@@ -35,7 +35,7 @@ Every run of a job (from a start to its end or preemption) is kept in :attr:`Sim
 per-job records can be written and per-queue figures recomputed from them.
 
 Elastic jobs (``SimConfig(elastic=...)``): jobs resize between their minimum and maximum by the
-production rules of :mod:`common.elastic`; every pass goes through
+production rules of :mod:`coordinator.elastic.rules`; every pass goes through
 :class:`coordinator.simulator.elastic.SimElastic` (placement at the minimum, sizing before commit,
 then shrinks for what waits or grows into idle GPUs), and an elastic job's run time follows from its
 work and its true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`.
@@ -57,7 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from common.domain import ClusterSnapshot, Placement, Request, queue_key
+from coordinator.domain import ClusterSnapshot, Placement, Request, queue_key
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import build as build_policy
 from coordinator.scheduler.policies import time_aware
@@ -77,9 +77,9 @@ __all__ = ["JobRun", "SimConfig", "SimJob", "SimResult", "Simulator"]
 _COMPLETE, _ARRIVE, _POWER, _TICK = 0, 1, 2, 3
 
 Shape = tuple[Any, ...]
-""":attr:`common.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
+""":attr:`coordinator.domain.Request.shape`: two requests of one shape are accepted by the same nodes."""
 QueueKey = tuple[int, float, float, str]
-""":func:`common.domain.queue_key` of a request."""
+""":func:`coordinator.domain.queue_key` of a request."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,8 @@ import heapq
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
-from common.domain import Placement, queue_key
-from coordinator.qos.preemption import Candidate, Fits, Holding, choose_candidates
+from coordinator.domain import Placement, queue_key
+from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_candidates
 
 if TYPE_CHECKING:
     from coordinator.simulator.engine import Simulator
@@ -90,7 +90,7 @@ class SimPreemption:
             if start is None or start > now:
                 continue   # still waking its nodes: not running yet
             req = sim.jobs[k].request
-            holds = tuple(Holding(a.node_id, a.gpu_indices, placement.demand, a.gpu_share)
+            holds = tuple(NodeHolding(a.node_id, a.gpu_indices, placement.demand, a.gpu_share)
                           for a in placement.assignments)
             out.append((k, Candidate(req.task_id, req.priority, start, self.last_s.get(k), True, holds)))
         return out

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from common.domain import ClusterSnapshot
 from common.errors import GptrmError, UsageError
+from coordinator.domain import ClusterSnapshot
 from coordinator.simulator.engine import SimConfig, SimJob
 from coordinator.simulator.qos_report import qos_table
 from coordinator.simulator.replay import ProgressBar, run_policies

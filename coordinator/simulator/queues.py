@@ -5,12 +5,12 @@ With ``SimConfig(queues=config)`` every scheduling pass of the
 the leader's cycle does (:mod:`coordinator.scheduler.cycle`), over the replay's jobs instead of
 the task table:
 
-1. The pending jobs, in the engine's queue order (:func:`common.domain.queue_key`), become
-   :class:`~coordinator.scheduler.queueing.QueuedTask` values (queue from :attr:`SimJob.queue`,
+1. The pending jobs, in the engine's queue order (:func:`coordinator.domain.queue_key`), become
+   :class:`~coordinator.queues.planning.QueuedTask` values (queue from :attr:`SimJob.queue`,
    whole GPUs ``ceil(gpus per node) × nodes``), the running jobs become
-   :class:`~coordinator.queues.Holding` values (their queue, GPUs, the ``borrowed`` count their
+   :class:`~coordinator.queues.QueueHolding` values (their queue, GPUs, the ``borrowed`` count their
    admission gave them, preemptible, start time), and
-   :func:`~coordinator.scheduler.queueing.plan_queues` decides admission and fair order against the
+   :func:`~coordinator.queues.planning.plan_queues` decides admission and fair order against the
    cluster's GPUs per model and the queues' decayed usage. Only the plan's ``order`` is offered to
    placement, in that order (each request held to its admitted GPU pool by
    :func:`coordinator.scheduler.cycle.on_pool`); refused jobs wait.
@@ -21,7 +21,7 @@ the task table:
    refusals, which the plan decides afresh each pass). ``exact_batches`` hands the ordered requests
    to ``place_batch`` itself; the tests compare both. A job placed on GPUs of another pool than the
    one it was admitted in waits, as in the leader.
-3. With ``reclaim``, after the pass :func:`~coordinator.scheduler.queueing.reclaim_for` runs over
+3. With ``reclaim``, after the pass :func:`~coordinator.queues.planning.reclaim_for` runs over
    the jobs left waiting (the plan's order, then its refused ones) and the running jobs, with the
    GPUs no running job holds as idle (as the leader passes them); its
    victims are preempted the way :mod:`coordinator.simulator.qos` preempts (they stop at once, lose
@@ -40,10 +40,10 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
-from common.domain import Placement, Request, queue_key
-from coordinator.queues import ANY_MODEL, Holding, QueueConfig, UsageDecay
+from coordinator.domain import Placement, Request, queue_key
+from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, UsageDecay
+from coordinator.queues.planning import QueuedTask, QueuePlan, plan_queues, reclaim_for
 from coordinator.scheduler.cycle import on_pool
-from coordinator.scheduler.queueing import QueuedTask, QueuePlan, plan_queues, reclaim_for
 
 if TYPE_CHECKING:
     from coordinator.simulator.engine import Simulator
@@ -108,15 +108,15 @@ class SimQueues:
         self.borrowed.pop(k, None)
         self.model.pop(k, None)
 
-    def holdings(self) -> list[Holding]:
+    def holdings(self) -> list[QueueHolding]:
         """The running jobs as the queues see them."""
         sim = self.sim
         out = []
         for k in sim.placed:
             t = self.tasks[k]
-            out.append(Holding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
-                               sim.start_times[k], t.cpu, t.mem_gib,
-                               {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
+            out.append(QueueHolding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
+                                    sim.start_times[k], t.cpu, t.mem_gib,
+                                    {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
         return out
 
     def schedule(self, now: float) -> None:

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from common.domain import ClusterSnapshot
 from common.errors import GptrmError, UsageError
+from coordinator.domain import ClusterSnapshot
 from coordinator.queues import QueueConfig, dumps_toml, load_toml
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult
 from coordinator.simulator.queue_report import proportional_queues, queue_stats, queue_table_rows, strict, write_records

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from common.domain import ClusterSnapshot
+from coordinator.domain import ClusterSnapshot
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
 from coordinator.simulator.trace import read_jobs, read_nodes, select_nodes
 from coordinator.simulator.workload import NodeDefaults, build_cluster, build_jobs

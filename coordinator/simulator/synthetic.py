@@ -28,8 +28,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from common.domain import ModelSpecData, TaskSpecData
 from common.types import TaskKind
+from coordinator.domain import ModelSpecData, TaskSpecData
 from coordinator.profiler.profiler import Profiler
 from coordinator.simulator.trace import TraceJob, TraceNode, write_jobs, write_nodes
 

@@ -28,7 +28,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from common.domain import (
+from common.types import TaskKind
+from coordinator.domain import (
     ClusterSnapshot,
     GpuSlot,
     ModelSpecData,
@@ -38,7 +39,6 @@ from common.domain import (
     Resources,
     TaskSpecData,
 )
-from common.types import TaskKind
 from coordinator.monitor.power_model import PowerModel
 from coordinator.profiler.profiler import DEFAULT_GPU_MEM_BYTES, Profiler
 from coordinator.queues.model import DEFAULT_QUEUE

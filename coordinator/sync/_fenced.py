@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from common.errors import Fenced
 from common.logging import get_logger
@@ -14,15 +14,20 @@ from coordinator.sync.client import KV, Compare, EtcdClient, Op, TxnResult, cmp_
 from coordinator.sync.election import Election
 from coordinator.sync.keys import Keys
 
-if TYPE_CHECKING:
-    from coordinator.sync.quarantine import Quarantine
-
-__all__ = ["FencedWriter", "Nodes"]
+__all__ = ["FencedWriter", "Nodes", "Quarantining"]
 
 Nodes = dict[str, tuple[types_pb2.NodeRecord, int]]
 """node id → (its record, the record's mod revision), as read for a compare-and-put."""
 
 _M = TypeVar("_M")
+
+
+class Quarantining(Protocol):
+    """What the writer needs of :class:`~coordinator.sync.quarantine.Quarantine` (which writes through a
+    :class:`FencedWriter` of its own, so this module does not import it): reading a value through it."""
+
+    def parse(self, kv: KV, parse: Callable[[KV], _M]) -> _M | None:
+        """``parse(kv)``, or None when the parser refuses the value and it is moved aside."""
 
 
 class FencedWriter:
@@ -37,7 +42,7 @@ class FencedWriter:
     """
 
     def __init__(self, client: EtcdClient, keys: Keys, election: Election, max_txn_ops: int = 128,
-                 quarantine: Quarantine | None = None) -> None:
+                 quarantine: Quarantining | None = None) -> None:
         self._client, self._keys, self._election, self._max_ops = client, keys, election, max_txn_ops
         self.quarantine = quarantine
         self._log = get_logger("sync")

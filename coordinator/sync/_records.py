@@ -9,12 +9,12 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from common.domain import Resources
 from common.errors import CoordinationError, NotFound, ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskState
 from coordinator.allocator.reservations import NodeReservation, ReservationConflict
+from coordinator.domain import Resources
 from coordinator.sync.client import KV
 from coordinator.sync.state_machine import Conflict, check_transition
 

@@ -4,7 +4,7 @@ Run with ``.venv/bin/python tests/bench/bench_elastic.py [--nodes N] [--jobs N] 
 
 Every node runs two elastic jobs (1:8 GPUs on one node, sizes drawn so that about a fifth of the GPUs are idle), each
 with a learned curve of its own (measured at two or three sizes, exponents 0.3-1.0), and a tenth of them inside
-their hysteresis. Three passes of the production rules (:mod:`common.elastic`) are timed, each the fastest of
+their hysteresis. Three passes of the production rules (:mod:`coordinator.elastic.rules`) are timed, each the fastest of
 ``--repeat`` runs, in CPU seconds of this process:
 
 - **grow**: nothing waits, the idle GPUs go to the jobs by marginal speed-up (:func:`plan_grows`);
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.domain import ClusterSnapshot, GpuSlot, Placement, Request, Resources  # noqa: E402
-from common.elastic import (  # noqa: E402
+from coordinator.domain import ClusterSnapshot, GpuSlot, Placement, Request, Resources  # noqa: E402
+from coordinator.elastic.rules import (  # noqa: E402
     ElasticJob,
     ElasticRange,
     ElasticSettings,

@@ -50,8 +50,8 @@ if str(ROOT) not in sys.path:
 
 from dataclasses import replace  # noqa: E402
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, PowerCurve, Request, Resources  # noqa: E402
 from common.topology import simulated_topology, topology_from_facts  # noqa: E402
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Placement, PowerCurve, Request, Resources  # noqa: E402
 from coordinator.scheduler.placement.engine import PlacementEngine  # noqa: E402
 from coordinator.scheduler.placement.live import LivePlacement  # noqa: E402
 from coordinator.scheduler.policies import POLICIES  # noqa: E402

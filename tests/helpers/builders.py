@@ -6,8 +6,8 @@ import math
 import random
 from collections.abc import Mapping
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
 from common.pb.gptrm.v1 import agent_pb2
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
 
 __all__ = [
     "GIB",
@@ -174,7 +174,7 @@ def table_cluster() -> ClusterSnapshot:
 
 def place_one(policy: str, gpus: float, *, seed: int = 0, cluster: ClusterSnapshot | None = None) -> str | None:
     """Where a single request of ``gpus`` GPUs lands on the table cluster (None: refused)."""
-    from common.domain import Placement
+    from coordinator.domain import Placement
     from coordinator.scheduler.placement.engine import PlacementEngine
 
     engine = PlacementEngine.from_name(cluster or table_cluster(), policy, 0.9, seed=seed, mode="paper")
@@ -184,7 +184,7 @@ def place_one(policy: str, gpus: float, *, seed: int = 0, cluster: ClusterSnapsh
 
 def sequence(policy: str, gpus: list[float], *, seed: int = 0, cluster: ClusterSnapshot | None = None) -> list:
     """Where each of several requests lands, decided one after the other in the given order."""
-    from common.domain import Placement
+    from coordinator.domain import Placement
     from coordinator.scheduler.placement.engine import PlacementEngine
 
     engine = PlacementEngine.from_name(cluster or table_cluster(), policy, 0.9, seed=seed, mode="paper")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.domain import ClusterSnapshot, Request
+from coordinator.domain import ClusterSnapshot, Request
 
 __all__ = ["RefNode", "reference_place", "to_ref_nodes"]
 

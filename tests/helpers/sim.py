@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.domain import ClusterSnapshot, NodeSnapshot, Request, Resources
+from coordinator.domain import ClusterSnapshot, NodeSnapshot, Request, Resources
 from coordinator.simulator.engine import SimJob
 from coordinator.simulator.synthetic import SyntheticSpec, generate
 from coordinator.simulator.trace import write_jobs, write_nodes

@@ -1,6 +1,6 @@
 """Admin calls whose caller goes away (a client deadline of a few milliseconds) leave nothing behind: no etcd
 admin lock held, no queue tree in etcd that the leader's state does not follow (coordinator/sync/lock.py
-``AdminLocks``, coordinator/queue_admin.py)."""
+``AdminLocks``, coordinator/queues/admin.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.app import App
 from coordinator.queues import Queue
+from coordinator.queues.store import QueueStore
 from coordinator.sync import Keys, connect
-from coordinator.sync.queues import QueueStore
 from tests.helpers.inproc import admin_stub, one_gpu_spec, run_leading
 from tests.integration.harness import Cluster, wait_until
 

@@ -2,7 +2,7 @@
 
 The pipeline for each request, in this order:
 
-1. **queue order** — the caller hands the batch in queue order (:func:`common.domain.queue_key`);
+1. **queue order** — the caller hands the batch in queue order (:func:`coordinator.domain.queue_key`);
    policies that follow the paper (Alg. 1-3) then take it by descending compute demand (a stable
    sort, so equal demands keep queue order); the baselines keep queue order.
 2. **demand** — the profiler already turned each task into a :class:`Request`.
@@ -44,7 +44,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from common.domain import (
+from coordinator.domain import (
     DIMENSIONS,
     ClusterSnapshot,
     Decision,

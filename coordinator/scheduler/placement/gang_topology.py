@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from common.domain import NodeSnapshot
+from coordinator.domain import NodeSnapshot
 from coordinator.scheduler.policies.base import BoolArray, FloatArray, IntArray
 
 __all__ = ["DEFAULT_GANG_LABEL", "label_groups", "prefer_one_group"]

@@ -25,7 +25,7 @@ import operator
 
 import numpy as np
 
-from common.domain import ClusterSnapshot, NodeSnapshot
+from coordinator.domain import ClusterSnapshot, NodeSnapshot
 from coordinator.scheduler.placement.engine import PlacementEngine, collector_paused
 from coordinator.scheduler.placement.gang_topology import label_groups
 from coordinator.scheduler.placement.shape_cache import ShapeCache

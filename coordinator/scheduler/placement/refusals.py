@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.domain import Rejection, Request
+from coordinator.domain import Rejection, Request
 
 __all__ = ["RefusalMemo"]
 

@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common.domain import Request
+from coordinator.domain import Request
 from coordinator.scheduler.placement.state import PlacementState, is_exact
 from coordinator.scheduler.policies.base import BoolArray, FloatArray, IntArray, Policy
 

@@ -48,7 +48,11 @@ from typing import cast
 
 import numpy as np
 
-from common.domain import (
+from common.errors import PlacementError
+from common.topology import NodeTopology
+from coordinator.allocator.gpus import choose_gpu_indices
+from coordinator.allocator.reservations import CRUMB, give_back_gpu, take_gpu
+from coordinator.domain import (
     DIMENSIONS,
     ClusterSnapshot,
     GpuSlot,
@@ -58,10 +62,6 @@ from common.domain import (
     Resources,
     new_assignment,
 )
-from common.errors import PlacementError
-from common.topology import NodeTopology
-from coordinator.allocator.gpus import choose_gpu_indices
-from coordinator.allocator.reservations import CRUMB, give_back_gpu, take_gpu
 from coordinator.scheduler.placement.partial_gpus import PartialGpus
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD_MODE,
@@ -137,7 +137,7 @@ def is_exact(values: tuple[float, int, float, int, int]) -> bool:
     precomputed headroom) decides exactly what ``used + demand <= limit`` decides; see
     :class:`PlacementState`.
 
-    :param values: a vector in :data:`common.domain.DIMENSIONS` order.
+    :param values: a vector in :data:`coordinator.domain.DIMENSIONS` order.
     :returns: True when the headroom shortcut is exact for it.
     """
     gpus, gpu_mem, cpu, mem, disk = values
@@ -1009,7 +1009,7 @@ class PlacementState:
         self.refresh_bounds()
 
     def used_of(self, i: int) -> tuple[float, float, float, float, float]:
-        """Node ``i``'s reservations now, in :data:`~common.domain.DIMENSIONS` order.
+        """Node ``i``'s reservations now, in :data:`~coordinator.domain.DIMENSIONS` order.
 
         :param i: node index.
         :returns: the five values.

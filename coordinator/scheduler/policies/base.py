@@ -31,9 +31,9 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from common.domain import DIMENSIONS, NodeId, NodeSnapshot, Request
 from common.errors import ValidationError
 from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
+from coordinator.domain import DIMENSIONS, NodeId, NodeSnapshot, Request
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -119,7 +119,7 @@ def limit_factors(threshold: float, mode: str, shared: bool) -> tuple[float, flo
     :param threshold: the policy's threshold.
     :param mode: one of :data:`THRESHOLD_MODES`.
     :param shared: the request asks for a share of a GPU (:func:`is_shared`).
-    :returns: one factor per dimension, in :data:`~common.domain.DIMENSIONS` order.
+    :returns: one factor per dimension, in :data:`~coordinator.domain.DIMENSIONS` order.
     """
     if mode == PAPER or shared:
         return (threshold, threshold, threshold, threshold, threshold)
@@ -379,7 +379,7 @@ def dimension_reason(req: Request, used: Sequence[float], capacity: Sequence[flo
     """The first dimension that would exceed its limit (:func:`limit_factors`) after placement.
 
     :param req: the request.
-    :param used: the node's reservations, in :data:`~common.domain.DIMENSIONS` order.
+    :param used: the node's reservations, in :data:`~coordinator.domain.DIMENSIONS` order.
     :param capacity: the node's capacity, in the same order.
     :param threshold: the policy's threshold.
     :param mode: the threshold mode.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.domain import NodeId, NodeSnapshot, Request
+from coordinator.domain import NodeId, NodeSnapshot, Request
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
     DEFAULT_THRESHOLD_MODE,

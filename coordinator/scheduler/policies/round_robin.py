@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.domain import NodeId, NodeSnapshot, Request
+from coordinator.domain import NodeId, NodeSnapshot, Request
 from coordinator.scheduler.policies.base import (
     DEFAULT_THRESHOLD,
     DEFAULT_THRESHOLD_MODE,

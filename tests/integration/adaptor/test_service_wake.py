@@ -11,9 +11,9 @@ from pathlib import Path
 
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
-from common.power_states import power_label
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.app import App
+from coordinator.power_states import power_label
 from tests.helpers.inproc import inventory, run_leading, until
 
 PS = types_pb2.NodePowerState

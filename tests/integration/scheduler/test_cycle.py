@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.domain import GpuSlot, NodeSnapshot, Resources
 from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import types_pb2
 from common.topology import simulated_topology, topology_from_gpus
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
+from coordinator.domain import GpuSlot, NodeSnapshot, Resources
 from coordinator.scheduler import cycle as cycle_module
 from coordinator.sync import connect
 

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
-from coordinator.api.agent_guard import AgentGuard, Holding, holding
+from coordinator.api.agent_guard import AgentGuard, NodeStanding, node_standing
 from coordinator.monitor.nodes import NodeEntry, NodeRegistry
 from coordinator.state import LeaderState
 from coordinator.sync import Election, EtcdClient, Keys, Store
@@ -109,8 +109,8 @@ class TestReportsAboutMovedTasks:
         gang = make_allocation("n1", [0])
         gang.nodes.extend(make_allocation("n2", [0]).nodes)
         task = _moved(store, make_task, make_allocation, gang, make_allocation("n3", [1]))
-        assert [holding(task, n) for n in ("n1", "n2", "n3", "n9")] == [Holding.EARLIER, Holding.EARLIER,
-                                                                        Holding.NOW, Holding.NEVER]
+        assert [node_standing(task, n) for n in ("n1", "n2", "n3", "n9")] == [
+            NodeStanding.EARLIER, NodeStanding.EARLIER, NodeStanding.NOW, NodeStanding.NEVER]
         leader = _Leader(store)
         assert leader.status("n2", task.id) is False and leader.refused == []
 
@@ -139,7 +139,7 @@ class TestReportsAboutMovedTasks:
         short = Store(sync_client, keys, leader, history_limit=2)
         task = _moved(short, make_task, make_allocation, make_allocation("n1", [0]), make_allocation("n2", [0]))
         assert [S(c.state) for c in task.history] == [S.PENDING, S.SCHEDULED]   # the submission is gone
-        assert holding(task, "n3") is Holding.EARLIER
+        assert node_standing(task, "n3") is NodeStanding.EARLIER
         view = _Leader(short)
         assert view.ack("n3", task.id) is False and view.ack("n1", task.id) is False
         assert view.refused == []

@@ -86,9 +86,9 @@ def test_submit_flags() -> None:
 def test_a_task_with_an_image_goes_only_where_containers_run() -> None:
     """request_for selects the containers label for a task with an image; a node without it is refused by placement's
     own constraint check, one with it (as the snapshot labels a node whose agent reports containers) is not."""
-    from common.domain import NodeSnapshot, Resources
     from common.oci import CONTAINERS_LABEL
     from common.pb.gptrm.v1 import types_pb2
+    from coordinator.domain import NodeSnapshot, Resources
     from coordinator.scheduler.policies.base import constraint_reason
     from coordinator.scheduler.queue import request_for
 
@@ -120,7 +120,7 @@ def test_image_locality_among_equal_nodes(policy: str) -> None:
     ranks better still wins, and a task without an image keeps the policy's own order."""
     import dataclasses
 
-    from common.domain import ClusterSnapshot, Placement, Request, Resources
+    from coordinator.domain import ClusterSnapshot, Placement, Request, Resources
     from coordinator.scheduler.placement.engine import PlacementEngine
     from coordinator.scheduler.policies import build
     from tests.helpers.builders import GIB, make_node

@@ -2,7 +2,10 @@
 
 Every module under ``coordinator/`` is parsed; each import (also those under ``if TYPE_CHECKING:``
 and inside functions) becomes an edge between the units that hold the two modules. A unit is a
-sub-package (``coordinator/scheduler/``) or a top-level module (``coordinator/tasks.py``). The
+sub-package (``coordinator/scheduler/``) or a top-level module (``coordinator/tasks.py``), except in a
+feature's home (:data:`FEATURE_HOMES`): it holds modules of several layers (the feature's pure rules, which
+the components use, and its leader-side service, which uses them), so each of its modules is a unit
+(``coordinator/elastic/rules.py``; its ``__init__`` is the unit ``elastic``). The
 composition roots and consumers (``app``, ``server``, ``devcluster``, ``simulator``, ``ctl``, and
 ``scripts``, the console-script entry points) may import anything, so their outgoing edges are not
 part of the graph; no component imports them.
@@ -16,6 +19,7 @@ from pathlib import Path
 
 COORDINATOR = Path(__file__).resolve().parents[3] / "coordinator"
 ROOTS = frozenset({"app", "server", "devcluster", "simulator", "ctl", "scripts"})
+FEATURE_HOMES = frozenset({"elastic", "queues"})
 
 Edges = dict[str, dict[str, list[str]]]
 
@@ -24,6 +28,8 @@ def _unit(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "coordinator" or len(parts) < 2:
         return None
+    if parts[1] in FEATURE_HOMES:
+        return ".".join(p for p in parts[1:3] if p != "__init__")
     return parts[1]
 
 

@@ -7,12 +7,12 @@ import argparse
 
 import pytest
 
-from common.domain import ClusterSnapshot, Placement
 from common.errors import UsageError, ValidationError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import TaskState
 from coordinator.ctl.main import build_parser
 from coordinator.ctl.reservations import reservation_dict, reservation_from_args, reservations_dict, reservations_table
+from coordinator.domain import ClusterSnapshot, Placement
 from coordinator.reservations import blocked, choose_kept, is_member, keep_only, state_of, validate_reservation
 from coordinator.scheduler.placement import PlacementEngine
 from tests.helpers.builders import make_node, make_request
@@ -121,7 +121,7 @@ def test_documents_follow_their_schema() -> None:
 def test_elastic_jobs_give_back_kept_gpus_ahead_of_the_start() -> None:
     from dataclasses import replace
 
-    from common.elastic import ElasticJob, ElasticRange
+    from coordinator.elastic.rules import ElasticJob, ElasticRange
     from coordinator.reservations import Kept, shrinks_off
 
     job = ElasticJob("e", 0, ElasticRange(1, 4, 4), 4, (("n1", 4),))

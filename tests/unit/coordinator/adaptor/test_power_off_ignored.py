@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from common.pb.gptrm.v1 import types_pb2
-from common.power_states import power_label
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import ProviderResult
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.power_states import power_label
 from coordinator.state import LeaderState
 from tests.helpers.clock import FakeClock
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from common.domain import Resources
 from coordinator.allocator.reservations import (
     NodeReservation,
     ReservationConflict,
@@ -12,6 +11,7 @@ from coordinator.allocator.reservations import (
     gpu_usage,
     take_gpu,
 )
+from coordinator.domain import Resources
 
 GIB = 1024**3
 

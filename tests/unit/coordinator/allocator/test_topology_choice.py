@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from common.domain import ClusterSnapshot, Placement
 from common.topology import (
     NodeTopology,
     cpu_list_union,
@@ -14,6 +13,7 @@ from common.topology import (
     topology_from_facts,
 )
 from coordinator.allocator.gpus import choose_gpu_indices
+from coordinator.domain import ClusterSnapshot, Placement
 from coordinator.scheduler.placement.engine import PlacementEngine
 from tests.helpers.builders import GIB, make_node, make_request
 

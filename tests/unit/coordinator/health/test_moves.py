@@ -15,11 +15,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from common.elastic import ElasticSettings
 from common.errors import IllegalTransition
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
-from coordinator.elastic import ElasticAllocator
+from coordinator.elastic.allocator import ElasticAllocator
+from coordinator.elastic.rules import ElasticSettings
 from coordinator.events import EventBus
 from coordinator.health.moves import FencedGpu, GpuMoves, move_reason
 from coordinator.health.watch import GpuHealthWatch

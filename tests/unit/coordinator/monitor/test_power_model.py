@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.domain import PowerCurve
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import PowerCurve
 from coordinator.monitor.power_model import (
     MIN_SAMPLES,
     REFIT_EVERY,

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from common.domain import ModelSpecData, QosData, Resources, TaskSpecData
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskKind
+from coordinator.domain import ModelSpecData, QosData, Resources, TaskSpecData
 from coordinator.profiler.profiler import (
     Profiler,
     estimate_gpu_memory_bytes,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from common.domain import Request, Resources
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.ctl.render import task_dict
+from coordinator.domain import Request, Resources
 from coordinator.events import EventBus
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler

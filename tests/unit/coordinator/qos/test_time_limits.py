@@ -8,7 +8,6 @@ import argparse
 import pytest
 
 from common.errors import ValidationError
-from common.limits import end_of, fmt_s, protected, run_started_s
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from common.types import TaskState
 from common.types import TaskState as S
@@ -19,9 +18,10 @@ from coordinator.ctl.transport import CtlError
 from coordinator.ctl.wait import exit_code_of
 from coordinator.profiler.qos_spec import parse_time_limit
 from coordinator.profiler.taskspec import spec_from_mapping
-from coordinator.queue_admin import queue_from_proto, queue_to_proto
 from coordinator.queues import Queue, QueueConfig
+from coordinator.queues.admin import queue_from_proto, queue_to_proto
 from coordinator.queues.limits import apply_queue_limits
+from coordinator.run_limits import end_of, fmt_s, protected, run_started_s
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -175,7 +175,7 @@ def test_a_victim_inside_its_protected_run_time_is_skipped_for_an_older_one() ->
 def test_reclaim_never_picks_a_borrowing_task_inside_its_protected_run_time() -> None:
     from coordinator.monitor.nodes import NodeRegistry
     from coordinator.queues import Demand, reclaim_victims
-    from coordinator.scheduler.queueing import holding_of
+    from coordinator.queues.planning import holding_of
 
     def borrower(tid: str, started: float, min_runtime_s: float = 0.0) -> types_pb2.Task:
         t = types_pb2.Task(id=tid, queue="b", borrowed_gpus=1, spec=types_pb2.TaskSpec(min_runtime_s=min_runtime_s),
@@ -200,8 +200,8 @@ def test_reclaim_never_picks_a_borrowing_task_inside_its_protected_run_time() ->
 def test_an_elastic_job_inside_its_protected_run_time_is_not_shrunk() -> None:
     from dataclasses import replace
 
-    from common.elastic import plan_give_back, plan_shrinks
-    from tests.unit.common.test_elastic_rules import NOW, SETTINGS, _job, _req
+    from coordinator.elastic.rules import plan_give_back, plan_shrinks
+    from tests.unit.coordinator.elastic.test_elastic_rules import NOW, SETTINGS, _job, _req
 
     job = _job("e", 4, hi=4)
     assert plan_shrinks([_req("w", 2)], [job], {"n1": 0}, NOW, SETTINGS)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from common.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Resources
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.allocator.reservations import NodeReservation, take_gpu
+from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, Resources
 from coordinator.events import EventBus
 from coordinator.qos.preemption import Preemptor, _Fit, choose_victims, release_tasks
 

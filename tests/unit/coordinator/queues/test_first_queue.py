@@ -1,13 +1,13 @@
 """The first queue set on a cluster without queues keeps the implicit ``default`` queue (the tree built by
-``coordinator.queue_admin``, and the sentence its reply carries)."""
+``coordinator.queues.admin``, and the sentence its reply carries)."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.errors import ValidationError
-from coordinator.queue_admin import _set_keeping_default, _stranded
 from coordinator.queues import DEFAULT_QUEUE, Queue, QueueConfig
+from coordinator.queues.admin import _set_keeping_default, _stranded
 
 
 def test_the_first_queue_keeps_default_for_its_work_and_for_submits_without_a_queue() -> None:

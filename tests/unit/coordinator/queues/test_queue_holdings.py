@@ -7,15 +7,15 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.queues import Held, Holding, Queue, QueueConfig, QueueUse, queue_use, rebalance
+from coordinator.queues import Held, Queue, QueueConfig, QueueHolding, QueueUse, queue_use, rebalance
 
 H100 = "NVIDIA H100 80GB HBM3"
 L4 = "NVIDIA L4"
 CONFIG = QueueConfig(queues=(Queue("a", gpus={"*": 4, H100: 2}), Queue("b")))
 
 
-def task(task_id: str, queue: str, gpus: int, start: float, borrowed: int = 0, model: str = L4) -> Holding:
-    return Holding(task_id, queue, model, gpus, borrowed, True, start)
+def task(task_id: str, queue: str, gpus: int, start: float, borrowed: int = 0, model: str = L4) -> QueueHolding:
+    return QueueHolding(task_id, queue, model, gpus, borrowed, True, start)
 
 
 def test_oldest_tasks_fill_the_quota_first() -> None:
@@ -39,10 +39,10 @@ def test_without_queues_nothing_is_borrowed() -> None:
 
 
 def test_queue_use_sums_per_queue_and_model() -> None:
-    holdings = [Holding("1", "a", H100, 2, 1, True, 0.0, cpu=4, mem_gib=10),
-                Holding("2", "a", H100, 3, 0, True, 0.0, cpu=2),
-                Holding("3", "a", L4, 1, 0, False, 0.0),
-                Holding("4", "b", L4, 1, 1, True, 0.0, mem_gib=1)]
+    holdings = [QueueHolding("1", "a", H100, 2, 1, True, 0.0, cpu=4, mem_gib=10),
+                QueueHolding("2", "a", H100, 3, 0, True, 0.0, cpu=2),
+                QueueHolding("3", "a", L4, 1, 0, False, 0.0),
+                QueueHolding("4", "b", L4, 1, 1, True, 0.0, mem_gib=1)]
     assert queue_use(holdings) == {
         "a": QueueUse(gpus={H100: Held(4, 1), L4: Held(1, 0)}, cpu=6, mem_gib=10),
         "b": QueueUse(gpus={L4: Held(0, 1)}, cpu=0, mem_gib=1),
@@ -53,10 +53,10 @@ def test_queue_use_sums_per_queue_and_model() -> None:
 @given(st.lists(st.builds(lambda i, q, m, g, s: task(f"t{i}", q, g, s, model=m), st.integers(0, 10 ** 6),
                           st.sampled_from(["a", "b"]), st.sampled_from([H100, L4]), st.integers(0, 4),
                           st.floats(0, 100)), max_size=12, unique_by=lambda h: h.task_id))
-def test_rebalance_fills_exactly_the_quota_with_the_oldest(holdings: list[Holding]) -> None:
+def test_rebalance_fills_exactly_the_quota_with_the_oldest(holdings: list[QueueHolding]) -> None:
     out = rebalance(CONFIG, holdings)
     assert [h.task_id for h in out] == [h.task_id for h in holdings]
-    per_pool: dict[tuple[str, str], list[Holding]] = defaultdict(list)
+    per_pool: dict[tuple[str, str], list[QueueHolding]] = defaultdict(list)
     for h in out:
         assert 0 <= h.borrowed <= h.gpus
         per_pool[h.queue, CONFIG.pool_of(h.gpu_model)].append(h)

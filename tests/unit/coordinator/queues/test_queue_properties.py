@@ -10,7 +10,17 @@ from dataclasses import dataclass
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from coordinator.queues import Demand, Held, Holding, Queue, QueueConfig, QueueUse, admit, pool_state, reclaim_victims
+from coordinator.queues import (
+    Demand,
+    Held,
+    Queue,
+    QueueConfig,
+    QueueHolding,
+    QueueUse,
+    admit,
+    pool_state,
+    reclaim_victims,
+)
 
 H100 = "NVIDIA H100 80GB HBM3"
 L4 = "NVIDIA L4"
@@ -106,7 +116,7 @@ def test_admission_keeps_limits_and_borrows_only_what_is_lent(
 
 
 holdings_strategy = st.lists(
-    st.builds(lambda i, q, m, g, b, p, s: Holding(f"h{i}", q, m, g, min(b, g), p, s),
+    st.builds(lambda i, q, m, g, b, p, s: QueueHolding(f"h{i}", q, m, g, min(b, g), p, s),
               st.integers(0, 10 ** 6), st.sampled_from(["a", "b", "c"]), st.sampled_from(MODELS),
               st.integers(1, 4), st.integers(0, 4), st.booleans(), st.floats(0, 100)),
     max_size=12, unique_by=lambda h: h.task_id)
@@ -118,7 +128,7 @@ RECLAIM_CONFIG = QueueConfig(queues=(Queue("a", gpus={"*": 6}), Queue("b", gpus=
 @settings(max_examples=400, deadline=None)
 @given(holdings_strategy, waiting_strategy)
 def test_reclaim_picks_only_borrowing_preemptible_tasks_of_other_queues(
-        holdings: list[Holding], waiting: list[Demand]) -> None:
+        holdings: list[QueueHolding], waiting: list[Demand]) -> None:
     victims = reclaim_victims(RECLAIM_CONFIG, holdings, waiting)
     by_id = {h.task_id: h for h in holdings}
     assert len({v.task_id for v in victims}) == len(victims)
@@ -133,7 +143,7 @@ def test_reclaim_picks_only_borrowing_preemptible_tasks_of_other_queues(
 @settings(max_examples=400, deadline=None)
 @given(holdings_strategy, st.sampled_from(["a", "b"]), st.integers(1, 6), st.integers(0, 4).map(lambda i: i == 0))
 def test_reclaim_frees_what_is_needed_whenever_it_can(
-        holdings: list[Holding], queue: str, gpus: int, other_model: bool) -> None:
+        holdings: list[QueueHolding], queue: str, gpus: int, other_model: bool) -> None:
     config = RECLAIM_CONFIG
     # mostly the model of the queue's quota (a: "*" covers L4, as b names H100), now and then the other
     model = {"a": L4, "b": H100}[queue] if not other_model else {"a": H100, "b": L4}[queue]

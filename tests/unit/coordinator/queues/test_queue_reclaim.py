@@ -3,7 +3,7 @@ enough, of the right model; never a task within its queue's quota or a non-preem
 
 from __future__ import annotations
 
-from coordinator.queues import Demand, Holding, Queue, QueueConfig, Victim, reclaim_victims
+from coordinator.queues import Demand, Queue, QueueConfig, QueueHolding, Victim, reclaim_victims
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -12,8 +12,8 @@ CONFIG = QueueConfig(queues=(Queue("a", gpus={"*": 4}), Queue("b", gpus={"*": 4}
 
 
 def task(task_id: str, queue: str, gpus: int, borrowed: int, start: float, preemptible: bool = True,
-         model: str = H100) -> Holding:
-    return Holding(task_id, queue, model, gpus, borrowed, preemptible, start)
+         model: str = H100) -> QueueHolding:
+    return QueueHolding(task_id, queue, model, gpus, borrowed, preemptible, start)
 
 
 def ids(victims: list[Victim]) -> list[str]:

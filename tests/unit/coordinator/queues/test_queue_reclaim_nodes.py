@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from coordinator.queues import Demand, Holding, Queue, QueueConfig, reclaim_victims
+from coordinator.queues import Demand, Queue, QueueConfig, QueueHolding, reclaim_victims
 
 TWO = QueueConfig(queues=(Queue("a", gpus={"*": 8}, members=("*",)), Queue("b", gpus={"*": 8}, members=("*",))))
 
 
-def _task(task_id: str, queue: str, node: str, gpus: int, start: float, borrowed: int) -> Holding:
-    return Holding(task_id, queue, "H100", gpus, borrowed, True, start, nodes={node: gpus})
+def _task(task_id: str, queue: str, node: str, gpus: int, start: float, borrowed: int) -> QueueHolding:
+    return QueueHolding(task_id, queue, "H100", gpus, borrowed, True, start, nodes={node: gpus})
 
 
 def test_the_victims_free_one_whole_node_not_gpus_scattered_over_two() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from common.errors import PlacementError
 from common.pb.gptrm.v1 import types_pb2
-from coordinator.scheduler.admission import Admission, unplaceable_reason
+from coordinator.scheduler.admission import PlaceabilityCheck, unplaceable_reason
 from tests.helpers.builders import GIB, make_node, make_request
 
 NODES = [make_node("n1", gpus=2), make_node("n2", gpus=8), make_node("n3", gpus=4)]
@@ -60,7 +60,7 @@ class TestAdmission:
     def test_refuses_with_placement_error(self, mode: str) -> None:
         """A stored policy without a mode means the default mode."""
         policy = types_pb2.Policy(name="max-utilization", threshold=0.9, threshold_mode=mode)
-        admission = Admission(lambda: NODES, lambda: policy, creates_nodes=False)
+        admission = PlaceabilityCheck(lambda: NODES, lambda: policy, creates_nodes=False)
         admission.check(_task(8))
         with pytest.raises(PlacementError, match="the largest node, n2, has 8"):
             admission.check(_task(16))
@@ -68,7 +68,7 @@ class TestAdmission:
     def test_a_provider_that_creates_nodes_refuses_nothing(self) -> None:
         """A new node may be the answer."""
         policy = types_pb2.Policy(name="max-utilization", threshold=0.9)
-        Admission(lambda: NODES, lambda: policy, creates_nodes=True).check(_task(16))
+        PlaceabilityCheck(lambda: NODES, lambda: policy, creates_nodes=True).check(_task(16))
 
 
 def _elastic(lo: int, hi: int, *, nodes: bool = False) -> types_pb2.Task:
@@ -90,7 +90,7 @@ class TestElasticMaximum:
         """--gpus 1:5 where every node has 4 GPUs is refused at submit, naming spec.elastic.max_gpus and the
         largest node; 1:4 is accepted."""
         four = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
-        admission = Admission(lambda: four, lambda: self.POLICY, creates_nodes=False)
+        admission = PlaceabilityCheck(lambda: four, lambda: self.POLICY, creates_nodes=False)
         admission.check(_elastic(1, 4))
         with pytest.raises(PlacementError) as info:
             admission.check(_elastic(1, 5))
@@ -100,7 +100,7 @@ class TestElasticMaximum:
     def test_a_maximum_of_more_nodes_than_known_is_refused(self) -> None:
         """An elastic job in whole nodes whose maximum needs more nodes than could hold a part is refused."""
         four = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
-        admission = Admission(lambda: four, lambda: self.POLICY, creates_nodes=False)
+        admission = PlaceabilityCheck(lambda: four, lambda: self.POLICY, creates_nodes=False)
         admission.check(_elastic(1, 2, nodes=True))
         with pytest.raises(PlacementError) as info:
             admission.check(_elastic(1, 3, nodes=True))

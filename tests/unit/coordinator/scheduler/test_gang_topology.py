@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.domain import ClusterSnapshot, Placement
 from coordinator.config import CoordinatorConfig
+from coordinator.domain import ClusterSnapshot, Placement
 from coordinator.scheduler.placement.engine import PlacementEngine
 from tests.helpers.builders import make_node, make_request
 

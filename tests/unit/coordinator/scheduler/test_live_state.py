@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.domain import ClusterSnapshot, NodeSnapshot, PowerCurve, Request, Resources
+from coordinator.domain import ClusterSnapshot, NodeSnapshot, PowerCurve, Request, Resources
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement
 from coordinator.scheduler.placement.state import PlacementState

@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from common.domain import ClusterSnapshot, Placement
 from common.errors import PlacementError
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.ctl.main import build_parser
 from coordinator.ctl.spec import spec_from_args
 from coordinator.ctl.transport import CtlError
+from coordinator.domain import ClusterSnapshot, Placement
 from coordinator.profiler.validation import validate_spec
-from coordinator.scheduler.admission import Admission, constraint_refusal, unplaceable_reason
+from coordinator.scheduler.admission import PlaceabilityCheck, constraint_refusal, unplaceable_reason
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.queue import request_for
 from tests.helpers.builders import GIB, make_node, make_request
@@ -70,8 +70,8 @@ def test_the_door_refuses_a_task_from_its_spec() -> None:
     validate_spec(spec, max_gpus_per_node=4)
     task = types_pb2.Task(id="t", spec=spec, demand=types_pb2.ResourceVector(gpus=1, gpu_mem_bytes=GIB, cpu_cores=1))
     assert request_for(task).only_nodes == frozenset({"n1", "n3"})
-    admission = Admission(lambda: NODES, lambda: types_pb2.Policy(name="max-utilization", threshold=0.9),
-                          creates_nodes=False)
+    admission = PlaceabilityCheck(lambda: NODES, lambda: types_pb2.Policy(name="max-utilization", threshold=0.9),
+                                  creates_nodes=False)
     with pytest.raises(PlacementError, match=r"spec\.constraints\.node_selector"):
         admission.check(task)
 

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from common.domain import ClusterSnapshot, Decision, Placement, Rejection, Request, Resources
+from coordinator.domain import ClusterSnapshot, Decision, Placement, Rejection, Request, Resources
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.policies import POLICIES, THRESHOLD_MODES
 from coordinator.scheduler.policies.base import is_shared, limit_factors

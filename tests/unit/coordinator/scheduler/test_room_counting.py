@@ -4,10 +4,10 @@ reporting nothing sets no limit."""
 
 from __future__ import annotations
 
-from common.domain import Placement
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.launch import PortBook
+from coordinator.domain import Placement
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.placement import PlacementEngine

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_placement import assert_matches_reference, gpu_cluster
 
-from common.domain import Placement, Request, Resources
+from coordinator.domain import Placement, Request, Resources
 from coordinator.scheduler.placement import shape_cache as _shape_cache
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.placement.state import is_exact

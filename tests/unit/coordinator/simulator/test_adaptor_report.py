@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.domain import ClusterSnapshot, NodeSnapshot, PowerCurve, Resources
+from coordinator.domain import ClusterSnapshot, NodeSnapshot, PowerCurve, Resources
 from coordinator.simulator.adaptor_report import RUNS, floors, main
 from coordinator.simulator.engine import SimConfig
 from coordinator.simulator.metrics import JobRecord

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import common.elastic as rules
+import coordinator.elastic.rules as rules
 from common.errors import UsageError
 from coordinator.simulator import elastic as sim_elastic
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
@@ -156,7 +156,7 @@ def test_grows_or_shrinks_can_be_left_out() -> None:
 
 
 def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The simulator's names are common.elastic's own functions, not copies...
+    # The simulator's names are coordinator.elastic.rules's own functions, not copies...
     for name in ("plan_grows", "plan_shrinks", "size_placements", "request_at", "idle_gpus", "node_accepts"):
         assert getattr(sim_elastic, name) is getattr(rules, name), name
     # ...and the replay goes through them.

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.queues import Queue, QueueConfig
-from coordinator.scheduler import queueing
+from coordinator.queues import Queue, QueueConfig, planning
 from coordinator.simulator import queues as sim_queues
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
@@ -146,13 +145,13 @@ class TestReplayWithQueues:
         """Every pass asks plan_queues (and reclaim_for after it) and follows their answers."""
         calls = {"plan": 0, "reclaim": 0, "victims": 0}
 
-        def plan(*args: Any, **kwargs: Any) -> queueing.QueuePlan:
+        def plan(*args: Any, **kwargs: Any) -> planning.QueuePlan:
             calls["plan"] += 1
-            return queueing.plan_queues(*args, **kwargs)
+            return planning.plan_queues(*args, **kwargs)
 
         def reclaim(*args: Any, **kwargs: Any) -> list[Any]:
             calls["reclaim"] += 1
-            victims = queueing.reclaim_for(*args, **kwargs)
+            victims = planning.reclaim_for(*args, **kwargs)
             calls["victims"] += len(victims)
             return victims
 
@@ -164,7 +163,7 @@ class TestReplayWithQueues:
 
     def test_refused_plans_hold_jobs_back(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Only the plan's order is placed: a plan admitting nothing places nothing."""
-        monkeypatch.setattr(sim_queues, "plan_queues", lambda *a, **k: queueing.QueuePlan([]))
+        monkeypatch.setattr(sim_queues, "plan_queues", lambda *a, **k: planning.QueuePlan([]))
         result = replay(burst(), queues=TREE)
         assert result.runs == [] and result.metrics["unplaced_jobs"] == 12
 

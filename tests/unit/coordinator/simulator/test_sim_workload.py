@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import coordinator.profiler.profiler
-from common.domain import Resources
+from coordinator.domain import Resources
 from coordinator.simulator.synthetic import SyntheticSpec, generate, llm_gpus
 from coordinator.simulator.trace import TraceJob, TraceNode
 from coordinator.simulator.workload import GIB, NodeDefaults, build_cluster, build_jobs, gang_split, job_spec

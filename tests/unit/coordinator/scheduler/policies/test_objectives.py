@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from common.domain import ClusterSnapshot, NodeSnapshot
+from coordinator.domain import ClusterSnapshot, NodeSnapshot
 from coordinator.scheduler.placement.engine import PlacementEngine
 from tests.helpers.builders import make_node, make_request
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from common.domain import Resources
 from common.errors import ValidationError
+from coordinator.domain import Resources
 from coordinator.scheduler.policies import POLICIES, build, feasible
 from coordinator.scheduler.policies.base import node_arrays
 from tests.helpers.builders import GIB, make_node, make_request

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.domain import ClusterSnapshot
+from coordinator.domain import ClusterSnapshot
 from coordinator.scheduler.policies import power_efficient
 from coordinator.scheduler.policies.base import NodeRow, node_arrays
 from tests.helpers.builders import make_node, make_request, place_one, sequence, table_cluster

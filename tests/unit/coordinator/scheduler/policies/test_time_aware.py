@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from common.domain import ClusterSnapshot, Placement, Request, Resources
+from coordinator.domain import ClusterSnapshot, Placement, Request, Resources
 from coordinator.scheduler.placement import shape_cache
 from coordinator.scheduler.placement.engine import PlacementEngine
 from coordinator.scheduler.placement.live import LivePlacement

@@ -6,7 +6,7 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from common.domain import (
+from coordinator.domain import (
     ClusterSnapshot,
     NodeAssignment,
     NodeSnapshot,

@@ -1,12 +1,12 @@
 """The leader's elastic allocator: learns each elastic task's speed-up and carries out resizes.
 
-The rules are :mod:`common.elastic`'s (shared with the simulator); this module feeds
+The rules are :mod:`coordinator.elastic.rules`'s (shared with the simulator); this module feeds
 them the leader's tasks and carries out what they decide:
 
 - **learning** (:meth:`ElasticAllocator.observe`, once per scheduling cycle): each running elastic
   task's throughput at its current size — the rate of its own counter (``elastic.throughput_counter``,
   scraped by its agent with its metrics), else its GPUs' utilization × GPUs — folded into its
-  :class:`~common.elastic.SpeedupCurve`. The first :data:`WARMUP_S` after a start are
+  :class:`~coordinator.elastic.rules.SpeedupCurve`. The first :data:`WARMUP_S` after a start are
   skipped (a restart's warm-up is not its speed). The curve is stored with the task at each resize, so
   a new leader continues from it.
 - **a resize** (:meth:`ElasticAllocator.resize`) is a checkpoint-restart: ``RUNNING → PREEMPTED``
@@ -29,21 +29,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from common.elastic import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from common.errors import GptrmError
-from common.limits import protected_until_s
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
+from coordinator.elastic.rules import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
+from coordinator.elastic.spec import curve_of, elastic_gpus, elastic_range
 from coordinator.events import EventBus
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler
-from coordinator.profiler.elastic_spec import curve_of, elastic_gpus, elastic_range
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.qos.preemption import started_s
 from coordinator.qos.watch import remaining_run_s
+from coordinator.run_limits import protected_until_s
 from coordinator.tasks import TaskTable
 
 __all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator"]

@@ -5,7 +5,7 @@ node's width, whole nodes beyond it. It is resized by a checkpoint-restart, so e
 weighs what a size is worth against what a restart costs, and a job resizes at most once per
 ``interval_s`` (hysteresis).
 
-The rules, pure and shared by the leader (:mod:`coordinator.elastic`) and the simulator
+The rules, pure and shared by the leader (:mod:`coordinator.elastic.allocator`) and the simulator
 (:mod:`coordinator.simulator.elastic`):
 
 - **Sizing before commit** (:func:`first_size`, :func:`place_down`, :func:`size_placements`): a cycle
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from common.domain import NodeSnapshot, Placement, Rejection, Request
+from coordinator.domain import NodeSnapshot, Placement, Rejection, Request
 
 __all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT",
            "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "first_size", "idle_gpus",

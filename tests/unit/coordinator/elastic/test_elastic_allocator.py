@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from common.elastic import ElasticSettings, Resize
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.config import CoordinatorConfig
-from coordinator.elastic import WARMUP_S, ElasticAllocator
+from coordinator.elastic.allocator import WARMUP_S, ElasticAllocator
+from coordinator.elastic.rules import ElasticSettings, Resize
 from coordinator.events import EventBus
 from coordinator.monitor.resources import ResourceMonitor
 

@@ -1,4 +1,4 @@
-"""The elastic allocator's rules (common/elastic.py): sizes, learned curves, sizing, shrink and grow."""
+"""The elastic allocator's rules (coordinator/elastic/rules.py): sizes, learned curves, sizing, shrink and grow."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.domain import ClusterSnapshot, Placement, Request, Resources
-from common.elastic import (
+from coordinator.domain import ClusterSnapshot, Placement, Request, Resources
+from coordinator.elastic.rules import (
     PRIOR_EXPONENT,
     ElasticJob,
     ElasticRange,

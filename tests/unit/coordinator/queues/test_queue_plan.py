@@ -11,19 +11,19 @@ import pytest
 
 from coordinator.queues import (
     Demand,
-    Holding,
     Pending,
     Queue,
     QueueConfig,
+    QueueHolding,
     UsageDecay,
     admit,
     order_pending,
+    planning,
     queue_use,
     rebalance,
 )
 from coordinator.queues.admission import Held, QueueUse
-from coordinator.scheduler import queueing
-from coordinator.scheduler.queueing import QueuedTask, QueueRoom, plan_queues, reclaim_for, shrink_needed
+from coordinator.queues.planning import QueuedTask, QueueRoom, plan_queues, reclaim_for, shrink_needed
 
 CONFIG = QueueConfig(queues=(
     Queue(name="org", gpus={"*": 10}, limit={"*": 14}),
@@ -35,7 +35,7 @@ CONFIG = QueueConfig(queues=(
 CAPACITY = {"TEST-GPU": 20}
 
 
-def reference(pending: Sequence[QueuedTask], holdings: Sequence[Holding], decay: UsageDecay,
+def reference(pending: Sequence[QueuedTask], holdings: Sequence[QueueHolding], decay: UsageDecay,
               now: float) -> tuple[list[str], dict[str, tuple[bool, int]], set[str]]:
     """The plan with admission asked for every task in fair order (no refusal reuse): tasks within their
     queue's quota in a first round, borrowing ones in a second."""
@@ -81,8 +81,8 @@ def test_plan_equals_admission_asked_for_every_task(seed: int) -> None:
     """Random backlogs of a few repeated shapes over a tree with limits, lending caps and a core cap."""
     rng = random.Random(seed)
     queues = ["a", "b", "c", "d"]
-    holdings = [Holding(f"h{i}", rng.choice(queues), "TEST-GPU", rng.choice([1, 2, 4]), 0, True, float(i),
-                        cpu=rng.choice([0.0, 4.0])) for i in range(rng.randrange(0, 8))]
+    holdings = [QueueHolding(f"h{i}", rng.choice(queues), "TEST-GPU", rng.choice([1, 2, 4]), 0, True, float(i),
+                             cpu=rng.choice([0.0, 4.0])) for i in range(rng.randrange(0, 8))]
     pending = [QueuedTask(f"t{i}", rng.choice(queues), rng.choice([1, 1, 2, 4, 8]), rng.choice([0.0, 4.0, 16.0]))
                for i in range(rng.randrange(1, 60))]
     decay = UsageDecay.for_config(CONFIG)
@@ -102,8 +102,8 @@ def test_a_refused_demand_is_decided_once_per_cycle(monkeypatch: pytest.MonkeyPa
         calls.append(args[3])  # type: ignore[arg-type]
         return admit(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(queueing, "admit", counting)
-    holdings = [Holding("h", "d", "TEST-GPU", 2, 0, True, 0.0)]
+    monkeypatch.setattr(planning, "admit", counting)
+    holdings = [QueueHolding("h", "d", "TEST-GPU", 2, 0, True, 0.0)]
     pending = [QueuedTask(f"t{i}", "d", 2) for i in range(10)]
     plan = plan_queues(CONFIG, pending, holdings, CAPACITY, UsageDecay.for_config(CONFIG), 0.0)
     assert len(calls) == 1 and plan.order == [] and len(plan.refused) == 10
@@ -115,12 +115,12 @@ def test_quota_is_admitted_before_anything_is_lent() -> None:
     x's idle quota: y is refused (nothing else is lent), x's task goes in (otherwise reclaim would free
     GPUs for x that y borrows back in the next cycle)."""
     two = QueueConfig(queues=(Queue(name="x", gpus={"*": 6}), Queue(name="y", gpus={"*": 2})))
-    holdings = [Holding(f"x{i}", "x", "TEST-GPU", 1, 0, True, float(i)) for i in range(2)]
-    holdings += [Holding("y0", "y", "TEST-GPU", 1, 0, True, 0.0)]
+    holdings = [QueueHolding(f"x{i}", "x", "TEST-GPU", 1, 0, True, float(i)) for i in range(2)]
+    holdings += [QueueHolding("y0", "y", "TEST-GPU", 1, 0, True, 0.0)]
     pending = [QueuedTask("y-more", "y", 4), QueuedTask("x-own", "x", 4)]
     decay = UsageDecay.for_config(two)
-    assert queueing.order_pending(two, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
-                                  queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
+    assert planning.order_pending(two, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
+                                  planning.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
     plan = plan_queues(two, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-own"]
     assert "quota of 2, so the task needs 3 borrowed; only 0 can be borrowed" in plan.refused["y-more"]
@@ -132,12 +132,13 @@ def test_a_queue_under_its_quota_borrows_ahead_of_queues_over_theirs() -> None:
     whose task its quota does not cover whole, not to y, already at its quota."""
     three = QueueConfig(queues=(Queue(name="x", gpus={"*": 4}), Queue(name="y", gpus={"*": 2}),
                                 Queue(name="z", gpus={"*": 2})))
-    holdings = [Holding("x0", "x", "TEST-GPU", 2, 0, True, 0.0), Holding("y0", "y", "TEST-GPU", 2, 0, True, 0.0)]
+    holdings = [QueueHolding("x0", "x", "TEST-GPU", 2, 0, True, 0.0),
+                QueueHolding("y0", "y", "TEST-GPU", 2, 0, True, 0.0)]
     pending = [QueuedTask("y-more", "y", 2), QueuedTask("x-big", "x", 4)]
     decay = UsageDecay.for_config(three)
     decay.add("x", 0.0, gpu_s=1e6)                          # x has used more: y comes first in fair order
-    assert queueing.order_pending(three, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
-                                  queueing.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
+    assert planning.order_pending(three, [Pending(t.task_id, t.queue, t.gpus) for t in pending],
+                                  planning.queue_use(holdings), decay, {"TEST-GPU": 8}, 0.0)[0] == "y-more"
     plan = plan_queues(three, pending, holdings, {"TEST-GPU": 8}, decay, 0.0)
     assert plan.order == ["x-big"] and plan.admissions["x-big"].borrowed == 2
     assert "the task needs 2 borrowed; only 0 can be borrowed now" in plan.refused["y-more"]
@@ -152,8 +153,8 @@ class TestElasticRoom:
     CAPACITY: ClassVar[dict[str, int]] = {"TEST-GPU": 8}
 
     def test_elastic_tasks_share_their_queues_room_up_to_its_limit(self) -> None:
-        """Holding 1: room 2 (1 of its quota, then 1 borrowed up to the limit 3), booked as tasks take it."""
-        use = queueing.queue_use([Holding("e", "team", "TEST-GPU", 1, 0, True, 0.0)])
+        """QueueHolding 1: room 2 (1 of its quota, then 1 borrowed up to the limit 3), booked as tasks take it."""
+        use = planning.queue_use([QueueHolding("e", "team", "TEST-GPU", 1, 0, True, 0.0)])
         room = QueueRoom(TEAM, use, self.CAPACITY)
         assert room.of("team", "*") == 2
         assert room.take("team", "*", 1) == 0 and room.of("team", "*") == 1
@@ -161,9 +162,9 @@ class TestElasticRoom:
         assert room.of("nowhere", "*") == 0
 
     def test_what_a_task_waiting_on_the_limit_needs_given_back(self) -> None:
-        """Holding 3 (its elastic task grew to the limit): a 1-GPU task needs 1 back, a 2-GPU one 2 (None when
+        """QueueHolding 3 (its elastic task grew to the limit): a 1-GPU task needs 1 back, a 2-GPU one 2 (None when
         only 1 can shrink); other's task is admitted as it is: nothing."""
-        use = queueing.queue_use(rebalance(TEAM, [Holding("e", "team", "TEST-GPU", 3, 0, True, 0.0)]))
+        use = planning.queue_use(rebalance(TEAM, [QueueHolding("e", "team", "TEST-GPU", 3, 0, True, 0.0)]))
         assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w1", "team", 1), "*", 2) == 1
         assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 2) == 2
         assert shrink_needed(TEAM, use, self.CAPACITY, QueuedTask("w2", "team", 2), "*", 1) is None
@@ -175,7 +176,7 @@ class TestReclaimWithIdleGpus:
     them on x's lent quota (rebalance marks the newest as borrowing)."""
 
     TWO = QueueConfig(queues=(Queue(name="x", gpus={"*": 4}), Queue(name="y", gpus={"*": 4})))
-    BORROWERS = tuple(Holding(f"y{i}", "y", "TEST-GPU", 1, 0, True, float(i)) for i in range(8))
+    BORROWERS = tuple(QueueHolding(f"y{i}", "y", "TEST-GPU", 1, 0, True, float(i)) for i in range(8))
     WAITING = (QueuedTask("x0", "x", 4),)
 
     def test_without_idle_gpus_the_newest_borrowers_are_preempted(self) -> None:

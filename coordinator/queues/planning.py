@@ -43,23 +43,22 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from common.domain import Placement
-from common.limits import protected
 from common.pb.gptrm.v1 import types_pb2
-from common.power_states import power_label
 from common.types import NodeState, TaskState
+from coordinator.domain import Placement
 from coordinator.monitor.nodes import NodeRegistry
+from coordinator.power_states import power_label
 from coordinator.queues import (
     ANY_MODEL,
     DEFAULT_QUEUE,
-    Admission,
+    AdmissionDecision,
     BudgetState,
     Demand,
     Gate,
     Held,
-    Holding,
     Pending,
     QueueConfig,
+    QueueHolding,
     QueueUse,
     UsageDecay,
     Victim,
@@ -71,6 +70,7 @@ from coordinator.queues import (
     reclaim_victims,
     room,
 )
+from coordinator.run_limits import protected
 from coordinator.state import LeaderState
 
 __all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueueRoom", "QueuedTask", "holding_of", "plan_queues",
@@ -99,10 +99,10 @@ class QueuedTask:
 @dataclass
 class QueuePlan:
     """What a cycle may place: ``order`` (task ids, admitted, in the order to try), each one's
-    :class:`~coordinator.queues.Admission`, and the ``refused`` ones with the reason."""
+    :class:`~coordinator.queues.AdmissionDecision`, and the ``refused`` ones with the reason."""
 
     order: list[str]
-    admissions: dict[str, Admission] = field(default_factory=dict)
+    admissions: dict[str, AdmissionDecision] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     use: dict[str, QueueUse] = field(default_factory=dict)
     """What each queue holds once the admitted tasks run (its running tasks' GPUs and the plan's)."""
@@ -127,7 +127,7 @@ def queued(task: types_pb2.Task) -> QueuedTask:
                       gpus // n, n)
 
 
-def holding_of(task: types_pb2.Task, registry: NodeRegistry, now: float | None = None) -> Holding:
+def holding_of(task: types_pb2.Task, registry: NodeRegistry, now: float | None = None) -> QueueHolding:
     """A placed task's holding: its GPUs (of the model of its rank-0 node's first GPU), borrowed count as
     stored at placement (:func:`~coordinator.queues.rebalance` recomputes it). Given ``now``, a task inside its
     protected run time counts as not preemptible (reclaim never picks it)."""
@@ -143,11 +143,11 @@ def holding_of(task: types_pb2.Task, registry: NodeRegistry, now: float | None =
                 by_index = {g.index: g.model for g in entry.inventory.gpus}
                 model = by_index.get(na.gpu_indices[0], "") or ANY_MODEL
     n = max(1, len(task.allocation.nodes))
-    return Holding(task.id, queue_of(task), model, gpus, min(task.borrowed_gpus, gpus),
-                   (task.spec.preemptible if task.spec.HasField("preemptible") else True)
-                   and (now is None or not protected(task, now)),
-                   task.allocation.created_unix_s or task.submit_unix_s,
-                   task.demand.cpu_cores * n, task.demand.mem_bytes * n / _GIB, per_node)
+    return QueueHolding(task.id, queue_of(task), model, gpus, min(task.borrowed_gpus, gpus),
+                        (task.spec.preemptible if task.spec.HasField("preemptible") else True)
+                        and (now is None or not protected(task, now)),
+                        task.allocation.created_unix_s or task.submit_unix_s,
+                        task.demand.cpu_cores * n, task.demand.mem_bytes * n / _GIB, per_node)
 
 
 def _add(use: dict[str, QueueUse], queue: str, pool: str, task: QueuedTask, borrowed: int) -> None:
@@ -157,7 +157,7 @@ def _add(use: dict[str, QueueUse], queue: str, pool: str, task: QueuedTask, borr
     use[queue] = QueueUse(gpus=gpus, cpu=old.cpu + task.cpu, mem_gib=old.mem_gib + task.mem_gib)
 
 
-def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Sequence[Holding],
+def plan_queues(config: QueueConfig, pending: Sequence[QueuedTask], holdings: Sequence[QueueHolding],
                 capacity: Mapping[str, int], decay: UsageDecay, now: float,
                 gates: Mapping[str, Gate] | None = None) -> QueuePlan:
     """The module's steps 1-3 over plain values.
@@ -298,8 +298,8 @@ def shrink_needed(config: QueueConfig, use: Mapping[str, QueueUse], capacity: Ma
     return None
 
 
-def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Sequence[Holding],
-                stopping: Sequence[Holding] = (), idle: Mapping[str, int] | None = None,
+def reclaim_for(config: QueueConfig, waiting: Iterable[QueuedTask], holdings: Sequence[QueueHolding],
+                stopping: Sequence[QueueHolding] = (), idle: Mapping[str, int] | None = None,
                 idle_by_node: Mapping[str, tuple[str, int]] | None = None) -> list[Victim]:
     """Tasks to preempt so that the ``waiting`` tasks (in fair order) get back the quota others borrow.
 
@@ -346,7 +346,7 @@ class LeaderQueues:
         self._state, self._registry, self.clock = state, registry, clock
         self.decay = UsageDecay.for_config(state.queues)
         self.budgets: dict[str, BudgetState] = {}
-        """Each budgeted queue's last budget reading (``coordinator.queue_admin.QueueAdmin.check_budgets``)."""
+        """Each budgeted queue's last budget reading (``coordinator.queues.admin.QueueAdmin.check_budgets``)."""
         self._accrued_at: float | None = None
         self.shielded: Callable[[types_pb2.Task], bool] = lambda task: False
         """Whether a task may not be reclaimed whatever it borrows (a reservation's own work on its GPUs)."""
@@ -367,10 +367,10 @@ class LeaderQueues:
                 out[model] = out.get(model, 0) + 1
         return out
 
-    def holdings(self) -> tuple[list[Holding], list[Holding]]:
+    def holdings(self) -> tuple[list[QueueHolding], list[QueueHolding]]:
         """(tasks holding GPUs that could be victims, PREEMPTED tasks on their way out)."""
-        holding: list[Holding] = []
-        stopping: list[Holding] = []
+        holding: list[QueueHolding] = []
+        stopping: list[QueueHolding] = []
         now = self.clock()
         for t in self._state.tasks.values():
             if t.state in HOLDING_STATES and t.allocation.nodes:

@@ -8,16 +8,16 @@ from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskState
 from coordinator.monitor.nodes import NodeRegistry
-from coordinator.queues import Budget, BudgetState, Holding, Queue, QueueConfig, UsageDecay
-from coordinator.scheduler.queueing import LeaderQueues, QueuedTask, plan_queues, queued, reclaim_for
+from coordinator.queues import Budget, BudgetState, Queue, QueueConfig, QueueHolding, UsageDecay
+from coordinator.queues.planning import LeaderQueues, QueuedTask, plan_queues, queued, reclaim_for
 from coordinator.state import LeaderState
 
 TWO = QueueConfig(queues=(Queue("a", gpus={"*": 4}, members=("*",)), Queue("b", gpus={"*": 4}, members=("*",))))
 CAPACITY = {"H100": 8}
 
 
-def _held(task_id: str, queue: str, gpus: int, start: float, borrowed: int = 0) -> Holding:
-    return Holding(task_id, queue, "H100", gpus, borrowed, True, start)
+def _held(task_id: str, queue: str, gpus: int, start: float, borrowed: int = 0) -> QueueHolding:
+    return QueueHolding(task_id, queue, "H100", gpus, borrowed, True, start)
 
 
 def test_without_queues_everything_is_admitted_in_the_order_given() -> None:
@@ -100,7 +100,7 @@ def test_a_new_leader_rebuilds_decayed_usage_from_the_ledger() -> None:
     accrual continues from where the ledger is accounted."""
     import asyncio
 
-    from coordinator.queue_admin import QueueAdmin
+    from coordinator.queues.admin import QueueAdmin
     from coordinator.usage.ledger import RowKey, Usage
 
     now = 10 * 3600.0 + 600.0

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-from common.elastic import ElasticRange, SpeedupCurve
 from common.errors import ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.qos import metric_name_problem
+from coordinator.elastic.rules import ElasticRange, SpeedupCurve
 
 __all__ = ["MAX_ELASTIC_GPUS", "curve_of", "elastic_gpus", "elastic_range", "is_elastic", "metrics_mapping_of",
            "validate_elastic"]
