@@ -43,7 +43,6 @@ from coordinator.qos.watch import QosWatch
 from coordinator.queues import load_toml
 from coordinator.queues.admin import QueueAdmin, QueueMetrics
 from coordinator.queues.planning import LeaderQueues
-from coordinator.queues.store import QueueStore
 from coordinator.reservations import Reservations, validate_reservation
 from coordinator.scheduler.admission import PlaceabilityCheck
 from coordinator.scheduler.cycle import SchedulerCycle
@@ -54,6 +53,7 @@ from coordinator.state import LeaderState
 from coordinator.supervisor import Supervisor
 from coordinator.sync import AdminLocks, EtcdClient, Keys, Leadership, Store
 from coordinator.sync.quarantine import Quarantine
+from coordinator.sync.queues import QueueStore
 from coordinator.sync.reservations import ReservationStore
 from coordinator.sync.services import ServiceStore
 from coordinator.sync.usage import UsageStore
@@ -108,7 +108,7 @@ class LeaderDuties:
         state = await asyncio.to_thread(app.store.load_all)   # corrupt values are reported by App.on_quarantined
         if not app.leadership.election.is_leader:
             return False
-        app.state.adopt(state.tasks, state.nodes)
+        app.state.adopt(state.tasks, state.nodes, state.allocations)
         # The interval for the nodes just loaded, before the first agent is welcomed (the rate's own loop
         # would set it within a second, after a fleet's worth of welcomes at the shortest interval).
         app.telemetry_rate.tick()

@@ -51,8 +51,8 @@ from typing import IO
 
 import grpc
 
-from common.leftover_tasks import kill_leftover_tasks
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
+from coordinator.leftover_tasks import kill_leftover_tasks
 
 __all__ = ["COORDINATOR_ARGS", "EXIT_FAILED", "LOCK_FILE", "main"]
 

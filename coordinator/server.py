@@ -24,7 +24,6 @@ from grpc_reflection.v1alpha import reflection
 from structlog.typing import FilteringBoundLogger
 
 from common.errors import GptrmError
-from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
 from common.logging import get_logger
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 from common.process import run_service
@@ -35,6 +34,7 @@ from coordinator.api.auth import Security
 from coordinator.api.handshake_audit import HandshakeAuditTap, HandshakeRefusals
 from coordinator.app import build
 from coordinator.config import CoordinatorConfig
+from coordinator.etcd_embedded import EmbeddedEtcd, EtcdCluster
 from coordinator.monitor import serve_metrics
 from coordinator.sync import EtcdClient, EtcdTls, connect
 from coordinator.web import WebConsole

@@ -4,18 +4,24 @@ Everything here follows etcd. A change is *proposed* by a component (the schedul
 placement, the task table a state change, the service controller a scale) as a fenced etcd
 transaction; only what the transaction stored is *applied* here, through the ``apply_*`` methods.
 Every other component reads through read-only views: :attr:`LeaderState.tasks` and
-:attr:`LeaderState.services` are mapping proxies, and a node's held tasks are
-:attr:`NodeEntry.task_ids <coordinator.monitor.nodes.NodeEntry.task_ids>`, a frozen set.
+:attr:`LeaderState.services` are mapping proxies, and a node's held tasks and reservation are
+:attr:`NodeEntry.task_ids <coordinator.monitor.nodes.NodeEntry.task_ids>` (a frozen set) and
+:attr:`NodeEntry.reservation <coordinator.monitor.nodes.NodeEntry.reservation>`, read from this state's
+:class:`NodeHoldings`.
 
 Records handed out are never changed in place: a change replaces the record with a new message,
 so a reader holding the old one keeps a consistent (older) value.
 
-What a node holds is two things kept together: ``NodeRecord.reserved`` / ``reserved_gpu_indices``
-(the sum of the allocations placed on it, as etcd stores it in the node's record) and the ids of
-the unfinished tasks placed there. Both change only in :meth:`LeaderState.apply_placement` (a
-placement etcd committed), :meth:`LeaderState.apply_release` (a transition that released the
-reservations in the same transaction) and :meth:`LeaderState.adopt` (a new leader's view read from
-etcd at one revision).
+What a node holds is this state's own (:class:`NodeHoldings`): per node, the allocation each unfinished task
+placed there holds, and their sum (the node's reservation,
+:class:`~coordinator.allocator.reservations.NodeReservation`). It is derived from the tasks' stored
+allocations (``allocations/<task>``) and nothing else: etcd keeps no per-node totals (see
+:mod:`coordinator.sync._placements` for why a GPU is still never booked twice, also across a leader
+change). It changes only in :meth:`LeaderState.apply_placement` (a placement etcd committed),
+:meth:`LeaderState.apply_release` (a transition that deleted the allocation in the same transaction) and
+:meth:`LeaderState.adopt` (a new leader's view read from etcd at one revision); the node table reads it
+through :attr:`NodeRegistry.holdings <coordinator.monitor.nodes.NodeRegistry.holdings>` (its entries through the
+table's one :class:`~coordinator.monitor.nodes.HoldingsSource`).
 """
 
 from __future__ import annotations
@@ -27,11 +33,91 @@ from types import MappingProxyType
 
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
+from coordinator.allocator.reservations import NodeReservation
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.queues import QueueConfig
-from coordinator.sync import add_reservation, remove_reservation
+from coordinator.sync import node_demand
 
-__all__ = ["LeaderState"]
+__all__ = ["LeaderState", "NodeHoldings"]
+
+
+class NodeHoldings:
+    """Who holds what on which node: per node, each holding task's allocation there, and their sum.
+
+    Read by anyone (it is the node table's :class:`~coordinator.monitor.nodes.HoldingsView`); changed only by
+    the :class:`LeaderState` that owns it (:meth:`hold`, :meth:`let_go`, :meth:`clear`), when etcd stored the
+    change.
+    """
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, dict[str, types_pb2.NodeAllocation]] = {}   # node → task → its allocation there
+        self._sums: dict[str, NodeReservation] = {}
+        self._ids: dict[str, frozenset[str]] = {}   # node → frozenset of _by_node's keys, built once per change
+        self._by_task: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}   # task → what it holds, every node
+
+    # ---- reads (HoldingsView) ---------------------------------------------------------------------
+
+    def tasks_on(self, node_id: str) -> frozenset[str]:
+        """The tasks holding something on ``node_id``."""
+        ids = self._ids.get(node_id)
+        if ids is None:
+            ids = self._ids[node_id] = frozenset(self._by_node.get(node_id, ()))
+        return ids
+
+    def count_on(self, node_id: str) -> int:
+        """How many tasks hold something on ``node_id``."""
+        return len(self._by_node.get(node_id, ()))
+
+    def reservation_on(self, node_id: str) -> NodeReservation:
+        """The sum of the allocations held on ``node_id``."""
+        return self._sums.get(node_id) or NodeReservation()
+
+    def held_by(self, task_id: str) -> tuple[types_pb2.NodeAllocation, ...]:
+        """What ``task_id`` holds, on every node (empty: nothing)."""
+        return self._by_task.get(task_id, ())
+
+    # ---- changes (the owning LeaderState's) -----------------------------------------------------------
+
+    def hold(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
+        """``task_id`` holds ``nodes`` (its allocation's parts); a node it holds already keeps what it holds there
+        (the same placement followed twice)."""
+        for na in nodes:
+            on_node = self._by_node.setdefault(na.node_id, {})
+            if task_id in on_node:
+                continue
+            on_node[task_id] = na
+            self._by_task[task_id] = (*self._by_task.get(task_id, ()), na)
+            self._ids.pop(na.node_id, None)
+            # What etcd stored is followed as stored (no check: a GPU held twice would be shown, not hidden).
+            self._sums[na.node_id] = self.reservation_on(na.node_id).add(
+                na.node_id, node_demand(na.demand), na.gpu_indices, na.gpu_share, check=False)
+
+    def let_go(self, task_id: str, node_ids: Iterable[str] | None = None) -> None:
+        """``task_id`` holds nothing any more (on ``node_ids`` only, when given)."""
+        only = None if node_ids is None else set(node_ids)
+        kept: list[types_pb2.NodeAllocation] = []
+        for na in self._by_task.pop(task_id, ()):
+            if only is not None and na.node_id not in only:
+                kept.append(na)
+                continue
+            on_node = self._by_node.get(na.node_id)
+            if on_node is None or on_node.pop(task_id, None) is None:
+                continue
+            self._ids.pop(na.node_id, None)
+            if on_node:
+                self._sums[na.node_id] = self.reservation_on(na.node_id).remove(node_demand(na.demand), na.gpu_indices)
+            else:   # nothing left: exactly empty, whatever float residue the sums left
+                del self._by_node[na.node_id]
+                self._sums.pop(na.node_id, None)
+        if kept:
+            self._by_task[task_id] = tuple(kept)
+
+    def clear(self) -> None:
+        """Nothing is held anywhere (before a new leader's view is adopted)."""
+        self._by_node.clear()
+        self._sums.clear()
+        self._ids.clear()
+        self._by_task.clear()
 
 
 class LeaderState:
@@ -40,7 +126,7 @@ class LeaderState:
     Example::
 
         state = LeaderState(registry)
-        state.adopt(stored.tasks, stored.nodes)          # a new leader's view
+        state.adopt(stored.tasks, stored.nodes, stored.allocations)   # a new leader's view
         state.apply_placement(result.stored[task.id])    # what a placement commit stored
         state.tasks[task.id].state                       # read-only view
 
@@ -51,6 +137,10 @@ class LeaderState:
     def __init__(self, registry: NodeRegistry, on_forget: Callable[[str], None] | None = None) -> None:
         self._registry = registry
         self._on_forget = on_forget
+        self._holdings = NodeHoldings()
+        registry.holdings = self._holdings   # the node table reads what nodes hold from here
+        self.holdings: NodeHoldings = self._holdings
+        """What each node holds (read it; it changes through this state's ``apply_*`` methods only)."""
         self._tasks: dict[str, types_pb2.Task] = {}
         self._live: dict[str, types_pb2.Task] = {}   # the unfinished tasks of _tasks, kept with it
         self._order: list[tuple[float, str]] = []   # (submit time, id) of every task in _tasks, sorted
@@ -73,20 +163,18 @@ class LeaderState:
 
     # ---- a new leader's view ------------------------------------------------------------------------
 
-    def adopt(self, tasks: Mapping[str, types_pb2.Task], nodes: Mapping[str, types_pb2.NodeRecord]) -> None:
-        """Take over the view etcd holds at one revision: its tasks, and its node records merged into the
-        node table (reservations and admin state are etcd's; a node whose agent already streams to this
-        replica keeps the inventory of that live stream). Each node's held task ids are rebuilt from the
-        unfinished tasks' allocations."""
+    def adopt(self, tasks: Mapping[str, types_pb2.Task], nodes: Mapping[str, types_pb2.NodeRecord],
+              allocations: Mapping[str, types_pb2.Allocation] | None = None) -> None:
+        """Take over the view etcd holds at one revision: its tasks, its node records followed by the node table
+        (admin state is etcd's; a node whose agent already streams to this replica keeps the inventory of that
+        live stream), and what each node holds, derived from the stored allocations (``allocations/<task>``,
+        by task id; None: those the unfinished tasks record, for a caller that read no allocations). A node
+        record's own reservation fields (an older layout's) are not read."""
         for rec in nodes.values():
-            entry = self._registry.get(rec.inventory.node_id)
-            if entry is None:
+            if self._registry.get(rec.inventory.node_id) is None:
                 self._registry.load(rec)
-                continue
-            record = types_pb2.NodeRecord()
-            record.CopyFrom(rec)
-            record.inventory.CopyFrom(entry.record.inventory)
-            entry.record = record
+            else:
+                self._registry.follow_stored(rec)
         self._tasks.clear()
         self._tasks.update(tasks)
         self._live.clear()
@@ -96,15 +184,11 @@ class LeaderState:
         self._arrays.clear()
         for task in tasks.values():
             self._index_array(task)
-        for entry in self._registry:
-            entry._held.clear()
-        for task in tasks.values():
-            if task.state in TERMINAL_STATES:
-                continue
-            for na in task.allocation.nodes:
-                node = self._registry.get(na.node_id)
-                if node is not None:
-                    node._held.add(task.id)
+        self._holdings.clear()
+        if allocations is None:
+            allocations = {tid: t.allocation for tid, t in self._live.items() if t.allocation.nodes}
+        for task_id, alloc in allocations.items():
+            self._holdings.hold(task_id, alloc.nodes)
 
     def adopt_services(self, services: Mapping[str, types_pb2.Service]) -> None:
         """Take over the services etcd holds."""
@@ -142,13 +226,13 @@ class LeaderState:
         return self._released.get(task_id, ())
 
     def apply_placement(self, stored: types_pb2.Task) -> None:
-        """Follow a placement etcd committed: the task as stored, and its allocation reserved on its nodes."""
+        """Follow a placement etcd committed: the task as stored, and its allocation held on its nodes."""
         self._put(stored)
-        self._hold(stored.id, stored.allocation.nodes)
+        self._holdings.hold(stored.id, stored.allocation.nodes)
 
     def apply_release(self, task: types_pb2.Task) -> None:
-        """The reservations of ``task``'s allocation were freed in etcd (a transition with ``release``)."""
-        self._let_go(task.id, task.allocation.nodes)
+        """``task``'s allocation was deleted in etcd (a transition with ``release``): it holds nothing now."""
+        self._holdings.let_go(task.id)
 
     def note_reason(self, task_id: str, reason: str) -> None:
         """Show why a task waits (in memory only: a pending reason is not worth an etcd write per cycle).
@@ -203,25 +287,11 @@ class LeaderState:
 
     def hold(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
         """Reserve ``nodes`` for ``task_id`` (a placement accepted without a stored task record)."""
-        self._hold(task_id, nodes)
+        self._holdings.hold(task_id, nodes)
 
-    def let_go(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
-        """Undo :meth:`hold`."""
-        self._let_go(task_id, nodes)
-
-    def _hold(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
-        for na in nodes:
-            entry = self._registry.get(na.node_id)
-            if entry is not None and task_id not in entry._held:
-                add_reservation(entry.record, na)
-                entry._held.add(task_id)
-
-    def _let_go(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
-        for na in nodes:
-            entry = self._registry.get(na.node_id)
-            if entry is not None and task_id in entry._held:
-                remove_reservation(entry.record, na)
-                entry._held.discard(task_id)
+    def let_go(self, task_id: str, node_ids: Iterable[str] | None = None) -> None:
+        """Undo :meth:`hold` (on ``node_ids`` only, when given)."""
+        self._holdings.let_go(task_id, node_ids)
 
     # ---- services ---------------------------------------------------------------------------------
 
@@ -239,17 +309,8 @@ class LeaderState:
 
     def apply_node(self, stored: types_pb2.NodeRecord) -> None:
         """Follow a node record etcd stored (an admin, power or state change): everything but its inventory,
-        which stays the live stream's, and its reservations, which change only with placements and releases."""
-        entry = self._registry.get(stored.inventory.node_id)
-        if entry is None:
-            return
-        record = types_pb2.NodeRecord()
-        record.CopyFrom(stored)
-        record.inventory.CopyFrom(entry.record.inventory)
-        record.reserved.CopyFrom(entry.record.reserved)
-        record.reserved_gpu_indices[:] = entry.record.reserved_gpu_indices
-        entry.record = record
-        self._registry.rederive(entry)
+        which stays the live stream's (what the node holds is this state's, not the record's)."""
+        self._registry.follow_stored(stored)
 
     # ---- reads -------------------------------------------------------------------------------------
 

@@ -36,8 +36,9 @@ __all__ = ["CREATE_BATCH", "TRANSITION_BATCH", "TaskTable"]
 _CANCELLED = "cancelled by an admin"
 CREATE_BATCH = 50
 """Submits created in one etcd transaction at most (two keys each, within etcd's 128 operations)."""
-TRANSITION_BATCH = 30
-"""State changes written in one etcd transaction at most (a task, its allocation, and the node records)."""
+TRANSITION_BATCH = 60
+"""State changes written in one etcd transaction at most (a task and, for an end, the delete of its allocation:
+two operations each, within etcd's 128)."""
 
 
 class TaskTable:
@@ -71,11 +72,11 @@ class TaskTable:
         # submits a second, one round trip each would queue them behind each other.
         self._creates: Batcher[tuple[types_pb2.Task, str], types_pb2.Task] = Batcher(
             lambda items: self._leadership.write(self._store.create_submits, items), max_batch=CREATE_BATCH)
-        # So are state changes arriving together (agents' reports of starts and ends on the same nodes), each
-        # batch freeing the reservations of its ended tasks with one write per node record.
+        # So are state changes arriving together (agents' reports of starts and ends). Batches share no key (a
+        # node's reservation is not stored: each end deletes only its own allocation), so several go at once.
         self._transitions: Batcher[Transition, types_pb2.Task] = Batcher(
             lambda items: self._leadership.write(self._store.transitions, items), max_batch=TRANSITION_BATCH,
-            max_in_flight=2)
+            max_in_flight=4)
 
     # ---- reads (the leader state's view) -------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from common.etcd_embedded import EmbeddedEtcd, EtcdCluster
+from coordinator.etcd_embedded import EmbeddedEtcd, EtcdCluster
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

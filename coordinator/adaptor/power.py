@@ -66,7 +66,7 @@ R = TypeVar("R")
 class NodeStore(Protocol):
     """Where node records are written (``Store``; the simulator keeps them in memory)."""
 
-    def put_node(self, record: types_pb2.NodeRecord, *, keep_reservations: bool = True) -> types_pb2.NodeRecord: ...
+    def put_node(self, record: types_pb2.NodeRecord) -> types_pb2.NodeRecord: ...
 
 
 class FencedWriter(Protocol):

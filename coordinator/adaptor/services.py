@@ -573,7 +573,7 @@ class ServiceController:
         need = max(1, gpus_used(self._profiler.profile(spec).to_proto().gpus))
         for e in self._registry:
             if e.node_id not in hosting and self._registry.schedulable(e) \
-                    and len(e.inventory.gpus) - len(set(e.record.reserved_gpu_indices)) >= need:
+                    and len(e.inventory.gpus) - len(set(e.reservation.gpu_indices)) >= need:
                 return sorted(hosting)
         return []
 

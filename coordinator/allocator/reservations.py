@@ -3,9 +3,10 @@
 A node's reservation is the field-wise sum of its allocations' demand vectors plus the multiset
 of GPU indices they hold (a GPU shared by k tasks appears k times). Per GPU, an allocation takes
 its memory and its share (1 for a whole GPU). Everything that keeps reservations uses these
-functions: the placement engine's columns within a batch, the leader's node table between
-cycles, the snapshot that rebuilds per-GPU use from live allocations, and ``coordinator/sync``,
-which only serializes the result into ``NodeRecord.reserved``.
+functions: the placement engine's columns within a batch, the leader's node holdings between
+cycles (``coordinator/state.py``, which sums a node's allocations in memory: etcd stores no totals),
+the snapshot that rebuilds per-GPU use from live allocations, and ``coordinator/sync``, which checks
+a commit's whole GPUs against the holdings.
 
 Float dimensions (GPUs, cores, shares) are rounded back to the nearest whole value when they come
 within ``CRUMB`` of it, so that adding and removing fractions (0.1 + 0.2 …) never leaves residue
@@ -70,12 +71,14 @@ class NodeReservation:
     used: Resources = Resources()
     gpu_indices: tuple[int, ...] = ()
 
-    def add(self, node_id: str, demand: Resources, gpu_indices: Sequence[int], gpu_share: float) -> NodeReservation:
+    def add(self, node_id: str, demand: Resources, gpu_indices: Sequence[int], gpu_share: float, *,
+            check: bool = True) -> NodeReservation:
         """The reservation after one more allocation.
 
+        :param check: refuse a whole GPU already reserved (False: sum whatever is given, to follow a record as stored).
         :raises ReservationConflict: a whole-GPU allocation asks for a GPU already reserved.
         """
-        if is_whole(gpu_share):
+        if check and is_whole(gpu_share):
             taken = sorted(set(self.gpu_indices) & set(gpu_indices))
             if taken:
                 raise ReservationConflict(f"node {node_id}: GPU {', '.join(map(str, taken))} already reserved")

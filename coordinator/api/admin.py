@@ -47,7 +47,6 @@ from common.logging import get_logger
 from common.oci import validate_container
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
-from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.types import MIN_POLICY_THRESHOLD, TERMINAL_STATES, NodeState
 from coordinator.api.auth import QUEUE_ADMIN, current_principal, queue_refusal
 from coordinator.api.deps import AdminDeps
@@ -57,6 +56,7 @@ from coordinator.api.tenancy import act_refusal, covers, queue_change_refusal, r
 from coordinator.events import KINDS, Event
 from coordinator.monitor.nodes import NodeEntry, stored_state
 from coordinator.queues.admin import queue_from_proto, queue_to_proto
+from coordinator.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from coordinator.scheduler.policy import threshold_mode
 from coordinator.sync.lock import settle
 from coordinator.sync.usage import hours_between
@@ -267,7 +267,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return served
 
     def _view(self, entry: NodeEntry) -> admin_pb2.NodeView:
-        view = admin_pb2.NodeView(record=entry.record, state=pb_enum(types_pb2.NodeState, entry.state),
+        view = admin_pb2.NodeView(record=entry.stored_view(), state=pb_enum(types_pb2.NodeState, entry.state),
                                   dropped_samples_total=entry.dropped_samples_total,
                                   task_ids=sorted(entry.task_ids))
         latest = self._app.monitor.latest.get(entry.node_id)

@@ -3,7 +3,7 @@
 Principals and roles:
 
 - a client certificate issued by ``gptrmctl certs`` names its holder and role (``node``,
-  ``coordinator``, or a person's role below; see :mod:`common.certs`);
+  ``coordinator``, or a person's role below; see :mod:`coordinator.certs`);
 - a bearer token (``authorization: Bearer TOKEN``) listed, hashed, in ``--admin-tokens``
   gives a person's role; a token outranks the certificate it arrives with, except that a node
   certificate can never call the Admin API.
@@ -66,12 +66,12 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from common.certs import QUEUE_KINDS, identity_from_pem, load_crl_serials
 from common.errors import ConfigError, GptrmError, PermissionDenied, ValidationError
 from common.logging import get_logger
 from common.tls import ServerTls, tls_files
-from common.tokens import TokenFile
 from coordinator.api.audit import AuditLog
+from coordinator.certs import QUEUE_KINDS, identity_from_pem, load_crl_serials
+from coordinator.tokens import TokenFile
 
 __all__ = ["ADMIN", "QUEUE_ADMIN", "ROLES", "SUBMITTER", "TEAM_METHODS", "VIEWER", "AuthInterceptor", "AuthRefused",
            "Authenticator", "Principal", "Security", "acting_as", "current_principal", "queue_refusal", "required_role"]

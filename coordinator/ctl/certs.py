@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from common import certs, tokens
 from common.errors import GptrmError
+from coordinator import certs, tokens
 from coordinator.ctl.argtypes import int_between
 from coordinator.ctl.transport import EXIT_REFUSED, EXIT_USAGE, CtlError
 

@@ -22,8 +22,8 @@ import grpc
 
 from common.errors import ConfigError
 from common.pb.gptrm.v1 import admin_pb2_grpc
-from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 from common.tls import ClientTls, tls_files
+from coordinator.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY, REFUSED_METADATA_KEY
 
 __all__ = ["EXIT_INTERNAL", "EXIT_NO_COORDINATOR", "EXIT_REFUSED", "EXIT_USAGE", "ChannelSecurity", "CtlError",
            "Transport"]

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TaskState
+from common.types import TERMINAL_STATES, TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.elastic.rules import ElasticJob, ElasticRange, ElasticSettings, Resize, SpeedupCurve
 from coordinator.elastic.spec import curve_of, elastic_gpus, elastic_range
@@ -42,11 +42,10 @@ from coordinator.monitor.resources import ResourceMonitor
 from coordinator.profiler import Profiler
 from coordinator.profiler.qos_spec import DEFAULT_CHECKPOINT_SIGNAL
 from coordinator.qos.preemption import started_s
-from coordinator.qos.watch import remaining_run_s
 from coordinator.run_limits import protected_until_s
 from coordinator.tasks import TaskTable
 
-__all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator"]
+__all__ = ["HISTORY", "WARMUP_S", "ElasticAllocator", "learned_restart_cost_s", "remaining_estimate_s"]
 
 WARMUP_S = 20.0
 """Throughput readings in the first seconds after a start are not its speed."""
@@ -55,6 +54,31 @@ HISTORY = 20
 _FRESH_S = 10.0
 _COST_EWMA = 0.5
 _PLACED = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED)
+
+
+def learned_restart_cost_s(stored_s: float, stop_s: float, running_since_s: float | None, default_s: float) -> float:
+    """A job's restart cost as the allocator knows it: the moving average of its measured restarts, each from a
+    resize's stop until it ran again, with the restart just finished folded in (the leader's and the simulator's
+    one rule).
+
+    :param stored_s: the average stored at its last resize (0: none measured yet).
+    :param stop_s: when its last resize stopped it (0: never resized).
+    :param running_since_s: when it last started running (None: it is not running now).
+    :param default_s: what is assumed while nothing was measured (``--elastic-restart-cost``).
+    """
+    if stop_s > 0 and running_since_s is not None and running_since_s > stop_s:
+        cost = running_since_s - stop_s
+        stored_s = cost if stored_s <= 0 else (1 - _COST_EWMA) * stored_s + _COST_EWMA * cost
+    return stored_s if stored_s > 0 else default_s
+
+
+def remaining_estimate_s(expected_run_s: float | None, ran_s: float) -> float | None:
+    """What is left of a running job's run time by the profiler's expected run time (learned per model from the
+    runs that succeeded), less what its current run already ran; None when there is no estimate or the job ran
+    past it (the leader's and the simulator's one rule)."""
+    if expected_run_s is None:
+        return None
+    return max(0.0, expected_run_s - ran_s) or None
 
 
 class ElasticAllocator:
@@ -110,14 +134,9 @@ class ElasticAllocator:
 
     def restart_cost_s(self, task: types_pb2.Task) -> float:
         """Its measured restart cost (the stored average, with the restart just finished folded in)."""
-        stored = task.elastic.restart_cost_s
-        stop = task.elastic.resize_stop_unix_s
-        if stop > 0 and task.state == TaskState.RUNNING:
-            started = started_s(task)
-            if started > stop:
-                cost = started - stop
-                stored = cost if stored <= 0 else (1 - _COST_EWMA) * stored + _COST_EWMA * cost
-        return stored if stored > 0 else self.settings.restart_cost_s
+        return learned_restart_cost_s(task.elastic.restart_cost_s, task.elastic.resize_stop_unix_s,
+                                      started_s(task) if task.state == TaskState.RUNNING else None,
+                                      self.settings.restart_cost_s)
 
     def jobs(self) -> list[ElasticJob]:
         """The running elastic tasks as the allocator's rules see them."""
@@ -140,8 +159,7 @@ class ElasticAllocator:
     def _remaining_s(self, task: types_pb2.Task, now: float) -> float | None:
         """What is left of its run time by the profiler's estimate (None: no estimate, or it ran past it)."""
         expected = self._profiler.expected_run_s(task.spec) if self._profiler is not None else None
-        left = None if expected is None else remaining_run_s(task, expected, now)
-        return left if left else None
+        return remaining_estimate_s(expected, now - started_s(task))
 
     # ---- learning -----------------------------------------------------------------------------------
 
@@ -167,7 +185,10 @@ class ElasticAllocator:
                 self._curves[task.id] = self.curve(task).observe(size, rate)
         for task_id in [t for t in self._curves if t not in live]:
             del self._curves[task_id]
-        for task_id in [t for t in self._ranges if self._tasks.find(t) is None]:
+        # A finished task's range is dropped too: kept until retention forgot the task, the ranges of every task
+        # submitted since would be walked here every cycle.
+        for task_id in [t for t in self._ranges if (found := self._tasks.find(t)) is None
+                        or found.state in TERMINAL_STATES]:
             del self._ranges[task_id]
         self._metrics.elastic_tasks.set(placed)
         self._metrics.elastic_gpus.labels("minimum").set(minimum)

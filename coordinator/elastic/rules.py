@@ -170,11 +170,22 @@ class SpeedupCurve:
 
     def observe(self, gpus: int, throughput: float) -> SpeedupCurve:
         """The curve with a reading at ``gpus`` folded in (a moving average at a size already measured)."""
-        if gpus < 1 or not math.isfinite(throughput) or throughput <= 0:
+        return self.observe_all(gpus, (throughput,))
+
+    def observe_all(self, gpus: int, readings: Iterable[float]) -> SpeedupCurve:
+        """The curve with readings at ``gpus`` folded in one after the other, as :meth:`observe` folds each (the
+        first at a size not measured yet stands for it, each later one moves the average); readings that are not
+        finite and positive are skipped."""
+        if gpus < 1:
             return self
         known = dict(self.points)
-        old = known.get(gpus)
-        known[gpus] = throughput if old is None else (1 - _EWMA) * old + _EWMA * throughput
+        value = known.get(gpus)
+        for throughput in readings:
+            if math.isfinite(throughput) and throughput > 0:
+                value = throughput if value is None else (1 - _EWMA) * value + _EWMA * throughput
+        if value is None or value == known.get(gpus):
+            return self
+        known[gpus] = value
         pts = sorted(known.items())
         if len(pts) > MAX_CURVE_POINTS:   # keep the extremes and the most recently measured size
             keep = {pts[0][0], pts[-1][0], gpus}

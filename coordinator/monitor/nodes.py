@@ -1,6 +1,7 @@
 """Node registry: who is connected, their inventory, and their state.
 
-States (derived, never set directly except cordon/drain):
+States (derived by :class:`NodeRegistry` from the node's stream and record, never assigned elsewhere; an
+admin sets cordon and drain in the record):
 
 - READY: a stream is open and heartbeats arrive;
 - NOT_READY: nothing heard for 3 liveness intervals (or the stream dropped, within the grace). The
@@ -23,11 +24,12 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
 from common.types import NodeState
+from coordinator.allocator.reservations import NodeReservation
 from coordinator.power_states import power_label
 
 StreamQueue: TypeAlias = asyncio.Queue[agent_pb2.CoordinatorMessage | None]
@@ -64,7 +66,10 @@ class Outbox(asyncio.Queue[agent_pb2.CoordinatorMessage | None]):
         super().put_nowait(item)
 
 
-__all__ = ["OUTBOX_LIMIT", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue", "admin_state", "stored_state"]
+__all__ = [
+    "OUTBOX_LIMIT", "HoldingsSource", "HoldingsView", "NodeEntry", "NodeRegistry", "Outbox", "StreamQueue",
+    "admin_state", "stored_state",
+]
 
 _MISSED_HEARTBEATS = 3
 _POWER_ON = (types_pb2.NODE_POWER_STATE_UNSPECIFIED, types_pb2.NODE_POWER_STATE_READY)
@@ -89,6 +94,43 @@ def stored_state(record: types_pb2.NodeRecord) -> NodeState:
     return admin_state(record)
 
 
+class HoldingsView(Protocol):
+    """What each node holds, read-only: kept by :class:`coordinator.state.LeaderState`, read by the node table."""
+
+    def tasks_on(self, node_id: str) -> frozenset[str]:
+        """The unfinished tasks placed on the node."""
+        ...
+
+    def count_on(self, node_id: str) -> int:
+        """How many unfinished tasks are placed on the node."""
+        ...
+
+    def reservation_on(self, node_id: str) -> NodeReservation:
+        """The sum of the allocations placed on the node (its GPUs as a sorted multiset)."""
+        ...
+
+
+class _NoHoldings:
+    """A node table no leader state follows yet: nothing is held anywhere."""
+
+    def tasks_on(self, node_id: str) -> frozenset[str]:
+        return frozenset()
+
+    def count_on(self, node_id: str) -> int:
+        return 0
+
+    def reservation_on(self, node_id: str) -> NodeReservation:
+        return NodeReservation()
+
+
+@dataclass
+class HoldingsSource:
+    """Where a node table's entries read what their nodes hold: one per table, shared by its entries, pointed
+    at the leader state's holdings when that state is made (:attr:`NodeRegistry.holdings`)."""
+
+    view: HoldingsView = field(default_factory=_NoHoldings)
+
+
 @dataclass
 class NodeEntry:
     """What the coordinator knows about one node."""
@@ -101,7 +143,7 @@ class NodeEntry:
     last_heartbeat: float = 0.0          # monotonic
     disconnected_at: float = 0.0         # monotonic
     last_seen_unix_s: float = 0.0
-    state: NodeState = NodeState.NOT_READY
+    state: NodeState = NodeState.NOT_READY   # derived by NodeRegistry only (see the module docstring)
     dropped_samples_total: int = 0
     outbox: StreamQueue | None = None         # the stream's decision queue while connected
     # Room its agent last reported (TelemetrySample.task_uid_room, task_ports_free); None: unknown, no limit.
@@ -112,7 +154,7 @@ class NodeEntry:
     # and whether its site health check has no verdict yet (nothing new is placed here meanwhile).
     degraded_gpus: frozenset[int] = frozenset()
     health_pending: bool = False
-    _held: set[str] = field(default_factory=set, repr=False)   # changed by coordinator.state only
+    holdings_source: HoldingsSource = field(default_factory=HoldingsSource, repr=False)   # its table's
 
     @property
     def inventory(self) -> types_pb2.NodeInventory:
@@ -121,17 +163,39 @@ class NodeEntry:
     @property
     def task_ids(self) -> frozenset[str]:
         """The unfinished tasks placed on this node (kept by :class:`coordinator.state.LeaderState`)."""
-        return frozenset(self._held)
+        return self.holdings_source.view.tasks_on(self.node_id)
 
     @property
     def held_count(self) -> int:
         """How many unfinished tasks are placed on this node (without copying :attr:`task_ids`)."""
-        return len(self._held)
+        return self.holdings_source.view.count_on(self.node_id)
 
     @property
     def holds_tasks(self) -> bool:
         """Whether any unfinished task is placed on this node."""
-        return bool(self._held)
+        return self.holdings_source.view.count_on(self.node_id) > 0
+
+    @property
+    def reservation(self) -> NodeReservation:
+        """What the allocations placed on this node hold (kept by :class:`coordinator.state.LeaderState`,
+        derived from the tasks' allocations; etcd's node record has no totals)."""
+        return self.holdings_source.view.reservation_on(self.node_id)
+
+    @property
+    def reserved(self) -> types_pb2.ResourceVector:
+        """:attr:`reservation` as the API's vector (GPU memory as the total of the GPUs held)."""
+        u = self.reservation.used
+        return types_pb2.ResourceVector(gpus=u.gpus, gpu_mem_bytes=u.gpu_mem_total_bytes, cpu_cores=u.cpu_cores,
+                                        mem_bytes=u.mem_bytes, disk_bytes=u.disk_bytes)
+
+    def stored_view(self) -> types_pb2.NodeRecord:
+        """The node's record with its reservation filled in, as the API shows it (a copy)."""
+        record = types_pb2.NodeRecord()
+        record.CopyFrom(self.record)
+        record.reserved.CopyFrom(self.reserved)
+        record.ClearField("reserved_gpu_indices")
+        record.reserved_gpu_indices.extend(self.reservation.gpu_indices)
+        return record
 
 
 class NodeRegistry:
@@ -151,9 +215,20 @@ class NodeRegistry:
         self._previous_until = 0.0
         self._now = now
         self._nodes: dict[str, NodeEntry] = {}
+        self._source = HoldingsSource()
         self._next_slot = 0
         self._next_stream = 0
         self.connects_total = 0   # registrations (new streams) since start: the telemetry rate counts their cost
+
+    @property
+    def holdings(self) -> HoldingsView:
+        """What each node holds, read through each entry (:attr:`NodeEntry.task_ids`, :attr:`NodeEntry.reservation`):
+        the leader state's (:class:`coordinator.state.LeaderState` sets it when it is made); nothing before."""
+        return self._source.view
+
+    @holdings.setter
+    def holdings(self, holdings: HoldingsView) -> None:
+        self._source.view = holdings
 
     def __iter__(self) -> Iterator[NodeEntry]:
         return iter(list(self._nodes.values()))
@@ -179,7 +254,7 @@ class NodeRegistry:
     def _entry(self, node_id: str, record: types_pb2.NodeRecord) -> NodeEntry:
         entry = self._nodes.get(node_id)
         if entry is None:
-            entry = NodeEntry(node_id, record, self._next_slot)
+            entry = NodeEntry(node_id, record, self._next_slot, holdings_source=self._source)
             self._next_slot += 1
             self._nodes[node_id] = entry
         return entry
@@ -212,6 +287,18 @@ class NodeRegistry:
         # Stored with the registration: what a replica that does not lead shows (stored_state).
         record.state = pb_enum(types_pb2.NodeState, self._derive(entry))
         return entry, is_new
+
+    def mark_connected(self, entry: NodeEntry) -> NodeState:
+        """Count ``entry``'s agent as registered and heard from now, without a stream: for a registry whose nodes
+        have no agents (the simulator's replay of the power manager, where a node's agent comes up when its
+        simulated boot ends). Its state is derived as for a stream (READY unless its record cordons or drains
+        it); :meth:`disconnect` with its ``stream_id`` takes it down again, as when a stream ends.
+
+        :returns: its state now.
+        """
+        entry.connected = True
+        entry.last_heartbeat = self._now()
+        return self._derive(entry)
 
     def disconnect(self, node_id: str, stream_id: int) -> None:
         """The stream ``stream_id`` of ``node_id`` ended (a newer stream is left alone)."""
@@ -254,6 +341,20 @@ class NodeRegistry:
         """Anything received on the stream counts as a heartbeat."""
         entry.last_heartbeat = self._now()
         entry.last_seen_unix_s = time.time()
+
+    def follow_stored(self, stored: types_pb2.NodeRecord) -> NodeEntry | None:
+        """A known node's record as etcd stored it (an admin, power or state change, or a new leader's read)
+        replaces the entry's, but for its inventory, which stays the live stream's; its state is re-derived.
+        None: no such node here."""
+        entry = self._nodes.get(stored.inventory.node_id)
+        if entry is None:
+            return None
+        record = types_pb2.NodeRecord()
+        record.CopyFrom(stored)
+        record.inventory.CopyFrom(entry.record.inventory)
+        entry.record = record
+        self._derive(entry)
+        return entry
 
     def rederive(self, entry: NodeEntry) -> NodeState:
         """Re-derive one node's state at once (after its admin or power state changed)."""
@@ -301,7 +402,7 @@ class NodeRegistry:
             by_key[key] = by_key.get(key, 0) + 1
             if state != lost:
                 gpus_total += len(record.inventory.gpus)
-            gpus_reserved += len(record.reserved_gpu_indices)
+            gpus_reserved += len(entry.reservation.gpu_indices)
         out: dict[str, int] = {}
         for (state, power_state), n in by_key.items():   # labels once per kind, not per node
             power = power_label(power_state)

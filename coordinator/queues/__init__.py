@@ -21,9 +21,11 @@ The model works on plain values passed in (what each queue holds, the cluster's 
 
 - :mod:`~coordinator.queues.planning` — the queues in the scheduling cycle (:func:`plan_queues`, which
   the leader's cycle and the simulator both call; :class:`LeaderQueues`; :func:`reclaim_for`).
-- :mod:`~coordinator.queues.store` — the tree in etcd (:class:`QueueStore`), one key written as the leader.
 - :mod:`~coordinator.queues.admin` — the admin's changes to the tree, who may submit where, budgets
   (:class:`QueueAdmin`, :class:`QueueMetrics`).
+
+The tree's storage in etcd is :mod:`coordinator.sync.queues` (:class:`~coordinator.sync.queues.QueueStore`):
+``coordinator/sync/`` is the only package that talks to etcd.
 """
 
 from __future__ import annotations

@@ -56,10 +56,10 @@ from coordinator.queues import (
 )
 from coordinator.queues.fairshare import order_queues
 from coordinator.queues.planning import LeaderQueues, queue_of
-from coordinator.queues.store import QueueStore
 from coordinator.state import LeaderState
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.lock import AdminLocks
+from coordinator.sync.queues import QueueStore
 from coordinator.sync.state_machine import Conflict
 from coordinator.sync.usage import hours_between
 from coordinator.usage import AccountedPass, Prices, UsageDuty, summarize

@@ -433,7 +433,7 @@ class LeaderQueues:
             if not entry.inventory.gpus or not (self._registry.schedulable(entry)
                                                 or power_label(entry.record.power_state) in _WAKEABLE):
                 continue
-            taken = set(entry.record.reserved_gpu_indices)
+            taken = set(entry.reservation.gpu_indices)
             model = entry.inventory.gpus[0].model or ANY_MODEL
             out[entry.node_id] = (model, sum(1 for g in entry.inventory.gpus if g.index not in taken))
         return out

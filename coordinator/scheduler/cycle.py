@@ -184,9 +184,9 @@ class SchedulerCycle:
         tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.live())
         nodes = []
         for e in self._registry:
-            r = e.record.reserved
+            r = e.reservation.used
             nodes.append((e.node_id, e.state, e.stream_id, e.record.cordoned, e.record.draining, e.record.power_state,
-                          r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes, e.task_uid_room,
+                          r.gpus, r.gpu_mem_total_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes, e.task_uid_room,
                           e.task_ports_free, e.health_pending, tuple([f.gpu_index for f in e.record.gpu_fences])))
         queues = (self._queues.config, tuple(sorted(self._queues.budgets.items()))) if self._queues else None
         # Elastic tasks whose hysteresis has run out may now shrink for what waits.
@@ -698,7 +698,9 @@ class SchedulerCycle:
 
     async def _commit(self, commits: list[PlacementCommit]) -> int:
         t0 = time.perf_counter()
-        result = await self._leadership.write(self._store.commit_placements, commits)
+        # Checked against what nodes hold (no GPU booked twice: coordinator/sync/_placements.py).
+        held = self._registry.holdings.reservation_on
+        result = await self._leadership.write(self._store.commit_placements, commits, held)
         self._metrics.commit_latency.observe(time.perf_counter() - t0)
         policy = self._policy.current.name
         for task, _rev, alloc in commits:
@@ -714,6 +716,9 @@ class SchedulerCycle:
                            decision_id=alloc.decision_id)
             self._events.publish("decision", f"task {task.id} placed on {nodes}", task_id=task.id,
                                  policy=policy, decision_id=alloc.decision_id)
+            self._dispatcher.start(stored)
+        for stored in result.recovered.values():   # an earlier commit's answer was lost, and it did commit
+            self._tasks.placed(stored)
             self._dispatcher.start(stored)
         return len(result.committed)
 

@@ -139,6 +139,7 @@ class SnapshotBuilder:
         self._power = power
         self._statics: dict[str, _NodeStatic] = {}
         self._views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
+        self._empty: dict[str, tuple[_NodeStatic, tuple[str, ...], NodeSnapshot]] = {}
         self.uid_room: dict[str, int] = {}
         """After :meth:`snapshot`: per node whose agent reports its task uids, how many more tasks it can take
         (≤ 0: none, and the node is unschedulable in that snapshot)."""
@@ -177,8 +178,8 @@ class SnapshotBuilder:
     def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None,
                    views: dict[str, tuple[tuple[object, ...], NodeSnapshot]], uid_free: bool = True) -> NodeSnapshot:
         """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed."""
-        r = e.record.reserved
-        key = (self._static_part(e), r.gpus, r.gpu_mem_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
+        r = e.reservation.used
+        key = (self._static_part(e), r.gpus, r.gpu_mem_total_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
                None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free,
                tuple([f.gpu_index for f in e.record.gpu_fences]), e.degraded_gpus, tuple(e.inventory.images))
         last = self._views.get(e.node_id)
@@ -206,10 +207,24 @@ class SnapshotBuilder:
         """Every known node (ready, off, cordoned, draining, lost) as placement would see it empty and schedulable,
         in node-id order: what could hold a task if everything on it ended and it came back.
 
+        Asked at every submit (``PlaceabilityCheck``), so a node's view is kept until its inventory (a new stream)
+        or images change; the power curve in it is the one of then (whether a node could ever hold a task does
+        not depend on it).
+
         :param registry: the leader's node table.
         :returns: one snapshot per node.
         """
-        return [self._view(e, None, empty=True) for e in sorted(registry, key=lambda e: e.node_id)]
+        out: list[NodeSnapshot] = []
+        kept: dict[str, tuple[_NodeStatic, tuple[str, ...], NodeSnapshot]] = {}
+        for e in sorted(registry, key=lambda e: e.node_id):
+            static, images = self._static_part(e), tuple(e.inventory.images)
+            last = self._empty.get(e.node_id)
+            view = last[2] if last is not None and last[0] is static and last[1] == images \
+                else self._view(e, None, empty=True)
+            kept[e.node_id] = (static, images, view)
+            out.append(view)
+        self._empty = kept   # nodes gone are forgotten
+        return out
 
     def _view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None, *,
               empty: bool = False, schedulable: bool = True) -> NodeSnapshot:
@@ -229,11 +244,8 @@ class SnapshotBuilder:
                          GpuSlot(i, total, max(0, total - taken.get(i, (0, 0.0))[0]),
                                  max(0.0, 1.0 - taken.get(i, (0, 0.0))[1]), group, i in degraded)
                          for i, total, group in static.slots)
-        r = types_pb2.ResourceVector() if empty else e.record.reserved
         return NodeSnapshot(
-            node_id=e.node_id, capacity=static.capacity,
-            used=Resources(gpus=r.gpus, gpu_mem_total_bytes=r.gpu_mem_bytes, cpu_cores=r.cpu_cores,
-                           mem_bytes=r.mem_bytes, disk_bytes=r.disk_bytes),
+            node_id=e.node_id, capacity=static.capacity, used=Resources() if empty else e.reservation.used,
             gpus=gpus, gpu_model=static.model, labels=static.labels, schedulable=schedulable,
             power=self.power_curve(e)[0], topology=static.topology,
             images=frozenset(e.inventory.images) if e.inventory.images else _NO_IMAGES)

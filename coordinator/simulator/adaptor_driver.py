@@ -22,7 +22,7 @@ from typing import Any
 
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
-from common.types import NodeState, TaskState
+from common.types import TaskState
 from coordinator.adaptor.power import PowerManager
 from coordinator.adaptor.providers import SimulatedProvider
 from coordinator.domain import NodeSnapshot, Request, Resources
@@ -39,7 +39,7 @@ __all__ = ["SimAdaptor"]
 class _MemoryStore:
     """Node records kept in memory (the replay's stand-in for ``nodes/<id>`` in etcd)."""
 
-    def put_node(self, record: types_pb2.NodeRecord, *, keep_reservations: bool = True) -> types_pb2.NodeRecord:
+    def put_node(self, record: types_pb2.NodeRecord) -> types_pb2.NodeRecord:
         return record
 
 
@@ -101,7 +101,7 @@ class SimAdaptor:
                 record.inventory.gpus.add(index=g)
             record.power_state = types_pb2.NODE_POWER_STATE_READY
             entry = self.registry.load(record)
-            entry.connected, entry.state = True, NodeState.READY
+            self.registry.mark_connected(entry)
             self.entries.append(entry)
             idle_w[node.node_id] = node.power.idle_w
         # The leader's state as the replay keeps it: pending jobs, and what each node holds.
@@ -161,7 +161,7 @@ class SimAdaptor:
         """A job ended: its nodes' reservations are released."""
         for i in node_indices:
             self._fit.forget(self.entries[i].node_id)
-        self.state.let_go(req.task_id, self._holdings(req, node_indices))
+        self.state.let_go(req.task_id, [self.entries[i].node_id for i in node_indices])
 
     def _holdings(self, req: Request, node_indices: Sequence[int]) -> list[types_pb2.NodeAllocation]:
         """A job's share of each of its nodes, as the leader state reserves it (GPUs only: the power
@@ -177,11 +177,11 @@ class SimAdaptor:
         for action, node_id in self.provider.completed(self._now()):
             entry = self.registry.get(node_id)
             if entry is not None and action == "power_on":
-                entry.connected, entry.state = True, NodeState.READY
+                self.registry.mark_connected(entry)
         _run(self.manager.step())
         for entry in self.entries:
             if entry.connected and power_label(entry.record.power_state) == "off":
-                entry.connected, entry.state = False, NodeState.NOT_READY   # its agent stops with the node
+                self.registry.disconnect(entry.node_id, entry.stream_id)   # its agent stops with the node
 
     def next_due(self) -> float | None:
         """When a step would next act on its own (a power-down deadline, a boot completing, a wake timeout)."""

@@ -16,6 +16,8 @@ strict quotas, quotas with borrowing and reclaim — and a per-queue report unde
 written (:mod:`coordinator.simulator.queues_cli`). With ``--elastic`` it is replayed rigid and with
 elastic jobs, with and without power-down (:mod:`coordinator.simulator.elastic_cli`). ``--records FILE``
 writes per-job records, one file per run (:func:`coordinator.simulator.queue_report.write_records`).
+Both decide with what the leader would know (:func:`coordinator.simulator.workload.without_run_estimates`, and
+for elastic jobs :mod:`coordinator.simulator.elastic`); ``--oracle`` gives them the truth, for comparison.
 """
 
 from __future__ import annotations
@@ -92,6 +94,13 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --elastic: a job resizes at most once per this long (default 300)")
     p.add_argument("--restart-cost", type=float, default=30.0, metavar="SECONDS",
                    help="with --elastic: what a resize costs a job, GPUs held without progress (default 30)")
+    p.add_argument("--throughput-noise", type=float, default=None, metavar="X",
+                   help="with --elastic: relative standard deviation of a throughput reading the allocator learns "
+                        "from (default: each model's measured spread)")
+    p.add_argument("--oracle", action="store_true",
+                   help="with --elastic or --queues: decide with the truth (with --elastic the true throughput, "
+                        "remaining run time and restart cost; a job's run time is the trace's) instead of what the "
+                        "leader would know (for comparison)")
     p.add_argument("--elastic-runs", metavar="NAMES",
                    help="with --elastic: replay only these runs, comma-separated (fcfs, fcfs-pd, elastic, elastic-pd, "
                         "elastic-x2, shrink-only, grow-only; default all)")
@@ -203,6 +212,10 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
     if not jobs:
         raise _usage(f"{args.jobs}: no jobs to replay")
     configs = _configs(args, names, max(j.request.submit_s for j in jobs))
+    if (args.elastic or args.queues is not None) and not args.oracle:
+        from coordinator.simulator.workload import without_run_estimates
+
+        jobs = without_run_estimates(jobs)   # the leader's information only (--oracle: the trace's durations)
     if args.elastic:
         if args.queues is not None or args.qos:
             raise _usage("--elastic is its own report; give it without --queues and --qos")

@@ -32,10 +32,28 @@ would have), and a new one is scheduled at every start. A job resizes at most on
 per ``interval_s`` (the rules' hysteresis); a pass runs when a job's hysteresis runs out, so a job that
 may grow again does not wait for the next arrival or completion.
 
-The allocator **learns** each job's curve as the leader does: a :class:`~coordinator.elastic.rules.SpeedupCurve`
-per job, fed the job's true throughput at the size it runs (what its throughput counter would read)
-once a run is past its restart and :data:`coordinator.elastic.allocator.WARMUP_S`. It never sees the true curve
-at sizes the job has not run at.
+The allocator **knows what the leader knows** (:mod:`coordinator.elastic.allocator`), never the replay's truth:
+
+- **throughput** is learned as the leader learns it: a :class:`~coordinator.elastic.rules.SpeedupCurve` per
+  job, fed one reading per leader cycle (:data:`LEADER_CYCLE_S`) once a run is past its restart and
+  :data:`coordinator.elastic.allocator.WARMUP_S` — the job's true throughput at its size times ``exp(σ·z)``,
+  ``z`` a seeded standard normal draw, ``σ`` ``throughput_noise`` (default: its model's measured spread,
+  :attr:`~coordinator.simulator.scaling.ScalingCurve.noise`). Passes are events, not cycles: a pass folds the
+  readings of the cycles since the last one it folded, at most :data:`READINGS_PER_PASS` (the curve's moving
+  average weighs older ones at under 6 % after that many). It never sees the curve at sizes the job has not run at.
+- **remaining run time** is the profiler's estimate, as on the leader
+  (:func:`coordinator.elastic.allocator.remaining_estimate_s`): a :class:`~coordinator.profiler.Profiler` fed the run
+  time (last start to end) of every job that finished, per model name, less what the current run ran; unknown
+  (None) until a job of that model finished.
+- **restart cost** is measured as the leader measures it (:func:`coordinator.elastic.allocator.learned_restart_cost_s`):
+  from a resize's stop until the job runs again (a run "runs" once its restart is paid: the replay charges the
+  whole checkpoint-restart at the start of the next run), a moving average folded in at each resize; the
+  leader's default (``assumed_restart_cost_s``, :data:`coordinator.elastic.rules.DEFAULT_RESTART_COST_S`) until
+  one was measured.
+
+``oracle=True`` (``gptrmctl simulate --elastic --oracle``) gives it the truth instead, for comparison: the
+true throughput at each size a job ran at (once per run), the exact remaining run time from the work left, and
+the true restart cost.
 
 Disabling grows or shrinks (``grow=False``, ``shrink=False``) attributes the gain of elasticity: the
 cycle's structure stays (a pass with jobs left waiting never grows), only that kind of resize is not
@@ -45,12 +63,14 @@ planned.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from common.pb.gptrm.v1 import types_pb2
 from coordinator.domain import NodeSnapshot, Placement
-from coordinator.elastic.allocator import WARMUP_S
+from coordinator.elastic.allocator import WARMUP_S, learned_restart_cost_s, remaining_estimate_s
 from coordinator.elastic.rules import (
     DEFAULT_RESTART_COST_S,
     ElasticJob,
@@ -68,11 +88,16 @@ from coordinator.elastic.rules import (
     request_at,
     size_placements,
 )
+from coordinator.profiler import Profiler
 from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
 
 REPLAY_INTERVAL_S = 300.0
 """The replay's resize interval by default (``--elastic-interval``): its jobs run for hours, so a resize every
 five minutes at most (the leader's default is shorter, :data:`coordinator.elastic.rules.DEFAULT_INTERVAL_S`)."""
+LEADER_CYCLE_S = 1.0
+"""The leader observes its elastic tasks' throughput once per scheduling cycle, at least once a second."""
+READINGS_PER_PASS = 8
+"""Readings a pass folds into a job's curve at most (one per leader cycle since the last it folded)."""
 
 if TYPE_CHECKING:
     from coordinator.simulator.engine import SimJob, Simulator
@@ -91,9 +116,17 @@ class ElasticSimConfig:
     :param max_gpus: the largest maximum.
     :param node_gpus: node width of the ranges (None: the cluster's widest node).
     :param interval_s: the rules' hysteresis (:class:`~coordinator.elastic.rules.ElasticSettings`).
-    :param restart_cost_s: what a resize costs a job (GPUs held, no progress), and what the rules assume.
+    :param restart_cost_s: what a resize costs a job (GPUs held, no progress); what the rules are told with the
+        oracle.
+    :param assumed_restart_cost_s: what the rules assume until a job's restarts were measured (the leader's
+        ``--elastic-restart-cost``).
     :param grow: plan grows (False: shrink only).
     :param shrink: plan shrinks (False: grow only).
+    :param oracle: the allocator is told the truth (throughput, remaining run time, restart cost) instead of
+        what the leader would know (module docstring).
+    :param throughput_noise: relative standard deviation of a throughput reading (None: the job's model's
+        measured spread).
+    :param seed: the readings' noise draws.
     """
 
     curves: Mapping[str, ScalingCurve]
@@ -104,15 +137,23 @@ class ElasticSimConfig:
     node_gpus: int | None = None
     interval_s: float = REPLAY_INTERVAL_S
     restart_cost_s: float = DEFAULT_RESTART_COST_S
+    assumed_restart_cost_s: float = DEFAULT_RESTART_COST_S
     grow: bool = True
     shrink: bool = True
+    oracle: bool = False
+    throughput_noise: float | None = None
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.max_factor < 1 or not math.isfinite(self.max_factor):
             raise ValueError(f"elastic max factor must be ≥ 1, got {self.max_factor}")
         if self.min_gpus < 1 or self.max_gpus < self.min_gpus:
             raise ValueError(f"elastic sizes {self.min_gpus}..{self.max_gpus} are empty")
+        noise = self.throughput_noise
+        if noise is not None and (noise < 0 or not math.isfinite(noise)):
+            raise ValueError(f"throughput noise must be ≥ 0, got {noise}")
         ElasticSettings(self.interval_s, self.restart_cost_s)   # validates both
+        ElasticSettings(self.interval_s, self.assumed_restart_cost_s)
 
 
 def gpu_hours(job: SimJob) -> float:
@@ -123,11 +164,12 @@ def gpu_hours(job: SimJob) -> float:
 def elastic_config(jobs: Sequence[SimJob], curves: Mapping[str, ScalingCurve], *, seed: int = 0,
                    **kwargs: Any) -> ElasticSimConfig:
     """Every job that asks for whole GPUs is elastic, with the model its GPU-hours draw
-    (:func:`coordinator.simulator.scaling.assign_models`); the other keyword arguments go to
-    :class:`ElasticSimConfig`."""
+    (:func:`coordinator.simulator.scaling.assign_models`; ``seed`` also seeds the throughput readings' noise); the
+    other keyword arguments go to :class:`ElasticSimConfig`."""
     models = assign_models([gpu_hours(j) for j in jobs], seed)
     return ElasticSimConfig(curves=curves, models=tuple(m if j.request.whole_gpus >= 1 else ""
-                                                        for m, j in zip(models, jobs, strict=True)), **kwargs)
+                                                        for m, j in zip(models, jobs, strict=True)), seed=seed,
+                            **kwargs)
 
 
 @dataclass(slots=True)
@@ -137,12 +179,16 @@ class _Job:
     range: ElasticRange
     true: ScalingCurve
     work: float                      # samples left to train
+    spec: types_pb2.TaskSpec         # what the profiler learns run times by (its model's name)
     curve: SpeedupCurve = field(default_factory=SpeedupCurve)
     target: int | None = None        # size the last resize aimed at
     last_resize_s: float | None = None
     owed_s: float = 0.0              # restart still to pay at the start of the next run
     size: int = 0                    # GPUs of the current run
-    observed: bool = False           # the current run's throughput was folded into the curve
+    observed: bool = False           # the current run's throughput was folded into the curve (oracle)
+    read_s: float | None = None      # the last leader cycle whose reading was folded in (this run)
+    cost_s: float = 0.0              # restart cost as stored at the last resize (0: none measured)
+    stop_s: float = 0.0              # when the last resize stopped it (0: never)
     first_start_s: float | None = None
     energy_j: float = 0.0            # energy of the runs that ended in a resize
     grows: int = 0
@@ -161,7 +207,11 @@ class SimElastic:
     def __init__(self, sim: Simulator, config: ElasticSimConfig) -> None:
         self.sim = sim
         self.config = config
-        self.settings = ElasticSettings(config.interval_s, config.restart_cost_s)
+        self.settings = ElasticSettings(config.interval_s,
+                                        config.restart_cost_s if config.oracle else config.assumed_restart_cost_s)
+        self.profiler = Profiler()
+        self.rng = random.Random(config.seed)
+        specs: dict[str, types_pb2.TaskSpec] = {}
         width = config.node_gpus or max((len(n.gpus) for n in sim.base.nodes), default=1) or 1
         self.jobs: dict[int, _Job] = {}
         self.by_id: dict[str, int] = {}
@@ -174,7 +224,8 @@ class SimElastic:
             top = max(config.min_gpus, min(config.max_gpus, int(config.max_factor * gpus)))
             rng = ElasticRange(config.min_gpus, top, width)
             true = config.curves[model]
-            self.jobs[k] = _Job(rng, true, job.duration_s * true.at(gpus))
+            spec = specs.setdefault(model, types_pb2.TaskSpec(model=types_pb2.ModelSpec(name=model)))
+            self.jobs[k] = _Job(rng, true, job.duration_s * true.at(gpus), spec)
             self.by_id[req.task_id] = k
             sim.requests[k] = request_at(req, rng, first_size(rng, 0))
         self.running: set[int] = set()
@@ -207,7 +258,9 @@ class SimElastic:
         if job is None:
             return start_s, energy_j
         self.running.discard(k)
-        self.end_s.pop(k, None)
+        end = self.end_s.pop(k, None)
+        if end is not None:   # the leader's profiler learns its run time, last start to end
+            self.profiler.observe_run(job.spec, end - self._running_since(k, start_s))
         job.work = 0.0
         return (job.first_start_s if job.first_start_s is not None else start_s), job.energy_j + energy_j
 
@@ -287,6 +340,7 @@ class SimElastic:
         job = self.jobs[k]
         job.size = placement_gpus(placement)
         job.observed = False
+        job.read_s = None
         if job.first_start_s is None:
             job.first_start_s = now
         job.sizes.append((now, job.size))
@@ -295,15 +349,34 @@ class SimElastic:
         self.end_s[k] = now + run_s   # the completion event's time, computed the same way
         self.sim._start(k, placement, now, run_s)
 
+    def _running_since(self, k: int, start_s: float | None = None) -> float:
+        """When job ``k``'s current run runs, as the leader sees it: once its restart is paid."""
+        return (self.sim.start_times[k] if start_s is None else start_s) + self.jobs[k].owed_s
+
     def _observe(self, now: float) -> None:
-        """Fold each running job's throughput at its size into its learned curve, once per run (past its
-        restart and warm-up)."""
-        start_times = self.sim.start_times
-        for k in self.running:
+        """Fold each running job's throughput readings at its size into its learned curve (past its restart and
+        warm-up): one noisy reading per leader cycle since the last one folded (module docstring); with the
+        oracle, its true throughput once per run."""
+        for k in sorted(self.running):
             job = self.jobs[k]
-            if not job.observed and now >= start_times[k] + job.owed_s + WARMUP_S:
-                job.curve = job.curve.observe(job.size, job.true.at(job.size))
-                job.observed = True
+            first = self._running_since(k) + WARMUP_S
+            if now < first:
+                continue
+            if self.config.oracle:
+                if not job.observed:
+                    job.curve = job.curve.observe(job.size, job.true.at(job.size))
+                    job.observed = True
+                continue
+            last = job.read_s if job.read_s is not None else first - LEADER_CYCLE_S
+            cycles = math.floor((now - last) / LEADER_CYCLE_S)
+            if cycles <= 0:
+                continue
+            job.read_s = last + cycles * LEADER_CYCLE_S
+            sigma = job.true.noise if self.config.throughput_noise is None else self.config.throughput_noise
+            true = job.true.at(job.size)
+            gauss = self.rng.gauss
+            job.curve = job.curve.observe_all(job.size, [true * math.exp(sigma * gauss(0.0, 1.0)) if sigma else true
+                                                         for _ in range(min(cycles, READINGS_PER_PASS))])
 
     def _step(self, now: float) -> bool:
         """Shrink for jobs left waiting, or grow into idle GPUs when none waits; True when a job resized."""
@@ -354,22 +427,38 @@ class SimElastic:
         return max(0.0, job.work - max(0.0, ran - job.owed_s) * job.true.at(job.size))
 
     def _as_job(self, k: int, now: float) -> ElasticJob:
-        """Job ``k`` as the rules see it; its remaining run time at its size stands for the profiler's estimate the
-        leader passes (the trace's duration is what the simulator's profiler knows, as for ``time-aware``)."""
+        """Job ``k`` as the rules see it: what the leader would know of it (module docstring), or the truth with
+        the oracle."""
         job = self.jobs[k]
         req = self.sim.jobs[k].request
         placement = self.sim.placed[k]
-        elapsed = now - self.sim.start_times[k]
-        rate = job.true.at(job.size)
-        remaining = self._work_left(k, now) / rate + max(0.0, job.owed_s - elapsed) if rate > 0 else None
+        if self.config.oracle:
+            elapsed = now - self.sim.start_times[k]
+            rate = job.true.at(job.size)
+            remaining = self._work_left(k, now) / rate + max(0.0, job.owed_s - elapsed) if rate > 0 else None
+            restart_s = self.config.restart_cost_s
+        else:
+            since = self._running_since(k)
+            remaining = remaining_estimate_s(self.profiler.expected_run_s(job.spec), max(0.0, now - since))
+            restart_s = self._restart_cost_s(k, now)
         return ElasticJob(req.task_id, req.priority, job.range, job.size,
                           tuple((a.node_id, len(a.gpu_indices)) for a in placement.assignments), job.curve,
-                          self.settings.restart_cost_s, job.last_resize_s, remaining or None)
+                          restart_s, job.last_resize_s, remaining or None)
+
+    def _restart_cost_s(self, k: int, now: float) -> float:
+        """Job ``k``'s restart cost as the leader measures it (the stored average, the restart just paid folded in)."""
+        job = self.jobs[k]
+        since = self._running_since(k) if k in self.running else None
+        return learned_restart_cost_s(job.cost_s, job.stop_s, since if since is not None and since <= now else None,
+                                      self.settings.restart_cost_s)
 
     def _resize(self, k: int, decision: Resize, now: float) -> None:
         """Carry out a resize: the run ends (progress kept), the job goes back to the queue at its target."""
         sim = self.sim
         job = self.jobs[k]
+        if job.stop_s:   # the leader stores the measured restart cost with each resize
+            job.cost_s = self._restart_cost_s(k, now)
+        job.stop_s = now
         placement = sim._release(k, now, preempted=True, resized=True)
         job.work = self._work_left(k, now)
         ran = now - sim.start_times.pop(k)

@@ -15,6 +15,11 @@ first-come-first-served), in report order (:data:`RUNS`):
 
 ``--elastic-runs NAMES`` (comma-separated) replays only those runs.
 
+The allocator decides with what the leader would know (:mod:`coordinator.simulator.elastic`): throughput
+readings with noise (``--throughput-noise``, default each model's measured spread), the profiler's run time per
+model instead of the remaining run time, and the restart cost it measured; ``--oracle`` tells it the truth
+instead, for comparison.
+
 Each job's model, and so its true throughput curve, comes from its GPU-hours
 (:mod:`coordinator.simulator.scaling`, data from ``--scaling``, default: the curves shipped in the package,
 ``coordinator/simulator/data/scaling``). The table
@@ -153,7 +158,8 @@ def run_elastic(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequen
     power_down = args.power_down_after if args.power_down_after is not None else DEFAULT_POWER_DOWN_S
     try:
         elastic = elastic_config(jobs, curves, seed=args.seed, max_factor=args.elastic_max_factor,
-                                 interval_s=args.elastic_interval, restart_cost_s=args.restart_cost)
+                                 interval_s=args.elastic_interval, restart_cost_s=args.restart_cost,
+                                 oracle=args.oracle, throughput_noise=args.throughput_noise)
         names, configs = elastic_configs(config, elastic, power_down, args.elastic_max_factor)
         if getattr(args, "elastic_runs", None):
             wanted = [n.strip() for n in args.elastic_runs.split(",") if n.strip()]
@@ -180,6 +186,13 @@ def run_elastic(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequen
         f"GPUs (at most 64), hysteresis {args.elastic_interval:g} s, restart cost {args.restart_cost:g} s",
         "- models by GPU-hours: " + ", ".join(f"{m} {n:,}" for m, n in sorted(models.items())),
         f"- throughput curves: measured training throughput read from `{scaling}` (source: its README)",
+        "- the allocator knows " + ("the truth (--oracle): true throughput, remaining run time and restart cost"
+                                    if args.oracle else
+                                    "what the leader knows: throughput readings with noise "
+                                    + (f"{args.throughput_noise:g}" if args.throughput_noise is not None else
+                                       "by model (" + ", ".join(f"{m} {curves[m].noise:.3f}" for m in sorted(models))
+                                       + ")")
+                                    + ", the profiler's run time per model, measured restart cost"),
     ]
     table = _markdown(rows)
     verdict = _verdict(rows)

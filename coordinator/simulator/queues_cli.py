@@ -98,6 +98,8 @@ def run_queues(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequenc
         f"runs: fcfs (no queues), strict (limit = quota), borrow (borrowing and reclaim)",
         "- contended time: total demand (GPUs of running + pending jobs) above the cluster's GPUs; "
         "share = received / entitlement (min(quota, demand)) in that time; met = entitlement covered",
+        "- the scheduler knows " + ("the trace's run times (--oracle)" if getattr(args, "oracle", False) else
+                                    "what the leader knows: no job's run time"),
     ]
     if unknown:
         notes.append(f"- queues of jobs that the tree lacks (refused in strict and borrow): {', '.join(unknown)}")

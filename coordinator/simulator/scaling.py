@@ -21,6 +21,15 @@ One **true** curve per model, throughput by GPU count for 1..:data:`MAX_GPUS` (:
   given more GPUs can leave the extra ones idle, so measured slow-downs at large scales (fixed
   per-GPU batch, synchronisation-bound) are flattened to the best smaller count.
 
+**Measurement spread** (:attr:`ScalingCurve.noise`, the elastic replay's default throughput noise): the files
+hold one measurement per placement and batch, so the spread is read off the measurements' own scatter. Within
+one placement (or scale), step time is a smooth function of the per-GPU batch; each measurement between two
+neighbouring batches is compared with the log-log interpolation of those two, and the residual ``r`` of
+``log step_time`` is divided by ``sqrt(1 + w² + (1 − w)²)`` (``w`` the interpolation weight), which is what
+three measurements with independent relative errors of standard deviation ``σ`` give it. ``noise`` is the
+root mean square of those over the model's files: the relative standard deviation of one throughput
+reading (about 3–9 % on the shipped curves, curvature of the batch trend included, so it errs high).
+
 The curve is indexed by GPU count only; the replayed cluster's own node width is not modelled
 (measured on 4-GPU nodes, a count placed on 8-GPU nodes gets the same throughput).
 
@@ -40,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["MAX_GPUS", "MODELS", "ScalingCurve", "assign_models", "default_scaling_dir", "load_curve",
-           "load_curves", "model_for"]
+           "load_curves", "measured_spread", "model_for"]
 
 MAX_GPUS = 64
 """Curves cover 1..64 GPUs."""
@@ -64,12 +73,14 @@ class ScalingCurve:
     :param local_bsz: the per-GPU batch size every point is at.
     :param throughput: samples per second at 1..:data:`MAX_GPUS` GPUs (index ``n - 1``).
     :param measured: the GPU counts that were measured (the others are interpolated).
+    :param noise: relative standard deviation of one throughput measurement (module docstring; 0: exact).
     """
 
     model: str
     local_bsz: int
     throughput: tuple[float, ...]
     measured: tuple[int, ...]
+    noise: float = 0.0
 
     def at(self, gpus: int) -> float:
         """Throughput at ``gpus`` GPUs (clamped to 1..:data:`MAX_GPUS`)."""
@@ -131,7 +142,23 @@ def load_curve(model_dir: Path, max_gpus: int = MAX_GPUS) -> ScalingCurve:
     for i, t in enumerate(out):   # a running maximum: more GPUs never slow a job down
         best = max(best, t)
         out[i] = best
-    return ScalingCurve(model_dir.name, bsz, tuple(out), tuple(c for c in counts if c <= max_gpus))
+    return ScalingCurve(model_dir.name, bsz, tuple(out), tuple(c for c in counts if c <= max_gpus),
+                        measured_spread(groups))
+
+
+def measured_spread(groups: Iterable[Sequence[tuple[int, float]]]) -> float:
+    """Relative standard deviation of one measurement, from the scatter of ``(local_bsz, step_time)`` rows about
+    their batch trend, each group one placement or scale (module docstring); 0 with fewer than three batches."""
+    squares: list[float] = []
+    for rows in groups:
+        pts = sorted(rows)
+        for (b0, s0), (b1, s1), (b2, s2) in zip(pts, pts[1:], pts[2:], strict=False):
+            if not (b0 < b1 < b2 and min(s0, s1, s2) > 0):
+                continue
+            w = math.log(b1 / b0) / math.log(b2 / b0)
+            r = math.log(s1) - ((1 - w) * math.log(s0) + w * math.log(s2))
+            squares.append(r * r / (1 + w * w + (1 - w) ** 2))
+    return math.sqrt(sum(squares) / len(squares)) if squares else 0.0
 
 
 def _interpolate(counts: Sequence[int], points: dict[int, float], g: int) -> float:

@@ -48,7 +48,7 @@ from coordinator.simulator.qos import priority_of
 from coordinator.simulator.trace import TraceJob, TraceNode
 
 __all__ = ["GIB", "NodeDefaults", "build_cluster", "build_jobs", "gang_split", "job_spec", "profiler_for",
-           "queue_name"]
+           "queue_name", "without_run_estimates"]
 
 GIB = 1024**3
 _CPU_ONLY_WIDTH = 4  # a CPU-only node is sized like a 4-GPU server's host
@@ -165,3 +165,9 @@ def build_jobs(jobs: Sequence[TraceJob], cluster: ClusterSnapshot, profiler: Pro
         request = replace(request, expected_run_s=job.duration_s)
         out.append(SimJob(request=request, duration_s=job.duration_s, queue=queue_name(job.group)))
     return out
+
+
+def without_run_estimates(jobs: Sequence[SimJob]) -> list[SimJob]:
+    """The jobs as the leader's profiler sees them: no expected run time (it learns one per model or task name
+    from tasks that succeeded, and a trace's jobs carry neither), where :func:`build_jobs` gives the trace's."""
+    return [replace(j, request=replace(j.request, expected_run_s=None)) for j in jobs]

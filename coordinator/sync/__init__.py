@@ -9,7 +9,7 @@ Example::
     store = Store(client, keys, election)
 """
 
-from coordinator.sync._records import add_reservation, placed_nodes, remove_reservation
+from coordinator.sync._records import node_demand, placed_nodes
 from coordinator.sync.client import KV, EtcdClient, EtcdTls, connect
 from coordinator.sync.election import Election
 from coordinator.sync.keys import DEFAULT_PREFIX, Keys
@@ -37,11 +37,10 @@ __all__ = [
     "PlacementCommit",
     "Store",
     "StoredState",
-    "add_reservation",
     "allowed_from",
     "check_transition",
     "connect",
     "is_legal",
+    "node_demand",
     "placed_nodes",
-    "remove_reservation",
 ]

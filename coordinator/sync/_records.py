@@ -1,15 +1,15 @@
-"""Pure helpers of ``Store``: value codecs, task updates, node reservations, placement batches."""
+"""Pure helpers of ``Store``: value codecs, task updates, reservation checks, placement batches."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from common.errors import CoordinationError, NotFound, ValidationError
+from common.errors import CoordinationError, ValidationError
 from common.pb.gptrm.v1 import types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskState
@@ -20,14 +20,15 @@ from coordinator.sync.state_machine import Conflict, check_transition
 
 __all__ = [
     "Prepared",
-    "add_reservation",
-    "add_reservations",
     "append_history",
     "apply_updates",
     "batches",
+    "check_reservations",
+    "clear_reservation",
     "decode",
     "decode_task",
     "new_task_id",
+    "node_demand",
     "parse_allocation",
     "parse_node",
     "parse_request",
@@ -35,13 +36,10 @@ __all__ = [
     "placed_nodes",
     "placed_reason",
     "prepare_placement",
-    "remove_reservation",
 ]
 
 M = TypeVar("M", bound=Message)
 _NOT_UPDATABLE = frozenset({"id", "state", "history", "revision"})
-_NODE_BYTES_ESTIMATE = 4096
-"""Room kept per node record in a batch's byte budget (records are read only when the batch commits)."""
 
 
 def new_task_id() -> str:
@@ -68,14 +66,27 @@ def decode_task(kv: KV) -> types_pb2.Task:
 
 
 def parse_node(name: str, kv: KV) -> types_pb2.NodeRecord:
-    """The node record stored at ``nodes/<name>``.
+    """The node record stored at ``nodes/<name>``, without reservations.
+
+    A record written before reservations were derived from the tasks' allocations carries ``reserved`` and
+    ``reserved_gpu_indices``: they are dropped here, unread (the allocations they summed are still stored and
+    are what the leader derives a node's holdings from), and the next write of the record leaves them out.
 
     :raises CoordinationError: not a ``NodeRecord``, or the record of another node.
     """
     node = decode(types_pb2.NodeRecord, kv)
     if node.inventory.node_id != name:
         raise CoordinationError(f"etcd key {kv.key!r} holds node {node.inventory.node_id!r}")
+    clear_reservation(node)
     return node
+
+
+def clear_reservation(record: types_pb2.NodeRecord) -> None:
+    """Drop a node record's stored reservation fields (an older layout's; see :func:`parse_node`)."""
+    if record.HasField("reserved"):
+        record.ClearField("reserved")
+    if record.reserved_gpu_indices:
+        record.ClearField("reserved_gpu_indices")
 
 
 def parse_task(name: str, kv: KV) -> types_pb2.Task:
@@ -165,64 +176,27 @@ def apply_updates(task: types_pb2.Task, updates: Mapping[str, object]) -> None:
         task.has_exit_code = True
 
 
-def _demand(v: types_pb2.ResourceVector) -> Resources:
+def node_demand(v: types_pb2.ResourceVector) -> Resources:
+    """A ``NodeAllocation.demand`` as the reservation model's vector (GPU memory as the total of its GPUs)."""
     return Resources(gpus=v.gpus, gpu_mem_total_bytes=v.gpu_mem_bytes, cpu_cores=v.cpu_cores, mem_bytes=v.mem_bytes,
                      disk_bytes=v.disk_bytes)
 
 
-def _reservation(record: types_pb2.NodeRecord) -> NodeReservation:
-    return NodeReservation(_demand(record.reserved), tuple(record.reserved_gpu_indices))
+def check_reservations(held: Callable[[str], NodeReservation], sums: dict[str, NodeReservation],
+                       allocations: Iterable[types_pb2.NodeAllocation]) -> None:
+    """Add ``allocations`` to ``sums`` (node → reservation, started from ``held(node)``), all or none.
 
-
-def _store_reservation(record: types_pb2.NodeRecord, reservation: NodeReservation) -> None:
-    u, r = reservation.used, record.reserved
-    r.gpus, r.gpu_mem_bytes, r.cpu_cores = u.gpus, u.gpu_mem_total_bytes, u.cpu_cores
-    r.mem_bytes, r.disk_bytes = u.mem_bytes, u.disk_bytes
-    record.ClearField("reserved_gpu_indices")
-    record.reserved_gpu_indices.extend(reservation.gpu_indices)
-
-
-def add_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) -> None:
-    """Add one allocation to a node record's reservation (the arithmetic is
-    :class:`~coordinator.allocator.reservations.NodeReservation`'s; this only (de)serializes).
-
-    ``reserved`` is the field-wise sum of ``NodeAllocation.demand`` (GPU memory as the total of the
-    allocation's GPUs); ``reserved_gpu_indices`` is a sorted multiset (a GPU shared by k tasks appears k times).
-
-    :raises Conflict: a whole-GPU allocation asks for a GPU that is already reserved.
+    :raises Conflict: a whole-GPU allocation asks for a GPU already held (by ``held`` or an earlier allocation
+        added to ``sums``); ``sums`` is then left as it was.
     """
-    try:
-        reservation = _reservation(record).add(na.node_id, _demand(na.demand), na.gpu_indices, na.gpu_share)
-    except ReservationConflict as e:
-        raise Conflict(str(e)) from None
-    _store_reservation(record, reservation)
-
-
-def add_reservations(records: Mapping[str, types_pb2.NodeRecord],
-                     allocations: Iterable[types_pb2.NodeAllocation]) -> None:
-    """:func:`add_reservation` of every allocation in turn, each record converted once both ways (a batch of
-    placements adds many allocations to few nodes).
-
-    :raises NotFound: an allocation names a node not in ``records``.
-    :raises Conflict: a whole-GPU allocation asks for a GPU already reserved (by the record or an earlier
-        allocation); the records are then left partly changed.
-    """
-    held: dict[str, NodeReservation] = {}
+    grown: dict[str, NodeReservation] = {}
     try:
         for na in allocations:
-            if na.node_id not in records:
-                raise NotFound(f"node {na.node_id!r} has no record")
-            current = held.get(na.node_id) or _reservation(records[na.node_id])
-            held[na.node_id] = current.add(na.node_id, _demand(na.demand), na.gpu_indices, na.gpu_share)
+            current = grown.get(na.node_id) or sums.get(na.node_id) or held(na.node_id)
+            grown[na.node_id] = current.add(na.node_id, node_demand(na.demand), na.gpu_indices, na.gpu_share)
     except ReservationConflict as e:
         raise Conflict(str(e)) from None
-    for node_id, reservation in held.items():
-        _store_reservation(records[node_id], reservation)
-
-
-def remove_reservation(record: types_pb2.NodeRecord, na: types_pb2.NodeAllocation) -> None:
-    """Undo :func:`add_reservation`; never goes below zero."""
-    _store_reservation(record, _reservation(record).remove(_demand(na.demand), na.gpu_indices))
+    sums.update(grown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,60 +250,22 @@ def prepare_placement(
 
 
 def batches(prepared: Sequence[Prepared], max_ops: int, max_bytes: int) -> Iterator[list[Prepared]]:
-    """Split placements into transactions that respect etcd's limits.
+    """Split placements into transactions that respect etcd's limits, in order.
 
-    Per transaction: compares = 1 (fencing) + 2 per placement (task revision, allocation
-    absent) + 1 per distinct node; success ops = 2 per placement + 1 per distinct node; both
-    must stay within ``max_ops`` (etcd's ``--max-txn-ops``), and the values within ``max_bytes``
-    (under etcd's ``--max-request-bytes``). A placement too big on its own gets its own batch.
-
-    A run of consecutive placements on the same nodes (``Placements.commit`` sorts them so) is
-    kept in one transaction when it fits in an empty one: each node record is then written by
-    one transaction, not by every transaction that holds one of its placements, and most
-    transactions share no node record, so they can be in flight together. A run too big for one
-    transaction is split.
+    Per transaction: compares = 1 (fencing) + 2 per placement (task revision, allocation absent); success
+    ops = 2 per placement; both within ``max_ops`` (etcd's ``--max-txn-ops``), and the values within
+    ``max_bytes`` (under etcd's ``--max-request-bytes``). A placement too big on its own gets its own batch.
+    No node record is written (a node's reservation is derived from the allocations), so batches share
+    nothing and may all be in flight together.
     """
     batch: list[Prepared] = []
-    nodes: set[str] = set()
     size = 0
-
-    def ops(placements: int, node_count: int) -> int:
-        return 1 + 2 * placements + node_count
-
-    def value_bytes(ps: Sequence[Prepared], new_nodes: int) -> int:
-        return sum(len(p.task_bytes) + len(p.allocation_bytes) for p in ps) + _NODE_BYTES_ESTIMATE * new_nodes
-
-    for run in _runs(prepared):
-        new_nodes = set(run[0].node_ids) - nodes
-        fits = (ops(len(batch) + len(run), len(nodes) + len(new_nodes)) <= max_ops
-                and size + value_bytes(run, len(new_nodes)) <= max_bytes)
-        alone = ops(len(run), len(run[0].node_ids)) <= max_ops and value_bytes(run, len(run[0].node_ids)) <= max_bytes
-        if batch and not fits and alone:
-            yield batch   # the run goes whole into the next transaction
-            batch, nodes, size = [], set(), 0
-        for p in run:
-            new_nodes = set(p.node_ids) - nodes
-            grown_ops = ops(len(batch) + 1, len(nodes) + len(new_nodes))
-            grown_size = size + value_bytes([p], len(new_nodes))
-            if batch and (grown_ops > max_ops or grown_size > max_bytes):
-                yield batch
-                batch, nodes, size = [], set(), 0
-                new_nodes = set(p.node_ids)
-                grown_size = value_bytes([p], len(new_nodes))
-            batch.append(p)
-            nodes |= new_nodes
-            size = grown_size
+    for p in prepared:
+        grown = size + len(p.task_bytes) + len(p.allocation_bytes)
+        if batch and (1 + 2 * (len(batch) + 1) > max_ops or grown > max_bytes):
+            yield batch
+            batch, grown = [], len(p.task_bytes) + len(p.allocation_bytes)
+        batch.append(p)
+        size = grown
     if batch:
         yield batch
-
-
-def _runs(prepared: Sequence[Prepared]) -> Iterator[list[Prepared]]:
-    """Consecutive placements with the same ``node_ids``."""
-    run: list[Prepared] = []
-    for p in prepared:
-        if run and p.node_ids != run[0].node_ids:
-            yield run
-            run = []
-        run.append(p)
-    if run:
-        yield run

@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TypeVar
 
 from common.errors import IllegalTransition, NotFound, ValidationError
@@ -16,7 +15,7 @@ from common.types import DEFAULT_THRESHOLD_MODE, TaskState
 from coordinator.sync import _records as rec
 from coordinator.sync._fenced import FencedWriter
 from coordinator.sync._kv import KV
-from coordinator.sync._placements import ATTEMPTS, CommitResult, PlacementCommit, Placements
+from coordinator.sync._placements import ATTEMPTS, CommitResult, Held, PlacementCommit, Placements
 from coordinator.sync.client import (
     Compare,
     EtcdClient,
@@ -33,7 +32,7 @@ from coordinator.sync.keys import Keys
 from coordinator.sync.quarantine import Quarantine
 from coordinator.sync.state_machine import Conflict, check_transition
 
-__all__ = ["CommitResult", "PlacementCommit", "Store", "StoredState", "Transition"]
+__all__ = ["CommitResult", "Held", "PlacementCommit", "Store", "StoredState", "Transition"]
 
 _M = TypeVar("_M")
 
@@ -75,7 +74,7 @@ class Store:
 
         store = Store(client, keys, election)
         task = store.create_task(types_pb2.Task(spec=spec), request_id="req-42")   # PENDING
-        result = store.commit_placements([(task, task.revision, allocation)])      # SCHEDULED
+        result = store.commit_placements([(task, task.revision, allocation)], held)   # SCHEDULED
         task = store.transition(task.id, result.committed[task.id], TaskState.STARTING, "agent ack")
 
     Every write goes through one helper (``FencedWriter.write``), which adds
@@ -90,8 +89,7 @@ class Store:
     :param wall: wall clock for history and allocation timestamps.
     :param max_txn_ops: etcd's ``--max-txn-ops`` (default 128).
     :param max_txn_bytes: value bytes per placement batch (etcd's ``--max-request-bytes`` is 1.5 MiB).
-    :param max_txns_in_flight: placement transactions sent to etcd at once by one ``commit_placements``
-        (never two that write the same node record).
+    :param max_txns_in_flight: placement transactions sent to etcd at once by one ``commit_placements``.
     :param history_limit: state changes kept per task (oldest dropped first).
     :param request_ttl_s: how long a submit's request id is remembered for idempotency.
     :param id_factory: makes task ids.
@@ -152,38 +150,36 @@ class Store:
 
     # -- nodes -------------------------------------------------------------------------------
 
-    def put_node(self, record: types_pb2.NodeRecord, *, keep_reservations: bool = True) -> types_pb2.NodeRecord:
-        """Create or replace ``nodes/<record.inventory.node_id>``.
+    def put_node(self, record: types_pb2.NodeRecord) -> types_pb2.NodeRecord:
+        """Create or replace ``nodes/<record.inventory.node_id>`` (without reservation fields: a node's
+        reservation is derived from the allocations, never stored; see ``coordinator/sync/_placements.py``).
 
-        :param keep_reservations: keep the stored ``reserved``/``reserved_gpu_indices`` (they are
-            owned by placements and releases); False writes the record's own (recovery).
         :returns: the record as stored.
         :raises ValidationError: the record has no node id.
         :raises Conflict: the node kept changing under us.
         """
         node_id = record.inventory.node_id
+        if not node_id:
+            raise ValidationError("node.inventory.node_id", "is empty")
         key = self._keys.node(node_id)
+        new = types_pb2.NodeRecord()
+        new.CopyFrom(record)
+        rec.clear_reservation(new)
+        data = new.SerializeToString()
         for _attempt in range(ATTEMPTS):
-            new = types_pb2.NodeRecord()
-            new.CopyFrom(record)
             kv = self._client.get(key)
             stored = None if kv is None else self._writer.parse(kv, lambda v: rec.parse_node(node_id, v))
             if stored is None:
                 kv = None   # none, or refused and moved aside: this record replaces it
-            elif keep_reservations:
-                new.reserved.CopyFrom(stored.reserved)
-                new.ClearField("reserved_gpu_indices")
-                new.reserved_gpu_indices.extend(stored.reserved_gpu_indices)
             guard = cmp_mod(key, kv.mod_revision) if kv is not None else cmp_create(key, 0)
-            if self._writer.write([guard], [op_put(key, new.SerializeToString())]).succeeded:
+            if self._writer.write([guard], [op_put(key, data)]).succeeded:
                 self._log.debug("node_stored", node_id=node_id)
                 return new
         raise Conflict(f"node {node_id}: record kept changing ({ATTEMPTS} attempts)")
 
-    def put_nodes(self, records: Sequence[types_pb2.NodeRecord], *,
-                  keep_reservations: bool = True) -> list[types_pb2.NodeRecord]:
+    def put_nodes(self, records: Sequence[types_pb2.NodeRecord]) -> list[types_pb2.NodeRecord]:
         """:meth:`put_node` for many records in few fenced transactions (many agents registering at once, as
-        after a leader change): each chunk reads its nodes in one round trip and writes them in one
+        after a leader change): each chunk reads its nodes' revisions in one round trip and writes them in one
         transaction, every node compared on the revision read. A chunk whose compare failed (a node changed
         meanwhile) is written node by node with :meth:`put_node`.
 
@@ -203,14 +199,10 @@ class Store:
             for node_id in part:
                 record = types_pb2.NodeRecord()
                 record.CopyFrom(by_id[node_id])
+                rec.clear_reservation(record)
                 key = self._keys.node(node_id)
                 if node_id in current:
-                    old, revision = current[node_id]
-                    if keep_reservations:
-                        record.reserved.CopyFrom(old.reserved)
-                        record.ClearField("reserved_gpu_indices")
-                        record.reserved_gpu_indices.extend(old.reserved_gpu_indices)
-                    compares.append(cmp_mod(key, revision))
+                    compares.append(cmp_mod(key, current[node_id][1]))
                 else:
                     compares.append(cmp_create(key, 0))
                 puts.append(op_put(key, record.SerializeToString()))
@@ -220,7 +212,7 @@ class Store:
                 self._log.debug("nodes_stored", nodes=len(part))
             else:
                 for node_id in part:
-                    stored[node_id] = self.put_node(by_id[node_id], keep_reservations=keep_reservations)
+                    stored[node_id] = self.put_node(by_id[node_id])
         return [stored[r.inventory.node_id] for r in records]
 
     def get_node(self, node_id: str) -> types_pb2.NodeRecord:
@@ -474,7 +466,7 @@ class Store:
         Appends a ``TaskStateChange`` to the history and sets the given ``Task`` fields
         (``exit_code=1, log_tail="..."``) in the same write.
 
-        :param release: also delete the task's allocation and free its node reservations, atomically.
+        :param release: also delete the task's allocation (what it holds on its nodes), atomically.
         :param known: the task as etcd stored it at ``expected_revision`` (the leader's copy), to write from
             without reading it first: the write still compares the revision, so a copy that is not etcd's
             value at that revision is never written (the read and the retry follow). Its reason may differ
@@ -503,17 +495,16 @@ class Store:
 
     def transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception]:
         """:meth:`transition` for many tasks, in one transaction when they are ready to go together (agents'
-        reports arriving at once: starts, and ends that free their reservations). Each is checked as
-        :meth:`transition` checks it (state machine, compare on its revision, its allocation and node records
-        as read); the reservations of every released task are subtracted from each node record once. When the
-        transaction fails (one task or node changed meanwhile) each is written on its own, with
+        reports arriving at once: starts, and ends that delete their allocations). Each is checked as
+        :meth:`transition` checks it (state machine, compare on its revision; no read: the leader's copy is
+        written). When the transaction fails (one task changed meanwhile) each is written on its own, with
         :meth:`transition`'s reads and retries. Returns, per item in order, the stored task or the exception
         :meth:`transition` would raise for it.
 
         :raises NotLeader, Fenced, EtcdUnavailable: for the whole batch.
         """
         ids = [t.task_id for t in items]
-        if 1 < len(items) <= self._max_txn_ops // 4 and len(set(ids)) == len(ids) \
+        if 1 < len(items) <= (self._max_txn_ops - 1) // 2 and len(set(ids)) == len(ids) \
                 and all(t.known is not None and t.known.revision == t.expected_revision for t in items):
             batch = self._batch_transitions(items)
             if batch is not None:
@@ -530,18 +521,6 @@ class Store:
     def _batch_transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception] | None:
         """The one-transaction path of :meth:`transitions`; None when it does not apply (the caller goes one by
         one)."""
-        released = [t for t in items if t.release]
-        allocations: dict[str, tuple[types_pb2.Allocation, int]] = {}
-        if released:
-            found = self._client.txn([], [op_get(self._keys.allocation(t.task_id)) for t in released]).responses
-            for t, kvs in zip(released, found, strict=True):
-                if not kvs:
-                    continue
-                alloc = self._writer.parse(kvs[0], partial(rec.parse_allocation, t.task_id))
-                if alloc is None:
-                    return None   # refused and moved aside: transition() frees what the task records
-                allocations[t.task_id] = (alloc, kvs[0].mod_revision)
-        nodes = self._writer.read_nodes(na.node_id for alloc, _rev in allocations.values() for na in alloc.nodes)
         compare: list[Compare] = []
         success: list[Op] = []
         news: list[types_pb2.Task] = []
@@ -563,23 +542,15 @@ class Store:
                 compare.append(cmp_mod(key, t.expected_revision))
                 success.append(op_put(key, new.SerializeToString()))
                 if t.release:
-                    akey = self._keys.allocation(t.task_id)
-                    if t.task_id in allocations:
-                        alloc, arev = allocations[t.task_id]
-                        compare.append(cmp_mod(akey, arev))
-                        success.append(op_delete(akey))
-                        for na in alloc.nodes:
-                            if na.node_id in nodes:
-                                rec.remove_reservation(nodes[na.node_id][0], na)
-                    else:
-                        compare.append(cmp_create(akey, 0))
+                    more_compare, more_success = self._placements.release_ops(t.task_id)
+                    compare += more_compare
+                    success += more_success
                 news.append(new)
         except (IllegalTransition, ValidationError):
             return None   # that one's error comes from transition()
-        node_compare, node_ops = self._writer.node_ops(nodes)
-        if len(compare) + len(node_compare) + 1 > self._max_txn_ops or len(success) + len(node_ops) > self._max_txn_ops:
+        if len(compare) + 1 > self._max_txn_ops or len(success) > self._max_txn_ops:
             return None
-        result = self._writer.write([*compare, *node_compare], [*success, *node_ops])
+        result = self._writer.write(compare, success)
         if not result.succeeded:
             return None
         for new in news:
@@ -650,8 +621,7 @@ class Store:
             data = new.SerializeToString()
             compare, success = [cmp_mod(key, expected)], [op_put(key, data)]
             if release:
-                more_compare, more_success = self._placements.release_ops(
-                    task_id, current.allocation if current.HasField("allocation") else None)
+                more_compare, more_success = self._placements.release_ops(task_id)
                 compare += more_compare
                 success += more_success
             result = self._writer.write(compare, success, [op_get(key)])
@@ -664,30 +634,33 @@ class Store:
                 raise NotFound(f"task {task_id!r} not found")
             if found[0].mod_revision != expected:
                 raise Conflict(f"task {task_id} changed: expected revision {expected}, found {found[0].mod_revision}")
-        raise Conflict(f"task {task_id}: its allocation's nodes kept changing ({ATTEMPTS} attempts)")
+        raise Conflict(f"task {task_id}: kept changing ({ATTEMPTS} attempts)")
 
     # -- allocations ----------------------------------------------------------------------------
 
-    def commit_placements(self, placements: Sequence[PlacementCommit]) -> CommitResult:
-        """Commit placements: each task → SCHEDULED, its ``allocations/<task>``, its nodes' reservations.
+    def commit_placements(self, placements: Sequence[PlacementCommit], held: Held | None = None) -> CommitResult:
+        """Commit placements: each task → SCHEDULED with its ``allocations/<task>``, in one transaction each.
 
         Placements are batched into as few transactions as etcd's limits allow (``max_txn_ops``
         compares/ops and ``max_txn_bytes`` per transaction), all-or-nothing per batch. When a
-        batch's compares fail (a task changed, a node record changed, a GPU got taken), its
-        placements are retried one per transaction, so one stale task does not hold back the others.
-        The node reservation (``NodeRecord.reserved``, ``reserved_gpu_indices``) changes in the
-        same transaction as the task; a whole-GPU allocation of a GPU already reserved is refused.
+        batch's compares fail (a task changed, or already has an allocation), its placements are
+        retried one per transaction, so one stale task does not hold back the others. No node
+        record is written: a node's reservation is the sum of its allocations, derived by the
+        leader (``held``); a whole-GPU allocation of a GPU held already, by ``held`` or an earlier
+        placement of the call, is refused before anything is sent (why no GPU is ever booked twice,
+        also across leader changes: ``coordinator/sync/_placements.py``).
 
+        :param held: node id → what it holds now (the leader's holdings); None: nothing held.
         :returns: which placements committed (task id → new revision) and why the others did not.
         :raises NotLeader, Fenced: we do not lead (nothing was committed by this call after that).
         """
-        return self._placements.commit(placements)
+        return self._placements.commit(placements, held)
 
     def release_allocation(self, task_id: str) -> bool:
-        """Delete ``allocations/<task_id>`` and subtract it from its nodes, in one fenced transaction.
+        """Delete ``allocations/<task_id>`` in one fenced transaction.
 
         :returns: False when the task has no allocation.
-        :raises Conflict: the allocation or its nodes kept changing under us.
+        :raises Conflict: the allocation kept changing under us.
         """
         return self._placements.release(task_id)
 

@@ -22,9 +22,9 @@ import grpc
 
 from common.errors import GptrmError, PermissionDenied
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from common.rpc_metadata import LEADER_METADATA_KEY
 from coordinator.api.admin import AdminService
 from coordinator.api.auth import ADMIN_SERVICE, Principal, acting_as, required_role
+from coordinator.rpc_metadata import LEADER_METADATA_KEY
 
 __all__ = ["Reader", "WebRefused"]
 

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from anywhere in the checkout
 
-from common.etcd_embedded import free_port  # noqa: E402
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc  # noqa: E402
+from coordinator.etcd_embedded import free_port  # noqa: E402
 from tests.integration.harness import Proc, wait_until  # noqa: E402
 
 BIN = Path(sys.executable).parent

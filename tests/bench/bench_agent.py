@@ -213,7 +213,7 @@ def coordinator() -> Iterator[str]:
     """An embedded etcd and a coordinator leading it on loopback; yields the coordinator's address."""
     from _bench_util import Proc, coordinator_argv, free_port, wait_leader
 
-    from common.etcd_embedded import EmbeddedEtcd
+    from coordinator.etcd_embedded import EmbeddedEtcd
 
     with tempfile.TemporaryDirectory(prefix="bench-agent-coord-") as tmp:
         etcd = EmbeddedEtcd(Path(tmp) / "etcd")

@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the checkout
 
-from common.etcd_embedded import EmbeddedEtcd
 from common.logging import configure_logging
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.app import App
+from coordinator.etcd_embedded import EmbeddedEtcd
 from tests.helpers.inproc import admin_stub, one_gpu_spec, run_leading
 
 

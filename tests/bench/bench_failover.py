@@ -29,8 +29,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import Proc, coordinator_argv, free_port, wait_until
 
-from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
+from coordinator.etcd_embedded import EmbeddedEtcd
 
 
 class Replicas:

@@ -39,8 +39,8 @@ from _bench_util import REPO, work_dir
 from bench_ingest import generator_main, start_generators
 from soak import COORDINATORS, SoakGenerator, _interrupted
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from coordinator.etcd_embedded import EtcdCluster
 from tests.integration.harness import Cluster
 
 TARGET_S = 10.0

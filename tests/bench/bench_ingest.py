@@ -72,8 +72,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import CpuMeter, Proc, coordinator_argv, free_port, percentile, wait_leader, work_dir
 
-from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
+from coordinator.etcd_embedded import EmbeddedEtcd
 
 CONNECT_METHOD = "/gptrm.v1.AgentGateway/Connect"
 GOLDEN = 0.6180339887498949

@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import BIN, Proc, coordinator_argv, free_port, percentile, wait_leader, wait_until, work_dir
 
 from agent.taskfs import TaskPaths
-from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from coordinator.etcd_embedded import EmbeddedEtcd
 
 GIB = 1 << 30
 RUNNING = types_pb2.TASK_STATE_RUNNING

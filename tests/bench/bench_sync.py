@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the checkout
 
-from common.etcd_embedded import EmbeddedEtcd
 from common.logging import configure_logging
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.etcd_embedded import EmbeddedEtcd
 from coordinator.events import EventBus
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.state import LeaderState

@@ -62,8 +62,8 @@ from bench_ingest import (
     telemetry_template,
 )
 
-from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
+from coordinator.etcd_embedded import EmbeddedEtcd
 
 GPUS = 8
 

@@ -50,9 +50,9 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import BIN, REPO, Proc, coordinator_argv, free_port, percentile, wait_leader, work_dir
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
+from coordinator.etcd_embedded import EtcdCluster
 
 GIB = 1 << 30
 GPUS = 8

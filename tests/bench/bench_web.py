@@ -41,8 +41,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import CpuMeter, Proc, coordinator_argv, free_port, wait_leader, work_dir
 
-from common.etcd_embedded import EmbeddedEtcd
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
+from coordinator.etcd_embedded import EmbeddedEtcd
 
 INGEST = Path(__file__).resolve().parent / "bench_ingest.py"
 TARGET_BYTES = 500 * 1024

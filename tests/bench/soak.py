@@ -70,10 +70,10 @@ from bench_ingest import (
     telemetry_template,
 )
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, types_pb2
-from common.rpc_metadata import LEADER_METADATA_KEY
 from common.types import TERMINAL_STATES, TaskState
+from coordinator.etcd_embedded import EtcdCluster
+from coordinator.rpc_metadata import LEADER_METADATA_KEY
 from tests.faults.invariants import InvariantChecker
 from tests.integration.harness import Cluster
 

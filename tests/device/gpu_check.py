@@ -208,7 +208,7 @@ def agent_run(out_dir: Path, seconds: float, backend: str = "nvml") -> dict[str,
     import psutil
     from prometheus_client.parser import text_string_to_metric_families
 
-    from common.etcd_embedded import free_port
+    from coordinator.etcd_embedded import free_port
 
     port = free_port()
     floor = subprocess.Popen([sys.executable, "-c", FLOOR.format(repo=str(REPO))], stdin=subprocess.PIPE,

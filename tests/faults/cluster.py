@@ -25,7 +25,7 @@ from pathlib import Path
 import etcd3
 import grpc
 
-from common.etcd_embedded import EtcdCluster
+from coordinator.etcd_embedded import EtcdCluster
 from tests.faults.invariants import InvariantChecker, on_first_member
 from tests.integration.harness import Cluster, wait_until
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster
+from coordinator.etcd_embedded import EtcdCluster
 from tests.faults.cluster import FaultCluster
 
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.errors import ValidationError
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, agent_pb2, agent_pb2_grpc, types_pb2
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.profiler.taskspec import spec_from_mapping
 from coordinator.profiler.validation import validate_spec
 from tests.faults.invariants import InvariantChecker

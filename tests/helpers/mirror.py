@@ -247,7 +247,7 @@ class _Role:
         """Adopt what etcd holds (nothing but the queues, in a fresh prefix)."""
         app = self.app
         state = await asyncio.to_thread(app.store.load_all)
-        app.state.adopt(state.tasks, state.nodes)
+        app.state.adopt(state.tasks, state.nodes, state.allocations)
         await app.queue_admin.recover()
         await app.reservations.recover()
         return True

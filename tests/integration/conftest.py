@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from common.etcd_embedded import EtcdCluster
+from coordinator.etcd_embedded import EtcdCluster
 from tests.integration import harness
 from tests.integration.harness import Cluster
 

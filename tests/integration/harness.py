@@ -18,9 +18,9 @@ import psutil
 
 from agent.task_user import CLAIMS_DIR, DEFAULT_TASK_UIDS, parse_uid_range
 from agent.taskkill import node_tag
-from common.etcd_embedded import free_port
-from common.leftover_tasks import kill_leftover_tasks
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+from coordinator.etcd_embedded import free_port
+from coordinator.leftover_tasks import kill_leftover_tasks
 from tests.helpers.ctl_forks import CtlForks
 
 T = TypeVar("T")

@@ -11,13 +11,13 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.queues import Queue
-from coordinator.queues.store import QueueStore
 from coordinator.sync import Keys, connect
+from coordinator.sync.queues import QueueStore
 from tests.helpers.inproc import admin_stub, one_gpu_spec, run_leading
 from tests.integration.harness import Cluster, wait_until
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.sync import Keys
 from coordinator.sync.client import connect, op_put
 from tests.integration.harness import AS_ROOT, ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from common.errors import CoordinationError
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState, TaskState
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.sync import Keys, Lock, connect
 from tests.helpers.inproc import inventory, one_gpu_spec, run_leading, until
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.monitor.nodes import NodeEntry
 from tests.helpers.inproc import inventory, run_leading, until
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.pbenum import pb_enum
 from common.types import TaskState
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from tests.helpers.inproc import inventory, one_gpu_spec, run_leading, until
 
 

@@ -13,7 +13,6 @@ import grpc.aio
 import pytest
 from prometheus_client import generate_latest
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
 from common.types import NodeState, TaskState
 from coordinator.api.admin import AdminService
@@ -21,6 +20,7 @@ from coordinator.api.gateway import AgentGatewayService
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
 from coordinator.ctl.main import main as ctl_main
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.monitor.nodes import NodeEntry
 from coordinator.sync import connect as connect_etcd
 from tests.helpers.ctl_schema import validate

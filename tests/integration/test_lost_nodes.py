@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from common.errors import IllegalTransition, NotFound
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState, TaskState
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.monitor.nodes import NodeEntry
 from tests.helpers.inproc import inventory, one_gpu_spec, run_leading, until
 
@@ -52,7 +52,7 @@ class TestTasksOnLostNode:
         assert requeued.restarts == 1 and not requeued.allocation.nodes
         assert TaskState.FAILED in [h.state for h in requeued.history]
         assert "lost" in app.tasks.get(once).reason
-        assert not entry.task_ids and not entry.record.reserved_gpu_indices
+        assert not entry.task_ids and not entry.reservation.gpu_indices
         stored = {t.id: t for t in await asyncio.to_thread(app.store.list_tasks)}
         assert stored[once].state == TaskState.FAILED
 

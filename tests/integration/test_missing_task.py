@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.monitor.nodes import NodeEntry
 from tests.helpers.inproc import inventory, one_gpu_spec, run_leading, until
 
@@ -34,7 +34,7 @@ class TestUnknownTaskAck:
             await app.reconciler.on_decision_ack(entry, agent_pb2.DecisionAck(
                 ok=False, task_id=task.id, task_unknown=True, reason=f"task {task.id!r} is not running on this node"))
             assert app.tasks.get(task.id).state == TaskState.CANCELLED
-            assert not entry.task_ids and not entry.record.reserved_gpu_indices   # its GPU is free again
+            assert not entry.task_ids and not entry.reservation.gpu_indices   # its GPU is free again
 
         asyncio.run(run_leading(etcd_server.endpoints, etcd_prefix, scenario))
 
@@ -121,7 +121,7 @@ class TestStartRefusedForRoom:
             again = app.tasks.get(task.id)
             assert again.state == TaskState.PENDING and again.restarts == 0, again
             assert "no free task uid" in again.reason and "placing it again" in again.reason
-            assert not entry.record.reserved_gpu_indices   # what it held is free
+            assert not entry.reservation.gpu_indices   # what it held is free
             await until(lambda: app.tasks.get(task.id).state == TaskState.SCHEDULED, timeout_s=15.0)
             assert app.tasks.get(task.id).allocation.decision_id != placed
 

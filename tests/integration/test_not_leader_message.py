@@ -12,9 +12,9 @@ import grpc.aio
 import pytest
 
 from common.errors import NotLeader
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService, _rpc, not_leader_message
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.events import EventBus
 from coordinator.sync import EtcdClient, Keys, connect
 from coordinator.sync.leadership import Leadership

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import NodeState, TaskState
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.monitor.nodes import NodeEntry
 from tests.helpers.inproc import inventory, run_leading, until
 

@@ -16,8 +16,8 @@ from typing import ClassVar
 import pytest
 
 from common.errors import ValidationError
-from common.etcd_embedded import EtcdCluster
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.queues import MAX_QUEUES, Queue
 from coordinator.sync import Keys
 from coordinator.sync.client import connect, op_put

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from common.pb.gptrm.v1 import types_pb2
-from common.tokens import new_token, token_line
+from coordinator.tokens import new_token, token_line
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, assert_gpus_held_once, wait_until
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from common.leftover_tasks import kill_leftover_tasks
+from coordinator.leftover_tasks import kill_leftover_tasks
 from tests.integration.test_devcluster import DevCluster
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from common.etcd_embedded import EtcdCluster
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.sync import Keys
 from coordinator.sync.client import connect
 from tests.integration.harness import Cluster, wait_until

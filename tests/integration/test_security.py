@@ -16,10 +16,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from common import certs
-from common.etcd_embedded import EtcdCluster, EtcdTlsFiles
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
+from coordinator import certs
 from coordinator.ctl.main import main as ctl_main
+from coordinator.etcd_embedded import EtcdCluster, EtcdTlsFiles
 from tests.integration.harness import BIN, Cluster, wait_until
 
 
@@ -162,7 +162,7 @@ class TestMutualTls:
 
 class TestTokens:
     def _tokens(self, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-        from common.tokens import new_token, token_line
+        from coordinator.tokens import new_token, token_line
 
         toks = {"alice": new_token(), "eve": new_token()}
         path = tmp_path / "tokens"

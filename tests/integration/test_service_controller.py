@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from common.errors import IllegalTransition, ValidationError
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES
 from coordinator.adaptor.services import ServiceController, ServiceMetrics
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.sync import connect
 from coordinator.sync.client import EtcdClient, op_put
 from coordinator.sync.keys import Keys

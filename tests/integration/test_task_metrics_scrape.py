@@ -18,8 +18,8 @@ from agent.collectors.task_metrics import (
     fetch_exposition,
     parse_metrics,
 )
-from common.etcd_embedded import free_port
 from common.qos import BUILTIN_MAPPINGS
+from coordinator.etcd_embedded import free_port
 from tests.integration.harness import Proc, wait_until
 from tests.workloads.vllm_like_server import e2e_latency_s
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster
-from common.tokens import new_token, token_line
+from coordinator.etcd_embedded import EtcdCluster
+from coordinator.tokens import new_token, token_line
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 

@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.api.admin import AdminService
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.queues import Queue
 from coordinator.sync import connect
 from coordinator.sync.client import op_put

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster, free_port
-from common.tokens import new_token, token_line
 from coordinator.ctl.main import main as ctl_main
+from coordinator.etcd_embedded import EtcdCluster, free_port
+from coordinator.tokens import new_token, token_line
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 HOSTILE = "<script>alert(1)</script>"

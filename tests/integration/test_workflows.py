@@ -16,11 +16,11 @@ import grpc
 import pytest
 
 from common.errors import ValidationError
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
 from coordinator.api.admin import AdminService
 from coordinator.app import App
 from coordinator.ctl import render
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.qos.retention import TaskRetention
 from coordinator.sync import Keys, connect
 from tests.helpers.inproc import admin_stub, one_gpu_spec, run_leading

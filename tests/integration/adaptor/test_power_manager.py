@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.power_states import power_label
 from coordinator.sync import connect
 from tests.helpers.clock import FakeClock

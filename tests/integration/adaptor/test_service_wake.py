@@ -9,10 +9,10 @@ import json
 import stat
 from pathlib import Path
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.app import App
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.power_states import power_label
 from tests.helpers.inproc import inventory, run_leading, until
 

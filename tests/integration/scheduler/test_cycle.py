@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import types_pb2
 from common.topology import simulated_topology, topology_from_gpus
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.app import App, build
 from coordinator.config import CoordinatorConfig
 from coordinator.domain import GpuSlot, NodeSnapshot, Resources
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.scheduler import cycle as cycle_module
 from coordinator.sync import connect
 
@@ -92,7 +92,6 @@ class TestIdleCycles:
         """Each input the decisions depend on makes the next cycle run again."""
         app, snapshots = setup
         run(app)
-        entry = app.registry.get("n1")
         if change == "new task":
             app.state.apply_task(pending("t2", 6.0))
         elif change == "task revision":
@@ -105,7 +104,8 @@ class TestIdleCycles:
         elif change == "node reconnected":
             app.registry.connect(inventory("n1", 4), outbox=None)
         elif change == "reservation":
-            entry.record.reserved.cpu_cores = 2.0
+            app.state.hold("other", [types_pb2.NodeAllocation(node_id="n1", demand=types_pb2.ResourceVector(
+                cpu_cores=2.0))])
         elif change == "threshold":
             app.policy.current = types_pb2.Policy(name="max-utilization", threshold=0.8)
         else:
@@ -142,7 +142,7 @@ def reference_snapshot(app: App) -> tuple[NodeSnapshot, ...]:
     for e in sorted(app.registry, key=lambda e: e.node_id):
         if not app.registry.schedulable(e):
             continue
-        inv, r = e.inventory, e.record.reserved
+        inv, r = e.inventory, e.reserved
         mem: dict[int, int] = {}
         share: dict[int, float] = {}
         for task in app.tasks.tasks.values():
@@ -193,9 +193,8 @@ class TestSnapshot:
             assert app.snapshots.snapshot(app.tasks.tasks.values(), app.registry).nodes == reference_snapshot(app)
 
         check()
-        app.state.apply_task(running("r1", "n2", [0, 1]))
-        app.state.apply_task(running("r2", "n2", [2], share=0.25))
-        app.registry.get("n2").record.reserved.gpus = 2.25
+        app.state.apply_placement(running("r1", "n2", [0, 1]))
+        app.state.apply_placement(running("r2", "n2", [2], share=0.25))
         check()
         finished = types_pb2.Task()
         finished.CopyFrom(app.tasks.tasks["r1"])
@@ -223,8 +222,7 @@ class TestSnapshot:
         first = nodes()
         again = nodes()
         assert all(again[k] is first[k] for k in first)
-        app.state.apply_task(running("r1", "n2", [0]))
-        app.registry.get("n2").record.reserved.gpus = 1.0
+        app.state.apply_placement(running("r1", "n2", [0]))
         third = nodes()
         assert third["n1"] is first["n1"] and third["n2"] is not first["n2"]
         assert tuple(third.values()) == reference_snapshot(app)

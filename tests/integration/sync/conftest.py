@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from common.etcd_embedded import EtcdCluster
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.sync import Election, EtcdClient, Keys, Store, connect
 
 ElectionFactory = Callable[..., Election]

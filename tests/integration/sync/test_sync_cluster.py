@@ -6,9 +6,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from common.errors import ConfigError, EtcdUnavailable
-from common.etcd_embedded import EtcdCluster, free_port
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
+from coordinator.etcd_embedded import EtcdCluster, free_port
 from coordinator.sync import Election, Keys, Store, connect
 from tests.integration.harness import wait_until
 

@@ -13,6 +13,7 @@ from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.sync import LEGAL_TRANSITIONS, Conflict, Election, EtcdClient, Keys, Store
 from coordinator.sync.store import Transition
+from tests.helpers.holdings import held_gpus
 
 MakeElection = Callable[..., Election]
 S = TaskState
@@ -195,37 +196,38 @@ class TestTransitions:
         assert requeued.restarts == 1
 
     def test_release_frees_the_allocation_with_the_transition(
-        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable,
+        sync_client: EtcdClient,
     ) -> None:
-        """transition(release=True) deletes the allocation and frees the node reservation in one write."""
+        """transition(release=True) deletes the allocation (what the task held) in the same write."""
         task = drive(store, store.create_task(make_task()), PATHS[S.RUNNING], make_allocation("n1", [2, 3]))
-        assert list(store.get_node("n1").reserved_gpu_indices) == [2, 3]
+        assert held_gpus(store) == {"n1": [2, 3]}
+        before = sync_client.get(store.keys.node("n1"))
         store.transition(task.id, task.revision, S.SUCCEEDED, "exit 0", release=True, exit_code=0)
-        assert store.get_allocation(task.id) is None
-        freed = store.get_node("n1")
-        assert list(freed.reserved_gpu_indices) == [] and freed.reserved.gpus == 0
+        assert store.get_allocation(task.id) is None and held_gpus(store) == {}
+        after = sync_client.get(store.keys.node("n1"))
+        assert before is not None and after is not None and after.mod_revision == before.mod_revision   # untouched
 
     def test_batched_ends_free_reservations_in_one_write(
         self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
     ) -> None:
-        """Three tasks on one node ending together: one transaction (one revision) stores each end, deletes each
-        allocation and frees every reservation of the node."""
+        """Three tasks on one node ending together: one transaction (one revision) stores each end and deletes each
+        allocation; the node holds nothing after."""
         tasks = [drive(store, store.create_task(make_task(f"e{i}")), PATHS[S.RUNNING], make_allocation("n1", [i]))
                  for i in range(3)]
-        assert list(store.get_node("n1").reserved_gpu_indices) == [0, 1, 2]
+        assert held_gpus(store) == {"n1": [0, 1, 2]}
         out = store.transitions([Transition(t.id, t.revision, S.SUCCEEDED, "exit 0", release=True, known=t,
                                             updates={"exit_code": 0}) for t in tasks])
         assert all(isinstance(t, types_pb2.Task) for t in out)
         assert len({t.revision for t in out}) == 1   # type: ignore[union-attr]
         assert all(store.get_task(t.id).state == S.SUCCEEDED and store.get_allocation(t.id) is None for t in tasks)
-        freed = store.get_node("n1")
-        assert list(freed.reserved_gpu_indices) == [] and freed.reserved.gpus == 0
+        assert held_gpus(store) == {}
 
     def test_a_batch_with_a_changed_task_goes_one_by_one(
         self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
     ) -> None:
         """One task of the batch changed meanwhile: it alone gets Conflict (nothing of it written), the others'
-        changes are stored and their reservations freed; an illegal change gets its IllegalTransition."""
+        changes are stored and their allocations deleted; an illegal change gets its IllegalTransition."""
         a, b = (drive(store, store.create_task(make_task(f"c{i}")), PATHS[S.RUNNING], make_allocation("n1", [i]))
                 for i in range(2))
         moved = store.update_task(b.id, b.revision, log_tail="changed")
@@ -236,7 +238,7 @@ class TestTransitions:
         assert isinstance(out[0], types_pb2.Task) and out[0].state == S.SUCCEEDED
         assert isinstance(out[1], Conflict) and store.get_task(b.id).revision == moved.revision
         assert isinstance(out[2], IllegalTransition) and not isinstance(out[2], Conflict)
-        assert list(store.get_node("n1").reserved_gpu_indices) == [1]
+        assert held_gpus(store) == {"n1": [1]}
 
     def test_missing_task_is_not_found(self, store: Store) -> None:
         """Transitions of an unknown task raise NotFound."""
@@ -324,26 +326,28 @@ class TestCreateTask:
 class TestNodesPolicyRecovery:
     """Nodes, policy and load_all()."""
 
-    def test_put_node_keeps_reservations(
+    def test_put_node_stores_no_reservation_and_leaves_what_is_held(
         self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
     ) -> None:
-        """A node update (heartbeat) keeps the reservation that placements own, unless told not to."""
+        """A node update (heartbeat) stores the record without reservation fields (even one handed in with them,
+        as an older layout kept them); what the node holds is its allocations', unchanged by it."""
         task = store.create_task(make_task())
         store.commit_placements([(task, task.revision, make_allocation("n1", [0]))])
         beat = types_pb2.NodeRecord()
         beat.CopyFrom(node)
         beat.last_seen_unix_s = 123.0
+        beat.reserved_gpu_indices.extend([5, 6])
+        beat.reserved.gpus = 2
         stored = store.put_node(beat)
-        assert stored.last_seen_unix_s == 123.0 and list(stored.reserved_gpu_indices) == [0]
+        assert stored.last_seen_unix_s == 123.0 and not stored.reserved_gpu_indices and not stored.HasField("reserved")
         assert store.get_node("n1") == stored
-        reset = store.put_node(beat, keep_reservations=False)
-        assert list(reset.reserved_gpu_indices) == []
+        assert held_gpus(store) == {"n1": [0]}
 
     def test_put_nodes_in_batches_keeps_reservations(
         self, store: Store, node: types_pb2.NodeRecord, make_node: Callable, make_task: Callable,
         make_allocation: Callable, sync_client: EtcdClient, keys: Keys, make_election: MakeElection,
     ) -> None:
-        """Many registrations in few transactions: every record stored, n1's reservation kept, chunks bounded by
+        """Many registrations in few transactions: every record stored, what n1 holds unchanged, chunks bounded by
         the transaction size; a standby's batch is refused."""
         task = store.create_task(make_task())
         store.commit_placements([(task, task.revision, make_allocation("n1", [0]))])
@@ -353,7 +357,7 @@ class TestNodesPolicyRecovery:
             r.last_seen_unix_s = 7.0
         stored = small.put_nodes(records)
         assert [r.inventory.node_id for r in stored] == [f"n{i}" for i in range(1, 21)]
-        assert list(store.get_node("n1").reserved_gpu_indices) == [0]
+        assert held_gpus(store) == {"n1": [0]}
         assert all(store.get_node(f"n{i}").last_seen_unix_s == 7.0 for i in range(1, 21))
         with pytest.raises(NotLeader):
             Store(sync_client, keys, make_election("coord-z")).put_nodes(records[:2])

@@ -53,25 +53,49 @@ class TestHoldings:
         state.apply_placement(task)
         n1 = _entry(state, "n1")
         assert n1.task_ids == {"t1"} and n1.holds_tasks
-        assert list(n1.record.reserved_gpu_indices) == [0, 1] and n1.record.reserved.gpus == 2
+        assert n1.reservation.gpu_indices == (0, 1) and n1.reserved.gpus == 2 and n1.reserved.cpu_cores == 2.0
+        assert not n1.record.reserved_gpu_indices   # the node's record is never changed to follow a placement
         state.apply_release(task)
-        assert not n1.task_ids and not n1.record.reserved_gpu_indices and n1.record.reserved.gpus == 0
+        assert not n1.task_ids and not n1.reservation.gpu_indices and n1.reserved.gpus == 0
 
     def test_applying_the_same_placement_twice_reserves_once(self, state: LeaderState) -> None:
         task = _placed("t1", "n1", [2])
         state.apply_placement(task)
         state.apply_placement(task)
-        assert list(_entry(state, "n1").record.reserved_gpu_indices) == [2]
+        assert _entry(state, "n1").reservation.gpu_indices == (2,)
 
-    def test_adopt_rebuilds_held_task_ids_from_unfinished_tasks(self, state: LeaderState) -> None:
+    def test_adopt_derives_holdings_from_the_stored_allocations(self, state: LeaderState) -> None:
         state.apply_placement(_placed("old", "n2", [0]))
         running, done = _placed("r", "n1", [0]), _placed("d", "n1", [1], TaskState.SUCCEEDED)
         nodes = {"n1": _node("n1"), "n2": _node("n2")}
-        nodes["n1"].reserved_gpu_indices.append(0)
-        state.adopt({"r": running, "d": done}, nodes)
+        state.adopt({"r": running, "d": done}, nodes, {"r": running.allocation})
         assert _entry(state, "n1").task_ids == {"r"} and not _entry(state, "n2").task_ids
-        assert list(_entry(state, "n1").record.reserved_gpu_indices) == [0]   # etcd's reservations
+        assert _entry(state, "n1").reservation.gpu_indices == (0,)
         assert set(state.tasks) == {"r", "d"}
+
+    def test_adopt_ignores_an_older_layouts_reservations_on_node_records(self, state: LeaderState) -> None:
+        """A node record written before reservations were derived carries totals of its own (here: GPUs 0-3 of n2
+        and GPU 2 of n1, whose allocations are gone): they are not read; the allocations alone say what is held."""
+        running = _placed("r", "n1", [0])
+        nodes = {"n1": _node("n1"), "n2": _node("n2")}
+        nodes["n1"].reserved_gpu_indices.extend([0, 2])
+        nodes["n1"].reserved.gpus = 2
+        nodes["n2"].reserved_gpu_indices.extend([0, 1, 2, 3])
+        nodes["n2"].reserved.gpus = 4
+        state.adopt({"r": running}, nodes, {"r": running.allocation})
+        assert _entry(state, "n1").reservation.gpu_indices == (0,) and _entry(state, "n1").reserved.gpus == 1
+        assert _entry(state, "n2").reservation.gpu_indices == () and not _entry(state, "n2").holds_tasks
+        view = _entry(state, "n1").stored_view()   # what the API shows: the derived holding
+        assert list(view.reserved_gpu_indices) == [0] and view.reserved.gpus == 1
+
+    def test_a_partial_let_go_keeps_the_other_nodes(self, state: LeaderState) -> None:
+        task = _placed("g", "n1", [0])
+        task.allocation.nodes.add(node_id="n2", gpu_indices=[1], gpu_share=1.0, demand=types_pb2.ResourceVector(gpus=1))
+        state.hold("g", task.allocation.nodes)
+        state.let_go("g", ["n1"])
+        assert not _entry(state, "n1").holds_tasks and _entry(state, "n2").task_ids == {"g"}
+        state.let_go("g")
+        assert not _entry(state, "n2").holds_tasks and _entry(state, "n2").reservation.gpu_indices == ()
 
     def test_task_ids_cannot_be_changed_by_a_reader(self, state: LeaderState) -> None:
         state.apply_placement(_placed("t1", "n1", [0]))
@@ -105,14 +129,14 @@ class TestRecords:
         state.forget("never-known")
         assert forgotten == ["a"] and "a" not in state.tasks
 
-    def test_a_stored_node_record_keeps_the_live_inventory_and_the_reservations(self, state: LeaderState) -> None:
+    def test_a_stored_node_record_keeps_the_live_inventory_and_the_holdings(self, state: LeaderState) -> None:
         state.apply_placement(_placed("t1", "n1", [3]))
         stored = _node("n1", gpus=1)          # a stale inventory, no reservations: as a writer stored it
         stored.cordoned, stored.power_reason = True, "maintenance"
         state.apply_node(stored)
         n1 = _entry(state, "n1")
         assert n1.record.cordoned and n1.record.power_reason == "maintenance"
-        assert len(n1.inventory.gpus) == 4 and list(n1.record.reserved_gpu_indices) == [3]
+        assert len(n1.inventory.gpus) == 4 and n1.reservation.gpu_indices == (3,) and n1.task_ids == {"t1"}
         assert n1.state.label == "not-ready"   # derived again at once (no stream in this test)
 
 
@@ -129,19 +153,26 @@ class TestTaskTableReads:
 
 
 def test_only_the_leader_state_changes_what_nodes_hold() -> None:
-    """No module but ``coordinator/state.py`` touches a node's held set or changes a reservation in memory
-    (``coordinator/sync`` applies the same arithmetic to the records it writes to etcd)."""
+    """No module but ``coordinator/state.py`` changes what nodes hold (its ``NodeHoldings``), and no module reaches
+    into another object's holdings: the node table only reads them through ``HoldingsView``."""
     offenders = []
     for path in sorted(COORDINATOR.rglob("*.py")):
         rel = path.relative_to(COORDINATOR.parent).as_posix()
-        if rel == "coordinator/state.py" or rel.startswith("coordinator/sync/"):
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "_held" and rel != "coordinator/monitor/nodes.py":
-                offenders.append(f"{rel}:{node.lineno} ._held")
-            if isinstance(node, ast.Name | ast.Attribute) and getattr(node, "id", getattr(node, "attr", "")) in (
-                    "add_reservation", "remove_reservation"):
-                offenders.append(f"{rel}:{node.lineno} reservation change")
+            if isinstance(node, ast.Attribute) and node.attr in ("_held", "_holdings", "_source") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                offenders.append(f"{rel}:{node.lineno} .{node.attr}")   # another object's private holdings
+            if isinstance(node, ast.Attribute) and node.attr == "view" and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "holdings_source":
+                offenders.append(f"{rel}:{node.lineno} .view set")   # only the node table points its entries
+            if rel != "coordinator/state.py" and isinstance(node, ast.Call) \
+                    and isinstance(node.func, ast.Attribute) and node.func.attr in ("hold", "let_go", "clear") \
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "holdings":
+                offenders.append(f"{rel}:{node.lineno} holdings.{node.func.attr}")
+            if isinstance(node, ast.Attribute) and node.attr in ("reserved", "reserved_gpu_indices") \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "record" \
+                    and not rel.startswith("coordinator/ctl/"):
+                offenders.append(f"{rel}:{node.lineno} record.{node.attr}")   # derived, never on the record
     assert offenders == []
 
 

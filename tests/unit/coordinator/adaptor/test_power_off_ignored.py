@@ -27,7 +27,7 @@ class _Store:
     def __init__(self) -> None:
         self.writes: list[types_pb2.NodeRecord] = []
 
-    def put_node(self, record: types_pb2.NodeRecord, *, keep_reservations: bool = True) -> types_pb2.NodeRecord:
+    def put_node(self, record: types_pb2.NodeRecord) -> types_pb2.NodeRecord:
         stored = types_pb2.NodeRecord()
         stored.CopyFrom(record)
         self.writes.append(stored)

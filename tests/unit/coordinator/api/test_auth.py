@@ -8,12 +8,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from common import certs
 from common.errors import PermissionDenied
-from common.tokens import TokenFile, new_token, token_line
+from coordinator import certs
 from coordinator.api.audit import AuditLog
 from coordinator.api.auth import Authenticator, AuthRefused, Principal, queue_refusal, required_role
 from coordinator.events import EventBus
+from coordinator.tokens import TokenFile, new_token, token_line
 
 
 def _ctx(pki: Path, stem: str) -> dict[str, list[bytes]]:

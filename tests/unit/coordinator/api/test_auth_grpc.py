@@ -13,13 +13,13 @@ import grpc
 import grpc.aio
 import pytest
 
-from common import certs
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from common.tls import ClientTls, ServerTls, TlsFiles
-from common.tokens import TokenFile, new_token, token_line
+from coordinator import certs
 from coordinator.api.admin import SERVED_BY, AdminService, Served, _rpc
 from coordinator.api.audit import AuditLog
 from coordinator.api.auth import Authenticator, Principal, Security, current_principal, queue_refusal
+from coordinator.tokens import TokenFile, new_token, token_line
 
 T = TypeVar("T")
 _KINDS = "gptrm.test.Kinds"

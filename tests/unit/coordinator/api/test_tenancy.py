@@ -9,11 +9,11 @@ import pytest
 
 from common.errors import ConfigError, ValidationError
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
-from common.tokens import TokenFile, new_token, token_line
 from coordinator.api.auth import Authenticator, AuthRefused, Principal
 from coordinator.api.tenancy import REDACTED, covers, queue_change_refusal, redacted, usage_filter
 from coordinator.ctl.main import main as ctl_main
 from coordinator.queues import Queue, QueueConfig
+from coordinator.tokens import TokenFile, new_token, token_line
 
 # org ─┬─ a ─┬─ a1
 #      │     └─ a2

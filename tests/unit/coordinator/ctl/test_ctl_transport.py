@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from common.etcd_embedded import free_port
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
-from common.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY
 from coordinator.ctl.transport import EXIT_NO_COORDINATOR, EXIT_REFUSED, CtlError, Transport
+from coordinator.etcd_embedded import free_port
+from coordinator.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY
 
 
 class _Replica(admin_pb2_grpc.AdminServicer):

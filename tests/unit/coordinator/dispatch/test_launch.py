@@ -10,7 +10,6 @@ import pytest
 from agent.runtime import MASTER_LISTEN_FD, MasterPortTaken, check_master_port, launch_env, master_listen_handoff
 from agent.task_user import NoRoom
 from common.errors import GptrmError
-from common.etcd_embedded import free_port
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from common.types import TaskState
 from coordinator.dispatch import Dispatcher
@@ -24,6 +23,7 @@ from coordinator.dispatch.launch import (
     restart_env,
     start_fields,
 )
+from coordinator.etcd_embedded import free_port
 from coordinator.monitor.nodes import NodeRegistry
 
 

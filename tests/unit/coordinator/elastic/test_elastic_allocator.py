@@ -177,3 +177,29 @@ class TestVisibility:
         assert alloc.grow_blocked("t-2") == "" and alloc.grow_blocked("t-3") == ""
         alloc.note_blocked({})
         assert alloc.grow_blocked("t-1") == ""
+
+
+class TestRanges:
+    def test_a_finished_tasks_range_is_dropped_at_the_next_observation(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Ranges are kept for the tasks still to come, not for every task ever seen: once a task has ended (and
+        while retention still keeps its record), observe() forgets its range, so the walk over them each cycle
+        follows the work in flight."""
+        import coordinator.elastic.allocator as allocator_module
+
+        computed: list[str] = []
+        real = allocator_module.elastic_range
+        monkeypatch.setattr(allocator_module, "elastic_range", lambda spec: computed.append(spec.name) or real(spec))
+        running = _task()
+        running.spec.name = "r"
+        alloc, table, *_ = _allocator(running)
+        alloc.range(running)
+        alloc.observe()
+        alloc.range(running)
+        assert computed == ["r"]   # still live: kept
+        done = types_pb2.Task()
+        done.CopyFrom(running)
+        done.state = types_pb2.TASK_STATE_SUCCEEDED
+        table.by_id[done.id] = done
+        alloc.observe()
+        alloc.range(done)
+        assert computed == ["r", "r"]   # ended: dropped, computed again when asked

@@ -293,3 +293,13 @@ class TestSizing:
         assert node_accepts(node, _req("w", 1))
         assert not node_accepts(node, Request("w", Resources(gpus=1.0), gpu_model="A100"))
         assert not node_accepts(node, Request("w", Resources(gpus=1.0), avoid_nodes=frozenset({"n1"})))
+
+
+def test_readings_folded_together_are_the_readings_folded_one_by_one() -> None:
+    readings = [10.0, 12.0, float("nan"), 9.0, -1.0, 11.0]
+    one_by_one = SpeedupCurve(((1, 5.0),))
+    for r in readings:
+        one_by_one = one_by_one.observe(4, r)
+    together = SpeedupCurve(((1, 5.0),)).observe_all(4, readings)
+    assert together == one_by_one and together.throughput(4) == one_by_one.throughput(4)
+    assert together.observe_all(4, []) is together and together.observe_all(0, [3.0]) is together

@@ -54,6 +54,24 @@ class TestNodeRegistry:
         assert reg.counts() == {"ready": 1}
 
 
+    def test_a_node_without_a_stream_is_marked_connected_and_its_state_derived(self) -> None:
+        """A registry whose nodes have no agents (the simulator's) brings a node up with mark_connected: its
+        state is derived as for a stream (a cordon shows, silence counts), and disconnect takes it down."""
+        clock = FakeClock(100.0)
+        reg = NodeRegistry(heartbeat_interval_s=1.0, lost_grace_s=30.0, now=clock)
+        entry = reg.load(types_pb2.NodeRecord(inventory=_inv(), cordoned=True))
+        assert entry.state == NodeState.NOT_READY and not entry.connected
+        assert reg.mark_connected(entry) == NodeState.CORDONED and entry.connected
+        entry.record.cordoned = False
+        assert reg.rederive(entry) == NodeState.READY
+        clock.t += 3.5
+        reg.refresh()
+        assert entry.state == NodeState.NOT_READY       # not heard from since: as a silent stream
+        assert reg.mark_connected(entry) == NodeState.READY
+        reg.disconnect("n1", entry.stream_id)
+        assert entry.state == NodeState.NOT_READY and not entry.connected
+
+
 class TestPowerStates:
     def test_off_node_is_never_lost_nor_schedulable(self) -> None:
         """A node the adaptor powered off stays not-ready past the grace, counts as off, and takes no work."""

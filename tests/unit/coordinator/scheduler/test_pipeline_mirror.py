@@ -25,8 +25,8 @@ import coordinator.simulator.elastic
 import coordinator.simulator.engine
 import coordinator.simulator.qos
 import coordinator.simulator.queues
-from common.etcd_embedded import EtcdCluster
 from coordinator.domain import Request
+from coordinator.etcd_embedded import EtcdCluster
 from coordinator.queues import Queue, QueueConfig
 from tests.helpers.mirror import Job, Node, Scenario, mirror, random_scenario
 

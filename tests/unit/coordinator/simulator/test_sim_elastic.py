@@ -7,6 +7,7 @@ import argparse
 import csv
 import itertools
 import json
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 import coordinator.elastic.rules as rules
 from common.errors import UsageError
+from coordinator.elastic.allocator import learned_restart_cost_s, remaining_estimate_s
 from coordinator.simulator import elastic as sim_elastic
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.elastic import ElasticSimConfig
@@ -28,6 +30,7 @@ from coordinator.simulator.scaling import (
     assign_models,
     default_scaling_dir,
     load_curves,
+    measured_spread,
     model_for,
 )
 from tests.helpers.sim import cluster, job, node, write_csv
@@ -111,7 +114,7 @@ def test_elastic_job_grows_into_an_idle_node_and_shrinks_for_a_rigid_job() -> No
     # The replay ends with A: the ends its resized runs would have had (the first at 1 + 4000 / 4) are not waited for.
     assert result.metrics["horizon_s"] == pytest.approx(end_a)
     a = sim.elastic.jobs[1] if sim.elastic is not None else None
-    assert a is not None and a.curve.points == ((4, 4.0), (8, 6.0))     # learned from what it ran at, nothing else
+    assert a is not None and a.curve.as_dict() == pytest.approx({"4": 4.0, "8": 6.0})   # learned from what it ran at
     c_run = next(r for r in result.runs if r.job == 2)
     assert c_run.start_s == 450.0 and c_run.placement.node_ids == ("n2",)
 
@@ -184,7 +187,7 @@ def test_power_down_leaves_grows_to_ready_nodes() -> None:
     assert result.metrics["powered_gpu_hours"] >= result.metrics["allocated_gpu_hours"] > 0
     # The adaptor was told what every run held, and the same when it ended: nothing is left reserved.
     assert sim.adaptor is not None
-    assert all(e.record.reserved.gpus == 0 for e in sim.adaptor.entries)
+    assert all(e.reserved.gpus == 0 for e in sim.adaptor.entries)
 
 
 def test_records_name_the_sizes_an_elastic_job_was_resized_to(tmp_path: Path) -> None:
@@ -224,3 +227,114 @@ def test_simulate_elastic_writes_the_report(tmp_path: Path) -> None:
     parsed.elastic_runs = "fcfs,elastik"
     with pytest.raises(UsageError, match="elastik"):
         run_simulate(None, parsed)
+
+
+# ---- what the allocator is told: the leader's information, or the truth behind --oracle --------------------
+
+def seen_by_rules(monkeypatch: pytest.MonkeyPatch) -> list[rules.ElasticJob]:
+    """Every job the replay hands plan_grows or plan_shrinks, in order."""
+    seen: list[rules.ElasticJob] = []
+
+    def spy(name: str) -> Any:
+        real = getattr(rules, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            jobs = args[1] if name == "plan_shrinks" else args[0]
+            seen.extend(jobs)
+            return real(*args, **kwargs)
+        return wrapped
+
+    for name in ("plan_grows", "plan_shrinks"):
+        monkeypatch.setattr(sim_elastic, name, spy(name))
+    return seen
+
+
+def noisy_toy() -> ScalingCurve:
+    return replace(toy_curve(), noise=0.2)
+
+
+def test_the_allocator_never_sees_the_truth_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs, config = grow_then_shrink()
+    config = replace(config, curves={"toy": noisy_toy()}, restart_cost_s=90.0)
+    assert not config.oracle
+    seen = seen_by_rules(monkeypatch)
+    sim, _ = replay(jobs, config)
+    assert seen
+    true = noisy_toy()
+    for j in seen:
+        # Throughput learned from noisy readings: never the true value at a size it ran at...
+        assert all(t != true.at(n) for n, t in j.curve.points), j
+        # ...no job of its model had finished: no run-time estimate; the first restart is the leader's default.
+        assert j.remaining_s is None
+    assert seen[0].restart_cost_s == rules.DEFAULT_RESTART_COST_S
+    a = sim.elastic.jobs[1] if sim.elastic is not None else None
+    assert a is not None and {n for n, _ in a.curve.points} == {4, 8}   # only the sizes it ran at
+
+
+def test_the_oracle_is_told_the_truth_only_behind_its_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs, config = grow_then_shrink()
+    config = replace(config, curves={"toy": noisy_toy()}, restart_cost_s=90.0, oracle=True)
+    seen = seen_by_rules(monkeypatch)
+    replay(jobs, config)
+    true = noisy_toy()
+    assert seen and all(t == true.at(n) for j in seen for n, t in j.curve.points)
+    assert all(j.restart_cost_s == 90.0 for j in seen)
+    assert all(j.remaining_s is not None and j.remaining_s > 0 for j in seen)
+    # The command line tells the truth only when asked.
+    parser = argparse.ArgumentParser()
+    add_simulate_parser(parser.add_subparsers())
+    base = ["simulate", "--jobs", "j.csv", "--nodes", "n.csv", "--elastic", "--out", "o"]
+    assert parser.parse_args(base).oracle is False
+    assert parser.parse_args([*base, "--oracle"]).oracle is True
+    assert parser.parse_args([*base, "--throughput-noise", "0.1"]).throughput_noise == 0.1
+
+
+def test_restart_cost_is_learned_from_the_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grow-then-shrink replay with a true restart of 90 s: the first resize is decided on the leader's default
+    30 s, the next ones on what the restarts took (each resized run is placed at once: 90 s until it runs)."""
+    jobs, config = grow_then_shrink()
+    seen = seen_by_rules(monkeypatch)
+    replay(jobs, replace(config, restart_cost_s=90.0))
+    a = [j for j in seen if j.task_id == "a"]
+    assert a[0].restart_cost_s == rules.DEFAULT_RESTART_COST_S
+    assert a[-1].last_resize_s is not None and a[-1].restart_cost_s == pytest.approx(90.0)
+    seen.clear()
+    replay(jobs, replace(config, restart_cost_s=90.0, assumed_restart_cost_s=45.0))
+    assert next(j for j in seen if j.task_id == "a").restart_cost_s == 45.0   # --elastic-restart-cost until measured
+    # The leader's rule, a moving average of the measured restarts, converges on what they take.
+    cost = 0.0
+    for k in range(8):
+        stop = 1000.0 * (k + 1)
+        cost = learned_restart_cost_s(cost, stop, stop + 90.0, 30.0)
+    assert cost == pytest.approx(90.0)
+    assert learned_restart_cost_s(0.0, 0.0, None, 30.0) == 30.0
+    assert sim_elastic.learned_restart_cost_s is learned_restart_cost_s   # one rule, not a copy
+
+
+def test_remaining_run_time_is_the_profilers_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs of one model: once the first finished, the second's remaining run time is the first's run time
+    (what the profiler learned) less what it ran; before, none."""
+    jobs = [job("x", 4, 0.0, 100.0), job("y", 2, 0.0, 2000.0), job("b", 4, 0.0, 300.0)]
+    config = ElasticSimConfig(curves={"toy": toy_curve()}, models=("toy", "toy", ""), interval_s=300.0)
+    seen = seen_by_rules(monkeypatch)
+    sim, _ = replay(jobs, config)
+    assert sim.elastic is not None
+    y = [j for j in seen if j.task_id == "y"]
+    assert y and all(j.remaining_s is None or j.remaining_s <= 100.0 for j in y)
+    assert sim.elastic.profiler.expected_run_s(sim.elastic.jobs[0].spec) is not None
+    assert remaining_estimate_s(100.0, 40.0) == 60.0 and remaining_estimate_s(100.0, 140.0) is None
+    assert remaining_estimate_s(None, 0.0) is None
+    assert sim_elastic.remaining_estimate_s is remaining_estimate_s
+
+
+def test_throughput_noise_default_is_the_measured_spread() -> None:
+    curves = load_curves(SCALING)
+    assert all(0.01 < c.noise < 0.15 for c in curves.values())
+    # A smooth batch trend has no spread; one with independent 5 % errors reads about 5 %.
+    smooth = [(b, 0.1 + 0.01 * b) for b in range(1, 200)]
+    assert measured_spread([smooth]) < 0.01
+    rng = random.Random(3)
+    noisy = [(b, t * math.exp(0.05 * rng.gauss(0.0, 1.0))) for b, t in smooth]
+    assert 0.04 < measured_spread([noisy]) < 0.06
+    with pytest.raises(ValueError, match="noise"):
+        ElasticSimConfig(curves={}, models=(), throughput_noise=-1.0)

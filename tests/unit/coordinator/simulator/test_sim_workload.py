@@ -11,7 +11,15 @@ import coordinator.profiler.profiler
 from coordinator.domain import Resources
 from coordinator.simulator.synthetic import SyntheticSpec, generate, llm_gpus
 from coordinator.simulator.trace import TraceJob, TraceNode
-from coordinator.simulator.workload import GIB, NodeDefaults, build_cluster, build_jobs, gang_split, job_spec
+from coordinator.simulator.workload import (
+    GIB,
+    NodeDefaults,
+    build_cluster,
+    build_jobs,
+    gang_split,
+    job_spec,
+    without_run_estimates,
+)
 
 
 class TestSynthetic:
@@ -117,3 +125,13 @@ class TestBuildJobs:
         assert (jobs[0].request.demand.gpus, jobs[0].request.gpu_mem_per_gpu_bytes) == (2.0, 0)
         assert jobs[1].request.gpu_mem_per_gpu_bytes > 0 and jobs[1].request.submit_s == 5
         assert jobs[1].duration_s == 10
+
+
+def test_the_leaders_view_of_trace_jobs_has_no_run_time() -> None:
+    cluster = build_cluster([TraceNode("a", 8, "A100", 80.0, 128.0, 1024.0)])
+    jobs = build_jobs([TraceJob("t", 0, 10, 2, 1.0, None, None), TraceJob("u", 3, 20, 1, 1.0, None, None)], cluster)
+    assert [j.request.expected_run_s for j in jobs] == [10, 20]    # the trace's: what --oracle decides with
+    seen = without_run_estimates(jobs)
+    assert [j.request.expected_run_s for j in seen] == [None, None]
+    assert [(j.duration_s, j.request.task_id, j.request.demand) for j in seen] == \
+        [(j.duration_s, j.request.task_id, j.request.demand) for j in jobs]   # nothing else changes

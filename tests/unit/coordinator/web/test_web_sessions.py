@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from common.tokens import TokenFile, new_token, token_line
 from coordinator.api.audit import AuditLog
 from coordinator.api.auth import Authenticator
 from coordinator.events import EventBus
+from coordinator.tokens import TokenFile, new_token, token_line
 from coordinator.web.console import local_host_name
 from coordinator.web.sessions import IDLE_S, MAX_REFUSALS, REFUSAL_WINDOW_S, Sessions, SignInRefused
 

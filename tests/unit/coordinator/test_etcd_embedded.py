@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from common.etcd_embedded import EmbeddedEtcd, etcd_binary
+from coordinator.etcd_embedded import EmbeddedEtcd, etcd_binary
 
 
 class TestEmbeddedEtcd:

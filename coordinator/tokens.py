@@ -11,7 +11,7 @@ The coordinator's ``--admin-tokens FILE`` holds one line per principal::
 The role is one of :data:`TOKEN_ROLES` (``admin``, ``queue-admin``, ``submitter``, ``viewer``;
 what each may do: ``coordinator.api.auth``).
 The optional fourth field ``queues=A,B`` names the queues the holder may submit to, in order
-(the first is its default; names as :func:`common.certs.validate_queues` allows). A line with
+(the first is its default; names as :func:`coordinator.certs.validate_queues` allows). A line with
 three fields names no queues, as every line did before the field existed.
 
 ``gptrmctl certs token NAME ROLE [--queues A,B]`` prints a new token once and the line to add.
@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.certs import QUEUE_KINDS, validate_name, validate_queues, validate_role_queues
 from common.errors import ConfigError, ValidationError
+from coordinator.certs import QUEUE_KINDS, validate_name, validate_queues, validate_role_queues
 
 __all__ = ["TOKEN_ROLES", "TokenFile", "TokenHolder", "hash_token", "new_token", "token_line"]
 
@@ -154,7 +154,7 @@ def _queues_field(field: str, where: str) -> tuple[str, ...]:
     """The queues of a line's fourth field, ``queues=A,B``.
 
     :raises ConfigError: naming ``where`` (file and line) when the field is not that, or names a
-        queue that :func:`~common.certs.validate_queues` refuses.
+        queue that :func:`~coordinator.certs.validate_queues` refuses.
     """
     if not field.startswith(_QUEUES_FIELD) or field == _QUEUES_FIELD:
         raise ConfigError(f"{where}: the fourth field must be 'queues=A,B' with at least one queue, "

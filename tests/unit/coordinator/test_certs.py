@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from common import certs, tokens
 from common.errors import ConfigError, GptrmError, ValidationError
+from coordinator import certs, tokens
 from coordinator.ctl.main import main as ctl_main
 
 
