@@ -73,12 +73,18 @@ class Proc:
         if self.alive:
             self.proc.send_signal(sig)  # type: ignore[union-attr]
 
+    def terminate(self) -> None:
+        """SIGCONT (a stopped process could not act on what follows), then SIGTERM; does not wait."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            self.proc.terminate()  # type: ignore[union-attr]
+
     def stop(self, timeout_s: float = 15.0) -> int | None:
+        """:meth:`terminate`, then wait ``timeout_s`` for the exit before SIGKILL; returns the exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
+            self.terminate()
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -263,10 +269,13 @@ class Cluster:
         return t if t["state"] in states else None
 
     def stop(self) -> None:
-        for p in self.agents.values():
-            p.stop()
-        for p, _, _ in self.coordinators.values():
-            p.stop()
+        """Agents, then coordinators; each group is signalled at once, then waited for (each shuts down in its
+        own time, up to a second or so, which need not add up)."""
+        for group in (list(self.agents.values()), [p for p, _, _ in self.coordinators.values()]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                p.stop()
         # Agents leave their tasks running on purpose; the test's tasks must not outlive it, wherever the test
         # put the agent's state directory.
         kill_leftover_tasks(os.path.join(str(self.tmp), "agent-"))
