@@ -134,6 +134,15 @@ class CtlForks:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         try:
             return self._run_forked(cmd, timeout_s)
+        except subprocess.TimeoutExpired:
+            raise
+        except BaseException:
+            # Interrupted between a request and its answers (pytest-timeout, Ctrl-C): the server's next replies
+            # would answer the wrong command, so it goes (its child ends by gptrmctl's own --timeout).
+            if self._server is not None:
+                self._server.kill()
+            self.close()
+            raise
         finally:
             self._lock.release()
 

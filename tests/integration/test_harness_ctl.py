@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -60,3 +61,27 @@ class TestCtlForks:
             with pytest.raises(subprocess.TimeoutExpired):
                 forks.run(["--insecure", "--coordinator", addr, "--timeout", "60", "status"], 2)
         assert forks.run(["frobnicate"], 60).returncode == _fresh(["frobnicate"]).returncode
+
+    def test_a_call_interrupted_while_it_waits_leaves_the_next_one_its_own_answer(self, forks: CtlForks) -> None:
+        """An exception in the caller while a command runs (as pytest-timeout's alarm raises one): the next command
+        gets its own exit code and output, not the interrupted one's."""
+        class Interrupted(Exception):
+            pass
+
+        def interrupt(*_: object) -> None:
+            raise Interrupted
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            with socket.socket() as silent:
+                silent.bind(("127.0.0.1", 0))
+                silent.listen()
+                signal.setitimer(signal.ITIMER_REAL, 1.0)
+                with pytest.raises(Interrupted):
+                    forks.run(["--insecure", "--coordinator", f"127.0.0.1:{silent.getsockname()[1]}", "--timeout",
+                               "3", "status"], 60)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        fresh, forked = _fresh(["frobnicate"]), forks.run(["frobnicate"], 60)
+        assert (forked.returncode, forked.stderr) == (fresh.returncode, fresh.stderr)
