@@ -41,8 +41,8 @@ run: $(STAMP)
 	$(PY) -m coordinator.devcluster
 
 ## test: install into .venv, check the generated code and the types, run the whole test suite on TEST_WORKERS
-## workers (3: the suite mostly waits on real processes; TEST_WORKERS=0 runs it in this one process)
-TEST_WORKERS ?= 3
+## workers (4 on 2 cores: the suite mostly waits on real processes; TEST_WORKERS=0 runs it in this one process)
+TEST_WORKERS ?= 4
 test: $(STAMP) system-test-deps proto-check typecheck
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 

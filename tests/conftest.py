@@ -14,13 +14,61 @@ from coordinator.etcd_embedded import EmbeddedEtcd, EtcdCluster
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``faults`` (slow fault scenarios) run only under ``make test-faults`` (``GPTRM_FAULTS=1``)."""
-    if os.environ.get("GPTRM_FAULTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow fault scenario: run by `make test-faults`")
+    """Tests marked ``faults`` (slow fault scenarios) run only under ``make test-faults`` (``GPTRM_FAULTS=1``).
+    On several workers the items are then ordered for them (:func:`_order_for_workers`)."""
+    if os.environ.get("GPTRM_FAULTS") != "1":
+        skip = pytest.mark.skip(reason="slow fault scenario: run by `make test-faults`")
+        for item in items:
+            if item.get_closest_marker("faults") is not None:
+                item.add_marker(skip)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        items[:] = _order_for_workers(items, workers)
+
+
+_SLOW_TEST_S, _PROCESS_TEST_S, _ETCD_TEST_S = 40.0, 8.0, 1.0
+"""Rough cost of a test marked ``slow``, of one that starts its own coordinator and agent processes, and of any
+other integration or fault test (real etcd, gRPC, sometimes a process)."""
+
+
+def _cost(item: pytest.Item) -> float:
+    if any(m.name == "skip" for m in item.iter_markers()):
+        return 0.0
+    if item.get_closest_marker("slow") is not None:
+        return _SLOW_TEST_S
+    if "/integration/" not in item.nodeid and "/faults/" not in item.nodeid:
+        return 0.0
+    return _PROCESS_TEST_S if {"cluster", "fc"} & set(getattr(item, "fixturenames", ())) else _ETCD_TEST_S
+
+
+def _order_for_workers(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The order for ``--dist worksteal`` on ``workers`` workers, so that no long test starts last.
+
+    worksteal hands each worker a consecutive share of the items, equal in count, in order, and a worker that has
+    run out takes the second half of the longest queue left. So the modules that start processes are spread over
+    the shares by their cost (longest first, each to the cheapest share so far; a module stays in one share, so its
+    module fixtures are set up once), each share runs its costliest module first, and the in-process tests (most
+    of the items, each quick) fill every share to its count at its end, where they are what a worker out of work
+    takes over. Every worker computes the same order from the same collection, as xdist requires."""
+    modules: dict[str, list[pytest.Item]] = {}
     for item in items:
-        if item.get_closest_marker("faults") is not None:
-            item.add_marker(skip)
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    costly = sorted((m for m in modules.values() if sum(map(_cost, m)) > 0), key=lambda m: -sum(map(_cost, m)))
+    quick = [item for m in modules.values() if sum(map(_cost, m)) == 0 for item in m]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    costs = [0.0] * workers
+    for module in costly:
+        i = costs.index(min(costs))
+        shares[i] += module
+        costs[i] += sum(map(_cost, module))
+    left, order = len(items), []
+    for i, share in enumerate(shares):
+        size = left // (workers - i)    # what worksteal hands the i-th worker first
+        fill = max(0, size - len(share))
+        order += share + quick[:fill]
+        quick = quick[fill:]
+        left -= size
+    return order + quick
 
 
 @pytest.fixture(autouse=True)

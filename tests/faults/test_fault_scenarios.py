@@ -61,6 +61,7 @@ def _wait_accepted(sub: Submitter, n: int, timeout_s: float = 90.0) -> None:
 
 
 class TestCoordinatorFaults:
+    @pytest.mark.slow
     def test_leader_kill9_during_submits(self, fc: FaultCluster) -> None:
         """kill -9 of the leader while submits run, restarted on its address: no submit refused, invariants hold."""
         with _under_submits(fc) as (chk, sub):
@@ -125,6 +126,7 @@ class TestEtcdFaults:
 
 
 class TestAgentFaults:
+    @pytest.mark.slow
     def test_agent_kill9_with_running_tasks(self, fc: FaultCluster) -> None:
         """An agent killed with tasks running and restarted adopts them; every task ends once, GPUs never doubled."""
         fc.start_all(agents=("n1",))

@@ -165,6 +165,7 @@ _STREAMS = st.one_of(
 
 
 class TestAgentStream:
+    @pytest.mark.slow
     def test_fuzzed_agent_streams_never_hurt_the_coordinator(self, live: Cluster) -> None:
         """Random agent streams (registers as anyone, random telemetry, statuses, acks): the coordinator stays up,
         keeps its lease, the real agent keeps its stream, and invariants hold."""

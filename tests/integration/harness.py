@@ -21,9 +21,12 @@ from agent.taskkill import node_tag
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from coordinator.etcd_embedded import free_port
 from coordinator.leftover_tasks import kill_leftover_tasks
+from tests.helpers.ctl_forks import CtlForks
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
+_CTL = CtlForks(BIN / "gptrmctl")
+"""Runs :meth:`Cluster.ctl`'s commands (each a gptrmctl process, forked from one that imported it once)."""
 
 
 def wait_until(fn: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.1, what: str = "condition") -> T:
@@ -70,12 +73,18 @@ class Proc:
         if self.alive:
             self.proc.send_signal(sig)  # type: ignore[union-attr]
 
+    def terminate(self) -> None:
+        """SIGCONT (a stopped process could not act on what follows), then SIGTERM; does not wait."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            self.proc.terminate()  # type: ignore[union-attr]
+
     def stop(self, timeout_s: float = 15.0) -> int | None:
+        """:meth:`terminate`, then wait ``timeout_s`` for the exit before SIGKILL; returns the exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
+            self.terminate()
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -238,8 +247,7 @@ class Cluster:
 
     def ctl(self, *args: str, timeout_s: float = 30.0, coordinator: str | None = None) -> subprocess.CompletedProcess:
         addr = coordinator or ",".join(a for _, a, _ in self.coordinators.values())
-        return subprocess.run([str(BIN / "gptrmctl"), "--coordinator", addr, *_plaintext_unless_tls(args), *args],
-                              capture_output=True, text=True, timeout=timeout_s)
+        return _CTL.run(["--coordinator", addr, *_plaintext_unless_tls(args), *args], timeout_s)
 
     def ctl_json(self, *args: str, coordinator: str | None = None) -> Any:
         """``gptrmctl -o json ARGS``'s document (the command must succeed)."""
@@ -261,10 +269,13 @@ class Cluster:
         return t if t["state"] in states else None
 
     def stop(self) -> None:
-        for p in self.agents.values():
-            p.stop()
-        for p, _, _ in self.coordinators.values():
-            p.stop()
+        """Agents, then coordinators; each group is signalled at once, then waited for (each shuts down in its
+        own time, up to a second or so, which need not add up)."""
+        for group in (list(self.agents.values()), [p for p, _, _ in self.coordinators.values()]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                p.stop()
         # Agents leave their tasks running on purpose; the test's tasks must not outlive it, wherever the test
         # put the agent's state directory.
         kill_leftover_tasks(os.path.join(str(self.tmp), "agent-"))

@@ -6,6 +6,8 @@ import json
 import subprocess
 from typing import Any
 
+import pytest
+
 from coordinator.etcd_embedded import free_port
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import BIN, Cluster, wait_until
@@ -31,6 +33,7 @@ def _submit(c: Cluster, *args: str) -> dict[str, Any]:
 
 
 class TestJsonContract:
+    @pytest.mark.slow
     def test_every_command_matches_its_schema(self, cluster: Cluster) -> None:
         """Each command's -o json document validates against its schema, with numbers as numbers and zeros present."""
         _start(cluster)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import psutil
+import pytest
 
 from common.pb.gptrm.v1 import admin_pb2
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, assert_gpus_held_once, wait_until
@@ -68,6 +69,7 @@ def _elastic_in_team(c: Cluster, tmp_path: Path, *, team_quota: int, other_quota
 
 
 class TestElastic:
+    @pytest.mark.slow
     def test_grows_shrinks_for_a_waiting_task_and_grows_back(self, cluster: Cluster, tmp_path: Path) -> None:
         """1:4 on an idle 4-GPU node runs at 4; a 2-GPU task arrives: the elastic one is signalled, restarts
         at 2 and the new task runs, each within 30 s; once it ended, the elastic one grows back to 4."""

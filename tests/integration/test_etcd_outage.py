@@ -98,6 +98,7 @@ class TestEtcdOutage:
         _assert_resumed(c, running)
         assert "etcd_unreachable" in c.proc("c1").log() and "etcd_recovered" in c.proc("c1").log()
 
+    @pytest.mark.slow
     def test_outage_longer_than_lease(self, outage_cluster: Cluster, own_etcd: EtcdCluster) -> None:
         """An outage past the 2 s lease: the leader steps down, keeps answering reads (stale), and leads
         again once etcd is back, with its running task kept."""

@@ -25,6 +25,7 @@ def _tree(root: Path) -> set[str]:
 
 
 class TestInstall:
+    @pytest.mark.slow
     def test_install_then_uninstall_keeps_only_configs(self, tmp_path: Path) -> None:
         """make install DESTDIR=... lays out venv, units, sysusers and configs; a second install keeps an edited
         config; make uninstall leaves nothing but /etc/gptrm."""
@@ -110,6 +111,7 @@ class TestNotify:
 
 
 class TestPlainPipInstall:
+    @pytest.mark.slow
     def test_simulate_after_a_plain_pip_install(self, tmp_path: Path) -> None:
         """`pip install .` into a fresh venv is the agent alone: the agent imports, gptrmctl and gptrm-coordinator
         name the extra they need. Then `pip install .[ctl]` and gptrmctl simulate on a small generated trace:

@@ -10,6 +10,8 @@ import stat
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.harness import Cluster, wait_until
 
 # The operator's provider command: power_off kills the node's agent, power_on starts it again.
@@ -116,6 +118,7 @@ class TestNodePower:
                 with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
+    @pytest.mark.slow
     def test_leader_killed_between_power_off_and_power_on(self, cluster: Cluster, tmp_path: Path) -> None:
         """The leader is killed (-9) while a node is powering-off: the standby resumes, the node ends off (never
         stuck switching), and a 2-node task then wakes one node and runs."""

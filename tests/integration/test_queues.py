@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.tokens import new_token, token_line
 from tests.helpers.ctl_schema import validate
@@ -128,6 +130,7 @@ def _queues_with_a_tiny_budget(tmp_path: Path) -> Path:
     return path
 
 class TestQueues:
+    @pytest.mark.slow
     def test_a_queue_reclaims_its_lent_quota(self, cluster: Cluster, tmp_path: Path) -> None:
         cluster.start_coordinator("c1", "--queues", str(_queues_file(tmp_path)))
         cluster.wait_leader("c1")
@@ -148,6 +151,7 @@ class TestQueues:
                               ('gptrm_queue_tasks{queue="b",state="pending"}', 4.0)):
             assert f"{series} {value}" in text, series
 
+    @pytest.mark.slow
     def test_reclaim_survives_the_leader_killed(self, cluster: Cluster, tmp_path: Path) -> None:
         queues = str(_queues_file(tmp_path))
         cluster.start_coordinator("c1", "--queues", queues, "--usage-interval", "1")

@@ -123,6 +123,7 @@ class TestMutualTls:
         assert [(r["principal"], r["method"], r["outcome"]) for r in _audit(audit)] == [
             ("sam", "SubmitTask", "ok"), ("sam", "CancelTask", "ok"), ("sam", "DrainNode", "refused")]
 
+    @pytest.mark.slow
     def test_bad_certificates_are_refused_and_never_fall_back_to_plaintext(self, cluster: Cluster, pki: Path,
                                                                             tmp_path: Path) -> None:
         """Expired and wrong-CA certificates and a plaintext client get no answer and are audited as refused

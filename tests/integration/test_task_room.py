@@ -165,6 +165,7 @@ class TestPorts:
 
 
 class TestUids:
+    @pytest.mark.slow
     def test_a_node_without_a_free_task_uid_leaves_the_task_pending(self, cluster: Cluster) -> None:
         """An agent with 2 task uids and 3 tasks: two run, the third waits pending (its reason says why)
         instead of failing, and runs once a uid is free again; none is counted as restarted."""

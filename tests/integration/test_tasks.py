@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.integration.harness import Cluster, wait_until
 
@@ -121,6 +122,7 @@ class TestTaskLifecycle:
 
 
 class TestCoordinatorRestart:
+    @pytest.mark.slow
     def test_no_status_event_lost(self, cluster: Cluster) -> None:
         """Tasks that finish while the coordinator is down are reported after it returns; the agent reconnects."""
         addr = cluster.start_coordinator("c1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,7 @@ def samples(draw: st.DrawFn) -> types_pb2.TelemetrySample:
 
 
 class TestQuickPath:
+    @pytest.mark.slow
     @settings(max_examples=3000, deadline=None)
     @given(samples())
     def test_quick_path_accepts_only_what_the_full_check_accepts(self, sample: types_pb2.TelemetrySample) -> None:
