@@ -34,6 +34,10 @@ from coordinator.sync.store import Store, Transition
 __all__ = ["CREATE_BATCH", "TRANSITION_BATCH", "TaskTable"]
 
 _CANCELLED = "cancelled by an admin"
+_CANCEL_ATTEMPTS = 3
+"""A cancel that loses its compare to a write already on its way decides again on the task as it now is."""
+_CATCH_UP_S = 2.0
+"""How long a cancel that lost its compare waits for memory to follow the winning write before re-reading etcd."""
 CREATE_BATCH = 50
 """Submits created in one etcd transaction at most (two keys each, within etcd's 128 operations)."""
 TRANSITION_BATCH = 60
@@ -329,9 +333,36 @@ class TaskTable:
         """Cancel a task: at once when nothing runs yet, else by stopping it on its agents (the
         agents' final status ends it).
 
+        A write of the task already on its way to etcd (an agent's report of its start, batched with others)
+        makes the cancel's compare-on-revision lose: the cancel then waits for memory to follow that write (or
+        re-reads the task) and decides again on the task as it now is, so a user's cancel never fails for it.
+
         :raises IllegalTransition: the task already ended.
         """
         self._leadership.require_leader()
+        for attempt in range(_CANCEL_ATTEMPTS):
+            seen = self.get(task_id).revision
+            try:
+                return await self._cancel_once(task_id)
+            except Conflict:
+                if attempt == _CANCEL_ATTEMPTS - 1:
+                    raise
+                await self._caught_up(task_id, seen)
+        raise AssertionError("unreachable")
+
+    async def _caught_up(self, task_id: str, seen: int) -> None:
+        """Wait until memory holds a newer copy of the task than revision ``seen`` (the write that won lands
+        when its batch's answer comes), at most ``_CATCH_UP_S``; then re-read it from etcd."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CATCH_UP_S
+        while loop.time() < deadline:
+            task = self.find(task_id)
+            if task is None or task.revision != seen:
+                return
+            await asyncio.sleep(0.01)
+        await self.refresh(task_id)
+
+    async def _cancel_once(self, task_id: str) -> types_pb2.Task:
         task = self.get(task_id)
         if task.state in TERMINAL_STATES:
             raise IllegalTransition(f"task {task_id}: already {TaskState(task.state).label}")

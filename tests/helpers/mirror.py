@@ -237,7 +237,7 @@ def _spec(job: Job, now: float) -> types_pb2.TaskSpec:
 # ---- the leader ------------------------------------------------------------------------------------------------
 
 
-class _Role:
+class ManualRole:
     """Takes over as the coordinator's own duties do (the stored state adopted, queues and reservations recovered)
     but starts none of the leader's loops: the test runs each cycle itself."""
 
@@ -361,7 +361,7 @@ async def leader_decisions(scenario: Scenario, endpoints: list[str], prefix: str
     app.queues.clock = clock   # queue usage accrues in the waves' time, as in the simulator (module docstring)
     loop = asyncio.get_running_loop()
     app.loop = loop
-    app.leadership.start(_Role(app), loop)
+    app.leadership.start(ManualRole(app), loop)
     try:
         await _wait(lambda: app.leadership.is_leader)
         for node in scenario.nodes:
