@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from common.errors import IllegalTransition, NotFound, ValidationError
 from common.logging import get_logger
@@ -303,18 +303,42 @@ class TaskTable:
         stored = await self._transitions.call(Transition(
             task_id, task.revision, state, reason, release=bool(updates.get("release")), known=task,
             updates={k: v for k, v in updates.items() if k != "release"}))
-        if updates.get("release") and task.allocation.nodes:
+        self._applied(task, stored, reason, bool(updates.get("release")))
+        return stored
+
+    async def transition_together(self, changes: Sequence[tuple[str, Mapping[str, object]]], state: TaskState,
+                                  reason: str) -> list[types_pb2.Task]:
+        """Persist the same state change of several tasks in one etcd transaction: all of them change, or none
+        does (a preemption's victims). ``changes`` pairs each task id with its field updates; a final state is
+        not supported here (no energy is stored).
+
+        :raises IllegalTransition: the state machine forbids one change, or a task changed meanwhile (Conflict);
+            nothing was written.
+        """
+        if state in TERMINAL_STATES:
+            raise IllegalTransition(f"→ {state.name}: end tasks one by one (transition)")
+        tasks = [self.get(task_id) for task_id, _ in changes]
+        items = [Transition(t.id, t.revision, state, reason, known=t, updates=dict(updates))
+                 for t, (_, updates) in zip(tasks, changes, strict=True)]
+        stored = await self._leadership.write(self._store.transitions_together, items)
+        for task, new in zip(tasks, stored, strict=True):
+            self._applied(task, new, reason, False)
+        return stored
+
+    def _applied(self, task: types_pb2.Task, stored: types_pb2.Task, reason: str, release: bool) -> None:
+        """Memory follows a stored state change of ``task`` (as it was before) to ``stored``."""
+        state, task_id = TaskState(stored.state), task.id
+        if release and task.allocation.nodes:
             self.releasing(task)   # as it was until now: still holding
         self._state.apply_task(stored)
         if state in TERMINAL_STATES:
-            energy.finish(task_id, stored.spec.kind)
+            self._monitor.task_energy.finish(task_id, stored.spec.kind)
         self._events.publish("task_state", f"task {task_id} {TaskState(task.state).label} → {state.label}"
                              + (f": {reason}" if reason else ""), task_id=task_id, state=state.label)
-        if updates.get("release"):
+        if release:
             self._release(task)   # etcd freed the reservations in the same transaction
         if state in TERMINAL_STATES:
             self._finished(stored)
-        return stored
 
     def _release(self, task: types_pb2.Task) -> None:
         self._state.apply_release(task)

@@ -12,9 +12,10 @@ the victims' allocations given back through the allocator's reservation model, s
 disagrees with placement.
 
 The life of a victim (:class:`Preemptor`): ``RUNNING → PREEMPTED`` (a fenced transition that
-keeps its allocation, so its GPUs are never given to the preemptor while it still runs), a
-StopTask carrying its checkpoint signal (``SIGUSR1`` unless its spec names another; the agent
-sends it, waits the stop grace, then stops the task), and, when its agent reports it ended,
+keeps its allocation, so its GPUs are never given to the preemptor while it still runs; one write for all
+the victims of a preemption, so a leader change never leaves some of them running), a StopTask
+carrying its checkpoint signal (``SIGUSR1`` unless its spec names another; the agent sends it,
+waits the stop grace, then stops the task), and, when its agent reports it ended,
 ``PREEMPTED → PENDING`` releasing its reservations, with its submit time and priority unchanged.
 Until the preemptor is placed (or a claim expires), pending tasks of lower priority than it are
 held back so they do not take the GPUs just freed for it.
@@ -424,22 +425,28 @@ class Preemptor:
                                          f"{', '.join(stopped)}.")
 
     async def _stop(self, victims: Sequence[types_pb2.Task], reason: str, by: str) -> tuple[list[str], float]:
-        """Move each victim to PREEMPTED (fenced) and stop it with its checkpoint signal; the ids stopped
-        and the longest stop grace among them."""
-        stopped: list[str] = []
+        """Move the victims to PREEMPTED, all in one fenced write, and stop each with its checkpoint signal; the
+        ids stopped and the longest stop grace among them.
+
+        All or none: a leader that stopped between two victims' writes would leave the others running, and its
+        successor, which does not know the claim, would give the GPUs freed back to the victim itself (then
+        protected from a second preemption) instead of to the preemptor. When one of them changed meanwhile
+        (ended, or a write of it on its way) nothing is preempted; the next cycle decides again on the tasks
+        as they are then."""
+        try:
+            stored = await self._tasks.transition_together([(v.id, {"preemptions": v.preemptions + 1})
+                                                            for v in victims], TaskState.PREEMPTED, reason)
+        except GptrmError as e:
+            self._log.info("preemption_victims_changed", preemptor=by, victims=",".join(v.id for v in victims),
+                           reason=str(e))
+            return [], 0.0
         grace = 0.0
-        for v in victims:
-            try:
-                stored = await self._tasks.transition(v.id, TaskState.PREEMPTED, reason, preemptions=v.preemptions + 1)
-            except GptrmError as e:   # it changed meanwhile (ended, or a lost compare): not a victim after all
-                self._log.info("preemption_victim_skipped", task_id=v.id, preemptor=by, reason=str(e))
-                continue
-            signal = stored.spec.checkpoint_signal or DEFAULT_CHECKPOINT_SIGNAL
-            self._dispatcher.stop(stored, reason, checkpoint_signal=signal)
-            grace = max(grace, stored.spec.stop_grace_s or 10.0)
-            stopped.append(v.id)
+        for task in stored:
+            signal = task.spec.checkpoint_signal or DEFAULT_CHECKPOINT_SIGNAL
+            self._dispatcher.stop(task, reason, checkpoint_signal=signal)
+            grace = max(grace, task.spec.stop_grace_s or 10.0)
             self._counter.inc()
-        return stopped, grace
+        return [t.id for t in stored], grace
 
     async def reclaim(self, victims: Sequence[types_pb2.Task], queue: str) -> list[str]:
         """Take back GPUs that ``victims`` (other queues' tasks, on borrowed GPUs) hold for ``queue``, which is

@@ -521,42 +521,73 @@ class Store:
     def _batch_transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception] | None:
         """The one-transaction path of :meth:`transitions`; None when it does not apply (the caller goes one by
         one)."""
+        try:
+            return list(self._write_together(items))
+        except (IllegalTransition, ValidationError):
+            return None   # that one's error comes from transition()
+
+    def transitions_together(self, items: Sequence[Transition]) -> list[types_pb2.Task]:
+        """:meth:`transition` for several tasks in one transaction: all are stored, or none is. Each is written
+        from its ``known`` copy, compared on its ``expected_revision`` (no read). What a preemption's victims
+        need: a leader that stops between two separate writes would leave some victims preempted and the
+        others running, which a new leader, without the preemptor's claim, cannot tell from a finished
+        preemption.
+
+        :returns: the tasks as stored, in the order given.
+        :raises Conflict: a task changed since its expected revision (or has no known copy at it): nothing
+            was written.
+        :raises IllegalTransition: the state machine forbids one of the changes (nothing was written).
+        :raises ValidationError: the changes do not fit one transaction, or an update names a field that cannot
+            be set.
+        :raises NotLeader, Fenced, EtcdUnavailable: as for :meth:`transition`.
+        """
+        if len(items) == 1:
+            t = items[0]
+            return [self.transition(t.task_id, t.expected_revision, t.new_state, t.reason, release=t.release,
+                                    known=t.known, **t.updates)]
+        return self._write_together(items)
+
+    def _write_together(self, items: Sequence[Transition]) -> list[types_pb2.Task]:
+        """Write ``items`` in one transaction from their known copies (see :meth:`transitions_together`)."""
+        ids = [t.task_id for t in items]
+        if len(set(ids)) != len(ids):
+            raise ValidationError("task_id", "a task may appear once in a transaction")
         compare: list[Compare] = []
         success: list[Op] = []
         news: list[types_pb2.Task] = []
-        try:
-            for t in items:
-                assert t.known is not None
-                new = types_pb2.Task()
-                new.CopyFrom(t.known)
-                new.revision = 0
-                check_transition(t.task_id, TaskState(new.state), t.new_state)
-                if t.new_state is TaskState.SCHEDULED:
-                    return None   # refused with its reason by transition()
-                rec.apply_updates(new, t.updates)
-                rec.append_history(new, t.new_state, t.reason, self._wall(), self._history_limit)
-                if t.new_state is TaskState.PENDING:
-                    new.ClearField("allocation")
-                    new.ClearField("parts")
-                key = self._keys.task(t.task_id)
-                compare.append(cmp_mod(key, t.expected_revision))
-                success.append(op_put(key, new.SerializeToString()))
-                if t.release:
-                    more_compare, more_success = self._placements.release_ops(t.task_id)
-                    compare += more_compare
-                    success += more_success
-                news.append(new)
-        except (IllegalTransition, ValidationError):
-            return None   # that one's error comes from transition()
+        for t in items:
+            if t.known is None or t.known.revision != t.expected_revision or t.known.id != t.task_id:
+                raise Conflict(f"task {t.task_id}: no copy at revision {t.expected_revision} to write from")
+            new = types_pb2.Task()
+            new.CopyFrom(t.known)
+            new.revision = 0
+            check_transition(t.task_id, TaskState(new.state), t.new_state)
+            if t.new_state is TaskState.SCHEDULED:
+                raise IllegalTransition(f"task {t.task_id}: → SCHEDULED only through commit_placements "
+                                        "(with an allocation)")
+            rec.apply_updates(new, t.updates)
+            rec.append_history(new, t.new_state, t.reason, self._wall(), self._history_limit)
+            if t.new_state is TaskState.PENDING:
+                new.ClearField("allocation")
+                new.ClearField("parts")
+            key = self._keys.task(t.task_id)
+            compare.append(cmp_mod(key, t.expected_revision))
+            success.append(op_put(key, new.SerializeToString()))
+            if t.release:
+                more_compare, more_success = self._placements.release_ops(t.task_id)
+                compare += more_compare
+                success += more_success
+            news.append(new)
         if len(compare) + 1 > self._max_txn_ops or len(success) > self._max_txn_ops:
-            return None
+            raise ValidationError("transitions", f"{len(items)} changes do not fit one transaction "
+                                  f"({self._max_txn_ops} operations at most)")
         result = self._writer.write(compare, success)
         if not result.succeeded:
-            return None
+            raise Conflict(f"tasks {', '.join(ids)}: one changed since the revision expected; nothing written")
         for new in news:
             new.revision = result.revision
             self._log.info("task_transitioned", task_id=new.id, state=TaskState(new.state).name, revision=new.revision)
-        return list(news)
+        return news
 
     def cancel_unplaced(self, tasks: Sequence[types_pb2.Task], reason: str) -> list[types_pb2.Task]:
         """End many PENDING tasks that hold nothing (an array's waiting elements) CANCELLED, in few transactions:

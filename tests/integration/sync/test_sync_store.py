@@ -240,6 +240,24 @@ class TestTransitions:
         assert isinstance(out[2], IllegalTransition) and not isinstance(out[2], Conflict)
         assert held_gpus(store) == {"n1": [1]}
 
+    def test_together_writes_all_or_nothing(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """transitions_together: with one task changed meanwhile it raises Conflict and writes nothing (the other
+        task keeps its state); with both as known, both change at one revision."""
+        a, b = (drive(store, store.create_task(make_task(f"g{i}")), PATHS[S.RUNNING], make_allocation("n1", [i]))
+                for i in range(2))
+        moved = store.update_task(b.id, b.revision, log_tail="changed")
+        with pytest.raises(Conflict):
+            store.transitions_together([Transition(t.id, t.revision, S.PREEMPTED, "p", known=t,
+                                                   updates={"preemptions": 1}) for t in (a, b)])
+        assert store.get_task(a.id).revision == a.revision and store.get_task(a.id).state == S.RUNNING
+        out = store.transitions_together([Transition(a.id, a.revision, S.PREEMPTED, "p", known=a),
+                                          Transition(b.id, moved.revision, S.PREEMPTED, "p", known=moved)])
+        assert [t.state for t in out] == [S.PREEMPTED, S.PREEMPTED] and out[0].revision == out[1].revision
+        assert all(store.get_task(t.id).revision == t.revision for t in out)
+        assert held_gpus(store) == {"n1": [0, 1]}   # PREEMPTED keeps the allocations
+
     def test_missing_task_is_not_found(self, store: Store) -> None:
         """Transitions of an unknown task raise NotFound."""
         with pytest.raises(NotFound, match="t-missing"):
