@@ -242,7 +242,21 @@ class Cluster:
     def status(self, name: str = "c1") -> admin_pb2.ClusterStatus:
         return self.admin(name).GetStatus(admin_pb2.GetStatusRequest(), timeout=2)
 
+    def wait_serving(self, name: str = "c1") -> admin_pb2.ClusterStatus:
+        """Until coordinator ``name`` answers GetStatus (its start-up, imports included, takes what the machine's
+        load makes it take); fails at once, with its log, when the process exited."""
+        proc = self.proc(name)
+
+        def answers() -> admin_pb2.ClusterStatus:
+            if not proc.alive:
+                raise AssertionError(f"coordinator {name} exited ({proc.proc and proc.proc.returncode}):\n"
+                                     f"{proc.tail()}")
+            return self.status(name)
+        return wait_until(answers, what=f"{name} to serve")
+
     def wait_leader(self, name: str = "c1", timeout_s: float = 20.0) -> admin_pb2.ClusterStatus:
+        """Until coordinator ``name`` leads, ``timeout_s`` from when it serves (:meth:`wait_serving`)."""
+        self.wait_serving(name)
         return wait_until(lambda: (s := self.status(name)).is_leader and s, timeout_s, what=f"{name} to lead")
 
     def ctl(self, *args: str, timeout_s: float = 30.0, coordinator: str | None = None) -> subprocess.CompletedProcess:
