@@ -128,13 +128,15 @@ class TestCoordinatorRestart:
         addr = cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
         cluster.start_agent("n1", "--buffer-samples", "1", "--interval", "0.1")
-        # long enough that all four run at once even on a loaded machine (the first would end before the last starts)
+        # Each runs until the test signals it (SIGUSR1), so all four run at once however loaded the machine is.
         tids = [cluster.submit("--name", f"t{i}", "--gpus", "0.25", "--gpu-mem-gib", "1", "--cpu", "0.1", "--",
-                        "sh", "-c", f"sleep {6 + i * 0.3}; exit {i}") for i in range(4)]
+                               "sh", "-c", f"trap 'exit {i}' USR1; while true; do sleep 0.1; done") for i in range(4)]
         running = wait_until(lambda: all(ts := [cluster.task_in(t, "running") for t in tids]) and ts,
                              what="all running")
         pids = [t["pids"][0] for t in running]
         cluster.proc("c1").stop()
+        for pid in pids:   # to the task's process group, as the agent signals a task (the wrappers let it pass)
+            os.killpg(os.getpgid(pid), signal.SIGUSR1)
         # Every task ends while no coordinator is there; telemetry beyond 1 sample (one every 0.1 s) is dropped.
         wait_until(lambda: all(_exited(p) for p in pids), what="every task to end while no coordinator is there")
         assert cluster.start_coordinator("c1") == addr
