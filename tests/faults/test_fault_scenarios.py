@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import time
@@ -51,9 +52,10 @@ def _under_submits(fc: FaultCluster, agents: tuple[str, ...] = ("n1", "n2"), arg
         yield chk, sub
 
 
-def _states(fc: FaultCluster) -> list[str]:
+def _running(fc: FaultCluster) -> list[dict]:
+    """The running tasks, as the leader lists them."""
     res = fc.ctl("-o", "json", "tasks", coordinator=fc.address(fc.leader()))
-    return [t["state"] for t in json.loads(res.stdout)["tasks"]] if res.returncode == 0 else []
+    return [t for t in json.loads(res.stdout)["tasks"] if t["state"] == "running"] if res.returncode == 0 else []
 
 
 def _wait_accepted(sub: Submitter, n: int, timeout_s: float = 90.0) -> None:
@@ -132,13 +134,17 @@ class TestAgentFaults:
         fc.start_all(agents=("n1",))
         chk = fc.checker()
         chk.start_sampling()
-        sub = Submitter(fc, argv=("sleep", "4"))
+        # Each task runs until the test signals it, so the three run at once however loaded the machine is.
+        sub = Submitter(fc, argv=("sh", "-c", "trap 'exit 0' USR1; while true; do sleep 0.1; done"))
         for _ in range(3):
             sub.submit_once()
-        wait_until(lambda: _states(fc).count("running") >= 3, 60, 0.2, "3 tasks running")
+        running = wait_until(lambda: len(r := _running(fc)) >= 3 and r, 60, 0.2, "3 tasks running")
         fc.agents["n1"].kill()
         time.sleep(1.0)
         fc.start_agent("n1")
+        wait_until(lambda: fc.agents["n1"].log().count('"task_adopted"') >= 3, what="the new agent adopting all 3")
+        for t in running:   # to the task's process group, as the agent signals a task (the wrappers let it pass)
+            os.killpg(os.getpgid(t["pids"][0]), signal.SIGUSR1)
         _green(fc, chk, sub)
 
     @pytest.mark.faults
