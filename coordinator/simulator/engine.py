@@ -181,8 +181,8 @@ class SimConfig:
     elastic: ElasticSimConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.elastic is not None and (self.preemption or self.queues is not None or self.exact_batches):
-            raise ValueError("elastic replays run without preemption, team queues and exact batches")
+        if self.elastic is not None and self.exact_batches:
+            raise ValueError("elastic replays place through the pipeline's own pass: exact_batches does not apply")
         if self.power_down_after_s is not None and self.power_down_after_s < 0:
             raise ValueError(f"power_down_after_s must be ≥ 0, got {self.power_down_after_s}")
         if self.wake_delay_s < 0:
@@ -285,6 +285,7 @@ class Simulator:
         self.processed = 0
         self.job_events = 0  # arrivals and completions still in the heap
         self.runs: list[JobRun] = []
+        self.stale: dict[int, int] = {}   # job → completion events of preempted runs still to come (ignored)
         self.armed = False
         self.record: PassRecord | None = None   # what the current step decides (only while :meth:`step` runs)
         managed = config.queues is not None and config.queues.managed
@@ -304,6 +305,10 @@ class Simulator:
             # Reclaim stops a borrower through the replay's preemption (looked up at each call).
             self.queues = SimQueues(self, config.queues, reclaim=config.reclaim,
                                     preempt=lambda k, now: qos.preempt(k, now))
+            # Priority preemption stays within a queue, for what the queues' plan admitted and left waiting.
+            qos.waiting, qos.allowed = self.queues.left_waiting, self.queues.may_preempt
+            if self.elastic is not None:
+                self.elastic.queues = self.queues
 
     def _push(self, t: float, kind: int, payload: int) -> None:
         """Schedule an event (payload: a job index; unused for a power step)."""
@@ -455,28 +460,26 @@ class Simulator:
 
     # ---- the replay's side of the pipeline (coordinator.simulator.ports.Replay) -------------------------------
 
-    def schedule(self, now: float, released: bool) -> None:
+    def schedule(self, now: float, released: bool, only: Sequence[int] | None = None) -> None:
         """One scheduling pass at ``now`` (with elastic jobs: their passes, sizing and resizes; with team queues:
-        the queues' pass)."""
+        the queues' pass); ``only``: a pass over these pending jobs alone (a preemptor, placed ahead of the
+        rest)."""
+        if released:
+            self.refused.clear()   # resources came back: every shape may fit again
         if self.elastic is not None:
-            self.elastic.schedule(now, released)
+            self.elastic.schedule(now, only)
             return
         if self.queues is not None:
-            if released:
-                self.refused.clear()
-            self.queues.schedule(now)
+            self.queues.schedule(now, only)
             return
-        for k in self.place_pending(now, released):
+        for k in self.place_pending(now) if only is None else self._plan(now, only):
             self.start(k, self.placed[k], now, self.jobs[k].duration_s)
 
-    def place_pending(self, now: float, released: bool) -> list[int]:
+    def place_pending(self, now: float) -> list[int]:
         """Place what the queue's order lets fit now; returns the jobs booked (not started), in the order placed.
 
         The placement step of :func:`coordinator.scheduler.pipeline.plan_placements` over the pending queue, cheaply
         (module docstring); ``exact_batches`` runs ``plan_placements`` itself."""
-        if released:
-            # Resources came back: every shape may fit again.
-            self.refused.clear()
         if self.config.exact_batches:
             return self._place_exact(now)
         sorts = self.engine.policy.sorts_requests and not self.config.keep_order
@@ -508,15 +511,18 @@ class Simulator:
 
     def _place_exact(self, now: float) -> list[int]:
         """Reference pass over the whole queue: the pipeline's :func:`plan_placements` with ``place_batch``."""
-        pending = self.pending()
-        plan = plan_placements(PlacementInputs(now, [PendingTask(self.requests[k]) for k in pending],
+        return self._plan(now, self.pending())
+
+    def _plan(self, now: float, jobs: Sequence[int]) -> list[int]:
+        """The pipeline's :func:`plan_placements` over these pending jobs; returns the jobs it booked, in order."""
+        plan = plan_placements(PlacementInputs(now, [PendingTask(self.requests[k]) for k in jobs],
                                                engine_for=lambda _: self.engine, place=self.place))
-        by_id = {self.jobs[k].request.task_id: k for k in pending}
         booked = []
         for d in plan.decisions:
             if isinstance(d, Placement):
-                self.book(by_id[d.task_id], d, now)
-                booked.append(by_id[d.task_id])
+                k = self.by_task_id[d.task_id]
+                self.book(k, d, now)
+                booked.append(k)
         return booked
 
     def request(self, k: int) -> Request:
@@ -575,16 +581,6 @@ class Simulator:
         self.waiting -= 1
         self.placed[k] = placement
 
-    def unbook(self, k: int, *, released: bool = False) -> None:
-        """Undo :meth:`book` of job ``k`` before it started: reservations given back (``released``: they were
-        already), pending again."""
-        placement = self.placed.pop(k)
-        if not released:
-            self.engine.release(placement, self.jobs[k].request.gpu_mem_per_gpu_bytes)
-        self.refused.clear()   # something was released
-        heapq.heappush(self.buckets.setdefault(self.shapes[k], []), (queue_key(self.requests[k]), k))
-        self.waiting += 1
-
     def start(self, k: int, placement: Placement, now: float, run_s: float) -> None:
         """Job ``k`` starts running on ``placement`` (already booked) and ends ``run_s`` later (only ready nodes
         are schedulable: they are up)."""
@@ -606,12 +602,15 @@ class Simulator:
     def stop(self, k: int, now: float, *, preempted: bool = True, resized: bool = False) -> Placement:
         """Running job ``k`` stops before its end: its reservations go back (every shape may fit again); a
         ``resized`` run's completion event is no longer awaited (the replay does not wait for it)."""
+        ran = now - self.start_times[k]
         placement = self._release(k, now, preempted=preempted, resized=resized)
         self.start_times.pop(k)
         if self.record is not None:
             self.record.stopped[self.jobs[k].request.task_id] = "resized" if resized else "preempted"
-        if resized:
-            self.job_events -= 1
+        if resized or (self.elastic is not None and self.elastic.stopped(k, placement, ran)):
+            self.job_events -= 1   # its completion is no longer awaited (the elastic part knows each run's end)
+        else:
+            self.stale[k] = self.stale.get(k, 0) + 1   # its completion event is ignored when it comes
         self.refused.clear()
         return placement
 
@@ -639,7 +638,8 @@ class Simulator:
 
     def _complete(self, k: int, now: float) -> None:
         """Job ``k`` ends: release its reservations (the adaptor sees its nodes idle)."""
-        if self.qos is not None and self.qos.stale_completion(k):
+        if self.stale.get(k):
+            self.stale[k] -= 1
             return   # the end of a run that was preempted
         placement = self._release(k, now)
         req = self.jobs[k].request

@@ -160,8 +160,8 @@ def test_grows_or_shrinks_can_be_left_out() -> None:
 
 
 def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The simulator's elastic steps are the scheduling pipeline's own functions, the ones the leader's cycle runs...
-    for name in ("plan_resizes", "size_elastic", "place_smaller", "wish"):
+    # The simulator's elastic passes are the scheduling pipeline's own functions, the ones the leader's cycle runs...
+    for name in ("plan_placements", "plan_resizes"):
         assert getattr(sim_elastic, name) is getattr(pipeline, name), name
     for name in ("plan_placements", "plan_resizes"):
         assert getattr(cycle, name) is getattr(pipeline, name), name
