@@ -8,25 +8,25 @@ GPU count (:mod:`coordinator.simulator.scaling`), and at a size ``n`` it progres
 throughput at ``n``: it ends when its work is done, so a job that grows finishes sooner.
 
 Every scheduling pass of the :class:`~coordinator.simulator.engine.Simulator` goes through
-:meth:`SimElastic.schedule`, which runs the steps of the scheduling pipeline the leader's cycle runs
+:meth:`SimElastic.schedule`, which runs the scheduling pipeline the leader's cycle runs
 (:mod:`coordinator.scheduler.pipeline`), in the same order, through the replay's narrow interface
 (:class:`~coordinator.simulator.ports.Replay`):
 
-1. the pending jobs are placed in queue order, elastic ones at their first size (their minimum; a resized job's
-   target), and an elastic job refused above its minimum at the largest smaller size that fits
-   (:func:`~coordinator.scheduler.pipeline.place_smaller`);
-2. when no whole-GPU job was left waiting, :func:`~coordinator.scheduler.pipeline.size_elastic` gives the elastic
-   jobs placed in this pass the idle GPUs left over, each up to its :func:`~coordinator.scheduler.pipeline.wish`
-   (its target size after a resize, else its maximum); then the jobs start;
-3. :func:`~coordinator.scheduler.pipeline.plan_resizes` decides the resizes: with jobs left waiting, running
-   elastic jobs shrink for them; else they grow into the idle GPUs of ready nodes (the engine's node snapshots,
-   which carry the adaptor's ready flags: a grow never wakes a node), on their own node or, when it has no room,
-   on another one their request accepts.
+1. :func:`~coordinator.scheduler.pipeline.plan_placements` over the pending jobs (with team queues, their state from
+   :class:`~coordinator.simulator.queues.SimQueues`: admission, fair order, what an elastic job may take beyond its
+   minimum): elastic jobs at their first size (their minimum; a resized job's target), placed smaller when refused,
+   and, when no whole-GPU job was left waiting, sized into the idle GPUs left over, each up to its target size after
+   a resize, else its maximum; the placed jobs start;
+2. :func:`~coordinator.scheduler.pipeline.plan_resizes` decides the resizes: with jobs left waiting, running
+   elastic jobs shrink for them (with team queues, also for a job its queue refused); else they grow into the idle
+   GPUs of ready nodes (the engine's node snapshots, which carry the adaptor's ready flags: a grow never wakes a
+   node), on their own node or, when it has no room, on another one their request accepts (with team queues,
+   within their queue's room).
 
 A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its placement released, its
 progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
-with its target size, and the next pass — run at once — places it at its minimum and sizes it towards
-the target as in steps 1-2. It holds its GPUs for ``restart_cost_s`` before progressing again. Its old
+with its target size, and the next pass — run at once — places it at its first size and sizes it towards
+the target as in step 1. It holds its GPUs for ``restart_cost_s`` before progressing again. Its old
 completion event is ignored when it comes (stale-completion bookkeeping as in
 :mod:`coordinator.simulator.qos`, by the current run's end time: a grown run ends before the run it replaced
 would have), and a new one is scheduled at every start. A job resizes at most once
@@ -278,7 +278,7 @@ class SimElastic:
         return (job.first_start_s if job.first_start_s is not None else start_s), job.energy_j + energy_j
 
     def schedule(self, now: float, only: Sequence[int] | None = None) -> None:
-        """Passes at ``now`` until no resize follows one (module docstring, steps 1-3); ``only``: one pass over
+        """Passes at ``now`` until no resize follows one (module docstring, steps 1-2); ``only``: one pass over
         these pending jobs alone (a preemptor), without resizes."""
         sim = self.sim
         queues = self.queues

@@ -35,7 +35,9 @@ round-robin cursor, so the decisions equal those of ``place_batch`` over the who
 queue on every pass, and the tests compare both.
 
 Priorities and preemption (``SimConfig(preemption=True)``): after each pass the QoS Manager's
-victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`.
+victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`. A preempted run's
+completion event is ignored when it comes (the replay counts them, :attr:`Simulator.stale`; an elastic job's by the
+end time of its current run).
 
 Team queues (``SimConfig(queues=...)``): each job runs in the queue its trace ``group`` names
 (:attr:`SimJob.queue`), and every pass is the pipeline's
@@ -49,11 +51,15 @@ Every run of a job (from a start to its end or preemption) is kept in :attr:`Sim
 per-job records can be written and per-queue figures recomputed from them.
 
 Elastic jobs (``SimConfig(elastic=...)``): jobs resize between their minimum and maximum by the
-pipeline's rules; every pass goes through :class:`coordinator.simulator.elastic.SimElastic` (placement at the
-first size, placed smaller when refused and sized before the start by the pipeline's
-:func:`~coordinator.scheduler.pipeline.place_smaller` and :func:`~coordinator.scheduler.pipeline.size_elastic`,
-then the resizes :func:`~coordinator.scheduler.pipeline.plan_resizes` decides), and an elastic job's run time
-follows from its work and its true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`.
+pipeline's rules; every pass goes through :class:`coordinator.simulator.elastic.SimElastic`: the pipeline's
+:func:`~coordinator.scheduler.pipeline.plan_placements` itself (placement at the first size, placed smaller when
+refused and sized before the start; with team queues, their admission and room), then the resizes
+:func:`~coordinator.scheduler.pipeline.plan_resizes` decides; an elastic job's run time follows from its work and its
+true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`. Elastic jobs, team queues and
+preemption combine as on the leader: a pass that resized is followed by another before any preemption (the
+leader preempts only in a cycle that resized nothing), priority preemption stays within a queue and helps only what
+the queues admitted, and a preemptor is placed by a pass of its own (:meth:`Simulator.schedule` with ``only``), so
+it is admitted by its queue and, elastic, sized like any job.
 
 Node power is the production Resource Adaptor's: with ``power_down_after_s`` the replay drives
 :class:`coordinator.adaptor.power.PowerManager` with the ``simulated`` node provider in virtual
@@ -152,7 +158,8 @@ class SimConfig:
     :param wake_delay_s: boot time: from powering a node on until it takes work.
     :param spare_nodes: idle nodes the adaptor keeps on (``--spare-nodes``).
     :param keep_order: decide in queue order also for the policies that sort by demand (FIFO).
-    :param exact_batches: reference mode: hand the whole queue to ``place_batch`` on every pass.
+    :param exact_batches: reference mode: hand the whole queue to ``place_batch`` on every pass (not with
+        ``elastic``, whose passes are the pipeline's own).
     :param measure_until_s: stop the time-weighted metrics here (None: at the last event); job
         statistics always cover every job.
     :param keep_series: record samples per timestamp for plots.

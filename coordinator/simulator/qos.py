@@ -24,9 +24,13 @@ Victims stop at once in virtual time (the checkpoint signal and stop grace are n
 progress since their last start
 (no checkpoint is modelled, so the lost GPU-time is an upper bound) and go back to the queue with
 their original request (submit time and priority), where they run their whole duration again later.
-The preemptor is placed on the freed resources at once, before any other pending job (the leader
-holds lower-priority work back for it the same way), and another pass follows. A job preempted
-less than ``protection_s`` ago is never chosen again.
+The preemptor is placed on the freed resources at once, by a pass over it alone, before any other pending job (the
+leader holds lower-priority work back for it the same way): with team queues it is admitted by its queue, elastic it
+is sized like any job. Another pass follows. A job preempted less than ``protection_s`` ago is never chosen again.
+
+With team queues (:mod:`coordinator.simulator.queues`), as on the leader, a job preempts only within its own queue
+(:func:`coordinator.queues.planning.preempts_within`; across queues only reclaim takes GPUs back), and only the jobs
+the queues' plan admitted and placement refused are helped (a job its queue refused waits for its queue).
 """
 
 from __future__ import annotations

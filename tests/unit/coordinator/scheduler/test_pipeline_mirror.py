@@ -104,15 +104,11 @@ def test_deadlines(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     assert diff == [], "\n".join(diff)
 
 
-@_disagree("the simulator fails with team queues and preemption together: a preemptor it places "
-           "(SimPreemption._place) is not booked with its queue, and SimQueues.holdings raises KeyError", KeyError)
 def test_team_queues_with_preemption(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """Team queues and priorities with preemption, together."""
     _agree(etcd_server, etcd_prefix, 0, queues=True, preemption=True)
 
 
-@_disagree("the simulator refuses elastic jobs with preemption or team queues (SimConfig: elastic replays run "
-           "without preemption, team queues and exact batches); the leader runs them together", ValueError)
 def test_elastic_jobs_queues_and_preemption(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """Elastic jobs, team queues and preemption, all on."""
     _agree(etcd_server, etcd_prefix, 0, queues=True, preemption=True, elastic=True)
@@ -129,6 +125,12 @@ def _no_sizing(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return {}
 
 
+def _rigid_plan(inputs: Any) -> Any:
+    """The simulator's placement plan with every elastic job placed rigid, at its first size."""
+    pending = [replace(p, elastic=None) for p in inputs.pending]
+    return coordinator.scheduler.pipeline.plan_placements(replace(inputs, pending=pending))
+
+
 def _no_preemption(*args: Any, **kwargs: Any) -> None:
     return None
 
@@ -143,7 +145,7 @@ CHANGED: list[Any] = [
                  id="simulator-queue-order"),
     pytest.param([(coordinator.scheduler.pipeline, "queue_key")], _lowest_first, {"preemption": True}, 4,
                  id="leader-queue-order"),
-    pytest.param([(coordinator.simulator.elastic, "size_elastic")], _no_sizing, {"elastic": True}, 1,
+    pytest.param([(coordinator.simulator.elastic, "plan_placements")], _rigid_plan, {"elastic": True}, 1,
                  id="simulator-elastic-sizing"),
     pytest.param([(coordinator.scheduler.pipeline, "size_elastic")], _no_sizing, {"elastic": True}, 1,
                  id="leader-elastic-sizing"),
