@@ -16,6 +16,7 @@ import pytest
 from coordinator.queues import Queue, QueueConfig, planning
 from coordinator.scheduler import cycle, pipeline
 from coordinator.simulator import queues as sim_queues
+from coordinator.simulator import queues_cli
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
 from coordinator.simulator.queue_report import (
@@ -279,6 +280,21 @@ class TestQueuesReport:
         assert "Team queues under contention" in capsys.readouterr().out
         for run in ("fcfs", "strict", "borrow"):
             assert (tmp_path / "rec" / f"records-{run}.csv").exists()
+
+    def test_with_preemption(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``--queues proportional --qos``: the three runs, each with priority preemption."""
+        configs: list[SimConfig] = []
+        real = queues_cli.run_policies
+
+        def spy(cluster: Any, jobs: Any, cfgs: list[SimConfig], **kwargs: Any) -> Any:
+            configs.extend(cfgs)
+            return real(cluster, jobs, cfgs, **kwargs)
+
+        monkeypatch.setattr(queues_cli, "run_policies", spy)
+        out = simulate(tmp_path, "--queues", "proportional", "--qos")
+        assert list(json.loads((out / "queues.json").read_text())) == ["fcfs", "strict", "borrow"]
+        assert [(c.queues is not None, c.preemption) for c in configs] == [(False, True), (True, True), (True, True)]
+        assert "priority preemption in every run (--qos)" in (out / "queues.md").read_text()
 
     def test_records_header_and_recomputed_figures(self, tmp_path: Path) -> None:
         """The records file's header is fixed, and each queue's GPU-hours and mean wait recompute from it."""
