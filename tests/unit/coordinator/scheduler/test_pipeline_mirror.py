@@ -19,6 +19,7 @@ import pytest
 
 import coordinator.qos.preemption
 import coordinator.queues.planning
+import coordinator.scheduler.cycle
 import coordinator.scheduler.pipeline
 import coordinator.simulator.elastic
 import coordinator.simulator.engine
@@ -121,12 +122,9 @@ def _no_victims(*args: Any, **kwargs: Any) -> list[Any]:
     return []
 
 
-def _no_sizing(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    return {}
-
-
 def _rigid_plan(inputs: Any) -> Any:
-    """The simulator's placement plan with every elastic job placed rigid, at its first size."""
+    """A placement plan with every elastic job placed rigid, at the size it asks for (neither placed smaller nor
+    sized: elastic placement is one rule, the pipeline's, on both sides; each side's call of it is changed)."""
     pending = [replace(p, elastic=None) for p in inputs.pending]
     return coordinator.scheduler.pipeline.plan_placements(replace(inputs, pending=pending))
 
@@ -147,7 +145,7 @@ CHANGED: list[Any] = [
                  id="leader-queue-order"),
     pytest.param([(coordinator.simulator.elastic, "plan_placements")], _rigid_plan, {"elastic": True}, 1,
                  id="simulator-elastic-sizing"),
-    pytest.param([(coordinator.scheduler.pipeline, "size_elastic")], _no_sizing, {"elastic": True}, 1,
+    pytest.param([(coordinator.scheduler.cycle, "plan_placements")], _rigid_plan, {"elastic": True}, 1,
                  id="leader-elastic-sizing"),
     pytest.param([(coordinator.simulator.queues, "reclaim_for")], _no_victims, {"queues": True}, 0,
                  id="simulator-reclaim"),
@@ -164,8 +162,8 @@ CHANGED: list[Any] = [
 def test_a_rule_changed_on_one_side_is_a_difference(where: list[tuple[Any, str]], rule: Any, kinds: dict[str, bool],
                                                     seed: int, etcd_server: EtcdCluster, etcd_prefix: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """One rule changed as one side sees it (its queue order: lowest priority first; elastic jobs left at their
-    first size at placement; no borrower ever reclaimed; no victims ever found): the mirror reports a difference, on
+    """One rule changed as one side sees it (its queue order: lowest priority first; elastic jobs placed rigid at the
+    size they ask for; no borrower ever reclaimed; no victims ever found): the mirror reports a difference, on
     a scenario of ``SEEDS`` where both sides agree with the rule unchanged and the rule matters."""
     assert seed in SEEDS
     for module, name in where:
