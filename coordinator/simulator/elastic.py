@@ -404,7 +404,7 @@ class SimElastic:
         plan = plan_resizes(ResizeInputs(
             now=now, settings=self.settings, jobs=jobs, nodes=self._nodes(), waiting=left, requests=requests,
             refused=[RefusedTask(queues.queued(k), sim.jobs[k].request.priority, why) for k, why in refused.items()]
-            if queues is not None else (), queue_keys=keys, queues=view, explain=False))
+            if queues is not None else (), queue_pools=keys, queues=view, explain=False))
         gave: dict[str, int] = {}
         for d in plan.resizes:
             self._resize(self.by_id[d.task_id], d, now)

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from coordinator.domain import Placement, Request
 from coordinator.elastic.rules import placement_gpus
 from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, QueueUse, UsageDecay, queue_use, rebalance
-from coordinator.queues.planning import QueuedTask, QueuePlan, preempts_within, reclaim_for
+from coordinator.queues.planning import QueuedTask, QueuePlan, counted_gpus, preempts_within, reclaim_for
 from coordinator.scheduler.pipeline import PendingTask, PlacementInputs, QueueState, plan_placements
 from coordinator.simulator.ports import Replay
 
@@ -54,9 +54,9 @@ _GIB = float(1 << 30)
 
 
 def whole_gpus(request: Request) -> int:
-    """The whole GPUs a request asks for over all its nodes (a shared fraction counts as one), as the
-    queues count them."""
-    return math.ceil(request.demand.gpus - 1e-9) * request.nodes if request.demand.gpus > 0 else 0
+    """The whole GPUs a request asks for over all its nodes, as the queues count them
+    (:func:`~coordinator.queues.planning.counted_gpus`)."""
+    return counted_gpus(request.demand.gpus, request.nodes)
 
 
 class SimQueues:
