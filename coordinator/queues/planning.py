@@ -112,9 +112,16 @@ def queue_of(task: types_pb2.Task) -> str:
     return task.queue or DEFAULT_QUEUE.name
 
 
+def counted_gpus(gpus_per_node: float, nodes: int) -> int:
+    """The whole GPUs a queue counts for a demand of ``gpus_per_node`` on each of ``nodes`` nodes: a shared
+    fraction of a GPU counts as one (quotas are in GPUs). The one rule, for the leader's tasks
+    (:func:`whole_gpus`) and the simulator's requests."""
+    return math.ceil(gpus_per_node - 1e-9) * max(1, nodes) if gpus_per_node > 0 else 0
+
+
 def whole_gpus(task: types_pb2.Task) -> int:
-    """The whole GPUs a task asks for over all its nodes."""
-    return math.ceil(task.demand.gpus - 1e-9) * max(1, task.spec.nodes) if task.demand.gpus > 0 else 0
+    """The whole GPUs a task asks for over all its nodes (:func:`counted_gpus`)."""
+    return counted_gpus(task.demand.gpus, task.spec.nodes)
 
 
 def queued(task: types_pb2.Task) -> QueuedTask:

@@ -385,7 +385,7 @@ class SchedulerCycle:
         plan = plan_resizes(ResizeInputs(
             now=now, settings=self._elastic.settings, jobs=jobs, nodes=nodes, waiting=waiting, requests=requests,
             refused=[RefusedTask(queued(t), t.spec.priority, why) for t, why in refused] if queues is not None else (),
-            queue_keys=keys,
+            queue_pools=keys,
             queues=(queues.config, queues.use(), queues.capacity()) if queues is not None else None,
             stopping=stopping, kept=kept, tasks=self._tasks.view() if kept else {}))
         decisions = plan.resizes

@@ -412,7 +412,7 @@ class ResizeInputs:
     :param waiting: the placement requests left waiting, in queue order.
     :param requests: running job → its placement request (held to its queue's pool): where it may move to grow.
     :param refused: the tasks their queue refused, in fair order (team queues).
-    :param queue_keys: running job → (its queue, the GPU pool it holds) (team queues; empty: none).
+    :param queue_pools: running job → (its queue, the GPU pool it holds) (team queues; empty: none).
     :param queues: the queue tree, what each queue's placed tasks hold now, and the GPUs per model (team queues).
     :param stopping: queues with an elastic task still stopping for a resize (they give nothing back meanwhile).
     :param kept: the GPUs each reservation keeps; ``tasks``: every task by id (whose work a reservation is).
@@ -426,7 +426,7 @@ class ResizeInputs:
     waiting: Sequence[Request] = ()
     requests: Mapping[str, Request] = field(default_factory=dict)
     refused: Sequence[RefusedTask] = ()
-    queue_keys: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    queue_pools: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     queues: tuple[QueueConfig, Mapping[str, QueueUse], Mapping[str, int]] | None = None
     stopping: frozenset[str] = frozenset()
     kept: Sequence[Kept] = ()
@@ -494,7 +494,7 @@ def _grows_within_room(inputs: ResizeInputs, jobs: list[ElasticJob], idle: dict[
     could be bigger from growing goes into ``blocked`` (with ``explain``)."""
     now, settings = inputs.now, inputs.settings
     room = QueueRoom(*inputs.queues) if inputs.queues is not None else None
-    keys = inputs.queue_keys
+    keys = inputs.queue_pools
     full: dict[str, str] = {}
     said: dict[tuple[str, str], str] = {}
     capped = []
@@ -548,7 +548,7 @@ def _give_back(inputs: ResizeInputs, jobs: list[ElasticJob]) -> list[Resize]:
     for a resize: what it gives back is on its way."""
     if not inputs.refused or inputs.queues is None:
         return []
-    keys = inputs.queue_keys
+    keys = inputs.queue_pools
     pools: dict[str, set[str]] = {}
     for key in keys.values():
         pools.setdefault(key[0], set()).add(key[1])

@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 from coordinator.domain import Placement, Request
 from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, UsageDecay
-from coordinator.queues.planning import QueuedTask, QueuePlan, reclaim_for
+from coordinator.queues.planning import QueuedTask, QueuePlan, counted_gpus, reclaim_for
 from coordinator.scheduler.pipeline import PendingTask, PlacementInputs, QueueState, plan_placements
 from coordinator.simulator.ports import Replay
 
@@ -53,9 +53,9 @@ _GIB = float(1 << 30)
 
 
 def whole_gpus(request: Request) -> int:
-    """The whole GPUs a request asks for over all its nodes (a shared fraction counts as one), as the
-    queues count them."""
-    return math.ceil(request.demand.gpus - 1e-9) * request.nodes if request.demand.gpus > 0 else 0
+    """The whole GPUs a request asks for over all its nodes, as the queues count them
+    (:func:`~coordinator.queues.planning.counted_gpus`)."""
+    return counted_gpus(request.demand.gpus, request.nodes)
 
 
 class SimQueues:

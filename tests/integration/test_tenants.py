@@ -262,8 +262,10 @@ class TestOwnWork:
         assert done["task_ids"] == [bobs] and done["refused"] == 2
         res = tenants.ctl("alice", "cancel", "--queue", "a", "--name", "sweep-*", "--yes")
         assert res.returncode == 0 and "2 task(s) cancelled" in res.stdout, res.stderr
-        states = {t["task_id"]: t["state"] for t in tenants.json("root", "tasks")["tasks"]}
-        assert [states[t] for t in (*mine, bobs)] == ["cancelled"] * 3
+        # A task already running ends CANCELLED when its agent reports it stopped.
+        states = wait_until(lambda: (s := {t["task_id"]: t["state"] for t in tenants.json("root", "tasks")["tasks"]})
+                            and all(s[t] == "cancelled" for t in (*mine, bobs)) and s,
+                            timeout_s=30, what="the three named tasks cancelled")
         assert states[other] != "cancelled" and states[tenants.task] == "running"
         _refused(tenants.ctl("vera", "cancel", "--name", "keep-*", "--yes"))
 
