@@ -217,12 +217,20 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
 
         Acks are cumulative: at the first event that was not applied (e.g. etcd down) nothing more is
         acknowledged and the stream ends; the agent reconnects and re-sends every unacknowledged event in order
-        (one applied meanwhile is applied again, which changes nothing)."""
+        (one applied meanwhile is applied again, which changes nothing). Events applied together (a batch of
+        transitions stored in one transaction) are acknowledged by one message, up to the last of them."""
+        held: tuple[int, asyncio.Task[None]] | None = None   # the next event, taken out of the queue not yet applied
         while True:
-            seq, task = await applied.get()
+            seq, task = held if held is not None else await applied.get()
+            held = None
             try:
                 await task
             except Exception as e:
                 log.warning("agent_stream_ended", reason=f"task status {seq} not applied: {e}")
                 raise
+            while not applied.empty():
+                held = applied.get_nowait()
+                if not held[1].done() or held[1].cancelled() or held[1].exception() is not None:
+                    break   # acknowledged (or the stream ended) once it is settled
+                seq, held = held[0], None
             outbox.put_nowait(agent_pb2.CoordinatorMessage(event_ack=agent_pb2.EventAck(up_to_seq=seq)))

@@ -58,7 +58,7 @@ class TimeLimits:
         """Running or paused tasks past their time limit (those already stopping included)."""
         now = self._now()
         out = []
-        for t in self._tasks.values():
+        for t in self._tasks.live():   # running and paused tasks are live: the finished ones retained are not walked
             if not t.spec.time_limit_s or t.state not in _LIMITED or t.cancel_requested:
                 continue
             started = run_started_s(t)

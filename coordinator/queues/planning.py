@@ -73,7 +73,7 @@ from coordinator.run_limits import protected
 from coordinator.state import LeaderState
 
 __all__ = ["HOLDING_STATES", "LeaderQueues", "QueuePlan", "QueueRoom", "QueuedTask", "holding_of", "plan_queues",
-           "queue_of", "queued", "reclaim_for", "shrink_needed"]
+           "preempts_within", "queue_of", "queued", "reclaim_for", "shrink_needed"]
 
 HOLDING_STATES = (TaskState.SCHEDULED, TaskState.STARTING, TaskState.RUNNING, TaskState.PAUSED, TaskState.PREEMPTED)
 """States in which a task holds GPUs (a PREEMPTED task until its agent reports it stopped)."""
@@ -110,6 +110,12 @@ class QueuePlan:
 def queue_of(task: types_pb2.Task) -> str:
     """The queue a task runs in (tasks from before queues run in the default queue)."""
     return task.queue or DEFAULT_QUEUE.name
+
+
+def preempts_within(config: QueueConfig, queue: str, victim_queue: str) -> bool:
+    """Whether a task of ``queue`` may preempt one of ``victim_queue`` for priority: once queues are configured,
+    only within its own queue (across queues, only reclaim takes borrowed GPUs back)."""
+    return not config.managed or queue == victim_queue
 
 
 def counted_gpus(gpus_per_node: float, nodes: int) -> int:
@@ -473,4 +479,4 @@ class LeaderQueues:
 
     def may_preempt(self, task: types_pb2.Task, victim: types_pb2.Task) -> bool:
         """Priority preemption stays within a queue once queues are configured (reclaim crosses them)."""
-        return not self.config.managed or queue_of(task) == queue_of(victim)
+        return preempts_within(self.config, queue_of(task), queue_of(victim))

@@ -86,6 +86,10 @@ def constraint_refusal(req: Request, nodes: Sequence[NodeSnapshot]) -> str | Non
     return None
 
 
+_PASSED_MAX = 1024
+"""Request shapes the admission check remembers as placeable at most (then it starts over)."""
+
+
 def unplaceable_reason(req: Request, nodes: Sequence[NodeSnapshot], threshold: float, mode: str) -> str | None:
     """Why no known node (or too few, for a gang) could hold the request even empty; None when enough could.
 
@@ -129,6 +133,11 @@ class PlaceabilityCheck:
                  creates_nodes: bool) -> None:
         self._nodes, self._policy, self._creates_nodes = nodes, policy, creates_nodes
         self._log = get_logger("admission")
+        # The shapes let through on the node views in ``_passed_on`` (the same objects: a view is immutable, and
+        # ``SnapshotBuilder.empty_nodes`` hands out a new one when a node changes). Two requests of one shape are
+        # accepted by the same nodes, so a sweep's thousand submits of one shape check the nodes once.
+        self._passed: set[tuple[object, ...]] = set()
+        self._passed_on: tuple[NodeSnapshot, ...] = ()
 
     def check(self, task: types_pb2.Task) -> None:
         """Let the profiled task through, or refuse it.
@@ -141,8 +150,13 @@ class PlaceabilityCheck:
         policy = self._policy()
         req = request_for(task)
         nodes = self._nodes()
-        reason = unplaceable_reason(req, nodes, policy.threshold, threshold_mode(policy))
         rng = elastic_range(task.spec)
+        if len(nodes) != len(self._passed_on) or any(a is not b for a, b in zip(nodes, self._passed_on, strict=True)):
+            self._passed, self._passed_on = set(), tuple(nodes)
+        key = (req.shape, rng, policy.threshold, threshold_mode(policy))
+        if key in self._passed:
+            return
+        reason = unplaceable_reason(req, nodes, policy.threshold, threshold_mode(policy))
         if reason is None and rng is not None:
             top = request_at(req, rng, rng.maximum)
             reason = unplaceable_reason(top, nodes, policy.threshold, threshold_mode(policy))
@@ -154,3 +168,6 @@ class PlaceabilityCheck:
             self._log.info("task_refused_unplaceable", name=task.spec.name, gpus=req.demand.gpus, nodes=req.nodes,
                            reason=reason)
             raise PlacementError(reason)
+        if len(self._passed) >= _PASSED_MAX:
+            self._passed.clear()
+        self._passed.add(key)

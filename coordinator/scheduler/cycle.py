@@ -262,7 +262,7 @@ class SchedulerCycle:
         commits, committed = await self._dispatch(plan, by_id, policy.name, now)
         rejected = [by_id[d.task_id] for d in plan.decisions if not isinstance(d, Placement)]
         resized = False
-        if self._elastic is not None:
+        if self._elastic is not None and self._elastic.jobs():   # (no running elastic task: nothing to resize)
             nodes = [plan.engine.node_snapshot(i) for i in range(len(plan.engine.state.nodes))]
             refused = [(by_id[t], why) for t, why in qplan.refused.items() if t in by_id] if qplan is not None else []
             resized = await self._elastic_step(now, plan.waiting(), nodes, refused)

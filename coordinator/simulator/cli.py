@@ -79,11 +79,13 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--qos", action="store_true",
                    help="replay each policy without and with preemption; print per-priority-class queueing delay "
-                   "and what preemption costs the low class (writes qos.md)")
+                   "and what preemption costs the low class (writes qos.md); with --queues or --elastic: "
+                   "preemption in every run of that report instead")
     p.add_argument("--queues", metavar="FILE|proportional",
                    help="team queues (TOML file, or 'proportional': one queue per trace group, quota by its "
                         "GPU-hours): replay the first policy FCFS without queues, with strict quotas, and with "
-                        "borrowing and reclaim; per-queue table under contention (writes queues.md/json/csv/toml)")
+                        "borrowing and reclaim; per-queue table under contention (writes queues.md/json/csv/toml); "
+                        "with --elastic: every elastic report run with these queues, borrowing and reclaim")
     p.add_argument("--elastic", action="store_true",
                    help="replay the first policy in FIFO order rigid and elastic (jobs resized by the elastic "
                         "allocator's rules), with and without power-down (default 600 s), at --elastic-max-factor "
@@ -216,9 +218,7 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
         from coordinator.simulator.workload import without_run_estimates
 
         jobs = without_run_estimates(jobs)   # the leader's information only (--oracle: the trace's durations)
-    if args.elastic:
-        if args.queues is not None or args.qos:
-            raise _usage("--elastic is its own report; give it without --queues and --qos")
+    if args.elastic:   # with --queues and --qos: every run with the team queues and preemption, as the leader
         from coordinator.simulator.elastic_cli import run_elastic
         from coordinator.simulator.scaling import default_scaling_dir
 
@@ -226,9 +226,7 @@ def run_simulate(transport: object, args: argparse.Namespace) -> None:
             args.scaling = default_scaling_dir()
         run_elastic(args, cluster, jobs, configs[0])
         return
-    if args.queues is not None:
-        if args.qos:
-            raise _usage("--queues and --qos are separate reports; give one of them")
+    if args.queues is not None:   # with --qos: every run with preemption
         from coordinator.simulator.queues_cli import run_queues
 
         run_queues(args, cluster, jobs, configs[0])

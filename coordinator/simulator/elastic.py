@@ -8,25 +8,25 @@ GPU count (:mod:`coordinator.simulator.scaling`), and at a size ``n`` it progres
 throughput at ``n``: it ends when its work is done, so a job that grows finishes sooner.
 
 Every scheduling pass of the :class:`~coordinator.simulator.engine.Simulator` goes through
-:meth:`SimElastic.schedule`, which runs the steps of the scheduling pipeline the leader's cycle runs
+:meth:`SimElastic.schedule`, which runs the scheduling pipeline the leader's cycle runs
 (:mod:`coordinator.scheduler.pipeline`), in the same order, through the replay's narrow interface
 (:class:`~coordinator.simulator.ports.Replay`):
 
-1. the pending jobs are placed in queue order, elastic ones at their first size (their minimum; a resized job's
-   target), and an elastic job refused above its minimum at the largest smaller size that fits
-   (:func:`~coordinator.scheduler.pipeline.place_smaller`);
-2. when no whole-GPU job was left waiting, :func:`~coordinator.scheduler.pipeline.size_elastic` gives the elastic
-   jobs placed in this pass the idle GPUs left over, each up to its :func:`~coordinator.scheduler.pipeline.wish`
-   (its target size after a resize, else its maximum); then the jobs start;
-3. :func:`~coordinator.scheduler.pipeline.plan_resizes` decides the resizes: with jobs left waiting, running
-   elastic jobs shrink for them; else they grow into the idle GPUs of ready nodes (the engine's node snapshots,
-   which carry the adaptor's ready flags: a grow never wakes a node), on their own node or, when it has no room,
-   on another one their request accepts.
+1. :func:`~coordinator.scheduler.pipeline.plan_placements` over the pending jobs (with team queues, their state from
+   :class:`~coordinator.simulator.queues.SimQueues`: admission, fair order, what an elastic job may take beyond its
+   minimum): elastic jobs at their first size (their minimum; a resized job's target), placed smaller when refused,
+   and, when no whole-GPU job was left waiting, sized into the idle GPUs left over, each up to its target size after
+   a resize, else its maximum; the placed jobs start;
+2. :func:`~coordinator.scheduler.pipeline.plan_resizes` decides the resizes: with jobs left waiting, running
+   elastic jobs shrink for them (with team queues, also for a job its queue refused); else they grow into the idle
+   GPUs of ready nodes (the engine's node snapshots, which carry the adaptor's ready flags: a grow never wakes a
+   node), on their own node or, when it has no room, on another one their request accepts (with team queues,
+   within their queue's room).
 
 A **resize** is a checkpoint-restart, as on the leader: the job's run ends (its placement released, its
 progress kept), it goes back into the pending queue (at its place in the queue: its submission time)
-with its target size, and the next pass — run at once — places it at its minimum and sizes it towards
-the target as in steps 1-2. It holds its GPUs for ``restart_cost_s`` before progressing again. Its old
+with its target size, and the next pass — run at once — places it at its first size and sizes it towards
+the target as in step 1. It holds its GPUs for ``restart_cost_s`` before progressing again. Its old
 completion event is ignored when it comes (stale-completion bookkeeping as in
 :mod:`coordinator.simulator.qos`, by the current run's end time: a grown run ends before the run it replaced
 would have), and a new one is scheduled at every start. A job resizes at most once
@@ -67,7 +67,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.pb.gptrm.v1 import types_pb2
 from coordinator.domain import NodeSnapshot, Placement, Request
@@ -84,9 +84,20 @@ from coordinator.elastic.rules import (
     request_at,
 )
 from coordinator.profiler import Profiler
-from coordinator.scheduler.pipeline import ResizeInputs, place_smaller, plan_resizes, size_elastic, wish
+from coordinator.scheduler.pipeline import (
+    PendingTask,
+    PlacementInputs,
+    RefusedTask,
+    ResizeInputs,
+    on_pool,
+    plan_placements,
+    plan_resizes,
+)
 from coordinator.simulator.ports import Replay, SimJob
 from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve, assign_models
+
+if TYPE_CHECKING:
+    from coordinator.simulator.queues import SimQueues
 
 REPLAY_INTERVAL_S = 300.0
 """The replay's resize interval by default (``--elastic-interval``): its jobs run for hours, so a resize every
@@ -224,6 +235,7 @@ class SimElastic:
         self.end_s: dict[int, float] = {}      # running elastic job → when its current run ends
         self.passes = 0
         self._snapshots: dict[int, tuple[Any, tuple[Any, ...], NodeSnapshot]] = {}
+        self.queues: SimQueues | None = None   # the replay's team queues (set by the replay when it has them)
 
     # ---- hooks the simulator calls -------------------------------------------------------------------
 
@@ -232,11 +244,23 @@ class SimElastic:
         job = self.jobs.get(k)
         return None if job is None else request_at(self.sim.jobs[k].request, job.range, first_size(job.range, 0))
 
+    def stopped(self, k: int, placement: Placement, ran_s: float) -> bool:
+        """Running job ``k`` was preempted after ``ran_s`` on ``placement`` (not resized): it loses the run's
+        progress, as a preempted rigid job does, and its run's end is no longer awaited. True for an elastic job
+        (then the replay stops counting its completion event: a run of it ends only at its current end time)."""
+        job = self.jobs.get(k)
+        if job is None:
+            return False
+        job.energy_j += self.sim.run_energy_j(placement, ran_s)
+        self.running.discard(k)
+        self.end_s.pop(k, None)
+        return True
+
     def stale_completion(self, k: int, now: float) -> bool:
-        """Whether a completion event of job ``k`` at ``now`` belongs to a run that was resized (then it is
-        ignored): the job is not running, or its current run ends at another time. (Runs of one job end out of
-        order — a grown run ends before the run it replaced would have — so a count of stale events, as for
-        preemptions, would not tell them apart.)"""
+        """Whether a completion event of job ``k`` at ``now`` belongs to a run that was resized or preempted (then
+        it is ignored): the job is not running, or its current run ends at another time. (Runs of one job end out
+        of order — a grown run ends before the run it replaced would have — so a count of stale events would not
+        tell them apart.)"""
         if k not in self.jobs:
             return False
         return k not in self.running or self.end_s.get(k) != now
@@ -253,29 +277,43 @@ class SimElastic:
         job.work = 0.0
         return (job.first_start_s if job.first_start_s is not None else start_s), job.energy_j + energy_j
 
-    def schedule(self, now: float, released: bool) -> None:
-        """Passes at ``now`` until no resize follows one (module docstring, steps 1-3)."""
+    def schedule(self, now: float, only: Sequence[int] | None = None) -> None:
+        """Passes at ``now`` until no resize follows one (module docstring, steps 1-2); ``only``: one pass over
+        these pending jobs alone (a preemptor), without resizes."""
         sim = self.sim
+        queues = self.queues
         while True:
             self.passes += 1
-            placed: list[tuple[int, Request]] = []
-            for k in sim.place_pending(now, released):
-                if k in self.jobs:
-                    placed.append((k, sim.request(k)))   # it starts once the pass has sized it
+            pending = sim.pending() if only is None else only
+            tasks = []
+            for k in pending:
+                job = self.jobs.get(k)
+                queued = queues.queued(k) if queues is not None else None
+                if job is None:
+                    tasks.append(PendingTask(sim.request(k), queued))
                 else:
-                    sim.start(k, sim.placed[k], now, sim.jobs[k].duration_s)
-            placed += self._place_smaller(now)
-            self._start_placed(placed, now)
-            if not self._step(now):
+                    tasks.append(PendingTask(sim.request(k), queued, job.range, job.target or 0, job.curve))
+            plan = plan_placements(PlacementInputs(
+                now, tasks, engine_for=lambda _: sim.engine, place=sim.place,
+                queues=queues.state(now) if queues is not None else None,
+                claims=queues.claimed() if queues is not None else frozenset()))
+            if queues is not None:
+                queues.plan = plan.queues
+            for d in plan.decisions:
+                if not isinstance(d, Placement):
+                    continue
+                k = sim.job_of(d.task_id)
+                sim.book(k, d, now)
+                if queues is not None:
+                    queues.booked(k, d, plan.beyond.get(d.task_id, 0))
+                if k in self.jobs:
+                    self._begin(k, d, now)
+                else:
+                    sim.start(k, d, now, sim.jobs[k].duration_s)
+            if only is not None or not self._step(now, plan.waiting()):
                 return
-            released = True
 
     # ---- the cycle's steps, by the pipeline's rules ----------------------------------------------------------
-
-    def _left_waiting(self) -> bool:
-        """Whether a whole-GPU job is still pending (a shape's jobs all ask for the same GPUs)."""
-        sim = self.sim
-        return any(sim.request(k).whole_gpus > 0 for k in sim.heads())
 
     def _nodes(self) -> list[NodeSnapshot]:
         """Every node as the engine sees it now (ready flags and reservations); a node's snapshot is rebuilt
@@ -290,45 +328,6 @@ class SimElastic:
                 self._snapshots[i] = cached
             out.append(cached[2])
         return out
-
-    def _place_smaller(self, now: float) -> list[tuple[int, Request]]:
-        """Elastic jobs the pass refused above their minimum (a resize's target) at the largest smaller size that
-        fits (:func:`~coordinator.scheduler.pipeline.place_smaller`), in queue order, as the cycle does after its
-        batch (after a pass every job still pending is of a refused shape). Returns the jobs placed, each with its
-        request at the size placed."""
-        sim = self.sim
-        out = []
-        for k in sim.pending():
-            job = self.jobs.get(k)
-            if job is None:
-                continue
-            smaller = place_smaller(sim.engine, sim.request(k), job.range)
-            if smaller is not None:
-                sim.book(k, smaller[0], now)
-                out.append((k, smaller[1]))
-        return out
-
-    def _start_placed(self, placed: list[tuple[int, Request]], now: float) -> None:
-        """Size the elastic jobs this pass placed (when nothing whole was left waiting, each up to its
-        :func:`~coordinator.scheduler.pipeline.wish`: :func:`~coordinator.scheduler.pipeline.size_elastic`), then
-        start them."""
-        sim = self.sim
-        if not placed:
-            return
-        sized: dict[str, Placement | None] = {}
-        if not self._left_waiting():
-            batch = []
-            for k, req in placed:
-                job = self.jobs[k]
-                batch.append((req, sim.placed[k], job.range, job.curve, wish(job.range, job.target or 0)))
-            sized = size_elastic(sim.engine, batch)
-        for k, _req in placed:
-            task_id = sim.jobs[k].request.task_id
-            placement = sized[task_id] if task_id in sized else sim.placed[k]
-            if placement is None:   # its GPUs were taken while it was sized (released): it waits for the next pass
-                sim.unbook(k, released=True)
-                continue
-            self._begin(k, placement, now)
 
     def _begin(self, k: int, placement: Placement, now: float) -> None:
         """Job ``k`` starts a run on ``placement``: its restart, then its work at its true throughput."""
@@ -373,15 +372,18 @@ class SimElastic:
             job.curve = job.curve.observe_all(job.size, [true * math.exp(sigma * gauss(0.0, 1.0)) if sigma else true
                                                          for _ in range(min(cycles, READINGS_PER_PASS))])
 
-    def _step(self, now: float) -> bool:
-        """Shrink for jobs left waiting, or grow into idle GPUs when none waits, as the pipeline's
+    def _step(self, now: float, left: Sequence[Request]) -> bool:
+        """Shrink for the jobs the pass left waiting (``left``, in queue order) or, with team queues, for a job its
+        queue refused, or grow into idle GPUs when none waits, as the pipeline's
         :func:`~coordinator.scheduler.pipeline.plan_resizes` decides; True when a job resized."""
         if not self.running:
             return False
         sim = self.sim
+        queues = self.queues
         self._observe(now)
-        waiting = sim.waiting > 0
-        if (waiting and not self.config.shrink) or (not waiting and not self.config.grow):
+        waiting = bool(left)
+        refused = queues.refused() if queues is not None else {}
+        if not refused and ((waiting and not self.config.shrink) or (not waiting and not self.config.grow)):
             return False
         interval = self.settings.interval_s
         start_times = sim.start_times
@@ -390,12 +392,19 @@ class SimElastic:
         # when that cycle resizes, so a job is never resized in the pass that started it.
         jobs = [self._as_job(k, now) for k in sorted(self.running)
                 if start_times[k] < now and ((last := self.jobs[k].last_resize_s) is None or now - last >= interval)]
-        if not jobs or (waiting and not any(j.size > j.range.minimum for j in jobs)):
+        if not jobs or ((waiting or not self.config.grow) and not any(j.size > j.range.minimum for j in jobs)):
             return False   # nothing to resize (cheaper than asking the rules)
+        requests = {j.task_id: sim.jobs[self.by_id[j.task_id]].request for j in jobs}
+        keys: dict[str, tuple[str, str]] = {}
+        view = None
+        if queues is not None:   # each job's queue and pool, held to its pool, and the queues' use (as the leader)
+            keys = {j.task_id: queues.pool_of(self.by_id[j.task_id]) for j in jobs}
+            requests = {t: on_pool(r, keys[t][1]) for t, r in requests.items()}
+            view = (queues.config, queues.use(), queues.capacity)
         plan = plan_resizes(ResizeInputs(
-            now=now, settings=self.settings, jobs=jobs, nodes=self._nodes(),
-            waiting=[sim.request(k) for k in sim.pending()] if waiting else (),
-            requests={j.task_id: sim.jobs[self.by_id[j.task_id]].request for j in jobs}, explain=False))
+            now=now, settings=self.settings, jobs=jobs, nodes=self._nodes(), waiting=left, requests=requests,
+            refused=[RefusedTask(queues.queued(k), sim.jobs[k].request.priority, why) for k, why in refused.items()]
+            if queues is not None else (), queue_pools=keys, queues=view, explain=False))
         gave: dict[str, int] = {}
         for d in plan.resizes:
             self._resize(self.by_id[d.task_id], d, now)

@@ -13,7 +13,9 @@ first-come-first-served), in report order (:data:`RUNS`):
 - ``shrink-only`` and ``grow-only`` — ``elastic`` with grows, or shrinks, not planned: what each part
   of the rules brings.
 
-``--elastic-runs NAMES`` (comma-separated) replays only those runs.
+``--elastic-runs NAMES`` (comma-separated) replays only those runs. ``--queues FILE|proportional`` replays every
+run with those team queues (borrowing and reclaim; :mod:`coordinator.simulator.queues_cli`), ``--qos`` with
+priority preemption: the leader runs them together with elastic jobs, and so does the replay.
 
 The allocator decides with what the leader would know (:mod:`coordinator.simulator.elastic`): throughput
 readings with noise (``--throughput-noise``, default each model's measured spread), the profiler's run time per
@@ -47,6 +49,7 @@ from typing import Any
 from common.errors import GptrmError, UsageError
 from common.logging import configure_logging
 from coordinator.domain import ClusterSnapshot
+from coordinator.queues import QueueConfig
 from coordinator.simulator.elastic import ElasticSimConfig, elastic_config
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult
 from coordinator.simulator.replay import ProgressBar, run_policies, write_outputs
@@ -69,16 +72,19 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def elastic_configs(base: SimConfig, elastic: ElasticSimConfig, power_down_s: float,
-                    max_factor: float) -> tuple[list[str], list[SimConfig]]:
+def elastic_configs(base: SimConfig, elastic: ElasticSimConfig, power_down_s: float, max_factor: float, *,
+                    queues: QueueConfig | None = None, preemption: bool = False) -> tuple[list[str], list[SimConfig]]:
     """The runs' names and configurations (module docstring).
 
     :param base: the first policy's configuration (power-down and elastic fields are replaced).
     :param elastic: the elastic configuration of the ``elastic`` run.
     :param power_down_s: power-down delay of the ``-pd`` runs.
     :param max_factor: the ``elastic`` run's factor (``elastic-x2`` is left out when it is 2).
+    :param queues: team queues of every run (borrowing and reclaim; None: none).
+    :param preemption: priority preemption in every run.
     """
-    rigid = replace(base, keep_order=True, preemption=False, queues=None, elastic=None, power_down_after_s=None)
+    rigid = replace(base, keep_order=True, preemption=preemption, queues=queues, reclaim=True, elastic=None,
+                    power_down_after_s=None)
     pd = replace(rigid, power_down_after_s=power_down_s)
     runs: list[tuple[str, SimConfig]] = [
         ("fcfs", rigid), ("fcfs-pd", pd), ("elastic", replace(rigid, elastic=elastic)),
@@ -156,11 +162,17 @@ def run_elastic(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequen
     except (OSError, ValueError) as e:
         raise UsageError(f"--scaling: cannot read the scaling data under {scaling}: {e}") from e
     power_down = args.power_down_after if args.power_down_after is not None else DEFAULT_POWER_DOWN_S
+    tree: QueueConfig | None = None
+    if getattr(args, "queues", None) is not None:
+        from coordinator.simulator.queues_cli import queue_configs
+
+        tree = queue_configs(args.queues, jobs, int(sum(n.capacity.gpus for n in cluster.nodes)))
     try:
         elastic = elastic_config(jobs, curves, seed=args.seed, max_factor=args.elastic_max_factor,
                                  interval_s=args.elastic_interval, restart_cost_s=args.restart_cost,
                                  oracle=args.oracle, throughput_noise=args.throughput_noise)
-        names, configs = elastic_configs(config, elastic, power_down, args.elastic_max_factor)
+        names, configs = elastic_configs(config, elastic, power_down, args.elastic_max_factor, queues=tree,
+                                         preemption=bool(getattr(args, "qos", False)))
         if getattr(args, "elastic_runs", None):
             wanted = [n.strip() for n in args.elastic_runs.split(",") if n.strip()]
             unknown = sorted(set(wanted) - set(RUNS))
@@ -184,6 +196,8 @@ def run_elastic(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequen
         f"- policy {config.policy}, FIFO placement; power-down after {power_down:g} s in the -pd runs (wake "
         f"{config.wake_delay_s:g} s, {config.spare_nodes} spare); elastic: 1..{args.elastic_max_factor:g} × trace "
         f"GPUs (at most 64), hysteresis {args.elastic_interval:g} s, restart cost {args.restart_cost:g} s",
+        *([f"- every run with team queues `{args.queues}` (borrowing and reclaim)"] if tree is not None else []),
+        *(["- every run with priority preemption (--qos)"] if getattr(args, "qos", False) else []),
         "- models by GPU-hours: " + ", ".join(f"{m} {n:,}" for m, n in sorted(models.items())),
         f"- throughput curves: measured training throughput read from `{scaling}` (source: its README)",
         "- the allocator knows " + ("the truth (--oracle): true throughput, remaining run time and restart cost"

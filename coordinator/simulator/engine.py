@@ -35,7 +35,9 @@ round-robin cursor, so the decisions equal those of ``place_batch`` over the who
 queue on every pass, and the tests compare both.
 
 Priorities and preemption (``SimConfig(preemption=True)``): after each pass the QoS Manager's
-victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`.
+victim choice runs on the refused high-priority jobs; see :mod:`coordinator.simulator.qos`. A preempted run's
+completion event is ignored when it comes (the replay counts them, :attr:`Simulator.stale`; an elastic job's by the
+end time of its current run).
 
 Team queues (``SimConfig(queues=...)``): each job runs in the queue its trace ``group`` names
 (:attr:`SimJob.queue`), and every pass is the pipeline's
@@ -49,11 +51,15 @@ Every run of a job (from a start to its end or preemption) is kept in :attr:`Sim
 per-job records can be written and per-queue figures recomputed from them.
 
 Elastic jobs (``SimConfig(elastic=...)``): jobs resize between their minimum and maximum by the
-pipeline's rules; every pass goes through :class:`coordinator.simulator.elastic.SimElastic` (placement at the
-first size, placed smaller when refused and sized before the start by the pipeline's
-:func:`~coordinator.scheduler.pipeline.place_smaller` and :func:`~coordinator.scheduler.pipeline.size_elastic`,
-then the resizes :func:`~coordinator.scheduler.pipeline.plan_resizes` decides), and an elastic job's run time
-follows from its work and its true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`.
+pipeline's rules; every pass goes through :class:`coordinator.simulator.elastic.SimElastic`: the pipeline's
+:func:`~coordinator.scheduler.pipeline.plan_placements` itself (placement at the first size, placed smaller when
+refused and sized before the start; with team queues, their admission and room), then the resizes
+:func:`~coordinator.scheduler.pipeline.plan_resizes` decides; an elastic job's run time follows from its work and its
+true throughput at the size it holds; see :mod:`coordinator.simulator.elastic`. Elastic jobs, team queues and
+preemption combine as on the leader: a pass that resized is followed by another before any preemption (the
+leader preempts only in a cycle that resized nothing), priority preemption stays within a queue and helps only what
+the queues admitted, and a preemptor is placed by a pass of its own (:meth:`Simulator.schedule` with ``only``), so
+it is admitted by its queue and, elastic, sized like any job.
 
 Node power is the production Resource Adaptor's: with ``power_down_after_s`` the replay drives
 :class:`coordinator.adaptor.power.PowerManager` with the ``simulated`` node provider in virtual
@@ -152,7 +158,8 @@ class SimConfig:
     :param wake_delay_s: boot time: from powering a node on until it takes work.
     :param spare_nodes: idle nodes the adaptor keeps on (``--spare-nodes``).
     :param keep_order: decide in queue order also for the policies that sort by demand (FIFO).
-    :param exact_batches: reference mode: hand the whole queue to ``place_batch`` on every pass.
+    :param exact_batches: reference mode: hand the whole queue to ``place_batch`` on every pass (not with
+        ``elastic``, whose passes are the pipeline's own).
     :param measure_until_s: stop the time-weighted metrics here (None: at the last event); job
         statistics always cover every job.
     :param keep_series: record samples per timestamp for plots.
@@ -181,8 +188,8 @@ class SimConfig:
     elastic: ElasticSimConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.elastic is not None and (self.preemption or self.queues is not None or self.exact_batches):
-            raise ValueError("elastic replays run without preemption, team queues and exact batches")
+        if self.elastic is not None and self.exact_batches:
+            raise ValueError("elastic replays place through the pipeline's own pass: exact_batches does not apply")
         if self.power_down_after_s is not None and self.power_down_after_s < 0:
             raise ValueError(f"power_down_after_s must be ≥ 0, got {self.power_down_after_s}")
         if self.wake_delay_s < 0:
@@ -285,6 +292,7 @@ class Simulator:
         self.processed = 0
         self.job_events = 0  # arrivals and completions still in the heap
         self.runs: list[JobRun] = []
+        self.stale: dict[int, int] = {}   # job → completion events of preempted runs still to come (ignored)
         self.armed = False
         self.record: PassRecord | None = None   # what the current step decides (only while :meth:`step` runs)
         managed = config.queues is not None and config.queues.managed
@@ -304,6 +312,10 @@ class Simulator:
             # Reclaim stops a borrower through the replay's preemption (looked up at each call).
             self.queues = SimQueues(self, config.queues, reclaim=config.reclaim,
                                     preempt=lambda k, now: qos.preempt(k, now))
+            # Priority preemption stays within a queue, for what the queues' plan admitted and left waiting.
+            qos.waiting, qos.allowed = self.queues.left_waiting, self.queues.may_preempt
+            if self.elastic is not None:
+                self.elastic.queues = self.queues
 
     def _push(self, t: float, kind: int, payload: int) -> None:
         """Schedule an event (payload: a job index; unused for a power step)."""
@@ -455,28 +467,26 @@ class Simulator:
 
     # ---- the replay's side of the pipeline (coordinator.simulator.ports.Replay) -------------------------------
 
-    def schedule(self, now: float, released: bool) -> None:
+    def schedule(self, now: float, released: bool, only: Sequence[int] | None = None) -> None:
         """One scheduling pass at ``now`` (with elastic jobs: their passes, sizing and resizes; with team queues:
-        the queues' pass)."""
+        the queues' pass); ``only``: a pass over these pending jobs alone (a preemptor, placed ahead of the
+        rest)."""
+        if released:
+            self.refused.clear()   # resources came back: every shape may fit again
         if self.elastic is not None:
-            self.elastic.schedule(now, released)
+            self.elastic.schedule(now, only)
             return
         if self.queues is not None:
-            if released:
-                self.refused.clear()
-            self.queues.schedule(now)
+            self.queues.schedule(now, only)
             return
-        for k in self.place_pending(now, released):
+        for k in self.place_pending(now) if only is None else self._plan(now, only):
             self.start(k, self.placed[k], now, self.jobs[k].duration_s)
 
-    def place_pending(self, now: float, released: bool) -> list[int]:
+    def place_pending(self, now: float) -> list[int]:
         """Place what the queue's order lets fit now; returns the jobs booked (not started), in the order placed.
 
         The placement step of :func:`coordinator.scheduler.pipeline.plan_placements` over the pending queue, cheaply
         (module docstring); ``exact_batches`` runs ``plan_placements`` itself."""
-        if released:
-            # Resources came back: every shape may fit again.
-            self.refused.clear()
         if self.config.exact_batches:
             return self._place_exact(now)
         sorts = self.engine.policy.sorts_requests and not self.config.keep_order
@@ -508,15 +518,18 @@ class Simulator:
 
     def _place_exact(self, now: float) -> list[int]:
         """Reference pass over the whole queue: the pipeline's :func:`plan_placements` with ``place_batch``."""
-        pending = self.pending()
-        plan = plan_placements(PlacementInputs(now, [PendingTask(self.requests[k]) for k in pending],
+        return self._plan(now, self.pending())
+
+    def _plan(self, now: float, jobs: Sequence[int]) -> list[int]:
+        """The pipeline's :func:`plan_placements` over these pending jobs; returns the jobs it booked, in order."""
+        plan = plan_placements(PlacementInputs(now, [PendingTask(self.requests[k]) for k in jobs],
                                                engine_for=lambda _: self.engine, place=self.place))
-        by_id = {self.jobs[k].request.task_id: k for k in pending}
         booked = []
         for d in plan.decisions:
             if isinstance(d, Placement):
-                self.book(by_id[d.task_id], d, now)
-                booked.append(by_id[d.task_id])
+                k = self.by_task_id[d.task_id]
+                self.book(k, d, now)
+                booked.append(k)
         return booked
 
     def request(self, k: int) -> Request:
@@ -575,16 +588,6 @@ class Simulator:
         self.waiting -= 1
         self.placed[k] = placement
 
-    def unbook(self, k: int, *, released: bool = False) -> None:
-        """Undo :meth:`book` of job ``k`` before it started: reservations given back (``released``: they were
-        already), pending again."""
-        placement = self.placed.pop(k)
-        if not released:
-            self.engine.release(placement, self.jobs[k].request.gpu_mem_per_gpu_bytes)
-        self.refused.clear()   # something was released
-        heapq.heappush(self.buckets.setdefault(self.shapes[k], []), (queue_key(self.requests[k]), k))
-        self.waiting += 1
-
     def start(self, k: int, placement: Placement, now: float, run_s: float) -> None:
         """Job ``k`` starts running on ``placement`` (already booked) and ends ``run_s`` later (only ready nodes
         are schedulable: they are up)."""
@@ -606,12 +609,15 @@ class Simulator:
     def stop(self, k: int, now: float, *, preempted: bool = True, resized: bool = False) -> Placement:
         """Running job ``k`` stops before its end: its reservations go back (every shape may fit again); a
         ``resized`` run's completion event is no longer awaited (the replay does not wait for it)."""
+        ran = now - self.start_times[k]
         placement = self._release(k, now, preempted=preempted, resized=resized)
         self.start_times.pop(k)
         if self.record is not None:
             self.record.stopped[self.jobs[k].request.task_id] = "resized" if resized else "preempted"
-        if resized:
-            self.job_events -= 1
+        if resized or (self.elastic is not None and self.elastic.stopped(k, placement, ran)):
+            self.job_events -= 1   # its completion is no longer awaited (the elastic part knows each run's end)
+        else:
+            self.stale[k] = self.stale.get(k, 0) + 1   # its completion event is ignored when it comes
         self.refused.clear()
         return placement
 
@@ -639,7 +645,8 @@ class Simulator:
 
     def _complete(self, k: int, now: float) -> None:
         """Job ``k`` ends: release its reservations (the adaptor sees its nodes idle)."""
-        if self.qos is not None and self.qos.stale_completion(k):
+        if self.stale.get(k):
+            self.stale[k] -= 1
             return   # the end of a run that was preempted
         placement = self._release(k, now)
         req = self.jobs[k].request

@@ -92,16 +92,8 @@ class Replay(Protocol):
         """What ``engine.place_batch(requests)`` decides (the policy's order), skipping shapes refused since the last
         release: the :data:`~coordinator.scheduler.pipeline.Placer` of the replay."""
 
-    def place_pending(self, now: float, released: bool) -> list[int]:
-        """Place what the queue's order lets fit now (each job with :meth:`request`); returns the jobs booked, not
-        started, in the order placed."""
-
     def book(self, k: int, placement: Placement, now: float) -> None:
         """Pending job ``k`` was placed (its reservations taken in the engine): out of the queue, booked."""
-
-    def unbook(self, k: int, *, released: bool = False) -> None:
-        """Undo :meth:`book` of a job that has not started: its reservations given back (``released``: they were
-        already), it is pending again."""
 
     def start(self, k: int, placement: Placement, now: float, run_s: float) -> None:
         """Booked job ``k`` starts running on ``placement`` and ends ``run_s`` later."""
@@ -113,8 +105,9 @@ class Replay(Protocol):
     def requeue(self, k: int, request: Request | None = None) -> None:
         """A stopped job ``k`` is pending again (with ``request``: placed with that from now on)."""
 
-    def schedule(self, now: float, released: bool) -> None:
-        """One scheduling pass at ``now`` (``released``: something was given back since the last one)."""
+    def schedule(self, now: float, released: bool, only: Sequence[int] | None = None) -> None:
+        """One scheduling pass at ``now`` (``released``: something was given back since the last one; ``only``: a
+        pass over these pending jobs alone, placed ahead of the rest: a preemptor)."""
 
     def tick_at(self, t: float) -> None:
         """Run a pass at ``t`` even if no job event happens then."""

@@ -24,16 +24,20 @@ Victims stop at once in virtual time (the checkpoint signal and stop grace are n
 progress since their last start
 (no checkpoint is modelled, so the lost GPU-time is an upper bound) and go back to the queue with
 their original request (submit time and priority), where they run their whole duration again later.
-The preemptor is placed on the freed resources at once, before any other pending job (the leader
-holds lower-priority work back for it the same way), and another pass follows. A job preempted
-less than ``protection_s`` ago is never chosen again.
+The preemptor is placed on the freed resources at once, by a pass over it alone, before any other pending job (the
+leader holds lower-priority work back for it the same way): with team queues it is admitted by its queue, elastic it
+is sized like any job. Another pass follows. A job preempted less than ``protection_s`` ago is never chosen again.
+
+With team queues (:mod:`coordinator.simulator.queues`), as on the leader, a job preempts only within its own queue
+(:func:`coordinator.queues.planning.preempts_within`; across queues only reclaim takes GPUs back), and only the jobs
+the queues' plan admitted and placement refused are helped (a job its queue refused waits for its queue).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 
-from coordinator.domain import Placement
 from coordinator.qos.preemption import Candidate, Fits, NodeHolding, choose_preemption
 from coordinator.simulator.ports import Replay
 
@@ -67,15 +71,12 @@ class SimPreemption:
         self.count: Counter[int] = Counter()         # job index → times preempted
         self.lost_run_s: defaultdict[int, float] = defaultdict(float)   # job index → run time lost to preemptions
         self.last_s: dict[int, float] = {}           # job index → when it was last preempted
-        self.stale: Counter[int] = Counter()         # job index → completions to ignore (runs cut short)
         self.preemptions = 0
-
-    def stale_completion(self, k: int) -> bool:
-        """Whether a completion event of job ``k`` belongs to a run that was preempted (then it is ignored)."""
-        if self.stale[k]:
-            self.stale[k] -= 1
-            return True
-        return False
+        # The jobs a pass left waiting that preemption may help (default: the head of every pending shape; with
+        # team queues, what their plan admitted and placement refused, as on the leader).
+        self.waiting: Callable[[], Sequence[int]] = sim.heads
+        # Whether job k may take what job v holds (default: any; with team queues, only within its queue).
+        self.allowed: Callable[[int, int], bool] | None = None
 
     def after_pass(self, now: float) -> None:
         """Preempt for refused high-priority jobs until none can be helped; a pass follows each preemption."""
@@ -102,15 +103,20 @@ class SimPreemption:
         running = self._running(now)
         if not running:
             return False
-        chosen = choose_preemption([sim.jobs[k].request for k in sim.heads()], [c for _k, c in running],
-                                   sim.engine.snapshot, self.fits, now=now, protection_s=self.protection_s)
+        by_id = {c.id: k for k, c in running}
+        allowed = self.allowed
+        chosen = choose_preemption([sim.request(k) for k in self.waiting()], [c for _k, c in running],
+                                   sim.engine.snapshot, self.fits, now=now, protection_s=self.protection_s,
+                                   allowed=None if allowed is None else
+                                   lambda req, c: allowed(sim.job_of(req.task_id), by_id[c.id]))
         if chosen is None:
             return False
         req, victims = chosen
-        by_id = {c.id: k for k, c in running}
         for v in victims:
             self.preempt(by_id[v.id], now)
-        self._place(sim.job_of(req.task_id), now)
+        # The preemptor is placed at once on what its victims freed, by a pass of its own (the rest of the queue
+        # waits for the next pass, as the leader holds lower-priority work back for it).
+        sim.schedule(now, True, only=[sim.job_of(req.task_id)])
         return True
 
     def preempt(self, k: int, now: float) -> None:
@@ -121,19 +127,8 @@ class SimPreemption:
         sim.stop(k, now)
         self.count[k] += 1
         self.last_s[k] = now
-        self.stale[k] += 1
         self.preemptions += 1
         sim.requeue(k)
-
-    def _place(self, k: int, now: float) -> None:
-        """Place the preemptor at once on what its victims freed (the rest of the queue waits for the next pass)."""
-        sim = self.sim
-        req = sim.jobs[k].request
-        decision = sim.engine.place(req)
-        if not isinstance(decision, Placement):
-            return   # cannot happen while the fit check and the engine agree; the next pass retries it
-        sim.book(k, decision, now)
-        sim.start(k, decision, now, sim.jobs[k].duration_s)
 
     def per_job(self) -> dict[str, tuple[int, float]]:
         """``job id → (times preempted, run seconds lost)`` for every job preempted at least once."""

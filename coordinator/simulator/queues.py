@@ -39,11 +39,12 @@ so nothing held between two passes is missed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from coordinator.domain import Placement, Request
-from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, UsageDecay
-from coordinator.queues.planning import QueuedTask, QueuePlan, counted_gpus, reclaim_for
+from coordinator.elastic.rules import placement_gpus
+from coordinator.queues import ANY_MODEL, QueueConfig, QueueHolding, QueueUse, UsageDecay, queue_use, rebalance
+from coordinator.queues.planning import QueuedTask, QueuePlan, counted_gpus, preempts_within, reclaim_for
 from coordinator.scheduler.pipeline import PendingTask, PlacementInputs, QueueState, plan_placements
 from coordinator.simulator.ports import Replay
 
@@ -81,14 +82,15 @@ class SimQueues:
             self.node_model.append(model)
             if node.capacity.gpus > 0:
                 self.capacity[model] = self.capacity.get(model, 0) + int(node.capacity.gpus)
-        self.tasks = [QueuedTask(j.request.task_id, j.queue, whole_gpus(j.request),
-                                 j.request.demand.cpu_cores * j.request.nodes,
-                                 j.request.demand.mem_bytes * j.request.nodes / _GIB,
-                                 j.request.gpu_model or ANY_MODEL, whole_gpus(j.request) // j.request.nodes,
-                                 j.request.nodes) for j in sim.jobs]
+        # Each job's queue view, from the request it is first placed with (an elastic job's: its first size).
+        self.tasks = [QueuedTask(r.task_id, j.queue, whole_gpus(r), r.demand.cpu_cores * r.nodes,
+                                 r.demand.mem_bytes * r.nodes / _GIB, r.gpu_model or ANY_MODEL,
+                                 whole_gpus(r) // r.nodes, r.nodes)
+                      for j, r in ((j, sim.request(k)) for k, j in enumerate(sim.jobs))]
         self.by_id = {t.task_id: k for k, t in enumerate(self.tasks)}
         self.borrowed: dict[int, int] = {}     # running job → GPUs borrowed, as admitted
         self.model: dict[int, str] = {}        # running job → GPU model it holds
+        self.gpus: dict[int, int] = {}         # running job → whole GPUs it holds (an elastic job's: its size)
         self.plan: QueuePlan | None = None     # the last pass's plan
         self.claims: frozenset[str] = frozenset()   # queues that reclaimed for the next pass (their jobs go first)
         self.accrued_at: float | None = None
@@ -103,13 +105,14 @@ class SimQueues:
         dt = now - last
         for k in self.sim.placed:
             t = self.tasks[k]
-            self.decay.add(t.queue, now, gpu_s=t.gpus * dt, cpu_s=t.cpu * dt)
+            self.decay.add(t.queue, now, gpu_s=self.gpus.get(k, t.gpus) * dt, cpu_s=t.cpu * dt)
 
     def released(self, k: int, now: float) -> None:
         """Job ``k`` stops holding its GPUs at ``now`` (ended or preempted); called before it is released."""
         self._accrue(now)
         self.borrowed.pop(k, None)
         self.model.pop(k, None)
+        self.gpus.pop(k, None)
 
     def holdings(self) -> list[QueueHolding]:
         """The running jobs as the queues see them."""
@@ -117,41 +120,79 @@ class SimQueues:
         out = []
         for k in sim.placed:
             t = self.tasks[k]
-            out.append(QueueHolding(t.task_id, t.queue, self.model[k], t.gpus, min(self.borrowed[k], t.gpus), True,
-                               sim.start_times[k], t.cpu, t.mem_gib,
-                               {node_id: t.per_node for node_id in sim.placed[k].node_ids}))
+            gpus = self.gpus[k]
+            per_node: dict[str, int] = {}
+            for a in sim.placed[k].assignments:
+                per_node[a.node_id] = per_node.get(a.node_id, 0) + (len(a.gpu_indices) or t.per_node)
+            out.append(QueueHolding(t.task_id, t.queue, self.model[k], gpus, min(self.borrowed[k], gpus), True,
+                                    sim.start_times[k], t.cpu, t.mem_gib, per_node))
         return out
 
-    def schedule(self, now: float) -> None:
-        """One pass: the pipeline's :func:`~coordinator.scheduler.pipeline.plan_placements` over the pending jobs and
-        the queues' state (admission, fair order, placement), then the placed jobs start (module docstring, steps
-        1-2)."""
-        sim = self.sim
+    def state(self, now: float) -> QueueState:
+        """The queues as a pass plans them (their usage accrued up to ``now``)."""
         self.passes += 1
         self._accrue(now)
-        pending = sim.pending()
-        claims, self.claims = self.claims, frozenset()   # the victims stopped at once: this pass has their GPUs
+        return QueueState(self.config, self.holdings(), self.capacity, self.decay)
+
+    def claimed(self) -> frozenset[str]:
+        """The queues whose reclaim's victims stopped since the last pass: this pass places their jobs first (the
+        victims stopped at once, so it has their GPUs)."""
+        claims, self.claims = self.claims, frozenset()
+        return claims
+
+    def queued(self, k: int) -> QueuedTask:
+        """Job ``k`` as its queue sees it."""
+        return self.tasks[k]
+
+    def schedule(self, now: float, only: Sequence[int] | None = None) -> None:
+        """One pass: the pipeline's :func:`~coordinator.scheduler.pipeline.plan_placements` over the pending jobs
+        (``only``: these alone) and the queues' state (admission, fair order, placement), then the placed jobs start
+        (module docstring, steps 1-2)."""
+        sim = self.sim
+        pending = sim.pending() if only is None else only
         plan = plan_placements(PlacementInputs(
-            now, [PendingTask(sim.jobs[k].request, self.tasks[k]) for k in pending], engine_for=lambda _: sim.engine,
-            queues=QueueState(self.config, self.holdings(), self.capacity, self.decay), place=sim.place,
-            claims=claims))
+            now, [PendingTask(sim.request(k), self.tasks[k]) for k in pending], engine_for=lambda _: sim.engine,
+            queues=self.state(now), place=sim.place, claims=self.claimed()))
         self.plan = plan.queues
         for d in plan.decisions:
             if isinstance(d, Placement):
-                self._book(self.by_id[d.task_id], d, now)
+                k = self.by_id[d.task_id]
+                sim.book(k, d, now)
+                self.booked(k, d)
+                sim.start(k, d, now, sim.jobs[k].duration_s)
 
-    def _book(self, k: int, placement: Placement, now: float) -> None:
-        """Start job ``k`` on ``placement`` (in the GPU pool it was admitted in) with what its admission
-        borrowed."""
-        sim = self.sim
-        req = sim.jobs[k].request
-        admission = self.plan.admissions[req.task_id] if self.plan is not None else None
+    def booked(self, k: int, placement: Placement, beyond: int = 0) -> None:
+        """Job ``k`` was booked on ``placement`` (in the GPU pool it was admitted in by :attr:`plan`) with what its
+        admission borrowed, and ``beyond``: what an elastic job borrows above its first size."""
+        admission = self.plan.admissions[self.tasks[k].task_id] if self.plan is not None else None
         assert admission is not None
-        model = self.node_model[sim.index[placement.node_ids[0]]]
-        sim.book(k, placement, now)
-        self.borrowed[k] = admission.borrowed
-        self.model[k] = model
-        sim.start(k, placement, now, sim.jobs[k].duration_s)
+        self.borrowed[k] = admission.borrowed + beyond
+        self.model[k] = self.node_model[self.sim.index[placement.node_ids[0]]]
+        self.gpus[k] = max(self.tasks[k].gpus, placement_gpus(placement))
+
+    def left_waiting(self) -> list[int]:
+        """The jobs the last pass's plan admitted and placement left waiting, in its order (what priority
+        preemption may help: a job its queue refused waits for its queue, not for GPUs)."""
+        if self.plan is None:
+            return []
+        placed = self.sim.placed
+        return [k for task_id in self.plan.order if (k := self.by_id[task_id]) not in placed]
+
+    def refused(self) -> Mapping[int, str]:
+        """Job → why its queue refused it in the last pass's plan, in fair order."""
+        return {} if self.plan is None else {self.by_id[t]: why for t, why in self.plan.refused.items()}
+
+    def may_preempt(self, k: int, victim: int) -> bool:
+        """Whether job ``k`` may preempt job ``victim`` for priority (:func:`preempts_within`)."""
+        return preempts_within(self.config, self.tasks[k].queue, self.tasks[victim].queue)
+
+    def pool_of(self, k: int) -> tuple[str, str]:
+        """Running job ``k``'s queue and the GPU pool its GPUs are in."""
+        return self.tasks[k].queue, self.config.pool_of(self.model[k])
+
+    def use(self) -> dict[str, QueueUse]:
+        """What each queue's running jobs hold now (``borrowed`` recomputed)."""
+        return queue_use(rebalance(self.config, self.holdings()))
 
     def after_pass(self, now: float) -> None:
         """Reclaim for the jobs the pass left waiting, then pass once more (module docstring, step 3)."""

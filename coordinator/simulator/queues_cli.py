@@ -8,6 +8,8 @@ replay's first-come-first-served):
 - ``borrow`` — the queue tree as given (``proportional``: lending everything, no limit), borrowing
   allowed, and reclaim preempting borrowers for queues owed their quota.
 
+With ``--qos`` every run also has priority preemption (within a queue, as on the leader).
+
 ``--queues proportional`` generates the tree from the replayed jobs
 (:func:`coordinator.simulator.queue_report.proportional_queues`); either way the tree used is
 written to ``<out>/queues.toml``. The per-queue figures
@@ -79,7 +81,7 @@ def run_queues(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequenc
     """
     gpus = int(sum(n.capacity.gpus for n in cluster.nodes))
     tree = queue_configs(args.queues, jobs, gpus)
-    base = replace(config, keep_order=True, preemption=False)
+    base = replace(config, keep_order=True, preemption=bool(getattr(args, "qos", False)))
     configs = [replace(base, queues=None), replace(base, queues=strict(tree), reclaim=False),
                replace(base, queues=tree, reclaim=True)]
     try:
@@ -95,7 +97,8 @@ def run_queues(args: argparse.Namespace, cluster: ClusterSnapshot, jobs: Sequenc
         f"- jobs: `{args.jobs}` ({len(jobs):,} replayed); nodes: `{args.nodes}`, {len(cluster.nodes)} nodes, "
         f"{gpus:,} GPUs" + (f" (limit {args.nodes_limit}, evenly spaced)" if args.nodes_limit else ""),
         f"- policy {config.policy}, FIFO placement; queues: `{args.queues}` (written to queues.toml); "
-        f"runs: fcfs (no queues), strict (limit = quota), borrow (borrowing and reclaim)",
+        f"runs: fcfs (no queues), strict (limit = quota), borrow (borrowing and reclaim)"
+        + ("; priority preemption in every run (--qos)" if base.preemption else ""),
         "- contended time: total demand (GPUs of running + pending jobs) above the cluster's GPUs; "
         "share = received / entitlement (min(quota, demand)) in that time; met = entitlement covered",
         "- the scheduler knows " + ("the trace's run times (--oracle)" if getattr(args, "oracle", False) else

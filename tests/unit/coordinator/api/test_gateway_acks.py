@@ -36,8 +36,20 @@ async def _acks(results: list[tuple[int, float, Exception | None]]) -> list[int 
 
 
 def test_acks_follow_event_order_whatever_finishes_first() -> None:
-    """Event 2 applied before event 1: the acks still read 1, 2, 3."""
-    assert asyncio.run(_acks([(1, 0.05, None), (2, 0.0, None), (3, 0.01, None)])) == [1, 2, 3]
+    """Events 2 and 3 applied before event 1: nothing is acknowledged until 1 is, then one ack covers all three
+    (acks are cumulative)."""
+    assert asyncio.run(_acks([(1, 0.05, None), (2, 0.0, None), (3, 0.01, None)])) == [3]
+
+
+def test_events_applied_one_after_the_other_are_acknowledged_one_by_one() -> None:
+    """Each event applied after the acker took the one before: one ack each, in order."""
+    assert asyncio.run(_acks([(1, 0.0, None), (2, 0.03, None), (3, 0.06, None)])) == [1, 2, 3]
+
+
+def test_one_ack_covers_the_events_applied_together_up_to_one_not_applied() -> None:
+    """Events 1 and 2 applied, 3 failed, 4 applied: one ack up to 2, and the stream ends."""
+    assert asyncio.run(_acks([(1, 0.03, None), (2, 0.0, None), (3, 0.0, RuntimeError("etcd down")),
+                              (4, 0.0, None)])) == [2, None]
 
 
 def test_nothing_after_an_event_not_applied_is_acknowledged() -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from common.errors import PlacementError
 from common.pb.gptrm.v1 import types_pb2
+from coordinator.domain import Request
+from coordinator.scheduler import admission as admission_module
 from coordinator.scheduler.admission import PlaceabilityCheck, unplaceable_reason
 from tests.helpers.builders import GIB, make_node, make_request
 
@@ -69,6 +73,39 @@ class TestAdmission:
         """A new node may be the answer."""
         policy = types_pb2.Policy(name="max-utilization", threshold=0.9)
         PlaceabilityCheck(lambda: NODES, lambda: policy, creates_nodes=True).check(_task(16))
+
+    def test_a_shape_let_through_is_not_judged_again_on_the_same_nodes(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A sweep's submits share one shape: the nodes are judged for the first, not for each of the rest."""
+        judged: list[str] = []
+        real = admission_module.unplaceable_reason
+
+        def counted(req: Request, *rest: Any) -> str | None:
+            judged.append(req.task_id)
+            return real(req, *rest)
+
+        monkeypatch.setattr(admission_module, "unplaceable_reason", counted)
+        policy = types_pb2.Policy(name="max-utilization", threshold=0.9)
+        admission = PlaceabilityCheck(lambda: NODES, lambda: policy, creates_nodes=False)
+        for _ in range(3):
+            admission.check(_task(2))
+        admission.check(_task(4))   # another shape is judged
+        assert len(judged) == 2
+
+    def test_a_changed_node_is_judged_again(self) -> None:
+        """A shape let through on the nodes as they were is refused once the node that held it is gone (a new
+        view), and one refused is judged again when a node that fits appears."""
+        policy = types_pb2.Policy(name="max-utilization", threshold=0.9)
+        nodes = [make_node("n1", gpus=8)]
+        admission = PlaceabilityCheck(lambda: nodes, lambda: policy, creates_nodes=False)
+        admission.check(_task(8))
+        nodes = [make_node("n1", gpus=4)]
+        with pytest.raises(PlacementError, match="the largest node, n1, has 4"):
+            admission.check(_task(8))
+        nodes = [make_node("n1", gpus=4), make_node("n2", gpus=8)]
+        admission.check(_task(8))
+        policy = types_pb2.Policy(name="max-utilization", threshold=0.9, threshold_mode="paper")
+        with pytest.raises(PlacementError, match="gpus over threshold"):
+            admission.check(_task(8))   # the policy in force is part of what was let through
 
 
 def _elastic(lo: int, hi: int, *, nodes: bool = False) -> types_pb2.Task:

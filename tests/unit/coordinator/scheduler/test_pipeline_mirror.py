@@ -19,6 +19,7 @@ import pytest
 
 import coordinator.qos.preemption
 import coordinator.queues.planning
+import coordinator.scheduler.cycle
 import coordinator.scheduler.pipeline
 import coordinator.simulator.elastic
 import coordinator.simulator.engine
@@ -104,15 +105,11 @@ def test_deadlines(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     assert diff == [], "\n".join(diff)
 
 
-@_disagree("the simulator fails with team queues and preemption together: a preemptor it places "
-           "(SimPreemption._place) is not booked with its queue, and SimQueues.holdings raises KeyError", KeyError)
 def test_team_queues_with_preemption(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """Team queues and priorities with preemption, together."""
     _agree(etcd_server, etcd_prefix, 0, queues=True, preemption=True)
 
 
-@_disagree("the simulator refuses elastic jobs with preemption or team queues (SimConfig: elastic replays run "
-           "without preemption, team queues and exact batches); the leader runs them together", ValueError)
 def test_elastic_jobs_queues_and_preemption(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
     """Elastic jobs, team queues and preemption, all on."""
     _agree(etcd_server, etcd_prefix, 0, queues=True, preemption=True, elastic=True)
@@ -125,8 +122,11 @@ def _no_victims(*args: Any, **kwargs: Any) -> list[Any]:
     return []
 
 
-def _no_sizing(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    return {}
+def _rigid_plan(inputs: Any) -> Any:
+    """A placement plan with every elastic job placed rigid, at the size it asks for (neither placed smaller nor
+    sized: elastic placement is one rule, the pipeline's, on both sides; each side's call of it is changed)."""
+    pending = [replace(p, elastic=None) for p in inputs.pending]
+    return coordinator.scheduler.pipeline.plan_placements(replace(inputs, pending=pending))
 
 
 def _no_preemption(*args: Any, **kwargs: Any) -> None:
@@ -143,9 +143,9 @@ CHANGED: list[Any] = [
                  id="simulator-queue-order"),
     pytest.param([(coordinator.scheduler.pipeline, "queue_key")], _lowest_first, {"preemption": True}, 4,
                  id="leader-queue-order"),
-    pytest.param([(coordinator.simulator.elastic, "size_elastic")], _no_sizing, {"elastic": True}, 1,
+    pytest.param([(coordinator.simulator.elastic, "plan_placements")], _rigid_plan, {"elastic": True}, 1,
                  id="simulator-elastic-sizing"),
-    pytest.param([(coordinator.scheduler.pipeline, "size_elastic")], _no_sizing, {"elastic": True}, 1,
+    pytest.param([(coordinator.scheduler.cycle, "plan_placements")], _rigid_plan, {"elastic": True}, 1,
                  id="leader-elastic-sizing"),
     pytest.param([(coordinator.simulator.queues, "reclaim_for")], _no_victims, {"queues": True}, 0,
                  id="simulator-reclaim"),
@@ -162,8 +162,8 @@ CHANGED: list[Any] = [
 def test_a_rule_changed_on_one_side_is_a_difference(where: list[tuple[Any, str]], rule: Any, kinds: dict[str, bool],
                                                     seed: int, etcd_server: EtcdCluster, etcd_prefix: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """One rule changed as one side sees it (its queue order: lowest priority first; elastic jobs left at their
-    first size at placement; no borrower ever reclaimed; no victims ever found): the mirror reports a difference, on
+    """One rule changed as one side sees it (its queue order: lowest priority first; elastic jobs placed rigid at the
+    size they ask for; no borrower ever reclaimed; no victims ever found): the mirror reports a difference, on
     a scenario of ``SEEDS`` where both sides agree with the rule unchanged and the rule matters."""
     assert seed in SEEDS
     for module, name in where:

@@ -20,6 +20,7 @@ from common.errors import UsageError
 from coordinator.elastic.allocator import learned_restart_cost_s, remaining_estimate_s
 from coordinator.scheduler import cycle, pipeline
 from coordinator.simulator import elastic as sim_elastic
+from coordinator.simulator import elastic_cli
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.elastic import ElasticSimConfig
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
@@ -160,8 +161,8 @@ def test_grows_or_shrinks_can_be_left_out() -> None:
 
 
 def test_the_production_rules_decide(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The simulator's elastic steps are the scheduling pipeline's own functions, the ones the leader's cycle runs...
-    for name in ("plan_resizes", "size_elastic", "place_smaller", "wish"):
+    # The simulator's elastic passes are the scheduling pipeline's own functions, the ones the leader's cycle runs...
+    for name in ("plan_placements", "plan_resizes"):
         assert getattr(sim_elastic, name) is getattr(pipeline, name), name
     for name in ("plan_placements", "plan_resizes"):
         assert getattr(cycle, name) is getattr(pipeline, name), name
@@ -232,6 +233,37 @@ def test_simulate_elastic_writes_the_report(tmp_path: Path) -> None:
     parsed.elastic_runs = "fcfs,elastik"
     with pytest.raises(UsageError, match="elastik"):
         run_simulate(None, parsed)
+
+
+def test_simulate_elastic_with_queues_and_preemption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--elastic --queues proportional --qos``: every run of the report replays with the team queues (borrowing and
+    reclaim) and priority preemption, as the leader runs them together with elastic jobs."""
+    rows = [f"j{i},{60 * i},{600 + 300 * (i % 5)},{1 + (i % 3)},1,,,{'ab'[i % 2]},," for i in range(16)]
+    jobs_csv = write_csv(tmp_path / "jobs.csv", "job_id,submit_s,duration_s,gpus,gpu_share,cpu_cores,mem_gib,"
+                         "group,status,orig_submit", rows)
+    nodes_csv = write_csv(tmp_path / "nodes.csv", "node_id,gpus,gpu_model,gpu_mem_gib,cpu_cores,mem_gib",
+                          ["n1,4,,,,", "n2,4,,,,"])
+    configs: list[SimConfig] = []
+    real = elastic_cli.run_policies
+
+    def spy(cluster: Any, jobs: Any, cfgs: list[SimConfig], **kwargs: Any) -> Any:
+        configs.extend(cfgs)
+        return real(cluster, jobs, cfgs, **kwargs)
+
+    monkeypatch.setattr(elastic_cli, "run_policies", spy)
+    parser = argparse.ArgumentParser()
+    add_simulate_parser(parser.add_subparsers())
+    args = parser.parse_args(["simulate", "--jobs", str(jobs_csv), "--nodes", str(nodes_csv), "--policies",
+                              "first-fit", "--elastic", "--queues", "proportional", "--qos", "--elastic-runs",
+                              "fcfs,elastic", "--no-plots", "--out", str(tmp_path / "out")])
+    run_simulate(None, args)
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(data) == ["fcfs", "elastic"]
+    assert all(d["completed_jobs"] == 16 for d in data.values())
+    assert [(c.queues is not None and c.queues.managed, c.reclaim, c.preemption, c.elastic is not None)
+            for c in configs] == [(True, True, True, False), (True, True, True, True)]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "every run with team queues `proportional`" in report and "every run with priority preemption" in report
 
 
 # ---- what the allocator is told: the leader's information, or the truth behind --oracle --------------------

@@ -16,6 +16,7 @@ import pytest
 from coordinator.queues import Queue, QueueConfig, planning
 from coordinator.scheduler import cycle, pipeline
 from coordinator.simulator import queues as sim_queues
+from coordinator.simulator import queues_cli
 from coordinator.simulator.cli import add_simulate_parser, run_simulate
 from coordinator.simulator.engine import SimConfig, SimJob, SimResult, Simulator
 from coordinator.simulator.queue_report import (
@@ -171,6 +172,57 @@ class TestReplayWithQueues:
         assert result.runs == [] and result.metrics["unplaced_jobs"] == 12
 
 
+class TestQueuesWithPreemptionAndElastic:
+    """Team queues with priority preemption and elastic jobs in one replay, as the leader runs them together."""
+
+    @staticmethod
+    def prio(j: SimJob, priority: int) -> SimJob:
+        return replace(j, request=replace(j.request, priority=priority))
+
+    def test_a_preemptor_is_booked_with_its_queue(self) -> None:
+        """Queue a's high job preempts a's low job on the one 4-GPU node and starts at once, admitted by its queue;
+        the low job reruns whole after it."""
+        jobs = [queued(self.prio(job("low", 4, 0.0, 1000.0), 0), "a"),
+                queued(self.prio(job("high", 4, 100.0, 50.0), 20), "a")]
+        sim = Simulator(cluster(node("n1")), jobs, SimConfig("first-fit", keep_series=False, preemption=True,
+                                                             queues=TREE))
+        result = sim.run()
+        assert {r.job_id: (r.start_s, r.end_s) for r in result.jobs} == {"high": (100.0, 150.0),
+                                                                          "low": (150.0, 1150.0)}
+        assert result.preempted == {"low": (1, 100.0)}
+        assert sim.queues is not None and sim.queues.passes > 0
+
+    def test_priority_preemption_stays_within_a_queue(self) -> None:
+        """Queue b's high job does not preempt queue a's low job (within a's quota, nothing to reclaim): it waits."""
+        jobs = [queued(self.prio(job("low", 4, 0.0, 1000.0), 0), "a"),
+                queued(self.prio(job("high", 4, 100.0, 50.0), 20), "b")]
+        result = Simulator(cluster(node("n1")), jobs, SimConfig("first-fit", keep_series=False, preemption=True,
+                                                                queues=TREE)).run()
+        assert {r.job_id: (r.start_s, r.end_s) for r in result.jobs} == {"low": (0.0, 1000.0),
+                                                                          "high": (1000.0, 1050.0)}
+        assert result.preempted == {}
+
+    def test_elastic_jobs_run_with_queues_and_preemption(self) -> None:
+        """An elastic job beside rigid ones, all in one queue that owns the cluster, preemption on (one priority):
+        the replay decides what it decides without queues and preemption."""
+        from coordinator.simulator.elastic import ElasticSimConfig
+        from coordinator.simulator.scaling import MAX_GPUS, ScalingCurve
+
+        curve = ScalingCurve("toy", 1, tuple(float(min(n, 4)) + max(0, n - 4) / 2 for n in range(1, MAX_GPUS + 1)),
+                             (1, 2, 4, 8))
+        elastic = ElasticSimConfig(curves={"toy": curve}, models=("", "toy", ""), interval_s=300.0,
+                                   restart_cost_s=30.0)
+        jobs = [queued(job("b", 4, 0.0, 100.0), "a"), queued(job("e", 2, 1.0, 2000.0), "a"),
+                queued(job("c", 4, 450.0, 100.0), "a")]
+        one = QueueConfig(queues=(Queue(name="a", gpus={"*": 8}),))
+        alone = replay(jobs, elastic=elastic)
+        together = replay(jobs, elastic=elastic, queues=one, preemption=True)
+        assert alone.metrics["resizes_grow"] + alone.metrics["resizes_shrink"] > 0
+        assert [(r.job, r.start_s, r.end_s, r.placement, r.resized) for r in together.runs] == [
+            (r.job, r.start_s, r.end_s, r.placement, r.resized) for r in alone.runs]
+        assert together.metrics["preemptions"] == 0
+
+
 class TestQueueConfigs:
     """Generated quotas and strict limits."""
 
@@ -228,6 +280,21 @@ class TestQueuesReport:
         assert "Team queues under contention" in capsys.readouterr().out
         for run in ("fcfs", "strict", "borrow"):
             assert (tmp_path / "rec" / f"records-{run}.csv").exists()
+
+    def test_with_preemption(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``--queues proportional --qos``: the three runs, each with priority preemption."""
+        configs: list[SimConfig] = []
+        real = queues_cli.run_policies
+
+        def spy(cluster: Any, jobs: Any, cfgs: list[SimConfig], **kwargs: Any) -> Any:
+            configs.extend(cfgs)
+            return real(cluster, jobs, cfgs, **kwargs)
+
+        monkeypatch.setattr(queues_cli, "run_policies", spy)
+        out = simulate(tmp_path, "--queues", "proportional", "--qos")
+        assert list(json.loads((out / "queues.json").read_text())) == ["fcfs", "strict", "borrow"]
+        assert [(c.queues is not None, c.preemption) for c in configs] == [(False, True), (True, True), (True, True)]
+        assert "priority preemption in every run (--qos)" in (out / "queues.md").read_text()
 
     def test_records_header_and_recomputed_figures(self, tmp_path: Path) -> None:
         """The records file's header is fixed, and each queue's GPU-hours and mean wait recompute from it."""
