@@ -325,7 +325,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
               lost_nodes=lost_nodes,
               services=services,
               admission=PlaceabilityCheck(lambda: snapshots.empty_nodes(registry), lambda: policy.current,
-                                          creates_nodes=provider.can_create),
+                                          creates_nodes=provider.can_create, generation=lambda: registry.generation),
               supervisor=Supervisor(metrics.leader_duty_failures, on_give_up=lambda duty, reason: None),
               queues=queues, queue_admin=queue_admin,
               usage=usage, elastic=elastic, telemetry_rate=telemetry_rate,

@@ -166,8 +166,7 @@ class NodeService:
         """The images the node's store holds now (shown by ``gptrmctl images``; in memory, the registration stores
         what it held then)."""
         self._registry.heartbeat(entry)
-        del entry.inventory.images[:]
-        entry.inventory.images.extend(ref[:512] for ref in held.refs[:1024])
+        self._registry.set_images(entry, (ref[:512] for ref in held.refs[:1024]))
 
     def telemetry(self, entry: NodeEntry, batch: agent_pb2.TelemetryBatch) -> None:
         """Hot path: store samples (the monitor refreshes the objectives lazily)."""

@@ -95,8 +95,8 @@ class GpuHealthWatch:
             self._count_xids(entry, index, h)
         self._reports[node_id] = reports
         self._checks[node_id] = types_pb2.NodeHealthCheck(state=check.state, message=check.message)
-        entry.degraded_gpus = frozenset(i for i, h in reports.items() if h.state == rules.DEGRADED)
-        entry.health_pending = check.state == _PENDING
+        self._registry.set_health(entry, frozenset(i for i, h in reports.items() if h.state == rules.DEGRADED),
+                                  check.state == _PENDING)
         self._dirty.add(node_id)
         self._wake.set()
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -219,6 +219,11 @@ class NodeRegistry:
         self._next_slot = 0
         self._next_stream = 0
         self.connects_total = 0   # registrations (new streams) since start: the telemetry rate counts their cost
+        self.generation = 0
+        """Bumped by every change to the table that could change how placement sees a node: a node added or
+        removed, its record (inventory, labels, images, admin and power state, fences) replaced, its state
+        re-derived to another, its health. Equal generations: the same nodes as placement would judge them, so
+        a reader of views derived from the table (the admission check) need not rebuild them."""
 
     @property
     def holdings(self) -> HoldingsView:
@@ -241,7 +246,21 @@ class NodeRegistry:
 
     def remove(self, node_id: str) -> NodeEntry | None:
         """Forget a node (removed by an admin or collected after being lost long); returns its entry."""
+        self.generation += 1
         return self._nodes.pop(node_id, None)
+
+    def set_images(self, entry: NodeEntry, refs: Iterable[str]) -> None:
+        """The images the node's store holds now (in its inventory, which placement matches images against)."""
+        del entry.inventory.images[:]
+        entry.inventory.images.extend(refs)
+        self.generation += 1
+
+    def set_health(self, entry: NodeEntry, degraded_gpus: frozenset[int], pending: bool) -> None:
+        """What the node's agent reports of its health now: its GPUs DEGRADED, whether its site check has no
+        verdict yet."""
+        if (degraded_gpus, pending) != (entry.degraded_gpus, entry.health_pending):
+            entry.degraded_gpus, entry.health_pending = degraded_gpus, pending
+            self.generation += 1
 
     def load(self, record: types_pb2.NodeRecord) -> NodeEntry:
         """Add a node known from etcd (after a leader change); it counts as disconnected from now."""
@@ -252,6 +271,7 @@ class NodeRegistry:
         return entry
 
     def _entry(self, node_id: str, record: types_pb2.NodeRecord) -> NodeEntry:
+        self.generation += 1   # a node added, or its record about to be replaced
         entry = self._nodes.get(node_id)
         if entry is None:
             entry = NodeEntry(node_id, record, self._next_slot, holdings_source=self._source)
@@ -353,6 +373,7 @@ class NodeRegistry:
         record.CopyFrom(stored)
         record.inventory.CopyFrom(entry.record.inventory)
         entry.record = record
+        self.generation += 1
         self._derive(entry)
         return entry
 
@@ -371,7 +392,9 @@ class NodeRegistry:
             state = NodeState.NOT_READY
         else:
             state = admin_state(entry.record)
-        entry.state = state
+        if state != entry.state:
+            entry.state = state
+            self.generation += 1
         return state
 
     def refresh(self) -> list[tuple[NodeEntry, NodeState]]:

@@ -19,7 +19,8 @@ range whose top can never be reached.
 
 Example::
 
-    admission = PlaceabilityCheck(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False)
+    admission = PlaceabilityCheck(lambda: snapshots.empty_nodes(registry), lambda: policy.current, creates_nodes=False,
+                                  generation=lambda: registry.generation)
     admission.check(task)   # raises PlacementError with the reason
 """
 
@@ -127,11 +128,16 @@ class PlaceabilityCheck:
     :param nodes: every known node, empty and schedulable (called once per submit).
     :param policy: the policy in force (its threshold and threshold mode).
     :param creates_nodes: the node provider can create nodes: never refuse.
+    :param generation: the node table's change counter (:attr:`~coordinator.monitor.nodes.NodeRegistry.generation`);
+        while it is the one the nodes were last fetched at, ``nodes`` is not called again and the nodes fetched
+        then are judged. None: ``nodes`` is called at every check.
     """
 
     def __init__(self, nodes: Callable[[], Sequence[NodeSnapshot]], policy: Callable[[], types_pb2.Policy], *,
-                 creates_nodes: bool) -> None:
+                 creates_nodes: bool, generation: Callable[[], int] | None = None) -> None:
         self._nodes, self._policy, self._creates_nodes = nodes, policy, creates_nodes
+        self._generation = generation
+        self._fetched_at: int | None = None   # the generation ``_passed_on`` was fetched at
         self._log = get_logger("admission")
         # The shapes let through on the node views in ``_passed_on`` (the same objects: a view is immutable, and
         # ``SnapshotBuilder.empty_nodes`` hands out a new one when a node changes). Two requests of one shape are
@@ -149,10 +155,16 @@ class PlaceabilityCheck:
             return
         policy = self._policy()
         req = request_for(task)
-        nodes = self._nodes()
         rng = elastic_range(task.spec)
-        if len(nodes) != len(self._passed_on) or any(a is not b for a, b in zip(nodes, self._passed_on, strict=True)):
-            self._passed, self._passed_on = set(), tuple(nodes)
+        generation = None if self._generation is None else self._generation()
+        if generation is None or generation != self._fetched_at:
+            nodes: Sequence[NodeSnapshot] = self._nodes()
+            if len(nodes) != len(self._passed_on) or any(a is not b for a, b in zip(nodes, self._passed_on,
+                                                                                     strict=True)):
+                self._passed, self._passed_on = set(), tuple(nodes)
+            self._fetched_at = generation
+        else:   # the table has not changed since the nodes were fetched: they are the nodes now
+            nodes = self._passed_on
         key = (req.shape, rng, policy.threshold, threshold_mode(policy))
         if key in self._passed:
             return

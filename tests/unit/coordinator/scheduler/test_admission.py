@@ -8,9 +8,12 @@ import pytest
 
 from common.errors import PlacementError
 from common.pb.gptrm.v1 import types_pb2
-from coordinator.domain import Request
+from coordinator.domain import NodeSnapshot, Request
+from coordinator.monitor.nodes import NodeRegistry
+from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler import admission as admission_module
 from coordinator.scheduler.admission import PlaceabilityCheck, unplaceable_reason
+from coordinator.scheduler.snapshot import SnapshotBuilder
 from tests.helpers.builders import GIB, make_node, make_request
 
 NODES = [make_node("n1", gpus=2), make_node("n2", gpus=8), make_node("n3", gpus=4)]
@@ -142,3 +145,81 @@ class TestElasticMaximum:
         with pytest.raises(PlacementError) as info:
             admission.check(_elastic(1, 3, nodes=True))
         assert "spec.elastic.max_nodes: a gang of 3 nodes requested" in str(info.value)
+
+
+def _inventory(node_id: str, gpus: int) -> types_pb2.NodeInventory:
+    return types_pb2.NodeInventory(node_id=node_id, cpu_cores=32, mem_total_bytes=256 * GIB,
+                                   disk_total_bytes=1024 * GIB,
+                                   gpus=[types_pb2.GpuInfo(index=i, model="H100", mem_total_bytes=80 * GIB)
+                                         for i in range(gpus)])
+
+
+def _record(node_id: str, gpus: int) -> types_pb2.NodeRecord:
+    return types_pb2.NodeRecord(inventory=_inventory(node_id, gpus))
+
+
+class TestNodeTableGeneration:
+    """The check fetches the node views again only when the node table's generation moved; every change that could
+    alter what placement sees of a node moves it."""
+
+    POLICY = types_pb2.Policy(name="max-utilization", threshold=0.9)
+
+    def _setup(self) -> tuple[NodeRegistry, PlaceabilityCheck, list[int]]:
+        registry = NodeRegistry(heartbeat_interval_s=1.0, lost_grace_s=10.0)
+        registry.connect(_inventory("n1", 8), outbox=None)  # type: ignore[arg-type]
+        registry.connect(_inventory("n2", 4), outbox=None)  # type: ignore[arg-type]
+        builder = SnapshotBuilder(PowerModel())
+        fetches = [0]
+
+        def nodes() -> list[NodeSnapshot]:
+            fetches[0] += 1
+            return builder.empty_nodes(registry)
+
+        admission = PlaceabilityCheck(nodes, lambda: self.POLICY, creates_nodes=False,
+                                      generation=lambda: registry.generation)
+        admission.check(_task(8))
+        admission.check(_task(8))
+        assert fetches == [1]   # unchanged table: the nodes are not fetched again
+        return registry, admission, fetches
+
+    def test_a_new_inventory_is_judged(self) -> None:
+        registry, admission, _ = self._setup()
+        registry.connect(_inventory("n1", 4), outbox=None)  # type: ignore[arg-type]   # re-registered smaller
+        with pytest.raises(PlacementError, match="the largest node, n1, has 4"):
+            admission.check(_task(8))
+
+    def test_a_node_removed_is_judged(self) -> None:
+        registry, admission, _ = self._setup()
+        registry.remove("n1")
+        with pytest.raises(PlacementError, match="the largest node, n2, has 4"):
+            admission.check(_task(8))
+
+    def test_a_node_loaded_is_judged(self) -> None:
+        registry, admission, fetches = self._setup()
+        registry.load(_record("n3", 2))
+        admission.check(_task(8))
+        assert fetches == [2]
+
+    @pytest.mark.parametrize("change", ["images", "stored_record", "state", "health", "fences"])
+    def test_each_kind_of_change_fetches_the_nodes_again(self, change: str) -> None:
+        registry, admission, fetches = self._setup()
+        entry = registry.get("n1")
+        assert entry is not None
+        if change == "images":
+            registry.set_images(entry, ["registry.invalid/img:1"])
+        elif change == "stored_record":   # an admin's cordon, labels-bearing record, power state: etcd's record
+            stored = types_pb2.NodeRecord()
+            stored.CopyFrom(entry.record)
+            stored.cordoned = True
+            registry.follow_stored(stored)
+        elif change == "state":
+            registry.disconnect("n1", entry.stream_id)
+        elif change == "health":
+            registry.set_health(entry, frozenset({0}), False)
+        else:
+            stored = types_pb2.NodeRecord()
+            stored.CopyFrom(entry.record)
+            stored.gpu_fences.add(gpu_index=0)
+            registry.follow_stored(stored)
+        admission.check(_task(8))
+        assert fetches == [2]
