@@ -4,10 +4,8 @@ resize to what, which jobs are preemption victims, which are reclaimed — over 
 (``tests/helpers/mirror.py``).
 
 Each feature (team queues with GPU pools, borrowing and reclaim; priorities and preemption, also with multi-node
-jobs; elastic jobs; each placement policy) runs over a few seeded scenarios. Where the two sides still decide
-differently, the case is marked ``xfail(strict=True)`` with the disagreement as its reason: it must keep failing until
-the two agree, then the mark goes. The last tests change one rule on one side only and check that the mirror sees
-it.
+jobs; elastic jobs; each placement policy) runs over a few seeded scenarios, and every case must agree. The last
+tests change one rule on one side only and check that the mirror sees it.
 """
 
 from __future__ import annotations
@@ -31,16 +29,6 @@ from coordinator.queues import Queue, QueueConfig
 from tests.helpers.mirror import Job, Node, Scenario, mirror, random_scenario
 
 SEEDS = range(8)
-
-
-def _disagree(reason: str, raises: type[BaseException] = AssertionError) -> pytest.MarkDecorator:
-    """A known disagreement: the case must fail, with ``raises`` (the mirror's assertion, or the simulator's error)."""
-    return pytest.mark.xfail(strict=True, raises=raises, reason=reason)
-
-
-def _seeds(known: dict[int, str]) -> list[Any]:
-    """``SEEDS`` and the ``known`` ones, each known one marked with its disagreement."""
-    return [pytest.param(s, marks=_disagree(known[s])) if s in known else s for s in sorted({*SEEDS, *known})]
 
 
 def _agree(etcd: EtcdCluster, prefix: str, seed: int, **kinds: bool) -> None:
