@@ -72,10 +72,6 @@ class NodeHoldings:
         """The sum of the allocations held on ``node_id``."""
         return self._sums.get(node_id) or NodeReservation()
 
-    def held_by(self, task_id: str) -> tuple[types_pb2.NodeAllocation, ...]:
-        """What ``task_id`` holds, on every node (empty: nothing)."""
-        return self._by_task.get(task_id, ())
-
     # ---- changes (the owning LeaderState's) -----------------------------------------------------------
 
     def hold(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
