@@ -19,6 +19,7 @@ import collections
 import random
 
 from agent.summary import Summariser
+from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 
 __all__ = ["Outbox"]
@@ -41,6 +42,15 @@ class Outbox:
         self._events: collections.OrderedDict[int, agent_pb2.TaskStatus] = collections.OrderedDict()
         self._seq = 0
         self.dropped_total = 0
+        self._dropping = False   # a sample was dropped since samples were last taken to be sent
+        self._log = get_logger("agent_outbox")
+
+    def _dropped(self) -> None:
+        """Count a dropped sample; the first one since samples were last sent is logged (``telemetry_dropped``)."""
+        self.dropped_total += 1
+        if not self._dropping:
+            self._dropping = True
+            self._log.warning("telemetry_dropped", max_samples=self._samples.maxlen, dropped_total=self.dropped_total)
 
     def add_sample(self, sample: types_pb2.TelemetrySample) -> None:
         """A new sample: queued at once, or summarised (queued when its report interval is complete)."""
@@ -69,20 +79,21 @@ class Outbox:
 
     def _queue(self, sample: types_pb2.TelemetrySample) -> None:
         if len(self._samples) == self._samples.maxlen:
-            self.dropped_total += 1
+            self._dropped()
         self._samples.append(sample)
         self.wakeup.set()
 
     def take_samples(self, limit: int) -> list[types_pb2.TelemetrySample]:
         """Remove and return up to ``limit`` samples, oldest first."""
         n = min(limit, len(self._samples))
+        self._dropping = False
         return [self._samples.popleft() for _ in range(n)]
 
     def requeue_samples(self, samples: list[types_pb2.TelemetrySample]) -> None:
         """Put back samples that could not be written, ahead of newer ones (still bounded)."""
         for s in reversed(samples):
             if len(self._samples) == self._samples.maxlen:
-                self.dropped_total += 1
+                self._dropped()
                 continue
             self._samples.appendleft(s)
 

@@ -139,6 +139,7 @@ class TestCoordinatorRestart:
             os.killpg(os.getpgid(pid), signal.SIGUSR1)
         # Every task ends while no coordinator is there; telemetry beyond 1 sample (one every 0.1 s) is dropped.
         wait_until(lambda: all(_exited(p) for p in pids), what="every task to end while no coordinator is there")
+        wait_until(lambda: "telemetry_dropped" in cluster.agents["n1"].log(), what="the agent to drop a sample")
         assert cluster.start_coordinator("c1") == addr
         cluster.wait_leader("c1")
         for i, tid in enumerate(tids):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from structlog.testing import capture_logs
+
 from agent.outbox import Outbox
 from common.pb.gptrm.v1 import agent_pb2, types_pb2
 
@@ -18,6 +20,17 @@ class TestOutbox:
             box.add_sample(_sample(t))
         assert [s.time_unix_s for s in box.take_samples(10)] == [2, 3, 4]
         assert box.dropped_total == 2
+
+    def test_the_first_drop_since_samples_were_sent_is_logged(self) -> None:
+        """Drops while samples cannot be sent are logged once (``telemetry_dropped``), again after a send."""
+        box = Outbox(1)
+        with capture_logs() as logs:
+            for t in range(3):
+                box.add_sample(_sample(t))
+            box.take_samples(10)
+            box.add_sample(_sample(3))
+            box.add_sample(_sample(4))
+        assert [e["dropped_total"] for e in logs if e["event"] == "telemetry_dropped"] == [1, 3]
 
     def test_requeue_keeps_order(self) -> None:
         """Samples that failed to send go back ahead of newer ones."""
