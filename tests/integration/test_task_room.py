@@ -78,6 +78,22 @@ else:
 '''
 
 
+def _free_range(n: int) -> int:
+    """The first port of ``n`` consecutive ports free on every address now (a free port's neighbours may be
+    taken by another test's processes: the squatter must be able to bind the whole range)."""
+    for _ in range(100):
+        low = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(low, low + n):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return low
+    raise AssertionError(f"no {n} consecutive free ports found")
+
+
 def _bound(low: int, high: int) -> bool:
     """Whether every port of ``low..high`` is held by something (this process cannot bind any)."""
     for port in range(low, high + 1):
@@ -123,7 +139,7 @@ class TestPorts:
         it gets no master port and no bind check."""
         cluster.start_coordinator("c1")
         cluster.wait_leader("c1")
-        low = free_port()
+        low = _free_range(3)
         _start(cluster, "n1", f"{_FIRST_UID}-{_FIRST_UID + 15}", f"{low}-{low + 2}")
         squat = _script(scripts, "squat.py", _SQUAT)
         squatter = cluster.submit("--gpus", "0", "--cpu", "0.1", "--", _PYTHON, squat, str(low), str(low + 2))
@@ -143,7 +159,7 @@ class TestPorts:
         rank 0. The task succeeds, never counted as restarted."""
         cluster.start_coordinator("c1", "--threshold", "1.0")
         cluster.wait_leader("c1")
-        low1, low2 = free_port(), free_port()
+        low1, low2 = _free_range(2), free_port()
         _start(cluster, "n1", f"{_FIRST_UID + 16}-{_FIRST_UID + 31}", f"{low1}-{low1 + 1}")
         squatter = cluster.submit("--gpus", "0", "--cpu", "0.1", "--", _PYTHON,
                                   _script(scripts, "squat.py", _SQUAT), str(low1), str(low1 + 1))
