@@ -43,13 +43,17 @@ def _component_from_logger_name(logger: WrappedLogger, method: str, event: Event
     return event
 
 
-def configure_logging(level: str = "info", *, json: bool | None = None, stream: TextIO | None = None) -> None:
+def configure_logging(level: str = "info", *, json: bool | None = None, stream: TextIO | None = None,
+                      once: bool = False) -> None:
     """Configure structlog and the standard library's logging for this process.
 
     :param level: minimum level name (debug, info, warning, error); lines below it are dropped,
         whether gptrm's own or a library's.
     :param json: force JSON (True) or console (False); None picks by whether ``stream`` is a TTY.
     :param stream: where log lines go (default stderr, so stdout stays free for program output).
+    :param once: the process configures logging this once, before it logs (a daemon's ``main``): each logger
+        keeps what it assembled at its first line, so a line below the level costs a method call, not an
+        assembly. Left False where the configuration may change later (tests, log capture).
     """
     out = stream or sys.stderr
     if json is None:
@@ -74,7 +78,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None, stream: 
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=structlog.stdlib.LoggerFactory(),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=once,
     )
     handler = _Handler(out)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(

@@ -28,7 +28,7 @@ def run_service(prog: str, load: Callable[[Sequence[str] | None], Any],
     except GptrmError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    configure_logging(cfg.log_level)
+    configure_logging(cfg.log_level, once=True)
 
     async def go() -> None:
         stop = asyncio.Event()

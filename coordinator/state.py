@@ -139,6 +139,7 @@ class LeaderState:
         """What each node holds (read it; it changes through this state's ``apply_*`` methods only)."""
         self._tasks: dict[str, types_pb2.Task] = {}
         self._live: dict[str, types_pb2.Task] = {}   # the unfinished tasks of _tasks, kept with it
+        self._live_elastic: dict[str, types_pb2.Task] = {}   # the elastic ones of _live, kept with it
         self._order: list[tuple[float, str]] = []   # (submit time, id) of every task in _tasks, sorted
         self._services: dict[str, types_pb2.Service] = {}
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
@@ -151,6 +152,9 @@ class LeaderState:
         self.live: Mapping[str, types_pb2.Task] = MappingProxyType(self._live)
         """The tasks not in a final state, by id: read-only and live. What the scheduler reads every cycle,
         so a cycle's cost follows the work in flight, not the finished tasks retained."""
+        self.live_elastic: Mapping[str, types_pb2.Task] = MappingProxyType(self._live_elastic)
+        """The unfinished elastic tasks, by id: read-only and live. What the elastic allocator walks every cycle,
+        so that a cluster without elastic work pays nothing for it."""
         self.services: Mapping[str, types_pb2.Service] = MappingProxyType(self._services)
         """Every service by id: read-only and live."""
         self.node_writes = asyncio.Lock()
@@ -175,6 +179,8 @@ class LeaderState:
         self._tasks.update(tasks)
         self._live.clear()
         self._live.update((tid, t) for tid, t in tasks.items() if t.state not in TERMINAL_STATES)
+        self._live_elastic.clear()
+        self._live_elastic.update((tid, t) for tid, t in self._live.items() if t.spec.HasField("elastic"))
         self._order = sorted((t.submit_unix_s, tid) for tid, t in tasks.items())
         self._released.clear()
         self._arrays.clear()
@@ -212,8 +218,11 @@ class LeaderState:
             self._index_array(task)
         if task.state in TERMINAL_STATES:
             self._live.pop(task.id, None)
+            self._live_elastic.pop(task.id, None)
         else:
             self._live[task.id] = task
+            if task.spec.HasField("elastic"):
+                self._live_elastic[task.id] = task
 
     def released(self, task_id: str) -> tuple[types_pb2.NodeAllocation, ...]:
         """The allocation ``task_id`` last gave up when it went back to the queue (a preemption, a resize, a
@@ -246,6 +255,7 @@ class LeaderState:
         """Drop a finished task removed from etcd (retention), or one etcd no longer has."""
         self._released.pop(task_id, None)
         self._live.pop(task_id, None)
+        self._live_elastic.pop(task_id, None)
         task = self._tasks.pop(task_id, None)
         if task is None:
             return

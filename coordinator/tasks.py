@@ -101,6 +101,10 @@ class TaskTable:
         finished tasks retained)."""
         return list(self._state.live.values())
 
+    def live_elastic(self) -> list[types_pb2.Task]:
+        """The unfinished elastic tasks, as a list taken now."""
+        return list(self._state.live_elastic.values())
+
     def in_submit_order(self, after: tuple | None = None) -> Iterator[types_pb2.Task]:
         """Every task in (submit time, id) order after the key ``after`` (None: from the first), read lazily
         (:meth:`LeaderState.in_submit_order <coordinator.state.LeaderState.in_submit_order>`)."""
@@ -169,11 +173,11 @@ class TaskTable:
         self._leadership.require_leader()
         max_gpus = 0 if admit is not None else max(
             (len(e.inventory.gpus) for e in self._registry if e.state != NodeState.LOST), default=0)
-        validate_spec(spec, max_gpus_per_node=max_gpus)
-        spec = self._with_queue_limits(spec, queue)
+        data = validate_spec(spec, max_gpus_per_node=max_gpus)
+        spec = self._with_queue_limits(spec, queue)   # run-time limits only: nothing the profile reads
         task_id = f"t-{uuid.uuid4().hex[:10]}"
         self._check_targets(spec, task_id)
-        profile = self._profiler.profile(spec)
+        profile = self._profiler.profile(data)
         validate_profiled_demand(profile.demand)
         task = types_pb2.Task(spec=spec, state=pb_enum(types_pb2.TaskState, TaskState.PENDING),
                               demand=profile.to_proto(), reason="waiting for the scheduler",

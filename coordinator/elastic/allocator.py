@@ -137,8 +137,8 @@ class ElasticAllocator:
         """The running elastic tasks as the allocator's rules see them."""
         out: list[ElasticJob] = []
         now = self._now()
-        for task in self._tasks.live():
-            if task.state != TaskState.RUNNING or not task.spec.HasField("elastic"):
+        for task in self._tasks.live_elastic():
+            if task.state != TaskState.RUNNING:
                 continue
             rng = self.range(task)
             size = elastic_gpus(task)
@@ -163,8 +163,8 @@ class ElasticAllocator:
         now = self._now()
         placed = minimum = extra = 0
         live: set[str] = set()
-        for task in self._tasks.live():
-            if not task.spec.HasField("elastic") or task.state not in _PLACED:
+        for task in self._tasks.live_elastic():
+            if task.state not in _PLACED:
                 continue
             placed += 1
             live.add(task.id)

@@ -265,7 +265,7 @@ def validate_sizes(spec: types_pb2.TaskSpec) -> None:
 
 
 def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: int, *,
-                  now: float | None = None) -> None:
+                  now: float | None = None) -> TaskSpecData:
     """Check a task spec before it is queued; the first problem found is raised.
 
     Refused: anything over the size limits (:func:`validate_sizes`: name, argv, env, labels,
@@ -288,6 +288,7 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
     :param spec: the spec, wire or plain form.
     :param max_gpus_per_node: the most GPUs any known node has; 0 or less skips that check (no node
         has registered yet).
+    :returns: the plain form of the spec (:func:`~coordinator.profiler.taskspec.spec_data`), for the profiler.
     :raises ValidationError: naming the dotted field (``spec.demand.gpus``) and the problem.
     """
     if isinstance(spec, types_pb2.TaskSpec):
@@ -320,6 +321,7 @@ def validate_spec(spec: types_pb2.TaskSpec | TaskSpecData, max_gpus_per_node: in
         validate_workflow(spec, now)
         if spec.pty:
             validate_pty(spec)
+    return data
 
 
 def validate_pty(spec: types_pb2.TaskSpec) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +84,25 @@ def test_configuring_again_replaces_the_handler() -> None:
     logging.getLogger("grpc").warning("once")
     assert first.getvalue() == ""
     assert [line["event"] for line in _lines(second)] == ["once"]
+
+
+def test_configured_once_a_logger_keeps_what_it_assembled_at_its_first_line() -> None:
+    """A daemon configures once (``once=True``): a line below the level is dropped, and each logger keeps the
+    filtering it assembled at its first line. Run in its own process: the kept loggers would outlive this test."""
+    code = """
+import io, json, sys
+from common.logging import configure_logging, get_logger
+buf = io.StringIO()
+configure_logging("warning", json=True, stream=buf, once=True)
+kept = get_logger("admin")
+kept.info("below")
+kept.warning("above")
+configure_logging("info", json=True, stream=buf)
+kept.info("still_below")
+get_logger("fresh").info("fresh_info")
+print(json.dumps([json.loads(l)["event"] for l in buf.getvalue().splitlines()]))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == ["above", "fresh_info"]

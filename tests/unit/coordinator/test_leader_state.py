@@ -208,6 +208,24 @@ class TestIndexes:
         assert set(state.live) == {"c"}
         assert set(state.live) == {t.id for t in state.tasks.values() if t.state not in TERMINAL_STATES}
 
+    def test_live_elastic_holds_exactly_the_unfinished_elastic_tasks(self, state: LeaderState) -> None:
+        """The elastic index follows the same changes as the unfinished one, and only elastic tasks are in it."""
+        def elastic(task: types_pb2.Task) -> types_pb2.Task:
+            task.spec.elastic.min_gpus = 1
+            return task
+        state.adopt({"a": elastic(_task("a", 1.0)), "b": elastic(_task("b", 2.0, TaskState.SUCCEEDED)),
+                     "r": _task("r", 2.5)}, {})
+        assert set(state.live_elastic) == {"a"}
+        state.apply_task(elastic(_task("c", 3.0)))
+        state.apply_placement(elastic(_placed("d", "n1", [0])))
+        state.apply_task(_task("e", 4.0))
+        state.note_reason("c", "waiting")
+        assert set(state.live_elastic) == {"a", "c", "d"} and state.live_elastic["c"].reason == "waiting"
+        state.apply_task(elastic(_task("a", 1.0, TaskState.CANCELLED)))
+        state.forget("d")
+        assert set(state.live_elastic) == {"c"}
+        assert set(state.live_elastic) == {t.id for t in state.live.values() if t.spec.HasField("elastic")}
+
     def test_submit_order_walks_from_a_key(self, state: LeaderState) -> None:
         """Tasks are walked in (submit time, id) order from just after a key, whatever order they came in; a
         forgotten task leaves the walk."""

@@ -38,6 +38,9 @@ class _Tasks:
     def live(self) -> list[types_pb2.Task]:
         return [t for t in self.by_id.values() if t.state not in TERMINAL_STATES]
 
+    def live_elastic(self) -> list[types_pb2.Task]:
+        return [t for t in self.live() if t.spec.HasField("elastic")]
+
     def find(self, task_id: str) -> types_pb2.Task | None:
         return self.by_id.get(task_id)
 

@@ -48,6 +48,9 @@ class _Tasks:
     def find(self, task_id: str) -> types_pb2.Task | None:
         return self.state.tasks.get(task_id)
 
+    def live_elastic(self) -> list[types_pb2.Task]:
+        return list(self.state.live_elastic.values())
+
     async def transition(self, task_id: str, state: TaskState, reason: str = "", **updates: Any) -> types_pb2.Task:
         self.transitions.append((task_id, state, reason, updates))
         stored = types_pb2.Task()
