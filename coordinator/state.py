@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 from common.pb.gptrm.v1 import types_pb2
@@ -54,6 +54,8 @@ class NodeHoldings:
         self._sums: dict[str, NodeReservation] = {}
         self._ids: dict[str, frozenset[str]] = {}   # node → frozenset of _by_node's keys, built once per change
         self._by_task: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}   # task → what it holds, every node
+        self._versions: dict[str, int] = {}   # node → the stamp of its last change (absent: never held anything)
+        self._stamp = 0   # rises with every change, across clear(): a node's version is never reused
 
     # ---- reads (HoldingsView) ---------------------------------------------------------------------
 
@@ -72,6 +74,20 @@ class NodeHoldings:
         """The sum of the allocations held on ``node_id``."""
         return self._sums.get(node_id) or NodeReservation()
 
+    def held_on(self, node_id: str) -> list[tuple[Sequence[int], int, float]]:
+        """What each allocation holds on ``node_id``: (GPU indices, memory per GPU, share per GPU)."""
+        return [(na.gpu_indices, na.demand.gpu_mem_bytes, na.gpu_share)
+                for na in self._by_node.get(node_id, {}).values()]
+
+    def version_on(self, node_id: str) -> int:
+        """Changes whenever what ``node_id`` holds changes (and only then): 0 if it never held anything."""
+        return self._versions.get(node_id, 0)
+
+    def _changed(self, node_id: str) -> None:
+        self._ids.pop(node_id, None)
+        self._stamp += 1
+        self._versions[node_id] = self._stamp
+
     # ---- changes (the owning LeaderState's) -----------------------------------------------------------
 
     def hold(self, task_id: str, nodes: Iterable[types_pb2.NodeAllocation]) -> None:
@@ -83,7 +99,7 @@ class NodeHoldings:
                 continue
             on_node[task_id] = na
             self._by_task[task_id] = (*self._by_task.get(task_id, ()), na)
-            self._ids.pop(na.node_id, None)
+            self._changed(na.node_id)
             # What etcd stored is followed as stored (no check: a GPU held twice would be shown, not hidden).
             self._sums[na.node_id] = self.reservation_on(na.node_id).add(
                 na.node_id, node_demand(na.demand), na.gpu_indices, na.gpu_share, check=False)
@@ -99,7 +115,7 @@ class NodeHoldings:
             on_node = self._by_node.get(na.node_id)
             if on_node is None or on_node.pop(task_id, None) is None:
                 continue
-            self._ids.pop(na.node_id, None)
+            self._changed(na.node_id)
             if on_node:
                 self._sums[na.node_id] = self.reservation_on(na.node_id).remove(node_demand(na.demand), na.gpu_indices)
             else:   # nothing left: exactly empty, whatever float residue the sums left
@@ -114,6 +130,7 @@ class NodeHoldings:
         self._sums.clear()
         self._ids.clear()
         self._by_task.clear()
+        self._versions.clear()
 
 
 class LeaderState:
@@ -144,6 +161,9 @@ class LeaderState:
         self._services: dict[str, types_pb2.Service] = {}
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
         self._arrays: dict[str, set[str]] = {}   # array id → its elements' task ids (the ones known)
+        self.changes = 0
+        """Rises with every stored change followed (a task's record, a placement, a release, a task forgotten, a
+        view adopted); not with a reason noted in memory. Equal counts: the tasks and what they hold are the same."""
         self.queues = QueueConfig()
         """The team queues as etcd stored them (immutable; replaced by :meth:`apply_queues`)."""
         self.queues_revision = 0
@@ -170,6 +190,7 @@ class LeaderState:
         live stream), and what each node holds, derived from the stored allocations (``allocations/<task>``,
         by task id; None: those the unfinished tasks record, for a caller that read no allocations). A node
         record's own reservation fields (an older layout's) are not read."""
+        self.changes += 1
         for rec in nodes.values():
             if self._registry.get(rec.inventory.node_id) is None:
                 self._registry.load(rec)
@@ -202,6 +223,7 @@ class LeaderState:
     def apply_task(self, stored: types_pb2.Task) -> None:
         """Follow a task record etcd stored (a submit, a state change, an update, a re-read). A task back in the
         queue no longer has its allocation: the one it gave up is kept (:meth:`released`)."""
+        self.changes += 1
         before = self._tasks.get(stored.id)
         if before is not None and before.allocation.nodes and not stored.allocation.nodes:
             self._released[stored.id] = tuple(before.allocation.nodes)
@@ -232,11 +254,13 @@ class LeaderState:
 
     def apply_placement(self, stored: types_pb2.Task) -> None:
         """Follow a placement etcd committed: the task as stored, and its allocation held on its nodes."""
+        self.changes += 1
         self._put(stored)
         self._holdings.hold(stored.id, stored.allocation.nodes)
 
     def apply_release(self, task: types_pb2.Task) -> None:
         """``task``'s allocation was deleted in etcd (a transition with ``release``): it holds nothing now."""
+        self.changes += 1
         self._holdings.let_go(task.id)
 
     def note_reason(self, task_id: str, reason: str) -> None:
@@ -253,6 +277,7 @@ class LeaderState:
 
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention), or one etcd no longer has."""
+        self.changes += 1
         self._released.pop(task_id, None)
         self._live.pop(task_id, None)
         self._live_elastic.pop(task_id, None)

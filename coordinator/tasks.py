@@ -101,6 +101,12 @@ class TaskTable:
         finished tasks retained)."""
         return list(self._state.live.values())
 
+    @property
+    def changes(self) -> int:
+        """Rises with every stored task change followed (:attr:`LeaderState.changes
+        <coordinator.state.LeaderState.changes>`): equal counts, the same tasks in the same states."""
+        return self._state.changes
+
     def live_elastic(self) -> list[types_pb2.Task]:
         """The unfinished elastic tasks, as a list taken now."""
         return list(self._state.live_elastic.values())

@@ -109,6 +109,8 @@ class ElasticAllocator:
 
     def range(self, task: types_pb2.Task) -> ElasticRange | None:
         """The sizes a task may run at (None: not elastic)."""
+        if not task.spec.HasField("elastic"):
+            return None   # kept for elastic tasks only: observe() walks what is kept every cycle
         if task.id not in self._ranges:
             self._ranges[task.id] = elastic_range(task.spec)
         return self._ranges[task.id]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -109,6 +109,14 @@ class HoldingsView(Protocol):
         """The sum of the allocations placed on the node (its GPUs as a sorted multiset)."""
         ...
 
+    def held_on(self, node_id: str) -> list[tuple[Sequence[int], int, float]]:
+        """What each allocation placed on the node holds there: (GPU indices, memory per GPU, share per GPU)."""
+        ...
+
+    def version_on(self, node_id: str) -> int:
+        """Changes whenever what the node holds changes, and only then (0: it never held anything)."""
+        ...
+
 
 class _NoHoldings:
     """A node table no leader state follows yet: nothing is held anywhere."""
@@ -121,6 +129,12 @@ class _NoHoldings:
 
     def reservation_on(self, node_id: str) -> NodeReservation:
         return NodeReservation()
+
+    def held_on(self, node_id: str) -> list[tuple[Sequence[int], int, float]]:
+        return []
+
+    def version_on(self, node_id: str) -> int:
+        return 0
 
 
 @dataclass
@@ -180,6 +194,16 @@ class NodeEntry:
         """What the allocations placed on this node hold (kept by :class:`coordinator.state.LeaderState`,
         derived from the tasks' allocations; etcd's node record has no totals)."""
         return self.holdings_source.view.reservation_on(self.node_id)
+
+    @property
+    def held(self) -> list[tuple[Sequence[int], int, float]]:
+        """What each allocation placed on this node holds here: (GPU indices, memory per GPU, share per GPU)."""
+        return self.holdings_source.view.held_on(self.node_id)
+
+    @property
+    def holdings_version(self) -> int:
+        """Changes whenever what this node holds changes, and only then."""
+        return self.holdings_source.view.version_on(self.node_id)
 
     @property
     def reserved(self) -> types_pb2.ResourceVector:

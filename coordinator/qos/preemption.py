@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
 __all__ = ["DEFAULT_PROTECTION_S", "Candidate", "Fits", "NodeHolding", "Preemptor", "candidate", "choose_candidates",
-           "choose_preemption", "choose_victims", "last_preempted_s", "release_holdings", "release_tasks", "started_s"]
+           "choose_preemption", "choose_victims", "last_preempted_s", "lowest_preemptible", "release_holdings", "release_tasks", "started_s"]
 
 DEFAULT_PROTECTION_S = 120.0
 """A task is not preempted again within this many seconds of its last preemption."""
@@ -285,6 +285,12 @@ def choose_victims(task: types_pb2.Task, snapshot: ClusterSnapshot, running: Ite
     return None if chosen is None else [by_id[c.id] for c in chosen]
 
 
+def lowest_preemptible(running: Iterable[tuple[int, bool]]) -> int | None:
+    """The lowest priority of the preemptible running work, of (priority, preemptible) pairs (None: none is
+    preemptible): only a waiting request of a strictly higher priority can be helped (:func:`choose_preemption`)."""
+    return min((priority for priority, preemptible in running if preemptible), default=None)
+
+
 def choose_preemption(waiting: Iterable[Request], running: Sequence[Candidate], snapshot: Callable[[], ClusterSnapshot],
                       fits: Callable[[ClusterSnapshot, Request], bool], *, now: float, protection_s: float,
                       allowed: Callable[[Request, Candidate], bool] | None = None,
@@ -300,7 +306,7 @@ def choose_preemption(waiting: Iterable[Request], running: Sequence[Candidate], 
     :param allowed: whether a request may take what a candidate holds (default: any).
     :param view: the snapshot as a request's placement may use it (default: as it is).
     """
-    lowest = min((c.priority for c in running if c.preemptible), default=None)
+    lowest = lowest_preemptible((c.priority, c.preemptible) for c in running)
     if lowest is None:
         return None
     helped = sorted((r for r in waiting if r.priority > lowest), key=queue_key)
@@ -391,6 +397,10 @@ class Preemptor:
             return False
         tasks = self._tasks.live()
         victims_of = {t.id: t for t in tasks if TaskState(t.state) in _VICTIM_STATES}
+        # Most cycles that leave work waiting have no one to preempt for it: said before any candidate is built.
+        lowest = lowest_preemptible((t.spec.priority, _preemptible(t)) for t in victims_of.values())
+        if lowest is None or all(t.spec.priority <= lowest for t in waiting.values()):
+            return False
         running = [candidate(t) for t in victims_of.values()]
         # What PREEMPTED tasks hold is on its way back: plan as if it were free already.
         chosen = choose_preemption(

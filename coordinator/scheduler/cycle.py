@@ -49,6 +49,7 @@ as held by the queues; the simulator books its placements and then plans its res
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -167,6 +168,7 @@ class SchedulerCycle:
         # those GPUs free (a reclaim's claim; :class:`~coordinator.scheduler.pipeline.PlacementInputs`). Kept in
         # this leader's memory: a new leader starts without claims.
         self._claims: dict[str, set[str]] = {}
+        self._requests: dict[str, tuple[types_pb2.Task, float | None, Request]] = {}   # the last cycle's, by task
 
     async def run(self, beat: Beat = no_beat) -> None:
         """Schedule while leading; a cycle runs on every wake-up and at least once a second."""
@@ -180,13 +182,13 @@ class SchedulerCycle:
             beat()
 
     def _inputs(self, now: float) -> tuple:
-        """Everything a cycle's decisions depend on, cheaply: the policy, every unfinished task's state
-        and revision (demands, allocations and thus per-GPU use follow from them; a task that ends
-        leaves the set) and every node's state, admin flags, stream (inventory), reservations, the room
+        """Everything a cycle's decisions depend on, cheaply: the policy, the count of stored task changes the
+        leader followed (a submit, a state change, a placement, a release, an end: demands, allocations and thus
+        per-GPU use follow from them; a reason noted in memory is no change) and every node's state, admin flags, stream (inventory), reservations, the room
         its agent reports (task uids, free ports), its fenced GPUs and whether its health check is pending.
         Power curves and DEGRADED GPUs only rank, so they are left out."""
         policy = self._policy.current
-        tasks = tuple((t.id, t.state, t.revision) for t in self._tasks.live())
+        tasks = self._tasks.changes
         nodes = []
         for e in self._registry:
             r = e.reservation.used
@@ -224,7 +226,7 @@ class SchedulerCycle:
         if not pending:
             self._idle = None
             if self._elastic is not None and self._elastic_settled(now, grow=True):
-                await self._elastic_step(now, [], self._snapshots.snapshot(self._tasks.live(), self._registry).nodes)
+                await self._elastic_step(now, [], self._snapshots.snapshot(self._tasks.live(), self._registry, stored=True).nodes)
             elif self._elastic is not None:
                 interval = self._elastic.settings.interval_s
                 self._elastic.note_blocked({j.task_id: unsettled(j, now, interval) for j in self._elastic.jobs()})
@@ -241,7 +243,7 @@ class SchedulerCycle:
         if queues is not None:
             queues.accrue()
         kept = self._reservations.kept() if self._reservations is not None else []
-        snapshot = self._snapshots.snapshot(self._tasks.live(), self._registry)
+        snapshot = self._snapshots.snapshot(self._tasks.live(), self._registry, stored=True)
         plan = plan_placements(PlacementInputs(
             now=now, pending=self._pending(pending, queues is not None, kept),
             # The placement state is kept from cycle to cycle; only nodes whose snapshot changed are applied.
@@ -282,15 +284,21 @@ class SchedulerCycle:
         without one, the task's time limit: it ends by then at the latest), queue view, elastic range, target and
         curve, and the active reservation each is the own work of."""
         out = []
+        requests: dict[str, tuple[types_pb2.Task, float | None, Request]] = {}
         for t in pending:
             run_s = self._profiler.expected_run_s(t.spec) or t.spec.time_limit_s or None
+            # A record is replaced, never changed in place: the same object with the same run time is the same request.
+            last = self._requests.get(t.id)
+            request = last[2] if last is not None and last[0] is t and last[1] == run_s else request_for(t, run_s)
+            requests[t.id] = (t, run_s, request)
             rng = self._elastic.range(t) if self._elastic is not None else None
             member = self._reservations.active_member_of(t, kept) if self._reservations is not None and kept else None
             out.append(PendingTask(
-                request_for(t, run_s), queued(t) if queued_too else None, rng,
+                request, queued(t) if queued_too else None, rng,
                 t.elastic.target_gpus if rng is not None else 0,
                 self._elastic.curve(t) if rng is not None and self._elastic is not None else SpeedupCurve(),
                 next((i for i, k in enumerate(kept) if k is member), -1) if member is not None else -1))
+        self._requests = requests
         return out
 
     def _queue_state(self, pending: Sequence[types_pb2.Task]) -> QueueState:
@@ -305,7 +313,8 @@ class SchedulerCycle:
         """Commit the plan's placements (fenced, batched) and push the committed ones to their agents; note why each
         rejected task waits. Returns the commits tried and how many were committed."""
         commits: list[PlacementCommit] = []
-        ports = PortBook.of(self._tasks.live(), refused=self._refused_ports())
+        # Only a multi-node placement takes a master port: the book (a walk over the unfinished tasks) is built then.
+        ports = functools.cache(lambda: PortBook.of(self._tasks.live(), refused=self._refused_ports()))
         uid_room = dict(self._snapshots.uid_room)
         self._uid_full = sum(1 for left in uid_room.values() if left <= 0)
         self._health = None   # built at this cycle's first rejection
@@ -453,11 +462,11 @@ class SchedulerCycle:
         return refused
 
     def _with_room(self, task: types_pb2.Task, placement: Placement, uid_room: dict[str, int],
-                   ports: PortBook) -> tuple[Placement, int] | None:
+                   ports: Callable[[], PortBook]) -> tuple[Placement, int] | None:
         """The placement as committed, with the room its agents count beyond resources (``agent/room.py``):
         a task uid on every node (``uid_room``: what each node can still take this cycle, taken here) and,
         for a multi-node task, a master port on rank 0 (the first node of the placement whose agent reports
-        a free port of its range, made rank 0; the port taken from ``ports``). None, with the task's reason
+        a free port of its range, made rank 0; the port taken from the book ``ports()`` builds). None, with the task's reason
         noted, when a node lacks either: it waits for the next cycle, where a node without a free uid is
         unschedulable."""
         nodes = placement.node_ids
@@ -469,14 +478,15 @@ class SchedulerCycle:
                 return None
         port = 0
         if len(placement.assignments) > 1:
+            book = ports()
             for k, a in enumerate(placement.assignments):
                 entry = self._registry.get(a.node_id)
                 if entry is None:
                     continue
                 free = entry.task_ports_free
-                if free is not None and free <= ports.taken_here(a.node_id):
+                if free is not None and free <= book.taken_here(a.node_id):
                     continue
-                port = ports.take(a.node_id, entry.inventory.task_port_min, entry.inventory.task_port_max)
+                port = book.take(a.node_id, entry.inventory.task_port_min, entry.inventory.task_port_max)
                 if port:
                     if k:   # rank 0 is the first node of the allocation
                         rest = placement.assignments[:k] + placement.assignments[k + 1:]

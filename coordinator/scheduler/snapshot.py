@@ -144,16 +144,23 @@ class SnapshotBuilder:
         """After :meth:`snapshot`: per node whose agent reports its task uids, how many more tasks it can take
         (≤ 0: none, and the node is unschedulable in that snapshot)."""
 
-    def snapshot(self, tasks: Iterable[types_pb2.Task], registry: NodeRegistry) -> ClusterSnapshot:
+    def snapshot(self, tasks: Iterable[types_pb2.Task], registry: NodeRegistry, *,
+                 stored: bool = False) -> ClusterSnapshot:
         """Schedulable nodes in node-id order, with what live allocations hold on each GPU.
 
         A node whose inputs (inventory, recorded reservation, what allocations hold on it, power
         curve) are those of the last snapshot is the same object as in the last snapshot, so the
         kept placement state (:class:`~coordinator.scheduler.placement.live.LivePlacement`) sees at
         once which nodes changed.
+
+        :param tasks: the unfinished tasks (with ``stored``, only to count the task uids a full node frees).
+        :param stored: what each node holds is what etcd stored (the node table's holdings, derived from the
+            stored allocations: the scheduling cycle's view) instead of what ``tasks`` allocate (a hypothetical
+            set: preemption's "what if these ended"). A node whose holdings did not change since the last
+            snapshot then costs no walk over its allocations.
         """
         tasks = tasks if isinstance(tasks, list) else list(tasks)
-        holdings = _holdings(tasks)
+        holdings = None if stored else _holdings(tasks)
         schedulable = registry.schedulable
         views: dict[str, tuple[tuple[object, ...], NodeSnapshot]] = {}
         room: dict[str, int] = {}
@@ -170,20 +177,30 @@ class SnapshotBuilder:
                 room[e.node_id] = left
                 free = left > 0
             if schedulable(e):
-                nodes.append(self._kept_view(e, holdings.get(e.node_id), views, free))
+                nodes.append(self._kept_view(e, e if holdings is None else holdings.get(e.node_id), views, free))
         self._views = views   # nodes no longer in the snapshot are forgotten
         self.uid_room = room
         return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
 
-    def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | None,
+    def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | NodeEntry | None,
                    views: dict[str, tuple[tuple[object, ...], NodeSnapshot]], uid_free: bool = True) -> NodeSnapshot:
-        """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed."""
+        """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed. ``held`` is
+        the node's entry itself when what it holds is the stored holdings (their version stands for them)."""
         r = e.reservation.used
+        if isinstance(held, NodeEntry):
+            what: object = ("stored", held.holdings_version)
+        else:
+            what = None if held is None else tuple((tuple(g), m, s) for g, m, s in held)
         key = (self._static_part(e), r.gpus, r.gpu_mem_total_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
-               None if held is None else tuple((tuple(g), m, s) for g, m, s in held), self.power_curve(e)[0], uid_free,
+               what, self.power_curve(e)[0], uid_free,
                tuple([f.gpu_index for f in e.record.gpu_fences]), e.degraded_gpus, tuple(e.inventory.images))
         last = self._views.get(e.node_id)
-        view = last[1] if last is not None and last[0] == key else self._view(e, held, schedulable=uid_free)
+        if last is not None and last[0] == key:
+            view = last[1]
+        else:
+            if isinstance(held, NodeEntry):
+                held = held.held or None
+            view = self._view(e, held, schedulable=uid_free)
         views[e.node_id] = (key, view)
         return view
 

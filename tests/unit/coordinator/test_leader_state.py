@@ -226,6 +226,24 @@ class TestIndexes:
         assert set(state.live_elastic) == {"c"}
         assert set(state.live_elastic) == {t.id for t in state.live.values() if t.spec.HasField("elastic")}
 
+    def test_changes_count_stored_changes_and_not_noted_reasons(self, state: LeaderState) -> None:
+        """The scheduler skips a cycle whose inputs match an idle one's; a reason it noted itself must not count as
+        a change (else it would never skip), while every stored change must."""
+        seen = [state.changes]
+        state.apply_task(_task("a", 1.0))
+        seen.append(state.changes)
+        state.note_reason("a", "waiting")
+        assert state.changes == seen[-1]
+        state.apply_placement(_placed("a", "n1", [0]))
+        seen.append(state.changes)
+        state.apply_release(_placed("a", "n1", [0]))
+        seen.append(state.changes)
+        state.forget("a")
+        seen.append(state.changes)
+        state.adopt({}, {})
+        seen.append(state.changes)
+        assert seen == sorted(set(seen))   # each one rose
+
     def test_submit_order_walks_from_a_key(self, state: LeaderState) -> None:
         """Tasks are walked in (submit time, id) order from just after a key, whatever order they came in; a
         forgotten task leaves the walk."""
