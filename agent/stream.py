@@ -33,6 +33,7 @@ from agent.outbox import Outbox
 from agent.sessions import SessionService
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
+from common.types import MAX_REPORTS
 
 __all__ = ["AgentStream", "Backoff"]
 
@@ -173,6 +174,7 @@ class AgentStream:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
             register = self._register()
             register.lost_leader_epoch = self._lost_epoch
+            register.reads_decisions = True
             if self._images is not None:
                 del register.inventory.images[:]
                 register.inventory.images.extend(self._images())
@@ -216,6 +218,8 @@ class AgentStream:
         last_beat = 0.0
         while not stop.is_set() and not reader.done():
             heartbeat_s = max(welcome_beat_s, self.outbox.quiet_s)
+            if self.welcome is not None and self.welcome.accepts_reports:
+                sent_seq = await self._write_reports(call, sent_seq)
             while self._acks:
                 await call.write(agent_pb2.AgentMessage(decision_ack=self._acks.popleft()))
             while not self._log_chunks.empty():
@@ -249,6 +253,18 @@ class AgentStream:
                                return_when=asyncio.FIRST_COMPLETED)
             wait.cancel()
 
+    async def _write_reports(self, call: grpc.aio.StreamStreamCall, sent_seq: int) -> int:
+        """The decision acks and the events queued, several to a message (``Reports``, to a coordinator that reads
+        them); a lone one goes as its own message. Returns the last event sequence sent."""
+        events = self.outbox.events_after(sent_seq)
+        while len(self._acks) + len(events) > 1:
+            acks = [self._acks.popleft() for _ in range(min(len(self._acks), MAX_REPORTS))]
+            batch, events = events[:MAX_REPORTS - len(acks)], events[MAX_REPORTS - len(acks):]
+            await call.write(agent_pb2.AgentMessage(reports=agent_pb2.Reports(decision_acks=acks, statuses=batch)))
+            if batch:
+                sent_seq = batch[-1].event_seq
+        return sent_seq
+
     async def _send_chunk(self, chunk: agent_pb2.LogChunk) -> None:
         await self._log_chunks.put(chunk)
         self.kick()
@@ -270,6 +286,10 @@ class AgentStream:
             elif which == "decision":
                 # Acks go through the writer: a gRPC call takes one write at a time.
                 self._acks.append(await self._on_decision(msg.decision))
+                self.kick()
+            elif which == "decisions":   # several queued together, carried out in order
+                for decision in msg.decisions.decisions:
+                    self._acks.append(await self._on_decision(decision))
                 self.kick()
             elif which == "log_request" and self._logs is not None:
                 self._logs.handle(msg.log_request, self._send_chunk)

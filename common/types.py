@@ -44,6 +44,10 @@ class TaskState(enum.IntEnum):
         return self.name.lower()
 
 
+MAX_REPORTS = 256
+"""Decision acks and task-status events one agent message (``Reports``) carries at most, and decisions one
+coordinator message (``Decisions``): an agent with more queued sends several."""
+
 TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMEOUT})
 
 

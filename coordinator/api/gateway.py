@@ -24,6 +24,7 @@ from common.logging import get_logger
 from common.netaddr import address_problem, port_range_problem
 from common.pb.gptrm.v1 import agent_pb2, agent_pb2_grpc
 from common.topology import validate_gpu_topology
+from common.types import MAX_REPORTS
 from coordinator.api.agent_guard import AgentGuard
 from coordinator.api.deps import GatewayDeps
 from coordinator.monitor.nodes import NodeEntry, Outbox
@@ -39,6 +40,24 @@ STATUS_WINDOW = 64
 other, in order; events of different tasks overlap (each waits on its etcd write) instead of queueing behind
 each other, so a busy node's starts and ends do not wait a round trip each. Acknowledgements still go out in
 event order, each only once every event up to it was applied."""
+
+
+def _decisions(first: agent_pb2.CoordinatorMessage,
+               outbox: Outbox) -> tuple[agent_pb2.CoordinatorMessage, agent_pb2.CoordinatorMessage | None]:
+    """``first`` (a decision) and the decisions queued right behind it, as one ``Decisions`` message (at most
+    :data:`~common.types.MAX_REPORTS`), and the first message taken that is not a decision (None: none was taken;
+    an empty message: the end of the stream, queued as None)."""
+    batch = [first.decision]
+    after: agent_pb2.CoordinatorMessage | None = None
+    while len(batch) < MAX_REPORTS and not outbox.empty():
+        msg = outbox.get_nowait()
+        if msg is None or msg.WhichOneof("body") != "decision":
+            after = agent_pb2.CoordinatorMessage() if msg is None else msg
+            break
+        batch.append(msg.decision)
+    if len(batch) == 1:
+        return first, after
+    return agent_pb2.CoordinatorMessage(decisions=agent_pb2.Decisions(decisions=batch)), after
 
 
 def _hold_after_loss_s(lease_ttl_s: float) -> float:
@@ -127,13 +146,23 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
         yield agent_pb2.CoordinatorMessage(welcome=agent_pb2.Welcome(
             node_id=entry.node_id, sampling_interval_s=app.cfg.sampling_interval_s, leader_epoch=app.leadership.epoch,
             coordinator_id=app.cfg.replica_id, heartbeat_interval_s=app.cfg.heartbeat_interval_s,
-            report_interval_s=app.telemetry_rate.report_interval_s))   # the telemetry rate in force
+            report_interval_s=app.telemetry_rate.report_interval_s,   # the telemetry rate in force
+            accepts_reports=True))
         reader = asyncio.create_task(self._read(entry, request_iterator, outbox))
+        batched = first.register.reads_decisions
         try:
             while True:
                 msg = await outbox.get()
                 if msg is None:
                     break
+                if batched and msg.WhichOneof("body") == "decision" and not outbox.empty():
+                    msg, after = _decisions(msg, outbox)
+                    yield msg
+                    if after is None:
+                        continue
+                    if after.WhichOneof("body") is None:   # the end (None) was queued behind the decisions
+                        break
+                    msg = after
                 yield msg
         finally:
             reader.cancel()
@@ -159,6 +188,18 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
             if chains.get(task_id) is t:
                 del chains[task_id]
 
+        async def status(event: agent_pb2.TaskStatus) -> None:
+            task = asyncio.create_task(self._apply_after(chains.get(event.task_id), entry, event, log))
+            chains[event.task_id] = task
+            task.add_done_callback(functools.partial(forget_chain, task_id=event.task_id))
+            await applied.put((event.event_seq, task))   # waits while the window is full
+
+        async def decision_ack(ack: agent_pb2.DecisionAck) -> None:
+            if self.guard.ack_allowed(entry, ack):
+                if (before := chains.get(ack.task_id)) is not None and not ack.ok:
+                    await asyncio.wait([before])   # a refusal is judged after the task's earlier events
+                await app.reconciler.on_decision_ack(entry, ack)
+
         try:
             async for msg in requests:
                 which = msg.WhichOneof("body")
@@ -168,11 +209,18 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     app.registry.heartbeat(entry)
                 elif which == "task_status":
                     app.registry.heartbeat(entry)
-                    status = msg.task_status
-                    task = asyncio.create_task(self._apply_after(chains.get(status.task_id), entry, status, log))
-                    chains[status.task_id] = task
-                    task.add_done_callback(functools.partial(forget_chain, task_id=status.task_id))
-                    await applied.put((status.event_seq, task))   # waits while the window is full
+                    await status(msg.task_status)
+                elif which == "reports":
+                    app.registry.heartbeat(entry)
+                    reports = msg.reports
+                    if len(reports.decision_acks) + len(reports.statuses) > MAX_REPORTS:
+                        log.warning("agent_stream_ended", reason=f"reports: {len(reports.decision_acks)} acks and "
+                                    f"{len(reports.statuses)} events in one message (at most {MAX_REPORTS})")
+                        break
+                    for one in reports.decision_acks:
+                        await decision_ack(one)
+                    for event in reports.statuses:
+                        await status(event)
                 elif which == "log_chunk":
                     app.logs.deliver(entry.node_id, msg.log_chunk)
                 elif which == "images":
@@ -181,11 +229,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                     app.sessions.deliver(entry.node_id, msg.session_chunk)
                 elif which == "decision_ack":
                     app.registry.heartbeat(entry)
-                    ack = msg.decision_ack
-                    if self.guard.ack_allowed(entry, ack):
-                        if (before := chains.get(ack.task_id)) is not None and not ack.ok:
-                            await asyncio.wait([before])   # a refusal is judged after the task's earlier events
-                        await app.reconciler.on_decision_ack(entry, ack)
+                    await decision_ack(msg.decision_ack)
                 else:
                     log.warning("agent_message_ignored", reason=f"unexpected {which}")
                 if acker.done():

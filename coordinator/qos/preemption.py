@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from coordinator.tasks import TaskTable  # type only: the task table loads etcd, which the simulator does without
 
 __all__ = ["DEFAULT_PROTECTION_S", "Candidate", "Fits", "NodeHolding", "Preemptor", "candidate", "choose_candidates",
-           "choose_preemption", "choose_victims", "last_preempted_s", "lowest_preemptible", "release_holdings", "release_tasks", "started_s"]
+           "choose_preemption", "choose_victims", "last_preempted_s", "lowest_preemptible", "release_holdings",
+           "release_tasks", "started_s"]
 
 DEFAULT_PROTECTION_S = 120.0
 """A task is not preempted again within this many seconds of its last preemption."""

@@ -184,8 +184,9 @@ class SchedulerCycle:
     def _inputs(self, now: float) -> tuple:
         """Everything a cycle's decisions depend on, cheaply: the policy, the count of stored task changes the
         leader followed (a submit, a state change, a placement, a release, an end: demands, allocations and thus
-        per-GPU use follow from them; a reason noted in memory is no change) and every node's state, admin flags, stream (inventory), reservations, the room
-        its agent reports (task uids, free ports), its fenced GPUs and whether its health check is pending.
+        per-GPU use follow from them; a reason noted in memory is no change) and every node's state, admin flags,
+        stream (inventory), reservations, the room its agent reports (task uids, free ports), its fenced GPUs and
+        whether its health check is pending.
         Power curves and DEGRADED GPUs only rank, so they are left out."""
         policy = self._policy.current
         tasks = self._tasks.changes
@@ -226,7 +227,8 @@ class SchedulerCycle:
         if not pending:
             self._idle = None
             if self._elastic is not None and self._elastic_settled(now, grow=True):
-                await self._elastic_step(now, [], self._snapshots.snapshot(self._tasks.live(), self._registry, stored=True).nodes)
+                snapshot = self._snapshots.snapshot(self._tasks.live(), self._registry, stored=True)
+                await self._elastic_step(now, [], snapshot.nodes)
             elif self._elastic is not None:
                 interval = self._elastic.settings.interval_s
                 self._elastic.note_blocked({j.task_id: unsettled(j, now, interval) for j in self._elastic.jobs()})
@@ -466,9 +468,9 @@ class SchedulerCycle:
         """The placement as committed, with the room its agents count beyond resources (``agent/room.py``):
         a task uid on every node (``uid_room``: what each node can still take this cycle, taken here) and,
         for a multi-node task, a master port on rank 0 (the first node of the placement whose agent reports
-        a free port of its range, made rank 0; the port taken from the book ``ports()`` builds). None, with the task's reason
-        noted, when a node lacks either: it waits for the next cycle, where a node without a free uid is
-        unschedulable."""
+        a free port of its range, made rank 0; the port taken from the book ``ports()`` builds). None, with the
+        task's reason noted, when a node lacks either: it waits for the next cycle, where a node without a free uid
+        is unschedulable."""
         nodes = placement.node_ids
         if takes_uid(task):
             full = [n for n in nodes if uid_room.get(n, 1) <= 0]

@@ -52,6 +52,7 @@ from _bench_util import BIN, REPO, Proc, coordinator_argv, free_port, percentile
 
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
+from common.types import MAX_REPORTS
 from coordinator.etcd_embedded import EtcdCluster
 
 GIB = 1 << 30
@@ -204,7 +205,8 @@ class SimAgent:
         call = self._stub.Connect()
         await call.write(agent_pb2.AgentMessage(register=agent_pb2.Register(
             inventory=self._inventory(), boot_id=1,
-            tasks=[agent_pb2.TaskStatus(task_id=t, state=RUNNING, decision_id=d) for t, d in self._running.items()])))
+            tasks=[agent_pb2.TaskStatus(task_id=t, state=RUNNING, decision_id=d) for t, d in self._running.items()],
+            reads_decisions=True)))
         first = await call.read()
         if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
             raise ConnectionError(f"{self.node_id}: no welcome ({first})")
@@ -212,9 +214,26 @@ class SimAgent:
         self._out = asyncio.Queue()
         self._out.put_nowait(self._sample())
 
+        batched = first.welcome.accepts_reports
+
         async def writer() -> None:
+            # As the agent's writer does: what is queued together goes as one Reports message (acks, then events).
             while True:
-                await call.write(await self._out.get())
+                msgs = [await self._out.get()]
+                while not self._out.empty():
+                    msgs.append(self._out.get_nowait())
+                reports = [m for m in msgs if m.WhichOneof("body") in ("decision_ack", "task_status")]
+                if batched and len(reports) > 1:
+                    for m in (m for m in msgs if m.WhichOneof("body") not in ("decision_ack", "task_status")):
+                        await call.write(m)
+                    for at in range(0, len(reports), MAX_REPORTS):
+                        chunk = reports[at:at + MAX_REPORTS]
+                        await call.write(agent_pb2.AgentMessage(reports=agent_pb2.Reports(
+                            decision_acks=[m.decision_ack for m in chunk if m.HasField("decision_ack")],
+                            statuses=[m.task_status for m in chunk if m.HasField("task_status")])))
+                else:
+                    for m in msgs:
+                        await call.write(m)
 
         async def beat() -> None:
             while True:
@@ -237,6 +256,9 @@ class SimAgent:
                 which = msg.WhichOneof("body")
                 if which == "decision":
                     self._decide(msg.decision)
+                elif which == "decisions":
+                    for decision in msg.decisions.decisions:
+                        self._decide(decision)
                 elif which == "event_ack":
                     now = time.time()
                     for seq in [s for s in self._pending_running if s <= msg.event_ack.up_to_seq]:

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat", "log_chunk", "images", "session_chunk")
+    __slots__ = ("register", "telemetry", "task_status", "decision_ack", "heartbeat", "log_chunk", "images", "session_chunk", "reports")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class AgentMessage(_message.Message):
     LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
     register: Register
     telemetry: TelemetryBatch
     task_status: TaskStatus
@@ -25,7 +26,16 @@ class AgentMessage(_message.Message):
     log_chunk: LogChunk
     images: ImagesHeld
     session_chunk: SessionChunk
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., images: _Optional[_Union[ImagesHeld, _Mapping]] = ..., session_chunk: _Optional[_Union[SessionChunk, _Mapping]] = ...) -> None: ...
+    reports: Reports
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[TelemetryBatch, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., decision_ack: _Optional[_Union[DecisionAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., images: _Optional[_Union[ImagesHeld, _Mapping]] = ..., session_chunk: _Optional[_Union[SessionChunk, _Mapping]] = ..., reports: _Optional[_Union[Reports, _Mapping]] = ...) -> None: ...
+
+class Reports(_message.Message):
+    __slots__ = ("decision_acks", "statuses")
+    DECISION_ACKS_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    decision_acks: _containers.RepeatedCompositeFieldContainer[DecisionAck]
+    statuses: _containers.RepeatedCompositeFieldContainer[TaskStatus]
+    def __init__(self, decision_acks: _Optional[_Iterable[_Union[DecisionAck, _Mapping]]] = ..., statuses: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
 
 class ImagesHeld(_message.Message):
     __slots__ = ("refs",)
@@ -34,16 +44,18 @@ class ImagesHeld(_message.Message):
     def __init__(self, refs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("inventory", "tasks", "boot_id", "lost_leader_epoch")
+    __slots__ = ("inventory", "tasks", "boot_id", "lost_leader_epoch", "reads_decisions")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     LOST_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    READS_DECISIONS_FIELD_NUMBER: _ClassVar[int]
     inventory: _types_pb2.NodeInventory
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
     boot_id: int
     lost_leader_epoch: int
-    def __init__(self, inventory: _Optional[_Union[_types_pb2.NodeInventory, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., boot_id: _Optional[int] = ..., lost_leader_epoch: _Optional[int] = ...) -> None: ...
+    reads_decisions: bool
+    def __init__(self, inventory: _Optional[_Union[_types_pb2.NodeInventory, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., boot_id: _Optional[int] = ..., lost_leader_epoch: _Optional[int] = ..., reads_decisions: _Optional[bool] = ...) -> None: ...
 
 class TelemetryBatch(_message.Message):
     __slots__ = ("samples", "dropped_samples_total")
@@ -102,7 +114,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time_unix_s: _Optional[float] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "decision", "redirect", "event_ack", "log_request", "telemetry_rate", "session_request")
+    __slots__ = ("welcome", "decision", "redirect", "event_ack", "log_request", "telemetry_rate", "session_request", "decisions")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +122,7 @@ class CoordinatorMessage(_message.Message):
     LOG_REQUEST_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_RATE_FIELD_NUMBER: _ClassVar[int]
     SESSION_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     decision: Decision
     redirect: Redirect
@@ -117,23 +130,32 @@ class CoordinatorMessage(_message.Message):
     log_request: LogRequest
     telemetry_rate: TelemetryRate
     session_request: SessionRequest
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ..., log_request: _Optional[_Union[LogRequest, _Mapping]] = ..., telemetry_rate: _Optional[_Union[TelemetryRate, _Mapping]] = ..., session_request: _Optional[_Union[SessionRequest, _Mapping]] = ...) -> None: ...
+    decisions: Decisions
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., event_ack: _Optional[_Union[EventAck, _Mapping]] = ..., log_request: _Optional[_Union[LogRequest, _Mapping]] = ..., telemetry_rate: _Optional[_Union[TelemetryRate, _Mapping]] = ..., session_request: _Optional[_Union[SessionRequest, _Mapping]] = ..., decisions: _Optional[_Union[Decisions, _Mapping]] = ...) -> None: ...
+
+class Decisions(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "sampling_interval_s", "leader_epoch", "coordinator_id", "heartbeat_interval_s", "report_interval_s")
+    __slots__ = ("node_id", "sampling_interval_s", "leader_epoch", "coordinator_id", "heartbeat_interval_s", "report_interval_s", "accepts_reports")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_REPORTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     sampling_interval_s: float
     leader_epoch: int
     coordinator_id: str
     heartbeat_interval_s: float
     report_interval_s: float
-    def __init__(self, node_id: _Optional[str] = ..., sampling_interval_s: _Optional[float] = ..., leader_epoch: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
+    accepts_reports: bool
+    def __init__(self, node_id: _Optional[str] = ..., sampling_interval_s: _Optional[float] = ..., leader_epoch: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., report_interval_s: _Optional[float] = ..., accepts_reports: _Optional[bool] = ...) -> None: ...
 
 class TelemetryRate(_message.Message):
     __slots__ = ("report_interval_s",)
