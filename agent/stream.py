@@ -217,6 +217,9 @@ class AgentStream:
         welcome_beat_s = (self.welcome.heartbeat_interval_s if self.welcome else 0) or 1.0
         last_beat = 0.0
         while not stop.is_set() and not reader.done():
+            # Cleared before what is queued is read, so that whatever is queued during the writes below (a decision
+            # acknowledged while an event was being written) wakes the next round at once instead of waiting.
+            self._wakeup.clear()
             heartbeat_s = max(welcome_beat_s, self.outbox.quiet_s)
             if self.welcome is not None and self.welcome.accepts_reports:
                 sent_seq = await self._write_reports(call, sent_seq)
@@ -247,7 +250,6 @@ class AgentStream:
             if now - last_beat >= heartbeat_s:
                 await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(time_unix_s=time.time())))
                 last_beat = now
-            self._wakeup.clear()
             wait = asyncio.create_task(self._wakeup.wait())
             await asyncio.wait({wait, reader}, timeout=max(0.0, heartbeat_s - (time.monotonic() - last_beat)),
                                return_when=asyncio.FIRST_COMPLETED)
