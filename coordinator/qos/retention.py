@@ -57,14 +57,19 @@ class TaskRetention:
 
     def expired(self) -> list[types_pb2.Task]:
         """Finished tasks past their retention, oldest first."""
-        finished = sorted((t for t in self._tasks.values() if t.state in TERMINAL_STATES),
-                          key=lambda t: (ended_at(t), t.id), reverse=True)
         horizon = self._now() - self._retain_s
+        finished = [t for t in self._tasks.values() if t.state in TERMINAL_STATES]
+        if len(finished) > self._retain_count:   # the count decides too: newest first, to know which are beyond it
+            finished.sort(key=lambda t: (ended_at(t), t.id), reverse=True)
+            over = [t for i, t in enumerate(finished) if i >= self._retain_count or ended_at(t) < horizon]
+        else:   # (a scan, not a sort, of what a large retention keeps: this runs on the leader's loop)
+            over = sorted((t for t in finished if ended_at(t) < horizon), key=lambda t: (ended_at(t), t.id),
+                          reverse=True)
+        if not over:
+            return []
         # A finished task an unfinished one still waits for (its id, or its array's) stays: the dependent reads its end.
-        awaited = {target for t in self._tasks.values() if t.state not in TERMINAL_STATES for dep in t.spec.after
-                   for target in dep.ids}
-        out = [t for i, t in enumerate(finished) if (i >= self._retain_count or ended_at(t) < horizon)
-               and t.id not in awaited and (not t.array_id or t.array_id not in awaited)]
+        awaited = {target for t in self._tasks.live() for dep in t.spec.after for target in dep.ids}
+        out = [t for t in over if t.id not in awaited and (not t.array_id or t.array_id not in awaited)]
         out.reverse()
         return out
 
