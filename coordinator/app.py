@@ -295,7 +295,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                            will_restart=lambda task: restarts.allows(task) or moves.requeues(task),
                            reservations=reservations)
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
-    qos = QosWatch(tasks.view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
+    qos = QosWatch(tasks.live_view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,
                                    samples_total=lambda: monitor.samples_total, on_change=qos.set_report_interval)
     metrics.registry.register(RateMetrics(telemetry_rate))

@@ -96,6 +96,11 @@ class TaskTable:
         """:attr:`tasks`, for readers that are handed a callable."""
         return self._state.tasks
 
+    def live_view(self) -> Mapping[str, types_pb2.Task]:
+        """The unfinished tasks by id (read-only and live), for readers that are handed a callable and walk them
+        often: their cost follows the work in flight, not the finished tasks retained."""
+        return self._state.live
+
     def live(self) -> list[types_pb2.Task]:
         """The tasks not in a final state, as a list taken now (its cost follows the work in flight, not the
         finished tasks retained)."""

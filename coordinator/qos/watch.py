@@ -84,7 +84,7 @@ class QosWatch:
         watch.check()                     # one pass over the unfinished tasks
         watch.pressure("t-1")             # Pressure.MORE while its p95 latency is over its bound
 
-    :param tasks: task id → task (the task table's ``tasks``), read only.
+    :param tasks: task id → unfinished task (the task table's ``live_view``; a finished one is skipped), read only.
     :param monitor: the Resource Monitor (each task's latest QoS reading).
     :param profiler: expected run times.
     :param events: ``qos_violation`` events.
