@@ -268,7 +268,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
     tasks.releasing = queues.releasing   # a queue's usage counts each task up to its end
     usage = UsageDuty(UsageStore(client, keys, leadership.election, quarantine=quarantine), leadership,
                       tasks.values, registry, monitor.task_energy.current, UsageMetrics(metrics.registry),
-                      interval_s=cfg.usage_interval_s, released=state.released)
+                      interval_s=cfg.usage_interval_s, released=state.released, since=tasks.since)
     queue_admin = QueueAdmin(QueueStore(client, keys, leadership.election, quarantine=quarantine), leadership, locks,
                              state, queues, usage, Prices(cfg.gpu_hour_prices, cfg.price_kwh), events,
                              queues_file=cfg.queues_file)

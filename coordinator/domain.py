@@ -15,9 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common.topology import NodeTopology
 from common.types import TaskKind
+
+if TYPE_CHECKING:
+    from common.pb.gptrm.v1 import types_pb2
 
 __all__ = [
     "DIMENSIONS",
@@ -35,6 +39,7 @@ __all__ = [
     "Request",
     "Resources",
     "TaskSpecData",
+    "ended_at",
     "new_assignment",
     "new_placement",
     "queue_key",
@@ -493,3 +498,8 @@ def queue_key(req: Request) -> tuple[int, float, float, str]:
     """
     slack = req.deadline_s - (req.expected_run_s or 0.0) if req.deadline_s else math.inf
     return (-req.priority, slack, req.submit_s, req.task_id)
+
+
+def ended_at(task: types_pb2.Task) -> float:
+    """When a finished task ended (its last history entry), else its submit time."""
+    return task.history[-1].time_unix_s if task.history else task.submit_unix_s

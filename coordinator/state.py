@@ -34,6 +34,7 @@ from types import MappingProxyType
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
 from coordinator.allocator.reservations import NodeReservation
+from coordinator.domain import ended_at
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.queues import QueueConfig
 from coordinator.sync import node_demand
@@ -158,6 +159,7 @@ class LeaderState:
         self._live: dict[str, types_pb2.Task] = {}   # the unfinished tasks of _tasks, kept with it
         self._live_elastic: dict[str, types_pb2.Task] = {}   # the elastic ones of _live, kept with it
         self._order: list[tuple[float, str]] = []   # (submit time, id) of every task in _tasks, sorted
+        self._ended: list[tuple[float, str]] = []   # (end time, id) of every finished task in _tasks, sorted
         self._services: dict[str, types_pb2.Service] = {}
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
         self._arrays: dict[str, set[str]] = {}   # array id → its elements' task ids (the ones known)
@@ -203,6 +205,7 @@ class LeaderState:
         self._live_elastic.clear()
         self._live_elastic.update((tid, t) for tid, t in self._live.items() if t.spec.HasField("elastic"))
         self._order = sorted((t.submit_unix_s, tid) for tid, t in tasks.items())
+        self._ended = sorted((ended_at(t), tid) for tid, t in tasks.items() if t.state in TERMINAL_STATES)
         self._released.clear()
         self._arrays.clear()
         for task in tasks.values():
@@ -235,6 +238,10 @@ class LeaderState:
             if before is not None:
                 self._unorder(before)
             bisect.insort(self._order, (task.submit_unix_s, task.id))   # a new task sorts last: cheap
+        if before is not None and before.state in TERMINAL_STATES:
+            _unsort(self._ended, (ended_at(before), before.id))
+        if task.state in TERMINAL_STATES:
+            bisect.insort(self._ended, (ended_at(task), task.id))   # a task ending now sorts last: cheap
         self._tasks[task.id] = task
         if before is None:
             self._index_array(task)
@@ -285,6 +292,8 @@ class LeaderState:
         if task is None:
             return
         self._unorder(task)
+        if task.state in TERMINAL_STATES:
+            _unsort(self._ended, (ended_at(task), task.id))
         if task.array_id:
             elements = self._arrays.get(task.array_id)
             if elements is not None:
@@ -295,9 +304,7 @@ class LeaderState:
             self._on_forget(task_id)
 
     def _unorder(self, task: types_pb2.Task) -> None:
-        at = bisect.bisect_left(self._order, (task.submit_unix_s, task.id))
-        if at < len(self._order) and self._order[at] == (task.submit_unix_s, task.id):
-            del self._order[at]
+        _unsort(self._order, (task.submit_unix_s, task.id))
 
     # ---- arrays -----------------------------------------------------------------------------------
 
@@ -359,6 +366,25 @@ class LeaderState:
             if task is not None:
                 yield task
 
+    def ended_since(self, since: float) -> list[types_pb2.Task]:
+        """The finished tasks that ended at or after ``since`` (:func:`~coordinator.domain.ended_at`), in end order:
+        what a reader of recent ends walks instead of every retained task."""
+        at = bisect.bisect_left(self._ended, (since, ""))
+        return [self._tasks[tid] for _end, tid in self._ended[at:]]
+
+    def ended_in_order(self) -> Iterator[types_pb2.Task]:
+        """Every finished task, the one that ended first first, read lazily (retention stops at the first it keeps);
+        walk it without awaiting in between."""
+        for _end, tid in self._ended:
+            task = self._tasks.get(tid)
+            if task is not None:
+                yield task
+
+    @property
+    def finished_count(self) -> int:
+        """How many finished tasks are kept."""
+        return len(self._ended)
+
     def unfinished(self) -> list[types_pb2.Task]:
         """Tasks not in a final state, as a list taken now."""
         return list(self._live.values())
@@ -370,3 +396,10 @@ class LeaderState:
             label = TaskState(t.state).label if t.state else "unknown"
             out[label] = out.get(label, 0) + 1
         return out
+
+
+def _unsort(keys: list[tuple[float, str]], key: tuple[float, str]) -> None:
+    """Remove ``key`` from the sorted ``keys`` (nothing if absent)."""
+    at = bisect.bisect_left(keys, key)
+    if at < len(keys) and keys[at] == key:
+        del keys[at]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from common.errors import IllegalTransition, NotFound, ValidationError
 from common.logging import get_logger
@@ -95,6 +95,23 @@ class TaskTable:
     def view(self) -> Mapping[str, types_pb2.Task]:
         """:attr:`tasks`, for readers that are handed a callable."""
         return self._state.tasks
+
+    def finished_count(self) -> int:
+        """How many finished tasks are kept."""
+        return self._state.finished_count
+
+    def ended_in_order(self) -> Iterator[types_pb2.Task]:
+        """Every finished task, the one that ended first first (:meth:`LeaderState.ended_in_order
+        <coordinator.state.LeaderState.ended_in_order>`)."""
+        return self._state.ended_in_order()
+
+    def since(self, since: float, also: Iterable[str] = ()) -> list[types_pb2.Task]:
+        """The tasks a pass over ``since`` onwards reads: every unfinished task, every finished one that ended at or
+        after ``since``, and the tasks named in ``also`` (those known); not the other finished tasks retained."""
+        out = [*self._state.live.values(), *self._state.ended_since(since)]
+        ids = {t.id for t in out}
+        out += [t for tid in also if tid not in ids and (t := self._state.tasks.get(tid)) is not None]
+        return out
 
     def live_view(self) -> Mapping[str, types_pb2.Task]:
         """The unfinished tasks by id (read-only and live), for readers that are handed a callable and walk them

@@ -21,20 +21,16 @@ from collections.abc import Callable
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import types_pb2
-from common.types import TERMINAL_STATES, TaskState
+from common.types import TaskState
+from coordinator.domain import ended_at
 from coordinator.supervisor import Beat, no_beat
 from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
 from coordinator.tasks import TaskTable
 
-__all__ = ["TaskRetention", "ended_at"]
+__all__ = ["TaskRetention", "ended_at"]   # ended_at: coordinator.domain's, where it was read from before
 
 _BATCH = 500   # removals per pass, so one pass never holds the loop or etcd for long
-
-
-def ended_at(task: types_pb2.Task) -> float:
-    """When a finished task ended (its last history entry), else its submit time."""
-    return task.history[-1].time_unix_s if task.history else task.submit_unix_s
 
 
 class TaskRetention:
@@ -58,20 +54,18 @@ class TaskRetention:
     def expired(self) -> list[types_pb2.Task]:
         """Finished tasks past their retention, oldest first."""
         horizon = self._now() - self._retain_s
-        finished = [t for t in self._tasks.values() if t.state in TERMINAL_STATES]
-        if len(finished) > self._retain_count:   # the count decides too: newest first, to know which are beyond it
-            finished.sort(key=lambda t: (ended_at(t), t.id), reverse=True)
-            over = [t for i, t in enumerate(finished) if i >= self._retain_count or ended_at(t) < horizon]
-        else:   # (a scan, not a sort, of what a large retention keeps: this runs on the leader's loop)
-            over = sorted((t for t in finished if ended_at(t) < horizon), key=lambda t: (ended_at(t), t.id),
-                          reverse=True)
+        # The leader keeps its finished tasks in end order: the oldest beyond the count, then those past their time.
+        beyond = self._tasks.finished_count() - self._retain_count
+        over: list[types_pb2.Task] = []
+        for i, t in enumerate(self._tasks.ended_in_order()):
+            if i >= beyond and ended_at(t) >= horizon:
+                break
+            over.append(t)
         if not over:
             return []
         # A finished task an unfinished one still waits for (its id, or its array's) stays: the dependent reads its end.
         awaited = {target for t in self._tasks.live() for dep in t.spec.after for target in dep.ids}
-        out = [t for t in over if t.id not in awaited and (not t.array_id or t.array_id not in awaited)]
-        out.reverse()
-        return out
+        return [t for t in over if t.id not in awaited and (not t.array_id or t.array_id not in awaited)]
 
     async def collect(self) -> int:
         """Remove up to one batch of expired tasks from etcd and memory; returns how many went."""

@@ -130,13 +130,18 @@ class UsageDuty:
     :param now: wall clock (injected in tests).
     :param on_accounted: called with each pass once it is stored.
     :param released: the allocation a task gave up when it last went back to the queue (the leader's state).
+    :param since: what a pass from a time reads (the task table's ``since``: the unfinished tasks, those ended since,
+        and those named, the ones with energy marks), so that a pass does not walk every finished task retained; None:
+        ``tasks()``.
     """
 
     def __init__(self, store: UsageStore, leadership: Leadership, tasks: Callable[[], Iterable[types_pb2.Task]],
                  registry: NodeRegistry, energy_now: Callable[[str], float], metrics: UsageMetrics, *,
                  interval_s: float = 60.0, settle_s: float = 2.0, now: Callable[[], float] = time.time,
-                 on_accounted: OnAccounted | None = None, released: ReleasedOf | None = None) -> None:
+                 on_accounted: OnAccounted | None = None, released: ReleasedOf | None = None,
+                 since: Callable[[float, Iterable[str]], Iterable[types_pb2.Task]] | None = None) -> None:
         self._store, self._leadership, self._tasks, self._registry = store, leadership, tasks, registry
+        self._since = since
         self.on_accounted = on_accounted
         self._released: ReleasedOf = released or (lambda _task_id: ())
         self._energy_now, self._metrics = energy_now, metrics
@@ -192,11 +197,18 @@ class UsageDuty:
         return ({hour: bucket_rows(bucket) for hour, (bucket, _rev) in stored.items()},
                 marks.accounted_until_unix_s if marks is not None else None)
 
+    def _reads(self, marks: types_pb2.UsageMarks) -> Iterable[types_pb2.Task]:
+        """The tasks a pass from ``marks.accounted_until_unix_s`` may account: :func:`account` skips any other (one
+        that ended before, with no energy mark)."""
+        if self._since is None:
+            return self._tasks()
+        return self._since(marks.accounted_until_unix_s, marks.task_energy_j.keys())
+
     def preview(self, until: float) -> dict[int, Rows]:
         """What is not accounted yet, from ``accounted_until`` to ``until`` (nothing is stored or moved)."""
         if self._marks is None or until <= self._marks.accounted_until_unix_s:
             return {}
-        return account(self._tasks(), self._marks.accounted_until_unix_s, until, self._marks.task_energy_j,
+        return account(self._reads(self._marks), self._marks.accounted_until_unix_s, until, self._marks.task_energy_j,
                        self.model_of, self.energy_of, self._released).hours
 
     async def report(self, since: float, until: float, now: float) -> tuple[dict[int, Rows], float | None]:
@@ -229,7 +241,8 @@ class UsageDuty:
         since, until = marks.accounted_until_unix_s, self._now() - self.settle_s
         if not until > since:
             return False
-        acc = account(self._tasks(), since, until, marks.task_energy_j, self.model_of, self.energy_of, self._released)
+        acc = account(self._reads(marks), since, until, marks.task_energy_j, self.model_of, self.energy_of,
+                      self._released)
         stored = await asyncio.to_thread(self._store.get_hours, list(acc.hours))
         buckets = {}
         for hour, rows in acc.hours.items():

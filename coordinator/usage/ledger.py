@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TERMINAL_STATES, TaskState
+from coordinator.domain import ended_at
 
 __all__ = [
     "HOLDING_STATES",
@@ -145,9 +146,7 @@ def held_intervals(task: types_pb2.Task, since: float, until: float) -> list[tup
 
 
 def _ended_at(task: types_pb2.Task) -> float | None:
-    if task.state not in TERMINAL_STATES:
-        return None
-    return task.history[-1].time_unix_s if task.history else task.submit_unix_s
+    return ended_at(task) if task.state in TERMINAL_STATES else None
 
 
 def _shares(nodes: Sequence[types_pb2.NodeAllocation], demand: types_pb2.ResourceVector,

@@ -151,6 +151,39 @@ class TestTaskTableReads:
         state.forget("a")
         assert [t.id for t in values] == ["a"] and table.values() == []
 
+    def test_since_reads_the_unfinished_the_recently_ended_and_the_named(self, state: LeaderState) -> None:
+        table = TaskTable(None, None, state, *[None] * 7)  # type: ignore[arg-type]
+        state.adopt({"old": _ended("old", 10.0), "marked": _ended("marked", 20.0), "recent": _ended("recent", 100.0),
+                     "live": _task("live", 5.0)}, {})
+        assert sorted(t.id for t in table.since(50.0)) == ["live", "recent"]
+        assert sorted(t.id for t in table.since(50.0, ["marked", "gone"])) == ["live", "marked", "recent"]
+        assert table.finished_count() == 3
+        assert [t.id for t in table.ended_in_order()] == ["old", "marked", "recent"]
+
+
+def _ended(task_id: str, at: float, state: TaskState = TaskState.SUCCEEDED) -> types_pb2.Task:
+    task = _task(task_id, 1.0, state)
+    task.history.add(state=pb_enum(types_pb2.TaskState, state), time_unix_s=at)
+    return task
+
+
+class TestEndedIndex:
+    def test_the_end_order_follows_every_change(self, state: LeaderState) -> None:
+        """Adopted, ended, ended again (a re-read with a later end), forgotten: the index holds exactly the finished
+        tasks, by end time, and ``ended_since`` reads from a time on."""
+        state.adopt({"a": _ended("a", 30.0), "b": _ended("b", 10.0), "p": _task("p", 1.0)}, {})
+        assert [t.id for t in state.ended_in_order()] == ["b", "a"] and state.finished_count == 2
+        state.apply_task(_ended("p", 20.0, TaskState.FAILED))
+        assert [t.id for t in state.ended_in_order()] == ["b", "p", "a"]
+        state.apply_task(_ended("b", 40.0))
+        assert [t.id for t in state.ended_in_order()] == ["p", "a", "b"]
+        assert [t.id for t in state.ended_since(30.0)] == ["a", "b"]
+        state.forget("a")
+        assert [t.id for t in state.ended_in_order()] == ["p", "b"] and state.finished_count == 2
+        finished = sorted((t.history[-1].time_unix_s, t.id) for t in state.tasks.values()
+                          if t.state in TERMINAL_STATES)
+        assert [t.id for t in state.ended_in_order()] == [tid for _at, tid in finished]
+
 
 def test_only_the_leader_state_changes_what_nodes_hold() -> None:
     """No module but ``coordinator/state.py`` changes what nodes hold (its ``NodeHoldings``), and no module reaches
