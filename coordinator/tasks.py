@@ -320,7 +320,9 @@ class TaskTable:
                     todo.append(task.array_id)
 
     async def transition(self, task_id: str, state: TaskState, reason: str = "", **updates: object) -> types_pb2.Task:
-        """Persist a state change of a task (compare-on-revision) and update memory.
+        """Persist a state change of a task (compare-on-revision) and update memory. Besides the task's fields,
+        ``release`` (delete its allocation) and ``via`` (a state passed through on the way, in the same write:
+        :meth:`Store.transition <coordinator.sync.store.Store.transition>`) may be given.
 
         A final state also stores the energy the task drew (``energy_j``, the agents' shares
         summed over its nodes, added to what earlier runs of it drew).
@@ -334,7 +336,8 @@ class TaskTable:
             updates["energy_j"] = task.energy_j + energy.current(task_id)
         stored = await self._transitions.call(Transition(
             task_id, task.revision, state, reason, release=bool(updates.get("release")), known=task,
-            updates={k: v for k, v in updates.items() if k != "release"}))
+            updates={k: v for k, v in updates.items() if k not in ("release", "via")},
+            via=TaskState(via) if isinstance(via := updates.get("via"), int) else None))
         self._applied(task, stored, reason, bool(updates.get("release")))
         return stored
 

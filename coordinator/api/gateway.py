@@ -13,7 +13,7 @@ import asyncio
 import functools
 import math
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -58,6 +58,19 @@ def _decisions(first: agent_pb2.CoordinatorMessage,
     if len(batch) == 1:
         return first, after
     return agent_pb2.CoordinatorMessage(decisions=agent_pb2.Decisions(decisions=batch)), after
+
+
+def _folded(events: Sequence[agent_pb2.TaskStatus],
+            folds: Callable[[agent_pb2.TaskStatus, agent_pb2.TaskStatus], bool]) -> list[agent_pb2.TaskStatus]:
+    """A report's events, less each one that ``folds`` into the same task's next event in the report (a start whose
+    running came with it: applied as one write). The next event's acknowledgement covers the one left out."""
+    nxt: dict[int, int] = {}   # index → index of the same task's next event
+    last: dict[str, int] = {}
+    for i, event in enumerate(events):
+        if event.task_id in last:
+            nxt[last[event.task_id]] = i
+        last[event.task_id] = i
+    return [e for i, e in enumerate(events) if i not in nxt or not folds(e, events[nxt[i]])]
 
 
 def _hold_after_loss_s(lease_ttl_s: float) -> float:
@@ -219,7 +232,7 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                         break
                     for one in reports.decision_acks:
                         await decision_ack(one)
-                    for event in reports.statuses:
+                    for event in _folded(reports.statuses, app.reconciler.folds):
                         await status(event)
                 elif which == "log_chunk":
                     app.logs.deliver(entry.node_id, msg.log_chunk)

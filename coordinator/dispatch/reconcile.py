@@ -187,6 +187,16 @@ class Reconciler:
             await self.gangs.part_failed(task.id, node_id, f"agent {node_id} refused: {ack.reason}",
                                          again=ack.no_room)
 
+    def folds(self, first: agent_pb2.TaskStatus, then: agent_pb2.TaskStatus) -> bool:
+        """Whether ``first`` (a start) need not be applied on its own because ``then``, the same task's next event
+        in the same report, says it is running: :meth:`on_task_status` stores both in one write. Not for a start
+        with news (its pull's progress) or a gang's part (its parts are followed one by one)."""
+        if first.task_id != then.task_id or first.decision_id != then.decision_id or first.reason \
+                or first.state != types_pb2.TASK_STATE_STARTING or then.state != types_pb2.TASK_STATE_RUNNING:
+            return False
+        task = self._tasks.find(first.task_id)
+        return task is not None and task.state == TaskState.SCHEDULED and not is_gang(task)
+
     async def on_task_status(self, entry: NodeEntry, status: agent_pb2.TaskStatus) -> None:
         """Apply one task-status event from an agent (in order, before it is acknowledged)."""
         self._reported.setdefault(entry.node_id, set()).add(status.task_id)
@@ -227,9 +237,10 @@ class Reconciler:
             updates["parts"] = with_part(parts_of(task), entry.node_id, state, reason=reason,
                                          exit_code=status.exit_code if status.has_exit_code else None)
         try:
-            if state == TaskState.RUNNING and task.state == TaskState.SCHEDULED:
-                await self._tasks.transition(task.id, TaskState.STARTING, "", **updates)
-            stored = await self._tasks.transition(task.id, state, reason, release=state in TERMINAL_STATES,
+            # Running before its start was stored (the start not reported, or folded into this report): both in
+            # one write.
+            via = TaskState.STARTING if state == TaskState.RUNNING and task.state == TaskState.SCHEDULED else None
+            stored = await self._tasks.transition(task.id, state, reason, release=state in TERMINAL_STATES, via=via,
                                                   **updates)
         except IllegalTransition as e:
             self._log.warning("task_status_rejected", task_id=task.id, node_id=entry.node_id, reason=str(e))

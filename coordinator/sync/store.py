@@ -65,6 +65,7 @@ class Transition:
     release: bool = False
     known: types_pb2.Task | None = None
     updates: Mapping[str, object] = field(default_factory=dict)
+    via: TaskState | None = None
 
 
 class Store:
@@ -459,6 +460,7 @@ class Store:
         *,
         release: bool = False,
         known: types_pb2.Task | None = None,
+        via: TaskState | None = None,
         **updates: object,
     ) -> types_pb2.Task:
         """Change a task's state if it is still at ``expected_revision`` and the state machine allows it.
@@ -467,6 +469,8 @@ class Store:
         (``exit_code=1, log_tail="..."``) in the same write.
 
         :param release: also delete the task's allocation (what it holds on its nodes), atomically.
+        :param via: a state passed through on the way, stored in the same write (its own history entry, each step
+            checked by the state machine): an agent's start and its running, reported together.
         :param known: the task as etcd stored it at ``expected_revision`` (the leader's copy), to write from
             without reading it first: the write still compares the revision, so a copy that is not etcd's
             value at that revision is never written (the read and the retry follow). Its reason may differ
@@ -483,15 +487,24 @@ class Store:
             raise IllegalTransition(f"task {task_id}: → SCHEDULED only through commit_placements (with an allocation)")
 
         def mutate(task: types_pb2.Task) -> None:
-            check_transition(task_id, TaskState(task.state), new_state)
             rec.apply_updates(task, updates)
-            rec.append_history(task, new_state, reason, self._wall(), self._history_limit)
+            self._steps(task, new_state, reason, via)
             if new_state is TaskState.PENDING:
                 # Back in the queue (restart, preemption, drain): it holds nothing until placed again.
                 task.ClearField("allocation")
                 task.ClearField("parts")
 
         return self._rewrite_task(task_id, expected_revision, mutate, release, "task_transitioned", known)
+
+    def _steps(self, task: types_pb2.Task, new_state: TaskState, reason: str, via: TaskState | None) -> None:
+        """Move ``task`` (a copy being written) to ``new_state``, through ``via`` first when given: each step checked
+        by the state machine and recorded in the history, at the same time.
+
+        :raises IllegalTransition: a step the state machine forbids."""
+        now = self._wall()
+        for state, why in (((via, ""),) if via is not None else ()) + ((new_state, reason),):
+            check_transition(task.id, TaskState(task.state), state)
+            rec.append_history(task, state, why, now, self._history_limit)
 
     def transitions(self, items: Sequence[Transition]) -> list[types_pb2.Task | Exception]:
         """:meth:`transition` for many tasks, in one transaction when they are ready to go together (agents'
@@ -513,7 +526,7 @@ class Store:
         for t in items:
             try:
                 out.append(self.transition(t.task_id, t.expected_revision, t.new_state, t.reason, release=t.release,
-                                           known=t.known, **t.updates))
+                                           known=t.known, via=t.via, **t.updates))
             except (IllegalTransition, NotFound, ValidationError) as e:   # Conflict is an IllegalTransition
                 out.append(e)
         return out
@@ -544,7 +557,7 @@ class Store:
         if len(items) == 1:
             t = items[0]
             return [self.transition(t.task_id, t.expected_revision, t.new_state, t.reason, release=t.release,
-                                    known=t.known, **t.updates)]
+                                    known=t.known, via=t.via, **t.updates)]
         return self._write_together(items)
 
     def _write_together(self, items: Sequence[Transition]) -> list[types_pb2.Task]:
@@ -561,12 +574,11 @@ class Store:
             new = types_pb2.Task()
             new.CopyFrom(t.known)
             new.revision = 0
-            check_transition(t.task_id, TaskState(new.state), t.new_state)
             if t.new_state is TaskState.SCHEDULED:
                 raise IllegalTransition(f"task {t.task_id}: → SCHEDULED only through commit_placements "
                                         "(with an allocation)")
             rec.apply_updates(new, t.updates)
-            rec.append_history(new, t.new_state, t.reason, self._wall(), self._history_limit)
+            self._steps(new, t.new_state, t.reason, t.via)
             if t.new_state is TaskState.PENDING:
                 new.ClearField("allocation")
                 new.ClearField("parts")

@@ -96,6 +96,13 @@ def test_decisions_and_reports_carry_tasks_to_their_end(cluster: Cluster) -> Non
     batches = [m for m in got if m.HasField("decisions")]
     assert batches and max(len(m.decisions.decisions) for m in batches) > 1   # placed together, sent together
     assert _states(cluster, array_id) == ["succeeded"] * 4
+    # Each start came with its running in one message: both stored in one write (one time for both history entries).
+    for index in range(4):
+        task = cluster.ctl_json("tasks", f"{array_id}:{index}")
+        history = [(h["state"], h["time_unix_s"]) for h in task["history"]]
+        states = [state for state, _t in history]
+        at = states.index("starting")
+        assert states[at:at + 2] == ["starting", "running"] and history[at][1] == history[at + 1][1], history
 
 
 def test_an_agent_that_does_not_read_decisions_gets_one_each(cluster: Cluster) -> None:

@@ -223,6 +223,24 @@ class TestTransitions:
         assert all(store.get_task(t.id).state == S.SUCCEEDED and store.get_allocation(t.id) is None for t in tasks)
         assert held_gpus(store) == {}
 
+    def test_a_state_passed_through_is_stored_in_the_same_write(
+        self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
+    ) -> None:
+        """``via``: SCHEDULED → STARTING → RUNNING in one write (one revision), each step in the history; alone and
+        in a batch; a step the state machine forbids writes nothing."""
+        a, b, c = (drive(store, store.create_task(make_task(f"v{i}")), PATHS[S.SCHEDULED], make_allocation("n1", [i]))
+                   for i in range(3))
+        one = store.transition(a.id, a.revision, S.RUNNING, "running", via=S.STARTING, known=a)
+        assert [h.state for h in one.history][-3:] == [S.SCHEDULED, S.STARTING, S.RUNNING]
+        assert store.get_task(a.id).revision == one.revision and one.state == S.RUNNING
+        out = store.transitions([Transition(t.id, t.revision, S.RUNNING, "", known=t, via=S.STARTING) for t in (b, c)])
+        assert all(isinstance(t, types_pb2.Task) and [h.state for h in t.history][-2:] == [S.STARTING, S.RUNNING]
+                   for t in out)
+        assert len({t.revision for t in out}) == 1   # type: ignore[union-attr]
+        with pytest.raises(IllegalTransition):
+            store.transition(a.id, one.revision, S.RUNNING, "", via=S.PENDING)
+        assert store.get_task(a.id).revision == one.revision
+
     def test_a_batch_with_a_changed_task_goes_one_by_one(
         self, store: Store, node: types_pb2.NodeRecord, make_task: Callable, make_allocation: Callable
     ) -> None:

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from common.logging import get_logger
-from common.pb.gptrm.v1 import agent_pb2
-from coordinator.api.gateway import AgentGatewayService
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
+from coordinator.api.gateway import AgentGatewayService, _folded
 
 
 async def _acks(results: list[tuple[int, float, Exception | None]]) -> list[int | None]:
@@ -75,3 +75,17 @@ def test_events_of_one_task_apply_one_after_the_other() -> None:
 
     asyncio.run(run())
     assert order == ["first"]
+
+
+def test_a_start_folds_into_the_same_tasks_next_event_in_the_report() -> None:
+    """A start followed (later in the same report, other tasks' events between) by its own task's running is left
+    out when the reconciler says it folds; the last event of a task, and one that does not fold, stay."""
+    s = types_pb2.TASK_STATE_STARTING
+    r = types_pb2.TASK_STATE_RUNNING
+    events = [agent_pb2.TaskStatus(task_id=t, state=st, event_seq=i + 1)
+              for i, (t, st) in enumerate([("a", s), ("b", s), ("a", r), ("b", r), ("c", s)])]
+
+    def folds(first: agent_pb2.TaskStatus, then: agent_pb2.TaskStatus) -> bool:
+        return first.state == s and then.state == r and first.task_id != "b"
+
+    assert [(e.task_id, e.event_seq) for e in _folded(events, folds)] == [("b", 2), ("a", 3), ("b", 4), ("c", 5)]
