@@ -1,14 +1,17 @@
 """Benchmark: the whole submit → RUNNING path at a sustained rate, with many clients and a fleet.
 
-Run: ``.venv/bin/python tests/bench/bench_throughput.py [--rate 500] [--duration 60] [--clients 32]
-[--agents 16] [--retain 100000]``.
+Run: ``.venv/bin/python tests/bench/bench_throughput.py [--rate 500] [--duration 60] [--clients 96]
+[--agents 24] [--retain 100000]``. The defaults: 96 callers, so that the accepted rate is the leader's and not
+the callers' (with 32, each waiting for its answer, it is at most 32 ÷ SubmitTask's latency); 24 agents (1,536
+task slots of 0.125 GPU), so that 500 one-second tasks a second fit under the default GPU threshold.
 
 It starts a 3-member etcd (``EtcdCluster``), one real ``gptrm-coordinator`` process (the leader;
 ``--standby`` adds a second replica) and, in this process, a fleet of ``--agents`` simulated
 agents that speak the real agent stream protocol over gRPC: each registers 8 simulated GPUs,
 and for every ``StartTask`` decision reports STARTING and RUNNING and acknowledges the
 decision (as ``agent/runtime.py`` does), ends the task SUCCEEDED after ``--task-seconds``,
-and sends one telemetry sample every ``--telemetry-interval`` seconds (a heartbeat meanwhile).
+and sends one telemetry sample every ``--telemetry-interval`` seconds (a heartbeat meanwhile). Like the
+agent's writer, it sends what it has queued together as one ``Reports`` message, and reads ``Decisions``.
 Load comes from a separate client process (this file with ``--role clients``) that runs
 ``--clients`` concurrent ``SubmitTask`` callers over ``--channels`` gRPC connections, each
 pacing itself to its share of ``--rate`` (open loop: a caller behind its schedule submits at once).
@@ -471,9 +474,9 @@ def main() -> None:
     p.add_argument("--role", choices=("bench", "clients"), default="bench")
     p.add_argument("--rate", type=float, default=500.0, help="submissions offered per second")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
-    p.add_argument("--clients", type=int, default=32, help="concurrent SubmitTask callers")
+    p.add_argument("--clients", type=int, default=96, help="concurrent SubmitTask callers")
     p.add_argument("--channels", type=int, default=8, help="gRPC connections the callers share")
-    p.add_argument("--agents", type=int, default=16, help="simulated agents (8 GPUs each)")
+    p.add_argument("--agents", type=int, default=24, help="simulated agents (8 GPUs each)")
     p.add_argument("--task-seconds", type=float, default=1.0, help="each task runs this long, then succeeds")
     p.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between an agent's samples")
     p.add_argument("--gpus", type=float, default=0.125, help="GPUs per task (shared)")
