@@ -6,8 +6,9 @@ import math
 import random
 from collections.abc import Mapping
 
-from common.pb.gptrm.v1 import agent_pb2
+from common.pb.gptrm.v1 import agent_pb2, types_pb2
 from coordinator.domain import ClusterSnapshot, GpuSlot, NodeSnapshot, PowerCurve, Request, Resources
+from coordinator.monitor.nodes import NodeRegistry
 
 __all__ = [
     "GIB",
@@ -206,3 +207,14 @@ def start_decision(task_id: str, argv: list[str], gpus: list[int] | tuple[int, .
     d.start.gpu_uuids.extend(f"GPU-{i}" for i in gpus)
     d.start.stop_grace_s = 2.0
     return d
+
+
+def connected_registry(*node_ids: str, gpus: int = 4) -> NodeRegistry:
+    """A node table with ``node_ids`` connected: ``gpus`` H100s of 80 GiB, 16 cores and 64 GiB each (no stream)."""
+    registry = NodeRegistry(1.0, 30.0)
+    for node_id in node_ids:
+        inv = types_pb2.NodeInventory(node_id=node_id, cpu_cores=16, mem_total_bytes=64 * 1024**3)
+        for i in range(gpus):
+            inv.gpus.add(index=i, model="H100", mem_total_bytes=80 * 1024**3)
+        registry.connect(inv, outbox=None)  # type: ignore[arg-type]
+    return registry

@@ -13,17 +13,7 @@ from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.placement import PlacementEngine
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.state import LeaderState
-from tests.helpers.builders import make_request
-
-
-def _registry(*node_ids: str) -> NodeRegistry:
-    registry = NodeRegistry(1.0, 30.0)
-    for node_id in node_ids:
-        inv = types_pb2.NodeInventory(node_id=node_id, cpu_cores=16, mem_total_bytes=64 * 1024**3)
-        for i in range(4):
-            inv.gpus.add(index=i, model="H100", mem_total_bytes=80 * 1024**3)
-        registry.connect(inv, outbox=None)  # type: ignore[arg-type]
-    return registry
+from tests.helpers.builders import connected_registry, make_request
 
 
 def _running(task_id: str, node_id: str, *, run_as_user: str = "") -> types_pb2.Task:
@@ -47,7 +37,7 @@ def _place(registry: NodeRegistry, tasks: list[types_pb2.Task]) -> tuple[Snapsho
 class TestUidRoom:
     def test_a_node_without_a_free_task_uid_is_not_chosen(self) -> None:
         """n1 (first in order) reports room for 2 tasks with a uid of their own and holds 2: placement goes to n2."""
-        registry = _registry("n1", "n2")
+        registry = connected_registry("n1", "n2")
         registry.get("n1").task_uid_room = 2   # type: ignore[union-attr]
         builder, node = _place(registry, [_running("a", "n1"), _running("b", "n1")])
         assert node == "n2"
@@ -55,14 +45,14 @@ class TestUidRoom:
 
     def test_room_left_and_tasks_without_an_own_uid(self) -> None:
         """A task running as a named user takes no uid of the range; with room left, n1 is chosen."""
-        registry = _registry("n1", "n2")
+        registry = connected_registry("n1", "n2")
         registry.get("n1").task_uid_room = 2   # type: ignore[union-attr]
         builder, node = _place(registry, [_running("a", "n1"), _running("b", "n1", run_as_user="train")])
         assert node == "n1" and builder.uid_room == {"n1": 1}
 
     def test_an_agent_reporting_nothing_has_no_limit(self) -> None:
         """An older agent (no task_uid_room): unknown, no limit."""
-        registry = _registry("n1", "n2")
+        registry = connected_registry("n1", "n2")
         builder, node = _place(registry, [_running(f"t{i}", "n1") for i in range(40)])
         assert node == "n1" and builder.uid_room == {}
 

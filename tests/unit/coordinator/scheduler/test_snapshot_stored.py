@@ -6,20 +6,10 @@ from __future__ import annotations
 
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
-from coordinator.monitor.nodes import NodeRegistry
 from coordinator.monitor.power_model import PowerModel
 from coordinator.scheduler.snapshot import SnapshotBuilder
 from coordinator.state import LeaderState
-
-
-def _registry(*node_ids: str) -> NodeRegistry:
-    registry = NodeRegistry(1.0, 30.0)
-    for node_id in node_ids:
-        inv = types_pb2.NodeInventory(node_id=node_id, cpu_cores=16, mem_total_bytes=64 * 1024**3)
-        for i in range(4):
-            inv.gpus.add(index=i, model="H100", mem_total_bytes=80 * 1024**3)
-        registry.connect(inv, outbox=None)  # type: ignore[arg-type]
-    return registry
+from tests.helpers.builders import connected_registry
 
 
 def _placed(task_id: str, node_id: str, gpus: list[int], share: float = 1.0, mem: int = 0) -> types_pb2.Task:
@@ -35,7 +25,7 @@ def _gpus(snapshot: object) -> dict[str, tuple[tuple[int, int, float], ...]]:
 
 
 def test_stored_holdings_show_what_the_allocations_show() -> None:
-    registry = _registry("n1", "n2", "n3")
+    registry = connected_registry("n1", "n2", "n3")
     state = LeaderState(registry)
     tasks = [_placed("a", "n1", [0, 1]), _placed("b", "n1", [2], 0.5, 10 * 1024**3), _placed("c", "n2", [3])]
     for task in tasks:
@@ -47,7 +37,7 @@ def test_stored_holdings_show_what_the_allocations_show() -> None:
 
 
 def test_a_node_whose_holdings_did_not_change_is_the_same_object() -> None:
-    registry = _registry("n1", "n2")
+    registry = connected_registry("n1", "n2")
     state = LeaderState(registry)
     builder = SnapshotBuilder(PowerModel())
     state.apply_placement(_placed("a", "n1", [0]))
@@ -62,7 +52,7 @@ def test_a_node_whose_holdings_did_not_change_is_the_same_object() -> None:
 
 
 def test_a_holdings_version_changes_with_every_change_and_only_then() -> None:
-    state = LeaderState(_registry("n1", "n2"))
+    state = LeaderState(connected_registry("n1", "n2"))
     holdings = state.holdings
     assert holdings.version_on("n1") == 0
     state.apply_placement(_placed("a", "n1", [0]))
