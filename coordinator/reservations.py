@@ -329,7 +329,7 @@ class Reservations:
         if r is None:
             raise NotFound(f"reservation {name!r} not found")
         now = self._now()
-        kept = next((k for k in self.kept() if k.reservation.name == name), Kept(r, ()))
+        kept = next((k for k in self.kept(fresh=True) if k.reservation.name == name), Kept(r, ()))
         return admin_pb2.ReservationView(
             reservation=r, state=state_of(r, now), used_gpus=kept.used,
             held=[admin_pb2.ReservedGpus(node_id=node, gpu_indices=sorted(indices))
@@ -342,13 +342,13 @@ class Reservations:
 
     # ---- what the leader's duties ask ---------------------------------------------------------
 
-    def kept(self) -> list[Kept]:
+    def kept(self, *, fresh: bool = False) -> list[Kept]:
         """The GPUs each reservation that has not ended keeps now (kept for half a second, forgotten at any
-        change of the reservations)."""
+        change of the reservations; ``fresh``: worked out now, for what an admin reads)."""
         now = self._now()
         if not self._current:
             return []
-        if self._kept is None or now - self._kept[0] >= 0.5:
+        if fresh or self._kept is None or now - self._kept[0] >= 0.5:
             self._kept = (now, choose_kept(self._current.values(), _gpus_of(self._registry),
                                            _holders(self._tasks().values()), now))
         return self._kept[1]

@@ -164,8 +164,9 @@ class LeaderState:
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
         self._arrays: dict[str, set[str]] = {}   # array id → its elements' task ids (the ones known)
         self.changes = 0
-        """Rises with every stored change followed (a task's record, a placement, a release, a task forgotten, a
-        view adopted); not with a reason noted in memory. Equal counts: the tasks and what they hold are the same."""
+        """Rises with every stored change followed that concerns an unfinished task (its record, a placement, a
+        release, an unfinished task forgotten) and with a view adopted; not with a reason noted in memory nor with a
+        finished task changing again. Equal counts: the unfinished tasks and what they hold are the same."""
         self.queues = QueueConfig()
         """The team queues as etcd stored them (immutable; replaced by :meth:`apply_queues`)."""
         self.queues_revision = 0
@@ -226,7 +227,8 @@ class LeaderState:
     def apply_task(self, stored: types_pb2.Task) -> None:
         """Follow a task record etcd stored (a submit, a state change, an update, a re-read). A task back in the
         queue no longer has its allocation: the one it gave up is kept (:meth:`released`)."""
-        self.changes += 1
+        if stored.id in self._live or stored.state not in TERMINAL_STATES:
+            self.changes += 1   # a finished task changing again (a re-read) changes nothing unfinished
         before = self._tasks.get(stored.id)
         if before is not None and before.allocation.nodes and not stored.allocation.nodes:
             self._released[stored.id] = tuple(before.allocation.nodes)
@@ -284,7 +286,8 @@ class LeaderState:
 
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention), or one etcd no longer has."""
-        self.changes += 1
+        if task_id in self._live:
+            self.changes += 1
         self._released.pop(task_id, None)
         self._live.pop(task_id, None)
         self._live_elastic.pop(task_id, None)

@@ -53,9 +53,9 @@ def setup(etcd_server: EtcdCluster, etcd_prefix: str) -> Iterator[Setup]:
     snapshots: list[int] = []
     original = app.snapshots.snapshot
 
-    def counting(*args: object) -> object:
+    def counting(*args: object, **kwargs: object) -> object:
         snapshots.append(1)
-        return original(*args)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
 
     app.snapshots.snapshot = counting  # type: ignore[method-assign]
     yield app, snapshots
