@@ -160,6 +160,7 @@ class LeaderState:
         self._live_elastic: dict[str, types_pb2.Task] = {}   # the elastic ones of _live, kept with it
         self._order: list[tuple[float, str]] = []   # (submit time, id) of every task in _tasks, sorted
         self._ended: list[tuple[float, str]] = []   # (end time, id) of every finished task in _tasks, sorted
+        self._by_state: dict[int, int] = {}   # state → how many tasks of _tasks are in it, kept with it
         self._services: dict[str, types_pb2.Service] = {}
         self._released: dict[str, tuple[types_pb2.NodeAllocation, ...]] = {}
         self._arrays: dict[str, set[str]] = {}   # array id → its elements' task ids (the ones known)
@@ -207,6 +208,9 @@ class LeaderState:
         self._live_elastic.update((tid, t) for tid, t in self._live.items() if t.spec.HasField("elastic"))
         self._order = sorted((t.submit_unix_s, tid) for tid, t in tasks.items())
         self._ended = sorted((ended_at(t), tid) for tid, t in tasks.items() if t.state in TERMINAL_STATES)
+        self._by_state = {}
+        for t in tasks.values():
+            self._by_state[t.state] = self._by_state.get(t.state, 0) + 1
         self._released.clear()
         self._arrays.clear()
         for task in tasks.values():
@@ -240,6 +244,9 @@ class LeaderState:
             if before is not None:
                 self._unorder(before)
             bisect.insort(self._order, (task.submit_unix_s, task.id))   # a new task sorts last: cheap
+        if before is not None:
+            self._count(before.state, -1)
+        self._count(task.state, 1)
         if before is not None and before.state in TERMINAL_STATES:
             _unsort(self._ended, (ended_at(before), before.id))
         if task.state in TERMINAL_STATES:
@@ -294,6 +301,7 @@ class LeaderState:
         task = self._tasks.pop(task_id, None)
         if task is None:
             return
+        self._count(task.state, -1)
         self._unorder(task)
         if task.state in TERMINAL_STATES:
             _unsort(self._ended, (ended_at(task), task.id))
@@ -393,12 +401,19 @@ class LeaderState:
         return list(self._live.values())
 
     def counts(self) -> dict[str, int]:
-        """Tasks by state label."""
+        """Tasks by state label (kept as records change: a scrape or a status call walks no task)."""
         out: dict[str, int] = {}
-        for t in list(self._tasks.values()):
-            label = TaskState(t.state).label if t.state else "unknown"
-            out[label] = out.get(label, 0) + 1
+        for state, n in self._by_state.items():
+            label = TaskState(state).label if state else "unknown"
+            out[label] = out.get(label, 0) + n
         return out
+
+    def _count(self, state: int, delta: int) -> None:
+        n = self._by_state.get(state, 0) + delta
+        if n:
+            self._by_state[state] = n
+        else:
+            del self._by_state[state]
 
 
 def _unsort(keys: list[tuple[float, str]], key: tuple[float, str]) -> None:

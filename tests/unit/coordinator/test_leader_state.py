@@ -167,6 +167,26 @@ def _ended(task_id: str, at: float, state: TaskState = TaskState.SUCCEEDED) -> t
     return task
 
 
+def test_counts_by_state_follow_every_change(state: LeaderState) -> None:
+    """The counts by state are kept as records change, and equal a count over every task at each step."""
+    def counted() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in state.tasks.values():
+            label = TaskState(t.state).label
+            out[label] = out.get(label, 0) + 1
+        return out
+
+    state.adopt({"a": _task("a", 1.0), "b": _ended("b", 5.0)}, {})
+    assert state.counts() == counted() == {"pending": 1, "succeeded": 1}
+    state.apply_placement(_placed("a", "n1", [0]))
+    state.note_reason("a", "placed")
+    state.apply_task(_task("c", 2.0))
+    assert state.counts() == counted() == {"running": 1, "succeeded": 1, "pending": 1}
+    state.apply_task(_ended("a", 9.0, TaskState.FAILED))
+    state.forget("b")
+    assert state.counts() == counted() == {"failed": 1, "pending": 1}
+
+
 class TestEndedIndex:
     def test_the_end_order_follows_every_change(self, state: LeaderState) -> None:
         """Adopted, ended, ended again (a re-read with a later end), forgotten: the index holds exactly the finished
