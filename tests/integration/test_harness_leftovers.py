@@ -28,11 +28,12 @@ class TestTaskProcessesLeft:
         marker = str(4000 + secrets.randbelow(1000))
         proc = _as_uid(uid, marker)
         try:
-            # found once setpriv (which takes the uid first) has exec'd the command it names
-            found = wait_until(lambda: (f := task_processes_left([agent])) and describe(f[0]).endswith(marker) and f,
-                               10, what="the process found")
+            # found once setpriv (which takes the uid first) has exec'd the command it names: until then its own
+            # command line (which ends with the marker too) is what is seen
+            named = f"pid {proc.pid} uid {uid}: sleep {marker}"
+            found = wait_until(lambda: (f := task_processes_left([agent])) and describe(f[0]) == named and f,
+                               10, what="the process found and named")
             assert [p.pid for p in found] == [proc.pid]
-            assert describe(found[0]) == f"pid {proc.pid} uid {uid}: sleep {marker}"
         finally:
             proc.kill()
             proc.wait()
