@@ -330,15 +330,16 @@ class TaskTable:
         :raises IllegalTransition: the state machine forbids it, or the task changed meanwhile.
         """
         task = self.get(task_id)
+        release = bool(updates.pop("release", False))
+        via = updates.pop("via", None)
         energy = self._monitor.task_energy
         if state in TERMINAL_STATES and "energy_j" not in updates:
             # The agents' shares since it (last) started, on top of what earlier runs stored.
             updates["energy_j"] = task.energy_j + energy.current(task_id)
         stored = await self._transitions.call(Transition(
-            task_id, task.revision, state, reason, release=bool(updates.get("release")), known=task,
-            updates={k: v for k, v in updates.items() if k not in ("release", "via")},
-            via=TaskState(via) if isinstance(via := updates.get("via"), int) else None))
-        self._applied(task, stored, reason, bool(updates.get("release")))
+            task_id, task.revision, state, reason, release=release, known=task, updates=updates,
+            via=TaskState(via) if isinstance(via, int) else None))
+        self._applied(task, stored, reason, release)
         return stored
 
     async def transition_together(self, changes: Sequence[tuple[str, Mapping[str, object]]], state: TaskState,

@@ -42,22 +42,27 @@ each other, so a busy node's starts and ends do not wait a round trip each. Ackn
 event order, each only once every event up to it was applied."""
 
 
-def _decisions(first: agent_pb2.CoordinatorMessage,
-               outbox: Outbox) -> tuple[agent_pb2.CoordinatorMessage, agent_pb2.CoordinatorMessage | None]:
-    """``first`` (a decision) and the decisions queued right behind it, as one ``Decisions`` message (at most
-    :data:`~common.types.MAX_REPORTS`), and the first message taken that is not a decision (None: none was taken;
-    an empty message: the end of the stream, queued as None)."""
+def _with_decisions_behind(first: agent_pb2.CoordinatorMessage,
+                           outbox: Outbox) -> tuple[list[agent_pb2.CoordinatorMessage], bool]:
+    """What to send for ``first`` (a decision) to an agent that reads ``Decisions``: it and the decisions queued right
+    behind it as one message (at most :data:`~common.types.MAX_REPORTS`), then the first message taken that is not a
+    decision; and whether the end of the stream (None) was taken after them."""
     batch = [first.decision]
-    after: agent_pb2.CoordinatorMessage | None = None
+    after: list[agent_pb2.CoordinatorMessage] = []
     while len(batch) < MAX_REPORTS and not outbox.empty():
         msg = outbox.get_nowait()
-        if msg is None or msg.WhichOneof("body") != "decision":
-            after = agent_pb2.CoordinatorMessage() if msg is None else msg
+        if msg is None:
+            return [_decisions_message(batch, first)], True
+        if msg.WhichOneof("body") != "decision":
+            after.append(msg)
             break
         batch.append(msg.decision)
-    if len(batch) == 1:
-        return first, after
-    return agent_pb2.CoordinatorMessage(decisions=agent_pb2.Decisions(decisions=batch)), after
+    return [_decisions_message(batch, first), *after], False
+
+
+def _decisions_message(batch: list[agent_pb2.Decision],
+                       first: agent_pb2.CoordinatorMessage) -> agent_pb2.CoordinatorMessage:
+    return first if len(batch) == 1 else agent_pb2.CoordinatorMessage(decisions=agent_pb2.Decisions(decisions=batch))
 
 
 def _folded(events: Sequence[agent_pb2.TaskStatus],
@@ -168,15 +173,12 @@ class AgentGatewayService(agent_pb2_grpc.AgentGatewayServicer):
                 msg = await outbox.get()
                 if msg is None:
                     break
-                if batched and msg.WhichOneof("body") == "decision" and not outbox.empty():
-                    msg, after = _decisions(msg, outbox)
-                    yield msg
-                    if after is None:
-                        continue
-                    if after.WhichOneof("body") is None:   # the end (None) was queued behind the decisions
-                        break
-                    msg = after
-                yield msg
+                sends, ended = _with_decisions_behind(msg, outbox) \
+                    if batched and msg.WhichOneof("body") == "decision" else ([msg], False)
+                for out in sends:
+                    yield out
+                if ended:
+                    break
         finally:
             reader.cancel()
             app.logs.stream_ended(entry.node_id, outbox)

@@ -28,7 +28,7 @@ from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import Store
 from coordinator.tasks import TaskTable
 
-__all__ = ["TaskRetention", "ended_at"]   # ended_at: coordinator.domain's, where it was read from before
+__all__ = ["TaskRetention"]
 
 _BATCH = 500   # removals per pass, so one pass never holds the loop or etcd for long
 

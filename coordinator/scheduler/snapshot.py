@@ -176,31 +176,29 @@ class SnapshotBuilder:
                     left = e.task_uid_room - len(e.task_ids - named)
                 room[e.node_id] = left
                 free = left > 0
-            if schedulable(e):
-                nodes.append(self._kept_view(e, e if holdings is None else holdings.get(e.node_id), views, free))
+            if not schedulable(e):
+                continue
+            if holdings is None:   # the stored holdings: their version stands for them until a view is built
+                nodes.append(self._kept_view(e, ("stored", e.holdings_version), None, views, free))
+            else:
+                held = holdings.get(e.node_id, [])
+                nodes.append(self._kept_view(e, tuple((tuple(g), m, s) for g, m, s in held), held, views, free))
         self._views = views   # nodes no longer in the snapshot are forgotten
         self.uid_room = room
         return ClusterSnapshot(nodes=tuple(nodes), taken_at_s=time.time())
 
-    def _kept_view(self, e: NodeEntry, held: list[tuple[Sequence[int], int, float]] | NodeEntry | None,
+    def _kept_view(self, e: NodeEntry, what: object, held: list[tuple[Sequence[int], int, float]] | None,
                    views: dict[str, tuple[tuple[object, ...], NodeSnapshot]], uid_free: bool = True) -> NodeSnapshot:
-        """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed. ``held`` is
-        the node's entry itself when what it holds is the stored holdings (their version stands for them)."""
+        """:meth:`_view`, or the last snapshot's object for the node when none of its inputs changed: ``what`` stands
+        for what the node holds in that comparison, ``held`` is it (None: the stored holdings, read from the node's
+        entry only when a view is built)."""
         r = e.reservation.used
-        if isinstance(held, NodeEntry):
-            what: object = ("stored", held.holdings_version)
-        else:
-            what = None if held is None else tuple((tuple(g), m, s) for g, m, s in held)
         key = (self._static_part(e), r.gpus, r.gpu_mem_total_bytes, r.cpu_cores, r.mem_bytes, r.disk_bytes,
                what, self.power_curve(e)[0], uid_free,
                tuple([f.gpu_index for f in e.record.gpu_fences]), e.degraded_gpus, tuple(e.inventory.images))
         last = self._views.get(e.node_id)
-        if last is not None and last[0] == key:
-            view = last[1]
-        else:
-            if isinstance(held, NodeEntry):
-                held = held.held or None
-            view = self._view(e, held, schedulable=uid_free)
+        view = last[1] if last is not None and last[0] == key else \
+            self._view(e, (e.held if held is None else held) or None, schedulable=uid_free)
         views[e.node_id] = (key, view)
         return view
 
