@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import pytest
 
 from coordinator.domain import ClusterSnapshot, NodeSnapshot, Request, Resources
-from coordinator.simulator.engine import SimJob
+from coordinator.simulator.engine import SimConfig, SimJob
 from coordinator.simulator.synthetic import SyntheticSpec, generate
 from coordinator.simulator.trace import write_jobs, write_nodes
 from tests.helpers.builders import GIB, make_node
@@ -49,3 +52,17 @@ def synthetic_trace(directory: Path, *, n_jobs: int = 200, n_nodes: int = 12, se
     write_jobs(jobs_path, jobs)
     write_nodes(nodes_path, nodes)
     return jobs_path, nodes_path
+
+
+def spy_on_runs(monkeypatch: pytest.MonkeyPatch, cli: ModuleType) -> list[SimConfig]:
+    """The configurations a simulate front end (``cli``, a module that calls ``run_policies``) runs, collected as it
+    runs them (each run still happens)."""
+    configs: list[SimConfig] = []
+    real = cli.run_policies
+
+    def spy(cluster: Any, jobs: Any, cfgs: list[SimConfig], **kwargs: Any) -> Any:
+        configs.extend(cfgs)
+        return real(cluster, jobs, cfgs, **kwargs)
+
+    monkeypatch.setattr(cli, "run_policies", spy)
+    return configs

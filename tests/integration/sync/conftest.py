@@ -63,6 +63,20 @@ def make_election(
 
 
 @pytest.fixture
+def depose(make_election: ElectionFactory, client_factory: Callable[[], EtcdClient]) -> Callable[[Election], Election]:
+    """Depose a leader without its noticing: its lease revoked (as if it expired) and ``coord-b`` elected, while it
+    (given a long TTL) still believes it leads, so that only fencing stands between it and the data; returns B."""
+    def run(a: Election) -> Election:
+        client_factory().revoke_lease(a.lease_id)  # type: ignore[arg-type]  # as if A's lease expired
+        b = make_election("coord-b", client=client_factory())
+        b.start()
+        assert b.wait_for_leadership(timeout=3.0)
+        assert a.is_leader   # A has not noticed
+        return b
+    return run
+
+
+@pytest.fixture
 def leader(make_election: ElectionFactory) -> Election:
     """A candidate that has won the election."""
     election = make_election("coord-a")

@@ -218,7 +218,7 @@ class TestLeaderChange:
 
     def test_a_new_leader_never_books_a_gpu_the_old_one_placed(
         self, make_election: Callable, client_factory: Callable[[], EtcdClient], keys: Keys, make_node: Callable,
-        make_task: Callable, make_allocation: Callable,
+        make_task: Callable, make_allocation: Callable, depose: Callable[[Election], Election],
     ) -> None:
         """Leader A places tasks on GPUs 0-7 of n0, then loses its lease without noticing; its next placements (GPUs
         8-15) are fenced. Leader B takes over from etcd (as ``App.take_over`` does: ``load_all``, then ``adopt``),
@@ -232,11 +232,7 @@ class TestLeaderChange:
         done = store_a.commit_placements([(t, t.revision, make_allocation("n0", [i])) for i, t in enumerate(first)])
         assert len(done.committed) == 8
         late = stored_tasks(store_a, 8, make_task)
-        client_factory().revoke_lease(a.lease_id)  # type: ignore[arg-type]  # as if A's lease expired
-        b = make_election("coord-b", client=client_factory())
-        b.start()
-        assert b.wait_for_leadership(timeout=3.0)
-        assert a.is_leader   # A has not noticed: only fencing stands between it and the data
+        b = depose(a)
         with pytest.raises(Fenced):
             store_a.commit_placements([(t, t.revision, make_allocation("n0", [8 + i])) for i, t in enumerate(late)])
         store_b = Store(client_factory(), keys, b)
@@ -275,8 +271,8 @@ class TestLeaderChange:
         assert not raw.reserved_gpu_indices and not raw.HasField("reserved")
 
     def test_deposed_leader_commits_nothing(
-        self, make_election: Callable, sync_client: EtcdClient, client_factory: Callable[[], EtcdClient],
-        keys: Keys, make_node: Callable, make_task: Callable, make_allocation: Callable,
+        self, make_election: Callable, sync_client: EtcdClient, keys: Keys, make_node: Callable,
+        make_task: Callable, make_allocation: Callable, depose: Callable[[Election], Election],
     ) -> None:
         """A leader deposed without noticing it sends its batches (several in flight): every one is fenced, the
         call raises Fenced, the leader steps down, and etcd holds no placement of it."""
@@ -286,11 +282,7 @@ class TestLeaderChange:
         for n in range(8):
             store.put_node(make_node(f"n{n}"))
         tasks = stored_tasks(store, 48, make_task)
-        client_factory().revoke_lease(a.lease_id)  # type: ignore[arg-type]  # as if A's lease expired
-        b = make_election("coord-b", client=client_factory())
-        b.start()
-        assert b.wait_for_leadership(timeout=3.0)
-        assert a.is_leader   # A has not noticed: only fencing stands between it and the data
+        depose(a)
         with pytest.raises(Fenced):
             store.commit_placements([(t, t.revision, make_allocation(f"n{i % 8}", [i // 8]))
                                      for i, t in enumerate(tasks)])

@@ -35,7 +35,7 @@ from coordinator.simulator.scaling import (
     measured_spread,
     model_for,
 )
-from tests.helpers.sim import cluster, job, node, write_csv
+from tests.helpers.sim import cluster, job, node, spy_on_runs, write_csv
 
 SCALING = default_scaling_dir()
 
@@ -243,14 +243,7 @@ def test_simulate_elastic_with_queues_and_preemption(tmp_path: Path, monkeypatch
                          "group,status,orig_submit", rows)
     nodes_csv = write_csv(tmp_path / "nodes.csv", "node_id,gpus,gpu_model,gpu_mem_gib,cpu_cores,mem_gib",
                           ["n1,4,,,,", "n2,4,,,,"])
-    configs: list[SimConfig] = []
-    real = elastic_cli.run_policies
-
-    def spy(cluster: Any, jobs: Any, cfgs: list[SimConfig], **kwargs: Any) -> Any:
-        configs.extend(cfgs)
-        return real(cluster, jobs, cfgs, **kwargs)
-
-    monkeypatch.setattr(elastic_cli, "run_policies", spy)
+    configs = spy_on_runs(monkeypatch, elastic_cli)
     parser = argparse.ArgumentParser()
     add_simulate_parser(parser.add_subparsers())
     args = parser.parse_args(["simulate", "--jobs", str(jobs_csv), "--nodes", str(nodes_csv), "--policies",

@@ -27,7 +27,7 @@ from coordinator.simulator.queue_report import (
     write_records,
 )
 from coordinator.simulator.workload import queue_name
-from tests.helpers.sim import cluster, job, node, write_csv
+from tests.helpers.sim import cluster, job, node, spy_on_runs, write_csv
 
 JOBS_HEADER = "job_id,submit_s,duration_s,gpus,gpu_share,cpu_cores,mem_gib,group,status,orig_submit"
 NODES_HEADER = "node_id,gpus,gpu_model,gpu_mem_gib,cpu_cores,mem_gib"
@@ -283,14 +283,7 @@ class TestQueuesReport:
 
     def test_with_preemption(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """``--queues proportional --qos``: the three runs, each with priority preemption."""
-        configs: list[SimConfig] = []
-        real = queues_cli.run_policies
-
-        def spy(cluster: Any, jobs: Any, cfgs: list[SimConfig], **kwargs: Any) -> Any:
-            configs.extend(cfgs)
-            return real(cluster, jobs, cfgs, **kwargs)
-
-        monkeypatch.setattr(queues_cli, "run_policies", spy)
+        configs = spy_on_runs(monkeypatch, queues_cli)
         out = simulate(tmp_path, "--queues", "proportional", "--qos")
         assert list(json.loads((out / "queues.json").read_text())) == ["fcfs", "strict", "borrow"]
         assert [(c.queues is not None, c.preemption) for c in configs] == [(False, True), (True, True), (True, True)]
