@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Sequence
@@ -154,8 +155,19 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
         log.info("coordinator_stopped")
 
 
+YOUNG_COLLECTION = 50_000
+"""Container objects allocated between two collections of Python's youngest generation (its default: 700)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``gptrm-coordinator``; bad config or etcd trouble is one line on stderr."""
+    """Entry point of ``gptrm-coordinator``; bad config or etcd trouble is one line on stderr.
+
+    The cyclic garbage collector runs after :data:`YOUNG_COLLECTION` allocations instead of 700: every task
+    submitted, placed and reported allocates thousands of short-lived objects that reference counting frees,
+    and at the default a loaded leader collected its young generation a hundred times a second and walked every
+    object it holds (a full collection, tens of milliseconds with the task table) every second or two, which
+    took about a tenth of its time (``docs/throughput.md``). Reference cycles are still collected, less often."""
+    gc.set_threshold(YOUNG_COLLECTION, 10, 10)
     return run_service("gptrm-coordinator", config_mod.load, serve, argv)
 
 

@@ -29,3 +29,20 @@ def test_missing_extra_is_one_line_naming_it(
     err = capsys.readouterr().err
     assert err == (f"{prog}: the '{extra}' extra is not installed (missing: {absent}); "
                    f"install it with: pip install 'gptrm[{extra}]'\n")
+
+
+def test_the_coordinator_collects_young_objects_less_often(capsys: pytest.CaptureFixture[str]) -> None:
+    """gptrm-coordinator raises the collector's first threshold before it loads its config (a bad flag still
+    ends it, after that)."""
+    import gc
+
+    from coordinator import server
+
+    before = gc.get_threshold()
+    try:
+        with pytest.raises(SystemExit):
+            server.main(["--no-such-flag"])
+        assert gc.get_threshold()[0] == server.YOUNG_COLLECTION > before[0]
+    finally:
+        gc.set_threshold(*before)
+    capsys.readouterr()
