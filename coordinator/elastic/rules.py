@@ -45,10 +45,10 @@ from typing import Protocol
 
 from coordinator.domain import NodeSnapshot, Placement, Rejection, Request
 
-__all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "PRIOR_EXPONENT",
-           "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "first_size", "idle_gpus",
-           "node_accepts", "nodes_with_room", "place_down", "placement_gpus", "plan_give_back", "plan_grows",
-           "plan_shrinks", "request_at", "size_placements"]
+__all__ = ["DEFAULT_HORIZON_S", "DEFAULT_INTERVAL_S", "DEFAULT_RESTART_COST_S", "MAX_CURVE_POINTS", "NO_CURVE",
+           "PRIOR_EXPONENT", "ElasticJob", "ElasticRange", "ElasticSettings", "Resize", "SpeedupCurve", "first_size",
+           "idle_gpus", "node_accepts", "nodes_with_room", "place_down", "placement_gpus", "plan_give_back",
+           "plan_grows", "plan_shrinks", "request_at", "size_placements"]
 
 DEFAULT_INTERVAL_S = 60.0
 """A job resizes at most once per this many seconds: long enough that a restart (tens of seconds) is paid back
@@ -230,6 +230,10 @@ class SpeedupCurve:
     def as_dict(self) -> dict[str, float]:
         """``{"GPUs": throughput}`` of the measured sizes (for the CLI's JSON)."""
         return {str(n): t for n, t in self.points}
+
+
+NO_CURVE = SpeedupCurve()
+"""The curve of a task that was never measured (one, shared: a curve is never changed in place)."""
 
 
 @dataclass(frozen=True, slots=True)

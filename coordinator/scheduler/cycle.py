@@ -49,10 +49,11 @@ as held by the queues; the simulator books its placements and then plans its res
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from common.errors import GptrmError
@@ -62,7 +63,7 @@ from common.types import TaskState
 from coordinator.dispatch.dispatcher import Dispatcher
 from coordinator.dispatch.launch import REFUSED_PORT_S, PortBook, node_address
 from coordinator.domain import NodeSnapshot, Placement, Rejection, Request
-from coordinator.elastic.rules import SpeedupCurve, placement_gpus
+from coordinator.elastic.rules import NO_CURVE, placement_gpus
 from coordinator.events import EventBus
 from coordinator.health.moves import GpuMoves
 from coordinator.health.rules import health_notes
@@ -96,10 +97,13 @@ from coordinator.sync.leadership import Leadership
 from coordinator.sync.store import PlacementCommit, Store
 from coordinator.tasks import TaskTable
 
-__all__ = ["FORCED_CYCLE_S", "SchedulerCycle"]
+__all__ = ["FORCED_CYCLE_S", "PACE", "SchedulerCycle"]
 
 FORCED_CYCLE_S = 30.0
 """A cycle runs at least this often even when nothing seems to have changed."""
+PACE = 1.0
+"""After a cycle that left tasks waiting, the next one waits this many times the cycle's own work
+(:meth:`SchedulerCycle.run`)."""
 _PERIOD_S = 1.0
 
 
@@ -161,6 +165,9 @@ class SchedulerCycle:
         self._log = get_logger("scheduler")
         self.cycles = 0
         self.skipped = 0                                # cycles skipped: nothing changed since all waited
+        self._waited_s = 0.0                            # this cycle's time waiting for its commit (run() paces)
+        self._left_waiting = 0                          # tasks this cycle could not place
+        self._pause: Callable[[float], Awaitable[None]] = asyncio.sleep   # run()'s pause between cycles
         self._uid_full = 0                              # nodes of this cycle's snapshot without a free task uid
         self._health: str | None = None                 # this cycle's fenced GPUs and health-held nodes, in words
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
@@ -168,17 +175,30 @@ class SchedulerCycle:
         # those GPUs free (a reclaim's claim; :class:`~coordinator.scheduler.pipeline.PlacementInputs`). Kept in
         # this leader's memory: a new leader starts without claims.
         self._claims: dict[str, set[str]] = {}
-        self._requests: dict[str, tuple[types_pb2.Task, float | None, Request]] = {}   # the last cycle's, by task
+        # The last cycle's pending tasks as the plan saw them, with what each view was built from (:meth:`_pending`).
+        self._requests: dict[str, tuple[types_pb2.Task, float | None, bool, PendingTask]] = {}
 
     async def run(self, beat: Beat = no_beat) -> None:
-        """Schedule while leading; a cycle runs on every wake-up and at least once a second."""
+        """Schedule while leading; a cycle runs on every wake-up and at least once a second.
+
+        After a cycle that left tasks waiting for room, the next one waits ``PACE`` times the time the cycle kept
+        the leader's loop busy (its own work, not its waits for etcd): what waits can only run once tasks end, and
+        ends come one by one. A cycle looks at every waiting task, so with thousands waiting (a sweep submitted
+        faster than the cluster runs it) back-to-back cycles, each placing what one end freed, would take the
+        whole loop and slow the submits and ends they wait for; spaced out, each places what several ends freed.
+        A cycle that placed everything it looked at is followed at the next wake-up, without a pause."""
         while True:
             await self._wakeup.wait(_PERIOD_S)
             if not self._leadership.stale:
+                started = time.perf_counter()
+                self._waited_s, self._left_waiting = 0.0, 0
                 try:
                     await self.cycle()
                 except GptrmError as e:
                     self._log.warning("schedule_cycle_failed", reason=str(e))
+                busy = time.perf_counter() - started - self._waited_s
+                if self._left_waiting and busy > 0:
+                    await self._pause(min(_PERIOD_S, PACE * busy))
             beat()
 
     def _inputs(self, now: float) -> tuple:
@@ -260,11 +280,12 @@ class SchedulerCycle:
         qplan = plan.queues
         if qplan is not None:
             for task_id, reason in qplan.refused.items():
-                self._metrics.decisions.labels(outcome="waiting").inc()
                 self._tasks.note_reason(task_id, reason)
+            self._metrics.decisions.labels(outcome="waiting").inc(len(qplan.refused))
         self._metrics.decision_latency.observe((time.perf_counter() - started) / max(1, len(plan.requests)))
         commits, committed = await self._dispatch(plan, by_id, policy.name, now)
         rejected = [by_id[d.task_id] for d in plan.decisions if not isinstance(d, Placement)]
+        self._left_waiting = len(rejected)
         resized = False
         if self._elastic is not None and self._elastic.jobs():   # (no running elastic task: nothing to resize)
             nodes = [plan.engine.node_snapshot(i) for i in range(len(plan.engine.state.nodes))]
@@ -284,23 +305,34 @@ class SchedulerCycle:
     def _pending(self, pending: Sequence[types_pb2.Task], queued_too: bool, kept: Sequence[Kept]) -> list[PendingTask]:
         """The cycle's pending tasks as the plan sees them: placement request (with the profiler's expected run time;
         without one, the task's time limit: it ends by then at the latest), queue view, elastic range, target and
-        curve, and the active reservation each is the own work of."""
+        curve, and the active reservation each is the own work of.
+
+        A rigid task's view is kept from cycle to cycle while its record and expected run time are the same (a
+        record is replaced, never changed in place) and no reservation is active: a queue of thousands waiting
+        then costs a lookup per task, not a request built anew."""
         out = []
-        requests: dict[str, tuple[types_pb2.Task, float | None, Request]] = {}
+        cache: dict[str, tuple[types_pb2.Task, float | None, bool, PendingTask]] = {}
+        last_cycle = self._requests
         for t in pending:
             run_s = self._profiler.expected_run_s(t.spec) or t.spec.time_limit_s or None
-            # A record is replaced, never changed in place: the same object with the same run time is the same request.
-            last = self._requests.get(t.id)
-            request = last[2] if last is not None and last[0] is t and last[1] == run_s else request_for(t, run_s)
-            requests[t.id] = (t, run_s, request)
-            rng = self._elastic.range(t) if self._elastic is not None else None
-            member = self._reservations.active_member_of(t, kept) if self._reservations is not None and kept else None
-            out.append(PendingTask(
-                request, queued(t) if queued_too else None, rng,
-                t.elastic.target_gpus if rng is not None else 0,
-                self._elastic.curve(t) if rng is not None and self._elastic is not None else SpeedupCurve(),
-                next((i for i, k in enumerate(kept) if k is member), -1) if member is not None else -1))
-        self._requests = requests
+            last = last_cycle.get(t.id)
+            if last is not None and last[0] is t and last[1] == run_s and last[2] == queued_too and not kept \
+                    and last[3].elastic is None and last[3].reservation < 0:
+                view = last[3]
+            else:
+                request = last[3].request if last is not None and last[0] is t and last[1] == run_s \
+                    else request_for(t, run_s)
+                rng = self._elastic.range(t) if self._elastic is not None else None
+                member = self._reservations.active_member_of(t, kept) \
+                    if self._reservations is not None and kept else None
+                view = PendingTask(
+                    request, queued(t) if queued_too else None, rng,
+                    t.elastic.target_gpus if rng is not None else 0,
+                    self._elastic.curve(t) if rng is not None and self._elastic is not None else NO_CURVE,
+                    next((i for i, k in enumerate(kept) if k is member), -1) if member is not None else -1)
+            cache[t.id] = (t, run_s, queued_too, view)
+            out.append(view)
+        self._requests = cache
         return out
 
     def _queue_state(self, pending: Sequence[types_pb2.Task]) -> QueueState:
@@ -328,17 +360,22 @@ class SchedulerCycle:
                     task = self._borrowing(task, decision, qplan.admissions[task.id], plan.beyond.get(task.id, 0))
                 roomy = self._with_room(task, decision, uid_room, ports)
                 if roomy is None:
-                    self._metrics.decisions.labels(outcome="waiting").inc()
                     continue
                 decision, port = roomy
                 if task.id in plan.ranges:
                     task = _sized(task, decision)
                 commits.append((task, task.revision, self._allocation(task, decision, port, now)))
-                self._metrics.decisions.labels(outcome="placed").inc()
             else:
-                self._metrics.decisions.labels(outcome="waiting").inc()
                 self._note_rejection(task, decision, policy)
-        return commits, (await self._commit(commits) if commits else 0)
+        self._metrics.decisions.labels(outcome="placed").inc(len(commits))
+        self._metrics.decisions.labels(outcome="waiting").inc(len(plan.decisions) - len(commits))
+        if not commits:
+            return commits, 0
+        at = time.perf_counter()
+        try:
+            return commits, await self._commit(commits)
+        finally:
+            self._waited_s += time.perf_counter() - at
 
     async def _gated(self, pending: list[types_pb2.Task], now: float) -> list[types_pb2.Task]:
         """The pending tasks the workflow rules let this cycle place (start times, dependencies, array limits:

@@ -45,6 +45,7 @@ from coordinator.domain import (
     queue_key,
 )
 from coordinator.elastic.rules import (
+    NO_CURVE,
     ElasticJob,
     ElasticRange,
     ElasticSettings,
@@ -120,7 +121,7 @@ class PendingTask:
     queued: QueuedTask | None = None
     elastic: ElasticRange | None = None
     target_gpus: int = 0
-    curve: SpeedupCurve = field(default_factory=SpeedupCurve)
+    curve: SpeedupCurve = NO_CURVE
     reservation: int = -1
 
 

@@ -399,7 +399,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         leader_ps = psutil.Process(leader.proc.pid)
         spy = None
         if args.pyspy:
-            spy = subprocess.Popen(["py-spy", "record", "--nonblocking", "--format", "raw", "-o", args.pyspy,
+            spy = subprocess.Popen(["py-spy", "record", "--nonblocking", "--gil", "--format", "raw", "-o", args.pyspy,
                                     "-d", str(int(min(30, args.duration))), "-p", str(leader.proc.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = leader_ps.cpu_times()

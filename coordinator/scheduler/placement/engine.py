@@ -282,10 +282,13 @@ class PlacementEngine:
         return rejection
 
     def _reject_like(self, req: Request, earlier: Rejection) -> Rejection:
-        """A rejection implied by an earlier one (this request needs no less, nothing was freed since)."""
+        """A rejection implied by an earlier one (this request needs no less, nothing was freed since).
+
+        The reason names no task: the first task refused changes from cycle to cycle while the queue drains, and
+        a reason that changed would replace every waiting task's record each cycle."""
         reason = (
             f"no node with {describe_demand(req)} under threshold {self.policy.threshold:g} "
-            f"(task {earlier.task_id}, needing no more, was refused and nothing was freed since)"
+            "(a task ahead of it, needing no more, was refused and nothing was freed since)"
         )
         return Rejection(
             task_id=req.task_id, reason=reason, node_reasons=earlier.node_reasons, scale_out=self.policy.scale_out

@@ -151,6 +151,74 @@ class TestIdleCycles:
         assert len(snapshots) == 1 and app.cycle.skipped == 1
 
 
+class TestWaitingQueue:
+    def test_a_waiting_tasks_view_is_built_once(self, setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A task that keeps waiting, for the same reason, has its placement request built once, not in every
+        cycle; a new record of it (its first reason noted, a new revision) or a new expected run time builds it
+        anew."""
+        app, _ = setup
+        built: list[str] = []
+        original = cycle_module.request_for
+
+        def counting(task: types_pb2.Task, run_s: float | None = None) -> object:
+            built.append(task.id)
+            return original(task, run_s)
+
+        monkeypatch.setattr(cycle_module, "request_for", counting)
+
+        def cycle_after(change: types_pb2.Task) -> list[str]:
+            built.clear()
+            app.state.apply_task(change)   # a change: the cycle runs
+            run(app)
+            return sorted(built)
+
+        run(app)
+        # A task's record is replaced once its first reason is noted: its request is built once more, then kept.
+        assert cycle_after(pending("t2", 6.0)) == ["t1", "t2"]
+        assert cycle_after(pending("t3", 6.0)) == ["t2", "t3"]
+        assert cycle_after(pending("t4", 6.0)) == ["t3", "t4"] and app.cycle.cycles == 4
+        changed = types_pb2.Task()
+        changed.CopyFrom(app.tasks.tasks["t1"])
+        changed.revision = 2
+        assert cycle_after(changed) == ["t1", "t4"]
+        app.profiler.observe_run(changed.spec, 30.0)   # t1's name now runs 30 s
+        assert cycle_after(pending("t5", 6.0)) == ["t1", "t5"]
+
+    def test_a_task_refused_like_one_ahead_keeps_its_record(self, setup: Setup) -> None:
+        """The reason of a task refused because one ahead of it, needing no more, was refused names no task: when
+        another task is the first refused, the waiting task's reason, and so its record, stay as they were."""
+        app, _ = setup
+        app.state.apply_task(pending("t2", 8.0))
+        run(app)
+        behind = app.tasks.tasks["t2"]
+        assert "needing no more, was refused" in behind.reason
+        first = pending("t0", 8.0)
+        first.submit_unix_s = 0.5   # ahead of both in the queue
+        app.state.apply_task(first)
+        run(app)
+        assert app.tasks.tasks["t2"] is behind and app.cycle.cycles == 2
+
+    def test_a_cycle_that_left_tasks_waiting_pauses_the_next(self, setup: Setup) -> None:
+        """After a cycle that could not place everything, the next waits in proportion to the cycle's own work
+        (at most a second); the leader's loop goes on meanwhile."""
+        app, _ = setup
+        paused: list[float] = []
+
+        async def pause(seconds: float) -> None:
+            paused.append(seconds)
+
+        app.cycle._pause = pause
+
+        async def two_cycles() -> None:
+            runner = asyncio.create_task(app.cycle.run())
+            while app.cycle.cycles < 1:
+                await asyncio.sleep(0.01)
+            runner.cancel()
+
+        asyncio.run(two_cycles())
+        assert len(paused) == 1 and 0 < paused[0] <= 1.0
+
+
 def reference_snapshot(app: App) -> tuple[NodeSnapshot, ...]:
     """The snapshot built from scratch, node by node, from the registry and the unfinished tasks."""
     nodes = []
