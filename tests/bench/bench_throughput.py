@@ -3,7 +3,10 @@
 Run: ``.venv/bin/python tests/bench/bench_throughput.py [--rate 500] [--duration 60] [--clients 96]
 [--agents 24] [--retain 100000]``. The defaults: 96 callers, so that the accepted rate is the leader's and not
 the callers' (with 32, each waiting for its answer, it is at most 32 ÷ SubmitTask's latency); 24 agents (1,536
-task slots of 0.125 GPU), so that 500 one-second tasks a second fit under the default GPU threshold.
+task slots of 0.125 GPU), so that 500 one-second tasks a second fit under the default GPU threshold. With
+``--agents 8`` (512 slots) the fleet runs fewer tasks a second than are submitted and a queue builds up behind
+it, as when a sweep is submitted faster than the cluster runs it: the accepted rate then shows what a long queue
+costs the leader (the tick lines and ``most PENDING at once`` show how long it got).
 
 It starts a 3-member etcd (``EtcdCluster``), one real ``gptrm-coordinator`` process (the leader;
 ``--standby`` adds a second replica) and, in this process, a fleet of ``--agents`` simulated
@@ -404,10 +407,15 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = leader_ps.cpu_times()
         ticks = []
+        most_waiting = 0
         while client_proc.poll() is None:
             await asyncio.sleep(5.0)
+            status = await admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+            waiting_now = next((e.count for e in status.tasks_by_state if e.key == "pending"), 0)
+            most_waiting = max(most_waiting, waiting_now)
             ticks.append((time.time() - start_at, len(fleet.running_at), load()))
-            print(f"  t={ticks[-1][0]:5.1f}s running-acked={ticks[-1][1]} {ticks[-1][2]}", flush=True)
+            print(f"  t={ticks[-1][0]:5.1f}s running-acked={ticks[-1][1]} pending={waiting_now} {ticks[-1][2]}",
+                  flush=True)
         end_at = start_at + args.duration
         if spy is not None:
             spy.wait()
@@ -429,7 +437,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"\nload: {args.rate:g}/s offered for {args.duration:g}s by {args.clients} clients; {load()}")
         print(f"  accepted {len(returned)} ({submits_s:.0f}/s in the window), refused {doc['errors'] or 'none'}")
         print(f"  SubmitTask RPC p50 {percentile(rpc, 50) * 1000:.0f} ms  p99 {percentile(rpc, 99) * 1000:.0f} ms")
-        print(f"  RUNNING in the window {running_in_window} ({running_s:.0f}/s); never RUNNING {never}")
+        print(f"  RUNNING in the window {running_in_window} ({running_s:.0f}/s); never RUNNING {never}; "
+              f"most PENDING at once {most_waiting}")
         print(f"  submit -> RUNNING p50 {p50:.3f}s  p99 {p99:.3f}s  max {max(latency, default=float('nan')):.3f}s")
         print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
               f"one core; fleet stream errors {fleet.stream_errors}")
@@ -486,7 +495,8 @@ def main() -> None:
     p.add_argument("--standby", action="store_true", help="also start a standby coordinator")
     p.add_argument("--ctl", action=argparse.BooleanOptionalAction, default=True, help="time gptrmctl tasks at the end")
     p.add_argument("--ctl-timeout", type=float, default=120.0, help="seconds one gptrmctl tasks may take")
-    p.add_argument("--pyspy", default="", help="py-spy record the leader during the load into this file (raw)")
+    p.add_argument("--pyspy", default="",
+                   help="py-spy record the leader (the thread holding the GIL) during the load into this file (raw)")
     p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for accepted tasks to run")
     p.add_argument("--coordinator-args", default="", help="extra coordinator flags, space-separated")
     p.add_argument("--profile", default="", help="run the leader under cProfile, writing this file")
