@@ -408,6 +408,10 @@ class LeaderState:
             out[label] = out.get(label, 0) + n
         return out
 
+    def count_in(self, state: int) -> int:
+        """How many tasks are in ``state`` now (kept as records change)."""
+        return self._by_state.get(int(state), 0)
+
     def _count(self, state: int, delta: int) -> None:
         n = self._by_state.get(state, 0) + delta
         if n:

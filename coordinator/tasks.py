@@ -161,6 +161,10 @@ class TaskTable:
         """Tasks by state label."""
         return self._state.counts()
 
+    def count_in(self, state: TaskState) -> int:
+        """How many tasks are in ``state`` now (walks no task)."""
+        return self._state.count_in(state)
+
     def forget(self, task_id: str) -> None:
         """Drop a finished task removed from etcd (retention)."""
         self._state.forget(task_id)

@@ -54,6 +54,7 @@ __all__ = [
     "estimate_gpu_memory_bytes",
     "model_shape",
     "profiled_kind",
+    "run_key",
     "spec_data",
     "spec_from_mapping",
     "spec_to_proto",
@@ -171,6 +172,11 @@ def estimate_gpu_memory_bytes(spec: TaskSpecData) -> float:
     return weights + LORA_TRAINABLE * ADAM_BYTES_PER_PARAM * params + activations
 
 
+def run_key(spec: types_pb2.TaskSpec) -> str:
+    """What the profiler learns run times by: the model's name, else the task's name."""
+    return spec.model.name or spec.name
+
+
 def _gpu_count(total: float, spec: TaskSpecData, usable: float) -> int:
     """Whole GPUs per node for a task needing ``total`` bytes of GPU memory."""
     if spec.gpus_per_node > 0:
@@ -227,11 +233,15 @@ class Profiler:
 
     def expected_run_s(self, spec: types_pb2.TaskSpec) -> float | None:
         """How long a task of this model (or, without one, this name) ran when it succeeded; None: never seen."""
-        return self._run_s.get(spec.model.name or spec.name)
+        return self._run_s.get(run_key(spec))
+
+    def expected_run_s_of(self, key: str) -> float | None:
+        """:meth:`expected_run_s` of the specs whose :func:`run_key` is ``key``."""
+        return self._run_s.get(key)
 
     def observe_run(self, spec: types_pb2.TaskSpec, seconds: float) -> None:
         """Learn from a task that succeeded after running ``seconds`` (smoothed like the memory correction)."""
-        key = spec.model.name or spec.name
+        key = run_key(spec)
         if not key or not seconds > 0:
             return
         old = self._run_s.get(key)

@@ -381,7 +381,7 @@ class Preemptor:
         (also after a leader change, which forgets claims), below the highest pending priority."""
         claims = self._live_claims()
         floor = max((c.priority for c in claims.values()), default=None)
-        if any(t.state == TaskState.PREEMPTED for t in self._tasks.live()):
+        if self._tasks.count_in(TaskState.PREEMPTED):
             top = max((t.spec.priority for t in pending), default=None)
             floor = top if floor is None or (top is not None and top > floor) else floor
         if floor is None:
@@ -393,14 +393,15 @@ class Preemptor:
         """Preempt for the first rejected task (queue order) that strictly-lower-priority work blocks (one per
         cycle; :func:`choose_preemption`); True when victims are being stopped for it."""
         claims = self._live_claims()
-        waiting = {t.id: t for t in rejected if t.id not in claims}
-        if not waiting:
-            return False
         tasks = self._tasks.live()
-        victims_of = {t.id: t for t in tasks if TaskState(t.state) in _VICTIM_STATES}
+        victims_of = {t.id: t for t in tasks if t.state in _VICTIM_STATES}
         # Most cycles that leave work waiting have no one to preempt for it: said before any candidate is built.
         lowest = lowest_preemptible((t.spec.priority, _preemptible(t)) for t in victims_of.values())
-        if lowest is None or all(t.spec.priority <= lowest for t in waiting.values()):
+        if lowest is None:
+            return False
+        # Only a task above the lowest preemptible priority has anyone of strictly lower priority to preempt.
+        waiting = {t.id: t for t in rejected if t.id not in claims and t.spec.priority > lowest}
+        if not waiting:
             return False
         running = [candidate(t) for t in victims_of.values()]
         # What PREEMPTED tasks hold is on its way back: plan as if it were free already.

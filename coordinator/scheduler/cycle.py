@@ -55,6 +55,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 from common.errors import GptrmError
 from common.logging import get_logger
@@ -70,7 +71,7 @@ from coordinator.health.rules import health_notes
 from coordinator.monitor.metrics import Metrics
 from coordinator.monitor.nodes import NodeRegistry
 from coordinator.ports import Elasticity, Preemption, ScaleOut
-from coordinator.profiler import Profiler
+from coordinator.profiler import Profiler, run_key
 from coordinator.queues import AdmissionDecision
 from coordinator.queues.planning import LeaderQueues, QueuePlan, queue_of, queued
 from coordinator.reservations import Kept, Reservations, state_of
@@ -169,14 +170,16 @@ class SchedulerCycle:
         self._left_waiting = 0                          # tasks this cycle could not place
         self._pause: Callable[[float], Awaitable[None]] = asyncio.sleep   # run()'s pause between cycles
         self._uid_full = 0                              # nodes of this cycle's snapshot without a free task uid
-        self._health: str | None = None                 # this cycle's fenced GPUs and health-held nodes, in words
+        # What this cycle adds to every rejection's reason (nodes without a free task uid, fenced GPUs and
+        # health-held nodes), built at its first rejection.
+        self._also: str | None = None
         self._idle: tuple[tuple, float] | None = None   # (inputs, time) of the last cycle that placed nothing
         # Queue → the borrowers it reclaimed GPUs from: its tasks go ahead in each cycle's batch until one ran with
         # those GPUs free (a reclaim's claim; :class:`~coordinator.scheduler.pipeline.PlacementInputs`). Kept in
         # this leader's memory: a new leader starts without claims.
         self._claims: dict[str, set[str]] = {}
         # The last cycle's pending tasks as the plan saw them, with what each view was built from (:meth:`_pending`).
-        self._requests: dict[str, tuple[types_pb2.Task, float | None, bool, PendingTask]] = {}
+        self._requests: dict[str, _Viewed] = {}
 
     async def run(self, beat: Beat = no_beat) -> None:
         """Schedule while leading; a cycle runs on every wake-up and at least once a second.
@@ -311,17 +314,19 @@ class SchedulerCycle:
         record is replaced, never changed in place) and no reservation is active: a queue of thousands waiting
         then costs a lookup per task, not a request built anew."""
         out = []
-        cache: dict[str, tuple[types_pb2.Task, float | None, bool, PendingTask]] = {}
+        cache: dict[str, _Viewed] = {}
         last_cycle = self._requests
         for t in pending:
-            run_s = self._profiler.expected_run_s(t.spec) or t.spec.time_limit_s or None
             last = last_cycle.get(t.id)
-            if last is not None and last[0] is t and last[1] == run_s and last[2] == queued_too and not kept \
-                    and last[3].elastic is None and last[3].reservation < 0:
-                view = last[3]
+            if last is not None and last.task is not t:
+                last = None   # a new record: nothing of the last view is reused
+            key, limit = (last.key, last.limit) if last is not None else (run_key(t.spec), t.spec.time_limit_s)
+            run_s = self._profiler.expected_run_s_of(key) or limit or None
+            if last is not None and last.run_s == run_s and last.queued_too == queued_too and not kept \
+                    and last.view.elastic is None and last.view.reservation < 0:
+                view = last.view
             else:
-                request = last[3].request if last is not None and last[0] is t and last[1] == run_s \
-                    else request_for(t, run_s)
+                request = last.view.request if last is not None and last.run_s == run_s else request_for(t, run_s)
                 rng = self._elastic.range(t) if self._elastic is not None else None
                 member = self._reservations.active_member_of(t, kept) \
                     if self._reservations is not None and kept else None
@@ -330,7 +335,7 @@ class SchedulerCycle:
                     t.elastic.target_gpus if rng is not None else 0,
                     self._elastic.curve(t) if rng is not None and self._elastic is not None else NO_CURVE,
                     next((i for i, k in enumerate(kept) if k is member), -1) if member is not None else -1)
-            cache[t.id] = (t, run_s, queued_too, view)
+            cache[t.id] = _Viewed(t, key, limit, run_s, queued_too, view)
             out.append(view)
         self._requests = cache
         return out
@@ -351,7 +356,7 @@ class SchedulerCycle:
         ports = functools.cache(lambda: PortBook.of(self._tasks.live(), refused=self._refused_ports()))
         uid_room = dict(self._snapshots.uid_room)
         self._uid_full = sum(1 for left in uid_room.values() if left <= 0)
-        self._health = None   # built at this cycle's first rejection
+        self._also = None   # built at this cycle's first rejection
         qplan = plan.queues
         for decision in plan.decisions:
             task = by_id[decision.task_id]
@@ -592,21 +597,32 @@ class SchedulerCycle:
         return len(result.committed)
 
     def _note_rejection(self, task: types_pb2.Task, rejection: Rejection, policy: str) -> None:
-        reason = rejection.reason
-        if self._uid_full:
-            reason += (f"; {self._uid_full} node(s) have no free task uid (every uid of their agent's --task-uids "
-                       "is in use)")
-        if self._health is None:
+        if self._also is None:
+            also = []
+            if self._uid_full:
+                also.append(f"{self._uid_full} node(s) have no free task uid (every uid of their agent's "
+                            "--task-uids is in use)")
             held = [e for e in self._registry if e.health_pending or e.record.health_drained or e.record.gpu_fences]
-            self._health = "; ".join(health_notes(
-                (e.node_id, e.record, e.health_pending) for e in sorted(held, key=lambda e: e.node_id)))
-        if self._health:
-            reason += "; " + self._health
+            also.extend(health_notes((e.node_id, e.record, e.health_pending)
+                                     for e in sorted(held, key=lambda e: e.node_id)))
+            self._also = "".join(f"; {note}" for note in also)
+        reason = rejection.reason + self._also
         if reason != task.reason:
             self._tasks.note_reason(task.id, reason)   # shown by `gptrmctl tasks`
         if rejection.scale_out:
             self._scale_out.request(task.id, rejection.reason, policy=policy)
         self._on_unplaced(task)
+
+
+class _Viewed(NamedTuple):
+    """A pending task's view in the last cycle, and what it was built from (:meth:`SchedulerCycle._pending`)."""
+
+    task: types_pb2.Task   # the record (replaced, never changed in place: the same object is the same record)
+    key: str               # its profiler run key
+    limit: float           # its time limit (0: none)
+    run_s: float | None    # the expected run time its request carries
+    queued_too: bool       # whether its queue view was built
+    view: PendingTask
 
 
 def _sized(task: types_pb2.Task, placement: Placement) -> types_pb2.Task:

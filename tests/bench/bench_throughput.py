@@ -121,6 +121,8 @@ class Fleet:
     started: int = 0
     ended: int = 0
     stream_errors: int = 0
+    read: dict[str, int] = field(default_factory=dict)    # stream messages the agents read, by body
+    written: int = 0                                      # stream messages the agents wrote
 
 
 class SimAgent:
@@ -232,14 +234,17 @@ class SimAgent:
                 if batched and len(reports) > 1:
                     for m in (m for m in msgs if m.WhichOneof("body") not in ("decision_ack", "task_status")):
                         await call.write(m)
+                        self._fleet.written += 1
                     for at in range(0, len(reports), MAX_REPORTS):
                         chunk = reports[at:at + MAX_REPORTS]
                         await call.write(agent_pb2.AgentMessage(reports=agent_pb2.Reports(
                             decision_acks=[m.decision_ack for m in chunk if m.HasField("decision_ack")],
                             statuses=[m.task_status for m in chunk if m.HasField("task_status")])))
+                        self._fleet.written += 1
                 else:
                     for m in msgs:
                         await call.write(m)
+                        self._fleet.written += 1
 
         async def beat() -> None:
             while True:
@@ -260,6 +265,7 @@ class SimAgent:
                 if msg is grpc.aio.EOF:
                     raise ConnectionError(f"{self.node_id}: stream ended")
                 which = msg.WhichOneof("body")
+                self._fleet.read[which] = self._fleet.read.get(which, 0) + 1
                 if which == "decision":
                     self._decide(msg.decision)
                 elif which == "decisions":
@@ -442,6 +448,10 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"  submit -> RUNNING p50 {p50:.3f}s  p99 {p99:.3f}s  max {max(latency, default=float('nan')):.3f}s")
         print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
               f"one core; fleet stream errors {fleet.stream_errors}")
+        per_task = max(1, fleet.started)
+        print(f"  agent stream messages per task started: {fleet.written / per_task:.2f} written, "
+              f"{sum(fleet.read.values()) / per_task:.2f} read ("
+              + ", ".join(f"{k} {v / per_task:.2f}" for k, v in sorted(fleet.read.items())) + ")")
 
         waiting = (await admin.ListTasks(admin_pb2.ListTasksRequest(states=[types_pb2.TASK_STATE_PENDING],
                                                                     page_size=1), timeout=60)).tasks

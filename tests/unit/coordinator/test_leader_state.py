@@ -185,6 +185,8 @@ def test_counts_by_state_follow_every_change(state: LeaderState) -> None:
     state.apply_task(_ended("a", 9.0, TaskState.FAILED))
     state.forget("b")
     assert state.counts() == counted() == {"failed": 1, "pending": 1}
+    assert (state.count_in(TaskState.FAILED), state.count_in(TaskState.PENDING), state.count_in(TaskState.RUNNING),
+            state.count_in(TaskState.SUCCEEDED)) == (1, 1, 0, 0)
 
 
 class TestEndedIndex:

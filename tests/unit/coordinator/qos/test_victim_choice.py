@@ -123,6 +123,9 @@ class _Table:
     def find(self, task_id: str) -> types_pb2.Task | None:
         return self._by_id.get(task_id)
 
+    def count_in(self, state: TaskState) -> int:
+        return sum(1 for t in self._by_id.values() if t.state == state)
+
 
 class TestHoldBack:
     def test_lower_priority_waits_while_victims_stop(self) -> None:
