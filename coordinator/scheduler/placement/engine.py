@@ -137,6 +137,7 @@ class PlacementEngine:
             self.state = PlacementState(snapshot, policy.threshold, policy.threshold_mode)
         self.state.set_derive_on_commit(policy.reads_view)
         self._refusals = RefusalMemo()
+        self._like: dict[tuple[tuple[float, int, float, int, int], int, int], str] = {}   # _reject_like's reasons
         self._shapes = ShapeCache(self.state, policy)
 
     @classmethod
@@ -156,6 +157,7 @@ class PlacementEngine:
         engine.state = state
         state.set_derive_on_commit(policy.reads_view)
         engine._refusals = RefusalMemo()
+        engine._like = {}
         engine._shapes = shapes
         return engine
 
@@ -209,7 +211,7 @@ class PlacementEngine:
         # request needing no more, and upper bounds on what any node has left.
         earlier = self._refusals.find(req, values, whole)
         if earlier is not None:
-            return self._reject_like(req, earlier)
+            return self._reject_like(req, earlier, values, whole)
         hopeless = state.hopeless(req, values, whole)
         if hopeless is not None:
             return self._remember(req, whole, self._reject_hopeless(req, hopeless))
@@ -281,18 +283,21 @@ class PlacementEngine:
         self._refusals.remember(req, whole, rejection)
         return rejection
 
-    def _reject_like(self, req: Request, earlier: Rejection) -> Rejection:
+    def _reject_like(self, req: Request, earlier: Rejection, values: tuple[float, int, float, int, int],
+                     whole: int) -> Rejection:
         """A rejection implied by an earlier one (this request needs no less, nothing was freed since).
 
         The reason names no task: the first task refused changes from cycle to cycle while the queue drains, and
-        a reason that changed would replace every waiting task's record each cycle."""
-        reason = (
-            f"no node with {describe_demand(req)} under threshold {self.policy.threshold:g} "
-            "(a task ahead of it, needing no more, was refused and nothing was freed since)"
-        )
-        return Rejection(
-            task_id=req.task_id, reason=reason, node_reasons=earlier.node_reasons, scale_out=self.policy.scale_out
-        )
+        a reason that changed would replace every waiting task's record each cycle. It is worded once per
+        request shape (``values``: the demand's tuple; ``whole``: whole GPUs) in the engine's batch."""
+        key = (values, whole, req.gpu_mem_per_gpu_bytes)
+        reason = self._like.get(key)
+        if reason is None:
+            reason = self._like[key] = (
+                f"no node with {describe_demand(req)} under threshold {self.policy.threshold:g} "
+                "(a task ahead of it, needing no more, was refused and nothing was freed since)")
+        return Rejection(task_id=req.task_id, reason=reason, node_reasons=earlier.node_reasons,
+                         scale_out=self.policy.scale_out)
 
     def _reject_hopeless(self, req: Request, why: str) -> Rejection:
         """A rejection decided from the bounds alone, with reasons for the first few nodes."""
