@@ -174,16 +174,20 @@ def _requeued_at(task: types_pb2.Task) -> float:
 
 
 def account(tasks: Iterable[types_pb2.Task], since: float, until: float, marks: Mapping[str, float],
-            model_of: ModelOf, energy_of: EnergyOf, released: ReleasedOf = _none_released) -> Accrual:
+            model_of: ModelOf, energy_of: EnergyOf, released: ReleasedOf = _none_released, *,
+            into: Accrual | None = None) -> Accrual:
     """What ``tasks`` used in ``[since, until)``.
+
+    Each task is accounted on its own, so a pass may account its tasks part by part into one accrual.
 
     :param marks: task id → joules of that task already accounted (the previous pass's ``marks``).
     :param model_of: the GPU model of a node's GPUs.
     :param energy_of: the joules a task drew so far.
     :param released: the allocation a task gave up when it last went back to the queue.
-    :returns: usage per hour and row, and the marks for the pass that starts at ``until``.
+    :param into: the accrual to add to (None: a new one).
+    :returns: usage per hour and row, and the marks for the pass that starts at ``until`` (``into`` when given).
     """
-    acc = Accrual()
+    acc = Accrual() if into is None else into
     for task in tasks:
         ended = _ended_at(task)
         if ended is not None and ended < since and task.id not in marks:

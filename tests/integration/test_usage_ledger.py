@@ -25,6 +25,7 @@ from coordinator.sync.client import op_put
 from coordinator.sync.keys import Keys
 from coordinator.sync.state_machine import Conflict
 from coordinator.sync.usage import UsageStore
+from coordinator.usage import duty as duty_module
 from coordinator.usage.duty import UsageDuty, UsageMetrics, bucket_rows
 from coordinator.usage.ledger import HOUR_S, hour_of
 from tests.helpers.inproc import admin_stub, inventory, run_leading, until
@@ -132,6 +133,44 @@ class TestUsageDuty:
             assert first_hour["bob"].gpu_s == pytest.approx(HOUR_S - 3000)
             marks, _ = store.get_marks()
             assert marks is not None and marks.accounted_until_unix_s == clock[0] and dict(marks.task_energy_j) == {}
+
+        lead(scenario)
+
+    def test_a_pass_accounts_its_tasks_part_by_part(self, lead: Callable[..., None],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+        """With more tasks than one part holds, a pass accounts them part by part, the leader's loop serving other
+        work between parts, and stores what accounting them all at once gives."""
+        monkeypatch.setattr(duty_module, "ACCOUNT_PART", 3)
+        base = hour_of(time.time()) + 20 * HOUR_S
+        ticks: list[int] = [0]
+        seen: list[int] = []   # the ticker's count at each part
+        real = duty_module.account
+
+        def counting(*args: object, **kwargs: object) -> object:
+            seen.append(ticks[0])
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(duty_module, "account", counting)
+
+        async def scenario(app: App, store: UsageStore) -> None:
+            tasks = [running(f"t-{i}", base + 60 * i, 1) for i in range(10)]
+
+            async def ticker() -> None:
+                while True:
+                    ticks[0] += 1
+                    await asyncio.sleep(0)
+
+            duty = UsageDuty(store, app.leadership, lambda: tasks, app.registry, lambda i: 0.0,
+                             UsageMetrics(CollectorRegistry()), settle_s=0.0, now=lambda: base + 1800)
+            ticking = asyncio.create_task(ticker())
+            try:
+                assert await duty.flush()
+            finally:
+                ticking.cancel()
+            assert len(seen) == 4 and len(set(seen)) == 4   # four parts, the ticker ran between each two
+            totals = stored_totals(store, [base])
+            assert totals["gpu_s"] == pytest.approx(sum(1800 - 60 * i for i in range(10)))
+            assert totals["cpu_core_s"] == pytest.approx(2.0 * sum(1800 - 60 * i for i in range(10)))
 
         lead(scenario)
 
