@@ -46,12 +46,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import BIN, REPO, Proc, coordinator_argv, free_port, percentile, wait_leader, work_dir
@@ -73,11 +75,18 @@ def task_spec(i: int, args: argparse.Namespace) -> types_pb2.TaskSpec:
                               has_demand=True, demand=demand, allow_gpu_sharing=True)
 
 
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+"""Channel option: a connection of the channel's own, not one shared with other channels to the same address."""
+
+
 # ---- the client process ----------------------------------------------------------------------------------------------
 
 async def _clients(args: argparse.Namespace) -> None:
     """``--clients`` callers at ``--rate`` for ``--duration`` from ``--start-at``; one JSON document to ``--out``."""
-    channels = [grpc.aio.insecure_channel(args.address) for _ in range(max(1, min(args.channels, args.clients)))]
+    # Each channel its own connection (gRPC otherwise shares one between channels to the same address), as
+    # many users' clients would be.
+    channels = [grpc.aio.insecure_channel(args.address, options=OWN_CONNECTION)
+                for _ in range(max(1, min(args.channels, args.clients)))]
     stubs = [admin_pb2_grpc.AdminStub(c) for c in channels]
     returned: list[tuple[str, float, float]] = []   # (task id, call start, call return)
     errors: dict[str, int] = {}
@@ -108,7 +117,7 @@ async def _clients(args: argparse.Namespace) -> None:
     await asyncio.gather(*(caller(k) for k in range(args.clients)))
     for c in channels:
         await c.close()
-    Path(args.out).write_text(json.dumps({"returned": returned, "errors": errors}))
+    Path(args.out).write_text(json.dumps({"returned": returned, "errors": errors, "cpu_s": time.process_time()}))
 
 
 # ---- the simulated fleet ---------------------------------------------------------------------------------------------
@@ -375,7 +384,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
             procs.append(Proc(coordinator_argv(f"127.0.0.1:{free_port()}", etcd.endpoints, prefix, tmp / "c2",
                                                extra=flags, coordinator_id="c2"), tmp / "c2.log").start())
 
-        channels = [grpc.aio.insecure_channel(listen) for _ in range(max(1, args.agents // 8))]
+        channels = [grpc.aio.insecure_channel(listen, options=OWN_CONNECTION) for _ in range(max(1, args.agents // 8))]
         sims = [SimAgent(k, channels[k % len(channels)], fleet, args) for k in range(args.agents)]
         agents = [asyncio.create_task(a.run(stop)) for a in sims]
         admin_channel = grpc.aio.insecure_channel(listen)
@@ -412,6 +421,10 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                                     "-d", str(int(min(30, args.duration))), "-p", str(leader.proc.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = leader_ps.cpu_times()
+        etcd_ps = [psutil.Process(m.proc.pid) for m in etcd.members if m.proc is not None]
+        others = {"etcd": etcd_ps, "fleet": [psutil.Process()]}
+        others_cpu0 = {k: cpu_s(v) for k, v in others.items()}
+        etcd0 = await asyncio.to_thread(etcd_counters, etcd.endpoints[0])
         ticks = []
         most_waiting = 0
         while client_proc.poll() is None:
@@ -426,7 +439,10 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         if spy is not None:
             spy.wait()
         cpu1 = leader_ps.cpu_times()
+        others_cpu = {k: cpu_s(v) - others_cpu0[k] for k, v in others.items()}
+        etcd1 = await asyncio.to_thread(etcd_counters, etcd.endpoints[0])
         doc = json.loads(out.read_text())
+        others_cpu["callers"] = doc["cpu_s"]
         returned = {tid: t_ret for tid, _t0, t_ret in doc["returned"]}
         rpc = [t_ret - t0 for _tid, t0, t_ret in doc["returned"]]
         # Let what was accepted reach RUNNING (or time out), then end.
@@ -448,7 +464,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"  submit -> RUNNING p50 {p50:.3f}s  p99 {p99:.3f}s  max {max(latency, default=float('nan')):.3f}s")
         print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
               f"one core; fleet stream errors {fleet.stream_errors}")
+        print("  other CPU: " + ", ".join(f"{k} {100 * v / args.duration:.0f}%" for k, v in others_cpu.items())
+              + f" (all {len(etcd_ps)} etcd members together)")
         per_task = max(1, fleet.started)
+        print("  etcd per task started (one member's counters): "
+              + ", ".join(f"{k} {(etcd1[k] - etcd0[k]) / per_task:.2f}" for k in ETCD_COUNTERS.values()))
         print(f"  agent stream messages per task started: {fleet.written / per_task:.2f} written, "
               f"{sum(fleet.read.values()) / per_task:.2f} read ("
               + ", ".join(f"{k} {v / per_task:.2f}" for k, v in sorted(fleet.read.items())) + ")")
@@ -482,6 +502,33 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
             if status not in (0, None, -15):
                 print(f"{p.log_path.name} exited with {status}; tail:\n{p.tail(1500)}", file=sys.stderr)
         etcd.stop()
+
+
+ETCD_COUNTERS = {"etcd_mvcc_txn": "txns", "etcd_mvcc_put": "puts", "etcd_mvcc_range": "ranges",
+                 "etcd_server_proposals_committed": "proposals"}
+
+
+def etcd_counters(endpoint: str) -> dict[str, float]:
+    """One member's request counters (its ``/metrics``): transactions, puts, ranges and raft proposals."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = dict.fromkeys(ETCD_COUNTERS.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        if family.name in ETCD_COUNTERS:
+            out[ETCD_COUNTERS[family.name]] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return out
+
+
+def cpu_s(procs: list[psutil.Process]) -> float:
+    """User and system CPU seconds of ``procs`` so far (0 for one that has ended)."""
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 ARGS: argparse.Namespace
