@@ -1,9 +1,11 @@
 """Concurrent calls coalesced into batches: one etcd transaction for many submits.
 
-A call that finds a free slot is sent at once, alone (no added latency when the load is light);
-calls that arrive while ``max_in_flight`` batches are out wait, and the next batch takes all of
-them that fit (up to ``max_batch``). Under load each etcd round trip then carries many
-calls instead of one.
+A call that finds nothing in flight is sent at once, alone (no added latency when the load is
+light); calls that arrive while a batch is out wait for it, and the next batch takes all of them
+that fit (up to ``max_batch``). Under load each etcd round trip then carries many calls instead of
+one. More batches go at once (up to ``max_in_flight``) only when a full one waits: a backlog is
+worked off in parallel, while a steady stream is not split into many small transactions (each
+costs the leader a thread's round trip and every etcd member a raft entry, whatever its size).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Batcher(Generic[I, O]):
     :param run: takes a batch and returns one result per item, in order: a value, or an exception to raise to
         that item's caller. An exception ``run`` itself raises goes to every caller of the batch.
     :param max_batch: items per batch at most.
-    :param max_in_flight: batches running at once at most.
+    :param max_in_flight: batches running at once at most; beyond the first, each starts only with a full batch.
     """
 
     def __init__(self, run: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, max_batch: int = 50,
@@ -51,7 +53,8 @@ class Batcher(Generic[I, O]):
         return await future
 
     def _start(self) -> None:
-        while self._waiting and self._in_flight < self._max_in_flight:
+        while self._waiting and self._in_flight < self._max_in_flight \
+                and (self._in_flight == 0 or len(self._waiting) >= self._max_batch):
             batch, self._waiting = self._waiting[:self._max_batch], self._waiting[self._max_batch:]
             self._in_flight += 1
             task = asyncio.create_task(self._flush(batch))

@@ -77,7 +77,8 @@ class TaskTable:
         self._creates: Batcher[tuple[types_pb2.Task, str], types_pb2.Task] = Batcher(
             lambda items: self._leadership.write(self._store.create_submits, items), max_batch=CREATE_BATCH)
         # So are state changes arriving together (agents' reports of starts and ends). Batches share no key (a
-        # node's reservation is not stored: each end deletes only its own allocation), so several go at once.
+        # node's reservation is not stored: each end deletes only its own allocation), so a backlog's full
+        # batches go several at once.
         self._transitions: Batcher[Transition, types_pb2.Task] = Batcher(
             lambda items: self._leadership.write(self._store.transitions, items), max_batch=TRANSITION_BATCH,
             max_in_flight=4)

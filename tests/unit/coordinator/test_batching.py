@@ -48,6 +48,38 @@ async def _failed_batch() -> None:
     assert max(sizes) <= 3 and sum(sizes) == 8
 
 
+async def _parallel_only_when_full() -> None:
+    """While a batch runs, fewer waiting calls than a full batch wait for it (one transaction for them all,
+    not one each); a full batch waiting starts beside it, up to max_in_flight."""
+    release = asyncio.Event()
+    batches: list[list[int]] = []
+
+    async def run(items: list[int]) -> list[int]:
+        batches.append(items)
+        await release.wait()
+        return items
+
+    b: Batcher[int, int] = Batcher(run, max_batch=3, max_in_flight=2)
+    calls = [asyncio.create_task(b.call(0))]
+    await asyncio.sleep(0)
+    calls += [asyncio.create_task(b.call(i)) for i in (1, 2)]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert batches == [[0]]   # two waiting, a batch holds three: they wait for the first
+    calls += [asyncio.create_task(b.call(i)) for i in range(3, 9)]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert batches == [[0], [1, 2, 3]]   # a full batch went beside the first; the second slot is taken now
+    release.set()
+    assert await asyncio.gather(*calls) == list(range(9))
+    assert batches == [[0], [1, 2, 3], [4, 5, 6], [7, 8]]
+
+
+def test_a_second_batch_goes_at_once_only_when_full() -> None:
+    """While a batch runs, fewer waiting calls than a full batch wait for it; a full batch starts beside it."""
+    asyncio.run(_parallel_only_when_full())
+
+
 def test_calls_arriving_while_a_batch_runs_go_in_the_next_one() -> None:
     """The first call goes alone at once; the calls made while it runs go together in one more batch, and every
     caller gets its own result, or its own exception."""
