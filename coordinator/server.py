@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import gc
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,12 +75,49 @@ async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
             log.info("embedded_etcd_stopped")
 
 
+ACCEPT_LOOPS = 2
+"""gRPC servers that share the listening port (each its own listening socket, ``SO_REUSEPORT``; the kernel spreads
+new connections across them). grpc's asyncio server asks its core for the next call only once the event loop has
+run the last one's hand-over, about six passes of the loop apart: with the loop busy, that one chain, not the CPU,
+bounded the calls a second the leader took (``docs/throughput.md``). Each server has a chain of its own.
+Another process cannot join the port unnoticed: :func:`check_port_free` refuses a port anything listens on."""
+
+
+def check_port_free(listen: str) -> None:
+    """Refuse ``HOST:PORT`` when a process already listens there: the servers bind it with ``SO_REUSEPORT``, which
+    alone would let a second coordinator of the same user share the port instead of failing to start.
+
+    A probe socket without ``SO_REUSEPORT`` binds each address the host resolves to (``SO_REUSEADDR``: connections
+    of an earlier run still closing do not count). Port 0 (any free port) is never in use.
+
+    :raises GptrmError: naming ``--listen``, when an address is in use or cannot be resolved.
+    """
+    host, _sep, port = listen.rpartition(":")
+    if int(port) == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise GptrmError(f"--listen {listen}: cannot resolve {host!r} ({e.strerror})") from None
+    for family, kind, proto, _name, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise GptrmError(f"--listen {listen}: cannot bind (address already in use)") from None
+                if e.errno != errno.EADDRNOTAVAIL:   # an address family this host lacks (IPv6 off): gRPC skips it too
+                    raise GptrmError(f"--listen {listen}: cannot bind ({e.strerror})") from None
+
+
 # After a leader change the whole fleet connects to the new leader within a second or two. grpc queues
 # the calls its server has not yet handed to the event loop and, past 1,000 of them by default, starts
 # refusing new ones (clients see CANCELLED or INTERNAL, then back off and retry, which only adds load):
 # the queue is sized for a fleet of tens of thousands instead, and a queued call waits up to a minute.
 SERVER_OPTIONS = [
-    ("grpc.so_reuseport", 0),
+    ("grpc.so_reuseport", 1),   # shared by the ACCEPT_LOOPS servers only (check_port_free)
     ("grpc.max_receive_message_length", 16 << 20),
     ("grpc.server.max_pending_requests", 40_000),
     ("grpc.server.max_pending_requests_hard_limit", 50_000),
@@ -90,20 +129,27 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
                       log: FilteringBoundLogger) -> None:
     app = build(cfg, client)
     security = Security.from_config(cfg, app.events)
-    server = grpc.aio.server(interceptors=[security.interceptor], options=SERVER_OPTIONS)
     admin = AdminService(app, auth_mode=security.authn.mode)
-    admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayService(app, security), server)
+    gateway = AgentGatewayService(app, security)
     health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     services = (admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
                 agent_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(services, server)
-    try:
-        security.add_port(server, cfg.listen)
-    except RuntimeError as e:
-        raise GptrmError(f"--listen {cfg.listen}: cannot bind ({e})") from None
+    check_port_free(cfg.listen)
+    servers: list[grpc.aio.Server] = []
+    listen = cfg.listen
+    for _ in range(ACCEPT_LOOPS):
+        server = grpc.aio.server(interceptors=[security.interceptor], options=SERVER_OPTIONS)
+        admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
+        agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(services, server)
+        try:
+            port = security.add_port(server, listen)
+        except RuntimeError as e:
+            raise GptrmError(f"--listen {cfg.listen}: cannot bind ({e})") from None
+        listen = f"{listen.rpartition(':')[0]}:{port}"   # port 0: the others join the port the first was given
+        servers.append(server)
     try:
         metrics_server = serve_metrics(app.metrics, cfg.metrics_listen) if cfg.metrics_listen else None
     except OSError as e:
@@ -113,7 +159,8 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
         web = WebConsole(admin, security, cfg.web_listen, lambda: app.queue_admin.config, app.monitor.history,
                          app.services.load_history)
         await web.start()
-    await server.start()
+    for server in servers:
+        await server.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, security.reload)
     for name in ("", *services[:2]):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -141,7 +188,7 @@ async def _serve_with(cfg: CoordinatorConfig, client: EtcdClient, stop: asyncio.
         await app.leadership.resign()
         await asyncio.sleep(0)
         await health.enter_graceful_shutdown()
-        await server.stop(grace=1.0)
+        await asyncio.gather(*(server.stop(grace=1.0) for server in servers))
         if web is not None:
             await web.stop()
         if metrics_server is not None:

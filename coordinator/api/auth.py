@@ -545,6 +545,7 @@ class Security:
         self.audit = audit
         self.interceptor = AuthInterceptor(authn, audit)
         self._log = get_logger("auth")
+        self._warned_plaintext = False
 
     @classmethod
     def from_config(cls, cfg: Any, events: Any = None) -> Security:
@@ -568,9 +569,11 @@ class Security:
     def add_port(self, server: grpc.aio.Server, listen: str) -> int:
         """Bind ``listen`` with TLS (or plaintext when insecure); returns the port."""
         if self.server_tls is None:
-            self._log.warning("plaintext_grpc_enabled", listen=listen, auth=self.authn.mode,
-                              reason="--insecure: no TLS; agents are not authenticated"
-                              + ("; admin callers are not authenticated either" if self.authn.open else ""))
+            if not self._warned_plaintext:   # once, however many servers share the port
+                self._warned_plaintext = True
+                self._log.warning("plaintext_grpc_enabled", listen=listen, auth=self.authn.mode,
+                                  reason="--insecure: no TLS; agents are not authenticated"
+                                  + ("; admin callers are not authenticated either" if self.authn.open else ""))
             return server.add_insecure_port(listen)
         return server.add_secure_port(listen, self.server_tls.credentials())
 
