@@ -43,9 +43,11 @@ from pathlib import Path
 import psutil
 
 from agent import launch
+from agent.cpu_binding import usable_cpus
 from common.errors import GptrmError
 from common.logging import get_logger
 from common.pb.gptrm.v1 import agent_pb2
+from common.topology import format_cpu_list
 
 __all__ = [
     "CHUNK_BYTES",
@@ -309,6 +311,7 @@ class TaskContext:
     cwd: str
     env: dict[str, str]
     agent_dir: Path = Path("/nonexistent")   # the task's directory of the agent's own (where exec's env file goes)
+    cpus: str = ""   # the CPUs the task's program is bound to (kernel list format); "" when not fewer than the agent's
 
 
 def _ns(pid: int | str, kind: str = "pid") -> str:
@@ -364,8 +367,10 @@ def task_context(wrapper_pid: int, cgroup: str, agent_dir: Path) -> TaskContext:
         program = next((p for p in below if p.ppid() == first.pid), first) if in_ns else first
         uids, gids = first.uids(), first.gids()
         env = _environ(program.pid) or _environ(first.pid)
+        bound = frozenset(program.cpu_affinity())
+        cpus = format_cpu_list(sorted(bound)) if bound and bound != usable_cpus() else ""
         return TaskContext(first.pid, in_ns, uids.real, gids.real, _groups(first.pid), cgroup,
-                           first.cwd() or "/", env, agent_dir)
+                           first.cwd() or "/", env, agent_dir, cpus)
     except psutil.Error as e:
         raise GptrmError(f"the task's processes cannot be read: {e}") from e
 
@@ -373,7 +378,9 @@ def task_context(wrapper_pid: int, cgroup: str, agent_dir: Path) -> TaskContext:
 def exec_command(ctx: TaskContext, argv: list[str], env_file: Path, programs: launch.Programs, *,
                  nsenter: str, setsid: str, pty: bool) -> list[str]:
     """The whole argv that runs ``argv`` in ``ctx``: join its cgroup and open ``env_file`` (root), enter its
-    namespaces (root), drop to its user, then (as the user) apply its environment and run the command."""
+    namespaces (root), drop to its user, bind it to the task's CPUs (the process runtime binds the task with
+    taskset, which joining the cgroup does not carry), then (as the user) apply its environment and run the
+    command."""
     command = ["/bin/sh", "-c", _JOIN_STEP, "gptrm-exec-join", ctx.cgroup, str(env_file)]
     if ctx.own_namespaces:
         if not nsenter:
@@ -388,6 +395,11 @@ def exec_command(ctx: TaskContext, argv: list[str], env_file: Path, programs: la
         if not setsid:
             raise GptrmError("exec --pty needs setsid (util-linux) on the agent's host")
         command += [setsid, "--ctty", "--wait"]
+    if ctx.cpus:
+        if not programs.taskset:
+            raise GptrmError(f"exec into a task bound to CPUs {ctx.cpus} needs taskset (util-linux) on the agent's "
+                             "host")
+        command += [programs.taskset, "--cpu-list", ctx.cpus]
     return [*command, "/bin/sh", "-c", _EXEC_STUB, "gptrm-exec", *argv]
 
 

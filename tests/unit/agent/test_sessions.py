@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from agent import launch, sessions
 from agent.sessions import TaskContext, exec_command
+from common.errors import GptrmError
 from common.pb.gptrm.v1 import agent_pb2
 
 _PROGRAMS = launch.Programs(setpriv="/usr/bin/setpriv")
@@ -44,6 +48,56 @@ class TestExecCommand:
         assert "/usr/bin/nsenter" not in argv
         assert argv[argv.index("/usr/bin/setsid"):argv.index("/usr/bin/setsid") + 3] == [
             "/usr/bin/setsid", "--ctty", "--wait"]
+
+
+    def test_a_task_bound_to_cpus_runs_its_exec_on_them(self) -> None:
+        """The process runtime binds a task with taskset, which joining its cgroup does not carry: exec binds the
+        command to the task's CPUs, as the task's user, right before it runs; an unbound task's command is not."""
+        programs = launch.Programs(setpriv="/usr/bin/setpriv", taskset="/usr/bin/taskset")
+        argv = exec_command(_ctx(cpus="0-3,8"), ["bash"], Path("/e"), programs, nsenter="/usr/bin/nsenter",
+                            setsid="/usr/bin/setsid", pty=True)
+        at = argv.index("/usr/bin/taskset")
+        assert argv[at:at + 4] == ["/usr/bin/taskset", "--cpu-list", "0-3,8", "/bin/sh"]
+        assert argv.index("/usr/bin/setsid") < at and argv[-1] == "bash"
+        if "/usr/bin/setpriv" in argv:
+            assert argv.index("/usr/bin/setpriv") < at
+        unbound = exec_command(_ctx(), ["bash"], Path("/e"), programs, nsenter="/usr/bin/nsenter",
+                               setsid="/usr/bin/setsid", pty=False)
+        assert "/usr/bin/taskset" not in unbound
+        with pytest.raises(GptrmError, match="bound to CPUs 0-3,8 needs taskset"):
+            exec_command(_ctx(cpus="0-3,8"), ["bash"], Path("/e"), _PROGRAMS, nsenter="/usr/bin/nsenter",
+                         setsid="/usr/bin/setsid", pty=False)
+
+    @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding narrower than the agent needs two CPUs")
+    def test_the_context_reads_the_programs_cpus(self, tmp_path: Path) -> None:
+        """task_context reads the CPUs of the task's program (the wrapper's child); a program on all the agent's
+        CPUs is not bound."""
+        one = min(os.sched_getaffinity(0))
+        wrapper = subprocess.Popen(["/bin/sh", "-c", f"taskset --cpu-list {one} sleep 30 & sleep 30; wait"],
+                                   start_new_session=True)
+        try:
+            def bound() -> str:
+                return sessions.task_context(wrapper.pid, "/sys/fs/cgroup/x", tmp_path).cpus
+            deadline = time.monotonic() + 10
+            while bound() != str(one):
+                assert time.monotonic() < deadline, "the program's binding was never read"
+                time.sleep(0.05)
+        finally:
+            os.killpg(wrapper.pid, signal.SIGKILL)
+            wrapper.wait()
+        free = subprocess.Popen(["/bin/sh", "-c", "sleep 30 & sleep 30; wait"], start_new_session=True)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    assert sessions.task_context(free.pid, "/sys/fs/cgroup/x", tmp_path).cpus == ""
+                    break
+                except GptrmError:   # no child yet
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+        finally:
+            os.killpg(free.pid, signal.SIGKILL)
+            free.wait()
 
 
 class TestOutputWindow:
