@@ -421,6 +421,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                                     "-d", str(int(min(30, args.duration))), "-p", str(leader.proc.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = leader_ps.cpu_times()
+        sched0 = main_thread_sched(leader_ps.pid)
         etcd_ps = [psutil.Process(m.proc.pid) for m in etcd.members if m.proc is not None]
         others = {"etcd": etcd_ps, "fleet": [psutil.Process()]}
         others_cpu0 = {k: cpu_s(v) for k, v in others.items()}
@@ -439,6 +440,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         if spy is not None:
             spy.wait()
         cpu1 = leader_ps.cpu_times()
+        sched1 = main_thread_sched(leader_ps.pid)
         others_cpu = {k: cpu_s(v) - others_cpu0[k] for k, v in others.items()}
         etcd1 = await asyncio.to_thread(etcd_counters, etcd.endpoints[0])
         doc = json.loads(out.read_text())
@@ -464,6 +466,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"  submit -> RUNNING p50 {p50:.3f}s  p99 {p99:.3f}s  max {max(latency, default=float('nan')):.3f}s")
         print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
               f"one core; fleet stream errors {fleet.stream_errors}")
+        ran, waited = (sched1[0] - sched0[0]) / args.duration, (sched1[1] - sched0[1]) / args.duration
+        print(f"  leader's event-loop thread: ran {100 * ran:.0f}% of the time, ready but waiting for a CPU "
+              f"{100 * waited:.0f}%")
         print("  other CPU: " + ", ".join(f"{k} {100 * v / args.duration:.0f}%" for k, v in others_cpu.items())
               + f" (all {len(etcd_ps)} etcd members together)")
         per_task = max(1, fleet.started)
@@ -517,6 +522,16 @@ def etcd_counters(endpoint: str) -> dict[str, float]:
         if family.name in ETCD_COUNTERS:
             out[ETCD_COUNTERS[family.name]] += sum(s.value for s in family.samples if s.name.endswith("_total"))
     return out
+
+
+def main_thread_sched(pid: int) -> tuple[float, float]:
+    """(seconds run, seconds runnable but waiting for a CPU) of process ``pid``'s main thread so far
+    (``/proc/PID/task/PID/schedstat``; zeros where the kernel keeps no such account)."""
+    try:
+        ran, waited, _slices = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(ran) / 1e9, int(waited) / 1e9
 
 
 def cpu_s(procs: list[psutil.Process]) -> float:
