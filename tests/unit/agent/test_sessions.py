@@ -73,31 +73,30 @@ class TestExecCommand:
         """task_context reads the CPUs of the task's program (the wrapper's child); a program on all the agent's
         CPUs is not bound."""
         one = min(os.sched_getaffinity(0))
-        wrapper = subprocess.Popen(["/bin/sh", "-c", f"taskset --cpu-list {one} sleep 30 & sleep 30; wait"],
-                                   start_new_session=True)
-        try:
-            def bound() -> str:
-                return sessions.task_context(wrapper.pid, "/sys/fs/cgroup/x", tmp_path).cpus
-            deadline = time.monotonic() + 10
-            while bound() != str(one):
-                assert time.monotonic() < deadline, "the program's binding was never read"
-                time.sleep(0.05)
-        finally:
-            os.killpg(wrapper.pid, signal.SIGKILL)
-            wrapper.wait()
-        free = subprocess.Popen(["/bin/sh", "-c", "sleep 30 & sleep 30; wait"], start_new_session=True)
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    assert sessions.task_context(free.pid, "/sys/fs/cgroup/x", tmp_path).cpus == ""
-                    break
-                except GptrmError:   # no child yet
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
-        finally:
-            os.killpg(free.pid, signal.SIGKILL)
-            free.wait()
+        assert _cpus_once(f"taskset --cpu-list {one} sleep 30", expect=str(one), agent_dir=tmp_path) == str(one)
+        assert _cpus_once("sleep 30", expect="", agent_dir=tmp_path) == ""
+
+
+def _cpus_once(program: str, *, expect: str, agent_dir: Path) -> str:
+    """The ``cpus`` task_context reads for a wrapper running ``program``, once it has started and reads ``expect``
+    (or what it reads when 10 s have passed)."""
+    wrapper = subprocess.Popen(["/bin/sh", "-c", f"{program} & sleep 30; wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        cpus = None
+        while time.monotonic() < deadline:
+            try:
+                cpus = sessions.task_context(wrapper.pid, "/sys/fs/cgroup/x", agent_dir).cpus
+            except GptrmError:   # no child yet
+                cpus = None
+            if cpus == expect:
+                break
+            time.sleep(0.05)
+        assert cpus is not None, "the wrapper never had a child"
+        return cpus
+    finally:
+        os.killpg(wrapper.pid, signal.SIGKILL)
+        wrapper.wait()
 
 
 class TestOutputWindow:
