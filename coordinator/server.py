@@ -78,8 +78,8 @@ async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
 ACCEPT_LOOPS = 2
 """gRPC servers that share the listening port (each its own listening socket, ``SO_REUSEPORT``; the kernel spreads
 new connections across them). grpc's asyncio server asks its core for the next call only once the event loop has
-run the last one's hand-over, about six passes of the loop apart: with the loop busy, that one chain, not the CPU,
-bounded the calls a second the leader took (``docs/throughput.md``). Each server has a chain of its own.
+run the last one's hand-over, about six passes of the loop apart: with the loop busy, that one chain bounded the
+calls a second the leader could take (``docs/throughput.md``). Each server has a chain of its own.
 Another process cannot join the port unnoticed: :func:`check_port_free` refuses a port anything listens on."""
 
 
@@ -101,15 +101,15 @@ def check_port_free(listen: str) -> None:
     except socket.gaierror as e:
         raise GptrmError(f"--listen {listen}: cannot resolve {host!r} ({e.strerror})") from None
     for family, kind, proto, _name, address in addresses:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    raise GptrmError(f"--listen {listen}: cannot bind (address already in use)") from None
-                if e.errno != errno.EADDRNOTAVAIL:   # an address family this host lacks (IPv6 off): gRPC skips it too
-                    raise GptrmError(f"--listen {listen}: cannot bind ({e.strerror})") from None
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise GptrmError(f"--listen {listen}: cannot bind (address already in use)") from None
+            if e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):   # a family this host lacks (IPv6 off):
+                raise GptrmError(f"--listen {listen}: cannot bind ({e.strerror})") from None   # gRPC skips it too
 
 
 # After a leader change the whole fleet connects to the new leader within a second or two. grpc queues
