@@ -294,6 +294,7 @@ def build(cfg: CoordinatorConfig, client: EtcdClient) -> App:
                            on_shrunk=power_manager.shrunk_for, moves=moves,
                            will_restart=lambda task: restarts.allows(task) or moves.requeues(task),
                            reservations=reservations)
+    power_manager.startable = cycle.startable   # a task held back (start time, dependency) keeps no node on
     reconciler = Reconciler(cfg.task_grace_s, tasks, registry, dispatcher, restarts, events, preemptor)
     qos = QosWatch(tasks.live_view, monitor, profiler, events, metrics.qos_violations, cfg.sampling_interval_s)
     telemetry_rate = TelemetryRate(registry, cfg.ingest_budget_per_s, cfg.sampling_interval_s,

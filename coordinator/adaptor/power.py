@@ -6,7 +6,9 @@ Each node record carries a power state (``NodeRecord.power_state``; unset reads 
 
 - **Scale-in**: a node idle (connected, ready, no task) longer than ``--power-down-after``, beyond
   the ``--spare-nodes`` idle nodes kept on, and usable by no pending task (a pending task that fits on
-  none of the idle nodes keeps none of them on), goes *draining* (nothing new lands on it), is confirmed
+  none of the idle nodes keeps none of them on, nor does one the workflow rules hold back past
+  ``--wake-timeout``: a start time later than that, a dependency not met), goes *draining* (nothing new
+  lands on it), is confirmed
   idle after one more scheduling period, goes *powering-off* and is handed to the node provider;
   once the provider accepted it is *off* as soon as its agent is silent. A node that got work
   meanwhile, or a provider failure, returns it to *ready* (its last safe state: it is still on).
@@ -154,6 +156,10 @@ class PowerManager:
         self._created: set[str] = set()          # tasks a new node was asked for
         # Reservations: node → the reservation whose GPUs there are needed within a given time (the wake time).
         self.reserved: Callable[[float], Mapping[str, str]] = lambda within_s: {}
+        # The pending tasks that may start by a unix time (the scheduler's workflow rules: a start time ahead, a
+        # dependency not met, an array at its limit hold a task back); every pending task unless told.
+        self.startable: Callable[[float], Iterable[types_pb2.Task]] = lambda by_unix_s: (
+            t for t in self._state.tasks.values() if t.state == TaskState.PENDING)
         self._log = get_logger("adaptor")
 
     # ---- the scheduler's hook -------------------------------------------------------------------
@@ -252,8 +258,9 @@ class PowerManager:
         needed = self.reserved(self._wake_timeout_s)
         idle = [e for e in idle if e.node_id not in needed]
         # Waiting work that could run on an idle node keeps it on (the scheduler places it first); a
-        # pending task that fits on none of them blocks nothing.
-        pending = [t for t in self._state.tasks.values() if t.state == TaskState.PENDING]
+        # pending task that fits on none of them blocks nothing, nor does one held back past the wake time
+        # (a start time later than that, a dependency not met yet): a woken node is back in time for it.
+        pending = list(self.startable(self._wall() + self._wake_timeout_s))
         if pending:
             fit = self._fit()
             usable = {fit(t) for t in pending}   # one predicate per request shape

@@ -382,6 +382,14 @@ class SchedulerCycle:
         finally:
             self._waited_s += time.perf_counter() - at
 
+    def startable(self, by_unix_s: float) -> list[types_pb2.Task]:
+        """The pending tasks a cycle at ``by_unix_s`` could place as far as the workflow rules go (start time,
+        dependencies, array limit; a requeued task's backoff), whether or not there is room: what the power
+        manager counts as waiting work. Reads only; a cycle notes the reasons of the others."""
+        pending = [t for t in self._tasks.live()
+                   if t.state == TaskState.PENDING and t.not_before_unix_s <= by_unix_s]
+        return self._gate.sort(pending, by_unix_s).ready
+
     async def _gated(self, pending: list[types_pb2.Task], now: float) -> list[types_pb2.Task]:
         """The pending tasks the workflow rules let this cycle place (start times, dependencies, array limits:
         ``coordinator/scheduler/workflow.py``); the others get their pending reason, and a task whose dependency

@@ -118,6 +118,37 @@ class TestNodePower:
                 with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
+    def test_tasks_held_back_keep_no_node_on(self, cluster: Cluster, tmp_path: Path) -> None:
+        """Tasks that cannot start within the wake time (a start time an hour ahead, a dependency on it) are not
+        waiting work: every idle node powers off, and nothing is woken for them."""
+        script, state = _provider(tmp_path, off_delay_s=0)
+        cluster.start_coordinator("c1", "--node-provider", "command", "--node-provider-command", str(script),
+                                  "--power-down-after", "5", "--spare-nodes", "0", "--lost-grace", "2",
+                                  "--wake-timeout", "60")
+        cluster.wait_leader("c1")
+        try:
+            _start_three_agents(cluster, state)
+            held = []
+            for extra in (("--begin", "+1h"), ("--after", "ok:{first}")):
+                argv = [a.format(first=held[0]) if held else a for a in extra]
+                res = cluster.ctl("-o", "json", "submit", "--name", "later", "--gpus", "1", "--gpu-mem-gib", "10",
+                                  "--cpu", "0.1", *argv, "--", "sleep", "30")
+                assert res.returncode == 0, res.stderr
+                held.append(json.loads(res.stdout)["task_id"])
+
+            def off() -> list[str]:
+                return sorted(n for n, d in _nodes(cluster).items() if d["power_state"] == "off")
+
+            wait_until(lambda: off() == ["n1", "n2", "n3"], timeout_s=90, interval_s=0.5, what="every node off")
+            assert not [r for r in _requests(state) if r["action"] == "power_on"]
+            for tid in held:
+                task = json.loads(cluster.ctl("-o", "json", "tasks", tid).stdout)
+                assert task["state"] == "pending", task
+        finally:
+            for pid_file in state.glob("*.pid"):
+                with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
     @pytest.mark.slow
     def test_leader_killed_between_power_off_and_power_on(self, cluster: Cluster, tmp_path: Path) -> None:
         """The leader is killed (-9) while a node is powering-off: the standby resumes, the node ends off (never
