@@ -34,7 +34,7 @@ from coordinator.ctl.reservations import (
 )
 from coordinator.ctl.transport import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, ChannelSecurity, CtlError, Transport
 from coordinator.ctl.usage import add_usage_parser, usage_csv, usage_dict, usage_request, usage_table
-from coordinator.profiler.workflow_spec import ARRAY_PREFIX, array_indices, array_ref
+from coordinator.profiler.workflow_spec import array_indices, array_ref, is_array_id
 from coordinator.simulator.cli import add_simulate_parser
 
 __all__ = ["main"]
@@ -172,7 +172,7 @@ def cmd_tasks(t: Transport, args: argparse.Namespace) -> None:
         d = render.service_dict(t.call("GetService", admin_pb2.ServiceRef(service_id=args.task)))
         _out(args, d, human.service_detail(d))
         return
-    if args.task and not _whole_array(args.task):
+    if args.task and not is_array_id(args.task):
         d = render.task_dict(t.call("GetTask", admin_pb2.GetTaskRequest(task_id=array_ref(args.task))))
         _out(args, d, human.task_detail(d))
         return
@@ -252,11 +252,6 @@ def _stream_pages(args: argparse.Namespace, field: str, pages: Iterable[tuple[It
             out.write(",\n  " + json.dumps(key) + ": " + textwrap.indent(render.dump_json(value), "  ").lstrip())
         out.write(',\n  "stale": ' + json.dumps(stale) + "\n}\n")
     return stale
-
-
-def _whole_array(ref: str) -> bool:
-    """Whether ``ref`` names an array (``a-...``), not one of its elements (``a-...:INDEX``)."""
-    return ref.startswith(ARRAY_PREFIX) and array_ref(ref) == ref
 
 
 def _task_filter(args: argparse.Namespace) -> admin_pb2.TaskFilter:
@@ -430,7 +425,7 @@ def _task_action(rpc: str, verb: str) -> Callable[[Transport, argparse.Namespace
             _out(args, render.service_dict(admin_pb2.ServiceView(service=svc)),
                  f"service {svc.id} cancelled (its replicas are being stopped)")
             return
-        if rpc == "CancelTask" and _whole_array(args.task):
+        if rpc == "CancelTask" and is_array_id(args.task):
             done = t.call("CancelArray", admin_pb2.ArrayRef(array_id=args.task), write=True)
             _out(args, {"array_id": done.array_id, "cancelled": done.cancelled, "already_ended": done.already_ended},
                  f"array {done.array_id}: {done.cancelled} element(s) cancelled, {done.already_ended} had already "

@@ -70,6 +70,11 @@ def array_ref(text: str) -> str:
     return element_id(match.group(1), int(match.group(2))) if match else text
 
 
+def is_array_id(ref: str) -> bool:
+    """Whether ``ref`` names a whole array (``a-...``), not one of its elements (``a-...:INDEX``) or a task."""
+    return ref.startswith(ARRAY_PREFIX) and array_ref(ref) == ref
+
+
 def array_indices(array: types_pb2.ArraySpec) -> range:
     """The indices an array spec names, in order."""
     return range(array.first, array.last + 1, array.step or 1)

@@ -51,6 +51,7 @@ from coordinator.api.admin import AdminService
 from coordinator.api.auth import SUBMITTER, Principal, Security
 from coordinator.api.tenancy import covers, usage_filter
 from coordinator.monitor.resources import NodeHistory
+from coordinator.profiler.workflow_spec import is_array_id
 from coordinator.queues import QueueConfig
 from coordinator.web import render
 from coordinator.web.html import Html, url
@@ -376,12 +377,12 @@ class WebConsole:
         key = ("tasks", p.name, p.role, p.queues)
         tasks, _ = await self.shared.get(key, lambda: self.reader.tasks(p))
         matching = [t for t in tasks if render.task_matches(t, **f)]
-        shown = matching[-render.MAX_ROWS:][::-1]   # newest first
-        return render.as_dict(render.task_row(t) for t in shown), len(matching)
+        # An array is one line, except on the list of its own elements.
+        return render.as_dict(render.task_rows(matching, arrays=not f["array"])), len(matching)
 
     async def tasks(self, request: web.Request) -> web.StreamResponse:
         p = request["principal"]
-        f = _filters(request, "state", "queue", "user", "node")
+        f = _filters(request, "state", "queue", "user", "node", "array")
         rows, total = await self._task_rows(p, f)
         status = await self.reader.status(p)
         vid = self.baselines.keep(rows)
@@ -390,7 +391,7 @@ class WebConsole:
 
     async def live_tasks(self, request: web.Request) -> web.StreamResponse:
         p = request["principal"]
-        f = _filters(request, "state", "queue", "user", "node")
+        f = _filters(request, "state", "queue", "user", "node", "array")
 
         async def compute() -> tuple[dict[str, Any], dict[str, Any]]:
             rows, _ = await self._task_rows(p, f)
@@ -449,6 +450,8 @@ class WebConsole:
 
     async def task(self, request: web.Request) -> web.StreamResponse:
         p = request["principal"]
+        if is_array_id(request.match_info["task_id"]):   # an array's line links here: the list of its elements
+            raise web.HTTPFound(url("/tasks", array=request.match_info["task_id"]))
         t = await self.reader.task(p, request.match_info["task_id"])
         allowed, note = self._logs_allowed(p, t)
         status = await self.reader.status(p)

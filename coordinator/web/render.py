@@ -12,11 +12,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from common.pb.gptrm.v1 import admin_pb2, types_pb2
+from common.types import TaskState
 from coordinator.web.html import Html, esc, join, tag, url
 
 __all__ = ["COLORS", "EVENT_COLUMNS", "QUEUE_COLUMNS", "SERVICE_COLUMNS", "TASK_COLUMNS", "FleetSummary", "Viewer",
@@ -241,10 +243,53 @@ def task_row(t: types_pb2.Task) -> dict[str, str]:
             "submitted": when(t.submit_unix_s), "reason": t.reason}
 
 
-def task_matches(t: types_pb2.Task, *, state: str, queue: str, user: str, node: str) -> bool:
+# An array's row shows the state of its least advanced elements: running before anything not started, anything
+# unfinished before what has ended, a failure before a success.
+_ARRAY_HEADLINE = (TaskState.RUNNING, TaskState.STARTING, TaskState.SCHEDULED, TaskState.PREEMPTED, TaskState.PAUSED,
+                   TaskState.PENDING, TaskState.FAILED, TaskState.TIMEOUT, TaskState.CANCELLED, TaskState.SUCCEEDED)
+
+
+def array_row(array_id: str, elements: Sequence[types_pb2.Task]) -> dict[str, str]:
+    """One row for the elements of an array shown (the Tasks page lists an array as one line, linked to the
+    list of its elements): the state of its least advanced elements, and its counts by state as the reason."""
+    counts = Counter(int(t.state) for t in elements)
+    headline = next((s for s in _ARRAY_HEADLINE if counts[s]), TaskState.PENDING)
+    first = min(elements, key=lambda t: t.array_index)
+    nodes = sorted({a.node_id for t in elements for a in t.allocation.nodes})
+    cap = first.spec.array.max_running
+    by_state = ", ".join(f"{n} {task_state(s)}" for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return {"id": array_id, "name": first.spec.name, "state": task_state(headline), "queue": first.queue or "default",
+            "user": first.submitted_by,
+            "nodes": ", ".join(nodes[:8]) + (f" (+{len(nodes) - 8})" if len(nodes) > 8 else ""),
+            "gpus": str(sum(len(a.gpu_indices) for t in elements for a in t.allocation.nodes)),
+            "submitted": when(first.submit_unix_s),
+            "reason": f"array of {len(elements)}" + (f" (%{cap})" if cap else "") + f": {by_state}"}
+
+
+def task_rows(tasks: Sequence[types_pb2.Task], *, arrays: bool = True) -> list[dict[str, str]]:
+    """The rows of ``tasks`` (oldest first), newest first and at most :data:`MAX_ROWS`; with ``arrays`` the
+    elements of an array make one row, placed as its newest element."""
+    if not arrays:
+        return [task_row(t) for t in tasks[-MAX_ROWS:][::-1]]
+    grouped: dict[str, list[types_pb2.Task]] = {}
+    for t in tasks:
+        if t.array_id:
+            grouped.setdefault(t.array_id, []).append(t)
+    rows: list[dict[str, str]] = []
+    for t in reversed(tasks):
+        if len(rows) == MAX_ROWS:
+            break
+        if not t.array_id:
+            rows.append(task_row(t))
+        elif (elements := grouped.pop(t.array_id, None)) is not None:   # its newest element: the array's place
+            rows.append(array_row(t.array_id, elements))
+    return rows
+
+
+def task_matches(t: types_pb2.Task, *, state: str, queue: str, user: str, node: str, array: str = "") -> bool:
     """Whether task ``t`` passes the Tasks page's filters (each "" passes everything)."""
     return ((not state or task_state(t.state) == state) and (not queue or (t.queue or "default") == queue)
-            and (not user or t.submitted_by == user)
+            and (not user or t.submitted_by == user) and (not array or t.array_id == array)
             and (not node or any(a.node_id == node for a in t.allocation.nodes)))
 
 
@@ -253,10 +298,13 @@ def tasks_body(rows: Sequence[dict[str, str]], total: int, filters: dict[str, st
                   for s in ["", *(v for k, v in sorted(_TASK_STATES.items()) if k)])
     form = Html("<form method=\"get\" action=\"/tasks\" class=\"filters\">"
                 f"<label>State <select name=\"state\">{states}</select></label>"
-                + join(Html(f"<label>{esc(k.title())} <input name=\"{esc(k)}\" value=\"{esc(filters[k])}\" "
-                            "size=\"12\"></label>") for k in ("queue", "user", "node"))
+                + join(Html(f"<label>{esc(k.title())} <input name=\"{esc(k)}\" value=\"{esc(filters.get(k, ''))}\" "
+                            "size=\"12\"></label>") for k in ("queue", "user", "node", "array"))
                 + "<button type=\"submit\">Filter</button></form>")
-    more = tag("p", f"Showing the newest {len(rows)} of {total} tasks.", cls="note") if total > len(rows) else ""
+    grouped = "" if filters.get("array") else " An array is one line (its least advanced elements' state); its id " \
+        "lists its elements."
+    more = tag("p", f"Showing the newest {len(rows)} lines of {total} tasks.{grouped}", cls="note") \
+        if total > len(rows) else ""
     return Html(form + more + table(TASK_COLUMNS, rows, table_id="tasks", link=("id", "/tasks")))
 
 

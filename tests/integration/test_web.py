@@ -315,3 +315,30 @@ def test_browser_pages_live_tasks_roles_and_hostile_names(console: Console, brow
     assert "Logs are hidden" in d.find_element(By.ID, "log-hidden").text
     assert not d.find_elements(By.ID, "log") and "not bold" not in d.page_source
     _shot(d, "task-viewer")
+
+
+def test_browser_an_array_is_one_line_that_lists_its_elements(console: Console, browser: Any) -> None:
+    """An array of six is one line of Tasks (its counts by state as the reason, no line per element); its id links
+    to the list of its six elements."""
+    from selenium.webdriver.common.by import By
+    d = browser
+    _sign_in(d, console, "root")
+    web = f"http://{console.web}"
+    first = console.ctl("submit", *ROOT_TASKS_SUBMIT, "--name", "sweep", "--array", "0-5%2", "--gpus", "0",
+                        "--cpu", "0.1", "--", "sh", "-c", "exec sleep 600")
+    array_id = first["array_id"]
+    try:
+        d.get(f"{web}/tasks")
+        wait_until(lambda: _cell(d, "tasks", array_id, "reason").startswith("array of 6 (%2): "), 30,
+                   what="the array's line")
+        assert _cell(d, "tasks", array_id, "name") == "sweep"
+        assert not d.find_elements(By.CSS_SELECTOR, f'tr[id^="tasks:{array_id}_"]')   # no line per element
+        _shot(d, "tasks-array")
+        d.find_element(By.CSS_SELECTOR, f'tr[id="tasks:{array_id}"] a').click()
+        wait_until(lambda: f"array={array_id}" in d.current_url, 10, what="the list of its elements")
+        rows = d.find_elements(By.CSS_SELECTOR, f'tr[id^="tasks:{array_id}_"]')
+        assert sorted(r.get_attribute("id") for r in rows) == [f"tasks:{array_id}_{i}" for i in range(6)]
+        assert _cell(d, "tasks", f"{array_id}_0", "name") == "sweep"
+        _live(d)
+    finally:
+        console.ctl("cancel", array_id)

@@ -143,3 +143,31 @@ def test_fleet_groups_by_label_and_zooms_into_one() -> None:
     zoomed = render.fleet_body(nodes, summary, color="util", group="rack", only="r1")
     assert zoomed.count('<section class="grp">') == 1 and 'class="grid zoom"' in zoomed
     assert 'id="n:n2"' not in zoomed
+
+
+def _element(array_id: str, index: int, state: int, submit: float) -> types_pb2.Task:
+    t = types_pb2.Task(id=f"{array_id}_{index}", array_id=array_id, array_index=index, state=state,
+                       submit_unix_s=submit, queue="team")
+    t.spec.name = "sweep"
+    t.spec.array.max_running = 2
+    return t
+
+
+def test_an_array_is_one_row_at_its_newest_elements_place() -> None:
+    """The rows are newest first; an array's elements make one row where its newest element would be, its state
+    that of its least advanced elements (running before pending, a failure before a success), its counts by state
+    as the reason. Without grouping every element is a row."""
+    plain = types_pb2.Task(id="t-1", state=types_pb2.TASK_STATE_PENDING, submit_unix_s=2.0)
+    late = types_pb2.Task(id="t-2", state=types_pb2.TASK_STATE_RUNNING, submit_unix_s=9.0)
+    a = [_element("a-1", i, s, 1.0 + i) for i, s in enumerate(
+        (types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_RUNNING, types_pb2.TASK_STATE_PENDING,
+         types_pb2.TASK_STATE_PENDING))]
+    tasks = sorted([plain, late, *a], key=lambda t: t.submit_unix_s)
+    rows = render.task_rows(tasks)
+    assert [r["id"] for r in rows] == ["t-2", "a-1", "t-1"]
+    assert rows[1]["state"] == "running" and rows[1]["name"] == "sweep"
+    assert rows[1]["reason"] == "array of 4 (%2): 2 pending, 1 running, 1 succeeded"
+    ended = [_element("a-2", i, s, 1.0) for i, s in enumerate(
+        (types_pb2.TASK_STATE_SUCCEEDED, types_pb2.TASK_STATE_FAILED))]
+    assert render.array_row("a-2", ended)["state"] == "failed"
+    assert [r["id"] for r in render.task_rows(tasks, arrays=False)][:3] == ["t-2", "a-1_3", "a-1_2"]
