@@ -22,7 +22,8 @@ from common.types import TaskState
 from coordinator.web.html import Html, esc, join, tag, url
 
 __all__ = ["COLORS", "EVENT_COLUMNS", "QUEUE_COLUMNS", "SERVICE_COLUMNS", "TASK_COLUMNS", "FleetSummary", "Viewer",
-           "event_row", "fleet_cells", "fleet_node", "page", "queue_row", "service_row", "signin_page", "task_row"]
+           "array_row", "event_row", "fleet_cells", "fleet_node", "page", "queue_row", "service_row", "signin_page",
+           "task_row", "task_rows"]
 
 COLORS = ("util", "mem", "power", "health")
 """What the fleet grid colours each GPU by."""
