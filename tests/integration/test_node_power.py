@@ -8,6 +8,7 @@ import os
 import signal
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,19 +69,39 @@ def _start_three_agents(cluster: Cluster, state: Path) -> None:
     wait_until(lambda: len(_nodes(cluster)) == 3, what="three nodes")
 
 
+def _off(cluster: Cluster) -> list[str]:
+    return sorted(n for n, d in _nodes(cluster).items() if d["power_state"] == "off")
+
+
+def _kill_provided(state: Path) -> None:
+    """Kill every agent the provider script knows of (started by the test or powered on by the script)."""
+    for pid_file in state.glob("*.pid"):
+        with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _power_managed(cluster: Cluster, tmp_path: Path, *, spare_nodes: int) -> Iterator[Path]:
+    """c1 leading with the provider command (a node idle 5 s powers off, ``spare_nodes`` kept on) and agents
+    n1..n3; yields the provider's state directory and kills its agents at the end."""
+    script, state = _provider(tmp_path, off_delay_s=0)
+    cluster.start_coordinator("c1", "--node-provider", "command", "--node-provider-command", str(script),
+                              "--power-down-after", "5", "--spare-nodes", str(spare_nodes), "--lost-grace", "2",
+                              "--wake-timeout", "60")
+    cluster.wait_leader("c1")
+    try:
+        _start_three_agents(cluster, state)
+        yield state
+    finally:
+        _kill_provided(state)
+
+
 class TestNodePower:
     def test_idle_nodes_power_off_and_one_wakes_for_a_gang_task(self, cluster: Cluster, tmp_path: Path) -> None:
         """Two of three idle nodes go off through the command (never lost); a 2-node task wakes one and runs."""
-        script, state = _provider(tmp_path, off_delay_s=0)
-        cluster.start_coordinator("c1", "--node-provider", "command", "--node-provider-command", str(script),
-                                  "--power-down-after", "5", "--spare-nodes", "1", "--lost-grace", "2",
-                                  "--wake-timeout", "60")
-        cluster.wait_leader("c1")
-        try:
-            _start_three_agents(cluster, state)
-
+        with _power_managed(cluster, tmp_path, spare_nodes=1) as state:
             def off() -> list[str]:
-                return sorted(n for n, d in _nodes(cluster).items() if d["power_state"] == "off")
+                return _off(cluster)
 
             powered_off = wait_until(lambda: x if len(x := off()) == 2 else None, timeout_s=60, what="two nodes off")
             assert sorted(r["node_id"] for r in _requests(state) if r["action"] == "power_off") == powered_off
@@ -113,22 +134,12 @@ class TestNodePower:
             power = [e["message"] for e in events if e["kind"] == "power"]
             assert sum("powering-off → off" in m for m in power) == 2
             assert sum("off → powering-on" in m for m in power) == 1
-        finally:
-            for pid_file in state.glob("*.pid"):
-                with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
-                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
     def test_tasks_held_back_keep_no_node_on(self, cluster: Cluster, tmp_path: Path) -> None:
         """Tasks that cannot start within the wake time (a start time an hour ahead, a dependency on it) are not
         waiting work: every idle node powers off, and nothing is woken for them."""
-        script, state = _provider(tmp_path, off_delay_s=0)
-        cluster.start_coordinator("c1", "--node-provider", "command", "--node-provider-command", str(script),
-                                  "--power-down-after", "5", "--spare-nodes", "0", "--lost-grace", "2",
-                                  "--wake-timeout", "60")
-        cluster.wait_leader("c1")
-        try:
-            _start_three_agents(cluster, state)
-            held = []
+        with _power_managed(cluster, tmp_path, spare_nodes=0) as state:
+            held: list[str] = []
             for extra in (("--begin", "+1h"), ("--after", "ok:{first}")):
                 argv = [a.format(first=held[0]) if held else a for a in extra]
                 res = cluster.ctl("-o", "json", "submit", "--name", "later", "--gpus", "1", "--gpu-mem-gib", "10",
@@ -136,18 +147,12 @@ class TestNodePower:
                 assert res.returncode == 0, res.stderr
                 held.append(json.loads(res.stdout)["task_id"])
 
-            def off() -> list[str]:
-                return sorted(n for n, d in _nodes(cluster).items() if d["power_state"] == "off")
-
-            wait_until(lambda: off() == ["n1", "n2", "n3"], timeout_s=90, interval_s=0.5, what="every node off")
+            wait_until(lambda: _off(cluster) == ["n1", "n2", "n3"], timeout_s=90, interval_s=0.5,
+                       what="every node off")
             assert not [r for r in _requests(state) if r["action"] == "power_on"]
             for tid in held:
                 task = json.loads(cluster.ctl("-o", "json", "tasks", tid).stdout)
                 assert task["state"] == "pending", task
-        finally:
-            for pid_file in state.glob("*.pid"):
-                with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
-                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
     @pytest.mark.slow
     def test_leader_killed_between_power_off_and_power_on(self, cluster: Cluster, tmp_path: Path) -> None:
@@ -203,7 +208,5 @@ class TestNodePower:
             end = power("c2")
             assert sorted(end.values()) == ["off", "ready", "ready"] and end[woken[0]["node_id"]] == "ready"
         finally:
-            for pid_file in state.glob("*.pid"):
-                with contextlib.suppress(ProcessLookupError, ValueError):   # already gone
-                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            _kill_provided(state)
 
