@@ -245,8 +245,7 @@ class SchedulerCycle:
         now = self._clock()   # restart backoff: a requeued task waits until its not_before time
         if self._elastic is not None:
             self._elastic.observe()   # every cycle: the curves learn while the tasks run
-        pending = self._preemptor.schedulable(await self._gated(
-            [t for t in self._tasks.live() if t.state == TaskState.PENDING and t.not_before_unix_s <= now], now))
+        pending = self._preemptor.schedulable(await self._gated(self._due(now), now))
         if not pending:
             self._idle = None
             if self._elastic is not None and self._elastic_settled(now, grow=True):
@@ -386,9 +385,11 @@ class SchedulerCycle:
         """The pending tasks a cycle at ``by_unix_s`` could place as far as the workflow rules go (start time,
         dependencies, array limit; a requeued task's backoff), whether or not there is room: what the power
         manager counts as waiting work. Reads only; a cycle notes the reasons of the others."""
-        pending = [t for t in self._tasks.live()
-                   if t.state == TaskState.PENDING and t.not_before_unix_s <= by_unix_s]
-        return self._gate.sort(pending, by_unix_s).ready
+        return self._gate.sort(self._due(by_unix_s), by_unix_s).ready
+
+    def _due(self, at_unix_s: float) -> list[types_pb2.Task]:
+        """The pending tasks whose restart backoff (``not_before_unix_s``) is over at ``at_unix_s``."""
+        return [t for t in self._tasks.live() if t.state == TaskState.PENDING and t.not_before_unix_s <= at_unix_s]
 
     async def _gated(self, pending: list[types_pb2.Task], now: float) -> list[types_pb2.Task]:
         """The pending tasks the workflow rules let this cycle place (start times, dependencies, array limits:
