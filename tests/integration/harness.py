@@ -29,6 +29,17 @@ _CTL = CtlForks(BIN / "gptrmctl")
 """Runs :meth:`Cluster.ctl`'s commands (each a gptrmctl process, forked from one that imported it once)."""
 
 
+def worker_task_ports() -> str:
+    """This pytest worker's share of the agent's default ``--task-port-range`` (29500-29999): tests on other workers
+    run their own agents on this host at the same time, and a master port one of their tasks holds would make a
+    gang start here be refused and placed again (which the tests that count a task's history do not expect)."""
+    low, high, workers = 29500, 29999, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    share = (high - low + 1) // max(workers, 1)
+    first = low + share * (worker % max(workers, 1))
+    return f"{first}-{first + share - 1}"
+
+
 def wait_until(fn: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.1, what: str = "condition") -> T:
     """Poll ``fn`` until it returns something truthy; its value is returned."""
     end = time.monotonic() + timeout_s
@@ -205,7 +216,7 @@ class Cluster:
         proc = Proc([str(BIN / "gptrm-agent"), "--coordinator", addrs, "--node-id", node_id, "--gpu-backend",
                      "simulated", "--simulate-gpus", "4xH100-80GB", "--state-dir", str(self.tmp / f"agent-{node_id}"),
                      "--interval", "0.5", "--backoff-max", "1", "--advertise-address", "127.0.0.1",
-                     *_plaintext_unless_tls(extra), *extra],
+                     "--task-port-range", worker_task_ports(), *_plaintext_unless_tls(extra), *extra],
                     self.tmp / f"agent-{node_id}.log").start()
         self.agents[node_id] = proc
         STARTED_AGENTS.append(StartedAgent.of(proc.argv))
