@@ -158,6 +158,7 @@ class LeaderState:
         self._tasks: dict[str, types_pb2.Task] = {}
         self._live: dict[str, types_pb2.Task] = {}   # the unfinished tasks of _tasks, kept with it
         self._live_elastic: dict[str, types_pb2.Task] = {}   # the elastic ones of _live, kept with it
+        self._pending: dict[str, types_pb2.Task] = {}   # the PENDING ones of _live, kept with it
         self._order: list[tuple[float, str]] = []   # (submit time, id) of every task in _tasks, sorted
         self._ended: list[tuple[float, str]] = []   # (end time, id) of every finished task in _tasks, sorted
         self._by_state: dict[int, int] = {}   # state → how many tasks of _tasks are in it, kept with it
@@ -179,6 +180,9 @@ class LeaderState:
         self.live_elastic: Mapping[str, types_pb2.Task] = MappingProxyType(self._live_elastic)
         """The unfinished elastic tasks, by id: read-only and live. What the elastic allocator walks every cycle,
         so that a cluster without elastic work pays nothing for it."""
+        self.pending: Mapping[str, types_pb2.Task] = MappingProxyType(self._pending)
+        """The PENDING tasks, by id: read-only and live. What the scheduler walks every cycle, so that the tasks
+        running do not cost a cycle anything."""
         self.services: Mapping[str, types_pb2.Service] = MappingProxyType(self._services)
         """Every service by id: read-only and live."""
         self.node_writes = asyncio.Lock()
@@ -206,6 +210,8 @@ class LeaderState:
         self._live.update((tid, t) for tid, t in tasks.items() if t.state not in TERMINAL_STATES)
         self._live_elastic.clear()
         self._live_elastic.update((tid, t) for tid, t in self._live.items() if t.spec.HasField("elastic"))
+        self._pending.clear()
+        self._pending.update((tid, t) for tid, t in self._live.items() if t.state == TaskState.PENDING)
         self._order = sorted((t.submit_unix_s, tid) for tid, t in tasks.items())
         self._ended = sorted((ended_at(t), tid) for tid, t in tasks.items() if t.state in TERMINAL_STATES)
         self._by_state = {}
@@ -261,6 +267,10 @@ class LeaderState:
             self._live[task.id] = task
             if task.spec.HasField("elastic"):
                 self._live_elastic[task.id] = task
+        if task.state == TaskState.PENDING:
+            self._pending[task.id] = task
+        else:
+            self._pending.pop(task.id, None)
 
     def released(self, task_id: str) -> tuple[types_pb2.NodeAllocation, ...]:
         """The allocation ``task_id`` last gave up when it went back to the queue (a preemption, a resize, a
@@ -298,6 +308,7 @@ class LeaderState:
         self._released.pop(task_id, None)
         self._live.pop(task_id, None)
         self._live_elastic.pop(task_id, None)
+        self._pending.pop(task_id, None)
         task = self._tasks.pop(task_id, None)
         if task is None:
             return

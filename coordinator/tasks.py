@@ -124,6 +124,10 @@ class TaskTable:
         finished tasks retained)."""
         return list(self._state.live.values())
 
+    def pending(self) -> list[types_pb2.Task]:
+        """The PENDING tasks, as a list taken now (its cost follows the queue, not the tasks running)."""
+        return list(self._state.pending.values())
+
     @property
     def changes(self) -> int:
         """Rises with every stored task change followed (:attr:`LeaderState.changes

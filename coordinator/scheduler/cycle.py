@@ -389,7 +389,7 @@ class SchedulerCycle:
 
     def _due(self, at_unix_s: float) -> list[types_pb2.Task]:
         """The pending tasks whose restart backoff (``not_before_unix_s``) is over at ``at_unix_s``."""
-        return [t for t in self._tasks.live() if t.state == TaskState.PENDING and t.not_before_unix_s <= at_unix_s]
+        return [t for t in self._tasks.pending() if t.not_before_unix_s <= at_unix_s]
 
     async def _gated(self, pending: list[types_pb2.Task], now: float) -> list[types_pb2.Task]:
         """The pending tasks the workflow rules let this cycle place (start times, dependencies, array limits:

@@ -281,6 +281,22 @@ class TestIndexes:
         assert set(state.live_elastic) == {"c"}
         assert set(state.live_elastic) == {t.id for t in state.live.values() if t.spec.HasField("elastic")}
 
+    def test_pending_holds_exactly_the_pending_tasks(self, state: LeaderState) -> None:
+        """The pending index follows every way a record changes: adopt, apply, placement, requeue, reason, forget."""
+        state.adopt({"a": _task("a", 1.0), "b": _task("b", 2.0, TaskState.RUNNING),
+                     "c": _task("c", 2.5, TaskState.SUCCEEDED)}, {})
+        assert set(state.pending) == {"a"}
+        state.apply_task(_task("d", 3.0))
+        state.apply_task(_task("e", 3.5))
+        state.apply_placement(_placed("d", "n1", [0]))
+        state.note_reason("e", "waiting")
+        assert set(state.pending) == {"a", "e"} and state.pending["e"].reason == "waiting"
+        state.apply_task(_task("b", 2.0, TaskState.PENDING))   # requeued
+        state.apply_task(_task("a", 1.0, TaskState.CANCELLED))
+        state.forget("e")
+        assert set(state.pending) == {"b"}
+        assert set(state.pending) == {t.id for t in state.tasks.values() if t.state == TaskState.PENDING}
+
     def test_changes_count_stored_changes_and_not_noted_reasons(self, state: LeaderState) -> None:
         """The scheduler skips a cycle whose inputs match an idle one's; a reason it noted itself must not count as
         a change (else it would never skip), while every stored change must."""
