@@ -158,8 +158,7 @@ class PowerManager:
         self.reserved: Callable[[float], Mapping[str, str]] = lambda within_s: {}
         # The pending tasks that may start by a unix time (the scheduler's workflow rules: a start time ahead, a
         # dependency not met, an array at its limit hold a task back); every pending task unless told.
-        self.startable: Callable[[float], Iterable[types_pb2.Task]] = lambda by_unix_s: (
-            t for t in self._state.tasks.values() if t.state == TaskState.PENDING)
+        self.startable: Callable[[float], Iterable[types_pb2.Task]] = lambda by_unix_s: self._state.pending.values()
         self._log = get_logger("adaptor")
 
     # ---- the scheduler's hook -------------------------------------------------------------------
