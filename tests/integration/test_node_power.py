@@ -100,10 +100,8 @@ class TestNodePower:
     def test_idle_nodes_power_off_and_one_wakes_for_a_gang_task(self, cluster: Cluster, tmp_path: Path) -> None:
         """Two of three idle nodes go off through the command (never lost); a 2-node task wakes one and runs."""
         with _power_managed(cluster, tmp_path, spare_nodes=1) as state:
-            def off() -> list[str]:
-                return _off(cluster)
-
-            powered_off = wait_until(lambda: x if len(x := off()) == 2 else None, timeout_s=60, what="two nodes off")
+            powered_off = wait_until(lambda: x if len(x := _off(cluster)) == 2 else None, timeout_s=60,
+                                     what="two nodes off")
             assert sorted(r["node_id"] for r in _requests(state) if r["action"] == "power_off") == powered_off
             assert all(not cluster.agents[n].alive for n in powered_off)
             # Well past --lost-grace: a powered-off node is expected to be silent, never lost.
@@ -129,7 +127,7 @@ class TestNodePower:
             assert woken[0]["node_id"] in placed and len(placed) == 2
             nodes = _nodes(cluster)
             assert nodes[woken[0]["node_id"]]["power_state"] == "ready"
-            assert [n for n in powered_off if n != woken[0]["node_id"]] == off()
+            assert [n for n in powered_off if n != woken[0]["node_id"]] == _off(cluster)
             events = [json.loads(line) for line in cluster.ctl("-o", "json", "events").stdout.splitlines()]
             power = [e["message"] for e in events if e["kind"] == "power"]
             assert sum("powering-off → off" in m for m in power) == 2
