@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.integration.harness import Proc, wait_until
 
 TOOLS = ("crun", "skopeo", "umoci", "docker-registry")

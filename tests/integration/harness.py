@@ -19,7 +19,7 @@ import psutil
 from agent.task_user import CLAIMS_DIR, DEFAULT_TASK_UIDS, parse_uid_range
 from agent.taskkill import node_tag
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port, worker_task_ports
 from coordinator.leftover_tasks import kill_leftover_tasks
 from tests.helpers.ctl_forks import CtlForks
 
@@ -27,17 +27,6 @@ T = TypeVar("T")
 BIN = Path(sys.executable).parent
 _CTL = CtlForks(BIN / "gptrmctl")
 """Runs :meth:`Cluster.ctl`'s commands (each a gptrmctl process, forked from one that imported it once)."""
-
-
-def worker_task_ports() -> str:
-    """This pytest worker's share of the agent's default ``--task-port-range`` (29500-29999): tests on other workers
-    run their own agents on this host at the same time, and a master port one of their tasks holds would make a
-    gang start here be refused and placed again (which the tests that count a task's history do not expect)."""
-    low, high, workers = 29500, 29999, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    share = (high - low + 1) // max(workers, 1)
-    first = low + share * (worker % max(workers, 1))
-    return f"{first}-{first + share - 1}"
 
 
 def wait_until(fn: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.1, what: str = "condition") -> T:

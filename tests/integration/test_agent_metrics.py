@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.integration.harness import Cluster, wait_until
 from tests.unit.agent.test_metrics_endpoint import DCGM_LABELS, DCGM_NAMES, HEALTH_MEASURED, MEASURED
 

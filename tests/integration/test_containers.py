@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.helpers.ctl_schema import validate
 from tests.helpers.oci import MARK, TOOLS, build_image, missing_tools, push
 from tests.helpers.oci import registry as serve_registry

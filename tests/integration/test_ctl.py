@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.helpers.ctl_schema import validate
 from tests.integration.harness import BIN, Cluster, wait_until
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from coordinator.leftover_tasks import kill_leftover_tasks, leftover_task_pids
 from tests.integration.harness import default_sigint, wait_until
 

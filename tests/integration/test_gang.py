@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 # Until the coordinator's default threshold lets a part take a whole node, the tests allow it.

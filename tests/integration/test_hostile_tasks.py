@@ -26,7 +26,7 @@ import pytest
 
 from agent.task_user import CLAIMS_DIR
 from agent.taskkill import cgroup_root, memory_capable_root, memory_cgroup_root, memory_limit
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.integration.harness import Cluster, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run tasks as their own users")

@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import GptrmError
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from coordinator.server import ACCEPT_LOOPS, check_port_free
 from tests.integration.harness import Cluster, wait_until
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.helpers.oci import TOOLS, build_image, libraries, missing_tools, push, registry
 from tests.integration.harness import BIN, ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from common.pb.gptrm.v1 import admin_pb2
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 SERVER = Path(__file__).resolve().parents[1] / "workloads" / "vllm_like_server.py"

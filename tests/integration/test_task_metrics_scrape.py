@@ -19,7 +19,7 @@ from agent.collectors.task_metrics import (
     parse_metrics,
 )
 from common.qos import BUILTIN_MAPPINGS
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.integration.harness import Proc, wait_until
 from tests.workloads.vllm_like_server import e2e_latency_s
 

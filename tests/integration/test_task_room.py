@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from tests.integration.harness import Cluster, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent must be root to run tasks as their own users")

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from coordinator.ctl.main import main as ctl_main
-from coordinator.etcd_embedded import EtcdCluster, free_port
+from coordinator.etcd_embedded import EtcdCluster
+from tests.helpers.ports import free_port
 from coordinator.tokens import new_token, token_line
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 

@@ -8,7 +8,8 @@ from structlog.testing import capture_logs
 from common.errors import ConfigError, EtcdUnavailable
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
-from coordinator.etcd_embedded import EtcdCluster, free_port
+from coordinator.etcd_embedded import EtcdCluster
+from tests.helpers.ports import free_port
 from coordinator.sync import Election, Keys, Store, connect
 from tests.integration.harness import wait_until
 

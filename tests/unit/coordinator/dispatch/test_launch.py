@@ -23,7 +23,7 @@ from coordinator.dispatch.launch import (
     restart_env,
     start_fields,
 )
-from coordinator.etcd_embedded import free_port
+from tests.helpers.ports import free_port
 from coordinator.monitor.nodes import NodeRegistry
 
 
