@@ -19,9 +19,9 @@ import psutil
 from agent.task_user import CLAIMS_DIR, DEFAULT_TASK_UIDS, parse_uid_range
 from agent.taskkill import node_tag
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
-from tests.helpers.ports import free_port, worker_task_ports
 from coordinator.leftover_tasks import kill_leftover_tasks
 from tests.helpers.ctl_forks import CtlForks
+from tests.helpers.ports import free_port, worker_task_ports
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent

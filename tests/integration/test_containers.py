@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.ports import free_port
 from tests.helpers.ctl_schema import validate
 from tests.helpers.oci import MARK, TOOLS, build_image, missing_tools, push
 from tests.helpers.oci import registry as serve_registry
+from tests.helpers.ports import free_port
 from tests.integration.harness import Cluster, wait_until
 
 pytestmark = [

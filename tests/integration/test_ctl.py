@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.ports import free_port
 from tests.helpers.ctl_schema import validate
+from tests.helpers.ports import free_port
 from tests.integration.harness import BIN, Cluster, wait_until
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.ports import free_port
 from coordinator.leftover_tasks import kill_leftover_tasks, leftover_task_pids
+from tests.helpers.ports import free_port
 from tests.integration.harness import default_sigint, wait_until
 
 BANNER_END = "Ctrl-C stops everything."

@@ -11,8 +11,8 @@ import pytest
 
 from common.errors import GptrmError
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc
-from tests.helpers.ports import free_port
 from coordinator.server import ACCEPT_LOOPS, check_port_free
+from tests.helpers.ports import free_port
 from tests.integration.harness import Cluster, wait_until
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.ports import free_port
 from tests.helpers.oci import TOOLS, build_image, libraries, missing_tools, push, registry
+from tests.helpers.ports import free_port
 from tests.integration.harness import BIN, ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 pytestmark = pytest.mark.slow

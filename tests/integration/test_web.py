@@ -23,8 +23,8 @@ import pytest
 
 from coordinator.ctl.main import main as ctl_main
 from coordinator.etcd_embedded import EtcdCluster
-from tests.helpers.ports import free_port
 from coordinator.tokens import new_token, token_line
+from tests.helpers.ports import free_port
 from tests.integration.harness import ROOT_TASKS_AGENT, ROOT_TASKS_SUBMIT, Cluster, wait_until
 
 HOSTILE = "<script>alert(1)</script>"

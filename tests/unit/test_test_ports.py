@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 import pytest
@@ -18,7 +19,7 @@ def test_each_worker_has_its_own_share(monkeypatch: pytest.MonkeyPatch, workers:
         shares.append(ports.worker_share(20000, 29499))
         first, last = map(int, ports.worker_task_ports().split("-"))
         assert 29500 <= first <= last <= 29999
-    for (a_first, a_last), (b_first, b_last) in zip(shares, shares[1:]):
+    for (a_first, a_last), (b_first, b_last) in itertools.pairwise(shares):
         assert a_first <= a_last < b_first <= b_last
 
 

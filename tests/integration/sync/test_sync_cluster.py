@@ -9,8 +9,8 @@ from common.errors import ConfigError, EtcdUnavailable
 from common.pb.gptrm.v1 import types_pb2
 from common.types import TaskState
 from coordinator.etcd_embedded import EtcdCluster
-from tests.helpers.ports import free_port
 from coordinator.sync import Election, Keys, Store, connect
+from tests.helpers.ports import free_port
 from tests.integration.harness import wait_until
 
 

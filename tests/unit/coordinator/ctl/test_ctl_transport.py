@@ -11,8 +11,8 @@ import pytest
 
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, types_pb2
 from coordinator.ctl.transport import EXIT_NO_COORDINATOR, EXIT_REFUSED, CtlError, Transport
-from tests.helpers.ports import free_port
 from coordinator.rpc_metadata import LEADER_METADATA_KEY, NOT_LEADER_METADATA_KEY
+from tests.helpers.ports import free_port
 
 
 class _Replica(admin_pb2_grpc.AdminServicer):

@@ -23,8 +23,8 @@ from coordinator.dispatch.launch import (
     restart_env,
     start_fields,
 )
-from tests.helpers.ports import free_port
 from coordinator.monitor.nodes import NodeRegistry
+from tests.helpers.ports import free_port
 
 
 def gang(launcher: str = "", port: int = 29500) -> types_pb2.Task:
