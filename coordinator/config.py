@@ -14,6 +14,7 @@ from common.paths import default_state_dir
 from common.tls import tls_files
 from common.types import DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_MODE, THRESHOLD_MODES
 from coordinator.elastic.rules import DEFAULT_INTERVAL_S
+from coordinator.loop_priority import LOOP_PRIORITIES
 
 __all__ = ["CoordinatorConfig", "check_security", "load"]
 
@@ -100,6 +101,9 @@ class CoordinatorConfig:
     elastic_restart_cost_s: float = option(30.0, "what a resize's restart is assumed to cost an elastic task until "
                                            "its own restarts were measured", flag="elastic_restart_cost",
                                            check=non_negative)
+    loop_priority: str = option("normal", "CPU class of the event-loop thread: normal, or realtime (SCHED_RR 1, that "
+                                "thread only; the installed systemd unit sets it itself; coordinator/loop_priority.py)",
+                                choices=LOOP_PRIORITIES)
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     insecure: bool = option(False, "serve plaintext gRPC; agents are not authenticated (trusted networks only)")
     tls_cert: str = option("", "server certificate (PEM) for mutual TLS", metavar="FILE", path=True)

@@ -32,6 +32,7 @@ from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_g
 from common.process import run_service
 from common.sdnotify import SystemdNotifier, watchdog_loop
 from coordinator import config as config_mod
+from coordinator import loop_priority
 from coordinator.api import AdminService, AgentGatewayService
 from coordinator.api.auth import Security
 from coordinator.api.handshake_audit import HandshakeAuditTap, HandshakeRefusals
@@ -55,9 +56,13 @@ on the network, so on a small host they cost memory (a stack each), not CPU."""
 
 async def serve(cfg: CoordinatorConfig, stop: asyncio.Event) -> None:
     """Run one coordinator replica until ``stop`` is set."""
+    log = get_logger("coordinator").bind(leader_id=cfg.replica_id)
+    got, refused = loop_priority.raise_to(cfg.loop_priority)   # before the loop starts threads: they stay normal
+    (log.warning if refused else log.info)("loop_priority", asked=cfg.loop_priority, policy=got.policy,
+                                           priority=got.priority, nice=got.nice, reset_on_fork=got.reset_on_fork,
+                                           **({"reason": refused} if refused else {}))
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(max_workers=ETCD_THREADS, thread_name_prefix="etcd"))
-    log = get_logger("coordinator").bind(leader_id=cfg.replica_id)
     etcd: EtcdCluster | None = None
     endpoints = cfg.etcd_endpoints
     if not endpoints:
