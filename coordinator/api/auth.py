@@ -375,16 +375,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, authn: Authenticator, audit: AuditLog) -> None:
         self.authn = authn
         self.audit = audit
+        self._wrapped: dict[str, tuple[Any, Any]] = {}   # method → (its handler, that handler wrapped)
 
     async def intercept_service(self, continuation: Callable[..., Any],
                                 handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or required_role(method) is None:
-            return handler
-        audited = (required_role(method) != VIEWER and method.startswith(f"/{ADMIN_SERVICE}/")
-                   and method.rsplit("/", 1)[-1] not in _ADMIN_READS)
-        return _wrap(handler, self, method, audited)
+        if handler is None:   # no such method: nothing kept for a name a caller made up
+            return None
+        known = self._wrapped.get(method)
+        if known is not None and known[0] is handler:   # every call of a method gets the same wrapper
+            return known[1]
+        wrapped = handler
+        if required_role(method) is not None:
+            audited = (required_role(method) != VIEWER and method.startswith(f"/{ADMIN_SERVICE}/")
+                       and method.rsplit("/", 1)[-1] not in _ADMIN_READS)
+            wrapped = _wrap(handler, self, method, audited)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     async def admit(self, method: str, context: grpc.aio.ServicerContext, request: Any = None) -> Principal | None:
         """Authorize or abort the call (auditing the refusal, with the request's target when there is one)."""
