@@ -8,7 +8,8 @@ task slots of 0.125 GPU), so that 500 one-second tasks a second fit under the de
 it, as when a sweep is submitted faster than the cluster runs it: the accepted rate then shows what a long queue
 costs the leader (the tick lines and ``most PENDING at once`` show how long it got).
 
-It starts a 3-member etcd (``EtcdCluster``), one real ``gptrm-coordinator`` process (the leader;
+It starts a 3-member etcd (``EtcdCluster``; ``--etcd-members``), one real ``gptrm-coordinator`` process (the
+leader, its event-loop thread in the real-time class the installed unit gives it: ``--loop-priority``;
 ``--standby`` adds a second replica) and, in this process, a fleet of ``--agents`` simulated
 agents that speak the real agent stream protocol over gRPC: each registers 8 simulated GPUs,
 and for every ``StartTask`` decision reports STARTING and RUNNING and acknowledges the
@@ -357,7 +358,7 @@ def load() -> str:
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> None:
-    etcd = EtcdCluster(tmp / "etcd", size=3)
+    etcd = EtcdCluster(tmp / "etcd", size=args.etcd_members)
     procs: list[Proc] = []
     fleet = Fleet()
     stop = asyncio.Event()
@@ -371,7 +372,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
             print(f"retained: {args.retain} SUCCEEDED tasks written to etcd in {time.perf_counter() - t0:.1f}s",
                   flush=True)
         flags = ["--finished-retention-count", str(args.retain + 10 * int(args.rate * args.duration) + 10_000),
-                 "--log-level", "warning", *args.coordinator_args.split()]
+                 "--log-level", "warning", "--loop-priority", args.loop_priority, *args.coordinator_args.split()]
         listen = f"127.0.0.1:{free_port()}"
         leader = Proc(coordinator_argv(listen, etcd.endpoints, prefix, tmp / "c1", extra=flags, coordinator_id="c1",
                                        profile_out=Path(args.profile) if args.profile else None),
@@ -401,7 +402,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                 raise TimeoutError(f"{args.agents} agents not READY within 60s: "
                                    + "; ".join(f"{n.record.inventory.node_id} {n.state} {n.has_latest}" for n in nodes))
             await asyncio.sleep(0.5)
-        print(f"cluster: 3-member etcd, 1 coordinator{' + 1 standby' if args.standby else ''}, {args.agents} "
+        print(f"cluster: {args.etcd_members}-member etcd, 1 coordinator{' + 1 standby' if args.standby else ''}, "
+              f"{args.agents} "
               f"simulated agents x {GPUS} GPUs; {args.clients} clients; {os.cpu_count()} CPUs; {load()}", flush=True)
 
         # -- the load --
@@ -421,6 +423,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                                     "-d", str(int(min(30, args.duration))), "-p", str(leader.proc.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = leader_ps.cpu_times()
+        host0 = psutil.cpu_times()
         sched0 = main_thread_sched(leader_ps.pid)
         etcd_ps = [psutil.Process(m.proc.pid) for m in etcd.members if m.proc is not None]
         others = {"etcd": etcd_ps, "fleet": [psutil.Process()]}
@@ -440,6 +443,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         if spy is not None:
             spy.wait()
         cpu1 = leader_ps.cpu_times()
+        host1 = psutil.cpu_times()
         sched1 = main_thread_sched(leader_ps.pid)
         others_cpu = {k: cpu_s(v) - others_cpu0[k] for k, v in others.items()}
         etcd1 = await asyncio.to_thread(etcd_counters, etcd.endpoints[0])
@@ -467,11 +471,20 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
               f"one core; fleet stream errors {fleet.stream_errors}")
         ran, waited = (sched1[0] - sched0[0]) / args.duration, (sched1[1] - sched0[1]) / args.duration
-        print(f"  leader's event-loop thread: ran {100 * ran:.0f}% of the time, ready but waiting for a CPU "
+        policy = os.sched_getscheduler(leader_ps.pid) & ~os.SCHED_RESET_ON_FORK
+        print(f"  leader's event-loop thread ({'realtime' if policy == os.SCHED_RR else 'normal'}): "
+              f"ran {100 * ran:.0f}% of the time, ready but waiting for a CPU "
               f"{100 * waited:.0f}%")
         print("  other CPU: " + ", ".join(f"{k} {100 * v / args.duration:.0f}%" for k, v in others_cpu.items())
               + f" (all {len(etcd_ps)} etcd members together)")
         per_task = max(1, fleet.started)
+        host_busy = sum(host1) - sum(host0) - (host1.idle - host0.idle) - (host1.iowait - host0.iowait)
+        per_accepted = 1e6 / max(1, accepted_in_window)
+        leader_s = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+        print(f"  CPU per task accepted: leader {leader_s * per_accepted:.0f}"
+              f" us (its event-loop thread {ran * args.duration * per_accepted:.0f} us), etcd "
+              f"{others_cpu['etcd'] * per_accepted:.0f} us, the whole host {host_busy * per_accepted:.0f} us; "
+              f"host idle {100 * (host1.idle - host0.idle) / max(1e-9, sum(host1) - sum(host0)):.0f}%")
         print("  etcd per task started (one member's counters): "
               + ", ".join(f"{k} {(etcd1[k] - etcd0[k]) / per_task:.2f}" for k in ETCD_COUNTERS.values()))
         print(f"  agent stream messages per task started: {fleet.written / per_task:.2f} written, "
@@ -564,6 +577,11 @@ def main() -> None:
     p.add_argument("--gpu-mem-gib", type=float, default=1.0, help="GPU memory per GPU, GiB")
     p.add_argument("--cpu-cores", type=float, default=0.1, help="host cores per task")
     p.add_argument("--retain", type=int, default=100_000, help="finished tasks in etcd before the coordinator starts")
+    p.add_argument("--loop-priority", choices=("normal", "realtime"), default="realtime",
+                   help="the leader's event-loop thread's CPU class; realtime, as the installed systemd unit sets it "
+                        "(needs root or CAP_SYS_NICE here; refused, the leader runs normal and says so)")
+    p.add_argument("--etcd-members", type=int, default=3,
+                   help="etcd members (1 shows what etcd's replication costs the rest of the host)")
     p.add_argument("--standby", action="store_true", help="also start a standby coordinator")
     p.add_argument("--ctl", action=argparse.BooleanOptionalAction, default=True, help="time gptrmctl tasks at the end")
     p.add_argument("--ctl-timeout", type=float, default=120.0, help="seconds one gptrmctl tasks may take")
