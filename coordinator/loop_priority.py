@@ -2,7 +2,7 @@
 
 Every call, stream message and decision of the leader passes through one thread, its asyncio event loop. On a
 busy host that thread, ready to run, waits in the kernel's run queue behind everything else that is runnable
-(the etcd members, agents, other services): with the host a third idle on average, a loaded leader's loop
+(the etcd members, agents, other services): with the host a quarter idle on average, a loaded leader's loop
 thread waited for a CPU a quarter of the time, and that wait, not its own work, set how many submits a second
 it took (``docs/throughput.md``, ninth round).
 
