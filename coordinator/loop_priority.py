@@ -42,15 +42,17 @@ class LoopPriority:
     reset_on_fork: bool
 
 
-def current() -> LoopPriority:
-    """The calling thread's scheduling class."""
-    raw = os.sched_getscheduler(0)
-    reset = bool(raw & os.SCHED_RESET_ON_FORK)
+_NAMES = {os.SCHED_OTHER: "normal", os.SCHED_RR: "realtime", os.SCHED_FIFO: "fifo", os.SCHED_BATCH: "batch",
+          os.SCHED_IDLE: "idle"}
+
+
+def current(thread: int = 0) -> LoopPriority:
+    """The scheduling class of thread ``thread`` (a thread id; a process id names its main thread, the
+    coordinator's event loop), by default the calling thread's."""
+    raw = os.sched_getscheduler(thread)
     policy = raw & ~os.SCHED_RESET_ON_FORK
-    names = {os.SCHED_OTHER: "normal", os.SCHED_RR: "realtime", os.SCHED_FIFO: "fifo", os.SCHED_BATCH: "batch",
-             os.SCHED_IDLE: "idle"}
-    return LoopPriority(names.get(policy, str(policy)), os.sched_getparam(0).sched_priority,
-                        os.getpriority(os.PRIO_PROCESS, 0), reset)
+    return LoopPriority(_NAMES.get(policy, str(policy)), os.sched_getparam(thread).sched_priority,
+                        os.getpriority(os.PRIO_PROCESS, thread), bool(raw & os.SCHED_RESET_ON_FORK))
 
 
 def raise_to(wanted: str) -> tuple[LoopPriority, str]:

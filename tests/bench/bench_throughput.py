@@ -63,6 +63,7 @@ from _bench_util import BIN, REPO, Proc, coordinator_argv, free_port, percentile
 from common.pb.gptrm.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
 from common.pbenum import pb_enum
 from common.types import MAX_REPORTS
+from coordinator import loop_priority
 from coordinator.etcd_embedded import EtcdCluster
 
 GIB = 1 << 30
@@ -472,8 +473,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"  leader CPU {100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / args.duration:.0f}% of "
               f"one core; fleet stream errors {fleet.stream_errors}")
         ran, waited = (sched1[0] - sched0[0]) / args.duration, (sched1[1] - sched0[1]) / args.duration
-        policy = os.sched_getscheduler(leader_ps.pid) & ~os.SCHED_RESET_ON_FORK
-        print(f"  leader's event-loop thread ({'realtime' if policy == os.SCHED_RR else 'normal'}): "
+        print(f"  leader's event-loop thread ({loop_priority.current(leader_ps.pid).policy}): "
               f"ran {100 * ran:.0f}% of the time, ready but waiting for a CPU "
               f"{100 * waited:.0f}%")
         print("  other CPU: " + ", ".join(f"{k} {100 * v / args.duration:.0f}%" for k, v in others_cpu.items())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.loop_priority import LoopPriority, current
 from tests.integration.harness import Cluster
 
 
@@ -28,6 +29,7 @@ def test_the_loop_thread_alone_is_realtime_and_serves(cluster: Cluster) -> None:
     pid = cluster.proc("c1").pid
     policies = _policies(pid)
     assert policies.pop(pid) == os.SCHED_RR   # the main thread runs the event loop
+    assert current(pid) == LoopPriority("realtime", 1, 0, True)
     assert len(policies) >= 3 and set(policies.values()) == {os.SCHED_OTHER}   # gRPC's and etcd calls' threads
     logged = [json.loads(line) for line in cluster.proc("c1").log().splitlines()
               if line.startswith("{") and '"loop_priority"' in line]
