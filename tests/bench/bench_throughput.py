@@ -479,13 +479,16 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print("  other CPU: " + ", ".join(f"{k} {100 * v / args.duration:.0f}%" for k, v in others_cpu.items())
               + f" (all {len(etcd_ps)} etcd members together)")
         per_task = max(1, fleet.started)
-        host_busy = sum(host1) - sum(host0) - (host1.idle - host0.idle) - (host1.iowait - host0.iowait)
+        # Linux counts a guest's time in user (and nice) as well: left out of the sum once.
+        host_all = sum(host1) - sum(host0) - (host1.guest + host1.guest_nice - host0.guest - host0.guest_nice)
+        host_idle = host1.idle - host0.idle + host1.iowait - host0.iowait
+        host_busy = host_all - host_idle
         per_accepted = 1e6 / max(1, accepted_in_window)
         leader_s = cpu1.user + cpu1.system - cpu0.user - cpu0.system
         print(f"  CPU per task accepted: leader {leader_s * per_accepted:.0f}"
               f" us (its event-loop thread {ran * args.duration * per_accepted:.0f} us), etcd "
               f"{others_cpu['etcd'] * per_accepted:.0f} us, the whole host {host_busy * per_accepted:.0f} us; "
-              f"host idle {100 * (host1.idle - host0.idle) / max(1e-9, sum(host1) - sum(host0)):.0f}%")
+              f"host idle {100 * host_idle / max(1e-9, host_all):.0f}%")
         print("  etcd per task started (one member's counters): "
               + ", ".join(f"{k} {(etcd1[k] - etcd0[k]) / per_task:.2f}" for k in ETCD_COUNTERS.values()))
         print(f"  agent stream messages per task started: {fleet.written / per_task:.2f} written, "
